@@ -1,0 +1,35 @@
+"""The in-memory contract between the data side and the model side."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ember.batch.sparse import SparseFeatures
+
+__all__ = ["Batch"]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One mini-batch: ``dense`` [B, Dd] float32, ``sparse`` jagged IDs, ``labels`` [B, T] float32."""
+
+    dense: Tensor
+    sparse: SparseFeatures
+    labels: Tensor
+
+    @property
+    def size(self) -> int:
+        return int(self.labels.shape[0])
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
+        return Batch(
+            self.dense.to(device, non_blocking=non_blocking),
+            self.sparse.to(device, non_blocking=non_blocking),
+            self.labels.to(device, non_blocking=non_blocking),
+        )
+
+    def pin_memory(self) -> "Batch":
+        return Batch(self.dense.pin_memory(), self.sparse.pin_memory(), self.labels.pin_memory())

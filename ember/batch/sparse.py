@@ -1,0 +1,137 @@
+"""Jagged sparse features keyed by feature name: one flat ``values`` tensor for all keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+__all__ = ["SparseFeatures", "JaggedFeature"]
+
+
+@dataclass(frozen=True)
+class JaggedFeature:
+    """One feature of a batch: IDs of sample ``b`` are ``values[offsets[b]:offsets[b+1]]``."""
+
+    values: Tensor  # int64 [N]
+    offsets: Tensor  # int64 [B + 1]
+    weights: Tensor | None  # float32 [N] or None
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.offsets[1:] - self.offsets[:-1]
+
+
+@dataclass(frozen=True)
+class SparseFeatures:
+    """IDs of several features for a batch, laid out key-major (like TorchRec's KJT).
+
+    ``lengths`` has ``len(keys) * B`` entries: first the B lengths of ``keys[0]``, then of
+    ``keys[1]``, and so on; ``values`` (and ``weights`` when given) follow the same order.
+
+    Example:
+        keys ``["a", "b"]``, batch of 2, sample 0 has a=[1, 2], b=[7]; sample 1 has a=[3], b=[]::
+
+            >>> sf = SparseFeatures(["a", "b"], torch.tensor([1, 2, 3, 7]), torch.tensor([2, 1, 1, 0]))
+            >>> sf["a"].values.tolist(), sf["a"].offsets.tolist()
+            ([1, 2, 3], [0, 2, 3])
+            >>> sf["b"].values.tolist(), sf.batch_size
+            ([7], 2)
+    """
+
+    keys: Sequence[str]
+    values: Tensor
+    lengths: Tensor
+    weights: Tensor | None = None
+    _cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "keys", tuple(self.keys))
+        if len(self.keys) == 0:
+            raise ValueError("SparseFeatures: keys must not be empty")
+        if self.lengths.numel() % len(self.keys) != 0:
+            raise ValueError(
+                f"SparseFeatures: len(lengths)={self.lengths.numel()} is not a multiple of "
+                f"len(keys)={len(self.keys)}; pass keys*batch_size lengths"
+            )
+
+    @property
+    def batch_size(self) -> int:
+        return self.lengths.numel() // len(self.keys)
+
+    def key_ranges(self) -> dict[str, tuple[int, int]]:
+        """Start and end of each key's slice of ``values`` (computed once, cached)."""
+        if "ranges" not in self._cache:
+            per_key = self.lengths.view(len(self.keys), -1).sum(dim=1).tolist()
+            ranges, start = {}, 0
+            for key, n in zip(self.keys, per_key):
+                ranges[key] = (start, start + int(n))
+                start += int(n)
+            self._cache["ranges"] = ranges
+        return self._cache["ranges"]
+
+    def __getitem__(self, key: str) -> JaggedFeature:
+        if key not in self._cache:
+            try:
+                k = self.keys.index(key)
+            except ValueError:
+                raise KeyError(f"SparseFeatures has no key {key!r}; keys are {list(self.keys)}") from None
+            b = self.batch_size
+            lengths = self.lengths[k * b : (k + 1) * b].to(torch.int64)
+            offsets = torch.zeros(b + 1, dtype=torch.int64, device=lengths.device)
+            torch.cumsum(lengths, 0, out=offsets[1:])
+            start, end = self.key_ranges()[key]
+            w = None if self.weights is None else self.weights[start:end]
+            self._cache[key] = JaggedFeature(self.values[start:end], offsets, w)
+        return self._cache[key]
+
+    def to_dict(self) -> dict[str, JaggedFeature]:
+        return {k: self[k] for k in self.keys}
+
+    @staticmethod
+    def from_dict(features: Mapping[str, JaggedFeature]) -> "SparseFeatures":
+        """Build from per-key jagged features (all with the same batch size)."""
+        keys = list(features)
+        values = torch.cat([features[k].values for k in keys])
+        lengths = torch.cat([features[k].lengths for k in keys])
+        has_w = [features[k].weights is not None for k in keys]
+        weights = None
+        if any(has_w):
+            weights = torch.cat(
+                [
+                    features[k].weights if features[k].weights is not None
+                    else torch.ones_like(features[k].values, dtype=torch.float32)
+                    for k in keys
+                ]
+            )
+        return SparseFeatures(keys, values, lengths, weights)
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> "SparseFeatures":
+        w = None if self.weights is None else self.weights.to(device, non_blocking=non_blocking)
+        return SparseFeatures(
+            self.keys,
+            self.values.to(device, non_blocking=non_blocking),
+            self.lengths.to(device, non_blocking=non_blocking),
+            w,
+        )
+
+    def pin_memory(self) -> "SparseFeatures":
+        w = None if self.weights is None else self.weights.pin_memory()
+        return SparseFeatures(self.keys, self.values.pin_memory(), self.lengths.pin_memory(), w)
+
+    def validate(self) -> None:
+        """Check invariants (used in tests and debug mode); raises ValueError on the first breach."""
+        if self.values.dtype != torch.int64:
+            raise ValueError(f"SparseFeatures: values must be int64, got {self.values.dtype}")
+        if int(self.lengths.sum()) != self.values.numel():
+            raise ValueError(
+                f"SparseFeatures: sum(lengths)={int(self.lengths.sum())} != len(values)={self.values.numel()}"
+            )
+        if bool((self.lengths < 0).any()):
+            raise ValueError("SparseFeatures: lengths must be >= 0")
+        if self.weights is not None and self.weights.shape != self.values.shape:
+            raise ValueError(
+                f"SparseFeatures: weights shape {tuple(self.weights.shape)} != values shape {tuple(self.values.shape)}"
+            )

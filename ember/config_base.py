@@ -1,0 +1,68 @@
+"""Base for every config class: frozen, unknown keys rejected, errors say what is allowed."""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ember.errors import ConfigError
+
+__all__ = ["ConfigModel", "format_validation_error"]
+
+
+class ConfigModel(BaseModel):
+    """Frozen pydantic model; YAML is only its serialisation."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @classmethod
+    def parse(cls, data: Any, where: str = "") -> Any:
+        """Validate ``data``; raise ConfigError naming the key, the problem and what is allowed."""
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(format_validation_error(e, cls, where)) from None
+
+
+def _fields_at(cls: type[BaseModel], loc: tuple) -> list[str]:
+    """Allowed field names of the nested model at ``loc`` (best effort, for 'did you mean')."""
+    model: Any = cls
+    for part in loc:
+        if isinstance(part, int) or model is None:
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        model = None
+        for cand in [ann, *getattr(ann, "__args__", ())]:
+            for c in [cand, *getattr(cand, "__args__", ())]:
+                if isinstance(c, type) and issubclass(c, BaseModel):
+                    model = c
+                    break
+            if model is not None:
+                break
+    return list(getattr(model, "model_fields", {}))
+
+
+def format_validation_error(err: ValidationError, cls: type[BaseModel], where: str = "") -> str:
+    lines = []
+    for e in err.errors():
+        loc = tuple(e["loc"])
+        key = ".".join(str(p) for p in loc) or "<root>"
+        if where:
+            key = f"{where}.{key}" if key != "<root>" else where
+        if e["type"] == "extra_forbidden":
+            allowed = _fields_at(cls, loc[:-1])
+            hint = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
+            msg = f"unknown key '{key}'"
+            if hint:
+                msg += f" (did you mean '{hint[0]}'?)"
+            if allowed:
+                msg += f"; allowed keys here: {', '.join(allowed)}"
+        else:
+            msg = f"'{key}': {e['msg']} (got {e.get('input')!r})"
+        lines.append(msg)
+    return "invalid config: " + "; ".join(lines)

@@ -1,0 +1,55 @@
+"""TableConfig: what a table is (dim, initialiser, optimizer, storage)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ember.config_base import ConfigModel
+from ember.embedding.init import InitializerConfig
+from ember.optim import RowWiseAdagrad, SparseOptimizerConfig
+
+__all__ = ["TableConfig", "FeatureConfig", "PoolingMode"]
+
+
+class TableConfig(ConfigModel):
+    """One embedding table. IDs are arbitrary int64; no vocabulary size is needed.
+
+    Example:
+        >>> t = TableConfig(name="user", dim=16, optimizer={"type": "adam", "lr": 1e-3})
+        >>> t.optimizer.state_dim(t.dim), t.record_dim
+        (33, 49)
+    """
+
+    name: str = Field(min_length=1)
+    dim: int = Field(gt=0)
+    initializer: InitializerConfig = InitializerConfig()
+    optimizer: SparseOptimizerConfig = Field(default_factory=lambda: RowWiseAdagrad(lr=0.05))
+    seed: int = 0
+
+    @property
+    def record_dim(self) -> int:
+        """Floats per stored record: weights then optimizer state."""
+        return self.dim + self.optimizer.state_dim(self.dim)
+
+
+PoolingMode = Literal["sum", "mean", "sqrtn", "sequence"]
+
+
+class FeatureConfig(ConfigModel):
+    """How one sparse feature is embedded: which table, and how its IDs are pooled per sample.
+
+    ``sum`` / ``mean`` / ``sqrtn`` pool the bag of IDs (weighted when the batch carries per-ID
+    weights: sum w*e, sum w*e / sum w, sum w*e / sqrt(sum w^2)); ``sequence`` keeps every
+    position: a [B, L, D] tensor padded with zeros plus a [B, L] mask (L = ``max_length``).
+    """
+
+    name: str = Field(min_length=1)
+    table: str | None = None  # defaults to the feature's own name
+    pooling: PoolingMode = "sum"
+    max_length: int | None = Field(None, gt=0)
+
+    @property
+    def table_name(self) -> str:
+        return self.table or self.name

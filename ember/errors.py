@@ -1,0 +1,41 @@
+"""Typed errors. Each also inherits the matching builtin so callers can catch either."""
+
+from __future__ import annotations
+
+__all__ = [
+    "EmberError",
+    "ConfigError",
+    "SchemaError",
+    "DataError",
+    "CapacityError",
+    "TierIOError",
+    "CheckpointError",
+]
+
+
+class EmberError(Exception):
+    """Base class of every error ember raises on purpose."""
+
+
+class ConfigError(EmberError, ValueError):
+    """A run config or component config is invalid (unknown key, bad value)."""
+
+
+class SchemaError(EmberError, ValueError):
+    """The feature schema does not match the data (missing column, wrong type)."""
+
+
+class DataError(EmberError, ValueError):
+    """A data row cannot be parsed; the message names file, row, column and value."""
+
+
+class CapacityError(EmberError, RuntimeError):
+    """A memory or disk budget cannot hold what was asked of it."""
+
+
+class TierIOError(EmberError, OSError):
+    """Reading or writing a storage tier failed (disk full, file damaged)."""
+
+
+class CheckpointError(EmberError, RuntimeError):
+    """A checkpoint is missing, damaged (checksum mismatch) or of another layout."""

@@ -1,0 +1,67 @@
+"""Adagrad, element-wise and row-wise."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from torch import Tensor
+
+from ember.config_base import ConfigModel
+
+__all__ = ["Adagrad", "RowWiseAdagrad"]
+
+
+class Adagrad(ConfigModel):
+    """Element-wise Adagrad, as ``torch.optim.Adagrad`` (no lr decay, no weight decay).
+
+    ``G <- G + g*g``;  ``w <- w - lr * g / (sqrt(G) + eps)``.  State: G, one value per weight.
+
+    Example:
+        >>> Adagrad(lr=0.05).state_dim(16)
+        16
+    """
+
+    type: Literal["adagrad"] = "adagrad"
+    lr: float = Field(0.01, gt=0)
+    eps: float = Field(1e-10, ge=0)
+    initial_accumulator_value: float = Field(0.0, ge=0)
+
+    def state_dim(self, dim: int) -> int:
+        return dim
+
+    def init_state(self, rows: Tensor) -> Tensor:
+        return rows.new_full(rows.shape, self.initial_accumulator_value)
+
+    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int) -> tuple[Tensor, Tensor]:
+        state.addcmul_(grads, grads)
+        rows.addcdiv_(grads, state.sqrt().add_(self.eps), value=-self.lr)
+        return rows, state
+
+
+class RowWiseAdagrad(ConfigModel):
+    """Row-wise Adagrad (one accumulator per row, as FBGEMM's ROWWISE_ADAGRAD).
+
+    ``G <- G + mean_j(g_j^2)``;  ``w <- w - lr * g / (sqrt(G) + eps)``.  State: 1 value per row,
+    so a dim-16 row costs 17 floats instead of 32.
+
+    Example:
+        >>> RowWiseAdagrad(lr=0.05).state_dim(16)
+        1
+    """
+
+    type: Literal["rowwise_adagrad"] = "rowwise_adagrad"
+    lr: float = Field(0.01, gt=0)
+    eps: float = Field(1e-10, ge=0)
+    initial_accumulator_value: float = Field(0.0, ge=0)
+
+    def state_dim(self, dim: int) -> int:
+        return 1
+
+    def init_state(self, rows: Tensor) -> Tensor:
+        return rows.new_full((rows.shape[0], 1), self.initial_accumulator_value)
+
+    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int) -> tuple[Tensor, Tensor]:
+        state.add_(grads.square().mean(dim=1, keepdim=True))
+        rows.addcdiv_(grads, state.sqrt().add_(self.eps), value=-self.lr)
+        return rows, state

@@ -1,0 +1,51 @@
+"""Lazy Adam: moments and bias correction advance only for rows a batch touched."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from ember.config_base import ConfigModel
+
+__all__ = ["Adam"]
+
+
+class Adam(ConfigModel):
+    """Adam with a per-row step count ``t`` (stored in the row's state), as torch.optim.Adam per row.
+
+    On each touch: ``t <- t + 1``; ``m <- b1*m + (1-b1)*g``; ``v <- b2*v + (1-b2)*g*g``;
+    ``w <- w - (lr / (1 - b1^t)) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)``.
+    State per row: m (D), v (D), t (1). Untouched rows keep w, m, v and t unchanged (lazy).
+
+    Example:
+        >>> Adam(lr=1e-3).state_dim(16)
+        33
+    """
+
+    type: Literal["adam"] = "adam"
+    lr: float = Field(1e-3, gt=0)
+    beta1: float = Field(0.9, ge=0, lt=1)
+    beta2: float = Field(0.999, ge=0, lt=1)
+    eps: float = Field(1e-8, ge=0)
+
+    def state_dim(self, dim: int) -> int:
+        return 2 * dim + 1
+
+    def init_state(self, rows: Tensor) -> Tensor:
+        return rows.new_zeros(rows.shape[0], 2 * rows.shape[1] + 1)
+
+    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int) -> tuple[Tensor, Tensor]:
+        d = rows.shape[1]
+        m, v, t = state[:, :d], state[:, d : 2 * d], state[:, 2 * d :]
+        t.add_(1.0)
+        m.mul_(self.beta1).add_(grads, alpha=1 - self.beta1)
+        v.mul_(self.beta2).addcmul_(grads, grads, value=1 - self.beta2)
+        # t is a float count; exact for t < 2**24, i.e. 16 M touches of one row.
+        bc1 = 1 - torch.pow(self.beta1, t)
+        bc2_sqrt = (1 - torch.pow(self.beta2, t)).sqrt()
+        denom = (v.sqrt() / bc2_sqrt).add_(self.eps)
+        rows.sub_(self.lr * m / (bc1 * denom))
+        return rows, state

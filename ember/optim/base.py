@@ -1,0 +1,25 @@
+"""Sparse optimizer protocol: a declared state width plus a pure row-wise update."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from torch import Tensor
+
+__all__ = ["SparseOptimizer"]
+
+
+class SparseOptimizer(Protocol):
+    """Updates only the rows a batch touched; state lives beside each row in its record.
+
+    ``update`` receives freshly gathered copies of the unique rows of one batch, their state and
+    their summed gradients; it may modify them in place and returns the new (rows, state).
+    """
+
+    type: str
+
+    def state_dim(self, dim: int) -> int: ...
+
+    def init_state(self, rows: Tensor) -> Tensor: ...
+
+    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int) -> tuple[Tensor, Tensor]: ...

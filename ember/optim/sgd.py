@@ -1,0 +1,35 @@
+"""Plain SGD on the touched rows."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from pydantic import Field
+from torch import Tensor
+
+from ember.config_base import ConfigModel
+
+__all__ = ["SGD"]
+
+
+class SGD(ConfigModel):
+    """``w <- w - lr * g`` (g: gradient summed over the row's occurrences in the batch).
+
+    Example:
+        >>> SGD(lr=0.1).state_dim(16)
+        0
+    """
+
+    type: Literal["sgd"] = "sgd"
+    lr: float = Field(0.01, gt=0)
+
+    def state_dim(self, dim: int) -> int:
+        return 0
+
+    def init_state(self, rows: Tensor) -> Tensor:
+        return rows.new_zeros(rows.shape[0], 0)
+
+    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int) -> tuple[Tensor, Tensor]:
+        rows.add_(grads, alpha=-self.lr)
+        return rows, state

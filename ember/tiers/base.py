@@ -1,0 +1,47 @@
+"""The storage-tier protocol: where the records ``[weights | optimizer state]`` of a table live."""
+
+from __future__ import annotations
+
+from typing import Iterator, Protocol
+
+from torch import Tensor
+
+__all__ = ["Tier"]
+
+
+class Tier(Protocol):
+    """A keyed store of fixed-width float32 records (one per ID).
+
+    All methods are vectorised over a batch of IDs (int64 [N], unique where noted).
+    ``capacity`` is the most rows the tier may hold (None: bounded only by its medium).
+    """
+
+    record_dim: int
+    capacity: int | None
+
+    def get(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Records [N, R] and a found mask [N]; rows of absent IDs are unspecified."""
+        ...
+
+    def put(self, ids: Tensor, records: Tensor) -> None:
+        """Insert or overwrite the records of unique ``ids``."""
+        ...
+
+    def remove(self, ids: Tensor) -> Tensor:
+        """Delete ``ids``; returns the found mask."""
+        ...
+
+    def evict(self, n: int) -> tuple[Tensor, Tensor]:
+        """Remove up to ``n`` rows chosen by the tier's policy; returns their (ids, records)."""
+        ...
+
+    def items(self, chunk_rows: int = 1 << 20) -> Iterator[tuple[Tensor, Tensor]]:
+        """Every (ids, records) held, in chunks (for checkpoints and export)."""
+        ...
+
+    def __len__(self) -> int: ...
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of memory (or disk, for disk tiers) this tier uses now."""
+        ...
