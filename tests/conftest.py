@@ -1,0 +1,24 @@
+"""Shared fixtures and resource markers (gpu / data skip themselves when absent)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def shared_data_dir() -> Path:
+    """../shared/data beside the checkout, or $EMBER_DATA_DIR."""
+    env = os.environ.get("EMBER_DATA_DIR")
+    return Path(env) if env else REPO.parent / "shared" / "data"
+
+
+def pytest_collection_modifyitems(config, items):  # noqa: D103
+    skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(skip_gpu)
