@@ -1,0 +1,100 @@
+"""What every model is built from (:class:`ModelInputs`) and small shared checks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+from ember.errors import ConfigError
+
+__all__ = ["ModelInputs", "require_equal_dims", "sum_linear", "concat_inputs"]
+
+
+@dataclass(frozen=True)
+class ModelInputs:
+    """The input layout a model is built for; the trainer derives it from the schema.
+
+    Args:
+        num_dense: Dd, dense features per sample (may be 0).
+        sparse_dims: D_i, the pooled embedding width of each sparse feature, in schema order.
+        num_tasks: T, logits per sample.
+
+    Example:
+        >>> inputs = ModelInputs(num_dense=13, sparse_dims=[16] * 26, num_tasks=1)
+        >>> inputs.num_sparse, inputs.concat_dim
+        (26, 429)
+    """
+
+    num_dense: int
+    sparse_dims: list[int] = field(default_factory=list)
+    num_tasks: int = 1
+
+    def __post_init__(self) -> None:
+        if self.num_dense < 0:
+            raise ConfigError(f"ModelInputs: num_dense must be >= 0, got {self.num_dense}")
+        if any(d <= 0 for d in self.sparse_dims):
+            raise ConfigError(f"ModelInputs: every sparse dim must be > 0, got {self.sparse_dims}")
+        if self.num_tasks < 1:
+            raise ConfigError(f"ModelInputs: num_tasks must be >= 1, got {self.num_tasks}")
+        if self.num_dense == 0 and not self.sparse_dims:
+            raise ConfigError("ModelInputs: no features (num_dense=0 and no sparse_dims)")
+
+    @property
+    def num_sparse(self) -> int:
+        """Number of sparse features F_s."""
+        return len(self.sparse_dims)
+
+    @property
+    def concat_dim(self) -> int:
+        """Width of ``concat(dense, *sparse)``: Dd + sum D_i."""
+        return self.num_dense + sum(self.sparse_dims)
+
+
+def require_equal_dims(model: str, dims: Sequence[int], expected: int, remedy: str) -> None:
+    """Raise ConfigError unless every sparse dim equals ``expected`` (for dot/FM interactions).
+
+    Example:
+        >>> require_equal_dims("DLRM", [16, 16], 16, "")
+    """
+    bad = [(i, d) for i, d in enumerate(dims) if d != expected]
+    if bad:
+        shown = ", ".join(f"feature {i}: {d}" for i, d in bad[:5])
+        raise ConfigError(
+            f"{model}: every sparse embedding dim must be {expected} for the pairwise "
+            f"interaction, got {shown}{' ...' if len(bad) > 5 else ''}; {remedy}"
+        )
+
+
+def sum_linear(linear: Optional[List[Tensor]], num_sparse: int, dense: Tensor) -> Tensor:
+    """Sum of the per-feature first-order terms, [B, 1]; raises if the trainer passed none.
+
+    Example:
+        >>> sum_linear([torch.ones(2, 1), torch.ones(2, 1)], 2, torch.zeros(2, 0))
+        tensor([[2.],
+                [2.]])
+    """
+    if linear is None:
+        raise ValueError(
+            "this model has wants_linear=True: pass linear=[one [B, 1] tensor per sparse feature]"
+        )
+    if len(linear) != num_sparse:
+        raise ValueError(
+            "linear: expected " + str(num_sparse) + " tensors (one per sparse feature), got "
+            + str(len(linear))
+        )
+    if num_sparse == 0:
+        return torch.zeros(dense.shape[0], 1, dtype=dense.dtype, device=dense.device)
+    return torch.cat(linear, dim=1).sum(dim=1, keepdim=True)
+
+
+def concat_inputs(dense: Tensor, sparse: List[Tensor]) -> Tensor:
+    """``concat(dense, *sparse)`` along features: [B, Dd + sum D_i].
+
+    Example:
+        >>> concat_inputs(torch.zeros(2, 0), [torch.ones(2, 3)]).shape
+        torch.Size([2, 3])
+    """
+    return torch.cat([dense] + sparse, dim=1)

@@ -1,0 +1,113 @@
+"""Feature interactions: DLRM dot products, FM second order, DCNv2 cross layers."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["DotInteraction", "FMInteraction", "CrossLayer", "CrossNetwork"]
+
+
+class DotInteraction(nn.Module):
+    """Pairwise dot products between F feature vectors (DLRM), upper triangle only.
+
+    Args:
+        num_features: F, the number of vectors per sample.
+        self_interaction: also keep each vector's dot with itself (off in DLRM).
+
+    Shapes:
+        [B, F, D] -> [B, P] with P = F(F-1)/2 (or F(F+1)/2 with self-interaction),
+        pairs (i, j), i < j, in row-major order.
+
+    Example:
+        >>> x = torch.randn(2, 4, 8)
+        >>> DotInteraction(4)(x).shape
+        torch.Size([2, 6])
+    """
+
+    def __init__(self, num_features: int, self_interaction: bool = False) -> None:
+        super().__init__()
+        offset = 0 if self_interaction else 1
+        rows, cols = torch.triu_indices(num_features, num_features, offset=offset)
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", cols, persistent=False)
+        self.num_pairs: int = int(rows.numel())
+
+    def forward(self, x: Tensor) -> Tensor:
+        gram = torch.bmm(x, x.transpose(1, 2))  # [B, F, F]
+        return gram[:, self.rows, self.cols]
+
+
+class FMInteraction(nn.Module):
+    """Factorization-machine second-order term: sum over pairs i < j of <v_i, v_j>.
+
+    Uses the O(F·D) identity 0.5 * sum_d((sum_i v_id)^2 - sum_i v_id^2).
+
+    Shapes:
+        [B, F, D] -> [B, 1]
+
+    Example:
+        >>> x = torch.ones(1, 3, 2)
+        >>> FMInteraction()(x)  # 3 pairs, each <1,1> = 2
+        tensor([[6.]])
+    """
+
+    def forward(self, x: Tensor) -> Tensor:
+        square_of_sum = x.sum(dim=1).pow(2)
+        sum_of_square = x.pow(2).sum(dim=1)
+        return 0.5 * (square_of_sum - sum_of_square).sum(dim=1, keepdim=True)
+
+
+class CrossLayer(nn.Module):
+    """One DCNv2 cross layer: ``x0 * (W x + b) + x``; with ``rank`` r, ``W = U V`` (low rank).
+
+    Args:
+        dim: D, the width of x0 and x.
+        rank: None for a full D×D matrix, else the inner rank r < D of the factorisation.
+
+    Shapes:
+        x0, x: [B, D] -> [B, D]
+
+    Example:
+        >>> layer = CrossLayer(8, rank=2)
+        >>> x0 = torch.randn(3, 8)
+        >>> layer(x0, x0).shape
+        torch.Size([3, 8])
+    """
+
+    def __init__(self, dim: int, rank: int | None = None) -> None:
+        super().__init__()
+        if rank is not None and rank <= 0:
+            raise ValueError(f"CrossLayer: rank must be > 0 or None, got {rank}")
+        out = nn.Linear(dim if rank is None else rank, dim)
+        # Zero bias: the layer starts as x0 * (W x) + x and the residual carries the signal.
+        nn.init.zeros_(out.bias)
+        self.proj: nn.Module = (
+            out if rank is None else nn.Sequential(nn.Linear(dim, rank, bias=False), out)
+        )
+
+    def forward(self, x0: Tensor, x: Tensor) -> Tensor:
+        return x0 * self.proj(x) + x
+
+
+class CrossNetwork(nn.Module):
+    """``num_layers`` stacked :class:`CrossLayer` s, all crossing with the input x0.
+
+    Shapes:
+        [B, D] -> [B, D]
+
+    Example:
+        >>> net = CrossNetwork(8, num_layers=3)
+        >>> net(torch.randn(2, 8)).shape
+        torch.Size([2, 8])
+    """
+
+    def __init__(self, dim: int, num_layers: int, rank: int | None = None) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList([CrossLayer(dim, rank) for _ in range(num_layers)])
+
+    def forward(self, x0: Tensor) -> Tensor:
+        x = x0
+        for layer in self.layers:
+            x = layer(x0, x)
+        return x

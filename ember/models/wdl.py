@@ -1,0 +1,58 @@
+"""Wide & Deep: a wide linear part over first-order terms plus a deep MLP, summed."""
+
+from __future__ import annotations
+
+from typing import List, Literal, Optional
+
+from pydantic import Field
+from torch import Tensor, nn
+
+from ember.config_base import ConfigModel
+from ember.models.base import ModelInputs, concat_inputs, sum_linear
+from ember.models.layers.mlp import MLP, MLPConfig
+
+__all__ = ["WDLConfig", "WDL"]
+
+
+class WDLConfig(ConfigModel):
+    """Wide & Deep (Cheng et al. 2016). The wide part has no options: it is linear.
+
+    Example:
+        >>> WDLConfig(deep_mlp={"sizes": [64], "dropout": 0.1}).deep_mlp.dropout
+        0.1
+    """
+
+    type: Literal["wdl"] = "wdl"
+    deep_mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(sizes=[400, 400, 400]))
+
+
+class WDL(nn.Module):
+    """logit = sum(linear) + w·dense + b (wide, shared by tasks) + MLP(concat) (deep, T outputs).
+
+    Shapes:
+        dense [B, Dd], sparse F_s × [B, D_i], linear F_s × [B, 1] -> logits [B, T]
+
+    Example:
+        >>> import torch
+        >>> model = WDL(WDLConfig(deep_mlp=[32]), ModelInputs(13, [16] * 26, 1))
+        >>> sparse, linear = [torch.randn(4, 16)] * 26, [torch.randn(4, 1)] * 26
+        >>> model(torch.randn(4, 13), sparse, linear).shape
+        torch.Size([4, 1])
+    """
+
+    wants_linear = True
+    __jit_ignored_attributes__ = ["config"]
+
+    def __init__(self, config: WDLConfig, inputs: ModelInputs) -> None:
+        super().__init__()
+        self.config = config
+        self.num_sparse: int = inputs.num_sparse
+        self.dense_linear = nn.Linear(inputs.num_dense, 1)  # with Dd = 0: the global bias
+        deep = MLP(inputs.concat_dim, config.deep_mlp)
+        self.deep = nn.Sequential(deep, nn.Linear(deep.out_dim, inputs.num_tasks))
+
+    def forward(
+        self, dense: Tensor, sparse: List[Tensor], linear: Optional[List[Tensor]] = None
+    ) -> Tensor:
+        wide = sum_linear(linear, self.num_sparse, dense) + self.dense_linear(dense)
+        return wide + self.deep(concat_inputs(dense, sparse))
