@@ -1,0 +1,195 @@
+"""DLRM-26 step throughput, side by side in one process: ember vs plain PyTorch vs dense-only.
+
+Workload (issue 2): 26 single-hot sparse features, one table each, 200,000 distinct IDs per table
+drawn from Zipf(1.1); 13 dense features; DLRM bottom 13-512-256-16, dim 16, dot interaction, top
+512-256-1; batch 4096; row-wise Adagrad (lr 0.05) on embeddings, Adagrad (lr 0.01) on the MLPs.
+Variants: (a) ember (dynamic tables, KeyIndex, sparse row-wise Adagrad), (b) plain PyTorch
+(nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad), (c) dense-only (embedding outputs given
+as a fixed tensor: the ceiling of this model on this machine).
+Method (../shared/BENCHMARKING.md): batches generated before timing; step i of every variant
+runs back to back with a rotating order; we report the median over steps of the paired ratios
+t(ref, i) / t(variant, i), and absolute medians with min-max.
+
+    python bench/bench_dlrm.py [--steps 40] [--warmup 5] [--batch 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import time
+
+import numpy as np
+import torch
+from torch import nn
+
+from ember.batch import SparseFeatures
+from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
+from ember.models.dlrm import DLRM, DLRMConfig
+from ember.models.base import ModelInputs
+from ember.optim import RowWiseAdagrad
+
+F, V, D, DENSE = 26, 200_000, 16, 13
+
+
+def zipf_ids(rng: np.random.Generator, n: int, vocab: int, s: float) -> np.ndarray:
+    """Ranks 0..vocab-1 with P(r) ~ (r+1)^-s, by inverse CDF over the exact finite law."""
+    w = 1.0 / np.arange(1, vocab + 1) ** s
+    cdf = np.cumsum(w) / w.sum()
+    return np.searchsorted(cdf, rng.random(n))
+
+
+def make_batches(n_batches: int, batch: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    perm = [rng.permutation(V) for _ in range(F)]  # hot IDs scattered over the vocabulary
+    out = []
+    for _ in range(n_batches):
+        ids = np.stack([perm[f][zipf_ids(rng, batch, V, 1.1)] for f in range(F)])  # [F, B]
+        dense = torch.from_numpy(rng.random((batch, DENSE), dtype=np.float32))
+        labels = torch.from_numpy((rng.random((batch, 1)) < 0.25).astype(np.float32))
+        out.append((torch.from_numpy(ids), dense, labels))
+    return out
+
+
+def make_model(seed: int) -> DLRM:
+    torch.manual_seed(seed)
+    cfg = DLRMConfig(bottom_mlp=[512, 256, 16], top_mlp=[512, 256])
+    return DLRM(cfg, ModelInputs(num_dense=DENSE, sparse_dims=[D] * F, num_tasks=1))
+
+
+class Ember:
+    name = "ember"
+
+    def __init__(self) -> None:
+        names = [f"C{i + 1}" for i in range(F)]
+        self.keys = names
+        opt = RowWiseAdagrad(lr=0.05)
+        self.ec = EmbeddingCollection([TableConfig(name=n, dim=D, optimizer=opt) for n in names], [FeatureConfig(name=n) for n in names])
+        self.model = make_model(0)
+        self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
+        self.split = {"index+gather": [], "fwd/bwd+dense": [], "sparse update": []}
+        self.lengths = None
+
+    def step(self, ids, dense, labels) -> float:
+        b = dense.shape[0]
+        if self.lengths is None or self.lengths.numel() != F * b:
+            self.lengths = torch.ones(F * b, dtype=torch.int64)
+        sf = SparseFeatures(self.keys, ids.reshape(-1), self.lengths)
+        t0 = time.perf_counter()
+        lookups = self.ec.prepare(sf)
+        t1 = time.perf_counter()
+        emb = self.ec(sf, lookups)
+        logits = self.model(dense, [emb[k] for k in self.keys])
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        t2 = time.perf_counter()
+        self.ec.apply_gradients()
+        t3 = time.perf_counter()
+        for k, v in zip(self.split, [t1 - t0, t2 - t1, t3 - t2]):
+            self.split[k].append(v)
+        return float(loss)
+
+    def index_bytes_per_row(self) -> float:
+        rows = sum(len(t) for t in self.ec.tables.values())
+        return sum(t.tier.index_bytes for t in self.ec.tables.values()) / max(rows, 1)
+
+
+class Plain:
+    name = "plain"
+
+    def __init__(self) -> None:
+        torch.manual_seed(1)
+        self.bags = nn.ModuleList([nn.EmbeddingBag(V, D, mode="sum", sparse=True) for _ in range(F)])
+        for bag in self.bags:
+            nn.init.uniform_(bag.weight, -D**-0.5, D**-0.5)
+        self.model = make_model(0)
+        self.sparse_opt = torch.optim.Adagrad(list(self.bags.parameters()), lr=0.05)
+        self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
+
+    def step(self, ids, dense, labels) -> float:
+        emb = [bag(ids[f].unsqueeze(1)) for f, bag in enumerate(self.bags)]
+        logits = self.model(dense, emb)
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
+        self.opt.zero_grad(set_to_none=True)
+        self.sparse_opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        self.sparse_opt.step()
+        return float(loss)
+
+
+class DenseOnly:
+    name = "dense-only"
+
+    def __init__(self, batch: int) -> None:
+        torch.manual_seed(2)
+        self.emb = [torch.randn(batch, D) * 0.1 for _ in range(F)]
+        self.model = make_model(0)
+        self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
+
+    def step(self, ids, dense, labels) -> float:
+        logits = self.model(dense, self.emb)
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        return float(loss)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=4096)
+    args = ap.parse_args()
+    n = args.steps + args.warmup
+    t0 = time.perf_counter()
+    batches = make_batches(n, args.batch)
+    print(f"generated {n} batches in {time.perf_counter() - t0:.1f}s; torch threads={torch.get_num_threads()}")
+    variants = [Ember(), Plain(), DenseOnly(args.batch)]
+    times = {v.name: [] for v in variants}
+    for i, (ids, dense, labels) in enumerate(batches):
+        order = variants[i % 3 :] + variants[: i % 3]  # rotate who goes first
+        for v in order:
+            s = time.perf_counter()
+            v.step(ids, dense, labels)
+            e = time.perf_counter() - s
+            if i >= args.warmup:
+                times[v.name].append(e)
+    ember = variants[0]
+    for k in ember.split:
+        ember.split[k] = ember.split[k][args.warmup :]
+    med = {k: statistics.median(v) for k, v in times.items()}
+    ratio = lambda ref, var: statistics.median(r / x for r, x in zip(times[ref], times[var]))  # noqa: E731
+    r_plain = ratio("plain", "ember")
+    r_dense = ratio("dense-only", "ember")
+    r_plain_dense = ratio("dense-only", "plain")
+    print(f"\n{'variant':<12}{'samples/s median':>18}{'min':>10}{'max':>10}{'ms/step':>10}")
+    for k, v in times.items():
+        sps = [args.batch / x for x in v]
+        print(f"{k:<12}{args.batch / med[k]:>18.0f}{min(sps):>10.0f}{max(sps):>10.0f}{med[k] * 1e3:>10.1f}")
+    print(f"\npaired ratios (median over {args.steps} steps):")
+    print(f"  ember / plain PyTorch speed : {r_plain:.3f}x  (target >= 1.2)")
+    print(f"  ember / dense-only speed    : {r_dense:.3f}x  (target >= 0.85)")
+    print(f"  plain / dense-only speed    : {r_plain_dense:.3f}x")
+    split = {k: statistics.median(v) * 1e3 for k, v in ember.split.items()}
+    print("ember time split (ms, median): " + ", ".join(f"{k} {v:.1f}" for k, v in split.items()))
+    rows = sum(len(t) for t in ember.ec.tables.values())
+    per_row = ember.index_bytes_per_row()
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"ember rows: {rows}, index bytes/row: {per_row:.1f} (target <= 32), record bytes/row: {(D + 1) * 4}")
+    print(f"peak RSS (whole process, all three variants): {rss_mb:.0f} MB")
+    print(json.dumps({
+        "bench": "dlrm26", "batch": args.batch, "steps": args.steps,
+        "samples_per_s": {k: args.batch / v for k, v in med.items()},
+        "ratio_ember_vs_plain": r_plain, "ratio_ember_vs_dense_only": r_dense, "ratio_plain_vs_dense_only": r_plain_dense,
+        "ember_split_ms": split, "index_bytes_per_row": per_row, "rows": rows, "peak_rss_mb": rss_mb,
+    }))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,93 @@
+"""Load and verify checkpoints, into any table layout (tiers are re-filled from the files)."""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ember.checkpoint.atomic import sha256_file
+from ember.checkpoint.save import FORMAT_VERSION
+from ember.embedding import EmbeddingCollection
+from ember.errors import CheckpointError
+
+__all__ = ["resolve_checkpoint", "read_manifest", "verify_checkpoint", "load_tables", "load_dense", "restore_rng"]
+
+_CHUNK_ROWS = 1 << 20
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A checkpoint directory, or a run / checkpoints directory (then its LATEST)."""
+    p = Path(path)
+    for cand in [p, p / "checkpoints"]:
+        if (cand / "manifest.json").exists():
+            return cand
+        latest = cand / "LATEST"
+        if latest.exists():
+            return cand / latest.read_text().strip()
+    raise CheckpointError(f"no checkpoint at {p}: expected a manifest.json or a LATEST file (a run directory works too)")
+
+
+def read_manifest(ckpt: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((ckpt / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {ckpt}: cannot read manifest.json ({e})") from e
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"checkpoint {ckpt}: format version {manifest.get('format_version')} is not {FORMAT_VERSION}"
+        )
+    return manifest
+
+
+def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
+    """Check every file's sha256 against the manifest; returns the manifest."""
+    manifest = read_manifest(ckpt)
+    for rel, digest in manifest["files"].items():
+        f = ckpt / rel
+        if not f.exists():
+            raise CheckpointError(f"checkpoint {ckpt}: file {rel} is missing")
+        if sha256_file(f) != digest:
+            raise CheckpointError(f"checkpoint {ckpt}: {rel} is damaged (sha256 mismatch); use an older checkpoint")
+    return manifest
+
+
+def load_tables(ckpt: Path, collections: list[EmbeddingCollection], manifest: dict[str, Any]) -> None:
+    """Stream every table's rows from the checkpoint into the collections' tables (any tier layout)."""
+    meta = {t["name"]: t for t in manifest["tables"]}
+    for ec in collections:
+        for name, table in ec.tables.items():
+            if name not in meta:
+                raise CheckpointError(f"checkpoint {ckpt} has no table '{name}'; it has {sorted(meta)}")
+            m = meta[name]
+            if m["record_dim"] != table.config.record_dim:
+                raise CheckpointError(
+                    f"checkpoint {ckpt}: table '{name}' records are {m['record_dim']} floats wide "
+                    f"(dim {m['dim']}, optimizer {m['optimizer']['type']}), the config asks for "
+                    f"{table.config.record_dim}; keep dim and optimizer type when resuming"
+                )
+            ids_mm = np.memmap(ckpt / "tables" / f"{name}.ids", dtype="<i8", mode="r") if m["rows"] else np.empty(0, np.int64)
+            rec_mm = (
+                np.memmap(ckpt / "tables" / f"{name}.rec", dtype="<f4", mode="r").reshape(-1, m["record_dim"])
+                if m["rows"] else np.empty((0, m["record_dim"]), np.float32)
+            )
+            for s in range(0, m["rows"], _CHUNK_ROWS):
+                table.load(torch.from_numpy(np.array(ids_mm[s : s + _CHUNK_ROWS])), torch.from_numpy(np.array(rec_mm[s : s + _CHUNK_ROWS])))
+
+
+def load_dense(ckpt: Path) -> dict[str, Any]:
+    data = (ckpt / "dense.pt").read_bytes()
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+
+
+def restore_rng(state: dict[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    np.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,110 @@
+"""Checkpoints: one directory per save, written under a temp name and renamed when complete.
+
+Layout of ``<run>/checkpoints/step-00000100/``::
+
+    manifest.json      version, step, data position, config, tables, sha256 of every file
+    dense.pt           model + dense optimizer state_dicts, RNG states, table step counters
+    tables/<name>.ids  int64 IDs, streamed in chunks (sorted by ID per chunk)
+    tables/<name>.rec  float32 records [weights | optimizer state], same order
+
+A crash at any point leaves the previous checkpoint untouched: files go to a ``.tmp-*``
+directory, each is fsynced, the directory is renamed, then ``LATEST`` is replaced atomically.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ember.checkpoint.atomic import HashingWriter, atomic_write_bytes, fsync_dir
+from ember.embedding import EmbeddingCollection
+
+__all__ = ["save_checkpoint", "FORMAT_VERSION", "rng_state"]
+
+FORMAT_VERSION = 1
+
+
+def rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def save_checkpoint(
+    root: Path,
+    step: int,
+    collections: list[EmbeddingCollection],
+    dense_state: dict[str, Any],
+    position: dict[str, int],
+    config: dict[str, Any],
+    keep: int = 2,
+) -> Path:
+    """Write a complete checkpoint under ``root`` and point ``root/LATEST`` at it; returns its path."""
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step-{step:08d}"
+    tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    (tmp / "tables").mkdir(parents=True)
+    files: dict[str, str] = {}
+    tables_meta = []
+    steps = {}
+    for ec in collections:
+        for name, table in ec.tables.items():
+            ids_w = HashingWriter(tmp / "tables" / f"{name}.ids")
+            rec_w = HashingWriter(tmp / "tables" / f"{name}.rec")
+            rows = 0
+            for ids, records in table.items():
+                ids_w.write(ids.numpy().astype("<i8", copy=False).tobytes())
+                rec_w.write(records.numpy().astype("<f4", copy=False).tobytes())
+                rows += ids.numel()
+            files[f"tables/{name}.ids"] = ids_w.close()
+            files[f"tables/{name}.rec"] = rec_w.close()
+            steps[name] = table.step
+            tables_meta.append({"name": name, "rows": rows, "dim": table.dim, "record_dim": table.config.record_dim,
+                                "optimizer": table.config.optimizer.model_dump(mode="json")})
+    buf = io.BytesIO()
+    torch.save({**dense_state, "rng": rng_state(), "table_steps": steps}, buf)
+    dense_w = HashingWriter(tmp / "dense.pt")
+    dense_w.write(buf.getvalue())
+    files["dense.pt"] = dense_w.close()
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "position": position,
+        "time": time.time(),
+        "tables": tables_meta,
+        "files": files,
+        "config": config,
+    }
+    mw = HashingWriter(tmp / "manifest.json")
+    mw.write(json.dumps(manifest, indent=1).encode())
+    mw.close()
+    fsync_dir(tmp / "tables")
+    fsync_dir(tmp)
+    if final.exists():  # a rerun of the same step replaces its checkpoint
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    fsync_dir(root)
+    atomic_write_bytes(root / "LATEST", final.name.encode())
+    _prune(root, keep)
+    return final
+
+
+def _prune(root: Path, keep: int) -> None:
+    done = sorted(p for p in root.glob("step-*") if p.is_dir())
+    for old in done[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    for stale in root.glob(".tmp-step-*"):  # left by a crashed save
+        if not stale.name.endswith(f"-{os.getpid()}"):
+            shutil.rmtree(stale, ignore_errors=True)

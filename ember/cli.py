@@ -1,0 +1,152 @@
+"""Command line: ``ember train|eval|predict|export|generate``, driven by a YAML run config.
+
+Every command takes ``--config run.yaml`` (where it needs one) and trailing ``key.path=value``
+overrides, e.g. ``ember train --config configs/demo.yaml train.epochs=2 data.batch_size=1024``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _config(args: argparse.Namespace):
+    from ember.config import load
+
+    return load(args.config, args.overrides)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from ember.train.loop import train
+
+    cfg = _config(args)
+    result = train(cfg)
+    print(f"run directory: {result.run_dir}")
+    print(f"steps: {result.step}")
+    for k, v in result.metrics.items():
+        print(f"eval {k}: {v:.4f}")
+    if result.bad_rows:
+        print("skipped bad rows: " + ", ".join(f"{k}: {v}" for k, v in result.bad_rows.items()))
+    if args.export:
+        from ember.checkpoint.export import export_model
+
+        assert result.parts is not None
+        print(f"exported to {export_model(result.parts, cfg, args.export)}")
+    return 0
+
+
+def _restore(args: argparse.Namespace):
+    """Config (from the checkpoint unless --config is given) and parts loaded from a checkpoint."""
+    from ember.checkpoint.load import load_dense, load_tables, resolve_checkpoint, verify_checkpoint
+    from ember.config import apply_overrides, from_dict, load
+    from ember.train.builder import build_components
+
+    ckpt = resolve_checkpoint(args.checkpoint)
+    manifest = verify_checkpoint(ckpt)
+    cfg = load(args.config, args.overrides) if args.config else from_dict(apply_overrides(manifest["config"], args.overrides))
+    parts = build_components(cfg)
+    load_tables(ckpt, parts.collections(), manifest)
+    parts.model.load_state_dict(load_dense(ckpt)["model"])
+    return cfg, parts
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from ember.pipeline.loader import make_batches
+    from ember.train.evaluate import evaluate
+
+    cfg, parts = _restore(args)
+    metrics = evaluate(parts, make_batches(cfg.data, cfg.schema, "eval"))
+    print(json.dumps(metrics, indent=1))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from ember.checkpoint.export import export_model
+
+    cfg, parts = _restore(args)
+    print(f"exported to {export_model(parts, cfg, args.out)}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from ember.serving import Predictor
+
+    p = Predictor.load(args.export)
+    probs = p.predict_files(args.input)
+    header = ",".join(f"p_{t}" for t in p.tasks)
+    if args.output:
+        np.savetxt(args.output, probs, delimiter=",", header=header, comments="", fmt="%.6f")
+        print(f"wrote {len(probs)} predictions to {args.output}")
+    else:
+        print(header)
+        for row in probs:
+            print(",".join(f"{v:.6f}" for v in row))
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from ember.pipeline.loader import write_synthetic
+    from ember.source.config import SyntheticOptions
+
+    opts = SyntheticOptions.model_validate({**(json.loads(args.options) if args.options else {}), "seed": args.seed})
+    paths = write_synthetic(args.out, args.format, args.rows, opts, split=args.split)
+    print(f"wrote {args.rows} rows to {paths}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ember", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    t = sub.add_parser("train", help="train (resume with train.resume=DIR, finetune with train.init_from=DIR)")
+    t.add_argument("--config", required=True)
+    t.add_argument("--export", help="also export the final model to this directory")
+    t.add_argument("overrides", nargs="*", help="key.path=value")
+    t.set_defaults(fn=cmd_train)
+
+    for name, fn, helptext in [("eval", cmd_eval, "AUC and logloss of a checkpoint on the eval data"),
+                               ("export", cmd_export, "export a checkpoint for serving")]:
+        e = sub.add_parser(name, help=helptext)
+        e.add_argument("--checkpoint", required=True, help="checkpoint or run directory")
+        e.add_argument("--config", help="run config (default: the one stored in the checkpoint)")
+        if name == "export":
+            e.add_argument("--out", required=True)
+        e.add_argument("overrides", nargs="*")
+        e.set_defaults(fn=fn)
+
+    pr = sub.add_parser("predict", help="score raw rows with an exported model")
+    pr.add_argument("--export", required=True, help="export directory")
+    pr.add_argument("--input", nargs="+", required=True, help="files in the export's data format")
+    pr.add_argument("--output", help="CSV file for the probabilities (default: stdout)")
+    pr.set_defaults(fn=cmd_predict)
+
+    g = sub.add_parser("generate", help="write synthetic Criteo-shaped data to files")
+    g.add_argument("--out", required=True)
+    g.add_argument("--format", choices=["csv", "tsv", "parquet", "orc"], default="parquet")
+    g.add_argument("--rows", type=int, default=100_000)
+    g.add_argument("--split", choices=["train", "eval"], default="train")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--options", help='synthetic options as JSON, e.g. \'{"vocab_size": 1000000}\'')
+    g.set_defaults(fn=cmd_generate)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from ember.errors import EmberError
+
+    try:
+        return int(args.fn(args))
+    except EmberError as e:
+        print(f"ember {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The run config: YAML <-> frozen pydantic models, with dotted command-line overrides.
+
+Example YAML (the demo's)::
+
+    data:   {preset: synthetic, synthetic: {rows: 400000, eval_rows: 50000}, batch_size: 2048}
+    embedding: {dim: 16, optimizer: {type: rowwise_adagrad, lr: 0.05}}
+    model:  {type: dlrm, bottom_mlp: [128, 64, 16], top_mlp: [128, 64]}
+    train:  {epochs: 1, dense_optimizer: {type: adam, lr: 0.001}}
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Sequence
+
+import yaml
+from pydantic import Field
+
+from ember.config_base import ConfigModel
+from ember.embedding.config import FeatureConfig, TableConfig
+from ember.embedding.init import InitializerConfig
+from ember.errors import ConfigError
+from ember.featurize.schema import Schema
+from ember.models.registry import ModelConfig
+from ember.optim import RowWiseAdagrad, SparseOptimizerConfig
+from ember.source.config import DataConfig
+from ember.train.config import TrainConfig
+
+__all__ = ["RunConfig", "EmbeddingDefaults", "load", "from_dict", "apply_overrides", "to_yaml"]
+
+
+class EmbeddingDefaults(ConfigModel):
+    """Settings of every table a sparse feature names that ``tables`` does not list."""
+
+    dim: int = Field(16, gt=0)
+    initializer: InitializerConfig = InitializerConfig()
+    optimizer: SparseOptimizerConfig = Field(default_factory=lambda: RowWiseAdagrad(lr=0.05))
+
+
+class RunConfig(ConfigModel):
+    """Everything a run needs; ``schema`` defaults to the data preset's schema."""
+
+    data: DataConfig
+    schema_: Schema | None = Field(None, alias="schema")
+    embedding: EmbeddingDefaults = EmbeddingDefaults()
+    tables: list[TableConfig] = []
+    model: ModelConfig
+    train: TrainConfig = TrainConfig()
+
+    model_config = {**ConfigModel.model_config, "populate_by_name": True, "protected_namespaces": ()}
+
+    @property
+    def schema(self) -> Schema:  # type: ignore[override]
+        if self.schema_ is None:
+            raise ConfigError("config has no schema: set 'schema' or a 'data.preset'")
+        return self.schema_
+
+    def table_configs(self) -> list[TableConfig]:
+        """Listed tables plus a default-configured table for every other table a feature names."""
+        listed = {t.name: t for t in self.tables}
+        out = list(self.tables)
+        for f in self.schema.sparse:
+            name = f.table_name
+            if name not in listed:
+                listed[name] = TableConfig(
+                    name=name, dim=self.embedding.dim, initializer=self.embedding.initializer,
+                    optimizer=self.embedding.optimizer,
+                )
+                out.append(listed[name])
+        return out
+
+    def features(self) -> list[FeatureConfig]:
+        return list(self.schema.sparse)
+
+
+def apply_overrides(raw: dict, overrides: Sequence[str]) -> dict:
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a nested dict copy."""
+    out = copy.deepcopy(raw)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key.path=value, e.g. train.epochs=2")
+        key, value = item.split("=", 1)
+        node = out
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            if not isinstance(node.get(p), dict):
+                node[p] = {} if node.get(p) is None else node[p]
+                if not isinstance(node[p], dict):
+                    raise ConfigError(f"override {item!r}: '{p}' is not a section")
+            node = node[p]
+        node[parts[-1]] = yaml.safe_load(value)
+    return out
+
+
+def from_dict(raw: dict[str, Any]) -> RunConfig:
+    """Validate a raw dict (after overrides), filling the data preset's defaults and schema."""
+    from ember.featurize.presets import preset_data_defaults, preset_schema
+
+    if not isinstance(raw, dict):
+        raise ConfigError(f"a run config must be a mapping, got {type(raw).__name__}")
+    raw = copy.deepcopy(raw)
+    data = raw.get("data") or {}
+    preset = data.get("preset")
+    if preset is not None:
+        merged = _deep_merge(preset_data_defaults(preset), data)
+        raw["data"] = merged
+    cfg = RunConfig.parse(raw)
+    if cfg.schema_ is None and cfg.data.preset is not None:
+        schema = preset_schema(cfg.data.preset, cfg.data)
+        cfg = cfg.model_copy(update={"schema_": schema})
+    cfg.schema  # raises when neither is given
+    return cfg
+
+
+def load(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a YAML run config, apply overrides, validate."""
+    p = Path(path)
+    if not p.exists():
+        raise ConfigError(f"config file {p} does not exist")
+    with open(p) as fh:
+        raw = yaml.safe_load(fh) or {}
+    return from_dict(apply_overrides(raw, overrides))
+
+
+def to_yaml(cfg: RunConfig) -> str:
+    """The fully resolved config, as YAML (written into every run directory)."""
+    return yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False)
+
+
+def _deep_merge(base: dict, top: dict) -> dict:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

@@ -1,0 +1,100 @@
+"""Build a run's parts from its config: embedding collections, model, dense optimizer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from ember.batch import Batch
+from ember.config import RunConfig
+from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
+from ember.embedding.init import InitializerConfig
+from ember.errors import ConfigError
+from ember.models.registry import ModelInputs, build_model
+from ember.train.config import DenseOptimizerConfig
+
+__all__ = ["Components", "build_components", "LINEAR_SUFFIX"]
+
+LINEAR_SUFFIX = "__linear"
+
+
+@dataclass
+class Components:
+    """The trainable parts of a run; models stay plain nn.Modules that know nothing of tables."""
+
+    embeddings: EmbeddingCollection
+    linear: EmbeddingCollection | None  # dim-1 tables for first-order / wide terms
+    model: nn.Module
+    dense_optimizer: torch.optim.Optimizer
+    task_names: list[str]
+    device: torch.device
+
+    def collections(self) -> list[EmbeddingCollection]:
+        return [self.embeddings] + ([self.linear] if self.linear is not None else [])
+
+    def forward(self, batch: Batch) -> Tensor:
+        """Logits [B, T] for a batch whose dense part and labels are already on ``device``."""
+        emb = self.embeddings(batch.sparse)
+        pooled = [emb[f.name] for f in self.embeddings.features]
+        linear = None
+        if self.linear is not None:
+            lin = self.linear(batch.sparse)
+            linear = [lin[f.name] for f in self.linear.features]
+        return self.model(batch.dense, pooled, linear)
+
+    def apply_sparse_gradients(self) -> None:
+        for ec in self.collections():
+            ec.apply_gradients()
+
+    def train(self, mode: bool = True) -> None:
+        self.model.train(mode)
+        for ec in self.collections():
+            ec.train(mode)
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("train.device is 'cuda' but no CUDA device is visible; use 'auto' or 'cpu'")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def make_dense_optimizer(params, cfg: DenseOptimizerConfig) -> torch.optim.Optimizer:
+    kw: dict = {"lr": cfg.lr, "weight_decay": cfg.weight_decay}
+    if cfg.eps is not None and cfg.type != "sgd":
+        kw["eps"] = cfg.eps
+    cls = {"adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}[cfg.type]
+    return cls(params, **kw)
+
+
+def build_components(cfg: RunConfig) -> Components:
+    """Tables, model and optimizers for ``cfg`` (seeded by ``train.seed``)."""
+    torch.manual_seed(cfg.train.seed)
+    device = pick_device(cfg.train.device)
+    schema = cfg.schema
+    tables = cfg.table_configs()
+    features = [FeatureConfig(name=f.name, table=f.table_name, pooling=f.pooling, max_length=f.max_length) for f in schema.sparse]
+    pooled = [f for f in features if f.pooling != "sequence"]
+    if len(pooled) != len(features):
+        names = [f.name for f in features if f.pooling == "sequence"]
+        raise ConfigError(
+            f"sparse features {names} use pooling 'sequence', which the built-in models do not take; "
+            "use sum/mean/sqrtn for them or call EmbeddingCollection from your own model"
+        )
+    ec = EmbeddingCollection(tables, features).to(device)
+    dims = {t.name: t.dim for t in tables}
+    inputs = ModelInputs(num_dense=len(schema.dense), sparse_dims=[dims[f.table_name] for f in features], num_tasks=len(schema.labels))
+    model = build_model(cfg.model, inputs).to(device)
+    linear = None
+    if getattr(model, "wants_linear", False):
+        lin_tables = [
+            TableConfig(name=t.name + LINEAR_SUFFIX, dim=1, initializer=InitializerConfig(type="zeros"), optimizer=t.optimizer, seed=t.seed)
+            for t in tables
+        ]
+        lin_features = [FeatureConfig(name=f.name, table=f.table_name + LINEAR_SUFFIX, pooling=f.pooling) for f in features]
+        linear = EmbeddingCollection(lin_tables, lin_features).to(device)
+    opt = make_dense_optimizer(model.parameters(), cfg.train.dense_optimizer)
+    return Components(ec, linear, model, opt, list(schema.labels), device)

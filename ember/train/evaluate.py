@@ -1,0 +1,50 @@
+"""Evaluation: score a stream of batches, report AUC and logloss per task."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import numpy as np
+import torch
+
+from ember.batch import Batch
+from ember.train.builder import Components
+from ember.train.metrics import evaluate_predictions
+
+__all__ = ["evaluate", "predict_batches"]
+
+
+@torch.no_grad()
+def predict_batches(parts: Components, batches: Iterable[Batch], max_batches: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Probabilities and labels, both [N, T], for every batch (eval mode; tables do not grow)."""
+    was_training = parts.model.training
+    parts.train(False)
+    probs, labels = [], []
+    try:
+        for i, batch in enumerate(batches):
+            if max_batches is not None and i >= max_batches:
+                break
+            batch = _to_device(batch, parts.device)
+            probs.append(torch.sigmoid(parts.forward(batch)).float().cpu().numpy())
+            labels.append(batch.labels.cpu().numpy())
+    finally:
+        parts.train(was_training)
+    t = len(parts.task_names)
+    if not probs:
+        return np.zeros((0, t)), np.zeros((0, t))
+    return np.concatenate(probs), np.concatenate(labels)
+
+
+def evaluate(parts: Components, batches: Iterable[Batch], max_batches: int | None = None) -> dict[str, float]:
+    """``auc/<task>`` and ``logloss/<task>`` over the batches, plus ``rows``."""
+    probs, labels = predict_batches(parts, batches, max_batches)
+    out = evaluate_predictions(labels, probs, parts.task_names)
+    out["rows"] = float(len(probs))
+    return out
+
+
+def _to_device(batch: Batch, device: torch.device) -> Batch:
+    """Dense part and labels to the model's device; IDs stay on the host, where the tables are."""
+    if device.type == "cpu":
+        return batch
+    return Batch(batch.dense.to(device, non_blocking=True), batch.sparse, batch.labels.to(device, non_blocking=True))

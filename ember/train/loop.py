@@ -1,0 +1,173 @@
+"""The training loop, read top to bottom: forward, loss, backward, dense step, sparse apply,
+log, evaluate, checkpoint. Everything else (building parts, data, checkpoint files) lives elsewhere.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ember.checkpoint.load import load_dense, load_tables, resolve_checkpoint, restore_rng, verify_checkpoint
+from ember.checkpoint.save import save_checkpoint
+from ember.config import RunConfig, to_yaml
+from ember.pipeline.loader import make_batches
+from ember.train.builder import Components, build_components
+from ember.train.evaluate import _to_device, evaluate
+from ember.train.history import History
+from ember.train.loss import multitask_bce
+
+__all__ = ["train", "RunResult", "prepare_run"]
+
+
+@dataclass
+class RunResult:
+    run_dir: Path
+    step: int
+    metrics: dict[str, float]
+    history: list[dict[str, Any]] = field(default_factory=list)
+    parts: Components | None = None
+    bad_rows: dict[str, int] = field(default_factory=dict)
+
+
+def prepare_run(cfg: RunConfig) -> tuple[Components, Path]:
+    """Seed, threads, determinism, run directory with the resolved config, built parts."""
+    t = cfg.train
+    if t.threads is not None:
+        torch.set_num_threads(t.threads)
+    if t.deterministic:
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    run_dir = Path(t.out_dir) / (t.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    return build_components(cfg), run_dir
+
+
+def train(cfg: RunConfig) -> RunResult:
+    """Train (or resume, or finetune) as the config says; returns the final eval metrics."""
+    t = cfg.train
+    parts, run_dir = prepare_run(cfg)
+    history = History(run_dir, resume=t.resume is not None)
+    task_w = torch.tensor(t.task_weights, device=parts.device) if t.task_weights else None
+    step, epoch, start_batch = 0, 0, 0
+    if t.resume or t.init_from:
+        ckpt = resolve_checkpoint(t.resume or t.init_from)  # type: ignore[arg-type]
+        manifest = verify_checkpoint(ckpt)
+        load_tables(ckpt, parts.collections(), manifest)
+        dense = load_dense(ckpt)
+        parts.model.load_state_dict(dense["model"])
+        if t.resume:  # exact continuation: optimizers, counters, data position and RNG too
+            parts.dense_optimizer.load_state_dict(dense["optimizer"])
+            for ec in parts.collections():
+                for name, table in ec.tables.items():
+                    table.step = dense["table_steps"][name]
+            step = manifest["step"]
+            epoch, start_batch = manifest["position"]["epoch"], manifest["position"]["batch"]
+            restore_rng(dense["rng"])
+
+    def checkpoint(epoch: int, batch: int) -> Path:
+        state = {"model": parts.model.state_dict(), "optimizer": parts.dense_optimizer.state_dict()}
+        return save_checkpoint(run_dir / "checkpoints", step, parts.collections(), state,
+                               {"epoch": epoch, "batch": batch}, cfg.model_dump(mode="json", by_alias=True), t.keep_checkpoints)
+
+    def run_eval() -> dict[str, float]:
+        if cfg.data.eval is None and cfg.data.format != "synthetic":
+            return {}
+        m = evaluate(parts, make_batches(cfg.data, cfg.schema, "eval"), t.eval_max_batches)
+        history.log({"kind": "eval", "step": step, **m})
+        return m
+
+    bad_rows: dict[str, int] = {}
+    metrics: dict[str, float] = {}
+    parts.train(True)
+    progress = _progress(t.progress, t.max_steps)
+    done = False
+    while epoch < t.epochs and not done:
+        batches = make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch)
+        batch_idx = start_batch
+        loss_sum, seen, t0 = 0.0, 0, time.perf_counter()
+        for batch in batches:
+            batch = _to_device(batch, parts.device)
+            logits = parts.forward(batch)  # gathers unique rows once per table
+            loss = multitask_bce(logits, batch.labels, task_w)
+            parts.dense_optimizer.zero_grad(set_to_none=True)
+            loss.backward()  # dense grads + one summed gradient per unique ID
+            parts.dense_optimizer.step()
+            parts.apply_sparse_gradients()  # sparse optimizer on the touched rows only
+            step += 1
+            batch_idx += 1
+            loss_sum += float(loss) * batch.size  # sync point: reads the loss
+            seen += batch.size
+            if step % t.log_every == 0:
+                rate = seen / (time.perf_counter() - t0)
+                rec = {"kind": "train", "step": step, "epoch": epoch, "loss": loss_sum / seen, "samples_per_s": rate}
+                for ec in parts.collections():
+                    for name, table in ec.tables.items():
+                        rec[f"rows/{name}"] = len(table)
+                history.log(rec)
+                progress.update(step, rec)
+                loss_sum, seen, t0 = 0.0, 0, time.perf_counter()
+            if t.eval_every and step % t.eval_every == 0:
+                metrics = run_eval()
+                progress.note(_fmt(metrics))
+            if t.checkpoint_every and step % t.checkpoint_every == 0:
+                checkpoint(epoch, batch_idx)
+            if t.max_steps is not None and step >= t.max_steps:
+                done = True
+                break
+        bad_rows = _merge(bad_rows, getattr(batches, "bad_rows", None))
+        if not done:
+            epoch, start_batch = epoch + 1, 0
+            if not t.eval_every:
+                metrics = run_eval()
+                progress.note(_fmt(metrics))
+    progress.close()
+    final = checkpoint(epoch, batch_idx if done else 0)
+    if not metrics or (history.records and history.records[-1].get("kind") != "eval"):
+        metrics = run_eval()
+    history.plot()
+    summary = {"step": step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    return RunResult(run_dir, step, metrics, history.records, parts, bad_rows)
+
+
+def _merge(acc: dict[str, int], report: Any) -> dict[str, int]:
+    counts = getattr(report, "counts", None) or {}
+    out = dict(acc)
+    for k, v in dict(counts).items():
+        out[k] = out.get(k, 0) + int(v)
+    return out
+
+
+def _fmt(metrics: dict[str, float]) -> str:
+    return " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k != "rows")
+
+
+class _progress:
+    """tqdm progress bar with samples/s and loss (quiet when disabled)."""
+
+    def __init__(self, enabled: bool, total: int | None) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, unit="step", dynamic_ncols=True)
+        self.last = 0
+
+    def update(self, step: int, rec: dict[str, Any]) -> None:
+        if self.bar is not None:
+            self.bar.update(step - self.last)
+            self.bar.set_postfix(loss=f"{rec['loss']:.4f}", sps=f"{rec['samples_per_s']:.0f}")
+        self.last = step
+
+    def note(self, text: str) -> None:
+        if self.bar is not None and text:
+            self.bar.write(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

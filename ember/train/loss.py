@@ -1,0 +1,22 @@
+"""Loss: binary cross-entropy per task, weighted sum over tasks."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["multitask_bce"]
+
+
+def multitask_bce(logits: Tensor, labels: Tensor, task_weights: Tensor | None = None) -> Tensor:
+    """Sum over tasks of (weight x mean BCE-with-logits). logits, labels: [B, T].
+
+    Example:
+        >>> round(multitask_bce(torch.zeros(2, 1), torch.tensor([[1.0], [0.0]])).item(), 4)
+        0.6931
+    """
+    per_task = F.binary_cross_entropy_with_logits(logits, labels, reduction="none").mean(dim=0)
+    if task_weights is not None:
+        per_task = per_task * task_weights
+    return per_task.sum()
