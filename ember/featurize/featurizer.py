@@ -1,0 +1,181 @@
+"""Featurizer: one arrow record batch -> :class:`Rows` (labels, transformed dense, hashed IDs).
+
+Everything is vectorised over the batch; bad rows are found with masks, then either the
+earliest one raises :class:`~ember.errors.DataError` (file, row, column, value, fix) or all are
+dropped and counted per reason in a :class:`~ember.source.bad_rows.BadRowReport`.
+
+Example:
+    >>> import pyarrow as pa
+    >>> from ember.featurize.schema import Schema
+    >>> schema = Schema(labels=["y"], dense=[{"name": "n", "log1p": True}],
+    ...                 sparse=[{"name": "tags", "separator": "|", "max_length": 2}])
+    >>> rb = pa.record_batch({"y": ["1", "0"], "n": ["0", ""], "tags": ["a|b|c", None]})
+    >>> b = Featurizer(schema)(rb).to_batch()
+    >>> b.labels.tolist(), b.dense.tolist(), b.sparse.lengths.tolist()
+    ([[1.0], [0.0]], [[0.0], [0.0]], [2, 0])
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ember.errors import SchemaError
+from ember.featurize.hashing import hash_array
+from ember.featurize.rows import Rows
+from ember.featurize.schema import Schema, SparseFeature
+from ember.featurize.transforms import (
+    dense_transform,
+    filter_jagged,
+    parse_floats,
+    parse_ints,
+    truncate_jagged,
+)
+from ember.source.bad_rows import BadRowReport, raise_bad_row
+
+__all__ = ["Featurizer"]
+
+
+class _Checks:
+    """Bad-row masks in column order; a row counts under its first reason."""
+
+    def __init__(self, batch: pa.RecordBatch) -> None:
+        self.batch = batch
+        self.items: list[tuple[str, str, str, np.ndarray]] = []  # column, problem, value col, mask
+
+    def add(self, column: str, problem: str, mask: np.ndarray, value_column: str | None = None) -> None:
+        if mask.any():
+            self.items.append((column, problem, value_column or column, mask))
+
+    def resolve(self, report: BadRowReport, file: str, first_row: int) -> np.ndarray | None:
+        """Raise on the earliest bad row (error mode) or count and return the keep mask."""
+        if not self.items:
+            return None
+        if not report.skip:
+            firsts = [int(np.argmax(m)) for *_, m in self.items]
+            k = int(np.argmin(firsts))
+            column, problem, vcol, _ = self.items[k]
+            row = firsts[k]
+            raise_bad_row(file, first_row + row, column, self.batch.column(vcol)[row].as_py(), problem)
+        taken = np.zeros(self.batch.num_rows, dtype=bool)
+        for column, problem, _, mask in self.items:
+            new = mask & ~taken
+            report.add(f"{column}: {problem}", int(new.sum()))
+            taken |= new
+        return ~taken
+
+
+def _jagged(arr: pa.Array, separator: str | None) -> tuple[pa.Array, np.ndarray]:
+    """Flat values and per-row lengths: list columns as is, strings split on ``separator``."""
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.cast(arr.type.value_type)
+    if separator is not None and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+        arr = pc.split_pattern(arr, separator)
+    if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
+        lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
+        return pc.list_flatten(arr), lengths
+    return arr, np.ones(len(arr), dtype=np.int64)
+
+
+class Featurizer:
+    """Turns record batches into :class:`Rows` following ``schema``.
+
+    Args:
+        schema: the columns and their transforms.
+        report: where skipped rows are counted; its ``policy`` decides error vs skip.
+    """
+
+    def __init__(self, schema: Schema, report: BadRowReport | None = None) -> None:
+        self.schema = schema
+        self.report = report or BadRowReport()
+
+    def __call__(self, batch: pa.RecordBatch, file: str = "<batch>", first_row: int = 1) -> Rows:
+        """Featurize ``batch``; row 0 is row ``first_row`` of ``file`` (for messages)."""
+        n = batch.num_rows
+        names = batch.schema.names
+        missing_cols = [c for c in self.schema.columns if c not in names]
+        if missing_cols:
+            raise SchemaError(f"{file}: column(s) {missing_cols} not found; the data has {names}")
+        checks = _Checks(batch)
+        self.report.rows_read += n
+
+        labels = np.empty((n, len(self.schema.labels)), dtype=np.float32)
+        for j, name in enumerate(self.schema.labels):
+            x, missing, bad = parse_floats(batch.column(name))
+            checks.add(name, "label is missing", missing)
+            checks.add(name, "label is not a number", bad)
+            checks.add(name, "label is not in [0, 1]", ~missing & ~bad & ((x < 0) | (x > 1)))
+            labels[:, j] = np.nan_to_num(x)
+
+        dense = np.empty((n, len(self.schema.dense)), dtype=np.float32)
+        for j, f in enumerate(self.schema.dense):
+            x, _, bad = parse_floats(batch.column(f.source_column))
+            checks.add(f.source_column, "not a number", bad)
+            dense[:, j] = dense_transform(x, f.fill, f.log1p, f.clip, f.standardize)
+
+        values, offsets, weights = [], [], []
+        for f in self.schema.sparse:
+            v, o, w = self._sparse(f, batch, checks, file)
+            values.append(v)
+            offsets.append(o)
+            weights.append(w)
+
+        rows = Rows(dense, labels, self.schema.feature_names, values, offsets, weights)
+        keep = checks.resolve(self.report, file, first_row)
+        return rows if keep is None else rows.take(np.flatnonzero(keep))
+
+    def _sparse(
+        self, f: SparseFeature, batch: pa.RecordBatch, checks: _Checks, file: str
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        col = f.source_column
+        flat, lengths = _jagged(batch.column(col), f.separator)
+        if isinstance(flat, pa.ChunkedArray):
+            flat = flat.combine_chunks()
+        elem_row = np.repeat(np.arange(batch.num_rows), lengths)
+        is_str = pa.types.is_string(flat.type) or pa.types.is_large_string(flat.type)
+        if f.hash_ids:
+            try:
+                ids, valid = hash_array(flat, f.salt_value)
+            except TypeError as e:
+                raise SchemaError(f"{file}: sparse feature '{f.name}' (column '{col}'): {e}") from None
+            if is_str:  # an empty token ("a||b", "") is no value
+                valid &= np.asarray(pc.fill_null(pc.not_equal(flat, ""), False), dtype=bool)
+        else:
+            try:
+                ids, missing, bad = parse_ints(flat)
+            except TypeError as e:
+                raise SchemaError(f"{file}: sparse feature '{f.name}' (column '{col}', hash_ids: false): {e}") from None
+            checks.add(col, "not an integer ID", np.bincount(elem_row[bad], minlength=batch.num_rows) > 0)
+            valid = ~missing & ~bad
+
+        w = None
+        if f.weight_column is not None:
+            wflat, wlen = _jagged(batch.column(f.weight_column), f.separator)
+            if isinstance(wflat, pa.ChunkedArray):
+                wflat = wflat.combine_chunks()
+            mismatch = wlen != lengths
+            checks.add(f.weight_column, f"weights do not match the values of '{col}'", mismatch)
+            if mismatch.any():  # those rows are dropped or raise; give them no values
+                valid &= ~mismatch[elem_row]
+                wflat = wflat.filter(pa.array(~mismatch[np.repeat(np.arange(len(wlen)), wlen)]))
+            wx, wmissing, wbad = parse_floats(wflat)
+            checks.add(f.weight_column, "weight is not a number",
+                       np.bincount(elem_row[~mismatch[elem_row]][wbad], minlength=batch.num_rows) > 0)
+            w = np.where(wmissing | wbad, 1.0, wx).astype(np.float32)  # a missing weight counts as 1
+            if mismatch.any():
+                full = np.ones(ids.size, np.float32)
+                full[~mismatch[elem_row]] = w
+                w = full
+
+        new_len = filter_jagged(lengths, valid)
+        ids = ids[valid]
+        w = None if w is None else w[valid]
+        if f.max_length is not None and new_len.size and new_len.max() > f.max_length:
+            keep = truncate_jagged(new_len, f.max_length)
+            ids = ids[keep]
+            w = None if w is None else w[keep]
+            new_len = np.minimum(new_len, f.max_length)
+        off = np.zeros(new_len.size + 1, dtype=np.int64)
+        np.cumsum(new_len, out=off[1:])
+        return ids.astype(np.int64, copy=False), off, w

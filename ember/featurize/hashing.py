@@ -1,0 +1,150 @@
+"""Stable hashing of categorical values (strings or integers) to int64 IDs.
+
+The same value, salt and kind (string vs integer) give the same ID on every run, process and
+machine: nothing here depends on Python's ``hash()``, the platform's byte order or numpy's RNG.
+
+The exact hash (all arithmetic on uint64, wrapping modulo 2**64; ``mix64`` is the splitmix64
+finaliser from :mod:`ember.tiers.key_index`):
+
+- salt: ``s = int.from_bytes(blake2b(salt.encode("utf-8"), digest_size=8).digest(), "little")``.
+- integer ``v`` (any int dtype, taken as its two's-complement uint64): ``mix64(v ^ s)``.
+  This is a bijection for a fixed salt, so distinct integers never collide within a feature.
+- string ``x`` (UTF-8 bytes ``b`` of length ``n``): ``h = mix64(s ^ (n * 0x9E3779B97F4A7C15))``;
+  then for each 8-byte word ``w_j`` of ``b`` (little-endian, the last word zero-padded):
+  ``h = mix64(h ^ w_j)``. The result is viewed as int64.
+
+Strings are hashed over the *distinct* values of a batch only (``pyarrow.compute
+.dictionary_encode``, then a take by indices), eight bytes per vectorised numpy step, so a batch
+of 8-hex-digit Criteo values costs two passes over its dictionary. Integers are hashed directly:
+the mix is cheaper than finding the distinct values. Note that the integer 7 and the string "7"
+get different IDs: a column keeps its kind across files of one dataset (CSV columns are strings).
+
+Missing values (nulls) get no ID at all: :func:`hash_array` returns them as a mask, and the
+featurizer turns a missing categorical into an empty bag.
+
+Example:
+    >>> import pyarrow as pa
+    >>> ids, valid = hash_array(pa.array(["a", None, "a"]), salt="C1")
+    >>> bool(ids[0] == ids[2]), valid.tolist()
+    (True, [True, False, True])
+    >>> bool(hash_array(pa.array(["a"]), salt="C2")[0][0] != ids[0])
+    True
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ember.tiers.key_index import mix64
+
+__all__ = ["salt_key", "hash_ints", "hash_strings", "hash_array"]
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def salt_key(salt: str) -> np.uint64:
+    """The 64-bit key of a salt (first 8 bytes of its blake2b digest, little-endian).
+
+    Example:
+        >>> int(salt_key("C1")) == int(salt_key("C1")) != int(salt_key("C2"))
+        True
+    """
+    digest = hashlib.blake2b(salt.encode("utf-8"), digest_size=8).digest()
+    return np.uint64(int.from_bytes(digest, "little"))
+
+
+def hash_ints(values: np.ndarray, salt: str) -> np.ndarray:
+    """Hash integer values to int64 IDs: ``mix64(uint64(v) ^ salt_key(salt))``.
+
+    Example:
+        >>> ids = hash_ints(np.array([1, 2, 1]), "f")
+        >>> bool(ids[0] == ids[2]), bool(ids[0] != ids[1])
+        (True, True)
+    """
+    v = np.ascontiguousarray(values).astype(np.int64, copy=False).view(np.uint64)
+    return mix64(v ^ salt_key(salt)).view(np.int64)
+
+
+def _hash_utf8_buffers(offsets: np.ndarray, data: np.ndarray, salt: np.uint64) -> np.ndarray:
+    starts = offsets[:-1].astype(np.int64)
+    lens = (offsets[1:] - offsets[:-1]).astype(np.int64)
+    h = mix64(salt ^ (lens.astype(np.uint64) * _GOLDEN))
+    if lens.size == 0:
+        return h.view(np.int64)
+    nwords = (lens + 7) // 8
+    padded = np.concatenate([data, np.zeros(8, dtype=np.uint8)])
+    # words[i] is the little-endian uint64 made of bytes i..i+7: an unaligned strided view, so
+    # gathering one word per string is a single fancy-index.
+    words = np.ndarray((padded.size - 7,), dtype="<u8", buffer=padded, strides=(1,))
+    for j in range(int(nwords.max())):
+        active = np.flatnonzero(nwords > j) if j else np.flatnonzero(nwords > 0)
+        word = words[starts[active] + 8 * j].astype(np.uint64)
+        remaining = lens[active] - 8 * j
+        short = remaining < 8  # bytes past the end of the string belong to the next one
+        if short.any():
+            keep = (np.uint64(1) << (remaining[short].astype(np.uint64) * np.uint64(8))) - np.uint64(1)
+            word[short] &= keep
+        h[active] = mix64(h[active] ^ word)
+    return h.view(np.int64)
+
+
+def hash_strings(values: pa.Array, salt: str) -> np.ndarray:
+    """Hash every element of a (large_)string array of *distinct* values; nulls hash as "".
+
+    Example:
+        >>> import pyarrow as pa
+        >>> int(hash_strings(pa.array(["68fd1e64"]), "C1")[0])
+        8487271998959362231
+    """
+    if pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type):
+        off_dtype = np.int64
+    elif pa.types.is_string(values.type) or pa.types.is_binary(values.type):
+        off_dtype = np.int32
+    else:
+        raise TypeError(f"hash_strings: expected a string array, got {values.type}")
+    n = len(values)
+    bufs = values.buffers()
+    offsets = np.frombuffer(bufs[1], dtype=off_dtype)[values.offset : values.offset + n + 1]
+    data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    if values.null_count:
+        # A null slot may have garbage length in principle; make it the empty string.
+        lens = np.diff(offsets)
+        lens[np.asarray(values.is_null())] = 0
+        offsets = np.concatenate([offsets[:1], offsets[0] + np.cumsum(lens)]).astype(off_dtype)
+        # Rebuild a contiguous data buffer consistent with the new offsets.
+        starts = np.frombuffer(bufs[1], dtype=off_dtype)[values.offset : values.offset + n]
+        idx = np.repeat(starts - offsets[:-1], lens) + np.arange(int(lens.sum()))
+        data = data[idx]
+    return _hash_utf8_buffers(offsets, data, salt_key(salt))
+
+
+def hash_array(values: pa.Array | pa.ChunkedArray, salt: str) -> tuple[np.ndarray, np.ndarray]:
+    """Hash a flat arrow array of strings or integers to ``(ids int64 [N], valid bool [N])``.
+
+    Strings are dictionary-encoded first so each distinct value is hashed once. Null entries
+    get ``valid=False`` (and an arbitrary ID the caller drops).
+    """
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    valid = ~np.array(values.is_null(), dtype=bool) if values.null_count else np.ones(len(values), bool)
+    t = values.type
+    if pa.types.is_dictionary(t):
+        values = values.cast(t.value_type)
+        t = values.type
+    if pa.types.is_integer(t):
+        raw = values.fill_null(0).to_numpy(zero_copy_only=False)
+        return hash_ints(raw, salt), valid
+    if pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        enc = pc.dictionary_encode(values)
+        codes = enc.indices.fill_null(0).to_numpy(zero_copy_only=False)
+        dict_ids = hash_strings(enc.dictionary, salt)
+        if len(dict_ids) == 0:
+            return np.zeros(len(values), np.int64), valid
+        return dict_ids[codes], valid
+    if pa.types.is_boolean(t):
+        return hash_ints(values.fill_null(False).to_numpy(zero_copy_only=False).astype(np.int64), salt), valid
+    raise TypeError(f"cannot hash a column of type {t}; categorical columns must be strings or integers")

@@ -1,0 +1,145 @@
+"""Schema: which columns are labels, dense features (with transforms) and sparse features.
+
+Example:
+    >>> s = Schema.parse({"labels": ["click"], "dense": [{"name": "age", "log1p": True}],
+    ...                   "sparse": [{"name": "user"}, {"name": "tags", "separator": "|"}]})
+    >>> s.sparse[1].source_column, s.sparse[1].salt_value, s.feature_names
+    ('tags', 'tags', ['user', 'tags'])
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from ember.config_base import ConfigModel
+from ember.embedding.config import FeatureConfig, TableConfig
+
+__all__ = ["DenseFeature", "SparseFeature", "Schema"]
+
+
+class DenseFeature(ConfigModel):
+    """A float column. Transforms run in this order (each optional):
+
+    1. ``fill``: a missing value (null or empty field) becomes ``fill``;
+    2. ``clip = (lo, hi)``: clamp to ``[lo, hi]``;
+    3. ``log1p``: ``log(1 + max(x, 0))`` (negative values become 0 first: counts like Criteo's
+       I2 = -2 would otherwise give NaN);
+    4. ``standardize = (mean, std)``: ``(x - mean) / std``.
+    """
+
+    name: str = Field(min_length=1)
+    column: str | None = None  # defaults to name
+    fill: float = 0.0
+    log1p: bool = False
+    clip: tuple[float, float] | None = None
+    standardize: tuple[float, float] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> "DenseFeature":
+        if self.clip is not None and self.clip[0] > self.clip[1]:
+            raise ValueError(f"dense feature '{self.name}': clip low {self.clip[0]} > high {self.clip[1]}")
+        if self.standardize is not None and not self.standardize[1] > 0:
+            raise ValueError(f"dense feature '{self.name}': standardize std must be > 0, got {self.standardize[1]}")
+        return self
+
+    @property
+    def source_column(self) -> str:
+        return self.column or self.name
+
+
+class SparseFeature(FeatureConfig):
+    """A categorical column hashed to int64 IDs (see :mod:`ember.featurize.hashing`).
+
+    - ``column``: source column (defaults to ``name``).
+    - ``separator``: multi-hot values joined in one string column (e.g. ``"a|b|c"``). List
+      columns (Parquet/ORC) are read as multi-hot without it. Empty tokens are no value.
+    - ``weight_column``: per-value weights, same shape (same separator or list lengths).
+    - ``salt``: hash salt, defaults to the feature name, so equal values in two features get
+      different IDs unless both features set the same salt.
+    - ``hash_ids``: ``False`` takes integer values as IDs unchanged (the column already holds
+      IDs; string columns are parsed as decimal int64).
+    - ``max_length`` (from FeatureConfig): keep the first ``max_length`` values of each row.
+    """
+
+    column: str | None = None
+    separator: str | None = None
+    weight_column: str | None = None
+    salt: str | None = None
+    hash_ids: bool = True
+
+    @model_validator(mode="after")
+    def _check_sep(self) -> "SparseFeature":
+        if self.separator == "":
+            raise ValueError(f"sparse feature '{self.name}': separator must not be empty (use null for none)")
+        return self
+
+    @property
+    def source_column(self) -> str:
+        return self.column or self.name
+
+    @property
+    def salt_value(self) -> str:
+        return self.name if self.salt is None else self.salt
+
+
+class Schema(ConfigModel):
+    """Labels (>= 1), dense features and sparse features (>= 1), in model input order."""
+
+    labels: list[str] = Field(min_length=1)
+    dense: list[DenseFeature] = Field(default_factory=list)
+    sparse: list[SparseFeature] = Field(min_length=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _labels_str(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("labels"), str):
+            data = {**data, "labels": [data["labels"]]}
+        return data
+
+    @model_validator(mode="after")
+    def _unique(self) -> "Schema":
+        names = [*self.labels, *(d.name for d in self.dense), *(s.name for s in self.sparse)]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ValueError(f"names must be unique across labels, dense and sparse; repeated: {dup}")
+        return self
+
+    @property
+    def feature_names(self) -> list[str]:
+        """Sparse feature names in schema order (the keys of ``Batch.sparse``)."""
+        return [s.name for s in self.sparse]
+
+    @property
+    def dense_names(self) -> list[str]:
+        return [d.name for d in self.dense]
+
+    @property
+    def columns(self) -> list[str]:
+        """Every source column the schema reads, each once, in a stable order."""
+        cols: list[str] = []
+        for c in [
+            *self.labels,
+            *(d.source_column for d in self.dense),
+            *(s.source_column for s in self.sparse),
+            *(s.weight_column for s in self.sparse if s.weight_column),
+        ]:
+            if c not in cols:
+                cols.append(c)
+        return cols
+
+    @property
+    def categorical_columns(self) -> list[str]:
+        """Columns to read as strings (so hex values like '68fd1e64' are never mangled)."""
+        return list(dict.fromkeys(s.source_column for s in self.sparse))
+
+    def tables(self, dim: int, **table_options: Any) -> list[TableConfig]:
+        """One TableConfig per distinct table name, all of ``dim`` (a convenience for presets).
+
+        Example:
+            >>> Schema(labels=["y"], sparse=[{"name": "a"}, {"name": "b", "table": "a"}]).tables(8)[0].name
+            'a'
+        """
+        names = list(dict.fromkeys(s.table_name for s in self.sparse))
+        return [TableConfig(name=n, dim=dim, **table_options) for n in names]

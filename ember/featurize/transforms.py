@@ -1,0 +1,119 @@
+"""Pure, vectorised column transforms: parse numbers, dense transforms, jagged filtering.
+
+Example:
+    >>> import pyarrow as pa
+    >>> x, missing, bad = parse_floats(pa.array(["1.5", "", None, "abc", " 2 "]))
+    >>> x[[0, 4]].tolist(), missing.tolist(), bad.tolist()
+    ([1.5, 2.0], [False, True, True, False, False], [False, False, False, True, False])
+    >>> dense_transform(np.array([np.nan, -3.0, 9.0]), fill=0.0, log1p=True).round(3).tolist()
+    [0.0, 0.0, 2.303]
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+__all__ = ["parse_floats", "parse_ints", "dense_transform", "row_of", "filter_jagged", "truncate_jagged"]
+
+_NUMBER = r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$"
+_INTEGER = r"^-?\d{1,19}$"
+
+
+def _is_stringy(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
+
+
+def parse_floats(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(values float64, missing, bad)`` of a numeric or string column.
+
+    Missing: null, empty or blank string, or NaN. Bad: a string that is not a decimal number
+    (``1``, ``-2.5``, ``.5``, ``3e-4``; surrounding blanks allowed) or an infinite value.
+    ``values`` is NaN where missing or bad.
+    """
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.cast(arr.type.value_type)
+    if _is_stringy(arr.type):
+        s = pc.utf8_trim_whitespace(arr)
+        missing = np.asarray(pc.fill_null(pc.equal(s, ""), True), dtype=bool)
+        ok = np.asarray(pc.fill_null(pc.match_substring_regex(s, _NUMBER), False), dtype=bool)
+        bad = ~missing & ~ok
+        x = pc.cast(pc.if_else(pa.array(ok), s, pa.scalar(None, s.type)), pa.float64())
+        values = np.array(x.to_numpy(zero_copy_only=False), dtype=np.float64)  # writable copy
+    elif pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type):
+        values = arr.cast(pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64, copy=True)
+        missing = np.isnan(values)
+        bad = np.zeros(len(values), dtype=bool)
+    else:
+        raise TypeError(f"expected a number or string column, got {arr.type}")
+    bad |= np.isinf(values)
+    values[bad] = np.nan
+    return values, missing, bad
+
+
+def parse_ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(values int64, missing, bad)`` of an integer or decimal-string column (IDs as is)."""
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.cast(arr.type.value_type)
+    if pa.types.is_integer(arr.type):
+        missing = np.asarray(arr.is_null(), dtype=bool)
+        return arr.fill_null(0).cast(pa.int64()).to_numpy(zero_copy_only=False), missing, np.zeros_like(missing)
+    if not _is_stringy(arr.type):
+        raise TypeError(f"expected an integer or string column of IDs, got {arr.type}")
+    s = pc.utf8_trim_whitespace(arr)
+    missing = np.asarray(pc.fill_null(pc.equal(s, ""), True), dtype=bool)
+    ok = np.array(pc.fill_null(pc.match_substring_regex(s, _INTEGER), False), dtype=bool)
+    # 19 digits can still overflow int64: check those few one by one.
+    long = np.flatnonzero(ok & np.asarray(pc.fill_null(pc.greater_equal(pc.utf8_length(s), 19), False), dtype=bool))
+    for i in long:
+        if not -(2**63) <= int(s[int(i)].as_py()) < 2**63:
+            ok[i] = False
+    bad = ~missing & ~ok
+    x = pc.cast(pc.if_else(pa.array(ok), s, pa.scalar("0", s.type)), pa.int64())
+    return x.to_numpy(zero_copy_only=False), missing, bad
+
+
+def dense_transform(
+    x: np.ndarray,
+    fill: float = 0.0,
+    log1p: bool = False,
+    clip: tuple[float, float] | None = None,
+    standardize: tuple[float, float] | None = None,
+) -> np.ndarray:
+    """Fill NaN -> clip -> log1p(max(x, 0)) -> (x - mean) / std, as float64."""
+    x = np.where(np.isnan(x), fill, x)
+    if clip is not None:
+        x = np.clip(x, clip[0], clip[1])
+    if log1p:
+        x = np.log1p(np.maximum(x, 0.0))
+    if standardize is not None:
+        x = (x - standardize[0]) / standardize[1]
+    return x
+
+
+def row_of(lengths: np.ndarray) -> np.ndarray:
+    """Row index of every element of a jagged array with these row lengths.
+
+    Example:
+        >>> row_of(np.array([2, 0, 1])).tolist()
+        [0, 0, 2]
+    """
+    return np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
+
+
+def filter_jagged(lengths: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """New row lengths after dropping the elements where ``keep`` is false."""
+    return np.bincount(row_of(lengths)[keep], minlength=lengths.size).astype(np.int64)
+
+
+def truncate_jagged(lengths: np.ndarray, max_length: int) -> np.ndarray:
+    """Element mask keeping the first ``max_length`` elements of every row.
+
+    Example:
+        >>> truncate_jagged(np.array([3, 1]), 2).tolist()
+        [True, True, False, True]
+    """
+    starts = np.cumsum(lengths) - lengths
+    pos = np.arange(int(lengths.sum()), dtype=np.int64) - np.repeat(starts, lengths)
+    return pos < max_length

@@ -1,0 +1,130 @@
+"""DataConfig: where the rows come from and how they are batched, shuffled and checked.
+
+Example:
+    >>> cfg = DataConfig.parse({"preset": "criteo", "train": "train.tsv"}, where="data")
+    >>> cfg.format, cfg.csv.header, cfg.csv.column_names[:3], cfg.delimiter == "\\t"
+    ('tsv', False, ['label', 'I1', 'I2'], True)
+    >>> DataConfig.parse({"batch_sise": 8}, where="data")
+    Traceback (most recent call last):
+    ...
+    ember.errors.ConfigError: invalid config: unknown key 'data.batch_sise' (did you mean 'batch_size'?); ...
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from ember.config_base import ConfigModel
+
+__all__ = ["CsvOptions", "SyntheticOptions", "DataConfig", "PRESET_DATA_DEFAULTS", "CRITEO_COLUMNS"]
+
+CRITEO_COLUMNS: list[str] = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}" for i in range(1, 27))]
+
+
+class CsvOptions(ConfigModel):
+    """CSV/TSV layout. No quoted newlines: one line is one row (that is what makes row numbers
+    exact and lets a 10 GB file stream in ``block_bytes`` pieces)."""
+
+    delimiter: str | None = Field(None, min_length=1, max_length=1)  # default "," (csv) / tab (tsv)
+    header: bool = True
+    column_names: list[str] | None = None  # required when header is false
+    block_bytes: int = Field(16 << 20, ge=1 << 12)  # bytes parsed at a time: RAM vs per-call overhead
+
+
+class SyntheticOptions(ConfigModel):
+    """The built-in Criteo-shaped generator (see :mod:`ember.source.synthetic`)."""
+
+    num_dense: int = Field(13, ge=0)
+    num_sparse: int = Field(26, ge=1)
+    rows: int = Field(1_000_000, ge=1)
+    eval_rows: int = Field(100_000, ge=1)
+    vocab_size: int | list[int] = 100_000  # per sparse feature: one for all, or one each
+    zipf: float = Field(1.1, gt=0.0)
+    multi_hot: dict[str, int] = Field(default_factory=dict)  # feature name -> max bag length
+    signal_features: int = Field(8, ge=0)  # sparse features that carry a hidden per-ID effect
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check(self) -> "SyntheticOptions":
+        names = {f"C{i}" for i in range(1, self.num_sparse + 1)}
+        vs = self.vocab_size
+        if isinstance(vs, list) and len(vs) != self.num_sparse:
+            raise ValueError(f"vocab_size has {len(vs)} entries; give one per sparse feature ({self.num_sparse})")
+        if any(v < 1 for v in (vs if isinstance(vs, list) else [vs])):
+            raise ValueError("vocab_size must be >= 1")
+        bad = sorted(set(self.multi_hot) - names)
+        if bad:
+            raise ValueError(f"multi_hot names unknown features {bad}; features are C1..C{self.num_sparse}")
+        if any(v < 1 for v in self.multi_hot.values()):
+            raise ValueError("multi_hot lengths must be >= 1")
+        return self
+
+    def vocab(self, index: int) -> int:
+        """Vocabulary size of sparse feature ``index`` (0-based)."""
+        return self.vocab_size[index] if isinstance(self.vocab_size, list) else self.vocab_size
+
+
+PRESET_DATA_DEFAULTS: dict[str, dict[str, Any]] = {
+    "criteo": {"format": "tsv", "csv": {"header": False, "column_names": CRITEO_COLUMNS}},
+    "synthetic": {"format": "synthetic"},
+}
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+class DataConfig(ConfigModel):
+    """Data source, batching, shuffling and bad-row policy. A ``preset`` fills defaults that
+    explicit keys override (see :mod:`ember.featurize.presets` for its schema)."""
+
+    preset: Literal["criteo", "synthetic"] | None = None
+    format: Literal["synthetic", "csv", "tsv", "parquet", "orc"] = "synthetic"
+    train: list[str] | str | None = None
+    eval: list[str] | str | None = None
+    batch_size: int = Field(4096, ge=1)
+    eval_batch_size: int | None = Field(None, ge=1)
+    drop_last: bool = False  # train only: drop a final partial batch
+    shuffle_buffer: int = Field(0, ge=0)  # rows; 0 = file order. RAM: up to 2x this many rows
+    seed: int = 0
+    on_bad_rows: Literal["error", "skip"] = "error"
+    read_rows: int = Field(65536, ge=1)  # rows per record batch read from Parquet/ORC/synthetic
+    prefetch: int = Field(2, ge=0)  # batches prepared ahead on a thread; 0 = no thread
+    csv: CsvOptions = CsvOptions()
+    synthetic: SyntheticOptions = SyntheticOptions()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("preset") in PRESET_DATA_DEFAULTS:
+            return _merge(PRESET_DATA_DEFAULTS[data["preset"]], data)
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> "DataConfig":
+        if self.format != "synthetic" and self.train is None and self.eval is None:
+            raise ValueError(f"format '{self.format}' needs data.train and/or data.eval paths")
+        if self.format in ("csv", "tsv") and not self.csv.header and not self.csv.column_names:
+            raise ValueError("csv.header is false: set csv.column_names (or preset: criteo)")
+        return self
+
+    @property
+    def delimiter(self) -> str:
+        if self.csv.delimiter is not None:
+            return self.csv.delimiter
+        return "\t" if self.format == "tsv" else ","
+
+    def paths(self, split: Literal["train", "eval"]) -> list[str]:
+        """The configured path patterns of a split (not yet expanded)."""
+        p = self.train if split == "train" else self.eval
+        if p is None:
+            return []
+        return [p] if isinstance(p, str) else list(p)
+
+    def split_batch_size(self, split: Literal["train", "eval"]) -> int:
+        return self.batch_size if split == "train" else (self.eval_batch_size or self.batch_size)
