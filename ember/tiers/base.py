@@ -12,8 +12,9 @@ __all__ = ["Tier"]
 class Tier(Protocol):
     """A keyed store of fixed-width float32 records (one per ID).
 
-    All methods are vectorised over a batch of IDs (int64 [N], unique where noted).
-    ``capacity`` is the most rows the tier may hold (None: bounded only by its medium).
+    All methods are vectorised over a batch of IDs (int64 [N] on CPU, unique). ``capacity`` is
+    the most rows the tier may hold (None: bounded only by its medium). Implementations:
+    HostTier, DeviceTier, DiskTier, and CachedTier(fast, slow) chaining them.
     """
 
     record_dim: int
@@ -38,6 +39,20 @@ class Tier(Protocol):
     def items(self, chunk_rows: int = 1 << 20) -> Iterator[tuple[Tensor, Tensor]]:
         """Every (ids, records) held, in chunks (for checkpoints and export)."""
         ...
+
+    def contains(self, ids: Tensor) -> Tensor:
+        """Found mask [N] (does not count as an access)."""
+        ...
+
+    def flush(self) -> None:
+        """Write anything buffered to its medium (a no-op for memory tiers)."""
+        ...
+
+    def stats(self) -> dict[str, float]:
+        """Flat counters ``tier.<name>.<metric>`` since the last ``reset_step_stats``."""
+        ...
+
+    def reset_step_stats(self) -> None: ...
 
     def __len__(self) -> int: ...
 

@@ -1,4 +1,4 @@
-"""Host-memory tier: a growable arena of records addressed through a KeyIndex."""
+"""Memory tier: an arena of records addressed through a KeyIndex, optionally bounded, with a policy."""
 
 from __future__ import annotations
 
@@ -10,16 +10,28 @@ from torch import Tensor
 
 from ember.errors import CapacityError
 from ember.tiers.key_index import KeyIndex
+from ember.tiers.policy import Policy, victim_order
 
-__all__ = ["HostTier"]
+__all__ = ["HostTier", "META_BYTES_PER_ROW"]
+
+META_BYTES_PER_ROW = 12  # last access (int64) + access count (int32) per slot, for LRU/LFU
 
 
 class HostTier:
-    """All rows in host RAM: ``arena[slot] = [weights | optimizer state]``.
+    """Rows in memory: ``arena[slot] = [weights | optimizer state]``; ID -> slot via a KeyIndex.
 
-    The arena doubles when full (amortised O(1) per insert); freed slots are reused. ``get`` remembers
-    the slots of the last IDs it served, so the ``put`` of the same IDs after the optimizer step
-    (the common read-modify-write of one batch) skips a second index probe.
+    The arena grows by doubling (up to ``capacity`` if one is given); freed slots are reused.
+    Each slot also keeps its last access (a clock advanced by every ``get``) and an access
+    count, so a bounded tier can ``evict`` by LRU or LFU. ``get`` remembers the slots of the
+    last IDs it served, so the ``put`` of the same IDs after the optimizer step (the common
+    read-modify-write of one batch) skips a second index probe.
+
+    Args:
+        record_dim: floats per record.
+        capacity: most rows held (None: unbounded); a ``put`` beyond it raises CapacityError
+            (a CachedTier makes room first by evicting).
+        policy: which rows ``evict`` picks: ``lru`` or ``lfu``.
+        device: where the arena lives (the index and the policy metadata stay in host memory).
 
     Example:
         >>> t = HostTier(record_dim=3)
@@ -29,29 +41,53 @@ class HostTier:
         ([True, False], [1.0, 1.0, 1.0])
     """
 
-    def __init__(self, record_dim: int, capacity: int | None = None, initial_rows: int = 1024) -> None:
+    name = "host"
+
+    def __init__(
+        self,
+        record_dim: int,
+        capacity: int | None = None,
+        initial_rows: int = 1024,
+        policy: Policy = "lru",
+        device: str | torch.device = "cpu",
+    ) -> None:
+        if capacity is not None and capacity <= 0:
+            raise ValueError(f"{type(self).__name__}: capacity must be > 0 rows, got {capacity}")
         self.record_dim = record_dim
         self.capacity = capacity
-        first = initial_rows if capacity is None else min(initial_rows, capacity)
-        self._arena = torch.zeros(max(first, 1), record_dim)
+        self.policy: Policy = policy
+        self.device = torch.device(device)
+        first = max(1, initial_rows if capacity is None else min(initial_rows, capacity))
+        self._arena = torch.zeros(first, record_dim, device=self.device)
+        self._last = np.zeros(first, dtype=np.int64)
+        self._count = np.zeros(first, dtype=np.int32)
         self._index = KeyIndex(first)
         self._next = 0  # slots [0, _next) have been handed out at least once
         self._free = np.empty(0, dtype=np.int32)
         self._memo: tuple[Tensor, Tensor] | None = None
+        self.clock = 0
+        self.reset_step_stats()
 
+    # ---- size -------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self._index)
 
     @property
     def nbytes(self) -> int:
-        return self._arena.numel() * 4 + self._index.nbytes
+        return self._arena.numel() * 4 + self._index.nbytes + self._last.nbytes + self._count.nbytes
 
     @property
     def index_bytes(self) -> int:
         return self._index.nbytes
 
+    @property
+    def free_rows(self) -> int | None:
+        """Rows that can still be inserted without an eviction (None: unbounded)."""
+        return None if self.capacity is None else self.capacity - len(self)
+
+    # ---- lookups ------------------------------------------------------------------------
     def slots_of(self, ids: Tensor) -> Tensor:
-        """Slot of each ID (-1 if absent), int64 [N]."""
+        """Slot of each ID (-1 if absent), int64 [N] on CPU."""
         memo = self._memo
         if memo is not None and memo[0] is ids:
             return memo[1]
@@ -59,69 +95,133 @@ class HostTier:
         self._memo = (ids, slots)
         return slots
 
+    def contains(self, ids: Tensor) -> Tensor:
+        """Found mask [N], without counting an access."""
+        return self.slots_of(ids) >= 0
+
     def get(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        """Records [N, R] (on this tier's device) and found mask [N]; counts an access of each found ID."""
         slots = self.slots_of(ids)
         found = slots >= 0
-        rows = self._arena.index_select(0, slots.clamp(min=0))
+        self.clock += 1
+        hit = slots.numpy()[found.numpy()]
+        self._last[hit] = self.clock
+        self._count[hit] += 1
+        self.requests += ids.numel()
+        self.hits += hit.size
+        rows = self._arena.index_select(0, slots.clamp(min=0).to(self.device))
         return rows, found
 
-    def put(self, ids: Tensor, records: Tensor) -> None:
+    def counts_of(self, ids: Tensor) -> np.ndarray:
+        """Access counts held for ``ids`` (0 for absent IDs)."""
+        slots = self.slots_of(ids).numpy()
+        return np.where(slots >= 0, self._count.take(np.maximum(slots, 0)), 0)
+
+    # ---- writes -------------------------------------------------------------------------
+    def put(self, ids: Tensor, records: Tensor, counts: np.ndarray | None = None) -> None:
+        """Insert or overwrite the records of unique ``ids``.
+
+        ``counts`` (optional, int [N]) seeds the access count of newly inserted IDs, so an LFU
+        cache does not evict a row promoted for being frequent on its first eviction.
+        """
         slots = self.slots_of(ids)
         missing = slots < 0
         if bool(missing.any()):
+            miss_np = missing.numpy()
             new_ids = ids[missing]
             new_slots = self._allocate(new_ids.numel())
             self._index.insert(new_ids.numpy(), new_slots)
+            self._last[new_slots] = self.clock
+            self._count[new_slots] = 1 if counts is None else np.maximum(np.asarray(counts)[miss_np], 1)
+            self.inserts += new_slots.size
             slots = slots.clone()
             slots[missing] = torch.from_numpy(new_slots.astype(np.int64))
             self._memo = (ids, slots)
-        self._arena.index_copy_(0, slots, records.to(self._arena.dtype))
+        self._arena.index_copy_(0, slots.to(self.device), records.to(self.device, self._arena.dtype))
 
     def remove(self, ids: Tensor) -> Tensor:
+        """Delete ``ids``; returns the found mask [N]."""
         self._memo = None
         slots = self._index.remove(ids.numpy())
         found = slots >= 0
         self._free = np.concatenate([self._free, slots[found]])
         return torch.from_numpy(found)
 
-    def evict(self, n: int) -> tuple[Tensor, Tensor]:
-        """Remove ``n`` rows in slot order (the host tier has no access policy of its own)."""
+    def victims(self, n: int) -> tuple[Tensor, np.ndarray]:
+        """The ``n`` IDs ``evict(n)`` would take, best victim first, with their access counts."""
         ids, slots = self._index.items()
-        take = np.argsort(slots, kind="stable")[:n]
-        victims = torch.from_numpy(ids[take])
-        rows = self._arena.index_select(0, torch.from_numpy(slots[take].astype(np.int64)))
+        order = victim_order(self.policy, self._last.take(slots), self._count.take(slots), n)
+        return torch.from_numpy(ids[order]), self._count.take(slots[order]).astype(np.int64)
+
+    def evict(self, n: int) -> tuple[Tensor, Tensor]:
+        """Remove up to ``n`` rows chosen by the policy (LRU or LFU); returns their (ids, records)."""
+        victims, _ = self.victims(n)
+        rows, _ = self._peek(victims)
         self.remove(victims)
+        self.evictions += victims.numel()
         return victims, rows
 
+    def _peek(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        slots = self.slots_of(ids)
+        return self._arena.index_select(0, slots.clamp(min=0).to(self.device)), slots >= 0
+
+    def decay_counts(self) -> None:
+        """Halve every access count (ages LFU so the cache follows a drifting distribution)."""
+        self._count >>= 1
+
     def items(self, chunk_rows: int = 1 << 20) -> Iterator[tuple[Tensor, Tensor]]:
+        """Every (ids, records) held, sorted by ID, in chunks (records on CPU)."""
         ids, slots = self._index.items()
         order = np.argsort(ids, kind="stable")  # sorted by ID: same file for the same table
         for start in range(0, ids.size, chunk_rows):
             sel = order[start : start + chunk_rows]
-            yield (
-                torch.from_numpy(ids[sel]),
-                self._arena.index_select(0, torch.from_numpy(slots[sel].astype(np.int64))),
-            )
+            idx = torch.from_numpy(slots[sel].astype(np.int64)).to(self.device)
+            yield torch.from_numpy(ids[sel]), self._arena.index_select(0, idx).cpu()
 
+    def flush(self) -> None:
+        """Nothing is buffered in memory tiers."""
+
+    # ---- observability -----------------------------------------------------------------------
+    def reset_step_stats(self) -> None:
+        self.requests = 0
+        self.hits = 0
+        self.inserts = 0
+        self.evictions = 0
+
+    def stats(self) -> dict[str, float]:
+        """Counters since the last ``reset_step_stats`` plus current size, as ``tier.<name>.*``."""
+        p = f"tier.{self.name}."
+        return {
+            p + "hit_rate": self.hits / self.requests if self.requests else float("nan"),
+            p + "requests": float(self.requests),
+            p + "rows": float(len(self)),
+            p + "bytes": float(self.nbytes),
+            p + "inserts": float(self.inserts),
+            p + "evictions": float(self.evictions),
+        }
+
+    # ---- internals --------------------------------------------------------------------------
     def _allocate(self, n: int) -> np.ndarray:
+        if self.capacity is not None and len(self) + n > self.capacity:
+            raise CapacityError(
+                f"{type(self).__name__}: {len(self) + n} rows would exceed its capacity of "
+                f"{self.capacity}; raise storage.{self.name}_rows (or _bytes) or add a disk tier behind it"
+            )
         reuse = min(n, self._free.size)
         out = self._free[:reuse]
         self._free = self._free[reuse:]
         fresh = n - reuse
         if fresh:
-            if self.capacity is not None and len(self) + n > self.capacity:
-                raise CapacityError(
-                    f"HostTier: {len(self) + n} rows would exceed its capacity of {self.capacity}; "
-                    "raise the host tier's capacity or add a disk tier behind it"
-                )
             end = self._next + fresh
             if end > self._arena.shape[0]:
                 grow = max(end, 2 * self._arena.shape[0])
                 if self.capacity is not None:
                     grow = min(grow, self.capacity)
-                bigger = torch.empty(grow, self.record_dim)
+                bigger = torch.empty(grow, self.record_dim, device=self.device)
                 bigger[: self._next] = self._arena[: self._next]
                 self._arena = bigger
+                self._last = np.concatenate([self._last, np.zeros(grow - self._last.size, np.int64)])
+                self._count = np.concatenate([self._count, np.zeros(grow - self._count.size, np.int32)])
             out = np.concatenate([out, np.arange(self._next, end, dtype=np.int32)])
             self._next = end
         return out

@@ -1,0 +1,408 @@
+"""Disk tier: the file *is* an open-addressing hash table of fixed-size record slots.
+
+Layout (chosen by measurement, see README-TIERS.md): ``slots.bin`` holds ``n_slots`` slots of
+``8 + 4*R`` bytes, ``[id (int64) | record (R float32)]``, memory-mapped. An ID's home slot is a
+hash of the ID; collisions probe linearly. RAM holds only a 2-byte *tag* per slot (0 empty,
+1 deleted, else 16 hash bits of the ID living there), so finding an ID costs a few vectorised
+probes over the tag array in RAM and, for IDs that are present, one random read of their slot
+(which also verifies the stored ID). RAM per row ≈ 2 / load bytes (2.4 B at load 0.85) instead
+of the 16-32 B a full key index would need: 1.5 GiB of index for 625 M rows.
+
+Disk space is reserved with ``posix_fallocate`` when the file is created or grown, so a full
+disk fails there with ``TierIOError`` and never as a SIGBUS in the middle of a write through
+the mapping. The tier is a cache of rows, not a checkpoint: after a crash its files are not
+trusted (``meta.json`` says so) and the rows come back from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import shutil
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ember.errors import TierIOError
+from ember.tiers.key_index import mix64
+
+__all__ = ["DiskTier", "disk_slot_bytes"]
+
+_EMPTY, _DELETED = 0, 1
+_WINDOW = 8
+_STEPS = np.arange(_WINDOW, dtype=np.int64)
+_FORMAT = "ember-disk-tier-1"
+
+
+def disk_slot_bytes(record_dim: int) -> int:
+    """Bytes one slot takes on disk: the int64 ID then the float32 record."""
+    return 8 + 4 * record_dim
+
+
+class DiskTier:
+    """Records on local disk (SSD), for tables far larger than RAM.
+
+    Args:
+        path: directory of this tier's files (created; one directory per table).
+        record_dim: floats per record.
+        rows: rows to size the file for up front (it grows by doubling beyond that, which
+            rewrites the file: size it right to avoid that).
+        max_load: fraction of slots that may be used before the file grows (0.5-0.95; higher
+            saves disk and probes longer in RAM).
+        reopen: open the files a previous ``close()`` left (else start empty, replacing them).
+
+    Example:
+        >>> import tempfile
+        >>> d = DiskTier(tempfile.mkdtemp(), record_dim=2, rows=100)
+        >>> d.put(torch.tensor([5, -1]), torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
+        >>> rows, found = d.get(torch.tensor([-1, 8]))
+        >>> found.tolist(), rows[0].tolist()
+        ([True, False], [3.0, 4.0])
+    """
+
+    name = "disk"
+    capacity: int | None = None
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        record_dim: int,
+        rows: int = 1 << 16,
+        max_load: float = 0.85,
+        reopen: bool = False,
+    ) -> None:
+        if not 0.5 <= max_load <= 0.95:
+            raise ValueError(f"DiskTier: max_load must be in [0.5, 0.95], got {max_load}")
+        self.path = Path(path)
+        self.record_dim = record_dim
+        self.width = record_dim + 2  # float32 columns per slot (the ID takes two)
+        self.max_load = max_load
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._memo: tuple[Tensor, np.ndarray] | None = None
+        self._mm: np.memmap | None = None
+        self.reset_step_stats()
+        meta = self.path / "meta.json"
+        if reopen and meta.exists():
+            self._open_existing(meta)
+        else:
+            n = max(64, int(np.ceil(max(rows, 1) / max_load)))
+            self._create(self.path / "slots.bin", n)
+        self._write_meta(clean=False)
+
+    # ---- files ----------------------------------------------------------------------------
+    def _create(self, file: Path, n_slots: int) -> None:
+        nbytes = n_slots * self.width * 4
+        try:
+            fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            finally:
+                os.close(fd)
+        except OSError as e:
+            free = shutil.disk_usage(file.parent).free
+            try:
+                file.unlink()
+            except OSError:
+                pass
+            raise TierIOError(
+                f"DiskTier at {self.path}: cannot reserve {nbytes / 2**30:.2f} GiB for "
+                f"{n_slots} slots ({e.strerror}); {free / 2**30:.2f} GiB free there. Point "
+                "storage.disk_path at a larger volume, free space, or lower storage.disk_rows"
+            ) from e
+        self._attach(file, n_slots, np.zeros(n_slots, dtype=np.uint16), live=0, used=0)
+
+    def _attach(self, file: Path, n_slots: int, tags: np.ndarray, live: int, used: int) -> None:
+        self._mm = np.memmap(file, dtype=np.float32, mode="r+", shape=(n_slots, self.width))
+        try:  # random access: readahead would read pages we never use
+            self._mm._mmap.madvise(mmap.MADV_RANDOM)  # type: ignore[attr-defined]  # numpy private
+        except (AttributeError, OSError, ValueError):
+            pass
+        self.n_slots = n_slots
+        self._tags = tags
+        self._live = live
+        self._used = used  # live + deleted slots
+
+    def _open_existing(self, meta_file: Path) -> None:
+        meta = json.loads(meta_file.read_text())
+        if meta.get("format") != _FORMAT or meta.get("record_dim") != self.record_dim:
+            raise TierIOError(
+                f"DiskTier at {self.path}: files are {meta.get('format')} with record_dim "
+                f"{meta.get('record_dim')}, expected {_FORMAT} with {self.record_dim}; use another disk_path"
+            )
+        if not meta.get("clean"):
+            raise TierIOError(
+                f"DiskTier at {self.path}: the previous run did not close this tier cleanly "
+                "(crash?), so its rows are not trusted; restore the table from the last "
+                "checkpoint into a fresh tier (delete the directory or open without reopen)"
+            )
+        tags = np.load(self.path / "tags.npy")
+        self._attach(self.path / "slots.bin", int(meta["n_slots"]), tags, int(meta["live"]), int(meta["used"]))
+
+    def _write_meta(self, clean: bool) -> None:
+        meta = {
+            "format": _FORMAT,
+            "record_dim": self.record_dim,
+            "n_slots": self.n_slots,
+            "live": self._live,
+            "used": self._used,
+            "clean": clean,
+        }
+        tmp = self.path / "meta.json.tmp"
+        tmp.write_text(json.dumps(meta))
+        os.replace(tmp, self.path / "meta.json")
+
+    def flush(self) -> None:
+        """Write dirty pages of the mapping to disk (msync)."""
+        if self._mm is not None:
+            self._mm.flush()
+
+    def close(self) -> None:
+        """Flush, save the tag array and mark the files clean so ``reopen=True`` can use them."""
+        if self._mm is None:
+            return
+        self.flush()
+        tmp = self.path / "tags.tmp.npy"
+        np.save(tmp, self._tags)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path / "tags.npy")
+        self._write_meta(clean=True)
+        self._mm = None
+        self._memo = None
+
+    # ---- size ---------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._live
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of disk the slot file takes."""
+        return self.n_slots * self.width * 4
+
+    @property
+    def ram_bytes(self) -> int:
+        """Bytes of RAM the in-memory index (the tag array) takes."""
+        return self._tags.nbytes
+
+    # ---- hashing and probing ----------------------------------------------------------------
+    def _hash(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        h = mix64(ids.view(np.uint64))
+        home = (((h >> np.uint64(32)) * np.uint64(self.n_slots)) >> np.uint64(32)).astype(np.int64)
+        tag = ((h & np.uint64(0xFFFF)) % np.uint64(65534) + np.uint64(2)).astype(np.uint16)
+        return home, tag
+
+    def _read(self, slots: np.ndarray) -> np.ndarray:
+        """Slots' contents [K, width], read in file order (sorted) for locality."""
+        assert self._mm is not None, "DiskTier is closed"
+        order = np.argsort(slots, kind="stable")
+        out = np.empty((slots.size, self.width), dtype=np.float32)
+        out[order] = self._mm[slots[order]]
+        self.reads += slots.size
+        return out
+
+    def _probe(self, ids: np.ndarray, want_rows: bool) -> tuple[np.ndarray, np.ndarray | None]:
+        """Slot of each ID (-1 absent) and, if ``want_rows``, each found ID's record [N, R]."""
+        n = ids.size
+        slot_of = np.full(n, -1, dtype=np.int64)
+        rows = np.zeros((n, self.record_dim), dtype=np.float32) if want_rows else None
+        if n == 0:
+            return slot_of, rows
+        home, tag = self._hash(ids)
+        nsl = self.n_slots
+        active = np.arange(n)
+        pos = home
+        while active.size:
+            win = pos[:, None] + _STEPS
+            win[win >= nsl] -= nsl
+            t = self._tags.take(win)
+            match = t == tag.take(active)[:, None]
+            stop = match | (t == _EMPTY)
+            first = stop.argmax(axis=1)
+            r = np.arange(active.size)
+            stopped = stop[r, first]
+            at = win[r, first]
+            is_match = stopped & match[r, first]
+            cont = ~stopped
+            nextpos = pos + _WINDOW
+            cand = np.flatnonzero(is_match)
+            if cand.size:
+                cslots = at[cand]
+                if want_rows:
+                    data = self._read(cslots)
+                    keys = np.ascontiguousarray(data[:, :2]).view(np.int64)[:, 0]
+                else:
+                    assert self._mm is not None, "DiskTier is closed"
+                    order = np.argsort(cslots, kind="stable")
+                    keys = np.empty(cslots.size, dtype=np.int64)
+                    keys[order] = np.ascontiguousarray(self._mm[cslots[order], :2]).view(np.int64)[:, 0]
+                q = active[cand]
+                ok = keys == ids[q]
+                slot_of[q[ok]] = cslots[ok]
+                if want_rows:
+                    assert rows is not None
+                    rows[q[ok]] = data[ok, 2:]
+                fp = cand[~ok]  # a tag collided with another ID: keep probing after it
+                cont[fp] = True
+                nextpos[fp] = at[fp] + 1
+            active = active[cont]
+            pos = nextpos[cont] % nsl
+        return slot_of, rows
+
+    def _slots_of(self, ids: Tensor) -> np.ndarray:
+        memo = self._memo
+        if memo is not None and memo[0] is ids:
+            return memo[1]
+        slots, _ = self._probe(ids.numpy(), want_rows=False)
+        self._memo = (ids, slots)
+        return slots
+
+    # ---- protocol ---------------------------------------------------------------------------
+    def contains(self, ids: Tensor) -> Tensor:
+        return torch.from_numpy(self._slots_of(ids) >= 0)
+
+    def get(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        slots, rows = self._probe(ids.numpy(), want_rows=True)
+        assert rows is not None
+        self._memo = (ids, slots)
+        found = slots >= 0
+        self.requests += ids.numel()
+        self.hits += int(found.sum())
+        return torch.from_numpy(rows), torch.from_numpy(found)
+
+    def put(self, ids: Tensor, records: Tensor) -> None:
+        """Overwrite present IDs in place; insert absent ones (growing the file if needed)."""
+        ids_np = ids.numpy()
+        slots = self._slots_of(ids)
+        missing = slots < 0
+        if missing.any():
+            n_new = int(missing.sum())
+            if self._used + n_new > self.max_load * self.n_slots:
+                self._rebuild(self._live + n_new)
+                slots = self._probe(ids_np, want_rows=False)[0]  # every slot moved
+            slots = slots.copy()
+            slots[missing] = self._insert_slots(ids_np[missing])
+            self._memo = (ids, slots)
+            self.inserts += n_new
+        self._write(slots, ids_np, records.detach().to("cpu", torch.float32).numpy())
+
+    def _write(self, slots: np.ndarray, ids: np.ndarray, recs: np.ndarray) -> None:
+        assert self._mm is not None, "DiskTier is closed"
+        block = np.empty((slots.size, self.width), dtype=np.float32)
+        block[:, :2] = np.ascontiguousarray(ids, dtype=np.int64).view(np.float32).reshape(-1, 2)
+        block[:, 2:] = recs
+        order = np.argsort(slots, kind="stable")
+        self._mm[slots[order]] = block[order]
+        self.writes += slots.size
+
+    def _insert_slots(self, ids: np.ndarray) -> np.ndarray:
+        """Claim a free slot for each of the absent, unique ``ids`` (tags only; no disk I/O)."""
+        home, tag = self._hash(ids)
+        nsl = self.n_slots
+        target = np.full(ids.size, -1, dtype=np.int64)
+        active = np.arange(ids.size)
+        pos = home.copy()
+        while active.size:
+            win = pos[active, None] + _STEPS
+            win[win >= nsl] -= nsl
+            free = self._tags.take(win) <= _DELETED
+            first = free.argmax(axis=1)
+            r = np.arange(active.size)
+            has = free[r, first]
+            tgt = win[r, first]
+            cand = np.flatnonzero(has)
+            won = np.zeros(active.size, dtype=bool)
+            if cand.size:
+                ub, pick = np.unique(tgt[cand], return_index=True)  # one winner per slot
+                winners = active[cand[pick]]
+                self._used += int(np.count_nonzero(self._tags[ub] == _EMPTY))
+                self._tags[ub] = tag[winners]
+                target[winners] = ub
+                won[cand[pick]] = True
+            # losers retry the same window (now with that slot taken); full windows move on
+            pos[active[~has]] = (pos[active[~has]] + _WINDOW) % nsl
+            active = active[~won]
+        self._live += ids.size
+        return target
+
+    def remove(self, ids: Tensor) -> Tensor:
+        """Delete ``ids`` (marks their slots deleted in RAM; no disk I/O)."""
+        slots = self._slots_of(ids)
+        self._memo = None
+        found = slots >= 0
+        self._tags[slots[found]] = _DELETED
+        self._live -= int(found.sum())
+        return torch.from_numpy(found)
+
+    def evict(self, n: int) -> tuple[Tensor, Tensor]:
+        """Remove up to ``n`` rows in slot order (the last tier has no access policy)."""
+        slots = np.flatnonzero(self._tags > _DELETED)[:n]
+        data = self._read(slots)
+        ids = np.ascontiguousarray(data[:, :2]).view(np.int64)[:, 0].copy()
+        self._tags[slots] = _DELETED
+        self._live -= slots.size
+        self._memo = None
+        self.evictions += slots.size
+        return torch.from_numpy(ids), torch.from_numpy(np.ascontiguousarray(data[:, 2:]))
+
+    def items(self, chunk_rows: int = 1 << 20) -> Iterator[tuple[Tensor, Tensor]]:
+        """Every (ids, records), reading the file sequentially in slot order."""
+        assert self._mm is not None, "DiskTier is closed"
+        step = max(chunk_rows, 1)
+        for a in range(0, self.n_slots, step):
+            live = np.flatnonzero(self._tags[a : a + step] > _DELETED)
+            if live.size == 0:
+                continue
+            data = np.asarray(self._mm[a : a + step])[live]
+            ids = np.ascontiguousarray(data[:, :2]).view(np.int64)[:, 0].copy()
+            yield torch.from_numpy(ids), torch.from_numpy(np.ascontiguousarray(data[:, 2:]))
+
+    def _rebuild(self, need: int) -> None:
+        """Rewrite the live rows into a new file sized for ``need`` rows (drops deleted slots)."""
+        n = self.n_slots
+        while need > 0.5 * self.max_load * n:  # leave room to grow as much again
+            n *= 2
+        old_mm, old_tags, old_n = self._mm, self._tags, self.n_slots
+        assert old_mm is not None
+        tmp = self.path / "slots.bin.grow"
+        self._create(tmp, n)
+        for a in range(0, old_n, 1 << 20):
+            live = np.flatnonzero(old_tags[a : a + (1 << 20)] > _DELETED)
+            if live.size:
+                data = np.asarray(old_mm[a : a + (1 << 20)])[live]
+                ids = np.ascontiguousarray(data[:, :2]).view(np.int64)[:, 0]
+                self._write(self._insert_slots(ids), ids, data[:, 2:])
+        self._mm.flush()  # type: ignore[union-attr]
+        live, used, tags = self._live, self._used, self._tags
+        del old_mm
+        self._mm = None
+        os.replace(tmp, self.path / "slots.bin")
+        self._attach(self.path / "slots.bin", n, tags, live, used)
+        self._memo = None
+        self._write_meta(clean=False)
+
+    # ---- observability -------------------------------------------------------------------------
+    def reset_step_stats(self) -> None:
+        self.requests = 0
+        self.hits = 0
+        self.inserts = 0
+        self.evictions = 0
+        self.reads = 0
+        self.writes = 0
+
+    def stats(self) -> dict[str, float]:
+        p = f"tier.{self.name}."
+        return {
+            p + "hit_rate": self.hits / self.requests if self.requests else float("nan"),
+            p + "requests": float(self.requests),
+            p + "rows": float(len(self)),
+            p + "bytes": float(self.nbytes),
+            p + "ram_bytes": float(self.ram_bytes),
+            p + "inserts": float(self.inserts),
+            p + "evictions": float(self.evictions),
+            p + "slot_reads": float(self.reads),
+            p + "slot_writes": float(self.writes),
+        }

@@ -1,0 +1,161 @@
+"""Cache policies: which rows a bounded tier gives up (LRU / LFU) and which it takes in (admission).
+
+Eviction scores are computed over the whole tier at once (one ``argpartition`` per batch of
+victims), so eviction is batched and vectorised. Admission counts accesses of IDs that are *not*
+in the fast tier in a count-min sketch: a fixed few MiB whatever the number of distinct IDs, and
+aged by halving (TinyLFU) so yesterday's hot IDs do not stay hot forever.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+
+from ember.tiers.key_index import KeyIndex, mix64
+
+__all__ = ["Policy", "CountMinSketch", "IdCounter", "victim_order"]
+
+Policy = Literal["lru", "lfu"]
+
+_SEEDS = np.array(
+    [0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93], dtype=np.uint64
+)
+
+
+def victim_order(policy: Policy, last: np.ndarray, count: np.ndarray, n: int) -> np.ndarray:
+    """Indices (into ``last``/``count``) of the ``n`` rows to evict first, best victim first.
+
+    LRU: oldest ``last`` access first. LFU: fewest accesses first, ties broken by age.
+    """
+    n = min(n, last.size)
+    if n <= 0:
+        return np.empty(0, dtype=np.int64)
+    if policy == "lru":
+        score = last.astype(np.int64)
+    else:  # lfu: count in the high bits, recency below it
+        score = (count.astype(np.int64) << 32) | (last.astype(np.int64) & 0xFFFFFFFF)
+    if n < score.size:
+        part = np.argpartition(score, n - 1)[:n]
+    else:
+        part = np.arange(score.size)
+    return part[np.argsort(score[part], kind="stable")]
+
+
+class CountMinSketch:
+    """Approximate access counts of arbitrary int64 IDs in ``depth * width * 4`` bytes.
+
+    Estimates never under-count; with ``width`` ≥ 4× the number of IDs that matter the
+    over-count is small. ``halve()`` ages every counter (TinyLFU reset).
+
+    Example:
+        >>> s = CountMinSketch(width=1024)
+        >>> s.add(np.array([5, 5, 9]))
+        >>> s.estimate(np.array([5, 9, 11])).tolist()
+        [2, 1, 0]
+    """
+
+    def __init__(self, width: int = 1 << 16, depth: int = 4) -> None:
+        if not 1 <= depth <= len(_SEEDS):
+            raise ValueError(f"CountMinSketch: depth must be in 1..{len(_SEEDS)}, got {depth}")
+        self.width = 1 << max(4, int(np.ceil(np.log2(max(width, 16)))))
+        self.depth = depth
+        self.table = np.zeros((depth, self.width), dtype=np.int32)
+        self.added = 0  # total count added since the last halving
+
+    @property
+    def nbytes(self) -> int:
+        return self.table.nbytes
+
+    def _cells(self, ids: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(ids, dtype=np.int64).view(np.uint64)
+        mask = np.uint64(self.width - 1)
+        return np.stack([(mix64(x ^ s) & mask).astype(np.int64) for s in _SEEDS[: self.depth]])
+
+    def add(self, ids: np.ndarray, counts: np.ndarray | int = 1) -> None:
+        """Count each ID ``counts`` more times (IDs may repeat)."""
+        if ids.size == 0:
+            return
+        cells = self._cells(ids)
+        c = np.broadcast_to(np.asarray(counts, dtype=np.int64), ids.shape)
+        c32 = c.astype(np.int32)
+        for r in range(self.depth):  # depth (<= 4) rows, each one unbuffered vectorised add
+            np.add.at(self.table[r], cells[r], c32)
+        self.added += int(c.sum())
+
+    def estimate(self, ids: np.ndarray) -> np.ndarray:
+        """Estimated count of each ID (int64 [N])."""
+        if ids.size == 0:
+            return np.empty(0, dtype=np.int64)
+        cells = self._cells(ids)
+        est = self.table[0].take(cells[0])
+        for r in range(1, self.depth):
+            est = np.minimum(est, self.table[r].take(cells[r]))
+        return est.astype(np.int64)
+
+    def halve(self) -> None:
+        self.table >>= 1
+        self.added //= 2
+
+
+class IdCounter:
+    """Exact per-ID counts (for ``min_count`` admission): a KeyIndex into a growable count array.
+
+    Costs 16-32 B of index + 4 B per counted ID; IDs leave it once they are admitted.
+
+    Example:
+        >>> c = IdCounter()
+        >>> c.add(np.array([4, 9])).tolist(), c.add(np.array([4])).tolist()
+        ([1, 1], [2])
+        >>> c.remove(np.array([4])); c.get(np.array([4, 9])).tolist()
+        [0, 1]
+    """
+
+    def __init__(self) -> None:
+        self._index = KeyIndex(1024)
+        self._counts = np.zeros(1024, dtype=np.int32)
+        self._next = 0
+        self._free = np.empty(0, dtype=np.int32)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def nbytes(self) -> int:
+        return self._index.nbytes + self._counts.nbytes
+
+    def get(self, ids: np.ndarray) -> np.ndarray:
+        """Count of each ID (0 if never counted), int64 [N]."""
+        s = self._index.lookup(ids)
+        return np.where(s >= 0, self._counts.take(np.maximum(s, 0)), 0).astype(np.int64)
+
+    def add(self, ids: np.ndarray, counts: np.ndarray | int = 1) -> np.ndarray:
+        """Add ``counts`` to each of the unique ``ids``; returns their new counts."""
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        s = self._index.lookup(ids)
+        new = s < 0
+        if new.any():
+            n = int(new.sum())
+            reuse = min(n, self._free.size)
+            slots = np.concatenate([self._free[:reuse], np.arange(self._next, self._next + n - reuse, dtype=np.int32)])
+            self._free = self._free[reuse:]
+            self._next += n - reuse
+            if self._next > self._counts.size:
+                grow = max(self._next, 2 * self._counts.size)
+                self._counts = np.concatenate([self._counts, np.zeros(grow - self._counts.size, np.int32)])
+            self._counts[slots] = 0
+            self._index.insert(ids[new], slots)
+            s = s.copy()
+            s[new] = slots
+        self._counts[s] += np.asarray(counts, dtype=np.int32)
+        return self._counts.take(s).astype(np.int64)
+
+    def remove(self, ids: np.ndarray) -> None:
+        s = self._index.remove(np.ascontiguousarray(ids, dtype=np.int64))
+        self._free = np.concatenate([self._free, s[s >= 0]])
+
+    def items(self) -> tuple[np.ndarray, np.ndarray]:
+        """All (ids, counts), sorted by ID (for checkpoints)."""
+        ids, slots = self._index.items()
+        order = np.argsort(ids, kind="stable")
+        return ids[order], self._counts.take(slots[order]).astype(np.int64)

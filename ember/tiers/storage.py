@@ -1,0 +1,266 @@
+"""StorageConfig (where one table's rows live), the memory/disk plan, and ``build_tier``.
+
+A table's chain is ``[device cache] -> [host cache or host store] -> [disk]``: each tier that is
+configured takes part; the last one holds every row. The default (nothing configured) is one
+unbounded host tier, i.e. "all in host memory".
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import Field, field_validator, model_validator
+
+from ember.config_base import ConfigModel
+from ember.errors import CapacityError
+from ember.tiers.base import Tier
+from ember.tiers.cached import CachedTier
+from ember.tiers.device import DeviceTier, default_cache_device
+from ember.tiers.disk import DiskTier, disk_slot_bytes
+from ember.tiers.host import META_BYTES_PER_ROW, HostTier
+from ember.tiers.policy import Policy
+
+__all__ = ["StorageConfig", "StoragePlan", "build_tier", "plan_storage", "parse_bytes"]
+
+_UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
+          "g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
+
+
+def parse_bytes(value: int | str) -> int:
+    """``4096``, ``"512MiB"``, ``"1.5 GB"`` -> bytes.
+
+    Example:
+        >>> parse_bytes("2KiB"), parse_bytes("1.5 GB"), parse_bytes(10)
+        (2048, 1500000000, 10)
+    """
+    if isinstance(value, int):
+        return value
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", str(value))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"not a byte size: {value!r} (use e.g. 4096, '512MiB', '2GB', '1TiB')")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+class StorageConfig(ConfigModel):
+    """Where one table's records live: tiers, their budgets, and the cache policy.
+
+    Budgets are rows (``*_rows``) or bytes (``*_bytes``, e.g. ``"2GiB"``), not both. A tier is
+    present when it has a budget (device, host) or a path (disk). Without a disk tier the host
+    tier holds every row (unbounded unless given a budget, which then caps the table); with a
+    disk tier the host tier, if budgeted, caches the disk.
+
+    Example:
+        >>> s = StorageConfig(device_rows=1000, host_bytes="64MiB", disk_path="/tmp/ember-disk")
+        >>> [t for t, _, _ in plan_storage(s, record_dim=17).tiers]
+        ['device', 'host', 'disk']
+    """
+
+    device_rows: int | None = Field(None, gt=0)
+    device_bytes: int | str | None = None
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    host_rows: int | None = Field(None, gt=0)
+    host_bytes: int | str | None = None
+    disk_path: str | None = None
+    disk_rows: int = Field(1 << 20, gt=0)
+    disk_max_load: float = Field(0.85, ge=0.5, le=0.95)
+    policy: Policy = "lfu"
+    admit_after: int = Field(2, ge=1)
+
+    @field_validator("device_bytes", "host_bytes")
+    @classmethod
+    def _bytes(cls, v: int | str | None) -> int | str | None:
+        if v is not None and parse_bytes(v) <= 0:
+            raise ValueError("must be > 0 bytes")
+        return v
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> "StorageConfig":
+        for t in ("device", "host"):
+            if getattr(self, f"{t}_rows") is not None and getattr(self, f"{t}_bytes") is not None:
+                raise ValueError(f"give {t}_rows or {t}_bytes, not both")
+        return self
+
+    @property
+    def tiered(self) -> bool:
+        return self.device_rows is not None or self.device_bytes is not None or self.disk_path is not None
+
+
+def memory_row_bytes(record_dim: int, rows: int) -> int:
+    """Bytes a memory tier of ``rows`` records takes: arena + policy metadata + key index."""
+    buckets = 1 << max(4, math.ceil(math.log2(max(rows, 16) / 0.75)))  # as KeyIndex sizes itself
+    return rows * (4 * record_dim + META_BYTES_PER_ROW) + 12 * buckets
+
+
+def _rows_for(budget: int | str | None, rows: int | None, record_dim: int) -> int | None:
+    if rows is not None:
+        return rows
+    if budget is None:
+        return None
+    b = parse_bytes(budget)
+    lo, hi = 0, b // (4 * record_dim) + 1
+    while lo < hi:  # most rows whose full footprint fits the budget
+        mid = (lo + hi + 1) // 2
+        if memory_row_bytes(record_dim, mid) <= b:
+            lo = mid
+        else:
+            hi = mid - 1
+    if lo == 0:
+        raise CapacityError(f"a budget of {b} bytes cannot hold one row of {record_dim} floats")
+    return lo
+
+
+@dataclass
+class StoragePlan:
+    """What a table's tiers will take, computed before anything is allocated."""
+
+    name: str
+    tiers: list[tuple[str, int | None, str]] = field(default_factory=list)  # (tier, rows, place)
+    host_bytes: int = 0
+    device_bytes: int = 0
+    disk_bytes: int = 0
+    disk_path: str | None = None
+    host_unbounded: bool = False
+    record_dim: int = 0
+
+    def describe(self) -> str:
+        """One line per tier, e.g. for the trainer to print before it starts."""
+        lines = [f"table '{self.name}' (record {self.record_dim} floats = {4 * self.record_dim} B):"]
+        for tier, rows, place in self.tiers:
+            lines.append(f"  {tier:<6} {'unbounded' if rows is None else f'{rows:,} rows':>18}  {place}")
+        grow = ""
+        if self.host_unbounded:
+            per = memory_row_bytes(self.record_dim, 1 << 20) / (1 << 20)
+            grow = f" + ~{per:.0f} B per row as the table grows"
+        lines.append(
+            f"  total: host {_fmt(self.host_bytes)}{grow}, device {_fmt(self.device_bytes)}, "
+            f"disk {_fmt(self.disk_bytes)}"
+        )
+        return "\n".join(lines)
+
+    def check(self) -> None:
+        """Raise CapacityError if a budget cannot fit in free host memory, GPU memory or disk."""
+        avail = _mem_available()
+        if avail is not None and self.host_bytes > avail:
+            raise CapacityError(
+                f"table '{self.name}': its tiers need {_fmt(self.host_bytes)} of host memory but only "
+                f"{_fmt(avail)} is available; lower storage.host_rows/host_bytes or use a disk tier"
+            )
+        if self.device_bytes and torch.cuda.is_available():
+            free, _ = torch.cuda.mem_get_info()
+            if self.device_bytes > free:
+                raise CapacityError(
+                    f"table '{self.name}': its device cache needs {_fmt(self.device_bytes)} of GPU "
+                    f"memory but {_fmt(free)} is free; lower storage.device_rows/device_bytes"
+                )
+        if self.disk_path is not None:
+            probe = Path(self.disk_path)
+            while not probe.exists() and probe != probe.parent:
+                probe = probe.parent
+            existing = Path(self.disk_path) / self.name / "slots.bin"
+            reclaim = existing.stat().st_size if existing.exists() else 0
+            free = shutil.disk_usage(probe).free + reclaim
+            if self.disk_bytes > free:
+                raise CapacityError(
+                    f"table '{self.name}': its disk tier needs {_fmt(self.disk_bytes)} at "
+                    f"{self.disk_path} but {_fmt(free)} is free there; free space, point "
+                    "storage.disk_path at a larger volume or lower storage.disk_rows"
+                )
+
+
+def _fmt(b: int) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= size:
+            return f"{b / size:.2f} {unit}"
+    return f"{b} B"
+
+
+def _sketch_bytes(cache_rows: int) -> int:
+    """The admission sketch of a cache: 4 rows of int32, width 8x the cache rows (power of 2)."""
+    return 16 * (1 << max(4, math.ceil(math.log2(max(8 * cache_rows, 16)))))
+
+
+def _mem_available() -> int | None:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _device(storage: StorageConfig) -> torch.device:
+    if storage.device == "auto":
+        return default_cache_device()
+    if storage.device == "cuda" and not torch.cuda.is_available():
+        raise CapacityError("storage.device is 'cuda' but no GPU is visible; use device: auto or cpu")
+    return torch.device(storage.device)
+
+
+def plan_storage(storage: StorageConfig, record_dim: int, name: str = "table") -> StoragePlan:
+    """The memory and disk ``build_tier`` will use for this table, without allocating anything."""
+    plan = StoragePlan(name=name, record_dim=record_dim, disk_path=storage.disk_path)
+    dev_rows = _rows_for(storage.device_bytes, storage.device_rows, record_dim)
+    host_rows = _rows_for(storage.host_bytes, storage.host_rows, record_dim)
+    if dev_rows is not None:
+        dev = _device(storage)
+        b = memory_row_bytes(record_dim, dev_rows)
+        arena = dev_rows * 4 * record_dim
+        if dev.type == "cuda":
+            plan.device_bytes += arena
+            plan.host_bytes += b - arena
+        else:
+            plan.host_bytes += b
+        plan.tiers.append(("device", dev_rows, f"{dev.type} cache, {storage.policy}, {_fmt(b)}"))
+        plan.host_bytes += _sketch_bytes(dev_rows)
+    if host_rows is not None:
+        b = memory_row_bytes(record_dim, host_rows)
+        plan.host_bytes += b
+        role = f"cache, {storage.policy}" if storage.disk_path else "store (caps the table)"
+        plan.tiers.append(("host", host_rows, f"host {role}, {_fmt(b)}"))
+        if storage.disk_path:
+            plan.host_bytes += _sketch_bytes(host_rows)
+    elif storage.disk_path is None:
+        plan.tiers.append(("host", None, "host store"))
+        plan.host_unbounded = True
+    if storage.disk_path is not None:
+        n_slots = max(64, -(-storage.disk_rows * 100 // int(storage.disk_max_load * 100)))
+        plan.disk_bytes = n_slots * disk_slot_bytes(record_dim)
+        plan.host_bytes += 2 * n_slots  # the tag array
+        where = os.path.join(storage.disk_path, name)
+        plan.tiers.append(("disk", storage.disk_rows, f"{where}, {_fmt(plan.disk_bytes)} file, {_fmt(2 * n_slots)} RAM index"))
+    return plan
+
+
+def build_tier(storage: StorageConfig, record_dim: int, name: str = "table") -> Tier:
+    """Check the plan (CapacityError up front), then build the table's chain of tiers.
+
+    Example:
+        >>> t = build_tier(StorageConfig(device_rows=4, device="cpu"), record_dim=3)
+        >>> type(t).__name__, t.fast.capacity
+        ('CachedTier', 4)
+    """
+    plan_storage(storage, record_dim, name).check()
+    dev_rows = _rows_for(storage.device_bytes, storage.device_rows, record_dim)
+    host_rows = _rows_for(storage.host_bytes, storage.host_rows, record_dim)
+    last: Tier
+    if storage.disk_path is not None:
+        last = DiskTier(
+            Path(storage.disk_path) / name, record_dim, rows=storage.disk_rows, max_load=storage.disk_max_load
+        )
+        if host_rows is not None:
+            last = CachedTier(HostTier(record_dim, capacity=host_rows, policy=storage.policy), last, storage.admit_after)
+    else:
+        last = HostTier(record_dim, capacity=host_rows, policy=storage.policy)
+    if dev_rows is not None:
+        dev = DeviceTier(record_dim, capacity=dev_rows, policy=storage.policy, device=_device(storage))
+        last = CachedTier(dev, last, storage.admit_after)
+    return last
