@@ -78,13 +78,13 @@ def dense_transform(
     x: np.ndarray,
     fill: float = 0.0,
     log1p: bool = False,
-    clip: tuple[float, float] | None = None,
+    clip: tuple[float | None, float | None] | None = None,
     standardize: tuple[float, float] | None = None,
 ) -> np.ndarray:
     """Fill NaN -> clip -> log1p(max(x, 0)) -> (x - mean) / std, as float64."""
     x = np.where(np.isnan(x), fill, x)
     if clip is not None:
-        x = np.clip(x, clip[0], clip[1])
+        x = np.clip(x, -np.inf if clip[0] is None else clip[0], np.inf if clip[1] is None else clip[1])
     if log1p:
         x = np.log1p(np.maximum(x, 0.0))
     if standardize is not None:
