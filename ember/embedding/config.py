@@ -9,12 +9,19 @@ from pydantic import Field
 from ember.config_base import ConfigModel
 from ember.embedding.init import InitializerConfig
 from ember.optim import RowWiseAdagrad, SparseOptimizerConfig
+from ember.tiers.storage import StorageConfig
 
 __all__ = ["TableConfig", "FeatureConfig", "PoolingMode"]
 
 
 class TableConfig(ConfigModel):
     """One embedding table. IDs are arbitrary int64; no vocabulary size is needed.
+
+    ``storage`` says where rows live (default: all in host memory). ``min_count``: an ID gets
+    its own row only once it has been looked up that many times; until then it reads a shared
+    all-zero row and receives no update (DeepRec's counter filter). ``ttl_steps``: a row not
+    looked up for more than that many training steps is gone; its ID comes back freshly
+    initialised (and, with ``min_count``, must be counted again).
 
     Example:
         >>> t = TableConfig(name="user", dim=16, optimizer={"type": "adam", "lr": 1e-3})
@@ -27,11 +34,19 @@ class TableConfig(ConfigModel):
     initializer: InitializerConfig = InitializerConfig()
     optimizer: SparseOptimizerConfig = Field(default_factory=lambda: RowWiseAdagrad(lr=0.05))
     seed: int = 0
+    storage: StorageConfig = StorageConfig()
+    min_count: int = Field(1, ge=1)
+    ttl_steps: int | None = Field(None, gt=0)
 
     @property
     def record_dim(self) -> int:
-        """Floats per stored record: weights then optimizer state."""
+        """Floats per record: weights then optimizer state (what items()/load() exchange)."""
         return self.dim + self.optimizer.state_dim(self.dim)
+
+    @property
+    def stored_dim(self) -> int:
+        """Floats per record as the tiers store it: record_dim, plus the last-seen step with a TTL."""
+        return self.record_dim + (1 if self.ttl_steps is not None else 0)
 
 
 PoolingMode = Literal["sum", "mean", "sqrtn", "sequence"]

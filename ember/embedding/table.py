@@ -1,25 +1,34 @@
-"""EmbeddingTable: a tier (where records live) + initialiser + sparse optimizer."""
+"""EmbeddingTable: a tier (where records live) + initialiser + sparse optimizer + admission/TTL."""
 
 from __future__ import annotations
 
 from typing import Iterator
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ember.embedding.config import TableConfig
 from ember.embedding.init import init_rows
 from ember.tiers.base import Tier
-from ember.tiers.host import HostTier
+from ember.tiers.policy import IdCounter
+from ember.tiers.storage import StoragePlan, build_tier, plan_storage
 
 __all__ = ["EmbeddingTable"]
 
 
 class EmbeddingTable:
-    """Maps any int64 ID to a trainable row; IDs get a row on first sight.
+    """Maps any int64 ID to a trainable row; IDs get a row on first sight (or after ``min_count``).
 
     ``lookup(ids)`` returns the records of unique IDs (creating missing ones);
-    ``apply(ids, records, grads)`` runs the optimizer on them and writes them back.
+    ``apply(ids, records, grads)`` runs the optimizer on them and writes them back to the tier.
+    The tier comes from ``config.storage`` unless one is passed.
+
+    With ``config.min_count > 1``, an ID's sightings (lookups) are counted exactly; below the
+    threshold it reads an all-zero row and ``apply`` skips it. With ``config.ttl_steps``, each
+    stored record carries one more float, the step it was last looked up; a row older than
+    ``ttl_steps`` reads as absent at once (so results never depend on when memory is reclaimed)
+    and ``expire()``, run every ``ttl_steps`` steps, removes such rows from the tiers.
 
     Example:
         >>> table = EmbeddingTable(TableConfig(name="t", dim=4, optimizer={"type": "sgd", "lr": 1.0}))
@@ -33,46 +42,187 @@ class EmbeddingTable:
     def __init__(self, config: TableConfig, tier: Tier | None = None) -> None:
         self.config = config
         self.dim = config.dim
-        self.tier: Tier = tier if tier is not None else HostTier(config.record_dim)
-        if self.tier.record_dim != config.record_dim:
+        self.tier: Tier = tier if tier is not None else build_tier(config.storage, config.stored_dim, config.name)
+        if self.tier.record_dim != config.stored_dim:
             raise ValueError(
                 f"table '{config.name}': tier record_dim {self.tier.record_dim} != "
-                f"dim + optimizer state = {config.record_dim}"
+                f"dim + optimizer state{' + last-seen step' if config.ttl_steps else ''} = {config.stored_dim}"
             )
         self.optimizer = config.optimizer
         self.step = 0
+        self._ttl = config.ttl_steps
+        self._min_count = config.min_count
+        self._pending = IdCounter() if config.min_count > 1 else None
+        self._filtered_memo: tuple[Tensor, Tensor] | None = None
+        self.reset_step_stats()
 
     def __len__(self) -> int:
         return len(self.tier)
 
+    def storage_plan(self) -> StoragePlan:
+        """Memory and disk this table's storage config asks for (what ``build_tier`` checked)."""
+        return plan_storage(self.config.storage, self.config.stored_dim, self.config.name)
+
     def new_records(self, ids: Tensor) -> Tensor:
-        """Fresh records (initial weights + initial optimizer state) for ``ids``."""
+        """Fresh records (initial weights + initial optimizer state) for ``ids``: [N, record_dim]."""
         w = init_rows(ids, self.dim, self.config.initializer, self.config.seed)
         return torch.cat([w, self.optimizer.init_state(w)], dim=1)
 
-    def lookup(self, ids: Tensor) -> Tensor:
-        """Records [U, R] of unique int64 ``ids`` (CPU); missing IDs are created."""
+    def _stored(self, records: Tensor, seen: float | None = None) -> Tensor:
+        """[N, record_dim] -> [N, stored_dim] (appends the last-seen step when a TTL is set)."""
+        if self._ttl is None:
+            return records
+        col = records.new_full((records.shape[0], 1), float(self.step if seen is None else seen))
+        return torch.cat([records, col], dim=1)
+
+    def lookup(self, ids: Tensor, train: bool = True) -> Tensor:
+        """Records [U, stored_dim] of unique int64 ``ids`` (CPU); missing IDs are created.
+
+        ``train=False`` (evaluation) neither counts sightings toward ``min_count`` nor refreshes
+        the last-seen step. Rows are only stored by ``apply``.
+        """
         records, found = self.tier.get(ids)
+        records = records.to("cpu")
+        if self._ttl is not None and bool(found.any()):
+            expired = found & (self.step - records[:, -1] > self._ttl)
+            if bool(expired.any()):
+                found = found & ~expired
+                self.expired_reads += int(expired.sum())
+        filtered = None
         if not bool(found.all()):
-            missing = ~found
-            records[missing] = self.new_records(ids[missing])
+            missing = torch.nonzero(~found).squeeze(1)
+            m_ids = ids[missing]
+            if self._pending is None:
+                records[missing] = self._stored(self.new_records(m_ids))
+            else:
+                ids_np = m_ids.numpy()
+                counts = self._pending.add(ids_np) if train else self._pending.get(ids_np)
+                admitted = torch.from_numpy(counts >= self._min_count)
+                fresh = torch.zeros(m_ids.numel(), self.config.record_dim)
+                if bool(admitted.any()):
+                    fresh[admitted] = self.new_records(m_ids[admitted])
+                records[missing] = self._stored(fresh)
+                filtered = torch.zeros(ids.numel(), dtype=torch.bool)
+                filtered[missing[~admitted]] = True
+                self.filtered_reads += int((~admitted).sum())
+        if self._ttl is not None and train:
+            records[:, -1] = float(self.step)
+        if self._pending is not None:
+            self._filtered_memo = (ids, filtered if filtered is not None else torch.zeros(ids.numel(), dtype=torch.bool))
         return records
+
+    def _filtered(self, ids: Tensor) -> Tensor | None:
+        """Which of ``ids`` are below ``min_count`` (no row, no update); None without a filter."""
+        if self._pending is None:
+            return None
+        memo = self._filtered_memo
+        if memo is not None and memo[0] is ids:
+            return memo[1]
+        absent = ~self.tier.contains(ids)  # type: ignore[attr-defined]
+        return absent & torch.from_numpy(self._pending.get(ids.numpy()) < self._min_count)
 
     def apply(self, ids: Tensor, records: Tensor, grads: Tensor) -> None:
         """One optimizer step on the rows of unique ``ids``; grads [U, D] summed per ID."""
         self.step += 1
-        d = self.dim
-        rows, state = self.optimizer.update(records[:, :d], records[:, d:], grads, self.step)
+        filtered = self._filtered(ids)
+        self._filtered_memo = None
+        if filtered is not None and bool(filtered.any()):
+            keep = torch.nonzero(~filtered).squeeze(1)
+            sub = records[keep]
+            self._update(ids[keep], sub, grads[keep])
+            records[keep] = sub  # the caller's records reflect the update, as without a filter
+            ids = ids[keep]
+        else:
+            self._update(ids, records, grads)
+        if self._pending is not None and ids.numel():
+            self._pending.remove(ids.numpy())  # these IDs now have rows
+        if self._ttl is not None and self.step % self._ttl == 0:
+            self.expire()
+
+    def _update(self, ids: Tensor, records: Tensor, grads: Tensor) -> None:
+        d, r = self.dim, self.config.record_dim
+        rows, state = self.optimizer.update(records[:, :d], records[:, d:r], grads, self.step)
         if rows.data_ptr() != records.data_ptr():
             records[:, :d] = rows
-        if state.numel() and state.data_ptr() != records[:, d:].data_ptr():
-            records[:, d:] = state
+        if state.numel() and state.data_ptr() != records[:, d:r].data_ptr():
+            records[:, d:r] = state
         self.tier.put(ids, records)
+
+    def expire(self) -> int:
+        """Remove every row not looked up for more than ``ttl_steps`` steps; returns how many."""
+        if self._ttl is None:
+            return 0
+        old = [ids[self.step - rec[:, -1] > self._ttl] for ids, rec in self.tier.items()]
+        victims = torch.cat(old) if old else torch.empty(0, dtype=torch.int64)
+        if victims.numel():
+            self.tier.remove(victims)
+        self.expired_rows += victims.numel()
+        return victims.numel()
 
     def items(self, chunk_rows: int = 1 << 20) -> Iterator[tuple[Tensor, Tensor]]:
-        """Every (ids, records) of the table."""
-        return self.tier.items(chunk_rows)
+        """Every live (ids, records [N, record_dim]) of the table, each ID once, whatever its tier."""
+        r = self.config.record_dim
+        for ids, rec in self.tier.items(chunk_rows):
+            if self._ttl is not None:
+                live = self.step - rec[:, -1] <= self._ttl
+                ids, rec = ids[live], rec[live]
+                if ids.numel() == 0:
+                    continue
+            yield ids, rec[:, :r]
 
     def load(self, ids: Tensor, records: Tensor) -> None:
-        """Bulk import of (ids, records), e.g. from a checkpoint."""
-        self.tier.put(ids, records)
+        """Bulk import of unique (ids, records [N, record_dim]), e.g. from a checkpoint.
+
+        With a TTL the loaded rows count as seen at the current ``step``.
+        """
+        if records.shape[1] != self.config.record_dim:
+            raise ValueError(
+                f"table '{self.config.name}': load got records of width {records.shape[1]}, "
+                f"expected dim + optimizer state = {self.config.record_dim}"
+            )
+        self.tier.put(ids, self._stored(records))
+        if self._pending is not None:
+            self._pending.remove(ids.numpy())
+
+    def admission_state(self) -> tuple[Tensor, Tensor]:
+        """(ids, counts) of IDs counted toward ``min_count`` but without a row (for checkpoints)."""
+        if self._pending is None:
+            return torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
+        ids, counts = self._pending.items()
+        return torch.from_numpy(ids), torch.from_numpy(counts)
+
+    def load_admission_state(self, ids: Tensor, counts: Tensor) -> None:
+        """Restore what ``admission_state`` returned."""
+        if self._pending is not None and ids.numel():
+            self._pending.add(ids.numpy(), counts.numpy().astype(np.int32))
+
+    def warm_start(self, ids: Tensor, counts: Tensor) -> int:
+        """Seed the caches with ID frequencies counted over a data sample; returns rows promoted."""
+        fn = getattr(self.tier, "warm_start", None)
+        return int(fn(ids, counts)) if fn is not None else 0
+
+    def flush(self) -> None:
+        getattr(self.tier, "flush", lambda: None)()
+
+    def close(self) -> None:
+        """Flush and release the tiers' files (a disk tier can then be reopened)."""
+        getattr(self.tier, "close", lambda: None)()
+
+    # ---- observability -------------------------------------------------------------------
+    def reset_step_stats(self) -> None:
+        self.filtered_reads = 0
+        self.expired_reads = 0
+        self.expired_rows = 0
+        getattr(self.tier, "reset_step_stats", lambda: None)()
+
+    def stats(self) -> dict[str, float]:
+        """Flat metrics: ``rows``, admission/TTL counters and every tier's ``tier.<name>.*``."""
+        out: dict[str, float] = {"rows": float(len(self))}
+        if self._pending is not None:
+            out["pending_ids"] = float(len(self._pending))
+            out["filtered_reads"] = float(self.filtered_reads)
+        if self._ttl is not None:
+            out["expired_reads"] = float(self.expired_reads)
+            out["expired_rows"] = float(self.expired_rows)
+        out.update(getattr(self.tier, "stats", lambda: {})())
+        return out

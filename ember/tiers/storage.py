@@ -145,19 +145,20 @@ class StoragePlan:
         return "\n".join(lines)
 
     def check(self) -> None:
-        """Raise CapacityError if a budget cannot fit in free host memory, GPU memory or disk."""
+        """Raise CapacityError (naming every budget that does not fit) before anything is allocated."""
+        problems = []
         avail = _mem_available()
         if avail is not None and self.host_bytes > avail:
-            raise CapacityError(
-                f"table '{self.name}': its tiers need {_fmt(self.host_bytes)} of host memory but only "
-                f"{_fmt(avail)} is available; lower storage.host_rows/host_bytes or use a disk tier"
+            problems.append(
+                f"its tiers need {_fmt(self.host_bytes)} of host memory but only {_fmt(avail)} is "
+                "available; lower storage.host_rows/host_bytes (or disk_rows: its index takes 2 B per slot)"
             )
         if self.device_bytes and torch.cuda.is_available():
             free, _ = torch.cuda.mem_get_info()
             if self.device_bytes > free:
-                raise CapacityError(
-                    f"table '{self.name}': its device cache needs {_fmt(self.device_bytes)} of GPU "
-                    f"memory but {_fmt(free)} is free; lower storage.device_rows/device_bytes"
+                problems.append(
+                    f"its device cache needs {_fmt(self.device_bytes)} of GPU memory but "
+                    f"{_fmt(free)} is free; lower storage.device_rows/device_bytes"
                 )
         if self.disk_path is not None:
             probe = Path(self.disk_path)
@@ -167,11 +168,13 @@ class StoragePlan:
             reclaim = existing.stat().st_size if existing.exists() else 0
             free = shutil.disk_usage(probe).free + reclaim
             if self.disk_bytes > free:
-                raise CapacityError(
-                    f"table '{self.name}': its disk tier needs {_fmt(self.disk_bytes)} at "
-                    f"{self.disk_path} but {_fmt(free)} is free there; free space, point "
-                    "storage.disk_path at a larger volume or lower storage.disk_rows"
+                problems.append(
+                    f"its disk tier needs {_fmt(self.disk_bytes)} at {self.disk_path} but "
+                    f"{_fmt(free)} is free there; free space, point storage.disk_path at a larger "
+                    "volume or lower storage.disk_rows"
                 )
+        if problems:
+            raise CapacityError(f"table '{self.name}': " + "; and ".join(problems))
 
 
 def _fmt(b: int) -> str:
