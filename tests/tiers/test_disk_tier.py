@@ -1,0 +1,68 @@
+"""DiskTier: survives close/reopen, refuses an unclean reopen, and a full disk is a TierIOError."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from ember.errors import TierIOError
+from ember.tiers import DiskTier
+
+
+def test_close_and_reopen_keeps_rows(tmp_path):
+    d = DiskTier(tmp_path, record_dim=3, rows=10)
+    ids = torch.arange(-50, 50) * 1_000_003
+    rec = torch.randn(100, 3)
+    d.put(ids, rec)  # grows the file twice
+    d.remove(ids[:10])
+    d.close()
+    again = DiskTier(tmp_path, record_dim=3, reopen=True)
+    assert len(again) == 90
+    rows, found = again.get(ids)
+    assert found.tolist() == [False] * 10 + [True] * 90
+    assert torch.equal(rows[10:], rec[10:])
+
+
+def test_unclean_files_are_not_trusted(tmp_path):
+    d = DiskTier(tmp_path, record_dim=2, rows=10)
+    d.put(torch.tensor([1]), torch.ones(1, 2))
+    d.flush()  # no close(): as if the process had been killed
+    with pytest.raises(TierIOError, match="not close this tier cleanly"):
+        DiskTier(tmp_path, record_dim=2, reopen=True)
+    with pytest.raises(TierIOError, match="record_dim"):
+        d.close()
+        DiskTier(tmp_path, record_dim=5, reopen=True)
+
+
+def test_ram_per_row_is_the_tag_array(tmp_path):
+    d = DiskTier(tmp_path, record_dim=17, rows=100_000, max_load=0.85)
+    assert d.ram_bytes / 100_000 < 2.5  # 2-byte tag per slot
+    assert d.nbytes == d.n_slots * (8 + 4 * 17)
+
+
+@pytest.mark.parametrize("when", ["create", "grow"])
+def test_full_disk_raises_tier_io_error(tmp_path, when):
+    """A file-size limit (RLIMIT_FSIZE) stands in for a full disk, in a child process."""
+    code = textwrap.dedent(
+        f"""
+        import resource, signal, sys, torch
+        from ember.errors import TierIOError
+        from ember.tiers import DiskTier
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+        try:
+            d = DiskTier({str(tmp_path)!r}, record_dim=16, rows={10**6 if when == "create" else 1000})
+            d.put(torch.arange(20000), torch.ones(20000, 16))
+        except TierIOError as e:
+            print("TierIOError:", e)
+            sys.exit(3)
+        sys.exit(0)
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert "cannot reserve" in out.stdout and "disk_path" in out.stdout
