@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import List, Optional, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from ember.errors import ConfigError
 
-__all__ = ["ModelInputs", "require_equal_dims", "sum_linear", "concat_inputs"]
+__all__ = ["ModelInputs", "require_equal_dims", "sum_linear", "concat_inputs", "dense_linear"]
 
 
 @dataclass(frozen=True)
@@ -98,3 +99,19 @@ def concat_inputs(dense: Tensor, sparse: List[Tensor]) -> Tensor:
         torch.Size([2, 3])
     """
     return torch.cat([dense] + sparse, dim=1)
+
+
+def dense_linear(num_dense: int, out_dim: int) -> nn.Linear:
+    """``nn.Linear(Dd, out_dim)``; with Dd = 0 it is a learned bias, initialised to zero.
+
+    Example:
+        >>> dense_linear(0, 1)(torch.zeros(3, 0))
+        tensor([[0.],
+                [0.],
+                [0.]], grad_fn=<AddmmBackward0>)
+    """
+    if num_dense > 0:
+        return nn.Linear(num_dense, out_dim)
+    with warnings.catch_warnings():  # "Initializing zero-element tensors is a no-op"
+        warnings.simplefilter("ignore", UserWarning)
+        return nn.Linear(0, out_dim)

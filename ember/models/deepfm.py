@@ -10,7 +10,13 @@ from torch import Tensor, nn
 
 from ember.config_base import ConfigModel
 from ember.errors import ConfigError
-from ember.models.base import ModelInputs, concat_inputs, require_equal_dims, sum_linear
+from ember.models.base import (
+    ModelInputs,
+    concat_inputs,
+    dense_linear,
+    require_equal_dims,
+    sum_linear,
+)
 from ember.models.layers.interaction import FMInteraction
 from ember.models.layers.mlp import MLP, MLPConfig
 
@@ -62,8 +68,10 @@ class DeepFM(nn.Module):
         self.config = config
         self.num_sparse: int = inputs.num_sparse
         self.use_dense_field: bool = config.dense_field and inputs.num_dense > 0
-        self.dense_linear = nn.Linear(inputs.num_dense, 1)  # with Dd = 0: the global bias
-        self.dense_field = nn.Linear(inputs.num_dense, dim) if self.use_dense_field else nn.Identity()
+        self.dense_linear = dense_linear(inputs.num_dense, 1)  # with Dd = 0: the global bias
+        self.dense_field: nn.Module = nn.Identity()
+        if self.use_dense_field:
+            self.dense_field = nn.Linear(inputs.num_dense, dim)
         self.fm = FMInteraction()
         deep = MLP(inputs.concat_dim, config.deep_mlp)
         self.deep = nn.Sequential(deep, nn.Linear(deep.out_dim, inputs.num_tasks))

@@ -8,7 +8,7 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from ember.config_base import ConfigModel
-from ember.models.base import ModelInputs, concat_inputs, sum_linear
+from ember.models.base import ModelInputs, concat_inputs, dense_linear, sum_linear
 from ember.models.layers.mlp import MLP, MLPConfig
 
 __all__ = ["WDLConfig", "WDL"]
@@ -47,7 +47,7 @@ class WDL(nn.Module):
         super().__init__()
         self.config = config
         self.num_sparse: int = inputs.num_sparse
-        self.dense_linear = nn.Linear(inputs.num_dense, 1)  # with Dd = 0: the global bias
+        self.dense_linear = dense_linear(inputs.num_dense, 1)  # with Dd = 0: the global bias
         deep = MLP(inputs.concat_dim, config.deep_mlp)
         self.deep = nn.Sequential(deep, nn.Linear(deep.out_dim, inputs.num_tasks))
 
