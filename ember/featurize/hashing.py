@@ -9,7 +9,7 @@ finaliser from :mod:`ember.tiers.key_index`):
 - salt: ``s = int.from_bytes(blake2b(salt.encode("utf-8"), digest_size=8).digest(), "little")``.
 - integer ``v`` (any int dtype, taken as its two's-complement uint64): ``mix64(v ^ s)``.
   This is a bijection for a fixed salt, so distinct integers never collide within a feature.
-- string ``x`` (UTF-8 bytes ``b`` of length ``n``): ``h = mix64(s ^ (n * 0x9E3779B97F4A7C15))``;
+- string ``x`` (UTF-8 bytes ``b`` of length ``n``): ``h = mix64(s ^ ((n + 1) * 0x9E3779B97F4A7C15))``;
   then for each 8-byte word ``w_j`` of ``b`` (little-endian, the last word zero-padded):
   ``h = mix64(h ^ w_j)``. The result is viewed as int64.
 
@@ -72,7 +72,7 @@ def hash_ints(values: np.ndarray, salt: str) -> np.ndarray:
 def _hash_utf8_buffers(offsets: np.ndarray, data: np.ndarray, salt: np.uint64) -> np.ndarray:
     starts = offsets[:-1].astype(np.int64)
     lens = (offsets[1:] - offsets[:-1]).astype(np.int64)
-    h = mix64(salt ^ (lens.astype(np.uint64) * _GOLDEN))
+    h = mix64(salt ^ ((lens.astype(np.uint64) + np.uint64(1)) * _GOLDEN))
     if lens.size == 0:
         return h.view(np.int64)
     nwords = (lens + 7) // 8
@@ -98,7 +98,7 @@ def hash_strings(values: pa.Array, salt: str) -> np.ndarray:
     Example:
         >>> import pyarrow as pa
         >>> int(hash_strings(pa.array(["68fd1e64"]), "C1")[0])
-        8487271998959362231
+        8589935920311878028
     """
     if pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type):
         off_dtype = np.int64

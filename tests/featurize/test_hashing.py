@@ -1,0 +1,77 @@
+import numpy as np
+import pyarrow as pa
+
+from ember.featurize.hashing import hash_array, hash_ints, hash_strings, salt_key
+
+
+def test_golden_values_are_stable():
+    # Hard-coded from a first run: any change here changes every ID of every trained model.
+    assert int(salt_key("C1")) == int(salt_key("C1"))
+    assert hash_strings(pa.array(["68fd1e64", "", "abcdefghij"]), "C1").tolist() == GOLDEN_STR
+    assert hash_ints(np.array([0, 1, -1, 2**62]), "C1").tolist() == GOLDEN_INT
+
+
+GOLDEN_STR = [8589935920311878028, 5032920486001096797, 7536448250114568712]
+GOLDEN_INT = [-4890320533847702159, -269884104763455945, 833178246733922129, 8178658492216679543]
+
+
+def test_salt_changes_ids_and_equal_salts_share():
+    a = pa.array(["x", "y", "z"])
+    assert not np.intersect1d(hash_array(a, "f1")[0], hash_array(a, "f2")[0]).size
+    assert (hash_array(a, "shared")[0] == hash_array(a, "shared")[0]).all()
+
+
+def test_equal_values_equal_ids_within_batch_and_across_batches():
+    ids, valid = hash_array(pa.array(["a", "b", "a", None, "b"]), "s")
+    assert ids[0] == ids[2] and ids[1] == ids[4] and ids[0] != ids[1]
+    assert valid.tolist() == [True, True, True, False, True]
+    assert hash_array(pa.array(["b"]), "s")[0][0] == ids[1]
+
+
+def test_dictionary_path_equals_direct_hash_and_slices():
+    values = [f"v{i % 37}-{'x' * (i % 21)}" for i in range(500)]
+    arr = pa.array(values)
+    direct = hash_strings(arr, "k")
+    via_dict, _ = hash_array(arr, "k")
+    assert (direct == via_dict).all()
+    assert (hash_strings(arr.slice(100, 50), "k") == direct[100:150]).all()
+    assert (hash_array(arr.cast(pa.large_string()), "k")[0] == direct).all()
+    # A string's hash depends on every byte, including across the 8-byte word boundaries.
+    h = hash_strings(pa.array(["abcdefgh", "abcdefgi", "abcdefghX", "abcdefgh\x00"]), "k")
+    assert len(set(h.tolist())) == 4
+
+
+def test_strings_with_nulls_hash_like_without():
+    arr = pa.array(["aa", None, "bbbbbbbbbbb"])
+    h = hash_strings(arr, "k")
+    assert h[0] == hash_strings(pa.array(["aa"]), "k")[0]
+    assert h[2] == hash_strings(pa.array(["bbbbbbbbbbb"]), "k")[0]
+
+
+def test_int_hash_is_bijective_and_all_int_types_agree():
+    x = np.arange(-50_000, 50_000)
+    ids = hash_ints(x, "f")
+    assert np.unique(ids).size == x.size
+    a32 = hash_array(pa.array(np.arange(10, dtype=np.int32)), "f")[0]
+    a64 = hash_array(pa.array(np.arange(10, dtype=np.int64)), "f")[0]
+    assert (a32 == a64).all()
+
+
+def test_int_and_string_kinds_differ():
+    assert hash_array(pa.array([7]), "f")[0][0] != hash_array(pa.array(["7"]), "f")[0][0]
+
+
+def test_few_collisions_on_many_distinct_strings():
+    arr = pa.array([f"{i:08x}" for i in range(200_000)])
+    assert np.unique(hash_array(arr, "C3")[0]).size == 200_000
+
+
+def test_same_ids_in_another_process_with_another_hash_seed():
+    import os
+    import subprocess
+    import sys
+
+    code = "import pyarrow as pa; from ember.featurize.hashing import hash_array; print(hash_array(pa.array(['a', 'b']), 'C1')[0].tolist())"
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(hash_array(pa.array(["a", "b"]), "C1")[0].tolist())

@@ -1,0 +1,60 @@
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from ember.errors import ConfigError
+from ember.featurize.presets import preset_data_defaults, preset_schema
+from ember.featurize.schema import DenseFeature, Schema
+from ember.featurize.transforms import dense_transform, parse_floats, parse_ints
+
+
+def test_schema_unknown_key_names_it_with_did_you_mean():
+    with pytest.raises(ConfigError) as e:
+        Schema.parse({"labels": ["y"], "sparse": [{"name": "a", "seperator": "|"}]}, where="schema")
+    assert "schema.sparse.0.seperator" in str(e.value) and "did you mean 'separator'" in str(e.value)
+
+
+def test_schema_validation():
+    with pytest.raises(ConfigError, match="repeated"):
+        Schema.parse({"labels": ["y"], "dense": [{"name": "a"}], "sparse": [{"name": "a"}]})
+    with pytest.raises(ConfigError, match="labels"):
+        Schema.parse({"labels": [], "sparse": [{"name": "a"}]})
+    with pytest.raises(ConfigError, match="clip"):
+        Schema.parse({"labels": ["y"], "dense": [{"name": "d", "clip": [2, 1]}], "sparse": [{"name": "a"}]})
+    s = Schema.parse({"labels": "y", "sparse": [{"name": "a", "column": "col_a", "weight_column": "w"}]})
+    assert s.labels == ["y"] and s.columns == ["y", "col_a", "w"] and s.sparse[0].salt_value == "a"
+
+
+def test_dense_transform_matches_numpy():
+    x = np.array([np.nan, -5.0, 0.0, 3.0, 1e6])
+    got = dense_transform(x, fill=1.0, clip=(None, 1000.0), log1p=True, standardize=(2.0, 0.5))
+    filled = np.where(np.isnan(x), 1.0, x)
+    want = (np.log1p(np.maximum(np.minimum(filled, 1000.0), 0)) - 2.0) / 0.5
+    np.testing.assert_allclose(got, want)
+    np.testing.assert_allclose(dense_transform(x, clip=(0, 2)), [0, 0, 0, 2, 2])
+    with pytest.raises(ConfigError, match="std"):
+        DenseFeature.parse({"name": "d", "standardize": [0, 0]})
+
+
+def test_parse_floats_and_ints():
+    x, missing, bad = parse_floats(pa.array(["1", "-2.5", ".5", "3e2", "", None, "x1", "inf", " 4 "]))
+    assert missing.tolist() == [False] * 4 + [True, True] + [False] * 3
+    assert bad.tolist() == [False] * 6 + [True, True, False]
+    np.testing.assert_allclose(x[[0, 1, 2, 3, 8]], [1, -2.5, 0.5, 300, 4])
+    x, missing, bad = parse_floats(pa.array([1.0, None, float("nan"), 2.0]))
+    assert missing.tolist() == [False, True, True, False] and not bad.any()
+    v, missing, bad = parse_ints(pa.array(["12", "-3", "", "1.5", "99999999999999999999", "9223372036854775807"]))
+    assert v[[0, 1, 5]].tolist() == [12, -3, 2**63 - 1]
+    assert missing.tolist() == [False, False, True, False, False, False]
+    assert bad.tolist() == [False, False, False, True, True, False]
+
+
+def test_criteo_preset():
+    s = preset_schema("criteo")
+    assert [d.name for d in s.dense] == [f"I{i}" for i in range(1, 14)]
+    assert [f.table_name for f in s.sparse] == [f"C{i}" for i in range(1, 27)]
+    assert all(d.log1p and d.clip == (0.0, None) and d.fill == 0 for d in s.dense)
+    d = preset_data_defaults("criteo")
+    assert d["format"] == "tsv" and d["csv"]["header"] is False and len(d["csv"]["column_names"]) == 40
+    with pytest.raises(ConfigError, match="unknown data preset"):
+        preset_schema("avazoo")

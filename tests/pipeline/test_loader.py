@@ -1,0 +1,135 @@
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from ember.errors import DataError
+from ember.featurize.presets import preset_schema
+from ember.featurize.schema import Schema
+from ember.pipeline.loader import make_batches, write_synthetic
+from ember.source.config import DataConfig, SyntheticOptions
+
+SMALL = {"rows": 1000, "eval_rows": 300, "num_dense": 3, "num_sparse": 4, "multi_hot": {"C2": 3}}
+
+
+def _flat(batches):
+    return [(b.labels.clone(), b.dense.clone(), b.sparse.values.clone(), b.sparse.lengths.clone()) for b in batches]
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(all(torch.equal(x, y) for x, y in zip(p, q)) for p, q in zip(a, b))
+
+
+def _parquet_dir(tmp_path, n_files=3, rows=400):
+    schema = Schema.parse({"labels": ["y"], "dense": [{"name": "d"}], "sparse": [{"name": "c"}]})
+    for f in range(n_files):
+        i = np.arange(f * rows, (f + 1) * rows)
+        pq.write_table(pa.table({"y": (i % 3 == 0).astype(np.int8), "d": i.astype(float),
+                                 "c": [f"v{k % 50}" for k in i]}), tmp_path / f"part-{f}.parquet")
+    return schema
+
+
+def test_synthetic_resume_equals_uninterrupted():
+    data = DataConfig(batch_size=128, synthetic=SMALL)
+    schema = preset_schema("synthetic", data)
+    full = _flat(make_batches(data, schema, "train"))
+    assert len(full) == 8
+    assert _same(_flat(make_batches(data, schema, "train", start_batch=5)), full[5:])
+    loader = make_batches(data, schema, "eval")
+    assert [b.size for b in loader] == [128, 128, 44] and loader.num_batches == 3
+
+
+def test_files_shuffle_is_deterministic_and_resumable(tmp_path):
+    schema = _parquet_dir(tmp_path)
+    data = DataConfig(format="parquet", train=str(tmp_path), batch_size=100, shuffle_buffer=150, read_rows=64, seed=7)
+    a = _flat(make_batches(data, schema, "train", epoch=0))
+    assert _same(a, _flat(make_batches(data, schema, "train", epoch=0)))
+    assert _same(_flat(make_batches(data, schema, "train", epoch=0, start_batch=7)), a[7:])
+    b = _flat(make_batches(data, schema, "train", epoch=1))
+    assert not _same(a, b)  # a new epoch reshuffles
+    dense = torch.cat([x[1] for x in a])[:, 0]
+    assert sorted(dense.tolist()) == list(map(float, range(1200)))  # every row exactly once
+    assert not torch.equal(dense, torch.sort(dense).values)
+    unshuffled = _flat(make_batches(data.model_copy(update={"shuffle_buffer": 0}), schema, "train"))
+    assert torch.cat([x[1] for x in unshuffled])[:, 0].tolist() == list(map(float, range(1200)))
+
+
+def test_drop_last_and_eval_batch_size(tmp_path):
+    schema = _parquet_dir(tmp_path, n_files=1, rows=250)
+    data = DataConfig(format="parquet", train=str(tmp_path), eval=str(tmp_path), batch_size=100,
+                      eval_batch_size=200, drop_last=True, prefetch=0)
+    assert [b.size for b in make_batches(data, schema, "train")] == [100, 100]
+    assert [b.size for b in make_batches(data, schema, "eval")] == [200, 50]
+
+
+@pytest.mark.parametrize("fmt", ["csv", "tsv", "parquet", "orc"])
+def test_write_synthetic_reads_back_identically(tmp_path, fmt):
+    opts = SyntheticOptions(**SMALL)
+    path = str(tmp_path / f"s.{fmt}")
+    assert write_synthetic(path, fmt, 500, opts, chunk_rows=128) == [path]
+    data = DataConfig(format=fmt, train=path, batch_size=200, synthetic=opts)
+    mem = DataConfig(batch_size=200, synthetic={**SMALL, "rows": 500})
+    schema = preset_schema("synthetic", opts)
+    assert _same(_flat(make_batches(data, schema, "train")), _flat(make_batches(mem, schema, "train")))
+
+
+def test_bad_rows_error_and_skip_through_loader(tmp_path):
+    p = tmp_path / "d.csv"
+    p.write_text("y,d,c\n1,1,a\n0,zz,b\n1,2,c,d\n1,3\n,4,e\n1,5,f\n")
+    schema = Schema.parse({"labels": ["y"], "dense": [{"name": "d"}], "sparse": [{"name": "c"}]})
+    data = DataConfig(format="csv", train=str(p), batch_size=10)
+    with pytest.raises(DataError) as e:
+        list(make_batches(data, schema, "train"))
+    assert f"{p} row 3, column 'd'" in str(e.value) and "'zz'" in str(e.value)
+    loader = make_batches(data.model_copy(update={"on_bad_rows": "skip"}), schema, "train")
+    (batch,) = list(loader)
+    assert batch.dense[:, 0].tolist() == [1.0, 5.0]
+    assert loader.bad_rows.counts == {"<row>: wrong number of fields": 2, "d: not a number": 1,
+                                      "y: label is missing": 1}
+
+
+def test_thread_errors_reach_the_consumer(tmp_path):
+    p = tmp_path / "d.csv"
+    p.write_text("y,c\n" + "1,a\n" * 10 + "7,a\n")
+    schema = Schema.parse({"labels": ["y"], "sparse": [{"name": "c"}]})
+    data = DataConfig(format="csv", train=str(p), batch_size=2, prefetch=2)
+    with pytest.raises(DataError, match=r"row 12, column 'y': label is not in \[0, 1\]"):
+        list(make_batches(data, schema, "train"))
+
+
+def test_early_exit_stops_cleanly():
+    data = DataConfig(batch_size=10, synthetic=SMALL, prefetch=1)
+    loader = make_batches(data, preset_schema("synthetic", data), "train")
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    assert loader.position == (0, 3)
+
+
+def _data_dir() -> Path:
+    env = os.environ.get("EMBER_DATA_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
+
+
+@pytest.mark.data
+def test_real_criteo_with_preset():
+    path = _data_dir() / "criteo" / "train.tsv"
+    if not path.exists():
+        pytest.skip(f"{path} not found (set EMBER_DATA_DIR)")
+    data = DataConfig.parse({"preset": "criteo", "train": str(path), "batch_size": 2048})
+    loader = make_batches(data, preset_schema("criteo"), "train")
+    batches = list(loader)
+    labels = torch.cat([b.labels for b in batches])
+    assert labels.shape == (7200, 1) and abs(float(labels.mean()) - 0.215) < 0.002
+    assert loader.bad_rows.total == 0
+    b = batches[0]
+    b.sparse.validate()
+    assert b.dense.shape == (2048, 13) and float(b.dense.min()) >= 0  # log1p of counts clipped at 0
+    assert b.sparse.keys == tuple(f"C{i}" for i in range(1, 27))
+    # C1 is never missing; C22 is missing in most rows (empty bag), per the data's README.
+    lengths = b.sparse.lengths.view(26, -1)
+    assert bool((lengths[0] == 1).all()) and float((lengths[21] == 0).float().mean()) > 0.6
