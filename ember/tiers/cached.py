@@ -38,6 +38,9 @@ class CachedTier:
         sketch_width: counters per sketch row (default 8x the fast tier's capacity).
         decay_every: halve all access counts after this many counted misses (default 16x the
             sketch width), so the cache follows a drifting distribution.
+        evict_slack: extra rows demoted whenever the fast tier must make room (default 1/64 of
+            its capacity): batches the O(capacity) victim selection over several steps, at the
+            cost of that much cache left momentarily empty.
 
     Example:
         >>> c = CachedTier(HostTier(2, capacity=1), HostTier(2), admit_after=1)
@@ -54,6 +57,7 @@ class CachedTier:
         admit_after: int = 1,
         sketch_width: int | None = None,
         decay_every: int | None = None,
+        evict_slack: int | None = None,
     ) -> None:
         if fast.capacity is None:
             raise ValueError("CachedTier: the fast tier needs a capacity (rows)")
@@ -68,6 +72,7 @@ class CachedTier:
         self.admit_after = admit_after
         self.sketch = CountMinSketch(sketch_width or 8 * fast.capacity)
         self.decay_every = decay_every or 16 * self.sketch.width
+        self.evict_slack = evict_slack if evict_slack is not None else fast.capacity // 64
         self.name = f"{fast.name}+{getattr(slow, 'name', 'slow')}"
         self.reset_step_stats()
 
@@ -152,7 +157,9 @@ class CachedTier:
         assert free is not None
         need = ids.numel() - free
         if need > 0:
-            d_ids, d_rows = self.fast.evict(need)
+            # demote a little more than needed: the next few batches' promotions then find free
+            # slots, and the O(capacity) victim scan runs once per several batches, not per batch
+            d_ids, d_rows = self.fast.evict(need + self.evict_slack)
             self.slow.put(d_ids, d_rows.to("cpu"))
             self.demotions += d_ids.numel()
         self.fast.put(ids, records, counts=counts)

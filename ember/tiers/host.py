@@ -147,23 +147,25 @@ class HostTier:
         self._free = np.concatenate([self._free, slots[found]])
         return torch.from_numpy(found)
 
-    def victims(self, n: int) -> tuple[Tensor, np.ndarray]:
-        """The ``n`` IDs ``evict(n)`` would take, best victim first, with their access counts."""
+    def _victim_slots(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         ids, slots = self._index.items()
         order = victim_order(self.policy, self._last.take(slots), self._count.take(slots), n)
-        return torch.from_numpy(ids[order]), self._count.take(slots[order]).astype(np.int64)
+        return ids[order], slots[order]
+
+    def victims(self, n: int) -> tuple[Tensor, np.ndarray]:
+        """The ``n`` IDs ``evict(n)`` would take, best victim first, with their access counts."""
+        ids, slots = self._victim_slots(n)
+        return torch.from_numpy(ids), self._count.take(slots).astype(np.int64)
 
     def evict(self, n: int) -> tuple[Tensor, Tensor]:
         """Remove up to ``n`` rows chosen by the policy (LRU or LFU); returns their (ids, records)."""
-        victims, _ = self.victims(n)
-        rows, _ = self._peek(victims)
-        self.remove(victims)
-        self.evictions += victims.numel()
-        return victims, rows
-
-    def _peek(self, ids: Tensor) -> tuple[Tensor, Tensor]:
-        slots = self.slots_of(ids)
-        return self._arena.index_select(0, slots.clamp(min=0).to(self.device)), slots >= 0
+        ids, slots = self._victim_slots(n)
+        rows = self._arena.index_select(0, torch.from_numpy(slots.astype(np.int64)).to(self.device))
+        self._memo = None
+        self._index.remove(ids)
+        self._free = np.concatenate([self._free, slots])
+        self.evictions += ids.size
+        return torch.from_numpy(ids), rows
 
     def decay_counts(self) -> None:
         """Halve every access count (ages LFU so the cache follows a drifting distribution)."""
