@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import List, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from ember.errors import ConfigError
 
-__all__ = ["ModelInputs", "require_equal_dims", "sum_linear", "concat_inputs", "dense_linear"]
+__all__ = ["ModelInputs", "concat_inputs", "dense_linear", "require_equal_dims", "sum_linear"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ def require_equal_dims(model: str, dims: Sequence[int], expected: int, remedy: s
         )
 
 
-def sum_linear(linear: Optional[List[Tensor]], num_sparse: int, dense: Tensor) -> Tensor:
+def sum_linear(linear: list[Tensor] | None, num_sparse: int, dense: Tensor) -> Tensor:
     """Sum of the per-feature first-order terms, [B, 1]; raises if the trainer passed none.
 
     Example:
@@ -91,7 +91,7 @@ def sum_linear(linear: Optional[List[Tensor]], num_sparse: int, dense: Tensor) -
     return torch.cat(linear, dim=1).sum(dim=1, keepdim=True)
 
 
-def concat_inputs(dense: Tensor, sparse: List[Tensor]) -> Tensor:
+def concat_inputs(dense: Tensor, sparse: list[Tensor]) -> Tensor:
     """``concat(dense, *sparse)`` along features: [B, Dd + sum D_i].
 
     Example:

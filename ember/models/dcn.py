@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Literal, Optional
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -13,7 +13,7 @@ from ember.models.base import ModelInputs, concat_inputs
 from ember.models.layers.interaction import CrossNetwork
 from ember.models.layers.mlp import MLP, MLPConfig
 
-__all__ = ["DCNConfig", "DCN"]
+__all__ = ["DCN", "DCNConfig"]
 
 
 class DCNConfig(ConfigModel):
@@ -30,7 +30,7 @@ class DCNConfig(ConfigModel):
 
     type: Literal["dcn"] = "dcn"
     num_cross_layers: int = Field(3, ge=1)
-    low_rank: Optional[int] = Field(None, ge=1)
+    low_rank: int | None = Field(None, ge=1)
     structure: Literal["stacked", "parallel"] = "stacked"
     deep_mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(sizes=[512, 256]))
 
@@ -49,7 +49,7 @@ class DCN(nn.Module):
     """
 
     wants_linear = False
-    __jit_ignored_attributes__ = ["config"]
+    __jit_ignored_attributes__ = ("config",)
 
     def __init__(self, config: DCNConfig, inputs: ModelInputs) -> None:
         super().__init__()
@@ -62,7 +62,7 @@ class DCN(nn.Module):
         self.head = nn.Linear(head_in, inputs.num_tasks)
 
     def forward(
-        self, dense: Tensor, sparse: List[Tensor], linear: Optional[List[Tensor]] = None
+        self, dense: Tensor, sparse: list[Tensor], linear: list[Tensor] | None = None
     ) -> Tensor:
         x0 = concat_inputs(dense, sparse)
         if self.parallel:

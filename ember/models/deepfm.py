@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Literal, Optional
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -20,7 +20,7 @@ from ember.models.base import (
 from ember.models.layers.interaction import FMInteraction
 from ember.models.layers.mlp import MLP, MLPConfig
 
-__all__ = ["DeepFMConfig", "DeepFM"]
+__all__ = ["DeepFM", "DeepFMConfig"]
 
 
 class DeepFMConfig(ConfigModel):
@@ -57,7 +57,7 @@ class DeepFM(nn.Module):
     """
 
     wants_linear = True
-    __jit_ignored_attributes__ = ["config"]
+    __jit_ignored_attributes__ = ("config",)
 
     def __init__(self, config: DeepFMConfig, inputs: ModelInputs) -> None:
         super().__init__()
@@ -77,7 +77,7 @@ class DeepFM(nn.Module):
         self.deep = nn.Sequential(deep, nn.Linear(deep.out_dim, inputs.num_tasks))
 
     def forward(
-        self, dense: Tensor, sparse: List[Tensor], linear: Optional[List[Tensor]] = None
+        self, dense: Tensor, sparse: list[Tensor], linear: list[Tensor] | None = None
     ) -> Tensor:
         first = sum_linear(linear, self.num_sparse, dense) + self.dense_linear(dense)
         if self.use_dense_field:

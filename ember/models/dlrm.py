@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Literal, Optional
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -14,7 +14,7 @@ from ember.models.base import ModelInputs, require_equal_dims
 from ember.models.layers.interaction import DotInteraction
 from ember.models.layers.mlp import MLP, MLPConfig
 
-__all__ = ["DLRMConfig", "DLRM"]
+__all__ = ["DLRM", "DLRMConfig"]
 
 
 class DLRMConfig(ConfigModel):
@@ -52,7 +52,7 @@ class DLRM(nn.Module):
     """
 
     wants_linear = False
-    __jit_ignored_attributes__ = ["config"]
+    __jit_ignored_attributes__ = ("config",)
 
     def __init__(self, config: DLRMConfig, inputs: ModelInputs) -> None:
         super().__init__()
@@ -81,7 +81,7 @@ class DLRM(nn.Module):
         self.top = nn.Sequential(top, nn.Linear(top.out_dim, inputs.num_tasks))
 
     def forward(
-        self, dense: Tensor, sparse: List[Tensor], linear: Optional[List[Tensor]] = None
+        self, dense: Tensor, sparse: list[Tensor], linear: list[Tensor] | None = None
     ) -> Tensor:
         if self.has_dense:
             bottom = self.bottom(dense)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Literal, Optional
+from typing import Literal
 
 import torch
 from pydantic import Field
@@ -13,7 +13,7 @@ from ember.models.base import ModelInputs, concat_inputs
 from ember.models.layers.mlp import MLP, MLPConfig
 from ember.models.layers.moe import MMoELayer
 
-__all__ = ["MMoEConfig", "MMoE", "SharedBottomConfig", "SharedBottom"]
+__all__ = ["MMoE", "MMoEConfig", "SharedBottom", "SharedBottomConfig"]
 
 
 class MMoEConfig(ConfigModel):
@@ -45,7 +45,7 @@ class MMoE(nn.Module):
     """
 
     wants_linear = False
-    __jit_ignored_attributes__ = ["config"]
+    __jit_ignored_attributes__ = ("config",)
 
     def __init__(self, config: MMoEConfig, inputs: ModelInputs) -> None:
         super().__init__()
@@ -56,7 +56,7 @@ class MMoE(nn.Module):
         )
 
     def forward(
-        self, dense: Tensor, sparse: List[Tensor], linear: Optional[List[Tensor]] = None
+        self, dense: Tensor, sparse: list[Tensor], linear: list[Tensor] | None = None
     ) -> Tensor:
         return self.moe(concat_inputs(dense, sparse))
 
@@ -89,7 +89,7 @@ class SharedBottom(nn.Module):
     """
 
     wants_linear = False
-    __jit_ignored_attributes__ = ["config"]
+    __jit_ignored_attributes__ = ("config",)
 
     def __init__(self, config: SharedBottomConfig, inputs: ModelInputs) -> None:
         super().__init__()
@@ -102,10 +102,10 @@ class SharedBottom(nn.Module):
         self.towers = nn.ModuleList(towers)
 
     def forward(
-        self, dense: Tensor, sparse: List[Tensor], linear: Optional[List[Tensor]] = None
+        self, dense: Tensor, sparse: list[Tensor], linear: list[Tensor] | None = None
     ) -> Tensor:
         shared = self.bottom(concat_inputs(dense, sparse))
-        logits: List[Tensor] = []
+        logits: list[Tensor] = []
         for tower in self.towers:
             logits.append(tower(shared))
         return torch.cat(logits, dim=1)

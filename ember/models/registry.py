@@ -6,7 +6,8 @@ taking ``(config, inputs)``) plus one entry in ``_MODELS`` and one in ``ModelCon
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, Mapping, Union
+from collections.abc import Callable, Mapping
+from typing import Annotated, Any
 
 from pydantic import Field
 from torch import nn
@@ -20,10 +21,10 @@ from ember.models.dlrm import DLRM, DLRMConfig
 from ember.models.mmoe import MMoE, MMoEConfig, SharedBottom, SharedBottomConfig
 from ember.models.wdl import WDL, WDLConfig
 
-__all__ = ["ModelInputs", "ModelConfig", "MODEL_TYPES", "model_config_from_dict", "build_model"]
+__all__ = ["MODEL_TYPES", "ModelConfig", "ModelInputs", "build_model", "model_config_from_dict"]
 
 ModelConfig = Annotated[
-    Union[DLRMConfig, DeepFMConfig, WDLConfig, DCNConfig, MMoEConfig, SharedBottomConfig],
+    DLRMConfig | DeepFMConfig | WDLConfig | DCNConfig | MMoEConfig | SharedBottomConfig,
     Field(discriminator="type"),
 ]
 """Any model config; pydantic picks the class by its ``type`` key."""

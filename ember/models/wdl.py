@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Literal, Optional
+from typing import Literal
 
 from pydantic import Field
 from torch import Tensor, nn
@@ -11,7 +11,7 @@ from ember.config_base import ConfigModel
 from ember.models.base import ModelInputs, concat_inputs, dense_linear, sum_linear
 from ember.models.layers.mlp import MLP, MLPConfig
 
-__all__ = ["WDLConfig", "WDL"]
+__all__ = ["WDL", "WDLConfig"]
 
 
 class WDLConfig(ConfigModel):
@@ -41,7 +41,7 @@ class WDL(nn.Module):
     """
 
     wants_linear = True
-    __jit_ignored_attributes__ = ["config"]
+    __jit_ignored_attributes__ = ("config",)
 
     def __init__(self, config: WDLConfig, inputs: ModelInputs) -> None:
         super().__init__()
@@ -52,7 +52,7 @@ class WDL(nn.Module):
         self.deep = nn.Sequential(deep, nn.Linear(deep.out_dim, inputs.num_tasks))
 
     def forward(
-        self, dense: Tensor, sparse: List[Tensor], linear: Optional[List[Tensor]] = None
+        self, dense: Tensor, sparse: list[Tensor], linear: list[Tensor] | None = None
     ) -> Tensor:
         wide = sum_linear(linear, self.num_sparse, dense) + self.dense_linear(dense)
         return wide + self.deep(concat_inputs(dense, sparse))

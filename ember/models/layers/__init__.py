@@ -6,11 +6,11 @@ from ember.models.layers.moe import MMoELayer
 
 __all__ = [
     "MLP",
-    "MLPConfig",
-    "make_activation",
-    "DotInteraction",
-    "FMInteraction",
     "CrossLayer",
     "CrossNetwork",
+    "DotInteraction",
+    "FMInteraction",
+    "MLPConfig",
     "MMoELayer",
+    "make_activation",
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-__all__ = ["DotInteraction", "FMInteraction", "CrossLayer", "CrossNetwork"]
+__all__ = ["CrossLayer", "CrossNetwork", "DotInteraction", "FMInteraction"]
 
 
 class DotInteraction(nn.Module):

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, Sequence
+from collections.abc import Sequence
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from torch import Tensor, nn
 
 from ember.config_base import ConfigModel
 
-__all__ = ["Activation", "MLPConfig", "MLP", "make_activation"]
+__all__ = ["MLP", "Activation", "MLPConfig", "make_activation"]
 
 Activation = Literal["relu", "leaky_relu", "gelu", "silu", "tanh", "sigmoid", "identity"]
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import List
-
 import torch
 from torch import Tensor, nn
 
@@ -36,8 +34,8 @@ class MMoELayer(nn.Module):
         in_dim: int,
         num_tasks: int,
         num_experts: int,
-        expert: MLPConfig | List[int],
-        tower: MLPConfig | List[int],
+        expert: MLPConfig | list[int],
+        tower: MLPConfig | list[int],
     ) -> None:
         super().__init__()
         self.experts = nn.ModuleList([MLP(in_dim, expert) for _ in range(num_experts)])
@@ -50,11 +48,11 @@ class MMoELayer(nn.Module):
         self.towers = nn.ModuleList(towers)
 
     def forward(self, x: Tensor) -> Tensor:
-        outs: List[Tensor] = []
+        outs: list[Tensor] = []
         for expert in self.experts:
             outs.append(expert(x))
         experts = torch.stack(outs, dim=1)  # [B, E, D_e]
-        logits: List[Tensor] = []
+        logits: list[Tensor] = []
         for gate, tower in zip(self.gates, self.towers):
             weights = torch.softmax(gate(x), dim=-1).unsqueeze(-1)  # [B, E, 1]
             logits.append(tower((weights * experts).sum(dim=1)))
