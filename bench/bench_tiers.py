@@ -317,7 +317,8 @@ def bench_capacity(args) -> dict:
         "fill_seconds_this_run": round(fill_s, 1), "train_steps": args.steps, "batch_ids": args.batch,
         "train_seconds": round(train_s, 1), "ms_per_step_median": round(float(np.median(times)) * 1e3, 1),
         "ids_per_s": round(args.batch * args.steps / train_s),
-        "disk_file_gib": round(disk.nbytes / 2**30, 2), "disk_used_gib": round((du.total - du.free) / 2**30, 1),
+        "disk_file_gib": round(disk.nbytes / 2**30, 2), "disk_allocated_gib": round((disk.path / "slots.bin").stat().st_blocks * 512 / 2**30, 2),
+        "disk_free_gib_after": round(du.free / 2**30, 1),
         "ram_index_gib": round(disk.ram_bytes / 2**30, 2), "rss_mib": rss_mib(),
         "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }

@@ -363,8 +363,10 @@ class DiskTier:
     def _rebuild(self, need: int) -> None:
         """Rewrite the live rows into a new file sized for ``need`` rows (drops deleted slots)."""
         n = self.n_slots
-        while need > 0.5 * self.max_load * n:  # leave room to grow as much again
-            n *= 2
+        if need > 0.9 * self.max_load * n:  # mostly live rows: grow, leaving room to grow as much again
+            while need > 0.5 * self.max_load * n:
+                n *= 2
+        # else mostly deleted slots (rows promoted to a faster tier, expired): purge at the same size
         old_mm, old_tags, old_n = self._mm, self._tags, self.n_slots
         assert old_mm is not None
         tmp = self.path / "slots.bin.grow"
