@@ -4,7 +4,7 @@ The same value, salt and kind (string vs integer) give the same ID on every run,
 machine: nothing here depends on Python's ``hash()``, the platform's byte order or numpy's RNG.
 
 The exact hash (all arithmetic on uint64, wrapping modulo 2**64; ``mix64`` is the splitmix64
-finaliser from :mod:`ember.tiers.key_index`):
+finaliser, :func:`ember.source.mix.mix64`, identical to ``ember.tiers.key_index.mix64``):
 
 - salt: ``s = int.from_bytes(blake2b(salt.encode("utf-8"), digest_size=8).digest(), "little")``.
 - integer ``v`` (any int dtype, taken as its two's-complement uint64): ``mix64(v ^ s)``.
@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ember.tiers.key_index import mix64
+from ember.source.mix import mix64
 
 __all__ = ["salt_key", "hash_ints", "hash_strings", "hash_array"]
 

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 
 __all__ = ["parse_floats", "parse_ints", "dense_transform", "row_of", "filter_jagged", "truncate_jagged"]
 
-_NUMBER = r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$"
+_NUMBER = r"^[-+]?((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|(?i:nan|inf|infinity))$"
 _INTEGER = r"^-?\d{1,19}$"
 
 
@@ -28,19 +28,26 @@ def _is_stringy(t: pa.DataType) -> bool:
 def parse_floats(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """``(values float64, missing, bad)`` of a numeric or string column.
 
-    Missing: null, empty or blank string, or NaN. Bad: a string that is not a decimal number
-    (``1``, ``-2.5``, ``.5``, ``3e-4``; surrounding blanks allowed) or an infinite value.
+    Missing: null, empty or blank string, or NaN (also the string "nan"). Bad: a string that is
+    not a decimal number (``1``, ``-2.5``, ``.5``, ``3e-4``; surrounding blanks allowed) or an
+    infinite value.
     ``values`` is NaN where missing or bad.
     """
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(arr.type.value_type)
     if _is_stringy(arr.type):
-        s = pc.utf8_trim_whitespace(arr)
-        missing = np.asarray(pc.fill_null(pc.equal(s, ""), True), dtype=bool)
-        ok = np.asarray(pc.fill_null(pc.match_substring_regex(s, _NUMBER), False), dtype=bool)
-        bad = ~missing & ~ok
-        x = pc.cast(pc.if_else(pa.array(ok), s, pa.scalar(None, s.type)), pa.float64())
-        values = np.array(x.to_numpy(zero_copy_only=False), dtype=np.float64)  # writable copy
+        try:  # fast path: every value parses (nulls stay null)
+            values = np.array(pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
+            missing = np.isnan(values)
+            bad = np.zeros(len(values), dtype=bool)
+        except pa.ArrowInvalid:  # find the values that do not, with a regex over all of them
+            s = pc.utf8_trim_whitespace(arr)
+            missing = np.asarray(pc.fill_null(pc.equal(s, ""), True), dtype=bool)
+            ok = np.asarray(pc.fill_null(pc.match_substring_regex(s, _NUMBER), False), dtype=bool)
+            bad = ~missing & ~ok
+            x = pc.cast(pc.if_else(pa.array(ok), s, pa.scalar(None, s.type)), pa.float64())
+            values = np.array(x.to_numpy(zero_copy_only=False), dtype=np.float64)  # writable copy
+            missing |= np.isnan(values) & ok
     elif pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type):
         values = arr.cast(pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64, copy=True)
         missing = np.isnan(values)

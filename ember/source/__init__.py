@@ -1,1 +1,27 @@
-"""ember.source."""
+"""Raw records in: CSV/TSV, Parquet, ORC readers (streamed arrow record batches) and the
+built-in synthetic generator. Nothing here knows about features; see ``ember.featurize``."""
+
+from ember.source.bad_rows import BadRowReport
+from ember.source.base import RecordChunk
+from ember.source.config import CsvOptions, DataConfig, SyntheticOptions
+from ember.source.csv import read_csv
+from ember.source.files import expand_paths
+from ember.source.orc import read_orc
+from ember.source.parquet import read_parquet
+from ember.source.synthetic import synthetic_records, synthetic_score
+from ember.source.writer import write_synthetic
+
+__all__ = [
+    "BadRowReport",
+    "RecordChunk",
+    "CsvOptions",
+    "DataConfig",
+    "SyntheticOptions",
+    "read_csv",
+    "read_parquet",
+    "read_orc",
+    "expand_paths",
+    "synthetic_records",
+    "synthetic_score",
+    "write_synthetic",
+]

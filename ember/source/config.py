@@ -30,7 +30,7 @@ class CsvOptions(ConfigModel):
     delimiter: str | None = Field(None, min_length=1, max_length=1)  # default "," (csv) / tab (tsv)
     header: bool = True
     column_names: list[str] | None = None  # required when header is false
-    block_bytes: int = Field(16 << 20, ge=1 << 12)  # bytes parsed at a time: RAM vs per-call overhead
+    block_bytes: int = Field(8 << 20, ge=1 << 12)  # bytes parsed at a time: RAM vs per-call overhead
 
 
 class SyntheticOptions(ConfigModel):

@@ -61,7 +61,7 @@ def read_csv(
     delimiter: str = ",",
     header: bool = True,
     column_names: Sequence[str] | None = None,
-    block_bytes: int = 16 << 20,
+    block_bytes: int = 8 << 20,
     report: BadRowReport | None = None,
 ) -> Iterator[RecordChunk]:
     """Yield ``columns`` of ``path`` as string record batches, one per block of lines.

@@ -31,12 +31,13 @@ from __future__ import annotations
 
 from typing import Literal
 
+import hashlib
+
 import numpy as np
 import pyarrow as pa
 
-from ember.featurize.hashing import salt_key
 from ember.source.config import SyntheticOptions
-from ember.tiers.key_index import mix64
+from ember.source.mix import mix64
 
 __all__ = ["synthetic_records", "synthetic_score", "synthetic_columns", "split_rows"]
 
@@ -57,7 +58,8 @@ def split_rows(options: SyntheticOptions, split: Literal["train", "eval"]) -> in
 
 
 def _key(options: SyntheticOptions, *parts: object) -> np.uint64:
-    return salt_key("/".join(["ember-synthetic", str(options.seed), *map(str, parts)]))
+    text = "/".join(["ember-synthetic", str(options.seed), *map(str, parts)])
+    return np.uint64(int.from_bytes(hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest(), "little"))
 
 
 def _offset(draw: int | np.ndarray) -> np.ndarray | np.uint64:

@@ -133,3 +133,21 @@ def test_real_criteo_with_preset():
     # C1 is never missing; C22 is missing in most rows (empty bag), per the data's README.
     lengths = b.sparse.lengths.view(26, -1)
     assert bool((lengths[0] == 1).all()) and float((lengths[21] == 0).float().mean()) > 0.6
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "orc"])
+def test_list_columns_with_weights_through_loader(tmp_path, fmt):
+    import pyarrow.orc as orc
+
+    t = pa.table({
+        "y": pa.array([1, 0, 1], pa.int8()),
+        "tags": pa.array([["a", "b", "c"], [], ["b"]], pa.list_(pa.string())),
+        "w": pa.array([[0.5, 2.0, 3.0], [], [4.0]], pa.list_(pa.float64())),
+    })
+    path = str(tmp_path / f"t.{fmt}")
+    pq.write_table(t, path) if fmt == "parquet" else orc.write_table(t, path)
+    schema = Schema.parse({"labels": ["y"], "sparse": [{"name": "tags", "weight_column": "w", "max_length": 2}]})
+    (b,) = list(make_batches(DataConfig(format=fmt, train=path, batch_size=8), schema, "train"))
+    assert b.sparse.lengths.tolist() == [2, 0, 1]
+    assert b.sparse.weights.tolist() == [0.5, 2.0, 4.0]
+    assert b.sparse.values[0] != b.sparse.values[1] and b.sparse.values[1] == b.sparse.values[2]
