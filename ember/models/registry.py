@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 from torch import nn
 
 from ember.config_base import ConfigModel
@@ -23,11 +23,25 @@ from ember.models.wdl import WDL, WDLConfig
 
 __all__ = ["MODEL_TYPES", "ModelConfig", "ModelInputs", "build_model", "model_config_from_dict"]
 
+
+
+def _parse_mapping(data: Any) -> Any:
+    # Inside a parent config, route mappings through model_config_from_dict so errors keep
+    # the known-types list and the "did you mean" that pydantic's union error paths lose.
+    if not isinstance(data, Mapping):
+        return data
+    try:
+        return model_config_from_dict(data)
+    except ConfigError as e:  # pydantic re-wraps it; keep only our message
+        raise ValueError(str(e).removeprefix("invalid config: ")) from None
+
+
 ModelConfig = Annotated[
     DLRMConfig | DeepFMConfig | WDLConfig | DCNConfig | MMoEConfig | SharedBottomConfig,
     Field(discriminator="type"),
+    BeforeValidator(_parse_mapping),
 ]
-"""Any model config; pydantic picks the class by its ``type`` key."""
+"""Any model config; the class is picked by its ``type`` key."""
 
 _MODELS: dict[str, tuple[type[ConfigModel], Callable[[Any, ModelInputs], nn.Module]]] = {
     "dlrm": (DLRMConfig, DLRM),

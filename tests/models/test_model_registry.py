@@ -61,8 +61,10 @@ def test_model_config_union_nests_in_a_parent_config() -> None:
 
     run = Run.parse({"model": {"type": "dcn", "low_rank": 8}})
     assert isinstance(run.model, DCNConfig) and run.model.low_rank == 8
-    with pytest.raises(ConfigError, match="dlrm"):
+    with pytest.raises(ConfigError, match="unknown model type 'nope'; known types: dlrm"):
         Run.parse({"model": {"type": "nope"}})
+    with pytest.raises(ConfigError, match="'model.deep_mpl' \\(did you mean 'deep_mlp'"):
+        Run.parse({"model": {"type": "deepfm", "deep_mpl": [8]}})
     assert isinstance(run, BaseModel)
 
 

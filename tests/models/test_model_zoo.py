@@ -69,6 +69,14 @@ def test_output_shape(name: str, inputs: ModelInputs) -> None:
     assert out.dtype == torch.float32 and torch.isfinite(out).all()
 
 
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "deepfm"])  # FM needs a sparse field
+def test_dense_only_inputs(name: str) -> None:
+    inputs = ModelInputs(13, [], 2)
+    model = build_model(SMALL[name], inputs).eval()
+    batch = make_batch(model, inputs, batch=4)
+    assert model(*batch).shape == (4, 2)
+
+
 @pytest.mark.parametrize("name", NAMES)
 @pytest.mark.parametrize("num_dense", [13, 0])
 def test_gradients_reach_every_parameter_and_input(name: str, num_dense: int) -> None:
