@@ -6,7 +6,8 @@ Stages (one thread when ``data.prefetch > 0``): read record batches (files) or g
 - Determinism: the file order and the shuffle depend only on ``(data.seed, epoch)``, so
   ``make_batches(..., start_batch=k)`` yields exactly batch ``k`` onwards of an uninterrupted
   run. Files are re-read and the first ``k`` batches dropped before they become tensors;
-  synthetic data jumps straight to row ``k * batch_size``.
+  synthetic data jumps straight to row ``k * batch_size``. Synthetic rows are i.i.d. draws, so
+  every epoch replays the same rows in the same order and ``shuffle_buffer`` is not used.
 - Shuffle buffer (``data.shuffle_buffer`` rows, train only): rows are pooled until the pool
   holds ``2 * shuffle_buffer`` rows, then a random half leaves. RAM: up to ``2 * shuffle_buffer``
   rows plus one read chunk; randomness: a row moves within a window of about that many rows
