@@ -280,7 +280,11 @@ class DiskTier:
         missing = slots < 0
         if missing.any():
             n_new = int(missing.sum())
-            if self._used + n_new > self.max_load * self.n_slots:
+            # Grow when the live rows need it. Deleted slots (rows promoted to a faster tier)
+            # are reused by inserts, so only purge them when they crowd out the empty slots
+            # that end every probe.
+            limit = self.max_load + (1 - self.max_load) / 2
+            if self._live + n_new > self.max_load * self.n_slots or self._used + n_new > limit * self.n_slots:
                 self._rebuild(self._live + n_new)
                 slots = self._probe(ids_np, want_rows=False)[0]  # every slot moved
             slots = slots.copy()
@@ -363,10 +367,8 @@ class DiskTier:
     def _rebuild(self, need: int) -> None:
         """Rewrite the live rows into a new file sized for ``need`` rows (drops deleted slots)."""
         n = self.n_slots
-        if need > 0.9 * self.max_load * n:  # mostly live rows: grow, leaving room to grow as much again
-            while need > 0.5 * self.max_load * n:
-                n *= 2
-        # else mostly deleted slots (rows promoted to a faster tier, expired): purge at the same size
+        while need > self.max_load * n:  # grow by doubling; else purge deleted slots at the same size
+            n *= 2
         old_mm, old_tags, old_n = self._mm, self._tags, self.n_slots
         assert old_mm is not None
         tmp = self.path / "slots.bin.grow"
