@@ -91,11 +91,12 @@ class EmbeddingCollection(nn.Module):
     def prepare(self, sparse: SparseFeatures) -> list[TableLookup]:
         """Deduplicate each table's IDs and fetch (or create) their rows."""
         out = []
+        train = self.training and torch.is_grad_enabled()  # eval reads must not count toward admission
         for name, feats in self._by_table.items():
             values = [sparse[f.name].values for f in feats]
             ids = values[0] if len(values) == 1 else torch.cat(values)
             uniq, inverse = torch.unique(ids, return_inverse=True)
-            out.append(TableLookup(name, uniq, self.tables[name].lookup(uniq), inverse))
+            out.append(TableLookup(name, uniq, self.tables[name].lookup(uniq, train=train), inverse))
         return out
 
     # ---- stage 2 (model device): pool ---------------------------------------------------

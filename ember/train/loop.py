@@ -100,7 +100,7 @@ def train(cfg: RunConfig) -> RunResult:
             parts.apply_sparse_gradients()  # sparse optimizer on the touched rows only
             step += 1
             batch_idx += 1
-            loss_sum += float(loss) * batch.size  # sync point: reads the loss
+            loss_sum += float(loss.detach()) * batch.size  # sync point: reads the loss
             seen += batch.size
             if step % t.log_every == 0:
                 rate = seen / (time.perf_counter() - t0)
