@@ -16,7 +16,10 @@ from ember.checkpoint.save import FORMAT_VERSION
 from ember.embedding import EmbeddingCollection
 from ember.errors import CheckpointError
 
-__all__ = ["resolve_checkpoint", "read_manifest", "verify_checkpoint", "load_tables", "load_dense", "restore_rng"]
+__all__ = [
+    "resolve_checkpoint", "read_manifest", "verify_checkpoint", "load_tables", "load_dense", "restore_rng",
+    "restore_table_state",
+]
 
 _CHUNK_ROWS = 1 << 20
 
@@ -91,3 +94,13 @@ def restore_rng(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def restore_table_state(collections: list[EmbeddingCollection], dense: dict[str, Any]) -> None:
+    """Table step counters and min_count admission counts, as saved beside the dense state."""
+    admission = dense.get("admission", {})
+    for ec in collections:
+        for name, table in ec.tables.items():
+            table.step = dense["table_steps"][name]
+            if name in admission:
+                table.load_admission_state(*admission[name])

@@ -58,9 +58,11 @@ def save_checkpoint(
     (tmp / "tables").mkdir(parents=True)
     files: dict[str, str] = {}
     tables_meta = []
-    steps = {}
+    steps, admission = {}, {}
     for ec in collections:
         for name, table in ec.tables.items():
+            table.flush()
+            admission[name] = table.admission_state()  # min_count sightings of IDs without a row
             ids_w = HashingWriter(tmp / "tables" / f"{name}.ids")
             rec_w = HashingWriter(tmp / "tables" / f"{name}.rec")
             rows = 0
@@ -74,7 +76,7 @@ def save_checkpoint(
             tables_meta.append({"name": name, "rows": rows, "dim": table.dim, "record_dim": table.config.record_dim,
                                 "optimizer": table.config.optimizer.model_dump(mode="json")})
     buf = io.BytesIO()
-    torch.save({**dense_state, "rng": rng_state(), "table_steps": steps}, buf)
+    torch.save({**dense_state, "rng": rng_state(), "table_steps": steps, "admission": admission}, buf)
     dense_w = HashingWriter(tmp / "dense.pt")
     dense_w.write(buf.getvalue())
     files["dense.pt"] = dense_w.close()

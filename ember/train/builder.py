@@ -84,6 +84,7 @@ def build_components(cfg: RunConfig) -> Components:
             f"sparse features {names} use pooling 'sequence', which the built-in models do not take; "
             "use sum/mean/sqrtn for them or call EmbeddingCollection from your own model"
         )
+    _announce_storage(tables)
     ec = EmbeddingCollection(tables, features).to(device)
     dims = {t.name: t.dim for t in tables}
     inputs = ModelInputs(num_dense=len(schema.dense), sparse_dims=[dims[f.table_name] for f in features], num_tasks=len(schema.labels))
@@ -91,10 +92,22 @@ def build_components(cfg: RunConfig) -> Components:
     linear = None
     if getattr(model, "wants_linear", False):
         lin_tables = [
-            TableConfig(name=t.name + LINEAR_SUFFIX, dim=1, initializer=InitializerConfig(type="zeros"), optimizer=t.optimizer, seed=t.seed)
+            TableConfig(name=t.name + LINEAR_SUFFIX, dim=1, initializer=InitializerConfig(type="zeros"), optimizer=t.optimizer,
+                        seed=t.seed, min_count=t.min_count, ttl_steps=t.ttl_steps)
             for t in tables
         ]
         lin_features = [FeatureConfig(name=f.name, table=f.table_name + LINEAR_SUFFIX, pooling=f.pooling) for f in features]
         linear = EmbeddingCollection(lin_tables, lin_features).to(device)
     opt = make_dense_optimizer(model.parameters(), cfg.train.dense_optimizer)
     return Components(ec, linear, model, opt, list(schema.labels), device)
+
+
+def _announce_storage(tables: list[TableConfig]) -> None:
+    """Print the memory and disk each tiered table will use, and fail early if it cannot fit."""
+    from ember.tiers.storage import StorageConfig, plan_storage
+
+    for t in tables:
+        if t.storage != StorageConfig():
+            plan = plan_storage(t.storage, t.stored_dim, t.name)
+            print(plan.describe(), flush=True)
+            plan.check()

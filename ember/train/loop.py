@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
-from ember.checkpoint.load import load_dense, load_tables, resolve_checkpoint, restore_rng, verify_checkpoint
+from ember.checkpoint.load import (
+    load_dense, load_tables, resolve_checkpoint, restore_rng, restore_table_state, verify_checkpoint,
+)
 from ember.checkpoint.save import save_checkpoint
 from ember.config import RunConfig, to_yaml
 from ember.pipeline.loader import make_batches
@@ -62,9 +64,7 @@ def train(cfg: RunConfig) -> RunResult:
         parts.model.load_state_dict(dense["model"])
         if t.resume:  # exact continuation: optimizers, counters, data position and RNG too
             parts.dense_optimizer.load_state_dict(dense["optimizer"])
-            for ec in parts.collections():
-                for name, table in ec.tables.items():
-                    table.step = dense["table_steps"][name]
+            restore_table_state(parts.collections(), dense)
             step = manifest["step"]
             epoch, start_batch = manifest["position"]["epoch"], manifest["position"]["batch"]
             restore_rng(dense["rng"])
@@ -105,9 +105,7 @@ def train(cfg: RunConfig) -> RunResult:
             if step % t.log_every == 0:
                 rate = seen / (time.perf_counter() - t0)
                 rec = {"kind": "train", "step": step, "epoch": epoch, "loss": loss_sum / seen, "samples_per_s": rate}
-                for ec in parts.collections():
-                    for name, table in ec.tables.items():
-                        rec[f"rows/{name}"] = len(table)
+                rec.update(_table_stats(parts))
                 history.log(rec)
                 progress.update(step, rec)
                 loss_sum, seen, t0 = 0.0, 0, time.perf_counter()
@@ -126,6 +124,9 @@ def train(cfg: RunConfig) -> RunResult:
                 metrics = run_eval()
                 progress.note(_fmt(metrics))
     progress.close()
+    for ec in parts.collections():
+        for table in ec.tables.values():
+            table.expire()
     final = checkpoint(epoch, batch_idx if done else 0)
     if not metrics or (history.records and history.records[-1].get("kind") != "eval"):
         metrics = run_eval()
@@ -133,6 +134,18 @@ def train(cfg: RunConfig) -> RunResult:
     summary = {"step": step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return RunResult(run_dir, step, metrics, history.records, parts, bad_rows)
+
+
+def _table_stats(parts: Components) -> dict[str, float]:
+    """Per-table rows and tier metrics since the last log (hit rates, promotions, evictions)."""
+    out: dict[str, float] = {}
+    for ec in parts.collections():
+        for name, table in ec.tables.items():
+            table.expire()  # TTL sweep at log time: bounded work, rows expire within log_every steps
+            for key, value in table.stats().items():
+                out[f"{name}/{key}"] = value
+            table.reset_step_stats()
+    return out
 
 
 def _merge(acc: dict[str, int], report: Any) -> dict[str, int]:
@@ -161,7 +174,12 @@ class _progress:
     def update(self, step: int, rec: dict[str, Any]) -> None:
         if self.bar is not None:
             self.bar.update(step - self.last)
-            self.bar.set_postfix(loss=f"{rec['loss']:.4f}", sps=f"{rec['samples_per_s']:.0f}")
+            post = {"loss": f"{rec['loss']:.4f}", "sps": f"{rec['samples_per_s']:.0f}"}
+            for tier in ("device", "host", "disk"):  # mean hit rate over tiered tables
+                hits = [v for k, v in rec.items() if k.endswith(f"tier.{tier}.hit_rate")]
+                if hits:
+                    post[f"{tier}_hit"] = f"{sum(hits) / len(hits):.2f}"
+            self.bar.set_postfix(post)
         self.last = step
 
     def note(self, text: str) -> None:

@@ -82,3 +82,33 @@ def test_finetune_starts_from_checkpoint_weights(tmp_path):
     b, _ = _state(tuned)
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
+
+
+def test_resume_across_tier_layouts_with_admission(tmp_path):
+    """Trained with a tiny device cache + small host budget + disk tier (and min_count), resumed
+    all in host memory: the final model equals an uninterrupted all-in-memory run."""
+    tiered = {"device_rows": 32, "host_rows": 128, "disk_path": str(tmp_path / "disk"), "disk_rows": 40_000,
+              "policy": "lfu", "admit_after": 2}
+
+    def cfg(name, storage, **kw):
+        c = _cfg(tmp_path, name, deterministic=True, **kw)
+        tables = [t.model_copy(update={"storage": type(t.storage).model_validate(storage), "min_count": 2})
+                  for t in c.table_configs()]
+        return c.model_copy(update={"tables": tables})
+
+    full = train(cfg("full", {}, max_steps=24))
+    first = train(cfg("part", tiered, max_steps=11))
+    last_train = [r for r in first.history if r["kind"] == "train"][-1]
+    assert any(v > 0 for k, v in last_train.items() if k.endswith("tier.disk.rows")), last_train
+    for ec in first.parts.collections():
+        for t in ec.tables.values():
+            t.close()
+    resumed = train(cfg("part", {}, max_steps=24, resume=str(first.run_dir)))
+    m_full, t_full = _state(full)
+    m_res, t_res = _state(resumed)
+    for k in m_full:
+        assert torch.equal(m_full[k], m_res[k]), k
+    for name in t_full:
+        o_f, o_r = torch.argsort(t_full[name][0]), torch.argsort(t_res[name][0])
+        assert torch.equal(t_full[name][0][o_f], t_res[name][0][o_r]), name
+        assert torch.equal(t_full[name][1][o_f], t_res[name][1][o_r]), name
