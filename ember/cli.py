@@ -28,7 +28,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"run directory: {result.run_dir}")
     print(f"steps: {result.step}")
     for k, v in result.metrics.items():
-        print(f"eval {k}: {v:.4f}")
+        print(f"eval {k}: {v:.0f}" if k == "rows" else f"eval {k}: {v:.4f}")
     if result.bad_rows:
         print("skipped bad rows: " + ", ".join(f"{k}: {v}" for k, v in result.bad_rows.items()))
     if args.export:

@@ -84,7 +84,11 @@ def train(cfg: RunConfig) -> RunResult:
     bad_rows: dict[str, int] = {}
     metrics: dict[str, float] = {}
     parts.train(True)
-    progress = _progress(t.progress, t.max_steps)
+    total = t.max_steps
+    if total is None:
+        per_epoch = getattr(make_batches(cfg.data, cfg.schema, "train"), "num_batches", None)
+        total = per_epoch * t.epochs if per_epoch else None
+    progress = _progress(t.progress, total)
     done = False
     while epoch < t.epochs and not done:
         batches = make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch)
