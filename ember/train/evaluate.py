@@ -47,4 +47,6 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
     """Dense part and labels to the model's device; IDs stay on the host, where the tables are."""
     if device.type == "cpu":
         return batch
-    return Batch(batch.dense.to(device, non_blocking=True), batch.sparse, batch.labels.to(device, non_blocking=True))
+    # pinned host buffers make the copies asynchronous, so they overlap the embedding lookups
+    dense, labels = batch.dense.pin_memory(), batch.labels.pin_memory()
+    return Batch(dense.to(device, non_blocking=True), batch.sparse, labels.to(device, non_blocking=True))

@@ -1,0 +1,53 @@
+"""The README's full config example must stay a valid config; config errors name the key."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import yaml
+
+from ember.config import apply_overrides, from_dict, load
+from ember.errors import ConfigError
+from tests.conftest import REPO
+
+
+def _readme_config() -> dict:
+    text = (REPO / "README.md").read_text()
+    block = re.search(r"## Config.*?```yaml\n(.*?)```", text, re.S)
+    assert block, "README has no yaml block under '## Config'"
+    return yaml.safe_load(block.group(1))
+
+
+def test_readme_example_validates():
+    cfg = from_dict(_readme_config())
+    assert cfg.data.format == "tsv" and cfg.model.type == "dlrm"
+    tables = {t.name: t for t in cfg.table_configs()}
+    assert tables["C1"].optimizer.type == "ftrl"
+    assert {f.name for f in cfg.schema.sparse} == {"C1", "tags"}
+
+
+def test_shipped_configs_validate():
+    for path in sorted((REPO / "configs").glob("*.yaml")):
+        load(path)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("train.epoch=2", "did you mean 'epochs'"),
+        ("model.type=dlrn", "unknown model type 'dlrn'"),
+        ("embedding.optimizer.type=adamw", "optimizer"),
+        ("data.on_bad_rows=ignore", "on_bad_rows"),
+        ("train.dense_optimizer.lr=-1", "dense_optimizer.lr"),
+    ],
+)
+def test_bad_config_names_the_key(override, message):
+    raw = apply_overrides(yaml.safe_load((REPO / "configs" / "demo.yaml").read_text()), [override])
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        from_dict(raw)
+
+
+def test_override_syntax_error():
+    with pytest.raises(ConfigError, match="key.path=value"):
+        apply_overrides({}, ["train.epochs"])
