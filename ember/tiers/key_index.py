@@ -4,11 +4,17 @@ Two flat arrays of ``capacity`` buckets: ``keys`` (int64) and ``slots`` (int32; 
 -2 deleted). Linear probing; every probe round is a handful of numpy ops over all still-unresolved
 IDs of the batch, so a lookup of U IDs costs O(U) work in ~1-2 rounds at our load factor and no
 Python loop per ID. Overhead: 12 bytes per bucket, 16-32 bytes per stored ID (load 0.375-0.75).
+
+When the native core is built (``ember._native``), the probe and insert loops run in C over
+the same two arrays with the same hash and probing order, so either implementation can read
+a table the other wrote; the numpy rounds are the fallback.
 """
 
 from __future__ import annotations
 
 import numpy as np
+
+from ember import _native
 
 __all__ = ["KeyIndex", "mix64"]
 
@@ -36,6 +42,10 @@ def mix64(x: np.ndarray) -> np.ndarray:
 class KeyIndex:
     """Maps int64 IDs to int32 slots with no collisions and no pre-sized vocabulary.
 
+    Args:
+        capacity: IDs to hold before the first rehash.
+        native: use the compiled probe/insert loops (None: when built; False: numpy only).
+
     Example:
         >>> idx = KeyIndex()
         >>> idx.insert(np.array([10, -3, 2**62]), np.array([0, 1, 2], dtype=np.int32))
@@ -43,7 +53,8 @@ class KeyIndex:
         [2, -1, 0]
     """
 
-    def __init__(self, capacity: int = 1024) -> None:
+    def __init__(self, capacity: int = 1024, native: bool | None = None) -> None:
+        self._core = _native.require() if native else (_native._core if native is None else None)
         cap = 1 << max(4, int(np.ceil(np.log2(max(capacity, 16) / _MAX_LOAD))))
         self._alloc(cap)
         self._size = 0
@@ -72,6 +83,11 @@ class KeyIndex:
         rounds instead of one round per bucket.
         """
         n = ids.shape[0]
+        if self._core is not None:
+            bucket = np.empty(n, dtype=np.int64)
+            slots = np.empty(n, dtype=np.int32)
+            self._core.probe(self._keys, self._slots, ids, bucket, slots)
+            return bucket, slots
         bucket = np.full(n, -1, dtype=np.int64)
         mask = int(self._mask)
         home = self._home(ids)
@@ -112,6 +128,9 @@ class KeyIndex:
         self._size += ids.size
 
     def _place(self, ids: np.ndarray, slots: np.ndarray) -> None:
+        if self._core is not None:
+            self._used += self._core.place(self._keys, self._slots, ids, np.ascontiguousarray(slots, dtype=np.int32))
+            return
         pos = self._home(ids)
         active = np.arange(ids.size)
         mask = int(self._mask)

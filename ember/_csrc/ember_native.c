@@ -1,0 +1,184 @@
+/* ember._ember_native: the few loops numpy cannot vectorise well (open-addressing probes).
+ *
+ * Every function works in place on caller-owned, C-contiguous buffers (numpy arrays), with the
+ * same table layout as ember.tiers.key_index.KeyIndex: keys int64[cap], slots int32[cap]
+ * (-1 empty, -2 deleted), cap a power of two, home bucket = splitmix64(id) & (cap - 1), linear
+ * probing. The Python side (ember/_native.py) checks dtypes and sizes; here we only check
+ * lengths, so a wrong call raises instead of reading out of bounds.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define EMPTY (-1)
+#define DELETED (-2)
+
+static inline uint64_t mix64(uint64_t z) {
+    z ^= z >> 30;
+    z *= 0xBF58476D1CE4E5B9ULL;
+    z ^= z >> 27;
+    z *= 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return z;
+}
+
+static int check_table(Py_buffer *keys, Py_buffer *slots, uint64_t *mask) {
+    Py_ssize_t cap = keys->len / 8;
+    if (cap <= 0 || (cap & (cap - 1)) != 0 || slots->len != cap * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native: keys/slots must be int64/int32 arrays of one power-of-two length");
+        return -1;
+    }
+    *mask = (uint64_t)cap - 1;
+    return 0;
+}
+
+/* probe(keys, slots, ids, out_bucket int64[n], out_slot int32[n]) -> number found */
+static PyObject *probe(PyObject *self, PyObject *args) {
+    Py_buffer keys, slots, ids, ob, os;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*w*", &keys, &slots, &ids, &ob, &os)) return NULL;
+    PyObject *res = NULL;
+    uint64_t mask;
+    Py_ssize_t n = ids.len / 8;
+    if (check_table(&keys, &slots, &mask) < 0) goto done;
+    if (ob.len != n * 8 || os.len != n * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native probe: output lengths do not match ids");
+        goto done;
+    }
+    {
+        const int64_t *k = keys.buf, *id = ids.buf;
+        const int32_t *s = slots.buf;
+        int64_t *bucket = ob.buf;
+        int32_t *slot = os.buf;
+        Py_ssize_t found = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t x = id[i];
+            uint64_t h = mix64((uint64_t)x) & mask;
+            int64_t b = -1;
+            int32_t sl = -1;
+            for (;;) {
+                int32_t v = s[h];
+                if (v == EMPTY) break;
+                if (v >= 0 && k[h] == x) { b = (int64_t)h; sl = v; break; }
+                h = (h + 1) & mask;
+            }
+            bucket[i] = b;
+            slot[i] = sl;
+            found += b >= 0;
+        }
+        Py_END_ALLOW_THREADS
+        res = PyLong_FromSsize_t(found);
+    }
+done:
+    PyBuffer_Release(&keys); PyBuffer_Release(&slots); PyBuffer_Release(&ids);
+    PyBuffer_Release(&ob); PyBuffer_Release(&os);
+    return res;
+}
+
+/* place(keys, slots, ids, new_slots int32[n]) -> empty buckets consumed.
+ * The IDs must be absent and unique; the caller keeps the load below 1. */
+static PyObject *place(PyObject *self, PyObject *args) {
+    Py_buffer keys, slots, ids, ns;
+    if (!PyArg_ParseTuple(args, "w*w*y*y*", &keys, &slots, &ids, &ns)) return NULL;
+    PyObject *res = NULL;
+    uint64_t mask;
+    Py_ssize_t n = ids.len / 8;
+    if (check_table(&keys, &slots, &mask) < 0) goto done;
+    if (ns.len != n * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native place: len(slots) != len(ids)");
+        goto done;
+    }
+    {
+        int64_t *k = keys.buf;
+        const int64_t *id = ids.buf;
+        int32_t *s = slots.buf;
+        const int32_t *v = ns.buf;
+        Py_ssize_t used = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t h = mix64((uint64_t)id[i]) & mask;
+            while (s[h] >= 0) h = (h + 1) & mask;
+            used += s[h] == EMPTY;
+            k[h] = id[i];
+            s[h] = v[i];
+        }
+        Py_END_ALLOW_THREADS
+        res = PyLong_FromSsize_t(used);
+    }
+done:
+    PyBuffer_Release(&keys); PyBuffer_Release(&slots); PyBuffer_Release(&ids); PyBuffer_Release(&ns);
+    return res;
+}
+
+/* unique_segments(ids int64[n], bounds int64[S+1], out_uniq int64[n], out_inverse int64[n],
+ *                 out_counts int64[S]) -> total unique
+ * Deduplicates each segment ids[bounds[j]:bounds[j+1]] separately, keeping first-occurrence
+ * order; the uniques of all segments are written one after another, and every inverse indexes
+ * that concatenation (segment j's entries are already shifted by the uniques before it). */
+static PyObject *unique_segments(PyObject *self, PyObject *args) {
+    Py_buffer ids, bounds, ou, oi, oc;
+    if (!PyArg_ParseTuple(args, "y*y*w*w*w*", &ids, &bounds, &ou, &oi, &oc)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t n = ids.len / 8, nseg = bounds.len / 8 - 1;
+    const int64_t *bd = bounds.buf;
+    if (nseg < 0 || ou.len != n * 8 || oi.len != n * 8 || oc.len != nseg * 8 || bd[0] != 0 || bd[nseg] != n) {
+        PyErr_SetString(PyExc_ValueError, "ember native unique_segments: inconsistent buffer lengths");
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < nseg; j++) {
+        if (bd[j + 1] < bd[j]) {
+            PyErr_SetString(PyExc_ValueError, "ember native unique_segments: bounds must be non-decreasing");
+            goto done;
+        }
+    }
+    {
+        Py_ssize_t longest = 0;
+        for (Py_ssize_t j = 0; j < nseg; j++) if (bd[j + 1] - bd[j] > longest) longest = bd[j + 1] - bd[j];
+        uint64_t cap = 16;
+        while (cap < 2 * (uint64_t)longest) cap <<= 1;
+        int64_t *table = malloc(cap * sizeof(int64_t)); /* index into out_uniq, -1 empty */
+        if (!table) { PyErr_NoMemory(); goto done; }
+        const int64_t *id = ids.buf;
+        int64_t *uniq = ou.buf, *inv = oi.buf, *counts = oc.buf;
+        int64_t total = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t j = 0; j < nseg; j++) {
+            int64_t m = bd[j + 1] - bd[j], start = total;
+            uint64_t c = 16;
+            while (c < 2 * (uint64_t)m) c <<= 1;
+            uint64_t mask = c - 1;
+            for (uint64_t t = 0; t < c; t++) table[t] = -1;
+            for (int64_t i = bd[j]; i < bd[j + 1]; i++) {
+                int64_t x = id[i];
+                uint64_t h = mix64((uint64_t)x) & mask;
+                for (;;) {
+                    int64_t u = table[h];
+                    if (u < 0) { table[h] = total; uniq[total] = x; inv[i] = total++; break; }
+                    if (uniq[u] == x) { inv[i] = u; break; }
+                    h = (h + 1) & mask;
+                }
+            }
+            counts[j] = total - start;
+        }
+        Py_END_ALLOW_THREADS
+        free(table);
+        res = PyLong_FromLongLong(total);
+    }
+done:
+    PyBuffer_Release(&ids); PyBuffer_Release(&bounds); PyBuffer_Release(&ou);
+    PyBuffer_Release(&oi); PyBuffer_Release(&oc);
+    return res;
+}
+
+static PyMethodDef methods[] = {
+    {"probe", probe, METH_VARARGS, "probe(keys, slots, ids, out_bucket, out_slot) -> found"},
+    {"place", place, METH_VARARGS, "place(keys, slots, ids, new_slots) -> empty buckets used"},
+    {"unique_segments", unique_segments, METH_VARARGS,
+     "unique_segments(ids, bounds, out_uniq, out_inverse, out_counts) -> total unique"},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ember_native", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__ember_native(void) { return PyModule_Create(&module); }

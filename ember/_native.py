@@ -1,0 +1,92 @@
+"""The single import site of ember's compiled core, with a pure numpy/torch fallback per kernel.
+
+``import ember`` never needs the extension: each kernel below runs natively when
+``ember._ember_native`` was built (``pip install -e .`` with a C compiler) and otherwise falls
+back to numpy or torch with the same results. ``require()`` raises an ImportError naming the
+missing part and the fix, for callers that want the native path or nothing.
+
+Example:
+    >>> import numpy as np
+    >>> uniq, inverse, counts = unique_segments(np.array([5, 3, 5, 7, 7]), np.array([0, 3, 5]))
+    >>> uniq.tolist(), inverse.tolist(), counts.tolist()
+    ([5, 3, 7], [0, 1, 0, 2, 2], [2, 1])
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+
+import numpy as np
+import torch
+
+__all__ = ["is_available", "require", "unique_segments"]
+
+try:
+    from ember import _ember_native as _core  # type: ignore[attr-defined]  # optional extension
+except ImportError as _e:  # built without a compiler, or not built yet
+    _core = None
+    _import_error: ImportError | None = _e
+else:
+    _import_error = None
+
+
+def is_available() -> bool:
+    """True when the compiled core was built and imports."""
+    return _core is not None
+
+
+def require() -> ModuleType:
+    """The compiled core, or an ImportError that says how to build it."""
+    if _core is None:
+        raise ImportError(
+            "ember native core (ember._ember_native) is not available "
+            f"({_import_error}); reinstall with a C compiler present: pip install -e ."
+        )
+    return _core
+
+
+def unique_segments(
+    ids: np.ndarray, bounds: np.ndarray, native: bool | None = None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Deduplicate each segment ``ids[bounds[j]:bounds[j+1]]`` on its own.
+
+    Returns ``(uniq, inverse, counts)``: the unique IDs of every segment one after another
+    (first-occurrence order within a segment), the index of each ID in ``uniq`` (already
+    shifted by the uniques of earlier segments), and the number of uniques per segment.
+
+    Args:
+        ids: int64 [N].
+        bounds: int64 [S+1], non-decreasing, from 0 to N.
+        native: force (True) or avoid (False) the compiled kernel; None picks it when built.
+    """
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    bounds = np.ascontiguousarray(bounds, dtype=np.int64)
+    if (native is None and _core is not None) or native:
+        core = require()
+        uniq = np.empty_like(ids)
+        inverse = np.empty_like(ids)
+        counts = np.empty(bounds.size - 1, dtype=np.int64)
+        total = core.unique_segments(ids, bounds, uniq, inverse, counts)
+        return uniq[:total], inverse, counts
+    return _unique_segments_fallback(ids, bounds)
+
+
+def _unique_segments_fallback(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    uniqs, inverses, counts = [], [], []
+    total = 0
+    for j in range(bounds.size - 1):
+        seg = torch.from_numpy(ids[bounds[j] : bounds[j + 1]])
+        u, inv = torch.unique(seg, sorted=True, return_inverse=True)
+        # first-occurrence order, as the native kernel: rank the sorted uniques by first position
+        first = torch.full((u.numel(),), seg.numel(), dtype=torch.int64).scatter_reduce_(
+            0, inv, torch.arange(seg.numel()), reduce="amin"
+        )
+        order = torch.argsort(first)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(order.numel())
+        uniqs.append(u[order].numpy())
+        inverses.append((rank[inv] + total).numpy())
+        counts.append(u.numel())
+        total += u.numel()
+    cat = lambda parts: np.concatenate(parts) if parts else np.empty(0, np.int64)  # noqa: E731
+    return cat(uniqs), cat(inverses), np.asarray(counts, dtype=np.int64)

@@ -1,0 +1,80 @@
+"""The compiled core against its pure fallbacks: same results over random operations."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ember import _native
+from ember.tiers.key_index import KeyIndex
+
+native = pytest.mark.skipif(not _native.is_available(), reason="ember native core not built")
+
+
+def test_import_works_and_require_names_the_fix():
+    if _native.is_available():
+        assert _native.require() is not None
+    else:
+        with pytest.raises(ImportError, match="pip install -e"):
+            _native.require()
+
+
+@native
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_key_index_native_matches_numpy_over_random_ops(seed):
+    rng = np.random.default_rng(seed)
+    fast, slow = KeyIndex(16, native=True), KeyIndex(16, native=False)
+    pool = rng.integers(-(2**63), 2**63 - 1, size=5000)
+    pool[:3] = [0, -1, 2**63 - 1]
+    next_slot = 0
+    for step in range(80):
+        batch = rng.choice(pool, size=rng.integers(0, 900))  # duplicates allowed in lookups
+        got = fast.lookup(batch)
+        np.testing.assert_array_equal(got, slow.lookup(batch))
+        new = np.unique(batch[got < 0])
+        slots = np.arange(next_slot, next_slot + new.size, dtype=np.int32)
+        next_slot += new.size
+        fast.insert(new, slots)
+        slow.insert(new, slots)
+        if step % 4 == 3 and len(fast):
+            keys, _ = slow.items()
+            victims = np.concatenate([rng.choice(keys, size=min(300, keys.size), replace=False), pool[-5:]])
+            np.testing.assert_array_equal(fast.remove(victims), slow.remove(victims))
+        assert len(fast) == len(slow)
+    assert dict(zip(*[a.tolist() for a in fast.items()])) == dict(zip(*[a.tolist() for a in slow.items()]))
+
+
+@native
+def test_tables_are_interchangeable_between_implementations():
+    rng = np.random.default_rng(5)
+    ids = np.unique(rng.integers(-(2**40), 2**40, size=3000))
+    a = KeyIndex(16, native=True)
+    a.insert(ids[:2000], np.arange(2000, dtype=np.int32))
+    a.remove(ids[:500])
+    b = KeyIndex(16, native=False)  # read and extend the native-written arrays with numpy
+    b._alloc(a._keys.size)
+    b._keys[:], b._slots[:], b._used, b._size = a._keys, a._slots, a._used, a._size
+    np.testing.assert_array_equal(b.lookup(ids), a.lookup(ids))
+    b.insert(ids[2000:], np.arange(2000, 3000, dtype=np.int32))
+    a.insert(ids[2000:], np.arange(2000, 3000, dtype=np.int32))
+    np.testing.assert_array_equal(b.lookup(ids), a.lookup(ids))
+
+
+@pytest.mark.parametrize("use_native", [False, pytest.param(True, marks=native)])
+def test_unique_segments_matches_per_segment_unique(use_native):
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        sizes = rng.integers(0, 300, size=rng.integers(1, 6))
+        ids = rng.integers(-50, 50, size=int(sizes.sum())) * (2**50)
+        bounds = np.concatenate([[0], np.cumsum(sizes)])
+        uniq, inverse, counts = _native.unique_segments(ids, bounds, native=use_native)
+        start = 0
+        for j in range(sizes.size):
+            seg = ids[bounds[j] : bounds[j + 1]]
+            u = uniq[start : start + counts[j]]
+            _, first = np.unique(seg, return_index=True)
+            np.testing.assert_array_equal(u, seg[np.sort(first)])  # first-occurrence order
+            np.testing.assert_array_equal(uniq[inverse[bounds[j] : bounds[j + 1]]], seg)
+            assert inverse[bounds[j] : bounds[j + 1]].min(initial=start) >= start
+            start += counts[j]
+        assert start == uniq.size
