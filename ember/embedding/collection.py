@@ -5,17 +5,25 @@ once into a small leaf tensor ``W`` [U, D] that requires grad; each feature pool
 with ``embedding_bag`` over the inverse indices. Backward therefore yields ``W.grad``: the
 gradient of each unique ID, already summed over its occurrences — never a dense table gradient.
 ``apply_gradients()`` hands those to each table's sparse optimizer.
+
+Tables are batched (as FBGEMM's table-batched embeddings): tables of one dim and stored width
+whose features all pool unweighted with the same ``sum`` or ``mean`` form a group. A group's
+rows are gathered into one records buffer, its leaf ``W`` [sum U, D] is a view of it, all its
+features pool in one ``embedding_bag`` and backward runs once; if its tables also share the
+optimizer config and step (and have no ``min_count`` filter), one optimizer call updates them
+all. Results equal the per-table computation; other tables take the per-table path.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from ember import _native
 from ember.batch.sparse import SparseFeatures
 from ember.embedding.config import FeatureConfig, TableConfig
 from ember.embedding.table import EmbeddingTable
@@ -36,9 +44,46 @@ class TableLookup:
 
     table: str
     ids: Tensor  # int64 [U], CPU
-    records: Tensor  # float32 [U, R], CPU
+    records: Tensor  # float32 [U, R], CPU (a row range of the group's buffer when batched)
     inverse: Tensor  # int64 [N] into ids, over the concatenated values of the table's features
     weights: Tensor | None = None  # leaf [U, D] on the model device, set by forward
+    group: "_Group | None" = field(default=None, repr=False)  # set when batched with other tables
+
+
+@dataclass
+class _Group:
+    """Tables batched together for one batch: their lookups back to back in one buffer."""
+
+    lookups: list[TableLookup]
+    records: Tensor  # [sum U, stored_dim]; each lookup's records is a row range of it
+    inverse: Tensor  # int64 [N] into records, over all the group's feature values in order
+    mode: str  # "sum" or "mean"
+    weights: Tensor | None = None  # leaf [sum U, D], set by forward
+    reached: list[bool] | None = None  # per lookup: did any of its features reach the loss
+
+
+class _SplitFeatures(torch.autograd.Function):
+    """[n*B, D] -> n tensors [B, D]; backward notes which outputs got a gradient at all.
+
+    A batched table whose features never reach the loss must not be updated (as without
+    batching, where its ``W.grad`` stays None); a plain ``unbind`` would hand it zeros.
+    """
+
+    @staticmethod
+    def forward(ctx, pooled: Tensor, n: int, group: _Group, owner: list[int]):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.group, ctx.owner, ctx.shape = group, owner, pooled.shape
+        return tuple(pooled.view(n, -1, pooled.shape[1]).unbind(0))
+
+    @staticmethod
+    def backward(ctx, *grads: Tensor | None):  # type: ignore[override]
+        reached = [False] * len(ctx.group.lookups)
+        for g, t in zip(grads, ctx.owner):
+            reached[t] = reached[t] or g is not None
+        ctx.group.reached = reached
+        like = next(g for g in grads if g is not None)
+        full = torch.stack([g if g is not None else torch.zeros_like(like) for g in grads])
+        return full.view(ctx.shape), None, None, None
 
 
 class EmbeddingCollection(nn.Module):
@@ -75,6 +120,19 @@ class EmbeddingCollection(nn.Module):
         self._by_table: dict[str, list[FeatureConfig]] = {}
         for f in self.features:
             self._by_table.setdefault(f.table_name, []).append(f)
+        # batchable tables by (dim, stored width, pooling); the rest take the per-table path
+        self._groups: list[list[str]] = []
+        keyed: dict[tuple, list[str]] = {}
+        for name, feats in self._by_table.items():
+            modes = {f.pooling for f in feats}
+            mode = next(iter(modes))
+            if len(modes) == 1 and mode in ("sum", "mean"):
+                cfg = self.table_configs[name]
+                keyed.setdefault((cfg.dim, cfg.stored_dim, mode), []).append(name)
+            else:
+                self._groups.append([name])
+        self._groups.extend(keyed.values())
+        self.batched = True  # False: every table on its own (the reference path of the tests)
         self._pending: list[TableLookup] = []
         self.device = torch.device("cpu")
 
@@ -90,14 +148,53 @@ class EmbeddingCollection(nn.Module):
     # ---- stage 1 (CPU, can run ahead on another thread): dedupe + fetch rows -------------
     def prepare(self, sparse: SparseFeatures) -> list[TableLookup]:
         """Deduplicate each table's IDs and fetch (or create) their rows."""
-        out = []
+        out: list[TableLookup] = []
         train = self.training and torch.is_grad_enabled()  # eval reads must not count toward admission
-        for name, feats in self._by_table.items():
-            values = [sparse[f.name].values for f in feats]
-            ids = values[0] if len(values) == 1 else torch.cat(values)
-            uniq, inverse = torch.unique(ids, return_inverse=True)
-            out.append(TableLookup(name, uniq, self.tables[name].lookup(uniq, train=train), inverse))
+        batch_ok = self.batched and sparse.weights is None
+        for names in self._groups:
+            if len(names) == 1 or not batch_ok:
+                for name in names:
+                    out.append(self._prepare_one(sparse, name, train))
+                continue
+            out.extend(self._prepare_group(sparse, names, train))
         return out
+
+    def _prepare_one(self, sparse: SparseFeatures, name: str, train: bool) -> TableLookup:
+        values = [sparse[f.name].values for f in self._by_table[name]]
+        ids = values[0] if len(values) == 1 else torch.cat(values)
+        uniq, inverse, _ = _native.unique_segments(ids.cpu().numpy(), torch.tensor([0, ids.numel()]).numpy())
+        u = torch.from_numpy(uniq)
+        return TableLookup(name, u, self.tables[name].lookup(u, train=train), torch.from_numpy(inverse))
+
+    def _prepare_group(self, sparse: SparseFeatures, names: list[str], train: bool) -> list[TableLookup]:
+        ranges = sparse.key_ranges()
+        feats = [f for name in names for f in self._by_table[name]]
+        keys = [f.name for f in feats]
+        if tuple(keys) == tuple(sparse.keys):
+            values = sparse.values
+        else:
+            values = torch.cat([sparse.values[ranges[k][0] : ranges[k][1]] for k in keys])
+        bounds, pos = [0], 0
+        for name in names:
+            pos += sum(ranges[f.name][1] - ranges[f.name][0] for f in self._by_table[name])
+            bounds.append(pos)
+        uniq, inverse, counts = _native.unique_segments(values.cpu().numpy(), torch.tensor(bounds).numpy())
+        uniq_t, inverse_t = torch.from_numpy(uniq), torch.from_numpy(inverse)
+        lookups, records, start = [], [], 0
+        for j, name in enumerate(names):
+            u = uniq_t[start : start + int(counts[j])]
+            records.append(self.tables[name].lookup(u, train=train))
+            lookups.append(TableLookup(name, u, records[-1], inverse_t[bounds[j] : bounds[j + 1]] - start))
+            start += int(counts[j])
+        buffer = torch.cat(records)
+        group = _Group(lookups, buffer, inverse_t, self._by_table[names[0]][0].pooling)
+        start = 0
+        for lk in lookups:
+            n = lk.ids.numel()
+            lk.records = buffer[start : start + n]  # the tables' rows now live in the group buffer
+            lk.group = group
+            start += n
+        return lookups
 
     # ---- stage 2 (model device): pool ---------------------------------------------------
     def forward(
@@ -107,7 +204,13 @@ class EmbeddingCollection(nn.Module):
             lookups = self.prepare(sparse)
         track = torch.is_grad_enabled() and self.training
         result: dict[str, Tensor | SequenceEmbedding] = {}
+        seen: set[int] = set()
         for lk in lookups:
+            if lk.group is not None:
+                if id(lk.group) not in seen:
+                    seen.add(id(lk.group))
+                    result.update(self._forward_group(sparse, lk.group, track))
+                continue
             dim = self.tables[lk.table].dim
             w = lk.records[:, :dim].to(self.device, non_blocking=True)
             if track:
@@ -126,6 +229,34 @@ class EmbeddingCollection(nn.Module):
                 result[f.name] = _pool(w, idx, offsets, weights, f)
         return {f.name: result[f.name] for f in self.features}
 
+    def _forward_group(self, sparse: SparseFeatures, group: _Group, track: bool) -> dict[str, Tensor]:
+        dim = self.tables[group.lookups[0].table].dim
+        w = group.records[:, :dim].to(self.device, non_blocking=True)
+        if track:
+            w = w.detach().requires_grad_()
+            group.weights = w
+            self._pending.extend(group.lookups)
+        feats, owner = [], []
+        for j, lk in enumerate(group.lookups):
+            for f in self._by_table[lk.table]:
+                feats.append(f)
+                owner.append(j)
+        b = sparse.batch_size
+        key_pos = {k: i for i, k in enumerate(sparse.keys)}
+        lengths = sparse.lengths.view(len(sparse.keys), b)
+        rows = [key_pos[f.name] for f in feats]
+        if rows != list(range(len(sparse.keys))):
+            lengths = lengths[torch.tensor(rows)]
+        offsets = torch.zeros(len(feats) * b, dtype=torch.int64)
+        torch.cumsum(lengths.reshape(-1)[:-1], 0, out=offsets[1:])
+        inverse = group.inverse.to(self.device, non_blocking=True)
+        pooled = F.embedding_bag(inverse, w, offsets.to(self.device, non_blocking=True), mode=group.mode)
+        if pooled.requires_grad:
+            outs = _SplitFeatures.apply(pooled, len(feats), group, owner)
+        else:
+            outs = pooled.view(len(feats), b, dim).unbind(0)
+        return {f.name: o for f, o in zip(feats, outs)}
+
     def concat(self, embedded: dict[str, Tensor | SequenceEmbedding]) -> Tensor:
         """Pooled features side by side: [B, sum D] in feature order."""
         return torch.cat([embedded[f.name] for f in self.features if f.pooling != "sequence"], dim=1)  # type: ignore[misc]
@@ -133,13 +264,37 @@ class EmbeddingCollection(nn.Module):
     # ---- stage 3 (after backward): sparse optimizer -------------------------------------
     def apply_gradients(self) -> None:
         """Apply each table's optimizer to the rows of the last training forward."""
+        done: set[int] = set()
         for lk in self._pending:
+            if lk.group is not None:
+                if id(lk.group) not in done:
+                    done.add(id(lk.group))
+                    self._apply_group(lk.group)
+                continue
             w = lk.weights
             assert w is not None
             if w.grad is None:  # the table's features did not reach the loss
                 continue
             self.tables[lk.table].apply(lk.ids, lk.records, w.grad.to("cpu"))
         self._pending.clear()
+
+    def _apply_group(self, group: _Group) -> None:
+        w = group.weights
+        assert w is not None
+        if w.grad is None:  # none of the group's features reached the loss
+            return
+        grad = w.grad.to("cpu")
+        reached = group.reached or [True] * len(group.lookups)
+        tables = [self.tables[lk.table] for lk in group.lookups]
+        if all(reached) and all(tables[0].fusable_with(t) for t in tables[1:]):
+            EmbeddingTable.apply_many(tables, [lk.ids for lk in group.lookups], group.records, grad)
+            return
+        start = 0
+        for lk, table, hit in zip(group.lookups, tables, reached):
+            n = lk.ids.numel()
+            if hit:
+                table.apply(lk.ids, lk.records, grad[start : start + n])
+            start += n
 
     def discard_gradients(self) -> None:
         """Forget pending lookups (e.g. after a skipped step)."""

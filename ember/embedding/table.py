@@ -140,13 +140,43 @@ class EmbeddingTable:
             self.expire()
 
     def _update(self, ids: Tensor, records: Tensor, grads: Tensor) -> None:
-        d, r = self.dim, self.config.record_dim
-        rows, state = self.optimizer.update(records[:, :d], records[:, d:r], grads, self.step)
-        if rows.data_ptr() != records.data_ptr():
-            records[:, :d] = rows
-        if state.numel() and state.data_ptr() != records[:, d:r].data_ptr():
-            records[:, d:r] = state
+        _optimizer_step(self.optimizer, self.dim, self.config.record_dim, records, grads, self.step)
         self.tier.put(ids, records)
+
+    def fusable_with(self, other: "EmbeddingTable") -> bool:
+        """Whether ``apply_many`` may update both tables' rows in one optimizer call."""
+        return (
+            self._pending is None
+            and other._pending is None
+            and self.dim == other.dim
+            and self.config.stored_dim == other.config.stored_dim
+            and self.step == other.step
+            and self.optimizer == other.optimizer
+        )
+
+    @staticmethod
+    def apply_many(
+        tables: list["EmbeddingTable"], ids: list[Tensor], records: Tensor, grads: Tensor
+    ) -> None:
+        """``apply`` of several tables at once: one optimizer call over all their rows.
+
+        Same result as ``tables[i].apply(ids[i], records[a_i:b_i], grads[a_i:b_i])`` for each
+        table, where the tables' rows lie one after another in ``records`` [sum U, stored_dim]
+        and ``grads`` [sum U, D]. Every pair of tables must be ``fusable_with`` each other (same
+        dim, optimizer and step; no ``min_count`` filter), so no row is skipped.
+        """
+        first = tables[0]
+        assert all(first.fusable_with(t) for t in tables[1:])
+        for t in tables:
+            t.step += 1
+        _optimizer_step(first.optimizer, first.dim, first.config.record_dim, records, grads, first.step)
+        start = 0
+        for t, i in zip(tables, ids):
+            n = i.numel()
+            t.tier.put(i, records[start : start + n])
+            start += n
+            if t._ttl is not None and t.step % t._ttl == 0:
+                t.expire()
 
     def expire(self) -> int:
         """Remove every row not looked up for more than ``ttl_steps`` steps; returns how many."""
@@ -226,3 +256,12 @@ class EmbeddingTable:
             out["expired_rows"] = float(self.expired_rows)
         out.update(getattr(self.tier, "stats", lambda: {})())
         return out
+
+
+def _optimizer_step(optimizer, dim: int, record_dim: int, records: Tensor, grads: Tensor, step: int) -> None:
+    """Run ``optimizer`` on records [N, >= record_dim] in place (weights then state)."""
+    rows, state = optimizer.update(records[:, :dim], records[:, dim:record_dim], grads, step)
+    if rows.data_ptr() != records.data_ptr():
+        records[:, :dim] = rows
+    if state.numel() and state.data_ptr() != records[:, dim:record_dim].data_ptr():
+        records[:, dim:record_dim] = state
