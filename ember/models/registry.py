@@ -18,6 +18,7 @@ from ember.models.base import ModelInputs
 from ember.models.dcn import DCN, DCNConfig
 from ember.models.deepfm import DeepFM, DeepFMConfig
 from ember.models.dlrm import DLRM, DLRMConfig
+from ember.models.lr import LR, LRConfig
 from ember.models.mmoe import MMoE, MMoEConfig, SharedBottom, SharedBottomConfig
 from ember.models.wdl import WDL, WDLConfig
 
@@ -37,7 +38,7 @@ def _parse_mapping(data: Any) -> Any:
 
 
 ModelConfig = Annotated[
-    DLRMConfig | DeepFMConfig | WDLConfig | DCNConfig | MMoEConfig | SharedBottomConfig,
+    DLRMConfig | DeepFMConfig | WDLConfig | DCNConfig | MMoEConfig | SharedBottomConfig | LRConfig,
     Field(discriminator="type"),
     BeforeValidator(_parse_mapping),
 ]
@@ -50,6 +51,7 @@ _MODELS: dict[str, tuple[type[ConfigModel], Callable[[Any, ModelInputs], nn.Modu
     "dcn": (DCNConfig, DCN),
     "mmoe": (MMoEConfig, MMoE),
     "shared_bottom": (SharedBottomConfig, SharedBottom),
+    "lr": (LRConfig, LR),
 }
 MODEL_TYPES: tuple[str, ...] = tuple(_MODELS)
 
