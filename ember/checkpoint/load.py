@@ -32,7 +32,15 @@ def resolve_checkpoint(path: str | Path) -> Path:
             return cand
         latest = cand / "LATEST"
         if latest.exists():
-            return cand / latest.read_text().strip()
+            target = cand / latest.read_text().strip()
+            if (target / "manifest.json").exists():
+                return target
+            # killed between moving a same-step checkpoint aside and renaming its replacement in:
+            # fall back to the newest complete checkpoint
+            done = sorted(p for p in cand.glob("step-*") if (p / "manifest.json").exists())
+            if done:
+                return done[-1]
+            raise CheckpointError(f"{latest} names {target.name}, which is incomplete, and no complete checkpoint exists")
     raise CheckpointError(f"no checkpoint at {p}: expected a manifest.json or a LATEST file (a run directory works too)")
 
 

@@ -94,11 +94,15 @@ def save_checkpoint(
     mw.close()
     fsync_dir(tmp / "tables")
     fsync_dir(tmp)
-    if final.exists():  # a rerun of the same step replaces its checkpoint
-        shutil.rmtree(final)
+    old = None
+    if final.exists():  # a second save of the same step: move the old one aside, never delete first
+        old = root / f".old-{final.name}-{os.getpid()}"
+        os.rename(final, old)
     os.rename(tmp, final)
     fsync_dir(root)
     atomic_write_bytes(root / "LATEST", final.name.encode())
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
     _prune(root, keep)
     return final
 
@@ -107,6 +111,6 @@ def _prune(root: Path, keep: int) -> None:
     done = sorted(p for p in root.glob("step-*") if p.is_dir())
     for old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
-    for stale in root.glob(".tmp-step-*"):  # left by a crashed save
+    for stale in [*root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:  # left by a crashed save
         if not stale.name.endswith(f"-{os.getpid()}"):
             shutil.rmtree(stale, ignore_errors=True)

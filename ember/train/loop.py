@@ -69,10 +69,16 @@ def train(cfg: RunConfig) -> RunResult:
             epoch, start_batch = manifest["position"]["epoch"], manifest["position"]["batch"]
             restore_rng(dense["rng"])
 
+    saved: dict[tuple[int, int, int], Path] = {}
+
     def checkpoint(epoch: int, batch: int) -> Path:
+        if (step, epoch, batch) in saved:  # this exact state is on disk already
+            return saved[(step, epoch, batch)]
         state = {"model": parts.model.state_dict(), "optimizer": parts.dense_optimizer.state_dict()}
-        return save_checkpoint(run_dir / "checkpoints", step, parts.collections(), state,
+        path = save_checkpoint(run_dir / "checkpoints", step, parts.collections(), state,
                                {"epoch": epoch, "batch": batch}, cfg.model_dump(mode="json", by_alias=True), t.keep_checkpoints)
+        saved[(step, epoch, batch)] = path
+        return path
 
     def run_eval() -> dict[str, float]:
         if cfg.data.eval is None and cfg.data.format != "synthetic":
@@ -89,7 +95,8 @@ def train(cfg: RunConfig) -> RunResult:
         per_epoch = getattr(make_batches(cfg.data, cfg.schema, "train"), "num_batches", None)
         total = per_epoch * t.epochs if per_epoch else None
     progress = _progress(t.progress, total)
-    done = False
+    done = t.max_steps is not None and step >= t.max_steps  # e.g. resumed at the end already
+    batch_idx = start_batch
     while epoch < t.epochs and not done:
         batches = make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch)
         batch_idx = start_batch
