@@ -31,7 +31,8 @@ __all__ = ["RunConfig", "EmbeddingDefaults", "load", "from_dict", "apply_overrid
 
 
 class EmbeddingDefaults(ConfigModel):
-    """Settings of every table a sparse feature names that ``tables`` does not list."""
+    """Defaults of every table: tables a feature names but ``tables`` does not list use them
+    whole; listed tables take from them each of dim / optimizer / initializer they leave out."""
 
     dim: int = Field(16, gt=0)
     initializer: InitializerConfig = InitializerConfig()
@@ -105,6 +106,11 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
     if preset is not None:
         merged = _deep_merge(preset_data_defaults(preset), data)
         raw["data"] = merged
+    defaults = raw.get("embedding") or {}
+    if isinstance(raw.get("tables"), list) and isinstance(defaults, dict):
+        # a listed table takes every key it leaves out from the `embedding` defaults
+        inherit = {k: v for k, v in defaults.items() if k in ("dim", "optimizer", "initializer")}
+        raw["tables"] = [{**inherit, **t} if isinstance(t, dict) else t for t in raw["tables"]]
     cfg = RunConfig.parse(raw)
     if cfg.schema_ is None and cfg.data.preset is not None:
         schema = preset_schema(cfg.data.preset, cfg.data)

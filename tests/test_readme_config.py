@@ -51,3 +51,13 @@ def test_bad_config_names_the_key(override, message):
 def test_override_syntax_error():
     with pytest.raises(ConfigError, match="key.path=value"):
         apply_overrides({}, ["train.epochs"])
+
+
+def test_listed_tables_inherit_embedding_defaults():
+    raw = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    raw["embedding"] = {"dim": 16, "optimizer": {"type": "adam", "lr": 0.002}}
+    raw["tables"] = [{"name": "C1", "optimizer": {"type": "sgd", "lr": 0.1}}, {"name": "C2"}]
+    tables = {t.name: t for t in from_dict(raw).table_configs()}
+    assert tables["C1"].optimizer.type == "sgd" and tables["C1"].dim == 16
+    assert tables["C2"].optimizer.type == "adam" and tables["C2"].optimizer.lr == 0.002
+    assert tables["C3"].optimizer.type == "adam"
