@@ -93,7 +93,8 @@ class EmbeddingTable:
             missing = torch.nonzero(~found).squeeze(1)
             m_ids = ids[missing]
             if self._pending is None:
-                records[missing] = self._stored(self.new_records(m_ids))
+                # index_copy_, not records[missing] = ...: CPU index_put of rows is ~15x slower
+                records.index_copy_(0, missing, self._stored(self.new_records(m_ids)))
             else:
                 ids_np = m_ids.numpy()
                 counts = self._pending.add(ids_np) if train else self._pending.get(ids_np)
@@ -101,7 +102,7 @@ class EmbeddingTable:
                 fresh = torch.zeros(m_ids.numel(), self.config.record_dim)
                 if bool(admitted.any()):
                     fresh[admitted] = self.new_records(m_ids[admitted])
-                records[missing] = self._stored(fresh)
+                records.index_copy_(0, missing, self._stored(fresh))
                 filtered = torch.zeros(ids.numel(), dtype=torch.bool)
                 filtered[missing[~admitted]] = True
                 self.filtered_reads += int((~admitted).sum())
@@ -130,7 +131,7 @@ class EmbeddingTable:
             keep = torch.nonzero(~filtered).squeeze(1)
             sub = records[keep]
             self._update(ids[keep], sub, grads[keep])
-            records[keep] = sub  # the caller's records reflect the update, as without a filter
+            records.index_copy_(0, keep, sub)  # the caller's records reflect the update, as without a filter
             ids = ids[keep]
         else:
             self._update(ids, records, grads)
