@@ -171,7 +171,42 @@ done:
     return res;
 }
 
+/* uniform01(ids int64[n], base_key uint64, out float32[n*dim]) -> None
+ * out[i, c] = (mix64(mix64(ids[i] ^ base_key) + (c + 1) * GOLDEN) >> 40) * 2^-24, exactly the
+ * counter-based uniforms of ember.embedding.init._uniform01. */
+static PyObject *uniform01(PyObject *self, PyObject *args) {
+    Py_buffer ids, out;
+    unsigned long long key;
+    Py_ssize_t dim;
+    if (!PyArg_ParseTuple(args, "y*Knw*", &ids, &key, &dim, &out)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t n = ids.len / 8;
+    if (dim < 0 || out.len != n * dim * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native uniform01: out must be float32 [len(ids), dim]");
+        goto done;
+    }
+    {
+        const int64_t *id = ids.buf;
+        float *o = out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t base = mix64((uint64_t)id[i] ^ (uint64_t)key);
+            for (Py_ssize_t c = 0; c < dim; c++) {
+                uint64_t bits = mix64(base + (uint64_t)(c + 1) * 0x9E3779B97F4A7C15ULL);
+                o[i * dim + c] = (float)(bits >> 40) * (float)(1.0 / (1 << 24));
+            }
+        }
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
+done:
+    PyBuffer_Release(&ids); PyBuffer_Release(&out);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"uniform01", uniform01, METH_VARARGS, "uniform01(ids, base_key, dim, out) -> None"},
     {"probe", probe, METH_VARARGS, "probe(keys, slots, ids, out_bucket, out_slot) -> found"},
     {"place", place, METH_VARARGS, "place(keys, slots, ids, new_slots) -> empty buckets used"},
     {"unique_segments", unique_segments, METH_VARARGS,
