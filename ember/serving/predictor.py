@@ -109,7 +109,22 @@ class Predictor:
         from ember.pipeline.loader import make_batches
         from ember.source.config import DataConfig
 
-        data = {**self.manifest["data"], "eval": list(paths), "shuffle_buffer": 0, **data_overrides}
+        data = {**self.manifest["data"], "eval": list(paths), "shuffle_buffer": 0}
+        data.pop("train", None)
+        fmt = _format_of(paths)
+        if fmt is not None and fmt != data.get("format"):  # e.g. a model trained on synthetic data
+            data["format"] = fmt
+            if fmt in ("csv", "tsv") and data.get("preset") != "criteo":
+                data["csv"] = {**data.get("csv", {}), "delimiter": None, "header": True}
+        data.update(data_overrides)
         cfg = DataConfig.model_validate(data)
         schema = Schema.model_validate(self.manifest["schema"])
         return self.predict_batches(make_batches(cfg, schema, "eval"))
+
+
+def _format_of(paths: list[str]) -> str | None:
+    """File format from the extensions of ``paths`` (None when unknown or mixed)."""
+    exts = {Path(p).suffix.lower().lstrip(".") for p in paths}
+    if len(exts) == 1 and (ext := exts.pop()) in ("csv", "tsv", "parquet", "orc"):
+        return ext
+    return None
