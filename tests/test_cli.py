@@ -37,6 +37,11 @@ def test_cli_workflow(tmp_path, capsys):
 
     p = Predictor.load(tmp_path / "exp1")
     np.testing.assert_allclose(p.predict_files([str(data)])[:, 0], probs, atol=2e-6)
+    # raw rows to score need no label column
+    import pyarrow.parquet as pq
+
+    pq.write_table(pq.read_table(data).drop(["label"]), tmp_path / "unlabeled.parquet")
+    np.testing.assert_allclose(p.predict_files([str(tmp_path / "unlabeled.parquet")])[:, 0], probs, atol=2e-6)
 
 
 def test_cli_bad_config_is_a_clean_error(tmp_path, capsys):

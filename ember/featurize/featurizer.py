@@ -102,6 +102,9 @@ class Featurizer:
 
         labels = np.empty((n, len(self.schema.labels)), dtype=np.float32)
         for j, name in enumerate(self.schema.labels):
+            if self.schema.score_only:
+                labels[:, j] = 0.0
+                continue
             x, missing, bad = parse_floats(batch.column(name))
             checks.add(name, "label is missing", missing)
             checks.add(name, "label is not a number", bad)

@@ -90,6 +90,8 @@ class Schema(ConfigModel):
     labels: list[str] = Field(min_length=1)
     dense: list[DenseFeature] = Field(default_factory=list)
     sparse: list[SparseFeature] = Field(min_length=1)
+    # scoring: label columns are not read (they may be absent) and labels come out as 0
+    score_only: bool = False
 
     @model_validator(mode="before")
     @classmethod
@@ -120,7 +122,7 @@ class Schema(ConfigModel):
         """Every source column the schema reads, each once, in a stable order."""
         cols: list[str] = []
         for c in [
-            *self.labels,
+            *([] if self.score_only else self.labels),
             *(d.source_column for d in self.dense),
             *(s.source_column for s in self.sparse),
             *(s.weight_column for s in self.sparse if s.weight_column),

@@ -118,7 +118,7 @@ class Predictor:
                 data["csv"] = {**data.get("csv", {}), "delimiter": None, "header": True}
         data.update(data_overrides)
         cfg = DataConfig.model_validate(data)
-        schema = Schema.model_validate(self.manifest["schema"])
+        schema = Schema.model_validate({**self.manifest["schema"], "score_only": True})  # labels may be absent
         return self.predict_batches(make_batches(cfg, schema, "eval"))
 
 
