@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ember.config_base import ConfigModel
 from ember import _native
-from ember.tiers.key_index import mix64
+from ember.mix import mix64
 
 __all__ = ["InitializerConfig", "init_rows"]
 

@@ -39,7 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ember.source.mix import mix64
+from ember.mix import mix64
 
 __all__ = ["salt_key", "hash_ints", "hash_strings", "hash_array"]
 

@@ -37,7 +37,7 @@ import numpy as np
 import pyarrow as pa
 
 from ember.source.config import SyntheticOptions
-from ember.source.mix import mix64
+from ember.mix import mix64
 
 __all__ = ["synthetic_records", "synthetic_score", "synthetic_columns", "split_rows"]
 

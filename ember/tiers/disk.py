@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from ember.errors import TierIOError
-from ember.tiers.key_index import mix64
+from ember.mix import mix64
 
 __all__ = ["DiskTier", "disk_slot_bytes"]
 

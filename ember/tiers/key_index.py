@@ -14,29 +14,17 @@ from __future__ import annotations
 
 import numpy as np
 
+from ember.mix import mix64
+
 from ember import _native
 
-__all__ = ["KeyIndex", "mix64"]
+__all__ = ["KeyIndex"]
 
 _EMPTY = -1
 _DELETED = -2
 _MAX_LOAD = 0.75
 _WINDOW = 8
 _STEPS = np.arange(_WINDOW, dtype=np.int64)
-_S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
-_M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
-
-
-def mix64(x: np.ndarray) -> np.ndarray:
-    """splitmix64 finaliser: a bijective, well-spread 64-bit mix (uint64 in, uint64 out)."""
-    # uint64 array arithmetic wraps modulo 2**64 without warnings, which is what we want.
-    z = x.astype(np.uint64, copy=True)
-    z ^= z >> _S30
-    z *= _M1
-    z ^= z >> _S27
-    z *= _M2
-    z ^= z >> _S31
-    return z
 
 
 class KeyIndex:

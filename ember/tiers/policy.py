@@ -12,7 +12,8 @@ from typing import Literal
 
 import numpy as np
 
-from ember.tiers.key_index import KeyIndex, mix64
+from ember.mix import mix64
+from ember.tiers.key_index import KeyIndex
 
 __all__ = ["Policy", "CountMinSketch", "IdCounter", "victim_order"]
 

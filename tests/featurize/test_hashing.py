@@ -75,11 +75,3 @@ def test_same_ids_in_another_process_with_another_hash_seed():
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == str(hash_array(pa.array(["a", "b"]), "C1")[0].tolist())
-
-
-def test_data_side_mix64_equals_key_index_mix64():
-    from ember.source.mix import mix64
-    from ember.tiers.key_index import mix64 as tiers_mix64
-
-    x = np.array([0, 1, 2**63, 2**64 - 1, 12345], dtype=np.uint64)
-    assert (mix64(x) == tiers_mix64(x)).all()

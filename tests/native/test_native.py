@@ -84,7 +84,7 @@ def test_unique_segments_matches_per_segment_unique(use_native):
 @pytest.mark.parametrize("seed,stream,dim", [(0, 0, 16), (3, 1, 5), (11, 2, 1), (2, 0, 0)])
 def test_uniform_init_native_matches_numpy_bit_for_bit(seed, stream, dim):
     from ember.embedding import init
-    from ember.tiers.key_index import mix64
+    from ember.mix import mix64
 
     ids = np.random.default_rng(seed).integers(-(2**63), 2**63 - 1, size=3000)
     key = mix64(np.array([seed * 2 + stream], dtype=np.uint64))

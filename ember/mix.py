@@ -1,6 +1,5 @@
-"""splitmix64 finaliser, the data side's own copy (source/featurize sit upstream of tiers and
-must not import them); ``tests/featurize/test_hashing.py`` checks it equals
-``ember.tiers.key_index.mix64``.
+"""splitmix64 finaliser: the one 64-bit mix every stage uses (ID hashing, synthetic data, the
+key index, row initialisers). A leaf module, like ``errors``, so any stage may import it.
 
 Example:
     >>> int(mix64(np.array([1], dtype=np.uint64))[0])
