@@ -335,16 +335,15 @@ def _pool(w: Tensor, idx: Tensor, offsets: Tensor, weights: Tensor | None, f: Fe
     if weights is None and f.pooling in ("sum", "mean"):
         return F.embedding_bag(idx, w, offsets[:-1], mode=f.pooling, include_last_offset=False)
     bag = F.embedding_bag(idx, w, offsets[:-1], mode="sum", per_sample_weights=weights)
-    lengths = (offsets[1:] - offsets[:-1]).to(w.dtype)
+    if f.pooling == "sum":  # weighted sum
+        return bag
+    counts = offsets[1:] - offsets[:-1]
     if weights is None:
-        norm = lengths.sqrt()  # sqrtn
-    else:
-        seg = torch.repeat_interleave(torch.arange(lengths.numel(), device=w.device), offsets[1:] - offsets[:-1])
-        acc = torch.zeros_like(lengths)
-        if f.pooling == "sum":
-            return bag
-        vals = weights if f.pooling == "mean" else weights * weights
-        acc.index_add_(0, seg, vals)
+        norm = counts.to(w.dtype).sqrt()  # sqrtn
+    else:  # per-bag sum of w (mean) or of w^2 (sqrtn)
+        seg = torch.repeat_interleave(torch.arange(counts.numel(), device=w.device), counts)
+        acc = torch.zeros(counts.numel(), dtype=w.dtype, device=w.device)
+        acc.index_add_(0, seg, weights if f.pooling == "mean" else weights * weights)
         norm = acc if f.pooling == "mean" else acc.sqrt()
     return bag / norm.clamp(min=1e-12).unsqueeze(1) * (norm > 0).unsqueeze(1)
 
