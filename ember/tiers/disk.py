@@ -52,7 +52,8 @@ class DiskTier:
         rows: rows to size the file for up front (it grows by doubling beyond that, which
             rewrites the file: size it right to avoid that).
         max_load: fraction of slots that may be used before the file grows (0.5-0.95; higher
-            saves disk and probes longer in RAM).
+            saves disk and probes longer in RAM). Default 0.85, or on ``reopen`` the value the
+            files were created with (it is saved in ``meta.json``).
         reopen: open the files a previous ``close()`` left (else start empty, replacing them).
 
     Example:
@@ -72,24 +73,24 @@ class DiskTier:
         path: str | os.PathLike,
         record_dim: int,
         rows: int = 1 << 16,
-        max_load: float = 0.85,
+        max_load: float | None = None,
         reopen: bool = False,
     ) -> None:
-        if not 0.5 <= max_load <= 0.95:
+        if max_load is not None and not 0.5 <= max_load <= 0.95:
             raise ValueError(f"DiskTier: max_load must be in [0.5, 0.95], got {max_load}")
         self.path = Path(path)
         self.record_dim = record_dim
         self.width = record_dim + 2  # float32 columns per slot (the ID takes two)
-        self.max_load = max_load
+        self.max_load = 0.85 if max_load is None else max_load
         self.path.mkdir(parents=True, exist_ok=True)
         self._memo: tuple[Tensor, np.ndarray] | None = None
         self._mm: np.memmap | None = None
         self.reset_step_stats()
         meta = self.path / "meta.json"
         if reopen and meta.exists():
-            self._open_existing(meta)
+            self._open_existing(meta, max_load)
         else:
-            n = max(64, int(np.ceil(max(rows, 1) / max_load)))
+            n = max(64, int(np.ceil(max(rows, 1) / self.max_load)))
             self._create(self.path / "slots.bin", n)
         self._write_meta(clean=False)
 
@@ -126,7 +127,7 @@ class DiskTier:
         self._live = live
         self._used = used  # live + deleted slots
 
-    def _open_existing(self, meta_file: Path) -> None:
+    def _open_existing(self, meta_file: Path, max_load: float | None) -> None:
         meta = json.loads(meta_file.read_text())
         if meta.get("format") != _FORMAT or meta.get("record_dim") != self.record_dim:
             raise TierIOError(
@@ -139,6 +140,8 @@ class DiskTier:
                 "(crash?), so its rows are not trusted; restore the table from the last "
                 "checkpoint into a fresh tier (delete the directory or open without reopen)"
             )
+        if max_load is None:  # keep the load the file was sized for, or it grows needlessly
+            self.max_load = float(meta.get("max_load", self.max_load))
         tags = np.load(self.path / "tags.npy")
         self._attach(self.path / "slots.bin", int(meta["n_slots"]), tags, int(meta["live"]), int(meta["used"]))
 
@@ -147,6 +150,7 @@ class DiskTier:
             "format": _FORMAT,
             "record_dim": self.record_dim,
             "n_slots": self.n_slots,
+            "max_load": self.max_load,
             "live": self._live,
             "used": self._used,
             "clean": clean,

@@ -27,6 +27,20 @@ def test_close_and_reopen_keeps_rows(tmp_path):
     assert torch.equal(rows[10:], rec[10:])
 
 
+def test_reopen_keeps_the_load_the_file_was_sized_for(tmp_path):
+    # Sized for 900 rows at load 0.9 (1000 slots); reopened without max_load it must not fall
+    # back to the 0.85 default and double the file when it fills to 900 rows.
+    d = DiskTier(tmp_path, record_dim=2, rows=900, max_load=0.9)
+    d.put(torch.arange(800), torch.zeros(800, 2))
+    d.close()
+    again = DiskTier(tmp_path, record_dim=2, reopen=True)
+    assert again.max_load == 0.9
+    again.put(torch.arange(800, 900), torch.ones(100, 2))
+    assert again.n_slots == 1000 and len(again) == 900
+    rows, found = again.get(torch.arange(900))
+    assert bool(found.all()) and rows[850].tolist() == [1.0, 1.0]
+
+
 def test_unclean_files_are_not_trusted(tmp_path):
     d = DiskTier(tmp_path, record_dim=2, rows=10)
     d.put(torch.tensor([1]), torch.ones(1, 2))
