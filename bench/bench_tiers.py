@@ -269,13 +269,24 @@ def bench_capacity(args) -> dict:
     chunk = 1 << 22
     for p in range(progress["pass"], parts):  # pass p fills the p-th region of the file: writes stay local
         t0 = time.perf_counter()
+        # Collect this region's IDs, then insert them in home-slot order: the writes then sweep
+        # the region once, front to back. Inserting them in ID order instead dirties each page of
+        # the region dozens of times, and once the file outgrows the page cache every one of
+        # those is written back (7-12 min per pass instead of ~2).
+        mine, homes = [], []
         for s in range(0, rows, chunk):
-            ids = torch.from_numpy(rank_to_id(np.arange(s, min(rows, s + chunk))))
-            home, _ = disk._hash(ids.numpy())
-            sel = torch.from_numpy((home * parts // disk.n_slots) == p)
-            sub = ids[sel]
-            if sub.numel():
-                table.load(sub, table.new_records(sub))
+            ids = rank_to_id(np.arange(s, min(rows, s + chunk)))
+            home, _ = disk._hash(ids)
+            sel = (home * parts // disk.n_slots) == p
+            mine.append(ids[sel])
+            homes.append(home[sel])
+        ids_p = np.concatenate(mine)
+        ids_p = ids_p[np.argsort(np.concatenate(homes), kind="stable")]
+        del mine, homes
+        for s in range(0, ids_p.size, chunk):
+            sub = torch.from_numpy(ids_p[s : s + chunk])
+            table.load(sub, table.new_records(sub))
+        del ids_p
         disk.close()  # tags + clean meta: the fill resumes from the next pass after a kill
         progress["pass"] = p + 1
         state_file.write_text(json.dumps(progress))
