@@ -205,7 +205,95 @@ done:
     return res;
 }
 
+/* Disk-tier tag probes (ember.tiers.disk.DiskTier): tags uint16[n_slots] in RAM, 0 empty,
+ * 1 deleted, else 16 hash bits of the ID in that slot; linear probing with wrap-around. */
+static int check_tags(Py_buffer *tags, Py_buffer *pos, Py_buffer *tag, Py_buffer *out, Py_ssize_t *n) {
+    *n = pos->len / 8;
+    if (tags->len < 2 || tag->len != *n * 2 || out->len != *n * 8) {
+        PyErr_SetString(PyExc_ValueError, "ember native tag probe: tags uint16[S], pos/out int64[n], tag uint16[n]");
+        return -1;
+    }
+    const int64_t *p = pos->buf;
+    Py_ssize_t ns = tags->len / 2;
+    for (Py_ssize_t i = 0; i < *n; i++)
+        if (p[i] < 0 || p[i] >= ns) {
+            PyErr_SetString(PyExc_ValueError, "ember native tag probe: start position out of range");
+            return -1;
+        }
+    return 0;
+}
+
+/* tag_find(tags, pos int64[n], tag uint16[n], out int64[n]) -> None
+ * out[i] = first slot from pos[i] whose tag equals tag[i], or -1 when an empty slot comes first.
+ * The caller verifies the ID stored in that slot (tags can collide) and resumes after it. */
+static PyObject *tag_find(PyObject *self, PyObject *args) {
+    Py_buffer tags, pos, tag, out;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*", &tags, &pos, &tag, &out)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t n;
+    if (check_tags(&tags, &pos, &tag, &out, &n) < 0) goto done;
+    {
+        const uint16_t *t = tags.buf, *want = tag.buf;
+        const int64_t *p = pos.buf;
+        int64_t *o = out.buf;
+        int64_t ns = (int64_t)(tags.len / 2);
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t h = p[i], r = -1;
+            for (int64_t step = 0; step < ns; step++) {
+                uint16_t v = t[h];
+                if (v == want[i]) { r = h; break; }
+                if (v == 0) break;
+                if (++h == ns) h = 0;
+            }
+            o[i] = r;
+        }
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
+done:
+    PyBuffer_Release(&tags); PyBuffer_Release(&pos); PyBuffer_Release(&tag); PyBuffer_Release(&out);
+    return res;
+}
+
+/* tag_claim(tags, pos int64[n], tag uint16[n], out int64[n]) -> empty slots consumed
+ * Claims, in order, the first free (empty or deleted) slot from pos[i] for each of n absent,
+ * unique IDs, writing its tag; out[i] = the slot. The caller keeps the load below 1. */
+static PyObject *tag_claim(PyObject *self, PyObject *args) {
+    Py_buffer tags, pos, tag, out;
+    if (!PyArg_ParseTuple(args, "w*y*y*w*", &tags, &pos, &tag, &out)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t n;
+    if (check_tags(&tags, &pos, &tag, &out, &n) < 0) goto done;
+    {
+        uint16_t *t = tags.buf;
+        const uint16_t *want = tag.buf;
+        const int64_t *p = pos.buf;
+        int64_t *o = out.buf;
+        int64_t ns = (int64_t)(tags.len / 2);
+        Py_ssize_t used = 0, full = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n && !full; i++) {
+            int64_t h = p[i], step = 0;
+            while (t[h] > 1 && step++ < ns) if (++h == ns) h = 0;
+            if (t[h] > 1) { full = 1; break; }
+            used += t[h] == 0;
+            t[h] = want[i];
+            o[i] = h;
+        }
+        Py_END_ALLOW_THREADS
+        if (full) PyErr_SetString(PyExc_RuntimeError, "ember native tag_claim: no free slot (table full)");
+        else res = PyLong_FromSsize_t(used);
+    }
+done:
+    PyBuffer_Release(&tags); PyBuffer_Release(&pos); PyBuffer_Release(&tag); PyBuffer_Release(&out);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"tag_find", tag_find, METH_VARARGS, "tag_find(tags, pos, tag, out) -> None"},
+    {"tag_claim", tag_claim, METH_VARARGS, "tag_claim(tags, pos, tag, out) -> empty slots used"},
     {"uniform01", uniform01, METH_VARARGS, "uniform01(ids, base_key, dim, out) -> None"},
     {"probe", probe, METH_VARARGS, "probe(keys, slots, ids, out_bucket, out_slot) -> found"},
     {"place", place, METH_VARARGS, "place(keys, slots, ids, new_slots) -> empty buckets used"},

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ember import _native
 from ember.errors import TierIOError
 from ember.mix import mix64
 
@@ -55,6 +56,8 @@ class DiskTier:
             saves disk and probes longer in RAM). Default 0.85, or on ``reopen`` the value the
             files were created with (it is saved in ``meta.json``).
         reopen: open the files a previous ``close()`` left (else start empty, replacing them).
+        native: run the tag probes in the compiled core (None: when built; False: numpy only).
+            Both find the same rows; where an ID is placed may differ.
 
     Example:
         >>> import tempfile
@@ -75,7 +78,9 @@ class DiskTier:
         rows: int = 1 << 16,
         max_load: float | None = None,
         reopen: bool = False,
+        native: bool | None = None,
     ) -> None:
+        self._core = _native.require() if native else (_native._core if native is None else None)
         if max_load is not None and not 0.5 <= max_load <= 0.95:
             raise ValueError(f"DiskTier: max_load must be in [0.5, 0.95], got {max_load}")
         self.path = Path(path)
@@ -220,18 +225,14 @@ class DiskTier:
         active = np.arange(n)
         pos = home
         while active.size:
-            win = pos[:, None] + _STEPS
-            win[win >= nsl] -= nsl
-            t = self._tags.take(win)
-            match = t == tag.take(active)[:, None]
-            stop = match | (t == _EMPTY)
-            first = stop.argmax(axis=1)
-            r = np.arange(active.size)
-            stopped = stop[r, first]
-            at = win[r, first]
-            is_match = stopped & match[r, first]
-            cont = ~stopped
-            nextpos = pos + _WINDOW
+            if self._core is not None:  # first tag match (or -1 at an empty slot), in C
+                at = np.empty(active.size, dtype=np.int64)
+                self._core.tag_find(self._tags, np.ascontiguousarray(pos), np.ascontiguousarray(tag[active]), at)
+                is_match = at >= 0
+                cont = np.zeros(active.size, dtype=bool)
+                nextpos = pos
+            else:
+                at, is_match, cont, nextpos = self._probe_window(pos, tag.take(active))
             cand = np.flatnonzero(is_match)
             if cand.size:
                 cslots = at[cand]
@@ -251,10 +252,26 @@ class DiskTier:
                     rows[q[ok]] = data[ok, 2:]
                 fp = cand[~ok]  # a tag collided with another ID: keep probing after it
                 cont[fp] = True
+                nextpos = nextpos.copy()
                 nextpos[fp] = at[fp] + 1
             active = active[cont]
             pos = nextpos[cont] % nsl
         return slot_of, rows
+
+    def _probe_window(self, pos: np.ndarray, tag: np.ndarray) -> tuple[np.ndarray, ...]:
+        """numpy probe step: look at ``_WINDOW`` slots from each ``pos`` at once.
+
+        Returns (slot of the first tag match or empty slot, is a match, probe further, next pos).
+        """
+        win = pos[:, None] + _STEPS
+        win[win >= self.n_slots] -= self.n_slots
+        t = self._tags.take(win)
+        match = t == tag[:, None]
+        stop = match | (t == _EMPTY)
+        first = stop.argmax(axis=1)
+        r = np.arange(pos.size)
+        stopped = stop[r, first]
+        return win[r, first], stopped & match[r, first], ~stopped, pos + _WINDOW
 
     def _slots_of(self, ids: Tensor) -> np.ndarray:
         memo = self._memo
@@ -311,6 +328,10 @@ class DiskTier:
         home, tag = self._hash(ids)
         nsl = self.n_slots
         target = np.full(ids.size, -1, dtype=np.int64)
+        if self._core is not None:  # claim in C, one ID after another
+            self._used += self._core.tag_claim(self._tags, home, tag, target)
+            self._live += ids.size
+            return target
         active = np.arange(ids.size)
         pos = home.copy()
         while active.size:

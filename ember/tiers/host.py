@@ -61,6 +61,8 @@ class HostTier:
         self._arena = torch.zeros(first, record_dim, device=self.device)
         self._last = np.zeros(first, dtype=np.int64)
         self._count = np.zeros(first, dtype=np.int32)
+        self._ids = np.zeros(first, dtype=np.int64)  # slot -> ID, so eviction never scans the index
+        self._held = np.zeros(first, dtype=bool)  # slot holds a row (not free)
         self._index = KeyIndex(first)
         self._next = 0  # slots [0, _next) have been handed out at least once
         self._free = np.empty(0, dtype=np.int32)
@@ -74,7 +76,8 @@ class HostTier:
 
     @property
     def nbytes(self) -> int:
-        return self._arena.numel() * 4 + self._index.nbytes + self._last.nbytes + self._count.nbytes
+        meta = self._last.nbytes + self._count.nbytes + self._ids.nbytes + self._held.nbytes
+        return self._arena.numel() * 4 + self._index.nbytes + meta
 
     @property
     def index_bytes(self) -> int:
@@ -131,6 +134,8 @@ class HostTier:
             new_ids = ids[missing]
             new_slots = self._allocate(new_ids.numel())
             self._index.insert(new_ids.numpy(), new_slots)
+            self._ids[new_slots] = new_ids.numpy()
+            self._held[new_slots] = True
             self._last[new_slots] = self.clock
             self._count[new_slots] = 1 if counts is None else np.maximum(np.asarray(counts)[miss_np], 1)
             self.inserts += new_slots.size
@@ -146,12 +151,23 @@ class HostTier:
         slots = self._index.remove(ids.numpy())
         found = slots >= 0
         self._free = np.concatenate([self._free, slots[found]])
+        self._held[slots[found]] = False
         return torch.from_numpy(found)
 
     def _victim_slots(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        ids, slots = self._index.items()
-        order = victim_order(self.policy, self._last.take(slots), self._count.take(slots), n)
-        return ids[order], slots[order]
+        # Scored over the slot arrays (free slots scored last), not over the index's items:
+        # O(rows) contiguous reads, no hash-table scan or copies.
+        end = self._next
+        held = self._held[:end]
+        n = min(n, len(self))
+        if self.policy == "lru":
+            last = np.where(held, self._last[:end], np.iinfo(np.int64).max)
+            count = self._count[:end]
+        else:
+            last = self._last[:end]
+            count = np.where(held, self._count[:end], np.iinfo(np.int32).max)
+        slots = victim_order(self.policy, last, count, n).astype(np.int32)
+        return self._ids.take(slots), slots
 
     def victims(self, n: int) -> tuple[Tensor, np.ndarray]:
         """The ``n`` IDs ``evict(n)`` would take, best victim first, with their access counts."""
@@ -165,6 +181,7 @@ class HostTier:
         self._memo = None
         self._index.remove(ids)
         self._free = np.concatenate([self._free, slots])
+        self._held[slots] = False
         self.evictions += ids.size
         return torch.from_numpy(ids), rows
 
@@ -225,6 +242,8 @@ class HostTier:
                 self._arena = bigger
                 self._last = np.concatenate([self._last, np.zeros(grow - self._last.size, np.int64)])
                 self._count = np.concatenate([self._count, np.zeros(grow - self._count.size, np.int32)])
+                self._ids = np.concatenate([self._ids, np.zeros(grow - self._ids.size, np.int64)])
+                self._held = np.concatenate([self._held, np.zeros(grow - self._held.size, bool)])
             out = np.concatenate([out, np.arange(self._next, end, dtype=np.int32)])
             self._next = end
         return out

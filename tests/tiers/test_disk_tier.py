@@ -9,6 +9,7 @@ import textwrap
 import pytest
 import torch
 
+from ember import _native
 from ember.errors import TierIOError
 from ember.tiers import DiskTier
 
@@ -39,6 +40,29 @@ def test_reopen_keeps_the_load_the_file_was_sized_for(tmp_path):
     assert again.n_slots == 1000 and len(again) == 900
     rows, found = again.get(torch.arange(900))
     assert bool(found.all()) and rows[850].tolist() == [1.0, 1.0]
+
+
+@pytest.mark.skipif(not _native.is_available(), reason="native core not built")
+def test_native_and_numpy_probes_find_the_same_rows(tmp_path):
+    # 60 k IDs in ~70 k slots with 16-bit tags: many tag collisions and long probe runs, plus
+    # deletions (tombstones) and reinsertion, through both probe implementations.
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(-(2**62), 2**62, (60_000,), generator=g).unique()
+    rec = torch.randn(ids.numel(), 3, generator=g)
+    tiers = [DiskTier(tmp_path / str(n), record_dim=3, rows=ids.numel(), max_load=0.9, native=n) for n in (True, False)]
+    for d in tiers:
+        d.put(ids, rec)
+        d.remove(ids[::7])
+        d.put(ids[::14], -rec[::14])
+    query = torch.cat([ids, torch.randint(-(2**62), 2**62, (5_000,), generator=g)])
+    (rn, fn), (rp, fp) = (d.get(query) for d in tiers)
+    assert torch.equal(fn, fp) and torch.equal(rn, rp)
+    expect = torch.ones(ids.numel(), dtype=torch.bool)
+    expect[::7] = False
+    expect[::14] = True
+    assert torch.equal(fn[: ids.numel()], expect) and not bool(fn[ids.numel():].any())
+    assert torch.equal(rn[:14:14], -rec[:14:14]) and torch.equal(rn[1], rec[1])
+    assert len(tiers[0]) == len(tiers[1]) == int(expect.sum())
 
 
 def test_unclean_files_are_not_trusted(tmp_path):
