@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ember.errors import CapacityError
 from ember.tiers.key_index import KeyIndex
-from ember.tiers.policy import Policy, victim_order
+from ember.tiers.policy import Policy, smallest, victim_score
 
 __all__ = ["HostTier", "META_BYTES_PER_ROW"]
 
@@ -67,6 +67,9 @@ class HostTier:
         self._next = 0  # slots [0, _next) have been handed out at least once
         self._free = np.empty(0, dtype=np.int32)
         self._memo: tuple[Tensor, Tensor] | None = None
+        # victims ranked by the last full scan: (slots, ids, scores), see _victim_slots
+        self._queue: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self.victim_batch = max(1024, (capacity or 0) // 16)
         self.clock = 0
         self.reset_step_stats()
 
@@ -154,29 +157,41 @@ class HostTier:
         self._held[slots[found]] = False
         return torch.from_numpy(found)
 
-    def _victim_slots(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        # Scored over the slot arrays (free slots scored last), not over the index's items:
-        # O(rows) contiguous reads, no hash-table scan or copies.
-        end = self._next
-        held = self._held[:end]
+    def _victim_slots(self, n: int, take: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The ``n`` best victims (ids, slots), best first; ``take`` drops them from the queue.
+
+        Scoring the whole tier is O(rows), so one scan ranks a queue of several batches' worth
+        of victims (``victim_batch``) and later calls take the queue's rows that are still
+        valid (same ID, untouched since: same score). Rows inserted after the scan only become
+        candidates at the next one; they entered for being frequent, so LFU rarely wants them.
+        """
         n = min(n, len(self))
-        if self.policy == "lru":
-            last = np.where(held, self._last[:end], np.iinfo(np.int64).max)
-            count = self._count[:end]
-        else:
-            last = self._last[:end]
-            count = np.where(held, self._count[:end], np.iinfo(np.int32).max)
-        slots = victim_order(self.policy, last, count, n).astype(np.int32)
-        return self._ids.take(slots), slots
+        q = self._queue
+        if q is not None:
+            qs, qid, qscore = q
+            live = self._held[qs] & (self._ids[qs] == qid)
+            live &= victim_score(self.policy, self._last[qs], self._count[qs]) == qscore
+            ok = np.flatnonzero(live)
+            if ok.size >= n:
+                if take:
+                    self._queue = (qs[ok[n:]], qid[ok[n:]], qscore[ok[n:]])
+                return qid[ok[:n]], qs[ok[:n]]
+        end = self._next
+        score = victim_score(self.policy, self._last[:end], self._count[:end])
+        score[~self._held[:end]] = np.iinfo(np.int64).max  # free slots last
+        order = smallest(score, min(max(n, self.victim_batch), len(self))).astype(np.int32)
+        keep = order[n:] if take else order
+        self._queue = (keep, self._ids[keep], score[keep])
+        return self._ids.take(order[:n]), order[:n]
 
     def victims(self, n: int) -> tuple[Tensor, np.ndarray]:
         """The ``n`` IDs ``evict(n)`` would take, best victim first, with their access counts."""
-        ids, slots = self._victim_slots(n)
+        ids, slots = self._victim_slots(n, take=False)
         return torch.from_numpy(ids), self._count.take(slots).astype(np.int64)
 
     def evict(self, n: int) -> tuple[Tensor, Tensor]:
         """Remove up to ``n`` rows chosen by the policy (LRU or LFU); returns their (ids, records)."""
-        ids, slots = self._victim_slots(n)
+        ids, slots = self._victim_slots(n, take=True)
         rows = self._arena.index_select(0, torch.from_numpy(slots.astype(np.int64)).to(self.device))
         self._memo = None
         self._index.remove(ids)

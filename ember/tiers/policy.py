@@ -15,7 +15,7 @@ import numpy as np
 from ember.mix import mix64
 from ember.tiers.key_index import KeyIndex
 
-__all__ = ["Policy", "CountMinSketch", "IdCounter", "victim_order"]
+__all__ = ["Policy", "CountMinSketch", "IdCounter", "smallest", "victim_order", "victim_score"]
 
 Policy = Literal["lru", "lfu"]
 
@@ -29,13 +29,21 @@ def victim_order(policy: Policy, last: np.ndarray, count: np.ndarray, n: int) ->
 
     LRU: oldest ``last`` access first. LFU: fewest accesses first, ties broken by age.
     """
-    n = min(n, last.size)
+    return smallest(victim_score(policy, last, count), n)
+
+
+def victim_score(policy: Policy, last: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """int64 eviction score per row, lowest evicted first (LFU: count, then age; LRU: age)."""
+    if policy == "lru":
+        return last.astype(np.int64)
+    return (count.astype(np.int64) << 32) | (last.astype(np.int64) & 0xFFFFFFFF)
+
+
+def smallest(score: np.ndarray, n: int) -> np.ndarray:
+    """Indices of the ``n`` smallest scores, ascending (one argpartition, then a sort of n)."""
+    n = min(n, score.size)
     if n <= 0:
         return np.empty(0, dtype=np.int64)
-    if policy == "lru":
-        score = last.astype(np.int64)
-    else:  # lfu: count in the high bits, recency below it
-        score = (count.astype(np.int64) << 32) | (last.astype(np.int64) & 0xFFFFFFFF)
     if n < score.size:
         part = np.argpartition(score, n - 1)[:n]
     else:
