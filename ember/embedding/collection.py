@@ -16,8 +16,11 @@ all. Results equal the per-table computation; other tables take the per-table pa
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
+
+import numpy as np
 
 import torch
 import torch.nn.functional as F
@@ -163,6 +166,10 @@ class EmbeddingCollection(nn.Module):
         self.batched = True  # False: every table on its own (the reference path of the tests)
         self._pending: list[TableLookup] = []
         self.device = torch.device("cpu")
+        # prefetch: the batch being prepared on the worker thread, and the rows applied since
+        self._ahead: tuple[SparseFeatures, Future] | None = None
+        self._written: list[TableLookup] = []
+        self._worker: ThreadPoolExecutor | None = None
 
     def feature_dims(self) -> list[int]:
         return [self.table_configs[f.table_name].dim for f in self.features]
@@ -175,9 +182,79 @@ class EmbeddingCollection(nn.Module):
 
     # ---- stage 1 (CPU, can run ahead on another thread): dedupe + fetch rows -------------
     def prepare(self, sparse: SparseFeatures) -> list[TableLookup]:
-        """Deduplicate each table's IDs and fetch (or create) their rows."""
-        out: list[TableLookup] = []
+        """Deduplicate each table's IDs and fetch (or create) their rows.
+
+        If ``prefetch(sparse)`` started this batch on the worker thread, its result is taken
+        and the rows that updates applied since then changed are copied in, so the records
+        are exactly what a synchronous ``prepare`` would read now.
+        """
         train = self.training and torch.is_grad_enabled()  # eval reads must not count toward admission
+        if self._ahead is not None and self._ahead[0] is sparse and train:
+            lookups = self._ahead[1].result()
+            self._ahead = None
+            self._patch(lookups)
+            return lookups
+        self.drain()
+        return self._prepare(sparse, train)
+
+    def prefetch(self, sparse: SparseFeatures) -> bool:
+        """Start preparing the *next* training batch on a worker thread; returns whether it did.
+
+        Call it after ``prepare`` of the current batch: deduplication, index probes, row reads
+        and tier moves of the next batch then overlap this batch's forward, backward and
+        update (on a 2-core CPU the dense math leaves gaps the worker fills). Results stay
+        exact: ``prepare(sparse)`` later patches the rows this batch's update changed. Tables
+        with ``min_count`` or a TTL (order-dependent state) are not prefetched: returns False.
+        """
+        if not (self.training and torch.is_grad_enabled()):
+            return False
+        if not all(t.prefetchable for t in self.tables.values()):
+            return False
+        self.drain()
+        if self._worker is None:
+            self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ember-prefetch")
+        self._written = []
+        self._ahead = (sparse, self._worker.submit(self._prepare, sparse, True))
+        return True
+
+    def drain(self) -> None:
+        """Wait for and drop a pending prefetch (before reading tables directly, e.g. a checkpoint).
+
+        A dropped prefetch changes no row (lookups never store rows), only cache statistics.
+        """
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            ahead[1].result()  # re-raise the worker's error here
+        self._written = []
+
+    def _patch(self, lookups: list[TableLookup]) -> None:
+        """Copy into ``lookups`` the rows that updates applied after they were read changed."""
+        written, self._written = self._written, []
+        by_table: dict[str, list[TableLookup]] = {}
+        for w in written:
+            by_table.setdefault(w.table, []).append(w)
+        pairs = [(lk, w) for lk in lookups for w in by_table.get(lk.table, ())]  # in apply order
+        if not pairs:
+            return
+        # one deduplication per (written rows, prefetched rows) pair finds the shared IDs: the
+        # written IDs come first, so a prefetched ID's inverse below len(written) is its match
+        parts, bounds = [], [0]
+        for lk, w in pairs:
+            parts += [w.ids.numpy(), lk.ids.numpy()]
+            bounds.append(bounds[-1] + w.ids.numel() + lk.ids.numel())
+        _, inverse, counts = _native.unique_segments(np.concatenate(parts), np.asarray(bounds))
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        for j, (lk, w) in enumerate(pairs):
+            nw = w.ids.numel()
+            pos = inverse[bounds[j] + nw : bounds[j + 1]] - first[j]
+            rows = np.flatnonzero(pos < nw)
+            if rows.size:
+                width = lk.records.shape[1]
+                src = w.records[torch.from_numpy(pos[rows]), :width]
+                lk.records.index_copy_(0, torch.from_numpy(rows), src)
+
+    def _prepare(self, sparse: SparseFeatures, train: bool) -> list[TableLookup]:
+        out: list[TableLookup] = []
         batch_ok = self.batched and sparse.weights is None
         for names in self._groups:
             if len(names) == 1 or not batch_ok:
@@ -293,6 +370,8 @@ class EmbeddingCollection(nn.Module):
     def apply_gradients(self) -> None:
         """Apply each table's optimizer to the rows of the last training forward."""
         done: set[int] = set()
+        if self._ahead is not None:  # the prefetched batch must see these updates
+            self._written.extend(lk for lk in self._pending if _was_updated(lk))
         for lk in self._pending:
             if lk.group is not None:
                 if id(lk.group) not in done:
@@ -324,9 +403,26 @@ class EmbeddingCollection(nn.Module):
                 table.apply(lk.ids, lk.records, grad[start : start + n])
             start += n
 
+    def close(self) -> None:
+        """Finish a pending prefetch and stop the worker thread."""
+        self.drain()
+        if self._worker is not None:
+            self._worker.shutdown()
+            self._worker = None
+
     def discard_gradients(self) -> None:
         """Forget pending lookups (e.g. after a skipped step)."""
         self._pending.clear()
+
+
+def _was_updated(lk: TableLookup) -> bool:
+    """Whether ``apply_gradients`` will update this lookup's rows (its features reached the loss)."""
+    if lk.group is None:
+        return lk.weights is not None and lk.weights.grad is not None
+    g = lk.group
+    if g.weights is None or g.weights.grad is None:
+        return False
+    return g.reached is None or g.reached[g.lookups.index(lk)]
 
 
 def _pool(w: Tensor, idx: Tensor, offsets: Tensor, weights: Tensor | None, f: FeatureConfig) -> Tensor | SequenceEmbedding:

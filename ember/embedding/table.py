@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Iterator
 
 import numpy as np
@@ -54,6 +55,9 @@ class EmbeddingTable:
         self._min_count = config.min_count
         self._pending = IdCounter() if config.min_count > 1 else None
         self._filtered_memo: tuple[Tensor, Tensor] | None = None
+        # lookup (maybe on the collection's prefetch thread) and the writes of apply never
+        # interleave inside one table
+        self.lock = threading.Lock()
         self.reset_step_stats()
 
     def __len__(self) -> int:
@@ -75,12 +79,25 @@ class EmbeddingTable:
         col = records.new_full((records.shape[0], 1), float(self.step if seen is None else seen))
         return torch.cat([records, col], dim=1)
 
+    @property
+    def prefetchable(self) -> bool:
+        """Whether a lookup may run ahead of the previous batch's ``apply`` with the same result.
+
+        Only without ``min_count`` or a TTL: their sighting counts and last-seen steps depend on
+        the order of lookups and applies.
+        """
+        return self._pending is None and self._ttl is None
+
     def lookup(self, ids: Tensor, train: bool = True) -> Tensor:
         """Records [U, stored_dim] of unique int64 ``ids`` (CPU); missing IDs are created.
 
         ``train=False`` (evaluation) neither counts sightings toward ``min_count`` nor refreshes
         the last-seen step. Rows are only stored by ``apply``.
         """
+        with self.lock:
+            return self._lookup(ids, train)
+
+    def _lookup(self, ids: Tensor, train: bool) -> Tensor:
         records, found = self.tier.get(ids)
         records = records.to("cpu")
         if self._ttl is not None and bool(found.any()):
@@ -124,6 +141,10 @@ class EmbeddingTable:
 
     def apply(self, ids: Tensor, records: Tensor, grads: Tensor) -> None:
         """One optimizer step on the rows of unique ``ids``; grads [U, D] summed per ID."""
+        with self.lock:
+            self._apply(ids, records, grads)
+
+    def _apply(self, ids: Tensor, records: Tensor, grads: Tensor) -> None:
         self.step += 1
         filtered = self._filtered(ids)
         self._filtered_memo = None
@@ -174,7 +195,8 @@ class EmbeddingTable:
         start = 0
         for t, i in zip(tables, ids):
             n = i.numel()
-            t.tier.put(i, records[start : start + n])
+            with t.lock:
+                t.tier.put(i, records[start : start + n])
             start += n
             if t._ttl is not None and t.step % t._ttl == 0:
                 t.expire()

@@ -14,7 +14,7 @@ from ember.tiers.policy import Policy, smallest, victim_score
 
 __all__ = ["HostTier", "META_BYTES_PER_ROW"]
 
-META_BYTES_PER_ROW = 12  # last access (int64) + access count (int32) per slot, for LRU/LFU
+META_BYTES_PER_ROW = 21  # per slot: last access (int64), access count (int32), ID (int64), held (bool)
 
 
 class HostTier:
@@ -66,7 +66,9 @@ class HostTier:
         self._index = KeyIndex(first)
         self._next = 0  # slots [0, _next) have been handed out at least once
         self._free = np.empty(0, dtype=np.int32)
-        self._memo: tuple[Tensor, Tensor] | None = None
+        # (ids, slots) of the last two distinct ID tensors probed: a batch's put after its get
+        # skips the probe even when the next batch's get (prefetched) came in between
+        self._memo: list[tuple[Tensor, Tensor]] = []
         # victims ranked by the last full scan: (slots, ids, scores), see _victim_slots
         self._queue: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.victim_batch = max(1024, (capacity or 0) // 16)
@@ -94,11 +96,11 @@ class HostTier:
     # ---- lookups ------------------------------------------------------------------------
     def slots_of(self, ids: Tensor) -> Tensor:
         """Slot of each ID (-1 if absent), int64 [N] on CPU."""
-        memo = self._memo
-        if memo is not None and memo[0] is ids:
-            return memo[1]
+        for memo_ids, memo_slots in self._memo:
+            if memo_ids is ids:
+                return memo_slots
         slots = torch.from_numpy(self._index.lookup(ids.numpy()).astype(np.int64))
-        self._memo = (ids, slots)
+        self._memo = [(ids, slots)] + self._memo[:1]
         return slots
 
     def contains(self, ids: Tensor) -> Tensor:
@@ -145,12 +147,12 @@ class HostTier:
             slots_np = slots.numpy().copy()  # numpy: a masked store here costs a fraction of torch's
             slots_np[miss_np] = new_slots
             slots = torch.from_numpy(slots_np)
-            self._memo = (ids, slots)
+            self._memo = [(ids, slots)]  # the other entry may list these IDs as absent
         self._arena.index_copy_(0, slots.to(self.device), records.to(self.device, self._arena.dtype))
 
     def remove(self, ids: Tensor) -> Tensor:
         """Delete ``ids``; returns the found mask [N]."""
-        self._memo = None
+        self._memo = []
         slots = self._index.remove(ids.numpy())
         found = slots >= 0
         self._free = np.concatenate([self._free, slots[found]])
@@ -193,7 +195,7 @@ class HostTier:
         """Remove up to ``n`` rows chosen by the policy (LRU or LFU); returns their (ids, records)."""
         ids, slots = self._victim_slots(n, take=True)
         rows = self._arena.index_select(0, torch.from_numpy(slots.astype(np.int64)).to(self.device))
-        self._memo = None
+        self._memo = []
         self._index.remove(ids)
         self._free = np.concatenate([self._free, slots])
         self._held[slots] = False

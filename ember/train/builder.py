@@ -34,15 +34,28 @@ class Components:
     def collections(self) -> list[EmbeddingCollection]:
         return [self.embeddings] + ([self.linear] if self.linear is not None else [])
 
-    def forward(self, batch: Batch) -> Tensor:
-        """Logits [B, T] for a batch whose dense part and labels are already on ``device``."""
-        emb = self.embeddings(batch.sparse)
+    def forward(self, batch: Batch, prefetch: Batch | None = None) -> Tensor:
+        """Logits [B, T] for a batch whose dense part and labels are already on ``device``.
+
+        ``prefetch``: the next training batch; its embedding rows are fetched on a worker
+        thread while this batch computes (exact, see ``EmbeddingCollection.prefetch``).
+        """
+        lookups = [ec.prepare(batch.sparse) for ec in self.collections()]
+        if prefetch is not None:
+            for ec in self.collections():
+                ec.prefetch(prefetch.sparse)
+        emb = self.embeddings(batch.sparse, lookups[0])
         pooled = [emb[f.name] for f in self.embeddings.features]
         linear = None
         if self.linear is not None:
-            lin = self.linear(batch.sparse)
+            lin = self.linear(batch.sparse, lookups[1])
             linear = [lin[f.name] for f in self.linear.features]
         return self.model(batch.dense, pooled, linear)
+
+    def drain(self) -> None:
+        """Finish pending prefetches (before a checkpoint or evaluation reads the tables)."""
+        for ec in self.collections():
+            ec.drain()
 
     def apply_sparse_gradients(self) -> None:
         for ec in self.collections():

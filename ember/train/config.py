@@ -41,3 +41,6 @@ class TrainConfig(ConfigModel):
     resume: str | None = None  # checkpoint to continue exactly (model, optimizers, data position)
     init_from: str | None = None  # checkpoint whose weights start a finetune (fresh data position)
     progress: bool = True
+    # fetch the next batch's embedding rows on a worker thread during this step (exact results;
+    # skipped for tables with min_count or ttl_steps)
+    prefetch: bool = True

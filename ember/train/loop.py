@@ -8,7 +8,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator, TypeVar
 
 import torch
 
@@ -24,6 +24,8 @@ from ember.train.history import History
 from ember.train.loss import multitask_bce
 
 __all__ = ["train", "RunResult", "prepare_run"]
+
+T = TypeVar("T")
 
 
 @dataclass
@@ -74,6 +76,7 @@ def train(cfg: RunConfig) -> RunResult:
     def checkpoint(epoch: int, batch: int) -> Path:
         if (step, epoch, batch) in saved:  # this exact state is on disk already
             return saved[(step, epoch, batch)]
+        parts.drain()  # a prefetch must not read the tables while they are saved
         state = {"model": parts.model.state_dict(), "optimizer": parts.dense_optimizer.state_dict()}
         path = save_checkpoint(run_dir / "checkpoints", step, parts.collections(), state,
                                {"epoch": epoch, "batch": batch}, cfg.model_dump(mode="json", by_alias=True), t.keep_checkpoints)
@@ -101,9 +104,10 @@ def train(cfg: RunConfig) -> RunResult:
         batches = make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch)
         batch_idx = start_batch
         loss_sum, seen, t0 = 0.0, 0, time.perf_counter()
-        for batch in batches:
+        for batch, upcoming in _with_next(batches):
             batch = _to_device(batch, parts.device)
-            logits = parts.forward(batch)  # gathers unique rows once per table
+            # gathers unique rows once per table; the next batch's rows are fetched meanwhile
+            logits = parts.forward(batch, prefetch=upcoming if t.prefetch else None)
             loss = multitask_bce(logits, batch.labels, task_w)
             parts.dense_optimizer.zero_grad(set_to_none=True)
             loss.backward()  # dense grads + one summed gradient per unique ID
@@ -136,6 +140,7 @@ def train(cfg: RunConfig) -> RunResult:
                 progress.note(_fmt(metrics))
     progress.close()
     for ec in parts.collections():
+        ec.close()  # no prefetch left running
         for table in ec.tables.values():
             table.expire()
     final = checkpoint(epoch, batch_idx if done else 0)
@@ -157,6 +162,19 @@ def _table_stats(parts: Components) -> dict[str, float]:
                 out[f"{name}/{key}"] = value
             table.reset_step_stats()
     return out
+
+
+def _with_next(items: Iterable[T]) -> Iterator[tuple[T, T | None]]:
+    """Each item with the one after it (None for the last), reading one item ahead."""
+    it = iter(items)
+    try:
+        cur = next(it)
+    except StopIteration:
+        return
+    for nxt in it:
+        yield cur, nxt
+        cur = nxt
+    yield cur, None
 
 
 def _merge(acc: dict[str, int], report: Any) -> dict[str, int]:
