@@ -19,7 +19,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
-__all__ = ["is_available", "require", "unique_segments"]
+__all__ = ["index_add_rows", "is_available", "require", "unique_segments"]
 
 try:
     from ember import _ember_native as _core  # type: ignore[attr-defined]  # optional extension
@@ -90,3 +90,23 @@ def _unique_segments_fallback(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.n
         total += u.numel()
     cat = lambda parts: np.concatenate(parts) if parts else np.empty(0, np.int64)  # noqa: E731
     return cat(uniqs), cat(inverses), np.asarray(counts, dtype=np.int64)
+
+
+def index_add_rows(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """``out.index_add_(0, index, src)`` (rows of ``src`` summed into ``out``), in place; returns ``out``.
+
+    On CPU float32 the compiled loop is 2-3x faster than torch's for narrow rows (embedding
+    gradients, D = 8-64) and gives the same sums in the same order; elsewhere torch's.
+    """
+    ok = (
+        _core is not None
+        and out.device.type == "cpu" and src.device.type == "cpu"
+        and out.dtype == torch.float32 and src.dtype == torch.float32 and index.dtype == torch.int64
+        and out.dim() == 2 and out.is_contiguous() and src.is_contiguous() and index.is_contiguous()
+        and src.shape == (index.numel(), out.shape[1]) and out.shape[1] > 0
+        and not (out.requires_grad or src.requires_grad)
+    )
+    if not ok:
+        return out.index_add_(0, index, src)
+    _core.index_add_rows(out.numpy(), index.numpy(), src.numpy(), out.shape[1])
+    return out

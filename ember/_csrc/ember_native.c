@@ -291,7 +291,46 @@ done:
     return res;
 }
 
+/* index_add_rows(out float32[U*D], index int64[N], src float32[N*D], dim) -> None
+ * out[index[i], :] += src[i, :] for i in order (the same sums, in the same order, as
+ * torch.index_add_ on one thread). Indices are checked against U first. */
+static PyObject *index_add_rows(PyObject *self, PyObject *args) {
+    Py_buffer out, index, src;
+    Py_ssize_t dim;
+    if (!PyArg_ParseTuple(args, "w*y*y*n", &out, &index, &src, &dim)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t n = index.len / 8;
+    Py_ssize_t u = dim > 0 ? out.len / 4 / dim : 0;
+    if (dim <= 0 || out.len != u * dim * 4 || src.len != n * dim * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native index_add_rows: out [U, dim], src [N, dim] float32, index int64 [N]");
+        goto done;
+    }
+    {
+        const int64_t *ix = index.buf;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (ix[i] < 0 || ix[i] >= u) {
+                PyErr_SetString(PyExc_IndexError, "ember native index_add_rows: index out of range");
+                goto done;
+            }
+        float *o = out.buf;
+        const float *sv = src.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float *row = o + ix[i] * dim;
+            const float *g = sv + i * dim;
+            for (Py_ssize_t c = 0; c < dim; c++) row[c] += g[c];
+        }
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
+done:
+    PyBuffer_Release(&out); PyBuffer_Release(&index); PyBuffer_Release(&src);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim) -> None"},
     {"tag_find", tag_find, METH_VARARGS, "tag_find(tags, pos, tag, out) -> None"},
     {"tag_claim", tag_claim, METH_VARARGS, "tag_claim(tags, pos, tag, out) -> empty slots used"},
     {"uniform01", uniform01, METH_VARARGS, "uniform01(ids, base_key, dim, out) -> None"},

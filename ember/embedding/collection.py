@@ -90,31 +90,36 @@ class _SplitFeatures(torch.autograd.Function):
 
 
 class _GroupPool(torch.autograd.Function):
-    """``embedding_bag`` (sum or mean) whose backward is one ``index_add_`` into [U, D].
+    """``embedding_bag`` (sum or mean) whose backward is one scatter-add into [U, D].
 
     CPU ``embedding_bag`` backward sorts all N indices first; for a group of many tables the
     scatter-add over the (already deduplicated) inverse indices is several times cheaper.
+    When every bag holds one value (single-hot features) the pooling is a plain row gather,
+    ~5x cheaper than ``embedding_bag`` on CPU.
     """
 
     @staticmethod
     def forward(ctx, w: Tensor, inverse: Tensor, offsets: Tensor, mode: str) -> Tensor:  # type: ignore[override]
-        ctx.save_for_backward(inverse, offsets)
-        ctx.mode, ctx.rows = mode, w.shape[0]
+        n = inverse.numel()
+        lengths = torch.diff(offsets, append=offsets.new_tensor([n]))
+        single = n == lengths.numel() and bool((lengths == 1).all())  # bag b is value b
+        ctx.save_for_backward(inverse, lengths)
+        ctx.mode, ctx.rows, ctx.single = mode, w.shape[0], single
+        if single:
+            return w.index_select(0, inverse)
         return F.embedding_bag(inverse, w, offsets, mode=mode)
 
     @staticmethod
     def backward(ctx, grad: Tensor):  # type: ignore[override]
-        inverse, offsets = ctx.saved_tensors
-        n = inverse.numel()
-        lengths = torch.diff(offsets, append=offsets.new_tensor([n]))
-        if ctx.mode == "mean":
-            grad = grad / lengths.clamp(min=1).unsqueeze(1).to(grad.dtype)
-        if n == lengths.numel() and bool((lengths == 1).all()):  # single-hot: bag b is value b
-            per_value = grad
+        inverse, lengths = ctx.saved_tensors
+        if ctx.single:
+            per_value = grad  # mean of one value is that value
         else:
+            if ctx.mode == "mean":
+                grad = grad / lengths.clamp(min=1).unsqueeze(1).to(grad.dtype)
             per_value = grad.index_select(0, torch.repeat_interleave(lengths))
-        gw = grad.new_zeros(ctx.rows, grad.shape[1]).index_add_(0, inverse, per_value)
-        return gw, None, None, None
+        gw = grad.new_zeros(ctx.rows, grad.shape[1])
+        return _native.index_add_rows(gw, inverse, per_value.contiguous()), None, None, None
 
 
 class EmbeddingCollection(nn.Module):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from ember import _native
 from ember.tiers.key_index import KeyIndex
@@ -89,3 +90,16 @@ def test_uniform_init_native_matches_numpy_bit_for_bit(seed, stream, dim):
     ids = np.random.default_rng(seed).integers(-(2**63), 2**63 - 1, size=3000)
     key = mix64(np.array([seed * 2 + stream], dtype=np.uint64))
     np.testing.assert_array_equal(init._uniform01(ids, dim, seed, stream), init._uniform01_fallback(ids, dim, key))
+
+
+@pytest.mark.skipif(not _native.is_available(), reason="native core not built")
+@pytest.mark.parametrize("dim", [1, 16, 33])
+def test_index_add_rows_native_equals_torch_index_add(dim):
+    g = torch.Generator().manual_seed(dim)
+    index = torch.randint(0, 50, (5000,), generator=g)  # many repeats of each row
+    src = torch.randn(5000, dim, generator=g)
+    base = torch.randn(50, dim, generator=g)
+    got = _native.index_add_rows(base.clone(), index, src)
+    assert torch.equal(got, base.clone().index_add_(0, index, src))  # same sums, same order
+    with pytest.raises(IndexError, match="out of range"):
+        _native.index_add_rows(base.clone(), torch.tensor([50]), torch.ones(1, dim))
