@@ -255,7 +255,7 @@ class EmbeddingCollection(nn.Module):
             rows = np.flatnonzero(pos < nw)
             if rows.size:
                 width = lk.records.shape[1]
-                src = w.records[torch.from_numpy(pos[rows]), :width]
+                src = w.records.index_select(0, torch.from_numpy(pos[rows]))[:, :width]
                 lk.records.index_copy_(0, torch.from_numpy(rows), src)
 
     def _prepare(self, sparse: SparseFeatures, train: bool) -> list[TableLookup]:
