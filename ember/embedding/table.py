@@ -106,9 +106,10 @@ class EmbeddingTable:
                 found = found & ~expired
                 self.expired_reads += int(expired.sum())
         filtered = None
-        if not bool(found.all()):
-            missing = torch.nonzero(~found).squeeze(1)
-            m_ids = ids[missing]
+        miss = np.flatnonzero(~found.numpy())  # numpy: cheaper than torch on small per-table arrays
+        if miss.size:
+            missing = torch.from_numpy(miss)
+            m_ids = ids.index_select(0, missing)
             if self._pending is None:
                 # index_copy_, not records[missing] = ...: CPU index_put of rows is ~15x slower
                 records.index_copy_(0, missing, self._stored(self.new_records(m_ids)))

@@ -109,16 +109,16 @@ class HostTier:
 
     def get(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """Records [N, R] (on this tier's device) and found mask [N]; counts an access of each found ID."""
-        slots = self.slots_of(ids)
-        found = slots >= 0
+        s = self.slots_of(ids).numpy()
+        found = s >= 0
         self.clock += 1
-        hit = slots.numpy()[found.numpy()]
+        hit = s[found]
         self._last[hit] = self.clock
         self._count[hit] += 1
-        self.requests += ids.numel()
+        self.requests += s.size
         self.hits += hit.size
-        rows = self._arena.index_select(0, slots.clamp(min=0).to(self.device))
-        return rows, found
+        rows = self._arena.index_select(0, torch.from_numpy(np.maximum(s, 0)).to(self.device))
+        return rows, torch.from_numpy(found)
 
     def counts_of(self, ids: Tensor) -> np.ndarray:
         """Access counts held for ``ids`` (0 for absent IDs)."""
@@ -133,19 +133,20 @@ class HostTier:
         cache does not evict a row promoted for being frequent on its first eviction.
         """
         slots = self.slots_of(ids)
-        missing = slots < 0
-        if bool(missing.any()):
-            miss_np = missing.numpy()
-            new_ids = ids[missing]
-            new_slots = self._allocate(new_ids.numel())
-            self._index.insert(new_ids.numpy(), new_slots)
-            self._ids[new_slots] = new_ids.numpy()
+        # numpy for the bookkeeping: on these small per-table arrays each torch op costs
+        # several times its numpy twin, and put runs once per table per step
+        miss = np.flatnonzero(slots.numpy() < 0)
+        if miss.size:
+            new_ids = ids.numpy()[miss]
+            new_slots = self._allocate(miss.size)
+            self._index.insert(new_ids, new_slots)
+            self._ids[new_slots] = new_ids
             self._held[new_slots] = True
             self._last[new_slots] = self.clock
-            self._count[new_slots] = 1 if counts is None else np.maximum(np.asarray(counts)[miss_np], 1)
+            self._count[new_slots] = 1 if counts is None else np.maximum(np.asarray(counts)[miss], 1)
             self.inserts += new_slots.size
-            slots_np = slots.numpy().copy()  # numpy: a masked store here costs a fraction of torch's
-            slots_np[miss_np] = new_slots
+            slots_np = slots.numpy().copy()
+            slots_np[miss] = new_slots
             slots = torch.from_numpy(slots_np)
             self._memo = [(ids, slots)]  # the other entry may list these IDs as absent
         self._arena.index_copy_(0, slots.to(self.device), records.to(self.device, self._arena.dtype))
