@@ -100,6 +100,7 @@ def train(cfg: RunConfig) -> RunResult:
     progress = _progress(t.progress, total)
     done = t.max_steps is not None and step >= t.max_steps  # e.g. resumed at the end already
     batch_idx = start_batch
+    prefetch = _use_prefetch(t.prefetch, parts)
     while epoch < t.epochs and not done:
         batches = make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch)
         batch_idx = start_batch
@@ -107,7 +108,7 @@ def train(cfg: RunConfig) -> RunResult:
         for batch, upcoming in _with_next(batches):
             batch = _to_device(batch, parts.device)
             # gathers unique rows once per table; the next batch's rows are fetched meanwhile
-            logits = parts.forward(batch, prefetch=upcoming if t.prefetch else None)
+            logits = parts.forward(batch, prefetch=upcoming if prefetch else None)
             loss = multitask_bce(logits, batch.labels, task_w)
             parts.dense_optimizer.zero_grad(set_to_none=True)
             loss.backward()  # dense grads + one summed gradient per unique ID
@@ -162,6 +163,14 @@ def _table_stats(parts: Components) -> dict[str, float]:
                 out[f"{name}/{key}"] = value
             table.reset_step_stats()
     return out
+
+
+def _use_prefetch(setting: bool | str, parts: Components) -> bool:
+    """``train.prefetch``: True/False as given; auto when it measured faster (see TrainConfig)."""
+    if setting != "auto":
+        return bool(setting)
+    on_disk = any(t.config.storage.disk_path is not None for ec in parts.collections() for t in ec.tables.values())
+    return parts.device.type == "cuda" or on_disk
 
 
 def _with_next(items: Iterable[T]) -> Iterator[tuple[T, T | None]]:

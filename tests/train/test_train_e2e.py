@@ -112,3 +112,22 @@ def test_resume_across_tier_layouts_with_admission(tmp_path):
         o_f, o_r = torch.argsort(t_full[name][0]), torch.argsort(t_res[name][0])
         assert torch.equal(t_full[name][0][o_f], t_res[name][0][o_r]), name
         assert torch.equal(t_full[name][1][o_f], t_res[name][1][o_r]), name
+
+
+def test_prefetch_on_equals_off_through_eval_and_checkpoints(tmp_path):
+    # DeepFM: two collections (embeddings + first-order tables) prefetch side by side; eval and
+    # checkpoints mid-run drain the pending prefetch
+    def cfg(name, prefetch):
+        c = _cfg(tmp_path, name, deterministic=True, max_steps=24, eval_every=10, eval_max_batches=2,
+                 checkpoint_every=7, prefetch=prefetch)
+        return c.model_copy(update={"model": model_config_from_dict({"type": "deepfm", "deep_mlp": [32]})})
+
+    on, off = train(cfg("on", True)), train(cfg("off", False))
+    m_on, t_on = _state(on)
+    m_off, t_off = _state(off)
+    for k in m_on:
+        assert torch.equal(m_on[k], m_off[k]), k
+    assert t_on.keys() == t_off.keys()
+    for name in t_on:
+        assert torch.equal(t_on[name][0], t_off[name][0]) and torch.equal(t_on[name][1], t_off[name][1]), name
+    assert on.metrics["auc/label"] == off.metrics["auc/label"]
