@@ -99,17 +99,19 @@ class CachedTier:
         rows_f, found_f = self.fast.get(ids)
         rows = rows_f.to("cpu")
         found = found_f.clone()
-        if bool(found_f.all()):
+        miss_np = np.flatnonzero(~found.numpy())  # numpy bookkeeping: small arrays, per batch
+        if miss_np.size == 0:
             return rows, found
-        miss = torch.nonzero(~found_f).squeeze(1)
-        miss_ids = ids[miss]
+        miss = torch.from_numpy(miss_np)
+        miss_ids = ids.index_select(0, miss)
         rows_s, found_s = self.slow.get(miss_ids)
         rows_s = rows_s.to("cpu")
         rows.index_copy_(0, miss, rows_s)
-        found[miss] = found_s
+        found_s_np = found_s.numpy()
+        found.numpy()[miss_np] = found_s_np
         est = self._count(miss_ids)
         # Promote found rows that pass admission (new rows are admitted at put time).
-        cand = torch.nonzero(found_s).squeeze(1)
+        cand = torch.from_numpy(np.flatnonzero(found_s_np))
         if cand.numel():
             admit = self._admit(est[cand.numpy()])
             if admit.size:
@@ -167,16 +169,13 @@ class CachedTier:
     # ---- writes ---------------------------------------------------------------------------
     def put(self, ids: Tensor, records: Tensor) -> None:
         """Write records where their IDs live; new IDs go through admission."""
-        in_fast = self.fast.contains(ids)
-        if bool(in_fast.all()):
-            self.fast.put(ids, records)
+        in_fast = self.fast.overwrite(ids, records)
+        rest_np = np.flatnonzero(~in_fast)
+        if rest_np.size == 0:
             return
-        if bool(in_fast.any()):
-            f_ids = ids[in_fast]
-            self.fast.put(f_ids, records[in_fast])
-        rest = torch.nonzero(~in_fast).squeeze(1)
-        r_ids = ids[rest]
-        r_recs = records[rest]
+        rest = torch.from_numpy(rest_np)
+        r_ids = ids.index_select(0, rest)
+        r_recs = records.index_select(0, rest)
         in_slow = self.slow.contains(r_ids)  # type: ignore[attr-defined]
         new = torch.nonzero(~in_slow).squeeze(1)
         to_fast = np.empty(0, dtype=np.int64)

@@ -151,6 +151,23 @@ class HostTier:
             self._memo = [(ids, slots)]  # the other entry may list these IDs as absent
         self._arena.index_copy_(0, slots.to(self.device), records.to(self.device, self._arena.dtype))
 
+    def overwrite(self, ids: Tensor, records: Tensor) -> np.ndarray:
+        """Write the records of those ``ids`` already held (no inserts); returns that mask [N].
+
+        One probe serves both the test and the write (a CachedTier's put splits a batch this way).
+        """
+        s = self.slots_of(ids).numpy()
+        held = s >= 0
+        sel = np.flatnonzero(held)
+        if sel.size == s.size:
+            self._arena.index_copy_(0, torch.from_numpy(s).to(self.device), records.to(self.device, self._arena.dtype))
+        elif sel.size:
+            pick = torch.from_numpy(sel)
+            self._arena.index_copy_(
+                0, torch.from_numpy(s[sel]).to(self.device), records.index_select(0, pick).to(self.device, self._arena.dtype)
+            )
+        return held
+
     def remove(self, ids: Tensor) -> Tensor:
         """Delete ``ids``; returns the found mask [N]."""
         self._memo = []
