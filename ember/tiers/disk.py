@@ -20,8 +20,6 @@ import json
 import mmap
 import os
 import shutil
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Iterator
 
@@ -39,26 +37,6 @@ _EMPTY, _DELETED = 0, 1
 _WINDOW = 8
 _STEPS = np.arange(_WINDOW, dtype=np.int64)
 _FORMAT = "ember-disk-tier-1"
-# Batched reads and writes of slots not in the page cache are page faults, served one at a
-# time per thread; split over a few threads they keep several SSD requests in flight.
-_IO_THREADS = 8
-_IO_MIN_ROWS = 4096  # below this a batch is read on the calling thread
-_io_pool: ThreadPoolExecutor | None = None
-_io_lock = threading.Lock()
-
-
-def _pool() -> ThreadPoolExecutor:
-    global _io_pool
-    with _io_lock:
-        if _io_pool is None:
-            _io_pool = ThreadPoolExecutor(max_workers=_IO_THREADS, thread_name_prefix="ember-disk-io")
-        return _io_pool
-
-
-def _chunks(n: int) -> list[tuple[int, int]]:
-    k = min(_IO_THREADS, max(1, n // (_IO_MIN_ROWS // 2)))
-    bounds = np.linspace(0, n, k + 1).astype(np.int64)
-    return [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
 def disk_slot_bytes(record_dim: int) -> int:
@@ -231,33 +209,9 @@ class DiskTier:
         assert self._mm is not None, "DiskTier is closed"
         order = np.argsort(slots, kind="stable")
         out = np.empty((slots.size, self.width), dtype=np.float32)
-        out[order] = self._gather(slots[order])
+        out[order] = self._mm[slots[order]]
         self.reads += slots.size
         return out
-
-    def _gather(self, sorted_slots: np.ndarray, cols: slice = slice(None)) -> np.ndarray:
-        """``mm[sorted_slots, cols]``, in file order, on several threads when the batch is large."""
-        mm = self._mm
-        assert mm is not None, "DiskTier is closed"
-        n = sorted_slots.size
-        if n < _IO_MIN_ROWS:
-            return mm[sorted_slots, cols]
-        parts = list(_pool().map(lambda ab: mm[sorted_slots[ab[0] : ab[1]], cols], _chunks(n)))
-        return np.concatenate(parts)
-
-    def _scatter(self, sorted_slots: np.ndarray, block: np.ndarray) -> None:
-        """``mm[sorted_slots] = block``, several threads for a large batch (see ``_gather``)."""
-        mm = self._mm
-        assert mm is not None, "DiskTier is closed"
-        n = sorted_slots.size
-        if n < _IO_MIN_ROWS:
-            mm[sorted_slots] = block
-            return
-
-        def put(ab: tuple[int, int]) -> None:
-            mm[sorted_slots[ab[0] : ab[1]]] = block[ab[0] : ab[1]]
-
-        list(_pool().map(put, _chunks(n)))
 
     def _probe(self, ids: np.ndarray, want_rows: bool) -> tuple[np.ndarray, np.ndarray | None]:
         """Slot of each ID (-1 absent) and, if ``want_rows``, each found ID's record [N, R]."""
@@ -286,9 +240,10 @@ class DiskTier:
                     data = self._read(cslots)
                     keys = np.ascontiguousarray(data[:, :2]).view(np.int64)[:, 0]
                 else:
+                    assert self._mm is not None, "DiskTier is closed"
                     order = np.argsort(cslots, kind="stable")
                     keys = np.empty(cslots.size, dtype=np.int64)
-                    keys[order] = np.ascontiguousarray(self._gather(cslots[order], slice(0, 2))).view(np.int64)[:, 0]
+                    keys[order] = np.ascontiguousarray(self._mm[cslots[order], :2]).view(np.int64)[:, 0]
                 q = active[cand]
                 ok = keys == ids[q]
                 slot_of[q[ok]] = cslots[ok]
@@ -365,7 +320,7 @@ class DiskTier:
         block[:, :2] = np.ascontiguousarray(ids, dtype=np.int64).view(np.float32).reshape(-1, 2)
         block[:, 2:] = recs
         order = np.argsort(slots, kind="stable")
-        self._scatter(slots[order], block[order])
+        self._mm[slots[order]] = block[order]
         self.writes += slots.size
 
     def _insert_slots(self, ids: np.ndarray) -> np.ndarray:
