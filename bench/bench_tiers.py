@@ -337,7 +337,7 @@ def bench_capacity(args) -> dict:
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
     else:
-        disk.close()
+        tier.close()  # writes the host cache's rows back: the kept files hold every row
     return res
 
 

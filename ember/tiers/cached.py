@@ -222,6 +222,14 @@ class CachedTier:
         getattr(self.slow, "flush", lambda: None)()
 
     def close(self) -> None:
+        """Write the fast tier's rows back to the slow one, then close it.
+
+        After this the slow tier holds every row (a disk tier reopened later has them all);
+        the fast tier is left empty.
+        """
+        ids, rows = self.fast.evict(len(self.fast))
+        if ids.numel():
+            self.slow.put(ids, rows.to("cpu"))
         getattr(self.slow, "close", lambda: None)()
 
     def warm_start(self, ids: Tensor, counts: Tensor) -> int:

@@ -104,3 +104,20 @@ def test_full_disk_raises_tier_io_error(tmp_path, when):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 3, out.stdout + out.stderr
     assert "cannot reserve" in out.stdout and "disk_path" in out.stdout
+
+
+def test_closing_a_cache_writes_its_rows_back_to_disk(tmp_path):
+    from ember.tiers import CachedTier, HostTier
+
+    ids = torch.arange(200) * 7
+    c = CachedTier(HostTier(2, capacity=50, policy="lfu"), DiskTier(tmp_path, record_dim=2, rows=256), admit_after=1)
+    c.put(ids, torch.zeros(200, 2))
+    for _ in range(3):  # the first 40 IDs get hot and are promoted into the cache
+        c.get(ids[:40])
+    c.put(ids[:40], torch.ones(40, 2))
+    assert len(c.fast) > 0
+    c.close()
+    again = DiskTier(tmp_path, record_dim=2, reopen=True)
+    rows, found = again.get(ids)
+    assert bool(found.all()) and len(again) == 200
+    assert torch.equal(rows[:40], torch.ones(40, 2)) and torch.equal(rows[40:], torch.zeros(160, 2))
