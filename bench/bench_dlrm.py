@@ -62,14 +62,22 @@ def make_model(seed: int) -> DLRM:
 class Ember:
     """ember's step; ``prefetch`` fetches the next batch's rows on the worker thread meanwhile."""
 
-    def __init__(self, prefetch: bool = False) -> None:
+    def __init__(self, prefetch: bool = False, disk: str | None = None) -> None:
         self.prefetch = prefetch
         self.name = "ember-prefetch" if prefetch else "ember"
         self.ahead = None
         names = [f"C{i + 1}" for i in range(F)]
         self.keys = names
         opt = RowWiseAdagrad(lr=0.05)
-        self.ec = EmbeddingCollection([TableConfig(name=n, dim=D, optimizer=opt) for n in names], [FeatureConfig(name=n) for n in names])
+
+        def storage(n: str) -> dict:  # --disk: a host cache of V/16 rows per table in front of a disk tier
+            if disk is None:
+                return {}
+            path = f"{disk}/{self.name}/{n}"
+            return {"storage": {"host_rows": V // 16, "policy": "lfu", "admit_after": 2, "disk_path": path, "disk_rows": V}}
+
+        tables = [TableConfig(name=n, dim=D, optimizer=opt, **storage(n)) for n in names]
+        self.ec = EmbeddingCollection(tables, [FeatureConfig(name=n) for n in names])
         self.model = make_model(0)
         self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
         # "prepare": dedupe + index + gather, or with prefetch what is left of it on this thread
@@ -108,6 +116,8 @@ class Ember:
 
     def index_bytes_per_row(self) -> float:
         rows = sum(len(t) for t in self.ec.tables.values())
+        if not all(hasattr(t.tier, "index_bytes") for t in self.ec.tables.values()):
+            return float("nan")  # tiered tables: see bench_tiers.py for their RAM per row
         return sum(t.tier.index_bytes for t in self.ec.tables.values()) / max(rows, 1)
 
 
@@ -159,6 +169,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--prefetch", action="store_true", help="also run ember with the next batch prefetched")
+    ap.add_argument("--disk", default=None, help="ember's tables: host cache of V/16 rows + disk tier under this dir")
     args = ap.parse_args()
     n = args.steps + args.warmup
     t0 = time.perf_counter()
@@ -166,7 +177,9 @@ def main() -> None:
     print(f"generated {n} batches in {time.perf_counter() - t0:.1f}s; torch threads={torch.get_num_threads()}")
     # ember as `train.prefetch: auto` runs it on a CPU-only box (synchronous); --prefetch adds
     # the variant that fetches the next batch's rows on the worker thread
-    variants = [Ember(), Plain(), DenseOnly(args.batch)] + ([Ember(prefetch=True)] if args.prefetch else [])
+    variants = [Ember(disk=args.disk), Plain(), DenseOnly(args.batch)]
+    if args.prefetch:
+        variants.append(Ember(prefetch=True, disk=args.disk))
     times = {v.name: [] for v in variants}
     for i, (ids, dense, labels) in enumerate(batches):
         k = i % len(variants)

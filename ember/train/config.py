@@ -42,8 +42,8 @@ class TrainConfig(ConfigModel):
     init_from: str | None = None  # checkpoint whose weights start a finetune (fresh data position)
     progress: bool = True
     # fetch the next batch's embedding rows on a worker thread during this step (exact results;
-    # skipped for tables with min_count or ttl_steps). auto: on when the model runs on a GPU or
-    # a table has a disk tier (the CPU or the thread would otherwise wait); off for a CPU-only
-    # in-memory run, where the worker competes with the dense math for the cores (measured
-    # 0.98-0.99x on 2 cores, bench/bench_dlrm.py --prefetch)
+    # skipped for tables with min_count or ttl_steps). auto: on when the model runs on a GPU
+    # (the host cores are free while it computes); off on CPU, where the worker competes with
+    # the dense math for the cores (measured 0.97-1.01x on 2 cores, in memory and with a disk
+    # tier: bench/bench_dlrm.py --prefetch [--disk DIR])
     prefetch: bool | Literal["auto"] = "auto"

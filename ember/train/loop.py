@@ -169,8 +169,7 @@ def _use_prefetch(setting: bool | str, parts: Components) -> bool:
     """``train.prefetch``: True/False as given; auto when it measured faster (see TrainConfig)."""
     if setting != "auto":
         return bool(setting)
-    on_disk = any(t.config.storage.disk_path is not None for ec in parts.collections() for t in ec.tables.values())
-    return parts.device.type == "cuda" or on_disk
+    return parts.device.type == "cuda"
 
 
 def _with_next(items: Iterable[T]) -> Iterator[tuple[T, T | None]]:
