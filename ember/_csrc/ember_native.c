@@ -10,6 +10,7 @@
 #include <Python.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define EMPTY (-1)
 #define DELETED (-2)
@@ -329,7 +330,66 @@ done:
     return res;
 }
 
+/* lookup_rows(keys, slots, ids int64[n], arena float32[rows*R], out float32[n*R],
+ *             out_slot int64[n], last int64[rows], count int32[rows], clock, R) -> found
+ * One pass of a memory tier's read: probe each ID, copy its record from the arena into out
+ * (rows of absent IDs are left as they are), note its slot (-1 absent) and count the access
+ * (last = clock, count += 1). Same results as the probe + gather + policy updates in numpy. */
+static PyObject *lookup_rows(PyObject *self, PyObject *args) {
+    Py_buffer keys, slots, ids, arena, out, os, last, count;
+    long long clock;
+    Py_ssize_t r;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*w*w*w*Ln", &keys, &slots, &ids, &arena, &out, &os, &last, &count, &clock, &r))
+        return NULL;
+    PyObject *res = NULL;
+    uint64_t mask;
+    Py_ssize_t n = ids.len / 8;
+    Py_ssize_t rows = r > 0 ? arena.len / 4 / r : 0;
+    if (check_table(&keys, &slots, &mask) < 0) goto done;
+    if (r <= 0 || arena.len != rows * r * 4 || out.len != n * r * 4 || os.len != n * 8 || last.len < rows * 8 || count.len < rows * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native lookup_rows: arena [rows, R], out [n, R], out_slot [n], last/count [rows]");
+        goto done;
+    }
+    {
+        const int64_t *k = keys.buf, *id = ids.buf;
+        const int32_t *s = slots.buf;
+        const float *a = arena.buf;
+        float *o = out.buf;
+        int64_t *osl = os.buf, *la = last.buf;
+        int32_t *cn = count.buf;
+        Py_ssize_t found = 0, bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t x = id[i];
+            uint64_t h = mix64((uint64_t)x) & mask;
+            int64_t sl = -1;
+            for (;;) {
+                int32_t v = s[h];
+                if (v == EMPTY) break;
+                if (v >= 0 && k[h] == x) { sl = v; break; }
+                h = (h + 1) & mask;
+            }
+            if (sl >= rows) { bad = 1; break; }
+            osl[i] = sl;
+            if (sl >= 0) {
+                memcpy(o + i * r, a + sl * r, (size_t)r * sizeof(float));
+                la[sl] = clock;
+                cn[sl] += 1;
+                found++;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        if (bad) PyErr_SetString(PyExc_IndexError, "ember native lookup_rows: a slot lies outside the arena");
+        else res = PyLong_FromSsize_t(found);
+    }
+done:
+    PyBuffer_Release(&keys); PyBuffer_Release(&slots); PyBuffer_Release(&ids); PyBuffer_Release(&arena);
+    PyBuffer_Release(&out); PyBuffer_Release(&os); PyBuffer_Release(&last); PyBuffer_Release(&count);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"lookup_rows", lookup_rows, METH_VARARGS, "lookup_rows(keys, slots, ids, arena, out, out_slot, last, count, clock, R) -> found"},
     {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim) -> None"},
     {"tag_find", tag_find, METH_VARARGS, "tag_find(tags, pos, tag, out) -> None"},
     {"tag_claim", tag_claim, METH_VARARGS, "tag_claim(tags, pos, tag, out) -> empty slots used"},

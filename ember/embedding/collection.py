@@ -290,20 +290,18 @@ class EmbeddingCollection(nn.Module):
             bounds.append(pos)
         uniq, inverse, counts = _native.unique_segments(values.cpu().numpy(), torch.tensor(bounds).numpy())
         uniq_t, inverse_t = torch.from_numpy(uniq), torch.from_numpy(inverse)
-        lookups, records, start = [], [], 0
+        # every table reads its rows straight into its row range of the group's buffer
+        buffer = torch.empty(int(uniq.size), self.table_configs[names[0]].stored_dim)
+        lookups, start = [], 0
         for j, name in enumerate(names):
-            u = uniq_t[start : start + int(counts[j])]
-            records.append(self.tables[name].lookup(u, train=train))
-            lookups.append(TableLookup(name, u, records[-1], inverse_t[bounds[j] : bounds[j + 1]] - start))
-            start += int(counts[j])
-        buffer = torch.cat(records)
-        group = _Group(lookups, buffer, inverse_t, self._by_table[names[0]][0].pooling)
-        start = 0
-        for lk in lookups:
-            n = lk.ids.numel()
-            lk.records = buffer[start : start + n]  # the tables' rows now live in the group buffer
-            lk.group = group
+            n = int(counts[j])
+            u, rows = uniq_t[start : start + n], buffer[start : start + n]
+            self.tables[name].lookup_into(u, rows, train=train)
+            lookups.append(TableLookup(name, u, rows, inverse_t[bounds[j] : bounds[j + 1]] - start))
             start += n
+        group = _Group(lookups, buffer, inverse_t, self._by_table[names[0]][0].pooling)
+        for lk in lookups:
+            lk.group = group
         return lookups
 
     # ---- stage 2 (model device): pool ---------------------------------------------------

@@ -97,6 +97,20 @@ class EmbeddingTable:
         with self.lock:
             return self._lookup(ids, train)
 
+    def lookup_into(self, ids: Tensor, out: Tensor, train: bool = True) -> None:
+        """``out[:] = lookup(ids, train)`` for ``out`` [U, stored_dim], without the extra copy
+        when the tier can read straight into ``out`` (a memory tier, no ``min_count``/TTL)."""
+        get_into = getattr(self.tier, "get_into", None)
+        if get_into is None or self._pending is not None or self._ttl is not None:
+            out.copy_(self.lookup(ids, train))
+            return
+        with self.lock:
+            found = get_into(ids, out)
+            miss = np.flatnonzero(~found.numpy())
+            if miss.size:
+                missing = torch.from_numpy(miss)
+                out.index_copy_(0, missing, self.new_records(ids.index_select(0, missing)))
+
     def _lookup(self, ids: Tensor, train: bool) -> Tensor:
         records, found = self.tier.get(ids)
         records = records.to("cpu")

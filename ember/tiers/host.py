@@ -120,6 +120,30 @@ class HostTier:
         rows = self._arena.index_select(0, torch.from_numpy(np.maximum(s, 0)).to(self.device))
         return rows, torch.from_numpy(found)
 
+    def get_into(self, ids: Tensor, out: Tensor) -> Tensor:
+        """``get`` that writes the records of found IDs into ``out`` [N, R] (others untouched).
+
+        With the C core and a CPU arena this is one pass (probe, copy, policy counters) straight
+        into the caller's buffer, e.g. a row range of a table group's batch buffer; returns the
+        found mask [N].
+        """
+        slots = None
+        if self.device.type == "cpu" and out.is_contiguous() and out.dtype == self._arena.dtype:
+            self.clock += 1
+            slots = self._index.lookup_rows(ids.numpy(), self._arena.numpy(), out.numpy(), self._last, self._count, self.clock)
+            if slots is None:
+                self.clock -= 1
+        if slots is None:
+            rows, found = self.get(ids)
+            hit = torch.from_numpy(np.flatnonzero(found.numpy()))
+            out.index_copy_(0, hit, rows.index_select(0, hit.to(rows.device)).to(out.device, out.dtype))
+            return found
+        found = slots >= 0
+        self.requests += slots.size
+        self.hits += int(np.count_nonzero(found))
+        self._memo = [(ids, torch.from_numpy(slots))] + self._memo[:1]
+        return torch.from_numpy(found)
+
     def counts_of(self, ids: Tensor) -> np.ndarray:
         """Access counts held for ``ids`` (0 for absent IDs)."""
         slots = self.slots_of(ids).numpy()

@@ -105,6 +105,21 @@ class KeyIndex:
         """Slot of each ID, -1 where absent. ``ids``: int64 [N] (duplicates allowed)."""
         return self._probe(np.ascontiguousarray(ids, dtype=np.int64))[1]
 
+    def lookup_rows(
+        self, ids: np.ndarray, arena: np.ndarray, out: np.ndarray, last: np.ndarray, count: np.ndarray, clock: int
+    ) -> np.ndarray | None:
+        """Native one-pass read of a memory tier (see ``HostTier.get_into``); None without the core.
+
+        Copies ``arena[slot(id)]`` into ``out`` for present IDs, sets ``last = clock`` and adds
+        one to ``count`` at their slots; returns each ID's slot (-1 absent).
+        """
+        if self._core is None:
+            return None
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        slots = np.empty(ids.size, dtype=np.int64)
+        self._core.lookup_rows(self._keys, self._slots, ids, arena, out, slots, last, count, clock, arena.shape[1])
+        return slots
+
     def insert(self, ids: np.ndarray, slots: np.ndarray) -> None:
         """Add IDs known to be absent and unique, mapping ``ids[i] -> slots[i]``."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
