@@ -87,8 +87,14 @@ def load_tables(ckpt: Path, collections: list[EmbeddingCollection], manifest: di
                 np.memmap(ckpt / "tables" / f"{name}.rec", dtype="<f4", mode="r").reshape(-1, m["record_dim"])
                 if m["rows"] else np.empty((0, m["record_dim"]), np.float32)
             )
+            seen_file = ckpt / "tables" / f"{name}.seen"
+            seen_mm = None  # last-seen steps (TTL tables); older checkpoints lack them: rows count as seen now
+            if table.config.ttl_steps and m["rows"] and f"tables/{name}.seen" in manifest["files"]:
+                seen_mm = np.memmap(seen_file, dtype="<f4", mode="r")
             for s in range(0, m["rows"], _CHUNK_ROWS):
-                table.load(torch.from_numpy(np.array(ids_mm[s : s + _CHUNK_ROWS])), torch.from_numpy(np.array(rec_mm[s : s + _CHUNK_ROWS])))
+                seen = None if seen_mm is None else torch.from_numpy(np.array(seen_mm[s : s + _CHUNK_ROWS]))
+                table.load(torch.from_numpy(np.array(ids_mm[s : s + _CHUNK_ROWS])),
+                           torch.from_numpy(np.array(rec_mm[s : s + _CHUNK_ROWS])), seen)
 
 
 def load_dense(ckpt: Path) -> dict[str, Any]:

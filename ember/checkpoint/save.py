@@ -65,13 +65,19 @@ def save_checkpoint(
             admission[name] = table.admission_state()  # min_count sightings of IDs without a row
             ids_w = HashingWriter(tmp / "tables" / f"{name}.ids")
             rec_w = HashingWriter(tmp / "tables" / f"{name}.rec")
+            # with a TTL, each row's last-seen step too, so rows expire on the same steps after a resume
+            seen_w = HashingWriter(tmp / "tables" / f"{name}.seen") if table.config.ttl_steps else None
             rows = 0
-            for ids, records in table.items():
+            for ids, records, seen in table.items_with_seen():
                 ids_w.write(ids.numpy().astype("<i8", copy=False).tobytes())
                 rec_w.write(records.numpy().astype("<f4", copy=False).tobytes())
+                if seen_w is not None and seen is not None:
+                    seen_w.write(seen.numpy().astype("<f4", copy=False).tobytes())
                 rows += ids.numel()
             files[f"tables/{name}.ids"] = ids_w.close()
             files[f"tables/{name}.rec"] = rec_w.close()
+            if seen_w is not None:
+                files[f"tables/{name}.seen"] = seen_w.close()
             steps[name] = table.step
             tables_meta.append({"name": name, "rows": rows, "dim": table.dim, "record_dim": table.config.record_dim,
                                 "optimizer": table.config.optimizer.model_dump(mode="json")})

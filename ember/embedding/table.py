@@ -72,11 +72,15 @@ class EmbeddingTable:
         w = init_rows(ids, self.dim, self.config.initializer, self.config.seed)
         return torch.cat([w, self.optimizer.init_state(w)], dim=1)
 
-    def _stored(self, records: Tensor, seen: float | None = None) -> Tensor:
-        """[N, record_dim] -> [N, stored_dim] (appends the last-seen step when a TTL is set)."""
+    def _stored(self, records: Tensor, seen: Tensor | None = None) -> Tensor:
+        """[N, record_dim] -> [N, stored_dim] (appends the last-seen step when a TTL is set:
+        ``seen`` [N] per row, or the current step)."""
         if self._ttl is None:
             return records
-        col = records.new_full((records.shape[0], 1), float(self.step if seen is None else seen))
+        if seen is None:
+            col = records.new_full((records.shape[0], 1), float(self.step))
+        else:
+            col = seen.to(records.dtype).reshape(-1, 1)
         return torch.cat([records, col], dim=1)
 
     @property
@@ -229,26 +233,33 @@ class EmbeddingTable:
 
     def items(self, chunk_rows: int = 1 << 20) -> Iterator[tuple[Tensor, Tensor]]:
         """Every live (ids, records [N, record_dim]) of the table, each ID once, whatever its tier."""
+        for ids, rec, _ in self.items_with_seen(chunk_rows):
+            yield ids, rec
+
+    def items_with_seen(self, chunk_rows: int = 1 << 20) -> Iterator[tuple[Tensor, Tensor, Tensor | None]]:
+        """``items`` plus each row's last-seen step [N] (None without a TTL), for checkpoints."""
         r = self.config.record_dim
         for ids, rec in self.tier.items(chunk_rows):
-            if self._ttl is not None:
-                live = self.step - rec[:, -1] <= self._ttl
-                ids, rec = ids[live], rec[live]
-                if ids.numel() == 0:
-                    continue
-            yield ids, rec[:, :r]
+            if self._ttl is None:
+                yield ids, rec[:, :r], None
+                continue
+            live = self.step - rec[:, -1] <= self._ttl
+            ids, rec = ids[live], rec[live]
+            if ids.numel():
+                yield ids, rec[:, :r], rec[:, -1]
 
-    def load(self, ids: Tensor, records: Tensor) -> None:
+    def load(self, ids: Tensor, records: Tensor, seen: Tensor | None = None) -> None:
         """Bulk import of unique (ids, records [N, record_dim]), e.g. from a checkpoint.
 
-        With a TTL the loaded rows count as seen at the current ``step``.
+        With a TTL each row's last-seen step is ``seen`` [N] (as checkpointed), else the
+        current ``step``.
         """
         if records.shape[1] != self.config.record_dim:
             raise ValueError(
                 f"table '{self.config.name}': load got records of width {records.shape[1]}, "
                 f"expected dim + optimizer state = {self.config.record_dim}"
             )
-        self.tier.put(ids, self._stored(records))
+        self.tier.put(ids, self._stored(records, seen))
         if self._pending is not None:
             self._pending.remove(ids.numpy())
 

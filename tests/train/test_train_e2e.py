@@ -131,3 +131,25 @@ def test_prefetch_on_equals_off_through_eval_and_checkpoints(tmp_path):
     for name in t_on:
         assert torch.equal(t_on[name][0], t_off[name][0]) and torch.equal(t_on[name][1], t_off[name][1]), name
     assert on.metrics["auc/label"] == off.metrics["auc/label"]
+
+
+def test_resume_with_ttl_equals_uninterrupted(tmp_path):
+    """Rows expire on the same steps after a resume: each row's last-seen step is checkpointed."""
+
+    def cfg(name, **kw):
+        c = _cfg(tmp_path, name, deterministic=True, **kw)
+        tables = [t.model_copy(update={"ttl_steps": 4}) for t in c.table_configs()]
+        return c.model_copy(update={"tables": tables})
+
+    full = train(cfg("full", max_steps=24))
+    first = train(cfg("part", max_steps=10))
+    resumed = train(cfg("part", max_steps=24, resume=str(first.run_dir)))
+    assert any(r.get(k, 0) > 0 for r in full.history for k in r if k.endswith("expired_rows"))  # TTL did act
+    m_full, t_full = _state(full)
+    m_res, t_res = _state(resumed)
+    for k in m_full:
+        assert torch.equal(m_full[k], m_res[k]), k
+    for name in t_full:
+        o_f, o_r = torch.argsort(t_full[name][0]), torch.argsort(t_res[name][0])
+        assert torch.equal(t_full[name][0][o_f], t_res[name][0][o_r]), name
+        assert torch.equal(t_full[name][1][o_f], t_res[name][1][o_r]), name
