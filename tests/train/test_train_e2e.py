@@ -45,6 +45,23 @@ def _state(result):
     return parts.model.state_dict(), tables
 
 
+def _assert_same_model(a, b, by_id: bool = False) -> None:
+    """Two runs end with equal dense weights and equal tables (rows in the same order, or matched
+    by ID when ``by_id``: a different tier layout yields rows in another order)."""
+    m_a, t_a = _state(a)
+    m_b, t_b = _state(b)
+    for k in m_a:
+        assert torch.equal(m_a[k], m_b[k]), k
+    assert t_a.keys() == t_b.keys()
+    for name, (ids_a, rec_a) in t_a.items():
+        ids_b, rec_b = t_b[name]
+        if by_id:
+            o_a, o_b = torch.argsort(ids_a), torch.argsort(ids_b)
+            ids_a, rec_a, ids_b, rec_b = ids_a[o_a], rec_a[o_a], ids_b[o_b], rec_b[o_b]
+        assert torch.equal(ids_a, ids_b), name
+        assert torch.equal(rec_a, rec_b), name
+
+
 @pytest.mark.parametrize("model", [{"type": "dlrm", "bottom_mlp": [32, 8], "top_mlp": [32]}, {"type": "deepfm", "deep_mlp": [32]}])
 def test_resume_equals_uninterrupted(tmp_path, model):
     def cfg(name, **kw):
@@ -55,14 +72,7 @@ def test_resume_equals_uninterrupted(tmp_path, model):
     first = train(cfg("part", max_steps=14))
     resumed = train(cfg("part", max_steps=30, resume=str(first.run_dir)))
     assert resumed.step == full.step == 30
-    m_full, t_full = _state(full)
-    m_res, t_res = _state(resumed)
-    for k in m_full:
-        assert torch.equal(m_full[k], m_res[k]), k
-    assert t_full.keys() == t_res.keys()
-    for name in t_full:
-        assert torch.equal(t_full[name][0], t_res[name][0]), name
-        assert torch.equal(t_full[name][1], t_res[name][1]), name
+    _assert_same_model(full, resumed)
 
 
 def test_export_predictor_scores_equal_trained_model(tmp_path):
@@ -104,14 +114,7 @@ def test_resume_across_tier_layouts_with_admission(tmp_path):
         for t in ec.tables.values():
             t.close()
     resumed = train(cfg("part", {}, max_steps=24, resume=str(first.run_dir)))
-    m_full, t_full = _state(full)
-    m_res, t_res = _state(resumed)
-    for k in m_full:
-        assert torch.equal(m_full[k], m_res[k]), k
-    for name in t_full:
-        o_f, o_r = torch.argsort(t_full[name][0]), torch.argsort(t_res[name][0])
-        assert torch.equal(t_full[name][0][o_f], t_res[name][0][o_r]), name
-        assert torch.equal(t_full[name][1][o_f], t_res[name][1][o_r]), name
+    _assert_same_model(full, resumed, by_id=True)
 
 
 def test_prefetch_on_equals_off_through_eval_and_checkpoints(tmp_path):
@@ -123,13 +126,7 @@ def test_prefetch_on_equals_off_through_eval_and_checkpoints(tmp_path):
         return c.model_copy(update={"model": model_config_from_dict({"type": "deepfm", "deep_mlp": [32]})})
 
     on, off = train(cfg("on", True)), train(cfg("off", False))
-    m_on, t_on = _state(on)
-    m_off, t_off = _state(off)
-    for k in m_on:
-        assert torch.equal(m_on[k], m_off[k]), k
-    assert t_on.keys() == t_off.keys()
-    for name in t_on:
-        assert torch.equal(t_on[name][0], t_off[name][0]) and torch.equal(t_on[name][1], t_off[name][1]), name
+    _assert_same_model(on, off)
     assert on.metrics["auc/label"] == off.metrics["auc/label"]
 
 
@@ -145,11 +142,4 @@ def test_resume_with_ttl_equals_uninterrupted(tmp_path):
     first = train(cfg("part", max_steps=10))
     resumed = train(cfg("part", max_steps=24, resume=str(first.run_dir)))
     assert any(r.get(k, 0) > 0 for r in full.history for k in r if k.endswith("expired_rows"))  # TTL did act
-    m_full, t_full = _state(full)
-    m_res, t_res = _state(resumed)
-    for k in m_full:
-        assert torch.equal(m_full[k], m_res[k]), k
-    for name in t_full:
-        o_f, o_r = torch.argsort(t_full[name][0]), torch.argsort(t_res[name][0])
-        assert torch.equal(t_full[name][0][o_f], t_res[name][0][o_r]), name
-        assert torch.equal(t_full[name][1][o_f], t_res[name][1][o_r]), name
+    _assert_same_model(full, resumed, by_id=True)
