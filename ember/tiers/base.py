@@ -6,7 +6,7 @@ from typing import Iterator, Protocol
 
 from torch import Tensor
 
-__all__ = ["Tier"]
+__all__ = ["Tier", "TierCounters"]
 
 
 class Tier(Protocol):
@@ -60,3 +60,40 @@ class Tier(Protocol):
     def nbytes(self) -> int:
         """Bytes of memory (or disk, for disk tiers) this tier uses now."""
         ...
+
+
+class TierCounters:
+    """The per-step counters a storage tier keeps, and their ``tier.<name>.*`` metrics.
+
+    Subclasses count ``requests``/``hits`` in get, ``inserts`` and ``evictions``, and add their
+    own metrics through ``extra_stats``.
+    """
+
+    name: str
+    requests: int
+    hits: int
+    inserts: int
+    evictions: int
+
+    def reset_step_stats(self) -> None:
+        self.requests = 0
+        self.hits = 0
+        self.inserts = 0
+        self.evictions = 0
+
+    def extra_stats(self) -> dict[str, float]:
+        return {}
+
+    def stats(self) -> dict[str, float]:
+        """Counters since the last ``reset_step_stats`` plus current size, as ``tier.<name>.*``."""
+        p = f"tier.{self.name}."
+        out = {
+            p + "hit_rate": self.hits / self.requests if self.requests else float("nan"),
+            p + "requests": float(self.requests),
+            p + "rows": float(len(self)),  # type: ignore[arg-type]  # the tier defines __len__
+            p + "bytes": float(self.nbytes),  # type: ignore[attr-defined]  # and nbytes
+            p + "inserts": float(self.inserts),
+            p + "evictions": float(self.evictions),
+        }
+        out.update({p + k: float(v) for k, v in self.extra_stats().items()})
+        return out

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from ember import _native
 from ember.errors import TierIOError
+from ember.tiers.base import TierCounters
 from ember.mix import mix64
 
 __all__ = ["DiskTier", "disk_slot_bytes"]
@@ -44,7 +45,7 @@ def disk_slot_bytes(record_dim: int) -> int:
     return 8 + 4 * record_dim
 
 
-class DiskTier:
+class DiskTier(TierCounters):
     """Records on local disk (SSD), for tables far larger than RAM.
 
     Args:
@@ -415,23 +416,9 @@ class DiskTier:
 
     # ---- observability -------------------------------------------------------------------------
     def reset_step_stats(self) -> None:
-        self.requests = 0
-        self.hits = 0
-        self.inserts = 0
-        self.evictions = 0
+        super().reset_step_stats()
         self.reads = 0
         self.writes = 0
 
-    def stats(self) -> dict[str, float]:
-        p = f"tier.{self.name}."
-        return {
-            p + "hit_rate": self.hits / self.requests if self.requests else float("nan"),
-            p + "requests": float(self.requests),
-            p + "rows": float(len(self)),
-            p + "bytes": float(self.nbytes),
-            p + "ram_bytes": float(self.ram_bytes),
-            p + "inserts": float(self.inserts),
-            p + "evictions": float(self.evictions),
-            p + "slot_reads": float(self.reads),
-            p + "slot_writes": float(self.writes),
-        }
+    def extra_stats(self) -> dict[str, float]:
+        return {"ram_bytes": self.ram_bytes, "slot_reads": self.reads, "slot_writes": self.writes}

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from ember.errors import CapacityError
+from ember.tiers.base import TierCounters
 from ember.tiers.key_index import KeyIndex
 from ember.tiers.policy import Policy, smallest, victim_score
 
@@ -17,7 +18,7 @@ __all__ = ["HostTier", "META_BYTES_PER_ROW"]
 META_BYTES_PER_ROW = 21  # per slot: last access (int64), access count (int32), ID (int64), held (bool)
 
 
-class HostTier:
+class HostTier(TierCounters):
     """Rows in memory: ``arena[slot] = [weights | optimizer state]``; ID -> slot via a KeyIndex.
 
     The arena grows by doubling (up to ``capacity`` if one is given); freed slots are reused.
@@ -259,25 +260,6 @@ class HostTier:
 
     def flush(self) -> None:
         """Nothing is buffered in memory tiers."""
-
-    # ---- observability -----------------------------------------------------------------------
-    def reset_step_stats(self) -> None:
-        self.requests = 0
-        self.hits = 0
-        self.inserts = 0
-        self.evictions = 0
-
-    def stats(self) -> dict[str, float]:
-        """Counters since the last ``reset_step_stats`` plus current size, as ``tier.<name>.*``."""
-        p = f"tier.{self.name}."
-        return {
-            p + "hit_rate": self.hits / self.requests if self.requests else float("nan"),
-            p + "requests": float(self.requests),
-            p + "rows": float(len(self)),
-            p + "bytes": float(self.nbytes),
-            p + "inserts": float(self.inserts),
-            p + "evictions": float(self.evictions),
-        }
 
     # ---- internals --------------------------------------------------------------------------
     def _allocate(self, n: int) -> np.ndarray:
