@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 import numpy as np
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn

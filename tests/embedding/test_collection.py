@@ -23,7 +23,6 @@ def _batch(weighted: bool):
 
 def _reference(ec, sf, name, pooling):
     jf = sf[name]
-    table = ec.tables[ec.table_configs[name if name == "a" else "shared"].name] if False else None
     rows = []
     for b in range(sf.batch_size):
         s, e = int(jf.offsets[b]), int(jf.offsets[b + 1])
