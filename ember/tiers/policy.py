@@ -18,6 +18,7 @@ from ember.tiers.key_index import KeyIndex
 __all__ = ["Policy", "CountMinSketch", "IdCounter", "smallest", "victim_order", "victim_score"]
 
 Policy = Literal["lru", "lfu"]
+_COUNT_MAX = np.iinfo(np.uint16).max
 
 _SEEDS = np.array(
     [0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93], dtype=np.uint64
@@ -52,10 +53,11 @@ def smallest(score: np.ndarray, n: int) -> np.ndarray:
 
 
 class CountMinSketch:
-    """Approximate access counts of arbitrary int64 IDs in ``depth * width * 4`` bytes.
+    """Approximate access counts of arbitrary int64 IDs in ``depth * width * 2`` bytes.
 
-    Estimates never under-count; with ``width`` ≥ 4× the number of IDs that matter the
-    over-count is small. ``halve()`` ages every counter (TinyLFU reset).
+    Estimates never under-count (up to the counters' ceiling of 65,535, where they saturate:
+    admission only compares small counts); with ``width`` ≥ 4× the number of IDs that matter
+    the over-count is small. ``halve()`` ages every counter (TinyLFU reset).
 
     Example:
         >>> s = CountMinSketch(width=1024)
@@ -69,7 +71,7 @@ class CountMinSketch:
             raise ValueError(f"CountMinSketch: depth must be in 1..{len(_SEEDS)}, got {depth}")
         self.width = 1 << max(4, int(np.ceil(np.log2(max(width, 16)))))
         self.depth = depth
-        self.table = np.zeros((depth, self.width), dtype=np.int32)
+        self.table = np.zeros((depth, self.width), dtype=np.uint16)
         self.added = 0  # total count added since the last halving
 
     @property
@@ -87,10 +89,17 @@ class CountMinSketch:
             return
         cells = self._cells(ids)
         c = np.broadcast_to(np.asarray(counts, dtype=np.int64), ids.shape)
-        c32 = c.astype(np.int32)
-        for r in range(self.depth):  # depth (<= 4) rows, each one unbuffered vectorised add
-            np.add.at(self.table[r], cells[r], c32)
-        self.added += int(c.sum())
+        total = int(c.sum())
+        for r in range(self.depth):
+            row = self.table[r]
+            if int(row.take(cells[r]).max()) + total <= _COUNT_MAX:  # cannot overflow: add in place
+                np.add.at(row, cells[r], c.astype(np.uint16))
+                continue
+            # near the ceiling: sum the increments per cell, then add with saturation
+            cell, inv = np.unique(cells[r], return_inverse=True)
+            inc = np.bincount(inv, weights=c, minlength=cell.size).astype(np.int64)
+            row[cell] = np.minimum(row[cell].astype(np.int64) + inc, _COUNT_MAX).astype(np.uint16)
+        self.added += total
 
     def estimate(self, ids: np.ndarray) -> np.ndarray:
         """Estimated count of each ID (int64 [N])."""

@@ -181,3 +181,15 @@ def test_policies_pick_victims():
     assert lru.evict(1)[0].tolist() == [0]  # least recently used
     victims = lfu.evict(3)[0].tolist()  # fewest uses, ties by age: 1 and 2 (2 uses, older), then 3
     assert sorted(victims[:2]) == [1, 2] and victims[2] == 3
+
+
+def test_count_min_sketch_saturates_instead_of_wrapping():
+    from ember.tiers.policy import CountMinSketch
+
+    s = CountMinSketch(width=64)
+    s.add(np.array([3]), 65_000)
+    s.add(np.array([3, 3, 4]), np.array([400, 400, 1]))  # would wrap a uint16 counter
+    assert s.estimate(np.array([3])).tolist() == [65_535]
+    assert s.estimate(np.array([4])).tolist()[0] >= 1  # never under-counts
+    s.halve()
+    assert s.estimate(np.array([3])).tolist() == [32_767]
