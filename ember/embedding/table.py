@@ -99,25 +99,24 @@ class EmbeddingTable:
         the last-seen step. Rows are only stored by ``apply``.
         """
         with self.lock:
-            return self._lookup(ids, train)
+            records, found = self.tier.get(ids)
+            return self._complete(ids, records.to("cpu"), found, train)
 
     def lookup_into(self, ids: Tensor, out: Tensor, train: bool = True) -> None:
-        """``out[:] = lookup(ids, train)`` for ``out`` [U, stored_dim], without the extra copy
-        when the tier can read straight into ``out`` (a memory tier, no ``min_count``/TTL)."""
-        get_into = getattr(self.tier, "get_into", None)
-        if get_into is None or self._pending is not None or self._ttl is not None:
-            out.copy_(self.lookup(ids, train))
-            return
+        """``out[:] = lookup(ids, train)`` for ``out`` [U, stored_dim] (CPU), without the extra
+        copy when the tier can read straight into ``out`` (a memory tier's ``get_into``)."""
         with self.lock:
-            found = get_into(ids, out)
-            miss = np.flatnonzero(~found.numpy())
-            if miss.size:
-                missing = torch.from_numpy(miss)
-                out.index_copy_(0, missing, self.new_records(ids.index_select(0, missing)))
+            get_into = getattr(self.tier, "get_into", None)
+            if get_into is not None:
+                found = get_into(ids, out)
+            else:
+                records, found = self.tier.get(ids)
+                out.copy_(records)
+            self._complete(ids, out, found, train)
 
-    def _lookup(self, ids: Tensor, train: bool) -> Tensor:
-        records, found = self.tier.get(ids)
-        records = records.to("cpu")
+    def _complete(self, ids: Tensor, records: Tensor, found: Tensor, train: bool) -> Tensor:
+        """Finish a read in place: rows of absent (or expired) IDs become fresh rows (or the
+        shared zero row below ``min_count``), sightings and last-seen steps are noted."""
         if self._ttl is not None and bool(found.any()):
             expired = found & (self.step - records[:, -1] > self._ttl)
             if bool(expired.any()):

@@ -128,17 +128,15 @@ class HostTier(TierCounters):
         into the caller's buffer, e.g. a row range of a table group's batch buffer; returns the
         found mask [N].
         """
-        slots = None
-        if self.device.type == "cpu" and out.is_contiguous() and out.dtype == self._arena.dtype:
-            self.clock += 1
-            slots = self._index.lookup_rows(ids.numpy(), self._arena.numpy(), out.numpy(), self._last, self._count, self.clock)
-            if slots is None:
-                self.clock -= 1
-        if slots is None:
+        one_pass = self._index.native and self.device.type == "cpu" and out.is_contiguous()
+        if not (one_pass and out.dtype == self._arena.dtype):
             rows, found = self.get(ids)
             hit = torch.from_numpy(np.flatnonzero(found.numpy()))
             out.index_copy_(0, hit, rows.index_select(0, hit.to(rows.device)).to(out.device, out.dtype))
             return found
+        self.clock += 1
+        slots = self._index.lookup_rows(ids.numpy(), self._arena.numpy(), out.numpy(), self._last, self._count, self.clock)
+        assert slots is not None  # native, checked above
         found = slots >= 0
         self.requests += slots.size
         self.hits += int(np.count_nonzero(found))

@@ -105,6 +105,11 @@ class KeyIndex:
         """Slot of each ID, -1 where absent. ``ids``: int64 [N] (duplicates allowed)."""
         return self._probe(np.ascontiguousarray(ids, dtype=np.int64))[1]
 
+    @property
+    def native(self) -> bool:
+        """Whether the compiled core runs this index's probes (and ``lookup_rows``)."""
+        return self._core is not None
+
     def lookup_rows(
         self, ids: np.ndarray, arena: np.ndarray, out: np.ndarray, last: np.ndarray, count: np.ndarray, clock: int
     ) -> np.ndarray | None:
