@@ -172,26 +172,27 @@ done:
     return res;
 }
 
-/* uniform01(ids int64[n], base_key uint64, out float32[n*dim]) -> None
- * out[i, c] = (mix64(mix64(ids[i] ^ base_key) + (c + 1) * GOLDEN) >> 40) * 2^-24, exactly the
- * counter-based uniforms of ember.embedding.init._uniform01. */
+/* uniform01(ids int64[n], keys uint64[1 or n], dim, out float32[n*dim]) -> None
+ * out[i, c] = (mix64(mix64(ids[i] ^ key_i) + (c + 1) * GOLDEN) >> 40) * 2^-24, exactly the
+ * counter-based uniforms of ember.embedding.init._uniform01; key_i = keys[0] or keys[i] (one
+ * key per row lets the tables of a group initialise their new rows in one call). */
 static PyObject *uniform01(PyObject *self, PyObject *args) {
-    Py_buffer ids, out;
-    unsigned long long key;
+    Py_buffer ids, keys, out;
     Py_ssize_t dim;
-    if (!PyArg_ParseTuple(args, "y*Knw*", &ids, &key, &dim, &out)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*y*nw*", &ids, &keys, &dim, &out)) return NULL;
     PyObject *res = NULL;
-    Py_ssize_t n = ids.len / 8;
-    if (dim < 0 || out.len != n * dim * 4) {
-        PyErr_SetString(PyExc_ValueError, "ember native uniform01: out must be float32 [len(ids), dim]");
+    Py_ssize_t n = ids.len / 8, nk = keys.len / 8;
+    if (dim < 0 || out.len != n * dim * 4 || !(nk == 1 || nk == n)) {
+        PyErr_SetString(PyExc_ValueError, "ember native uniform01: keys uint64 [1 or len(ids)], out float32 [len(ids), dim]");
         goto done;
     }
     {
         const int64_t *id = ids.buf;
+        const uint64_t *ky = keys.buf;
         float *o = out.buf;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
-            uint64_t base = mix64((uint64_t)id[i] ^ (uint64_t)key);
+            uint64_t base = mix64((uint64_t)id[i] ^ ky[nk == 1 ? 0 : i]);
             for (Py_ssize_t c = 0; c < dim; c++) {
                 uint64_t bits = mix64(base + (uint64_t)(c + 1) * 0x9E3779B97F4A7C15ULL);
                 o[i * dim + c] = (float)(bits >> 40) * (float)(1.0 / (1 << 24));
@@ -202,7 +203,7 @@ static PyObject *uniform01(PyObject *self, PyObject *args) {
         res = Py_None;
     }
 done:
-    PyBuffer_Release(&ids); PyBuffer_Release(&out);
+    PyBuffer_Release(&ids); PyBuffer_Release(&keys); PyBuffer_Release(&out);
     return res;
 }
 
@@ -388,12 +389,222 @@ done:
     return res;
 }
 
+/* ---- several memory tiers in one call (the tables of one table group) -------------------
+ * ``tables`` is a sequence of T tuples of numpy arrays, one per tier (HostTier's own arrays);
+ * the rows of tier j are ids[bounds[j]:bounds[j+1]]. One call replaces T Python-level calls. */
+
+/* Acquire nb buffers from each of the T tuples in ``tables`` (writable where flags[k]);
+ * returns a malloc'ed array of T*nb buffers (release with release_tables) or NULL. */
+static Py_buffer *acquire_tables(PyObject *tables, Py_ssize_t t, int nb, const int *flags) {
+    Py_buffer *b = PyMem_Calloc((size_t)(t * nb + 1), sizeof(Py_buffer));
+    if (!b) { PyErr_NoMemory(); return NULL; }
+    for (Py_ssize_t j = 0; j < t; j++) {
+        PyObject *tup = PySequence_GetItem(tables, j);
+        if (!tup || !PyTuple_Check(tup) || PyTuple_GET_SIZE(tup) != nb) {
+            Py_XDECREF(tup);
+            PyErr_Format(PyExc_ValueError, "ember native: tables[%zd] must be a tuple of %d arrays", j, nb);
+            goto fail;
+        }
+        for (int k = 0; k < nb; k++) {
+            int fl = PyBUF_C_CONTIGUOUS | (flags[k] ? PyBUF_WRITABLE : 0);
+            if (PyObject_GetBuffer(PyTuple_GET_ITEM(tup, k), &b[j * nb + k], fl) < 0) {
+                Py_DECREF(tup);
+                goto fail;
+            }
+        }
+        Py_DECREF(tup);
+    }
+    return b;
+fail:
+    for (Py_ssize_t i = 0; i < t * nb; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
+    PyMem_Free(b);
+    return NULL;
+}
+
+static void release_tables(Py_buffer *b, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) if (b[i].obj) PyBuffer_Release(&b[i]);
+    PyMem_Free(b);
+}
+
+/* Shared argument checks: bounds int64[T+1] from 0 to n; per-tier int64 arrays of length T. */
+static int check_segments(Py_buffer *bounds, Py_ssize_t t, Py_ssize_t n) {
+    const int64_t *bd = bounds->buf;
+    if (bounds->len != (t + 1) * 8 || bd[0] != 0 || bd[t] != n) return -1;
+    for (Py_ssize_t j = 0; j < t; j++) if (bd[j] > bd[j + 1]) return -1;
+    return 0;
+}
+
+/* lookup_rows_many(tables [(keys, slots, arena, last, count)] * T, ids int64[n], bounds int64[T+1],
+ *                  out float32[n*R], out_slot int64[n], clocks int64[T], R) -> found
+ * lookup_rows of every tier j over its segment of ids, with its clock. */
+static PyObject *lookup_rows_many(PyObject *self, PyObject *args) {
+    PyObject *tables;
+    Py_buffer ids, bounds, out, os, clocks;
+    Py_ssize_t r;
+    if (!PyArg_ParseTuple(args, "Oy*y*w*w*y*n", &tables, &ids, &bounds, &out, &os, &clocks, &r)) return NULL;
+    PyObject *res = NULL;
+    Py_buffer *tb = NULL;
+    Py_ssize_t n = ids.len / 8, t = PySequence_Size(tables);
+    static const int flags[5] = {0, 0, 0, 1, 1};
+    if (t < 0) goto done;
+    if (r <= 0 || check_segments(&bounds, t, n) < 0 || out.len != n * r * 4 || os.len != n * 8 || clocks.len != t * 8) {
+        PyErr_SetString(PyExc_ValueError, "ember native lookup_rows_many: bounds [T+1] over ids, out [n, R], out_slot [n], clocks [T]");
+        goto done;
+    }
+    if (!(tb = acquire_tables(tables, t, 5, flags))) goto done;
+    for (Py_ssize_t j = 0; j < t; j++) {
+        uint64_t mask;
+        Py_buffer *b = tb + j * 5;
+        Py_ssize_t rows = b[2].len / 4 / r;
+        if (check_table(&b[0], &b[1], &mask) < 0) goto done;
+        if (b[2].len != rows * r * 4 || b[3].len < rows * 8 || b[4].len < rows * 4) {
+            PyErr_Format(PyExc_ValueError, "ember native lookup_rows_many: tier %zd: arena [rows, R], last/count [rows]", j);
+            goto done;
+        }
+    }
+    {
+        const int64_t *id = ids.buf, *bd = bounds.buf, *clk = clocks.buf;
+        float *o = out.buf;
+        int64_t *osl = os.buf;
+        Py_ssize_t found = 0, bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t j = 0; j < t && !bad; j++) {
+            Py_buffer *b = tb + j * 5;
+            const int64_t *k = b[0].buf;
+            const int32_t *s = b[1].buf;
+            const float *a = b[2].buf;
+            int64_t *la = b[3].buf;
+            int32_t *cn = b[4].buf;
+            uint64_t mask = (uint64_t)(b[0].len / 8) - 1;
+            int64_t rows = b[2].len / 4 / r;
+            for (int64_t i = bd[j]; i < bd[j + 1]; i++) {
+                int64_t x = id[i];
+                uint64_t h = mix64((uint64_t)x) & mask;
+                int64_t sl = -1;
+                for (;;) {
+                    int32_t v = s[h];
+                    if (v == EMPTY) break;
+                    if (v >= 0 && k[h] == x) { sl = v; break; }
+                    h = (h + 1) & mask;
+                }
+                if (sl >= rows) { bad = 1; break; }
+                osl[i] = sl;
+                if (sl >= 0) {
+                    memcpy(o + i * r, a + sl * r, (size_t)r * sizeof(float));
+                    la[sl] = clk[j];
+                    cn[sl] += 1;
+                    found++;
+                }
+            }
+        }
+        Py_END_ALLOW_THREADS
+        if (bad) PyErr_SetString(PyExc_IndexError, "ember native lookup_rows_many: a slot lies outside the arena");
+        else res = PyLong_FromSsize_t(found);
+    }
+done:
+    if (tb) release_tables(tb, t * 5);
+    PyBuffer_Release(&ids); PyBuffer_Release(&bounds); PyBuffer_Release(&out); PyBuffer_Release(&os);
+    PyBuffer_Release(&clocks);
+    return res;
+}
+
+/* store_rows_many(tables [(keys, slots, arena, last, count, slot_ids, held)] * T, ids int64[n],
+ *                 bounds int64[T+1], slot int64[n], records float32[n*R], next int64[T],
+ *                 clocks int64[T], used int64[T], R) -> inserted
+ * A memory tier's put for every tier j over its segment: rows with slot[i] >= 0 are
+ * overwritten; rows with slot[i] < 0 (absent, unique IDs) get slot next[j]++ (written back to
+ * slot[i]), an index bucket (linear probing, as place), slot_ids = ID, held = 1,
+ * last = clocks[j], count = 1; then arena[slot[i]] = records[i]. used[j] = empty buckets
+ * consumed. The caller reserved room: next[j] + new rows <= arena rows, index load < 1. */
+static PyObject *store_rows_many(PyObject *self, PyObject *args) {
+    PyObject *tables;
+    Py_buffer ids, bounds, sl, rec, nx, clocks, used;
+    Py_ssize_t r;
+    if (!PyArg_ParseTuple(args, "Oy*y*w*y*w*y*w*n", &tables, &ids, &bounds, &sl, &rec, &nx, &clocks, &used, &r)) return NULL;
+    PyObject *res = NULL;
+    Py_buffer *tb = NULL;
+    Py_ssize_t n = ids.len / 8, t = PySequence_Size(tables);
+    static const int flags[7] = {1, 1, 1, 1, 1, 1, 1};
+    if (t < 0) goto done;
+    if (r <= 0 || check_segments(&bounds, t, n) < 0 || sl.len != n * 8 || rec.len != n * r * 4 || nx.len != t * 8
+        || clocks.len != t * 8 || used.len != t * 8) {
+        PyErr_SetString(PyExc_ValueError, "ember native store_rows_many: bounds [T+1] over ids, slot [n], records [n, R], next/clocks/used [T]");
+        goto done;
+    }
+    if (!(tb = acquire_tables(tables, t, 7, flags))) goto done;
+    {
+        const int64_t *bd = bounds.buf, *nxt = nx.buf, *sv = sl.buf;
+        for (Py_ssize_t j = 0; j < t; j++) {  /* room and sizes, before writing anything */
+            uint64_t mask;
+            Py_buffer *b = tb + j * 7;
+            Py_ssize_t rows = b[2].len / 4 / r, fresh = 0;
+            if (check_table(&b[0], &b[1], &mask) < 0) goto done;
+            for (int64_t i = bd[j]; i < bd[j + 1]; i++) {
+                if (sv[i] >= rows) {
+                    PyErr_SetString(PyExc_IndexError, "ember native store_rows_many: a slot lies outside the arena");
+                    goto done;
+                }
+                fresh += sv[i] < 0;
+            }
+            if (b[2].len != rows * r * 4 || b[3].len < rows * 8 || b[4].len < rows * 4 || b[5].len < rows * 8
+                || b[6].len < rows || nxt[j] < 0 || nxt[j] + fresh > rows) {
+                PyErr_Format(PyExc_ValueError, "ember native store_rows_many: tier %zd has no room for %zd new rows", j, fresh);
+                goto done;
+            }
+        }
+    }
+    {
+        const int64_t *id = ids.buf, *bd = bounds.buf, *clk = clocks.buf;
+        int64_t *slot = sl.buf, *nxt = nx.buf, *us = used.buf;
+        const float *src = rec.buf;
+        Py_ssize_t inserted = 0, full = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t j = 0; j < t && !full; j++) {
+            Py_buffer *b = tb + j * 7;
+            int64_t *k = b[0].buf, *la = b[3].buf, *ids_of = b[5].buf;
+            int32_t *s = b[1].buf, *cn = b[4].buf;
+            float *a = b[2].buf;
+            uint8_t *held = b[6].buf;
+            uint64_t mask = (uint64_t)(b[0].len / 8) - 1;
+            us[j] = 0;
+            for (int64_t i = bd[j]; i < bd[j + 1]; i++) {
+                if (slot[i] < 0) {
+                    int64_t x = id[i], v = nxt[j]++;
+                    uint64_t h = mix64((uint64_t)x) & mask, step = 0;
+                    while (s[h] >= 0 && step++ <= mask) h = (h + 1) & mask;
+                    if (s[h] >= 0) { full = 1; break; }  /* the caller's load check failed */
+                    us[j] += s[h] == EMPTY;
+                    k[h] = x;
+                    s[h] = (int32_t)v;
+                    ids_of[v] = x;
+                    held[v] = 1;
+                    la[v] = clk[j];
+                    cn[v] = 1;
+                    slot[i] = v;
+                    inserted++;
+                }
+                memcpy(a + slot[i] * r, src + i * r, (size_t)r * sizeof(float));
+            }
+        }
+        Py_END_ALLOW_THREADS
+        if (full) PyErr_SetString(PyExc_RuntimeError, "ember native store_rows_many: index full (reserve room first)");
+        else res = PyLong_FromSsize_t(inserted);
+    }
+done:
+    if (tb) release_tables(tb, t * 7);
+    PyBuffer_Release(&ids); PyBuffer_Release(&bounds); PyBuffer_Release(&sl); PyBuffer_Release(&rec);
+    PyBuffer_Release(&nx); PyBuffer_Release(&clocks); PyBuffer_Release(&used);
+    return res;
+}
+
 static PyMethodDef methods[] = {
+    {"lookup_rows_many", lookup_rows_many, METH_VARARGS, "lookup_rows_many(tables, ids, bounds, out, out_slot, clocks, R) -> found"},
+    {"store_rows_many", store_rows_many, METH_VARARGS, "store_rows_many(tables, ids, bounds, slot, records, next, clocks, used, R) -> inserted"},
     {"lookup_rows", lookup_rows, METH_VARARGS, "lookup_rows(keys, slots, ids, arena, out, out_slot, last, count, clock, R) -> found"},
     {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim) -> None"},
     {"tag_find", tag_find, METH_VARARGS, "tag_find(tags, pos, tag, out) -> None"},
     {"tag_claim", tag_claim, METH_VARARGS, "tag_claim(tags, pos, tag, out) -> empty slots used"},
-    {"uniform01", uniform01, METH_VARARGS, "uniform01(ids, base_key, dim, out) -> None"},
+    {"uniform01", uniform01, METH_VARARGS, "uniform01(ids, keys, dim, out) -> None"},
     {"probe", probe, METH_VARARGS, "probe(keys, slots, ids, out_bucket, out_slot) -> found"},
     {"place", place, METH_VARARGS, "place(keys, slots, ids, new_slots) -> empty buckets used"},
     {"unique_segments", unique_segments, METH_VARARGS,

@@ -295,9 +295,9 @@ class EmbeddingCollection(nn.Module):
         for j, name in enumerate(names):
             n = int(counts[j])
             u, rows = uniq_t[start : start + n], buffer[start : start + n]
-            self.tables[name].lookup_into(u, rows, train=train)
             lookups.append(TableLookup(name, u, rows, inverse_t[bounds[j] : bounds[j + 1]] - start))
             start += n
+        EmbeddingTable.lookup_many([self.tables[n] for n in names], [lk.ids for lk in lookups], buffer, train=train)
         group = _Group(lookups, buffer, inverse_t, self._by_table[names[0]][0].pooling)
         for lk in lookups:
             lk.group = group

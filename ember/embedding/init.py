@@ -34,12 +34,16 @@ class InitializerConfig(ConfigModel):
     std: float | None = Field(None, gt=0)
 
 
-def _uniform01(ids: np.ndarray, dim: int, seed: int, stream: int) -> np.ndarray:
-    """Counter-based uniforms in [0, 1): one per (id, column), reproducible anywhere."""
-    key = mix64(np.array([seed * 2 + stream], dtype=np.uint64))
+def _uniform01(ids: np.ndarray, dim: int, seed: int | np.ndarray, stream: int) -> np.ndarray:
+    """Counter-based uniforms in [0, 1): one per (id, column), reproducible anywhere.
+
+    ``seed`` is the table's seed, or one seed per ID (the tables of a group in one call).
+    """
+    seeds = np.asarray(seed, dtype=np.int64).reshape(-1)
+    key = mix64(seeds.astype(np.uint64) * np.uint64(2) + np.uint64(stream))
     if _native.is_available():  # same bits, one pass in C
         out = np.empty((ids.size, dim), dtype=np.float32)
-        _native.require().uniform01(np.ascontiguousarray(ids, dtype=np.int64), int(key[0]), dim, out)
+        _native.require().uniform01(np.ascontiguousarray(ids, dtype=np.int64), key, dim, out)
         return out
     return _uniform01_fallback(ids, dim, key)
 
@@ -51,8 +55,8 @@ def _uniform01_fallback(ids: np.ndarray, dim: int, key: np.ndarray) -> np.ndarra
     return (bits >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / (1 << 24))
 
 
-def init_rows(ids: Tensor, dim: int, config: InitializerConfig, seed: int) -> Tensor:
-    """Initial weights [N, dim] float32 for ``ids`` (int64 [N]).
+def init_rows(ids: Tensor, dim: int, config: InitializerConfig, seed: int | np.ndarray) -> Tensor:
+    """Initial weights [N, dim] float32 for ``ids`` (int64 [N]); ``seed``: the table's, or int64 [N].
 
     Example:
         >>> a = init_rows(torch.tensor([5, 9]), 4, InitializerConfig(), seed=0)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import threading
-from typing import Iterator
+from contextlib import ExitStack
+from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -12,6 +13,7 @@ from torch import Tensor
 from ember.embedding.config import TableConfig
 from ember.embedding.init import init_rows
 from ember.tiers.base import Tier
+from ember.tiers.host import HostTier
 from ember.tiers.policy import IdCounter
 from ember.tiers.storage import StoragePlan, build_tier, plan_storage
 
@@ -67,9 +69,13 @@ class EmbeddingTable:
         """Memory and disk this table's storage config asks for (what ``build_tier`` checked)."""
         return plan_storage(self.config.storage, self.config.stored_dim, self.config.name)
 
-    def new_records(self, ids: Tensor) -> Tensor:
-        """Fresh records (initial weights + initial optimizer state) for ``ids``: [N, record_dim]."""
-        w = init_rows(ids, self.dim, self.config.initializer, self.config.seed)
+    def new_records(self, ids: Tensor, seeds: np.ndarray | None = None) -> Tensor:
+        """Fresh records (initial weights + initial optimizer state) for ``ids``: [N, record_dim].
+
+        ``seeds`` (int64 [N]) replaces this table's seed per row: ``lookup_many`` fills the new
+        rows of several tables with one call.
+        """
+        w = init_rows(ids, self.dim, self.config.initializer, self.config.seed if seeds is None else seeds)
         return torch.cat([w, self.optimizer.init_state(w)], dim=1)
 
     def _stored(self, records: Tensor, seen: Tensor | None = None) -> Tensor:
@@ -113,6 +119,37 @@ class EmbeddingTable:
                 records, found = self.tier.get(ids)
                 out.copy_(records)
             self._complete(ids, out, found, train)
+
+    @staticmethod
+    def lookup_many(tables: Sequence["EmbeddingTable"], ids: Sequence[Tensor], out: Tensor, train: bool = True) -> None:
+        """``tables[j].lookup_into(ids[j], out[rows of j], train)`` for every j, with the tables'
+        rows back to back in ``out`` [N, stored_dim].
+
+        Tables in memory tiers without ``min_count`` or a TTL, with one initializer and optimizer,
+        are read in one native pass and their new rows made in one call (a table group's
+        lookup without a Python loop over its tables); others one by one.
+        """
+        first = tables[0]
+        plain = all(
+            t._pending is None and t._ttl is None and t.dim == first.dim
+            and t.config.initializer == first.config.initializer and t.optimizer == first.optimizer
+            for t in tables
+        )
+        tiers = [t.tier for t in tables]
+        if not (plain and HostTier.batchable(tiers)):
+            for t, i, rows in zip(tables, ids, out.split([i.numel() for i in ids])):
+                t.lookup_into(i, rows, train=train)
+            return
+        with ExitStack() as locks:
+            for t in tables:
+                locks.enter_context(t.lock)
+            found = HostTier.get_into_many(tiers, ids, out)  # type: ignore[arg-type]
+            miss = np.flatnonzero(~found.numpy())
+            if miss.size:
+                owner = np.repeat(np.arange(len(tables)), [i.numel() for i in ids])[miss]
+                seeds = np.array([t.config.seed for t in tables], dtype=np.int64)[owner]
+                m_ids = torch.from_numpy(np.concatenate([i.numpy() for i in ids])[miss])
+                out.index_copy_(0, torch.from_numpy(miss), first.new_records(m_ids, seeds))
 
     def _complete(self, ids: Tensor, records: Tensor, found: Tensor, train: bool) -> Tensor:
         """Finish a read in place: rows of absent (or expired) IDs become fresh rows (or the
@@ -210,12 +247,17 @@ class EmbeddingTable:
         for t in tables:
             t.step += 1
         _optimizer_step(first.optimizer, first.dim, first.config.record_dim, records, grads, first.step)
-        start = 0
-        for t, i in zip(tables, ids):
-            n = i.numel()
-            with t.lock:
-                t.tier.put(i, records[start : start + n])
-            start += n
+        tiers = [t.tier for t in tables]
+        if HostTier.batchable(tiers):  # one native pass writes every table's rows
+            with ExitStack() as locks:
+                for t in tables:
+                    locks.enter_context(t.lock)
+                HostTier.put_many(tiers, ids, records)  # type: ignore[arg-type]
+        else:
+            for t, i, rows in zip(tables, ids, records.split([i.numel() for i in ids])):
+                with t.lock:
+                    t.tier.put(i, rows)
+        for t in tables:
             if t._ttl is not None and t.step % t._ttl == 0:
                 t.expire()
 

@@ -130,10 +130,20 @@ class KeyIndex:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         if ids.size == 0:
             return
-        if self._used + ids.size > _MAX_LOAD * self._keys.size:
-            self._rehash(self._size + ids.size)
+        self.reserve(ids.size)
         self._place(ids, np.asarray(slots, dtype=np.int32))
         self._size += ids.size
+
+    def reserve(self, n: int) -> None:
+        """Make room for ``n`` more IDs within the load limit (rehashing into a bigger table)."""
+        if self._used + n > _MAX_LOAD * self._keys.size:
+            self._rehash(self._size + n)
+
+    def placed(self, n: int, used: int) -> None:
+        """Account for ``n`` IDs written into the arrays by a native call (after ``reserve(n)``),
+        which filled ``used`` empty buckets."""
+        self._size += n
+        self._used += used
 
     def _place(self, ids: np.ndarray, slots: np.ndarray) -> None:
         if self._core is not None:

@@ -92,6 +92,19 @@ def test_uniform_init_native_matches_numpy_bit_for_bit(seed, stream, dim):
     np.testing.assert_array_equal(init._uniform01(ids, dim, seed, stream), init._uniform01_fallback(ids, dim, key))
 
 
+def test_per_row_seeds_equal_each_tables_own_init():
+    """One init call over the new rows of several tables (a seed per row) gives each table's rows."""
+    from ember.embedding.init import InitializerConfig, init_rows
+
+    ids = torch.from_numpy(np.random.default_rng(4).integers(-(2**63), 2**63 - 1, size=900))
+    seeds = np.repeat(np.array([0, 7, 3]), [300, 500, 100])
+    for cfg in (InitializerConfig(), InitializerConfig(type="normal", std=0.3)):
+        together = init_rows(ids, 8, cfg, seeds)
+        apart = torch.cat([init_rows(ids[a:b], 8, cfg, s) for a, b, s in [(0, 300, 0), (300, 800, 7), (800, 900, 3)]])
+        assert torch.equal(together, apart)
+        assert not torch.equal(together[:300], init_rows(ids[:300], 8, cfg, 7))  # the seed matters
+
+
 @pytest.mark.skipif(not _native.is_available(), reason="native core not built")
 @pytest.mark.parametrize("dim", [1, 16, 33])
 def test_index_add_rows_native_equals_torch_index_add(dim):

@@ -34,3 +34,55 @@ def test_get_into_equals_get(native):
     b.put(query[found2], out[found2] * 2)
     again, _ = b.get(query[found2])
     assert torch.equal(again, rows[found] * 2)
+
+
+def _state(t: HostTier) -> dict:
+    """Everything a tier's reads and later evictions depend on, by ID (slots may differ)."""
+    ids, slots = t._index.items()
+    order = np.argsort(ids)
+    ids, slots = ids[order], slots[order].astype(np.int64)
+    return {
+        "ids": ids.tolist(),
+        "rows": t._arena[torch.from_numpy(slots)].tolist(),
+        "last": t._last[slots].tolist(),
+        "count": t._count[slots].tolist(),
+        "slot_ids": t._ids[slots].tolist(),
+        "held": bool(t._held[slots].all()),
+        "len": len(t),
+        "stats": t.stats(),
+    }
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+def test_many_tiers_in_one_call_equal_each_tier_on_its_own(bounded):
+    """get_into_many / put_many over a group of tiers == get_into / put per tier, over steps that
+    insert, grow the arenas and rehash the indexes (and, bounded, free slots to reuse)."""
+    if not _native.is_available():
+        pytest.skip("native core not built")
+    g = torch.Generator().manual_seed(1)
+    cap = 3000 if bounded else None
+    many = [HostTier(4, capacity=cap, initial_rows=16) for _ in range(3)]
+    each = [HostTier(4, capacity=cap, initial_rows=16) for _ in range(3)]
+    assert HostTier.batchable(many)
+    if not bounded:  # nothing to check or reuse: the one native pass must serve every put
+        for t in many:
+            t.put = t.get_into = lambda *a, **k: pytest.fail("took the per-tier path")
+    for step in range(12):
+        ids = [torch.randint(0, 3000, (int(n),), generator=g).unique() for n in torch.randint(0, 400, (3,), generator=g)]
+        ids[step % 3] = ids[step % 3][:0] if step == 4 else ids[step % 3]  # an empty segment too
+        n = sum(i.numel() for i in ids)
+        out_many, out_each = torch.full((n, 4), -1.0), torch.full((n, 4), -1.0)
+        found = HostTier.get_into_many(many, ids, out_many)
+        found_each = torch.cat([t.get_into(i, rows) for t, i, rows in zip(each, ids, out_each.split([i.numel() for i in ids]))])
+        assert torch.equal(found, found_each) and torch.equal(out_many, out_each)
+        new = torch.randn(n, 4, generator=g)
+        HostTier.put_many(many, ids, new)
+        for t, i, rows in zip(each, ids, new.split([i.numel() for i in ids])):
+            t.put(i, rows)
+        if bounded and step % 4 == 3:  # freed slots: put_many must reuse them as put does
+            for t_many, t_each in zip(many, each):
+                gone = torch.from_numpy(t_each._index.items()[0][:50])
+                t_many.remove(gone), t_each.remove(gone)
+        for a, b in zip(many, each):
+            assert _state(a) == _state(b)
+    assert any(t._arena.shape[0] > 16 for t in many) and any(t._index._keys.size > 32 for t in many)  # grew, rehashed
