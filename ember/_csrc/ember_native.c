@@ -14,6 +14,7 @@
 
 #define EMPTY (-1)
 #define DELETED (-2)
+#define BLOCK 32 /* IDs whose random reads are prefetched together */
 
 static inline uint64_t mix64(uint64_t z) {
     z ^= z >> 30;
@@ -477,23 +478,43 @@ static PyObject *lookup_rows_many(PyObject *self, PyObject *args) {
             int32_t *cn = b[4].buf;
             uint64_t mask = (uint64_t)(b[0].len / 8) - 1;
             int64_t rows = b[2].len / 4 / r;
-            for (int64_t i = bd[j]; i < bd[j + 1]; i++) {
-                int64_t x = id[i];
-                uint64_t h = mix64((uint64_t)x) & mask;
-                int64_t sl = -1;
-                for (;;) {
-                    int32_t v = s[h];
-                    if (v == EMPTY) break;
-                    if (v >= 0 && k[h] == x) { sl = v; break; }
-                    h = (h + 1) & mask;
+            /* blocks of BLOCK IDs: prefetch their home buckets, probe them all (prefetching each
+             * found row), then copy: the random reads of a block overlap instead of queueing */
+            for (int64_t i0 = bd[j]; i0 < bd[j + 1] && !bad; i0 += BLOCK) {
+                int64_t i1 = i0 + BLOCK < bd[j + 1] ? i0 + BLOCK : bd[j + 1];
+                uint64_t hb[BLOCK];
+                for (int64_t i = i0; i < i1; i++) {
+                    hb[i - i0] = mix64((uint64_t)id[i]) & mask;
+                    __builtin_prefetch(s + hb[i - i0]);
+                    __builtin_prefetch(k + hb[i - i0]);
                 }
-                if (sl >= rows) { bad = 1; break; }
-                osl[i] = sl;
-                if (sl >= 0) {
-                    memcpy(o + i * r, a + sl * r, (size_t)r * sizeof(float));
-                    la[sl] = clk[j];
-                    cn[sl] += 1;
-                    found++;
+                for (int64_t i = i0; i < i1; i++) {
+                    int64_t x = id[i];
+                    uint64_t h = hb[i - i0];
+                    int64_t sl = -1;
+                    for (;;) {
+                        int32_t v = s[h];
+                        if (v == EMPTY) break;
+                        if (v >= 0 && k[h] == x) { sl = v; break; }
+                        h = (h + 1) & mask;
+                    }
+                    if (sl >= rows) { bad = 1; break; }
+                    osl[i] = sl;
+                    if (sl >= 0) {
+                        __builtin_prefetch(a + sl * r);
+                        __builtin_prefetch(a + sl * r + r - 1);
+                        __builtin_prefetch(la + sl, 1);
+                        __builtin_prefetch(cn + sl, 1);
+                    }
+                }
+                for (int64_t i = i0; i < i1 && !bad; i++) {
+                    int64_t sl = osl[i];
+                    if (sl >= 0) {
+                        memcpy(o + i * r, a + sl * r, (size_t)r * sizeof(float));
+                        la[sl] = clk[j];
+                        cn[sl] += 1;
+                        found++;
+                    }
                 }
             }
         }
@@ -568,6 +589,17 @@ static PyObject *store_rows_many(PyObject *self, PyObject *args) {
             uint64_t mask = (uint64_t)(b[0].len / 8) - 1;
             us[j] = 0;
             for (int64_t i = bd[j]; i < bd[j + 1]; i++) {
+                int64_t ahead = i + BLOCK;  /* prefetch the row (or home bucket) BLOCK IDs ahead */
+                if (ahead < bd[j + 1]) {
+                    if (slot[ahead] >= 0) {
+                        __builtin_prefetch(a + slot[ahead] * r, 1);
+                        __builtin_prefetch(a + slot[ahead] * r + r - 1, 1);
+                    } else {
+                        uint64_t ha = mix64((uint64_t)id[ahead]) & mask;
+                        __builtin_prefetch(s + ha, 1);
+                        __builtin_prefetch(k + ha, 1);
+                    }
+                }
                 if (slot[i] < 0) {
                     int64_t x = id[i], v = nxt[j]++;
                     uint64_t h = mix64((uint64_t)x) & mask, step = 0;
