@@ -96,17 +96,21 @@ def index_add_rows(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) ->
     """``out.index_add_(0, index, src)`` (rows of ``src`` summed into ``out``), in place; returns ``out``.
 
     On CPU float32 the compiled loop is 2-3x faster than torch's for narrow rows (embedding
-    gradients, D = 8-64) and gives the same sums in the same order; elsewhere torch's.
+    gradients, D = 8-64) and gives the same sums in the same order; elsewhere torch's. ``src``
+    may be row-strided (``src.stride() == (S, 1)``, S >= D): no copy to a contiguous tensor.
     """
+    n, d = index.numel(), out.shape[1] if out.dim() == 2 else 0
     ok = (
         _core is not None
         and out.device.type == "cpu" and src.device.type == "cpu"
         and out.dtype == torch.float32 and src.dtype == torch.float32 and index.dtype == torch.int64
-        and out.dim() == 2 and out.is_contiguous() and src.is_contiguous() and index.is_contiguous()
-        and src.shape == (index.numel(), out.shape[1]) and out.shape[1] > 0
+        and out.dim() == 2 and out.is_contiguous() and index.is_contiguous()
+        and src.shape == (n, d) and d > 0 and (n <= 1 or src.stride(0) >= d) and src.stride(1) == 1
         and not (out.requires_grad or src.requires_grad)
     )
     if not ok:
         return out.index_add_(0, index, src)
-    _core.index_add_rows(out.numpy(), index.numpy(), src.numpy(), out.shape[1])
+    stride = src.stride(0) if n > 1 else d
+    flat = src.as_strided(((n - 1) * stride + d if n else 0,), (1,))  # the rows and what lies between
+    _core.index_add_rows(out.numpy(), index.numpy(), flat.numpy(), d, stride)
     return out

@@ -294,18 +294,19 @@ done:
     return res;
 }
 
-/* index_add_rows(out float32[U*D], index int64[N], src float32[N*D], dim) -> None
- * out[index[i], :] += src[i, :] for i in order (the same sums, in the same order, as
- * torch.index_add_ on one thread). Indices are checked against U first. */
+/* index_add_rows(out float32[U*D], index int64[N], src float32, dim, stride) -> None
+ * out[index[i], :] += src[i * stride : i * stride + dim] for i in order (the same sums, in the
+ * same order, as torch.index_add_ on one thread); stride >= dim lets src be a row-strided view
+ * (e.g. one feature's slice of a [B, F, D] gradient). Indices are checked against U first. */
 static PyObject *index_add_rows(PyObject *self, PyObject *args) {
     Py_buffer out, index, src;
-    Py_ssize_t dim;
-    if (!PyArg_ParseTuple(args, "w*y*y*n", &out, &index, &src, &dim)) return NULL;
+    Py_ssize_t dim, stride;
+    if (!PyArg_ParseTuple(args, "w*y*y*nn", &out, &index, &src, &dim, &stride)) return NULL;
     PyObject *res = NULL;
     Py_ssize_t n = index.len / 8;
     Py_ssize_t u = dim > 0 ? out.len / 4 / dim : 0;
-    if (dim <= 0 || out.len != u * dim * 4 || src.len != n * dim * 4) {
-        PyErr_SetString(PyExc_ValueError, "ember native index_add_rows: out [U, dim], src [N, dim] float32, index int64 [N]");
+    if (dim <= 0 || stride < dim || out.len != u * dim * 4 || (n > 0 && src.len < ((n - 1) * stride + dim) * 4)) {
+        PyErr_SetString(PyExc_ValueError, "ember native index_add_rows: out [U, dim], src rows of dim floats every stride >= dim, index int64 [N]");
         goto done;
     }
     {
@@ -320,7 +321,7 @@ static PyObject *index_add_rows(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
             float *row = o + ix[i] * dim;
-            const float *g = sv + i * dim;
+            const float *g = sv + i * stride;
             for (Py_ssize_t c = 0; c < dim; c++) row[c] += g[c];
         }
         Py_END_ALLOW_THREADS
@@ -633,7 +634,7 @@ static PyMethodDef methods[] = {
     {"lookup_rows_many", lookup_rows_many, METH_VARARGS, "lookup_rows_many(tables, ids, bounds, out, out_slot, clocks, R) -> found"},
     {"store_rows_many", store_rows_many, METH_VARARGS, "store_rows_many(tables, ids, bounds, slot, records, next, clocks, used, R) -> inserted"},
     {"lookup_rows", lookup_rows, METH_VARARGS, "lookup_rows(keys, slots, ids, arena, out, out_slot, last, count, clock, R) -> found"},
-    {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim) -> None"},
+    {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim, stride) -> None"},
     {"tag_find", tag_find, METH_VARARGS, "tag_find(tags, pos, tag, out) -> None"},
     {"tag_claim", tag_claim, METH_VARARGS, "tag_claim(tags, pos, tag, out) -> empty slots used"},
     {"uniform01", uniform01, METH_VARARGS, "uniform01(ids, keys, dim, out) -> None"},

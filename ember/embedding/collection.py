@@ -64,61 +64,50 @@ class _Group:
     reached: list[bool] | None = None  # per lookup: did any of its features reach the loss
 
 
-class _SplitFeatures(torch.autograd.Function):
-    """[n*B, D] -> n tensors [B, D]; backward notes which outputs got a gradient at all.
+class _GroupPool(torch.autograd.Function):
+    """A group's pooling: ``embedding_bag`` (sum or mean) of ``w`` [U, D] for n features, as n
+    outputs [B, D]; backward is a scatter-add into [U, D] and notes which features reached the loss.
 
+    CPU ``embedding_bag`` backward sorts all N indices first; for a group of many tables the
+    scatter-add over the (already deduplicated) inverse indices is several times cheaper.
+    When every bag holds one value (single-hot features) the pooling is a plain row gather,
+    ~5x cheaper than ``embedding_bag`` on CPU, and backward adds each feature's gradient as it
+    comes (often a row-strided slice of the model's stacked gradient) without stacking them.
     A batched table whose features never reach the loss must not be updated (as without
-    batching, where its ``W.grad`` stays None); a plain ``unbind`` would hand it zeros.
+    batching, where its ``W.grad`` stays None), so ``group.reached`` records which did.
     """
 
     @staticmethod
-    def forward(ctx, pooled: Tensor, n: int, group: _Group, owner: list[int]):  # type: ignore[override]
+    def forward(ctx, w: Tensor, inverse: Tensor, offsets: Tensor, mode: str, group: _Group, owner: list[int]):  # type: ignore[override]
+        n = inverse.numel()
+        lengths = torch.diff(offsets, append=offsets.new_tensor([n]))
+        single = n == lengths.numel() and bool((lengths == 1).all())  # bag b is value b
         ctx.set_materialize_grads(False)
-        ctx.group, ctx.owner, ctx.shape = group, owner, pooled.shape
-        return tuple(pooled.view(n, -1, pooled.shape[1]).unbind(0))
+        ctx.save_for_backward(inverse, lengths)
+        ctx.mode, ctx.rows, ctx.single, ctx.group, ctx.owner = mode, w.shape[0], single, group, owner
+        pooled = w.index_select(0, inverse) if single else F.embedding_bag(inverse, w, offsets, mode=mode)
+        return tuple(pooled.view(len(owner), -1, w.shape[1]).unbind(0))
 
     @staticmethod
     def backward(ctx, *grads: Tensor | None):  # type: ignore[override]
+        inverse, lengths = ctx.saved_tensors
         reached = [False] * len(ctx.group.lookups)
         for g, t in zip(grads, ctx.owner):
             reached[t] = reached[t] or g is not None
         ctx.group.reached = reached
         like = next(g for g in grads if g is not None)
-        full = torch.stack([g if g is not None else torch.zeros_like(like) for g in grads])
-        return full.view(ctx.shape), None, None, None
-
-
-class _GroupPool(torch.autograd.Function):
-    """``embedding_bag`` (sum or mean) whose backward is one scatter-add into [U, D].
-
-    CPU ``embedding_bag`` backward sorts all N indices first; for a group of many tables the
-    scatter-add over the (already deduplicated) inverse indices is several times cheaper.
-    When every bag holds one value (single-hot features) the pooling is a plain row gather,
-    ~5x cheaper than ``embedding_bag`` on CPU.
-    """
-
-    @staticmethod
-    def forward(ctx, w: Tensor, inverse: Tensor, offsets: Tensor, mode: str) -> Tensor:  # type: ignore[override]
-        n = inverse.numel()
-        lengths = torch.diff(offsets, append=offsets.new_tensor([n]))
-        single = n == lengths.numel() and bool((lengths == 1).all())  # bag b is value b
-        ctx.save_for_backward(inverse, lengths)
-        ctx.mode, ctx.rows, ctx.single = mode, w.shape[0], single
-        if single:
-            return w.index_select(0, inverse)
-        return F.embedding_bag(inverse, w, offsets, mode=mode)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
-        inverse, lengths = ctx.saved_tensors
-        if ctx.single:
-            per_value = grad  # mean of one value is that value
-        else:
-            if ctx.mode == "mean":
-                grad = grad / lengths.clamp(min=1).unsqueeze(1).to(grad.dtype)
-            per_value = grad.index_select(0, torch.repeat_interleave(lengths))
-        gw = grad.new_zeros(ctx.rows, grad.shape[1])
-        return _native.index_add_rows(gw, inverse, per_value.contiguous()), None, None, None
+        gw = like.new_zeros(ctx.rows, like.shape[1])
+        b = inverse.numel() // len(grads) if ctx.single else 0
+        if ctx.single:  # per feature, in order: the same sums in the same order as one pass
+            for f, g in enumerate(grads):
+                if g is not None:
+                    _native.index_add_rows(gw, inverse[f * b : (f + 1) * b], g)
+            return gw, None, None, None, None, None
+        grad = torch.cat([g if g is not None else torch.zeros_like(like) for g in grads])
+        if ctx.mode == "mean":
+            grad = grad / lengths.clamp(min=1).unsqueeze(1).to(grad.dtype)
+        per_value = grad.index_select(0, torch.repeat_interleave(lengths))
+        return _native.index_add_rows(gw, inverse, per_value), None, None, None, None, None
 
 
 class EmbeddingCollection(nn.Module):
@@ -357,11 +346,7 @@ class EmbeddingCollection(nn.Module):
         offsets = torch.zeros(len(feats) * b, dtype=torch.int64)
         torch.cumsum(lengths.reshape(-1)[:-1], 0, out=offsets[1:])
         inverse = group.inverse.to(self.device, non_blocking=True)
-        pooled = _GroupPool.apply(w, inverse, offsets.to(self.device, non_blocking=True), group.mode)
-        if pooled.requires_grad:
-            outs = _SplitFeatures.apply(pooled, len(feats), group, owner)
-        else:
-            outs = pooled.view(len(feats), b, dim).unbind(0)
+        outs = _GroupPool.apply(w, inverse, offsets.to(self.device, non_blocking=True), group.mode, group, owner)
         return {f.name: o for f, o in zip(feats, outs)}
 
     def concat(self, embedded: dict[str, Tensor | SequenceEmbedding]) -> Tensor:

@@ -114,5 +114,8 @@ def test_index_add_rows_native_equals_torch_index_add(dim):
     base = torch.randn(50, dim, generator=g)
     got = _native.index_add_rows(base.clone(), index, src)
     assert torch.equal(got, base.clone().index_add_(0, index, src))  # same sums, same order
+    wide = torch.randn(5000, 3, dim, generator=g)  # a row-strided view: one feature of [B, F, D]
+    got = _native.index_add_rows(base.clone(), index, wide[:, 1])
+    assert torch.equal(got, base.clone().index_add_(0, index, wide[:, 1].contiguous()))
     with pytest.raises(IndexError, match="out of range"):
         _native.index_add_rows(base.clone(), torch.tensor([50]), torch.ones(1, dim))
