@@ -19,7 +19,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
-__all__ = ["index_add_rows", "is_available", "require", "unique_segments"]
+__all__ = ["index_add_features", "index_add_rows", "is_available", "require", "unique_segments"]
 
 try:
     from ember import _ember_native as _core  # type: ignore[attr-defined]  # optional extension
@@ -113,4 +113,36 @@ def index_add_rows(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) ->
     stride = src.stride(0) if n > 1 else d
     flat = src.as_strided(((n - 1) * stride + d if n else 0,), (1,))  # the rows and what lies between
     _core.index_add_rows(out.numpy(), index.numpy(), flat.numpy(), d, stride)
+    return out
+
+
+def index_add_features(out: torch.Tensor, index: torch.Tensor, srcs: list[torch.Tensor | None]) -> torch.Tensor:
+    """``out.index_add_(0, index[f*B:(f+1)*B], srcs[f])`` for every feature f whose src is not
+    None (each [B, D]), in place; returns ``out``.
+
+    The compiled loop runs over batch rows first, then features, so F row-strided slices of one
+    [B, F', D] gradient are read front to back once; the sums of each row come in another order
+    than feature by feature (may differ by rounding), the same order on every run.
+    """
+    live = [s for s in srcs if s is not None]
+    d = out.shape[1] if out.dim() == 2 else 0
+    b = index.numel() // max(len(srcs), 1)
+    ok = (
+        _core is not None and d > 0 and index.numel() == b * len(srcs)
+        and out.device.type == "cpu" and out.dtype == torch.float32 and out.dim() == 2 and out.is_contiguous()
+        and index.dtype == torch.int64 and index.is_contiguous() and not out.requires_grad
+        and all(
+            s.device.type == "cpu" and s.dtype == torch.float32 and s.shape == (b, d) and s.stride(1) == 1
+            and (b <= 1 or s.stride(0) >= d) and not s.requires_grad
+            for s in live
+        )
+    )
+    if not ok:
+        for f, s in enumerate(srcs):
+            if s is not None:
+                out.index_add_(0, index[f * b : (f + 1) * b], s)
+        return out
+    strides = np.array([s.stride(0) if s is not None and b > 1 else d for s in srcs], dtype=np.int64)
+    flat = [None if s is None else s.as_strided(((b - 1) * int(st) + d if b else 0,), (1,)).numpy() for s, st in zip(srcs, strides)]
+    _core.index_add_features(out.numpy(), index.numpy(), flat, strides, b, d)
     return out

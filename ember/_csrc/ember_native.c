@@ -15,6 +15,9 @@
 #define EMPTY (-1)
 #define DELETED (-2)
 #define BLOCK 32 /* IDs whose random reads are prefetched together */
+#ifndef FEATURE_TILE
+#define FEATURE_TILE 64 /* batch rows per tile of index_add_features: its slices stay in L2 */
+#endif
 
 static inline uint64_t mix64(uint64_t z) {
     z ^= z >> 30;
@@ -333,6 +336,73 @@ done:
     return res;
 }
 
+/* index_add_features(out float32[U*D], index int64[F*B], srcs [F arrays or None], strides int64[F],
+ *                    B, dim) -> None
+ * out[index[f*B + b], :] += srcs[f][b * strides[f] : b * strides[f] + dim] for every feature f
+ * whose src is not None: the gradient of a group's single-hot features, each [B, D] and often a
+ * row-strided slice of one [B, F', D] tensor. Sums run batch row by batch row (b outer, f inner),
+ * so such a tensor is read front to back once instead of once per feature. */
+static PyObject *index_add_features(PyObject *self, PyObject *args) {
+    PyObject *srcs;
+    Py_buffer out, index, strides;
+    Py_ssize_t bsz, dim;
+    if (!PyArg_ParseTuple(args, "w*y*Oy*nn", &out, &index, &srcs, &strides, &bsz, &dim)) return NULL;
+    PyObject *res = NULL, *seq = NULL;
+    Py_buffer *sb = NULL;
+    const float **base = NULL;
+    Py_ssize_t nf = 0;
+    Py_ssize_t u = dim > 0 ? out.len / 4 / dim : 0;
+    if (!(seq = PySequence_Fast(srcs, "ember native index_add_features: srcs must be a sequence"))) goto done;
+    nf = PySequence_Fast_GET_SIZE(seq);
+    if (dim <= 0 || bsz < 0 || out.len != u * dim * 4 || index.len != nf * bsz * 8 || strides.len != nf * 8) {
+        PyErr_SetString(PyExc_ValueError, "ember native index_add_features: out [U, dim], index int64 [F*B], F srcs, strides int64 [F]");
+        goto done;
+    }
+    sb = PyMem_Calloc((size_t)nf + 1, sizeof(Py_buffer));
+    base = PyMem_Calloc((size_t)nf + 1, sizeof(float *));
+    if (!sb || !base) { PyErr_NoMemory(); goto done; }
+    {
+        const int64_t *st = strides.buf, *ix = index.buf;
+        for (Py_ssize_t f = 0; f < nf; f++) {
+            PyObject *o = PySequence_Fast_GET_ITEM(seq, f);
+            if (o == Py_None) continue;
+            if (PyObject_GetBuffer(o, &sb[f], PyBUF_C_CONTIGUOUS) < 0) goto done;
+            if (st[f] < dim || (bsz > 0 && sb[f].len < ((bsz - 1) * st[f] + dim) * 4)) {
+                PyErr_Format(PyExc_ValueError, "ember native index_add_features: src %zd too short for B rows of stride %lld", f, (long long)st[f]);
+                goto done;
+            }
+            base[f] = sb[f].buf;
+        }
+        for (Py_ssize_t i = 0; i < nf * bsz; i++)
+            if (ix[i] < 0 || ix[i] >= u) {
+                PyErr_SetString(PyExc_IndexError, "ember native index_add_features: index out of range");
+                goto done;
+            }
+        float *o = out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t b0 = 0; b0 < bsz; b0 += FEATURE_TILE) {
+            Py_ssize_t b1 = b0 + FEATURE_TILE < bsz ? b0 + FEATURE_TILE : bsz;
+            for (Py_ssize_t f = 0; f < nf; f++) {
+                if (!base[f]) continue;
+                for (Py_ssize_t b = b0; b < b1; b++) {
+                    float *row = o + ix[f * bsz + b] * dim;
+                    const float *g = base[f] + b * st[f];
+                    for (Py_ssize_t c = 0; c < dim; c++) row[c] += g[c];
+                }
+            }
+        }
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
+done:
+    if (sb) { for (Py_ssize_t f = 0; f < nf; f++) if (sb[f].obj) PyBuffer_Release(&sb[f]); PyMem_Free(sb); }
+    if (base) PyMem_Free(base);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&out); PyBuffer_Release(&index); PyBuffer_Release(&strides);
+    return res;
+}
+
 /* lookup_rows(keys, slots, ids int64[n], arena float32[rows*R], out float32[n*R],
  *             out_slot int64[n], last int64[rows], count int32[rows], clock, R) -> found
  * One pass of a memory tier's read: probe each ID, copy its record from the arena into out
@@ -634,6 +704,7 @@ static PyMethodDef methods[] = {
     {"lookup_rows_many", lookup_rows_many, METH_VARARGS, "lookup_rows_many(tables, ids, bounds, out, out_slot, clocks, R) -> found"},
     {"store_rows_many", store_rows_many, METH_VARARGS, "store_rows_many(tables, ids, bounds, slot, records, next, clocks, used, R) -> inserted"},
     {"lookup_rows", lookup_rows, METH_VARARGS, "lookup_rows(keys, slots, ids, arena, out, out_slot, last, count, clock, R) -> found"},
+    {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, B, dim) -> None"},
     {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim, stride) -> None"},
     {"tag_find", tag_find, METH_VARARGS, "tag_find(tags, pos, tag, out) -> None"},
     {"tag_claim", tag_claim, METH_VARARGS, "tag_claim(tags, pos, tag, out) -> empty slots used"},

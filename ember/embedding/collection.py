@@ -71,8 +71,8 @@ class _GroupPool(torch.autograd.Function):
     CPU ``embedding_bag`` backward sorts all N indices first; for a group of many tables the
     scatter-add over the (already deduplicated) inverse indices is several times cheaper.
     When every bag holds one value (single-hot features) the pooling is a plain row gather,
-    ~5x cheaper than ``embedding_bag`` on CPU, and backward adds each feature's gradient as it
-    comes (often a row-strided slice of the model's stacked gradient) without stacking them.
+    ~5x cheaper than ``embedding_bag`` on CPU, and backward adds each feature's gradient where
+    it lies (often a row-strided slice of the model's stacked gradient) without stacking them.
     A batched table whose features never reach the loss must not be updated (as without
     batching, where its ``W.grad`` stays None), so ``group.reached`` records which did.
     """
@@ -97,12 +97,8 @@ class _GroupPool(torch.autograd.Function):
         ctx.group.reached = reached
         like = next(g for g in grads if g is not None)
         gw = like.new_zeros(ctx.rows, like.shape[1])
-        b = inverse.numel() // len(grads) if ctx.single else 0
-        if ctx.single:  # per feature, in order: the same sums in the same order as one pass
-            for f, g in enumerate(grads):
-                if g is not None:
-                    _native.index_add_rows(gw, inverse[f * b : (f + 1) * b], g)
-            return gw, None, None, None, None, None
+        if ctx.single:  # each feature's gradient where it lies, none stacked
+            return _native.index_add_features(gw, inverse, list(grads)), None, None, None, None, None
         grad = torch.cat([g if g is not None else torch.zeros_like(like) for g in grads])
         if ctx.mode == "mean":
             grad = grad / lengths.clamp(min=1).unsqueeze(1).to(grad.dtype)

@@ -119,3 +119,29 @@ def test_index_add_rows_native_equals_torch_index_add(dim):
     assert torch.equal(got, base.clone().index_add_(0, index, wide[:, 1].contiguous()))
     with pytest.raises(IndexError, match="out of range"):
         _native.index_add_rows(base.clone(), torch.tensor([50]), torch.ones(1, dim))
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_index_add_features_equals_feature_by_feature_index_add(native, monkeypatch):
+    """Row-strided slices of one [B, F', D] gradient (as a model's stack hands them back), some
+    features without a gradient (None), indices shared across features (a shared table)."""
+    if native and not _native.is_available():
+        pytest.skip("native core not built")
+    if not native:
+        monkeypatch.setattr(_native, "_core", None)
+    g = torch.Generator().manual_seed(3)
+    b, f, d, u = 300, 5, 16, 120
+    grad = torch.randn(b, f + 1, d, generator=g)
+    srcs = [grad[:, i + 1] for i in range(f)]
+    srcs[2] = None
+    index = torch.randint(0, u, (f * b,), generator=g)
+    base = torch.randn(u, d, generator=g)
+    want = base.clone()
+    for i, s in enumerate(srcs):
+        if s is not None:
+            want.index_add_(0, index[i * b : (i + 1) * b], s.contiguous())
+    got = _native.index_add_features(base.clone(), index, srcs)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)  # sums in another order: may round apart
+    if native:
+        with pytest.raises(IndexError, match="out of range"):
+            _native.index_add_features(base.clone(), torch.full((f * b,), u), srcs)
