@@ -19,7 +19,7 @@ from types import ModuleType
 import numpy as np
 import torch
 
-__all__ = ["index_add_features", "index_add_rows", "is_available", "require", "unique_segments"]
+__all__ = ["index_add_features", "index_add_rows", "is_available", "require", "rowwise_adagrad_", "unique_segments"]
 
 try:
     from ember import _ember_native as _core  # type: ignore[attr-defined]  # optional extension
@@ -92,6 +92,35 @@ def _unique_segments_fallback(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.n
     return cat(uniqs), cat(inverses), np.asarray(counts, dtype=np.int64)
 
 
+def _row_view(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
+    """A [n, d] CPU float32 tensor with unit column stride as (flat numpy view over its rows, row
+    stride), for kernels that take row-strided buffers; None when it is not one."""
+    if t.device.type != "cpu" or t.dtype != torch.float32 or t.dim() != 2 or t.requires_grad:
+        return None
+    n, d = t.shape
+    if n and d and t.stride(1) != 1 and d > 1:
+        return None
+    stride = t.stride(0) if n > 1 else d
+    if n > 1 and stride < d:
+        return None
+    return t.as_strided(((n - 1) * stride + d if n else 0,), (1,)).numpy(), stride
+
+
+def rowwise_adagrad_(rows: torch.Tensor, state: torch.Tensor, grads: torch.Tensor, lr: float, eps: float) -> bool:
+    """Row-wise Adagrad on rows [n, D], state [n, 1], grads [n, D] in place, natively; returns
+    False (nothing done) without the core or for tensors it does not take (the caller then
+    runs the torch ops). One pass per row instead of six over the batch; same formula, the
+    mean of squares summed in order (may round apart from torch's by an ulp)."""
+    if _core is None or rows.shape != grads.shape or state.shape != (rows.shape[0], 1) or rows.shape[1] == 0:
+        return False
+    views = [_row_view(t) for t in (rows, state, grads)]
+    if any(v is None for v in views):
+        return False
+    (r, rs), (s, ss), (g, gs) = views  # type: ignore[misc]
+    _core.rowwise_adagrad(r, s, g, rows.shape[0], rows.shape[1], rs, ss, gs, lr, eps)
+    return True
+
+
 def index_add_rows(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """``out.index_add_(0, index, src)`` (rows of ``src`` summed into ``out``), in place; returns ``out``.
 
@@ -99,20 +128,10 @@ def index_add_rows(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) ->
     gradients, D = 8-64) and gives the same sums in the same order; elsewhere torch's. ``src``
     may be row-strided (``src.stride() == (S, 1)``, S >= D): no copy to a contiguous tensor.
     """
-    n, d = index.numel(), out.shape[1] if out.dim() == 2 else 0
-    ok = (
-        _core is not None
-        and out.device.type == "cpu" and src.device.type == "cpu"
-        and out.dtype == torch.float32 and src.dtype == torch.float32 and index.dtype == torch.int64
-        and out.dim() == 2 and out.is_contiguous() and index.is_contiguous()
-        and src.shape == (n, d) and d > 0 and (n <= 1 or src.stride(0) >= d) and src.stride(1) == 1
-        and not (out.requires_grad or src.requires_grad)
-    )
-    if not ok:
+    view = _row_view(src) if _out_ok(out, index) and src.shape == (index.numel(), out.shape[1]) else None
+    if view is None:
         return out.index_add_(0, index, src)
-    stride = src.stride(0) if n > 1 else d
-    flat = src.as_strided(((n - 1) * stride + d if n else 0,), (1,))  # the rows and what lies between
-    _core.index_add_rows(out.numpy(), index.numpy(), flat.numpy(), d, stride)
+    _core.index_add_rows(out.numpy(), index.numpy(), view[0], out.shape[1], view[1])  # type: ignore[union-attr]
     return out
 
 
@@ -120,29 +139,30 @@ def index_add_features(out: torch.Tensor, index: torch.Tensor, srcs: list[torch.
     """``out.index_add_(0, index[f*B:(f+1)*B], srcs[f])`` for every feature f whose src is not
     None (each [B, D]), in place; returns ``out``.
 
-    The compiled loop runs over batch rows first, then features, so F row-strided slices of one
-    [B, F', D] gradient are read front to back once; the sums of each row come in another order
-    than feature by feature (may differ by rounding), the same order on every run.
+    The compiled loop runs over tiles of batch rows, each tile feature by feature, so F
+    row-strided slices of one [B, F', D] gradient are read once with no stacked copy. Rows of a
+    table shared by several features may sum in another order than feature by feature (may
+    round apart), the same order on every run.
     """
-    live = [s for s in srcs if s is not None]
-    d = out.shape[1] if out.dim() == 2 else 0
     b = index.numel() // max(len(srcs), 1)
-    ok = (
-        _core is not None and d > 0 and index.numel() == b * len(srcs)
-        and out.device.type == "cpu" and out.dtype == torch.float32 and out.dim() == 2 and out.is_contiguous()
-        and index.dtype == torch.int64 and index.is_contiguous() and not out.requires_grad
-        and all(
-            s.device.type == "cpu" and s.dtype == torch.float32 and s.shape == (b, d) and s.stride(1) == 1
-            and (b <= 1 or s.stride(0) >= d) and not s.requires_grad
-            for s in live
-        )
-    )
-    if not ok:
+    views = []
+    if _out_ok(out, index) and index.numel() == b * len(srcs):
+        views = [None if s is None else _row_view(s) if s.shape == (b, out.shape[1]) else None for s in srcs]
+    if not views or any(v is None and s is not None for v, s in zip(views, srcs)):
         for f, s in enumerate(srcs):
             if s is not None:
                 out.index_add_(0, index[f * b : (f + 1) * b], s)
         return out
-    strides = np.array([s.stride(0) if s is not None and b > 1 else d for s in srcs], dtype=np.int64)
-    flat = [None if s is None else s.as_strided(((b - 1) * int(st) + d if b else 0,), (1,)).numpy() for s, st in zip(srcs, strides)]
-    _core.index_add_features(out.numpy(), index.numpy(), flat, strides, b, d)
+    strides = np.array([out.shape[1] if v is None else v[1] for v in views], dtype=np.int64)
+    flat = [None if v is None else v[0] for v in views]
+    _core.index_add_features(out.numpy(), index.numpy(), flat, strides, b, out.shape[1])  # type: ignore[union-attr]
     return out
+
+
+def _out_ok(out: torch.Tensor, index: torch.Tensor) -> bool:
+    """Whether the native scatter-adds can write ``out`` [U, D] at int64 ``index``."""
+    return (
+        _core is not None and out.device.type == "cpu" and out.dtype == torch.float32 and out.dim() == 2
+        and out.is_contiguous() and out.shape[1] > 0 and not out.requires_grad
+        and index.dtype == torch.int64 and index.is_contiguous() and index.device.type == "cpu"
+    )

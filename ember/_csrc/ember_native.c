@@ -11,6 +11,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <math.h>
 
 #define EMPTY (-1)
 #define DELETED (-2)
@@ -403,6 +404,46 @@ done:
     return res;
 }
 
+/* rowwise_adagrad(rows float32, state float32, grads float32, n, dim, row_stride, state_stride,
+ *                 grad_stride, lr, eps) -> None
+ * Row-wise Adagrad in place, one pass per row (ember.optim.RowWiseAdagrad):
+ *   G += mean_j(g_j^2);  w_j += (-lr * g_j) / (sqrt(G) + eps).
+ * rows/state/grads are row-strided views (e.g. weights and accumulator of one records buffer). */
+static PyObject *rowwise_adagrad(PyObject *self, PyObject *args) {
+    Py_buffer rows, state, grads;
+    Py_ssize_t n, dim, rs, ss, gs;
+    double lr, eps;
+    if (!PyArg_ParseTuple(args, "w*w*y*nnnnndd", &rows, &state, &grads, &n, &dim, &rs, &ss, &gs, &lr, &eps)) return NULL;
+    PyObject *res = NULL;
+    if (n < 0 || dim <= 0 || rs < dim || ss < 1 || gs < dim
+        || (n > 0 && (rows.len < ((n - 1) * rs + dim) * 4 || state.len < ((n - 1) * ss + 1) * 4 || grads.len < ((n - 1) * gs + dim) * 4))) {
+        PyErr_SetString(PyExc_ValueError, "ember native rowwise_adagrad: rows [n, dim], state [n, 1], grads [n, dim] float32 with row strides");
+        goto done;
+    }
+    {
+        float *w = rows.buf, *st = state.buf;
+        const float *g = grads.buf;
+        const float nlr = (float)-lr, feps = (float)eps, inv = 1.0f / (float)dim;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float *wi = w + i * rs;
+            const float *gi = g + i * gs;
+            float sq = 0.0f;
+            for (Py_ssize_t c = 0; c < dim; c++) sq += gi[c] * gi[c];
+            float acc = st[i * ss] + sq * inv;
+            st[i * ss] = acc;
+            float denom = sqrtf(acc) + feps;
+            for (Py_ssize_t c = 0; c < dim; c++) wi[c] += nlr * gi[c] / denom;
+        }
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
+done:
+    PyBuffer_Release(&rows); PyBuffer_Release(&state); PyBuffer_Release(&grads);
+    return res;
+}
+
 /* lookup_rows(keys, slots, ids int64[n], arena float32[rows*R], out float32[n*R],
  *             out_slot int64[n], last int64[rows], count int32[rows], clock, R) -> found
  * One pass of a memory tier's read: probe each ID, copy its record from the arena into out
@@ -705,6 +746,7 @@ static PyMethodDef methods[] = {
     {"store_rows_many", store_rows_many, METH_VARARGS, "store_rows_many(tables, ids, bounds, slot, records, next, clocks, used, R) -> inserted"},
     {"lookup_rows", lookup_rows, METH_VARARGS, "lookup_rows(keys, slots, ids, arena, out, out_slot, last, count, clock, R) -> found"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, B, dim) -> None"},
+    {"rowwise_adagrad", rowwise_adagrad, METH_VARARGS, "rowwise_adagrad(rows, state, grads, n, dim, rs, ss, gs, lr, eps) -> None"},
     {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim, stride) -> None"},
     {"tag_find", tag_find, METH_VARARGS, "tag_find(tags, pos, tag, out) -> None"},
     {"tag_claim", tag_claim, METH_VARARGS, "tag_claim(tags, pos, tag, out) -> empty slots used"},

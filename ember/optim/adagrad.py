@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor
 
+from ember import _native
 from ember.config_base import ConfigModel
 
 __all__ = ["Adagrad", "RowWiseAdagrad"]
@@ -62,6 +63,8 @@ class RowWiseAdagrad(ConfigModel):
         return rows.new_full((rows.shape[0], 1), self.initial_accumulator_value)
 
     def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int) -> tuple[Tensor, Tensor]:
+        if _native.rowwise_adagrad_(rows, state, grads, self.lr, self.eps):  # one pass per row
+            return rows, state
         state.add_(grads.square().mean(dim=1, keepdim=True))
         rows.addcdiv_(grads, state.sqrt().add_(self.eps), value=-self.lr)
         return rows, state

@@ -145,3 +145,21 @@ def test_index_add_features_equals_feature_by_feature_index_add(native, monkeypa
     if native:
         with pytest.raises(IndexError, match="out of range"):
             _native.index_add_features(base.clone(), torch.full((f * b,), u), srcs)
+
+
+@native
+def test_rowwise_adagrad_native_equals_torch_ops_on_a_records_buffer():
+    """The one-pass kernel on [weights | accumulator] views of one buffer == the torch ops."""
+    from ember.optim import RowWiseAdagrad
+
+    g = torch.Generator().manual_seed(8)
+    rec = torch.rand(500, 17, generator=g)
+    grads = torch.randn(500, 16, generator=g)
+    opt = RowWiseAdagrad(lr=0.05, eps=1e-8)
+    got = rec.clone()
+    assert _native.rowwise_adagrad_(got[:, :16], got[:, 16:], grads, opt.lr, opt.eps)
+    want = rec.clone()
+    want[:, 16:].add_(grads.square().mean(dim=1, keepdim=True))
+    want[:, :16].addcdiv_(grads, want[:, 16:].sqrt().add_(opt.eps), value=-opt.lr)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)  # the mean's sum order may differ by an ulp
+    assert not _native.rowwise_adagrad_(got[:, :16].double(), got[:, 16:].double(), grads.double(), 0.1, 0.0)  # not taken
