@@ -47,7 +47,7 @@ class TableLookup:
     table: str
     ids: Tensor  # int64 [U], CPU
     records: Tensor  # float32 [U, R], CPU (a row range of the group's buffer when batched)
-    inverse: Tensor  # int64 [N] into ids, over the concatenated values of the table's features
+    inverse: Tensor | None  # int64 [N] into ids, over the table's feature values (None in a group: see group.inverse)
     weights: Tensor | None = None  # leaf [U, D] on the model device, set by forward
     group: "_Group | None" = field(default=None, repr=False)  # set when batched with other tables
 
@@ -66,7 +66,8 @@ class _Group:
 
 class _GroupPool(torch.autograd.Function):
     """A group's pooling: ``embedding_bag`` (sum or mean) of ``w`` [U, D] for n features, as n
-    outputs [B, D]; backward is a scatter-add into [U, D] and notes which features reached the loss.
+    outputs [B, D] (``offsets`` None: single-hot, bag i is value i); backward is a scatter-add
+    into [U, D] and notes which features reached the loss.
 
     CPU ``embedding_bag`` backward sorts all N indices first; for a group of many tables the
     scatter-add over the (already deduplicated) inverse indices is several times cheaper.
@@ -78,10 +79,9 @@ class _GroupPool(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, w: Tensor, inverse: Tensor, offsets: Tensor, mode: str, group: _Group, owner: list[int]):  # type: ignore[override]
-        n = inverse.numel()
-        lengths = torch.diff(offsets, append=offsets.new_tensor([n]))
-        single = n == lengths.numel() and bool((lengths == 1).all())  # bag b is value b
+    def forward(ctx, w: Tensor, inverse: Tensor, offsets: Tensor | None, mode: str, group: _Group, owner: list[int]):  # type: ignore[override]
+        single = offsets is None  # bag i is value i
+        lengths = inverse.new_empty(0) if single else torch.diff(offsets, append=offsets.new_tensor([inverse.numel()]))
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(inverse, lengths)
         ctx.mode, ctx.rows, ctx.single, ctx.group, ctx.owner = mode, w.shape[0], single, group, owner
@@ -280,7 +280,7 @@ class EmbeddingCollection(nn.Module):
         for j, name in enumerate(names):
             n = int(counts[j])
             u, rows = uniq_t[start : start + n], buffer[start : start + n]
-            lookups.append(TableLookup(name, u, rows, inverse_t[bounds[j] : bounds[j + 1]] - start))
+            lookups.append(TableLookup(name, u, rows, None))
             start += n
         EmbeddingTable.lookup_many([self.tables[n] for n in names], [lk.ids for lk in lookups], buffer, train=train)
         group = _Group(lookups, buffer, inverse_t, self._by_table[names[0]][0].pooling)
@@ -309,6 +309,7 @@ class EmbeddingCollection(nn.Module):
                 w = w.detach().requires_grad_()
                 lk.weights = w
                 self._pending.append(lk)
+            assert lk.inverse is not None  # only group members leave it to their group
             inverse = lk.inverse.to(self.device, non_blocking=True)
             start = 0
             for f in self._by_table[lk.table]:
@@ -339,10 +340,13 @@ class EmbeddingCollection(nn.Module):
         rows = [key_pos[f.name] for f in feats]
         if rows != list(range(len(sparse.keys))):
             lengths = lengths[torch.tensor(rows)]
-        offsets = torch.zeros(len(feats) * b, dtype=torch.int64)
-        torch.cumsum(lengths.reshape(-1)[:-1], 0, out=offsets[1:])
         inverse = group.inverse.to(self.device, non_blocking=True)
-        outs = _GroupPool.apply(w, inverse, offsets.to(self.device, non_blocking=True), group.mode, group, owner)
+        offsets = None  # single-hot (one value per bag: as many values as bags, none empty): a gather
+        if inverse.numel() != len(feats) * b or (b and int(lengths.min()) < 1):
+            offsets = torch.zeros(len(feats) * b, dtype=torch.int64)
+            torch.cumsum(lengths.reshape(-1)[:-1], 0, out=offsets[1:])
+            offsets = offsets.to(self.device, non_blocking=True)
+        outs = _GroupPool.apply(w, inverse, offsets, group.mode, group, owner)
         return {f.name: o for f, o in zip(feats, outs)}
 
     def concat(self, embedded: dict[str, Tensor | SequenceEmbedding]) -> Tensor:
