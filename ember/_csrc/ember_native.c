@@ -423,14 +423,15 @@ static PyObject *rowwise_adagrad(PyObject *self, PyObject *args) {
     {
         float *w = rows.buf, *st = state.buf;
         const float *g = grads.buf;
-        const float nlr = (float)-lr, feps = (float)eps, inv = 1.0f / (float)dim;
+        const float nlr = (float)-lr, feps = (float)eps;
+        const double inv = 1.0 / (double)dim;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
             float *wi = w + i * rs;
             const float *gi = g + i * gs;
-            float sq = 0.0f;
-            for (Py_ssize_t c = 0; c < dim; c++) sq += gi[c] * gi[c];
-            float acc = st[i * ss] + sq * inv;
+            double sq = 0.0;  /* in double: squares of small gradients would be float denormals (~20x slower) */
+            for (Py_ssize_t c = 0; c < dim; c++) sq += (double)gi[c] * gi[c];
+            float acc = st[i * ss] + (float)(sq * inv);
             st[i * ss] = acc;
             float denom = sqrtf(acc) + feps;
             for (Py_ssize_t c = 0; c < dim; c++) wi[c] += nlr * gi[c] / denom;
