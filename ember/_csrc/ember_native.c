@@ -449,7 +449,8 @@ done:
  *             out_slot int64[n], last int64[rows], count int32[rows], clock, R) -> found
  * One pass of a memory tier's read: probe each ID, copy its record from the arena into out
  * (rows of absent IDs are left as they are), note its slot (-1 absent) and count the access
- * (last = clock, count += 1). Same results as the probe + gather + policy updates in numpy. */
+ * (last = clock, count += 1; not when clock < 0: a tier that never evicts keeps no statistics).
+ * Same results as the probe + gather + policy updates in numpy. */
 static PyObject *lookup_rows(PyObject *self, PyObject *args) {
     Py_buffer keys, slots, ids, arena, out, os, last, count;
     long long clock;
@@ -488,8 +489,7 @@ static PyObject *lookup_rows(PyObject *self, PyObject *args) {
             osl[i] = sl;
             if (sl >= 0) {
                 memcpy(o + i * r, a + sl * r, (size_t)r * sizeof(float));
-                la[sl] = clock;
-                cn[sl] += 1;
+                if (clock >= 0) { la[sl] = clock; cn[sl] += 1; }
                 found++;
             }
         }
@@ -549,20 +549,21 @@ static int check_segments(Py_buffer *bounds, Py_ssize_t t, Py_ssize_t n) {
 }
 
 /* lookup_rows_many(tables [(keys, slots, arena, last, count)] * T, ids int64[n], bounds int64[T+1],
- *                  out float32[n*R], out_slot int64[n], clocks int64[T], R) -> found
- * lookup_rows of every tier j over its segment of ids, with its clock. */
+ *                  out float32[n*R], out_slot int64[n], clocks int64[T], out_hits int64[T], R) -> found
+ * lookup_rows of every tier j over its segment of ids, with its clock (< 0: no statistics);
+ * out_hits[j] = IDs found. */
 static PyObject *lookup_rows_many(PyObject *self, PyObject *args) {
     PyObject *tables;
-    Py_buffer ids, bounds, out, os, clocks;
+    Py_buffer ids, bounds, out, os, clocks, hits;
     Py_ssize_t r;
-    if (!PyArg_ParseTuple(args, "Oy*y*w*w*y*n", &tables, &ids, &bounds, &out, &os, &clocks, &r)) return NULL;
+    if (!PyArg_ParseTuple(args, "Oy*y*w*w*y*w*n", &tables, &ids, &bounds, &out, &os, &clocks, &hits, &r)) return NULL;
     PyObject *res = NULL;
     Py_buffer *tb = NULL;
     Py_ssize_t n = ids.len / 8, t = PySequence_Size(tables);
     static const int flags[5] = {0, 0, 0, 1, 1};
     if (t < 0) goto done;
-    if (r <= 0 || check_segments(&bounds, t, n) < 0 || out.len != n * r * 4 || os.len != n * 8 || clocks.len != t * 8) {
-        PyErr_SetString(PyExc_ValueError, "ember native lookup_rows_many: bounds [T+1] over ids, out [n, R], out_slot [n], clocks [T]");
+    if (r <= 0 || check_segments(&bounds, t, n) < 0 || out.len != n * r * 4 || os.len != n * 8 || clocks.len != t * 8 || hits.len != t * 8) {
+        PyErr_SetString(PyExc_ValueError, "ember native lookup_rows_many: bounds [T+1] over ids, out [n, R], out_slot [n], clocks/out_hits [T]");
         goto done;
     }
     if (!(tb = acquire_tables(tables, t, 5, flags))) goto done;
@@ -579,11 +580,12 @@ static PyObject *lookup_rows_many(PyObject *self, PyObject *args) {
     {
         const int64_t *id = ids.buf, *bd = bounds.buf, *clk = clocks.buf;
         float *o = out.buf;
-        int64_t *osl = os.buf;
+        int64_t *osl = os.buf, *hit = hits.buf;
         Py_ssize_t found = 0, bad = 0;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t j = 0; j < t && !bad; j++) {
             Py_buffer *b = tb + j * 5;
+            Py_ssize_t before = found;
             const int64_t *k = b[0].buf;
             const int32_t *s = b[1].buf;
             const float *a = b[2].buf;
@@ -591,6 +593,7 @@ static PyObject *lookup_rows_many(PyObject *self, PyObject *args) {
             int32_t *cn = b[4].buf;
             uint64_t mask = (uint64_t)(b[0].len / 8) - 1;
             int64_t rows = b[2].len / 4 / r;
+            int track = clk[j] >= 0;  /* clock < 0: the tier never evicts, keeps no access statistics */
             /* blocks of BLOCK IDs: prefetch their home buckets, probe them all (prefetching each
              * found row), then copy: the random reads of a block overlap instead of queueing */
             for (int64_t i0 = bd[j]; i0 < bd[j + 1] && !bad; i0 += BLOCK) {
@@ -616,20 +619,19 @@ static PyObject *lookup_rows_many(PyObject *self, PyObject *args) {
                     if (sl >= 0) {
                         __builtin_prefetch(a + sl * r);
                         __builtin_prefetch(a + sl * r + r - 1);
-                        __builtin_prefetch(la + sl, 1);
-                        __builtin_prefetch(cn + sl, 1);
+                        if (track) { __builtin_prefetch(la + sl, 1); __builtin_prefetch(cn + sl, 1); }
                     }
                 }
                 for (int64_t i = i0; i < i1 && !bad; i++) {
                     int64_t sl = osl[i];
                     if (sl >= 0) {
                         memcpy(o + i * r, a + sl * r, (size_t)r * sizeof(float));
-                        la[sl] = clk[j];
-                        cn[sl] += 1;
+                        if (track) { la[sl] = clk[j]; cn[sl] += 1; }
                         found++;
                     }
                 }
             }
+            hit[j] = found - before;
         }
         Py_END_ALLOW_THREADS
         if (bad) PyErr_SetString(PyExc_IndexError, "ember native lookup_rows_many: a slot lies outside the arena");
@@ -638,7 +640,7 @@ static PyObject *lookup_rows_many(PyObject *self, PyObject *args) {
 done:
     if (tb) release_tables(tb, t * 5);
     PyBuffer_Release(&ids); PyBuffer_Release(&bounds); PyBuffer_Release(&out); PyBuffer_Release(&os);
-    PyBuffer_Release(&clocks);
+    PyBuffer_Release(&clocks); PyBuffer_Release(&hits);
     return res;
 }
 
@@ -743,7 +745,7 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"lookup_rows_many", lookup_rows_many, METH_VARARGS, "lookup_rows_many(tables, ids, bounds, out, out_slot, clocks, R) -> found"},
+    {"lookup_rows_many", lookup_rows_many, METH_VARARGS, "lookup_rows_many(tables, ids, bounds, out, out_slot, clocks, out_hits, R) -> found"},
     {"store_rows_many", store_rows_many, METH_VARARGS, "store_rows_many(tables, ids, bounds, slot, records, next, clocks, used, R) -> inserted"},
     {"lookup_rows", lookup_rows, METH_VARARGS, "lookup_rows(keys, slots, ids, arena, out, out_slot, last, count, clock, R) -> found"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, B, dim) -> None"},

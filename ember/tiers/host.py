@@ -23,8 +23,9 @@ class HostTier(TierCounters):
     """Rows in memory: ``arena[slot] = [weights | optimizer state]``; ID -> slot via a KeyIndex.
 
     The arena grows by doubling (up to ``capacity`` if one is given); freed slots are reused.
-    Each slot also keeps its last access (a clock advanced by every ``get``) and an access
-    count, so a bounded tier can ``evict`` by LRU or LFU. ``get`` remembers the slots of the
+    In a bounded tier each slot also keeps its last access (a clock advanced by every ``get``)
+    and an access count, so it can ``evict`` by LRU or LFU; an unbounded tier never evicts and
+    does not update them on reads. ``get`` remembers the slots of the
     last IDs it served, so the ``put`` of the same IDs after the optimizer step (the common
     read-modify-write of one batch) skips a second index probe.
 
@@ -77,6 +78,17 @@ class HostTier(TierCounters):
         self.clock = 0
         self.reset_step_stats()
 
+    @property
+    def _tracks(self) -> bool:
+        """Whether reads note each row's last access and count: only a bounded tier evicts by them
+        (an unbounded one skips two random writes per row read)."""
+        return self.capacity is not None
+
+    @property
+    def _native_cpu(self) -> bool:
+        """Whether the C core can serve this tier's reads and writes in place (CPU float32 arena)."""
+        return self._index.native and self.device.type == "cpu" and self._arena.dtype == torch.float32
+
     # ---- size -------------------------------------------------------------------------
     def __len__(self) -> int:
         return len(self._index)
@@ -115,8 +127,9 @@ class HostTier(TierCounters):
         found = s >= 0
         self.clock += 1
         hit = s[found]
-        self._last[hit] = self.clock
-        self._count[hit] += 1
+        if self._tracks:
+            self._last[hit] = self.clock
+            self._count[hit] += 1
         self.requests += s.size
         self.hits += hit.size
         rows = self._arena.index_select(0, torch.from_numpy(np.maximum(s, 0)).to(self.device))
@@ -136,7 +149,8 @@ class HostTier(TierCounters):
             out.index_copy_(0, hit, rows.index_select(0, hit.to(rows.device)).to(out.device, out.dtype))
             return found
         self.clock += 1
-        slots = self._index.lookup_rows(ids.numpy(), self._arena.numpy(), out.numpy(), self._last, self._count, self.clock)
+        clock = self.clock if self._tracks else -1
+        slots = self._index.lookup_rows(ids.numpy(), self._arena.numpy(), out.numpy(), self._last, self._count, clock)
         assert slots is not None  # native, checked above
         found = slots >= 0
         self.requests += slots.size
@@ -154,11 +168,8 @@ class HostTier(TierCounters):
         """
         if not tiers or not all(isinstance(t, HostTier) for t in tiers):
             return False
-        first: HostTier = tiers[0]  # type: ignore[assignment]
-        return all(
-            t._index.native and t.device.type == "cpu" and t._arena.dtype == torch.float32 and t.record_dim == first.record_dim
-            for t in tiers  # type: ignore[attr-defined]
-        )
+        r = tiers[0].record_dim  # type: ignore[attr-defined]
+        return all(t._native_cpu and t.record_dim == r for t in tiers)  # type: ignore[attr-defined]
 
     @staticmethod
     def get_into_many(tiers: Sequence["HostTier"], ids: Sequence[Tensor], out: Tensor) -> Tensor:
@@ -177,15 +188,16 @@ class HostTier(TierCounters):
         clocks = np.empty(len(tiers), dtype=np.int64)
         for j, t in enumerate(tiers):
             t.clock += 1
-            clocks[j] = t.clock
+            clocks[j] = t.clock if t._tracks else -1
+        hits = np.empty(len(tiers), dtype=np.int64)
         tables = [(t._index._keys, t._index._slots, t._arena.numpy(), t._last, t._count) for t in tiers]
-        _native.require().lookup_rows_many(tables, flat, bounds, out.numpy(), slots, clocks, out.shape[1])
+        _native.require().lookup_rows_many(tables, flat, bounds, out.numpy(), slots, clocks, hits, out.shape[1])
         found = slots >= 0
-        for j, t in enumerate(tiers):
-            a, b = bounds[j], bounds[j + 1]
-            t.requests += int(b - a)
-            t.hits += int(np.count_nonzero(found[a:b]))
-            t._memo = [(ids[j], torch.from_numpy(slots[a:b]))] + t._memo[:1]
+        slots_t = torch.from_numpy(slots)
+        for j, (t, h) in enumerate(zip(tiers, hits.tolist())):
+            t.requests += sizes[j]
+            t.hits += h
+            t._memo = [(ids[j], slots_t[bounds[j] : bounds[j + 1]])] + t._memo[:1]
         return torch.from_numpy(found)
 
     @staticmethod
@@ -199,19 +211,19 @@ class HostTier(TierCounters):
         sizes = [i.numel() for i in ids]
         fast = HostTier.batchable(tiers) and records.is_contiguous() and records.dtype == torch.float32
         if fast:
-            slot = np.concatenate([t.slots_of(i).numpy() for t, i in zip(tiers, ids)]).astype(np.int64)
-            bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-            absent = np.concatenate([[0], np.cumsum(slot < 0)])
-            fresh = absent[bounds[1:]] - absent[bounds[:-1]]
+            per_tier = [t.slots_of(i).numpy() for t, i in zip(tiers, ids)]
+            fresh = [int(np.count_nonzero(s < 0)) for s in per_tier]
             fast = all(
                 m == 0 or (t._free.size == 0 and (t.capacity is None or len(t) + m <= t.capacity))
-                for t, m in zip(tiers, fresh.tolist())
+                for t, m in zip(tiers, fresh)
             )
         if not fast:
             for t, i, rows in zip(tiers, ids, records.split(sizes)):
                 t.put(i, rows)
             return
-        for t, m in zip(tiers, fresh.tolist()):
+        slot = np.concatenate(per_tier).astype(np.int64)  # a copy: the memos' arrays stay as they are
+        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        for t, m in zip(tiers, fresh):
             if m:
                 t._reserve(t._next + m)
                 t._index.reserve(m)
@@ -221,7 +233,7 @@ class HostTier(TierCounters):
         used = np.zeros(len(tiers), dtype=np.int64)
         tables = [(t._index._keys, t._index._slots, t._arena.numpy(), t._last, t._count, t._ids, t._held) for t in tiers]
         _native.require().store_rows_many(tables, flat, bounds, slot, records.numpy(), nxt, clocks, used, records.shape[1])
-        for j, (t, m) in enumerate(zip(tiers, fresh.tolist())):
+        for j, (t, m) in enumerate(zip(tiers, fresh)):
             if m:
                 t._next = int(nxt[j])
                 t._index.placed(m, int(used[j]))

@@ -116,7 +116,7 @@ class KeyIndex:
         """Native one-pass read of a memory tier (see ``HostTier.get_into``); None without the core.
 
         Copies ``arena[slot(id)]`` into ``out`` for present IDs, sets ``last = clock`` and adds
-        one to ``count`` at their slots; returns each ID's slot (-1 absent).
+        one to ``count`` at their slots (not when ``clock < 0``); returns each ID's slot (-1 absent).
         """
         if self._core is None:
             return None
