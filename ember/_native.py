@@ -14,12 +14,18 @@ Example:
 
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
+from typing import Callable, Sequence, TypeVar
 
 import numpy as np
 import torch
 
-__all__ = ["index_add_features", "index_add_rows", "is_available", "require", "rowwise_adagrad_", "unique_segments"]
+__all__ = [
+    "chunks", "index_add_features", "index_add_rows", "is_available", "require", "rowwise_adagrad_", "run_chunks",
+    "unique_segments",
+]
 
 try:
     from ember import _ember_native as _core  # type: ignore[attr-defined]  # optional extension
@@ -45,6 +51,53 @@ def require() -> ModuleType:
     return _core
 
 
+# ---- running a kernel on several threads ---------------------------------------------------
+# The kernels release the GIL, so independent parts of one call (tables, segments, row ranges)
+# run on as many threads as torch may use (torch.get_num_threads(): the user's CPU budget).
+
+MIN_PARALLEL_ROWS = 16384  # below this a hand-off to another thread (~30-50 us) does not pay
+_pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, workers, pool)
+T = TypeVar("T")
+
+
+def chunks(weights: Sequence[int] | np.ndarray, cuts: Sequence[bool] | None = None, min_rows: int | None = None) -> list[tuple[int, int]]:
+    """Split items ``0..len(weights)`` into contiguous [lo, hi) ranges of about equal total weight,
+    one per thread torch may use (one range when the total is below ``min_rows``, default
+    ``MIN_PARALLEL_ROWS``).
+
+    ``cuts[i]`` False forbids a range boundary before item i (items that must stay together).
+    """
+    w = np.asarray(weights, dtype=np.int64)
+    n, total = w.size, int(w.sum())
+    least = MIN_PARALLEL_ROWS if min_rows is None else min_rows
+    k = min(torch.get_num_threads(), n, max(1, total // max(least, 1)))
+    if k <= 1:
+        return [(0, n)]
+    ends = np.cumsum(w)
+    bounds = [0]
+    for j in range(1, k):
+        i = int(np.searchsorted(ends, total * j / k)) + 1  # first item after the j-th share
+        while cuts is not None and i < n and not cuts[i]:
+            i += 1
+        if bounds[-1] < i < n:
+            bounds.append(i)
+    bounds.append(n)
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def run_chunks(fn: Callable[[int, int], T], parts: list[tuple[int, int]]) -> list[T]:
+    """``[fn(lo, hi) for lo, hi in parts]``, the first on this thread, the others on a pool."""
+    if len(parts) == 1:
+        return [fn(*parts[0])]
+    global _pool
+    workers = max(1, torch.get_num_threads() - 1)
+    if _pool is None or _pool[0] != os.getpid() or _pool[1] != workers:  # a forked child needs its own
+        _pool = (os.getpid(), workers, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ember-kernel"))
+    futures = [_pool[2].submit(fn, lo, hi) for lo, hi in parts[1:]]
+    first = fn(*parts[0])
+    return [first] + [f.result() for f in futures]
+
+
 def unique_segments(
     ids: np.ndarray, bounds: np.ndarray, native: bool | None = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -66,8 +119,23 @@ def unique_segments(
         uniq = np.empty_like(ids)
         inverse = np.empty_like(ids)
         counts = np.empty(bounds.size - 1, dtype=np.int64)
-        total = core.unique_segments(ids, bounds, uniq, inverse, counts)
-        return uniq[:total], inverse, counts
+
+        def part(lo: int, hi: int) -> int:  # segments lo..hi-1, numbered from their first value
+            a, b = int(bounds[lo]), int(bounds[hi])
+            return core.unique_segments(ids[a:b], bounds[lo : hi + 1] - a, uniq[a:b], inverse[a:b], counts[lo:hi])
+
+        parts = chunks(np.diff(bounds))
+        totals = run_chunks(part, parts)
+        if len(parts) == 1:
+            return uniq[: totals[0]], inverse, counts
+        pieces, shift = [], 0  # each part's uniques were written from its first value: close the gaps
+        for (lo, hi), total in zip(parts, totals):
+            a, b = int(bounds[lo]), int(bounds[hi])
+            pieces.append(uniq[a : a + total])
+            if shift:
+                inverse[a:b] += shift
+            shift += total
+        return np.concatenate(pieces), inverse, counts
     return _unique_segments_fallback(ids, bounds)
 
 
@@ -118,7 +186,16 @@ def rowwise_adagrad_(rows: torch.Tensor, state: torch.Tensor, grads: torch.Tenso
     if any(v is None for v in views):
         return False
     (r, rs), (s, ss), (g, gs) = views  # type: ignore[misc]
-    _core.rowwise_adagrad(r, s, g, rows.shape[0], rows.shape[1], rs, ss, gs, lr, eps)
+    d = rows.shape[1]
+
+    def part(lo: int, hi: int) -> None:  # rows lo..hi-1
+        _core.rowwise_adagrad(  # type: ignore[union-attr]
+            r[lo * rs : (hi - 1) * rs + d], s[lo * ss : (hi - 1) * ss + 1], g[lo * gs : (hi - 1) * gs + d],
+            hi - lo, d, rs, ss, gs, lr, eps,
+        )
+
+    if rows.shape[0]:
+        run_chunks(part, chunks(np.full(rows.shape[0], 1)))
     return True
 
 
@@ -136,9 +213,15 @@ def index_add_rows(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) ->
     return out
 
 
-def index_add_features(out: torch.Tensor, index: torch.Tensor, srcs: list[torch.Tensor | None]) -> torch.Tensor:
+def index_add_features(
+    out: torch.Tensor, index: torch.Tensor, srcs: list[torch.Tensor | None], owner: Sequence[int] | None = None
+) -> torch.Tensor:
     """``out.index_add_(0, index[f*B:(f+1)*B], srcs[f])`` for every feature f whose src is not
     None (each [B, D]), in place; returns ``out``.
+
+    ``owner[f]`` (non-decreasing) names the rows of ``out`` feature f may write, e.g. its table in
+    a group: features of different owners write different rows, so the native loop may run
+    them on several threads; without it, one thread.
 
     The compiled loop runs over tiles of batch rows, each tile feature by feature, so F
     row-strided slices of one [B, F', D] gradient are read once with no stacked copy. Rows of a
@@ -156,7 +239,16 @@ def index_add_features(out: torch.Tensor, index: torch.Tensor, srcs: list[torch.
         return out
     strides = np.array([out.shape[1] if v is None else v[1] for v in views], dtype=np.int64)
     flat = [None if v is None else v[0] for v in views]
-    _core.index_add_features(out.numpy(), index.numpy(), flat, strides, b, out.shape[1])  # type: ignore[union-attr]
+    out_np, index_np = out.numpy(), index.numpy()
+
+    def part(lo: int, hi: int) -> None:  # features lo..hi-1
+        _core.index_add_features(out_np, index_np[lo * b : hi * b], flat[lo:hi], strides[lo:hi], b, out.shape[1])  # type: ignore[union-attr]
+
+    if owner is None:
+        part(0, len(srcs))
+    else:
+        cuts = [True] + [owner[f] != owner[f - 1] for f in range(1, len(srcs))]
+        run_chunks(part, chunks(np.full(len(srcs), b), cuts))
     return out
 
 

@@ -98,7 +98,7 @@ class _GroupPool(torch.autograd.Function):
         like = next(g for g in grads if g is not None)
         gw = like.new_zeros(ctx.rows, like.shape[1])
         if ctx.single:  # each feature's gradient where it lies, none stacked
-            return _native.index_add_features(gw, inverse, list(grads)), None, None, None, None, None
+            return _native.index_add_features(gw, inverse, list(grads), ctx.owner), None, None, None, None, None
         grad = torch.cat([g if g is not None else torch.zeros_like(like) for g in grads])
         if ctx.mode == "mean":
             grad = grad / lengths.clamp(min=1).unsqueeze(1).to(grad.dtype)

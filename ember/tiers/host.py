@@ -191,7 +191,14 @@ class HostTier(TierCounters):
             clocks[j] = t.clock if t._tracks else -1
         hits = np.empty(len(tiers), dtype=np.int64)
         tables = [(t._index._keys, t._index._slots, t._arena.numpy(), t._last, t._count) for t in tiers]
-        _native.require().lookup_rows_many(tables, flat, bounds, out.numpy(), slots, clocks, hits, out.shape[1])
+        core, out_np = _native.require(), out.numpy()
+
+        def part(lo: int, hi: int) -> None:  # tiers lo..hi-1 (independent: one thread each part)
+            a, b = bounds[lo], bounds[hi]
+            core.lookup_rows_many(tables[lo:hi], flat[a:b], bounds[lo : hi + 1] - a, out_np[a:b], slots[a:b],
+                                  clocks[lo:hi], hits[lo:hi], out.shape[1])
+
+        _native.run_chunks(part, _native.chunks(sizes))
         found = slots >= 0
         slots_t = torch.from_numpy(slots)
         for j, (t, h) in enumerate(zip(tiers, hits.tolist())):
@@ -232,7 +239,14 @@ class HostTier(TierCounters):
         clocks = np.array([t.clock for t in tiers], dtype=np.int64)
         used = np.zeros(len(tiers), dtype=np.int64)
         tables = [(t._index._keys, t._index._slots, t._arena.numpy(), t._last, t._count, t._ids, t._held) for t in tiers]
-        _native.require().store_rows_many(tables, flat, bounds, slot, records.numpy(), nxt, clocks, used, records.shape[1])
+        core, rec_np = _native.require(), records.numpy()
+
+        def part(lo: int, hi: int) -> None:  # tiers lo..hi-1 (independent: one thread each part)
+            a, b = bounds[lo], bounds[hi]
+            core.store_rows_many(tables[lo:hi], flat[a:b], bounds[lo : hi + 1] - a, slot[a:b], rec_np[a:b],
+                                 nxt[lo:hi], clocks[lo:hi], used[lo:hi], records.shape[1])
+
+        _native.run_chunks(part, _native.chunks(sizes))
         for j, (t, m) in enumerate(zip(tiers, fresh)):
             if m:
                 t._next = int(nxt[j])
