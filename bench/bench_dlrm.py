@@ -6,6 +6,7 @@ drawn from Zipf(1.1); 13 dense features; DLRM bottom 13-512-256-16, dim 16, dot 
 Variants: (a) ember (dynamic tables, KeyIndex, sparse row-wise Adagrad), (b) plain PyTorch
 (nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad), (c) dense-only (embedding outputs given
 as a fixed tensor: the ceiling of this model on this machine).
+All three variants share one process and so one runtime setting (GOMP_SPINCOUNT, printed).
 Method (../shared/BENCHMARKING.md): batches generated before timing; step i of every variant
 runs back to back with a rotating order; we report the median over steps of the paired ratios
 t(ref, i) / t(variant, i), and absolute medians with min-max.
@@ -20,6 +21,10 @@ import json
 import resource
 import statistics
 import time
+
+import ember  # noqa: F401  # first: before torch loads, it shortens libgomp's spin-wait (see ember/__init__.py)
+
+import os
 
 import numpy as np
 import torch
@@ -174,7 +179,8 @@ def main() -> None:
     n = args.steps + args.warmup
     t0 = time.perf_counter()
     batches = make_batches(n, args.batch)
-    print(f"generated {n} batches in {time.perf_counter() - t0:.1f}s; torch threads={torch.get_num_threads()}")
+    spin = os.environ.get("GOMP_SPINCOUNT", "libgomp default")
+    print(f"generated {n} batches in {time.perf_counter() - t0:.1f}s; torch threads={torch.get_num_threads()}; GOMP_SPINCOUNT={spin}")
     # ember as `train.prefetch: auto` runs it on a CPU-only box (synchronous); --prefetch adds
     # the variant that fetches the next batch's rows on the worker thread
     variants = [Ember(disk=args.disk), Plain(), DenseOnly(args.batch)]
@@ -190,9 +196,9 @@ def main() -> None:
             e = time.perf_counter() - s
             if i >= args.warmup:
                 times[v.name].append(e)
-    ember = variants[0]
-    for k in ember.split:
-        ember.split[k] = ember.split[k][args.warmup :]
+    ours = variants[0]  # ember as `train.prefetch: auto` runs it here
+    for k in ours.split:
+        ours.split[k] = ours.split[k][args.warmup :]
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio = lambda ref, var: statistics.median(r / x for r, x in zip(times[ref], times[var]))  # noqa: E731
     r_plain = ratio("plain", "ember")
@@ -209,10 +215,10 @@ def main() -> None:
     print(f"  plain / dense-only speed    : {r_plain_dense:.3f}x")
     if r_pre is not None:
         print(f"  ember-prefetch / ember speed: {r_pre:.3f}x  (gain from prefetching the next batch)")
-    split = {k: statistics.median(v) * 1e3 for k, v in ember.split.items()}
+    split = {k: statistics.median(v) * 1e3 for k, v in ours.split.items()}
     print("ember time split (ms, median): " + ", ".join(f"{k} {v:.1f}" for k, v in split.items()))
-    rows = sum(len(t) for t in ember.ec.tables.values())
-    per_row = ember.index_bytes_per_row()
+    rows = sum(len(t) for t in ours.ec.tables.values())
+    per_row = ours.index_bytes_per_row()
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"ember rows: {rows}, index bytes/row: {per_row:.1f} (target <= 32), record bytes/row: {(D + 1) * 4}")
     print(f"peak RSS (whole process, all three variants): {rss_mb:.0f} MB")
@@ -221,6 +227,7 @@ def main() -> None:
         "samples_per_s": {k: args.batch / v for k, v in med.items()},
         "ratio_ember_vs_plain": r_plain, "ratio_ember_vs_dense_only": r_dense, "ratio_plain_vs_dense_only": r_plain_dense, "ratio_prefetch_vs_ember": r_pre,
         "ember_split_ms": split, "index_bytes_per_row": per_row, "rows": rows, "peak_rss_mb": rss_mb,
+        "torch_threads": torch.get_num_threads(), "gomp_spincount": spin,
     }))
 
 

@@ -163,3 +163,46 @@ def test_rowwise_adagrad_native_equals_torch_ops_on_a_records_buffer():
     want[:, :16].addcdiv_(grads, want[:, 16:].sqrt().add_(opt.eps), value=-opt.lr)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)  # the mean's sum order may differ by an ulp
     assert not _native.rowwise_adagrad_(got[:, :16].double(), got[:, 16:].double(), grads.double(), 0.1, 0.0)  # not taken
+
+
+def test_chunks_balance_weight_and_respect_cuts(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    assert _native.chunks([5, 5, 5, 5, 5, 5], min_rows=1) == [(0, 2), (2, 4), (4, 6)]
+    assert _native.chunks([5] * 6, min_rows=100) == [(0, 6)]  # too little work to hand off
+    parts = _native.chunks([4] * 6, cuts=[True, False, False, True, False, False], min_rows=1)
+    assert parts == [(0, 3), (3, 6)]  # items 0-2 and 3-5 must stay together
+    assert _native.run_chunks(lambda lo, hi: (lo, hi), parts) == parts
+
+
+@native
+def test_kernels_split_over_threads_equal_one_thread(monkeypatch):
+    """Each kernel run in parts on several threads gives exactly the one-thread result."""
+    from ember.tiers import HostTier
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(0, 400, (6000,), generator=g).numpy()
+    bounds = np.array([0, 1000, 1000, 2500, 4000, 6000])
+    results = {}
+    for least in (1, 10**12):  # parts on a pool / everything on this thread
+        monkeypatch.setattr(_native, "MIN_PARALLEL_ROWS", least)
+        uniq, inverse, counts = _native.unique_segments(ids, bounds)
+        grad = torch.randn(300, 6, 4, generator=g) if least == 1 else results[1]["grad"]
+        index = torch.randint(0, 50, (5 * 300,), generator=g) if least == 1 else results[1]["index"]
+        owner = [0, 0, 1, 2, 2]  # table of each feature: rows 10 * owner .. are that table's
+        index = (index % 10) + 10 * torch.tensor(owner).repeat_interleave(300)
+        out = _native.index_add_features(torch.zeros(50, 4), index, [grad[:, f + 1] for f in range(5)], owner)
+        rec = torch.rand(5000, 5, generator=torch.Generator().manual_seed(1))
+        _native.rowwise_adagrad_(rec[:, :4], rec[:, 4:], torch.ones(5000, 4) * 0.1, 0.05, 1e-8)
+        tiers = [HostTier(3) for _ in range(4)]
+        parts = [torch.arange(k * 1000, k * 1000 + 900 + k) for k in range(4)]
+        HostTier.put_many(tiers, parts, torch.arange(sum(p.numel() for p in parts) * 3, dtype=torch.float32).view(-1, 3))
+        read = torch.zeros(sum(p.numel() for p in parts), 3)
+        found = HostTier.get_into_many(tiers, parts, read)
+        results[least] = {"unique": (uniq, inverse, counts), "out": out, "rec": rec, "read": read, "found": found,
+                          "grad": grad, "index": index}
+    a, b = results[1], results[10**12]
+    for x, y in zip(a["unique"], b["unique"]):
+        np.testing.assert_array_equal(x, y)
+    for k in ("out", "rec", "read", "found"):
+        assert torch.equal(a[k], b[k]), k
