@@ -177,14 +177,17 @@ done:
     return res;
 }
 
-/* uniform01(ids int64[n], keys uint64[1 or n], dim, out float32[n*dim]) -> None
- * out[i, c] = (mix64(mix64(ids[i] ^ key_i) + (c + 1) * GOLDEN) >> 40) * 2^-24, exactly the
- * counter-based uniforms of ember.embedding.init._uniform01; key_i = keys[0] or keys[i] (one
- * key per row lets the tables of a group initialise their new rows in one call). */
+/* uniform01(ids int64[n], keys uint64[1 or n], dim, out float32[n*dim], mul, add) -> None
+ * out[i, c] = u * mul + add (float32 ops, in that order) with
+ * u = (mix64(mix64(ids[i] ^ key_i) + (c + 1) * GOLDEN) >> 40) * 2^-24, exactly the counter-based
+ * uniforms of ember.embedding.init._uniform01 (mul = 1, add = 0) or a uniform initialiser's
+ * u * (2 scale) - scale; key_i = keys[0] or keys[i] (one key per row lets the tables of a group
+ * initialise their new rows in one call). */
 static PyObject *uniform01(PyObject *self, PyObject *args) {
     Py_buffer ids, keys, out;
     Py_ssize_t dim;
-    if (!PyArg_ParseTuple(args, "y*y*nw*", &ids, &keys, &dim, &out)) return NULL;
+    double mul = 1.0, add = 0.0;
+    if (!PyArg_ParseTuple(args, "y*y*nw*|dd", &ids, &keys, &dim, &out, &mul, &add)) return NULL;
     PyObject *res = NULL;
     Py_ssize_t n = ids.len / 8, nk = keys.len / 8;
     if (dim < 0 || out.len != n * dim * 4 || !(nk == 1 || nk == n)) {
@@ -195,12 +198,16 @@ static PyObject *uniform01(PyObject *self, PyObject *args) {
         const int64_t *id = ids.buf;
         const uint64_t *ky = keys.buf;
         float *o = out.buf;
+        const float fm = (float)mul, fa = (float)add;
+        const int affine = !(mul == 1.0 && add == 0.0);
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
             uint64_t base = mix64((uint64_t)id[i] ^ ky[nk == 1 ? 0 : i]);
             for (Py_ssize_t c = 0; c < dim; c++) {
                 uint64_t bits = mix64(base + (uint64_t)(c + 1) * 0x9E3779B97F4A7C15ULL);
-                o[i * dim + c] = (float)(bits >> 40) * (float)(1.0 / (1 << 24));
+                float u = (float)(bits >> 40) * (float)(1.0 / (1 << 24));
+                if (affine) { u = u * fm; u = u + fa; }
+                o[i * dim + c] = u;
             }
         }
         Py_END_ALLOW_THREADS
@@ -753,7 +760,7 @@ static PyMethodDef methods[] = {
     {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim, stride) -> None"},
     {"tag_find", tag_find, METH_VARARGS, "tag_find(tags, pos, tag, out) -> None"},
     {"tag_claim", tag_claim, METH_VARARGS, "tag_claim(tags, pos, tag, out) -> empty slots used"},
-    {"uniform01", uniform01, METH_VARARGS, "uniform01(ids, keys, dim, out) -> None"},
+    {"uniform01", uniform01, METH_VARARGS, "uniform01(ids, keys, dim, out, mul=1, add=0) -> None"},
     {"probe", probe, METH_VARARGS, "probe(keys, slots, ids, out_bucket, out_slot) -> found"},
     {"place", place, METH_VARARGS, "place(keys, slots, ids, new_slots) -> empty buckets used"},
     {"unique_segments", unique_segments, METH_VARARGS,

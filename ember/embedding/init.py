@@ -34,18 +34,29 @@ class InitializerConfig(ConfigModel):
     std: float | None = Field(None, gt=0)
 
 
-def _uniform01(ids: np.ndarray, dim: int, seed: int | np.ndarray, stream: int) -> np.ndarray:
+def _uniform01(
+    ids: np.ndarray, dim: int, seed: int | np.ndarray, stream: int, scale: float | None = None
+) -> np.ndarray:
     """Counter-based uniforms in [0, 1): one per (id, column), reproducible anywhere.
 
     ``seed`` is the table's seed, or one seed per ID (the tables of a group in one call).
+    With ``scale``: ``u * (2 scale) - scale`` in float32, i.e. U(-scale, scale) (fused natively).
     """
     seeds = np.asarray(seed, dtype=np.int64).reshape(-1)
     key = mix64(seeds.astype(np.uint64) * np.uint64(2) + np.uint64(stream))
-    if _native.is_available():  # same bits, one pass in C
-        out = np.empty((ids.size, dim), dtype=np.float32)
-        _native.require().uniform01(np.ascontiguousarray(ids, dtype=np.int64), key, dim, out)
-        return out
-    return _uniform01_fallback(ids, dim, key)
+    mul, add = (1.0, 0.0) if scale is None else (float(np.float32(2 * scale)), -float(np.float32(scale)))
+    if not _native.is_available():
+        u = _uniform01_fallback(ids, dim, key)
+        return u if scale is None else u * np.float32(mul) + np.float32(add)
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    out = np.empty((ids.size, dim), dtype=np.float32)
+    core = _native.require()
+
+    def part(lo: int, hi: int) -> None:  # rows lo..hi-1, on as many threads as torch may use
+        core.uniform01(ids[lo:hi], key if key.size == 1 else key[lo:hi], dim, out[lo:hi], mul, add)
+
+    _native.run_chunks(part, _native.chunks(np.full(ids.size, dim), min_rows=2 * _native.MIN_PARALLEL_ROWS))
+    return out
 
 
 def _uniform01_fallback(ids: np.ndarray, dim: int, key: np.ndarray) -> np.ndarray:
@@ -69,8 +80,7 @@ def init_rows(ids: Tensor, dim: int, config: InitializerConfig, seed: int | np.n
     ids_np = ids.detach().cpu().numpy()
     if config.type == "uniform":
         scale = config.scale if config.scale is not None else 1.0 / float(np.sqrt(dim))
-        u = _uniform01(ids_np, dim, seed, 0)
-        return torch.from_numpy(u * np.float32(2 * scale) - np.float32(scale))
+        return torch.from_numpy(_uniform01(ids_np, dim, seed, 0, scale))
     std = config.std if config.std is not None else 1.0 / float(np.sqrt(dim))
     u1 = _uniform01(ids_np, dim, seed, 1)
     u2 = _uniform01(ids_np, dim, seed, 2)
