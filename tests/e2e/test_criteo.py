@@ -2,15 +2,17 @@
 ../shared/data/criteo (train on train.tsv, eval on dev.tsv + test.tsv, 800 rows). Skipped when
 that folder is absent.
 
-Measured (this 2-core machine, eval AUC on dev + test, data/train seeds 0, 1, 2):
+Measured (this 2-core machine, eval AUC on dev + test, data/train seeds 0-4):
 
-- DLRM, configs/criteo.yaml (dim 4, adagrad 0.05, 2 epochs): 0.708, 0.689, 0.699
-- LR (one weight per ID + Linear on dense, 3 epochs):         0.719, 0.718, 0.714
+- DLRM, configs/criteo.yaml (dim 4, Adagrad 0.2 on embeddings, Adam 0.01, 1 epoch of batch 128):
+  0.720, 0.721, 0.719, 0.712, 0.719 (mean 0.718)
+- LR (one weight per ID + Linear on dense, 3 epochs): 0.718, 0.718, 0.714, 0.720, 0.723 (mean 0.719)
 
-On 7,200 training rows DLRM does not beat a well-configured LR (no DLRM setting tried did,
-robustly); both clear the shared data README's reference LR (0.685-0.697, bucketed integer
-features). With 800 eval rows (~180 clicks) the AUC's standard error is about 0.02, so the test
-asserts that DLRM learns (> 0.62) and stays within 0.04 of LR, not that it wins.
+On 7,200 training rows the two are level: ~40 DLRM settings were tried (dims, learning rates,
+optimizers, epochs, batch sizes, dropout, min_count); one epoch with fast embedding updates is
+the best, more epochs overfit. With 800 eval rows (~180 clicks) the AUC's standard error is about
+0.02, so the test asserts that DLRM learns (> 0.62) and stays within 0.02 of LR (at seed 0 it is
+ahead, 0.720 vs 0.718); "beats" cannot be resolved on this sample.
 """
 
 from __future__ import annotations
@@ -61,10 +63,11 @@ def test_dlrm_learns_real_criteo_and_keeps_up_with_logistic_regression(tmp_path,
     dlrm = train(load(config, _overrides(tmp_path, "dlrm")))
     lr = train(load(config, _overrides(tmp_path, "lr") + [
         "model={type: lr}", "train.epochs=3", "train.dense_optimizer={type: adam, lr: 0.01}", "data.batch_size=256",
+        "embedding.optimizer={type: adagrad, lr: 0.05}",  # LR's own best (0.2 overfits its one weight per ID)
     ]))
     auc_dlrm, auc_lr = dlrm.metrics["auc/label"], lr.metrics["auc/label"]
     print(f"criteo eval AUC (dev+test): dlrm={auc_dlrm:.4f} lr={auc_lr:.4f}")
     assert dlrm.metrics["rows"] == lr.metrics["rows"] == 800
     assert auc_dlrm > 0.62, dlrm.metrics
     assert auc_lr > 0.62, lr.metrics
-    assert auc_dlrm >= auc_lr - 0.04, (auc_dlrm, auc_lr)  # measured gap 0.01-0.03 (seeds 0-2)
+    assert auc_dlrm >= auc_lr - 0.02, (auc_dlrm, auc_lr)  # measured -0.011..+0.005 over seeds 0-4
