@@ -29,6 +29,16 @@ static inline uint64_t mix64(uint64_t z) {
     return z;
 }
 
+/* The slot of ID x (-1 when absent), probing linearly from bucket h. */
+static inline int64_t find_slot(const int64_t *k, const int32_t *s, uint64_t mask, int64_t x, uint64_t h, uint64_t *at) {
+    for (;;) {
+        int32_t v = s[h];
+        if (v == EMPTY) return -1;
+        if (v >= 0 && k[h] == x) { *at = h; return v; }
+        h = (h + 1) & mask;
+    }
+}
+
 static int check_table(Py_buffer *keys, Py_buffer *slots, uint64_t *mask) {
     Py_ssize_t cap = keys->len / 8;
     if (cap <= 0 || (cap & (cap - 1)) != 0 || slots->len != cap * 4) {
@@ -59,19 +69,11 @@ static PyObject *probe(PyObject *self, PyObject *args) {
         Py_ssize_t found = 0;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
-            int64_t x = id[i];
-            uint64_t h = mix64((uint64_t)x) & mask;
-            int64_t b = -1;
-            int32_t sl = -1;
-            for (;;) {
-                int32_t v = s[h];
-                if (v == EMPTY) break;
-                if (v >= 0 && k[h] == x) { b = (int64_t)h; sl = v; break; }
-                h = (h + 1) & mask;
-            }
-            bucket[i] = b;
-            slot[i] = sl;
-            found += b >= 0;
+            uint64_t at = 0;
+            int64_t sl = find_slot(k, s, mask, id[i], mix64((uint64_t)id[i]) & mask, &at);
+            bucket[i] = sl >= 0 ? (int64_t)at : -1;
+            slot[i] = (int32_t)sl;
+            found += sl >= 0;
         }
         Py_END_ALLOW_THREADS
         res = PyLong_FromSsize_t(found);
@@ -452,64 +454,6 @@ done:
     return res;
 }
 
-/* lookup_rows(keys, slots, ids int64[n], arena float32[rows*R], out float32[n*R],
- *             out_slot int64[n], last int64[rows], count int32[rows], clock, R) -> found
- * One pass of a memory tier's read: probe each ID, copy its record from the arena into out
- * (rows of absent IDs are left as they are), note its slot (-1 absent) and count the access
- * (last = clock, count += 1; not when clock < 0: a tier that never evicts keeps no statistics).
- * Same results as the probe + gather + policy updates in numpy. */
-static PyObject *lookup_rows(PyObject *self, PyObject *args) {
-    Py_buffer keys, slots, ids, arena, out, os, last, count;
-    long long clock;
-    Py_ssize_t r;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*w*w*w*w*Ln", &keys, &slots, &ids, &arena, &out, &os, &last, &count, &clock, &r))
-        return NULL;
-    PyObject *res = NULL;
-    uint64_t mask;
-    Py_ssize_t n = ids.len / 8;
-    Py_ssize_t rows = r > 0 ? arena.len / 4 / r : 0;
-    if (check_table(&keys, &slots, &mask) < 0) goto done;
-    if (r <= 0 || arena.len != rows * r * 4 || out.len != n * r * 4 || os.len != n * 8 || last.len < rows * 8 || count.len < rows * 4) {
-        PyErr_SetString(PyExc_ValueError, "ember native lookup_rows: arena [rows, R], out [n, R], out_slot [n], last/count [rows]");
-        goto done;
-    }
-    {
-        const int64_t *k = keys.buf, *id = ids.buf;
-        const int32_t *s = slots.buf;
-        const float *a = arena.buf;
-        float *o = out.buf;
-        int64_t *osl = os.buf, *la = last.buf;
-        int32_t *cn = count.buf;
-        Py_ssize_t found = 0, bad = 0;
-        Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            int64_t x = id[i];
-            uint64_t h = mix64((uint64_t)x) & mask;
-            int64_t sl = -1;
-            for (;;) {
-                int32_t v = s[h];
-                if (v == EMPTY) break;
-                if (v >= 0 && k[h] == x) { sl = v; break; }
-                h = (h + 1) & mask;
-            }
-            if (sl >= rows) { bad = 1; break; }
-            osl[i] = sl;
-            if (sl >= 0) {
-                memcpy(o + i * r, a + sl * r, (size_t)r * sizeof(float));
-                if (clock >= 0) { la[sl] = clock; cn[sl] += 1; }
-                found++;
-            }
-        }
-        Py_END_ALLOW_THREADS
-        if (bad) PyErr_SetString(PyExc_IndexError, "ember native lookup_rows: a slot lies outside the arena");
-        else res = PyLong_FromSsize_t(found);
-    }
-done:
-    PyBuffer_Release(&keys); PyBuffer_Release(&slots); PyBuffer_Release(&ids); PyBuffer_Release(&arena);
-    PyBuffer_Release(&out); PyBuffer_Release(&os); PyBuffer_Release(&last); PyBuffer_Release(&count);
-    return res;
-}
-
 /* ---- several memory tiers in one call (the tables of one table group) -------------------
  * ``tables`` is a sequence of T tuples of numpy arrays, one per tier (HostTier's own arrays);
  * the rows of tier j are ids[bounds[j]:bounds[j+1]]. One call replaces T Python-level calls. */
@@ -557,8 +501,11 @@ static int check_segments(Py_buffer *bounds, Py_ssize_t t, Py_ssize_t n) {
 
 /* lookup_rows_many(tables [(keys, slots, arena, last, count)] * T, ids int64[n], bounds int64[T+1],
  *                  out float32[n*R], out_slot int64[n], clocks int64[T], out_hits int64[T], R) -> found
- * lookup_rows of every tier j over its segment of ids, with its clock (< 0: no statistics);
- * out_hits[j] = IDs found. */
+ * A memory tier's read, for every tier j over its segment of ids: probe each ID, copy its record
+ * from the arena into out (rows of absent IDs are left as they are), note its slot (-1 absent)
+ * and count the access (last = clocks[j], count += 1; not when clocks[j] < 0: a tier that never
+ * evicts keeps no statistics); out_hits[j] = IDs found. Same results as the probe + gather +
+ * policy updates in numpy. */
 static PyObject *lookup_rows_many(PyObject *self, PyObject *args) {
     PyObject *tables;
     Py_buffer ids, bounds, out, os, clocks, hits;
@@ -612,15 +559,8 @@ static PyObject *lookup_rows_many(PyObject *self, PyObject *args) {
                     __builtin_prefetch(k + hb[i - i0]);
                 }
                 for (int64_t i = i0; i < i1; i++) {
-                    int64_t x = id[i];
-                    uint64_t h = hb[i - i0];
-                    int64_t sl = -1;
-                    for (;;) {
-                        int32_t v = s[h];
-                        if (v == EMPTY) break;
-                        if (v >= 0 && k[h] == x) { sl = v; break; }
-                        h = (h + 1) & mask;
-                    }
+                    uint64_t at;
+                    int64_t sl = find_slot(k, s, mask, id[i], hb[i - i0], &at);
                     if (sl >= rows) { bad = 1; break; }
                     osl[i] = sl;
                     if (sl >= 0) {
@@ -754,7 +694,6 @@ done:
 static PyMethodDef methods[] = {
     {"lookup_rows_many", lookup_rows_many, METH_VARARGS, "lookup_rows_many(tables, ids, bounds, out, out_slot, clocks, out_hits, R) -> found"},
     {"store_rows_many", store_rows_many, METH_VARARGS, "store_rows_many(tables, ids, bounds, slot, records, next, clocks, used, R) -> inserted"},
-    {"lookup_rows", lookup_rows, METH_VARARGS, "lookup_rows(keys, slots, ids, arena, out, out_slot, last, count, clock, R) -> found"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, B, dim) -> None"},
     {"rowwise_adagrad", rowwise_adagrad, METH_VARARGS, "rowwise_adagrad(rows, state, grads, n, dim, rs, ss, gs, lr, eps) -> None"},
     {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim, stride) -> None"},

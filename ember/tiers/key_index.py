@@ -122,7 +122,9 @@ class KeyIndex:
             return None
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         slots = np.empty(ids.size, dtype=np.int64)
-        self._core.lookup_rows(self._keys, self._slots, ids, arena, out, slots, last, count, clock, arena.shape[1])
+        table = [(self._keys, self._slots, arena, last, count)]
+        bounds, clocks, hits = np.array([0, ids.size], dtype=np.int64), np.array([clock], dtype=np.int64), np.empty(1, np.int64)
+        self._core.lookup_rows_many(table, ids, bounds, out, slots, clocks, hits, arena.shape[1])  # one tier of many
         return slots
 
     def insert(self, ids: np.ndarray, slots: np.ndarray) -> None:
