@@ -141,9 +141,7 @@ class EmbeddingTable:
             for t, i, rows in zip(tables, ids, out.split([i.numel() for i in ids])):
                 t.lookup_into(i, rows, train=train)
             return
-        with ExitStack() as locks:
-            for t in tables:
-                locks.enter_context(t.lock)
+        with _locked(tables):
             found = HostTier.get_into_many(tiers, ids, out)  # type: ignore[arg-type]
             miss = np.flatnonzero(~found.numpy())
             if miss.size:
@@ -249,9 +247,7 @@ class EmbeddingTable:
         _optimizer_step(first.optimizer, first.dim, first.config.record_dim, records, grads, first.step)
         tiers = [t.tier for t in tables]
         if HostTier.batchable(tiers):  # one native pass writes every table's rows
-            with ExitStack() as locks:
-                for t in tables:
-                    locks.enter_context(t.lock)
+            with _locked(tables):
                 HostTier.put_many(tiers, ids, records)  # type: ignore[arg-type]
         else:
             for t, i, rows in zip(tables, ids, records.split([i.numel() for i in ids])):
@@ -346,6 +342,14 @@ class EmbeddingTable:
             out["expired_rows"] = float(self.expired_rows)
         out.update(getattr(self.tier, "stats", lambda: {})())
         return out
+
+
+def _locked(tables: Sequence[EmbeddingTable]) -> ExitStack:
+    """Holds every table's lock (in the given order) for one call over several tables."""
+    stack = ExitStack()
+    for t in tables:
+        stack.enter_context(t.lock)
+    return stack
 
 
 def _optimizer_step(optimizer, dim: int, record_dim: int, records: Tensor, grads: Tensor, step: int) -> None:

@@ -142,21 +142,15 @@ class HostTier(TierCounters):
         into the caller's buffer, e.g. a row range of a table group's batch buffer; returns the
         found mask [N].
         """
-        one_pass = self._index.native and self.device.type == "cpu" and out.is_contiguous()
-        if not (one_pass and out.dtype == self._arena.dtype):
+        if not self._reads_natively_into(out):
             rows, found = self.get(ids)
             hit = torch.from_numpy(np.flatnonzero(found.numpy()))
             out.index_copy_(0, hit, rows.index_select(0, hit.to(rows.device)).to(out.device, out.dtype))
             return found
-        self.clock += 1
-        clock = self.clock if self._tracks else -1
-        slots = self._index.lookup_rows(ids.numpy(), self._arena.numpy(), out.numpy(), self._last, self._count, clock)
-        assert slots is not None  # native, checked above
-        found = slots >= 0
-        self.requests += slots.size
-        self.hits += int(np.count_nonzero(found))
-        self._memo = [(ids, torch.from_numpy(slots))] + self._memo[:1]
-        return torch.from_numpy(found)
+        return HostTier._read_native([self], [ids], out)
+
+    def _reads_natively_into(self, out: Tensor) -> bool:
+        return self._native_cpu and out.is_contiguous() and out.dtype == torch.float32 and out.device.type == "cpu"
 
     # ---- several tiers in one call (the tables of one table group) ----------------------
     @staticmethod
@@ -179,9 +173,15 @@ class HostTier(TierCounters):
         With ``batchable(tiers)`` it is one native pass over all tiers (probe, copy, policy
         counters), which on a 26-table group saves 26 Python-level calls per batch.
         """
-        sizes = [i.numel() for i in ids]
-        if not (HostTier.batchable(tiers) and out.is_contiguous() and out.dtype == torch.float32):
+        if not (HostTier.batchable(tiers) and tiers[0]._reads_natively_into(out)):
+            sizes = [i.numel() for i in ids]
             return torch.cat([t.get_into(i, rows) for t, i, rows in zip(tiers, ids, out.split(sizes))]) if ids else torch.zeros(0, dtype=torch.bool)
+        return HostTier._read_native(tiers, ids, out)
+
+    @staticmethod
+    def _read_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor], out: Tensor) -> Tensor:
+        """The native read of ``get_into_many`` (tiers checked by the caller)."""
+        sizes = [i.numel() for i in ids]
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False)
         slots = np.empty(flat.size, dtype=np.int64)

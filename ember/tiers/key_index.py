@@ -107,25 +107,8 @@ class KeyIndex:
 
     @property
     def native(self) -> bool:
-        """Whether the compiled core runs this index's probes (and ``lookup_rows``)."""
+        """Whether the compiled core runs this index's probes (and a memory tier's native reads)."""
         return self._core is not None
-
-    def lookup_rows(
-        self, ids: np.ndarray, arena: np.ndarray, out: np.ndarray, last: np.ndarray, count: np.ndarray, clock: int
-    ) -> np.ndarray | None:
-        """Native one-pass read of a memory tier (see ``HostTier.get_into``); None without the core.
-
-        Copies ``arena[slot(id)]`` into ``out`` for present IDs, sets ``last = clock`` and adds
-        one to ``count`` at their slots (not when ``clock < 0``); returns each ID's slot (-1 absent).
-        """
-        if self._core is None:
-            return None
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        slots = np.empty(ids.size, dtype=np.int64)
-        table = [(self._keys, self._slots, arena, last, count)]
-        bounds, clocks, hits = np.array([0, ids.size], dtype=np.int64), np.array([clock], dtype=np.int64), np.empty(1, np.int64)
-        self._core.lookup_rows_many(table, ids, bounds, out, slots, clocks, hits, arena.shape[1])  # one tier of many
-        return slots
 
     def insert(self, ids: np.ndarray, slots: np.ndarray) -> None:
         """Add IDs known to be absent and unique, mapping ``ids[i] -> slots[i]``."""
