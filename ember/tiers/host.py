@@ -123,6 +123,9 @@ class HostTier(TierCounters):
 
     def get(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         """Records [N, R] (on this tier's device) and found mask [N]; counts an access of each found ID."""
+        if self._native_cpu:  # one native pass: probe, copy, statistics (absent IDs' rows: zeros)
+            rows = torch.zeros(ids.numel(), self.record_dim)
+            return rows, HostTier._read_native([self], [ids], rows)
         s = self.slots_of(ids).numpy()
         found = s >= 0
         self.clock += 1
