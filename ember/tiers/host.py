@@ -176,15 +176,17 @@ class HostTier(TierCounters):
         With ``batchable(tiers)`` it is one native pass over all tiers (probe, copy, policy
         counters), which on a 26-table group saves 26 Python-level calls per batch.
         """
+        sizes = [i.numel() for i in ids]
+        _check_rows(tiers, sizes, out, "out")
         if not (HostTier.batchable(tiers) and tiers[0]._reads_natively_into(out)):
-            sizes = [i.numel() for i in ids]
             return torch.cat([t.get_into(i, rows) for t, i, rows in zip(tiers, ids, out.split(sizes))]) if ids else torch.zeros(0, dtype=torch.bool)
         return HostTier._read_native(tiers, ids, out)
 
     @staticmethod
     def _read_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor], out: Tensor) -> Tensor:
-        """The native read of ``get_into_many`` (tiers checked by the caller)."""
+        """The native read of ``get``, ``get_into`` and ``get_into_many`` (tiers checked by the caller)."""
         sizes = [i.numel() for i in ids]
+        _check_rows(tiers, sizes, out, "out")  # the kernel trusts the width
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False)
         slots = np.empty(flat.size, dtype=np.int64)
@@ -219,6 +221,7 @@ class HostTier(TierCounters):
         capacity to check, a free list) each tier's own ``put``.
         """
         sizes = [i.numel() for i in ids]
+        _check_rows(tiers, sizes, records, "records")
         fast = HostTier.batchable(tiers) and records.is_contiguous() and records.dtype == torch.float32
         if fast:
             per_tier = [t.slots_of(i).numpy() for t, i in zip(tiers, ids)]
@@ -405,3 +408,14 @@ class HostTier(TierCounters):
         self._count = np.concatenate([self._count, np.zeros(grow - self._count.size, np.int32)])
         self._ids = np.concatenate([self._ids, np.zeros(grow - self._ids.size, np.int64)])
         self._held = np.concatenate([self._held, np.zeros(grow - self._held.size, bool)])
+
+
+def _check_rows(tiers: Sequence[HostTier], sizes: list[int], rows: Tensor, what: str) -> None:
+    """``rows`` must be [sum(sizes), record_dim]: the native passes trust its shape."""
+    if len(sizes) != len(tiers) or rows.dim() != 2 or rows.shape[0] != sum(sizes) or (
+        tiers and rows.shape[1] != tiers[0].record_dim
+    ):
+        raise ValueError(
+            f"HostTier: {what} must be [{sum(sizes)}, {tiers[0].record_dim if tiers else '?'}] for "
+            f"{len(tiers)} tiers and {len(sizes)} ID tensors, got {list(rows.shape)}"
+        )

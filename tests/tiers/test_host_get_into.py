@@ -86,3 +86,12 @@ def test_many_tiers_in_one_call_equal_each_tier_on_its_own(bounded):
         for a, b in zip(many, each):
             assert _state(a) == _state(b)
     assert any(t._arena.shape[0] > 16 for t in many) and any(t._index._keys.size > 32 for t in many)  # grew, rehashed
+
+
+def test_many_tiers_reject_a_buffer_of_the_wrong_shape():
+    tiers = [HostTier(4), HostTier(4)]
+    ids = [torch.tensor([1, 2]), torch.tensor([3])]
+    with pytest.raises(ValueError, match=r"must be \[3, 4\]"):
+        HostTier.put_many(tiers, ids, torch.zeros(3, 5))
+    with pytest.raises(ValueError, match=r"must be \[3, 4\]"):
+        HostTier.get_into_many(tiers, ids, torch.zeros(2, 4))
