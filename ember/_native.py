@@ -259,3 +259,25 @@ def _out_ok(out: torch.Tensor, index: torch.Tensor) -> bool:
         and out.is_contiguous() and out.shape[1] > 0 and not out.requires_grad
         and index.dtype == torch.int64 and index.is_contiguous() and index.device.type == "cpu"
     )
+
+
+def read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r) -> None:  # temporary shim
+    core = require()
+
+    def part(lo: int, hi: int) -> None:
+        a, b = bounds[lo], bounds[hi]
+        core.lookup_rows_many(tables[lo:hi], ids[a:b], bounds[lo : hi + 1] - a, out[a:b], out_slot[a:b],
+                              clocks[lo:hi], out_hits[lo:hi], r)
+
+    run_chunks(part, chunks(np.diff(bounds)))
+
+
+def write_rows(tables, ids, bounds, slot, records, next, clocks, used, r) -> None:  # temporary shim
+    core = require()
+
+    def part(lo: int, hi: int) -> None:
+        a, b = bounds[lo], bounds[hi]
+        core.store_rows_many(tables[lo:hi], ids[a:b], bounds[lo : hi + 1] - a, slot[a:b], records[a:b],
+                             next[lo:hi], clocks[lo:hi], used[lo:hi], r)
+
+    run_chunks(part, chunks(np.diff(bounds)))

@@ -54,7 +54,7 @@ def export_model(parts: Components, cfg: RunConfig, out_dir: str | Path) -> Path
                 wr.write(arr.tobytes())
                 files[f"tables/{name}.{suffix}"] = wr.close()
             tables.append({
-                "name": name, "dim": table.dim, "rows": int(ids.size), "seed": table.config.seed,
+                "name": name, "dim": table.dim, "rows": int(ids.size), "seed": table.seed,
                 "initializer": table.config.initializer.model_dump(mode="json"),
             })
     manifest = {

@@ -17,7 +17,9 @@ __all__ = ["TableConfig", "FeatureConfig", "PoolingMode"]
 class TableConfig(ConfigModel):
     """One embedding table. IDs are arbitrary int64; no vocabulary size is needed.
 
-    ``storage`` says where rows live (default: all in host memory). ``min_count``: an ID gets
+    ``storage`` says where rows live (default: all in host memory). ``seed`` fixes the table's
+    row initialisation; unset, it is derived from the run's ``train.seed`` and the table's name
+    (``table_seed``), so tables differ from one another and the run seed changes every init. ``min_count``: an ID gets
     its own row only once it has been looked up that many times; until then it reads a shared
     all-zero row and receives no update (DeepRec's counter filter). ``ttl_steps``: a row not
     looked up for more than that many training steps is gone; its ID comes back freshly
@@ -33,7 +35,7 @@ class TableConfig(ConfigModel):
     dim: int = Field(gt=0)
     initializer: InitializerConfig = InitializerConfig()
     optimizer: SparseOptimizerConfig = Field(default_factory=lambda: RowWiseAdagrad(lr=0.05))
-    seed: int = 0
+    seed: int | None = None  # None: derived from the run's seed and the table name (table_seed)
     storage: StorageConfig = StorageConfig()
     min_count: int = Field(1, ge=1)
     ttl_steps: int | None = Field(None, gt=0)

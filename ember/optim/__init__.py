@@ -1,4 +1,5 @@
-"""Sparse optimizers: pure row-wise updates applied to the unique rows of a batch."""
+"""Sparse update rules (SGD, Adagrad, row-wise Adagrad, Adam, FTRL): pure row-wise updates of
+the unique rows of a batch, with their state stored beside each row."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pydantic import Field
 
 from ember.optim.adagrad import Adagrad, RowWiseAdagrad
 from ember.optim.adam import Adam
-from ember.optim.base import SparseOptimizer
+from ember.optim.base import UpdateRule
 from ember.optim.ftrl import FTRL
 from ember.optim.sgd import SGD
 
@@ -16,4 +17,4 @@ SparseOptimizerConfig = Annotated[
     Union[SGD, Adagrad, RowWiseAdagrad, Adam, FTRL], Field(discriminator="type")
 ]
 
-__all__ = ["SGD", "Adagrad", "RowWiseAdagrad", "Adam", "FTRL", "SparseOptimizer", "SparseOptimizerConfig"]
+__all__ = ["SGD", "Adagrad", "RowWiseAdagrad", "Adam", "FTRL", "SparseOptimizerConfig", "UpdateRule"]

@@ -1,4 +1,5 @@
-"""Sparse optimizer protocol: a declared state width plus a pure row-wise update."""
+"""Update-rule protocol: a declared state width plus a pure row-wise update (what a table's
+``optimizer`` config is; ``ember.embedding.SparseOptimizer`` applies it to a batch's rows)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,10 @@ from typing import Protocol
 
 from torch import Tensor
 
-__all__ = ["SparseOptimizer"]
+__all__ = ["UpdateRule"]
 
 
-class SparseOptimizer(Protocol):
+class UpdateRule(Protocol):
     """Updates only the rows a batch touched; state lives beside each row in its record.
 
     ``update`` receives freshly gathered copies of the unique rows of one batch, their state and

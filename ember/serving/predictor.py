@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ember.batch import Batch, SparseFeatures
 from ember.checkpoint.atomic import sha256_file
-from ember.embedding.collection import _pool
+from ember.embedding.pooling import pool_feature
 from ember.embedding.config import FeatureConfig
 from ember.embedding.init import InitializerConfig, init_rows
 from ember.errors import CheckpointError
@@ -89,7 +89,7 @@ class Predictor:
             jf = sparse[f.name]
             uniq, inv = torch.unique(jf.values, return_inverse=True)
             w = self.tables[f.table_name].rows(uniq)
-            out.append(_pool(w, inv, jf.offsets, jf.weights, f))
+            out.append(pool_feature(w, inv, jf.offsets, jf.weights, f.pooling, f.max_length))
         return out
 
     @torch.no_grad()

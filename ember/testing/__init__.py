@@ -1,1 +1,45 @@
-"""ember.testing."""
+"""Test helpers: the per-table reference implementation (the oracle of the grouped engine) and
+small conveniences over the tier protocol."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = ["apply", "lookup", "read", "rows"]
+
+
+def read(tier, ids: Tensor) -> tuple[Tensor, Tensor]:
+    """(records [N, R] on the tier's device, found mask [N]) through ``Tier.get_into``; rows of
+    absent IDs are zero."""
+    out = torch.zeros(ids.numel(), tier.record_dim, device=tier.device)
+    return out, tier.get_into(ids, out)
+
+
+def rows(table, ids: Tensor) -> Tensor:
+    """Records [N, record_dim] of ``ids`` in an EmbeddingTable: stored rows, fresh rows for absent IDs."""
+    out, found = read(table.tier, ids)
+    out = out.cpu()[:, : table.config.record_dim]
+    miss = ~found
+    if bool(miss.any()):
+        out[miss] = table.new_records(ids[miss])
+    return out
+
+
+def lookup(table, ids: Tensor, train: bool = True):
+    """One table's lookup of unique ``ids`` through the engine's phases (plan, fetch), as a group
+    of one; ``.records`` [U, stored_dim] follow the order of ``ids``. Pass it to ``apply``."""
+    from ember.batch.sparse import SparseFeatures
+    from ember.embedding.config import FeatureConfig
+    from ember.embedding.group import TableGroup
+
+    group = TableGroup([table], {table.name: [FeatureConfig(name=table.name, table=table.name)]})
+    return group.plan(SparseFeatures([table.name], ids, torch.ones_like(ids)), train).fetch()
+
+
+def apply(lk, grads: Tensor) -> None:
+    """The update and write-back phases of ``lookup``'s result with ``grads`` [U, D] as its gradient."""
+    lk.grad = grads
+    lk.reached = [True] * len(lk.reached)
+    lk.update()
+    lk.write_back()

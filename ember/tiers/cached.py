@@ -2,9 +2,11 @@
 
 The chain is *exclusive*: every ID lives in exactly one tier, so ``items()`` yields each ID once
 with its newest record and nothing is ever written twice. Rows move as whole records
-(``[weights | optimizer state | ...]``) in batches:
+(``[weights | optimizer state | ...]``) in batches, and the caller's buffer lives on the fast
+tier's device: with a GPU cache, hits never leave the GPU; only misses (read from the slow tier)
+and demotions (written back to it) cross, counted in each tier's ``transfer_bytes``.
 
-- ``get``: IDs found in the fast tier are hits; the misses are read from the slow tier, counted
+- ``get_into``: IDs found in the fast tier are hits; the misses are read from the slow tier, counted
   in a count-min sketch, and promoted when seen ``admit_after`` times *and* (LFU) more often
   than the fast tier's coldest rows they would displace (TinyLFU admission, vectorised over
   the batch). Displaced rows are demoted (written back) to the slow tier.
@@ -21,13 +23,13 @@ import torch
 from torch import Tensor
 
 from ember.tiers.base import Tier
-from ember.tiers.host import HostTier
+from ember.tiers.host import HostTier, _check_rows
 from ember.tiers.policy import CountMinSketch
 
 __all__ = ["CachedTier"]
 
 
-class CachedTier:
+class CachedTier(Tier):
     """``fast`` (a bounded HostTier/DeviceTier) caching ``slow`` (any tier).
 
     Args:
@@ -44,7 +46,7 @@ class CachedTier:
 
     Example:
         >>> c = CachedTier(HostTier(2, capacity=1), HostTier(2), admit_after=1)
-        >>> _ = c.get(torch.tensor([1, 2]))  # both miss: each counted once, so admissible
+        >>> _ = c.get_into(torch.tensor([1, 2]), torch.zeros(2, 2))  # both miss: counted once, admissible
         >>> c.put(torch.tensor([1, 2]), torch.ones(2, 2))
         >>> len(c), len(c.fast), len(c.slow)
         (2, 1, 1)
@@ -52,7 +54,7 @@ class CachedTier:
 
     def __init__(
         self,
-        fast: HostTier,
+        fast: Tier,
         slow: Tier,
         admit_after: int = 1,
         sketch_width: int | None = None,
@@ -68,12 +70,14 @@ class CachedTier:
         self.fast = fast
         self.slow = slow
         self.record_dim = fast.record_dim
-        self.capacity: int | None = getattr(slow, "capacity", None)
+        self.device = fast.device
+        self.policy = fast.policy
+        self.capacity: int | None = slow.capacity
         self.admit_after = admit_after
         self.sketch = CountMinSketch(sketch_width or 8 * fast.capacity)
         self.decay_every = decay_every or 16 * self.sketch.width
         self.evict_slack = evict_slack if evict_slack is not None else fast.capacity // 64
-        self.name = f"{fast.name}+{getattr(slow, 'name', 'slow')}"
+        self.name = f"{fast.name}+{slow.name}"
         self.reset_step_stats()
 
     # ---- size -----------------------------------------------------------------------------
@@ -90,37 +94,40 @@ class CachedTier:
             return inf
         out = inf.clone()
         rest = ~inf
-        out[rest] = self.slow.contains(ids[rest])  # type: ignore[attr-defined]
+        out[rest] = self.slow.contains(ids[rest])
         return out
 
     # ---- reads ----------------------------------------------------------------------------
-    def get(self, ids: Tensor) -> tuple[Tensor, Tensor]:
-        """Records [N, R] on CPU and found mask [N]; promotes frequent misses into ``fast``."""
-        rows_f, found_f = self.fast.get(ids)
-        rows = rows_f.to("cpu")
-        found = found_f.clone()
+    def get_into(self, ids: Tensor, out: Tensor) -> Tensor:
+        """Records of found IDs into ``out`` [N, R] (best on the fast tier's device); returns the
+        found mask [N]. Frequent misses are promoted into ``fast`` from ``out``, so a promoted
+        row crosses devices once."""
+        _check_rows([self], [ids.numel()], out, "out")
+        found = self.fast.get_into(ids, out).clone()
         miss_np = np.flatnonzero(~found.numpy())  # numpy bookkeeping: small arrays, per batch
         if miss_np.size == 0:
-            return rows, found
+            return found
         miss = torch.from_numpy(miss_np)
         miss_ids = ids.index_select(0, miss)
-        rows_s, found_s = self.slow.get(miss_ids)
-        rows_s = rows_s.to("cpu")
-        rows.index_copy_(0, miss, rows_s)
+        rows_s = out.new_empty(miss_np.size, self.record_dim)
+        found_s = self.slow.get_into(miss_ids, rows_s)
         found_s_np = found_s.numpy()
+        hit_s = np.flatnonzero(found_s_np)
+        if hit_s.size:
+            sel = torch.from_numpy(hit_s).to(out.device)
+            out.index_copy_(0, torch.from_numpy(miss_np[hit_s]).to(out.device), rows_s.index_select(0, sel))
         found.numpy()[miss_np] = found_s_np
         est = self._count(miss_ids)
         # Promote found rows that pass admission (new rows are admitted at put time).
-        cand = torch.from_numpy(np.flatnonzero(found_s_np))
-        if cand.numel():
-            admit = self._admit(est[cand.numpy()])
+        if hit_s.size:
+            admit = self._admit(est[hit_s])
             if admit.size:
-                pick = cand[torch.from_numpy(admit)]
-                p_ids = miss_ids[pick]
+                pick = hit_s[admit]
+                p_ids = miss_ids[torch.from_numpy(pick)]
                 self.slow.remove(p_ids)
-                self._insert_fast(p_ids, rows_s[pick], est[pick.numpy()])
+                self._insert_fast(p_ids, rows_s.index_select(0, torch.from_numpy(pick).to(out.device)), est[pick])
                 self.promotions += p_ids.numel()
-        return rows, found
+        return found
 
     def _count(self, ids: Tensor) -> np.ndarray:
         """Count one more access of each ID missing from ``fast``; returns the new estimates."""
@@ -162,24 +169,28 @@ class CachedTier:
             # demote a little more than needed: the next few batches' promotions then find free
             # slots, and the O(capacity) victim scan runs once per several batches, not per batch
             d_ids, d_rows = self.fast.evict(need + self.evict_slack)
-            self.slow.put(d_ids, d_rows.to("cpu"))
+            self.slow.put(d_ids, d_rows)
             self.demotions += d_ids.numel()
         self.fast.put(ids, records, counts=counts)
 
     # ---- writes ---------------------------------------------------------------------------
-    def put(self, ids: Tensor, records: Tensor) -> None:
-        """Write records where their IDs live; new IDs go through admission."""
-        in_fast = self.fast.overwrite(ids, records)
-        rest_np = np.flatnonzero(~in_fast)
-        if rest_np.size == 0:
+    def put(self, ids: Tensor, records: Tensor, counts: np.ndarray | None = None) -> None:
+        """Write records where their IDs live; new IDs go through admission (``counts`` unused:
+        admission counts come from the sketch)."""
+        in_fast = self.fast.contains(ids).numpy()
+        if in_fast.all():
+            self.fast.put(ids, records)
             return
-        rest = torch.from_numpy(rest_np)
+        held = np.flatnonzero(in_fast)
+        if held.size:
+            h = torch.from_numpy(held)
+            self.fast.put(ids.index_select(0, h), records.index_select(0, h.to(records.device)))
+        rest = torch.from_numpy(np.flatnonzero(~in_fast))
         r_ids = ids.index_select(0, rest)
-        r_recs = records.index_select(0, rest)
-        in_slow = self.slow.contains(r_ids)  # type: ignore[attr-defined]
+        r_recs = records.index_select(0, rest.to(records.device))
+        in_slow = self.slow.contains(r_ids)
         new = torch.nonzero(~in_slow).squeeze(1)
         to_fast = np.empty(0, dtype=np.int64)
-        est = None
         if new.numel():
             est = self.sketch.estimate(r_ids[new].numpy())
             to_fast = new.numpy()[self._admit(est)]
@@ -187,11 +198,11 @@ class CachedTier:
             keep = np.ones(rest.numel(), dtype=bool)
             keep[to_fast] = False
             sel = torch.from_numpy(to_fast)
-            counts = self.sketch.estimate(r_ids[sel].numpy())
-            self._insert_fast(r_ids[sel], r_recs[sel], counts)
+            counts_new = self.sketch.estimate(r_ids[sel].numpy())
+            self._insert_fast(r_ids[sel], r_recs.index_select(0, sel.to(r_recs.device)), counts_new)
             if keep.any():
                 k = torch.from_numpy(np.flatnonzero(keep))
-                self.slow.put(r_ids[k], r_recs[k])
+                self.slow.put(r_ids[k], r_recs.index_select(0, k.to(r_recs.device)))
         else:
             self.slow.put(r_ids, r_recs)
 
@@ -209,7 +220,8 @@ class CachedTier:
         ids, rows = self.slow.evict(n)
         if ids.numel() < n:
             f_ids, f_rows = self.fast.evict(n - ids.numel())
-            ids, rows = torch.cat([ids, f_ids]), torch.cat([rows, f_rows.to("cpu")])
+            self.fast.count_transfer(f_ids.numel(), rows.device)  # type: ignore[attr-defined]
+            ids, rows = torch.cat([ids, f_ids]), torch.cat([rows, f_rows.to(rows.device)])
         return ids, rows
 
     def items(self, chunk_rows: int = 1 << 20) -> Iterator[tuple[Tensor, Tensor]]:
@@ -219,7 +231,7 @@ class CachedTier:
 
     def flush(self) -> None:
         self.fast.flush()
-        getattr(self.slow, "flush", lambda: None)()
+        self.slow.flush()
 
     def close(self) -> None:
         """Write the fast tier's rows back to the slow one, then close it.
@@ -229,8 +241,8 @@ class CachedTier:
         """
         ids, rows = self.fast.evict(len(self.fast))
         if ids.numel():
-            self.slow.put(ids, rows.to("cpu"))
-        getattr(self.slow, "close", lambda: None)()
+            self.slow.put(ids, rows)
+        self.slow.close()
 
     def warm_start(self, ids: Tensor, counts: Tensor) -> int:
         """Seed access counts from a data sample and promote the most frequent rows held.
@@ -248,7 +260,8 @@ class CachedTier:
         top = top[~self.fast.contains(top)]
         if top.numel() == 0:
             return 0
-        rows, found = self.slow.get(top)
+        rows = torch.zeros(top.numel(), self.record_dim, device=self.device)
+        found = self.slow.get_into(top, rows)
         sel = torch.nonzero(found).squeeze(1)
         if sel.numel() == 0:
             return 0
@@ -257,10 +270,9 @@ class CachedTier:
         admit = self._admit(est)
         pick = torch.from_numpy(admit)
         self.slow.remove(p_ids[pick])
-        self._insert_fast(p_ids[pick], rows.to("cpu")[sel][pick], est[admit])
+        self._insert_fast(p_ids[pick], rows[sel.to(rows.device)][pick.to(rows.device)], est[admit])
         self.promotions += admit.size
-        if isinstance(self.slow, CachedTier):
-            self.slow.warm_start(ids, counts)
+        self.slow.warm_start(ids, counts)
         return int(admit.size)
 
     # ---- observability ------------------------------------------------------------------------
@@ -268,7 +280,7 @@ class CachedTier:
         self.promotions = 0
         self.demotions = 0
         self.fast.reset_step_stats()
-        getattr(self.slow, "reset_step_stats", lambda: None)()
+        self.slow.reset_step_stats()
 
     def stats(self) -> dict[str, float]:
         """Flat ``tier.<name>.*`` counters of every tier in the chain."""
@@ -276,5 +288,5 @@ class CachedTier:
         p = f"tier.{self.fast.name}."
         out[p + "promotions"] = float(self.promotions)
         out[p + "demotions"] = float(self.demotions)
-        out.update(getattr(self.slow, "stats", lambda: {})())
+        out.update(self.slow.stats())
         return out

@@ -19,12 +19,13 @@ class DeviceTier(HostTier):
     """The fastest tier: a fixed-size arena (allocated up front) with LRU/LFU eviction.
 
     Without a GPU it is a bounded host-memory cache, so the same caching logic runs and is
-    tested on every machine. Records returned by ``get`` live on ``device``.
+    tested on every machine. With a GPU, hits are read, pooled and updated on it: only misses
+    and evictions cross to the host (see ``transfer_bytes`` in the stats).
 
     Example:
         >>> t = DeviceTier(record_dim=2, capacity=2, policy="lru", device="cpu")
         >>> t.put(torch.tensor([1, 2]), torch.zeros(2, 2))
-        >>> _ = t.get(torch.tensor([1]))
+        >>> _ = t.get_into(torch.tensor([1]), torch.zeros(1, 2))
         >>> t.evict(1)[0].tolist()  # least recently used first
         [2]
     """

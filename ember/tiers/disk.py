@@ -29,7 +29,7 @@ from torch import Tensor
 
 from ember import _native
 from ember.errors import TierIOError
-from ember.tiers.base import TierCounters
+from ember.tiers.base import Tier, TierCounters
 from ember.mix import mix64
 
 __all__ = ["DiskTier", "disk_slot_bytes"]
@@ -45,7 +45,7 @@ def disk_slot_bytes(record_dim: int) -> int:
     return 8 + 4 * record_dim
 
 
-class DiskTier(TierCounters):
+class DiskTier(TierCounters, Tier):
     """Records on local disk (SSD), for tables far larger than RAM.
 
     Args:
@@ -64,13 +64,15 @@ class DiskTier(TierCounters):
         >>> import tempfile
         >>> d = DiskTier(tempfile.mkdtemp(), record_dim=2, rows=100)
         >>> d.put(torch.tensor([5, -1]), torch.tensor([[1.0, 2.0], [3.0, 4.0]]))
-        >>> rows, found = d.get(torch.tensor([-1, 8]))
+        >>> rows = torch.zeros(2, 2)
+        >>> found = d.get_into(torch.tensor([-1, 8]), rows)
         >>> found.tolist(), rows[0].tolist()
         ([True, False], [3.0, 4.0])
     """
 
     name = "disk"
     capacity: int | None = None
+    device = torch.device("cpu")
 
     def __init__(
         self,
@@ -286,17 +288,23 @@ class DiskTier(TierCounters):
     def contains(self, ids: Tensor) -> Tensor:
         return torch.from_numpy(self._slots_of(ids) >= 0)
 
-    def get(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+    def get_into(self, ids: Tensor, out: Tensor) -> Tensor:
+        """Write the records of found ``ids`` into ``out`` [N, R]; returns the found mask [N]."""
         slots, rows = self._probe(ids.numpy(), want_rows=True)
         assert rows is not None
         self._memo = (ids, slots)
         found = slots >= 0
         self.requests += ids.numel()
-        self.hits += int(found.sum())
-        return torch.from_numpy(rows), torch.from_numpy(found)
+        hit = np.flatnonzero(found)
+        self.hits += hit.size
+        if hit.size:
+            self.count_transfer(hit.size, out.device)
+            out.index_copy_(0, torch.from_numpy(hit).to(out.device), torch.from_numpy(rows[hit]).to(out.device, out.dtype))
+        return torch.from_numpy(found)
 
-    def put(self, ids: Tensor, records: Tensor) -> None:
-        """Overwrite present IDs in place; insert absent ones (growing the file if needed)."""
+    def put(self, ids: Tensor, records: Tensor, counts: np.ndarray | None = None) -> None:
+        """Overwrite present IDs in place; insert absent ones (growing the file if needed).
+        ``counts`` is ignored: the last tier has no eviction policy."""
         ids_np = ids.numpy()
         slots = self._slots_of(ids)
         missing = slots < 0
@@ -313,6 +321,7 @@ class DiskTier(TierCounters):
             slots[missing] = self._insert_slots(ids_np[missing])
             self._memo = (ids, slots)
             self.inserts += n_new
+        self.count_transfer(ids.numel(), records.device)
         self._write(slots, ids_np, records.detach().to("cpu", torch.float32).numpy())
 
     def _write(self, slots: np.ndarray, ids: np.ndarray, recs: np.ndarray) -> None:

@@ -10,7 +10,7 @@ from torch import Tensor
 
 from ember import _native
 from ember.errors import CapacityError
-from ember.tiers.base import TierCounters
+from ember.tiers.base import Tier, TierCounters
 from ember.tiers.key_index import KeyIndex
 from ember.tiers.policy import Policy, smallest, victim_score
 
@@ -19,7 +19,7 @@ __all__ = ["HostTier", "META_BYTES_PER_ROW"]
 META_BYTES_PER_ROW = 21  # per slot: last access (int64), access count (int32), ID (int64), held (bool)
 
 
-class HostTier(TierCounters):
+class HostTier(TierCounters, Tier):
     """Rows in memory: ``arena[slot] = [weights | optimizer state]``; ID -> slot via a KeyIndex.
 
     The arena grows by doubling (up to ``capacity`` if one is given); freed slots are reused.
@@ -39,7 +39,8 @@ class HostTier(TierCounters):
     Example:
         >>> t = HostTier(record_dim=3)
         >>> t.put(torch.tensor([7, 42]), torch.ones(2, 3))
-        >>> rows, found = t.get(torch.tensor([42, 5]))
+        >>> rows = torch.zeros(2, 3)
+        >>> found = t.get_into(torch.tensor([42, 5]), rows)
         >>> found.tolist(), rows[0].tolist()
         ([True, False], [1.0, 1.0, 1.0])
     """
@@ -107,7 +108,7 @@ class HostTier(TierCounters):
         """Rows that can still be inserted without an eviction (None: unbounded)."""
         return None if self.capacity is None else self.capacity - len(self)
 
-    # ---- lookups ------------------------------------------------------------------------
+    # ---- reads ------------------------------------------------------------------------
     def slots_of(self, ids: Tensor) -> Tensor:
         """Slot of each ID (-1 if absent), int64 [N] on CPU."""
         for memo_ids, memo_slots in self._memo:
@@ -121,138 +122,92 @@ class HostTier(TierCounters):
         """Found mask [N], without counting an access."""
         return self.slots_of(ids) >= 0
 
-    def get(self, ids: Tensor) -> tuple[Tensor, Tensor]:
-        """Records [N, R] (on this tier's device) and found mask [N]; counts an access of each found ID."""
-        if self._native_cpu:  # one native pass: probe, copy, statistics (absent IDs' rows: zeros)
-            rows = torch.zeros(ids.numel(), self.record_dim)
-            return rows, HostTier._read_native([self], [ids], rows)
+    def get_into(self, ids: Tensor, out: Tensor) -> Tensor:
+        """Write the records of found ``ids`` into ``out`` [N, R] (others untouched); returns the
+        found mask [N]. Counts an access of each found ID.
+
+        With the C core, a CPU arena and a CPU float32 ``out`` this is one pass (probe, copy,
+        policy counters), e.g. straight into a row range of a table group's buffer; else a
+        probe and one gather on the arena's device (rows cross devices only when ``out`` lives
+        elsewhere, and are counted in ``transfer_bytes``).
+        """
+        _check_rows([self], [ids.numel()], out, "out")
+        if self.reads_natively_into(out):
+            return HostTier.read_native([self], [ids], out)
         s = self.slots_of(ids).numpy()
         found = s >= 0
         self.clock += 1
-        hit = s[found]
+        hit = np.flatnonzero(found)
         if self._tracks:
-            self._last[hit] = self.clock
-            self._count[hit] += 1
+            self._last[s[hit]] = self.clock
+            self._count[s[hit]] += 1
         self.requests += s.size
         self.hits += hit.size
-        rows = self._arena.index_select(0, torch.from_numpy(np.maximum(s, 0)).to(self.device))
-        return rows, torch.from_numpy(found)
+        if hit.size:
+            rows = self._arena.index_select(0, torch.from_numpy(s[hit]).to(self.device))
+            self.count_transfer(hit.size, out.device)
+            out.index_copy_(0, torch.from_numpy(hit).to(out.device), rows.to(out.device, out.dtype))
+        return torch.from_numpy(found)
 
-    def get_into(self, ids: Tensor, out: Tensor) -> Tensor:
-        """``get`` that writes the records of found IDs into ``out`` [N, R] (others untouched).
-
-        With the C core and a CPU arena this is one pass (probe, copy, policy counters) straight
-        into the caller's buffer, e.g. a row range of a table group's batch buffer; returns the
-        found mask [N].
-        """
-        if not self._reads_natively_into(out):
-            rows, found = self.get(ids)
-            hit = torch.from_numpy(np.flatnonzero(found.numpy()))
-            out.index_copy_(0, hit, rows.index_select(0, hit.to(rows.device)).to(out.device, out.dtype))
-            return found
-        return HostTier._read_native([self], [ids], out)
-
-    def _reads_natively_into(self, out: Tensor) -> bool:
+    def reads_natively_into(self, out: Tensor) -> bool:
+        """Whether the C core can read this tier's rows straight into ``out`` (CPU float32 arena
+        and buffer)."""
         return self._native_cpu and out.is_contiguous() and out.dtype == torch.float32 and out.device.type == "cpu"
 
-    # ---- several tiers in one call (the tables of one table group) ----------------------
-    @staticmethod
-    def batchable(tiers: Sequence[object]) -> bool:
-        """Whether ``get_into_many`` / ``put_many`` serve these tiers natively (one C call for all).
-
-        Memory tiers with a CPU float32 arena of one record width and the C core; otherwise
-        those methods run each tier's own ``get_into`` / ``put`` (same results).
-        """
-        if not tiers or not all(isinstance(t, HostTier) for t in tiers):
+    def writes_natively(self, ids: Tensor, records: Tensor) -> bool:
+        """Whether the C core can write these rows in one pass: CPU float32 arena and records, and
+        new IDs need neither a freed slot nor a capacity check (else ``put`` runs in numpy)."""
+        if not (self._native_cpu and records.is_contiguous() and records.dtype == torch.float32
+                and records.device.type == "cpu"):
             return False
-        r = tiers[0].record_dim  # type: ignore[attr-defined]
-        return all(t._native_cpu and t.record_dim == r for t in tiers)  # type: ignore[attr-defined]
+        fresh = int(np.count_nonzero(self.slots_of(ids).numpy() < 0))
+        return fresh == 0 or (self._free.size == 0 and (self.capacity is None or len(self) + fresh <= self.capacity))
 
     @staticmethod
-    def get_into_many(tiers: Sequence["HostTier"], ids: Sequence[Tensor], out: Tensor) -> Tensor:
-        """``tiers[j].get_into(ids[j], out[rows of j])`` for every j; the rows of ``out`` [N, R]
-        are the tiers' segments back to back. Returns the found mask [N].
-
-        With ``batchable(tiers)`` it is one native pass over all tiers (probe, copy, policy
-        counters), which on a 26-table group saves 26 Python-level calls per batch.
-        """
-        sizes = [i.numel() for i in ids]
-        _check_rows(tiers, sizes, out, "out")
-        if not (HostTier.batchable(tiers) and tiers[0]._reads_natively_into(out)):
-            return torch.cat([t.get_into(i, rows) for t, i, rows in zip(tiers, ids, out.split(sizes))]) if ids else torch.zeros(0, dtype=torch.bool)
-        return HostTier._read_native(tiers, ids, out)
-
-    @staticmethod
-    def _read_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor], out: Tensor) -> Tensor:
-        """The native read of ``get``, ``get_into`` and ``get_into_many`` (tiers checked by the caller)."""
+    def read_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor], out: Tensor) -> Tensor:
+        """One native pass over several tiers (a table group's): probe, copy into the rows of
+        ``out`` [N, R] (the tiers' segments back to back), policy counters; returns the found
+        mask [N]. Every tier must ``reads_natively_into(out)``."""
         sizes = [i.numel() for i in ids]
         _check_rows(tiers, sizes, out, "out")  # the kernel trusts the width
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False)
+        flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False) if ids else np.empty(0, np.int64)
         slots = np.empty(flat.size, dtype=np.int64)
         clocks = np.empty(len(tiers), dtype=np.int64)
         for j, t in enumerate(tiers):
             t.clock += 1
             clocks[j] = t.clock if t._tracks else -1
         hits = np.empty(len(tiers), dtype=np.int64)
-        tables = [(t._index._keys, t._index._slots, t._arena.numpy(), t._last, t._count) for t in tiers]
-        core, out_np = _native.require(), out.numpy()
-
-        def part(lo: int, hi: int) -> None:  # tiers lo..hi-1 (independent: one thread each part)
-            a, b = bounds[lo], bounds[hi]
-            core.lookup_rows_many(tables[lo:hi], flat[a:b], bounds[lo : hi + 1] - a, out_np[a:b], slots[a:b],
-                                  clocks[lo:hi], hits[lo:hi], out.shape[1])
-
-        _native.run_chunks(part, _native.chunks(sizes))
-        found = slots >= 0
+        _native.read_rows([t.buffers(writes=False) for t in tiers], flat, bounds, out.numpy(), slots, clocks, hits,
+                          out.shape[1])
         slots_t = torch.from_numpy(slots)
         for j, (t, h) in enumerate(zip(tiers, hits.tolist())):
             t.requests += sizes[j]
             t.hits += h
             t._memo = [(ids[j], slots_t[bounds[j] : bounds[j + 1]])] + t._memo[:1]
-        return torch.from_numpy(found)
+        return torch.from_numpy(slots >= 0)
 
     @staticmethod
-    def put_many(tiers: Sequence["HostTier"], ids: Sequence[Tensor], records: Tensor) -> None:
-        """``tiers[j].put(ids[j], records[rows of j])`` for every j, rows back to back in ``records``.
-
-        With ``batchable(tiers)``, unbounded room and no freed slots to reuse, one native pass
-        inserts the new IDs (index, slot, policy metadata) and writes every record; else (a
-        capacity to check, a free list) each tier's own ``put``.
-        """
+    def write_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor], records: Tensor) -> None:
+        """One native pass over several tiers: inserts the new IDs (index, slot, policy metadata)
+        and writes every record of ``records`` [N, R] (segments back to back). Every tier must
+        ``writes_natively`` its segment."""
         sizes = [i.numel() for i in ids]
         _check_rows(tiers, sizes, records, "records")
-        fast = HostTier.batchable(tiers) and records.is_contiguous() and records.dtype == torch.float32
-        if fast:
-            per_tier = [t.slots_of(i).numpy() for t, i in zip(tiers, ids)]
-            fresh = [int(np.count_nonzero(s < 0)) for s in per_tier]
-            fast = all(
-                m == 0 or (t._free.size == 0 and (t.capacity is None or len(t) + m <= t.capacity))
-                for t, m in zip(tiers, fresh)
-            )
-        if not fast:
-            for t, i, rows in zip(tiers, ids, records.split(sizes)):
-                t.put(i, rows)
-            return
-        slot = np.concatenate(per_tier).astype(np.int64)  # a copy: the memos' arrays stay as they are
+        per_tier = [t.slots_of(i).numpy() for t, i in zip(tiers, ids)]
+        fresh = [int(np.count_nonzero(s < 0)) for s in per_tier]
+        slot = np.concatenate(per_tier).astype(np.int64) if per_tier else np.empty(0, np.int64)  # a copy: memos stay
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         for t, m in zip(tiers, fresh):
             if m:
                 t._reserve(t._next + m)
                 t._index.reserve(m)
-        flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False)
+        flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False) if ids else np.empty(0, np.int64)
         nxt = np.array([t._next for t in tiers], dtype=np.int64)
         clocks = np.array([t.clock for t in tiers], dtype=np.int64)
         used = np.zeros(len(tiers), dtype=np.int64)
-        tables = [(t._index._keys, t._index._slots, t._arena.numpy(), t._last, t._count, t._ids, t._held) for t in tiers]
-        core, rec_np = _native.require(), records.numpy()
-
-        def part(lo: int, hi: int) -> None:  # tiers lo..hi-1 (independent: one thread each part)
-            a, b = bounds[lo], bounds[hi]
-            core.store_rows_many(tables[lo:hi], flat[a:b], bounds[lo : hi + 1] - a, slot[a:b], rec_np[a:b],
-                                 nxt[lo:hi], clocks[lo:hi], used[lo:hi], records.shape[1])
-
-        _native.run_chunks(part, _native.chunks(sizes))
+        _native.write_rows([t.buffers(writes=True) for t in tiers], flat, bounds, slot, records.numpy(), nxt, clocks,
+                           used, records.shape[1])
         for j, (t, m) in enumerate(zip(tiers, fresh)):
             if m:
                 t._next = int(nxt[j])
@@ -260,18 +215,22 @@ class HostTier(TierCounters):
                 t.inserts += m
                 t._memo = [(ids[j], torch.from_numpy(slot[bounds[j] : bounds[j + 1]]))]
 
-    def counts_of(self, ids: Tensor) -> np.ndarray:
-        """Access counts held for ``ids`` (0 for absent IDs)."""
-        slots = self.slots_of(ids).numpy()
-        return np.where(slots >= 0, self._count.take(np.maximum(slots, 0)), 0)
+    def buffers(self, writes: bool) -> tuple[np.ndarray, ...]:
+        """The arrays the native read (``writes`` False) or write kernel works on, explicitly:
+        index keys and slots, arena, last access, access count (+ slot IDs and held flags)."""
+        base = (self._index.keys, self._index.slots, self._arena.numpy(), self._last, self._count)
+        return base + (self._ids, self._held) if writes else base
 
-    # ---- writes -------------------------------------------------------------------------
     def put(self, ids: Tensor, records: Tensor, counts: np.ndarray | None = None) -> None:
         """Insert or overwrite the records of unique ``ids``.
 
         ``counts`` (optional, int [N]) seeds the access count of newly inserted IDs, so an LFU
         cache does not evict a row promoted for being frequent on its first eviction.
         """
+        _check_rows([self], [ids.numel()], records, "records")
+        if counts is None and self.writes_natively(ids, records):
+            HostTier.write_native([self], [ids], records)
+            return
         slots = self.slots_of(ids)
         # numpy for the bookkeeping: on these small per-table arrays each torch op costs
         # several times its numpy twin, and put runs once per table per step
@@ -289,24 +248,8 @@ class HostTier(TierCounters):
             slots_np[miss] = new_slots
             slots = torch.from_numpy(slots_np)
             self._memo = [(ids, slots)]  # the other entry may list these IDs as absent
+        self.count_transfer(ids.numel(), records.device)
         self._arena.index_copy_(0, slots.to(self.device), records.to(self.device, self._arena.dtype))
-
-    def overwrite(self, ids: Tensor, records: Tensor) -> np.ndarray:
-        """Write the records of those ``ids`` already held (no inserts); returns that mask [N].
-
-        One probe serves both the test and the write (a CachedTier's put splits a batch this way).
-        """
-        s = self.slots_of(ids).numpy()
-        held = s >= 0
-        sel = np.flatnonzero(held)
-        if sel.size == s.size:
-            self._arena.index_copy_(0, torch.from_numpy(s).to(self.device), records.to(self.device, self._arena.dtype))
-        elif sel.size:
-            pick = torch.from_numpy(sel)
-            self._arena.index_copy_(
-                0, torch.from_numpy(s[sel]).to(self.device), records.index_select(0, pick).to(self.device, self._arena.dtype)
-            )
-        return held
 
     def remove(self, ids: Tensor) -> Tensor:
         """Delete ``ids``; returns the found mask [N]."""
@@ -410,12 +353,12 @@ class HostTier(TierCounters):
         self._held = np.concatenate([self._held, np.zeros(grow - self._held.size, bool)])
 
 
-def _check_rows(tiers: Sequence[HostTier], sizes: list[int], rows: Tensor, what: str) -> None:
+def _check_rows(tiers: Sequence[Tier], sizes: list[int], rows: Tensor, what: str) -> None:
     """``rows`` must be [sum(sizes), record_dim]: the native passes trust its shape."""
     if len(sizes) != len(tiers) or rows.dim() != 2 or rows.shape[0] != sum(sizes) or (
         tiers and rows.shape[1] != tiers[0].record_dim
     ):
         raise ValueError(
-            f"HostTier: {what} must be [{sum(sizes)}, {tiers[0].record_dim if tiers else '?'}] for "
+            f"{type(tiers[0]).__name__ if tiers else 'tier'}: {what} must be [{sum(sizes)}, {tiers[0].record_dim if tiers else '?'}] for "
             f"{len(tiers)} tiers and {len(sizes)} ID tensors, got {list(rows.shape)}"
         )

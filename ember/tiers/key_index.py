@@ -57,6 +57,16 @@ class KeyIndex:
         return self._size
 
     @property
+    def keys(self) -> np.ndarray:
+        """The bucket keys array (int64), for kernels that probe it directly."""
+        return self._keys
+
+    @property
+    def slots(self) -> np.ndarray:
+        """The bucket slots array (int32; -1 empty, -2 deleted), for kernels."""
+        return self._slots
+
+    @property
     def nbytes(self) -> int:
         return self._keys.nbytes + self._slots.nbytes
 

@@ -9,7 +9,7 @@ from torch import Tensor, nn
 
 from ember.batch import Batch
 from ember.config import RunConfig
-from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
+from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig
 from ember.embedding.init import InitializerConfig
 from ember.errors import ConfigError
 from ember.models.registry import ModelInputs, build_model
@@ -28,38 +28,22 @@ class Components:
     linear: EmbeddingCollection | None  # dim-1 tables for first-order / wide terms
     model: nn.Module
     dense_optimizer: torch.optim.Optimizer
+    sparse_optimizer: SparseOptimizer
     task_names: list[str]
     device: torch.device
 
     def collections(self) -> list[EmbeddingCollection]:
         return [self.embeddings] + ([self.linear] if self.linear is not None else [])
 
-    def forward(self, batch: Batch, prefetch: Batch | None = None) -> Tensor:
-        """Logits [B, T] for a batch whose dense part and labels are already on ``device``.
-
-        ``prefetch``: the next training batch; its embedding rows are fetched on a worker
-        thread while this batch computes (exact, see ``EmbeddingCollection.prefetch``).
-        """
-        lookups = [ec.prepare(batch.sparse) for ec in self.collections()]
-        if prefetch is not None:
-            for ec in self.collections():
-                ec.prefetch(prefetch.sparse)
-        emb = self.embeddings(batch.sparse, lookups[0])
+    def forward(self, batch: Batch) -> Tensor:
+        """Logits [B, T] for a batch whose dense part and labels are already on ``device``."""
+        emb = self.embeddings(batch.sparse)
         pooled = [emb[f.name] for f in self.embeddings.features]
         linear = None
         if self.linear is not None:
-            lin = self.linear(batch.sparse, lookups[1])
+            lin = self.linear(batch.sparse)
             linear = [lin[f.name] for f in self.linear.features]
         return self.model(batch.dense, pooled, linear)
-
-    def drain(self) -> None:
-        """Finish pending prefetches (before a checkpoint or evaluation reads the tables)."""
-        for ec in self.collections():
-            ec.drain()
-
-    def apply_sparse_gradients(self) -> None:
-        for ec in self.collections():
-            ec.apply_gradients()
 
     def train(self, mode: bool = True) -> None:
         self.model.train(mode)
@@ -98,7 +82,7 @@ def build_components(cfg: RunConfig) -> Components:
             "use sum/mean/sqrtn for them or call EmbeddingCollection from your own model"
         )
     _announce_storage(tables)
-    ec = EmbeddingCollection(tables, features).to(device)
+    ec = EmbeddingCollection(tables, features, seed=cfg.train.seed).to(device)
     dims = {t.name: t.dim for t in tables}
     inputs = ModelInputs(num_dense=len(schema.dense), sparse_dims=[dims[f.table_name] for f in features], num_tasks=len(schema.labels))
     model = build_model(cfg.model, inputs).to(device)
@@ -110,9 +94,10 @@ def build_components(cfg: RunConfig) -> Components:
             for t in tables
         ]
         lin_features = [FeatureConfig(name=f.name, table=f.table_name + LINEAR_SUFFIX, pooling=f.pooling) for f in features]
-        linear = EmbeddingCollection(lin_tables, lin_features).to(device)
+        linear = EmbeddingCollection(lin_tables, lin_features, seed=cfg.train.seed).to(device)
     opt = make_dense_optimizer(model.parameters(), cfg.train.dense_optimizer)
-    return Components(ec, linear, model, opt, list(schema.labels), device)
+    sparse_opt = SparseOptimizer(ec, *([linear] if linear is not None else []))
+    return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device)
 
 
 def _announce_storage(tables: list[TableConfig]) -> None:

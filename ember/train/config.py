@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ember.config_base import ConfigModel
 
@@ -41,9 +41,15 @@ class TrainConfig(ConfigModel):
     resume: str | None = None  # checkpoint to continue exactly (model, optimizers, data position)
     init_from: str | None = None  # checkpoint whose weights start a finetune (fresh data position)
     progress: bool = True
-    # fetch the next batch's embedding rows on a worker thread during this step (exact results;
-    # skipped for tables with min_count or ttl_steps). auto: on when the model runs on a GPU
-    # (the host cores are free while it computes); off on CPU, where the worker competes with
-    # the dense math for the cores (measured 0.97-1.01x on 2 cores, in memory and with a disk
-    # tier: bench/bench_dlrm.py --prefetch [--disk DIR])
-    prefetch: bool | Literal["auto"] = "auto"
+    # removed: the staged pipeline will schedule the lookup phases ahead (see the README)
+    prefetch: None = None
+
+    @field_validator("prefetch", mode="before")
+    @classmethod
+    def _no_prefetch(cls, v: object) -> None:
+        if v is not None:
+            raise ValueError(
+                "train.prefetch was removed: embedding lookups now run in explicit phases that the "
+                "staged pipeline schedules; delete the key (data.prefetch still reads batches ahead)"
+            )
+        return None

@@ -1,5 +1,5 @@
-"""The training loop, read top to bottom: forward, loss, backward, dense step, sparse apply,
-log, evaluate, checkpoint. Everything else (building parts, data, checkpoint files) lives elsewhere.
+"""The training loop, read top to bottom: ``train_step`` (forward, loss, backward, dense step,
+sparse step), then log, evaluate, checkpoint. Everything else (building parts, data, checkpoint files) lives elsewhere.
 """
 
 from __future__ import annotations
@@ -8,10 +8,11 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator, TypeVar
+from typing import Any
 
 import torch
 
+from ember.batch import Batch
 from ember.checkpoint.load import (
     load_dense, load_tables, resolve_checkpoint, restore_rng, restore_table_state, verify_checkpoint,
 )
@@ -23,9 +24,7 @@ from ember.train.evaluate import _to_device, evaluate
 from ember.train.history import History
 from ember.train.loss import multitask_bce
 
-__all__ = ["train", "RunResult", "prepare_run"]
-
-T = TypeVar("T")
+__all__ = ["train", "train_step", "RunResult", "prepare_run"]
 
 
 @dataclass
@@ -36,6 +35,18 @@ class RunResult:
     history: list[dict[str, Any]] = field(default_factory=list)
     parts: Components | None = None
     bad_rows: dict[str, int] = field(default_factory=dict)
+
+
+def train_step(parts: Components, batch: Batch, task_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """One step: forward, loss, backward, dense step, sparse step; returns the (detached) loss."""
+    logits = parts.forward(batch)  # every table group: plan (dedupe), fetch rows, pool
+    loss = multitask_bce(logits, batch.labels, task_weights)
+    parts.dense_optimizer.zero_grad(set_to_none=True)
+    parts.sparse_optimizer.zero_grad()
+    loss.backward()  # dense grads + one summed gradient per unique ID
+    parts.dense_optimizer.step()
+    parts.sparse_optimizer.step()  # update the touched rows and write them back to their tiers
+    return loss.detach()
 
 
 def prepare_run(cfg: RunConfig) -> tuple[Components, Path]:
@@ -76,7 +87,6 @@ def train(cfg: RunConfig) -> RunResult:
     def checkpoint(epoch: int, batch: int) -> Path:
         if (step, epoch, batch) in saved:  # this exact state is on disk already
             return saved[(step, epoch, batch)]
-        parts.drain()  # a prefetch must not read the tables while they are saved
         state = {"model": parts.model.state_dict(), "optimizer": parts.dense_optimizer.state_dict()}
         path = save_checkpoint(run_dir / "checkpoints", step, parts.collections(), state,
                                {"epoch": epoch, "batch": batch}, cfg.model_dump(mode="json", by_alias=True), t.keep_checkpoints)
@@ -100,20 +110,12 @@ def train(cfg: RunConfig) -> RunResult:
     progress = _progress(t.progress, total)
     done = t.max_steps is not None and step >= t.max_steps  # e.g. resumed at the end already
     batch_idx = start_batch
-    prefetch = _use_prefetch(t.prefetch, parts)
     while epoch < t.epochs and not done:
         batches = make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch)
         batch_idx = start_batch
         loss_sum, seen, t0 = 0.0, 0, time.perf_counter()
-        for batch, upcoming in _with_next(batches):
-            batch = _to_device(batch, parts.device)
-            # gathers unique rows once per table; the next batch's rows are fetched meanwhile
-            logits = parts.forward(batch, prefetch=upcoming if prefetch else None)
-            loss = multitask_bce(logits, batch.labels, task_w)
-            parts.dense_optimizer.zero_grad(set_to_none=True)
-            loss.backward()  # dense grads + one summed gradient per unique ID
-            parts.dense_optimizer.step()
-            parts.apply_sparse_gradients()  # sparse optimizer on the touched rows only
+        for batch in batches:
+            loss = train_step(parts, _to_device(batch, parts.device), task_w)
             step += 1
             batch_idx += 1
             loss_sum += float(loss.detach()) * batch.size  # sync point: reads the loss
@@ -141,7 +143,6 @@ def train(cfg: RunConfig) -> RunResult:
                 progress.note(_fmt(metrics))
     progress.close()
     for ec in parts.collections():
-        ec.close()  # no prefetch left running
         for table in ec.tables.values():
             table.expire()
     final = checkpoint(epoch, batch_idx if done else 0)
@@ -163,26 +164,6 @@ def _table_stats(parts: Components) -> dict[str, float]:
                 out[f"{name}/{key}"] = value
             table.reset_step_stats()
     return out
-
-
-def _use_prefetch(setting: bool | str, parts: Components) -> bool:
-    """``train.prefetch``: True/False as given; auto when it measured faster (see TrainConfig)."""
-    if setting != "auto":
-        return bool(setting)
-    return parts.device.type == "cuda"
-
-
-def _with_next(items: Iterable[T]) -> Iterator[tuple[T, T | None]]:
-    """Each item with the one after it (None for the last), reading one item ahead."""
-    it = iter(items)
-    try:
-        cur = next(it)
-    except StopIteration:
-        return
-    for nxt in it:
-        yield cur, nxt
-        cur = nxt
-    yield cur, None
 
 
 def _merge(acc: dict[str, int], report: Any) -> dict[str, int]:

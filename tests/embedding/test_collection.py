@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from ember.batch import SparseFeatures
-from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
+from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig
+from ember.testing import rows as stored_rows
 
 D = 3
 
@@ -28,7 +29,7 @@ def _reference(ec, sf, name, pooling):
         s, e = int(jf.offsets[b]), int(jf.offsets[b + 1])
         ids = jf.values[s:e]
         w = jf.weights[s:e] if jf.weights is not None else torch.ones(e - s)
-        emb = ec.tables["shared"].lookup(torch.unique(ids))[:, :D] if e > s else torch.zeros(0, D)
+        emb = stored_rows(ec.tables["shared"], torch.unique(ids))[:, :D] if e > s else torch.zeros(0, D)
         if e > s:
             uniq = torch.unique(ids)
             emb = emb[torch.searchsorted(uniq, ids)]
@@ -63,9 +64,9 @@ def test_sequence_lookup_is_padded_with_mask():
     seq = ec(sf)["a"]
     assert seq.values.shape == (3, 2, D)
     assert seq.mask.tolist() == [[True, True], [False, False], [True, False]]
-    rows = ec.tables["shared"].lookup(torch.tensor([1, 2, 5]))[:, :D]
-    torch.testing.assert_close(seq.values[0], rows[:2])
-    torch.testing.assert_close(seq.values[2, 0], rows[2])
+    stored = stored_rows(ec.tables["shared"], torch.tensor([1, 2, 5]))[:, :D]
+    torch.testing.assert_close(seq.values[0], stored[:2])
+    torch.testing.assert_close(seq.values[2, 0], stored[2])
     assert seq.values[1].abs().sum() == 0 and seq.values[2, 1].abs().sum() == 0
 
 
@@ -75,11 +76,11 @@ def test_shared_table_gradients_sum_over_features_and_update_once():
         [FeatureConfig(name="a", table="shared"), FeatureConfig(name="b", table="shared")],
     )
     sf = _batch(False)
-    before = ec.tables["shared"].lookup(torch.tensor([1, 2, 5, 7, 9]))[:, :D].clone()
+    before = stored_rows(ec.tables["shared"], torch.tensor([1, 2, 5, 7, 9]))[:, :D].clone()
     out = ec(sf)
     (out["a"].sum() + out["b"].sum()).backward()
-    ec.apply_gradients()
-    after = ec.tables["shared"].lookup(torch.tensor([1, 2, 5, 7, 9]))[:, :D]
+    SparseOptimizer(ec).step()
+    after = stored_rows(ec.tables["shared"], torch.tensor([1, 2, 5, 7, 9]))[:, :D]
     counts = torch.tensor([2.0, 2.0, 1.0, 4.0, 2.0]).unsqueeze(1)  # occurrences over both features
     torch.testing.assert_close(after, before - counts)
 
@@ -91,7 +92,7 @@ def test_new_ids_get_rows_and_no_two_ids_share_one():
     out = ec(sf)["f"]
     assert len(ec.tables["t"]) == 0  # a row is stored on its first update, so eval never grows a table
     out.sum().backward()
-    ec.apply_gradients()
+    SparseOptimizer(ec).step()
     assert len(ec.tables["t"]) == torch.unique(ids).numel()
     distinct = torch.unique(out, dim=0).shape[0]
     assert distinct == torch.unique(ids).numel()
@@ -100,8 +101,10 @@ def test_new_ids_get_rows_and_no_two_ids_share_one():
 def test_eval_mode_records_no_gradients():
     ec = EmbeddingCollection([TableConfig(name="t", dim=2)], [FeatureConfig(name="f", table="t")])
     ec.eval()
-    ec(SparseFeatures(["f"], torch.tensor([1]), torch.tensor([1])))
-    assert ec._pending == []
+    out = ec(SparseFeatures(["f"], torch.tensor([1]), torch.tensor([1])))
+    assert not out["f"].requires_grad
+    with pytest.raises(RuntimeError, match="no training forward"):
+        SparseOptimizer(ec).step()
 
 
 def test_undefined_table_is_a_clear_error():

@@ -6,24 +6,33 @@ import numpy as np
 import pytest
 import torch
 
-from ember.embedding import EmbeddingTable, TableConfig
+from ember.batch import SparseFeatures
+from ember.embedding import EmbeddingCollection, EmbeddingTable, FeatureConfig, SparseOptimizer, TableConfig
 from ember.optim import FTRL, SGD, Adagrad, Adam, RowWiseAdagrad
+from ember.testing import rows
 
 D = 4
 N_ROWS = 6
 
 
+def _collection(opt, dim: int = D, **kw) -> tuple[EmbeddingCollection, SparseOptimizer]:
+    ec = EmbeddingCollection([TableConfig(name="t", dim=dim, optimizer=opt, seed=0, **kw)], [FeatureConfig(name="f", table="t")])
+    return ec, SparseOptimizer(ec)
+
+
+def _embed(ec, ids):
+    """One bag per ID: the embedding of every occurrence, [N, D]."""
+    return ec(SparseFeatures(["f"], ids, torch.ones_like(ids)))["f"]
+
+
 def _run_sparse(opt, batches, grads_fn):
-    """Train an EmbeddingTable on ID batches; the loss gradient per occurrence comes from grads_fn."""
-    table = EmbeddingTable(TableConfig(name="t", dim=D, optimizer=opt, initializer={"type": "normal"}))
+    """Train a table through the engine on ID batches; the loss per occurrence comes from grads_fn."""
+    ec, sparse_opt = _collection(opt, initializer={"type": "normal"})
     for ids in batches:
-        uniq, inv = torch.unique(ids, return_inverse=True)
-        rec = table.lookup(uniq)
-        w = rec[:, :D].clone().requires_grad_()
-        grads_fn(w[inv], ids).backward()
-        table.apply(uniq, rec, w.grad)
-    ids = torch.arange(N_ROWS)
-    return table, table.lookup(ids)[:, :D]
+        grads_fn(_embed(ec, ids), ids).backward()
+        sparse_opt.step()
+    table = ec.tables["t"]
+    return table, rows(table, torch.arange(N_ROWS))[:, :D]
 
 
 def _loss(emb: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -46,7 +55,7 @@ FULL_BATCHES = [torch.tensor([0, 1, 2, 3, 4, 5, 2, 2, 5]), torch.tensor([5, 4, 3
 
 
 def _init():
-    t = EmbeddingTable(TableConfig(name="t", dim=D, initializer={"type": "normal"}))
+    t = EmbeddingTable(TableConfig(name="t", dim=D, initializer={"type": "normal"}, seed=0))
     return t.new_records(torch.arange(N_ROWS))[:, :D]
 
 
@@ -111,13 +120,13 @@ def test_ftrl_matches_reference(l1, l2):
 
 def test_adam_is_lazy_per_row():
     """Rows not in a batch keep weights, moments and step count; bias correction is per row."""
-    opt = Adam(lr=0.01)
-    table = EmbeddingTable(TableConfig(name="t", dim=D, optimizer=opt))
+    ec, sparse_opt = _collection(Adam(lr=0.01))
+    table = ec.tables["t"]
     ids_a, ids_b = torch.tensor([0, 1]), torch.tensor([1])
     for ids in [ids_a, ids_b, ids_b]:
-        rec = table.lookup(ids)
-        table.apply(ids, rec, torch.ones(len(ids), D))
-    rec = table.lookup(torch.tensor([0, 1]))
+        _embed(ec, ids).sum().backward()  # gradient 1 for every coordinate
+        sparse_opt.step()
+    rec = rows(table, torch.tensor([0, 1]))
     steps = rec[:, D + 2 * D]
     assert steps.tolist() == [1.0, 3.0]
     # row 0 saw exactly one Adam step with g=1: w0 - lr * 1 / (1 + eps') ~ w0 - lr
@@ -127,16 +136,15 @@ def test_adam_is_lazy_per_row():
 
 def test_duplicate_ids_are_summed_then_applied_once():
     """Adagrad with one ID twice in a batch equals one step with the summed gradient."""
-    table = EmbeddingTable(TableConfig(name="t", dim=2, optimizer=Adagrad(lr=1.0)))
-    ids = torch.tensor([7, 7])
-    uniq, inv = torch.unique(ids, return_inverse=True)
-    rec = table.lookup(uniq)
-    w = rec[:, :2].clone().requires_grad_()
-    (w[inv] * torch.tensor([[1.0, 2.0], [3.0, 4.0]])).sum().backward()
-    torch.testing.assert_close(w.grad, torch.tensor([[4.0, 6.0]]))
-    before = rec[:, :2].clone()
-    table.apply(uniq, rec, w.grad)
-    after = table.lookup(uniq)
+    ec, sparse_opt = _collection(Adagrad(lr=1.0), dim=2)
+    ids, uniq = torch.tensor([7, 7]), torch.tensor([7])
+    lk = ec.plan(SparseFeatures(["f"], ids, torch.ones_like(ids))).fetch()
+    before = rows(ec.tables["t"], uniq)[:, :2]
+    emb = ec(lk.groups[0].sparse, lk)["f"]
+    (emb * torch.tensor([[1.0, 2.0], [3.0, 4.0]])).sum().backward()
+    torch.testing.assert_close(lk.groups[0].grad, torch.tensor([[4.0, 6.0]]))
+    sparse_opt.step()
+    after = rows(ec.tables["t"], uniq)
     # one Adagrad step from G=0 moves each coordinate by exactly lr * sign(g)
     torch.testing.assert_close(after[:, :2], before - 1.0, rtol=0, atol=1e-6)
     torch.testing.assert_close(after[:, 2:], torch.tensor([[16.0, 36.0]]))
@@ -149,3 +157,24 @@ def test_unknown_optimizer_is_a_clear_error():
         TableConfig.parse({"name": "t", "dim": 4, "optimizer": {"type": "adamw"}}, where="tables[0]")
     with pytest.raises(ConfigError, match="momentum"):
         TableConfig.parse({"name": "t", "dim": 4, "optimizer": {"type": "sgd", "momentum": 0.9}})
+
+
+def test_a_forgotten_step_or_backward_is_a_clear_error():
+    ec, sparse_opt = _collection(SGD(lr=0.1))
+    ids = torch.tensor([1, 2])
+    with pytest.raises(RuntimeError, match="no training forward"):
+        sparse_opt.step()
+    _embed(ec, ids).sum()
+    with pytest.raises(RuntimeError, match=r"loss.backward\(\) before step"):
+        sparse_opt.step()  # forward without backward
+    _embed(ec, ids).sum().backward()
+    with pytest.raises(RuntimeError, match="never applied"):
+        _embed(ec, ids)  # gradients computed but never stepped: embeddings would stay frozen
+    sparse_opt.zero_grad()  # dropping them explicitly is fine
+    out = _embed(ec, ids)
+    sparse_opt.zero_grad()  # as a loop may do between forward and backward: drops nothing pending
+    out.sum().backward()
+    sparse_opt.step()
+    with torch.no_grad():
+        _embed(ec, ids)  # evaluation forwards need no step
+    assert ec.tables["t"].step == 1

@@ -12,6 +12,7 @@ import torch
 from ember import _native
 from ember.errors import TierIOError
 from ember.tiers import DiskTier
+from ember.testing import read
 
 
 def test_close_and_reopen_keeps_rows(tmp_path):
@@ -23,7 +24,7 @@ def test_close_and_reopen_keeps_rows(tmp_path):
     d.close()
     again = DiskTier(tmp_path, record_dim=3, reopen=True)
     assert len(again) == 90
-    rows, found = again.get(ids)
+    rows, found = read(again, ids)
     assert found.tolist() == [False] * 10 + [True] * 90
     assert torch.equal(rows[10:], rec[10:])
 
@@ -38,7 +39,7 @@ def test_reopen_keeps_the_load_the_file_was_sized_for(tmp_path):
     assert again.max_load == 0.9
     again.put(torch.arange(800, 900), torch.ones(100, 2))
     assert again.n_slots == 1000 and len(again) == 900
-    rows, found = again.get(torch.arange(900))
+    rows, found = read(again, torch.arange(900))
     assert bool(found.all()) and rows[850].tolist() == [1.0, 1.0]
 
 
@@ -55,7 +56,7 @@ def test_native_and_numpy_probes_find_the_same_rows(tmp_path):
         d.remove(ids[::7])
         d.put(ids[::14], -rec[::14])
     query = torch.cat([ids, torch.randint(-(2**62), 2**62, (5_000,), generator=g)])
-    (rn, fn), (rp, fp) = (d.get(query) for d in tiers)
+    (rn, fn), (rp, fp) = (read(d, query) for d in tiers)
     assert torch.equal(fn, fp) and torch.equal(rn, rp)
     expect = torch.ones(ids.numel(), dtype=torch.bool)
     expect[::7] = False
@@ -113,11 +114,11 @@ def test_closing_a_cache_writes_its_rows_back_to_disk(tmp_path):
     c = CachedTier(HostTier(2, capacity=50, policy="lfu"), DiskTier(tmp_path, record_dim=2, rows=256), admit_after=1)
     c.put(ids, torch.zeros(200, 2))
     for _ in range(3):  # the first 40 IDs get hot and are promoted into the cache
-        c.get(ids[:40])
+        read(c, ids[:40])
     c.put(ids[:40], torch.ones(40, 2))
     assert len(c.fast) > 0
     c.close()
     again = DiskTier(tmp_path, record_dim=2, reopen=True)
-    rows, found = again.get(ids)
+    rows, found = read(again, ids)
     assert bool(found.all()) and len(again) == 200
     assert torch.equal(rows[:40], torch.ones(40, 2)) and torch.equal(rows[40:], torch.zeros(160, 2))

@@ -1,4 +1,5 @@
-"""HostTier.get_into (one native pass straight into a caller's buffer) equals get + copy."""
+"""HostTier.get_into (one native pass straight into a caller's buffer) equals its numpy path;
+reading and writing a group's segments in one pass equals each tier on its own."""
 
 from __future__ import annotations
 
@@ -7,23 +8,23 @@ import pytest
 import torch
 
 from ember import _native
+from ember.testing import read
 from ember.tiers import HostTier
+from ember.tiers.segments import read_segments, write_segments
 
 
-@pytest.mark.parametrize("native", [True, False])
-def test_get_into_equals_get(native):
-    if native and not _native.is_available():
+def test_native_get_into_equals_the_numpy_path(monkeypatch):
+    if not _native.is_available():
         pytest.skip("native core not built")
     g = torch.Generator().manual_seed(0)
     a, b = HostTier(5, capacity=500, policy="lfu"), HostTier(5, capacity=500, policy="lfu")
-    if not native:
-        b._index._core = None  # the numpy path of the same tier
+    monkeypatch.setattr(a, "reads_natively_into", lambda out: False)  # a: probe + gather in torch
     ids = torch.randint(-(2**40), 2**40, (400,), generator=g).unique()
     rec = torch.randn(ids.numel(), 5, generator=g)
     for t in (a, b):
         t.put(ids, rec)
     query = torch.cat([ids[::3], torch.tensor([7, 8, 9])])  # some absent
-    rows, found = a.get(query)
+    rows, found = read(a, query)
     out = torch.full((query.numel(), 5), -1.0)
     found2 = b.get_into(query, out)
     assert torch.equal(found, found2)
@@ -32,7 +33,7 @@ def test_get_into_equals_get(native):
     assert a.stats() == b.stats()
     # the slots it found serve the put that follows (no second probe needed, same result)
     b.put(query[found2], out[found2] * 2)
-    again, _ = b.get(query[found2])
+    again, _ = read(b, query[found2])
     assert torch.equal(again, rows[found] * 2)
 
 
@@ -55,7 +56,7 @@ def _state(t: HostTier) -> dict:
 
 @pytest.mark.parametrize("bounded", [False, True])
 def test_many_tiers_in_one_call_equal_each_tier_on_its_own(bounded):
-    """get_into_many / put_many over a group of tiers == get_into / put per tier, over steps that
+    """read_segments / write_segments over a group of tiers == get_into / put per tier, over steps that
     insert, grow the arenas and rehash the indexes (and, bounded, free slots to reuse)."""
     if not _native.is_available():
         pytest.skip("native core not built")
@@ -63,7 +64,6 @@ def test_many_tiers_in_one_call_equal_each_tier_on_its_own(bounded):
     cap = 3000 if bounded else None
     many = [HostTier(4, capacity=cap, initial_rows=16) for _ in range(3)]
     each = [HostTier(4, capacity=cap, initial_rows=16) for _ in range(3)]
-    assert HostTier.batchable(many)
     if not bounded:  # nothing to check or reuse: the one native pass must serve every put
         for t in many:
             t.put = t.get_into = lambda *a, **k: pytest.fail("took the per-tier path")
@@ -72,26 +72,26 @@ def test_many_tiers_in_one_call_equal_each_tier_on_its_own(bounded):
         ids[step % 3] = ids[step % 3][:0] if step == 4 else ids[step % 3]  # an empty segment too
         n = sum(i.numel() for i in ids)
         out_many, out_each = torch.full((n, 4), -1.0), torch.full((n, 4), -1.0)
-        found = HostTier.get_into_many(many, ids, out_many)
+        found = read_segments(many, ids, out_many)
         found_each = torch.cat([t.get_into(i, rows) for t, i, rows in zip(each, ids, out_each.split([i.numel() for i in ids]))])
         assert torch.equal(found, found_each) and torch.equal(out_many, out_each)
         new = torch.randn(n, 4, generator=g)
-        HostTier.put_many(many, ids, new)
+        write_segments(many, ids, new)
         for t, i, rows in zip(each, ids, new.split([i.numel() for i in ids])):
             t.put(i, rows)
-        if bounded and step % 4 == 3:  # freed slots: put_many must reuse them as put does
+        if bounded and step % 4 == 3:  # freed slots: write_segments must reuse them as put does
             for t_many, t_each in zip(many, each):
                 gone = torch.from_numpy(t_each._index.items()[0][:50])
                 t_many.remove(gone), t_each.remove(gone)
         for a, b in zip(many, each):
             assert _state(a) == _state(b)
-    assert any(t._arena.shape[0] > 16 for t in many) and any(t._index._keys.size > 32 for t in many)  # grew, rehashed
+    assert any(t._arena.shape[0] > 16 for t in many) and any(t._index.keys.size > 32 for t in many)  # grew, rehashed
 
 
 def test_many_tiers_reject_a_buffer_of_the_wrong_shape():
     tiers = [HostTier(4), HostTier(4)]
     ids = [torch.tensor([1, 2]), torch.tensor([3])]
     with pytest.raises(ValueError, match=r"must be \[3, 4\]"):
-        HostTier.put_many(tiers, ids, torch.zeros(3, 5))
+        write_segments(tiers, ids, torch.zeros(3, 5))
     with pytest.raises(ValueError, match=r"must be \[3, 4\]"):
-        HostTier.get_into_many(tiers, ids, torch.zeros(2, 4))
+        read_segments(tiers, ids, torch.zeros(2, 4))

@@ -8,6 +8,7 @@ import torch
 
 from ember.errors import CapacityError
 from ember.tiers import CachedTier, DeviceTier, DiskTier, HostTier
+from ember.testing import read
 
 R = 5
 
@@ -79,11 +80,11 @@ def test_put_get_overwrite(tier):
     ids = torch.tensor([3, -7, 2**62, 0])
     tier.put(ids, _rec(ids, 0))
     assert len(tier) == 4
-    rows, found = tier.get(torch.tensor([-7, 5, 2**62]))
+    rows, found = read(tier, torch.tensor([-7, 5, 2**62]))
     assert found.tolist() == [True, False, True]
     assert torch.equal(rows.cpu()[[0, 2]], _rec(torch.tensor([-7, 2**62]), 0))
     tier.put(torch.tensor([0, 3]), _rec(torch.tensor([0, 3]), 1))
-    rows, found = tier.get(ids)
+    rows, found = read(tier, ids)
     assert bool(found.all()) and len(tier) == 4
     assert torch.equal(rows.cpu()[[0, 3]], _rec(torch.tensor([3, 0]), 1))
     assert torch.equal(rows.cpu()[1], _rec(torch.tensor([-7]), 0)[0])
@@ -96,11 +97,11 @@ def test_remove_and_evict(tier):
     found = tier.remove(torch.tensor([100, 101, 999]))
     assert found.tolist() == [True, True, False]
     assert len(tier) == 38
-    assert not bool(tier.get(torch.tensor([100, 101]))[1].any())
+    assert not bool(read(tier, torch.tensor([100, 101]))[1].any())
     ev_ids, ev_rows = tier.evict(5)
     assert ev_ids.numel() == 5 and len(tier) == 33
     assert torch.equal(ev_rows.cpu(), _rec(ev_ids, 0))
-    assert not bool(tier.get(ev_ids)[1].any())
+    assert not bool(read(tier, ev_ids)[1].any())
     left = _as_dict(tier)
     assert set(left) == set(range(102, 140)) - set(ev_ids.tolist())
 
@@ -110,7 +111,7 @@ def test_items_exactly_once_newest(tier):
     tier.put(ids, _rec(ids, 0))
     for v in range(1, 4):  # accesses move rows between tiers; writes must land on the newest copy
         sub = ids[v::3]
-        tier.get(sub)
+        read(tier, sub)
         tier.put(sub, _rec(sub, v))
     got = _as_dict(tier)
     assert sorted(got) == list(range(64))
@@ -127,7 +128,7 @@ def test_random_ops_match_dict_reference(tier):
         op = rng.choice(["get", "put", "put", "remove", "evict"], p=[0.35, 0.25, 0.25, 0.1, 0.05])
         ids = torch.from_numpy(np.unique(rng.choice(universe, size=int(rng.integers(1, 40)))))
         if op == "get":
-            rows, found = tier.get(ids)
+            rows, found = read(tier, ids)
             assert found.tolist() == [i in ref for i in ids.tolist()]
             for k, i in enumerate(ids.tolist()):
                 if i in ref:
@@ -155,7 +156,7 @@ def test_random_ops_match_dict_reference(tier):
 def test_stats_are_flat_floats(tier):
     ids = torch.arange(10)
     tier.put(ids, _rec(ids, 0))
-    tier.get(torch.arange(5, 15))
+    read(tier, torch.arange(5, 15))
     stats = tier.stats()
     assert stats and all(k.startswith("tier.") and isinstance(v, float) for k, v in stats.items())
     tier.reset_step_stats()
@@ -175,9 +176,9 @@ def test_policies_pick_victims():
     for t in (lru, lfu):
         t.put(torch.arange(4), _rec(torch.arange(4), 0))
         for _ in range(3):
-            t.get(torch.tensor([0]))  # 0: frequent but old
-        t.get(torch.tensor([1, 2]))
-        t.get(torch.tensor([3]))
+            read(t, torch.tensor([0]))  # 0: frequent but old
+        read(t, torch.tensor([1, 2]))
+        read(t, torch.tensor([3]))
     assert lru.evict(1)[0].tolist() == [0]  # least recently used
     victims = lfu.evict(3)[0].tolist()  # fewest uses, ties by age: 1 and 2 (2 uses, older), then 3
     assert sorted(victims[:2]) == [1, 2] and victims[2] == 3

@@ -8,6 +8,7 @@ import torch
 
 from ember.embedding import EmbeddingTable, TableConfig
 from ember.errors import CapacityError
+from ember.testing import apply, lookup
 
 OPTIMIZERS = {
     "adam": {"type": "adam", "lr": 0.01},
@@ -22,10 +23,10 @@ def _run(table: EmbeddingTable, steps: int = 120, batch: int = 300, a: float = 1
         raw = rng.zipf(a, size=batch)
         raw = raw[raw < 5000]
         ids = torch.unique(torch.from_numpy(raw * 7919 - 2**40))
-        rec = table.lookup(ids)
-        w = rec[:, : table.dim]
+        lk = lookup(table, ids)
+        w = lk.records[:, : table.dim]
         grads = torch.sin(w * 3 + step) + 0.01 * ids.to(torch.float32).unsqueeze(1) % 1.0
-        table.apply(ids, rec, grads)
+        apply(lk, grads)
 
 
 def _state(table: EmbeddingTable) -> tuple[torch.Tensor, torch.Tensor]:
@@ -90,15 +91,17 @@ def test_min_count_admission(tmp_path, tiered):
     table = EmbeddingTable(cfg)
     ids = torch.tensor([11, 22])
     for seen in (1, 2):
-        rec = table.lookup(ids if seen == 1 else torch.tensor([11]))
+        lk = lookup(table, ids if seen == 1 else torch.tensor([11]))
+        rec = lk.records
         assert torch.equal(rec[:, :4], torch.zeros(rec.shape[0], 4))  # the shared default row
-        table.apply(ids if seen == 1 else torch.tensor([11]), rec, torch.ones(rec.shape[0], 4))
+        apply(lk, torch.ones(rec.shape[0], 4))
         assert len(table) == 0  # no row, no update
-    rec = table.lookup(torch.tensor([11, 22]))  # 11: third sighting -> own row; 22: second
+    lk = lookup(table, torch.tensor([11, 22]))  # 11: third sighting -> own row; 22: second
+    rec = lk.records
     fresh = table.new_records(torch.tensor([11]))
     assert torch.equal(rec[0], fresh[0])
     assert torch.equal(rec[1, :4], torch.zeros(4))
-    table.apply(torch.tensor([11, 22]), rec, torch.ones(2, 4))
+    apply(lk, torch.ones(2, 4))
     assert len(table) == 1
     (got_ids, got_rec), = list(table.items())
     assert got_ids.tolist() == [11]
@@ -106,7 +109,7 @@ def test_min_count_admission(tmp_path, tiered):
     assert table.stats()["pending_ids"] == 1.0  # 22 still counting
     assert table.admission_state()[1].tolist() == [2]
     # evaluation lookups neither count nor create
-    table.lookup(torch.tensor([22]), train=False)
+    lookup(table, torch.tensor([22]), train=False)
     assert table.admission_state()[1].tolist() == [2]
 
 
@@ -116,20 +119,18 @@ def test_ttl_expiry_returns_fresh_rows(tmp_path, tiered):
     cfg = TableConfig(name="t", dim=4, optimizer={"type": "adagrad", "lr": 0.5}, ttl_steps=3, storage=storage)
     table = EmbeddingTable(cfg)
     a, b = torch.tensor([5]), torch.tensor([6])
-    rec = table.lookup(torch.tensor([5, 6]))
-    table.apply(torch.tensor([5, 6]), rec, torch.ones(2, 4))  # step 1; both seen at step 0
-    trained = table.lookup(a)
+    apply(lookup(table, torch.tensor([5, 6])), torch.ones(2, 4))  # step 1; both seen at step 0
+    trained = lookup(table, a).records
     assert not torch.equal(trained[0, :8], table.new_records(a)[0])
     for _ in range(3):  # keep 6 alive, let 5 age: steps 2..4
-        r = table.lookup(b)
-        table.apply(b, r, torch.ones(1, 4))
+        apply(lookup(table, b), torch.ones(1, 4))
     # step 4: 5 was last seen at step 0, 4 - 0 > 3, so it reads as gone already; the sweep
     # (automatic every ttl_steps, or explicit) reclaims its storage
     assert table.expire() == 1
     assert len(table) == 1
     ids = torch.cat([i for i, _ in table.items()])
     assert ids.tolist() == [6]
-    again = table.lookup(a)
+    again = lookup(table, a).records
     assert torch.equal(again[0, :8], table.new_records(a)[0])  # freshly initialised
     assert table.stats()["expired_rows"] >= 1
 
@@ -138,12 +139,12 @@ def test_ttl_exact_boundary():
     cfg = TableConfig(name="t", dim=2, optimizer={"type": "sgd", "lr": 1.0}, ttl_steps=2)
     table = EmbeddingTable(cfg)
     a = torch.tensor([1])
-    table.apply(a, table.lookup(a), torch.ones(1, 2))  # seen at step 0 -> step 1
+    apply(lookup(table, a), torch.ones(1, 2))  # seen at step 0 -> step 1
     other = torch.tensor([2])
-    table.apply(other, table.lookup(other), torch.ones(1, 2))  # step 2 (sweep: 2-0 = 2, kept)
-    assert table.lookup(a)[0, 0] != table.new_records(a)[0, 0]  # step 2: not seen for 2 steps, alive
-    table.apply(other, table.lookup(other), torch.ones(1, 2))  # step 3
-    assert torch.equal(table.lookup(a)[0, :2], table.new_records(a)[0, :2])  # 3 - 0 > 2: expired
+    apply(lookup(table, other), torch.ones(1, 2))  # step 2 (sweep: 2-0 = 2, kept)
+    assert lookup(table, a, train=False).records[0, 0] != table.new_records(a)[0, 0]  # step 2: not seen for 2 steps, alive
+    apply(lookup(table, other), torch.ones(1, 2))  # step 3
+    assert torch.equal(lookup(table, a, train=False).records[0, :2], table.new_records(a)[0, :2])  # 3 - 0 > 2: expired
 
 
 def test_capacity_errors_up_front(tmp_path):

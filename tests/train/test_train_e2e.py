@@ -117,17 +117,12 @@ def test_resume_across_tier_layouts_with_admission(tmp_path):
     _assert_same_model(full, resumed, by_id=True)
 
 
-def test_prefetch_on_equals_off_through_eval_and_checkpoints(tmp_path):
-    # DeepFM: two collections (embeddings + first-order tables) prefetch side by side; eval and
-    # checkpoints mid-run drain the pending prefetch
-    def cfg(name, prefetch):
-        c = _cfg(tmp_path, name, deterministic=True, max_steps=24, eval_every=10, eval_max_batches=2,
-                 checkpoint_every=7, prefetch=prefetch)
-        return c.model_copy(update={"model": model_config_from_dict({"type": "deepfm", "deep_mlp": [32]})})
+def test_removed_train_prefetch_is_a_clear_error():
+    from ember.config import from_dict
+    from ember.errors import ConfigError
 
-    on, off = train(cfg("on", True)), train(cfg("off", False))
-    _assert_same_model(on, off)
-    assert on.metrics["auc/label"] == off.metrics["auc/label"]
+    with pytest.raises(ConfigError, match="train.prefetch was removed"):
+        from_dict({"data": {"preset": "synthetic"}, "model": {"type": "dlrm"}, "train": {"prefetch": True}})
 
 
 def test_resume_with_ttl_equals_uninterrupted(tmp_path):

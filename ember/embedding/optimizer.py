@@ -1,0 +1,59 @@
+"""SparseOptimizer: the embedding tables' optimizer, used like a ``torch.optim`` optimizer."""
+
+from __future__ import annotations
+
+from ember.embedding.collection import EmbeddingCollection
+
+__all__ = ["SparseOptimizer"]
+
+
+class SparseOptimizer:
+    """Applies each table's own update rule (its config's ``optimizer``) to the rows a backward
+    pass reached, then writes them back to their tiers.
+
+    ``step()`` after ``loss.backward()``; ``zero_grad()`` drops gradients not yet applied. A
+    ``step()`` with no gradient since the last one is an error, and so is the next training
+    forward when a computed gradient was never stepped: embeddings never freeze silently.
+
+    Example:
+        >>> import torch
+        >>> from ember.embedding import FeatureConfig, TableConfig
+        >>> from ember.batch import SparseFeatures
+        >>> ec = EmbeddingCollection([TableConfig(name="t", dim=2, optimizer={"type": "sgd", "lr": 1.0})],
+        ...                          [FeatureConfig(name="a", table="t")])
+        >>> opt = SparseOptimizer(ec)
+        >>> sf = SparseFeatures(["a"], torch.tensor([7]), torch.tensor([1]))
+        >>> before = ec(sf)["a"].detach()
+        >>> ec(sf)["a"].sum().backward()
+        >>> opt.step()
+        >>> (ec(sf)["a"].detach() - before).tolist()   # each weight moved by -lr * 1
+        [[-1.0, -1.0]]
+    """
+
+    def __init__(self, *collections: EmbeddingCollection) -> None:
+        if not collections:
+            raise ValueError("SparseOptimizer needs at least one EmbeddingCollection")
+        self.collections = list(collections)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Forget embedding gradients computed but not applied."""
+        for ec in self.collections:
+            ec.zero_grad()
+
+    def step(self) -> None:
+        """Update and write back the rows of every lookup whose backward ran since the last step."""
+        ready, waiting = [], 0
+        for ec in self.collections:
+            r, w = ec.take_gradients()
+            ready += r
+            waiting += w
+        if not ready:
+            why = (
+                f"{waiting} training lookup(s) got no gradient: call loss.backward() before step(), "
+                "and check that the embeddings reach the loss"
+                if waiting else "there was no training forward since the last step()"
+            )
+            raise RuntimeError(f"SparseOptimizer.step(): no embedding gradients to apply; {why}")
+        for lk in ready:
+            lk.update()
+            lk.write_back()

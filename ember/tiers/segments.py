@@ -1,0 +1,41 @@
+"""The rows of several tiers in one buffer: how a table group reads and writes its tables.
+
+A group's buffer holds its tables' rows back to back (segments). When every tier is a memory
+tier the C core can serve, one native pass reads (or writes) all segments; otherwise each
+tier serves its own segment through the ``Tier`` protocol. A lone table is a group of one.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from ember.tiers.base import Tier
+from ember.tiers.host import HostTier, _check_rows
+
+__all__ = ["read_segments", "write_segments"]
+
+
+def read_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], out: Tensor) -> Tensor:
+    """``tiers[j].get_into(ids[j], segment j of out)`` for every j; returns the found mask [N]."""
+    sizes = [i.numel() for i in ids]
+    _check_rows(tiers, sizes, out, "out")
+    if len(tiers) > 1 and all(isinstance(t, HostTier) and t.reads_natively_into(out) for t in tiers):
+        return HostTier.read_native(tiers, ids, out)  # type: ignore[arg-type]
+    if len(tiers) == 1:
+        return tiers[0].get_into(ids[0], out)
+    return torch.cat([t.get_into(i, rows) for t, i, rows in zip(tiers, ids, out.split(sizes))])
+
+
+def write_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], records: Tensor) -> None:
+    """``tiers[j].put(ids[j], segment j of records)`` for every j, in one native pass when it can."""
+    sizes = [i.numel() for i in ids]
+    _check_rows(tiers, sizes, records, "records")
+    parts = records.split(sizes)
+    if len(tiers) > 1 and all(isinstance(t, HostTier) and t.writes_natively(i, r) for t, i, r in zip(tiers, ids, parts)):
+        HostTier.write_native(tiers, ids, records)  # type: ignore[arg-type]
+        return
+    for t, i, rows in zip(tiers, ids, parts):
+        t.put(i, rows)
