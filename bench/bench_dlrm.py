@@ -1,17 +1,21 @@
 """DLRM-26 step throughput, side by side in one process: ember vs plain PyTorch vs dense-only.
 
-Workload (issue 2): 26 single-hot sparse features, one table each, 200,000 distinct IDs per table
+Workload: 26 single-hot sparse features, one table each, 200,000 distinct IDs per table
 drawn from Zipf(1.1); 13 dense features; DLRM bottom 13-512-256-16, dim 16, dot interaction, top
 512-256-1; batch 4096; row-wise Adagrad (lr 0.05) on embeddings, Adagrad (lr 0.01) on the MLPs.
 Variants: (a) ember (dynamic tables, KeyIndex, sparse row-wise Adagrad), (b) plain PyTorch
 (nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad), (c) dense-only (embedding outputs given
-as a fixed tensor: the ceiling of this model on this machine).
+as a fixed tensor: the ceiling of this model on this machine), (d) ember with a different
+initializer scale per table (three distinct ones): ``mixed_init_cost`` is the paired ratio of
+its plan+fetch time to (a)'s, i.e. what per-table init settings cost the one grouped path.
 All three variants share one process and so one runtime setting (GOMP_SPINCOUNT, printed).
 Method (../shared/BENCHMARKING.md): batches generated before timing; step i of every variant
 runs back to back with a rotating order; we report the median over steps of the paired ratios
 t(ref, i) / t(variant, i), and absolute medians with min-max.
 
-    python bench/bench_dlrm.py [--steps 40] [--warmup 5] [--batch 4096]
+    python bench/bench_dlrm.py [--steps 40] [--warmup 5] [--batch 4096] [--disk DIR]
+
+The last line is one JSON object: ember_vs_dense, ember_vs_plain, mixed_init_cost, ...
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ import torch
 from torch import nn
 
 from ember.batch import SparseFeatures
-from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
+from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig
 from ember.models.dlrm import DLRM, DLRMConfig
 from ember.models.base import ModelInputs
 from ember.optim import RowWiseAdagrad
@@ -65,55 +69,52 @@ def make_model(seed: int) -> DLRM:
 
 
 class Ember:
-    """ember's step; ``prefetch`` fetches the next batch's rows on the worker thread meanwhile."""
+    """ember's step: plan + fetch (dedupe, index probes, row reads), pool + model forward/backward +
+    dense step, then the sparse optimizer's step (update + write back)."""
 
-    def __init__(self, prefetch: bool = False, disk: str | None = None) -> None:
-        self.prefetch = prefetch
-        self.name = "ember-prefetch" if prefetch else "ember"
-        self.ahead = None
+    def __init__(self, mixed_init: bool = False, disk: str | None = None) -> None:
+        self.name = "ember-mixed-init" if mixed_init else "ember"
         names = [f"C{i + 1}" for i in range(F)]
         self.keys = names
         opt = RowWiseAdagrad(lr=0.05)
 
-        def storage(n: str) -> dict:  # --disk: a host cache of V/16 rows per table in front of a disk tier
-            if disk is None:
-                return {}
-            path = f"{disk}/{self.name}/{n}"
-            return {"storage": {"host_rows": V // 16, "policy": "lfu", "admit_after": 2, "disk_path": path, "disk_rows": V}}
+        def extra(i: int, n: str) -> dict:
+            out: dict = {}
+            if mixed_init:  # three initializer scales over the tables: three init calls per fetch
+                out["initializer"] = {"type": "uniform", "scale": (0.5, 1.0, 2.0)[i % 3] * D**-0.5}
+            if disk is not None:  # a host cache of V/16 rows per table in front of a disk tier
+                path = f"{disk}/{self.name}/{n}"
+                out["storage"] = {"host_rows": V // 16, "policy": "lfu", "admit_after": 2, "disk_path": path, "disk_rows": V}
+            return out
 
-        tables = [TableConfig(name=n, dim=D, optimizer=opt, **storage(n)) for n in names]
+        tables = [TableConfig(name=n, dim=D, optimizer=opt, **extra(i, n)) for i, n in enumerate(names)]
         self.ec = EmbeddingCollection(tables, [FeatureConfig(name=n) for n in names])
+        assert len(self.ec.groups) == 1, "the 26 tables must form one group"
+        self.sparse_opt = SparseOptimizer(self.ec)
         self.model = make_model(0)
         self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
-        # "prepare": dedupe + index + gather, or with prefetch what is left of it on this thread
-        # (collecting the worker's result, patching rows the last update changed)
-        self.split = {"prepare": [], "fwd/bwd+dense": [], "sparse update": []}
+        self.split = {"plan+fetch": [], "fwd/bwd+dense": [], "sparse step": []}
         self.lengths = None
 
     def features(self, ids) -> SparseFeatures:
-        if self.ahead is not None and self.ahead[0] is ids:  # the object prefetch() was given
-            return self.ahead[1]
         b = ids.shape[1]
         if self.lengths is None or self.lengths.numel() != F * b:
             self.lengths = torch.ones(F * b, dtype=torch.int64)
         return SparseFeatures(self.keys, ids.reshape(-1), self.lengths)
 
-    def step(self, ids, dense, labels, next_ids=None) -> float:
-        sf = self.features(ids)  # the object prefetch() was given, so prepare() collects it
+    def step(self, ids, dense, labels) -> float:
+        sf = self.features(ids)
         t0 = time.perf_counter()
-        lookups = self.ec.prepare(sf)  # collects (and patches) the prefetched rows
-        if self.prefetch and next_ids is not None:  # the next batch's rows, on the worker thread
-            self.ahead = (next_ids, self.features(next_ids))
-            self.ec.prefetch(self.ahead[1])
+        lookup = self.ec.plan(sf).fetch()
         t1 = time.perf_counter()
-        emb = self.ec(sf, lookups)
+        emb = self.ec(sf, lookup)
         logits = self.model(dense, [emb[k] for k in self.keys])
         loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
         t2 = time.perf_counter()
-        self.ec.apply_gradients()
+        self.sparse_opt.step()
         t3 = time.perf_counter()
         for k, v in zip(self.split, [t1 - t0, t2 - t1, t3 - t2]):
             self.split[k].append(v)
@@ -138,7 +139,7 @@ class Plain:
         self.sparse_opt = torch.optim.Adagrad(list(self.bags.parameters()), lr=0.05)
         self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
 
-    def step(self, ids, dense, labels, next_ids=None) -> float:
+    def step(self, ids, dense, labels) -> float:
         emb = [bag(ids[f].unsqueeze(1)) for f, bag in enumerate(self.bags)]
         logits = self.model(dense, emb)
         loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
@@ -159,7 +160,7 @@ class DenseOnly:
         self.model = make_model(0)
         self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
 
-    def step(self, ids, dense, labels, next_ids=None) -> float:
+    def step(self, ids, dense, labels) -> float:
         logits = self.model(dense, self.emb)
         loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
         self.opt.zero_grad(set_to_none=True)
@@ -173,7 +174,6 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--batch", type=int, default=4096)
-    ap.add_argument("--prefetch", action="store_true", help="also run ember with the next batch prefetched")
     ap.add_argument("--disk", default=None, help="ember's tables: host cache of V/16 rows + disk tier under this dir")
     args = ap.parse_args()
     n = args.steps + args.warmup
@@ -181,30 +181,27 @@ def main() -> None:
     batches = make_batches(n, args.batch)
     spin = os.environ.get("GOMP_SPINCOUNT", "libgomp default")
     print(f"generated {n} batches in {time.perf_counter() - t0:.1f}s; torch threads={torch.get_num_threads()}; GOMP_SPINCOUNT={spin}")
-    # ember as `train.prefetch: auto` runs it on a CPU-only box (synchronous); --prefetch adds
-    # the variant that fetches the next batch's rows on the worker thread
-    variants = [Ember(disk=args.disk), Plain(), DenseOnly(args.batch)]
-    if args.prefetch:
-        variants.append(Ember(prefetch=True, disk=args.disk))
+    variants = [Ember(disk=args.disk), Plain(), DenseOnly(args.batch), Ember(mixed_init=True, disk=args.disk)]
     times = {v.name: [] for v in variants}
     for i, (ids, dense, labels) in enumerate(batches):
         k = i % len(variants)
         order = variants[k:] + variants[:k]  # rotate who goes first
         for v in order:
             s = time.perf_counter()
-            v.step(ids, dense, labels, batches[i + 1][0] if i + 1 < n else None)
+            v.step(ids, dense, labels)
             e = time.perf_counter() - s
             if i >= args.warmup:
                 times[v.name].append(e)
-    ours = variants[0]  # ember as `train.prefetch: auto` runs it here
-    for k in ours.split:
-        ours.split[k] = ours.split[k][args.warmup :]
+    ours, mixed = variants[0], variants[3]
+    for v in (ours, mixed):
+        for k in v.split:
+            v.split[k] = v.split[k][args.warmup :]
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio = lambda ref, var: statistics.median(r / x for r, x in zip(times[ref], times[var]))  # noqa: E731
     r_plain = ratio("plain", "ember")
     r_dense = ratio("dense-only", "ember")
     r_plain_dense = ratio("dense-only", "plain")
-    r_pre = ratio("ember", "ember-prefetch") if args.prefetch else None
+    mixed_cost = statistics.median(m / u for m, u in zip(mixed.split["plan+fetch"], ours.split["plan+fetch"]))
     print(f"\n{'variant':<12}{'samples/s median':>18}{'min':>10}{'max':>10}{'ms/step':>10}")
     for k, v in times.items():
         sps = [args.batch / x for x in v]
@@ -213,19 +210,18 @@ def main() -> None:
     print(f"  ember / plain PyTorch speed : {r_plain:.3f}x  (target >= 1.2)")
     print(f"  ember / dense-only speed    : {r_dense:.3f}x  (target >= 0.85)")
     print(f"  plain / dense-only speed    : {r_plain_dense:.3f}x")
-    if r_pre is not None:
-        print(f"  ember-prefetch / ember speed: {r_pre:.3f}x  (gain from prefetching the next batch)")
+    print(f"  plan+fetch, mixed / uniform init scales: {mixed_cost:.3f}x  (target <= 1.03)")
     split = {k: statistics.median(v) * 1e3 for k, v in ours.split.items()}
     print("ember time split (ms, median): " + ", ".join(f"{k} {v:.1f}" for k, v in split.items()))
     rows = sum(len(t) for t in ours.ec.tables.values())
     per_row = ours.index_bytes_per_row()
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"ember rows: {rows}, index bytes/row: {per_row:.1f} (target <= 32), record bytes/row: {(D + 1) * 4}")
-    print(f"peak RSS (whole process, all three variants): {rss_mb:.0f} MB")
+    print(f"peak RSS (whole process, all variants): {rss_mb:.0f} MB")
     print(json.dumps({
         "bench": "dlrm26", "batch": args.batch, "steps": args.steps,
         "samples_per_s": {k: args.batch / v for k, v in med.items()},
-        "ratio_ember_vs_plain": r_plain, "ratio_ember_vs_dense_only": r_dense, "ratio_plain_vs_dense_only": r_plain_dense, "ratio_prefetch_vs_ember": r_pre,
+        "ember_vs_dense": r_dense, "ember_vs_plain": r_plain, "mixed_init_cost": mixed_cost, "plain_vs_dense": r_plain_dense,
         "ember_split_ms": split, "index_bytes_per_row": per_row, "rows": rows, "peak_rss_mb": rss_mb,
         "torch_threads": torch.get_num_threads(), "gomp_spincount": spin,
     }))

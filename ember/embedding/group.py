@@ -159,7 +159,7 @@ class GroupLookup:
             raise RuntimeError("GroupLookup.pool before fetch: call fetch() first")
         g = self.group
         w = self.records[:, : g.dim]
-        if w.device != device:
+        if not _same_device(w.device, device):
             for j, n in enumerate(self.sizes):
                 g.tables[j].count_transfer(n, device if device.type != "cpu" else w.device, width=g.dim)
         w = w.to(device, non_blocking=True, memory_format=torch.contiguous_format)  # gathers from contiguous rows are ~1.5x faster
@@ -234,7 +234,7 @@ class GroupLookup:
             raise RuntimeError("GroupLookup.update needs a gradient: run loss.backward() after pool()")
         g, rec = self.group, self.records
         grad = self.grad
-        if grad.device != rec.device:
+        if not _same_device(grad.device, rec.device):
             for j, n in enumerate(self.sizes):
                 g.tables[j].count_transfer(n, grad.device if grad.device.type != "cpu" else rec.device, width=g.dim)
             grad = grad.to(rec.device)
@@ -304,6 +304,16 @@ def _optimizer_step(table: EmbeddingTable, records: Tensor, grads: Tensor) -> No
         records[:, :dim] = rows
     if state.numel() and state.data_ptr() != records[:, dim:record_dim].data_ptr():
         records[:, dim:record_dim] = state
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """``cuda`` and ``cuda:0`` are one device when the current device is 0."""
+    if a.type != b.type:
+        return False
+    if a.type != "cuda":
+        return True
+    current = torch.cuda.current_device()
+    return (a.index if a.index is not None else current) == (b.index if b.index is not None else current)
 
 
 def _same(a: object, b: object) -> bool:

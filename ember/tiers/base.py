@@ -141,6 +141,7 @@ class TierCounters:
         out = {
             p + "hit_rate": self.hits / self.requests if self.requests else float("nan"),
             p + "requests": float(self.requests),
+            p + "hits": float(self.hits),
             p + "rows": float(len(self)),  # type: ignore[arg-type]  # the tier defines __len__
             p + "bytes": float(self.nbytes),  # type: ignore[attr-defined]  # and nbytes
             p + "inserts": float(self.inserts),

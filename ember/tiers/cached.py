@@ -203,8 +203,10 @@ class CachedTier(Tier):
             if keep.any():
                 k = torch.from_numpy(np.flatnonzero(keep))
                 self.slow.put(r_ids[k], r_recs.index_select(0, k.to(r_recs.device)))
+                self.bypasses += k.numel()
         else:
             self.slow.put(r_ids, r_recs)
+            self.bypasses += r_ids.numel()
 
     def remove(self, ids: Tensor) -> Tensor:
         found = self.fast.remove(ids)
@@ -279,6 +281,7 @@ class CachedTier(Tier):
     def reset_step_stats(self) -> None:
         self.promotions = 0
         self.demotions = 0
+        self.bypasses = 0  # rows put straight into the slow tier (not cached, not admitted)
         self.fast.reset_step_stats()
         self.slow.reset_step_stats()
 
@@ -288,5 +291,6 @@ class CachedTier(Tier):
         p = f"tier.{self.fast.name}."
         out[p + "promotions"] = float(self.promotions)
         out[p + "demotions"] = float(self.demotions)
+        out[p + "bypasses"] = float(self.bypasses)
         out.update(self.slow.stats())
         return out
