@@ -23,6 +23,7 @@ from torch import Tensor
 from ember import _native
 from ember.batch.sparse import SparseFeatures
 from ember.embedding.config import FeatureConfig
+from ember.embedding.init import uniform_scale
 from ember.embedding.pooling import GroupPool, SequenceEmbedding, pool_feature
 from ember.embedding.table import EmbeddingTable, fresh_records
 from ember.tiers.segments import read_segments, write_segments
@@ -57,18 +58,23 @@ class TableGroup:
                 self.runs[-1] = (self.runs[-1][0], j + 1)
             else:
                 self.runs.append((j, j + 1))
-        # fresh rows of plain tables: one init call per distinct (initializer, optimizer) pair
+        # fresh rows of plain tables: one init call per distinct (initializer, optimizer) pair,
+        # uniform initializers differing only in scale counting as one (a scale per row)
         self.special = np.array([t.special for t in self.tables], dtype=bool)
         combos: list[tuple] = []
         self.combo = np.zeros(len(self.tables), dtype=np.int64)
+        self.scale = np.array([uniform_scale(t.config.initializer, t.dim) for t in self.tables])
         for j, t in enumerate(self.tables):
-            key = (t.config.initializer, t.optimizer)
-            k = next((i for i, c in enumerate(combos) if _same(c[0], key[0]) and _same(c[1], key[1])), None)
+            init = t.config.initializer
+            k = next((i for i, (ci, co) in enumerate(combos) if _same(co, t.optimizer) and (
+                _same(ci, init) or ci.type == init.type == "uniform")), None)
             if k is None:
-                combos.append(key)
+                combos.append((init, t.optimizer))
                 k = len(combos) - 1
             self.combo[j] = k
         self.combos = combos
+        # combos whose tables' uniform scales differ: fresh rows take a scale per row
+        self.mixed_scale = [len({self.scale[j] for j in np.flatnonzero(self.combo == k)}) > 1 for k in range(len(combos))]
         self.seeds = np.array([t.seed for t in self.tables], dtype=np.int64)
 
     @property
@@ -137,7 +143,8 @@ class GroupLookup:
             for k, (init, opt) in enumerate(g.combos):
                 rows = miss if len(g.combos) == 1 else miss[combo == k]
                 if rows.size:
-                    fresh = fresh_records(self.ids[torch.from_numpy(rows)], g.seeds[owner[rows]], g.dim, init, opt)
+                    scale = g.scale[owner[rows]] if g.mixed_scale[k] else None
+                    fresh = fresh_records(self.ids[torch.from_numpy(rows)], g.seeds[owner[rows]], g.dim, init, opt, scale)
                     rec.index_copy_(0, torch.from_numpy(rows).to(rec.device), fresh.to(rec.device))
             if rec.device.type != "cpu":
                 for j, n in enumerate(np.bincount(owner[miss], minlength=len(g.tables)).tolist()):

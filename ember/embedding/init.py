@@ -18,7 +18,7 @@ from ember.config_base import ConfigModel
 from ember import _native
 from ember.mix import mix64
 
-__all__ = ["InitializerConfig", "init_rows", "table_seed"]
+__all__ = ["InitializerConfig", "init_rows", "table_seed", "uniform_scale"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
@@ -80,8 +80,14 @@ def _uniform01_fallback(ids: np.ndarray, dim: int, key: np.ndarray) -> np.ndarra
     return (bits >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / (1 << 24))
 
 
-def init_rows(ids: Tensor, dim: int, config: InitializerConfig, seed: int | np.ndarray) -> Tensor:
+def init_rows(
+    ids: Tensor, dim: int, config: InitializerConfig, seed: int | np.ndarray, scale: np.ndarray | None = None
+) -> Tensor:
     """Initial weights [N, dim] float32 for ``ids`` (int64 [N]); ``seed``: the table's, or int64 [N].
+
+    ``scale`` (float64 [N], uniform only) replaces the config's scale per row, so the new rows
+    of tables with different scales come from one call; each row equals what its own scale
+    gives (the same float32 operations as the native fused path).
 
     Example:
         >>> a = init_rows(torch.tensor([5, 9]), 4, InitializerConfig(), seed=0)
@@ -93,10 +99,18 @@ def init_rows(ids: Tensor, dim: int, config: InitializerConfig, seed: int | np.n
         return torch.zeros(n, dim)
     ids_np = ids.detach().cpu().numpy()
     if config.type == "uniform":
-        scale = config.scale if config.scale is not None else 1.0 / float(np.sqrt(dim))
-        return torch.from_numpy(_uniform01(ids_np, dim, seed, 0, scale))
+        if scale is not None:
+            u = _uniform01(ids_np, dim, seed, 0)
+            s = np.asarray(scale, dtype=np.float64)
+            return torch.from_numpy(u * (2 * s).astype(np.float32)[:, None] + (-s).astype(np.float32)[:, None])
+        return torch.from_numpy(_uniform01(ids_np, dim, seed, 0, uniform_scale(config, dim)))
     std = config.std if config.std is not None else 1.0 / float(np.sqrt(dim))
     u1 = _uniform01(ids_np, dim, seed, 1)
     u2 = _uniform01(ids_np, dim, seed, 2)
     z = np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2 * np.pi * u2)  # Box-Muller
     return torch.from_numpy((z * std).astype(np.float32))
+
+
+def uniform_scale(config: InitializerConfig, dim: int) -> float:
+    """The scale a uniform initializer uses for rows of width ``dim``."""
+    return config.scale if config.scale is not None else 1.0 / float(np.sqrt(dim))

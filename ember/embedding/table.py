@@ -24,10 +24,12 @@ __all__ = ["EmbeddingTable", "fresh_records"]
 
 
 def fresh_records(
-    ids: Tensor, seeds: int | np.ndarray, dim: int, initializer: InitializerConfig, optimizer: SparseOptimizerConfig
+    ids: Tensor, seeds: int | np.ndarray, dim: int, initializer: InitializerConfig, optimizer: SparseOptimizerConfig,
+    scale: np.ndarray | None = None,
 ) -> Tensor:
-    """Records [N, dim + state] of new rows: initial weights (per ID and seed) + initial state."""
-    w = init_rows(ids, dim, initializer, seeds)
+    """Records [N, dim + state] of new rows: initial weights (per ID and seed; ``scale`` per row
+    for uniform initializers) + initial state."""
+    w = init_rows(ids, dim, initializer, seeds, scale)
     return torch.cat([w, optimizer.init_state(w)], dim=1)
 
 

@@ -126,12 +126,20 @@ def test_weighted_pooling_equals_reference(pooling):
 def test_tables_differing_in_init_seed_and_hyperparameters_share_a_group_and_equal_reference():
     tables = [
         TableConfig(name="t0", dim=D, optimizer={"type": "rowwise_adagrad", "lr": 0.1}, initializer={"scale": 0.01}),
-        TableConfig(name="t1", dim=D, optimizer={"type": "rowwise_adagrad", "lr": 0.3}, seed=5),
-        TableConfig(name="t2", dim=D, optimizer={"type": "rowwise_adagrad", "lr": 0.1}, initializer={"type": "normal"}),
+        TableConfig(name="t1", dim=D, optimizer={"type": "rowwise_adagrad", "lr": 0.1}, seed=5),
+        TableConfig(name="t2", dim=D, optimizer={"type": "rowwise_adagrad", "lr": 0.3}, initializer={"type": "normal"}),
         TableConfig(name="t3", dim=D + 1),
     ]
     ec, ref = run_both(tables, _features("sum"), _batches(4))
-    assert len(ec.groups[0].tables) == 3 and len(ec.groups[0].runs) == 2 and len(ec.groups[0].combos) == 3
+    # fresh rows of the mixed-scale init call equal each table's own init bit for bit
+    fresh = EmbeddingCollection(tables, _features("sum"))
+    sf = _batches(1, vocab=1000)[0]
+    lk = fresh.plan(sf).fetch().groups[0]
+    for j, t in enumerate(lk.group.tables):
+        a, b = int(lk.starts[j]), int(lk.starts[j + 1])
+        assert torch.equal(lk.records[a:b], t.new_records(lk.ids[a:b]))
+    assert len(ec.groups[0].tables) == 3 and len(ec.groups[0].runs) == 2
+    assert len(ec.groups[0].combos) == 2 and ec.groups[0].mixed_scale == [True, False]  # t0, t1: one uniform init call
     assert_tables_equal(ec, ref)
 
 
