@@ -13,7 +13,15 @@ from ember.config_base import ConfigModel
 __all__ = ["Adagrad", "RowWiseAdagrad"]
 
 
-class Adagrad(ConfigModel):
+class _AdagradFamily(ConfigModel):
+    """The settings both Adagrads share: step size, epsilon, the accumulator's start."""
+
+    lr: float = Field(0.01, gt=0)
+    eps: float = Field(1e-10, ge=0)
+    initial_accumulator_value: float = Field(0.0, ge=0)
+
+
+class Adagrad(_AdagradFamily):
     """Element-wise Adagrad, as ``torch.optim.Adagrad`` (no lr decay, no weight decay).
 
     ``G <- G + g*g``;  ``w <- w - lr * g / (sqrt(G) + eps)``.  State: G, one value per weight.
@@ -24,9 +32,6 @@ class Adagrad(ConfigModel):
     """
 
     type: Literal["adagrad"] = "adagrad"
-    lr: float = Field(0.01, gt=0)
-    eps: float = Field(1e-10, ge=0)
-    initial_accumulator_value: float = Field(0.0, ge=0)
 
     def state_dim(self, dim: int) -> int:
         return dim
@@ -40,7 +45,7 @@ class Adagrad(ConfigModel):
         return rows, state
 
 
-class RowWiseAdagrad(ConfigModel):
+class RowWiseAdagrad(_AdagradFamily):
     """Row-wise Adagrad (one accumulator per row, as FBGEMM's ROWWISE_ADAGRAD).
 
     ``G <- G + mean_j(g_j^2)``;  ``w <- w - lr * g / (sqrt(G) + eps)``.  State: 1 value per row,
@@ -52,9 +57,6 @@ class RowWiseAdagrad(ConfigModel):
     """
 
     type: Literal["rowwise_adagrad"] = "rowwise_adagrad"
-    lr: float = Field(0.01, gt=0)
-    eps: float = Field(1e-10, ge=0)
-    initial_accumulator_value: float = Field(0.0, ge=0)
 
     def state_dim(self, dim: int) -> int:
         return 1
