@@ -153,14 +153,25 @@ def test_random_ops_match_dict_reference(tier):
         assert torch.equal(got[i], ref[i])
 
 
-def test_stats_are_flat_floats(tier):
+def test_stats_count_what_happened(tier):
     ids = torch.arange(10)
     tier.put(ids, _rec(ids, 0))
-    read(tier, torch.arange(5, 15))
-    stats = tier.stats()
-    assert stats and all(k.startswith("tier.") and isinstance(v, float) for k, v in stats.items())
     tier.reset_step_stats()
+    read(tier, torch.arange(5, 15))  # 5 held, 5 absent
+    stats = tier.stats()
+    assert all(k.startswith("tier.") and isinstance(v, float) for k, v in stats.items())
+    chain = _chain(tier)
+    assert stats[f"tier.{chain[0].name}.requests"] == 10.0  # the first tier sees every read
+    assert sum(t.hits for t in chain) == 5 and len(tier) == 10  # each ID lives in exactly one tier
+    assert all(v == 0 for k, v in stats.items() if k.endswith(".transfer_bytes"))  # all on the CPU
+    tier.reset_step_stats()
+    assert all(v == 0 for k, v in tier.stats().items() if k.endswith((".requests", ".hits", ".inserts")))
     tier.flush()
+
+
+def _chain(tier) -> list:
+    """The leaf tiers of a chain, fastest first."""
+    return _chain(tier.fast) + _chain(tier.slow) if hasattr(tier, "fast") else [tier]
 
 
 def test_bounded_memory_tier_refuses_overflow():
