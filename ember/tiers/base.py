@@ -96,6 +96,10 @@ class Tier(ABC):
         """Rows that can still be inserted without an eviction (None: unbounded)."""
         return None if self.capacity is None else self.capacity - len(self)
 
+    def count_transfer(self, rows: int, other: torch.device) -> None:
+        """Count ``rows`` records moved between this tier's device and ``other`` (host<->GPU);
+        tiers that keep counters add them to ``transfer_bytes``."""
+
     @abstractmethod
     def stats(self) -> dict[str, float]:
         """Flat counters ``tier.<name>.<metric>`` since the last ``reset_step_stats``."""

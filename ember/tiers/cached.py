@@ -222,7 +222,7 @@ class CachedTier(Tier):
         ids, rows = self.slow.evict(n)
         if ids.numel() < n:
             f_ids, f_rows = self.fast.evict(n - ids.numel())
-            self.fast.count_transfer(f_ids.numel(), rows.device)  # type: ignore[attr-defined]
+            self.fast.count_transfer(f_ids.numel(), rows.device)
             ids, rows = torch.cat([ids, f_ids]), torch.cat([rows, f_rows.to(rows.device)])
         return ids, rows
 
