@@ -231,6 +231,7 @@ def _kill_between_checkpoints(tmp_path: Path, cfg: dict[str, Any], after_step: i
     return run_dir
 
 
+@pytest.mark.slow
 def test_sigkill_during_training_resumes_to_the_uninterrupted_model(tmp_path):
     cfg = _config(tmp_path, "killed", max_steps=24, checkpoint_every=4)
     run_dir = _kill_between_checkpoints(tmp_path, cfg, after_step=8)
@@ -241,6 +242,7 @@ def test_sigkill_during_training_resumes_to_the_uninterrupted_model(tmp_path):
     _assert_same_model(full, resumed)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hang_at", ["table_write", "manifest", "before_latest"])
 def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one(tmp_path, hang_at):
     cfg = _config(tmp_path, "killed", max_steps=16, checkpoint_every=4)
@@ -270,6 +272,7 @@ def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one(tmp_path, hang
     assert verify_checkpoint(final)["step"] == 16
 
 
+@pytest.mark.slow
 def test_sigkill_while_a_save_replaces_the_same_step(tmp_path):
     """A run resumed at step 8 with max_steps=8 saves step 8 again. Killed after the old copy was
     moved aside and before the new one is renamed in, the run directory still resolves to a
@@ -283,6 +286,7 @@ def test_sigkill_while_a_save_replaces_the_same_step(tmp_path):
     assert verify_checkpoint(resolve_checkpoint(first.run_dir))["step"] == 4
 
 
+@pytest.mark.slow
 def test_sigkill_with_a_disk_tier_resumes_from_the_last_checkpoint(tmp_path):
     disk = tmp_path / "disk"
     cfg = _disk_tables(_config(tmp_path, "killed", max_steps=24, checkpoint_every=4, log_every=4), disk)

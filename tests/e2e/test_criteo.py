@@ -59,6 +59,7 @@ def _restore_threads():
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_dlrm_learns_real_criteo_and_keeps_up_with_logistic_regression(tmp_path, criteo_dir):
     config = REPO / "configs" / "criteo.yaml"
     dlrm = train(load(config, _overrides(tmp_path, "dlrm")))

@@ -94,6 +94,7 @@ def test_finetune_starts_from_checkpoint_weights(tmp_path):
         torch.testing.assert_close(a[k], b[k], rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_resume_across_tier_layouts_with_admission(tmp_path):
     """Trained with a tiny device cache + small host budget + disk tier (and min_count), resumed
     all in host memory: the final model equals an uninterrupted all-in-memory run."""
@@ -125,6 +126,7 @@ def test_removed_train_prefetch_is_a_clear_error():
         from_dict({"data": {"preset": "synthetic"}, "model": {"type": "dlrm"}, "train": {"prefetch": True}})
 
 
+@pytest.mark.slow
 def test_resume_with_ttl_equals_uninterrupted(tmp_path):
     """Rows expire on the same steps after a resume: each row's last-seen step is checkpointed."""
 
