@@ -11,7 +11,7 @@ install:
 	$(PIP) install -q -e ".[dev]"
 
 demo: install
-	$(PYTHON) -m ember.cli train --config configs/demo.yaml
+	$(PYTHON) -m ember train --config configs/demo.yaml
 
 test: install
 	$(PYTHON) -m pytest -q

@@ -18,7 +18,34 @@ import sys as _sys
 if "torch" not in _sys.modules and not {"GOMP_SPINCOUNT", "OMP_WAIT_POLICY"} & set(_os.environ):
     _os.environ["GOMP_SPINCOUNT"] = "10000"
 
-from ember.batch import Batch, SparseFeatures
-from ember.embedding import EmbeddingCollection, EmbeddingTable, FeatureConfig, TableConfig
+# Everything else loads on first use (``ember.Batch``, ``from ember import TableConfig``): a bare
+# ``import ember`` stays cheap and does not load torch, and the block above still runs first.
+_EXPORTS = {
+    "Batch": "ember.batch",
+    "SparseFeatures": "ember.batch",
+    "EmbeddingCollection": "ember.embedding",
+    "EmbeddingTable": "ember.embedding",
+    "FeatureConfig": "ember.embedding",
+    "TableConfig": "ember.embedding",
+    "SparseOptimizer": "ember.embedding",
+}
 
-__all__ = ["Batch", "SparseFeatures", "EmbeddingCollection", "EmbeddingTable", "FeatureConfig", "TableConfig"]
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> object:
+    """Import a public name (or a subpackage such as ``ember.featurize``) on first access."""
+    import importlib
+    import importlib.util
+
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")  # the import binds it in globals()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

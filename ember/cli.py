@@ -32,11 +32,20 @@ def cmd_train(args: argparse.Namespace) -> int:
     if result.bad_rows:
         print("skipped bad rows: " + ", ".join(f"{k}: {v}" for k, v in result.bad_rows.items()))
     if args.export:
-        from ember.checkpoint.export import export_model
-
         assert result.parts is not None
-        print(f"exported to {export_model(result.parts, cfg, args.export)}")
+        print(f"exported to {_export(result.parts, cfg, args.export)}")
     return 0
+
+
+def _export(parts, cfg, out_dir: str) -> Path:
+    """Export a run's trained parts (``Components``) with its ``RunConfig`` for serving."""
+    from ember.checkpoint.export import export_model
+
+    return export_model(
+        parts.model, parts.collections(), parts.embeddings.features,
+        parts.linear.features if parts.linear is not None else None,
+        parts.task_names, cfg.model_dump(mode="json", by_alias=True), out_dir,
+    )
 
 
 def _restore(args: argparse.Namespace):
@@ -65,10 +74,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from ember.checkpoint.export import export_model
-
     cfg, parts = _restore(args)
-    print(f"exported to {export_model(parts, cfg, args.out)}")
+    print(f"exported to {_export(parts, cfg, args.out)}")
     return 0
 
 

@@ -21,13 +21,13 @@ from ember.config_base import ConfigModel
 from ember.embedding.config import FeatureConfig, TableConfig
 from ember.embedding.init import InitializerConfig
 from ember.errors import ConfigError
-from ember.featurize.schema import Schema
+from ember.featurize.schema import Schema, SparseFeature
 from ember.models.registry import ModelConfig
 from ember.optim import RowWiseAdagrad, SparseOptimizerConfig
 from ember.source.config import DataConfig
 from ember.train.config import TrainConfig
 
-__all__ = ["RunConfig", "EmbeddingDefaults", "load", "from_dict", "apply_overrides", "to_yaml"]
+__all__ = ["RunConfig", "EmbeddingDefaults", "feature_config", "load", "from_dict", "apply_overrides", "to_yaml"]
 
 
 class EmbeddingDefaults(ConfigModel):
@@ -72,7 +72,17 @@ class RunConfig(ConfigModel):
         return out
 
     def features(self) -> list[FeatureConfig]:
-        return list(self.schema.sparse)
+        """The schema's sparse features as embedding FeatureConfigs (name, table, pooling, ...)."""
+        return [feature_config(f) for f in self.schema.sparse]
+
+
+def feature_config(feature: SparseFeature) -> FeatureConfig:
+    """The embedding FeatureConfig of a schema feature: every key the two share, table resolved.
+
+    The schema (featurize) sits below embedding and so cannot build FeatureConfigs itself.
+    """
+    shared = {k: getattr(feature, k) for k in FeatureConfig.model_fields if k in SparseFeature.model_fields}
+    return FeatureConfig(**{**shared, "table": feature.table_name})
 
 
 def apply_overrides(raw: dict, overrides: Sequence[str]) -> dict:

@@ -14,36 +14,75 @@ import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any, Iterable, Mapping, Protocol, Sequence
 
 import numpy as np
 import torch
+from torch import nn
 
-from ember.checkpoint.atomic import HashingWriter, fsync_dir
-from ember.config import RunConfig
-from ember.train.builder import Components
+from ember.checkpoint.atomic import HashingWriter, fsync_dir, sha256_file
 
 __all__ = ["export_model", "EXPORT_VERSION"]
 
 EXPORT_VERSION = 1
 
+# keys of the run config's JSON form that the export records (Predictor reads data and schema)
+RUN_CONFIG_KEYS = ("data", "schema", "model")
 
-def export_model(parts: Components, cfg: RunConfig, out_dir: str | Path) -> Path:
-    """Write the trained model to ``out_dir`` (replaced atomically if it exists)."""
+
+class _Dumpable(Protocol):
+    def model_dump(self, *, mode: str = ...) -> dict[str, Any]: ...
+
+
+class _Table(Protocol):
+    dim: int
+    seed: int  # the effective seed of the table's initial rows
+    config: Any  # .initializer (a pydantic model)
+
+    def items(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]: ...
+
+
+class _Collection(Protocol):
+    tables: Mapping[str, _Table]
+
+
+def export_model(
+    model: nn.Module,
+    collections: Sequence[_Collection],
+    features: Sequence[_Dumpable],
+    linear_features: Sequence[_Dumpable] | None,
+    task_names: Sequence[str],
+    run_config: Mapping[str, Any],
+    out_dir: str | Path,
+) -> Path:
+    """Write a trained model to ``out_dir`` (replaced atomically if it exists) for serving.
+
+    Takes plain parts, so checkpoint needs neither the trainer nor the run config classes:
+
+    - ``model``: the dense model, ``(dense, pooled, linear) -> logits``; it is scripted on the
+      CPU and put back on its device and in its train/eval mode afterwards;
+    - ``collections``: every embedding collection whose tables the model reads (anything with
+      ``.tables: {name: table}``; a table has ``items()``, ``dim``, ``config.initializer`` and its
+      effective ``seed``);
+    - ``features`` / ``linear_features``: the embedding FeatureConfigs feeding ``pooled`` /
+      ``linear`` (None without a linear part);
+    - ``task_names``: the label of each logit column;
+    - ``run_config``: the run config as JSON, e.g. ``cfg.model_dump(mode="json", by_alias=True)``;
+      its ``data``, ``schema`` and ``model`` sections are recorded.
+    """
+    missing = [k for k in RUN_CONFIG_KEYS if run_config.get(k) is None]
+    if missing:
+        raise ValueError(f"export_model: run_config lacks {missing}; pass the resolved run config as JSON, "
+                         "e.g. cfg.model_dump(mode='json', by_alias=True)")
     out = Path(out_dir)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     if tmp.exists():
         shutil.rmtree(tmp)
     (tmp / "tables").mkdir(parents=True)
     files: dict[str, str] = {}
-    parts.model.eval()
-    scripted = torch.jit.script(parts.model.cpu())
-    scripted.save(str(tmp / "model.pt"))
-    parts.model.to(parts.device)
-    from ember.checkpoint.atomic import sha256_file
-
-    files["model.pt"] = sha256_file(tmp / "model.pt")
+    files["model.pt"] = _script(model, tmp / "model.pt")
     tables = []
-    for ec in parts.collections():
+    for ec in collections:
         for name, table in ec.tables.items():
             chunks = list(table.items())
             ids = torch.cat([c[0] for c in chunks]).numpy() if chunks else np.empty(0, np.int64)
@@ -54,18 +93,18 @@ def export_model(parts: Components, cfg: RunConfig, out_dir: str | Path) -> Path
                 wr.write(arr.tobytes())
                 files[f"tables/{name}.{suffix}"] = wr.close()
             tables.append({
-                "name": name, "dim": table.dim, "rows": int(ids.size), "seed": table.seed,
+                "name": name, "dim": table.dim, "rows": int(ids.size), "seed": int(table.seed),
                 "initializer": table.config.initializer.model_dump(mode="json"),
             })
     manifest = {
         "format_version": EXPORT_VERSION,
-        "data": cfg.data.model_dump(mode="json"),
-        "schema": cfg.schema.model_dump(mode="json"),
-        "features": [f.model_dump(mode="json") for f in parts.embeddings.features],
-        "linear_features": [f.model_dump(mode="json") for f in parts.linear.features] if parts.linear else None,
+        "data": run_config["data"],
+        "schema": run_config["schema"],
+        "features": [f.model_dump(mode="json") for f in features],
+        "linear_features": [f.model_dump(mode="json") for f in linear_features] if linear_features is not None else None,
         "tables": tables,
-        "tasks": parts.task_names,
-        "model": cfg.model.model_dump(mode="json"),
+        "tasks": list(task_names),
+        "model": run_config["model"],
         "files": files,
     }
     (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
@@ -76,3 +115,19 @@ def export_model(parts: Components, cfg: RunConfig, out_dir: str | Path) -> Path
     os.rename(tmp, out)
     fsync_dir(out.parent)
     return out
+
+
+def _script(model: nn.Module, path: Path) -> str:
+    """Save ``model`` as TorchScript on the CPU at ``path``; return its sha256."""
+    devices = {t.device for t in (*model.parameters(), *model.buffers())}
+    if len(devices) > 1:
+        raise ValueError(f"export_model: the model spans devices {sorted(map(str, devices))}; move it to one device first")
+    device = devices.pop() if devices else torch.device("cpu")
+    was_training = model.training
+    model.eval()
+    try:
+        torch.jit.script(model.cpu()).save(str(path))
+    finally:
+        model.to(device)
+        model.train(was_training)
+    return sha256_file(path)

@@ -9,14 +9,17 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from ember.config_base import ConfigModel
-from ember.embedding.config import FeatureConfig, TableConfig
 
-__all__ = ["DenseFeature", "SparseFeature", "Schema"]
+__all__ = ["DenseFeature", "SparseFeature", "Schema", "PoolingMode"]
+
+# The pooling modes ember.embedding implements (its PoolingMode; tests keep the two equal). The
+# schema names them itself because featurize sits below embedding and must not import it.
+PoolingMode = Literal["sum", "mean", "sqrtn", "sequence"]
 
 
 class DenseFeature(ConfigModel):
@@ -49,9 +52,13 @@ class DenseFeature(ConfigModel):
         return self.column or self.name
 
 
-class SparseFeature(FeatureConfig):
+class SparseFeature(ConfigModel):
     """A categorical column hashed to int64 IDs (see :mod:`ember.featurize.hashing`).
 
+    - ``table``: the embedding table it looks up (defaults to ``name``; features may share one).
+    - ``pooling``: how a row's IDs become one vector: ``sum`` / ``mean`` / ``sqrtn``, or
+      ``sequence`` (every position kept, up to ``max_length``).
+    - ``max_length``: keep the first ``max_length`` values of each row.
     - ``column``: source column (defaults to ``name``).
     - ``separator``: multi-hot values joined in one string column (e.g. ``"a|b|c"``). List
       columns (Parquet/ORC) are read as multi-hot without it. Empty tokens are no value.
@@ -60,9 +67,16 @@ class SparseFeature(FeatureConfig):
       different IDs unless both features set the same salt.
     - ``hash_ids``: ``False`` takes integer values as IDs unchanged (the column already holds
       IDs; string columns are parsed as decimal int64).
-    - ``max_length`` (from FeatureConfig): keep the first ``max_length`` values of each row.
+
+    The run config turns each into an embedding ``FeatureConfig`` (``RunConfig.features()``).
     """
 
+    # the embedding side (same keys as ember.embedding.FeatureConfig)
+    name: str = Field(min_length=1)
+    table: str | None = None  # defaults to the feature's own name
+    pooling: PoolingMode = "sum"
+    max_length: int | None = Field(None, gt=0)
+    # the data side
     column: str | None = None
     separator: str | None = None
     weight_column: str | None = None
@@ -74,6 +88,10 @@ class SparseFeature(FeatureConfig):
         if self.separator == "":
             raise ValueError(f"sparse feature '{self.name}': separator must not be empty (use null for none)")
         return self
+
+    @property
+    def table_name(self) -> str:
+        return self.table or self.name
 
     @property
     def source_column(self) -> str:
@@ -135,13 +153,3 @@ class Schema(ConfigModel):
     def categorical_columns(self) -> list[str]:
         """Columns to read as strings (so hex values like '68fd1e64' are never mangled)."""
         return list(dict.fromkeys(s.source_column for s in self.sparse))
-
-    def tables(self, dim: int, **table_options: Any) -> list[TableConfig]:
-        """One TableConfig per distinct table name, all of ``dim`` (a convenience for presets).
-
-        Example:
-            >>> Schema(labels=["y"], sparse=[{"name": "a"}, {"name": "b", "table": "a"}]).tables(8)[0].name
-            'a'
-        """
-        names = list(dict.fromkeys(s.table_name for s in self.sparse))
-        return [TableConfig(name=n, dim=dim, **table_options) for n in names]
