@@ -13,8 +13,11 @@ install:
 demo: install
 	$(PYTHON) -m ember train --config configs/demo.yaml
 
+# The second run turns the native core off (EMBER_NATIVE=0): the numpy/torch fallbacks of every
+# kernel (ember/_native.py) must pass the same embedding, tier, optimizer and checkpoint tests.
 test: install
 	$(PYTHON) -m pytest -q
+	EMBER_NATIVE=0 $(PYTHON) -m pytest -q tests/embedding tests/tiers tests/optim tests/checkpoint
 
 bench: install
 	$(PYTHON) bench/bench_dlrm.py

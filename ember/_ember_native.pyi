@@ -1,14 +1,81 @@
-# Typed stub of the compiled core (ember/_csrc/ember_native.c); see ember/_native.py.
-from typing import Any
+# Typed stub of the compiled core, ember._ember_native (ember/_csrc/ember_native.c).
+#
+# Import it only through ember._native: each function has a wrapper there of the same name (and
+# semantics) with its numpy/torch fallback, and EMBER_NATIVE=0 keeps this module from loading.
+# Buffers are C-contiguous numpy arrays of the dtype noted; outputs are written in place; every
+# argument is positional. tests/native/test_stub.py checks this file against the C method table
+# (names, argument names and counts) and against the built module.
+from typing import Sequence
 
-def probe(keys: Any, slots: Any, ids: Any, out_bucket: Any, out_slot: Any) -> int: ...
-def tag_find(tags: Any, pos: Any, tag: Any, out: Any) -> None: ...
-def tag_claim(tags: Any, pos: Any, tag: Any, out: Any) -> int: ...
-def index_add_rows(out: Any, index: Any, src: Any, dim: int, stride: int) -> None: ...
-def place(keys: Any, slots: Any, ids: Any, new_slots: Any) -> int: ...
-def unique_segments(ids: Any, bounds: Any, out_uniq: Any, out_inverse: Any, out_counts: Any) -> int: ...
-def uniform01(ids: Any, keys: Any, dim: int, out: Any, mul: float = 1.0, add: float = 0.0) -> None: ...
-def lookup_rows_many(tables: Any, ids: Any, bounds: Any, out: Any, out_slot: Any, clocks: Any, out_hits: Any, r: int) -> int: ...
-def store_rows_many(tables: Any, ids: Any, bounds: Any, slot: Any, records: Any, next: Any, clocks: Any, used: Any, r: int) -> int: ...
-def index_add_features(out: Any, index: Any, srcs: Any, strides: Any, b: int, dim: int) -> None: ...
-def rowwise_adagrad(rows: Any, state: Any, grads: Any, n: int, dim: int, rs: int, ss: int, gs: int, lr: float, eps: float) -> None: ...
+import numpy as np
+
+# key index: keys int64 [cap], slots int32 [cap] (-1 empty, -2 deleted), cap a power of two;
+# probe: ids int64 [n]; out_bucket int64 [n], out_slot int32 [n] (-1 absent); returns IDs found
+def probe(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, out_bucket: np.ndarray, out_slot: np.ndarray, /) -> int: ...
+
+# place: ids int64 [n] (absent, unique), new_slots int32 [n]; returns empty buckets used
+def place(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, new_slots: np.ndarray, /) -> int: ...
+
+# disk tier tags: tags uint16 [S] (0 empty, 1 deleted), pos int64 [n], tag uint16 [n], out int64 [n];
+# tag_claim returns empty slots used
+def tag_find(tags: np.ndarray, pos: np.ndarray, tag: np.ndarray, out: np.ndarray, /) -> None: ...
+def tag_claim(tags: np.ndarray, pos: np.ndarray, tag: np.ndarray, out: np.ndarray, /) -> int: ...
+
+# memory tiers of a table group: tables[j] = (keys, slots, arena float32 [rows, r], last int64,
+# count int32) for read_rows, + (slot_ids int64, held bool) for write_rows; ids int64 [n],
+# bounds int64 [T+1]; out / records float32 [n, r]; out_slot / slot int64 [n]; per tier int64 [T];
+# read_rows returns IDs found, write_rows rows inserted
+def read_rows(
+    tables: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+    ids: np.ndarray,
+    bounds: np.ndarray,
+    out: np.ndarray,
+    out_slot: np.ndarray,
+    clocks: np.ndarray,
+    out_hits: np.ndarray,
+    r: int,
+    /,
+) -> int: ...
+
+def write_rows(
+    tables: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+    ids: np.ndarray,
+    bounds: np.ndarray,
+    slot: np.ndarray,
+    records: np.ndarray,
+    next: np.ndarray,
+    clocks: np.ndarray,
+    used: np.ndarray,
+    r: int,
+    /,
+) -> int: ...
+
+# ids int64 [n], bounds int64 [S+1]; out_uniq / out_inverse int64 [n], out_counts int64 [S];
+# returns the number of uniques of all segments
+def unique_segments(
+    ids: np.ndarray, bounds: np.ndarray, out_uniq: np.ndarray, out_inverse: np.ndarray, out_counts: np.ndarray, /
+) -> int: ...
+
+# ids int64 [n], keys uint64 [1 or n], out float32 [n, dim]
+def uniform01(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float = 1.0, add: float = 0.0, /) -> None: ...
+
+# out float32 [U, dim]; index int64; src / srcs[f] float32 rows of dim floats every stride (strides int64 [F])
+def index_add_rows(out: np.ndarray, index: np.ndarray, src: np.ndarray, dim: int, stride: int, /) -> None: ...
+def index_add_features(
+    out: np.ndarray, index: np.ndarray, srcs: Sequence[np.ndarray | None], strides: np.ndarray, b: int, dim: int, /
+) -> None: ...
+
+# rows float32 [n, dim] every rs, state float32 [n, 1] every ss, grads float32 [n, dim] every gs
+def rowwise_adagrad(
+    rows: np.ndarray,
+    state: np.ndarray,
+    grads: np.ndarray,
+    n: int,
+    dim: int,
+    rs: int,
+    ss: int,
+    gs: int,
+    lr: float,
+    eps: float,
+    /,
+) -> None: ...

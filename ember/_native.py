@@ -1,9 +1,22 @@
-"""The single import site of ember's compiled core, with a pure numpy/torch fallback per kernel.
+"""The single import site of ember's compiled core, and the one place that decides whether it runs.
 
-``import ember`` never needs the extension: each kernel below runs natively when
-``ember._ember_native`` was built (``pip install -e .`` with a C compiler) and otherwise falls
-back to numpy or torch with the same results. ``require()`` raises an ImportError naming the
-missing part and the fix, for callers that want the native path or nothing.
+Every kernel of the extension (``ember/_csrc/ember_native.c``) has exactly one public wrapper
+here, of the same name and semantics, with its pure numpy/torch fallback ``_<name>_py`` written
+right below it: same arguments, same results (where an insert lands in a hash table may differ
+between the two, never what a lookup finds; each says so). The wrapper runs the compiled kernel
+when the extension imports and the fallback otherwise, and splits a large call over threads
+where the kernel releases the GIL. Callers (KeyIndex, the tiers, the initialisers, the sparse
+gradients and optimizer) call the wrappers and keep no native/numpy branches of their own.
+
+One switch: ``EMBER_NATIVE=0`` in the environment (read once, when this module is imported)
+means the extension is never imported, for the whole process: ``is_available()`` is False,
+``require()`` raises, and every wrapper runs its fallback. ``make test`` runs the embedding,
+tiers, optim and checkpoint tests a second time that way. ``import ember`` never needs the
+extension: without a C compiler it is simply not built (``require()`` then names the fix).
+
+Kernels take explicit buffers: numpy arrays of the documented dtypes, C-contiguous; outputs
+are written in place. ``ember/_ember_native.pyi`` types the extension's functions and
+``tests/native/test_stub.py`` checks it against the C method table.
 
 Example:
     >>> import numpy as np
@@ -22,28 +35,44 @@ from typing import Callable, Sequence, TypeVar
 import numpy as np
 import torch
 
+from ember.mix import mix64
+
 __all__ = [
-    "chunks", "index_add_features", "index_add_rows", "is_available", "require", "rowwise_adagrad_", "run_chunks",
-    "unique_segments",
+    "chunks", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
+    "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
+    "write_rows",
 ]
 
-try:
-    from ember import _ember_native as _core  # type: ignore[attr-defined]  # optional extension
-except ImportError as _e:  # built without a compiler, or not built yet
-    _core = None
-    _import_error: ImportError | None = _e
+# EMBER_NATIVE=0 when ember is imported: the extension is never imported (any other value, or
+# none, imports it when it was built).
+_DISABLED = os.environ.get("EMBER_NATIVE", "").strip() == "0"
+
+_core: ModuleType | None
+_import_error: ImportError | None
+if _DISABLED:
+    _core, _import_error = None, None
 else:
-    _import_error = None
+    try:
+        from ember import _ember_native as _core  # optional extension
+    except ImportError as _e:  # built without a compiler, or not built yet
+        _core, _import_error = None, _e
+    else:
+        _import_error = None
 
 
 def is_available() -> bool:
-    """True when the compiled core was built and imports."""
+    """True when the compiled core was built, imports, and ``EMBER_NATIVE=0`` did not turn it off."""
     return _core is not None
 
 
 def require() -> ModuleType:
-    """The compiled core, or an ImportError that says how to build it."""
+    """The compiled core, or an ImportError that says why it is missing and how to get it."""
     if _core is None:
+        if _DISABLED:
+            raise ImportError(
+                "ember native core (ember._ember_native) is turned off: EMBER_NATIVE=0 was set in the "
+                "environment when ember was imported (unset it to use the compiled kernels)"
+            )
         raise ImportError(
             "ember native core (ember._ember_native) is not available "
             f"({_import_error}); reinstall with a C compiler present: pip install -e ."
@@ -98,48 +127,423 @@ def run_chunks(fn: Callable[[int, int], T], parts: list[tuple[int, int]]) -> lis
     return [first] + [f.result() for f in futures]
 
 
-def unique_segments(
-    ids: np.ndarray, bounds: np.ndarray, native: bool | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+# ---- the key index (ember.tiers.key_index.KeyIndex) -------------------------------------------
+# keys int64[cap], slots int32[cap] (-1 empty, -2 deleted), cap a power of two; the home bucket
+# of an ID is mix64(id) & (cap - 1); linear probing. The numpy fallbacks work in rounds over
+# all still-unresolved IDs of a batch, each looking at a window of _WINDOW buckets per ID.
+
+_EMPTY, _DELETED = -1, -2
+_WINDOW = 8
+_STEPS = np.arange(_WINDOW, dtype=np.int64)
+
+
+def _check_table(keys: np.ndarray, slots: np.ndarray) -> int:
+    cap = keys.size
+    if cap <= 0 or cap & (cap - 1) or slots.size != cap or keys.dtype != np.int64 or slots.dtype != np.int32:
+        raise ValueError("ember native: keys/slots must be int64/int32 arrays of one power-of-two length")
+    return cap - 1
+
+
+def _home(ids: np.ndarray, mask: int) -> np.ndarray:
+    return (mix64(np.asarray(ids, dtype=np.int64).view(np.uint64)) & np.uint64(mask)).astype(np.int64)
+
+
+def probe(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, out_bucket: np.ndarray, out_slot: np.ndarray) -> int:
+    """Find each ID of ``ids`` (int64 [n], duplicates allowed) in the table ``keys``/``slots``:
+    ``out_bucket`` (int64 [n]) gets its bucket, ``out_slot`` (int32 [n]) its slot, both -1 where
+    absent. Returns the number found."""
+    if _core is not None:
+        return _core.probe(keys, slots, ids, out_bucket, out_slot)
+    return _probe_py(keys, slots, ids, out_bucket, out_slot)
+
+
+def _probe_py(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, out_bucket: np.ndarray, out_slot: np.ndarray) -> int:
+    """numpy ``probe``. Round one checks each ID's home bucket (most IDs end there); later rounds
+    check a window of ``_WINDOW`` consecutive buckets per ID, so linear probing's long tail costs
+    a few rounds instead of one round per bucket."""
+    mask = _check_table(keys, slots)
+    ids = np.asarray(ids, dtype=np.int64)
+    n = ids.size
+    if out_bucket.size != n or out_slot.size != n:
+        raise ValueError("ember native probe: output lengths do not match ids")
+    bucket = out_bucket  # filled in place
+    bucket[...] = -1
+    home = _home(ids, mask)
+    s = slots.take(home)
+    hit = (s >= 0) & (keys.take(home) == ids)
+    bucket[hit] = home[hit]
+    active = np.flatnonzero(~hit & (s != _EMPTY))
+    pos = home.take(active) + 1
+    while active.size:
+        win = (pos[:, None] + _STEPS) & mask  # [A, W]
+        s = slots.take(win)
+        hit = (s >= 0) & (keys.take(win) == ids.take(active)[:, None])
+        stop = hit | (s == _EMPTY)
+        first = stop.argmax(axis=1)
+        rows = np.arange(active.size)
+        stopped = stop[rows, first]
+        is_hit = stopped & hit[rows, first]
+        bucket[active[is_hit]] = win[rows, first][is_hit]
+        active = active[~stopped]
+        pos = (pos[~stopped] + _WINDOW) & mask
+    found = bucket >= 0
+    out_slot[...] = -1
+    out_slot[found] = slots.take(bucket[found])
+    return int(np.count_nonzero(found))
+
+
+def place(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, new_slots: np.ndarray) -> int:
+    """Insert ``ids[i] -> new_slots[i]`` (int64 [n] absent, unique IDs; int32 [n]) into the table,
+    each into the first free (empty or deleted) bucket from its home. Returns the number of
+    empty buckets used (deleted ones reused do not count). The caller keeps the load below 1;
+    a full table raises RuntimeError.
+
+    The compiled loop places the IDs one after another; the fallback in rounds (one winner per
+    contested bucket). Both fill the same set of buckets and either finds every ID the other
+    placed, but two IDs of one call that compete for a bucket may end up swapped."""
+    if _core is not None:
+        return _core.place(keys, slots, ids, new_slots)
+    return _place_py(keys, slots, ids, new_slots)
+
+
+def _place_py(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, new_slots: np.ndarray) -> int:
+    mask = _check_table(keys, slots)
+    ids = np.asarray(ids, dtype=np.int64)
+    if new_slots.size != ids.size:
+        raise ValueError("ember native place: len(slots) != len(ids)")
+    pos = _home(ids, mask)
+    scanned = np.zeros(ids.size, dtype=np.int64)  # buckets passed over, full, per ID
+    active = np.arange(ids.size)
+    used = 0
+    while active.size:
+        win = (pos[active, None] + _STEPS) & mask
+        free = slots[win] < 0  # empty or deleted: safe, the IDs are known absent
+        first = free.argmax(axis=1)
+        r = np.arange(active.size)
+        has_free = free[r, first]
+        target = win[r, first]
+        cand = np.flatnonzero(has_free)
+        won = np.zeros(active.size, dtype=bool)
+        if cand.size:
+            ub, pick = np.unique(target[cand], return_index=True)  # one winner per bucket: the first ID
+            winners = active[cand[pick]]
+            used += int(np.count_nonzero(slots[ub] == _EMPTY))
+            slots[ub] = new_slots[winners]
+            keys[ub] = ids[winners]
+            won[cand[pick]] = True
+        # losers of a bucket retry from the same window; IDs with a full window move on
+        full = active[~has_free]
+        pos[full] = (pos[full] + _WINDOW) & mask
+        scanned[full] += _WINDOW
+        if full.size and int(scanned[full].max()) > mask + _WINDOW:
+            raise RuntimeError("ember native place: index full (reserve room first)")
+        active = active[~won]
+    return used
+
+
+# ---- the disk tier's tags (ember.tiers.disk.DiskTier) ---------------------------------------
+# tags uint16[S] in RAM: 0 empty, 1 deleted, else 16 hash bits of the ID in that slot; linear
+# probing with wrap-around from a start position pos (int64 [n], 0 <= pos < S).
+
+def _check_tags(tags: np.ndarray, pos: np.ndarray, tag: np.ndarray, out: np.ndarray) -> None:
+    n = pos.size
+    if tags.size < 1 or tag.size != n or out.size != n:
+        raise ValueError("ember native tag probe: tags uint16[S], pos/out int64[n], tag uint16[n]")
+    if n and (int(pos.min()) < 0 or int(pos.max()) >= tags.size):
+        raise ValueError("ember native tag probe: start position out of range")
+
+
+def _tag_window(tags: np.ndarray, pos: np.ndarray, done: int) -> tuple[np.ndarray, np.ndarray]:
+    """Slots pos .. pos + _WINDOW - 1 (wrapping) and whether each is within the first S steps
+    of a probe that has already looked at ``done`` slots."""
+    ns = tags.size
+    win = pos[:, None] + _STEPS
+    if ns >= _WINDOW:
+        win[win >= ns] -= ns
+    else:
+        win %= ns
+    return win, _STEPS < ns - done
+
+
+def tag_find(tags: np.ndarray, pos: np.ndarray, tag: np.ndarray, out: np.ndarray) -> None:
+    """``out[i]`` (int64) = the first slot from ``pos[i]`` whose tag equals ``tag[i]``, or -1
+    when an empty slot (or a whole turn) comes first. The caller verifies the ID stored in that
+    slot (tags collide) and calls again from the slot after it."""
+    if _core is not None:
+        return _core.tag_find(tags, pos, tag, out)
+    return _tag_find_py(tags, pos, tag, out)
+
+
+def _tag_find_py(tags: np.ndarray, pos: np.ndarray, tag: np.ndarray, out: np.ndarray) -> None:
+    _check_tags(tags, pos, tag, out)
+    res = np.full(pos.size, -1, dtype=np.int64)
+    active = np.arange(pos.size)
+    at = np.asarray(pos, dtype=np.int64)
+    want = np.asarray(tag, dtype=np.uint16)
+    done = 0
+    while active.size and done < tags.size:
+        win, valid = _tag_window(tags, at, done)
+        t = tags.take(win)
+        match = (t == want.take(active)[:, None]) & valid
+        stop = match | ((t == 0) & valid)
+        first = stop.argmax(axis=1)
+        r = np.arange(active.size)
+        stopped = stop[r, first]
+        hit = stopped & match[r, first]
+        res[active[hit]] = win[r, first][hit]
+        active = active[~stopped]
+        at = win[~stopped, -1] + 1
+        at[at >= tags.size] = 0
+        done += _WINDOW
+    out[...] = res
+
+
+def tag_claim(tags: np.ndarray, pos: np.ndarray, tag: np.ndarray, out: np.ndarray) -> int:
+    """Claim for each of n absent, unique IDs the first free (empty or deleted) slot from
+    ``pos[i]``, writing its tag ``tag[i]`` into ``tags``; ``out[i]`` (int64) = that slot. Returns
+    the number of empty slots used. The caller keeps the load below 1 (a full table raises
+    RuntimeError). As ``place``: the compiled loop claims in ID order, the fallback in rounds;
+    the same slots end up taken, two IDs of one call may swap theirs."""
+    if _core is not None:
+        return _core.tag_claim(tags, pos, tag, out)
+    return _tag_claim_py(tags, pos, tag, out)
+
+
+def _tag_claim_py(tags: np.ndarray, pos: np.ndarray, tag: np.ndarray, out: np.ndarray) -> int:
+    _check_tags(tags, pos, tag, out)
+    n = pos.size
+    at = np.array(pos, dtype=np.int64)  # a copy: advanced per ID
+    done = np.zeros(n, dtype=np.int64)  # slots passed over, taken, per ID
+    want = np.asarray(tag, dtype=np.uint16)
+    active = np.arange(n)
+    used = 0
+    while active.size:
+        if int(done[active].max()) >= tags.size:
+            raise RuntimeError("ember native tag_claim: no free slot (table full)")
+        win = at[active, None] + _STEPS
+        if tags.size >= _WINDOW:
+            win[win >= tags.size] -= tags.size
+        else:
+            win %= tags.size
+        free = (tags.take(win) <= 1) & (_STEPS < tags.size - done[active, None])
+        first = free.argmax(axis=1)
+        r = np.arange(active.size)
+        has = free[r, first]
+        target = win[r, first]
+        cand = np.flatnonzero(has)
+        won = np.zeros(active.size, dtype=bool)
+        if cand.size:
+            ub, pick = np.unique(target[cand], return_index=True)  # one winner per slot: the first ID
+            winners = active[cand[pick]]
+            used += int(np.count_nonzero(tags[ub] == 0))
+            tags[ub] = want[winners]
+            out[winners] = ub
+            won[cand[pick]] = True
+        # losers retry the same window (now with that slot taken); full windows move on
+        moved = active[~has]
+        at[moved] = (at[moved] + _WINDOW) % tags.size
+        done[moved] += _WINDOW
+        active = active[~won]
+    return used
+
+
+# ---- memory tiers, several in one call (ember.tiers.host.HostTier, a table group) -------------
+# ``tables`` lists one tuple of numpy arrays per tier, its rows of ``ids`` are
+# ``ids[bounds[j]:bounds[j+1]]``. read_rows: (keys, slots, arena, last, count); write_rows:
+# (keys, slots, arena, last, count, slot_ids, held), with keys/slots a KeyIndex's arrays
+# (int64/int32 [cap]), arena float32 [rows, r], last int64 [rows], count int32 [rows],
+# slot_ids int64 [rows] and held bool [rows]. Tiers are independent: the wrappers split a call
+# into runs of tiers of about equal rows, one per thread torch may use (``chunks``).
+
+def _check_segments(t: int, ids: np.ndarray, bounds: np.ndarray) -> None:
+    if bounds.size != t + 1 or bounds[0] != 0 or bounds[t] != ids.size or bool((np.diff(bounds) < 0).any()):
+        raise ValueError("bounds")
+
+
+def _rows_of(buf: np.ndarray, n: int, r: int, what: str) -> np.ndarray:
+    """``buf`` (C-contiguous, n * r floats) as a [n, r] view; a copy would lose the writes."""
+    if not buf.flags.c_contiguous or buf.size != n * r:
+        raise ValueError(f"ember native: {what} must be a C-contiguous float32 buffer of {n} x {r}")
+    return buf.reshape(n, r)
+
+
+def _split_tiers(kernel: Callable[..., int], tables: Sequence[tuple], ids: np.ndarray, bounds: np.ndarray,
+                 per_row: tuple[np.ndarray, ...], per_tier: tuple[np.ndarray, ...], r: int) -> int:
+    """``kernel(tables, ids, bounds, *per_row, *per_tier, r)`` on runs of tiers, several threads."""
+    parts = chunks(np.diff(bounds))
+    if len(parts) == 1:
+        return kernel(tables, ids, bounds, *per_row, *per_tier, r)
+
+    def part(lo: int, hi: int) -> int:  # tiers lo..hi-1: rows a..b-1
+        a, b = int(bounds[lo]), int(bounds[hi])
+        return kernel(tables[lo:hi], ids[a:b], bounds[lo : hi + 1] - a, *(x[a:b] for x in per_row),
+                      *(x[lo:hi] for x in per_tier), r)
+
+    return sum(run_chunks(part, parts))
+
+
+def read_rows(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds: np.ndarray, out: np.ndarray,
+              out_slot: np.ndarray, clocks: np.ndarray, out_hits: np.ndarray, r: int) -> int:
+    """A memory tier's read for every tier j over its segment of ``ids`` (int64 [n]; ``bounds``
+    int64 [T+1] from 0 to n): find each ID, copy its record from the arena into ``out``
+    (float32 [n, r]; rows of absent IDs are left as they are), note its slot in ``out_slot``
+    (int64 [n], -1 absent) and count the access (``last[slot] = clocks[j]``,
+    ``count[slot] += 1``, once per occurrence; not when ``clocks[j] < 0``: a tier that never
+    evicts keeps no statistics). ``out_hits[j]`` (int64 [T]) = IDs of tier j found; returns
+    the IDs found in all. ``tables[j] = (keys, slots, arena, last, count)``.
+
+    Runs on several threads (runs of whole tiers) when the call is large enough."""
+    if _core is not None:
+        return _split_tiers(_core.read_rows, tables, ids, bounds, (_rows_of(out, ids.size, r, "out"), out_slot),
+                            (clocks, out_hits), r)
+    return _read_rows_py(tables, ids, bounds, out, out_slot, clocks, out_hits, r)
+
+
+def _read_rows_py(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds: np.ndarray, out: np.ndarray,
+                  out_slot: np.ndarray, clocks: np.ndarray, out_hits: np.ndarray, r: int) -> int:
+    t, n = len(tables), ids.size
+    try:
+        if r <= 0 or out_slot.size != n or clocks.size != t or out_hits.size != t:
+            raise ValueError
+        _check_segments(t, ids, bounds)
+        rows_out = _rows_of(out, n, r, "out")
+    except ValueError:
+        raise ValueError("ember native read_rows: bounds [T+1] over ids, out [n, R], out_slot [n], clocks/out_hits [T]") from None
+    for j, tb in enumerate(tables):
+        if not isinstance(tb, tuple) or len(tb) != 5:
+            raise ValueError(f"ember native: tables[{j}] must be a tuple of 5 arrays")
+        keys, slots, arena, last, count = tb
+        _check_table(keys, slots)
+        if arena.size % r or last.size < arena.size // r or count.size < arena.size // r:
+            raise ValueError(f"ember native read_rows: tier {j}: arena [rows, R], last/count [rows]")
+    found = 0
+    for j, (keys, slots, arena, last, count) in enumerate(tables):
+        a, b = int(bounds[j]), int(bounds[j + 1])
+        nrows = arena.size // r
+        slot = np.empty(b - a, dtype=np.int32)
+        _probe_py(keys, slots, ids[a:b], np.empty(b - a, dtype=np.int64), slot)
+        if b > a and int(slot.max()) >= nrows:
+            raise IndexError("ember native read_rows: a slot lies outside the arena")
+        out_slot[a:b] = slot
+        hit = np.flatnonzero(slot >= 0)
+        s = slot.take(hit)
+        rows_out[a + hit] = arena.reshape(nrows, r)[s]
+        if clocks[j] >= 0:
+            last[s] = clocks[j]
+            np.add.at(count, s, 1)  # an ID read twice counts twice
+        out_hits[j] = hit.size
+        found += hit.size
+    return found
+
+
+def write_rows(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds: np.ndarray, slot: np.ndarray,
+               records: np.ndarray, next: np.ndarray, clocks: np.ndarray, used: np.ndarray, r: int) -> int:
+    """A memory tier's put for every tier j over its segment of ``ids`` (int64 [n]; ``bounds``
+    int64 [T+1] from 0 to n): rows with ``slot[i] >= 0`` (int64 [n]) are overwritten; rows with
+    ``slot[i] < 0`` (absent, unique IDs) get the slot ``next[j]`` (then ``next[j] += 1``; written
+    back to ``slot[i]``), an index bucket (``place``), ``slot_ids = ID``, ``held = 1``,
+    ``last = clocks[j]``, ``count = 1``; then ``arena[slot[i]] = records[i]`` (float32 [n, r]).
+    ``used[j]`` (int64 [T]) = empty index buckets consumed; returns the rows inserted in all.
+    ``tables[j] = (keys, slots, arena, last, count, slot_ids, held)``.
+
+    The caller reserved room (``next[j]`` + new rows <= arena rows, index load below 1); else
+    ValueError before anything is written. Runs on several threads (runs of whole tiers) when
+    the call is large enough. The fallback places new IDs as ``_place_py`` does: the same
+    buckets are taken, either implementation reads the other's tables."""
+    if _core is not None:
+        return _split_tiers(_core.write_rows, tables, ids, bounds, (slot, _rows_of(records, ids.size, r, "records")),
+                            (next, clocks, used), r)
+    return _write_rows_py(tables, ids, bounds, slot, records, next, clocks, used, r)
+
+
+def _write_rows_py(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds: np.ndarray, slot: np.ndarray,
+                   records: np.ndarray, next: np.ndarray, clocks: np.ndarray, used: np.ndarray, r: int) -> int:
+    t, n = len(tables), ids.size
+    try:
+        if r <= 0 or slot.size != n or next.size != t or clocks.size != t or used.size != t:
+            raise ValueError
+        _check_segments(t, ids, bounds)
+        recs = _rows_of(records, n, r, "records")
+    except ValueError:
+        raise ValueError("ember native write_rows: bounds [T+1] over ids, slot [n], records [n, R], next/clocks/used [T]") from None
+    for j, tb in enumerate(tables):  # room and sizes, before writing anything
+        if not isinstance(tb, tuple) or len(tb) != 7:
+            raise ValueError(f"ember native: tables[{j}] must be a tuple of 7 arrays")
+        keys, slots, arena, last, count, slot_ids, held = tb
+        _check_table(keys, slots)
+        nrows = arena.size // r
+        seg = slot[bounds[j] : bounds[j + 1]]
+        if seg.size and int(seg.max()) >= nrows:
+            raise IndexError("ember native write_rows: a slot lies outside the arena")
+        fresh = int(np.count_nonzero(seg < 0))
+        if (arena.size % r or min(last.size, count.size, slot_ids.size, held.size) < nrows
+                or next[j] < 0 or next[j] + fresh > nrows):
+            raise ValueError(f"ember native write_rows: tier {j} has no room for {fresh} new rows")
+    inserted = 0
+    for j, (keys, slots, arena, last, count, slot_ids, held) in enumerate(tables):
+        a, b = int(bounds[j]), int(bounds[j + 1])
+        seg = slot[a:b]  # a view: new slots are written back
+        new = np.flatnonzero(seg < 0)
+        used[j] = 0
+        if new.size:
+            v = int(next[j]) + np.arange(new.size, dtype=np.int64)
+            x = ids[a:b].take(new)
+            used[j] = _place_py(keys, slots, x, v.astype(np.int32))
+            slot_ids[v] = x
+            held[v] = 1
+            last[v] = clocks[j]
+            count[v] = 1
+            seg[new] = v
+            next[j] += new.size
+            inserted += new.size
+        _rows_of(arena, arena.size // r, r, "arena")[seg] = recs[a:b]
+    return inserted
+
+
+# ---- deduplication (ember.embedding.collection) ---------------------------------------------
+
+def unique_segments(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Deduplicate each segment ``ids[bounds[j]:bounds[j+1]]`` on its own.
 
     Returns ``(uniq, inverse, counts)``: the unique IDs of every segment one after another
     (first-occurrence order within a segment), the index of each ID in ``uniq`` (already
     shifted by the uniques of earlier segments), and the number of uniques per segment.
+    Runs on several threads (runs of whole segments) when the call is large enough.
 
     Args:
         ids: int64 [N].
         bounds: int64 [S+1], non-decreasing, from 0 to N.
-        native: force (True) or avoid (False) the compiled kernel; None picks it when built.
     """
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     bounds = np.ascontiguousarray(bounds, dtype=np.int64)
-    if (native is None and _core is not None) or native:
-        core = require()
-        uniq = np.empty_like(ids)
-        inverse = np.empty_like(ids)
-        counts = np.empty(bounds.size - 1, dtype=np.int64)
+    core = _core
+    if core is None:
+        return _unique_segments_py(ids, bounds)
+    uniq = np.empty_like(ids)
+    inverse = np.empty_like(ids)
+    counts = np.empty(bounds.size - 1, dtype=np.int64)
 
-        def part(lo: int, hi: int) -> int:  # segments lo..hi-1, numbered from their first value
-            a, b = int(bounds[lo]), int(bounds[hi])
-            return core.unique_segments(ids[a:b], bounds[lo : hi + 1] - a, uniq[a:b], inverse[a:b], counts[lo:hi])
+    def part(lo: int, hi: int) -> int:  # segments lo..hi-1, numbered from their first value
+        a, b = int(bounds[lo]), int(bounds[hi])
+        return core.unique_segments(ids[a:b], bounds[lo : hi + 1] - a, uniq[a:b], inverse[a:b], counts[lo:hi])
 
-        parts = chunks(np.diff(bounds))
-        totals = run_chunks(part, parts)
-        if len(parts) == 1:
-            return uniq[: totals[0]], inverse, counts
-        pieces, shift = [], 0  # each part's uniques were written from its first value: close the gaps
-        for (lo, hi), total in zip(parts, totals):
-            a, b = int(bounds[lo]), int(bounds[hi])
-            pieces.append(uniq[a : a + total])
-            if shift:
-                inverse[a:b] += shift
-            shift += total
-        return np.concatenate(pieces), inverse, counts
-    return _unique_segments_fallback(ids, bounds)
+    parts = chunks(np.diff(bounds))
+    totals = run_chunks(part, parts)
+    if len(parts) == 1:
+        return uniq[: totals[0]], inverse, counts
+    pieces, shift = [], 0  # each part's uniques were written from its first value: close the gaps
+    for (lo, hi), total in zip(parts, totals):
+        a, b = int(bounds[lo]), int(bounds[hi])
+        pieces.append(uniq[a : a + total])
+        if shift:
+            inverse[a:b] += shift
+        shift += total
+    return np.concatenate(pieces), inverse, counts
 
 
-def _unique_segments_fallback(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _unique_segments_py(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    bounds = np.ascontiguousarray(bounds, dtype=np.int64)
     uniqs, inverses, counts = [], [], []
     total = 0
     for j in range(bounds.size - 1):
@@ -160,6 +564,47 @@ def _unique_segments_fallback(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.n
     return cat(uniqs), cat(inverses), np.asarray(counts, dtype=np.int64)
 
 
+# ---- row initialisers (ember.embedding.init) ---------------------------------------------------
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+def uniform01(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float = 1.0, add: float = 0.0) -> None:
+    """``out[i, c] = u * mul + add`` (float32 ops, in that order; out float32 [n, dim]) with the
+    counter-based uniform ``u = (mix64(mix64(ids[i] ^ key_i) + (c + 1) * GOLDEN) >> 40) * 2**-24``
+    in [0, 1); ``key_i`` = ``keys[0]`` or ``keys[i]`` (uint64 [1 or n]: one key per row lets the
+    tables of a group initialise their new rows in one call). Runs on several threads (row
+    ranges) when the call is large enough."""
+    core = _core
+    if core is None:
+        return _uniform01_py(ids, keys, dim, out, mul, add)
+    n = ids.size
+    rows = _rows_of(out, n, dim, "out")
+
+    def part(lo: int, hi: int) -> None:  # rows lo..hi-1
+        core.uniform01(ids[lo:hi], keys if keys.size == 1 else keys[lo:hi], dim, rows[lo:hi], mul, add)
+
+    run_chunks(part, chunks(np.full(n, dim), min_rows=2 * MIN_PARALLEL_ROWS))
+
+
+def _uniform01_py(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float = 1.0, add: float = 0.0) -> None:
+    ids = np.asarray(ids, dtype=np.int64)
+    keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
+    n = ids.size
+    if dim < 0 or out.size != n * dim or keys.size not in (1, n):
+        raise ValueError("ember native uniform01: keys uint64 [1 or len(ids)], out float32 [len(ids), dim]")
+    base = mix64(ids.view(np.uint64) ^ keys)
+    cols = np.arange(1, dim + 1, dtype=np.uint64) * _GOLDEN
+    bits = mix64(base[:, None] + cols[None, :])
+    u = (bits >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / (1 << 24))
+    if not (mul == 1.0 and add == 0.0):
+        u *= np.float32(mul)
+        u += np.float32(add)
+    _rows_of(out, n, dim, "out")[...] = u
+
+
+# ---- sparse gradients and the optimizer (ember.embedding.collection, ember.optim) -------------
+
 def _row_view(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
     """A [n, d] CPU float32 tensor with unit column stride as (flat numpy view over its rows, row
     stride), for kernels that take row-strided buffers; None when it is not one."""
@@ -175,21 +620,30 @@ def _row_view(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
 
 
 def rowwise_adagrad_(rows: torch.Tensor, state: torch.Tensor, grads: torch.Tensor, lr: float, eps: float) -> bool:
-    """Row-wise Adagrad on rows [n, D], state [n, 1], grads [n, D] in place, natively; returns
-    False (nothing done) without the core or for tensors it does not take (the caller then
-    runs the torch ops). One pass per row instead of six over the batch; same formula, the
-    mean of squares summed in double (may round apart from torch's by an ulp; the squares of
-    tiny gradients would be float denormals, ~20x slower on x86)."""
-    if _core is None or rows.shape != grads.shape or state.shape != (rows.shape[0], 1) or rows.shape[1] == 0:
-        return False
-    views = [_row_view(t) for t in (rows, state, grads)]
-    if any(v is None for v in views):
-        return False
+    """Row-wise Adagrad on rows [n, D], state [n, 1], grads [n, D] in place:
+    ``G += mean_j(g_j^2)``; ``w -= lr * g / (sqrt(G) + eps)``.
+
+    The compiled kernel (CPU float32 tensors with unit column stride, e.g. the weight and
+    accumulator views of one records buffer; on several threads when large) makes one pass per
+    row instead of six over the batch; same formula, the mean of squares summed in double (may
+    round apart from torch's by an ulp; the squares of tiny gradients would be float denormals,
+    ~20x slower on x86). Other tensors, or no core: the torch ops, ``_rowwise_adagrad_py``.
+
+    Returns True: the update is always done (the bool stays for callers written when False
+    meant "not done, run the torch ops yourself").
+    """
+    views = None
+    if _core is not None and rows.shape == grads.shape and state.shape == (rows.shape[0], 1) and rows.shape[1] > 0:
+        views = [_row_view(t) for t in (rows, state, grads)]
+    if views is None or any(v is None for v in views):
+        _rowwise_adagrad_py(rows, state, grads, lr, eps)
+        return True
     (r, rs), (s, ss), (g, gs) = views  # type: ignore[misc]
     d = rows.shape[1]
+    core = _core
 
     def part(lo: int, hi: int) -> None:  # rows lo..hi-1
-        _core.rowwise_adagrad(  # type: ignore[union-attr]
+        core.rowwise_adagrad(
             r[lo * rs : (hi - 1) * rs + d], s[lo * ss : (hi - 1) * ss + 1], g[lo * gs : (hi - 1) * gs + d],
             hi - lo, d, rs, ss, gs, lr, eps,
         )
@@ -199,18 +653,28 @@ def rowwise_adagrad_(rows: torch.Tensor, state: torch.Tensor, grads: torch.Tenso
     return True
 
 
+def _rowwise_adagrad_py(rows: torch.Tensor, state: torch.Tensor, grads: torch.Tensor, lr: float, eps: float) -> None:
+    state.add_(grads.square().mean(dim=1, keepdim=True))
+    rows.addcdiv_(grads, state.sqrt().add_(eps), value=-lr)
+
+
 def index_add_rows(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """``out.index_add_(0, index, src)`` (rows of ``src`` summed into ``out``), in place; returns ``out``.
 
     On CPU float32 the compiled loop is 2-3x faster than torch's for narrow rows (embedding
-    gradients, D = 8-64) and gives the same sums in the same order; elsewhere torch's. ``src``
-    may be row-strided (``src.stride() == (S, 1)``, S >= D): no copy to a contiguous tensor.
+    gradients, D = 8-64) and gives the same sums in the same order; elsewhere (or without the
+    core) torch's, ``_index_add_rows_py``. ``src`` may be row-strided
+    (``src.stride() == (S, 1)``, S >= D): no copy to a contiguous tensor.
     """
     view = _row_view(src) if _out_ok(out, index) and src.shape == (index.numel(), out.shape[1]) else None
     if view is None:
-        return out.index_add_(0, index, src)
+        return _index_add_rows_py(out, index, src)
     _core.index_add_rows(out.numpy(), index.numpy(), view[0], out.shape[1], view[1])  # type: ignore[union-attr]
     return out
+
+
+def _index_add_rows_py(out: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    return out.index_add_(0, index, src)
 
 
 def index_add_features(
@@ -226,29 +690,36 @@ def index_add_features(
     The compiled loop runs over tiles of batch rows, each tile feature by feature, so F
     row-strided slices of one [B, F', D] gradient are read once with no stacked copy. Rows of a
     table shared by several features may sum in another order than feature by feature (may
-    round apart), the same order on every run.
+    round apart), the same order on every run. Tensors it does not take, or no core: feature
+    by feature with torch, ``_index_add_features_py``.
     """
     b = index.numel() // max(len(srcs), 1)
     views = []
     if _out_ok(out, index) and index.numel() == b * len(srcs):
         views = [None if s is None else _row_view(s) if s.shape == (b, out.shape[1]) else None for s in srcs]
     if not views or any(v is None and s is not None for v, s in zip(views, srcs)):
-        for f, s in enumerate(srcs):
-            if s is not None:
-                out.index_add_(0, index[f * b : (f + 1) * b], s)
-        return out
+        return _index_add_features_py(out, index, srcs)
     strides = np.array([out.shape[1] if v is None else v[1] for v in views], dtype=np.int64)
     flat = [None if v is None else v[0] for v in views]
     out_np, index_np = out.numpy(), index.numpy()
+    core = _core
 
     def part(lo: int, hi: int) -> None:  # features lo..hi-1
-        _core.index_add_features(out_np, index_np[lo * b : hi * b], flat[lo:hi], strides[lo:hi], b, out.shape[1])  # type: ignore[union-attr]
+        core.index_add_features(out_np, index_np[lo * b : hi * b], flat[lo:hi], strides[lo:hi], b, out.shape[1])  # type: ignore[union-attr]
 
     if owner is None:
         part(0, len(srcs))
     else:
         cuts = [True] + [owner[f] != owner[f - 1] for f in range(1, len(srcs))]
         run_chunks(part, chunks(np.full(len(srcs), b), cuts))
+    return out
+
+
+def _index_add_features_py(out: torch.Tensor, index: torch.Tensor, srcs: list[torch.Tensor | None]) -> torch.Tensor:
+    b = index.numel() // max(len(srcs), 1)
+    for f, s in enumerate(srcs):
+        if s is not None:
+            out.index_add_(0, index[f * b : (f + 1) * b], s)
     return out
 
 
@@ -260,24 +731,3 @@ def _out_ok(out: torch.Tensor, index: torch.Tensor) -> bool:
         and index.dtype == torch.int64 and index.is_contiguous() and index.device.type == "cpu"
     )
 
-
-def read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r) -> None:  # temporary shim
-    core = require()
-
-    def part(lo: int, hi: int) -> None:
-        a, b = bounds[lo], bounds[hi]
-        core.lookup_rows_many(tables[lo:hi], ids[a:b], bounds[lo : hi + 1] - a, out[a:b], out_slot[a:b],
-                              clocks[lo:hi], out_hits[lo:hi], r)
-
-    run_chunks(part, chunks(np.diff(bounds)))
-
-
-def write_rows(tables, ids, bounds, slot, records, next, clocks, used, r) -> None:  # temporary shim
-    core = require()
-
-    def part(lo: int, hi: int) -> None:
-        a, b = bounds[lo], bounds[hi]
-        core.store_rows_many(tables[lo:hi], ids[a:b], bounds[lo : hi + 1] - a, slot[a:b], records[a:b],
-                             next[lo:hi], clocks[lo:hi], used[lo:hi], r)
-
-    run_chunks(part, chunks(np.diff(bounds)))

@@ -5,6 +5,12 @@
  * (-1 empty, -2 deleted), cap a power of two, home bucket = splitmix64(id) & (cap - 1), linear
  * probing. The Python side (ember/_native.py) checks dtypes and sizes; here we only check
  * lengths, so a wrong call raises instead of reading out of bounds.
+ *
+ * Each function below has one wrapper of the same name in ember/_native.py (the only module
+ * that imports this one; EMBER_NATIVE=0 keeps it from doing so) with its numpy/torch fallback
+ * ``_<name>_py`` written next to it: same arguments, same results. The docstrings of the method
+ * table at the end give each function's arguments; ember/_ember_native.pyi types them and
+ * tests/native/test_stub.py checks the three agree (and the PyArg_ParseTuple formats).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -85,7 +91,8 @@ done:
 }
 
 /* place(keys, slots, ids, new_slots int32[n]) -> empty buckets consumed.
- * The IDs must be absent and unique; the caller keeps the load below 1. */
+ * The IDs must be absent and unique; the caller keeps the load below 1 (a full table raises
+ * RuntimeError after placing the IDs before the first that found no bucket). */
 static PyObject *place(PyObject *self, PyObject *args) {
     Py_buffer keys, slots, ids, ns;
     if (!PyArg_ParseTuple(args, "w*w*y*y*", &keys, &slots, &ids, &ns)) return NULL;
@@ -102,17 +109,19 @@ static PyObject *place(PyObject *self, PyObject *args) {
         const int64_t *id = ids.buf;
         int32_t *s = slots.buf;
         const int32_t *v = ns.buf;
-        Py_ssize_t used = 0;
+        Py_ssize_t used = 0, full = 0;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
-            uint64_t h = mix64((uint64_t)id[i]) & mask;
-            while (s[h] >= 0) h = (h + 1) & mask;
+            uint64_t h = mix64((uint64_t)id[i]) & mask, step = 0;
+            while (s[h] >= 0 && step++ <= mask) h = (h + 1) & mask;
+            if (s[h] >= 0) { full = 1; break; }  /* the caller's load check failed */
             used += s[h] == EMPTY;
             k[h] = id[i];
             s[h] = v[i];
         }
         Py_END_ALLOW_THREADS
-        res = PyLong_FromSsize_t(used);
+        if (full) PyErr_SetString(PyExc_RuntimeError, "ember native place: index full (reserve room first)");
+        else res = PyLong_FromSsize_t(used);
     }
 done:
     PyBuffer_Release(&keys); PyBuffer_Release(&slots); PyBuffer_Release(&ids); PyBuffer_Release(&ns);
@@ -499,14 +508,14 @@ static int check_segments(Py_buffer *bounds, Py_ssize_t t, Py_ssize_t n) {
     return 0;
 }
 
-/* lookup_rows_many(tables [(keys, slots, arena, last, count)] * T, ids int64[n], bounds int64[T+1],
- *                  out float32[n*R], out_slot int64[n], clocks int64[T], out_hits int64[T], R) -> found
+/* read_rows(tables [(keys, slots, arena, last, count)] * T, ids int64[n], bounds int64[T+1],
+ *           out float32[n*R], out_slot int64[n], clocks int64[T], out_hits int64[T], R) -> found
  * A memory tier's read, for every tier j over its segment of ids: probe each ID, copy its record
  * from the arena into out (rows of absent IDs are left as they are), note its slot (-1 absent)
  * and count the access (last = clocks[j], count += 1; not when clocks[j] < 0: a tier that never
- * evicts keeps no statistics); out_hits[j] = IDs found. Same results as the probe + gather +
- * policy updates in numpy. */
-static PyObject *lookup_rows_many(PyObject *self, PyObject *args) {
+ * evicts keeps no statistics); out_hits[j] = IDs found. Same results as its numpy fallback,
+ * ember._native._read_rows_py. */
+static PyObject *read_rows(PyObject *self, PyObject *args) {
     PyObject *tables;
     Py_buffer ids, bounds, out, os, clocks, hits;
     Py_ssize_t r;
@@ -517,7 +526,7 @@ static PyObject *lookup_rows_many(PyObject *self, PyObject *args) {
     static const int flags[5] = {0, 0, 0, 1, 1};
     if (t < 0) goto done;
     if (r <= 0 || check_segments(&bounds, t, n) < 0 || out.len != n * r * 4 || os.len != n * 8 || clocks.len != t * 8 || hits.len != t * 8) {
-        PyErr_SetString(PyExc_ValueError, "ember native lookup_rows_many: bounds [T+1] over ids, out [n, R], out_slot [n], clocks/out_hits [T]");
+        PyErr_SetString(PyExc_ValueError, "ember native read_rows: bounds [T+1] over ids, out [n, R], out_slot [n], clocks/out_hits [T]");
         goto done;
     }
     if (!(tb = acquire_tables(tables, t, 5, flags))) goto done;
@@ -527,7 +536,7 @@ static PyObject *lookup_rows_many(PyObject *self, PyObject *args) {
         Py_ssize_t rows = b[2].len / 4 / r;
         if (check_table(&b[0], &b[1], &mask) < 0) goto done;
         if (b[2].len != rows * r * 4 || b[3].len < rows * 8 || b[4].len < rows * 4) {
-            PyErr_Format(PyExc_ValueError, "ember native lookup_rows_many: tier %zd: arena [rows, R], last/count [rows]", j);
+            PyErr_Format(PyExc_ValueError, "ember native read_rows: tier %zd: arena [rows, R], last/count [rows]", j);
             goto done;
         }
     }
@@ -581,7 +590,7 @@ static PyObject *lookup_rows_many(PyObject *self, PyObject *args) {
             hit[j] = found - before;
         }
         Py_END_ALLOW_THREADS
-        if (bad) PyErr_SetString(PyExc_IndexError, "ember native lookup_rows_many: a slot lies outside the arena");
+        if (bad) PyErr_SetString(PyExc_IndexError, "ember native read_rows: a slot lies outside the arena");
         else res = PyLong_FromSsize_t(found);
     }
 done:
@@ -591,15 +600,15 @@ done:
     return res;
 }
 
-/* store_rows_many(tables [(keys, slots, arena, last, count, slot_ids, held)] * T, ids int64[n],
- *                 bounds int64[T+1], slot int64[n], records float32[n*R], next int64[T],
- *                 clocks int64[T], used int64[T], R) -> inserted
+/* write_rows(tables [(keys, slots, arena, last, count, slot_ids, held)] * T, ids int64[n],
+ *            bounds int64[T+1], slot int64[n], records float32[n*R], next int64[T],
+ *            clocks int64[T], used int64[T], R) -> inserted
  * A memory tier's put for every tier j over its segment: rows with slot[i] >= 0 are
  * overwritten; rows with slot[i] < 0 (absent, unique IDs) get slot next[j]++ (written back to
  * slot[i]), an index bucket (linear probing, as place), slot_ids = ID, held = 1,
  * last = clocks[j], count = 1; then arena[slot[i]] = records[i]. used[j] = empty buckets
  * consumed. The caller reserved room: next[j] + new rows <= arena rows, index load < 1. */
-static PyObject *store_rows_many(PyObject *self, PyObject *args) {
+static PyObject *write_rows(PyObject *self, PyObject *args) {
     PyObject *tables;
     Py_buffer ids, bounds, sl, rec, nx, clocks, used;
     Py_ssize_t r;
@@ -611,7 +620,7 @@ static PyObject *store_rows_many(PyObject *self, PyObject *args) {
     if (t < 0) goto done;
     if (r <= 0 || check_segments(&bounds, t, n) < 0 || sl.len != n * 8 || rec.len != n * r * 4 || nx.len != t * 8
         || clocks.len != t * 8 || used.len != t * 8) {
-        PyErr_SetString(PyExc_ValueError, "ember native store_rows_many: bounds [T+1] over ids, slot [n], records [n, R], next/clocks/used [T]");
+        PyErr_SetString(PyExc_ValueError, "ember native write_rows: bounds [T+1] over ids, slot [n], records [n, R], next/clocks/used [T]");
         goto done;
     }
     if (!(tb = acquire_tables(tables, t, 7, flags))) goto done;
@@ -624,14 +633,14 @@ static PyObject *store_rows_many(PyObject *self, PyObject *args) {
             if (check_table(&b[0], &b[1], &mask) < 0) goto done;
             for (int64_t i = bd[j]; i < bd[j + 1]; i++) {
                 if (sv[i] >= rows) {
-                    PyErr_SetString(PyExc_IndexError, "ember native store_rows_many: a slot lies outside the arena");
+                    PyErr_SetString(PyExc_IndexError, "ember native write_rows: a slot lies outside the arena");
                     goto done;
                 }
                 fresh += sv[i] < 0;
             }
             if (b[2].len != rows * r * 4 || b[3].len < rows * 8 || b[4].len < rows * 4 || b[5].len < rows * 8
                 || b[6].len < rows || nxt[j] < 0 || nxt[j] + fresh > rows) {
-                PyErr_Format(PyExc_ValueError, "ember native store_rows_many: tier %zd has no room for %zd new rows", j, fresh);
+                PyErr_Format(PyExc_ValueError, "ember native write_rows: tier %zd has no room for %zd new rows", j, fresh);
                 goto done;
             }
         }
@@ -681,7 +690,7 @@ static PyObject *store_rows_many(PyObject *self, PyObject *args) {
             }
         }
         Py_END_ALLOW_THREADS
-        if (full) PyErr_SetString(PyExc_RuntimeError, "ember native store_rows_many: index full (reserve room first)");
+        if (full) PyErr_SetString(PyExc_RuntimeError, "ember native write_rows: index full (reserve room first)");
         else res = PyLong_FromSsize_t(inserted);
     }
 done:
@@ -692,9 +701,11 @@ done:
 }
 
 static PyMethodDef methods[] = {
-    {"lookup_rows_many", lookup_rows_many, METH_VARARGS, "lookup_rows_many(tables, ids, bounds, out, out_slot, clocks, out_hits, R) -> found"},
-    {"store_rows_many", store_rows_many, METH_VARARGS, "store_rows_many(tables, ids, bounds, slot, records, next, clocks, used, R) -> inserted"},
-    {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, B, dim) -> None"},
+    /* "name(arguments) -> result": ember/_ember_native.pyi and tests/native/test_stub.py rely on
+     * these (names and count of arguments, "=" for optional ones, as PyArg_ParseTuple parses) */
+    {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r) -> found"},
+    {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, r) -> inserted"},
+    {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim) -> None"},
     {"rowwise_adagrad", rowwise_adagrad, METH_VARARGS, "rowwise_adagrad(rows, state, grads, n, dim, rs, ss, gs, lr, eps) -> None"},
     {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim, stride) -> None"},
     {"tag_find", tag_find, METH_VARARGS, "tag_find(tags, pos, tag, out) -> None"},

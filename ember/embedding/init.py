@@ -20,8 +20,6 @@ from ember.mix import mix64
 
 __all__ = ["InitializerConfig", "init_rows", "table_seed", "uniform_scale"]
 
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
-
 
 class InitializerConfig(ConfigModel):
     """How a new row's weights are drawn.
@@ -55,29 +53,15 @@ def _uniform01(
 
     ``seed`` is the table's seed, or one seed per ID (the tables of a group in one call).
     With ``scale``: ``u * (2 scale) - scale`` in float32, i.e. U(-scale, scale) (fused natively).
+    The kernel (and its numpy fallback) is ``ember._native.uniform01``.
     """
     seeds = np.asarray(seed, dtype=np.int64).reshape(-1)
     key = mix64(seeds.astype(np.uint64) * np.uint64(2) + np.uint64(stream))
     mul, add = (1.0, 0.0) if scale is None else (float(np.float32(2 * scale)), -float(np.float32(scale)))
-    if not _native.is_available():
-        u = _uniform01_fallback(ids, dim, key)
-        return u if scale is None else u * np.float32(mul) + np.float32(add)
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     out = np.empty((ids.size, dim), dtype=np.float32)
-    core = _native.require()
-
-    def part(lo: int, hi: int) -> None:  # rows lo..hi-1, on as many threads as torch may use
-        core.uniform01(ids[lo:hi], key if key.size == 1 else key[lo:hi], dim, out[lo:hi], mul, add)
-
-    _native.run_chunks(part, _native.chunks(np.full(ids.size, dim), min_rows=2 * _native.MIN_PARALLEL_ROWS))
+    _native.uniform01(ids, key, dim, out, mul, add)
     return out
-
-
-def _uniform01_fallback(ids: np.ndarray, dim: int, key: np.ndarray) -> np.ndarray:
-    base = mix64(ids.astype(np.int64).view(np.uint64) ^ key)
-    cols = np.arange(1, dim + 1, dtype=np.uint64) * _GOLDEN
-    bits = mix64(base[:, None] + cols[None, :])
-    return (bits >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / (1 << 24))
 
 
 def init_rows(

@@ -35,8 +35,6 @@ from ember.mix import mix64
 __all__ = ["DiskTier", "disk_slot_bytes"]
 
 _EMPTY, _DELETED = 0, 1
-_WINDOW = 8
-_STEPS = np.arange(_WINDOW, dtype=np.int64)
 _FORMAT = "ember-disk-tier-1"
 
 
@@ -57,8 +55,10 @@ class DiskTier(TierCounters, Tier):
             saves disk and probes longer in RAM). Default 0.85, or on ``reopen`` the value the
             files were created with (it is saved in ``meta.json``).
         reopen: open the files a previous ``close()`` left (else start empty, replacing them).
-        native: run the tag probes in the compiled core (None: when built; False: numpy only).
-            Both find the same rows; where an ID is placed may differ.
+
+    The tag probes are ``ember._native.tag_find`` / ``tag_claim``: compiled when the native core
+    is built (and ``EMBER_NATIVE=0`` is not set), else numpy. Both find the same rows; where the
+    IDs of one insert land may differ.
 
     Example:
         >>> import tempfile
@@ -81,9 +81,7 @@ class DiskTier(TierCounters, Tier):
         rows: int = 1 << 16,
         max_load: float | None = None,
         reopen: bool = False,
-        native: bool | None = None,
     ) -> None:
-        self._core = _native.require() if native else (_native._core if native is None else None)
         if max_load is not None and not 0.5 <= max_load <= 0.95:
             raise ValueError(f"DiskTier: max_load must be in [0.5, 0.95], got {max_load}")
         self.path = Path(path)
@@ -224,57 +222,34 @@ class DiskTier(TierCounters, Tier):
         if n == 0:
             return slot_of, rows
         home, tag = self._hash(ids)
-        nsl = self.n_slots
         active = np.arange(n)
         pos = home
         while active.size:
-            if self._core is not None:  # first tag match (or -1 at an empty slot), in C
-                at = np.empty(active.size, dtype=np.int64)
-                self._core.tag_find(self._tags, np.ascontiguousarray(pos), np.ascontiguousarray(tag[active]), at)
-                is_match = at >= 0
-                cont = np.zeros(active.size, dtype=bool)
-                nextpos = pos
+            at = np.empty(active.size, dtype=np.int64)  # first tag match from pos, or -1 at an empty slot
+            _native.tag_find(self._tags, pos, tag.take(active), at)
+            cand = np.flatnonzero(at >= 0)
+            if cand.size == 0:
+                break
+            cslots = at[cand]
+            if want_rows:
+                data = self._read(cslots)
+                keys = np.ascontiguousarray(data[:, :2]).view(np.int64)[:, 0]
             else:
-                at, is_match, cont, nextpos = self._probe_window(pos, tag.take(active))
-            cand = np.flatnonzero(is_match)
-            if cand.size:
-                cslots = at[cand]
-                if want_rows:
-                    data = self._read(cslots)
-                    keys = np.ascontiguousarray(data[:, :2]).view(np.int64)[:, 0]
-                else:
-                    assert self._mm is not None, "DiskTier is closed"
-                    order = np.argsort(cslots, kind="stable")
-                    keys = np.empty(cslots.size, dtype=np.int64)
-                    keys[order] = np.ascontiguousarray(self._mm[cslots[order], :2]).view(np.int64)[:, 0]
-                q = active[cand]
-                ok = keys == ids[q]
-                slot_of[q[ok]] = cslots[ok]
-                if want_rows:
-                    assert rows is not None
-                    rows[q[ok]] = data[ok, 2:]
-                fp = cand[~ok]  # a tag collided with another ID: keep probing after it
-                cont[fp] = True
-                nextpos = nextpos.copy()
-                nextpos[fp] = at[fp] + 1
-            active = active[cont]
-            pos = nextpos[cont] % nsl
+                assert self._mm is not None, "DiskTier is closed"
+                order = np.argsort(cslots, kind="stable")
+                keys = np.empty(cslots.size, dtype=np.int64)
+                keys[order] = np.ascontiguousarray(self._mm[cslots[order], :2]).view(np.int64)[:, 0]
+            q = active[cand]
+            ok = keys == ids[q]
+            slot_of[q[ok]] = cslots[ok]
+            if want_rows:
+                assert rows is not None
+                rows[q[ok]] = data[ok, 2:]
+            fp = cand[~ok]  # a tag collided with another ID: keep probing after it
+            active = active[fp]
+            pos = at[fp] + 1
+            pos[pos == self.n_slots] = 0
         return slot_of, rows
-
-    def _probe_window(self, pos: np.ndarray, tag: np.ndarray) -> tuple[np.ndarray, ...]:
-        """numpy probe step: look at ``_WINDOW`` slots from each ``pos`` at once.
-
-        Returns (slot of the first tag match or empty slot, is a match, probe further, next pos).
-        """
-        win = pos[:, None] + _STEPS
-        win[win >= self.n_slots] -= self.n_slots
-        t = self._tags.take(win)
-        match = t == tag[:, None]
-        stop = match | (t == _EMPTY)
-        first = stop.argmax(axis=1)
-        r = np.arange(pos.size)
-        stopped = stop[r, first]
-        return win[r, first], stopped & match[r, first], ~stopped, pos + _WINDOW
 
     def _slots_of(self, ids: Tensor) -> np.ndarray:
         memo = self._memo
@@ -336,34 +311,8 @@ class DiskTier(TierCounters, Tier):
     def _insert_slots(self, ids: np.ndarray) -> np.ndarray:
         """Claim a free slot for each of the absent, unique ``ids`` (tags only; no disk I/O)."""
         home, tag = self._hash(ids)
-        nsl = self.n_slots
-        target = np.full(ids.size, -1, dtype=np.int64)
-        if self._core is not None:  # claim in C, one ID after another
-            self._used += self._core.tag_claim(self._tags, home, tag, target)
-            self._live += ids.size
-            return target
-        active = np.arange(ids.size)
-        pos = home.copy()
-        while active.size:
-            win = pos[active, None] + _STEPS
-            win[win >= nsl] -= nsl
-            free = self._tags.take(win) <= _DELETED
-            first = free.argmax(axis=1)
-            r = np.arange(active.size)
-            has = free[r, first]
-            tgt = win[r, first]
-            cand = np.flatnonzero(has)
-            won = np.zeros(active.size, dtype=bool)
-            if cand.size:
-                ub, pick = np.unique(tgt[cand], return_index=True)  # one winner per slot
-                winners = active[cand[pick]]
-                self._used += int(np.count_nonzero(self._tags[ub] == _EMPTY))
-                self._tags[ub] = tag[winners]
-                target[winners] = ub
-                won[cand[pick]] = True
-            # losers retry the same window (now with that slot taken); full windows move on
-            pos[active[~has]] = (pos[active[~has]] + _WINDOW) % nsl
-            active = active[~won]
+        target = np.empty(ids.size, dtype=np.int64)
+        self._used += _native.tag_claim(self._tags, home, tag, target)
         self._live += ids.size
         return target
 

@@ -87,8 +87,9 @@ class HostTier(TierCounters, Tier):
 
     @property
     def _native_cpu(self) -> bool:
-        """Whether the C core can serve this tier's reads and writes in place (CPU float32 arena)."""
-        return self._index.native and self.device.type == "cpu" and self._arena.dtype == torch.float32
+        """Whether the row kernels (``_native.read_rows`` / ``write_rows``: C, or their numpy
+        fallback with ``EMBER_NATIVE=0``) can serve this tier in place (CPU float32 arena)."""
+        return self.device.type == "cpu" and self._arena.dtype == torch.float32
 
     # ---- size -------------------------------------------------------------------------
     def __len__(self) -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from ember.tiers.key_index import KeyIndex
 
@@ -44,3 +45,20 @@ def test_extreme_ids():
     ids = np.array([np.iinfo(np.int64).min, -1, 0, np.iinfo(np.int64).max])
     idx.insert(ids, np.arange(4))
     assert idx.lookup(ids[::-1]).tolist() == [3, 2, 1, 0]
+
+
+def test_keys_and_slots_are_the_live_arrays_kernels_fill():
+    """``keys``/``slots`` (read-only properties) are the arrays themselves: a kernel that inserts
+    into them (after ``reserve``, accounted by ``placed``) extends the index in place."""
+    from ember import _native
+
+    idx = KeyIndex(16)
+    idx.insert(np.array([3, 4]), np.array([0, 1]))
+    ids = np.array([5, -7, 2**62], dtype=np.int64)
+    idx.reserve(ids.size)
+    used = _native.place(idx.keys, idx.slots, ids, np.array([2, 3, 4], dtype=np.int32))
+    idx.placed(ids.size, used)
+    assert idx.lookup(np.array([2**62, 3, 5, -7, 9])).tolist() == [4, 0, 2, 3, -1] and len(idx) == 5
+    assert idx.keys.dtype == np.int64 and idx.slots.dtype == np.int32 and idx.keys.size == idx.slots.size
+    with pytest.raises(AttributeError):
+        idx.keys = np.zeros(16, dtype=np.int64)  # type: ignore[misc]

@@ -29,10 +29,6 @@ def _disk(tmp):
     return DiskTier(tmp / "disk", R, rows=16)  # tiny: forces the file to grow
 
 
-def _disk_numpy(tmp):
-    return DiskTier(tmp / "disk", R, rows=16, native=False)  # the fallback probes, same contract
-
-
 def _cached_lru(tmp):
     return CachedTier(HostTier(R, capacity=8, policy="lru"), HostTier(R), admit_after=1)
 
@@ -51,7 +47,6 @@ FACTORIES = {
     "host_bounded": _host_bounded,
     "device": _device,
     "disk": _disk,
-    "disk_numpy": _disk_numpy,
     "cached_lru": _cached_lru,
     "cached_lfu_disk": _cached_lfu_disk,
     "three_levels": _three_levels,

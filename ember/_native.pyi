@@ -1,9 +1,0 @@
-from types import ModuleType
-
-import numpy as np
-
-def is_available() -> bool: ...
-def require() -> ModuleType: ...
-def unique_segments(
-    ids: np.ndarray, bounds: np.ndarray, native: bool | None = None
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]: ...

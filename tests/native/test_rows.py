@@ -1,0 +1,199 @@
+"""read_rows / write_rows (a table group's memory tiers in one call) against their numpy fallbacks."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ember import _native
+
+native = pytest.mark.skipif(not _native.is_available(), reason="ember native core not available (not built, or EMBER_NATIVE=0)")
+R = 3
+
+
+def _copy(tables: list[tuple[np.ndarray, ...]]) -> list[tuple[np.ndarray, ...]]:
+    return [tuple(a.copy() for a in t) for t in tables]
+
+
+def _lookup(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray) -> np.ndarray:
+    slot = np.empty(ids.size, dtype=np.int32)
+    _native._probe_py(keys, slots, ids, np.empty(ids.size, dtype=np.int64), slot)
+    return slot.astype(np.int64)
+
+
+def _group(seed: int, tiers: int = 5, cap: int = 2048) -> dict:
+    """The memory tiers of a table group as HostTier holds them (index, arena [rows, R], last,
+    count, slot -> ID, held), each with rows already in and some deleted (tombstones in the
+    index) and room reserved for the new ones; a write batch (per tier unique IDs: present,
+    deleted and new, tier 1 empty) with the slots a probe gives; a read query over present,
+    deleted and never-seen IDs with repeats; clocks, -1 ("keep no statistics") for tier 2."""
+    rng = np.random.default_rng(seed)
+    tables, seg, query, nexts = [], [], [], []
+    for j in range(tiers):
+        held_ids = np.unique(rng.integers(-(2**62), 2**62, size=int(rng.integers(0, 400))))
+        n0 = held_ids.size
+        rows = n0 + 400 + int(rng.integers(0, 5))  # growth reserved: the arena holds every new row
+        keys, slots = np.zeros(cap, dtype=np.int64), np.full(cap, -1, dtype=np.int32)
+        _native._place_py(keys, slots, held_ids, np.arange(n0, dtype=np.int32))
+        arena = rng.standard_normal((rows, R)).astype(np.float32)
+        last = rng.integers(0, 1000, size=rows)
+        count = rng.integers(0, 100, size=rows).astype(np.int32)
+        slot_ids = np.zeros(rows, dtype=np.int64)
+        slot_ids[:n0] = held_ids
+        held = np.zeros(rows, dtype=bool)
+        held[:n0] = True
+        gone, present = held_ids[: n0 // 5], held_ids[n0 // 5 :]
+        bucket = np.empty(gone.size, dtype=np.int64)
+        _native._probe_py(keys, slots, gone, bucket, np.empty(gone.size, dtype=np.int32))
+        slots[bucket] = -2
+        held[: n0 // 5] = False
+        tables.append((keys, slots, arena, last, count, slot_ids, held))
+        nexts.append(n0)
+        fresh = np.setdiff1d(rng.integers(-(2**62), 2**62, size=int(rng.integers(0, 300))), held_ids)
+        ids = np.concatenate([rng.choice(present, size=present.size // 2, replace=False), gone[: gone.size // 2], fresh])
+        ids = rng.permutation(np.unique(ids)) if j != 1 else np.empty(0, dtype=np.int64)
+        seg.append(ids)
+        pool = np.concatenate([ids, present, gone, rng.integers(-(2**62), 2**62, size=50)])
+        query.append(rng.choice(pool, size=int(rng.integers(0, 600))) if pool.size else pool)
+    ids = np.concatenate(seg).astype(np.int64)
+    return {
+        "tables": tables,
+        "ids": ids,
+        "bounds": np.concatenate([[0], np.cumsum([s.size for s in seg])]).astype(np.int64),
+        "slot": np.concatenate([_lookup(t[0], t[1], s) for t, s in zip(tables, seg)]).astype(np.int64),
+        "records": rng.standard_normal((ids.size, R)).astype(np.float32),
+        "next": np.array(nexts, dtype=np.int64),
+        "clocks": np.array([7, 3, -1, 12, 5][:tiers], dtype=np.int64),
+        "query": np.concatenate(query).astype(np.int64),
+        "qbounds": np.concatenate([[0], np.cumsum([q.size for q in query])]).astype(np.int64),
+    }
+
+
+def _write(fn, g: dict, tables: list) -> tuple:
+    slot, nxt, used = g["slot"].copy(), g["next"].copy(), np.full(len(tables), -9, dtype=np.int64)
+    inserted = fn(tables, g["ids"], g["bounds"], slot, g["records"], nxt, g["clocks"], used, R)
+    return inserted, slot, nxt, used
+
+
+def _read(fn, g: dict, tables: list) -> tuple:
+    n, t = g["query"].size, len(tables)
+    out, slot, hits = np.full((n, R), -7.0, dtype=np.float32), np.full(n, -9, dtype=np.int64), np.full(t, -9, dtype=np.int64)
+    found = fn([tb[:5] for tb in tables], g["query"], g["qbounds"], out, slot, g["clocks"], hits, R)
+    return found, out, slot, hits
+
+
+def _same_index(a: tuple, b: tuple) -> None:
+    """Two KeyIndex arrays hold the same ID -> slot map in the same buckets (IDs of one insert
+    may sit in each other's bucket: the compiled place goes ID by ID, the fallback in rounds)."""
+    np.testing.assert_array_equal(a[1] >= 0, b[1] >= 0)
+    np.testing.assert_array_equal(np.minimum(a[1], -1), np.minimum(b[1], -1))  # same empty / deleted marks
+    live = a[1] >= 0
+    assert dict(zip(a[0][live].tolist(), a[1][live].tolist())) == dict(zip(b[0][live].tolist(), b[1][live].tolist()))
+
+
+@native
+@pytest.mark.parametrize("seed,cap", [(0, 2048), (1, 2048), (2, 1024), (3, 1024)])
+def test_write_rows_matches_its_fallback(seed, cap):
+    g = _group(seed, cap=cap)
+    a, b = _copy(g["tables"]), _copy(g["tables"])
+    got, want = _write(_native.write_rows, g, a), _write(_native._write_rows_py, g, b)
+    assert got[0] == want[0] == int(np.count_nonzero(g["slot"] < 0)) > 0
+    for x, y in zip(got[1:], want[1:]):
+        np.testing.assert_array_equal(x, y)
+    for ta, tb in zip(a, b):
+        _same_index(ta, tb)
+        for x, y in zip(ta[2:], tb[2:]):  # arena, last, count, slot_ids, held
+            np.testing.assert_array_equal(x, y)
+    inserted, slot, nxt, used = want
+    for j, t in enumerate(b):  # the semantics, spelt out
+        lo, hi = g["bounds"][j], g["bounds"][j + 1]
+        new = g["slot"][lo:hi] < 0
+        np.testing.assert_array_equal(slot[lo:hi][~new], g["slot"][lo:hi][~new])
+        np.testing.assert_array_equal(slot[lo:hi][new], g["next"][j] + np.arange(new.sum()))
+        np.testing.assert_array_equal(t[2][slot[lo:hi]], g["records"][lo:hi])
+        np.testing.assert_array_equal(_lookup(t[0], t[1], g["ids"][lo:hi]), slot[lo:hi])
+        s = slot[lo:hi][new]
+        assert (t[5][s] == g["ids"][lo:hi][new]).all() and t[6][s].all() and (t[4][s] == 1).all() and (t[3][s] == g["clocks"][j]).all()
+        assert nxt[j] == g["next"][j] + new.sum() and used[j] == np.count_nonzero((g["tables"][j][1] == -1) & (t[1] >= 0))
+
+
+@native
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_read_rows_matches_its_fallback_on_tables_either_wrote(seed):
+    g = _group(seed)
+    written = {fn: _copy(g["tables"]) for fn in (_native.write_rows, _native._write_rows_py)}
+    for fn, tables in written.items():
+        _write(fn, g, tables)
+    results = []
+    for tables in written.values():
+        for fn in (_native.read_rows, _native._read_rows_py):
+            t = _copy(tables)
+            results.append((_read(fn, g, t), [x for tb in t for x in tb[2:]]))
+    (first, meta), others = results[0], results[1:]
+    for res, m in others:
+        assert res[0] == first[0]
+        for x, y in zip(res[1:] + tuple(m), first[1:] + tuple(meta)):
+            np.testing.assert_array_equal(x, y)
+    found, out, slot, hits = first
+    assert 0 < found < g["query"].size and found == hits.sum() == np.count_nonzero(slot >= 0)
+    assert (out[slot < 0] == -7).all()  # rows of absent IDs left as they were
+    tables = written[_native._write_rows_py]
+    for j, t in enumerate(tables):
+        lo, hi = g["qbounds"][j], g["qbounds"][j + 1]
+        s = slot[lo:hi]
+        np.testing.assert_array_equal(s, _lookup(t[0], t[1], g["query"][lo:hi]))
+        np.testing.assert_array_equal(out[lo:hi][s >= 0], t[2][s[s >= 0]])
+        last, count = meta[5 * j + 1], meta[5 * j + 2]  # after the read
+        if g["clocks"][j] < 0:  # a tier that keeps no statistics
+            np.testing.assert_array_equal(last, t[3])
+            np.testing.assert_array_equal(count, t[4])
+        else:
+            np.testing.assert_array_equal(count - t[4], np.bincount(s[s >= 0], minlength=t[4].size))  # repeats count
+            np.testing.assert_array_equal(last, np.where(count > t[4], g["clocks"][j], t[3]))
+
+
+@native
+def test_read_write_rows_split_over_threads_equal_one_thread(monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    monkeypatch.setattr(_native, "MIN_PARALLEL_ROWS", 1)
+    assert len(_native.chunks(np.diff(_group(4)["bounds"]))) == 3
+    g = _group(4)
+    split, one = _copy(g["tables"]), _copy(g["tables"])
+    results = [(_write(fn, g, t), _read(fn2, g, t)) for fn, fn2, t in (
+        (_native.write_rows, _native.read_rows, split), (_native._write_rows_py, _native._read_rows_py, one))]
+    for x, y in zip(results[0][0] + results[0][1], results[1][0] + results[1][1]):
+        np.testing.assert_array_equal(x, y)
+    for ta, tb in zip(split, one):
+        _same_index(ta, tb)
+        for x, y in zip(ta[2:], tb[2:]):
+            np.testing.assert_array_equal(x, y)
+
+
+def _kernels(name: str) -> list:
+    py = getattr(_native, f"_{name}_py")
+    return [getattr(_native, name), py] if _native.is_available() else [py]
+
+
+def test_bad_calls_raise_the_same_errors():
+    g = _group(5)
+    for write in _kernels("write_rows"):
+        bad = dict(g, bounds=g["bounds"][::-1].copy())
+        with pytest.raises(ValueError, match="bounds"):
+            _write(write, bad, _copy(g["tables"]))
+        with pytest.raises(ValueError, match="no room"):
+            _write(write, dict(g, next=g["next"] + 400), _copy(g["tables"]))
+        outside = g["slot"].copy()
+        outside[0] = 10**6
+        with pytest.raises(IndexError, match="outside the arena"):
+            _write(write, dict(g, slot=outside), _copy(g["tables"]))
+        with pytest.raises(ValueError, match="tuple of 7"):
+            _write(write, g, [t[:5] for t in _copy(g["tables"])])
+    for read in _kernels("read_rows"):
+        with pytest.raises(ValueError, match="bounds"):
+            _read(read, dict(g, qbounds=g["qbounds"][:-1].copy()), _copy(g["tables"]))
+        tables = _copy(g["tables"])
+        tables[0][1][tables[0][1] >= 0] = 10**6  # an index pointing past its arena
+        with pytest.raises(IndexError, match="outside the arena"):
+            held = g["tables"][0][5][g["tables"][0][6]][:5]
+            _read(read, dict(g, query=held, qbounds=np.array([0, 5, 5, 5, 5, 5])), tables)
