@@ -569,25 +569,33 @@ def _unique_segments_py(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
-def uniform01(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float = 1.0, add: float = 0.0) -> None:
-    """``out[i, c] = u * mul + add`` (float32 ops, in that order; out float32 [n, dim]) with the
+def uniform01(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float | np.ndarray = 1.0,
+              add: float | np.ndarray = 0.0) -> None:
+    """``out[i, c] = u * mul_i + add_i`` (float32 ops, in that order; out float32 [n, dim]) with the
     counter-based uniform ``u = (mix64(mix64(ids[i] ^ key_i) + (c + 1) * GOLDEN) >> 40) * 2**-24``
     in [0, 1); ``key_i`` = ``keys[0]`` or ``keys[i]`` (uint64 [1 or n]: one key per row lets the
-    tables of a group initialise their new rows in one call). Runs on several threads (row
-    ranges) when the call is large enough."""
+    tables of a group initialise their new rows in one call); ``mul``/``add``: numbers, or
+    float32 [n] (a scale per row: tables of different init scales in one call). Runs on several
+    threads (row ranges) when the call is large enough."""
     core = _core
     if core is None:
         return _uniform01_py(ids, keys, dim, out, mul, add)
     n = ids.size
     rows = _rows_of(out, n, dim, "out")
+    per_row = isinstance(mul, np.ndarray)
+    if per_row:
+        mul = np.ascontiguousarray(mul, dtype=np.float32)
+        add = np.ascontiguousarray(add, dtype=np.float32)
 
     def part(lo: int, hi: int) -> None:  # rows lo..hi-1
-        core.uniform01(ids[lo:hi], keys if keys.size == 1 else keys[lo:hi], dim, rows[lo:hi], mul, add)
+        m, a = (mul[lo:hi], add[lo:hi]) if per_row else (mul, add)  # type: ignore[index]
+        core.uniform01(ids[lo:hi], keys if keys.size == 1 else keys[lo:hi], dim, rows[lo:hi], m, a)
 
     run_chunks(part, chunks(np.full(n, dim), min_rows=2 * MIN_PARALLEL_ROWS))
 
 
-def _uniform01_py(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float = 1.0, add: float = 0.0) -> None:
+def _uniform01_py(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float | np.ndarray = 1.0,
+                  add: float | np.ndarray = 0.0) -> None:
     ids = np.asarray(ids, dtype=np.int64)
     keys = np.asarray(keys, dtype=np.uint64).reshape(-1)
     n = ids.size
@@ -597,7 +605,10 @@ def _uniform01_py(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, 
     cols = np.arange(1, dim + 1, dtype=np.uint64) * _GOLDEN
     bits = mix64(base[:, None] + cols[None, :])
     u = (bits >> np.uint64(40)).astype(np.float32) * np.float32(1.0 / (1 << 24))
-    if not (mul == 1.0 and add == 0.0):
+    if isinstance(mul, np.ndarray):
+        u *= np.asarray(mul, dtype=np.float32).reshape(n, 1)
+        u += np.asarray(add, dtype=np.float32).reshape(n, 1)
+    elif not (mul == 1.0 and add == 0.0):
         u *= np.float32(mul)
         u += np.float32(add)
     _rows_of(out, n, dim, "out")[...] = u

@@ -189,43 +189,60 @@ done:
 }
 
 /* uniform01(ids int64[n], keys uint64[1 or n], dim, out float32[n*dim], mul, add) -> None
- * out[i, c] = u * mul + add (float32 ops, in that order) with
+ * out[i, c] = u * mul_i + add_i (float32 ops, in that order) with
  * u = (mix64(mix64(ids[i] ^ key_i) + (c + 1) * GOLDEN) >> 40) * 2^-24, exactly the counter-based
  * uniforms of ember.embedding.init._uniform01 (mul = 1, add = 0) or a uniform initialiser's
  * u * (2 scale) - scale; key_i = keys[0] or keys[i] (one key per row lets the tables of a group
- * initialise their new rows in one call). */
+ * initialise their new rows in one call); mul and add are numbers, or float32 [n] (a scale per
+ * row: tables with different init scales in one call). */
 static PyObject *uniform01(PyObject *self, PyObject *args) {
-    Py_buffer ids, keys, out;
+    Py_buffer ids, keys, out, mb = {0}, ab = {0};
     Py_ssize_t dim;
-    double mul = 1.0, add = 0.0;
-    if (!PyArg_ParseTuple(args, "y*y*nw*|dd", &ids, &keys, &dim, &out, &mul, &add)) return NULL;
+    PyObject *mo = NULL, *ao = NULL;
+    if (!PyArg_ParseTuple(args, "y*y*nw*|OO", &ids, &keys, &dim, &out, &mo, &ao)) return NULL;
     PyObject *res = NULL;
     Py_ssize_t n = ids.len / 8, nk = keys.len / 8;
-    if (dim < 0 || out.len != n * dim * 4 || !(nk == 1 || nk == n)) {
-        PyErr_SetString(PyExc_ValueError, "ember native uniform01: keys uint64 [1 or len(ids)], out float32 [len(ids), dim]");
-        goto done;
+    int per_row = mo != NULL && PyObject_CheckBuffer(mo);
+    double mul = 1.0, add = 0.0;
+    if (per_row) {
+        if (ao == NULL || PyObject_GetBuffer(mo, &mb, PyBUF_SIMPLE) < 0) { mo = NULL; goto bad; }
+        if (PyObject_GetBuffer(ao, &ab, PyBUF_SIMPLE) < 0) { ao = NULL; goto bad; }
+        if (mb.len != n * 4 || ab.len != n * 4) goto bad;
+    } else {
+        if (mo != NULL && (mul = PyFloat_AsDouble(mo)) == -1.0 && PyErr_Occurred()) goto done;
+        if (ao != NULL && (add = PyFloat_AsDouble(ao)) == -1.0 && PyErr_Occurred()) goto done;
     }
+    if (dim < 0 || out.len != n * dim * 4 || !(nk == 1 || nk == n)) goto bad;
     {
         const int64_t *id = ids.buf;
         const uint64_t *ky = keys.buf;
+        const float *pm = per_row ? mb.buf : NULL, *pa = per_row ? ab.buf : NULL;
         float *o = out.buf;
         const float fm = (float)mul, fa = (float)add;
-        const int affine = !(mul == 1.0 && add == 0.0);
+        const int affine = per_row || !(mul == 1.0 && add == 0.0);
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
             uint64_t base = mix64((uint64_t)id[i] ^ ky[nk == 1 ? 0 : i]);
+            const float m = per_row ? pm[i] : fm, a = per_row ? pa[i] : fa;
             for (Py_ssize_t c = 0; c < dim; c++) {
                 uint64_t bits = mix64(base + (uint64_t)(c + 1) * 0x9E3779B97F4A7C15ULL);
                 float u = (float)(bits >> 40) * (float)(1.0 / (1 << 24));
-                if (affine) { u = u * fm; u = u + fa; }
+                if (affine) { u = u * m; u = u + a; }
                 o[i * dim + c] = u;
             }
         }
         Py_END_ALLOW_THREADS
         Py_INCREF(Py_None);
         res = Py_None;
+        goto done;
     }
+bad:
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_ValueError, "ember native uniform01: keys uint64 [1 or len(ids)], out float32 [len(ids), dim], "
+                        "mul/add numbers or float32 [len(ids)]");
 done:
+    if (per_row && mo != NULL && mb.obj != NULL) PyBuffer_Release(&mb);
+    if (per_row && ao != NULL && ab.obj != NULL) PyBuffer_Release(&ab);
     PyBuffer_Release(&ids); PyBuffer_Release(&keys); PyBuffer_Release(&out);
     return res;
 }

@@ -115,6 +115,8 @@ class GroupLookup:
         self.ids = torch.from_numpy(uniq)
         self.inverse = torch.from_numpy(inverse)
         self.sizes = [int(s) for s in sizes]
+        self.per_table = list(self.ids.split(self.sizes))  # one tensor per table, kept: the tiers
+        # remember the slots they probed for these very tensors, so write_back needs no probe
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.records: Tensor | None = None  # fetch: [U, width] on the group's device
         self.filtered: dict[int, Tensor] = {}  # fetch: table -> rows below min_count (no row, no update)
@@ -124,8 +126,8 @@ class GroupLookup:
         self.updated: list[int] = []  # update: tables stepped
 
     def table_ids(self) -> list[Tensor]:
-        """The unique IDs of each table of the group."""
-        return list(self.ids.split(self.sizes))
+        """The unique IDs of each table of the group (the same tensor objects every call)."""
+        return self.per_table
 
     # ---- phase 2 ------------------------------------------------------------------------
     def fetch(self) -> "GroupLookup":

@@ -47,17 +47,22 @@ def table_seed(base: int, name: str) -> int:
 
 
 def _uniform01(
-    ids: np.ndarray, dim: int, seed: int | np.ndarray, stream: int, scale: float | None = None
+    ids: np.ndarray, dim: int, seed: int | np.ndarray, stream: int, scale: float | np.ndarray | None = None
 ) -> np.ndarray:
     """Counter-based uniforms in [0, 1): one per (id, column), reproducible anywhere.
 
     ``seed`` is the table's seed, or one seed per ID (the tables of a group in one call).
-    With ``scale``: ``u * (2 scale) - scale`` in float32, i.e. U(-scale, scale) (fused natively).
+    With ``scale`` (a number, or float64 [N] per row): ``u * (2 scale) - scale`` in float32, i.e.
+    U(-scale, scale) (fused natively).
     The kernel (and its numpy fallback) is ``ember._native.uniform01``.
     """
     seeds = np.asarray(seed, dtype=np.int64).reshape(-1)
     key = mix64(seeds.astype(np.uint64) * np.uint64(2) + np.uint64(stream))
-    mul, add = (1.0, 0.0) if scale is None else (float(np.float32(2 * scale)), -float(np.float32(scale)))
+    if isinstance(scale, np.ndarray):
+        s = scale.astype(np.float64)
+        mul, add = (2 * s).astype(np.float32), (-s).astype(np.float32)
+    else:
+        mul, add = (1.0, 0.0) if scale is None else (float(np.float32(2 * scale)), -float(np.float32(scale)))
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     out = np.empty((ids.size, dim), dtype=np.float32)
     _native.uniform01(ids, key, dim, out, mul, add)
@@ -84,9 +89,7 @@ def init_rows(
     ids_np = ids.detach().cpu().numpy()
     if config.type == "uniform":
         if scale is not None:
-            u = _uniform01(ids_np, dim, seed, 0)
-            s = np.asarray(scale, dtype=np.float64)
-            return torch.from_numpy(u * (2 * s).astype(np.float32)[:, None] + (-s).astype(np.float32)[:, None])
+            return torch.from_numpy(_uniform01(ids_np, dim, seed, 0, np.asarray(scale, dtype=np.float64)))
         return torch.from_numpy(_uniform01(ids_np, dim, seed, 0, uniform_scale(config, dim)))
     std = config.std if config.std is not None else 1.0 / float(np.sqrt(dim))
     u1 = _uniform01(ids_np, dim, seed, 1)

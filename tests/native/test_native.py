@@ -291,3 +291,21 @@ def test_kernels_split_over_threads_equal_one_thread(monkeypatch):
     for x, y in zip(a["unique"], b["unique"]):
         np.testing.assert_array_equal(x, y)
     np.testing.assert_array_equal(a["init"], b["init"])
+
+
+@native
+def test_uniform01_per_row_scales_equal_one_call_per_scale():
+    rng = np.random.default_rng(4)
+    ids = rng.integers(-(2**62), 2**62, size=3000)
+    keys = rng.integers(0, 2**63, size=3000).astype(np.uint64)
+    scale = rng.choice([0.05, 0.25, 1.0], size=3000)
+    mul, add = (2 * scale).astype(np.float32), (-scale).astype(np.float32)
+    got, ref = np.empty((3000, 8), np.float32), np.empty((3000, 8), np.float32)
+    _native.uniform01(ids, keys, 8, got, mul, add)
+    _native._uniform01_py(ids, keys, 8, ref, mul, add)
+    for s in (0.05, 0.25, 1.0):
+        rows = np.flatnonzero(scale == s)
+        one = np.empty((rows.size, 8), np.float32)
+        _native.uniform01(ids[rows], keys[rows], 8, one, float(np.float32(2 * s)), -float(np.float32(s)))
+        np.testing.assert_array_equal(got[rows], one)  # bit for bit
+    np.testing.assert_array_equal(got, ref)
