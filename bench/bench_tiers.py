@@ -31,9 +31,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ember.embedding import EmbeddingTable, TableConfig
+from ember.batch import SparseFeatures
+from ember.embedding import EmbeddingTable, FeatureConfig, TableConfig, TableGroup
 from ember.tiers import DiskTier
-from ember.tiers.key_index import mix64
+from ember.mix import mix64
 
 torch.set_num_threads(1)  # small per-batch ops: threads only add OpenMP stalls on a busy 2-core box
 
@@ -66,11 +67,20 @@ def rss_mib() -> dict[str, float]:
     return out
 
 
+_GROUPS: dict[int, TableGroup] = {}
+
+
 def step(table: EmbeddingTable, ids_np: np.ndarray, gen: torch.Generator) -> None:
-    ids = torch.unique(torch.from_numpy(ids_np))
-    rec = table.lookup(ids)
-    grads = torch.randn(ids.numel(), table.dim, generator=gen) * 0.01
-    table.apply(ids, rec, grads)
+    """One training step of one table through the engine's phases (a group of one), with a
+    random gradient per unique ID in place of a model's."""
+    group = _GROUPS.get(id(table))
+    if group is None or group.tables[0] is not table:
+        group = _GROUPS[id(table)] = TableGroup([table], {table.name: [FeatureConfig(name="f", table=table.name)]})
+    ids = torch.from_numpy(ids_np)
+    lk = group.plan(SparseFeatures(["f"], ids, torch.ones_like(ids)), train=True).fetch()
+    lk.backward(torch.randn(lk.ids.numel(), table.dim, generator=gen) * 0.01)
+    lk.update()
+    lk.write_back()
 
 
 # ---- zipf: throughput vs all-in-memory, cache quality --------------------------------------------
@@ -187,7 +197,8 @@ def bench_layouts(args) -> dict:
                 d.flush()
                 _drop_cache(tmp / "slots")
             t0 = time.perf_counter()
-            got, found = d.get(torch.from_numpy(p))
+            got = torch.empty(p.size, d.record_dim)
+            found = d.get_into(torch.from_numpy(p), got)
             rd.append(p.size / (time.perf_counter() - t0))
             assert bool(found.all())
             t0 = time.perf_counter()

@@ -221,6 +221,15 @@ class GroupLookup:
                 out.update({g.features[k].name: o for k, o in zip(ks, outs)})
         return out
 
+    def backward(self, grad: Tensor) -> None:
+        """Hand the lookup its gradient directly, [U, dim] summed per unique ID (what autograd
+        does through ``pool``; e.g. gradients that arrive from other ranks, or a benchmark):
+        every table of the group counts as reached."""
+        if grad.shape != (self.ids.numel(), self.group.dim):
+            raise ValueError(f"GroupLookup.backward: grad must be [{self.ids.numel()}, {self.group.dim}], got {list(grad.shape)}")
+        self.grad = grad
+        self.reached = [True] * len(self.reached)
+
     def _reach_hook(self, table: int) -> Callable[[Tensor], None]:
         def hook(grad: Tensor) -> None:
             self.reached[table] = True

@@ -39,7 +39,6 @@ def lookup(table, ids: Tensor, train: bool = True):
 
 def apply(lk, grads: Tensor) -> None:
     """The update and write-back phases of ``lookup``'s result with ``grads`` [U, D] as its gradient."""
-    lk.grad = grads
-    lk.reached = [True] * len(lk.reached)
+    lk.backward(grads)
     lk.update()
     lk.write_back()
