@@ -211,34 +211,47 @@ def _place_py(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, new_slots: n
     ids = np.asarray(ids, dtype=np.int64)
     if new_slots.size != ids.size:
         raise ValueError("ember native place: len(slots) != len(ids)")
-    pos = _home(ids, mask)
-    scanned = np.zeros(ids.size, dtype=np.int64)  # buckets passed over, full, per ID
-    active = np.arange(ids.size)
     used = 0
+
+    def claim(buckets: np.ndarray, winners: np.ndarray) -> None:
+        nonlocal used
+        used += int(np.count_nonzero(slots[buckets] == _EMPTY))
+        slots[buckets] = new_slots[winners]
+        keys[buckets] = ids[winners]
+
+    # empty or deleted buckets are free: the IDs are known absent
+    _claim_rounds(_home(ids, mask), mask + 1, lambda win: slots[win] < 0, claim, "place: index full (reserve room first)")
+    return used
+
+
+def _claim_rounds(pos: np.ndarray, size: int, is_free: Callable[[np.ndarray], np.ndarray],
+                  claim: Callable[[np.ndarray, np.ndarray], None], full: str) -> None:
+    """The fallbacks' linear-probing insert: ID i takes the first free bucket from ``pos[i]`` of a
+    table of ``size`` buckets (wrapping around), in rounds over windows of ``_WINDOW`` buckets:
+    one winner per contested bucket (the first ID), ``claim(buckets, winners)`` takes them;
+    losers retry the same window, IDs whose window is full move on. ``is_free(win)``: bool [A, W]."""
+    at = np.array(pos, dtype=np.int64)  # a copy: advanced per ID
+    done = np.zeros(at.size, dtype=np.int64)  # buckets passed over, taken, per ID
+    active = np.arange(at.size)
     while active.size:
-        win = (pos[active, None] + _STEPS) & mask
-        free = slots[win] < 0  # empty or deleted: safe, the IDs are known absent
+        if int(done[active].max()) >= size:
+            raise RuntimeError(f"ember native {full}")
+        win = (at[active, None] + _STEPS) % size
+        free = is_free(win) & (_STEPS < size - done[active, None])  # never look at a bucket twice
         first = free.argmax(axis=1)
         r = np.arange(active.size)
-        has_free = free[r, first]
+        has = free[r, first]
         target = win[r, first]
-        cand = np.flatnonzero(has_free)
+        cand = np.flatnonzero(has)
         won = np.zeros(active.size, dtype=bool)
         if cand.size:
-            ub, pick = np.unique(target[cand], return_index=True)  # one winner per bucket: the first ID
-            winners = active[cand[pick]]
-            used += int(np.count_nonzero(slots[ub] == _EMPTY))
-            slots[ub] = new_slots[winners]
-            keys[ub] = ids[winners]
+            ub, pick = np.unique(target[cand], return_index=True)
+            claim(ub, active[cand[pick]])
             won[cand[pick]] = True
-        # losers of a bucket retry from the same window; IDs with a full window move on
-        full = active[~has_free]
-        pos[full] = (pos[full] + _WINDOW) & mask
-        scanned[full] += _WINDOW
-        if full.size and int(scanned[full].max()) > mask + _WINDOW:
-            raise RuntimeError("ember native place: index full (reserve room first)")
+        moved = active[~has]
+        at[moved] = (at[moved] + _WINDOW) % size
+        done[moved] += _WINDOW
         active = active[~won]
-    return used
 
 
 # ---- the disk tier's tags (ember.tiers.disk.DiskTier) ---------------------------------------
@@ -311,39 +324,16 @@ def tag_claim(tags: np.ndarray, pos: np.ndarray, tag: np.ndarray, out: np.ndarra
 
 def _tag_claim_py(tags: np.ndarray, pos: np.ndarray, tag: np.ndarray, out: np.ndarray) -> int:
     _check_tags(tags, pos, tag, out)
-    n = pos.size
-    at = np.array(pos, dtype=np.int64)  # a copy: advanced per ID
-    done = np.zeros(n, dtype=np.int64)  # slots passed over, taken, per ID
     want = np.asarray(tag, dtype=np.uint16)
-    active = np.arange(n)
     used = 0
-    while active.size:
-        if int(done[active].max()) >= tags.size:
-            raise RuntimeError("ember native tag_claim: no free slot (table full)")
-        win = at[active, None] + _STEPS
-        if tags.size >= _WINDOW:
-            win[win >= tags.size] -= tags.size
-        else:
-            win %= tags.size
-        free = (tags.take(win) <= 1) & (_STEPS < tags.size - done[active, None])
-        first = free.argmax(axis=1)
-        r = np.arange(active.size)
-        has = free[r, first]
-        target = win[r, first]
-        cand = np.flatnonzero(has)
-        won = np.zeros(active.size, dtype=bool)
-        if cand.size:
-            ub, pick = np.unique(target[cand], return_index=True)  # one winner per slot: the first ID
-            winners = active[cand[pick]]
-            used += int(np.count_nonzero(tags[ub] == 0))
-            tags[ub] = want[winners]
-            out[winners] = ub
-            won[cand[pick]] = True
-        # losers retry the same window (now with that slot taken); full windows move on
-        moved = active[~has]
-        at[moved] = (at[moved] + _WINDOW) % tags.size
-        done[moved] += _WINDOW
-        active = active[~won]
+
+    def claim(at: np.ndarray, winners: np.ndarray) -> None:
+        nonlocal used
+        used += int(np.count_nonzero(tags[at] == 0))
+        tags[at] = want[winners]
+        out[winners] = at
+
+    _claim_rounds(np.asarray(pos), tags.size, lambda win: tags.take(win) <= 1, claim, "tag_claim: no free slot (table full)")
     return used
 
 
