@@ -148,6 +148,15 @@ def _home(ids: np.ndarray, mask: int) -> np.ndarray:
     return (mix64(np.asarray(ids, dtype=np.int64).view(np.uint64)) & np.uint64(mask)).astype(np.int64)
 
 
+def _first_stop(stop: np.ndarray, match: np.ndarray, win: np.ndarray) -> tuple[np.ndarray, ...]:
+    """For each row of probe windows [A, W]: whether the probe stopped in it, whether it stopped
+    on a match, and the bucket where it stopped (the first ``stop`` of the row)."""
+    first = stop.argmax(axis=1)
+    r = np.arange(stop.shape[0])
+    stopped = stop[r, first]
+    return stopped, stopped & match[r, first], win[r, first]
+
+
 def probe(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, out_bucket: np.ndarray, out_slot: np.ndarray) -> int:
     """Find each ID of ``ids`` (int64 [n], duplicates allowed) in the table ``keys``/``slots``:
     ``out_bucket`` (int64 [n]) gets its bucket, ``out_slot`` (int32 [n]) its slot, both -1 where
@@ -178,12 +187,8 @@ def _probe_py(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, out_bucket: 
         win = (pos[:, None] + _STEPS) & mask  # [A, W]
         s = slots.take(win)
         hit = (s >= 0) & (keys.take(win) == ids.take(active)[:, None])
-        stop = hit | (s == _EMPTY)
-        first = stop.argmax(axis=1)
-        rows = np.arange(active.size)
-        stopped = stop[rows, first]
-        is_hit = stopped & hit[rows, first]
-        bucket[active[is_hit]] = win[rows, first][is_hit]
+        stopped, is_hit, at = _first_stop(hit | (s == _EMPTY), hit, win)
+        bucket[active[is_hit]] = at[is_hit]
         active = active[~stopped]
         pos = (pos[~stopped] + _WINDOW) & mask
     found = bucket >= 0
@@ -298,12 +303,8 @@ def _tag_find_py(tags: np.ndarray, pos: np.ndarray, tag: np.ndarray, out: np.nda
         win, valid = _tag_window(tags, at, done)
         t = tags.take(win)
         match = (t == want.take(active)[:, None]) & valid
-        stop = match | ((t == 0) & valid)
-        first = stop.argmax(axis=1)
-        r = np.arange(active.size)
-        stopped = stop[r, first]
-        hit = stopped & match[r, first]
-        res[active[hit]] = win[r, first][hit]
+        stopped, hit, where = _first_stop(match | ((t == 0) & valid), match, win)
+        res[active[hit]] = where[hit]
         active = active[~stopped]
         at = win[~stopped, -1] + 1
         at[at >= tags.size] = 0
