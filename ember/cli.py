@@ -148,11 +148,25 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from ember.errors import EmberError
 
+    _show_ember_logs()
+
     try:
         return int(args.fn(args))
     except EmberError as e:
         print(f"ember {args.command}: error: {e}", file=sys.stderr)
         return 2
+
+
+def _show_ember_logs() -> None:
+    """ember's own informational lines (e.g. how tables were grouped) go to stderr, once."""
+    import logging
+
+    log = logging.getLogger("ember")
+    if not log.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("ember: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,16 @@ def test_python_m_ember_trains_the_demo_config(tmp_path):
     assert "steps: 2" in r.stdout and (tmp_path / "demo").is_dir()
 
 
+def test_the_cli_says_how_tables_were_grouped(tmp_path):
+    # one table of another dim: the collection splits into two groups and says why, once
+    r = _ember("train", "--config", "configs/demo.yaml", "train.max_steps=1", "train.progress=false",
+               f"train.out_dir={tmp_path}", "data.synthetic.rows=4096", "data.synthetic.eval_rows=1024",
+               "tables=[{name: C1, dim: 8}]", "model={type: wdl}")
+    assert r.returncode == 0, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if "table groups" in ln]
+    assert len(lines) == 1 and "differs in dim, record width" in lines[0], r.stderr
+
+
 def test_python_m_ember_reports_errors_cleanly(tmp_path):
     r = _ember("train", "--config", str(tmp_path / "missing.yaml"))
     assert r.returncode == 2 and "does not exist" in r.stderr and "Traceback" not in r.stderr
