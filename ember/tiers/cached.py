@@ -131,12 +131,12 @@ class CachedTier(Tier):
 
     def _count(self, ids: Tensor) -> np.ndarray:
         """Count one more access of each ID missing from ``fast``; returns the new estimates."""
-        ids_np = ids.numpy()
-        self.sketch.add(ids_np)
+        est = self.sketch.add(ids.numpy())
         if self.sketch.added >= self.decay_every:
             self.sketch.halve()
             self.fast.decay_counts()
-        return self.sketch.estimate(ids_np)
+            est >>= 1  # every counter halved: so is each minimum
+        return est
 
     def _admit(self, est: np.ndarray) -> np.ndarray:
         """Which candidates (indices into ``est``) enter ``fast``; the most frequent first.
@@ -191,14 +191,15 @@ class CachedTier(Tier):
         in_slow = self.slow.contains(r_ids)
         new = torch.nonzero(~in_slow).squeeze(1)
         to_fast = np.empty(0, dtype=np.int64)
+        counts_new = np.empty(0, dtype=np.int64)
         if new.numel():
             est = self.sketch.estimate(r_ids[new].numpy())
-            to_fast = new.numpy()[self._admit(est)]
+            admitted = self._admit(est)
+            to_fast, counts_new = new.numpy()[admitted], est[admitted]
         if to_fast.size:
             keep = np.ones(rest.numel(), dtype=bool)
             keep[to_fast] = False
             sel = torch.from_numpy(to_fast)
-            counts_new = self.sketch.estimate(r_ids[sel].numpy())
             self._insert_fast(r_ids[sel], r_recs.index_select(0, sel.to(r_recs.device)), counts_new)
             if keep.any():
                 k = torch.from_numpy(np.flatnonzero(keep))

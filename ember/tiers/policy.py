@@ -61,7 +61,8 @@ class CountMinSketch:
 
     Example:
         >>> s = CountMinSketch(width=1024)
-        >>> s.add(np.array([5, 5, 9]))
+        >>> s.add(np.array([5, 5, 9])).tolist()
+        [2, 2, 1]
         >>> s.estimate(np.array([5, 9, 11])).tolist()
         [2, 1, 0]
     """
@@ -83,10 +84,11 @@ class CountMinSketch:
         mask = np.uint64(self.width - 1)
         return np.stack([(mix64(x ^ s) & mask).astype(np.int64) for s in _SEEDS[: self.depth]])
 
-    def add(self, ids: np.ndarray, counts: np.ndarray | int = 1) -> None:
-        """Count each ID ``counts`` more times (IDs may repeat)."""
+    def add(self, ids: np.ndarray, counts: np.ndarray | int = 1) -> np.ndarray:
+        """Count each ID ``counts`` more times (IDs may repeat); returns the estimates after
+        adding (int64 [N], what ``estimate`` would return, without hashing the IDs again)."""
         if ids.size == 0:
-            return
+            return np.empty(0, dtype=np.int64)
         cells = self._cells(ids)
         c = np.broadcast_to(np.asarray(counts, dtype=np.int64), ids.shape)
         total = int(c.sum())
@@ -100,12 +102,15 @@ class CountMinSketch:
             inc = np.bincount(inv, weights=c, minlength=cell.size).astype(np.int64)
             row[cell] = np.minimum(row[cell].astype(np.int64) + inc, _COUNT_MAX).astype(np.uint16)
         self.added += total
+        return self._min_over_rows(cells)
 
     def estimate(self, ids: np.ndarray) -> np.ndarray:
         """Estimated count of each ID (int64 [N])."""
         if ids.size == 0:
             return np.empty(0, dtype=np.int64)
-        cells = self._cells(ids)
+        return self._min_over_rows(self._cells(ids))
+
+    def _min_over_rows(self, cells: np.ndarray) -> np.ndarray:
         est = self.table[0].take(cells[0])
         for r in range(1, self.depth):
             est = np.minimum(est, self.table[r].take(cells[r]))
