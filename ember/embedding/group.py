@@ -115,8 +115,9 @@ class GroupLookup:
         self.ids = torch.from_numpy(uniq)
         self.inverse = torch.from_numpy(inverse)
         self.sizes = [int(s) for s in sizes]
-        self.per_table = list(self.ids.split(self.sizes))  # one tensor per table, kept: the tiers
-        # remember the slots they probed for these very tensors, so write_back needs no probe
+        # the unique IDs of each table, as tensors kept for the lookup's life: the tiers remember
+        # the slots fetch probed for these very tensors, so write_back needs no second probe
+        self.table_ids = list(self.ids.split(self.sizes))
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.records: Tensor | None = None  # fetch: [U, width] on the group's device
         self.filtered: dict[int, Tensor] = {}  # fetch: table -> rows below min_count (no row, no update)
@@ -125,9 +126,10 @@ class GroupLookup:
         self.grad: Tensor | None = None  # backward: [U, dim], one summed gradient per unique ID
         self.updated: list[int] = []  # update: tables stepped
 
-    def table_ids(self) -> list[Tensor]:
-        """The unique IDs of each table of the group (the same tensor objects every call)."""
-        return self.per_table
+    def _count_moved(self, rows_per_table: Sequence[int], width: int) -> None:
+        """Note, per table, rows of ``width`` floats that crossed between host and device."""
+        for table, n in zip(self.group.tables, rows_per_table):
+            table.count_transfer(int(n), width)
 
     # ---- phase 2 ------------------------------------------------------------------------
     def fetch(self) -> "GroupLookup":
@@ -136,7 +138,7 @@ class GroupLookup:
         and TTL tables complete their rows (writes ``records``, ``filtered``). Stores nothing."""
         g = self.group
         rec = torch.empty(self.ids.numel(), g.width, device=g.device)
-        found = read_segments(g.tiers, self.table_ids(), rec)
+        found = read_segments(g.tiers, self.table_ids, rec)
         found_np = found.numpy()
         owner = np.repeat(np.arange(len(g.tables)), self.sizes)
         miss = np.flatnonzero(~found_np & ~g.special[owner])
@@ -148,9 +150,8 @@ class GroupLookup:
                     scale = g.scale[owner[rows]] if g.mixed_scale[k] else None
                     fresh = fresh_records(self.ids[torch.from_numpy(rows)], g.seeds[owner[rows]], g.dim, init, opt, scale)
                     rec.index_copy_(0, torch.from_numpy(rows).to(rec.device), fresh.to(rec.device))
-            if rec.device.type != "cpu":
-                for j, n in enumerate(np.bincount(owner[miss], minlength=len(g.tables)).tolist()):
-                    g.tables[j].count_transfer(n, rec.device)
+            if rec.device.type != "cpu":  # fresh rows are made on the host
+                self._count_moved(np.bincount(owner[miss], minlength=len(g.tables)), g.width)
         for j in np.flatnonzero(g.special).tolist():
             a, b = int(self.starts[j]), int(self.starts[j + 1])
             filt = g.tables[j].complete(self.ids[a:b], rec[a:b], found[a:b], self.train)
@@ -169,8 +170,7 @@ class GroupLookup:
         g = self.group
         w = self.records[:, : g.dim]
         if not _same_device(w.device, device):
-            for j, n in enumerate(self.sizes):
-                g.tables[j].count_transfer(n, device if device.type != "cpu" else w.device, width=g.dim)
+            self._count_moved(self.sizes, g.dim)
         w = w.to(device, non_blocking=True, memory_format=torch.contiguous_format)  # gathers from contiguous rows are ~1.5x faster
         if self.train:
             w = w.detach().requires_grad_()
@@ -253,8 +253,7 @@ class GroupLookup:
         g, rec = self.group, self.records
         grad = self.grad
         if not _same_device(grad.device, rec.device):
-            for j, n in enumerate(self.sizes):
-                g.tables[j].count_transfer(n, grad.device if grad.device.type != "cpu" else rec.device, width=g.dim)
+            self._count_moved(self.sizes, g.dim)
             grad = grad.to(rec.device)
         for lo, hi in g.runs:
             j = lo
@@ -291,7 +290,7 @@ class GroupLookup:
         if self.records is None:
             raise RuntimeError("GroupLookup.write_back before fetch")
         g, rec = self.group, self.records
-        ids = self.table_ids()
+        ids = self.table_ids
         if len(self.updated) == len(g.tables) and not self.filtered:
             write_segments(g.tiers, ids, rec)
             written = ids

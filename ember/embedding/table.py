@@ -125,16 +125,17 @@ class EmbeddingTable:
                 filtered = torch.zeros(ids.numel(), dtype=torch.bool)
                 filtered[missing[~admitted]] = True
                 self.filtered_reads += int((~admitted).sum())
-            self.count_transfer(miss.size, records.device)
+            if records.device.type != "cpu":  # fresh rows are made on the host
+                self.count_transfer(miss.size)
             records.index_copy_(0, missing.to(records.device), self.stored(fresh).to(records.device))
         if self.ttl is not None and train:
             records[:, -1] = float(self.step)
         return filtered
 
-    def count_transfer(self, rows: int, device: torch.device, width: int | None = None) -> None:
-        """Count rows made or moved on the host for a buffer on another device (host<->GPU bytes)."""
-        if device.type != "cpu":
-            self.transfer_bytes += rows * 4 * (self.config.stored_dim if width is None else width)
+    def count_transfer(self, rows: int, width: int | None = None) -> None:
+        """Count ``rows`` of ``width`` floats (default: a stored record) that crossed between
+        host and device memory for this table (the caller knows they crossed)."""
+        self.transfer_bytes += rows * 4 * (self.config.stored_dim if width is None else width)
 
     def after_write(self, ids: Tensor) -> None:
         """Bookkeeping once the rows of ``ids`` were updated and stored: they now have rows

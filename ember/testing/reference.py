@@ -1,6 +1,6 @@
 """The per-table reference implementation: the oracle the grouped engine is tested against.
 
-Each table on its own, the plainest way: ``torch.unique`` per table, one ``get_into`` per table,
+Each table on its own, the plainest way: one dedupe (``unique_segments``) per table, one ``get_into`` per table,
 fresh rows per table, one leaf per table, every feature pooled with ``pool_feature``, and one
 optimizer call and one ``put`` per table. Slow and simple on purpose; tests only.
 """
@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ember import _native
 from ember.batch.sparse import SparseFeatures
 from ember.embedding.config import FeatureConfig, TableConfig
 from ember.embedding.pooling import SequenceEmbedding, pool_feature
@@ -44,7 +45,8 @@ class ReferenceCollection:
         for name, feats in self.by_table.items():
             table = self.tables[name]
             values = torch.cat([sparse[f.name].values for f in feats])
-            ids, inverse = _unique_first_order(values)
+            uniq, inv, _ = _native.unique_segments(values.numpy(), np.array([0, values.numel()]))
+            ids, inverse = torch.from_numpy(uniq), torch.from_numpy(inv)
             records = torch.zeros(ids.numel(), table.config.stored_dim)
             found = table.tier.get_into(ids, records)
             filtered = self._complete(table, ids, records, found)
@@ -94,14 +96,3 @@ class ReferenceCollection:
                 table.expire()
         self.leaves = {}
 
-
-def _unique_first_order(values: Tensor) -> tuple[Tensor, Tensor]:
-    """Unique values in order of first occurrence, and each value's index into them."""
-    u, inv = torch.unique(values, sorted=True, return_inverse=True)
-    first = torch.full((u.numel(),), values.numel(), dtype=torch.int64).scatter_reduce_(
-        0, inv, torch.arange(values.numel()), reduce="amin"
-    )
-    order = torch.argsort(first)
-    rank = torch.empty_like(order)
-    rank[order] = torch.arange(order.numel())
-    return u[order], rank[inv]
