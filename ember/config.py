@@ -24,6 +24,7 @@ from ember.errors import ConfigError
 from ember.featurize.schema import Schema, SparseFeature
 from ember.models.registry import ModelConfig
 from ember.optim import RowWiseAdagrad, SparseOptimizerConfig
+from ember.pipeline.config import PipelineConfig
 from ember.source.config import DataConfig
 from ember.train.config import TrainConfig
 
@@ -48,6 +49,7 @@ class RunConfig(ConfigModel):
     tables: list[TableConfig] = []
     model: ModelConfig
     train: TrainConfig = TrainConfig()
+    pipeline: PipelineConfig = PipelineConfig()
 
     model_config = {**ConfigModel.model_config, "populate_by_name": True, "protected_namespaces": ()}
 

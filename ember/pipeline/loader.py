@@ -151,7 +151,8 @@ class Loader:
     """
 
     def __init__(self, data: DataConfig, schema: Schema, split: Split = "train", epoch: int = 0,
-                 start_batch: int = 0) -> None:
+                 start_batch: int = 0, threaded: bool = False) -> None:
+        self.threaded = threaded
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if start_batch < 0:
@@ -199,7 +200,7 @@ class Loader:
 
     def __iter__(self) -> Iterator[Batch]:
         self._next = self.start_batch
-        source = _prefetched(self._batches, self.data.prefetch) if self.data.prefetch > 0 else self._batches()
+        source = _prefetched(self._batches, 2) if self.threaded else self._batches()
         try:
             for batch in source:
                 self._next += 1
@@ -211,6 +212,6 @@ class Loader:
 
 
 def make_batches(data: DataConfig, schema: Schema, split: Split = "train", epoch: int = 0,
-                 start_batch: int = 0) -> Loader:
+                 start_batch: int = 0, threaded: bool = False) -> Loader:
     """The batches of ``split`` for ``epoch`` from batch ``start_batch`` on (see :class:`Loader`)."""
-    return Loader(data, schema, split, epoch, start_batch)
+    return Loader(data, schema, split, epoch, start_batch, threaded)

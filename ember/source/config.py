@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ember.config_base import ConfigModel
 
@@ -94,7 +94,8 @@ class DataConfig(ConfigModel):
     seed: int = 0
     on_bad_rows: Literal["error", "skip"] = "error"
     read_rows: int = Field(65536, ge=1)  # rows per record batch read from Parquet/ORC/synthetic
-    prefetch: int = Field(2, ge=0)  # batches prepared ahead on a thread; 0 = no thread
+    # removed: the staged pipeline (``pipeline:`` section) reads ahead
+    prefetch: None = None
     csv: CsvOptions = CsvOptions()
     synthetic: SyntheticOptions = SyntheticOptions()
 
@@ -104,6 +105,16 @@ class DataConfig(ConfigModel):
         if isinstance(data, dict) and data.get("preset") in PRESET_DATA_DEFAULTS:
             return _merge(PRESET_DATA_DEFAULTS[data["preset"]], data)
         return data
+
+    @field_validator("prefetch", mode="before")
+    @classmethod
+    def _no_prefetch(cls, v: object) -> None:
+        if v is not None:
+            raise ValueError(
+                "data.prefetch was removed: reading ahead is the pipeline's job; use pipeline.enabled "
+                "(true/false) and pipeline.depth.featurize (batches ready ahead) instead"
+            )
+        return None
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":

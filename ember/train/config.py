@@ -41,7 +41,11 @@ class TrainConfig(ConfigModel):
     resume: str | None = None  # checkpoint to continue exactly (model, optimizers, data position)
     init_from: str | None = None  # checkpoint whose weights start a finetune (fresh data position)
     progress: bool = True
-    # removed: the staged pipeline will schedule the lookup phases ahead (see the README)
+    embedding_staleness: int = Field(0, ge=0)
+    """Steps the embedding fetch may run ahead of the sparse update: 0 = exact synchronous
+    training; k > 0 lets batch t+k read rows before batch t's update is written (no update is
+    lost: an update lands on the current row; a read is at most k updates behind)."""
+    # removed: the staged pipeline schedules the lookup phases ahead (``pipeline:`` section)
     prefetch: None = None
 
     @field_validator("prefetch", mode="before")
@@ -49,7 +53,7 @@ class TrainConfig(ConfigModel):
     def _no_prefetch(cls, v: object) -> None:
         if v is not None:
             raise ValueError(
-                "train.prefetch was removed: embedding lookups now run in explicit phases that the "
-                "staged pipeline schedules; delete the key (data.prefetch still reads batches ahead)"
+                "train.prefetch was removed: the staged pipeline fetches rows ahead; use "
+                "pipeline.enabled and train.embedding_staleness (how many steps the fetch may run ahead)"
             )
         return None

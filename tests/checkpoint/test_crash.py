@@ -119,7 +119,7 @@ def _child(spec_path: str) -> None:
 
 def _config(tmp_path: Path, name: str, **train: Any) -> dict[str, Any]:
     return {
-        "data": {"preset": "synthetic", "batch_size": 256, "prefetch": 0,
+        "data": {"preset": "synthetic", "batch_size": 256,
                  "synthetic": {"rows": 8_000, "eval_rows": 1_000, "vocab_size": 2_000, "num_sparse": 4}},
         "embedding": {"dim": 8, "optimizer": {"type": "adam", "lr": 0.01}},
         "model": {"type": "dlrm", "bottom_mlp": [16, 8], "top_mlp": [16]},

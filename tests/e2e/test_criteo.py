@@ -36,7 +36,7 @@ def _overrides(tmp_path: Path, name: str) -> list[str]:
         f"data.train={CRITEO / 'train.tsv'}",
         f"data.eval=[{CRITEO / 'dev.tsv'}, {CRITEO / 'test.tsv'}]",
         f"data.seed={SEED}",
-        "data.prefetch=0",
+        "pipeline.enabled=false",
         f"train.seed={SEED}",
         f"train.out_dir={tmp_path}",
         f"train.run_name={name}",

@@ -61,7 +61,7 @@ def test_files_shuffle_is_deterministic_and_resumable(tmp_path):
 def test_drop_last_and_eval_batch_size(tmp_path):
     schema = _parquet_dir(tmp_path, n_files=1, rows=250)
     data = DataConfig(format="parquet", train=str(tmp_path), eval=str(tmp_path), batch_size=100,
-                      eval_batch_size=200, drop_last=True, prefetch=0)
+                      eval_batch_size=200, drop_last=True)
     assert [b.size for b in make_batches(data, schema, "train")] == [100, 100]
     assert [b.size for b in make_batches(data, schema, "eval")] == [200, 50]
 
@@ -96,14 +96,14 @@ def test_thread_errors_reach_the_consumer(tmp_path):
     p = tmp_path / "d.csv"
     p.write_text("y,c\n" + "1,a\n" * 10 + "7,a\n")
     schema = Schema.parse({"labels": ["y"], "sparse": [{"name": "c"}]})
-    data = DataConfig(format="csv", train=str(p), batch_size=2, prefetch=2)
+    data = DataConfig(format="csv", train=str(p), batch_size=2)
     with pytest.raises(DataError, match=r"row 12, column 'y': label is not in \[0, 1\]"):
-        list(make_batches(data, schema, "train"))
+        list(make_batches(data, schema, "train", threaded=True))
 
 
 def test_early_exit_stops_cleanly():
-    data = DataConfig(batch_size=10, synthetic=SMALL, prefetch=1)
-    loader = make_batches(data, preset_schema("synthetic", data), "train")
+    data = DataConfig(batch_size=10, synthetic=SMALL)
+    loader = make_batches(data, preset_schema("synthetic", data), "train", threaded=True)
     for i, _ in enumerate(loader):
         if i == 2:
             break
