@@ -146,15 +146,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from ember.errors import EmberError
+    from ember.errors import EmberError, RunInterrupted
 
     _show_ember_logs()
 
     try:
         return int(args.fn(args))
+    except RunInterrupted as e:
+        print(f"ember {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
     except EmberError as e:
-        print(f"ember {args.command}: error: {e}", file=sys.stderr)
+        print(f"ember {args.command}: error: {_with_notes(e)}", file=sys.stderr)
         return 2
+    except Exception as e:
+        if not any("ember pipeline stage" in n for n in getattr(e, "__notes__", [])):
+            raise
+        # a fault inside a pipeline stage (disk full, a kernel error): named, without a traceback
+        print(f"ember {args.command}: error: {type(e).__name__}: {_with_notes(e)}", file=sys.stderr)
+        return 1
+
+
+def _with_notes(e: BaseException) -> str:
+    """The message and the notes added on its way up (e.g. the pipeline stage that raised it)."""
+    return " ".join([str(e), *getattr(e, "__notes__", [])])
 
 
 def _show_ember_logs() -> None:

@@ -10,6 +10,7 @@ __all__ = [
     "CapacityError",
     "TierIOError",
     "CheckpointError",
+    "RunInterrupted",
 ]
 
 
@@ -39,3 +40,16 @@ class TierIOError(EmberError, OSError):
 
 class CheckpointError(EmberError, RuntimeError):
     """A checkpoint is missing, damaged (checksum mismatch) or of another layout."""
+
+
+class RunInterrupted(EmberError):
+    """SIGINT or SIGTERM stopped a training run after it wrote a checkpoint; ``exit_code`` is
+    128 + the signal number, as a shell reports a process the signal ended."""
+
+    def __init__(self, signum: int, checkpoint: str) -> None:
+        import signal
+
+        self.signum, self.checkpoint = signum, checkpoint
+        self.exit_code = 128 + signum
+        name = signal.Signals(signum).name
+        super().__init__(f"stopped by {name}; the run was saved to {checkpoint} (resume with train.resume={checkpoint})")

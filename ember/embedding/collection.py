@@ -51,6 +51,11 @@ class Lookup:
         self.fetched = True
         return self
 
+    def to_device(self, device: torch.device) -> None:
+        """Optional, between fetch and pool: every group copies its rows to ``device`` ahead."""
+        for g in self.groups:
+            g.to_device(device)
+
     def pool(self, device: torch.device, on_grad: Callable[[GroupLookup], None] | None = None) -> dict[str, Tensor | SequenceEmbedding]:
         """Phase 3 of every group: {feature: pooled tensor}, in the collection's feature order."""
         out: dict[str, Tensor | SequenceEmbedding] = {}
@@ -128,10 +133,13 @@ class EmbeddingCollection(nn.Module):
         return self
 
     # ---- the phases ------------------------------------------------------------------------
-    def plan(self, sparse: SparseFeatures) -> Lookup:
-        """Phase 1 for every group: dedupe the batch's IDs per table. A training lookup (module
-        in training mode, grad enabled) counts ``min_count`` sightings and refreshes TTL steps."""
-        train = self.training and torch.is_grad_enabled()
+    def plan(self, sparse: SparseFeatures, train: bool | None = None) -> Lookup:
+        """Phase 1 for every group: dedupe the batch's IDs per table. A training lookup counts
+        ``min_count`` sightings and refreshes TTL steps; ``train`` defaults to the module in
+        training mode with grad enabled (a pipeline thread planning ahead says it explicitly:
+        grad mode is per thread)."""
+        if train is None:
+            train = self.training and torch.is_grad_enabled()
         return Lookup([g.plan(sparse, train) for g in self.groups], self.features)
 
     def forward(self, sparse: SparseFeatures, lookup: Lookup | None = None) -> dict[str, Tensor | SequenceEmbedding]:

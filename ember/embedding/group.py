@@ -6,7 +6,11 @@ optimizer hyperparameters, ``min_count`` and TTL. A ``GroupLookup`` is one batch
 through explicit phases, each a method that can be called on its own (a pipeline may run them
 on different threads, sharding may put all-to-alls between them):
 
-``plan`` (constructor) -> ``fetch`` -> ``pool`` -> [backward] -> ``update`` -> ``write_back``
+``plan`` (constructor) -> ``fetch`` -> ``pool`` -> [backward] -> [``refresh``] -> ``update``
+-> ``write_back``
+
+``refresh`` is for bounded staleness: when later batches' updates were written after this
+lookup's fetch, it re-reads those rows so that its update lands on their current values.
 
 All per-batch state lives on the lookup object; the group and its tables hold only what
 outlives a batch.
@@ -121,10 +125,12 @@ class GroupLookup:
         self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self.records: Tensor | None = None  # fetch: [U, width] on the group's device
         self.filtered: dict[int, Tensor] = {}  # fetch: table -> rows below min_count (no row, no update)
+        self.on_device: Tensor | None = None  # to_device: the rows pool reads [U, dim], copied ahead
         self.weights: Tensor | None = None  # pool: leaf [U, dim] on the model device
         self.reached = [False] * len(group.tables)  # backward: tables whose features reached the loss
         self.grad: Tensor | None = None  # backward: [U, dim], one summed gradient per unique ID
         self.updated: list[int] = []  # update: tables stepped
+        self.written: list[Tensor] = []  # write_back: IDs stored, per table
 
     def _count_moved(self, rows_per_table: Sequence[int], width: int) -> None:
         """Note, per table, rows of ``width`` floats that crossed between host and device."""
@@ -160,6 +166,20 @@ class GroupLookup:
         self.records = rec
         return self
 
+    def to_device(self, device: torch.device) -> None:
+        """Between fetch and pool (optional): copy the rows pool reads [U, dim] to ``device``
+        ahead, from pinned memory, without blocking (a pipeline runs it on its own CUDA stream
+        and has ``pool`` wait for it). Reads ``records``; writes ``on_device``."""
+        if self.records is None:
+            raise RuntimeError("GroupLookup.to_device before fetch")
+        w = self.records[:, : self.group.dim]
+        if _same_device(w.device, device):
+            return
+        self._count_moved(self.sizes, self.group.dim)
+        if w.device.type == "cpu":
+            w = w.contiguous().pin_memory()
+        self.on_device = w.to(device, non_blocking=True)
+
     # ---- phase 3 ------------------------------------------------------------------------
     def pool(self, device: torch.device, on_grad: Callable[["GroupLookup"], None] | None = None) -> dict[str, Tensor | SequenceEmbedding]:
         """Pool every feature of the group from ``records`` on ``device``: {feature: [B, D] or a
@@ -169,7 +189,11 @@ class GroupLookup:
             raise RuntimeError("GroupLookup.pool before fetch: call fetch() first")
         g = self.group
         w = self.records[:, : g.dim]
-        if not _same_device(w.device, device):
+        if self.on_device is not None and _same_device(self.on_device.device, device):
+            w = self.on_device  # copied ahead by to_device
+            if device.type == "cuda":
+                w.record_stream(torch.cuda.current_stream(device))
+        elif not _same_device(w.device, device):
             self._count_moved(self.sizes, g.dim)
         w = w.to(device, non_blocking=True, memory_format=torch.contiguous_format)  # gathers from contiguous rows are ~1.5x faster
         if self.train:
@@ -243,6 +267,33 @@ class GroupLookup:
         return reach
 
     # ---- phase 4 ------------------------------------------------------------------------
+    def refresh(self, writes: Sequence[Sequence[Tensor]]) -> int:
+        """Before ``update`` under bounded staleness: re-read from the tiers the rows of this
+        lookup that later write-backs of the same group stored after this lookup's fetch
+        (``writes``: their ``written``, IDs per table), so the update applies this batch's
+        gradient to their current values and no update is lost. A row below ``min_count`` at
+        fetch time that another batch has since admitted is updated too. Writes ``records``
+        and ``filtered``; returns the rows re-read."""
+        if self.records is None:
+            raise RuntimeError("GroupLookup.refresh before fetch")
+        g, n = self.group, 0
+        for j, ids in enumerate(self.table_ids):
+            parts = [w[j] for w in writes if w[j].numel()]
+            if not parts or not ids.numel():
+                continue
+            pos = torch.nonzero(torch.isin(ids, torch.cat(parts))).squeeze(1)
+            if not pos.numel():
+                continue
+            rows = self.records.new_empty(pos.numel(), g.width)
+            found = g.tiers[j].get_into(ids.index_select(0, pos), rows)
+            pos, rows = pos[found], rows[found.to(rows.device)]
+            a = int(self.starts[j])
+            self.records.index_copy_(0, (pos + a).to(self.records.device), rows)
+            if j in self.filtered:
+                self.filtered[j][pos] = False
+            n += pos.numel()
+        return n
+
     def update(self) -> None:
         """Run each table's sparse optimizer on the rows of ``records`` whose features reached the
         loss, with ``grad`` (reads ``grad``, ``reached``, ``filtered``; writes ``records``,
@@ -309,6 +360,7 @@ class GroupLookup:
                 written[j] = i
             if tiers:
                 write_segments(tiers, parts, torch.cat(rows) if len(rows) > 1 else rows[0])
+        self.written = list(written)
         for j in self.updated:
             g.tables[j].after_write(written[j])
 

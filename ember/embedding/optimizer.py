@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ember.embedding.collection import EmbeddingCollection
+from ember.embedding.group import GroupLookup
 
 __all__ = ["SparseOptimizer"]
 
@@ -42,6 +43,11 @@ class SparseOptimizer:
 
     def step(self) -> None:
         """Update and write back the rows of every lookup whose backward ran since the last step."""
+        self.apply(self.take())
+
+    def take(self) -> list[GroupLookup]:
+        """The lookups whose backward ran since the last call, for ``apply`` later (a pipeline
+        applies them on another thread while the next batch's forward runs)."""
         ready, waiting = [], 0
         for ec in self.collections:
             r, w = ec.take_gradients()
@@ -54,6 +60,11 @@ class SparseOptimizer:
                 if waiting else "there was no training forward since the last step()"
             )
             raise RuntimeError(f"SparseOptimizer.step(): no embedding gradients to apply; {why}")
+        return ready
+
+    @staticmethod
+    def apply(ready: list[GroupLookup]) -> None:
+        """Update and write back ``ready`` (from ``take``), in order."""
         for lk in ready:
             lk.update()
             lk.write_back()

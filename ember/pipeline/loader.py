@@ -1,7 +1,9 @@
 """Loader: config + schema -> an iterator of :class:`~ember.batch.Batch`, resumable by index.
 
-Stages (one thread when ``data.prefetch > 0``): read record batches (files) or generate rows
-(synthetic) -> featurize -> shuffle buffer (train) -> cut into ``batch_size`` batches.
+Stages: ``read`` record blocks (files) or generate rows (synthetic) -> ``featurize`` (parse,
+hash, shuffle buffer (train), cut into ``batch_size`` batches). The trainer runs them as the
+first two stages of its pipeline (``ember.pipeline.scheduler``); iterating a ``Loader`` runs
+them alone, on threads when ``threaded``.
 
 - Determinism: the file order and the shuffle depend only on ``(data.seed, epoch)``, so
   ``make_batches(..., start_batch=k)`` yields exactly batch ``k`` onwards of an uninterrupted
@@ -12,9 +14,8 @@ Stages (one thread when ``data.prefetch > 0``): read record batches (files) or g
   holds ``2 * shuffle_buffer`` rows, then a random half leaves. RAM: up to ``2 * shuffle_buffer``
   rows plus one read chunk; randomness: a row moves within a window of about that many rows
   (more buffer = better mixed, more RAM). With a buffer, the file order is shuffled too.
-- Prefetch (``data.prefetch`` batches): a background thread keeps that many finished batches in
-  a bounded queue, so reading and hashing overlap training; RAM: ``prefetch`` batches more.
-  Errors in the thread are re-raised in the consumer.
+- Threads: the read and featurize stages each keep a bounded queue of their output
+  (``pipeline.depth``); an error in either is re-raised to the consumer, naming the stage.
 
 Example:
     >>> from ember.source.config import DataConfig
@@ -27,9 +28,7 @@ Example:
 
 from __future__ import annotations
 
-import queue
-import threading
-from typing import Callable, Iterator, Literal
+from typing import Iterator, Literal
 
 import numpy as np
 
@@ -37,6 +36,8 @@ from ember.batch import Batch
 from ember.featurize.featurizer import Featurizer
 from ember.featurize.rows import Rows
 from ember.featurize.schema import Schema
+from ember.pipeline.config import QueueDepths
+from ember.pipeline.scheduler import Scheduler, Stage
 from ember.source.bad_rows import BadRowReport
 from ember.source.base import RecordChunk
 from ember.source.config import DataConfig
@@ -70,95 +71,88 @@ def _record_chunks(data: DataConfig, schema: Schema, split: Split, rng: np.rando
             yield from read_orc(path, cols, read_rows=data.read_rows)
 
 
-def _shuffled(parts: Iterator[Rows], buffer: int, rng: np.random.Generator) -> Iterator[Rows]:
-    pool: list[Rows] = []
-    size = 0
-    for rows in parts:
-        pool.append(rows)
-        size += len(rows)
-        if size >= 2 * buffer:
-            everything = Rows.concat(pool)
-            perm = rng.permutation(size)
-            yield everything.take(perm[: size - buffer])
-            pool, size = [everything.take(perm[size - buffer :])], buffer
-    if size:
-        everything = Rows.concat(pool)
-        yield everything.take(rng.permutation(size))
+class _Batcher:
+    """Featurized rows in, batches out: the shuffle buffer and the cut into ``batch_size``
+    batches, pushed one part at a time (so it can run as a stage), dropping the first ``skip``.
 
+    Shuffle buffer: rows are pooled until the pool holds ``2 * buffer`` rows, then a random
+    half leaves; at the end the rest leaves shuffled.
+    """
 
-def _rebatched(parts: Iterator[Rows], batch_size: int, drop_last: bool) -> Iterator[Rows]:
-    pending: list[Rows] = []
-    n = 0
-    for rows in parts:
+    def __init__(self, batch_size: int, buffer: int, rng: np.random.Generator, drop_last: bool, skip: int) -> None:
+        self.batch_size, self.buffer, self.rng = batch_size, buffer, rng
+        self.drop_last, self.skip = drop_last, skip
+        self._pool: list[Rows] = []
+        self._pooled = 0
+        self._pending: list[Rows] = []
+        self._n = 0
+        self._cut = 0  # batches cut so far (skipped ones included)
+
+    def push(self, rows: Rows) -> list[Rows]:
+        if not self.buffer:
+            return self._rebatch(rows)
+        self._pool.append(rows)
+        self._pooled += len(rows)
+        if self._pooled < 2 * self.buffer:
+            return []
+        everything = Rows.concat(self._pool)
+        perm = self.rng.permutation(self._pooled)
+        self._pool, self._pooled = [everything.take(perm[self._pooled - self.buffer :])], self.buffer
+        return self._rebatch(everything.take(perm[: len(perm) - self.buffer]))
+
+    def finish(self) -> list[Rows]:
+        out = []
+        if self._pooled:
+            everything = Rows.concat(self._pool)
+            out = self._rebatch(everything.take(self.rng.permutation(self._pooled)))
+            self._pool, self._pooled = [], 0
+        if self._n and not self.drop_last:
+            out += self._keep(Rows.concat(self._pending))
+            self._pending, self._n = [], 0
+        return out
+
+    def _rebatch(self, rows: Rows) -> list[Rows]:
         if not len(rows):
-            continue
-        pending.append(rows)
-        n += len(rows)
-        if n >= batch_size:
-            everything = Rows.concat(pending)
+            return []
+        self._pending.append(rows)
+        self._n += len(rows)
+        out: list[Rows] = []
+        if self._n >= self.batch_size:
+            everything = Rows.concat(self._pending)
             i = 0
-            while n - i >= batch_size:
-                yield everything.slice(i, i + batch_size)
-                i += batch_size
-            pending = [everything.slice(i, n)] if i < n else []
-            n -= i
-    if n and not drop_last:
-        yield Rows.concat(pending)
+            while self._n - i >= self.batch_size:
+                out += self._keep(everything.slice(i, i + self.batch_size))
+                i += self.batch_size
+            self._pending = [everything.slice(i, self._n)] if i < self._n else []
+            self._n -= i
+        return out
 
-
-def _prefetched(make: Callable[[], Iterator[Batch]], depth: int) -> Iterator[Batch]:
-    q: queue.Queue = queue.Queue(maxsize=depth)
-    stop = threading.Event()
-
-    def put(item: tuple) -> bool:
-        while not stop.is_set():
-            try:
-                q.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def work() -> None:
-        try:
-            for batch in make():
-                if not put(("batch", batch)):
-                    return
-            put(("end", None))
-        except BaseException as e:  # handed to the consumer, who re-raises it
-            put(("error", e))
-
-    thread = threading.Thread(target=work, name="ember-loader", daemon=True)
-    thread.start()
-    try:
-        while True:
-            kind, item = q.get()
-            if kind == "batch":
-                yield item
-            elif kind == "error":
-                raise item
-            else:
-                return
-    finally:
-        stop.set()
+    def _keep(self, batch: Rows) -> list[Rows]:
+        self._cut += 1
+        return [batch] if self._cut > self.skip else []  # skipped batches never become tensors
 
 
 class Loader:
     """Iterable of batches of one split and epoch, starting at batch ``start_batch``.
 
-    ``bad_rows`` counts rows skipped under ``on_bad_rows: skip`` (complete once iteration
-    ends); ``position`` is ``(epoch, index of the next batch)``, what a checkpoint stores.
+    Two stages (``stages()``): ``read`` (record blocks from files, or row ranges of the
+    generator) and ``featurize`` (parse, hash, shuffle, cut into batches, to tensors).
+    Iterating runs them on two threads with bounded queues (``threaded=True``) or in line;
+    a trainer chains them with its own stages instead. ``bad_rows`` counts rows skipped under
+    ``on_bad_rows: skip`` (complete once iteration ends); ``position`` is ``(epoch, index of
+    the next batch)``, what a checkpoint stores.
     """
 
     def __init__(self, data: DataConfig, schema: Schema, split: Split = "train", epoch: int = 0,
-                 start_batch: int = 0, threaded: bool = False) -> None:
-        self.threaded = threaded
+                 start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None) -> None:
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if start_batch < 0:
             raise ValueError(f"start_batch must be >= 0, got {start_batch}")
         self.data, self.schema, self.split = data, schema, split
         self.epoch, self.start_batch = epoch, start_batch
+        self.threaded = threaded
+        self.depth = depth or QueueDepths()
         self.batch_size = data.split_batch_size(split)
         self.bad_rows = BadRowReport(data.on_bad_rows)
         self._next = start_batch
@@ -176,42 +170,50 @@ class Loader:
         drop = self.data.drop_last and self.split == "train"
         return n // self.batch_size if drop else -(-n // self.batch_size)
 
-    def _rows(self) -> Iterator[Rows]:
+    def stages(self) -> list[Stage]:
+        """The ``read`` and ``featurize`` stages of this epoch (fresh state each call)."""
         featurize = Featurizer(self.schema, self.bad_rows)
         if self.data.format == "synthetic":
             n, b = split_rows(self.data.synthetic, self.split), self.batch_size
-            for k in range(self.start_batch, self.num_batches or 0):
-                records = synthetic_records(self.data.synthetic, self.split, k * b, min((k + 1) * b, n))
-                yield featurize(records, f"<synthetic {self.split}>", k * b + 1)
-            return
-        rng = np.random.default_rng([self.data.seed, self.epoch, 0 if self.split == "train" else 1])
-        parts = (featurize(c.batch, c.file, c.first_row)
-                 for c in _record_chunks(self.data, self.schema, self.split, rng, self.bad_rows))
-        if self.split == "train" and self.data.shuffle_buffer > 0:
-            parts = _shuffled(parts, self.data.shuffle_buffer, rng)
-        drop_last = self.data.drop_last and self.split == "train"
-        for k, rows in enumerate(_rebatched(parts, self.batch_size, drop_last)):
-            if k >= self.start_batch:  # earlier batches never become tensors
-                yield rows
 
-    def _batches(self) -> Iterator[Batch]:
-        for rows in self._rows():
-            yield rows.to_batch()
+            def read_synthetic(_: None) -> Iterator[tuple]:
+                for k in range(self.start_batch, self.num_batches or 0):
+                    yield (synthetic_records(self.data.synthetic, self.split, k * b, min((k + 1) * b, n)),
+                           f"<synthetic {self.split}>", k * b + 1)
+
+            def one_batch(part: tuple) -> Batch:
+                return featurize(*part).to_batch()
+
+            return [Stage("read", read_synthetic, self.depth.read, expand=True),
+                    Stage("featurize", one_batch, self.depth.featurize)]
+        rng = np.random.default_rng([self.data.seed, self.epoch, 0 if self.split == "train" else 1])
+        shuffle = self.data.shuffle_buffer if self.split == "train" else 0
+        drop_last = self.data.drop_last and self.split == "train"
+        batcher = _Batcher(self.batch_size, shuffle, rng, drop_last, self.start_batch)
+
+        def read(_: None) -> Iterator[RecordChunk]:
+            # the file order is drawn here, before the first block, so the shuffle's draws from
+            # the same generator (featurize stage) always come after it
+            return _record_chunks(self.data, self.schema, self.split, rng, self.bad_rows)
+
+        def parse(chunk: RecordChunk) -> list[Batch]:
+            return [rows.to_batch() for rows in batcher.push(featurize(chunk.batch, chunk.file, chunk.first_row))]
+
+        def finish() -> list[Batch]:
+            return [rows.to_batch() for rows in batcher.finish()]
+
+        return [Stage("read", read, self.depth.read, expand=True),
+                Stage("featurize", parse, self.depth.featurize, expand=True, finish=finish)]
 
     def __iter__(self) -> Iterator[Batch]:
         self._next = self.start_batch
-        source = _prefetched(self._batches, 2) if self.threaded else self._batches()
-        try:
-            for batch in source:
+        with Scheduler(self.stages(), threaded=self.threaded) as run:
+            for batch in run:
                 self._next += 1
                 yield batch
-        finally:
-            close = getattr(source, "close", None)
-            if close is not None:
-                close()  # stops the prefetch thread when the consumer leaves early
 
 
 def make_batches(data: DataConfig, schema: Schema, split: Split = "train", epoch: int = 0,
-                 start_batch: int = 0, threaded: bool = False) -> Loader:
+                 start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None) -> Loader:
     """The batches of ``split`` for ``epoch`` from batch ``start_batch`` on (see :class:`Loader`)."""
-    return Loader(data, schema, split, epoch, start_batch, threaded)
+    return Loader(data, schema, split, epoch, start_batch, threaded, depth)

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from ember.batch import Batch
 from ember.config import RunConfig
 from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig
+from ember.embedding.collection import Lookup
 from ember.embedding.init import InitializerConfig
 from ember.errors import ConfigError
 from ember.models.registry import ModelInputs, build_model
@@ -35,15 +36,22 @@ class Components:
     def collections(self) -> list[EmbeddingCollection]:
         return [self.embeddings] + ([self.linear] if self.linear is not None else [])
 
-    def forward(self, batch: Batch) -> Tensor:
-        """Logits [B, T] for a batch whose dense part and labels are already on ``device``."""
-        emb = self.embeddings(batch.sparse)
+    def forward(self, batch: Batch, lookups: list[Lookup] | None = None) -> Tensor:
+        """Logits [B, T] for a batch whose dense part and labels are already on ``device``;
+        ``lookups``: one per collection (``collections()`` order), planned and maybe fetched
+        ahead (e.g. by the pipeline), else each collection plans and fetches its own."""
+        lk = lookups or [None] * len(self.collections())
+        emb = self.embeddings(batch.sparse, lk[0])
         pooled = [emb[f.name] for f in self.embeddings.features]
         linear = None
         if self.linear is not None:
-            lin = self.linear(batch.sparse)
+            lin = self.linear(batch.sparse, lk[1])
             linear = [lin[f.name] for f in self.linear.features]
         return self.model(batch.dense, pooled, linear)
+
+    def plan(self, batch: Batch, train: bool) -> list[Lookup]:
+        """Phase 1 of every collection for ``batch`` (see ``EmbeddingCollection.plan``)."""
+        return [ec.plan(batch.sparse, train) for ec in self.collections()]
 
     def train(self, mode: bool = True) -> None:
         self.model.train(mode)

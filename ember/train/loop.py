@@ -1,10 +1,16 @@
-"""The training loop, read top to bottom: ``train_step`` (forward, loss, backward, dense step,
-sparse step), then log, evaluate, checkpoint. Everything else (building parts, data, checkpoint files) lives elsewhere.
+"""The training loop, read top to bottom. ``train_step`` is one step in plain form (forward,
+loss, backward, dense step, sparse step). ``train`` runs the same work as a pipeline of stages
+(``ember.train.stages``: read -> featurize -> plan -> fetch -> [to device] -> compute -> update
+-> metrics) on threads or in line, and logs, evaluates and checkpoints on a quiet engine.
+SIGINT / SIGTERM finish the batches already fetched, checkpoint, and raise ``RunInterrupted``.
+Everything else (building parts, data, checkpoint files) lives elsewhere.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,11 +24,15 @@ from ember.checkpoint.load import (
 )
 from ember.checkpoint.save import save_checkpoint
 from ember.config import RunConfig, to_yaml
+from ember.errors import RunInterrupted
 from ember.pipeline.loader import make_batches
+from ember.pipeline.scheduler import Scheduler, Stage
+from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.builder import Components, build_components
 from ember.train.evaluate import _to_device, evaluate
 from ember.train.history import History
 from ember.train.loss import multitask_bce
+from ember.train.stages import TrainStages
 
 __all__ = ["train", "train_step", "RunResult", "prepare_run"]
 
@@ -96,7 +106,8 @@ def train(cfg: RunConfig) -> RunResult:
     def run_eval() -> dict[str, float]:
         if cfg.data.eval is None and cfg.data.format != "synthetic":
             return {}
-        m = evaluate(parts, make_batches(cfg.data, cfg.schema, "eval"), t.eval_max_batches)
+        batches = make_batches(cfg.data, cfg.schema, "eval", threaded=cfg.pipeline.enabled, depth=cfg.pipeline.depth)
+        m = evaluate(parts, batches, t.eval_max_batches)
         history.log({"kind": "eval", "step": step, **m})
         return m
 
@@ -110,37 +121,71 @@ def train(cfg: RunConfig) -> RunResult:
     progress = _progress(t.progress, total)
     done = t.max_steps is not None and step >= t.max_steps  # e.g. resumed at the end already
     batch_idx = start_batch
-    while epoch < t.epochs and not done:
-        batches = make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch)
-        batch_idx = start_batch
-        loss_sum, seen, t0 = 0.0, 0, time.perf_counter()
-        for batch in batches:
-            loss = train_step(parts, _to_device(batch, parts.device), task_w)
-            step += 1
-            batch_idx += 1
-            loss_sum += float(loss.detach()) * batch.size  # sync point: reads the loss
-            seen += batch.size
-            if step % t.log_every == 0:
-                rate = seen / (time.perf_counter() - t0)
-                rec = {"kind": "train", "step": step, "epoch": epoch, "loss": loss_sum / seen, "samples_per_s": rate}
-                rec.update(_table_stats(parts))
-                history.log(rec)
-                progress.update(step, rec)
-                loss_sum, seen, t0 = 0.0, 0, time.perf_counter()
-            if t.eval_every and step % t.eval_every == 0:
-                metrics = run_eval()
-                progress.note(_fmt(metrics))
-            if t.checkpoint_every and step % t.checkpoint_every == 0:
-                checkpoint(epoch, batch_idx)
-            if t.max_steps is not None and step >= t.max_steps:
-                done = True
-                break
-        bad_rows = _merge(bad_rows, getattr(batches, "bad_rows", None))
-        if not done:
-            epoch, start_batch = epoch + 1, 0
-            if not t.eval_every:
-                metrics = run_eval()
-                progress.note(_fmt(metrics))
+    k, pipe = t.embedding_staleness, cfg.pipeline
+
+    def quiet_after(s: int) -> bool:
+        """Whether the trainer needs a quiet engine after step ``s`` (log, eval, checkpoint)."""
+        return s % t.log_every == 0 or bool(t.eval_every and s % t.eval_every == 0) or bool(
+            t.checkpoint_every and s % t.checkpoint_every == 0)
+
+    with _StopSignals() as stop:
+        while epoch < t.epochs and not done:
+            loader = make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch, depth=pipe.depth)
+            base = step
+            gate = FetchGate(k, lambda b: quiet_after(base + b + 1), None if t.max_steps is None else t.max_steps - step)
+            stages = TrainStages(parts, gate, WriteLog(k), task_w)
+            d = pipe.depth
+            ahead = loader.stages() + [Stage("plan", stages.plan, d.plan), Stage("fetch", stages.fetch, d.fetch)]
+            if stages.copies:
+                ahead.append(Stage("device", stages.to_device, d.device))
+            behind = [Stage("update", stages.update, d.update), Stage("metrics", stages.metrics, d.update)]
+            batch_idx = start_batch
+            t0 = time.perf_counter()
+            run = Scheduler(ahead, behind, threaded=pipe.enabled, stop_timeout_s=pipe.stop_timeout_s)
+            try:
+                for item in run:
+                    with run.timing("compute"):
+                        stages.compute(item)
+                    run.hand_back(item)
+                    step += 1
+                    batch_idx += 1
+                    if stop.signum is not None:
+                        gate.stop()  # no more fetches; the batches already fetched still train
+                    if quiet_after(step):
+                        run.drain()
+                        if step % t.log_every == 0:
+                            loss_sum, seen = stages.take_metrics()
+                            now = time.perf_counter()
+                            rec = {"kind": "train", "step": step, "epoch": epoch, "loss": loss_sum / max(seen, 1),
+                                   "samples_per_s": seen / (now - t0)}
+                            rec.update(_table_stats(parts))
+                            rec.update({f"pipeline.{key}": v for key, v in run.stats().items()})
+                            history.log(rec)
+                            progress.update(step, rec)
+                            t0 = now
+                        if t.eval_every and step % t.eval_every == 0:
+                            metrics = run_eval()
+                            progress.note(_fmt(metrics))
+                        if t.checkpoint_every and step % t.checkpoint_every == 0:
+                            checkpoint(epoch, batch_idx)
+                        gate.release()
+                    if t.max_steps is not None and step >= t.max_steps:
+                        done = True
+                        break
+                run.drain()
+            finally:
+                gate.stop()
+                run.close()
+            bad_rows = _merge(bad_rows, loader.bad_rows)
+            if stop.signum is not None:
+                progress.close()
+                path = checkpoint(epoch, batch_idx)
+                raise RunInterrupted(stop.signum, str(path))
+            if not done:
+                epoch, start_batch = epoch + 1, 0
+                if not t.eval_every:
+                    metrics = run_eval()
+                    progress.note(_fmt(metrics))
     progress.close()
     for ec in parts.collections():
         for table in ec.tables.values():
@@ -152,6 +197,30 @@ def train(cfg: RunConfig) -> RunResult:
     summary = {"step": step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     return RunResult(run_dir, step, metrics, history.records, parts, bad_rows)
+
+
+class _StopSignals:
+    """While training (on the main thread): SIGINT and SIGTERM ask the loop to stop at the next
+    batch and checkpoint (``signum`` is set); a second SIGINT interrupts at once."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 def _table_stats(parts: Components) -> dict[str, float]:
@@ -193,6 +262,10 @@ class _progress:
         if self.bar is not None:
             self.bar.update(step - self.last)
             post = {"loss": f"{rec['loss']:.4f}", "sps": f"{rec['samples_per_s']:.0f}"}
+            busy = {k.split(".")[2]: v for k, v in rec.items() if k.startswith("pipeline.stage.")}
+            if busy:  # the busiest stage is the bottleneck
+                name = max(busy, key=busy.__getitem__)
+                post["busiest"] = f"{name} {busy[name]:.0%}"
             for tier in ("device", "host", "disk"):  # mean hit rate over tiered tables
                 hits = [v for k, v in rec.items() if k.endswith(f"tier.{tier}.hit_rate")]
                 if hits:

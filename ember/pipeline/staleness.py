@@ -1,0 +1,113 @@
+"""Bounded staleness: when a batch's rows may be fetched, and what its update must re-read.
+
+Batches are numbered 0, 1, 2, ... in the order they train. With staleness ``k`` the rows of
+batch ``b`` may be fetched once the updates of batches ``0 .. b-1-k`` are written: ``k = 0`` is
+exact synchronous training (every read sees every earlier update), ``k > 0`` lets the fetch run
+up to ``k`` batches ahead of the update, overlapping tier reads (a cold disk) with compute.
+No update is ever lost: before batch ``b``'s update, the rows that batches fetched-before-but-
+written-after wrote are re-read (``GroupLookup.refresh``), so each gradient lands on the
+current row; a read is at most ``k`` updates behind.
+
+Barriers: the trainer checkpoints, evaluates and logs on a quiet engine. After a batch it marks
+as a barrier, no later batch is fetched until ``release()``; a fetch's side effects (admission
+counts, cache promotions) then never belong to a batch the checkpoint has not trained.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from typing import Callable, Sequence
+
+from torch import Tensor
+
+from ember.embedding.group import GroupLookup, TableGroup
+
+__all__ = ["FetchGate", "WriteLog"]
+
+
+class FetchGate:
+    """Orders fetches against updates (see the module docstring).
+
+    Args:
+        staleness: ``k``, how many batches the fetch may run ahead of the written updates.
+        barrier: ``barrier(b)`` is true when the trainer needs a quiet engine after batch ``b``.
+        limit: batches to fetch at most (e.g. what is left of ``train.max_steps``); None: no limit.
+    """
+
+    def __init__(self, staleness: int, barrier: Callable[[int], bool] = lambda b: False, limit: int | None = None) -> None:
+        if staleness < 0:
+            raise ValueError(f"staleness must be >= 0, got {staleness}")
+        self.staleness, self.barrier, self.limit = staleness, barrier, limit
+        self._written = 0  # batches whose update is written (in order: 0 .. written-1)
+        self._held: int | None = None  # a barrier batch awaiting release
+        self._stopped = False
+        self._cv = threading.Condition()
+
+    @property
+    def written(self) -> int:
+        """How many batches' updates are written (batches 0 .. written-1)."""
+        return self._written
+
+    def enter(self, b: int) -> bool:
+        """Wait until batch ``b`` may be fetched; False when it never will be (stopped, or past
+        ``limit``): the stream ends before it."""
+        if self.limit is not None and b >= self.limit:
+            return False
+        with self._cv:
+            while not self._stopped and (self._held is not None or self._written < b - self.staleness):
+                self._cv.wait(0.1)
+            return not self._stopped
+
+    def fetched(self, b: int) -> None:
+        """Batch ``b`` was fetched; a barrier holds every later fetch until ``release``."""
+        if self.barrier(b):
+            with self._cv:
+                self._held = b
+
+    def wrote(self, b: int) -> None:
+        """Batch ``b``'s update is written (updates are written in batch order)."""
+        with self._cv:
+            if b != self._written:
+                raise RuntimeError(f"FetchGate: update of batch {b} written out of order (expected {self._written})")
+            self._written = b + 1
+            self._cv.notify_all()
+
+    def release(self) -> None:
+        """The trainer is done with its barrier: fetching may go on."""
+        with self._cv:
+            self._held = None
+            self._cv.notify_all()
+
+    def stop(self) -> None:
+        """Fetch no more batches (a stop request): ``enter`` returns False from now on."""
+        with self._cv:
+            self._stopped = True
+            self._cv.notify_all()
+
+
+class WriteLog:
+    """The IDs each of the last ``staleness`` batches wrote, per table group, to refresh
+    stale reads from (IDs only: the batches' row buffers are not kept)."""
+
+    def __init__(self, staleness: int) -> None:
+        self.staleness = staleness
+        self._recent: deque[tuple[int, list[tuple[TableGroup, list[Tensor]]]]] = deque(maxlen=max(staleness, 1))
+        self.refreshed_rows = 0
+
+    def refresh(self, b: int, fetched_after: int, lookups: Sequence[GroupLookup]) -> None:
+        """Before batch ``b``'s update: its ``lookups`` were fetched when ``fetched_after``
+        batches were written; re-read what batches ``fetched_after .. b-1`` wrote since."""
+        if not self.staleness:
+            return
+        newer = [w for i, writes in self._recent if fetched_after <= i < b for w in writes]
+        if newer:
+            for lk in lookups:
+                mine = [written for group, written in newer if group is lk.group]
+                if mine:
+                    self.refreshed_rows += lk.refresh(mine)
+
+    def record(self, b: int, lookups: Sequence[GroupLookup]) -> None:
+        """Batch ``b``'s ``lookups`` are written."""
+        if self.staleness:
+            self._recent.append((b, [(lk.group, lk.written) for lk in lookups]))

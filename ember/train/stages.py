@@ -1,0 +1,143 @@
+"""The trainer's stages, each a function over one batch (a ``Step``) that knows nothing of its
+neighbours: plan -> fetch -> [to device] -> compute (the caller's thread) -> update -> metrics.
+
+With the data stages in front (``Loader.stages``: read -> featurize) they form the pipeline the
+``Scheduler`` runs on threads (``pipeline.enabled``) or in line. The tiers are touched only by
+``fetch`` and ``update``, never at once (a lock), and in the order ``FetchGate`` allows.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ember.batch import Batch
+from ember.embedding.collection import Lookup
+from ember.embedding.group import GroupLookup
+from ember.embedding.optimizer import SparseOptimizer
+from ember.pipeline.scheduler import END
+from ember.pipeline.staleness import FetchGate, WriteLog
+from ember.train.builder import Components
+from ember.train.loss import multitask_bce
+
+__all__ = ["Step", "TrainStages"]
+
+
+@dataclass
+class Step:
+    """One batch on its way through the pipeline; each stage fills its own fields."""
+
+    index: int  # position in this pass (0, 1, ...): the order updates are written in
+    batch: Batch
+    lookups: list[Lookup] = field(default_factory=list)  # plan: one per collection
+    fetched_after: int = 0  # fetch: how many batches' updates were written when it read its rows
+    copied: Any = None  # to_device: the CUDA event the copy recorded
+    ready: list[GroupLookup] = field(default_factory=list)  # compute: lookups with gradients
+    loss: Tensor | None = None  # compute: the batch's mean loss (detached)
+
+
+class TrainStages:
+    """The stage functions of one training pass over ``parts``.
+
+    ``gate`` orders fetches against written updates (``train.embedding_staleness``); ``log``
+    lets an update re-read rows written after its fetch. Loss and samples accumulate until
+    ``take_metrics``.
+    """
+
+    def __init__(self, parts: Components, gate: FetchGate, log: WriteLog, task_weights: Tensor | None = None) -> None:
+        self.parts, self.gate, self.log, self.task_weights = parts, gate, log, task_weights
+        self.device = parts.device
+        self._count = itertools.count()
+        self._tiers = threading.Lock()  # fetch and update never touch the tiers at once
+        self._metrics = threading.Lock()
+        self._loss_sum, self._seen = 0.0, 0
+        self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+
+    @property
+    def copies(self) -> bool:
+        """Whether a ``to_device`` stage belongs in the pipeline (a CUDA model)."""
+        return self._stream is not None
+
+    def plan(self, batch: Batch) -> Step:
+        """Dedupe the batch's IDs per table (no tier is touched)."""
+        return Step(next(self._count), batch, self.parts.plan(batch, train=True))
+
+    def fetch(self, step: Step) -> Step:
+        """Read the batch's rows from the tiers, once the gate allows (else end the stream)."""
+        if not self.gate.enter(step.index):
+            return END
+        with self._tiers:
+            step.fetched_after = self.gate.written
+            for lk in step.lookups:
+                lk.fetch()
+        self.gate.fetched(step.index)
+        return step
+
+    def to_device(self, step: Step) -> Step:
+        """CUDA: copy the dense part, labels and rows to the device on the pipeline's own
+        stream from pinned memory; the compute stage waits for the copy's event."""
+        assert self._stream is not None
+        b = step.batch
+        with torch.cuda.stream(self._stream):
+            step.batch = Batch(b.dense.pin_memory().to(self.device, non_blocking=True), b.sparse,
+                               b.labels.pin_memory().to(self.device, non_blocking=True))
+            for lk in step.lookups:
+                lk.to_device(self.device)
+            event = torch.cuda.Event()
+            event.record(self._stream)
+        step.copied = event
+        return step
+
+    def compute(self, step: Step) -> None:
+        """Forward, loss, backward and the dense optimizer step; the embedding gradients wait
+        in ``step.ready`` for the update stage."""
+        batch = step.batch
+        if step.copied is not None:
+            torch.cuda.current_stream().wait_event(step.copied)
+            for t in (batch.dense, batch.labels):
+                t.record_stream(torch.cuda.current_stream())
+        elif self.device.type != "cpu":
+            batch = Batch(batch.dense.to(self.device), batch.sparse, batch.labels.to(self.device))
+        p = self.parts
+        logits = p.forward(batch, step.lookups)
+        loss = multitask_bce(logits, batch.labels, self.task_weights)
+        p.dense_optimizer.zero_grad(set_to_none=True)
+        p.sparse_optimizer.zero_grad()
+        loss.backward()
+        p.dense_optimizer.step()
+        step.ready = p.sparse_optimizer.take()
+        step.loss = loss.detach()
+        step.lookups = []
+
+    def update(self, step: Step) -> Step:
+        """Refresh rows written since the fetch (staleness > 0), run each table's sparse
+        optimizer, write the rows back; then the gate lets later fetches through."""
+        with self._tiers:
+            self.log.refresh(step.index, step.fetched_after, step.ready)
+            SparseOptimizer.apply(step.ready)
+            self.log.record(step.index, step.ready)
+        self.gate.wrote(step.index)
+        step.ready = []
+        return step
+
+    def metrics(self, step: Step) -> Step:
+        """Accumulate the loss (on a GPU this waits for the step: off the caller's thread)."""
+        assert step.loss is not None
+        n = step.batch.size
+        value = float(step.loss) * n
+        with self._metrics:
+            self._loss_sum += value
+            self._seen += n
+        return step
+
+    def take_metrics(self) -> tuple[float, int]:
+        """(sum of loss x rows, rows) since the last call."""
+        with self._metrics:
+            out = (self._loss_sum, self._seen)
+            self._loss_sum, self._seen = 0.0, 0
+        return out
