@@ -130,7 +130,7 @@ class GroupLookup:
         self.reached = [False] * len(group.tables)  # backward: tables whose features reached the loss
         self.grad: Tensor | None = None  # backward: [U, dim], one summed gradient per unique ID
         self.updated: list[int] = []  # update: tables stepped
-        self.written: list[Tensor] = []  # write_back: IDs stored, per table
+        self.written: np.ndarray | None = None  # write_back: keys of the (table, ID)s stored (``keys``)
 
     def _count_moved(self, rows_per_table: Sequence[int], width: int) -> None:
         """Note, per table, rows of ``width`` floats that crossed between host and device."""
@@ -267,32 +267,47 @@ class GroupLookup:
         return reach
 
     # ---- phase 4 ------------------------------------------------------------------------
-    def refresh(self, writes: Sequence[Sequence[Tensor]]) -> int:
+    def keys(self, table_ids: Sequence[Tensor] | None = None) -> np.ndarray:
+        """One int64 key per (table, ID) of ``table_ids`` (default: all of this lookup's), the
+        ID mixed with its table: equal pairs give equal keys (distinct pairs rarely collide;
+        ``refresh`` only ever re-reads a row too many for it)."""
+        if table_ids is None:
+            ids, sizes = self.ids.numpy(), self.sizes
+        else:
+            sizes = [t.numel() for t in table_ids]
+            ids = torch.cat(list(table_ids)).numpy() if table_ids else np.empty(0, np.int64)
+        mix = (np.arange(1, len(sizes) + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)
+        return ids ^ np.repeat(mix, sizes)
+
+    def refresh(self, writes: Sequence[np.ndarray]) -> int:
         """Before ``update`` under bounded staleness: re-read from the tiers the rows of this
         lookup that later write-backs of the same group stored after this lookup's fetch
-        (``writes``: their ``written``, IDs per table), so the update applies this batch's
-        gradient to their current values and no update is lost. A row below ``min_count`` at
-        fetch time that another batch has since admitted is updated too. Writes ``records``
-        and ``filtered``; returns the rows re-read."""
+        (``writes``: their ``written`` keys), so the update applies this batch's gradient to
+        the rows' current values and no update is lost. A row below ``min_count`` at fetch
+        time that another batch has since admitted is updated too. Writes ``records`` and
+        ``filtered``; returns the rows re-read."""
         if self.records is None:
             raise RuntimeError("GroupLookup.refresh before fetch")
-        g, n = self.group, 0
-        for j, ids in enumerate(self.table_ids):
-            parts = [w[j] for w in writes if w[j].numel()]
-            if not parts or not ids.numel():
-                continue
-            pos = torch.nonzero(torch.isin(ids, torch.cat(parts))).squeeze(1)
-            if not pos.numel():
-                continue
-            rows = self.records.new_empty(pos.numel(), g.width)
-            found = g.tiers[j].get_into(ids.index_select(0, pos), rows)
-            pos, rows = pos[found], rows[found.to(rows.device)]
+        writes = [w for w in writes if w.size]
+        if not writes:
+            return 0
+        g = self.group
+        at = _members(self.keys(), writes)  # positions in ``ids``, table after table
+        if not at.size:
+            return 0
+        cut = np.searchsorted(at, self.starts[1:-1])
+        ids = self.ids.numpy()
+        subsets = [torch.from_numpy(ids[p]) for p in np.split(at, cut)]
+        rows = self.records.new_empty(at.size, g.width)
+        found = read_segments(g.tiers, subsets, rows).numpy()  # one pass over the group's tiers
+        if not found.all():
+            keep = np.flatnonzero(found)
+            at, rows = at[keep], rows.index_select(0, torch.from_numpy(keep).to(rows.device))
+        self.records.index_copy_(0, torch.from_numpy(at).to(self.records.device), rows)
+        for j, f in self.filtered.items():  # admitted since the fetch by another batch: updated now
             a = int(self.starts[j])
-            self.records.index_copy_(0, (pos + a).to(self.records.device), rows)
-            if j in self.filtered:
-                self.filtered[j][pos] = False
-            n += pos.numel()
-        return n
+            f[torch.from_numpy(at[(at >= a) & (at < a + f.numel())] - a)] = False
+        return int(at.size)
 
     def update(self) -> None:
         """Run each table's sparse optimizer on the rows of ``records`` whose features reached the
@@ -360,9 +375,16 @@ class GroupLookup:
                 written[j] = i
             if tiers:
                 write_segments(tiers, parts, torch.cat(rows) if len(rows) > 1 else rows[0])
-        self.written = list(written)
+        self.written = self.keys(written)
         for j in self.updated:
             g.tables[j].after_write(written[j])
+
+
+def _members(ids: np.ndarray, among: list[np.ndarray]) -> np.ndarray:
+    """Positions (ascending) of ``ids`` found in any array of ``among`` (sorted search)."""
+    cand = np.sort(np.concatenate(among)) if len(among) > 1 else np.sort(among[0])
+    at = np.minimum(np.searchsorted(cand, ids), cand.size - 1)
+    return np.flatnonzero(cand[at] == ids)
 
 
 def _optimizer_step(table: EmbeddingTable, records: Tensor, grads: Tensor) -> None:

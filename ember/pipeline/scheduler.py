@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
-__all__ = ["Stage", "Scheduler", "END"]
+__all__ = ["Stage", "Scheduler", "END", "idle"]
 
 log = logging.getLogger("ember.pipeline")
 
@@ -54,6 +54,27 @@ class Stage:
     depth: int = 1
     expand: bool = False
     finish: Callable[[], Iterable[Any]] | None = None
+
+
+_waits = threading.local()  # per thread: seconds the running stage spent in ``idle()``
+
+
+@contextmanager
+def idle() -> Iterator[None]:
+    """Inside a stage function: the block waits (for a lock, a gate), it does not work; its
+    time is not counted as the stage's busy time."""
+    t = time.perf_counter()
+    try:
+        yield
+    finally:
+        _waits.seconds = getattr(_waits, "seconds", 0.0) + time.perf_counter() - t
+
+
+def _work_since(t: float) -> float:
+    """Seconds since ``t`` spent working (the ``idle()`` time of this thread taken out)."""
+    waited = getattr(_waits, "seconds", 0.0)
+    _waits.seconds = 0.0
+    return time.perf_counter() - t - waited
 
 
 class _Stopped(Exception):
@@ -211,12 +232,17 @@ class Scheduler:
 
     @contextmanager
     def timing(self, name: str) -> Iterator[None]:
-        """Count the block's time as busy time of the caller's stage ``name`` (see ``stats``)."""
+        """Count the block's time as busy time of the caller's stage ``name`` (see ``stats``);
+        an exception leaving it is noted as raised in that stage."""
+        _waits.seconds = 0.0
         t = time.perf_counter()
         try:
             yield
+        except BaseException as e:
+            _note(e, name)
+            raise
         finally:
-            self._add_busy(name, time.perf_counter() - t)
+            self._add_busy(name, _work_since(t))
 
     def stats(self) -> dict[str, float]:
         """Since the last call: each stage's busy fraction of the wall time (``stage.<name>.busy``)
@@ -255,6 +281,7 @@ class Scheduler:
             self._busy[name] = self._busy.get(name, 0.0) + dt
 
     def _call(self, stage: Stage, item: Any) -> Any:
+        _waits.seconds = 0.0
         t = time.perf_counter()
         try:
             return stage.fn(item)
@@ -262,7 +289,7 @@ class Scheduler:
             _note(e, stage.name)
             raise
         finally:
-            self._add_busy(stage.name, time.perf_counter() - t)
+            self._add_busy(stage.name, _work_since(t))
 
     def _outputs(self, stage: Stage, item: Any) -> Iterator[Any]:
         """What ``stage`` makes of one input, timed (an expanding stage: each output's share)."""
@@ -274,6 +301,7 @@ class Scheduler:
 
     def _timed(self, stage: Stage, it: Iterator[Any]) -> Iterator[Any]:
         while True:
+            _waits.seconds = 0.0
             t = time.perf_counter()
             try:
                 out = next(it)
@@ -283,7 +311,7 @@ class Scheduler:
                 _note(e, stage.name)
                 raise
             finally:
-                self._add_busy(stage.name, time.perf_counter() - t)
+                self._add_busy(stage.name, _work_since(t))
             yield out
 
     def _finish(self, stage: Stage) -> Iterator[Any]:
@@ -323,7 +351,7 @@ class Scheduler:
                 self._spawn(stage, self._run_behind, stage, ins[i], nxt)
 
     def _spawn(self, stage: Stage, target: Callable[..., None], *args: Any) -> None:
-        th = threading.Thread(target=self._guard, args=(stage, target, *args), name=f"ember-{stage.name}", daemon=True)
+        th = threading.Thread(target=self._guard, args=(stage, target, *args), name=f"ember-stage-{stage.name}", daemon=True)
         self._threads.append(th)
         th.start()
 

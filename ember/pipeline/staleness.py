@@ -19,7 +19,7 @@ import threading
 from collections import deque
 from typing import Callable, Sequence
 
-from torch import Tensor
+import numpy as np
 
 from ember.embedding.group import GroupLookup, TableGroup
 
@@ -92,7 +92,7 @@ class WriteLog:
 
     def __init__(self, staleness: int) -> None:
         self.staleness = staleness
-        self._recent: deque[tuple[int, list[tuple[TableGroup, list[Tensor]]]]] = deque(maxlen=max(staleness, 1))
+        self._recent: deque[tuple[int, list[tuple[TableGroup, np.ndarray]]]] = deque(maxlen=max(staleness, 1))
         self.refreshed_rows = 0
 
     def refresh(self, b: int, fetched_after: int, lookups: Sequence[GroupLookup]) -> None:
@@ -110,4 +110,4 @@ class WriteLog:
     def record(self, b: int, lookups: Sequence[GroupLookup]) -> None:
         """Batch ``b``'s ``lookups`` are written."""
         if self.staleness:
-            self._recent.append((b, [(lk.group, lk.written) for lk in lookups]))
+            self._recent.append((b, [(lk.group, lk.written) for lk in lookups if lk.written is not None]))

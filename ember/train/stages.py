@@ -20,7 +20,7 @@ from ember.batch import Batch
 from ember.embedding.collection import Lookup
 from ember.embedding.group import GroupLookup
 from ember.embedding.optimizer import SparseOptimizer
-from ember.pipeline.scheduler import END
+from ember.pipeline.scheduler import END, idle
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.builder import Components
 from ember.train.loss import multitask_bce
@@ -69,12 +69,16 @@ class TrainStages:
 
     def fetch(self, step: Step) -> Step:
         """Read the batch's rows from the tiers, once the gate allows (else end the stream)."""
-        if not self.gate.enter(step.index):
-            return END
-        with self._tiers:
+        with idle():
+            if not self.gate.enter(step.index):
+                return END
+            self._tiers.acquire()
+        try:
             step.fetched_after = self.gate.written
             for lk in step.lookups:
                 lk.fetch()
+        finally:
+            self._tiers.release()
         self.gate.fetched(step.index)
         return step
 
@@ -117,10 +121,14 @@ class TrainStages:
     def update(self, step: Step) -> Step:
         """Refresh rows written since the fetch (staleness > 0), run each table's sparse
         optimizer, write the rows back; then the gate lets later fetches through."""
-        with self._tiers:
+        with idle():
+            self._tiers.acquire()
+        try:
             self.log.refresh(step.index, step.fetched_after, step.ready)
             SparseOptimizer.apply(step.ready)
             self.log.record(step.index, step.ready)
+        finally:
+            self._tiers.release()
         self.gate.wrote(step.index)
         step.ready = []
         return step

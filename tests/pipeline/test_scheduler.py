@@ -1,0 +1,120 @@
+"""The scheduler: the same stages give the same stream in line and on threads; ends, errors
+and early exits stop every thread; busy time leaves out waits."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from ember.pipeline.scheduler import END, Scheduler, Stage, idle
+
+
+def _ember_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("ember-stage-") and t.is_alive()]
+
+
+def _stages(n: int = 20) -> tuple[list[Stage], list[int]]:
+    """A source, a regrouping stage (pairs, with a remainder at the end), a map; and a sink."""
+    held: list[int] = []
+
+    def pair(x: int) -> list[int]:
+        held.append(x)
+        if len(held) < 2:
+            return []
+        out = [held[0] * 100 + held[1]]
+        held.clear()
+        return out
+
+    def rest() -> list[int]:
+        return [h * 100 for h in held]
+
+    ahead = [Stage("read", lambda _: range(n), expand=True), Stage("pair", pair, expand=True, finish=rest),
+             Stage("neg", lambda x: -x, depth=2)]
+    return ahead, []
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_same_stream_in_line_and_on_threads(threaded):
+    ahead, _ = _stages(7)
+    sink: list[int] = []
+    with Scheduler(ahead, [Stage("double", lambda x: 2 * x), Stage("sink", sink.append)], threaded=threaded) as s:
+        out = []
+        for x in s:
+            out.append(x)
+            s.hand_back(x)
+        s.drain()
+    assert out == [-1, -203, -405, -600]
+    assert sink == [2 * x for x in out]
+    assert _ember_threads() == []
+
+
+@pytest.mark.parametrize("threaded", [False, True])
+def test_end_from_a_middle_stage_ends_the_stream(threaded):
+    stages = [Stage("read", lambda _: iter(range(10**9)), expand=True),
+              Stage("cut", lambda x: END if x == 5 else x)]
+    with Scheduler(stages, threaded=threaded) as s:
+        assert list(s) == [0, 1, 2, 3, 4]
+    assert _ember_threads() == []
+
+
+@pytest.mark.parametrize("where", ["read", "middle", "behind"])
+@pytest.mark.parametrize("threaded", [False, True])
+def test_an_error_in_any_stage_stops_everything_and_names_the_stage(where, threaded):
+    def boom(x: int) -> int:
+        if x == 3:
+            raise OSError(28, "No space left on device")
+        return x
+
+    def source(_: None):
+        for i in range(10**9):  # endless: only the error can end it
+            if where == "read" and i == 3:
+                raise OSError(28, "No space left on device")
+            yield i
+
+    ahead = [Stage("read", source, expand=True), Stage("middle", boom if where == "middle" else (lambda x: x))]
+    behind = [Stage("behind", boom if where == "behind" else (lambda x: x))]
+    t0 = time.perf_counter()
+    with pytest.raises(OSError, match="No space left") as e:
+        with Scheduler(ahead, behind, threaded=threaded) as s:
+            for x in s:
+                s.hand_back(x)
+                s.drain()
+    assert f"(in ember pipeline stage '{where}')" in e.value.__notes__
+    assert time.perf_counter() - t0 < 10
+    assert _ember_threads() == []
+
+
+def test_leaving_early_stops_threads_blocked_on_full_queues():
+    with Scheduler([Stage("read", lambda _: iter(range(10**9)), expand=True, depth=1), Stage("m", lambda x: x)]) as s:
+        for x in s:
+            if x == 2:
+                break
+    assert _ember_threads() == []
+
+
+def test_busy_time_leaves_out_waits_and_queues_report_their_fill():
+    def slow(x: int) -> int:
+        with idle():
+            time.sleep(0.02)  # waiting, e.g. for a gate
+        t = time.perf_counter()
+        while time.perf_counter() - t < 0.02:  # working
+            pass
+        return x
+
+    with Scheduler([Stage("read", lambda _: range(10), expand=True), Stage("slow", slow)]) as s:
+        s.stats()
+        for _ in s:
+            with s.timing("caller"):
+                pass
+        stats = s.stats()
+    assert 0.3 < stats["stage.slow.busy"] < 0.7  # half of each item is a wait
+    assert stats["stage.read.busy"] < 0.2
+    assert stats["queue.read.fill"] > 0.5  # the source runs ahead of the slow stage
+    assert "stage.caller.busy" in stats
+
+
+def test_behind_stages_map_one_to_one():
+    with pytest.raises(ValueError, match="behind stages"):
+        Scheduler([Stage("read", lambda _: [], expand=True)], [Stage("b", list, expand=True)])

@@ -1,0 +1,277 @@
+"""The staged trainer: bit-identical to the stages in line at staleness 0; no update lost at
+staleness k > 0; a failure in any stage stops the run fast, naming the stage, with no thread
+left behind; SIGINT / SIGTERM checkpoint and exit non-zero; stage and queue figures logged."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from ember.batch import SparseFeatures
+from ember.checkpoint.load import resolve_checkpoint, verify_checkpoint
+from ember.config import from_dict
+from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig
+from ember.errors import DataError
+from ember.pipeline.scheduler import Scheduler, Stage
+from ember.pipeline.staleness import FetchGate, WriteLog
+from ember.train.loop import train
+
+OPTIMIZERS = [
+    {"type": "sgd", "lr": 0.05},
+    {"type": "adagrad", "lr": 0.05},
+    {"type": "rowwise_adagrad", "lr": 0.05},
+    {"type": "adam", "lr": 0.01},
+    {"type": "ftrl", "alpha": 0.05, "l1": 0.001, "l2": 0.001},
+]
+
+
+def _cfg(tmp_path: Path, name: str, *, enabled: bool = True, k: int = 0, optimizer: dict | None = None,
+         data: dict | None = None, **train_kw: Any):
+    raw = {
+        "data": data or {"preset": "synthetic", "batch_size": 256,
+                         "synthetic": {"rows": 6_000, "eval_rows": 1_000, "vocab_size": 1_500, "num_sparse": 4}},
+        "embedding": {"dim": 8, "optimizer": optimizer or {"type": "adam", "lr": 0.01}},
+        "model": {"type": "dlrm", "bottom_mlp": [16, 8], "top_mlp": [16]},
+        "pipeline": {"enabled": enabled},
+        "train": {"out_dir": str(tmp_path), "run_name": name, "progress": False, "deterministic": True,
+                  "threads": 1, "log_every": 5, "embedding_staleness": k, **train_kw},
+    }
+    return from_dict(raw)
+
+
+def _state(result) -> dict[str, torch.Tensor]:
+    out = {f"dense/{k}": v for k, v in result.parts.model.state_dict().items()}
+    for ec in result.parts.collections():
+        for name, table in ec.tables.items():
+            ids, rec = zip(*table.items())
+            ids, rec = torch.cat(ids), torch.cat(rec)
+            order = torch.argsort(ids)
+            out[f"{name}/ids"], out[f"{name}/rows"] = ids[order], rec[order]
+    return out
+
+
+def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=[o["type"] for o in OPTIMIZERS])
+def test_staleness_0_on_threads_is_bit_identical_to_in_line(tmp_path, optimizer):
+    kw = dict(optimizer=optimizer, eval_every=7, checkpoint_every=9)
+    off = train(_cfg(tmp_path, "off", enabled=False, **kw))
+    on = train(_cfg(tmp_path, "on", enabled=True, **kw))
+    _assert_identical(_state(off), _state(on))
+    assert off.metrics == on.metrics
+
+
+def test_staleness_0_bit_identical_with_tiers_admission_and_ttl(tmp_path):
+    """Rows on disk, in a bounded cache over host memory, under min_count and TTL."""
+    runs = []
+    for enabled in (False, True):
+        raw = _cfg(tmp_path, f"tiers-{enabled}", enabled=enabled).model_dump(mode="json", by_alias=True)
+        raw["tables"] = [
+            {"name": "C1", "storage": {"disk_path": str(tmp_path / f"disk-{enabled}"), "disk_rows": 4096, "host_rows": 300}},
+            {"name": "C2", "storage": {"device_rows": 200, "device": "cpu"}},
+            {"name": "C3", "min_count": 2, "ttl_steps": 6},
+        ]
+        runs.append(train(from_dict(raw)))
+    _assert_identical(_state(runs[0]), _state(runs[1]))
+
+
+# ---- no update lost under staleness ----------------------------------------------------------
+
+
+def _stale_run(k: int, refresh: bool, steps: int = 12) -> tuple[torch.Tensor, int, WriteLog]:
+    """SGD (lr 1) on loss = sum of pooled rows: every occurrence of an ID adds -1 to each of its
+    weights whatever the row's value, so the final rows are exact whatever the staleness, as
+    long as no update is lost. The fetch runs ``k`` batches ahead (the update is slowed)."""
+    ec = EmbeddingCollection([TableConfig(name="t", dim=2, initializer={"type": "zeros"},
+                                          optimizer={"type": "sgd", "lr": 1.0})],
+                             [FeatureConfig(name="a", table="t")])
+    opt = SparseOptimizer(ec)
+    gate, log = FetchGate(k), WriteLog(k if refresh else 0)
+    lock = threading.Lock()
+    stale = []
+    batches = [SparseFeatures(["a"], torch.tensor([1, 2, 3, 1 + i % 3]), torch.tensor([4])) for i in range(steps)]
+
+    def plan(item):
+        i, sf = item
+        return [i, sf, ec.plan(sf, train=True), 0, None]
+
+    def fetch(step):
+        assert gate.enter(step[0])
+        with lock:
+            step[3] = gate.written
+            step[2].fetch()
+        stale.append(step[0] - step[3])
+        return step
+
+    def update(step):
+        time.sleep(0.01)  # a slow update: the fetch gets ahead of it
+        with lock:
+            log.refresh(step[0], step[3], step[4])
+            opt.apply(step[4])
+            log.record(step[0], step[4])
+        gate.wrote(step[0])
+        return step
+
+    ahead = [Stage("read", lambda _: enumerate(batches), expand=True), Stage("plan", plan), Stage("fetch", fetch, depth=4)]
+    with Scheduler(ahead, [Stage("update", update, depth=4)]) as s:
+        for step in s:
+            ec(step[1], step[2])["a"].sum().backward()
+            step[4] = opt.take()
+            s.hand_back(step)
+        s.drain()
+    rows = torch.cat([rec for _, rec in sorted(ec.tables["t"].items(), key=lambda x: 0)])
+    ids = torch.cat([i for i, _ in ec.tables["t"].items()])
+    return rows[torch.argsort(ids)][:, :2], max(stale), log
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_staleness_k_never_loses_an_update(k):
+    rows, most_stale, log = _stale_run(k, refresh=True)
+    # ID 1 occurs in every batch and once more in every third; 2 and 3 likewise
+    counts = torch.tensor([12 + 4, 12 + 4, 12 + 4], dtype=torch.float32)
+    assert torch.equal(rows, -counts[:, None].expand(3, 2))
+    assert 0 < most_stale <= k  # reads did run ahead, and never more than k batches
+    assert log.refreshed_rows > 0
+
+
+def test_without_refresh_stale_updates_would_be_lost():
+    """The check above can fail: the same run without re-reading loses updates."""
+    rows, most_stale, _ = _stale_run(2, refresh=False)
+    assert most_stale > 0
+    assert (rows > -16).any()
+
+
+def test_staleness_k_trains_end_to_end_and_stays_close(tmp_path):
+    exact = train(_cfg(tmp_path, "k0", k=0))
+    stale = train(_cfg(tmp_path, "k2", k=2))
+    assert stale.step == exact.step
+    assert abs(stale.metrics["auc/label"] - exact.metrics["auc/label"]) < 0.02
+
+
+# ---- failures in each stage ------------------------------------------------------------------
+
+
+def _ember_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("ember-stage-") and t.is_alive()]
+
+
+def _csv(tmp_path: Path, bad_row: int | None = None) -> dict:
+    lines = ["label,d1,c1,c2"] + [f"{i % 2},{i % 7},a{i % 13},b{i % 5}" for i in range(3000)]
+    if bad_row is not None:
+        lines[bad_row] = "1,notanumber,a,b"
+    p = tmp_path / "train.csv"
+    p.write_text("\n".join(lines) + "\n")
+    return {"format": "csv", "train": str(p), "eval": str(p), "batch_size": 100}
+
+
+SCHEMA = {"labels": ["label"], "dense": [{"name": "d1"}], "sparse": [{"name": "c1"}, {"name": "c2"}]}
+
+
+def _fail(monkeypatch, stage: str) -> None:
+    import ember.embedding.optimizer as optimizer
+    import ember.tiers.host as host
+    import ember.train.builder as builder
+    import ember.train.stages as stages
+
+    def boom(*a: Any, **k: Any) -> Any:
+        raise OSError(28, f"No space left on device (injected into {stage})")
+
+    calls = {"n": 0}
+
+    def later(orig):
+        def f(*a: Any, **k: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                boom()
+            return orig(*a, **k)
+        return f
+
+    if stage == "plan":
+        monkeypatch.setattr(builder.Components, "plan", later(builder.Components.plan))
+    elif stage == "fetch":
+        monkeypatch.setattr(host.HostTier, "get_into", later(host.HostTier.get_into))
+        monkeypatch.setattr(host.HostTier, "read_native", staticmethod(later(host.HostTier.read_native)))
+    elif stage == "compute":
+        monkeypatch.setattr(stages, "multitask_bce", later(stages.multitask_bce))
+    elif stage == "update":
+        monkeypatch.setattr(optimizer.SparseOptimizer, "apply", staticmethod(later(optimizer.SparseOptimizer.apply)))
+    elif stage == "metrics":
+        monkeypatch.setattr(stages.TrainStages, "metrics", later(stages.TrainStages.metrics))
+
+
+@pytest.mark.parametrize("stage", ["read", "featurize", "plan", "fetch", "compute", "update", "metrics"])
+def test_a_failure_in_any_stage_stops_the_run_naming_it(tmp_path, monkeypatch, stage):
+    data = _csv(tmp_path, bad_row=1500 if stage == "featurize" else None)
+    if stage == "read":  # a damaged file among good ones: the reader fails mid-run
+        good = tmp_path / "a.parquet"
+        pq.write_table(pa.table({"label": [0, 1] * 1000, "d1": [1.0] * 2000, "c1": ["x"] * 2000, "c2": ["y"] * 2000}), good)
+        (tmp_path / "b.parquet").write_bytes(b"PAR1" + os.urandom(2000) + b"PAR1")
+        data = {"format": "parquet", "train": [str(good), str(tmp_path / "b.parquet")], "eval": str(good), "batch_size": 100}
+    _fail(monkeypatch, stage)
+    cfg = from_dict({"data": data, "schema": SCHEMA, "embedding": {"dim": 4}, "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},
+                     "train": {"out_dir": str(tmp_path), "run_name": "r", "progress": False}})
+    t0 = time.perf_counter()
+    with pytest.raises(Exception) as e:
+        train(cfg)
+    assert time.perf_counter() - t0 < 30
+    assert f"(in ember pipeline stage '{stage}')" in getattr(e.value, "__notes__", []), (stage, repr(e.value))
+    if stage == "featurize":
+        assert isinstance(e.value, DataError) and "row 1501" in str(e.value)
+    elif stage != "read":
+        assert "injected" in str(e.value)
+    assert _ember_threads() == []
+
+
+# ---- signals -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_checkpoints_then_exits_non_zero(tmp_path, sig):
+    cfg = {"data": {"preset": "synthetic", "batch_size": 256, "synthetic": {"rows": 5_000_000, "eval_rows": 1000, "vocab_size": 2000, "num_sparse": 4}},
+           "embedding": {"dim": 8}, "model": {"type": "dlrm", "bottom_mlp": [16, 8], "top_mlp": [16]},
+           "train": {"out_dir": str(tmp_path), "run_name": "sig", "progress": False, "log_every": 5, "threads": 1}}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(cfg))
+    proc = subprocess.Popen([sys.executable, "-m", "ember", "train", "--config", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "sig" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + sig, (out, err)
+    assert signal.Signals(sig).name in err and "train.resume=" in err
+    ckpt = resolve_checkpoint(tmp_path / "sig")
+    manifest = verify_checkpoint(ckpt)
+    assert manifest["step"] > 0 and manifest["position"]["batch"] == manifest["step"]
+
+
+# ---- visibility ----------------------------------------------------------------------------------
+
+
+def test_stage_busy_and_queue_fill_are_logged(tmp_path):
+    result = train(_cfg(tmp_path, "vis"))
+    rec = [r for r in result.history if r["kind"] == "train"][-1]
+    for name in ("read", "featurize", "plan", "fetch", "compute", "update", "metrics"):
+        assert 0 <= rec[f"pipeline.stage.{name}.busy"] <= 1.5, name
+    for name in ("read", "featurize", "plan", "fetch"):
+        assert f"pipeline.queue.{name}.fill" in rec
+    assert rec["pipeline.stage.compute.busy"] > 0
