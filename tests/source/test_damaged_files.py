@@ -1,7 +1,9 @@
-"""Damaged Parquet / ORC files give a DataError naming the file and where; checksums are written
+"""Damaged Parquet / ORC / compressed CSV files give a DataError naming the file and where; checksums are written
 by ember's writer and verified by its reader."""
 
 from __future__ import annotations
+
+import gzip
 
 import numpy as np
 import pyarrow as pa
@@ -11,6 +13,7 @@ import pytest
 
 from ember.errors import DataError
 from ember.source.config import SyntheticOptions
+from ember.source.csv import read_csv
 from ember.source.orc import read_orc
 from ember.source.parquet import read_parquet
 from ember.source.writer import write_synthetic
@@ -89,3 +92,10 @@ def test_orc_damaged_stripe_names_the_stripe(tmp_path):
     with pytest.raises(DataError, match=r"s\.orc stripe 0 \(from row 1\)"):
         _read_all(read_orc(str(p), ["y", "a"]))
 
+
+def test_truncated_gzip_csv_names_the_file(tmp_path):
+    p = tmp_path / "t.csv.gz"
+    p.write_bytes(gzip.compress(("y,c\n" + "".join(f"{i % 2},v{i}\n" for i in range(5000))).encode())[:-30])
+    with pytest.raises(DataError) as e:
+        _read_all(read_csv(str(p), ["y", "c"], block_bytes=4096))
+    assert str(p) in str(e.value) and "after byte" in str(e.value)
