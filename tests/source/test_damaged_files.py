@@ -27,6 +27,13 @@ def _read_all(chunks) -> int:
     return sum(c.batch.num_rows for c in chunks)
 
 
+def _error(chunks) -> str:
+    """The DataError message that reading ``chunks`` (a reader's lazy iterator) raises."""
+    with pytest.raises(DataError) as e:
+        _read_all(chunks)
+    return str(e.value)
+
+
 def _flip(path, at: int) -> None:
     data = bytearray(path.read_bytes())
     data[at] ^= 0x55
@@ -39,9 +46,7 @@ def test_unreadable_parquet_names_the_file(tmp_path, damage):
     pq.write_table(_table(), p)
     good = p.read_bytes()
     p.write_bytes({"truncated": good[: len(good) // 2], "garbage": b"not a parquet file" * 20, "empty": b""}[damage])
-    with pytest.raises(DataError) as e:
-        _read_all(read_parquet(str(p), ["y", "a"]))
-    msg = str(e.value)
+    msg = _error(read_parquet(str(p), ["y", "a"]))
     assert str(p) in msg and "(footer)" in msg and "remove it from data.train / data.eval" in msg
 
 
@@ -52,9 +57,7 @@ def test_flipped_byte_in_a_data_page_is_caught_by_its_checksum(tmp_path):
     _flip(p, p.read_bytes().find(b"value-0013") + 7)  # a value in row group 1 (rows 11-20)
     # without verification the damage goes unnoticed: a value silently changed
     assert pq.read_table(p).column("a")[13].as_py() != "value-0013"
-    with pytest.raises(DataError) as e:
-        _read_all(read_parquet(str(p), ["y", "a"]))
-    msg = str(e.value)
+    msg = _error(read_parquet(str(p), ["y", "a"]))
     assert str(p) in msg and "row group 1 (rows 11-20, byte offset" in msg and "CRC" in msg
 
 
@@ -77,9 +80,8 @@ def test_unreadable_orc_names_the_file(tmp_path, damage):
     orc.write_table(_table(), str(p))
     good = p.read_bytes()
     p.write_bytes(good[: len(good) // 2] if damage == "truncated" else b"not an orc file" * 20)
-    with pytest.raises(DataError) as e:
-        _read_all(read_orc(str(p), ["y", "a"]))
-    assert str(p) in str(e.value) and "restore or re-create the file" in str(e.value)
+    msg = _error(read_orc(str(p), ["y", "a"]))
+    assert str(p) in msg and "restore or re-create the file" in msg
 
 
 def test_orc_damaged_stripe_names_the_stripe(tmp_path):
@@ -96,6 +98,5 @@ def test_orc_damaged_stripe_names_the_stripe(tmp_path):
 def test_truncated_gzip_csv_names_the_file(tmp_path):
     p = tmp_path / "t.csv.gz"
     p.write_bytes(gzip.compress(("y,c\n" + "".join(f"{i % 2},v{i}\n" for i in range(5000))).encode())[:-30])
-    with pytest.raises(DataError) as e:
-        _read_all(read_csv(str(p), ["y", "c"], block_bytes=4096))
-    assert str(p) in str(e.value) and "after byte" in str(e.value)
+    msg = _error(read_csv(str(p), ["y", "c"], block_bytes=4096))
+    assert str(p) in msg and "after byte" in msg
