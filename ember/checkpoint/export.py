@@ -2,10 +2,15 @@
 
 Layout::
 
-    manifest.json          schema, features, tables (dim, initialiser, rows), tasks, sha256 of files
+    manifest.json          schema, features, tables (dim, initialiser, seed, rows, min_count), tasks,
+                           sha256 of files
     model.pt               the dense model as TorchScript: (dense, pooled, linear) -> logits
     tables/<name>.ids      int64 IDs, sorted (looked up with a binary search)
     tables/<name>.weights  float32 [rows, dim] weights only (optimizer state is dropped)
+
+An ID without a row is served as eval scores it: a table's ``min_count`` (format version 2 on)
+says whether that is the ID's initial row (``min_count`` 1) or the all-zero row of IDs held
+back by admission (``min_count`` > 1).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from ember.checkpoint.atomic import HashingWriter, fsync_dir, sha256_file
 
 __all__ = ["export_model", "EXPORT_VERSION"]
 
-EXPORT_VERSION = 1
+EXPORT_VERSION = 2  # 2: tables record min_count
 
 # keys of the run config's JSON form that the export records (Predictor reads data and schema)
 RUN_CONFIG_KEYS = ("data", "schema", "model")
@@ -37,7 +42,7 @@ class _Dumpable(Protocol):
 class _Table(Protocol):
     dim: int
     seed: int  # the effective seed of the table's initial rows
-    config: Any  # .initializer (a pydantic model)
+    config: Any  # .initializer (a pydantic model), .min_count
 
     def items(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]: ...
 
@@ -62,8 +67,8 @@ def export_model(
     - ``model``: the dense model, ``(dense, pooled, linear) -> logits``; it is scripted on the
       CPU and put back on its device and in its train/eval mode afterwards;
     - ``collections``: every embedding collection whose tables the model reads (anything with
-      ``.tables: {name: table}``; a table has ``items()``, ``dim``, ``config.initializer`` and its
-      effective ``seed``);
+      ``.tables: {name: table}``; a table has ``items()``, ``dim``, ``config.initializer``,
+      ``config.min_count`` and its effective ``seed``);
     - ``features`` / ``linear_features``: the embedding FeatureConfigs feeding ``pooled`` /
       ``linear`` (None without a linear part);
     - ``task_names``: the label of each logit column;
@@ -95,6 +100,7 @@ def export_model(
             tables.append({
                 "name": name, "dim": table.dim, "rows": int(ids.size), "seed": int(table.seed),
                 "initializer": table.config.initializer.model_dump(mode="json"),
+                "min_count": int(table.config.min_count),
             })
     manifest = {
         "format_version": EXPORT_VERSION,

@@ -58,7 +58,8 @@ class FeatureConfig(ConfigModel):
     """How one sparse feature is embedded: which table, and how its IDs are pooled per sample.
 
     ``sum`` / ``mean`` / ``sqrtn`` pool the bag of IDs (weighted when the batch carries per-ID
-    weights: sum w*e, sum w*e / sum w, sum w*e / sqrt(sum w^2)); ``sequence`` keeps every
+    weights: sum w*e, sum w*e / sum |w|, sum w*e / sqrt(sum w^2), each norm floored at
+    ``pooling.WEIGHT_EPS``, so an all-zero-weight bag pools to zero); ``sequence`` keeps every
     position: a [B, L, D] tensor padded with zeros plus a [B, L] mask (L = ``max_length``).
     """
 

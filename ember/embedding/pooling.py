@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ember import _native
 
-__all__ = ["SequenceEmbedding", "pool_feature", "GroupPool"]
+__all__ = ["SequenceEmbedding", "pool_feature", "GroupPool", "WEIGHT_EPS"]
 
 
 class SequenceEmbedding(NamedTuple):
@@ -24,13 +24,23 @@ class SequenceEmbedding(NamedTuple):
     mask: Tensor
 
 
+WEIGHT_EPS = 1e-6
+"""Floor of a weighted bag's norm (sum of |w|, or sqrt of sum of w^2): a bag whose weights are
+all zero pools to zero, and one with tinier weights shrinks smoothly toward zero."""
+
+
 def pool_feature(
     w: Tensor, idx: Tensor, offsets: Tensor, weights: Tensor | None, pooling: str, max_length: int | None = None
 ) -> Tensor | SequenceEmbedding:
     """Pool rows ``w`` [U, D] at ``idx`` [N] per bag (``offsets`` [B+1]), as ``pooling`` says.
 
-    ``sum`` / ``mean`` / ``sqrtn`` (weighted when ``weights`` [N] is given: sum w*e,
-    sum w*e / sum w, sum w*e / sqrt(sum w^2)); ``sequence``: [B, L, D] padded plus a mask.
+    ``sum`` / ``mean`` / ``sqrtn``; with ``weights`` [N]: ``sum w*e``,
+    ``sum w*e / max(sum |w|, eps)`` and ``sum w*e / max(sqrt(sum w^2), eps)``, eps =
+    ``WEIGHT_EPS``. Dividing by the sum of *absolute* weights makes a weighted mean a signed
+    convex combination: never larger than the bag's largest row whatever the weights' signs
+    or size (a sum of weights near zero would blow it up), equal to the usual weighted mean
+    for positive weights; a bag whose weights are all zero (or an empty bag) pools to zero.
+    ``sequence``: [B, L, D] padded plus a mask.
     """
     if pooling == "sequence":
         return _sequence(w, idx, offsets, max_length)
@@ -40,14 +50,16 @@ def pool_feature(
     if pooling == "sum":  # weighted sum
         return bag
     counts = offsets[1:] - offsets[:-1]
-    if weights is None:
-        norm = counts.to(w.dtype).sqrt()  # sqrtn
-    else:  # per-bag sum of w (mean) or of w^2 (sqrtn)
-        seg = torch.repeat_interleave(torch.arange(counts.numel(), device=w.device), counts)
-        acc = torch.zeros(counts.numel(), dtype=w.dtype, device=w.device)
-        acc.index_add_(0, seg, weights if pooling == "mean" else weights * weights)
-        norm = acc if pooling == "mean" else acc.sqrt()
-    return bag / norm.clamp(min=1e-12).unsqueeze(1) * (norm > 0).unsqueeze(1)
+    if weights is None:  # sqrtn; an empty bag's sum is 0
+        return bag / counts.to(w.dtype).sqrt().clamp(min=1.0).unsqueeze(1)
+    # per-bag sum of |w| (mean) or of w^2 (sqrtn)
+    seg = torch.repeat_interleave(torch.arange(counts.numel(), device=w.device), counts)
+    acc = torch.zeros(counts.numel(), dtype=bag.dtype, device=w.device)
+    if pooling == "mean":
+        norm = acc.index_add(0, seg, weights.abs()).clamp(min=WEIGHT_EPS)
+    else:  # clamped before the square root, whose gradient at 0 is infinite
+        norm = acc.index_add(0, seg, weights * weights).clamp(min=WEIGHT_EPS * WEIGHT_EPS).sqrt()
+    return bag / norm.unsqueeze(1)
 
 
 def _sequence(w: Tensor, idx: Tensor, offsets: Tensor, max_length: int | None) -> SequenceEmbedding:

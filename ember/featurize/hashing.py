@@ -92,14 +92,20 @@ def _hash_utf8_buffers(offsets: np.ndarray, data: np.ndarray, salt: np.uint64) -
     return h.view(np.int64)
 
 
-def hash_strings(values: pa.Array, salt: str) -> np.ndarray:
-    """Hash every element of a (large_)string array of *distinct* values; nulls hash as "".
+def hash_strings(values: pa.Array | pa.ChunkedArray, salt: str) -> np.ndarray:
+    """Hash every element of a (large_)string or binary array; nulls hash as "".
+
+    Works on any array: sliced ones (an offset into shared buffers), with nulls, and chunked
+    (each chunk hashed on its own; a value's ID never depends on where it sits).
 
     Example:
         >>> import pyarrow as pa
         >>> int(hash_strings(pa.array(["68fd1e64"]), "C1")[0])
         8589935920311878028
     """
+    if isinstance(values, pa.ChunkedArray):
+        parts = [hash_strings(c, salt) for c in values.chunks]
+        return np.concatenate(parts) if parts else np.zeros(0, np.int64)
     if pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type):
         off_dtype = np.int64
     elif pa.types.is_string(values.type) or pa.types.is_binary(values.type):
@@ -108,17 +114,20 @@ def hash_strings(values: pa.Array, salt: str) -> np.ndarray:
         raise TypeError(f"hash_strings: expected a string array, got {values.type}")
     n = len(values)
     bufs = values.buffers()
-    offsets = np.frombuffer(bufs[1], dtype=off_dtype)[values.offset : values.offset + n + 1]
+    # a slice shares its parent's buffers: its n + 1 offsets start at values.offset
+    offsets = np.frombuffer(bufs[1], dtype=off_dtype)[values.offset : values.offset + n + 1].astype(np.int64)
     data = np.frombuffer(bufs[2], dtype=np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    lo = int(offsets[0]) if n else 0
+    data, offsets = data[lo : int(offsets[-1])] if n else data[:0], offsets - lo  # this slice's bytes only
     if values.null_count:
-        # A null slot may have garbage length in principle; make it the empty string.
+        # A null slot may span bytes in principle: give it length 0 and gather the other
+        # values' bytes into a fresh buffer.
         lens = np.diff(offsets)
-        lens[np.asarray(values.is_null())] = 0
-        offsets = np.concatenate([offsets[:1], offsets[0] + np.cumsum(lens)]).astype(off_dtype)
-        # Rebuild a contiguous data buffer consistent with the new offsets.
-        starts = np.frombuffer(bufs[1], dtype=off_dtype)[values.offset : values.offset + n]
-        idx = np.repeat(starts - offsets[:-1], lens) + np.arange(int(lens.sum()))
-        data = data[idx]
+        lens[values.is_null().to_numpy(zero_copy_only=False)] = 0
+        starts = offsets[:-1]
+        offsets = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(lens, out=offsets[1:])
+        data = data[np.repeat(starts - offsets[:-1], lens) + np.arange(int(offsets[-1]))]
     return _hash_utf8_buffers(offsets, data, salt_key(salt))
 
 
@@ -126,11 +135,15 @@ def hash_array(values: pa.Array | pa.ChunkedArray, salt: str) -> tuple[np.ndarra
     """Hash a flat arrow array of strings or integers to ``(ids int64 [N], valid bool [N])``.
 
     Strings are dictionary-encoded first so each distinct value is hashed once. Null entries
-    get ``valid=False`` (and an arbitrary ID the caller drops).
+    get ``valid=False`` (and an arbitrary ID the caller drops). Sliced and chunked arrays hash
+    exactly like the equivalent plain array.
     """
-    if isinstance(values, pa.ChunkedArray):
-        values = values.combine_chunks()
-    valid = ~np.array(values.is_null(), dtype=bool) if values.null_count else np.ones(len(values), bool)
+    if isinstance(values, pa.ChunkedArray):  # chunk by chunk: no copy, no 2 GiB offset limit
+        parts = [hash_array(c, salt) for c in values.chunks]
+        if not parts:
+            return np.zeros(0, np.int64), np.zeros(0, bool)
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    valid = ~values.is_null().to_numpy(zero_copy_only=False) if values.null_count else np.ones(len(values), bool)
     t = values.type
     if pa.types.is_dictionary(t):
         values = values.cast(t.value_type)

@@ -1,8 +1,9 @@
 """Predictor: load an export directory and score batches or raw input files.
 
 Needs only torch, numpy, pyarrow and ember's featurizer and pooling; no optimizer, tier or
-trainer code. Unseen IDs get the same deterministic initial row the trained model saw for
-them, so scores equal the trained model's on any input.
+trainer code. An ID without a row reads what eval gives it: the same deterministic initial row
+the trained model would give it, or, in a table with ``min_count`` > 1, the all-zero row of
+IDs admission held back. So scores equal the trained model's eval scores on any input.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from torch import Tensor
 
 from ember.batch import Batch, SparseFeatures
 from ember.checkpoint.atomic import sha256_file
+from ember.checkpoint.export import EXPORT_VERSION
 from ember.embedding.pooling import pool_feature
 from ember.embedding.config import FeatureConfig
 from ember.embedding.init import InitializerConfig, init_rows
@@ -26,12 +28,14 @@ __all__ = ["Predictor"]
 
 
 class _FrozenTable:
-    """Sorted IDs + weights; lookup by binary search, init rows for unseen IDs."""
+    """Sorted IDs + weights; lookup by binary search; IDs without a row read their initial row,
+    or the all-zero row when the table held IDs back (``min_count`` > 1), as eval does."""
 
-    def __init__(self, root: Path, meta: dict[str, Any]) -> None:
+    def __init__(self, root: Path, meta: dict[str, Any], min_count: int) -> None:
         self.dim = meta["dim"]
         self.seed = meta["seed"]
         self.init = InitializerConfig.model_validate(meta["initializer"])
+        self.min_count = min_count
         n = meta["rows"]
         self.ids = np.fromfile(root / "tables" / f"{meta['name']}.ids", dtype="<i8") if n else np.empty(0, np.int64)
         w = np.fromfile(root / "tables" / f"{meta['name']}.weights", dtype="<f4") if n else np.empty(0, np.float32)
@@ -46,7 +50,9 @@ class _FrozenTable:
         if found.any():
             out[torch.from_numpy(found)] = self.weights[torch.from_numpy(pos_c[found])]
         if (~found).any():
-            out[torch.from_numpy(~found)] = init_rows(ids[torch.from_numpy(~found)], self.dim, self.init, self.seed)
+            absent = torch.from_numpy(~found)
+            # below min_count an ID never got a row: eval reads the shared zero row for it
+            out[absent] = 0.0 if self.min_count > 1 else init_rows(ids[absent], self.dim, self.init, self.seed)
         return out
 
 
@@ -64,7 +70,13 @@ class Predictor:
         self.manifest = manifest
         self.model = torch.jit.load(str(root / "model.pt"), map_location="cpu")
         self.model.eval()
-        self.tables = {t["name"]: _FrozenTable(root, t) for t in manifest["tables"]}
+        version = manifest.get("format_version")
+        if not isinstance(version, int) or not 1 <= version <= EXPORT_VERSION:
+            raise CheckpointError(f"export {root}: format_version {version!r} is not one this ember reads "
+                                  f"(1..{EXPORT_VERSION}); export it again with this version of ember")
+        # version 1 did not record min_count and served every table as min_count 1
+        self.tables = {t["name"]: _FrozenTable(root, t, t["min_count"] if version >= 2 else 1)
+                       for t in manifest["tables"]}
         self.features = [FeatureConfig.model_validate(f) for f in manifest["features"]]
         lin = manifest.get("linear_features")
         self.linear_features = [FeatureConfig.model_validate(f) for f in lin] if lin else None

@@ -1,4 +1,5 @@
-"""What every reader yields: an arrow record batch plus where its rows came from."""
+"""What every reader yields (an arrow record batch plus where its rows came from), and the
+checks every reader shares: columns present, file readable."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from typing import Sequence
 
 import pyarrow as pa
 
-from ember.errors import SchemaError
+from ember.errors import DataError, SchemaError
 
-__all__ = ["RecordChunk", "check_columns"]
+__all__ = ["RecordChunk", "check_columns", "is_damage", "damaged_file"]
 
 
 @dataclass(frozen=True)
@@ -30,3 +31,20 @@ def check_columns(file: str, available: Sequence[str], wanted: Sequence[str]) ->
             f"{file}: column(s) {missing} not found; the file has {list(available)} "
             "(fix the schema's column names, or csv.column_names / csv.header for CSV)"
         )
+
+
+def is_damage(error: BaseException) -> bool:
+    """Whether pyarrow's ``error`` says a file's bytes are bad (truncated, garbage, checksum
+    mismatch), as opposed to a file that is missing or not readable by this user."""
+    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
+        return False
+    return isinstance(error, (pa.ArrowException, OSError))
+
+
+def damaged_file(file: str, where: str, error: BaseException) -> DataError:
+    """The DataError for a file whose bytes cannot be decoded; ``where`` locates the damage
+    (e.g. ``" row group 3 (rows 1-5000, byte offset 4)"``, or ``""`` for the whole file)."""
+    return DataError(
+        f"{file}{where}: cannot be read, the file is truncated, damaged or not in the configured format "
+        f"({error}); restore or re-create the file, or remove it from data.train / data.eval"
+    )

@@ -25,11 +25,22 @@ CRITEO_COLUMNS: list[str] = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}
 
 class CsvOptions(ConfigModel):
     """CSV/TSV layout. No quoted newlines: one line is one row (that is what makes row numbers
-    exact and lets a 10 GB file stream in ``block_bytes`` pieces)."""
+    exact and lets a 10 GB file stream in ``block_bytes`` pieces). Text must be UTF-8.
+
+    ``header`` is decided per file: ``true``, every file's first line names its columns
+    (``column_names``, when set, replace those names); ``false``, no file has a header
+    (``column_names`` required); ``auto``, a file's first line is a header exactly when its
+    fields equal ``column_names`` (required), e.g. a train file with a header line and eval
+    files without one.
+
+    Example:
+        >>> CsvOptions(header="auto", column_names=["label", "C1"]).header
+        'auto'
+    """
 
     delimiter: str | None = Field(None, min_length=1, max_length=1)  # default "," (csv) / tab (tsv)
-    header: bool = True
-    column_names: list[str] | None = None  # required when header is false
+    header: bool | Literal["auto"] = True
+    column_names: list[str] | None = None  # required when header is false or auto
     block_bytes: int = Field(8 << 20, ge=1 << 12)  # bytes parsed at a time: RAM vs per-call overhead
 
 
@@ -120,8 +131,9 @@ class DataConfig(ConfigModel):
     def _check(self) -> "DataConfig":
         if self.format != "synthetic" and self.train is None and self.eval is None:
             raise ValueError(f"format '{self.format}' needs data.train and/or data.eval paths")
-        if self.format in ("csv", "tsv") and not self.csv.header and not self.csv.column_names:
-            raise ValueError("csv.header is false: set csv.column_names (or preset: criteo)")
+        if self.format in ("csv", "tsv") and self.csv.header is not True and not self.csv.column_names:
+            raise ValueError(f"csv.header is {str(self.csv.header).lower()}: set csv.column_names "
+                             "(or preset: criteo)")
         return self
 
     @property

@@ -3,9 +3,12 @@
 The file is read ``block_bytes`` at a time and cut at the last newline, so memory stays at a
 few blocks however large the file, and the line number of every row is known (pyarrow's own
 streaming reader does not report line numbers of bad lines). Consequence: quoted values may
-not contain newlines. Every column is read as a string (``""`` = missing); the featurizer
-converts numbers itself so it can name the row and value that fail. Compressed files
-(``.gz``, ``.bz2``, ...) are decompressed on the fly.
+not contain newlines. A line may be of any length (a block grows to hold it). Every column is
+read as a string (``""`` = missing); the featurizer converts numbers itself so it can name the
+row and value that fail. Compressed files (``.gz``, ``.bz2``, ...) are decompressed on the fly.
+
+The text must be UTF-8: a line that is not is a bad row (``on_bad_rows``: an error naming file,
+row, column and byte offset, or skipped and counted under ``"<row>: not valid UTF-8 text"``).
 
 Example:
     >>> import tempfile, os
@@ -17,27 +20,39 @@ Example:
 
 from __future__ import annotations
 
-from typing import Iterator, Sequence
+import codecs
+from typing import Iterator, Literal, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.csv as pacsv
 
+from ember.errors import DataError
 from ember.source.bad_rows import BadRowReport, raise_bad_row
-from ember.source.base import RecordChunk, check_columns
+from ember.source.base import RecordChunk, check_columns, damaged_file, is_damage
 
 __all__ = ["read_csv"]
 
 _FIELDS_REASON = "<row>: wrong number of fields"
+_UTF8_REASON = "<row>: not valid UTF-8 text"
+_PARSE_BLOCK = 1 << 20  # pyarrow's parse unit; grown for a block holding a longer line
 
 
 def _line_blocks(path: str, block_bytes: int) -> Iterator[bytes]:
     """Blocks of whole lines (each ends with a newline, except maybe the file's last one)."""
     with pa.input_stream(path) as f:
         rest = b""
+        read = 0
         while True:
-            data = f.read(block_bytes)
+            try:
+                data = f.read(block_bytes)
+            except Exception as e:  # e.g. a truncated .gz
+                if is_damage(e):
+                    raise damaged_file(path, f" (after byte {read} of its text)", e) from e
+                raise
             if not data:
                 break
+            read += len(data)
             data = rest + data
             cut = data.rfind(b"\n")
             if cut < 0:
@@ -49,8 +64,13 @@ def _line_blocks(path: str, block_bytes: int) -> Iterator[bytes]:
             yield rest
 
 
-def _split_header(line: bytes, delimiter: str) -> list[str]:
-    names = line.decode("utf-8").rstrip("\r\n").split(delimiter)
+def _split_header(line: bytes, delimiter: str) -> list[str] | None:
+    """The names in a header line (quotes removed), or None when it is not UTF-8 text."""
+    try:
+        text = line.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    names = text.rstrip("\r\n").split(delimiter)
     return [n[1:-1] if len(n) >= 2 and n[0] == n[-1] == '"' else n for n in names]
 
 
@@ -59,63 +79,150 @@ def read_csv(
     columns: Sequence[str],
     *,
     delimiter: str = ",",
-    header: bool = True,
+    header: bool | Literal["auto"] = True,
     column_names: Sequence[str] | None = None,
     block_bytes: int = 8 << 20,
     report: BadRowReport | None = None,
 ) -> Iterator[RecordChunk]:
     """Yield ``columns`` of ``path`` as string record batches, one per block of lines.
 
-    Lines with the wrong number of fields raise DataError (file and line named) or, when
-    ``report.skip``, are dropped and counted under ``"<row>: wrong number of fields"``.
+    ``header``: True, the first line names the columns (``column_names``, when given, replace
+    those names); False, there is none (``column_names`` required); ``"auto"``, the first line
+    is a header exactly when its fields equal ``column_names`` (required), so files with and
+    without a header line can be mixed. Lines with the wrong number of fields or that are not
+    UTF-8 raise DataError (file and line named) or, when ``report.skip``, are dropped and
+    counted under ``"<row>: wrong number of fields"`` / ``"<row>: not valid UTF-8 text"``.
     """
     report = report or BadRowReport()
-    blocks = _line_blocks(path, block_bytes)
-    line_no = 1  # 1-based number of the next line to parse
     names = list(column_names) if column_names else None
-    if header:
-        first = next(blocks, b"")
-        head, _, body = first.partition(b"\n")
-        names = names or _split_header(head, delimiter)
-        line_no = 2
-        blocks = _chain(body, blocks)
-    if names is None:
-        raise ValueError("read_csv: header=False needs column_names")
+    if header not in (True, False, "auto"):
+        raise ValueError(f"read_csv: header must be true, false or 'auto', got {header!r}")
+    if header is not True and names is None:
+        raise ValueError(f"read_csv: header={header!r} needs column_names")
+    blocks = _line_blocks(path, block_bytes)
+    first = next(blocks, b"")
+    head, newline, body = first.partition(b"\n")
+    found = _split_header(head, delimiter)
+    line_no, offset = 1, 0  # 1-based number and byte offset of the next line to parse
+    if header is True or (header == "auto" and found == names):
+        if found is None:
+            raise DataError(f"{path} row 1 (the header): not valid UTF-8 text; re-encode the file as UTF-8 "
+                            "(e.g. iconv -f latin1 -t utf-8), or set csv.header: false and csv.column_names")
+        names = names or found
+        line_no, offset, first = 2, len(head) + len(newline), body
+    assert names is not None
     check_columns(path, names, columns)
-    for block in blocks:
-        n_lines = block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
-        bad: list[str] = []
+    parser = _BlockParser(path, names, columns, delimiter, report)
+    for block in _chain(first, blocks):
+        yield from parser.chunks(block, line_no, offset)
+        line_no += block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
+        offset += len(block)
 
-        def on_invalid(row: pacsv.InvalidRow) -> str:
-            bad.append(row.text)
-            return "skip"
 
-        table = pacsv.read_csv(
-            pa.py_buffer(block),
-            read_options=pacsv.ReadOptions(column_names=names, block_size=1 << 20),
-            parse_options=pacsv.ParseOptions(
-                delimiter=delimiter, invalid_row_handler=on_invalid, ignore_empty_lines=False
-            ),
-            convert_options=pacsv.ConvertOptions(
-                include_columns=list(columns),
-                column_types={c: pa.string() for c in columns},
-                strings_can_be_null=True,
-                quoted_strings_can_be_null=True,
-                null_values=[""],
-            ),
-        )
-        if bad and not report.skip:
-            lines = block.split(b"\n")
-            idx = next(i for i, ln in enumerate(lines) if ln.rstrip(b"\r").decode("utf-8", "replace") == bad[0])
+class _BlockParser:
+    """Parses blocks of whole lines of one file into record chunks, applying the bad-row policy."""
+
+    def __init__(self, path: str, names: list[str], columns: Sequence[str], delimiter: str,
+                 report: BadRowReport) -> None:
+        self.path, self.names, self.columns = path, names, list(columns)
+        self.delimiter, self.report = delimiter, report
+
+    def chunks(self, block: bytes, line_no: int, offset: int) -> Iterator[RecordChunk]:
+        """Chunks of ``block`` (line ``line_no``, byte ``offset`` of the file): each run of
+        UTF-8 lines is parsed on its own, so every chunk's ``first_row`` stays exact."""
+        pos = 0
+        for start, end, bad_at in _non_utf8_lines(block):
+            yield from self._parse(block[pos:start], line_no)
+            line_no += block.count(b"\n", pos, start)
+            if not self.report.skip:
+                self._raise_utf8(block[start:end], line_no, bad_at - start, offset + bad_at)
+            self.report.add(_UTF8_REASON)
+            pos, line_no = end + 1, line_no + 1
+        yield from self._parse(block[pos:], line_no)
+
+    def _raise_utf8(self, line: bytes, line_no: int, at: int, file_offset: int) -> None:
+        sep = self.delimiter.encode("utf-8")
+        field = line[:at].count(sep)
+        fields = line.rstrip(b"\r").split(sep)
+        column = self.names[field] if field < len(self.names) and len(fields) == len(self.names) else "<row>"
+        value = fields[field] if column != "<row>" else line
+        raise_bad_row(self.path, line_no, column, value[:200],
+                      f"not valid UTF-8 text (byte offset {file_offset}; re-encode the file as UTF-8, "
+                      "e.g. iconv -f latin1 -t utf-8)")
+
+    def _parse(self, lines: bytes, line_no: int) -> Iterator[RecordChunk]:
+        if not lines:
+            return
+        table, bad = self._read(lines)
+        if bad and not self.report.skip:
+            split = lines.split(b"\n")
+            idx = next(i for i, ln in enumerate(split) if ln.rstrip(b"\r").decode("utf-8") == bad[0])
             # Rows before the bad line are good: hand them over first, so an earlier bad value
             # in them is reported before this line.
             if idx:
-                yield RecordChunk(_to_batch(table.slice(0, idx), columns), path, line_no)
-            raise_bad_row(path, line_no + idx, "<row>", bad[0][:200], f"expected {len(names)} fields")
-        report.add(_FIELDS_REASON, len(bad))
+                yield RecordChunk(_to_batch(table.slice(0, idx), self.columns), self.path, line_no)
+            raise_bad_row(self.path, line_no + idx, "<row>", bad[0][:200], f"expected {len(self.names)} fields")
+        self.report.add(_FIELDS_REASON, len(bad))
         if table.num_rows:
-            yield RecordChunk(_to_batch(table, columns), path, line_no)
-        line_no += n_lines
+            yield RecordChunk(_to_batch(table, self.columns), self.path, line_no)
+
+    def _read(self, lines: bytes) -> tuple[pa.Table, list[str]]:
+        """Parse whole lines with pyarrow; returns the table and the text of wrong-width lines."""
+        block_size = _PARSE_BLOCK
+        while True:
+            bad: list[str] = []
+
+            def on_invalid(row: pacsv.InvalidRow) -> str:
+                bad.append(row.text)
+                return "skip"
+
+            try:
+                table = pacsv.read_csv(
+                    pa.py_buffer(lines),
+                    read_options=pacsv.ReadOptions(column_names=self.names, block_size=block_size),
+                    parse_options=pacsv.ParseOptions(
+                        delimiter=self.delimiter, invalid_row_handler=on_invalid, ignore_empty_lines=False
+                    ),
+                    convert_options=pacsv.ConvertOptions(
+                        include_columns=self.columns,
+                        column_types={c: pa.string() for c in self.columns},
+                        strings_can_be_null=True,
+                        quoted_strings_can_be_null=True,
+                        null_values=[""],
+                    ),
+                )
+                return table, bad
+            except pa.ArrowInvalid as e:
+                # A line longer than pyarrow's block "straddles" blocks: parse again with blocks
+                # that hold the longest line (only blocks holding such a line pay for it).
+                longest = _longest_line(lines)
+                if "straddl" not in str(e) or block_size > longest:
+                    raise
+                block_size = longest + 2
+
+
+def _longest_line(lines: bytes) -> int:
+    ends = np.flatnonzero(np.frombuffer(lines, dtype=np.uint8) == ord("\n"))
+    bounds = np.concatenate([[-1], ends, [len(lines)]])
+    return int(np.diff(bounds).max())
+
+
+def _non_utf8_lines(block: bytes) -> Iterator[tuple[int, int, int]]:
+    """(line start, line end (its newline or the block's end), first bad byte) of each line
+    of ``block`` that is not UTF-8, in order; nothing (after one fast check) for clean text."""
+    view = memoryview(block)
+    pos = 0
+    while pos < len(block):
+        try:
+            codecs.utf_8_decode(view[pos:], "strict", True)
+            return
+        except UnicodeDecodeError as e:
+            bad_at = pos + e.start
+        start = block.rfind(b"\n", 0, bad_at) + 1
+        end = block.find(b"\n", bad_at)
+        end = len(block) if end < 0 else end
+        yield start, end, bad_at
+        pos = end + 1
 
 
 def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:

@@ -1,6 +1,7 @@
 """Stream an ORC file stripe by stripe, sliced into record batches of ``read_rows`` rows.
 
-RAM holds one stripe of the selected columns (ORC writers default to 64 MB stripes).
+RAM holds one stripe of the selected columns (ORC writers default to 64 MB stripes). A file
+that cannot be decoded (truncated, garbage) raises DataError naming the file and the stripe.
 
 Example:
     >>> import tempfile, os, pyarrow as pa, pyarrow.orc as orc
@@ -16,18 +17,29 @@ from typing import Iterator, Sequence
 
 import pyarrow.orc as orc
 
-from ember.source.base import RecordChunk, check_columns
+from ember.source.base import RecordChunk, check_columns, damaged_file, is_damage
 
 __all__ = ["read_orc"]
 
 
 def read_orc(path: str, columns: Sequence[str], *, read_rows: int = 65536) -> Iterator[RecordChunk]:
     """Yield ``columns`` of ``path`` in file order; ``first_row`` is 1-based."""
-    f = orc.ORCFile(path)
-    check_columns(path, f.schema.names, columns)
+    try:
+        f = orc.ORCFile(path)
+        names = f.schema.names
+    except Exception as e:
+        if is_damage(e):
+            raise damaged_file(path, " (footer)", e) from e
+        raise
+    check_columns(path, names, columns)
     row = 1
     for i in range(f.nstripes):
-        stripe = f.read_stripe(i, columns=list(columns))
+        try:
+            stripe = f.read_stripe(i, columns=list(columns))
+        except Exception as e:
+            if is_damage(e):
+                raise damaged_file(path, f" stripe {i} (from row {row})", e) from e
+            raise
         for start in range(0, stripe.num_rows, read_rows):
             batch = stripe.slice(start, read_rows)
             yield RecordChunk(batch, path, row)

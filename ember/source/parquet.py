@@ -1,5 +1,10 @@
 """Stream a Parquet file as record batches of ``read_rows`` rows (one row group in RAM at most).
 
+Page checksums (CRC-32, written by ember's own writers) are verified when a file has them, so
+a flipped bit on disk is an error, not a silently different value. A file that cannot be
+decoded (truncated, garbage, checksum mismatch) raises DataError naming the file, the row
+group, its rows and its byte offset.
+
 Example:
     >>> import tempfile, os, pyarrow as pa, pyarrow.parquet as pq
     >>> path = os.path.join(tempfile.mkdtemp(), "t.parquet")
@@ -14,17 +19,49 @@ from typing import Iterator, Sequence
 
 import pyarrow.parquet as pq
 
-from ember.source.base import RecordChunk, check_columns
+from ember.source.base import RecordChunk, check_columns, damaged_file, is_damage
 
 __all__ = ["read_parquet"]
 
 
 def read_parquet(path: str, columns: Sequence[str], *, read_rows: int = 65536) -> Iterator[RecordChunk]:
-    """Yield ``columns`` of ``path`` in file order; ``first_row`` is 1-based."""
-    with pq.ParquetFile(path) as pf:
+    """Yield ``columns`` of ``path`` in file order, row group by row group; ``first_row`` is 1-based."""
+    try:
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
+    except Exception as e:
+        if is_damage(e):
+            raise damaged_file(path, " (footer)", e) from e
+        raise
+    with pf:
         check_columns(path, pf.schema_arrow.names, columns)
+        meta = pf.metadata
         row = 1
-        for batch in pf.iter_batches(batch_size=read_rows, columns=list(columns), use_threads=True):
-            if batch.num_rows:
-                yield RecordChunk(batch, path, row)
-                row += batch.num_rows
+        for g in range(pf.num_row_groups):
+            start, group_rows = row, meta.row_group(g).num_rows
+            batches = pf.iter_batches(batch_size=read_rows, row_groups=[g], columns=list(columns), use_threads=True)
+            while True:
+                try:
+                    batch = next(batches, None)
+                except Exception as e:
+                    if not is_damage(e):
+                        raise
+                    where = (f" row group {g} (rows {start}-{start + group_rows - 1}, "
+                             f"byte offset {_row_group_offset(meta, g)})")
+                    raise damaged_file(path, where, e) from e
+                if batch is None:
+                    break
+                if batch.num_rows:
+                    yield RecordChunk(batch, path, row)
+                    row += batch.num_rows
+
+
+def _row_group_offset(meta: pq.FileMetaData, group: int) -> int:
+    """Byte offset in the file where row group ``group``'s first page starts."""
+    rg = meta.row_group(group)
+    offsets = []
+    for j in range(rg.num_columns):
+        col = rg.column(j)
+        offsets.append(col.data_page_offset)
+        if col.has_dictionary_page:
+            offsets.append(col.dictionary_page_offset)
+    return min(offsets) if offsets else 0

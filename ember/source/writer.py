@@ -52,7 +52,7 @@ def write_synthetic(
 
     Memory holds one chunk of ``chunk_rows`` rows. CSV/TSV get a header line (unless
     ``header=False``) and multi-hot features as ``|``-joined IDs, which the synthetic preset
-    schema reads back. Returns the files written.
+    schema reads back. Parquet pages carry CRC-32 checksums. Returns the files written.
     """
     if format not in ("csv", "tsv", "parquet", "orc"):
         raise ConfigError(f"write_synthetic: format must be csv, tsv, parquet or orc, got {format!r}")
@@ -69,7 +69,8 @@ def write_synthetic(
                     writer = pacsv.CSVWriter(path, batch.schema, write_options=opts)
                 writer.write_batch(batch)
             elif format == "parquet":
-                writer = writer or pq.ParquetWriter(path, batch.schema)
+                # page checksums let every reader (ours verifies them) catch a flipped bit on disk
+                writer = writer or pq.ParquetWriter(path, batch.schema, write_page_checksum=True)
                 writer.write_batch(batch)
             else:
                 writer = writer or orc.ORCWriter(path)

@@ -33,7 +33,7 @@ class _Table:
 
     def __init__(self, ids: list[int], dim: int, seed: int, effective_seed: int | None = None) -> None:
         self.dim = dim
-        self.config = SimpleNamespace(seed=seed, initializer=InitializerConfig())
+        self.config = SimpleNamespace(seed=seed, initializer=InitializerConfig(), min_count=1)
         self._ids = torch.tensor(ids, dtype=torch.int64)
         self._records = torch.arange(len(ids) * (dim + 1), dtype=torch.float32).reshape(len(ids), dim + 1)  # + state
         self.seed = seed if effective_seed is None else effective_seed

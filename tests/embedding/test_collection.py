@@ -35,7 +35,7 @@ def _reference(ec, sf, name, pooling):
             emb = emb[torch.searchsorted(uniq, ids)]
         acc = (emb * w.unsqueeze(1)).sum(0) if e > s else torch.zeros(D)
         if pooling == "mean" and e > s:
-            acc = acc / w.sum()
+            acc = acc / w.abs().sum()
         if pooling == "sqrtn" and e > s:
             acc = acc / math.sqrt(float((w * w).sum()))
         rows.append(acc)

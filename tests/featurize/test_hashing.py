@@ -1,5 +1,6 @@
 import numpy as np
 import pyarrow as pa
+import pytest
 
 from ember.featurize.hashing import hash_array, hash_ints, hash_strings, salt_key
 
@@ -75,3 +76,48 @@ def test_same_ids_in_another_process_with_another_hash_seed():
     env = {**os.environ, "PYTHONHASHSEED": "12345"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.strip() == str(hash_array(pa.array(["a", "b"]), "C1")[0].tolist())
+
+
+def _values(n: int = 300) -> list:
+    # nulls, empty strings and values across the 8-byte word boundaries
+    return [None if i % 7 == 3 else ("" if i % 11 == 5 else f"v{i % 41}" + "x" * (i % 19)) for i in range(n)]
+
+
+def _plain(values: list, type_=pa.string()) -> tuple[np.ndarray, np.ndarray]:
+    """The reference: hash_strings of each value on its own, in a fresh unsliced array."""
+    ids = np.array([hash_strings(pa.array([v or ""], type_), "k")[0] for v in values], dtype=np.int64)
+    return ids, np.array([v is not None for v in values], dtype=bool)
+
+
+@pytest.mark.parametrize("type_", [pa.string(), pa.large_string(), pa.binary()])
+@pytest.mark.parametrize("start,length", [(3, None), (1, 5), (50, 120), (299, 1), (10, 0)])
+def test_sliced_arrays_with_nulls_hash_like_unsliced(type_, start, length):
+    values = _values()
+    arr = pa.array([v if v is None or type_ != pa.binary() else v.encode() for v in values], type_)
+    part = arr.slice(start, length)
+    assert part.offset == start and (part.null_count > 0 or length in (0, 1))
+    want_ids, want_valid = _plain(values[start : start + len(part)])
+    ids, valid = hash_array(part, "k")
+    assert valid.tolist() == want_valid.tolist()
+    assert ids[valid].tolist() == want_ids[want_valid].tolist()
+    # hash_strings hashes a null as "" (so it works on a dictionary with a null as well)
+    assert hash_strings(part, "k").tolist() == want_ids.tolist()
+
+
+def test_chunked_arrays_hash_like_the_plain_array():
+    values = _values()
+    arr = pa.array(values)
+    chunked = pa.chunked_array([arr.slice(0, 3), arr.slice(3, 0), arr.slice(3, 100), arr.slice(103)])
+    want_ids, want_valid = hash_array(arr, "k")
+    ids, valid = hash_array(chunked, "k")
+    assert valid.tolist() == want_valid.tolist() and ids[valid].tolist() == want_ids[want_valid].tolist()
+    assert hash_strings(chunked, "k").tolist() == hash_strings(arr, "k").tolist()
+    # chunks dictionary-encoded separately (different dictionaries), integers with nulls
+    dicts = pa.chunked_array([arr.slice(0, 150).dictionary_encode(), arr.slice(150).dictionary_encode()])
+    ids, valid = hash_array(dicts, "k")
+    assert valid.tolist() == want_valid.tolist() and ids[valid].tolist() == want_ids[want_valid].tolist()
+    ints = pa.array([None if i % 5 == 0 else i for i in range(40)])
+    ids, valid = hash_array(pa.chunked_array([ints.slice(0, 13), ints.slice(13)]), "k")
+    assert valid.tolist() == [i % 5 != 0 for i in range(40)]
+    assert ids[valid].tolist() == hash_ints(np.array([i for i in range(40) if i % 5]), "k").tolist()
+    assert [a.size for a in hash_array(pa.chunked_array([], pa.string()), "k")] == [0, 0]
