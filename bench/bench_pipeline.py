@@ -59,13 +59,16 @@ from typing import Any, Iterator
 
 import benchkit  # first: it imports ember before torch (see ember/__init__.py)
 import numpy as np
+import pyarrow.parquet as pq
 import torch
 
 from ember.batch import Batch
 from ember.config import from_dict
+from ember.embedding import EmbeddingTable
 from ember.pipeline.loader import make_batches
 from ember.train.builder import Components
 from ember.train.loop import prepare_run, train_step
+from ember.tiers.storage import build_tier
 from ember.train.loss import multitask_bce
 
 FORMATS = ("parquet", "csv")
@@ -84,6 +87,7 @@ class Run:
 
     @property
     def key(self) -> str:
+        """The name its results go under, e.g. ``files/csv/pipelined`` or ``disk/staleness2``."""
         if self.variant == "files":
             return f"files/{self.fmt}/{'pipelined' if self.pipeline else 'inline'}"
         if self.variant == "disk":
@@ -91,6 +95,7 @@ class Run:
         return self.variant
 
     def argv(self) -> list[str]:
+        """The options that make a process of this script measure this run."""
         return ["--variant", self.variant, "--format", self.fmt, "--pipeline", "on" if self.pipeline else "off",
                 "--staleness", str(self.staleness)]
 
@@ -129,10 +134,6 @@ def prepare_disk_table(args: argparse.Namespace) -> None:
     """Fill the disk tier of table C1 with a fresh record for every C1 ID of the Parquet file,
     close it (tags + clean ``meta.json``) and keep a copy of those two small files, so that each
     run can start from this state (``reset_disk_table``). Reused while its parameters match."""
-    from ember.embedding import EmbeddingTable
-    from ember.tiers.storage import build_tier
-    import pyarrow.parquet as pq
-
     root = disk_root(args)
     stamp = {"data": json.loads((args.data_dir / "data.json").read_text()), "disk_rows": args.disk_rows}
     stamp_file = root / "table.json"
