@@ -71,13 +71,15 @@ def parse_ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     s = pc.utf8_trim_whitespace(arr)
     missing = np.asarray(pc.fill_null(pc.equal(s, ""), True), dtype=bool)
     ok = np.array(pc.fill_null(pc.match_substring_regex(s, _INTEGER), False), dtype=bool)
-    # 19 digits can still overflow int64: check those few one by one.
-    long = np.flatnonzero(ok & np.asarray(pc.fill_null(pc.greater_equal(pc.utf8_length(s), 19), False), dtype=bool))
-    for i in long:
-        if not -(2**63) <= int(s[int(i)].as_py()) < 2**63:
-            ok[i] = False
+    try:  # one vectorised cast; it fails only when a 19+-digit token overflows int64
+        x = pc.cast(pc.if_else(pa.array(ok), s, pa.scalar("0", s.type)), pa.int64())
+    except pa.ArrowInvalid:  # find those few tokens one by one (rare: full-range IDs fit)
+        long = np.flatnonzero(ok & np.asarray(pc.fill_null(pc.greater_equal(pc.utf8_length(s), 19), False), dtype=bool))
+        for i in long:
+            if not -(2**63) <= int(s[int(i)].as_py()) < 2**63:
+                ok[i] = False
+        x = pc.cast(pc.if_else(pa.array(ok), s, pa.scalar("0", s.type)), pa.int64())
     bad = ~missing & ~ok
-    x = pc.cast(pc.if_else(pa.array(ok), s, pa.scalar("0", s.type)), pa.int64())
     return x.to_numpy(zero_copy_only=False), missing, bad
 
 

@@ -58,3 +58,16 @@ def test_criteo_preset():
     assert d["format"] == "tsv" and d["csv"]["header"] is False and len(d["csv"]["column_names"]) == 40
     with pytest.raises(ConfigError, match="unknown data preset"):
         preset_schema("avazoo")
+
+
+def test_parse_ints_full_int64_range_and_overflow():
+    """Full-range IDs take the one vectorised cast; a token past int64 is bad, not wrapped."""
+    import pyarrow as pa
+
+    from ember.featurize.transforms import parse_ints
+
+    values, missing, bad = parse_ints(pa.array(["1", " 9223372036854775807", "-9223372036854775808", "", None]))
+    assert values.tolist() == [1, 2**63 - 1, -(2**63), 0, 0]
+    assert missing.tolist() == [False, False, False, True, True] and not bad.any()
+    values, missing, bad = parse_ints(pa.array(["9223372036854775808", "7", "x"]))
+    assert bad.tolist() == [True, False, True] and values[1] == 7
