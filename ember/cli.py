@@ -88,7 +88,12 @@ def cmd_predict(args: argparse.Namespace) -> int:
     probs = p.predict_files(args.input)
     header = ",".join(f"p_{t}" for t in p.tasks)
     if args.output:
-        np.savetxt(args.output, probs, delimiter=",", header=header, comments="", fmt="%.6f")
+        from ember.errors import WriteError
+        from ember.fileio import atomic_file
+
+        # about 9 bytes per probability ("0.123456,"): the estimate a full disk's message names
+        with atomic_file(args.output, WriteError, len(header) + 1 + probs.size * 9) as tmp:
+            np.savetxt(tmp, probs, delimiter=",", header=header, comments="", fmt="%.6f")
         print(f"wrote {len(probs)} predictions to {args.output}")
     else:
         print(header)

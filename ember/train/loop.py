@@ -24,7 +24,8 @@ from ember.checkpoint.load import (
 )
 from ember.checkpoint.save import save_checkpoint
 from ember.config import RunConfig, to_yaml
-from ember.errors import RunInterrupted
+from ember.errors import RunInterrupted, WriteError
+from ember.fileio import write_bytes_atomic
 from ember.pipeline.loader import make_batches
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
@@ -68,7 +69,7 @@ def prepare_run(cfg: RunConfig) -> tuple[Components, Path]:
         torch.use_deterministic_algorithms(True, warn_only=True)
     run_dir = Path(t.out_dir) / (t.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    write_bytes_atomic(run_dir / "config.yaml", to_yaml(cfg).encode(), WriteError)
     return build_components(cfg), run_dir
 
 
@@ -195,7 +196,7 @@ def train(cfg: RunConfig) -> RunResult:
         metrics = run_eval()
     history.plot()
     summary = {"step": step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_bytes_atomic(run_dir / "summary.json", json.dumps(summary, indent=1).encode(), WriteError)
     return RunResult(run_dir, step, metrics, history.records, parts, bad_rows)
 
 
