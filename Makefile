@@ -11,7 +11,7 @@ install:
 	$(PIP) install -q -e ".[dev]"
 
 demo: install
-	$(PYTHON) -m ember train --config configs/demo.yaml
+	$(PYTHON) -m ember train --config configs/demo.yaml --overwrite
 
 # The second run turns the native core off (EMBER_NATIVE=0): the numpy/torch fallbacks of every
 # kernel (ember/_native.py) must pass the same embedding, tier, optimizer and checkpoint tests.

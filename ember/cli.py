@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
 __all__ = ["main"]
+
+_OVERRIDE = re.compile(r"^[A-Za-z_][\w.]*=")  # key.path=value
 
 
 def _config(args: argparse.Namespace):
@@ -24,7 +27,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ember.train.loop import train
 
     cfg = _config(args)
-    result = train(cfg)
+    result = train(cfg, overwrite=args.overwrite)
     print(f"run directory: {result.run_dir}")
     print(f"steps: {result.step}")
     for k, v in result.metrics.items():
@@ -84,11 +87,27 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     from ember.serving import Predictor
 
+    from ember.config import apply_overrides
+    from ember.errors import ConfigError
+
+    # `--input a.csv data.x=1` hands the override to --input (nargs="+"): take such items back
+    inputs = [i for i in args.input if not (_OVERRIDE.match(i) and not Path(i).exists())]
+    overrides = apply_overrides({}, [*args.overrides, *(i for i in args.input if i not in inputs)])
+    if set(overrides) - {"data"}:
+        raise ConfigError(f"predict: overrides {sorted(set(overrides) - {'data'})} are not data.* keys; predict takes "
+                          "data.* overrides only (e.g. data.batch_size=1024 data.csv.delimiter=';')")
+    if args.output and Path(args.output).is_dir():
+        raise ConfigError(f"--output {args.output} is a directory; give a file path for the CSV")
     p = Predictor.load(args.export)
-    probs = p.predict_files(args.input)
+    probs = p.predict_files(inputs, format=args.format, **overrides.get("data", {}))
     header = ",".join(f"p_{t}" for t in p.tasks)
     if args.output:
-        np.savetxt(args.output, probs, delimiter=",", header=header, comments="", fmt="%.6f")
+        from ember.errors import WriteError
+        from ember.fileio import atomic_file
+
+        # about 9 bytes per probability ("0.123456,"): the estimate a full disk's message names
+        with atomic_file(args.output, WriteError, len(header) + 1 + probs.size * 9) as tmp:
+            np.savetxt(tmp, probs, delimiter=",", header=header, comments="", fmt="%.6f")
         print(f"wrote {len(probs)} predictions to {args.output}")
     else:
         print(header)
@@ -101,7 +120,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from ember.pipeline.loader import write_synthetic
     from ember.source.config import SyntheticOptions
 
-    opts = SyntheticOptions.model_validate({**(json.loads(args.options) if args.options else {}), "seed": args.seed})
+    from ember.errors import ConfigError
+
+    if args.rows <= 0:
+        raise ConfigError(f"--rows must be a positive number of rows, got {args.rows}")
+    try:
+        given = json.loads(args.options) if args.options else {}
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--options is not valid JSON ({e}); give an object, e.g. '{{\"vocab_size\": 1000}}'") from None
+    if not isinstance(given, dict):
+        raise ConfigError(f"--options must be a JSON object of synthetic options, got {type(given).__name__} {args.options}")
+    if "seed" in given:
+        raise ConfigError("--options: give the seed with --seed, not in --options")
+    opts = SyntheticOptions.parse({**given, "seed": args.seed}, where="--options")
+    if Path(args.out).is_dir():
+        raise ConfigError(f"--out {args.out} is a directory; give the file to write, e.g. {Path(args.out) / 'train.parquet'}")
     paths = write_synthetic(args.out, args.format, args.rows, opts, split=args.split)
     print(f"wrote {args.rows} rows to {paths}")
     return 0
@@ -114,6 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     t = sub.add_parser("train", help="train (resume with train.resume=DIR, finetune with train.init_from=DIR)")
     t.add_argument("--config", required=True)
     t.add_argument("--export", help="also export the final model to this directory")
+    t.add_argument("--overwrite", action="store_true",
+                   help="replace an earlier run of the same train.run_name (else refused; train.resume continues it)")
     t.add_argument("overrides", nargs="*", help="key.path=value")
     t.set_defaults(fn=cmd_train)
 
@@ -131,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--export", required=True, help="export directory")
     pr.add_argument("--input", nargs="+", required=True, help="files in the export's data format")
     pr.add_argument("--output", help="CSV file for the probabilities (default: stdout)")
+    pr.add_argument("--format", choices=["csv", "tsv", "parquet", "orc"],
+                    help="format of the input files (default: from their extensions; other extensions need this)")
+    pr.add_argument("overrides", nargs="*", help="data.key.path=value, e.g. data.csv.delimiter=';'")
     pr.set_defaults(fn=cmd_predict)
 
     g = sub.add_parser("generate", help="write synthetic Criteo-shaped data to files")

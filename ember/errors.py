@@ -10,6 +10,7 @@ __all__ = [
     "CapacityError",
     "TierIOError",
     "CheckpointError",
+    "WriteError",
     "RunInterrupted",
 ]
 
@@ -40,6 +41,11 @@ class TierIOError(EmberError, OSError):
 
 class CheckpointError(EmberError, RuntimeError):
     """A checkpoint is missing, damaged (checksum mismatch) or of another layout."""
+
+
+class WriteError(EmberError, OSError):
+    """An output file (predictions, metrics, plots) cannot be written: disk full, directory not
+    writable. The message names the path and, for a full disk, the bytes the write needed."""
 
 
 class RunInterrupted(EmberError):

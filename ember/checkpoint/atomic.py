@@ -1,4 +1,5 @@
-"""Crash-safe file writing: temp file, fsync, rename; checksums while writing."""
+"""Crash-safe file writing: temp file, fsync, rename; checksums while writing. The general
+helpers (temporary name, rename, full disk -> an error naming the path) are in ``ember.fileio``."""
 
 from __future__ import annotations
 
@@ -6,6 +7,9 @@ import hashlib
 import os
 from pathlib import Path
 from typing import BinaryIO
+
+from ember.errors import CheckpointError
+from ember.fileio import fsync_dir, write_bytes_atomic
 
 __all__ = ["HashingWriter", "fsync_dir", "atomic_write_bytes", "sha256_file"]
 
@@ -25,29 +29,21 @@ class HashingWriter:
         self.nbytes += len(data)
 
     def close(self) -> str:
-        self._fh.flush()
-        os.fsync(self._fh.fileno())
-        self._fh.close()
+        try:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())
+        finally:  # a failed flush (disk full) still closes the file, so its directory can go
+            try:
+                self._fh.close()
+            except OSError:
+                pass
         return self._hash.hexdigest()
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` so a crash leaves either the old or the new file."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as fh:
-        fh.write(data)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    """Replace ``path`` with ``data`` so a crash leaves either the old or the new file (a full
+    disk: CheckpointError naming the path, the old file kept)."""
+    write_bytes_atomic(path, data, CheckpointError)
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:

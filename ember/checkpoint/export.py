@@ -16,8 +16,6 @@ back by admission (``min_count`` > 1).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
@@ -25,7 +23,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ember.checkpoint.atomic import HashingWriter, fsync_dir, sha256_file
+from ember.checkpoint.atomic import HashingWriter, sha256_file
+from ember.errors import CheckpointError
+from ember.fileio import atomic_dir, fsync_dir
 
 __all__ = ["export_model", "EXPORT_VERSION"]
 
@@ -60,7 +60,9 @@ def export_model(
     run_config: Mapping[str, Any],
     out_dir: str | Path,
 ) -> Path:
-    """Write a trained model to ``out_dir`` (replaced atomically if it exists) for serving.
+    """Write a trained model to ``out_dir`` (replaced atomically if it exists) for serving. A
+    failed write (a full disk: CheckpointError naming ``out_dir`` and the bytes needed) leaves
+    the old export, if any, and no temporary directory.
 
     Takes plain parts, so checkpoint needs neither the trainer nor the run config classes:
 
@@ -80,10 +82,21 @@ def export_model(
         raise ValueError(f"export_model: run_config lacks {missing}; pass the resolved run config as JSON, "
                          "e.g. cfg.model_dump(mode='json', by_alias=True)")
     out = Path(out_dir)
-    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    (tmp / "tables").mkdir(parents=True)
+
+    def needed() -> int:  # asked only when the disk is full
+        return sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
+            ids.numel() * (8 + 4 * t.dim) for ec in collections for t in ec.tables.values() for ids, _ in t.items())
+
+    with atomic_dir(out, CheckpointError, needed, "the previous export, if any, is kept") as tmp:
+        _write(tmp, model, collections, features, linear_features, task_names, run_config)
+    return out
+
+
+def _write(tmp: Path, model: nn.Module, collections: Sequence[_Collection], features: Sequence[_Dumpable],
+           linear_features: Sequence[_Dumpable] | None, task_names: Sequence[str],
+           run_config: Mapping[str, Any]) -> None:
+    """Every file of the export into the directory ``tmp``, fsynced."""
+    (tmp / "tables").mkdir()
     files: dict[str, str] = {}
     files["model.pt"] = _script(model, tmp / "model.pt")
     tables = []
@@ -95,8 +108,10 @@ def export_model(
             order = np.argsort(ids, kind="stable")
             for suffix, arr in [("ids", ids[order].astype("<i8")), ("weights", np.ascontiguousarray(w[order], dtype="<f4"))]:
                 wr = HashingWriter(tmp / "tables" / f"{name}.{suffix}")
-                wr.write(arr.tobytes())
-                files[f"tables/{name}.{suffix}"] = wr.close()
+                try:
+                    wr.write(arr.tobytes())
+                finally:
+                    files[f"tables/{name}.{suffix}"] = wr.close()
             tables.append({
                 "name": name, "dim": table.dim, "rows": int(ids.size), "seed": int(table.seed),
                 "initializer": table.config.initializer.model_dump(mode="json"),
@@ -113,14 +128,12 @@ def export_model(
         "model": run_config["model"],
         "files": files,
     }
-    (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    mw = HashingWriter(tmp / "manifest.json")
+    try:
+        mw.write(json.dumps(manifest, indent=1).encode())
+    finally:
+        mw.close()
     fsync_dir(tmp / "tables")
-    fsync_dir(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    os.rename(tmp, out)
-    fsync_dir(out.parent)
-    return out
 
 
 def _script(model: nn.Module, path: Path) -> str:

@@ -7,7 +7,8 @@ Layout of ``<run>/checkpoints/step-00000100/``::
     tables/<name>.ids  int64 IDs, streamed in chunks (sorted by ID per chunk)
     tables/<name>.rec  float32 records [weights | optimizer state], same order
 
-A crash at any point leaves the previous checkpoint untouched: files go to a ``.tmp-*``
+A full disk raises CheckpointError naming the directory and the bytes needed, and removes the
+temporary directory. A crash at any point leaves the previous checkpoint untouched: files go to a ``.tmp-*``
 directory, each is fsynced, the directory is renamed, then ``LATEST`` is replaced atomically.
 """
 
@@ -27,8 +28,10 @@ import torch
 
 from ember.checkpoint.atomic import HashingWriter, atomic_write_bytes, fsync_dir
 from ember.embedding import EmbeddingCollection
+from ember.errors import CheckpointError
+from ember.fileio import is_no_space, no_space_error
 
-__all__ = ["save_checkpoint", "FORMAT_VERSION", "rng_state"]
+__all__ = ["save_checkpoint", "checkpoint_bytes", "FORMAT_VERSION", "rng_state"]
 
 FORMAT_VERSION = 1
 
@@ -55,6 +58,51 @@ def save_checkpoint(
     tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
+    try:
+        _write(tmp, step, collections, dense_state, position, config)
+    except BaseException as e:  # a failed save leaves no half-written directory behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        if is_no_space(e):
+            raise no_space_error(CheckpointError, final, checkpoint_bytes(collections, dense_state),
+                                 e, "the previous checkpoint is kept (lower train.keep_checkpoints or move "
+                                 "train.out_dir to a larger volume)") from e  # type: ignore[arg-type]
+        raise
+    old = None
+    if final.exists():  # a second save of the same step: move the old one aside, never delete first
+        old = root / f".old-{final.name}-{os.getpid()}"
+        os.rename(final, old)
+    os.rename(tmp, final)
+    fsync_dir(root)
+    atomic_write_bytes(root / "LATEST", final.name.encode())
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+    _prune(root, keep)
+    return final
+
+
+def checkpoint_bytes(collections: list[EmbeddingCollection], dense_state: dict[str, Any]) -> int:
+    """About how many bytes a checkpoint of these tables and dense state takes on disk."""
+    total = _tensor_bytes(dense_state)
+    for ec in collections:
+        for table in ec.tables.values():
+            per_row = 8 + 4 * table.config.record_dim + (4 if table.config.ttl_steps else 0)
+            total += len(table) * per_row
+    return total
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    return 0
+
+
+def _write(tmp: Path, step: int, collections: list[EmbeddingCollection], dense_state: dict[str, Any],
+           position: dict[str, int], config: dict[str, Any]) -> None:
+    """Every file of the checkpoint into the directory ``tmp``, fsynced."""
     (tmp / "tables").mkdir(parents=True)
     files: dict[str, str] = {}
     tables_meta = []
@@ -100,17 +148,6 @@ def save_checkpoint(
     mw.close()
     fsync_dir(tmp / "tables")
     fsync_dir(tmp)
-    old = None
-    if final.exists():  # a second save of the same step: move the old one aside, never delete first
-        old = root / f".old-{final.name}-{os.getpid()}"
-        os.rename(final, old)
-    os.rename(tmp, final)
-    fsync_dir(root)
-    atomic_write_bytes(root / "LATEST", final.name.encode())
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-    _prune(root, keep)
-    return final
 
 
 def _prune(root: Path, keep: int) -> None:

@@ -22,7 +22,7 @@ from ember.checkpoint.export import EXPORT_VERSION
 from ember.embedding.pooling import pool_feature
 from ember.embedding.config import FeatureConfig
 from ember.embedding.init import InitializerConfig, init_rows
-from ember.errors import CheckpointError
+from ember.errors import CheckpointError, ConfigError
 
 __all__ = ["Predictor"]
 
@@ -115,28 +115,79 @@ class Predictor:
         parts = [self.predict_batch(b) for b in batches]
         return np.concatenate(parts) if parts else np.zeros((0, len(self.tasks)))
 
-    def predict_files(self, paths: list[str], **data_overrides: Any) -> np.ndarray:
-        """Probabilities [N, T] for raw rows in files of the export's data format (order kept)."""
+    def predict_files(self, paths: list[str], format: str | None = None, **data_overrides: Any) -> np.ndarray:
+        """Probabilities [N, T] for raw rows in ``paths`` (order kept).
+
+        The format comes from the extensions (csv, tsv, parquet, orc, optionally compressed:
+        ``.csv.gz``) or from ``format``; other extensions are refused (ConfigError), so rows are
+        never read in a format they are not in, nor generated (an export trained on synthetic
+        data). ``data_overrides`` are keys of the export's data config, merged into it (nested
+        dicts key by key). Label columns may be absent, also from headerless files read by
+        ``csv.column_names`` (e.g. ``preset: criteo``): they are dropped from the names when the
+        first line has that many fields fewer.
+        """
         from ember.featurize.schema import Schema
         from ember.pipeline.loader import make_batches
         from ember.source.config import DataConfig
 
+        if not paths:
+            raise ConfigError("predict: no input files given")
         data = {**self.manifest["data"], "eval": list(paths), "shuffle_buffer": 0}
         data.pop("train", None)
-        fmt = _format_of(paths)
-        if fmt is not None and fmt != data.get("format"):  # e.g. a model trained on synthetic data
+        fmt = format or _format_of(paths)
+        if fmt not in _FORMATS:
+            exts = sorted({"".join(Path(p).suffixes[-2:]) or "(none)" for p in paths})
+            raise ConfigError(f"predict: cannot tell the format of {list(paths)[:3]} (extensions {exts}); name the "
+                              f"files .csv/.tsv/.parquet/.orc (optionally .gz/.bz2) or give the format "
+                              f"(--format {'|'.join(_FORMATS)})")
+        if fmt != data.get("format"):  # e.g. a model trained on synthetic data
             data["format"] = fmt
             if fmt in ("csv", "tsv") and data.get("preset") != "criteo":
                 data["csv"] = {**data.get("csv", {}), "delimiter": None, "header": True}
-        data.update(data_overrides)
-        cfg = DataConfig.model_validate(data)
+        data = _merge(data, data_overrides)
+        cfg = DataConfig.parse(data, where="data")
         schema = Schema.model_validate({**self.manifest["schema"], "score_only": True})  # labels may be absent
+        cfg = _without_absent_labels(cfg, schema.labels, paths[0])
         return self.predict_batches(make_batches(cfg, schema, "eval"))
 
 
+_FORMATS = ("csv", "tsv", "parquet", "orc")
+_COMPRESSED = (".gz", ".bz2")
+
+
 def _format_of(paths: list[str]) -> str | None:
-    """File format from the extensions of ``paths`` (None when unknown or mixed)."""
-    exts = {Path(p).suffix.lower().lstrip(".") for p in paths}
-    if len(exts) == 1 and (ext := exts.pop()) in ("csv", "tsv", "parquet", "orc"):
+    """File format from the extensions of ``paths``, a compression suffix skipped (None when
+    unknown or mixed)."""
+    exts = set()
+    for p in paths:
+        suffixes = [x.lower() for x in Path(p).suffixes]
+        if suffixes and suffixes[-1] in _COMPRESSED:
+            suffixes.pop()
+        exts.add(suffixes[-1].lstrip(".") if suffixes else "")
+    if len(exts) == 1 and (ext := exts.pop()) in _FORMATS:
         return ext
     return None
+
+
+def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _without_absent_labels(cfg: Any, labels: list[str], first_file: str) -> Any:
+    """``cfg`` (a DataConfig) without the label columns in ``csv.column_names`` when the files
+    carry no header and ``first_file``'s first line has exactly that many fields fewer."""
+    names = cfg.csv.column_names
+    if cfg.format not in ("csv", "tsv") or cfg.csv.header is True or not names or not set(labels) <= set(names):
+        return cfg
+    import pyarrow as pa
+
+    with pa.input_stream(first_file) as f:
+        line = f.read(1 << 16).split(b"\n", 1)[0].rstrip(b"\r")
+    fields = line.decode("utf-8", "replace").split(cfg.delimiter)
+    if fields == names or len(fields) != len(names) - len(labels):  # a header line, or labels present
+        return cfg
+    csv = cfg.csv.model_copy(update={"column_names": [n for n in names if n not in labels]})
+    return cfg.model_copy(update={"csv": csv})

@@ -9,7 +9,8 @@ probes over the tag array in RAM and, for IDs that are present, one random read 
 of the 16-32 B a full key index would need: 1.5 GiB of index for 625 M rows.
 
 Disk space is reserved with ``posix_fallocate`` when the file is created or grown, so a full
-disk fails there with ``TierIOError`` and never as a SIGBUS in the middle of a write through
+disk fails there with ``TierIOError`` (the file is reserved under a temporary name, so a failed
+reservation leaves nothing behind) and never as a SIGBUS in the middle of a write through
 the mapping. The tier is a cache of rows, not a checkpoint: after a crash its files are not
 trusted (``meta.json`` says so) and the rows come back from the last checkpoint.
 """
@@ -29,6 +30,7 @@ from torch import Tensor
 
 from ember import _native
 from ember.errors import TierIOError
+from ember.fileio import atomic_file, write_bytes_atomic
 from ember.tiers.base import Tier, TierCounters
 from ember.mix import mix64
 
@@ -88,35 +90,45 @@ class DiskTier(TierCounters, Tier):
         self.record_dim = record_dim
         self.width = record_dim + 2  # float32 columns per slot (the ID takes two)
         self.max_load = 0.85 if max_load is None else max_load
+        made = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         self._memo: tuple[Tensor, np.ndarray] | None = None
         self._mm: np.memmap | None = None
         self.reset_step_stats()
         meta = self.path / "meta.json"
-        if reopen and meta.exists():
-            self._open_existing(meta, max_load)
-        else:
-            n = max(64, int(np.ceil(max(rows, 1) / self.max_load)))
-            self._create(self.path / "slots.bin", n)
-        self._write_meta(clean=False)
+        try:
+            if reopen and meta.exists():
+                self._open_existing(meta, max_load)
+            else:
+                n = max(64, int(np.ceil(max(rows, 1) / self.max_load)))
+                self._create(self.path / "slots.bin", n)
+            self._write_meta(clean=False)
+        except BaseException:
+            if made:  # a tier that never started leaves no directory behind
+                shutil.rmtree(self.path, ignore_errors=True)
+            raise
 
     # ---- files ----------------------------------------------------------------------------
     def _create(self, file: Path, n_slots: int) -> None:
+        """Reserve ``file`` for ``n_slots`` slots: under a temporary name, renamed once the space is
+        reserved, so a full disk leaves neither a short file nor a temporary one behind."""
         nbytes = n_slots * self.width * 4
+        tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
         try:
-            fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
             try:
                 os.posix_fallocate(fd, 0, nbytes)
             finally:
                 os.close(fd)
+            os.replace(tmp, file)
         except OSError as e:
-            free = shutil.disk_usage(file.parent).free
             try:
-                file.unlink()
+                tmp.unlink()
             except OSError:
                 pass
+            free = shutil.disk_usage(file.parent).free
             raise TierIOError(
-                f"DiskTier at {self.path}: cannot reserve {nbytes / 2**30:.2f} GiB for "
+                f"DiskTier at {self.path}: cannot reserve {nbytes / 2**30:.2f} GiB ({nbytes} bytes) for "
                 f"{n_slots} slots ({e.strerror}); {free / 2**30:.2f} GiB free there. Point "
                 "storage.disk_path at a larger volume, free space, or lower storage.disk_rows"
             ) from e
@@ -161,9 +173,8 @@ class DiskTier(TierCounters, Tier):
             "used": self._used,
             "clean": clean,
         }
-        tmp = self.path / "meta.json.tmp"
-        tmp.write_text(json.dumps(meta))
-        os.replace(tmp, self.path / "meta.json")
+        write_bytes_atomic(self.path / "meta.json", json.dumps(meta).encode(), TierIOError,
+                           "the disk tier's files are not trusted after this; restore from the last checkpoint")
 
     def flush(self) -> None:
         """Write dirty pages of the mapping to disk (msync)."""
@@ -175,11 +186,9 @@ class DiskTier(TierCounters, Tier):
         if self._mm is None:
             return
         self.flush()
-        tmp = self.path / "tags.tmp.npy"
-        np.save(tmp, self._tags)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path / "tags.npy")
+        with atomic_file(self.path / "tags.npy", TierIOError, self._tags.nbytes + 128) as tmp:
+            with open(tmp, "wb") as f:
+                np.save(f, self._tags)
         self._write_meta(clean=True)
         self._mm = None
         self._memo = None

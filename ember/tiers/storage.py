@@ -10,16 +10,17 @@ from __future__ import annotations
 import math
 import os
 import re
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Sequence
 
 import torch
 from pydantic import Field, field_validator, model_validator
 
 from ember.config_base import ConfigModel
 from ember.errors import CapacityError
+from ember.fileio import fmt_bytes as _fmt
+from ember.fileio import free_bytes, nearest_existing
 from ember.tiers.base import Tier
 from ember.tiers.cached import CachedTier
 from ember.tiers.device import DeviceTier, default_cache_device
@@ -27,7 +28,7 @@ from ember.tiers.disk import DiskTier, disk_slot_bytes
 from ember.tiers.host import META_BYTES_PER_ROW, HostTier
 from ember.tiers.policy import Policy
 
-__all__ = ["StorageConfig", "StoragePlan", "build_tier", "plan_storage", "parse_bytes"]
+__all__ = ["StorageConfig", "StoragePlan", "build_tier", "plan_storage", "parse_bytes", "check_disk_together"]
 
 _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6, "mib": 2**20,
           "g": 1e9, "gb": 1e9, "gib": 2**30, "t": 1e12, "tb": 1e12, "tib": 2**40}
@@ -144,6 +145,11 @@ class StoragePlan:
         )
         return "\n".join(lines)
 
+    def reclaimable(self) -> int:
+        """Bytes of this table's old disk-tier file, which a fresh tier replaces."""
+        existing = Path(self.disk_path) / self.name / "slots.bin" if self.disk_path is not None else None
+        return existing.stat().st_size if existing is not None and existing.exists() else 0
+
     def check(self) -> None:
         """Raise CapacityError (naming every budget that does not fit) before anything is allocated."""
         problems = []
@@ -161,12 +167,7 @@ class StoragePlan:
                     f"{_fmt(free)} is free; lower storage.device_rows/device_bytes"
                 )
         if self.disk_path is not None:
-            probe = Path(self.disk_path)
-            while not probe.exists() and probe != probe.parent:
-                probe = probe.parent
-            existing = Path(self.disk_path) / self.name / "slots.bin"
-            reclaim = existing.stat().st_size if existing.exists() else 0
-            free = shutil.disk_usage(probe).free + reclaim
+            free = free_bytes(self.disk_path) + self.reclaimable()
             if self.disk_bytes > free:
                 problems.append(
                     f"its disk tier needs {_fmt(self.disk_bytes)} at {self.disk_path} but "
@@ -177,11 +178,22 @@ class StoragePlan:
             raise CapacityError(f"table '{self.name}': " + "; and ".join(problems))
 
 
-def _fmt(b: int) -> str:
-    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if b >= size:
-            return f"{b / size:.2f} {unit}"
-    return f"{b} B"
+def check_disk_together(plans: Sequence[StoragePlan]) -> None:
+    """Raise CapacityError when the disk tiers of several tables fit one by one but not together
+    on their volume, before any file exists (else the first tables' files would fill the disk
+    and a later table's own check would fail with their files left behind)."""
+    by_volume: dict[int, list[StoragePlan]] = {}
+    for plan in plans:
+        if plan.disk_path is not None:
+            by_volume.setdefault(nearest_existing(plan.disk_path).stat().st_dev, []).append(plan)
+    for group in by_volume.values():
+        need = sum(p.disk_bytes for p in group)
+        free = free_bytes(group[0].disk_path) + sum(p.reclaimable() for p in group)  # type: ignore[arg-type]
+        if len(group) > 1 and need > free:
+            each = ", ".join(f"'{p.name}' {_fmt(p.disk_bytes)} at {p.disk_path}" for p in group)
+            raise CapacityError(
+                f"the disk tiers of tables {each} need {_fmt(need)} together on one volume but {_fmt(free)} is "
+                "free there; free space, point some storage.disk_path at another volume or lower storage.disk_rows")
 
 
 def _sketch_bytes(cache_rows: int) -> int:

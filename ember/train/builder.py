@@ -110,10 +110,13 @@ def build_components(cfg: RunConfig) -> Components:
 
 def _announce_storage(tables: list[TableConfig]) -> None:
     """Print the memory and disk each tiered table will use, and fail early if it cannot fit."""
-    from ember.tiers.storage import StorageConfig, plan_storage
+    from ember.tiers.storage import StorageConfig, check_disk_together, plan_storage
 
+    plans = []
     for t in tables:
         if t.storage != StorageConfig():
             plan = plan_storage(t.storage, t.stored_dim, t.name)
             print(plan.describe(), flush=True)
             plan.check()
+            plans.append(plan)
+    check_disk_together(plans)

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from ember.batch import Batch
+from ember.errors import DataError
 from ember.train.builder import Components
 from ember.train.metrics import evaluate_predictions
 
@@ -38,6 +39,10 @@ def predict_batches(parts: Components, batches: Iterable[Batch], max_batches: in
 def evaluate(parts: Components, batches: Iterable[Batch], max_batches: int | None = None) -> dict[str, float]:
     """``auc/<task>`` and ``logloss/<task>`` over the batches, plus ``rows``."""
     probs, labels = predict_batches(parts, batches, max_batches)
+    if not len(probs):  # AUC and logloss of nothing would be a silent NaN
+        raise DataError("evaluation got no rows: data.eval (or the synthetic eval split) gave no batch; give eval "
+                        "files with rows, check that data.on_bad_rows: skip did not skip them all, or unset "
+                        "data.eval to train without evaluation")
     out = evaluate_predictions(labels, probs, parts.task_names)
     out["rows"] = float(len(probs))
     return out

@@ -1,10 +1,21 @@
-"""Metrics history of a run: JSON lines on disk and a PNG plot of loss and AUC."""
+"""Metrics history of a run: JSON lines on disk and a PNG plot of loss and AUC.
+
+Neither file is ever left partial: a record is appended whole or the file is cut back to its
+previous length (rewriting the whole history under a temporary name at every log would cost
+O(records) per log), and the plot is rendered in memory, then written under a temporary name
+and renamed. A full disk raises WriteError naming the file and the bytes needed.
+"""
 
 from __future__ import annotations
 
+import io
 import json
+import os
 from pathlib import Path
 from typing import Any
+
+from ember.errors import WriteError
+from ember.fileio import is_no_space, no_space_error, write_bytes_atomic
 
 __all__ = ["History"]
 
@@ -22,9 +33,22 @@ class History:
             self.path.unlink()
 
     def log(self, record: dict[str, Any]) -> None:
+        line = (json.dumps(record) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            try:
+                done = 0
+                while done < len(line):
+                    done += os.write(fd, line[done:])
+            except OSError as e:  # no half line: cut the file back to the last whole record
+                os.ftruncate(fd, size)
+                if is_no_space(e):
+                    raise no_space_error(WriteError, self.path, len(line), e, "the metrics so far are kept") from e
+                raise
+        finally:
+            os.close(fd)
         self.records.append(record)
-        with open(self.path, "a") as fh:
-            fh.write(json.dumps(record) + "\n")
 
     def plot(self) -> Path:
         import matplotlib
@@ -49,6 +73,8 @@ class History:
         if evals:
             ax2.legend()
         fig.tight_layout()
-        fig.savefig(self.plot_path, dpi=80)
+        png = io.BytesIO()
+        fig.savefig(png, format="png", dpi=80)
         plt.close(fig)
+        write_bytes_atomic(self.plot_path, png.getvalue(), WriteError)
         return self.plot_path

@@ -9,6 +9,7 @@ Everything else (building parts, data, checkpoint files) lives elsewhere.
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import threading
 import time
@@ -24,7 +25,8 @@ from ember.checkpoint.load import (
 )
 from ember.checkpoint.save import save_checkpoint
 from ember.config import RunConfig, to_yaml
-from ember.errors import RunInterrupted
+from ember.errors import RunInterrupted, WriteError
+from ember.fileio import write_bytes_atomic
 from ember.pipeline.loader import make_batches
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
@@ -32,9 +34,10 @@ from ember.train.builder import Components, build_components
 from ember.train.evaluate import _to_device, evaluate
 from ember.train.history import History
 from ember.train.loss import multitask_bce
+from ember.train.preflight import check_disk, check_run, holds_run, no_steps_error
 from ember.train.stages import TrainStages
 
-__all__ = ["train", "train_step", "RunResult", "prepare_run"]
+__all__ = ["train", "train_step", "RunResult", "prepare_run", "run_directory"]
 
 
 @dataclass
@@ -59,23 +62,49 @@ def train_step(parts: Components, batch: Batch, task_weights: torch.Tensor | Non
     return loss.detach()
 
 
-def prepare_run(cfg: RunConfig) -> tuple[Components, Path]:
+def run_directory(cfg: RunConfig) -> Path:
+    """``train.out_dir / train.run_name`` (a timestamped name when unset)."""
+    return Path(cfg.train.out_dir) / (cfg.train.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
+
+
+def prepare_run(cfg: RunConfig, run_dir: Path | None = None) -> tuple[Components, Path]:
     """Seed, threads, determinism, run directory with the resolved config, built parts."""
     t = cfg.train
     if t.threads is not None:
         torch.set_num_threads(t.threads)
     if t.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
-    run_dir = Path(t.out_dir) / (t.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
+    run_dir = run_dir or run_directory(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(to_yaml(cfg))
+    write_bytes_atomic(run_dir / "config.yaml", to_yaml(cfg).encode(), WriteError)
     return build_components(cfg), run_dir
 
 
-def train(cfg: RunConfig) -> RunResult:
-    """Train (or resume, or finetune) as the config says; returns the final eval metrics."""
+def train(cfg: RunConfig, overwrite: bool = True) -> RunResult:
+    """Train (or resume, or finetune) as the config says; returns the final eval metrics.
+
+    Data, schema and output directory are checked before anything is built (``preflight``). A
+    run directory that holds an earlier run is replaced (its checkpoints removed first) only
+    when ``overwrite`` (else ConfigError) or continued with ``train.resume``. A run that fails
+    before its first checkpoint removes the run directory it created, so nothing blocks a retry.
+    """
+    run_dir = run_directory(cfg)
+    check_run(cfg, run_dir, overwrite)
+    if cfg.train.resume is None and holds_run(run_dir):
+        shutil.rmtree(run_dir)
+    fresh = not run_dir.exists()
+    try:
+        return _train(cfg, run_dir)
+    except BaseException:
+        if fresh and not (run_dir / "checkpoints").exists():
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+
+
+def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
     t = cfg.train
-    parts, run_dir = prepare_run(cfg)
+    parts, run_dir = prepare_run(cfg, run_dir)
+    check_disk(cfg, parts, run_dir)
     history = History(run_dir, resume=t.resume is not None)
     task_w = torch.tensor(t.task_weights, device=parts.device) if t.task_weights else None
     step, epoch, start_batch = 0, 0, 0
@@ -120,6 +149,7 @@ def train(cfg: RunConfig) -> RunResult:
         total = per_epoch * t.epochs if per_epoch else None
     progress = _progress(t.progress, total)
     done = t.max_steps is not None and step >= t.max_steps  # e.g. resumed at the end already
+    first_step, finished_already = step, done
     batch_idx = start_batch
     k, pipe = t.embedding_staleness, cfg.pipeline
 
@@ -187,6 +217,8 @@ def train(cfg: RunConfig) -> RunResult:
                     metrics = run_eval()
                     progress.note(_fmt(metrics))
     progress.close()
+    if step == first_step and not finished_already:  # e.g. header-only files, or every row skipped
+        raise no_steps_error(cfg.data)
     for ec in parts.collections():
         for table in ec.tables.values():
             table.expire()
@@ -195,7 +227,7 @@ def train(cfg: RunConfig) -> RunResult:
         metrics = run_eval()
     history.plot()
     summary = {"step": step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    write_bytes_atomic(run_dir / "summary.json", json.dumps(summary, indent=1).encode(), WriteError)
     return RunResult(run_dir, step, metrics, history.records, parts, bad_rows)
 
 

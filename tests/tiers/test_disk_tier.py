@@ -138,3 +138,34 @@ def test_closing_a_cache_writes_its_rows_back_to_disk(tmp_path):
     rows, found = read(again, ids)
     assert bool(found.all()) and len(again) == 200
     assert torch.equal(rows[:40], torch.ones(40, 2)) and torch.equal(rows[40:], torch.zeros(160, 2))
+
+
+def test_failed_reservation_leaves_no_file_or_directory(tmp_path, monkeypatch):
+    import errno
+
+    import ember.tiers.disk as disk_mod
+    from ember.errors import TierIOError
+
+    def no_space(fd, offset, length):  # type: ignore[no-untyped-def]
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(disk_mod.os, "posix_fallocate", no_space)
+    with pytest.raises(TierIOError, match=r"cannot reserve .* bytes\) for"):
+        DiskTier(tmp_path / "t", record_dim=2, rows=100)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tables_that_fit_one_by_one_but_not_together_fail_before_any_file(tmp_path, monkeypatch):
+    import ember.tiers.storage as storage_mod
+    from ember.errors import CapacityError
+    from ember.tiers.storage import StorageConfig, check_disk_together, plan_storage
+
+    cfg = StorageConfig(disk_path=str(tmp_path / "disk"), disk_rows=10_000)
+    plans = [plan_storage(cfg, 4, name) for name in ("a", "b")]
+    free = plans[0].disk_bytes + plans[0].disk_bytes // 2  # room for one, not two
+    monkeypatch.setattr(storage_mod, "free_bytes", lambda path: free)
+    for p in plans:
+        p.check()  # each alone fits
+    with pytest.raises(CapacityError, match=r"tables 'a' .* 'b' .* together"):
+        check_disk_together(plans)
+    assert list(tmp_path.iterdir()) == []

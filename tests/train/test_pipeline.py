@@ -221,7 +221,13 @@ def test_a_failure_in_any_stage_stops_the_run_naming_it(tmp_path, monkeypatch, s
     if stage == "read":  # a damaged file among good ones: the reader fails mid-run
         good = tmp_path / "a.parquet"
         pq.write_table(pa.table({"label": [0, 1] * 1000, "d1": [1.0] * 2000, "c1": ["x"] * 2000, "c2": ["y"] * 2000}), good)
-        (tmp_path / "b.parquet").write_bytes(b"PAR1" + os.urandom(2000) + b"PAR1")
+        # damaged pages behind an intact footer: preflight (footer only) passes, the read fails mid-run
+        bad = tmp_path / "b.parquet"
+        pq.write_table(pa.table({"label": [0, 1] * 1000, "d1": [1.0] * 2000, "c1": ["x"] * 2000, "c2": ["y"] * 2000}), bad,
+                       write_page_checksum=True, use_dictionary=False, compression="none")
+        raw = bytearray(bad.read_bytes())
+        raw[100:400] = os.urandom(300)
+        bad.write_bytes(bytes(raw))
         data = {"format": "parquet", "train": [str(good), str(tmp_path / "b.parquet")], "eval": str(good), "batch_size": 100}
     _fail(monkeypatch, stage)
     cfg = from_dict({"data": data, "schema": SCHEMA, "embedding": {"dim": 4}, "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},

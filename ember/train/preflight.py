@@ -1,0 +1,169 @@
+"""Checks that run before the first training step, so a run fails in seconds, not after hours.
+
+``check_run`` (called at the start of ``train()``): the train and eval paths expand to files;
+each file has the schema's columns and at least one row, read from its header or footer only
+(CSV: the first lines; Parquet/ORC: the metadata); the output directory is writable; and a run
+directory that already holds a run is replaced only when asked. ``check_disk`` (once the tables
+and model are built): the checkpoints ``train.keep_checkpoints`` keeps fit the free space.
+``no_steps_error`` names the train files of a run that trained no step.
+
+Example:
+    >>> from ember.config import from_dict
+    >>> cfg = from_dict({"data": {"format": "csv", "train": "/nonexistent/*.csv"}, "schema": {
+    ...     "labels": ["y"], "sparse": [{"name": "a"}]}, "model": {"type": "lr"}})
+    >>> check_run(cfg, Path("/tmp/run"))
+    Traceback (most recent call last):
+    ...
+    ember.errors.ConfigError: data path '/nonexistent/*.csv' matches no csv file; ...
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+
+from ember.config import RunConfig
+from ember.errors import CapacityError, ConfigError, DataError
+from ember.fileio import fmt_bytes, free_bytes, nearest_existing
+from ember.source.base import check_columns, damaged_file, is_damage
+from ember.source.config import DataConfig
+from ember.source.files import expand_paths
+from ember.train.builder import Components
+
+__all__ = ["check_run", "check_disk", "check_data", "no_steps_error", "holds_run"]
+
+log = logging.getLogger("ember")
+Split = Literal["train", "eval"]
+
+
+def check_run(cfg: RunConfig, run_dir: Path, overwrite: bool = True) -> None:
+    """Every check that needs no built parts: data files and schema, output directory, run name."""
+    for split in ("train", "eval"):
+        check_data(cfg.data, cfg.schema.columns, split)
+    if holds_run(run_dir) and not overwrite and cfg.train.resume is None:
+        raise ConfigError(
+            f"run directory {run_dir} already holds a run (train.run_name '{run_dir.name}'); pick another "
+            "train.run_name, resume it with train.resume=" f"{run_dir}, or pass --overwrite to replace it")
+    init = cfg.train.init_from
+    if init is not None and holds_run(run_dir) and cfg.train.resume is None and \
+            Path(init).resolve().is_relative_to(run_dir.resolve()):
+        raise ConfigError(f"train.init_from {init} lies inside run directory {run_dir}, which this run would "
+                          "replace; copy the checkpoint elsewhere or pick another train.run_name")
+    base = nearest_existing(run_dir)
+    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
+        raise ConfigError(f"output directory {run_dir} cannot be written ({base} is not a writable directory); "
+                          "set train.out_dir to a writable directory")
+
+
+def holds_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run's results (checkpoints or a summary), not just a failed start."""
+    return (run_dir / "checkpoints").is_dir() or (run_dir / "summary.json").exists()
+
+
+def check_data(data: DataConfig, columns: list[str], split: Split) -> list[str]:
+    """The files of ``split`` (none for synthetic data or an unset split); raises when a path
+    matches nothing, a file lacks a column, or the split holds no row. Reads headers/footers only."""
+    if data.format == "synthetic" or not data.paths(split):
+        return []
+    files = expand_paths(data.paths(split), data.format)
+    rows = 0
+    for path in files:
+        names, has_rows = _header(data, path)
+        check_columns(path, names, columns)
+        rows += has_rows
+    if not rows:
+        raise DataError(f"data.{split}: {_names(files)} hold no data rows (header or metadata only); "
+                        f"give data.{split} files with rows")
+    return files
+
+
+def _header(data: DataConfig, path: str) -> tuple[list[str], int]:
+    """Column names of ``path`` and its row count (CSV: 1 when a data line follows the header)."""
+    try:
+        if data.format in ("csv", "tsv"):
+            with pa.input_stream(path) as f:
+                head = f.read(1 << 16)
+            lines = [ln for ln in head.split(b"\n") if ln.strip(b"\r")]
+            found = lines[0].decode("utf-8", "replace").rstrip("\r").split(data.delimiter) if lines else []
+            found = [n[1:-1] if len(n) >= 2 and n[0] == n[-1] == '"' else n for n in found]
+            names = data.csv.column_names or []
+            has_header = data.csv.header is True or (data.csv.header == "auto" and found == names)
+            if data.csv.header is True and not lines:
+                raise DataError(f"{path}: the file is empty (csv.header is true: a header line is expected); "
+                                "remove it from the data paths")
+            return (names or found if has_header else names), int(len(lines) > int(has_header))
+        if data.format == "parquet":
+            import pyarrow.parquet as pq
+
+            meta = pq.read_metadata(path)
+            return list(meta.schema.to_arrow_schema().names), meta.num_rows
+        import pyarrow.orc as orc
+
+        f = orc.ORCFile(path)
+        return list(f.schema.names), f.nrows
+    except DataError:
+        raise
+    except Exception as e:
+        if is_damage(e):
+            raise damaged_file(path, " (header/footer)", e) from e
+        raise
+
+
+def _names(files: list[str]) -> str:
+    shown = ", ".join(files[:5])
+    return f"{len(files)} file(s) ({shown}{', ...' if len(files) > 5 else ''})"
+
+
+def no_steps_error(data: DataConfig) -> DataError:
+    """The error for a run that trained no step: which data gave no batch, and what to check."""
+    where = "the synthetic generator" if data.format == "synthetic" else _names(expand_paths(data.paths("train"), data.format))
+    return DataError(f"training ran 0 steps: data.train ({where}) gave no batch; check that the files hold rows, "
+                     "that data.on_bad_rows: skip did not skip them all, and data.drop_last with fewer rows than "
+                     "data.batch_size")
+
+
+def check_disk(cfg: RunConfig, parts: Components, run_dir: Path) -> int:
+    """Estimated bytes of the checkpoints a run keeps (``keep_checkpoints`` + one being written);
+    CapacityError when even the dense part cannot fit, a warning when the estimate does not."""
+    dense = sum(p.numel() * p.element_size() for p in parts.model.parameters()) * 3  # weights + 2 Adam moments
+    table = 0
+    for ec in parts.collections():
+        for t in ec.tables.values():
+            features = [f.name for f in ec.features if f.table_name == t.name]
+            table += _rows_bound(cfg, features) * (8 + 4 * t.config.record_dim)
+    copies = cfg.train.keep_checkpoints + 1
+    free = free_bytes(run_dir)
+    if dense * copies > free:
+        raise CapacityError(f"{run_dir}: {copies} checkpoints of the dense model alone take {fmt_bytes(dense * copies)} "
+                            f"but {fmt_bytes(free)} is free; free space, set train.out_dir on a larger volume or "
+                            "lower train.keep_checkpoints")
+    need = (dense + table) * copies
+    if need > free:
+        log.warning("checkpoints may need up to %s at %s (%d kept + 1 being written, tables at their largest) but %s "
+                    "is free; free space or lower train.keep_checkpoints if a save fails", fmt_bytes(need), run_dir,
+                    copies - 1, fmt_bytes(free))
+    return need
+
+
+def _rows_bound(cfg: RunConfig, features: list[str]) -> int:
+    """The most rows a table read by ``features`` can reach: each feature adds its vocabulary
+    (synthetic) or one ID per train row (files: Parquet/ORC row counts, CSV extrapolated from
+    the lines in its first 64 KiB; multi-hot features may add more)."""
+    data = cfg.data
+    if data.format == "synthetic":
+        index = {s.name: i for i, s in enumerate(cfg.schema.sparse)}
+        return sum(data.synthetic.vocab(index[f]) for f in features if index.get(f, data.synthetic.num_sparse)
+                   < data.synthetic.num_sparse)
+    rows = 0
+    for path in expand_paths(data.paths("train"), data.format) if data.train else []:
+        if data.format in ("parquet", "orc"):
+            rows += _header(data, path)[1]
+        else:
+            with pa.input_stream(path) as f:
+                head = f.read(1 << 16)
+            rows += head.count(b"\n") * max(os.path.getsize(path), len(head)) // max(len(head), 1)
+    return rows * len(features)

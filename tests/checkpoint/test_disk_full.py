@@ -1,0 +1,85 @@
+"""A full disk while saving a checkpoint or an export: a CheckpointError naming the path and the
+bytes needed, the previous checkpoint / export intact, and no temporary directory left behind."""
+
+from __future__ import annotations
+
+import errno
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+import ember.checkpoint.atomic as atomic
+from ember.checkpoint.export import export_model
+from ember.checkpoint.load import resolve_checkpoint, verify_checkpoint
+from ember.checkpoint.save import save_checkpoint
+from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
+from ember.errors import CheckpointError
+
+
+def _collection(rows: int) -> EmbeddingCollection:
+    ec = EmbeddingCollection([TableConfig(name="t", dim=4)], [FeatureConfig(name="f", table="t")])
+    table = ec.tables["t"]
+    table.load(torch.arange(rows), torch.randn(rows, table.config.record_dim))
+    return ec
+
+
+def _fail_after(monkeypatch: pytest.MonkeyPatch, writes: int) -> None:
+    """HashingWriter.write writes half of the ``writes``-th chunk, then the disk is full."""
+    orig, calls = atomic.HashingWriter.write, []
+
+    def write(self, data):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) >= writes:
+            orig(self, bytes(data)[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+        orig(self, data)
+
+    monkeypatch.setattr(atomic.HashingWriter, "write", write)
+
+
+def _leftovers(root: Path) -> list[str]:
+    return sorted(p.name for p in root.rglob("*") if p.name.startswith("."))
+
+
+@pytest.mark.parametrize("writes", [1, 2, 3])  # ids, records, dense.pt
+def test_checkpoint_full_disk_keeps_the_previous_checkpoint(tmp_path, monkeypatch, writes):
+    ec, root = _collection(100), tmp_path / "checkpoints"
+    dense = {"model": {"w": torch.zeros(10)}}
+    first = save_checkpoint(root, 1, [ec], dense, {"epoch": 0, "batch": 1}, {})
+    _fail_after(monkeypatch, writes)
+    with pytest.raises(CheckpointError) as err:
+        save_checkpoint(root, 2, [ec], dense, {"epoch": 0, "batch": 2}, {})
+    msg = str(err.value)
+    assert str(root / "step-00000002") in msg and "no space left" in msg
+    # 100 rows x (8 B id + 4 x record floats) + the dense tensor
+    assert f"({100 * (8 + 4 * ec.tables['t'].config.record_dim) + 40} bytes)" in msg
+    assert resolve_checkpoint(root) == first and verify_checkpoint(first)["step"] == 1
+    assert sorted(p.name for p in root.iterdir()) == ["LATEST", "step-00000001"]
+    assert _leftovers(root) == []
+
+
+class _Model(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.tensor(0.5))
+
+    def forward(self, dense: torch.Tensor, pooled: list[torch.Tensor], linear: list[torch.Tensor] | None = None) -> torch.Tensor:
+        return self.scale * torch.stack([p.sum(1) for p in pooled], 1).sum(1, keepdim=True)
+
+
+@pytest.mark.parametrize("writes", [1, 2])  # ids, weights
+def test_export_full_disk_keeps_the_previous_export(tmp_path, monkeypatch, writes):
+    ec = _collection(50)
+    run_config = {"data": {"preset": "synthetic"}, "schema": {"labels": ["y"], "sparse": [{"name": "f"}]},
+                  "model": {"type": "custom"}}
+    args = (_Model(), [ec], ec.features, None, ["y"], run_config)
+    out = export_model(*args, tmp_path / "export")
+    before = {p.name: p.read_bytes() for p in (out / "tables").iterdir()}
+    _fail_after(monkeypatch, writes)
+    with pytest.raises(CheckpointError) as err:
+        export_model(*args, tmp_path / "export")
+    assert str(tmp_path / "export") in str(err.value) and f"({4 + 50 * (8 + 16)} bytes)" in str(err.value)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
+    assert {p.name: p.read_bytes() for p in (out / "tables").iterdir()} == before
