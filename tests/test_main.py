@@ -47,4 +47,4 @@ def test_python_m_ember_reports_errors_cleanly(tmp_path):
 
 
 def test_make_demo_uses_python_m_ember():
-    assert "\t$(PYTHON) -m ember train --config configs/demo.yaml\n" in (ROOT / "Makefile").read_text()
+    assert "\t$(PYTHON) -m ember train --config configs/demo.yaml --overwrite\n" in (ROOT / "Makefile").read_text()
