@@ -5,11 +5,11 @@ from __future__ import annotations
 import difflib
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from ember.errors import ConfigError
 
-__all__ = ["ConfigModel", "format_validation_error"]
+__all__ = ["ConfigModel", "format_validation_error", "removed_key"]
 
 
 class ConfigModel(BaseModel):
@@ -24,6 +24,18 @@ class ConfigModel(BaseModel):
             return cls.model_validate(data)
         except ValidationError as e:
             raise ConfigError(format_validation_error(e, cls, where)) from None
+
+
+def removed_key(name: str, message: str) -> Any:
+    """A validator for a key that was removed (declare it as ``name: None = None``): setting it
+    is an error saying ``message`` (what replaced it), instead of a bare "unknown key"."""
+
+    def check(cls: type, v: object) -> None:
+        if v is not None:
+            raise ValueError(message)
+        return None
+
+    return field_validator(name, mode="before")(classmethod(check))
 
 
 def _fields_at(cls: type[BaseModel], loc: tuple) -> list[str]:

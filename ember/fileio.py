@@ -74,15 +74,7 @@ def no_space_error(error: type[EmberError], path: str | os.PathLike, needed: Nee
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
-    """fsync a directory, so a rename in it survives a crash."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
+    """fsync a directory (so a rename in it survives a crash), or a file by its path."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -110,7 +102,7 @@ def atomic_file(path: str | os.PathLike, error: type[EmberError], needed: Needed
     tmp = final.with_name(f".{final.name}.tmp-{os.getpid()}")
     try:
         yield tmp
-        _fsync_file(tmp)
+        fsync_dir(tmp)  # the file's own data, by path
         os.replace(tmp, final)
         fsync_dir(final.parent)
     except BaseException as e:

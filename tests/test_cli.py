@@ -146,7 +146,7 @@ def test_predict_output_on_a_full_disk_leaves_no_file(export_dir, tmp_path, caps
     def no_space(path):  # type: ignore[no-untyped-def]
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(fileio, "_fsync_file", no_space)
+    monkeypatch.setattr(fileio, "fsync_dir", no_space)
     out = tmp_path / "p.csv"
     assert main(["predict", "--export", str(export), "--input", str(data), "--output", str(out)]) == 2
     err = capsys.readouterr().err

@@ -18,7 +18,7 @@ def _no_space(*args, **kwargs):  # type: ignore[no-untyped-def]
 def test_atomic_file_full_disk_keeps_the_old_file_and_names_path_and_bytes(tmp_path, monkeypatch):
     target = tmp_path / "out.bin"
     target.write_bytes(b"old")
-    monkeypatch.setattr(fileio, "_fsync_file", _no_space)  # the data is in the temporary file; fsync fails
+    monkeypatch.setattr(fileio, "fsync_dir", _no_space)  # the data is in the temporary file; fsync fails
     with pytest.raises(WriteError) as err:
         write_bytes_atomic(target, b"x" * 1000, WriteError)
     assert str(target) in str(err.value) and "1000 bytes" in str(err.value)

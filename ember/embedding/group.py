@@ -130,7 +130,7 @@ class GroupLookup:
         self.reached = [False] * len(group.tables)  # backward: tables whose features reached the loss
         self.grad: Tensor | None = None  # backward: [U, dim], one summed gradient per unique ID
         self.updated: list[int] = []  # update: tables stepped
-        self.written: np.ndarray | None = None  # write_back: keys of the (table, ID)s stored (``keys``)
+        self.written: list[Tensor] = []  # write_back: IDs stored, per table
 
     def _count_moved(self, rows_per_table: Sequence[int], width: int) -> None:
         """Note, per table, rows of ``width`` floats that crossed between host and device."""
@@ -282,7 +282,7 @@ class GroupLookup:
     def refresh(self, writes: Sequence[np.ndarray]) -> int:
         """Before ``update`` under bounded staleness: re-read from the tiers the rows of this
         lookup that later write-backs of the same group stored after this lookup's fetch
-        (``writes``: their ``written`` keys), so the update applies this batch's gradient to
+        (``writes``: ``keys(written)`` of each), so the update applies this batch's gradient to
         the rows' current values and no update is lost. A row below ``min_count`` at fetch
         time that another batch has since admitted is updated too. Writes ``records`` and
         ``filtered``; returns the rows re-read."""
@@ -375,7 +375,7 @@ class GroupLookup:
                 written[j] = i
             if tiers:
                 write_segments(tiers, parts, torch.cat(rows) if len(rows) > 1 else rows[0])
-        self.written = self.keys(written)
+        self.written = list(written)
         for j in self.updated:
             g.tables[j].after_write(written[j])
 

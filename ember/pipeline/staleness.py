@@ -110,4 +110,5 @@ class WriteLog:
     def record(self, b: int, lookups: Sequence[GroupLookup]) -> None:
         """Batch ``b``'s ``lookups`` are written."""
         if self.staleness:
-            self._recent.append((b, [(lk.group, lk.written) for lk in lookups if lk.written is not None]))
+            # keys only here: a run without staleness never pays for them
+            self._recent.append((b, [(lk.group, lk.keys(lk.written)) for lk in lookups if lk.written]))

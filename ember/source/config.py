@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, model_validator
 
-from ember.config_base import ConfigModel
+from ember.config_base import ConfigModel, removed_key
 
 __all__ = ["CsvOptions", "SyntheticOptions", "DataConfig", "PRESET_DATA_DEFAULTS", "CRITEO_COLUMNS"]
 
@@ -117,15 +117,8 @@ class DataConfig(ConfigModel):
             return _merge(PRESET_DATA_DEFAULTS[data["preset"]], data)
         return data
 
-    @field_validator("prefetch", mode="before")
-    @classmethod
-    def _no_prefetch(cls, v: object) -> None:
-        if v is not None:
-            raise ValueError(
-                "data.prefetch was removed: reading ahead is the pipeline's job; use pipeline.enabled "
-                "(true/false) and pipeline.depth.featurize (batches ready ahead) instead"
-            )
-        return None
+    _no_prefetch = removed_key("prefetch", "data.prefetch was removed: reading ahead is the pipeline's job; use "
+                               "pipeline.enabled (true/false) and pipeline.depth.featurize (batches ready ahead) instead")
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":

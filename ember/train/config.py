@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from ember.config_base import ConfigModel
+from ember.config_base import ConfigModel, removed_key
 
 __all__ = ["TrainConfig", "DenseOptimizerConfig"]
 
@@ -48,12 +48,5 @@ class TrainConfig(ConfigModel):
     # removed: the staged pipeline schedules the lookup phases ahead (``pipeline:`` section)
     prefetch: None = None
 
-    @field_validator("prefetch", mode="before")
-    @classmethod
-    def _no_prefetch(cls, v: object) -> None:
-        if v is not None:
-            raise ValueError(
-                "train.prefetch was removed: the staged pipeline fetches rows ahead; use "
-                "pipeline.enabled and train.embedding_staleness (how many steps the fetch may run ahead)"
-            )
-        return None
+    _no_prefetch = removed_key("prefetch", "train.prefetch was removed: the staged pipeline fetches rows ahead; use "
+                               "pipeline.enabled and train.embedding_staleness (how many steps the fetch may run ahead)")

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import itertools
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import Tensor
@@ -63,6 +64,16 @@ class TrainStages:
         """Whether a ``to_device`` stage belongs in the pipeline (a CUDA model)."""
         return self._stream is not None
 
+    @contextmanager
+    def _holding_tiers(self) -> Iterator[None]:
+        """The tiers to this stage alone; the wait for them is not the stage's work."""
+        with idle():
+            self._tiers.acquire()
+        try:
+            yield
+        finally:
+            self._tiers.release()
+
     def plan(self, batch: Batch) -> Step:
         """Dedupe the batch's IDs per table (no tier is touched)."""
         return Step(next(self._count), batch, self.parts.plan(batch, train=True))
@@ -72,13 +83,10 @@ class TrainStages:
         with idle():
             if not self.gate.enter(step.index):
                 return END
-            self._tiers.acquire()
-        try:
+        with self._holding_tiers():
             step.fetched_after = self.gate.written
             for lk in step.lookups:
                 lk.fetch()
-        finally:
-            self._tiers.release()
         self.gate.fetched(step.index)
         return step
 
@@ -121,14 +129,10 @@ class TrainStages:
     def update(self, step: Step) -> Step:
         """Refresh rows written since the fetch (staleness > 0), run each table's sparse
         optimizer, write the rows back; then the gate lets later fetches through."""
-        with idle():
-            self._tiers.acquire()
-        try:
+        with self._holding_tiers():
             self.log.refresh(step.index, step.fetched_after, step.ready)
             SparseOptimizer.apply(step.ready)
             self.log.record(step.index, step.ready)
-        finally:
-            self._tiers.release()
         self.gate.wrote(step.index)
         step.ready = []
         return step

@@ -46,7 +46,7 @@ def test_plot_on_a_full_disk_keeps_the_previous_plot(tmp_path, monkeypatch):
     def no_space(path):  # type: ignore[no-untyped-def]
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(fileio, "_fsync_file", no_space)
+    monkeypatch.setattr(fileio, "fsync_dir", no_space)
     with pytest.raises(WriteError, match="metrics.png"):
         h.plot()
     assert h.plot_path.read_bytes() == before
