@@ -115,7 +115,7 @@ class Featurizer:
         for j, f in enumerate(self.schema.dense):
             x, _, bad = parse_floats(batch.column(f.source_column))
             checks.add(f.source_column, "not a number", bad)
-            dense[:, j] = dense_transform(x, f.fill, f.log1p, f.clip, f.standardize)
+            dense[:, j] = dense_transform(x, f.fill, f.log1p, f.clip, f.standardize, f.sign_log1p)
 
         values, offsets, weights = [], [], []
         for f in self.schema.sparse:

@@ -28,7 +28,9 @@ class DenseFeature(ConfigModel):
     1. ``fill``: a missing value (null or empty field) becomes ``fill``;
     2. ``clip = (lo, hi)``: clamp to ``[lo, hi]`` (either side may be None: unbounded);
     3. ``log1p``: ``log(1 + max(x, 0))`` (negative values become 0 first: counts like Criteo's
-       I2 = -2 would otherwise give NaN);
+       I2 = -2 would otherwise give NaN); or ``sign_log1p``: ``sign(x) * log(1 + |x|)``, the
+       same compression for columns whose negative values mean something (they keep their
+       sign and order); not both;
     4. ``standardize = (mean, std)``: ``(x - mean) / std``.
     """
 
@@ -36,11 +38,14 @@ class DenseFeature(ConfigModel):
     column: str | None = None  # defaults to name
     fill: float = 0.0
     log1p: bool = False
+    sign_log1p: bool = False
     clip: tuple[float | None, float | None] | None = None  # a None side is unbounded
     standardize: tuple[float, float] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "DenseFeature":
+        if self.log1p and self.sign_log1p:
+            raise ValueError(f"dense feature '{self.name}': log1p and sign_log1p exclude each other; keep one")
         if self.clip is not None and None not in self.clip and self.clip[0] > self.clip[1]:  # type: ignore[operator]  # None excluded
             raise ValueError(f"dense feature '{self.name}': clip low {self.clip[0]} > high {self.clip[1]}")
         if self.standardize is not None and not self.standardize[1] > 0:
