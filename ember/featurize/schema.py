@@ -66,7 +66,14 @@ class SparseFeature(ConfigModel):
     - ``max_length``: keep the first ``max_length`` values of each row.
     - ``column``: source column (defaults to ``name``).
     - ``separator``: multi-hot values joined in one string column (e.g. ``"a|b|c"``). List
-      columns (Parquet/ORC) are read as multi-hot without it. Empty tokens are no value.
+      columns (Parquet/ORC) are read as multi-hot without it. Empty tokens (``"a||b"``, a
+      trailing ``|``, an empty cell) are no value: they are how an empty bag is written.
+    - ``missing_values``: values that mean "no value" (no ID, an empty bag when all are), e.g.
+      ``[""]`` or ``["", "-1"]``; default the schema's ``missing_values`` (itself ``[]``). Null
+      is always missing. Anything else is a category, the empty string ``""`` included, which
+      is what an empty CSV field reads as: "not given" often predicts clicks, so it gets its
+      own ID unless listed. With ``hash_ids: false`` an empty or blank field is no ID (it is
+      not an integer), and integer entries (``"-1"``) match integer columns too.
     - ``weight_column``: per-value weights, same shape (same separator or list lengths).
     - ``salt``: hash salt, defaults to the feature name, so equal values in two features get
       different IDs unless both features set the same salt.
@@ -87,6 +94,7 @@ class SparseFeature(ConfigModel):
     weight_column: str | None = None
     salt: str | None = None
     hash_ids: bool = True
+    missing_values: list[str] | None = None  # None: the schema's missing_values
 
     @model_validator(mode="after")
     def _check_sep(self) -> "SparseFeature":
@@ -108,11 +116,16 @@ class SparseFeature(ConfigModel):
 
 
 class Schema(ConfigModel):
-    """Labels (>= 1), dense features and sparse features (>= 1), in model input order."""
+    """Labels (>= 1), dense features and sparse features (>= 1), in model input order.
+
+    ``missing_values``: the categorical values every sparse feature takes as missing unless it
+    sets its own (default none: ``""`` is a category, null is missing).
+    """
 
     labels: list[str] = Field(min_length=1)
     dense: list[DenseFeature] = Field(default_factory=list)
     sparse: list[SparseFeature] = Field(min_length=1)
+    missing_values: list[str] = Field(default_factory=list)
     # scoring: label columns are not read (they may be absent) and labels come out as 0
     score_only: bool = False
 
@@ -153,6 +166,10 @@ class Schema(ConfigModel):
             if c not in cols:
                 cols.append(c)
         return cols
+
+    def missing_values_of(self, feature: SparseFeature) -> list[str]:
+        """The values ``feature`` takes as missing: its own list, else the schema's."""
+        return self.missing_values if feature.missing_values is None else feature.missing_values
 
     @property
     def categorical_columns(self) -> list[str]:

@@ -13,11 +13,13 @@ Example:
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["parse_floats", "parse_ints", "dense_transform", "signed_log1p", "row_of", "filter_jagged", "truncate_jagged"]
+__all__ = ["parse_floats", "parse_ints", "is_listed", "dense_transform", "signed_log1p", "row_of", "filter_jagged", "truncate_jagged"]
 
 _NUMBER = r"^[-+]?((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|(?i:nan|inf|infinity))$"
 _INTEGER = r"^-?\d{1,19}$"
@@ -38,6 +40,7 @@ def parse_floats(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(arr.type.value_type)
     if _is_stringy(arr.type):
+        arr = pc.if_else(pc.equal(arr, ""), pa.scalar(None, arr.type), arr)  # CSV's empty field: missing
         try:  # fast path: every value parses (nulls stay null)
             values = np.array(pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
             missing = np.isnan(values)
@@ -81,6 +84,32 @@ def parse_ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     bad = ~missing & ~ok
     x = pc.cast(pc.if_else(pa.array(ok), s, pa.scalar("0", s.type)), pa.int64())
     return x.to_numpy(zero_copy_only=False), missing, bad
+
+
+def is_listed(arr: pa.Array, values: list[str]) -> np.ndarray:
+    """Mask of the elements of ``arr`` equal to one of ``values`` (a schema's ``missing_values``).
+
+    A string column is compared as text; an integer column with the entries that are integers
+    (``"-1"`` matches -1; the others cannot occur in it). Nulls are never listed: they are
+    missing anyway.
+
+    Example:
+        >>> is_listed(pa.array(["a", "", None, "-1"]), ["", "-1"]).tolist()
+        [False, True, False, True]
+        >>> is_listed(pa.array([3, -1, None]), ["", "-1"]).tolist()
+        [False, True, False]
+    """
+    if not values:
+        return np.zeros(len(arr), dtype=bool)
+    if pa.types.is_integer(arr.type):
+        info = np.iinfo(arr.type.to_pandas_dtype())
+        ints = [int(v) for v in values if re.fullmatch(_INTEGER, v.strip()) and info.min <= int(v) <= info.max]
+        value_set = pa.array(ints, arr.type)
+    elif _is_stringy(arr.type):
+        value_set = pa.array(values, arr.type)
+    else:
+        raise TypeError(f"missing_values: expected a string or integer column, got {arr.type}")
+    return np.asarray(pc.fill_null(pc.is_in(arr, value_set=value_set), False), dtype=bool)
 
 
 def signed_log1p(x: np.ndarray) -> np.ndarray:

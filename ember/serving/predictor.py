@@ -118,7 +118,10 @@ class Predictor:
                 data["csv"] = {**data.get("csv", {}), "delimiter": None, "header": True}
         data.update(data_overrides)
         cfg = DataConfig.model_validate(data)
-        schema = Schema.model_validate({**self.manifest["schema"], "score_only": True})  # labels may be absent
+        recorded = self.manifest["schema"]
+        if "missing_values" not in recorded:  # exported before the key existed, when "" was always missing
+            recorded = {**recorded, "missing_values": [""]}
+        schema = Schema.model_validate({**recorded, "score_only": True})  # labels may be absent
         return self.predict_batches(make_batches(cfg, schema, "eval"))
 
 

@@ -3,8 +3,10 @@
 The file is read ``block_bytes`` at a time and cut at the last newline, so memory stays at a
 few blocks however large the file, and the line number of every row is known (pyarrow's own
 streaming reader does not report line numbers of bad lines). Consequence: quoted values may
-not contain newlines. Every column is read as a string (``""`` = missing); the featurizer
-converts numbers itself so it can name the row and value that fail. Compressed files
+not contain newlines. Every column is read as a string, an empty field as ``""`` (a CSV has no
+null): the featurizer decides what it means (a missing number; for a categorical column the
+category ``""`` unless the schema lists it in ``missing_values``) and converts numbers itself
+so it can name the row and value that fail. Compressed files
 (``.gz``, ``.bz2``, ...) are decompressed on the fly.
 
 Example:
@@ -12,7 +14,7 @@ Example:
     >>> path = os.path.join(tempfile.mkdtemp(), "t.csv")
     >>> _ = open(path, "w").write("y,a\\n1,x\\n0,\\n")
     >>> [(c.first_row, c.batch.to_pydict()) for c in read_csv(path, ["y", "a"])]
-    [(2, {'y': ['1', '0'], 'a': ['x', None]})]
+    [(2, {'y': ['1', '0'], 'a': ['x', '']})]
 """
 
 from __future__ import annotations
@@ -99,9 +101,7 @@ def read_csv(
             convert_options=pacsv.ConvertOptions(
                 include_columns=list(columns),
                 column_types={c: pa.string() for c in columns},
-                strings_can_be_null=True,
-                quoted_strings_can_be_null=True,
-                null_values=[""],
+                strings_can_be_null=False,  # an empty field is the string "", never null
             ),
         )
         if bad and not report.skip:

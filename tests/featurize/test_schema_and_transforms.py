@@ -54,6 +54,7 @@ def test_criteo_preset():
     assert [d.name for d in s.dense] == [f"I{i}" for i in range(1, 14)]
     assert [f.table_name for f in s.sparse] == [f"C{i}" for i in range(1, 27)]
     assert all(d.log1p and d.clip == (0.0, None) and d.fill == 0 for d in s.dense)
+    assert s.missing_values == [""]  # the dataset's empty field means missing
     d = preset_data_defaults("criteo")
     assert d["format"] == "tsv" and d["csv"]["header"] is False and len(d["csv"]["column_names"]) == 40
     with pytest.raises(ConfigError, match="unknown data preset"):

@@ -130,9 +130,13 @@ def test_real_criteo_with_preset():
     b.sparse.validate()
     assert b.dense.shape == (2048, 13) and float(b.dense.min()) >= 0  # log1p of counts clipped at 0
     assert b.sparse.keys == tuple(f"C{i}" for i in range(1, 27))
-    # C1 is never missing; C22 is missing in most rows (empty bag), per the data's README.
+    # C1 is never missing; C22 is missing in most rows (empty bag), per the data's README: the
+    # preset lists "" in missing_values; without, the empty field is a category (one ID per row)
     lengths = b.sparse.lengths.view(26, -1)
     assert bool((lengths[0] == 1).all()) and float((lengths[21] == 0).float().mean()) > 0.6
+    schema = preset_schema("criteo").model_copy(update={"missing_values": []})
+    lengths = next(iter(make_batches(data, schema, "train"))).sparse.lengths.view(26, -1)
+    assert bool((lengths == 1).all())
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "orc"])
