@@ -104,6 +104,9 @@ def concat_inputs(dense: Tensor, sparse: list[Tensor]) -> Tensor:
     return torch.cat([dense] + sparse, dim=1)
 
 
+NORMAL_STD = 0.01  # DenseInit's std of type normal, unless set
+
+
 class DenseInit(ConfigModel):
     """How the first-order weights over the dense features (``dense_linear``: w·dense + b) start.
 
@@ -119,12 +122,12 @@ class DenseInit(ConfigModel):
     A bare string is short for ``{type: <string>}``.
 
     Example:
-        >>> DenseInit.parse("normal").std, DenseInit().type
-        (0.01, 'zeros')
+        >>> DenseInit.parse("normal").type, DenseInit().type
+        ('normal', 'zeros')
     """
 
     type: Literal["zeros", "normal", "torch"] = "zeros"
-    std: float = Field(0.01, gt=0)  # type: normal only
+    std: float | None = Field(None, gt=0)  # type normal only; None: NORMAL_STD
 
     @model_validator(mode="before")
     @classmethod
@@ -133,7 +136,7 @@ class DenseInit(ConfigModel):
 
     @model_validator(mode="after")
     def _check(self) -> "DenseInit":
-        if self.type != "normal" and "std" in self.model_fields_set:
+        if self.type != "normal" and self.std is not None:
             raise ValueError(f"dense_init: 'std' is only used by type 'normal', not {self.type!r}; remove it or set type: normal")
         return self
 
@@ -160,5 +163,5 @@ def dense_linear(num_dense: int, out_dim: int, init: DenseInit | None = None) ->
         if init.type == "zeros":
             layer.weight.zero_()
         elif init.type == "normal":
-            layer.weight.normal_(0.0, init.std)
+            layer.weight.normal_(0.0, NORMAL_STD if init.std is None else init.std)
     return layer

@@ -9,7 +9,7 @@ from torch import nn
 
 from ember.errors import ConfigError
 from ember.models import ModelInputs, build_model, model_config_from_dict
-from ember.models.base import DenseInit, dense_linear
+from ember.models.base import NORMAL_STD, DenseInit, dense_linear
 
 FIRST_ORDER = {"lr": {"type": "lr"}, "deepfm": {"type": "deepfm", "deep_mlp": [8]}, "wdl": {"type": "wdl", "deep_mlp": [8]}}
 
@@ -37,7 +37,8 @@ def test_normal_draws_weights_with_the_given_std_and_a_zero_bias() -> None:
     assert layer.weight.std().item() == pytest.approx(0.05, rel=0.03)
     assert abs(layer.weight.mean().item()) < 0.002
     assert layer.bias.item() == 0.0
-    assert DenseInit.parse("normal").std == 0.01
+    torch.manual_seed(0)
+    assert dense_linear(20_000, 1, DenseInit.parse("normal")).weight.std().item() == pytest.approx(NORMAL_STD, rel=0.03)
 
 
 def test_torch_is_pytorchs_own_linear_init() -> None:
@@ -52,6 +53,9 @@ def test_torch_is_pytorchs_own_linear_init() -> None:
 def test_a_string_is_short_for_the_type_and_std_needs_normal() -> None:
     cfg = model_config_from_dict({"type": "wdl", "dense_init": "torch"})
     assert cfg.dense_init == DenseInit(type="torch")
+    for init in ("zeros", "normal", {"type": "normal", "std": 0.2}):  # a resolved config dumped and read back
+        cfg = model_config_from_dict({"type": "lr", "dense_init": init})
+        assert model_config_from_dict(cfg.model_dump(mode="json")) == cfg
     with pytest.raises(ConfigError, match=r"model\.dense_init.*std.*type 'normal'"):
         model_config_from_dict({"type": "lr", "dense_init": {"type": "zeros", "std": 0.1}})
     with pytest.raises(ConfigError, match=r"model\.dense_init\.type"):
