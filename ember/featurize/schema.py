@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 
 from ember.config_base import ConfigModel
 
-__all__ = ["DenseFeature", "SparseFeature", "Schema", "PoolingMode"]
+__all__ = ["DenseFeature", "SparseFeature", "Schema", "PoolingMode", "as_recorded"]
 
 # The pooling modes ember.embedding implements (its PoolingMode; tests keep the two equal). The
 # schema names them itself because featurize sits below embedding and must not import it.
@@ -175,3 +175,14 @@ class Schema(ConfigModel):
     def categorical_columns(self) -> list[str]:
         """Columns to read as strings (so hex values like '68fd1e64' are never mangled)."""
         return list(dict.fromkeys(s.source_column for s in self.sparse))
+
+
+def as_recorded(raw: dict[str, Any]) -> dict[str, Any]:
+    """A schema as an export or checkpoint recorded it (every key written), read as it was
+    trained: one recorded before ``missing_values`` existed took ``""`` as missing.
+
+    Example:
+        >>> as_recorded({"labels": ["y"], "sparse": [{"name": "c"}]})["missing_values"]
+        ['']
+    """
+    return raw if "missing_values" in raw else {**raw, "missing_values": [""]}

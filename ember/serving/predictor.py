@@ -105,7 +105,7 @@ class Predictor:
 
     def predict_files(self, paths: list[str], **data_overrides: Any) -> np.ndarray:
         """Probabilities [N, T] for raw rows in files of the export's data format (order kept)."""
-        from ember.featurize.schema import Schema
+        from ember.featurize.schema import Schema, as_recorded
         from ember.pipeline.loader import make_batches
         from ember.source.config import DataConfig
 
@@ -118,10 +118,7 @@ class Predictor:
                 data["csv"] = {**data.get("csv", {}), "delimiter": None, "header": True}
         data.update(data_overrides)
         cfg = DataConfig.model_validate(data)
-        recorded = self.manifest["schema"]
-        if "missing_values" not in recorded:  # exported before the key existed, when "" was always missing
-            recorded = {**recorded, "missing_values": [""]}
-        schema = Schema.model_validate({**recorded, "score_only": True})  # labels may be absent
+        schema = Schema.model_validate({**as_recorded(self.manifest["schema"]), "score_only": True})  # labels may be absent
         return self.predict_batches(make_batches(cfg, schema, "eval"))
 
 
