@@ -55,11 +55,17 @@ def _restore(args: argparse.Namespace):
     """Config (from the checkpoint unless --config is given) and parts loaded from a checkpoint."""
     from ember.checkpoint.load import load_dense, load_tables, resolve_checkpoint, verify_checkpoint
     from ember.config import apply_overrides, from_dict, load
+    from ember.featurize.schema import as_recorded
     from ember.train.builder import build_components
 
     ckpt = resolve_checkpoint(args.checkpoint)
     manifest = verify_checkpoint(ckpt)
-    cfg = load(args.config, args.overrides) if args.config else from_dict(apply_overrides(manifest["config"], args.overrides))
+    if args.config:
+        cfg = load(args.config, args.overrides)
+    else:
+        recorded = manifest["config"]
+        recorded = {**recorded, "schema": as_recorded(recorded["schema"])} if recorded.get("schema") else recorded
+        cfg = from_dict(apply_overrides(recorded, args.overrides))
     parts = build_components(cfg)
     load_tables(ckpt, parts.collections(), manifest)
     parts.model.load_state_dict(load_dense(ckpt)["model"])

@@ -18,12 +18,10 @@ import yaml
 from pydantic import Field
 
 from ember.config_base import ConfigModel
-from ember.embedding.config import FeatureConfig, TableConfig
-from ember.embedding.init import InitializerConfig
+from ember.embedding.config import FeatureConfig, TableConfig, TableOptions
 from ember.errors import ConfigError
 from ember.featurize.schema import Schema, SparseFeature
 from ember.models.registry import ModelConfig
-from ember.optim import RowWiseAdagrad, SparseOptimizerConfig
 from ember.pipeline.config import PipelineConfig
 from ember.source.config import DataConfig
 from ember.train.config import TrainConfig
@@ -31,13 +29,11 @@ from ember.train.config import TrainConfig
 __all__ = ["RunConfig", "EmbeddingDefaults", "feature_config", "load", "from_dict", "apply_overrides", "to_yaml"]
 
 
-class EmbeddingDefaults(ConfigModel):
-    """Defaults of every table: tables a feature names but ``tables`` does not list use them
-    whole; listed tables take from them each of dim / optimizer / initializer they leave out."""
-
-    dim: int = Field(16, gt=0)
-    initializer: InitializerConfig = InitializerConfig()
-    optimizer: SparseOptimizerConfig = Field(default_factory=lambda: RowWiseAdagrad(lr=0.05))
+class EmbeddingDefaults(TableOptions):
+    """Defaults of every table, any table key but ``name`` (dim, initializer, optimizer, seed,
+    storage, min_count, ttl_steps): tables a feature names but ``tables`` does not list use them
+    whole; a listed table takes each key it leaves out from here (its own key wins, whole: a
+    listed ``storage`` or ``optimizer`` replaces the default one, it is not merged into it)."""
 
 
 class RunConfig(ConfigModel):
@@ -66,10 +62,7 @@ class RunConfig(ConfigModel):
         for f in self.schema.sparse:
             name = f.table_name
             if name not in listed:
-                listed[name] = TableConfig(
-                    name=name, dim=self.embedding.dim, initializer=self.embedding.initializer,
-                    optimizer=self.embedding.optimizer,
-                )
+                listed[name] = TableConfig(name=name, **dict(self.embedding))
                 out.append(listed[name])
         return out
 
@@ -121,7 +114,7 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
     defaults = raw.get("embedding") or {}
     if isinstance(raw.get("tables"), list) and isinstance(defaults, dict):
         # a listed table takes every key it leaves out from the `embedding` defaults
-        inherit = {k: v for k, v in defaults.items() if k in ("dim", "optimizer", "initializer")}
+        inherit = {k: v for k, v in defaults.items() if k in TableOptions.model_fields}
         raw["tables"] = [{**inherit, **t} if isinstance(t, dict) else t for t in raw["tables"]]
     cfg = RunConfig.parse(raw)
     if cfg.schema_ is None and cfg.data.preset is not None:

@@ -152,3 +152,26 @@ def test_predict_output_on_a_full_disk_leaves_no_file(export_dir, tmp_path, caps
     err = capsys.readouterr().err
     assert str(out) in err and "no space left" in err and "bytes)" in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_checkpoint_from_before_missing_values_reads_empty_categories_as_missing(tmp_path):
+    import argparse
+
+    from ember.checkpoint.load import resolve_checkpoint
+    from ember.cli import _restore
+
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "data": {"preset": "synthetic", "synthetic": {"rows": 256, "eval_rows": 64, "num_sparse": 2, "vocab_size": 50},
+                 "batch_size": 64},
+        "model": {"type": "lr"},
+        "train": {"out_dir": str(tmp_path), "run_name": "old", "progress": False, "max_steps": 2},
+    }))
+    assert main(["train", "--config", str(cfg)]) == 0
+    args = argparse.Namespace(checkpoint=str(tmp_path / "old"), config=None, overrides=[])
+    assert _restore(args)[0].schema.missing_values == []  # recorded now: as trained
+    manifest_path = resolve_checkpoint(tmp_path / "old") / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    del manifest["config"]["schema"]["missing_values"]  # as a checkpoint written before the key
+    manifest_path.write_text(json.dumps(manifest))
+    assert _restore(args)[0].schema.missing_values == [""]

@@ -11,10 +11,24 @@ from ember.embedding.init import InitializerConfig
 from ember.optim import RowWiseAdagrad, SparseOptimizerConfig
 from ember.tiers.storage import StorageConfig
 
-__all__ = ["TableConfig", "FeatureConfig", "PoolingMode"]
+__all__ = ["TableOptions", "TableConfig", "FeatureConfig", "PoolingMode"]
 
 
-class TableConfig(ConfigModel):
+class TableOptions(ConfigModel):
+    """Everything a table is but its name. The run config's ``embedding:`` section is one of
+    these: the defaults every table inherits, key by key (see :class:`TableConfig` for what
+    each key does)."""
+
+    dim: int = Field(16, gt=0)
+    initializer: InitializerConfig = InitializerConfig()
+    optimizer: SparseOptimizerConfig = Field(default_factory=lambda: RowWiseAdagrad(lr=0.05))
+    seed: int | None = None  # None: derived from the run's seed and the table name (table_seed)
+    storage: StorageConfig = StorageConfig()
+    min_count: int = Field(1, ge=1)
+    ttl_steps: int | None = Field(None, gt=0)
+
+
+class TableConfig(TableOptions):
     """One embedding table. IDs are arbitrary int64; no vocabulary size is needed.
 
     ``storage`` says where rows live (default: all in host memory). ``seed`` fixes the table's
@@ -32,13 +46,6 @@ class TableConfig(ConfigModel):
     """
 
     name: str = Field(min_length=1)
-    dim: int = Field(gt=0)
-    initializer: InitializerConfig = InitializerConfig()
-    optimizer: SparseOptimizerConfig = Field(default_factory=lambda: RowWiseAdagrad(lr=0.05))
-    seed: int | None = None  # None: derived from the run's seed and the table name (table_seed)
-    storage: StorageConfig = StorageConfig()
-    min_count: int = Field(1, ge=1)
-    ttl_steps: int | None = Field(None, gt=0)
 
     @property
     def record_dim(self) -> int:

@@ -28,6 +28,7 @@ from ember.featurize.schema import Schema, SparseFeature
 from ember.featurize.transforms import (
     dense_transform,
     filter_jagged,
+    is_listed,
     parse_floats,
     parse_ints,
     truncate_jagged,
@@ -115,7 +116,7 @@ class Featurizer:
         for j, f in enumerate(self.schema.dense):
             x, _, bad = parse_floats(batch.column(f.source_column))
             checks.add(f.source_column, "not a number", bad)
-            dense[:, j] = dense_transform(x, f.fill, f.log1p, f.clip, f.standardize)
+            dense[:, j] = dense_transform(x, f.fill, f.log1p, f.clip, f.standardize, f.sign_log1p)
 
         values, offsets, weights = [], [], []
         for f in self.schema.sparse:
@@ -142,13 +143,16 @@ class Featurizer:
                 ids, valid = hash_array(flat, f.salt_value)
             except TypeError as e:
                 raise SchemaError(f"{file}: sparse feature '{f.name}' (column '{col}'): {e}") from None
-            if is_str:  # an empty token ("a||b", "") is no value
+            if is_str and f.separator is not None:  # an empty token ("a||b", "a|", "") is no value
                 valid &= np.asarray(pc.fill_null(pc.not_equal(flat, ""), False), dtype=bool)
+            valid &= ~is_listed(flat, self.schema.missing_values_of(f))
         else:
             try:
                 ids, missing, bad = parse_ints(flat)
             except TypeError as e:
                 raise SchemaError(f"{file}: sparse feature '{f.name}' (column '{col}', hash_ids: false): {e}") from None
+            missing |= is_listed(flat, self.schema.missing_values_of(f))
+            bad &= ~missing
             checks.add(col, "not an integer ID", np.bincount(elem_row[bad], minlength=batch.num_rows) > 0)
             valid = ~missing & ~bad
 

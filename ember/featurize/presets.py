@@ -26,10 +26,12 @@ PRESETS = ("criteo", "synthetic")
 
 
 def criteo_schema() -> Schema:
-    """label; I1..I13 dense (missing -> 0, clip at min 0, log1p); C1..C26 hashed, own tables."""
+    """label; I1..I13 dense (missing -> 0, clip at min 0, log1p); C1..C26 hashed, own tables; an
+    empty C field is missing (no ID), as the dataset defines it ("when a value is missing, the
+    field is empty"), not the category ``""``."""
     dense = [DenseFeature(name=f"I{i}", fill=0.0, clip=(0.0, None), log1p=True) for i in range(1, 14)]
     sparse = [SparseFeature(name=f"C{i}") for i in range(1, 27)]
-    return Schema(labels=["label"], dense=dense, sparse=sparse)
+    return Schema(labels=["label"], dense=dense, sparse=sparse, missing_values=[""])
 
 
 def synthetic_schema(options: SyntheticOptions | None = None) -> Schema:

@@ -15,7 +15,7 @@ from pydantic import Field, model_validator
 
 from ember.config_base import ConfigModel
 
-__all__ = ["DenseFeature", "SparseFeature", "Schema", "PoolingMode"]
+__all__ = ["DenseFeature", "SparseFeature", "Schema", "PoolingMode", "as_recorded"]
 
 # The pooling modes ember.embedding implements (its PoolingMode; tests keep the two equal). The
 # schema names them itself because featurize sits below embedding and must not import it.
@@ -28,7 +28,9 @@ class DenseFeature(ConfigModel):
     1. ``fill``: a missing value (null or empty field) becomes ``fill``;
     2. ``clip = (lo, hi)``: clamp to ``[lo, hi]`` (either side may be None: unbounded);
     3. ``log1p``: ``log(1 + max(x, 0))`` (negative values become 0 first: counts like Criteo's
-       I2 = -2 would otherwise give NaN);
+       I2 = -2 would otherwise give NaN); or ``sign_log1p``: ``sign(x) * log(1 + |x|)``, the
+       same compression for columns whose negative values mean something (they keep their
+       sign and order); not both;
     4. ``standardize = (mean, std)``: ``(x - mean) / std``.
     """
 
@@ -36,11 +38,14 @@ class DenseFeature(ConfigModel):
     column: str | None = None  # defaults to name
     fill: float = 0.0
     log1p: bool = False
+    sign_log1p: bool = False
     clip: tuple[float | None, float | None] | None = None  # a None side is unbounded
     standardize: tuple[float, float] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> "DenseFeature":
+        if self.log1p and self.sign_log1p:
+            raise ValueError(f"dense feature '{self.name}': log1p and sign_log1p exclude each other; keep one")
         if self.clip is not None and None not in self.clip and self.clip[0] > self.clip[1]:  # type: ignore[operator]  # None excluded
             raise ValueError(f"dense feature '{self.name}': clip low {self.clip[0]} > high {self.clip[1]}")
         if self.standardize is not None and not self.standardize[1] > 0:
@@ -61,7 +66,14 @@ class SparseFeature(ConfigModel):
     - ``max_length``: keep the first ``max_length`` values of each row.
     - ``column``: source column (defaults to ``name``).
     - ``separator``: multi-hot values joined in one string column (e.g. ``"a|b|c"``). List
-      columns (Parquet/ORC) are read as multi-hot without it. Empty tokens are no value.
+      columns (Parquet/ORC) are read as multi-hot without it. Empty tokens (``"a||b"``, a
+      trailing ``|``, an empty cell) are no value: they are how an empty bag is written.
+    - ``missing_values``: values that mean "no value" (no ID, an empty bag when all are), e.g.
+      ``[""]`` or ``["", "-1"]``; default the schema's ``missing_values`` (itself ``[]``). Null
+      is always missing. Anything else is a category, the empty string ``""`` included, which
+      is what an empty CSV field reads as: "not given" often predicts clicks, so it gets its
+      own ID unless listed. With ``hash_ids: false`` an empty or blank field is no ID (it is
+      not an integer), and integer entries (``"-1"``) match integer columns too.
     - ``weight_column``: per-value weights, same shape (same separator or list lengths).
     - ``salt``: hash salt, defaults to the feature name, so equal values in two features get
       different IDs unless both features set the same salt.
@@ -82,6 +94,7 @@ class SparseFeature(ConfigModel):
     weight_column: str | None = None
     salt: str | None = None
     hash_ids: bool = True
+    missing_values: list[str] | None = None  # None: the schema's missing_values
 
     @model_validator(mode="after")
     def _check_sep(self) -> "SparseFeature":
@@ -103,11 +116,16 @@ class SparseFeature(ConfigModel):
 
 
 class Schema(ConfigModel):
-    """Labels (>= 1), dense features and sparse features (>= 1), in model input order."""
+    """Labels (>= 1), dense features and sparse features (>= 1), in model input order.
+
+    ``missing_values``: the categorical values every sparse feature takes as missing unless it
+    sets its own (default none: ``""`` is a category, null is missing).
+    """
 
     labels: list[str] = Field(min_length=1)
     dense: list[DenseFeature] = Field(default_factory=list)
     sparse: list[SparseFeature] = Field(min_length=1)
+    missing_values: list[str] = Field(default_factory=list)
     # scoring: label columns are not read (they may be absent) and labels come out as 0
     score_only: bool = False
 
@@ -149,7 +167,22 @@ class Schema(ConfigModel):
                 cols.append(c)
         return cols
 
+    def missing_values_of(self, feature: SparseFeature) -> list[str]:
+        """The values ``feature`` takes as missing: its own list, else the schema's."""
+        return self.missing_values if feature.missing_values is None else feature.missing_values
+
     @property
     def categorical_columns(self) -> list[str]:
         """Columns to read as strings (so hex values like '68fd1e64' are never mangled)."""
         return list(dict.fromkeys(s.source_column for s in self.sparse))
+
+
+def as_recorded(raw: dict[str, Any]) -> dict[str, Any]:
+    """A schema as an export or checkpoint recorded it (every key written), read as it was
+    trained: one recorded before ``missing_values`` existed took ``""`` as missing.
+
+    Example:
+        >>> as_recorded({"labels": ["y"], "sparse": [{"name": "c"}]})["missing_values"]
+        ['']
+    """
+    return raw if "missing_values" in raw else {**raw, "missing_values": [""]}

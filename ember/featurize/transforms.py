@@ -7,15 +7,19 @@ Example:
     ([1.5, 2.0], [False, True, True, False, False], [False, False, False, True, False])
     >>> dense_transform(np.array([np.nan, -3.0, 9.0]), fill=0.0, log1p=True).round(3).tolist()
     [0.0, 0.0, 2.303]
+    >>> dense_transform(np.array([np.nan, -3.0, 9.0]), sign_log1p=True).round(3).tolist()
+    [0.0, -1.386, 2.303]
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-__all__ = ["parse_floats", "parse_ints", "dense_transform", "row_of", "filter_jagged", "truncate_jagged"]
+__all__ = ["parse_floats", "parse_ints", "is_listed", "dense_transform", "signed_log1p", "row_of", "filter_jagged", "truncate_jagged"]
 
 _NUMBER = r"^[-+]?((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|(?i:nan|inf|infinity))$"
 _INTEGER = r"^-?\d{1,19}$"
@@ -36,6 +40,7 @@ def parse_floats(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(arr.type.value_type)
     if _is_stringy(arr.type):
+        arr = pc.if_else(pc.equal(arr, ""), pa.scalar(None, arr.type), arr)  # CSV's empty field: missing
         try:  # fast path: every value parses (nulls stay null)
             values = np.array(pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
             missing = np.isnan(values)
@@ -83,19 +88,64 @@ def parse_ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return x.to_numpy(zero_copy_only=False), missing, bad
 
 
+def is_listed(arr: pa.Array, values: list[str]) -> np.ndarray:
+    """Mask of the elements of ``arr`` equal to one of ``values`` (a schema's ``missing_values``).
+
+    A string column is compared as text; an integer column with the entries that are integers
+    (``"-1"`` matches -1; the others cannot occur in it). Nulls are never listed: they are
+    missing anyway.
+
+    Example:
+        >>> is_listed(pa.array(["a", "", None, "-1"]), ["", "-1"]).tolist()
+        [False, True, False, True]
+        >>> is_listed(pa.array([3, -1, None]), ["", "-1"]).tolist()
+        [False, True, False]
+    """
+    if not values:
+        return np.zeros(len(arr), dtype=bool)
+    if pa.types.is_integer(arr.type):
+        info = np.iinfo(arr.type.to_pandas_dtype())
+        ints = [int(v) for v in values if re.fullmatch(_INTEGER, v.strip()) and info.min <= int(v) <= info.max]
+        value_set = pa.array(ints, arr.type)
+    elif _is_stringy(arr.type):
+        value_set = pa.array(values, arr.type)
+    else:
+        raise TypeError(f"missing_values: expected a string or integer column, got {arr.type}")
+    return np.asarray(pc.fill_null(pc.is_in(arr, value_set=value_set), False), dtype=bool)
+
+
+def signed_log1p(x: np.ndarray) -> np.ndarray:
+    """``sign(x) * log(1 + |x|)`` (the schema's ``sign_log1p``): log1p's compression for
+    columns that go negative.
+
+    Odd and monotonic, so a negative value keeps its sign and its order instead of becoming 0
+    as ``log1p`` makes it (balances, deltas, signed scores); 0 stays 0.
+
+    Example:
+        >>> signed_log1p(np.array([-9.0, 0.0, 9.0])).round(3).tolist()
+        [-2.303, 0.0, 2.303]
+    """
+    return np.sign(x) * np.log1p(np.abs(x))
+
+
 def dense_transform(
     x: np.ndarray,
     fill: float = 0.0,
     log1p: bool = False,
     clip: tuple[float | None, float | None] | None = None,
     standardize: tuple[float, float] | None = None,
+    sign_log1p: bool = False,
 ) -> np.ndarray:
-    """Fill NaN -> clip -> log1p(max(x, 0)) -> (x - mean) / std, as float64."""
+    """Fill NaN -> clip -> log1p(max(x, 0)) or signed_log1p(x) -> (x - mean) / std, as float64."""
+    if log1p and sign_log1p:
+        raise ValueError("dense_transform: log1p and sign_log1p exclude each other; pick one")
     x = np.where(np.isnan(x), fill, x)
     if clip is not None:
         x = np.clip(x, -np.inf if clip[0] is None else clip[0], np.inf if clip[1] is None else clip[1])
     if log1p:
         x = np.log1p(np.maximum(x, 0.0))
+    if sign_log1p:
+        x = signed_log1p(x)
     if standardize is not None:
         x = (x - standardize[0]) / standardize[1]
     return x

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from ember.config_base import ConfigModel
 from ember.errors import ConfigError
 from ember.models.base import (
+    DenseInit,
     ModelInputs,
     concat_inputs,
     dense_linear,
@@ -27,7 +28,9 @@ class DeepFMConfig(ConfigModel):
     """DeepFM (Guo et al. 2017).
 
     ``dense_field``: project the dense vector to one extra D-wide field so it takes part in
-    the FM pairs (it always feeds the first-order term and the deep MLP).
+    the FM pairs (it always feeds the first-order term and the deep MLP). ``dense_init``: how
+    the first-order weights over the dense features and the bias start (default ``zeros``, see
+    ``DenseInit``).
 
     Example:
         >>> DeepFMConfig().deep_mlp.sizes
@@ -36,6 +39,7 @@ class DeepFMConfig(ConfigModel):
 
     type: Literal["deepfm"] = "deepfm"
     deep_mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(sizes=[400, 400, 400]))
+    dense_init: DenseInit = DenseInit()
     dense_field: bool = True
 
 
@@ -68,7 +72,7 @@ class DeepFM(nn.Module):
         self.config = config
         self.num_sparse: int = inputs.num_sparse
         self.use_dense_field: bool = config.dense_field and inputs.num_dense > 0
-        self.dense_linear = dense_linear(inputs.num_dense, 1)  # with Dd = 0: the global bias
+        self.dense_linear = dense_linear(inputs.num_dense, 1, config.dense_init)  # with Dd = 0: the global bias
         self.dense_field: nn.Module = nn.Identity()
         if self.use_dense_field:
             self.dense_field = nn.Linear(inputs.num_dense, dim)

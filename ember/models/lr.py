@@ -12,20 +12,25 @@ from typing import Literal
 from torch import Tensor, nn
 
 from ember.config_base import ConfigModel
-from ember.models.base import ModelInputs, dense_linear, sum_linear
+from ember.models.base import DenseInit, ModelInputs, dense_linear, sum_linear
 
 __all__ = ["LR", "LRConfig"]
 
 
 class LRConfig(ConfigModel):
-    """Logistic regression over one-hot IDs and the dense features. No options.
+    """Logistic regression over one-hot IDs and the dense features.
+
+    ``dense_init``: how the weights over the dense features and the bias start (default
+    ``zeros``, like plain LR baselines; see :class:`~ember.models.base.DenseInit`). The
+    per-ID weights always start at zero (the trainer's linear tables).
 
     Example:
-        >>> LRConfig().type
-        'lr'
+        >>> LRConfig().dense_init.type
+        'zeros'
     """
 
     type: Literal["lr"] = "lr"
+    dense_init: DenseInit = DenseInit()
 
 
 class LR(nn.Module):
@@ -49,7 +54,7 @@ class LR(nn.Module):
         super().__init__()
         self.config = config
         self.num_sparse: int = inputs.num_sparse
-        self.dense_linear = dense_linear(inputs.num_dense, inputs.num_tasks)  # with Dd = 0: a bias
+        self.dense_linear = dense_linear(inputs.num_dense, inputs.num_tasks, config.dense_init)  # with Dd = 0: a bias
 
     def forward(
         self, dense: Tensor, sparse: list[Tensor], linear: list[Tensor] | None = None

@@ -8,14 +8,15 @@ from pydantic import Field
 from torch import Tensor, nn
 
 from ember.config_base import ConfigModel
-from ember.models.base import ModelInputs, concat_inputs, dense_linear, sum_linear
+from ember.models.base import DenseInit, ModelInputs, concat_inputs, dense_linear, sum_linear
 from ember.models.layers.mlp import MLP, MLPConfig
 
 __all__ = ["WDL", "WDLConfig"]
 
 
 class WDLConfig(ConfigModel):
-    """Wide & Deep (Cheng et al. 2016). The wide part has no options: it is linear.
+    """Wide & Deep (Cheng et al. 2016). The wide part is linear; ``dense_init`` says how its
+    weights over the dense features and its bias start (default ``zeros``, see ``DenseInit``).
 
     Example:
         >>> WDLConfig(deep_mlp={"sizes": [64], "dropout": 0.1}).deep_mlp.dropout
@@ -24,6 +25,7 @@ class WDLConfig(ConfigModel):
 
     type: Literal["wdl"] = "wdl"
     deep_mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(sizes=[400, 400, 400]))
+    dense_init: DenseInit = DenseInit()
 
 
 class WDL(nn.Module):
@@ -47,7 +49,7 @@ class WDL(nn.Module):
         super().__init__()
         self.config = config
         self.num_sparse: int = inputs.num_sparse
-        self.dense_linear = dense_linear(inputs.num_dense, 1)  # with Dd = 0: the global bias
+        self.dense_linear = dense_linear(inputs.num_dense, 1, config.dense_init)  # with Dd = 0: the global bias
         deep = MLP(inputs.concat_dim, config.deep_mlp)
         self.deep = nn.Sequential(deep, nn.Linear(deep.out_dim, inputs.num_tasks))
 

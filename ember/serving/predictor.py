@@ -126,7 +126,7 @@ class Predictor:
         ``csv.column_names`` (e.g. ``preset: criteo``): they are dropped from the names when the
         first line has that many fields fewer.
         """
-        from ember.featurize.schema import Schema
+        from ember.featurize.schema import Schema, as_recorded
         from ember.pipeline.loader import make_batches
         from ember.source.config import DataConfig
 
@@ -146,7 +146,7 @@ class Predictor:
                 data["csv"] = {**data.get("csv", {}), "delimiter": None, "header": True}
         data = _merge(data, data_overrides)
         cfg = DataConfig.parse(data, where="data")
-        schema = Schema.model_validate({**self.manifest["schema"], "score_only": True})  # labels may be absent
+        schema = Schema.model_validate({**as_recorded(self.manifest["schema"]), "score_only": True})  # labels may be absent
         cfg = _without_absent_labels(cfg, schema.labels, paths[0])
         return self.predict_batches(make_batches(cfg, schema, "eval"))
 

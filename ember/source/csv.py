@@ -4,8 +4,10 @@ The file is read ``block_bytes`` at a time and cut at the last newline, so memor
 few blocks however large the file, and the line number of every row is known (pyarrow's own
 streaming reader does not report line numbers of bad lines). Consequence: quoted values may
 not contain newlines. A line may be of any length (a block grows to hold it). Every column is
-read as a string (``""`` = missing); the featurizer converts numbers itself so it can name the
-row and value that fail. Compressed files (``.gz``, ``.bz2``, ...) are decompressed on the fly.
+read as a string, an empty field as ``""`` (a CSV has no null): the featurizer decides what it
+means (a missing number; for a categorical column the category ``""`` unless the schema lists
+it in ``missing_values``) and converts numbers itself so it can name the row and value that
+fail. Compressed files (``.gz``, ``.bz2``, ...) are decompressed on the fly.
 
 The text must be UTF-8: a line that is not is a bad row (``on_bad_rows``: an error naming file,
 row, column and byte offset, or skipped and counted under ``"<row>: not valid UTF-8 text"``).
@@ -15,7 +17,7 @@ Example:
     >>> path = os.path.join(tempfile.mkdtemp(), "t.csv")
     >>> _ = open(path, "w").write("y,a\\n1,x\\n0,\\n")
     >>> [(c.first_row, c.batch.to_pydict()) for c in read_csv(path, ["y", "a"])]
-    [(2, {'y': ['1', '0'], 'a': ['x', None]})]
+    [(2, {'y': ['1', '0'], 'a': ['x', '']})]
 """
 
 from __future__ import annotations
@@ -186,9 +188,7 @@ class _BlockParser:
                     convert_options=pacsv.ConvertOptions(
                         include_columns=self.columns,
                         column_types={c: pa.string() for c in self.columns},
-                        strings_can_be_null=True,
-                        quoted_strings_can_be_null=True,
-                        null_values=[""],
+                        strings_can_be_null=False,  # an empty field is the string "", never null
                     ),
                 )
                 return table, bad

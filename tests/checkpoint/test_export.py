@@ -6,6 +6,7 @@ import json
 from types import SimpleNamespace
 
 import numpy as np
+import pyarrow as pa
 import pytest
 import torch
 from torch import Tensor, nn
@@ -76,3 +77,26 @@ def test_export_needs_the_run_config_sections(tmp_path):
     with pytest.raises(ValueError, match="run_config lacks \\['schema'\\]"):
         export_model(_SumModel(), [], [], None, ["y"], {"data": {}, "model": {}}, tmp_path / "exp")
     assert not (tmp_path / "exp").exists()
+
+
+def test_predictor_reads_an_empty_field_as_the_export_recorded_it(tmp_path):
+    from ember.featurize.hashing import hash_array
+
+    run_config = {**_run_config(), "data": DataConfig(format="csv", eval="unused.csv").model_dump(mode="json")}
+    tables = {"a": _Table([7], dim=2, seed=1), "b": _Table([5], dim=2, seed=2)}
+    out = export_model(_SumModel(), [SimpleNamespace(tables=tables)], [FeatureConfig(name="a"), FeatureConfig(name="b")],
+                       None, ["y"], run_config, tmp_path / "exp")
+    rows = tmp_path / "rows.csv"
+    rows.write_text("a,b\n,x\n")
+    empty_id, x_id = hash_array(pa.array([""]), "a")[0], hash_array(pa.array(["x"]), "b")[0]
+    b_row = float(init_rows(torch.from_numpy(x_id), 2, InitializerConfig(), 2).sum())
+    a_row = float(init_rows(torch.from_numpy(empty_id), 2, InitializerConfig(), 1).sum())
+    # now: "" is a category (the schema's missing_values is [] by default): an unseen ID, its initial row
+    got = Predictor.load(out).predict_files([str(rows)])[:, 0]
+    np.testing.assert_allclose(got, torch.sigmoid(torch.tensor([0.5 * (a_row + b_row)])).numpy(), rtol=1e-6)
+    # an export written before missing_values existed took "" as missing: it still does
+    manifest = json.loads((out / "manifest.json").read_text())
+    del manifest["schema"]["missing_values"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    got = Predictor.load(out).predict_files([str(rows)])[:, 0]
+    np.testing.assert_allclose(got, torch.sigmoid(torch.tensor([0.5 * b_row])).numpy(), rtol=1e-6)

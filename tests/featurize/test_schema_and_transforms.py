@@ -54,6 +54,7 @@ def test_criteo_preset():
     assert [d.name for d in s.dense] == [f"I{i}" for i in range(1, 14)]
     assert [f.table_name for f in s.sparse] == [f"C{i}" for i in range(1, 27)]
     assert all(d.log1p and d.clip == (0.0, None) and d.fill == 0 for d in s.dense)
+    assert s.missing_values == [""]  # the dataset's empty field means missing
     d = preset_data_defaults("criteo")
     assert d["format"] == "tsv" and d["csv"]["header"] is False and len(d["csv"]["column_names"]) == 40
     with pytest.raises(ConfigError, match="unknown data preset"):
@@ -71,3 +72,28 @@ def test_parse_ints_full_int64_range_and_overflow():
     assert missing.tolist() == [False, False, False, True, True] and not bad.any()
     values, missing, bad = parse_ints(pa.array(["9223372036854775808", "7", "x"]))
     assert bad.tolist() == [True, False, True] and values[1] == 7
+
+
+def test_sign_log1p_keeps_the_sign_and_order_of_negative_values():
+    x = np.array([np.nan, -1e6, -3.0, -0.5, 0.0, 0.5, 3.0, 1e6])
+    got = dense_transform(x, fill=-2.0, clip=(-1000.0, None), sign_log1p=True, standardize=(1.0, 2.0))
+    filled = np.clip(np.where(np.isnan(x), -2.0, x), -1000.0, None)
+    np.testing.assert_allclose(got, (np.sign(filled) * np.log1p(np.abs(filled)) - 1.0) / 2.0)
+    plain = dense_transform(x[1:], sign_log1p=True)
+    assert np.all(np.diff(plain) > 0) and plain[3] == 0.0  # strictly increasing, 0 -> 0
+    np.testing.assert_allclose(plain, -plain[::-1])  # odd: -x -> -f(x)
+    with pytest.raises(ValueError, match="pick one"):
+        dense_transform(x, log1p=True, sign_log1p=True)
+    with pytest.raises(ConfigError, match="'d': log1p and sign_log1p exclude each other"):
+        DenseFeature.parse({"name": "d", "log1p": True, "sign_log1p": True})
+
+
+def test_featurizer_applies_sign_log1p_to_a_text_column():
+    from ember.featurize.featurizer import Featurizer
+
+    schema = Schema.parse({"labels": ["y"], "dense": [{"name": "delta", "sign_log1p": True}, {"name": "n", "log1p": True}],
+                           "sparse": [{"name": "c"}]})
+    rb = pa.record_batch({"y": ["0", "1", "0"], "delta": ["-9", "", "9"], "n": ["-9", "0", "9"], "c": ["a", "b", "c"]})
+    dense = Featurizer(schema)(rb).dense
+    np.testing.assert_allclose(dense[:, 0], [-np.log(10), 0.0, np.log(10)], rtol=1e-6)
+    np.testing.assert_allclose(dense[:, 1], [0.0, 0.0, np.log(10)], rtol=1e-6)  # log1p: negatives -> 0

@@ -11,7 +11,7 @@ from ember.errors import DataError
 from ember.featurize.presets import preset_schema
 from ember.featurize.schema import Schema
 from ember.pipeline.loader import make_batches, write_synthetic
-from ember.source.config import DataConfig, SyntheticOptions
+from ember.source.config import SHUFFLE_BUFFER_ROWS, DataConfig, SyntheticOptions
 
 SMALL = {"rows": 1000, "eval_rows": 300, "num_dense": 3, "num_sparse": 4, "multi_hot": {"C2": 3}}
 
@@ -58,6 +58,20 @@ def test_files_shuffle_is_deterministic_and_resumable(tmp_path):
     assert torch.cat([x[1] for x in unshuffled])[:, 0].tolist() == list(map(float, range(1200)))
 
 
+def test_training_rows_are_shuffled_by_default_and_eval_keeps_file_order(tmp_path):
+    schema = _parquet_dir(tmp_path, n_files=2, rows=300)
+    data = DataConfig(format="parquet", train=str(tmp_path), eval=str(tmp_path), batch_size=128)
+    assert data.shuffle_buffer == SHUFFLE_BUFFER_ROWS == 1_000_000
+    in_order = _flat(make_batches(data.model_copy(update={"shuffle_buffer": 0}), schema, "train"))
+    shuffled = _flat(make_batches(data, schema, "train"))
+    again = _flat(make_batches(data, schema, "train"))
+    other_seed = _flat(make_batches(data.model_copy(update={"seed": 1}), schema, "train"))
+    assert _same(shuffled, again) and not _same(shuffled, in_order) and not _same(shuffled, other_seed)
+    row_ids = torch.cat([x[1] for x in shuffled])[:, 0]  # column d numbers the rows of the files
+    assert sorted(row_ids.tolist()) == list(map(float, range(600)))  # every row once, in another order
+    assert _same(_flat(make_batches(data, schema, "eval")), in_order)
+
+
 def test_drop_last_and_eval_batch_size(tmp_path):
     schema = _parquet_dir(tmp_path, n_files=1, rows=250)
     data = DataConfig(format="parquet", train=str(tmp_path), eval=str(tmp_path), batch_size=100,
@@ -71,7 +85,7 @@ def test_write_synthetic_reads_back_identically(tmp_path, fmt):
     opts = SyntheticOptions(**SMALL)
     path = str(tmp_path / f"s.{fmt}")
     assert write_synthetic(path, fmt, 500, opts, chunk_rows=128) == [path]
-    data = DataConfig(format=fmt, train=path, batch_size=200, synthetic=opts)
+    data = DataConfig(format=fmt, train=path, batch_size=200, synthetic=opts, shuffle_buffer=0)  # file order
     mem = DataConfig(batch_size=200, synthetic={**SMALL, "rows": 500})
     schema = preset_schema("synthetic", opts)
     assert _same(_flat(make_batches(data, schema, "train")), _flat(make_batches(mem, schema, "train")))
@@ -130,9 +144,13 @@ def test_real_criteo_with_preset():
     b.sparse.validate()
     assert b.dense.shape == (2048, 13) and float(b.dense.min()) >= 0  # log1p of counts clipped at 0
     assert b.sparse.keys == tuple(f"C{i}" for i in range(1, 27))
-    # C1 is never missing; C22 is missing in most rows (empty bag), per the data's README.
+    # C1 is never missing; C22 is missing in most rows (empty bag), per the data's README: the
+    # preset lists "" in missing_values; without, the empty field is a category (one ID per row)
     lengths = b.sparse.lengths.view(26, -1)
     assert bool((lengths[0] == 1).all()) and float((lengths[21] == 0).float().mean()) > 0.6
+    schema = preset_schema("criteo").model_copy(update={"missing_values": []})
+    lengths = next(iter(make_batches(data, schema, "train"))).sparse.lengths.view(26, -1)
+    assert bool((lengths == 1).all())
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "orc"])
@@ -147,7 +165,7 @@ def test_list_columns_with_weights_through_loader(tmp_path, fmt):
     path = str(tmp_path / f"t.{fmt}")
     pq.write_table(t, path) if fmt == "parquet" else orc.write_table(t, path)
     schema = Schema.parse({"labels": ["y"], "sparse": [{"name": "tags", "weight_column": "w", "max_length": 2}]})
-    (b,) = list(make_batches(DataConfig(format=fmt, train=path, batch_size=8), schema, "train"))
+    (b,) = list(make_batches(DataConfig(format=fmt, train=path, batch_size=8, shuffle_buffer=0), schema, "train"))
     assert b.sparse.lengths.tolist() == [2, 0, 1]
     assert b.sparse.weights.tolist() == [0.5, 2.0, 4.0]
     assert b.sparse.values[0] != b.sparse.values[1] and b.sparse.values[1] == b.sparse.values[2]

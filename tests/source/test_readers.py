@@ -25,7 +25,7 @@ def test_csv_with_header_keeps_hex_strings_and_missing(tmp_path):
     p.write_text("y,n,c\n1,5,00ab\n0,,1e5\n")
     chunks = list(read_csv(str(p), ["y", "c", "n"]))
     assert chunks[0].first_row == 2
-    assert _rows(chunks) == {"y": ["1", "0"], "c": ["00ab", "1e5"], "n": ["5", None]}
+    assert _rows(chunks) == {"y": ["1", "0"], "c": ["00ab", "1e5"], "n": ["5", ""]}  # empty field: "" (never null)
 
 
 def test_tsv_without_header_small_blocks_row_numbers(tmp_path):
