@@ -12,8 +12,9 @@ steps after ``--warmup`` steps:
 
   (a) files, pipeline on   ``train(cfg)`` from the Parquet (CSV) file, ``pipeline.enabled=true``
   (b) files, pipeline off  the same with ``pipeline.enabled=false`` (same stages, in line)
-  (c) in-memory            the same model and config; its batches are read and featurized before
-                           timing, then a ``train_step`` loop runs over them
+  (c) in-memory            ``train(cfg, batches=...)``: the same pipelined trainer and config on
+                           warmup + steps batches read and featurized before the run (its
+                           pipeline has no read/featurize work left: the target of (a))
   (d) dense-only           the same model's forward/backward/dense optimizer step with its
                            embedding outputs given as precomputed tensors (no lookup, no
                            sparse update): the ceiling of the model on this machine
@@ -22,11 +23,13 @@ steps after ``--warmup`` steps:
                            page cache right before the run, with ``train.embedding_staleness``
                            = k and = 0
 
-A round runs a-parquet, b-parquet, a-csv, b-csv, c, d, e-k, e-0 one after the other; the rounds
-alternate (A B C D A B C D ...) and every figure is the median over rounds. Training runs (a, b,
-e) are timed from the run's ``metrics.jsonl`` records (``train.log_every`` = gcd of warmup and
+The data are streamed in file order (``data.shuffle_buffer: 0``): with the default buffer of a
+million rows the whole file would be pooled, parsed and hashed before the first step, and the
+timed steps would see no reading at all. A round runs a-parquet, b-parquet, a-csv, b-csv, c, d,
+e-k, e-0 one after the other; the rounds alternate (A B C D A B C D ...) and every figure is the
+median over rounds. Training runs (a, b, c, e) are timed from the run's ``metrics.jsonl`` records (``train.log_every`` = gcd of warmup and
 steps; samples/s over the timed steps = timed samples / summed record windows, which leave out the
-few milliseconds of each log write); (c) and (d) time their loop with ``perf_counter``.
+few milliseconds of each log write); (d) times its loop with ``perf_counter``.
 Machine noise (../shared/BENCHMARKING.md) makes single absolute figures unreliable: compare
 only ratios of figures taken in the same run.
 
@@ -67,7 +70,7 @@ from ember.config import from_dict
 from ember.embedding import EmbeddingTable
 from ember.pipeline.loader import make_batches
 from ember.train.builder import Components
-from ember.train.loop import prepare_run, train_step
+from ember.train.loop import prepare_run
 from ember.tiers.storage import build_tier
 from ember.train.loss import multitask_bce
 
@@ -113,7 +116,7 @@ def run_config(args: argparse.Namespace, run: Run) -> dict[str, Any]:
     gcd(warmup, steps) steps so that one record ends exactly where the warmup does."""
     total = args.warmup + args.steps
     per_epoch = max(args.rows // args.batch, 1)
-    data = {"format": run.fmt, "train": str(args.data_dir / f"train.{run.fmt}"), "drop_last": True,
+    data = {"format": run.fmt, "train": str(args.data_dir / f"train.{run.fmt}"), "drop_last": True, "shuffle_buffer": 0,
             "synthetic": benchkit.criteo_synthetic_options(args.big_vocab)}
     raw = benchkit.dlrm_config(data, batch_size=args.batch)
     raw["train"].update(max_steps=total, epochs=math.ceil(total / per_epoch), log_every=math.gcd(args.warmup, args.steps),
@@ -245,15 +248,14 @@ def prebuilt(args: argparse.Namespace) -> tuple[Components, list[Batch]]:
 
 
 def measure_in_memory(args: argparse.Namespace) -> dict[str, Any]:
-    """Variant (c): ember's whole step (``train_step``, then reading the loss as the loop does)."""
-    parts, batches = prebuilt(args)
-    parts.train(True)
-    times = []
-    for batch in batches:
-        t0 = time.perf_counter()
-        float(train_step(parts, batch))
-        times.append(time.perf_counter() - t0)
-    return {"samples_per_s": args.batch * args.steps / sum(times[args.warmup :]), "timed_steps": args.steps}
+    """Variant (c): the pipelined trainer (``train(cfg, batches=...)``) on the Parquet run's
+    batches, read and featurized beforehand."""
+    raw = run_config(args, Run("in-memory"))
+    raw["train"]["epochs"] = 1
+    _, batches = prebuilt(args)
+    result = benchkit.run_training(raw, args.data_dir / "runs", "in-memory", batches=batches)
+    rate, steps = timed_rate(result.history, args.warmup)
+    return {"samples_per_s": rate, "timed_steps": steps}
 
 
 def measure_dense_only(args: argparse.Namespace) -> dict[str, Any]:

@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import yaml
 
 import ember  # noqa: F401  # before torch: ember shortens libgomp's spin-wait (ember/__init__.py)
+from ember.batch import Batch
 from ember.config import from_dict
 from ember.train.loop import RunResult, train
 
@@ -115,11 +116,12 @@ def yaml_config(name: str) -> dict[str, Any]:
         return yaml.safe_load(fh)
 
 
-def run_training(raw: dict[str, Any], out_dir: Path, name: str, keep: bool = False) -> RunResult:
-    """``train(from_dict(raw))`` with no progress bar, in ``out_dir/name``; the run directory
-    (checkpoint, metrics) is deleted afterwards unless ``keep``."""
+def run_training(raw: dict[str, Any], out_dir: Path, name: str, keep: bool = False,
+                 batches: Sequence[Batch] | None = None) -> RunResult:
+    """``train(from_dict(raw), batches=batches)`` with no progress bar, in ``out_dir/name``; the
+    run directory (checkpoint, metrics) is deleted afterwards unless ``keep``."""
     raw = {**raw, "train": {**raw.get("train", {}), "progress": False, "out_dir": str(out_dir), "run_name": name}}
-    result = train(from_dict(raw))
+    result = train(from_dict(raw), batches=batches)
     if not keep:
         shutil.rmtree(result.run_dir, ignore_errors=True)
     return result

@@ -28,7 +28,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Iterator, Literal
+from typing import Iterator, Literal, Sequence
 
 import numpy as np
 
@@ -48,7 +48,7 @@ from ember.source.parquet import read_parquet
 from ember.source.synthetic import split_rows, synthetic_records
 from ember.source.writer import write_synthetic
 
-__all__ = ["Loader", "make_batches", "write_synthetic"]
+__all__ = ["BatchList", "Loader", "make_batches", "write_synthetic"]
 
 Split = Literal["train", "eval"]
 
@@ -211,6 +211,41 @@ class Loader:
             for batch in run:
                 self._next += 1
                 yield batch
+
+
+class BatchList:
+    """Batches already in memory, served as a loader: one ``read`` stage hands them out in
+    order from ``start_batch`` (every epoch replays the same list). Lets ``train`` run its
+    whole pipeline on data built beforehand (by ``make_batches`` or your own code), and the
+    benchmarks measure what reading and featurizing cost against it.
+    """
+
+    def __init__(self, batches: Sequence[Batch], epoch: int = 0, start_batch: int = 0,
+                 depth: QueueDepths | None = None) -> None:
+        if start_batch < 0:
+            raise ValueError(f"start_batch must be >= 0, got {start_batch}")
+        self.batches, self.epoch, self.start_batch = batches, epoch, start_batch
+        self.depth = depth or QueueDepths()
+        self.bad_rows = BadRowReport()
+        self._next = start_batch
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return (self.epoch, self._next)
+
+    @property
+    def num_batches(self) -> int:
+        return len(self.batches)
+
+    def stages(self) -> list[Stage]:
+        def read(_: None) -> Iterator[Batch]:
+            return iter(self.batches[self.start_batch :])
+
+        return [Stage("read", read, self.depth.read, expand=True)]
+
+    def __iter__(self) -> Iterator[Batch]:
+        for self._next, batch in enumerate(self.batches[self.start_batch :], self.start_batch + 1):
+            yield batch
 
 
 def make_batches(data: DataConfig, schema: Schema, split: Split = "train", epoch: int = 0,

@@ -15,7 +15,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 
@@ -27,7 +27,7 @@ from ember.checkpoint.save import save_checkpoint
 from ember.config import RunConfig, to_yaml
 from ember.errors import RunInterrupted, WriteError
 from ember.fileio import write_bytes_atomic
-from ember.pipeline.loader import make_batches
+from ember.pipeline.loader import BatchList, make_batches
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.builder import Components, build_components
@@ -80,8 +80,12 @@ def prepare_run(cfg: RunConfig, run_dir: Path | None = None) -> tuple[Components
     return build_components(cfg), run_dir
 
 
-def train(cfg: RunConfig, overwrite: bool = True) -> RunResult:
+def train(cfg: RunConfig, overwrite: bool = True, batches: Sequence[Batch] | None = None) -> RunResult:
     """Train (or resume, or finetune) as the config says; returns the final eval metrics.
+
+    ``batches``: train on these batches, already featurized and in memory (from ``make_batches``
+    or your own code; every epoch replays them in order), instead of reading ``data.train``;
+    evaluation still reads ``data.eval``.
 
     Data, schema and output directory are checked before anything is built (``preflight``). A
     run directory that holds an earlier run is replaced (its checkpoints removed first) only
@@ -89,19 +93,19 @@ def train(cfg: RunConfig, overwrite: bool = True) -> RunResult:
     before its first checkpoint removes the run directory it created, so nothing blocks a retry.
     """
     run_dir = run_directory(cfg)
-    check_run(cfg, run_dir, overwrite)
+    check_run(cfg, run_dir, overwrite, ("train", "eval") if batches is None else ("eval",))
     if cfg.train.resume is None and holds_run(run_dir):
         shutil.rmtree(run_dir)
     fresh = not run_dir.exists()
     try:
-        return _train(cfg, run_dir)
+        return _train(cfg, run_dir, batches)
     except BaseException:
         if fresh and not (run_dir / "checkpoints").exists():
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
 
 
-def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
+def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None) -> RunResult:
     t = cfg.train
     parts, run_dir = prepare_run(cfg, run_dir)
     check_disk(cfg, parts, run_dir)
@@ -142,16 +146,23 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
 
     bad_rows: dict[str, int] = {}
     metrics: dict[str, float] = {}
+    pipe = cfg.pipeline
+
+    def train_loader(epoch: int, start_batch: int) -> Any:
+        if batches is not None:
+            return BatchList(batches, epoch, start_batch, pipe.depth)
+        return make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch, depth=pipe.depth)
+
     parts.train(True)
     total = t.max_steps
     if total is None:
-        per_epoch = getattr(make_batches(cfg.data, cfg.schema, "train"), "num_batches", None)
+        per_epoch = train_loader(0, 0).num_batches
         total = per_epoch * t.epochs if per_epoch else None
     progress = _progress(t.progress, total)
     done = t.max_steps is not None and step >= t.max_steps  # e.g. resumed at the end already
     first_step, finished_already = step, done
     batch_idx = start_batch
-    k, pipe = t.embedding_staleness, cfg.pipeline
+    k = t.embedding_staleness
 
     def quiet_after(s: int) -> bool:
         """Whether the trainer needs a quiet engine after step ``s`` (log, eval, checkpoint)."""
@@ -160,7 +171,7 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
 
     with _StopSignals() as stop:
         while epoch < t.epochs and not done:
-            loader = make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch, depth=pipe.depth)
+            loader = train_loader(epoch, start_batch)
             base = step
             gate = FetchGate(k, lambda b: quiet_after(base + b + 1), None if t.max_steps is None else t.max_steps - step)
             stages = TrainStages(parts, gate, WriteLog(k), task_w)

@@ -40,9 +40,10 @@ log = logging.getLogger("ember")
 Split = Literal["train", "eval"]
 
 
-def check_run(cfg: RunConfig, run_dir: Path, overwrite: bool = True) -> None:
-    """Every check that needs no built parts: data files and schema, output directory, run name."""
-    for split in ("train", "eval"):
+def check_run(cfg: RunConfig, run_dir: Path, overwrite: bool = True, splits: tuple[Split, ...] = ("train", "eval")) -> None:
+    """Every check that needs no built parts: data files and schema of ``splits``, output
+    directory, run name."""
+    for split in splits:
         check_data(cfg.data, cfg.schema.columns, split)
     if holds_run(run_dir) and not overwrite and cfg.train.resume is None:
         raise ConfigError(

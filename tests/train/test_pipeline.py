@@ -77,6 +77,23 @@ def test_staleness_0_on_threads_is_bit_identical_to_in_line(tmp_path, optimizer)
     assert off.metrics == on.metrics
 
 
+def test_batches_in_memory_train_exactly_as_the_same_batches_read_from_the_source(tmp_path):
+    """``train(cfg, batches=...)`` (the benchmarks' in-memory variant) runs the same pipeline:
+    identical state, eval and step count; a resume mid-epoch continues in the list."""
+    from ember.pipeline.loader import make_batches
+
+    cfg = _cfg(tmp_path, "read", epochs=2)
+    held = list(make_batches(cfg.data, cfg.schema, "train"))
+    read = train(cfg)
+    held_run = train(_cfg(tmp_path, "held", epochs=2), batches=held)
+    assert held_run.step == read.step == 2 * len(held)
+    _assert_identical(_state(read), _state(held_run))
+    assert read.metrics == held_run.metrics
+    part = train(_cfg(tmp_path, "part", epochs=2, max_steps=len(held) + 5), batches=held)
+    resumed = train(_cfg(tmp_path, "part", epochs=2, resume=str(part.run_dir)), batches=held)
+    _assert_identical(_state(read), _state(resumed))
+
+
 def test_staleness_0_bit_identical_with_tiers_admission_and_ttl(tmp_path):
     """Rows on disk, in a bounded cache over host memory, under min_count and TTL."""
     runs = []
