@@ -29,6 +29,8 @@ import resource
 import statistics
 import time
 
+import sys
+
 import ember  # noqa: F401  # first: before torch loads, it shortens libgomp's spin-wait (see ember/__init__.py)
 
 import os
@@ -37,6 +39,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ember import allocator
 from ember.batch import SparseFeatures
 from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig
 from ember.models.dlrm import DLRM, DLRMConfig
@@ -121,7 +124,7 @@ class Ember:
         t3 = time.perf_counter()
         for k, v in zip(self.split, [t1 - t0, t2 - t1, t3 - t2]):
             self.split[k].append(v)
-        return float(loss)
+        return float(loss.detach())
 
     def index_bytes_per_row(self) -> float:
         rows = sum(len(t) for t in self.ec.tables.values())
@@ -151,7 +154,7 @@ class Plain:
         loss.backward()
         self.opt.step()
         self.sparse_opt.step()
-        return float(loss)
+        return float(loss.detach())
 
 
 class Fused:
@@ -185,7 +188,7 @@ class Fused:
             acc = self.state.index_select(0, uniq).add_(g.square().mean(dim=1))
             self.state.index_copy_(0, uniq, acc)
             self.weight.index_copy_(0, uniq, rows.detach().addcdiv_(g, acc.sqrt().add_(self.eps).unsqueeze(1), value=-self.lr))
-        return float(loss)
+        return float(loss.detach())
 
 
 class DenseOnly:
@@ -203,10 +206,11 @@ class DenseOnly:
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
-        return float(loss)
+        return float(loss.detach())
 
 
 def main() -> None:
+    allocator.reexec_tuned([__file__, *sys.argv[1:]])  # as the ember command line runs (see ember/allocator.py)
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
@@ -220,6 +224,7 @@ def main() -> None:
     print(f"generated {n} batches in {time.perf_counter() - t0:.1f}s; torch threads={torch.get_num_threads()}; GOMP_SPINCOUNT={spin}")
     variants = [Ember(disk=args.disk), Plain(), DenseOnly(args.batch), Ember(mixed_init=True, disk=args.disk), Fused()]
     times = {v.name: [] for v in variants}
+    faults = {v.name: [] for v in variants}  # minor page faults per step (see ember/allocator.py)
     # the two ember variants run back to back (their plan+fetch times are compared, ~6 ms each:
     # adjacent runs see the same machine state), alternating which goes first; the slots of
     # (ember pair, plain, dense-only) rotate
@@ -228,11 +233,13 @@ def main() -> None:
         k = i % len(slots)
         order = [v for slot in slots[k:] + slots[:k] for v in (slot if i % 2 else slot[::-1])]
         for v in order:
+            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             s = time.perf_counter()
             v.step(ids, dense, labels)
             e = time.perf_counter() - s
             if i >= args.warmup:
                 times[v.name].append(e)
+                faults[v.name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
     ours, mixed = variants[0], variants[3]
     for v in (ours, mixed):
         for k in v.split:
@@ -245,10 +252,13 @@ def main() -> None:
     r_fused = ratio("fused", "ember")
     r_fused_dense = ratio("dense-only", "fused")
     mixed_cost = statistics.median(m / u for m, u in zip(mixed.split["plan+fetch"], ours.split["plan+fetch"]))
-    print(f"\n{'variant':<12}{'samples/s median':>18}{'min':>10}{'max':>10}{'ms/step':>10}")
+    pf = {k: statistics.median(v) for k, v in faults.items()}
+    tunables = os.environ.get("GLIBC_TUNABLES", "none (glibc defaults)")
+    print(f"\nallocator tunables: {tunables}")
+    print(f"{'variant':<17}{'samples/s median':>18}{'min':>10}{'max':>10}{'ms/step':>10}{'faults/step':>13}")
     for k, v in times.items():
         sps = [args.batch / x for x in v]
-        print(f"{k:<12}{args.batch / med[k]:>18.0f}{min(sps):>10.0f}{max(sps):>10.0f}{med[k] * 1e3:>10.1f}")
+        print(f"{k:<17}{args.batch / med[k]:>18.0f}{min(sps):>10.0f}{max(sps):>10.0f}{med[k] * 1e3:>10.1f}{pf[k]:>13.0f}")
     print(f"\npaired ratios (median over {args.steps} steps):")
     print(f"  ember / plain PyTorch speed : {r_plain:.3f}x  (target >= 1.2)")
     print(f"  ember / dense-only speed    : {r_dense:.3f}x  (target >= 0.85)")
@@ -270,6 +280,7 @@ def main() -> None:
         "ember_vs_fused": r_fused, "fused_vs_dense": r_fused_dense,
         "ember_split_ms": split, "index_bytes_per_row": per_row, "rows": rows, "peak_rss_mb": rss_mb,
         "torch_threads": torch.get_num_threads(), "gomp_spincount": spin,
+        "page_faults_per_step": pf, "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
     }))
 
 

@@ -189,6 +189,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line; run as the process's own command (``argv`` None), it first re-runs itself
+    with the allocator tunables large batches need (``ember.allocator``)."""
+    if argv is None:
+        from ember.allocator import reexec_tuned
+
+        reexec_tuned(["-m", "ember", *sys.argv[1:]])
     args = build_parser().parse_args(argv)
     from ember.errors import EmberError, RunInterrupted
 

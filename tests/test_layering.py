@@ -27,7 +27,8 @@ ROOT = PACKAGE.parent
 # longest matching prefix. Every module under ember/ must belong to one (a new package has to be
 # placed here on purpose).
 LAYERS: list[tuple[str, ...]] = [
-    ("ember.errors", "ember.config_base", "ember._native", "ember._ember_native", "ember.mix", "ember.fileio"),
+    ("ember.errors", "ember.config_base", "ember._native", "ember._ember_native", "ember.mix", "ember.fileio",
+     "ember.allocator"),
     ("ember.batch",),
     ("ember.source",),
     ("ember.featurize",),

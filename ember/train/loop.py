@@ -19,6 +19,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ember.allocator import advise
 from ember.batch import Batch
 from ember.checkpoint.load import (
     load_dense, load_tables, resolve_checkpoint, restore_rng, restore_table_state, verify_checkpoint,
@@ -107,6 +108,7 @@ def train(cfg: RunConfig, overwrite: bool = True, batches: Sequence[Batch] | Non
 
 def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None) -> RunResult:
     t = cfg.train
+    advise(cfg.data.batch_size)
     parts, run_dir = prepare_run(cfg, run_dir)
     check_disk(cfg, parts, run_dir)
     history = History(run_dir, resume=t.resume is not None)
