@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 import torch
 from torch import Tensor, nn
@@ -11,12 +13,16 @@ from ember.batch import Batch
 from ember.config import RunConfig
 from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig
 from ember.embedding.collection import Lookup
+from ember.embedding.group import GroupLookup
 from ember.embedding.init import InitializerConfig
 from ember.errors import ConfigError
 from ember.models.registry import ModelInputs, build_model
 from ember.train.config import DenseOptimizerConfig
+from ember.train.precision import LossScaler, Precision, autocast
 
 __all__ = ["Components", "build_components", "LINEAR_SUFFIX"]
+
+log = logging.getLogger(__name__)
 
 LINEAR_SUFFIX = "__linear"
 
@@ -32,6 +38,9 @@ class Components:
     sparse_optimizer: SparseOptimizer
     task_names: list[str]
     device: torch.device
+    precision: Precision = "fp32"  # the model's compute type (train.precision); parameters stay fp32
+    scaler: LossScaler | None = None  # fp16: dynamic loss scale over dense and embedding gradients
+    compiled: Callable[..., Tensor] | None = field(default=None, repr=False)  # train.compile: torch.compile(model)
 
     def collections(self) -> list[EmbeddingCollection]:
         return [self.embeddings] + ([self.linear] if self.linear is not None else [])
@@ -47,7 +56,34 @@ class Components:
         if self.linear is not None:
             lin = self.linear(batch.sparse, lk[1])
             linear = [lin[f.name] for f in self.linear.features]
-        return self.model(batch.dense, pooled, linear)
+        with autocast(self.device, self.precision):
+            logits = self._run_model(batch.dense, pooled, linear)
+        return logits.float()
+
+    def _run_model(self, *inputs: Any) -> Tensor:
+        if self.compiled is not None:
+            try:
+                return self.compiled(*inputs)
+            except Exception as e:  # announced, never silent: the run goes on uncompiled
+                log.warning("train.compile: torch.compile failed (%s: %s); the model runs uncompiled from "
+                            "here on", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+                self.compiled = None
+        return self.model(*inputs)
+
+    def backward(self, loss: Tensor) -> list[GroupLookup]:
+        """Backward (loss-scaled under fp16) and the dense optimizer step; returns the lookups whose
+        rows are due for their update (``SparseOptimizer.apply``). An fp16 step whose gradients
+        overflowed is skipped whole: no dense step and no lookups."""
+        self.dense_optimizer.zero_grad(set_to_none=True)
+        self.sparse_optimizer.zero_grad()
+        (loss if self.scaler is None else self.scaler.scaled(loss)).backward()
+        ready = self.sparse_optimizer.take()
+        if self.scaler is not None:
+            grads = [p.grad for p in self.model.parameters()] + [lk.grad for lk in ready]
+            if not self.scaler.unscale_(grads):
+                return []
+        self.dense_optimizer.step()
+        return ready
 
     def plan(self, batch: Batch, train: bool) -> list[Lookup]:
         """Phase 1 of every collection for ``batch`` (see ``EmbeddingCollection.plan``)."""
@@ -105,7 +141,20 @@ def build_components(cfg: RunConfig) -> Components:
         linear = EmbeddingCollection(lin_tables, lin_features, seed=cfg.train.seed).to(device)
     opt = make_dense_optimizer(model.parameters(), cfg.train.dense_optimizer)
     sparse_opt = SparseOptimizer(ec, *([linear] if linear is not None else []))
-    return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device)
+    t = cfg.train
+    compiled = _compile(model) if t.compile else None
+    scaler = LossScaler() if t.precision == "fp16" else None
+    return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, t.precision, scaler, compiled)
+
+
+def _compile(model: nn.Module) -> Callable[..., Tensor] | None:
+    """``torch.compile(model)``; compilation itself happens at the first call (``_run_model``
+    announces a failure there). None, announced, where torch.compile is unavailable."""
+    try:
+        return torch.compile(model)
+    except Exception as e:
+        log.warning("train.compile: torch.compile is unavailable here (%s); the model runs uncompiled", e)
+        return None
 
 
 def _announce_storage(tables: list[TableConfig]) -> None:

@@ -41,6 +41,12 @@ class TrainConfig(ConfigModel):
     resume: str | None = None  # checkpoint to continue exactly (model, optimizers, data position)
     init_from: str | None = None  # checkpoint whose weights start a finetune (fresh data position)
     progress: bool = True
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    """The model's compute type: bf16 / fp16 run its matmuls under torch.autocast with fp32 master
+    weights (fp16 with a dynamic loss scale over dense and embedding gradients); embedding rows,
+    optimizer state and the loss stay fp32."""
+    compile: bool = False
+    """torch.compile the dense model; a failure to compile is logged and the run goes on uncompiled."""
     embedding_staleness: int = Field(0, ge=0)
     """Steps the embedding fetch may run ahead of the sparse update: 0 = exact synchronous
     training; k > 0 lets batch t+k read rows before batch t's update is written (no update is

@@ -28,6 +28,7 @@ from ember.checkpoint.save import save_checkpoint
 from ember.config import RunConfig, to_yaml
 from ember.errors import RunInterrupted, WriteError
 from ember.fileio import write_bytes_atomic
+from ember.embedding.optimizer import SparseOptimizer
 from ember.pipeline.loader import BatchList, make_batches
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
@@ -55,11 +56,8 @@ def train_step(parts: Components, batch: Batch, task_weights: torch.Tensor | Non
     """One step: forward, loss, backward, dense step, sparse step; returns the (detached) loss."""
     logits = parts.forward(batch)  # every table group: plan (dedupe), fetch rows, pool
     loss = multitask_bce(logits, batch.labels, task_weights)
-    parts.dense_optimizer.zero_grad(set_to_none=True)
-    parts.sparse_optimizer.zero_grad()
-    loss.backward()  # dense grads + one summed gradient per unique ID
-    parts.dense_optimizer.step()
-    parts.sparse_optimizer.step()  # update the touched rows and write them back to their tiers
+    ready = parts.backward(loss)  # dense grads + one summed gradient per unique ID; dense step
+    SparseOptimizer.apply(ready)  # update the touched rows and write them back to their tiers
     return loss.detach()
 
 
@@ -122,6 +120,8 @@ def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None
         parts.model.load_state_dict(dense["model"])
         if t.resume:  # exact continuation: optimizers, counters, data position and RNG too
             parts.dense_optimizer.load_state_dict(dense["optimizer"])
+            if parts.scaler is not None and "loss_scaler" in dense:
+                parts.scaler.load_state_dict(dense["loss_scaler"])
             restore_table_state(parts.collections(), dense)
             step = manifest["step"]
             epoch, start_batch = manifest["position"]["epoch"], manifest["position"]["batch"]
@@ -133,6 +133,8 @@ def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None
         if (step, epoch, batch) in saved:  # this exact state is on disk already
             return saved[(step, epoch, batch)]
         state = {"model": parts.model.state_dict(), "optimizer": parts.dense_optimizer.state_dict()}
+        if parts.scaler is not None:
+            state["loss_scaler"] = parts.scaler.state_dict()
         path = save_checkpoint(run_dir / "checkpoints", step, parts.collections(), state,
                                {"epoch": epoch, "batch": batch}, cfg.model_dump(mode="json", by_alias=True), t.keep_checkpoints)
         saved[(step, epoch, batch)] = path

@@ -118,11 +118,7 @@ class TrainStages:
         p = self.parts
         logits = p.forward(batch, step.lookups)
         loss = multitask_bce(logits, batch.labels, self.task_weights)
-        p.dense_optimizer.zero_grad(set_to_none=True)
-        p.sparse_optimizer.zero_grad()
-        loss.backward()
-        p.dense_optimizer.step()
-        step.ready = p.sparse_optimizer.take()
+        step.ready = p.backward(loss)  # [] when an fp16 overflow skipped the step
         step.loss = loss.detach()
         step.lookups = []
 

@@ -1,0 +1,127 @@
+"""Reduced precision: bf16/fp16 autocast with fp32 master weights, fp16 loss scaling that skips
+an overflowing step whole (dense and rows), its state in checkpoints; torch.compile with an
+announced fallback."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from ember.config import from_dict
+from ember.train.loop import train, train_step
+from ember.train.precision import LossScaler
+
+
+def _raw(tmp_path: Path, name: str, **train_kw) -> dict:
+    return {
+        "data": {"preset": "synthetic", "batch_size": 256,
+                 "synthetic": {"rows": 8_000, "eval_rows": 4_000, "vocab_size": 1_500, "num_sparse": 4}},
+        "embedding": {"dim": 8},
+        "model": {"type": "dlrm", "bottom_mlp": [32, 8], "top_mlp": [32]},
+        "train": {"out_dir": str(tmp_path), "run_name": name, "progress": False, "threads": 1, "log_every": 10,
+                  **train_kw},
+    }
+
+
+@pytest.mark.parametrize("precision, dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_reduced_precision_runs_the_model_in_it_and_keeps_fp32_weights(tmp_path, monkeypatch, precision, dtype):
+    import ember.train.loop as loop
+
+    seen: set[torch.dtype] = set()
+    ref = train(from_dict(_raw(tmp_path, "fp32")))
+    original = loop.build_components
+
+    def spying(cfg):  # type: ignore[no-untyped-def]
+        parts = original(cfg)
+        first = next(m for m in parts.model.modules() if isinstance(m, torch.nn.Linear))
+        first.register_forward_hook(lambda mod, inp, out: seen.add(out.dtype))
+        return parts
+
+    monkeypatch.setattr(loop, "build_components", spying)
+    low = train(from_dict(_raw(tmp_path, precision, precision=precision)))
+    assert seen == {dtype}  # the matmuls ran in the reduced type ...
+    assert all(p.dtype == torch.float32 for p in low.parts.model.parameters())  # ... on fp32 master weights
+    assert abs(low.metrics["auc/label"] - ref.metrics["auc/label"]) < 0.01
+    assert low.metrics["auc/label"] > 0.6
+
+
+def _snapshot(parts) -> dict[str, torch.Tensor]:
+    out = {k: v.clone() for k, v in parts.model.state_dict().items()}
+    for name, table in parts.embeddings.tables.items():
+        ids, rec = zip(*table.items())
+        ids, rec = torch.cat(ids), torch.cat(rec)
+        out[name] = rec[torch.argsort(ids)].clone()
+    return out
+
+
+def test_fp16_overflow_skips_the_whole_step_and_halves_the_scale(tmp_path):
+    from ember.pipeline.loader import make_batches
+
+    cfg = from_dict(_raw(tmp_path, "fp16", precision="fp16", max_steps=3))
+    result = train(cfg)
+    parts = result.parts
+    batch = next(iter(make_batches(cfg.data, cfg.schema, "train")))
+    train_step(parts, batch)  # every ID of the batch now has a row, so a snapshot covers them
+    before = _snapshot(parts)
+    parts.scaler.scale = 1e38  # the scaled loss overflows
+    train_step(parts, batch)
+    after = _snapshot(parts)
+    assert parts.scaler.skipped == 1 and parts.scaler.scale == pytest.approx(0.5e38)
+    assert before.keys() == after.keys()
+    for k in before:
+        assert torch.equal(before[k], after[k]), k  # neither dense weights nor rows moved
+    parts.scaler.scale = 2.0**10
+    train_step(parts, batch)
+    moved = _snapshot(parts)
+    assert all(not torch.equal(moved[k], after[k]) for k in parts.embeddings.tables)  # a sane scale: rows move
+
+
+def test_loss_scale_is_checkpointed_and_resumed(tmp_path):
+    first = train(from_dict(_raw(tmp_path, "a", precision="fp16", max_steps=12)))
+    from ember.checkpoint.load import load_dense, resolve_checkpoint
+
+    assert load_dense(resolve_checkpoint(first.run_dir))["loss_scaler"]["clean_steps"] == 12
+    whole = train(from_dict(_raw(tmp_path, "whole", precision="fp16", max_steps=20)))
+    resumed = train(from_dict(_raw(tmp_path, "a", precision="fp16", max_steps=20, resume=str(first.run_dir))))
+    assert resumed.parts.scaler.state_dict() == whole.parts.scaler.state_dict() == {"scale": 65536.0, "clean_steps": 20, "skipped": 0}
+    for k, v in whole.parts.model.state_dict().items():
+        torch.testing.assert_close(resumed.parts.model.state_dict()[k], v, rtol=0, atol=0)
+
+
+def test_scaler_grows_after_clean_steps():
+    s = LossScaler(init_scale=4.0, growth_interval=3)
+    for _ in range(3):
+        assert s.unscale_([torch.ones(2) * 4.0])
+    assert s.scale == 8.0 and s.clean_steps == 0
+    assert not s.unscale_([torch.tensor([float("nan")])]) and s.scale == 4.0
+
+
+def test_a_failed_compile_is_announced_and_the_run_goes_on_uncompiled(tmp_path, monkeypatch, caplog):
+    def broken(model):  # type: ignore[no-untyped-def]
+        def run(*a):  # type: ignore[no-untyped-def]
+            raise RuntimeError("no C++ compiler found")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    plain = train(from_dict(_raw(tmp_path, "plain", max_steps=6, deterministic=True)))
+    with caplog.at_level(logging.WARNING, logger="ember"):
+        fell_back = train(from_dict(_raw(tmp_path, "compiled", max_steps=6, deterministic=True, compile=True)))
+    assert "train.compile: torch.compile failed (RuntimeError: no C++ compiler found)" in caplog.text
+    assert caplog.text.count("train.compile") == 1 and fell_back.parts.compiled is None
+    for k, v in plain.parts.model.state_dict().items():
+        assert torch.equal(fell_back.parts.model.state_dict()[k], v)
+
+
+@pytest.mark.slow
+def test_compile_trains_like_eager(tmp_path):
+    """A real torch.compile of a small LR (inductor: tens of seconds here)."""
+    kw = dict(max_steps=8, deterministic=True)
+    raw = lambda name, **k: {**_raw(tmp_path, name, **kw, **k), "model": {"type": "lr"}}  # noqa: E731
+    eager = train(from_dict(raw("eager")))
+    compiled = train(from_dict(raw("comp", compile=True)))
+    assert compiled.parts.compiled is not None  # it compiled, no fallback
+    for k, v in eager.parts.model.state_dict().items():
+        torch.testing.assert_close(compiled.parts.model.state_dict()[k], v, rtol=1e-4, atol=1e-5)
