@@ -14,11 +14,13 @@ __all__ = ["Batch"]
 
 @dataclass(frozen=True)
 class Batch:
-    """One mini-batch: ``dense`` [B, Dd] float32, ``sparse`` jagged IDs, ``labels`` [B, T] float32."""
+    """One mini-batch: ``dense`` [B, Dd] float32, ``sparse`` jagged IDs, ``labels`` [B, T] float32,
+    ``teacher`` [B, T] float32 a teacher's scores (``schema.teacher``) or None."""
 
     dense: Tensor
     sparse: SparseFeatures
     labels: Tensor
+    teacher: Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -29,7 +31,9 @@ class Batch:
             self.dense.to(device, non_blocking=non_blocking),
             self.sparse.to(device, non_blocking=non_blocking),
             self.labels.to(device, non_blocking=non_blocking),
+            None if self.teacher is None else self.teacher.to(device, non_blocking=non_blocking),
         )
 
     def pin_memory(self) -> "Batch":
-        return Batch(self.dense.pin_memory(), self.sparse.pin_memory(), self.labels.pin_memory())
+        return Batch(self.dense.pin_memory(), self.sparse.pin_memory(), self.labels.pin_memory(),
+                     None if self.teacher is None else self.teacher.pin_memory())

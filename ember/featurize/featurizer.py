@@ -112,6 +112,16 @@ class Featurizer:
             checks.add(name, "label is not in [0, 1]", ~missing & ~bad & ((x < 0) | (x > 1)))
             labels[:, j] = np.nan_to_num(x)
 
+        teacher = None
+        if self.schema.teacher and not self.schema.score_only:
+            teacher = np.empty((n, len(self.schema.teacher)), dtype=np.float32)
+            for j, name in enumerate(self.schema.teacher):
+                x, missing, bad = parse_floats(batch.column(name))
+                checks.add(name, "teacher score is missing", missing)
+                checks.add(name, "teacher score is not a number", bad)
+                checks.add(name, "teacher score is not a probability in [0, 1]", ~missing & ~bad & ((x < 0) | (x > 1)))
+                teacher[:, j] = np.nan_to_num(x)
+
         dense = np.empty((n, len(self.schema.dense)), dtype=np.float32)
         for j, f in enumerate(self.schema.dense):
             x, _, bad = parse_floats(batch.column(f.source_column))
@@ -125,7 +135,7 @@ class Featurizer:
             offsets.append(o)
             weights.append(w)
 
-        rows = Rows(dense, labels, self.schema.feature_names, values, offsets, weights)
+        rows = Rows(dense, labels, self.schema.feature_names, values, offsets, weights, teacher)
         keep = checks.resolve(self.report, file, first_row)
         return rows if keep is None else rows.take(np.flatnonzero(keep))
 

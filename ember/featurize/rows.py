@@ -39,7 +39,8 @@ def _take_jagged(offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.n
 @dataclass
 class Rows:
     """``dense`` float32 [n, Dd], ``labels`` float32 [n, T]; per sparse key: ``values`` int64,
-    ``offsets`` int64 [n + 1] (starting at 0), ``weights`` float32 or None."""
+    ``offsets`` int64 [n + 1] (starting at 0), ``weights`` float32 or None; ``teacher`` float32
+    [n, T] (a teacher's scores) or None."""
 
     dense: np.ndarray
     labels: np.ndarray
@@ -47,13 +48,14 @@ class Rows:
     values: list[np.ndarray]
     offsets: list[np.ndarray]
     weights: list[np.ndarray | None]
+    teacher: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
 
     @property
     def nbytes(self) -> int:
-        n = self.dense.nbytes + self.labels.nbytes
+        n = self.dense.nbytes + self.labels.nbytes + (self.teacher.nbytes if self.teacher is not None else 0)
         n += sum(v.nbytes + o.nbytes for v, o in zip(self.values, self.offsets))
         return n + sum(w.nbytes for w in self.weights if w is not None)
 
@@ -66,7 +68,8 @@ class Rows:
             vals.append(v[elems])
             offs.append(new_off)
             ws.append(None if w is None else w[elems])
-        return Rows(self.dense[idx], self.labels[idx], self.keys, vals, offs, ws)
+        teacher = self.teacher[idx] if self.teacher is not None else None
+        return Rows(self.dense[idx], self.labels[idx], self.keys, vals, offs, ws, teacher)
 
     def slice(self, start: int, stop: int) -> "Rows":
         """Rows ``start:stop`` (views where possible)."""
@@ -77,7 +80,8 @@ class Rows:
             vals.append(v[a:b])
             offs.append(o[start : stop + 1] - a)
             ws.append(None if w is None else w[a:b])
-        return Rows(self.dense[start:stop], self.labels[start:stop], self.keys, vals, offs, ws)
+        teacher = self.teacher[start:stop] if self.teacher is not None else None
+        return Rows(self.dense[start:stop], self.labels[start:stop], self.keys, vals, offs, ws, teacher)
 
     @staticmethod
     def concat(parts: Sequence["Rows"]) -> "Rows":
@@ -99,7 +103,8 @@ class Rows:
                 ]))
         dense = np.concatenate([p.dense for p in parts])
         labels = np.concatenate([p.labels for p in parts])
-        return Rows(dense, labels, first.keys, vals, offs, ws)
+        teacher = np.concatenate([p.teacher for p in parts]) if first.teacher is not None else None
+        return Rows(dense, labels, first.keys, vals, offs, ws, teacher)
 
     def to_batch(self) -> Batch:
         """The :class:`~ember.batch.Batch` of these rows (may share memory: Rows are never mutated)."""
@@ -117,4 +122,5 @@ class Rows:
         )
         dense = torch.from_numpy(np.ascontiguousarray(self.dense, dtype=np.float32))
         labels = torch.from_numpy(np.ascontiguousarray(self.labels, dtype=np.float32))
-        return Batch(dense, sparse, labels)
+        teacher = torch.from_numpy(np.ascontiguousarray(self.teacher, dtype=np.float32)) if self.teacher is not None else None
+        return Batch(dense, sparse, labels, teacher)

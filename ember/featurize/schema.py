@@ -126,6 +126,9 @@ class Schema(ConfigModel):
     dense: list[DenseFeature] = Field(default_factory=list)
     sparse: list[SparseFeature] = Field(min_length=1)
     missing_values: list[str] = Field(default_factory=list)
+    teacher: list[str] = Field(default_factory=list)
+    """Columns of a teacher model's probabilities, one per label in ``labels`` order, for
+    ``model.distill`` (empty: no teacher). Not read when scoring."""
     # scoring: label columns are not read (they may be absent) and labels come out as 0
     score_only: bool = False
 
@@ -138,10 +141,13 @@ class Schema(ConfigModel):
 
     @model_validator(mode="after")
     def _unique(self) -> "Schema":
-        names = [*self.labels, *(d.name for d in self.dense), *(s.name for s in self.sparse)]
+        if self.teacher and len(self.teacher) != len(self.labels):
+            raise ValueError(f"teacher: give one teacher score column per label ({len(self.labels)}: {self.labels}), "
+                             f"got {len(self.teacher)}: {self.teacher}")
+        names = [*self.labels, *self.teacher, *(d.name for d in self.dense), *(s.name for s in self.sparse)]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
-            raise ValueError(f"names must be unique across labels, dense and sparse; repeated: {dup}")
+            raise ValueError(f"names must be unique across labels, teacher, dense and sparse; repeated: {dup}")
         return self
 
     @property
@@ -158,7 +164,7 @@ class Schema(ConfigModel):
         """Every source column the schema reads, each once, in a stable order."""
         cols: list[str] = []
         for c in [
-            *([] if self.score_only else self.labels),
+            *([] if self.score_only else [*self.labels, *self.teacher]),
             *(d.source_column for d in self.dense),
             *(s.source_column for s in self.sparse),
             *(s.weight_column for s in self.sparse if s.weight_column),

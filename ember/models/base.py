@@ -13,8 +13,9 @@ from torch import Tensor, nn
 
 from ember.config_base import ConfigModel
 from ember.errors import ConfigError
+from ember.models.distill import DistillConfig
 
-__all__ = ["DenseInit", "ModelInputs", "concat_inputs", "dense_linear", "require_equal_dims", "sum_linear"]
+__all__ = ["DenseInit", "ModelConfigBase", "ModelInputs", "concat_inputs", "dense_linear", "require_equal_dims", "sum_linear"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,13 @@ class ModelInputs:
     def concat_dim(self) -> int:
         """Width of ``concat(dense, *sparse)``: Dd + sum D_i."""
         return self.num_dense + sum(self.sparse_dims)
+
+
+class ModelConfigBase(ConfigModel):
+    """Keys every model config has: ``distill`` (learn from a teacher's scores, see
+    ``ember.models.distill``; None: no teacher)."""
+
+    distill: DistillConfig | None = None
 
 
 def require_equal_dims(model: str, dims: Sequence[int], expected: int, remedy: str) -> None:

@@ -8,15 +8,14 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from ember.config_base import ConfigModel
-from ember.models.base import ModelInputs, concat_inputs
+from ember.models.base import ModelConfigBase, ModelInputs, concat_inputs
 from ember.models.layers.interaction import CrossNetwork
 from ember.models.layers.mlp import MLP, MLPConfig
 
 __all__ = ["DCN", "DCNConfig"]
 
 
-class DCNConfig(ConfigModel):
+class DCNConfig(ModelConfigBase):
     """DCN-V2 (Wang et al. 2021).
 
     ``structure``: ``stacked`` feeds the cross output to the MLP; ``parallel`` concatenates

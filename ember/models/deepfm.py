@@ -8,9 +8,9 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from ember.config_base import ConfigModel
 from ember.errors import ConfigError
 from ember.models.base import (
+    ModelConfigBase,
     DenseInit,
     ModelInputs,
     concat_inputs,
@@ -24,7 +24,7 @@ from ember.models.layers.mlp import MLP, MLPConfig
 __all__ = ["DeepFM", "DeepFMConfig"]
 
 
-class DeepFMConfig(ConfigModel):
+class DeepFMConfig(ModelConfigBase):
     """DeepFM (Guo et al. 2017).
 
     ``dense_field``: project the dense vector to one extra D-wide field so it takes part in

@@ -8,16 +8,15 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from ember.config_base import ConfigModel
 from ember.errors import ConfigError
-from ember.models.base import ModelInputs, require_equal_dims
+from ember.models.base import ModelConfigBase, ModelInputs, require_equal_dims
 from ember.models.layers.interaction import DotInteraction
 from ember.models.layers.mlp import MLP, MLPConfig
 
 __all__ = ["DLRM", "DLRMConfig"]
 
 
-class DLRMConfig(ConfigModel):
+class DLRMConfig(ModelConfigBase):
     """DLRM (Naumov et al. 2019). ``bottom_mlp`` must end in the embedding dim D.
 
     ``bottom_final_activation`` defaults to ``identity``: a ReLU on the narrow (D=16) last

@@ -11,13 +11,12 @@ from typing import Literal
 
 from torch import Tensor, nn
 
-from ember.config_base import ConfigModel
-from ember.models.base import DenseInit, ModelInputs, dense_linear, sum_linear
+from ember.models.base import DenseInit, ModelConfigBase, ModelInputs, dense_linear, sum_linear
 
 __all__ = ["LR", "LRConfig"]
 
 
-class LRConfig(ConfigModel):
+class LRConfig(ModelConfigBase):
     """Logistic regression over one-hot IDs and the dense features.
 
     ``dense_init``: how the weights over the dense features and the bias start (default

@@ -8,15 +8,14 @@ import torch
 from pydantic import Field
 from torch import Tensor, nn
 
-from ember.config_base import ConfigModel
-from ember.models.base import ModelInputs, concat_inputs
+from ember.models.base import ModelConfigBase, ModelInputs, concat_inputs
 from ember.models.layers.mlp import MLP, MLPConfig
 from ember.models.layers.moe import MMoELayer
 
 __all__ = ["MMoE", "MMoEConfig", "SharedBottom", "SharedBottomConfig"]
 
 
-class MMoEConfig(ConfigModel):
+class MMoEConfig(ModelConfigBase):
     """MMoE (Ma et al. 2018): ``num_experts`` expert MLPs, a softmax gate and tower per task.
 
     Example:
@@ -61,7 +60,7 @@ class MMoE(nn.Module):
         return self.moe(concat_inputs(dense, sparse))
 
 
-class SharedBottomConfig(ConfigModel):
+class SharedBottomConfig(ModelConfigBase):
     """Shared-bottom multi-task baseline: one shared MLP, then a tower per task.
 
     Example:

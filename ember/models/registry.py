@@ -17,6 +17,7 @@ from ember.errors import ConfigError
 from ember.models.base import ModelInputs
 from ember.models.dcn import DCN, DCNConfig
 from ember.models.deepfm import DeepFM, DeepFMConfig
+from ember.models.distill import Distilled
 from ember.models.dlrm import DLRM, DLRMConfig
 from ember.models.lr import LR, LRConfig
 from ember.models.mmoe import MMoE, MMoEConfig, SharedBottom, SharedBottomConfig
@@ -104,4 +105,9 @@ def build_model(config: Any, inputs: ModelInputs) -> nn.Module:
             f"build_model: expected one of {', '.join(c.__name__ for c, _ in _MODELS.values())}"
             f" or a mapping, got {type(config).__name__}"
         )
-    return _MODELS[kind][1](config, inputs)
+    if config.distill is None:
+        return _MODELS[kind][1](config, inputs)
+    d = config.distill  # the body grows a second head per task for the teacher (see ember.models.distill)
+    heads = inputs.num_tasks * (2 if d.aux_head else 1)
+    body = _MODELS[kind][1](config, ModelInputs(inputs.num_dense, inputs.sparse_dims, heads))
+    return Distilled(body, d, inputs.num_tasks, inputs.num_dense)

@@ -7,14 +7,13 @@ from typing import Literal
 from pydantic import Field
 from torch import Tensor, nn
 
-from ember.config_base import ConfigModel
-from ember.models.base import DenseInit, ModelInputs, concat_inputs, dense_linear, sum_linear
+from ember.models.base import DenseInit, ModelConfigBase, ModelInputs, concat_inputs, dense_linear, sum_linear
 from ember.models.layers.mlp import MLP, MLPConfig
 
 __all__ = ["WDL", "WDLConfig"]
 
 
-class WDLConfig(ConfigModel):
+class WDLConfig(ModelConfigBase):
     """Wide & Deep (Cheng et al. 2016). The wide part is linear; ``dense_init`` says how its
     weights over the dense features and its bias start (default ``zeros``, see ``DenseInit``).
 

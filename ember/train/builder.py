@@ -18,6 +18,8 @@ from ember.embedding.init import InitializerConfig
 from ember.errors import ConfigError
 from ember.models.registry import ModelInputs, build_model
 from ember.train.config import DenseOptimizerConfig
+from ember.models.distill import DistillConfig, Distilled, distill_loss
+from ember.train.loss import multitask_bce
 from ember.train.precision import LossScaler, Precision, autocast
 
 __all__ = ["Components", "build_components", "LINEAR_SUFFIX"]
@@ -41,6 +43,7 @@ class Components:
     precision: Precision = "fp32"  # the model's compute type (train.precision); parameters stay fp32
     scaler: LossScaler | None = None  # fp16: dynamic loss scale over dense and embedding gradients
     compiled: Callable[..., Tensor] | None = field(default=None, repr=False)  # train.compile: torch.compile(model)
+    distill: DistillConfig | None = None  # model.distill: the loss learns from the teacher's scores too
 
     def collections(self) -> list[EmbeddingCollection]:
         return [self.embeddings] + ([self.linear] if self.linear is not None else [])
@@ -69,6 +72,14 @@ class Components:
                             "here on", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
                 self.compiled = None
         return self.model(*inputs)
+
+    def loss(self, batch: Batch, logits: Tensor, task_weights: Tensor | None = None) -> Tensor:
+        """The training loss of ``logits`` (from ``forward`` in training mode): BCE on the labels,
+        plus the teacher's part under ``model.distill`` (``ember.models.distill``)."""
+        if self.distill is None:
+            return multitask_bce(logits, batch.labels, task_weights)
+        assert isinstance(self.model, Distilled)
+        return distill_loss(self.model, logits, batch.labels, batch.teacher, batch.dense, self.distill, task_weights)
 
     def backward(self, loss: Tensor) -> list[GroupLookup]:
         """Backward (loss-scaled under fp16) and the dense optimizer step; returns the lookups whose
@@ -144,7 +155,12 @@ def build_components(cfg: RunConfig) -> Components:
     t = cfg.train
     compiled = _compile(model) if t.compile else None
     scaler = LossScaler() if t.precision == "fp16" else None
-    return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, t.precision, scaler, compiled)
+    distill = cfg.model.distill
+    if distill is not None and not schema.teacher:
+        raise ConfigError("model.distill needs the teacher's scores: set schema.teacher to their columns "
+                          "(one per label, probabilities in [0, 1])")
+    return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, t.precision, scaler, compiled,
+                      distill)
 
 
 def _compile(model: nn.Module) -> Callable[..., Tensor] | None:

@@ -35,7 +35,6 @@ from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.builder import Components, build_components
 from ember.train.evaluate import _to_device, evaluate
 from ember.train.history import History
-from ember.train.loss import multitask_bce
 from ember.train.preflight import check_disk, check_run, holds_run, no_steps_error
 from ember.train.stages import TrainStages
 
@@ -55,7 +54,7 @@ class RunResult:
 def train_step(parts: Components, batch: Batch, task_weights: torch.Tensor | None = None) -> torch.Tensor:
     """One step: forward, loss, backward, dense step, sparse step; returns the (detached) loss."""
     logits = parts.forward(batch)  # every table group: plan (dedupe), fetch rows, pool
-    loss = multitask_bce(logits, batch.labels, task_weights)
+    loss = parts.loss(batch, logits, task_weights)
     ready = parts.backward(loss)  # dense grads + one summed gradient per unique ID; dense step
     SparseOptimizer.apply(ready)  # update the touched rows and write them back to their tiers
     return loss.detach()

@@ -24,7 +24,6 @@ from ember.embedding.optimizer import SparseOptimizer
 from ember.pipeline.scheduler import END, idle
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.builder import Components
-from ember.train.loss import multitask_bce
 
 __all__ = ["Step", "TrainStages"]
 
@@ -96,8 +95,7 @@ class TrainStages:
         assert self._stream is not None
         b = step.batch
         with torch.cuda.stream(self._stream):
-            step.batch = Batch(b.dense.pin_memory().to(self.device, non_blocking=True), b.sparse,
-                               b.labels.pin_memory().to(self.device, non_blocking=True))
+            step.batch = b.pin_memory().to(self.device, non_blocking=True)
             for lk in step.lookups:
                 lk.to_device(self.device)
             event = torch.cuda.Event()
@@ -114,10 +112,11 @@ class TrainStages:
             for t in (batch.dense, batch.labels):
                 t.record_stream(torch.cuda.current_stream())
         elif self.device.type != "cpu":
-            batch = Batch(batch.dense.to(self.device), batch.sparse, batch.labels.to(self.device))
+            batch = Batch(batch.dense.to(self.device), batch.sparse, batch.labels.to(self.device),
+                          None if batch.teacher is None else batch.teacher.to(self.device))
         p = self.parts
         logits = p.forward(batch, step.lookups)
-        loss = multitask_bce(logits, batch.labels, self.task_weights)
+        loss = p.loss(batch, logits, self.task_weights)
         step.ready = p.backward(loss)  # [] when an fp16 overflow skipped the step
         step.loss = loss.detach()
         step.lookups = []

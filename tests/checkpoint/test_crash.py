@@ -46,7 +46,7 @@ def _child(spec_path: str) -> None:
     import ember.checkpoint.atomic as atomic
     import ember.checkpoint.save as save_mod
     import ember.train.loop as loop
-    import ember.train.stages as stages
+    import ember.train.builder as builder
     from ember.config import from_dict
 
     def hang() -> None:
@@ -66,7 +66,7 @@ def _child(spec_path: str) -> None:
     loop.save_checkpoint = save
 
     if spec.get("hang_at") == "training":  # the second training step after the save of hang_step
-        orig_loss = stages.multitask_bce
+        orig_loss = builder.multitask_bce
         calls = []
 
         def loss(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -76,7 +76,7 @@ def _child(spec_path: str) -> None:
                     hang()
             return orig_loss(*args, **kwargs)
 
-        stages.multitask_bce = loss
+        builder.multitask_bce = loss
 
     hang_at, tag = spec.get("hang_at"), f".tmp-step-{spec.get('hang_step', 0):08d}-"
     if hang_at in ("table_write", "manifest"):

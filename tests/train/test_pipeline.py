@@ -225,7 +225,7 @@ def _fail(monkeypatch, stage: str) -> None:
         monkeypatch.setattr(host.HostTier, "get_into", later(host.HostTier.get_into))
         monkeypatch.setattr(host.HostTier, "read_native", staticmethod(later(host.HostTier.read_native)))
     elif stage == "compute":
-        monkeypatch.setattr(stages, "multitask_bce", later(stages.multitask_bce))
+        monkeypatch.setattr(builder.Components, "loss", later(builder.Components.loss))
     elif stage == "update":
         monkeypatch.setattr(optimizer.SparseOptimizer, "apply", staticmethod(later(optimizer.SparseOptimizer.apply)))
     elif stage == "metrics":
