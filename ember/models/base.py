@@ -26,6 +26,8 @@ class ModelInputs:
         num_dense: Dd, dense features per sample (may be 0).
         sparse_dims: D_i, the pooled embedding width of each sparse feature, in schema order.
         num_tasks: T, logits per sample.
+        feature_names: the sparse features' names, in the same order (for models that place
+            features by name, e.g. DMT's towers; may be empty).
 
     Example:
         >>> inputs = ModelInputs(num_dense=13, sparse_dims=[16] * 26, num_tasks=1)
@@ -36,6 +38,7 @@ class ModelInputs:
     num_dense: int
     sparse_dims: list[int] = field(default_factory=list)
     num_tasks: int = 1
+    feature_names: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.num_dense < 0:

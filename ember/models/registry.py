@@ -18,6 +18,7 @@ from ember.models.base import ModelInputs
 from ember.models.dcn import DCN, DCNConfig
 from ember.models.deepfm import DeepFM, DeepFMConfig
 from ember.models.distill import Distilled
+from ember.models.dmt import DMT, DMTConfig
 from ember.models.dlrm import DLRM, DLRMConfig
 from ember.models.lr import LR, LRConfig
 from ember.models.mmoe import MMoE, MMoEConfig, SharedBottom, SharedBottomConfig
@@ -39,7 +40,7 @@ def _parse_mapping(data: Any) -> Any:
 
 
 ModelConfig = Annotated[
-    DLRMConfig | DeepFMConfig | WDLConfig | DCNConfig | MMoEConfig | SharedBottomConfig | LRConfig,
+    DLRMConfig | DeepFMConfig | WDLConfig | DCNConfig | MMoEConfig | SharedBottomConfig | LRConfig | DMTConfig,
     Field(discriminator="type"),
     BeforeValidator(_parse_mapping),
 ]
@@ -53,6 +54,7 @@ _MODELS: dict[str, tuple[type[ConfigModel], Callable[[Any, ModelInputs], nn.Modu
     "mmoe": (MMoEConfig, MMoE),
     "shared_bottom": (SharedBottomConfig, SharedBottom),
     "lr": (LRConfig, LR),
+    "dmt": (DMTConfig, DMT),
 }
 MODEL_TYPES: tuple[str, ...] = tuple(_MODELS)
 
@@ -109,5 +111,5 @@ def build_model(config: Any, inputs: ModelInputs) -> nn.Module:
         return _MODELS[kind][1](config, inputs)
     d = config.distill  # the body grows a second head per task for the teacher (see ember.models.distill)
     heads = inputs.num_tasks * (2 if d.aux_head else 1)
-    body = _MODELS[kind][1](config, ModelInputs(inputs.num_dense, inputs.sparse_dims, heads))
+    body = _MODELS[kind][1](config, ModelInputs(inputs.num_dense, inputs.sparse_dims, heads, inputs.feature_names))
     return Distilled(body, d, inputs.num_tasks, inputs.num_dense)

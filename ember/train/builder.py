@@ -139,7 +139,8 @@ def build_components(cfg: RunConfig) -> Components:
     _announce_storage(tables)
     ec = EmbeddingCollection(tables, features, seed=cfg.train.seed).to(device)
     dims = {t.name: t.dim for t in tables}
-    inputs = ModelInputs(num_dense=len(schema.dense), sparse_dims=[dims[f.table_name] for f in features], num_tasks=len(schema.labels))
+    inputs = ModelInputs(num_dense=len(schema.dense), sparse_dims=[dims[f.table_name] for f in features],
+                         num_tasks=len(schema.labels), feature_names=[f.name for f in features])
     model = build_model(cfg.model, inputs).to(device)
     linear = None
     if getattr(model, "wants_linear", False):
