@@ -32,6 +32,7 @@ class Components:
     sparse_optimizer: SparseOptimizer
     task_names: list[str]
     device: torch.device
+    dense_config: DenseOptimizerConfig | None = None  # its lr schedule is applied per step
 
     def collections(self) -> list[EmbeddingCollection]:
         return [self.embeddings] + ([self.linear] if self.linear is not None else [])
@@ -105,7 +106,7 @@ def build_components(cfg: RunConfig) -> Components:
         linear = EmbeddingCollection(lin_tables, lin_features, seed=cfg.train.seed).to(device)
     opt = make_dense_optimizer(model.parameters(), cfg.train.dense_optimizer)
     sparse_opt = SparseOptimizer(ec, *([linear] if linear is not None else []))
-    return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device)
+    return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, cfg.train.dense_optimizer)
 
 
 def _announce_storage(tables: list[TableConfig]) -> None:

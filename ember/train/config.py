@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from ember.config_base import ConfigModel, removed_key
+from ember.optim.schedule import ScheduleConfig
 
 __all__ = ["TrainConfig", "DenseOptimizerConfig"]
 
@@ -18,6 +19,7 @@ class DenseOptimizerConfig(ConfigModel):
     lr: float = Field(0.01, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     eps: float | None = Field(None, gt=0)
+    schedule: ScheduleConfig | None = None  # lr warmup / decay over the global step (ember.optim.schedule)
 
 
 class TrainConfig(ConfigModel):

@@ -35,6 +35,7 @@ from ember.train.evaluate import _to_device, evaluate
 from ember.train.history import History
 from ember.train.loss import multitask_bce
 from ember.train.preflight import check_disk, check_run, holds_run, no_steps_error
+from ember.train.schedule import lr_record, set_dense_lr
 from ember.train.stages import TrainStages
 
 __all__ = ["train", "train_step", "RunResult", "prepare_run", "run_directory"]
@@ -57,6 +58,7 @@ def train_step(parts: Components, batch: Batch, task_weights: torch.Tensor | Non
     parts.dense_optimizer.zero_grad(set_to_none=True)
     parts.sparse_optimizer.zero_grad()
     loss.backward()  # dense grads + one summed gradient per unique ID
+    set_dense_lr(parts, parts.sparse_optimizer.steps)  # lr schedules read the count of steps taken
     parts.dense_optimizer.step()
     parts.sparse_optimizer.step()  # update the touched rows and write them back to their tiers
     return loss.detach()
@@ -163,7 +165,7 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
             loader = make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch, depth=pipe.depth)
             base = step
             gate = FetchGate(k, lambda b: quiet_after(base + b + 1), None if t.max_steps is None else t.max_steps - step)
-            stages = TrainStages(parts, gate, WriteLog(k), task_w)
+            stages = TrainStages(parts, gate, WriteLog(k), task_w, first_step=base)
             d = pipe.depth
             ahead = loader.stages() + [Stage("plan", stages.plan, d.plan), Stage("fetch", stages.fetch, d.fetch)]
             if stages.copies:
@@ -188,6 +190,7 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
                             now = time.perf_counter()
                             rec = {"kind": "train", "step": step, "epoch": epoch, "loss": loss_sum / max(seen, 1),
                                    "samples_per_s": seen / (now - t0)}
+                            rec.update(lr_record(parts, step))
                             rec.update(_table_stats(parts))
                             rec.update({f"pipeline.{key}": v for key, v in run.stats().items()})
                             history.log(rec)

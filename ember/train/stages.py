@@ -25,6 +25,7 @@ from ember.pipeline.scheduler import END, idle
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.builder import Components
 from ember.train.loss import multitask_bce
+from ember.train.schedule import set_dense_lr
 
 __all__ = ["Step", "TrainStages"]
 
@@ -50,8 +51,10 @@ class TrainStages:
     ``take_metrics``.
     """
 
-    def __init__(self, parts: Components, gate: FetchGate, log: WriteLog, task_weights: Tensor | None = None) -> None:
+    def __init__(self, parts: Components, gate: FetchGate, log: WriteLog, task_weights: Tensor | None = None,
+                 first_step: int = 0) -> None:
         self.parts, self.gate, self.log, self.task_weights = parts, gate, log, task_weights
+        self.first_step = first_step  # global steps before this pass: lr schedules read first_step + index
         self.device = parts.device
         self._count = itertools.count()
         self._tiers = threading.Lock()  # fetch and update never touch the tiers at once
@@ -121,6 +124,7 @@ class TrainStages:
         p.dense_optimizer.zero_grad(set_to_none=True)
         p.sparse_optimizer.zero_grad()
         loss.backward()
+        set_dense_lr(p, self.first_step + step.index)
         p.dense_optimizer.step()
         step.ready = p.sparse_optimizer.take()
         step.loss = loss.detach()
@@ -131,7 +135,7 @@ class TrainStages:
         optimizer, write the rows back; then the gate lets later fetches through."""
         with self._holding_tiers():
             self.log.refresh(step.index, step.fetched_after, step.ready)
-            SparseOptimizer.apply(step.ready)
+            SparseOptimizer.apply(step.ready, self.first_step + step.index)
             self.log.record(step.index, step.ready)
         self.gate.wrote(step.index)
         step.ready = []

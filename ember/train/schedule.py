@@ -1,0 +1,39 @@
+"""Learning-rate schedules in the trainer: the dense optimizer's lr set before each step, and
+the rates of every optimizer for the log. Both are pure functions of the global step
+(``ember.optim.schedule``), so a resumed run uses the same rates as an uninterrupted one."""
+
+from __future__ import annotations
+
+from ember.optim import rule_lr
+from ember.optim.schedule import scheduled_lr
+from ember.train.builder import Components
+
+__all__ = ["set_dense_lr", "lr_record"]
+
+
+def set_dense_lr(parts: Components, step: int) -> None:
+    """Before the dense step of global step ``step`` (0-based): set every param group's lr to the
+    schedule's value (no schedule: the optimizer's lr is left alone)."""
+    cfg = parts.dense_config
+    if cfg is None or cfg.schedule is None:
+        return
+    lr = scheduled_lr(cfg.lr, cfg.schedule, step)
+    for group in parts.dense_optimizer.param_groups:
+        group["lr"] = lr
+
+
+def lr_record(parts: Components, steps_done: int) -> dict[str, float]:
+    """The rates the last step (``steps_done - 1``) used: ``lr`` (dense) and ``<table>/lr`` for
+    every table whose optimizer has an lr (FTRL has none), for ``metrics.jsonl``."""
+    at = max(steps_done - 1, 0)
+    out: dict[str, float] = {}
+    cfg = parts.dense_config
+    if cfg is not None:
+        out["lr"] = scheduled_lr(cfg.lr, cfg.schedule, at)
+    for ec in parts.collections():
+        for name, table in ec.tables.items():
+            rule = table.optimizer
+            if hasattr(rule, "lr"):
+                lr = rule_lr(rule, at)
+                out[f"{name}/lr"] = float(rule.lr if lr is None else lr)  # type: ignore[union-attr]
+    return out
