@@ -31,6 +31,7 @@ from ember.pipeline.loader import make_batches
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.builder import Components, build_components
+from ember.train.early_stop import EarlyStopping
 from ember.train.evaluate import _to_device, evaluate
 from ember.train.history import History
 from ember.train.loss import multitask_bce
@@ -107,9 +108,10 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
     t = cfg.train
     parts, run_dir = prepare_run(cfg, run_dir)
     check_disk(cfg, parts, run_dir)
-    history = History(run_dir, resume=t.resume is not None)
+    history = History(run_dir, resume=t.resume is not None, tensorboard=t.tensorboard)
     task_w = torch.tensor(t.task_weights, device=parts.device) if t.task_weights else None
     step, epoch, start_batch = 0, 0, 0
+    early = EarlyStopping.from_run(cfg)  # None unless train.early_stopping
     if t.resume or t.init_from:
         ckpt = resolve_checkpoint(t.resume or t.init_from)  # type: ignore[arg-type]
         manifest = verify_checkpoint(ckpt)
@@ -122,6 +124,8 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
             step = manifest["step"]
             epoch, start_batch = manifest["position"]["epoch"], manifest["position"]["batch"]
             restore_rng(dense["rng"])
+            if early is not None:
+                early.load_state_dict(dense.get("early_stopping"), ckpt.parent, run_dir / "checkpoints")
 
     saved: dict[tuple[int, int, int], Path] = {}
 
@@ -129,17 +133,21 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
         if (step, epoch, batch) in saved:  # this exact state is on disk already
             return saved[(step, epoch, batch)]
         state = {"model": parts.model.state_dict(), "optimizer": parts.dense_optimizer.state_dict()}
+        if early is not None:
+            state["early_stopping"] = early.state_dict()
         path = save_checkpoint(run_dir / "checkpoints", step, parts.collections(), state,
                                {"epoch": epoch, "batch": batch}, cfg.model_dump(mode="json", by_alias=True), t.keep_checkpoints)
         saved[(step, epoch, batch)] = path
         return path
 
-    def run_eval() -> dict[str, float]:
+    def run_eval(position: tuple[int, int] | None = None) -> dict[str, float]:
+        """Evaluate and log; during training (``position``: epoch, batch) early stopping watches it."""
         if cfg.data.eval is None and cfg.data.format != "synthetic":
             return {}
         batches = make_batches(cfg.data, cfg.schema, "eval", threaded=cfg.pipeline.enabled, depth=cfg.pipeline.depth)
         m = evaluate(parts, batches, t.eval_max_batches)
-        history.log({"kind": "eval", "step": step, **m})
+        watched = {} if early is None or position is None else early.observe(step, m, lambda: checkpoint(*position))
+        history.log({"kind": "eval", "step": step, **m, **watched})
         return m
 
     bad_rows: dict[str, int] = {}
@@ -197,8 +205,11 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
                             progress.update(step, rec)
                             t0 = now
                         if t.eval_every and step % t.eval_every == 0:
-                            metrics = run_eval()
+                            metrics = run_eval((epoch, batch_idx))
                             progress.note(_fmt(metrics))
+                            if early is not None and early.stop_here(step):
+                                done = True
+                                break  # before gate.release(): nothing is fetched past the stop
                         if t.checkpoint_every and step % t.checkpoint_every == 0:
                             checkpoint(epoch, batch_idx)
                         gate.release()
@@ -217,8 +228,10 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
             if not done:
                 epoch, start_batch = epoch + 1, 0
                 if not t.eval_every:
-                    metrics = run_eval()
+                    metrics = run_eval((epoch, 0))
                     progress.note(_fmt(metrics))
+                    if early is not None and epoch < t.epochs and early.stop_here(step):
+                        done, batch_idx = True, 0  # the next epoch would start at its batch 0
     progress.close()
     if step == first_step and not finished_already:  # e.g. header-only files, or every row skipped
         raise no_steps_error(cfg.data)
@@ -228,8 +241,13 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
     final = checkpoint(epoch, batch_idx if done else 0)
     if not metrics or (history.records and history.records[-1].get("kind") != "eval"):
         metrics = run_eval()
+    if early is not None:  # restore_best: the run's model and metrics become the best eval's
+        history.log({"kind": "early_stopping", "step": step, **early.summary()})
+        metrics = early.finish(parts, metrics, history.records)
     history.plot()
-    summary = {"step": step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows}
+    history.close()
+    summary = {"step": step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows,
+               **({"early_stopping": early.summary()} if early is not None else {})}
     write_bytes_atomic(run_dir / "summary.json", json.dumps(summary, indent=1).encode(), WriteError)
     return RunResult(run_dir, step, metrics, history.records, parts, bad_rows)
 

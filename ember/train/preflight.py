@@ -33,6 +33,8 @@ from ember.source.base import check_columns, damaged_file, is_damage
 from ember.source.config import DataConfig
 from ember.source.files import expand_paths
 from ember.train.builder import Components
+from ember.train.early_stop import EarlyStopping
+from ember.train.tensorboard import require_tensorboard
 
 __all__ = ["check_run", "check_disk", "check_data", "no_steps_error", "holds_run"]
 
@@ -53,6 +55,9 @@ def check_run(cfg: RunConfig, run_dir: Path, overwrite: bool = True) -> None:
             Path(init).resolve().is_relative_to(run_dir.resolve()):
         raise ConfigError(f"train.init_from {init} lies inside run directory {run_dir}, which this run would "
                           "replace; copy the checkpoint elsewhere or pick another train.run_name")
+    if cfg.train.tensorboard:
+        require_tensorboard()
+    EarlyStopping.from_run(cfg)  # its config errors (a metric naming no task, no eval data) before anything is built
     base = nearest_existing(run_dir)
     if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
         raise ConfigError(f"output directory {run_dir} cannot be written ({base} is not a writable directory); "
