@@ -36,6 +36,7 @@ from ember.train.evaluate import _to_device, evaluate
 from ember.train.history import History
 from ember.train.loss import multitask_bce
 from ember.train.preflight import check_disk, check_run, holds_run, no_steps_error
+from ember.train.progress import Progress
 from ember.train.schedule import lr_record, set_dense_lr
 from ember.train.stages import TrainStages
 
@@ -153,11 +154,7 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
     bad_rows: dict[str, int] = {}
     metrics: dict[str, float] = {}
     parts.train(True)
-    total = t.max_steps
-    if total is None:
-        per_epoch = getattr(make_batches(cfg.data, cfg.schema, "train"), "num_batches", None)
-        total = per_epoch * t.epochs if per_epoch else None
-    progress = _progress(t.progress, total)
+    progress = Progress(cfg, step)  # total and ETA from the data (CSV: estimated as it reads)
     done = t.max_steps is not None and step >= t.max_steps  # e.g. resumed at the end already
     first_step, finished_already = step, done
     batch_idx = start_batch
@@ -171,6 +168,7 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
     with _StopSignals() as stop:
         while epoch < t.epochs and not done:
             loader = make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch, depth=pipe.depth)
+            progress.watch(loader)
             base = step
             gate = FetchGate(k, lambda b: quiet_after(base + b + 1), None if t.max_steps is None else t.max_steps - step)
             stages = TrainStages(parts, gate, WriteLog(k), task_w, first_step=base)
@@ -189,6 +187,7 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
                     run.hand_back(item)
                     step += 1
                     batch_idx += 1
+                    progress.advance(step)
                     if stop.signum is not None:
                         gate.stop()  # no more fetches; the batches already fetched still train
                     if quiet_after(step):
@@ -298,38 +297,3 @@ def _merge(acc: dict[str, int], report: Any) -> dict[str, int]:
 
 def _fmt(metrics: dict[str, float]) -> str:
     return " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k != "rows")
-
-
-class _progress:
-    """tqdm progress bar with samples/s and loss (quiet when disabled)."""
-
-    def __init__(self, enabled: bool, total: int | None) -> None:
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="step", dynamic_ncols=True)
-        self.last = 0
-
-    def update(self, step: int, rec: dict[str, Any]) -> None:
-        if self.bar is not None:
-            self.bar.update(step - self.last)
-            post = {"loss": f"{rec['loss']:.4f}", "sps": f"{rec['samples_per_s']:.0f}"}
-            busy = {k.split(".")[2]: v for k, v in rec.items() if k.startswith("pipeline.stage.")}
-            if busy:  # the busiest stage is the bottleneck
-                name = max(busy, key=busy.__getitem__)
-                post["busiest"] = f"{name} {busy[name]:.0%}"
-            for tier in ("device", "host", "disk"):  # mean hit rate over tiered tables
-                hits = [v for k, v in rec.items() if k.endswith(f"tier.{tier}.hit_rate")]
-                if hits:
-                    post[f"{tier}_hit"] = f"{sum(hits) / len(hits):.2f}"
-            self.bar.set_postfix(post)
-        self.last = step
-
-    def note(self, text: str) -> None:
-        if self.bar is not None and text:
-            self.bar.write(text)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
