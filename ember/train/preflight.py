@@ -132,7 +132,8 @@ def no_steps_error(data: DataConfig) -> DataError:
 
 
 def check_disk(cfg: RunConfig, parts: Components, run_dir: Path) -> int:
-    """Estimated bytes of the checkpoints a run keeps (``keep_checkpoints`` + one being written);
+    """Estimated bytes of the checkpoints a run keeps (``keep_checkpoints`` + one being written,
+    + early stopping's best);
     CapacityError when even the dense part cannot fit, a warning when the estimate does not."""
     dense = sum(p.numel() * p.element_size() for p in parts.model.parameters()) * 3  # weights + 2 Adam moments
     table = 0
@@ -140,7 +141,8 @@ def check_disk(cfg: RunConfig, parts: Components, run_dir: Path) -> int:
         for t in ec.tables.values():
             features = [f.name for f in ec.features if f.table_name == t.name]
             table += _rows_bound(cfg, features) * (8 + 4 * t.config.record_dim)
-    copies = cfg.train.keep_checkpoints + 1
+    es = cfg.train.early_stopping
+    copies = cfg.train.keep_checkpoints + 1 + (1 if es is not None and es.save_best else 0)  # + early stopping's best
     free = free_bytes(run_dir)
     if dense * copies > free:
         raise CapacityError(f"{run_dir}: {copies} checkpoints of the dense model alone take {fmt_bytes(dense * copies)} "
