@@ -25,4 +25,4 @@ def rule_lr(rule: SparseOptimizerConfig, step: int) -> float | None:
     """The lr ``rule`` uses at global step ``step`` (0-based) when it has a schedule, else None
     (the rule then uses its own constant ``lr``; FTRL has none)."""
     schedule = getattr(rule, "schedule", None)
-    return None if schedule is None else scheduled_lr(rule.lr, schedule, step)  # type: ignore[union-attr]
+    return None if schedule is None else scheduled_lr(rule.lr, schedule, step)  # type: ignore[union-attr]  # FTRL (no lr) never has a schedule

@@ -58,8 +58,8 @@ Split = Literal["train", "eval"]
 class ReadCounter:
     """What the read stage has read of this epoch so far: rows, and bytes of the files as
     stored (complete files plus the part of the current one; CSV only; a compressed file's
-    reader reads ahead up to 64 KiB). A progress bar estimates a CSV epoch's rows from them
-    (``ember.train.progress``)."""
+    decompressor reads a bounded chunk ahead). A progress bar estimates a CSV epoch's rows
+    from them (``ember.train.progress``)."""
 
     rows: int = 0
     bytes: int = 0

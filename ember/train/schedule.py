@@ -35,5 +35,5 @@ def lr_record(parts: Components, steps_done: int) -> dict[str, float]:
             rule = table.optimizer
             if hasattr(rule, "lr"):
                 lr = rule_lr(rule, at)
-                out[f"{name}/lr"] = float(rule.lr if lr is None else lr)  # type: ignore[union-attr]
+                out[f"{name}/lr"] = float(rule.lr if lr is None else lr)  # type: ignore[union-attr]  # hasattr above
     return out
