@@ -32,6 +32,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"steps: {result.step}")
     for k, v in result.metrics.items():
         print(f"eval {k}: {v:.0f}" if k == "rows" else f"eval {k}: {v:.4f}")
+    es = next((r for r in reversed(result.history) if r.get("kind") == "early_stopping"), None)
+    if es is not None:
+        where = f"stopped early at step {es['stopped_step']}" if es["stopped_early"] else "ran to the end"
+        best = f"{es['best']:.4f}" if es["best"] is not None else "none"
+        print(f"early stopping: {where}; best {es['metric']} {best} at step {es['best_step']}"
+              + (f" ({es['best_checkpoint']}{', restored' if es['restored_best'] else ''})" if es["best_checkpoint"] else ""))
     if result.bad_rows:
         print("skipped bad rows: " + ", ".join(f"{k}: {v}" for k, v in result.bad_rows.items()))
     if args.export:

@@ -206,7 +206,7 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
                         if t.eval_every and step % t.eval_every == 0:
                             metrics = run_eval((epoch, batch_idx))
                             progress.note(_fmt(metrics))
-                            if early is not None and early.stop_here(step):
+                            if early is not None and step != t.max_steps and early.stop_here(step):
                                 done = True
                                 break  # before gate.release(): nothing is fetched past the stop
                         if t.checkpoint_every and step % t.checkpoint_every == 0:

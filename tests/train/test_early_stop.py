@@ -124,3 +124,21 @@ def test_resume_keeps_the_early_stopping_state(tmp_path):
     _assert_same_model(full, resumed)
     s = json.loads((resumed.run_dir / "summary.json").read_text())["early_stopping"]
     assert s["best_step"] == 2 and s["best_checkpoint"].endswith("step-00000002")
+
+
+def test_cli_train_reports_the_early_stop(tmp_path, capsys):
+    import yaml
+
+    from ember.cli import main
+
+    raw = _raw(tmp_path, "cli", max_steps=40, eval_every=2, early_stopping=NEVER_BETTER)
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(raw))
+    assert main(["train", "--config", str(tmp_path / "c.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "early stopping: stopped early at step 6; best auc" in out and "at step 2 (" in out and "step-00000002" in out
+
+
+def test_an_eval_at_max_steps_is_not_an_early_stop(tmp_path):
+    result = train(_cfg(tmp_path, "end", max_steps=6, eval_every=2, early_stopping=NEVER_BETTER))
+    s = json.loads((result.run_dir / "summary.json").read_text())["early_stopping"]
+    assert result.step == 6 and not s["stopped_early"] and s["stopped_step"] is None and s["best_step"] == 2
