@@ -127,7 +127,7 @@ def main() -> None:
     def prepared(p: Any) -> list[list[Any]]:
         out = []
         for b in batches[:n]:
-            out.append(p.backward(multitask_bce(p.forward(b), b.labels)))
+            out.append(p.backward(multitask_bce(p.forward(b), b.labels), 0))
         return out
 
     def apply(ready: list[Any]) -> None:

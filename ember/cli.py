@@ -32,6 +32,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"steps: {result.step}")
     for k, v in result.metrics.items():
         print(f"eval {k}: {v:.0f}" if k == "rows" else f"eval {k}: {v:.4f}")
+    es = next((r for r in reversed(result.history) if r.get("kind") == "early_stopping"), None)
+    if es is not None:
+        where = f"stopped early at step {es['stopped_step']}" if es["stopped_early"] else "ran to the end"
+        best = f"{es['best']:.4f}" if es["best"] is not None else "none"
+        print(f"early stopping: {where}; best {es['metric']} {best} at step {es['best_step']}"
+              + (f" ({es['best_checkpoint']}{', restored' if es['restored_best'] else ''})" if es["best_checkpoint"] else ""))
     if result.bad_rows:
         print("skipped bad rows: " + ", ".join(f"{k}: {v}" for k, v in result.bad_rows.items()))
     if args.export:
@@ -52,7 +58,8 @@ def _export(parts, cfg, out_dir: str) -> Path:
 
 
 def _restore(args: argparse.Namespace):
-    """Config (from the checkpoint unless --config is given) and parts loaded from a checkpoint."""
+    """Config (from the checkpoint unless --config is given), parts loaded from a checkpoint, and
+    which checkpoint that was: ``{"checkpoint": path, "step": step}``."""
     from ember.checkpoint.load import load_dense, load_tables, resolve_checkpoint, verify_checkpoint
     from ember.config import apply_overrides, from_dict, load
     from ember.featurize.schema import as_recorded
@@ -69,22 +76,23 @@ def _restore(args: argparse.Namespace):
     parts = build_components(cfg)
     load_tables(ckpt, parts.collections(), manifest)
     parts.model.load_state_dict(load_dense(ckpt)["model"])
-    return cfg, parts
+    return cfg, parts, {"checkpoint": str(ckpt), "step": int(manifest["step"])}
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from ember.pipeline.loader import make_batches
     from ember.train.evaluate import evaluate
 
-    cfg, parts = _restore(args)
+    cfg, parts, source = _restore(args)
+    print(f"ember eval: scoring checkpoint {source['checkpoint']} (step {source['step']})", file=sys.stderr, flush=True)
     metrics = evaluate(parts, make_batches(cfg.data, cfg.schema, "eval"))
-    print(json.dumps(metrics, indent=1))
+    print(json.dumps({**source, **metrics}, indent=1))  # the checkpoint scored, then its metrics
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    cfg, parts = _restore(args)
-    print(f"exported to {_export(parts, cfg, args.out)}")
+    cfg, parts, source = _restore(args)
+    print(f"exported checkpoint {source['checkpoint']} (step {source['step']}) to {_export(parts, cfg, args.out)}")
     return 0
 
 

@@ -25,9 +25,15 @@ def test_cli_workflow(tmp_path, capsys):
     assert main(["train", "--config", str(cfg), "--export", str(tmp_path / "exp1"), "train.max_steps=10"]) == 0
     assert "eval auc/label" in capsys.readouterr().out
     assert main(["eval", "--checkpoint", str(tmp_path / "cli")]) == 0
-    metrics = json.loads(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    metrics = json.loads(captured.out)
     assert 0.5 < metrics["auc/label"] <= 1.0
+    # it names the checkpoint it scored (the run's LATEST), in the JSON and on stderr
+    latest = tmp_path / "cli" / "checkpoints" / "step-00000010"
+    assert metrics["checkpoint"] == str(latest) and metrics["step"] == 10
+    assert f"scoring checkpoint {latest} (step 10)" in captured.err
     assert main(["export", "--checkpoint", str(tmp_path / "cli"), "--out", str(tmp_path / "exp2")]) == 0
+    assert f"exported checkpoint {latest} (step 10)" in capsys.readouterr().out
     out = tmp_path / "p.csv"
     assert main(["predict", "--export", str(tmp_path / "exp2"), "--input", str(data), "--output", str(out)]) == 0
     probs = np.loadtxt(out, delimiter=",", skiprows=1)

@@ -61,3 +61,16 @@ def test_listed_tables_inherit_embedding_defaults():
     assert tables["C1"].optimizer.type == "sgd" and tables["C1"].dim == 16
     assert tables["C2"].optimizer.type == "adam" and tables["C2"].optimizer.lr == 0.002
     assert tables["C3"].optimizer.type == "adam"
+
+
+def test_readme_schedule_and_early_stopping_examples_validate():
+    """The YAML fragments shown for lr schedules and early stopping are valid on top of a config."""
+    text = (REPO / "README.md").read_text()
+    blocks = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "schedule:" in b or "early_stopping:" in b]
+    assert len(blocks) == 2
+    for block in blocks:
+        raw = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+        for section, values in yaml.safe_load(block).items():
+            raw[section] = {**(raw.get(section) or {}), **values}
+        cfg = from_dict(raw)
+        assert cfg.train.early_stopping is not None or cfg.train.dense_optimizer.schedule is not None

@@ -31,7 +31,7 @@ from ember.embedding import EmbeddingCollection
 from ember.errors import CheckpointError
 from ember.fileio import is_no_space, no_space_error
 
-__all__ = ["save_checkpoint", "checkpoint_bytes", "FORMAT_VERSION", "rng_state"]
+__all__ = ["save_checkpoint", "checkpoint_bytes", "FORMAT_VERSION", "rng_state", "mark_best", "best_checkpoint", "checkpoint_path"]
 
 FORMAT_VERSION = 1
 
@@ -54,7 +54,7 @@ def save_checkpoint(
 ) -> Path:
     """Write a complete checkpoint under ``root`` and point ``root/LATEST`` at it; returns its path."""
     root.mkdir(parents=True, exist_ok=True)
-    final = root / f"step-{step:08d}"
+    final = checkpoint_path(root, step)
     tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -150,8 +150,26 @@ def _write(tmp: Path, step: int, collections: list[EmbeddingCollection], dense_s
     fsync_dir(tmp)
 
 
+def checkpoint_path(root: Path, step: int) -> Path:
+    """Where ``save_checkpoint`` puts the checkpoint of ``step`` under ``root``."""
+    return root / f"step-{step:08d}"
+
+
+def mark_best(checkpoint: Path) -> None:
+    """Name ``checkpoint`` in its directory's ``BEST`` file (atomically): pruning keeps it beside
+    the ``keep`` newest (early stopping's best checkpoint)."""
+    atomic_write_bytes(checkpoint.parent / "BEST", checkpoint.name.encode())
+
+
+def best_checkpoint(root: Path) -> Path | None:
+    """The checkpoint ``root/BEST`` names, if any."""
+    best = root / "BEST"
+    return root / best.read_text().strip() if best.exists() else None
+
+
 def _prune(root: Path, keep: int) -> None:
-    done = sorted(p for p in root.glob("step-*") if p.is_dir())
+    best = best_checkpoint(root)
+    done = sorted(p for p in root.glob("step-*") if p.is_dir() and p != best)
     for old in done[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     for stale in [*root.glob(".tmp-step-*"), *root.glob(".old-step-*")]:  # left by a crashed save

@@ -63,11 +63,12 @@ class Lookup:
             out.update(g.pool(device, on_grad))
         return {f.name: out[f.name] for f in self.features}
 
-    def update(self) -> None:
-        """Phase 4 of every group whose features got a gradient."""
+    def update(self, step: int | None = None) -> None:
+        """Phase 4 of every group whose features got a gradient (``step``: the global step an lr
+        schedule reads, as ``GroupLookup.update``)."""
         for g in self.groups:
             if g.grad is not None:
-                g.update()
+                g.update(step)
 
     def write_back(self) -> None:
         """Phase 5 of every group that was updated."""

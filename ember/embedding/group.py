@@ -30,6 +30,7 @@ from ember.embedding.config import FeatureConfig
 from ember.embedding.init import uniform_scale
 from ember.embedding.pooling import GroupPool, SequenceEmbedding, pool_feature
 from ember.embedding.table import EmbeddingTable, fresh_records
+from ember.optim import rule_lr
 from ember.tiers.segments import read_segments, write_segments
 
 __all__ = ["TableGroup", "GroupLookup"]
@@ -309,11 +310,12 @@ class GroupLookup:
             f[torch.from_numpy(at[(at >= a) & (at < a + f.numel())] - a)] = False
         return int(at.size)
 
-    def update(self) -> None:
+    def update(self, step: int | None = None) -> None:
         """Run each table's sparse optimizer on the rows of ``records`` whose features reached the
         loss, with ``grad`` (reads ``grad``, ``reached``, ``filtered``; writes ``records``,
         ``updated`` and each stepped table's ``step``). One call per run of tables sharing an
-        optimizer config."""
+        optimizer config. ``step``: the global step (0-based) at which an optimizer ``schedule``
+        reads its lr (required when a reached table has one)."""
         if self.grad is None or self.records is None:
             raise RuntimeError("GroupLookup.update needs a gradient: run loss.backward() after pool()")
         g, rec = self.group, self.records
@@ -330,21 +332,24 @@ class GroupLookup:
                 k = j
                 while k < hi and self.reached[k]:
                     k += 1
+                table = g.tables[j]
+                if step is None and getattr(table.optimizer, "schedule", None) is not None:
+                    raise RuntimeError(f"table '{table.name}' has an lr schedule: pass the global step to update(step=...) "
+                                       "(SparseOptimizer.step() and the trainer do)")
                 for t in g.tables[j:k]:
                     t.step += 1
                 self.updated.extend(range(j, k))
                 a, b = int(self.starts[j]), int(self.starts[k])
                 skip = [(int(self.starts[m]), f) for m, f in self.filtered.items() if j <= m < k]
-                table = g.tables[j]
                 if not skip:
-                    _optimizer_step(table, rec[a:b], grad[a:b])
+                    _optimizer_step(table, rec[a:b], grad[a:b], step)
                 else:
                     mask = torch.zeros(b - a, dtype=torch.bool)
                     for start, f in skip:
                         mask[start - a : start - a + f.numel()] = f
                     keep = (torch.nonzero(~mask).squeeze(1) + a).to(rec.device)
                     sub = rec.index_select(0, keep)
-                    _optimizer_step(table, sub, grad.index_select(0, keep))
+                    _optimizer_step(table, sub, grad.index_select(0, keep), step)
                     rec.index_copy_(0, keep, sub)
                 j = k
 
@@ -387,10 +392,12 @@ def _members(ids: np.ndarray, among: list[np.ndarray]) -> np.ndarray:
     return np.flatnonzero(cand[at] == ids)
 
 
-def _optimizer_step(table: EmbeddingTable, records: Tensor, grads: Tensor) -> None:
-    """Run ``table``'s optimizer on records [N, >= record_dim] in place (weights then state)."""
+def _optimizer_step(table: EmbeddingTable, records: Tensor, grads: Tensor, at: int | None) -> None:
+    """Run ``table``'s optimizer on records [N, >= record_dim] in place (weights then state),
+    at the lr its schedule gives step ``at``."""
     dim, record_dim = table.dim, table.config.record_dim
-    rows, state = table.optimizer.update(records[:, :dim], records[:, dim:record_dim], grads, table.step)
+    rule = table.optimizer
+    rows, state = rule.update(records[:, :dim], records[:, dim:record_dim], grads, table.step, None if at is None else rule_lr(rule, at))
     if rows.data_ptr() != records.data_ptr():
         records[:, :dim] = rows
     if state.numel() and state.data_ptr() != records[:, dim:record_dim].data_ptr():

@@ -35,6 +35,7 @@ class SparseOptimizer:
         if not collections:
             raise ValueError("SparseOptimizer needs at least one EmbeddingCollection")
         self.collections = list(collections)
+        self.steps = 0  # step() calls so far: the global step lr schedules read (set it when resuming)
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Forget embedding gradients computed but not applied."""
@@ -42,8 +43,10 @@ class SparseOptimizer:
             ec.zero_grad()
 
     def step(self) -> None:
-        """Update and write back the rows of every lookup whose backward ran since the last step."""
-        self.apply(self.take())
+        """Update and write back the rows of every lookup whose backward ran since the last step
+        (lr schedules read ``steps``, then it counts this step)."""
+        self.apply(self.take(), self.steps)
+        self.steps += 1
 
     def take(self) -> list[GroupLookup]:
         """The lookups whose backward ran since the last call, for ``apply`` later (a pipeline
@@ -63,8 +66,9 @@ class SparseOptimizer:
         return ready
 
     @staticmethod
-    def apply(ready: list[GroupLookup]) -> None:
-        """Update and write back ``ready`` (from ``take``), in order."""
+    def apply(ready: list[GroupLookup], step: int | None = None) -> None:
+        """Update and write back ``ready`` (from ``take``), in order; ``step``: the global step
+        (0-based) lr schedules read (required when a table has a schedule)."""
         for lk in ready:
-            lk.update()
+            lk.update(step)
             lk.write_back()

@@ -12,7 +12,8 @@ outputs cross nodes. Good towers group features whose embeddings interact strong
 (``ember.models.towers``).
 
 Config ``towers``: lists of sparse feature names (every feature in exactly one tower), or
-``num_towers: K`` to cut the features in schema order into K towers of near-equal size.
+``num_towers: K`` to cut the features in schema order into K towers of near-equal size (default
+4 towers when neither is given).
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from ember.models.layers.interaction import DotInteraction
 from ember.models.layers.mlp import MLP, MLPConfig
 
 __all__ = ["DMT", "DMTConfig", "tower_indices"]
+
+DEFAULT_TOWERS = 4  # without towers or num_towers (or fewer, with fewer features)
 
 
 class DMTConfig(ModelConfigBase):
@@ -49,7 +52,7 @@ class DMTConfig(ModelConfigBase):
 
     @model_validator(mode="after")
     def _one_way(self) -> "DMTConfig":
-        if (self.towers is None) == (self.num_towers is None):
+        if self.towers is not None and self.num_towers is not None:
             raise ValueError("give towers (lists of feature names) or num_towers, exactly one of them")
         if self.towers is not None and any(not t for t in self.towers):
             raise ValueError("towers: every tower needs at least one feature")
@@ -60,7 +63,9 @@ def tower_indices(config: DMTConfig, names: list[str]) -> list[list[int]]:
     """Each tower's feature positions in ``names`` (schema order), checked: every feature in
     exactly one tower."""
     if config.towers is None:
-        k = config.num_towers or 1
+        if not names and config.num_towers is None:
+            return []  # dense features only: no towers
+        k = config.num_towers or min(DEFAULT_TOWERS, len(names))
         if k > len(names):
             raise ConfigError(f"model.num_towers: {k} towers for {len(names)} sparse features; use at most {len(names)}")
         cuts = [i * len(names) // k for i in range(k + 1)]
@@ -116,9 +121,7 @@ class DMT(nn.Module):
     def __init__(self, config: DMTConfig, inputs: ModelInputs) -> None:
         super().__init__()
         self.config = config
-        if not inputs.sparse_dims:
-            raise ConfigError("DMT: needs sparse features to build towers from")
-        dim = inputs.sparse_dims[0]
+        dim = inputs.sparse_dims[0] if inputs.sparse_dims else config.bottom_mlp.sizes[-1]  # no towers without them
         require_equal_dims("DMT", inputs.sparse_dims, dim, "DMT needs one shared dim")
         names = inputs.feature_names or [f"f{i}" for i in range(inputs.num_sparse)]
         groups = tower_indices(config, names)
@@ -139,10 +142,11 @@ class DMT(nn.Module):
         self.top = nn.Sequential(top, nn.Linear(top.out_dim, inputs.num_tasks))
 
     def forward(self, dense: Tensor, sparse: list[Tensor], linear: list[Tensor] | None = None) -> Tensor:
-        x = torch.stack(sparse, dim=1)  # [B, F_s, D]
         outs: list[Tensor] = []
-        for tower in self.towers:
-            outs.append(tower(x))
+        if len(sparse) > 0:
+            x = torch.stack(sparse, dim=1)  # [B, F_s, D]
+            for tower in self.towers:
+                outs.append(tower(x))
         if self.has_dense:
             bottom = self.bottom(dense)
             pairs = self.interaction(torch.cat([bottom.unsqueeze(1)] + outs, dim=1))

@@ -9,6 +9,7 @@ from torch import Tensor
 
 from ember import _native
 from ember.config_base import ConfigModel
+from ember.optim.schedule import ScheduleConfig
 
 __all__ = ["Adagrad", "RowWiseAdagrad"]
 
@@ -19,6 +20,7 @@ class _AdagradFamily(ConfigModel):
     lr: float = Field(0.01, gt=0)
     eps: float = Field(1e-10, ge=0)
     initial_accumulator_value: float = Field(0.0, ge=0)
+    schedule: ScheduleConfig | None = None  # lr warmup / decay over the global step (ember.optim.schedule)
 
 
 class Adagrad(_AdagradFamily):
@@ -39,9 +41,10 @@ class Adagrad(_AdagradFamily):
     def init_state(self, rows: Tensor) -> Tensor:
         return rows.new_full(rows.shape, self.initial_accumulator_value)
 
-    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int) -> tuple[Tensor, Tensor]:
+    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int, lr: float | None = None) -> tuple[Tensor, Tensor]:
+        lr = self.lr if lr is None else lr  # the scheduled rate of this step, when there is a schedule
         state.addcmul_(grads, grads)
-        rows.addcdiv_(grads, state.sqrt().add_(self.eps), value=-self.lr)
+        rows.addcdiv_(grads, state.sqrt().add_(self.eps), value=-lr)
         return rows, state
 
 
@@ -64,9 +67,10 @@ class RowWiseAdagrad(_AdagradFamily):
     def init_state(self, rows: Tensor) -> Tensor:
         return rows.new_full((rows.shape[0], 1), self.initial_accumulator_value)
 
-    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int) -> tuple[Tensor, Tensor]:
-        if _native.rowwise_adagrad_(rows, state, grads, self.lr, self.eps):  # one pass per row
+    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int, lr: float | None = None) -> tuple[Tensor, Tensor]:
+        lr = self.lr if lr is None else lr  # the scheduled rate of this step, when there is a schedule
+        if _native.rowwise_adagrad_(rows, state, grads, lr, self.eps):  # one pass per row
             return rows, state
         state.add_(grads.square().mean(dim=1, keepdim=True))
-        rows.addcdiv_(grads, state.sqrt().add_(self.eps), value=-self.lr)
+        rows.addcdiv_(grads, state.sqrt().add_(self.eps), value=-lr)
         return rows, state

@@ -9,6 +9,7 @@ from pydantic import Field
 from torch import Tensor
 
 from ember.config_base import ConfigModel
+from ember.optim.schedule import ScheduleConfig
 
 __all__ = ["Adam"]
 
@@ -30,6 +31,7 @@ class Adam(ConfigModel):
     beta1: float = Field(0.9, ge=0, lt=1)
     beta2: float = Field(0.999, ge=0, lt=1)
     eps: float = Field(1e-8, ge=0)
+    schedule: ScheduleConfig | None = None  # lr warmup / decay over the global step (ember.optim.schedule)
 
     def state_dim(self, dim: int) -> int:
         return 2 * dim + 1
@@ -37,7 +39,8 @@ class Adam(ConfigModel):
     def init_state(self, rows: Tensor) -> Tensor:
         return rows.new_zeros(rows.shape[0], 2 * rows.shape[1] + 1)
 
-    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int) -> tuple[Tensor, Tensor]:
+    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int, lr: float | None = None) -> tuple[Tensor, Tensor]:
+        lr = self.lr if lr is None else lr  # the scheduled rate of this step, when there is a schedule
         d = rows.shape[1]
         m, v, t = state[:, :d], state[:, d : 2 * d], state[:, 2 * d :]
         t.add_(1.0)
@@ -47,5 +50,5 @@ class Adam(ConfigModel):
         bc1 = 1 - torch.pow(self.beta1, t)
         bc2_sqrt = (1 - torch.pow(self.beta2, t)).sqrt()
         denom = (v.sqrt() / bc2_sqrt).add_(self.eps)
-        rows.sub_(self.lr * m / (bc1 * denom))
+        rows.sub_(lr * m / (bc1 * denom))
         return rows, state

@@ -15,6 +15,7 @@ class UpdateRule(Protocol):
 
     ``update`` receives freshly gathered copies of the unique rows of one batch, their state and
     their summed gradients; it may modify them in place and returns the new (rows, state).
+    ``lr``: the learning rate of this step when the rule has a ``schedule`` (None: its ``lr``).
     """
 
     type: str
@@ -23,4 +24,4 @@ class UpdateRule(Protocol):
 
     def init_state(self, rows: Tensor) -> Tensor: ...
 
-    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int) -> tuple[Tensor, Tensor]: ...
+    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int, lr: float | None = None) -> tuple[Tensor, Tensor]: ...

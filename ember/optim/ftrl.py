@@ -8,7 +8,7 @@ import torch
 from pydantic import Field
 from torch import Tensor
 
-from ember.config_base import ConfigModel
+from ember.config_base import ConfigModel, removed_key
 
 __all__ = ["FTRL"]
 
@@ -31,6 +31,12 @@ class FTRL(ConfigModel):
     beta: float = Field(1.0, ge=0)
     l1: float = Field(0.0, ge=0)
     l2: float = Field(0.0, ge=0)
+    # FTRL's per-coordinate rate (alpha / sqrt(n)) is folded into z; changing alpha mid-run would
+    # break that invariant, so a schedule is refused rather than silently ignored
+    schedule: None = None
+
+    _no_schedule = removed_key("schedule", "ftrl takes no lr schedule: its per-coordinate rate alpha / (beta + sqrt(n)) "
+                               "already decays; use sgd, adagrad, rowwise_adagrad or adam for a scheduled lr")
 
     def state_dim(self, dim: int) -> int:
         return 2 * dim
@@ -40,7 +46,8 @@ class FTRL(ConfigModel):
         z = -rows * (self.beta / self.alpha + self.l2)
         return torch.cat([z, torch.zeros_like(rows)], dim=1)
 
-    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int) -> tuple[Tensor, Tensor]:
+    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int, lr: float | None = None) -> tuple[Tensor, Tensor]:
+        assert lr is None, "ftrl has no lr to schedule"
         d = rows.shape[1]
         z, n = state[:, :d], state[:, d:]
         n_new = n + grads * grads

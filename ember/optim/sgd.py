@@ -9,6 +9,7 @@ from pydantic import Field
 from torch import Tensor
 
 from ember.config_base import ConfigModel
+from ember.optim.schedule import ScheduleConfig
 
 __all__ = ["SGD"]
 
@@ -23,6 +24,7 @@ class SGD(ConfigModel):
 
     type: Literal["sgd"] = "sgd"
     lr: float = Field(0.01, gt=0)
+    schedule: ScheduleConfig | None = None  # lr warmup / decay over the global step (ember.optim.schedule)
 
     def state_dim(self, dim: int) -> int:
         return 0
@@ -30,6 +32,7 @@ class SGD(ConfigModel):
     def init_state(self, rows: Tensor) -> Tensor:
         return rows.new_zeros(rows.shape[0], 0)
 
-    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int) -> tuple[Tensor, Tensor]:
-        rows.add_(grads, alpha=-self.lr)
+    def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int, lr: float | None = None) -> tuple[Tensor, Tensor]:
+        lr = self.lr if lr is None else lr  # the scheduled rate of this step, when there is a schedule
+        rows.add_(grads, alpha=-lr)
         return rows, state

@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
 
 import numpy as np
@@ -48,27 +49,49 @@ from ember.source.parquet import read_parquet
 from ember.source.synthetic import split_rows, synthetic_records
 from ember.source.writer import write_synthetic
 
-__all__ = ["BatchList", "Loader", "make_batches", "write_synthetic"]
+__all__ = ["BatchList", "Loader", "ReadCounter", "make_batches", "write_synthetic"]
 
 Split = Literal["train", "eval"]
 
 
+@dataclass
+class ReadCounter:
+    """What the read stage has read of this epoch so far: rows, and bytes of the files as
+    stored (complete files plus the part of the current one; CSV only; a compressed file's
+    decompressor reads a bounded chunk ahead). A progress bar estimates a CSV epoch's rows
+    from them (``ember.train.progress``)."""
+
+    rows: int = 0
+    bytes: int = 0
+    finished: bool = False  # every file of the epoch read through
+
+
 def _record_chunks(data: DataConfig, schema: Schema, split: Split, rng: np.random.Generator,
-                   report: BadRowReport) -> Iterator[RecordChunk]:
+                   report: BadRowReport, counter: ReadCounter | None = None) -> Iterator[RecordChunk]:
+    counter = counter or ReadCounter()
     files = expand_paths(data.paths(split), data.format)
     if not files:
         raise ValueError(f"data.{split} is not set; give the {split} files (format {data.format})")
     if split == "train" and data.shuffle_buffer > 0:
         files = [files[i] for i in rng.permutation(len(files))]
     cols = schema.columns
+    done = 0  # bytes of the files read completely
     for path in files:
         if data.format in ("csv", "tsv"):
-            yield from read_csv(path, cols, delimiter=data.delimiter, header=data.csv.header,
-                                column_names=data.csv.column_names, block_bytes=data.csv.block_bytes, report=report)
-        elif data.format == "parquet":
-            yield from read_parquet(path, cols, read_rows=data.read_rows)
-        else:
-            yield from read_orc(path, cols, read_rows=data.read_rows)
+            consumed = [0]
+            for chunk in read_csv(path, cols, delimiter=data.delimiter, header=data.csv.header, consumed=consumed,
+                                  column_names=data.csv.column_names, block_bytes=data.csv.block_bytes, report=report):
+                counter.rows, counter.bytes = counter.rows + chunk.batch.num_rows, done + consumed[0]
+                yield chunk
+            done += consumed[0]
+            counter.bytes = done
+            continue
+        chunks = read_parquet(path, cols, read_rows=data.read_rows) if data.format == "parquet" else \
+            read_orc(path, cols, read_rows=data.read_rows)
+        for chunk in chunks:
+            counter.rows += chunk.batch.num_rows
+            yield chunk
+    counter.finished = True
 
 
 class _Batcher:
@@ -155,6 +178,7 @@ class Loader:
         self.depth = depth or QueueDepths()
         self.batch_size = data.split_batch_size(split)
         self.bad_rows = BadRowReport(data.on_bad_rows)
+        self.read = ReadCounter()  # rows and bytes read so far this epoch (progress estimates)
         self._next = start_batch
 
     @property
@@ -194,7 +218,8 @@ class Loader:
         def read(_: None) -> Iterator[RecordChunk]:
             # the file order is drawn here, before the first block, so the shuffle's draws from
             # the same generator (featurize stage) always come after it
-            return _record_chunks(self.data, self.schema, self.split, rng, self.bad_rows)
+            self.read = ReadCounter()
+            return _record_chunks(self.data, self.schema, self.split, rng, self.bad_rows, self.read)
 
         def parse(chunk: RecordChunk) -> list[Batch]:
             return [rows.to_batch() for rows in batcher.push(featurize(chunk.batch, chunk.file, chunk.first_row))]

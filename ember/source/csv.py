@@ -40,9 +40,11 @@ _UTF8_REASON = "<row>: not valid UTF-8 text"
 _PARSE_BLOCK = 1 << 20  # pyarrow's parse unit; grown for a block holding a longer line
 
 
-def _line_blocks(path: str, block_bytes: int) -> Iterator[bytes]:
-    """Blocks of whole lines (each ends with a newline, except maybe the file's last one)."""
-    with pa.input_stream(path) as f:
+def _line_blocks(path: str, block_bytes: int, consumed: list[int] | None = None) -> Iterator[bytes]:
+    """Blocks of whole lines (each ends with a newline, except maybe the file's last one);
+    ``consumed[0]`` follows the bytes of the file as stored (compressed or not) read so far."""
+    codec = _codec(path)
+    with pa.OSFile(path) as raw, (pa.CompressedInputStream(raw, codec) if codec else raw) as f:
         rest = b""
         read = 0
         while True:
@@ -52,6 +54,8 @@ def _line_blocks(path: str, block_bytes: int) -> Iterator[bytes]:
                 if is_damage(e):
                     raise damaged_file(path, f" (after byte {read} of its text)", e) from e
                 raise
+            if consumed is not None:
+                consumed[0] = raw.tell()
             if not data:
                 break
             read += len(data)
@@ -64,6 +68,14 @@ def _line_blocks(path: str, block_bytes: int) -> Iterator[bytes]:
             yield data[: cut + 1]
         if rest.strip(b"\r\n"):
             yield rest
+
+
+def _codec(path: str) -> str | None:
+    """The compression its extension names (as ``pa.input_stream`` detects it), or None."""
+    try:
+        return pa.Codec.detect(path).name
+    except (ValueError, TypeError):
+        return None
 
 
 def _split_header(line: bytes, delimiter: str) -> list[str] | None:
@@ -85,6 +97,7 @@ def read_csv(
     column_names: Sequence[str] | None = None,
     block_bytes: int = 8 << 20,
     report: BadRowReport | None = None,
+    consumed: list[int] | None = None,
 ) -> Iterator[RecordChunk]:
     """Yield ``columns`` of ``path`` as string record batches, one per block of lines.
 
@@ -94,6 +107,8 @@ def read_csv(
     without a header line can be mixed. Lines with the wrong number of fields or that are not
     UTF-8 raise DataError (file and line named) or, when ``report.skip``, are dropped and
     counted under ``"<row>: wrong number of fields"`` / ``"<row>: not valid UTF-8 text"``.
+    ``consumed``: when given, ``consumed[0]`` is kept at the bytes of the file as stored
+    (compressed bytes for a compressed file) read so far (progress estimates).
     """
     report = report or BadRowReport()
     names = list(column_names) if column_names else None
@@ -101,7 +116,7 @@ def read_csv(
         raise ValueError(f"read_csv: header must be true, false or 'auto', got {header!r}")
     if header is not True and names is None:
         raise ValueError(f"read_csv: header={header!r} needs column_names")
-    blocks = _line_blocks(path, block_bytes)
+    blocks = _line_blocks(path, block_bytes, consumed)
     first = next(blocks, b"")
     head, newline, body = first.partition(b"\n")
     found = _split_header(head, delimiter)

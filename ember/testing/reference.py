@@ -18,6 +18,7 @@ from ember.batch.sparse import SparseFeatures
 from ember.embedding.config import FeatureConfig, TableConfig
 from ember.embedding.pooling import SequenceEmbedding, pool_feature
 from ember.embedding.table import EmbeddingTable
+from ember.optim import rule_lr
 
 __all__ = ["ReferenceCollection"]
 
@@ -38,6 +39,7 @@ class ReferenceCollection:
             self.by_table.setdefault(f.table_name, []).append(f)
         self.leaves: dict[str, tuple[Tensor, Tensor, Tensor, Tensor | None]] = {}
         self.train = True
+        self.steps = 0  # step() calls so far: the global step lr schedules read, as SparseOptimizer.steps
 
     def forward(self, sparse: SparseFeatures) -> dict[str, Tensor | SequenceEmbedding]:
         out: dict[str, Tensor | SequenceEmbedding] = {}
@@ -87,7 +89,8 @@ class ReferenceCollection:
             keep = torch.ones(ids.numel(), dtype=torch.bool) if filtered is None else ~filtered
             rows = records[keep]
             d, r = table.dim, table.config.record_dim
-            new_w, new_s = table.optimizer.update(rows[:, :d].clone(), rows[:, d:r].clone(), w.grad[keep], table.step)
+            new_w, new_s = table.optimizer.update(rows[:, :d].clone(), rows[:, d:r].clone(), w.grad[keep], table.step,
+                                                  rule_lr(table.optimizer, self.steps))
             rows[:, :d], rows[:, d:r] = new_w, new_s
             table.tier.put(ids[keep], rows)
             if table.admission is not None and bool(keep.any()):
@@ -95,4 +98,5 @@ class ReferenceCollection:
             if table.ttl is not None and table.step % table.ttl == 0:
                 table.expire()
         self.leaves = {}
+        self.steps += 1
 

@@ -17,6 +17,7 @@ from ember.embedding.group import GroupLookup
 from ember.embedding.init import InitializerConfig
 from ember.errors import ConfigError
 from ember.models.registry import ModelInputs, build_model
+from ember.optim.schedule import scheduled_lr
 from ember.train.config import DenseOptimizerConfig
 from ember.models.distill import DistillConfig, Distilled, distill_loss
 from ember.train.loss import multitask_bce
@@ -44,6 +45,7 @@ class Components:
     scaler: LossScaler | None = None  # fp16: dynamic loss scale over dense and embedding gradients
     compiled: Callable[..., Tensor] | None = field(default=None, repr=False)  # train.compile: torch.compile(model)
     distill: DistillConfig | None = None  # model.distill: the loss learns from the teacher's scores too
+    dense_config: DenseOptimizerConfig | None = None  # its lr schedule is applied per step
 
     def collections(self) -> list[EmbeddingCollection]:
         return [self.embeddings] + ([self.linear] if self.linear is not None else [])
@@ -81,10 +83,21 @@ class Components:
         assert isinstance(self.model, Distilled)
         return distill_loss(self.model, logits, batch.labels, batch.teacher, batch.dense, self.distill, task_weights)
 
-    def backward(self, loss: Tensor) -> list[GroupLookup]:
-        """Backward (loss-scaled under fp16) and the dense optimizer step; returns the lookups whose
-        rows are due for their update (``SparseOptimizer.apply``). An fp16 step whose gradients
-        overflowed is skipped whole: no dense step and no lookups."""
+    def set_dense_lr(self, step: int) -> None:
+        """Before the dense step of global step ``step`` (0-based): every param group's lr from the
+        schedule (no schedule: the optimizer's lr is left alone)."""
+        cfg = self.dense_config
+        if cfg is None or cfg.schedule is None:
+            return
+        lr = scheduled_lr(cfg.lr, cfg.schedule, step)
+        for group in self.dense_optimizer.param_groups:
+            group["lr"] = lr
+
+    def backward(self, loss: Tensor, step: int) -> list[GroupLookup]:
+        """Backward (loss-scaled under fp16) and the dense optimizer step of global step ``step``
+        (its scheduled lr); returns the lookups whose rows are due for their update
+        (``SparseOptimizer.apply``). An fp16 step whose gradients overflowed is skipped whole: no
+        dense step and no lookups."""
         self.dense_optimizer.zero_grad(set_to_none=True)
         self.sparse_optimizer.zero_grad()
         (loss if self.scaler is None else self.scaler.scaled(loss)).backward()
@@ -93,6 +106,7 @@ class Components:
             grads = [p.grad for p in self.model.parameters()] + [lk.grad for lk in ready]
             if not self.scaler.unscale_(grads):
                 return []
+        self.set_dense_lr(step)
         self.dense_optimizer.step()
         return ready
 
@@ -161,7 +175,7 @@ def build_components(cfg: RunConfig) -> Components:
         raise ConfigError("model.distill needs the teacher's scores: set schema.teacher to their columns "
                           "(one per label, probabilities in [0, 1])")
     return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, t.precision, scaler, compiled,
-                      distill)
+                      distill, t.dense_optimizer)
 
 
 def _compile(model: nn.Module) -> Callable[..., Tensor] | None:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ember.config_base import ConfigModel, removed_key
+from ember.optim.schedule import ScheduleConfig
 
-__all__ = ["TrainConfig", "DenseOptimizerConfig"]
+__all__ = ["TrainConfig", "DenseOptimizerConfig", "EarlyStoppingConfig"]
 
 
 class DenseOptimizerConfig(ConfigModel):
@@ -18,6 +19,34 @@ class DenseOptimizerConfig(ConfigModel):
     lr: float = Field(0.01, gt=0)
     weight_decay: float = Field(0.0, ge=0)
     eps: float | None = Field(None, gt=0)
+    schedule: ScheduleConfig | None = None  # lr warmup / decay over the global step (ember.optim.schedule)
+
+
+class EarlyStoppingConfig(ConfigModel):
+    """Stop when an eval metric has not improved for ``patience`` evaluations (``train.eval_every``
+    steps, or each epoch's end); see ``ember.train.early_stop``."""
+
+    metric: str = "auc"
+    """``auc`` or ``logloss`` (the mean over tasks), or one task's: ``auc/<label>``, ``logloss/<label>``."""
+    mode: Literal["max", "min"] | None = None  # None: max for auc, min for logloss
+    patience: int = Field(3, ge=1)  # evaluations without improvement before stopping
+    min_delta: float = Field(0.0, ge=0)  # an improvement smaller than this does not count
+    save_best: bool = True  # checkpoint each improving eval (kept beside keep_checkpoints; checkpoints/BEST names it)
+    restore_best: bool = False  # at the end, the run's model (result, --export, summary metrics) is the best one
+
+    @model_validator(mode="after")
+    def _check(self) -> "EarlyStoppingConfig":
+        kind = self.metric.split("/", 1)[0]
+        if kind not in ("auc", "logloss") or self.metric.endswith("/"):
+            raise ValueError(f"metric must be auc or logloss, optionally for one task (auc/<label>), got {self.metric!r}")
+        if self.restore_best and not self.save_best:
+            raise ValueError("restore_best needs save_best: true (the best weights are restored from their checkpoint)")
+        return self
+
+    @property
+    def direction(self) -> str:
+        """``max`` or ``min``: ``mode``, or the metric's natural direction."""
+        return self.mode or ("max" if self.metric.startswith("auc") else "min")
 
 
 class TrainConfig(ConfigModel):
@@ -47,6 +76,8 @@ class TrainConfig(ConfigModel):
     optimizer state and the loss stay fp32."""
     compile: bool = False
     """torch.compile the dense model; a failure to compile is logged and the run goes on uncompiled."""
+    early_stopping: EarlyStoppingConfig | None = None  # stop when an eval metric stops improving
+    tensorboard: bool = False  # also write every metrics.jsonl record as TensorBoard scalars (run_dir/tensorboard)
     embedding_staleness: int = Field(0, ge=0)
     """Steps the embedding fetch may run ahead of the sparse update: 0 = exact synchronous
     training; k > 0 lets batch t+k read rows before batch t's update is written (no update is

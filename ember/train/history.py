@@ -16,14 +16,17 @@ from typing import Any
 
 from ember.errors import WriteError
 from ember.fileio import is_no_space, no_space_error, write_bytes_atomic
+from ember.train.tensorboard import TensorBoardWriter
 
 __all__ = ["History"]
 
 
 class History:
-    """Appends one JSON object per record to ``metrics.jsonl`` and redraws ``metrics.png``."""
+    """Appends one JSON object per record to ``metrics.jsonl`` and redraws ``metrics.png``;
+    with ``tensorboard``, each record's numbers also go to TensorBoard (``run_dir/tensorboard``)."""
 
-    def __init__(self, run_dir: Path, resume: bool = False) -> None:
+    def __init__(self, run_dir: Path, resume: bool = False, tensorboard: bool = False) -> None:
+        self.tensorboard = TensorBoardWriter(run_dir / "tensorboard") if tensorboard else None
         self.path = run_dir / "metrics.jsonl"
         self.plot_path = run_dir / "metrics.png"
         self.records: list[dict[str, Any]] = []
@@ -49,6 +52,13 @@ class History:
         finally:
             os.close(fd)
         self.records.append(record)
+        if self.tensorboard is not None:
+            self.tensorboard.write(record)
+
+    def close(self) -> None:
+        """Close the TensorBoard writer (records already logged are on disk either way)."""
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
     def plot(self) -> Path:
         import matplotlib

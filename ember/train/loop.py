@@ -33,9 +33,12 @@ from ember.pipeline.loader import BatchList, make_batches
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.builder import Components, build_components
+from ember.train.early_stop import EarlyStopping
 from ember.train.evaluate import _to_device, evaluate
 from ember.train.history import History
 from ember.train.preflight import check_disk, check_run, holds_run, no_steps_error
+from ember.train.progress import EpochRows, Progress
+from ember.train.schedule import lr_record
 from ember.train.stages import TrainStages
 
 __all__ = ["train", "train_step", "RunResult", "prepare_run", "run_directory"]
@@ -55,8 +58,10 @@ def train_step(parts: Components, batch: Batch, task_weights: torch.Tensor | Non
     """One step: forward, loss, backward, dense step, sparse step; returns the (detached) loss."""
     logits = parts.forward(batch)  # every table group: plan (dedupe), fetch rows, pool
     loss = parts.loss(batch, logits, task_weights)
-    ready = parts.backward(loss)  # dense grads + one summed gradient per unique ID; dense step
-    SparseOptimizer.apply(ready)  # update the touched rows and write them back to their tiers
+    opt = parts.sparse_optimizer
+    ready = parts.backward(loss, opt.steps)  # dense grads + one summed gradient per unique ID; dense step
+    SparseOptimizer.apply(ready, opt.steps)  # update the touched rows and write them back to their tiers
+    opt.steps += 1  # lr schedules read the count of steps taken
     return loss.detach()
 
 
@@ -108,9 +113,10 @@ def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None
     advise(cfg.data.batch_size)
     parts, run_dir = prepare_run(cfg, run_dir)
     check_disk(cfg, parts, run_dir)
-    history = History(run_dir, resume=t.resume is not None)
+    history = History(run_dir, resume=t.resume is not None, tensorboard=t.tensorboard)
     task_w = torch.tensor(t.task_weights, device=parts.device) if t.task_weights else None
     step, epoch, start_batch = 0, 0, 0
+    early = EarlyStopping.from_run(cfg)  # None unless train.early_stopping
     if t.resume or t.init_from:
         ckpt = resolve_checkpoint(t.resume or t.init_from)  # type: ignore[arg-type]
         manifest = verify_checkpoint(ckpt)
@@ -125,6 +131,8 @@ def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None
             step = manifest["step"]
             epoch, start_batch = manifest["position"]["epoch"], manifest["position"]["batch"]
             restore_rng(dense["rng"])
+            if early is not None:
+                early.load_state_dict(dense.get("early_stopping"), ckpt.parent, run_dir / "checkpoints")
 
     saved: dict[tuple[int, int, int], Path] = {}
 
@@ -134,17 +142,21 @@ def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None
         state = {"model": parts.model.state_dict(), "optimizer": parts.dense_optimizer.state_dict()}
         if parts.scaler is not None:
             state["loss_scaler"] = parts.scaler.state_dict()
+        if early is not None:
+            state["early_stopping"] = early.state_dict()
         path = save_checkpoint(run_dir / "checkpoints", step, parts.collections(), state,
                                {"epoch": epoch, "batch": batch}, cfg.model_dump(mode="json", by_alias=True), t.keep_checkpoints)
         saved[(step, epoch, batch)] = path
         return path
 
-    def run_eval() -> dict[str, float]:
+    def run_eval(position: tuple[int, int] | None = None) -> dict[str, float]:
+        """Evaluate and log; during training (``position``: epoch, batch) early stopping watches it."""
         if cfg.data.eval is None and cfg.data.format != "synthetic":
             return {}
         batches = make_batches(cfg.data, cfg.schema, "eval", threaded=cfg.pipeline.enabled, depth=cfg.pipeline.depth)
         m = evaluate(parts, batches, t.eval_max_batches)
-        history.log({"kind": "eval", "step": step, **m})
+        watched = {} if early is None or position is None else early.observe(step, m, lambda: checkpoint(*position))
+        history.log({"kind": "eval", "step": step, **m, **watched})
         return m
 
     bad_rows: dict[str, int] = {}
@@ -157,11 +169,8 @@ def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None
         return make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch, depth=pipe.depth)
 
     parts.train(True)
-    total = t.max_steps
-    if total is None:
-        per_epoch = train_loader(0, 0).num_batches
-        total = per_epoch * t.epochs if per_epoch else None
-    progress = _progress(t.progress, total)
+    held = EpochRows(rows=sum(b.size for b in batches)) if batches is not None else None
+    progress = Progress(cfg, step, held)  # total and ETA from the data (CSV: estimated as it reads)
     done = t.max_steps is not None and step >= t.max_steps  # e.g. resumed at the end already
     first_step, finished_already = step, done
     batch_idx = start_batch
@@ -175,9 +184,10 @@ def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None
     with _StopSignals() as stop:
         while epoch < t.epochs and not done:
             loader = train_loader(epoch, start_batch)
+            progress.watch(loader)
             base = step
             gate = FetchGate(k, lambda b: quiet_after(base + b + 1), None if t.max_steps is None else t.max_steps - step)
-            stages = TrainStages(parts, gate, WriteLog(k), task_w)
+            stages = TrainStages(parts, gate, WriteLog(k), task_w, first_step=base)
             d = pipe.depth
             ahead = loader.stages() + [Stage("plan", stages.plan, d.plan), Stage("fetch", stages.fetch, d.fetch)]
             if stages.copies:
@@ -193,6 +203,7 @@ def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None
                     run.hand_back(item)
                     step += 1
                     batch_idx += 1
+                    progress.advance(step)
                     if stop.signum is not None:
                         gate.stop()  # no more fetches; the batches already fetched still train
                     if quiet_after(step):
@@ -202,14 +213,18 @@ def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None
                             now = time.perf_counter()
                             rec = {"kind": "train", "step": step, "epoch": epoch, "loss": loss_sum / max(seen, 1),
                                    "samples_per_s": seen / (now - t0)}
+                            rec.update(lr_record(parts, step))
                             rec.update(_table_stats(parts))
                             rec.update({f"pipeline.{key}": v for key, v in run.stats().items()})
                             history.log(rec)
                             progress.update(step, rec)
                             t0 = now
                         if t.eval_every and step % t.eval_every == 0:
-                            metrics = run_eval()
+                            metrics = run_eval((epoch, batch_idx))
                             progress.note(_fmt(metrics))
+                            if early is not None and step != t.max_steps and early.stop_here(step):
+                                done = True
+                                break  # before gate.release(): nothing is fetched past the stop
                         if t.checkpoint_every and step % t.checkpoint_every == 0:
                             checkpoint(epoch, batch_idx)
                         gate.release()
@@ -228,8 +243,10 @@ def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None
             if not done:
                 epoch, start_batch = epoch + 1, 0
                 if not t.eval_every:
-                    metrics = run_eval()
+                    metrics = run_eval((epoch, 0))
                     progress.note(_fmt(metrics))
+                    if early is not None and epoch < t.epochs and early.stop_here(step):
+                        done, batch_idx = True, 0  # the next epoch would start at its batch 0
     progress.close()
     if step == first_step and not finished_already:  # e.g. header-only files, or every row skipped
         raise no_steps_error(cfg.data)
@@ -239,8 +256,13 @@ def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None
     final = checkpoint(epoch, batch_idx if done else 0)
     if not metrics or (history.records and history.records[-1].get("kind") != "eval"):
         metrics = run_eval()
+    if early is not None:  # restore_best: the run's model and metrics become the best eval's
+        history.log({"kind": "early_stopping", "step": step, **early.summary()})
+        metrics = early.finish(parts, metrics, history.records)
     history.plot()
-    summary = {"step": step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows}
+    history.close()
+    summary = {"step": step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows,
+               **({"early_stopping": early.summary()} if early is not None else {})}
     write_bytes_atomic(run_dir / "summary.json", json.dumps(summary, indent=1).encode(), WriteError)
     return RunResult(run_dir, step, metrics, history.records, parts, bad_rows)
 
@@ -291,38 +313,3 @@ def _merge(acc: dict[str, int], report: Any) -> dict[str, int]:
 
 def _fmt(metrics: dict[str, float]) -> str:
     return " ".join(f"{k}={v:.4f}" for k, v in metrics.items() if k != "rows")
-
-
-class _progress:
-    """tqdm progress bar with samples/s and loss (quiet when disabled)."""
-
-    def __init__(self, enabled: bool, total: int | None) -> None:
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, unit="step", dynamic_ncols=True)
-        self.last = 0
-
-    def update(self, step: int, rec: dict[str, Any]) -> None:
-        if self.bar is not None:
-            self.bar.update(step - self.last)
-            post = {"loss": f"{rec['loss']:.4f}", "sps": f"{rec['samples_per_s']:.0f}"}
-            busy = {k.split(".")[2]: v for k, v in rec.items() if k.startswith("pipeline.stage.")}
-            if busy:  # the busiest stage is the bottleneck
-                name = max(busy, key=busy.__getitem__)
-                post["busiest"] = f"{name} {busy[name]:.0%}"
-            for tier in ("device", "host", "disk"):  # mean hit rate over tiered tables
-                hits = [v for k, v in rec.items() if k.endswith(f"tier.{tier}.hit_rate")]
-                if hits:
-                    post[f"{tier}_hit"] = f"{sum(hits) / len(hits):.2f}"
-            self.bar.set_postfix(post)
-        self.last = step
-
-    def note(self, text: str) -> None:
-        if self.bar is not None and text:
-            self.bar.write(text)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

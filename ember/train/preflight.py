@@ -33,6 +33,8 @@ from ember.source.base import check_columns, damaged_file, is_damage
 from ember.source.config import DataConfig
 from ember.source.files import expand_paths
 from ember.train.builder import Components
+from ember.train.early_stop import EarlyStopping
+from ember.train.tensorboard import require_tensorboard
 
 __all__ = ["check_run", "check_disk", "check_data", "no_steps_error", "holds_run"]
 
@@ -54,6 +56,9 @@ def check_run(cfg: RunConfig, run_dir: Path, overwrite: bool = True, splits: tup
             Path(init).resolve().is_relative_to(run_dir.resolve()):
         raise ConfigError(f"train.init_from {init} lies inside run directory {run_dir}, which this run would "
                           "replace; copy the checkpoint elsewhere or pick another train.run_name")
+    if cfg.train.tensorboard:
+        require_tensorboard()
+    EarlyStopping.from_run(cfg)  # its config errors (a metric naming no task, no eval data) before anything is built
     base = nearest_existing(run_dir)
     if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
         raise ConfigError(f"output directory {run_dir} cannot be written ({base} is not a writable directory); "
@@ -128,7 +133,8 @@ def no_steps_error(data: DataConfig) -> DataError:
 
 
 def check_disk(cfg: RunConfig, parts: Components, run_dir: Path) -> int:
-    """Estimated bytes of the checkpoints a run keeps (``keep_checkpoints`` + one being written);
+    """Estimated bytes of the checkpoints a run keeps (``keep_checkpoints`` + one being written,
+    + early stopping's best);
     CapacityError when even the dense part cannot fit, a warning when the estimate does not."""
     dense = sum(p.numel() * p.element_size() for p in parts.model.parameters()) * 3  # weights + 2 Adam moments
     table = 0
@@ -136,7 +142,8 @@ def check_disk(cfg: RunConfig, parts: Components, run_dir: Path) -> int:
         for t in ec.tables.values():
             features = [f.name for f in ec.features if f.table_name == t.name]
             table += _rows_bound(cfg, features) * (8 + 4 * t.config.record_dim)
-    copies = cfg.train.keep_checkpoints + 1
+    es = cfg.train.early_stopping
+    copies = cfg.train.keep_checkpoints + 1 + (1 if es is not None and es.save_best else 0)  # + early stopping's best
     free = free_bytes(run_dir)
     if dense * copies > free:
         raise CapacityError(f"{run_dir}: {copies} checkpoints of the dense model alone take {fmt_bytes(dense * copies)} "

@@ -49,8 +49,10 @@ class TrainStages:
     ``take_metrics``.
     """
 
-    def __init__(self, parts: Components, gate: FetchGate, log: WriteLog, task_weights: Tensor | None = None) -> None:
+    def __init__(self, parts: Components, gate: FetchGate, log: WriteLog, task_weights: Tensor | None = None,
+                 first_step: int = 0) -> None:
         self.parts, self.gate, self.log, self.task_weights = parts, gate, log, task_weights
+        self.first_step = first_step  # global steps before this pass: lr schedules read first_step + index
         self.device = parts.device
         self._count = itertools.count()
         self._tiers = threading.Lock()  # fetch and update never touch the tiers at once
@@ -117,7 +119,7 @@ class TrainStages:
         p = self.parts
         logits = p.forward(batch, step.lookups)
         loss = p.loss(batch, logits, self.task_weights)
-        step.ready = p.backward(loss)  # [] when an fp16 overflow skipped the step
+        step.ready = p.backward(loss, self.first_step + step.index)  # [] when an fp16 overflow skipped the step
         step.loss = loss.detach()
         step.lookups = []
 
@@ -126,7 +128,7 @@ class TrainStages:
         optimizer, write the rows back; then the gate lets later fetches through."""
         with self._holding_tiers():
             self.log.refresh(step.index, step.fetched_after, step.ready)
-            SparseOptimizer.apply(step.ready)
+            SparseOptimizer.apply(step.ready, self.first_step + step.index)
             self.log.record(step.index, step.ready)
         self.gate.wrote(step.index)
         step.ready = []

@@ -221,3 +221,22 @@ def test_seeds_are_derived_per_table_and_from_the_run_seed():
     assert not torch.equal(out0["a"], out0["b"])  # same ID, different tables: different rows
     assert not torch.equal(out0["a"], out1["a"])  # the run seed changes every init
     assert torch.equal(fixed["a"], fixed["b"])  # an explicit seed is kept as given
+
+
+SCHEDULED = [
+    {"type": "sgd", "lr": 0.2, "schedule": {"warmup_steps": 3, "decay": "cosine", "decay_steps": 4}},
+    {"type": "rowwise_adagrad", "lr": 0.1, "schedule": {"warmup_steps": 2, "decay": "step", "decay_steps": 2, "gamma": 0.5}},
+    {"type": "adam", "lr": 0.01, "schedule": {"decay": "linear", "decay_steps": 5, "final_ratio": 0.2}},
+]
+
+
+@pytest.mark.parametrize("opt", SCHEDULED, ids=[o["type"] for o in SCHEDULED])
+def test_scheduled_optimizers_equal_reference_and_differ_from_unscheduled(opt):
+    """Grouped tables with a schedule update exactly as the per-table reference, at the lr of
+    each global step (and the schedule does change the result)."""
+    ec, ref = run_both(_tables(opt), _features("sum"), _batches(7, vocab=4), use={"a", "d"})
+    assert_tables_equal(ec, ref)
+    plain = {k: v for k, v in opt.items() if k != "schedule"}
+    ec_plain, _ = run_both(_tables(plain), _features("sum"), _batches(7, vocab=4), use={"a", "d"})
+    a, b = _sorted_items(ec.groups[0].tables[0]), _sorted_items(ec_plain.groups[0].tables[0])
+    assert torch.equal(a[0], b[0]) and not torch.allclose(a[1], b[1])

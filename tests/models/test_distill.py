@@ -43,7 +43,7 @@ def _raw(tmp_path: Path, name: str, distill: dict | None, bias: float = 0.0, **t
         "data": {"format": "parquet", "train": _with_teacher(tmp_path, "train", 6000, bias),
                  "eval": _with_teacher(tmp_path, "eval", 2000, bias, seed=1), "batch_size": 200, "shuffle_buffer": 0},
         "schema": schema, "embedding": {"dim": 4},
-        "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8], **({"distill": distill} if distill else {})},
+        "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8], **({"distill": distill} if distill is not None else {})},
         "train": {"out_dir": str(tmp_path), "run_name": name, "progress": False, "threads": 1, **train_kw},
     }
 

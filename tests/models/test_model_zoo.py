@@ -25,6 +25,7 @@ SMALL: dict[str, dict[str, Any]] = {
     "mmoe": {"type": "mmoe", "num_experts": 3, "expert_mlp": [32], "tower_mlp": [16]},
     "shared_bottom": {"type": "shared_bottom", "bottom_mlp": [32], "tower_mlp": [16]},
     "lr": {"type": "lr"},
+    "dmt": {"type": "dmt", "tower_mlp": [16], "bottom_mlp": [32, 8], "top_mlp": [32, 16]},
 }
 NAMES = list(SMALL)
 
