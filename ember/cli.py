@@ -1,4 +1,4 @@
-"""Command line: ``ember train|eval|predict|export|generate``, driven by a YAML run config.
+"""Command line: ``ember train|eval|predict|export|generate|towers``, driven by a YAML run config.
 
 Every command takes ``--config run.yaml`` (where it needs one) and trailing ``key.path=value``
 overrides, e.g. ``ember train --config configs/demo.yaml train.epochs=2 data.batch_size=1024``.
@@ -96,6 +96,33 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_towers(args: argparse.Namespace) -> int:
+    from ember.errors import ConfigError, WriteError
+    from ember.fileio import write_bytes_atomic
+    from ember.pipeline.loader import make_batches
+    from ember.train.towers import propose_towers
+
+    if args.towers < 1:
+        raise ConfigError(f"--towers must be >= 1, got {args.towers}")
+    if args.rows < 1:
+        raise ConfigError(f"--rows must be >= 1, got {args.rows}")
+    cfg, parts, source = _restore(args)
+    n = len(parts.embeddings.features)
+    if args.towers > n:
+        raise ConfigError(f"--towers {args.towers}: the model has {n} sparse features; ask for at most {n}")
+    split = "eval" if cfg.data.eval is not None or cfg.data.format == "synthetic" else "train"
+    proposal = propose_towers(parts, make_batches(cfg.data, cfg.schema, split), args.towers, args.rows)
+    print(f"ember towers: {args.towers} towers for {n} features from checkpoint {source['checkpoint']} "
+          f"({proposal.rows} {split} rows); {proposal.inside_share:.1%} of the interaction strength stays inside "
+          "towers", file=sys.stderr)
+    snippet = proposal.snippet()
+    if args.out:
+        write_bytes_atomic(Path(args.out), snippet.encode(), WriteError)
+        print(f"ember towers: wrote {args.out}", file=sys.stderr)
+    print(snippet, end="")
+    return 0
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -175,6 +202,15 @@ def build_parser() -> argparse.ArgumentParser:
             e.add_argument("--out", required=True)
         e.add_argument("overrides", nargs="*")
         e.set_defaults(fn=fn)
+
+    tw = sub.add_parser("towers", help="propose DMT towers from a trained model's embedding interactions")
+    tw.add_argument("--checkpoint", required=True, help="checkpoint or run directory")
+    tw.add_argument("--towers", type=int, required=True, help="K, the number of towers")
+    tw.add_argument("--rows", type=int, default=20_000, help="sample rows to measure interactions on (eval data)")
+    tw.add_argument("--out", help="also write the config snippet to this YAML file")
+    tw.add_argument("--config", help="run config (default: the one stored in the checkpoint)")
+    tw.add_argument("overrides", nargs="*")
+    tw.set_defaults(fn=cmd_towers)
 
     pr = sub.add_parser("predict", help="score raw rows with an exported model")
     pr.add_argument("--export", required=True, help="export directory")

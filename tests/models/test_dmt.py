@@ -54,3 +54,51 @@ def test_dmt_trains_from_config(tmp_path):
     raw["model"].pop("num_towers")
     with pytest.raises(ConfigError, match="in none"):
         train(from_dict({**raw, "train": {**raw["train"], "run_name": "bad"}}))
+
+
+def test_balanced_groups_recover_planted_blocks_and_stay_balanced():
+    import numpy as np
+
+    from ember.train.towers import balanced_groups, inside_share
+
+    rng = np.random.default_rng(0)
+    order = rng.permutation(9)
+    blocks = [order[:3], order[3:6], order[6:]]
+    s = rng.uniform(0.0, 0.2, (9, 9))
+    for b in blocks:
+        s[np.ix_(b, b)] += 0.8
+    s = (s + s.T) / 2
+    groups = balanced_groups(s, 3)
+    assert sorted(map(sorted, groups)) == sorted(sorted(b.tolist()) for b in blocks)
+    assert inside_share(s, groups) > 0.7
+    uniform = balanced_groups(np.ones((7, 7)), 3)
+    assert sorted(len(g) for g in uniform) == [2, 2, 3] and sorted(sum(uniform, [])) == list(range(7))
+    with pytest.raises(ValueError, match="between 1 and the number"):
+        balanced_groups(s, 10)
+
+
+def test_towers_command_proposes_a_config_that_trains(tmp_path, capsys):
+    import yaml
+
+    from ember.cli import main
+    from ember.train.loop import train
+
+    raw = {"data": {"preset": "synthetic", "batch_size": 256,
+                    "synthetic": {"rows": 3000, "eval_rows": 1000, "vocab_size": 300, "num_sparse": 6}},
+           "embedding": {"dim": 8}, "model": {"type": "dlrm", "bottom_mlp": [16, 8], "top_mlp": [16]},
+           "train": {"out_dir": str(tmp_path), "run_name": "base", "progress": False, "threads": 1}}
+    train(from_dict(raw))
+    out = tmp_path / "towers.yaml"
+    assert main(["towers", "--checkpoint", str(tmp_path / "base"), "--towers", "3", "--rows", "500",
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "3 towers for 6 features" in printed.err and "500 eval rows" in printed.err
+    snippet = yaml.safe_load(out.read_text())
+    assert yaml.safe_load(printed.out) == snippet
+    towers = snippet["model"]["towers"]
+    assert sorted(sum(towers, [])) == sorted(f"C{i + 1}" for i in range(6)) and len(towers) == 3
+    raw["model"] = {**snippet["model"], "bottom_mlp": [16, 8], "top_mlp": [16]}
+    raw["train"]["run_name"] = "dmt"
+    assert train(from_dict(raw)).metrics["auc/label"] > 0.5
+    assert main(["towers", "--checkpoint", str(tmp_path / "base"), "--towers", "9"]) == 2
+    assert "at most 6" in capsys.readouterr().err
