@@ -328,24 +328,26 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]], s
                            f"{args.batch / m['median'] * 1e3:.1f}"] for k, m in med.items()])
     m = {k: v["median"] for k, v in med.items()}
     k = args.staleness
-    out: dict[str, Any] = {
-        "parquet_vs_inmemory": m["files/parquet/pipelined"] / m["in-memory"],
-        "csv_vs_inmemory": m["files/csv/pipelined"] / m["in-memory"],
-        f"staleness{k}_vs_0": m[f"disk/staleness{k}"] / m["disk/staleness0"],
-        "pipelined_vs_inline": {f: m[f"files/{f}/pipelined"] / m[f"files/{f}/inline"] for f in FORMATS},
-        "inmemory_vs_dense": m["in-memory"] / m["dense-only"],
-    }
     pairs = {"parquet_vs_inmemory": ("files/parquet/pipelined", "in-memory"),
              "csv_vs_inmemory": ("files/csv/pipelined", "in-memory"),
              f"staleness{k}_vs_0": (f"disk/staleness{k}", "disk/staleness0")}
-    per_round = {name: [x / y for x, y in zip(rates[a], rates[b])] for name, (a, b) in pairs.items()}
+    extra = {**{f"{f}_pipelined_vs_inline": (f"files/{f}/pipelined", f"files/{f}/inline") for f in FORMATS},
+             "inmemory_vs_dense": ("in-memory", "dense-only")}
+
+    def ratio(a: str, b: str) -> float | None:  # None when --only left a variant out
+        return m[a] / m[b] if a in m and b in m else None
+
+    out: dict[str, Any] = {name: ratio(a, b) for name, (a, b) in {**pairs, **extra}.items()}
+    per_round = {name: [x / y for x, y in zip(rates[a], rates[b])] for name, (a, b) in pairs.items()
+                 if a in rates and b in rates}
     print("\nratios of medians (in brackets: the same ratio within each round):")
     for name, target in zip(pairs, TARGETS.values()):
-        rounds = ", ".join(f"{x:.3f}" for x in per_round[name])
-        print(f"  {name:<22} {out[name]:.3f}  [{rounds}]  (target >= {target})")
-    for f in FORMATS:
-        print(f"  {f + ' pipelined/inline':<22} {out['pipelined_vs_inline'][f]:.3f}")
-    print(f"  {'in-memory/dense-only':<22} {out['inmemory_vs_dense']:.3f}")
+        if out[name] is not None:
+            rounds = ", ".join(f"{x:.3f}" for x in per_round[name])
+            print(f"  {name:<24} {out[name]:.3f}  [{rounds}]  (target >= {target})")
+    for name in extra:
+        if out[name] is not None:
+            print(f"  {name:<24} {out[name]:.3f}")
     fields = ("slot_reads", "disk_hit_rate", "major_faults")
     disk = {key: {f: [r[f] for r in v] for f in fields} for key, v in results.items() if key.startswith("disk/")}
     for key, d in disk.items():
@@ -374,6 +376,7 @@ def main() -> None:
     ap.add_argument("--disk-rows", type=int, default=4_000_000,
                     help="rows the disk tier's file is sized for (spreads C1's rows over more pages)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one variant process may take")
+    ap.add_argument("--only", choices=["files", "disk"], help="run only these variants (files: a-d; disk: e)")
     ap.add_argument("--variant", choices=["files", "in-memory", "dense-only", "disk"], help=argparse.SUPPRESS)
     ap.add_argument("--format", choices=FORMATS, default="parquet", help=argparse.SUPPRESS)
     ap.add_argument("--pipeline", choices=["on", "off"], default="on", help=argparse.SUPPRESS)
@@ -392,6 +395,8 @@ def main() -> None:
     results: dict[str, list[dict[str, Any]]] = {}
     for r in range(args.rounds):
         for run in round_runs(args.staleness):
+            if args.only == "disk" and run.variant != "disk" or args.only == "files" and run.variant == "disk":
+                continue
             out = spawn(args, run)
             results.setdefault(run.key, []).append(out)
             extra = f", {out['slot_reads']:,} disk rows read" if "slot_reads" in out else ""
