@@ -164,7 +164,7 @@ def _announce_storage(tables: list[TableConfig]) -> None:
     plans = []
     for t in tables:
         if t.storage != StorageConfig():
-            plan = plan_storage(t.storage, t.stored_dim, t.name)
+            plan = plan_storage(t.storage, t.stored_words, t.name)  # packed at the table's dtype
             print(plan.describe(), flush=True)
             plan.check()
             plans.append(plan)
