@@ -132,6 +132,8 @@ def build_components(cfg: RunConfig) -> Components:
     model = build_model(cfg.model, inputs).to(device)
     linear = None
     if getattr(model, "wants_linear", False):
+        # dim-1 tables stay fp32 whatever ``dtype`` says: one 16-bit weight pads to a whole word,
+        # so a bf16 record would be no smaller
         lin_tables = [
             TableConfig(name=t.name + LINEAR_SUFFIX, dim=1, initializer=InitializerConfig(type="zeros"), optimizer=t.optimizer,
                         seed=t.seed, min_count=t.min_count, ttl_steps=t.ttl_steps)
