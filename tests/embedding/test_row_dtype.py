@@ -113,3 +113,24 @@ def test_dtype_is_a_run_config_default_and_an_override():
     assert cfg.embedding.dtype == "bf16"
     with pytest.raises(ValueError, match="dtype"):
         from_dict(apply_overrides(raw, ["embedding.dtype=int8"]))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_cuda_device_cache_trains_like_the_host_tier(dtype):
+    """Decode, update and stochastic rounding on the GPU give the host tier's rows bit for bit
+    (SGD and gradients made from the IDs on the CPU: each step's arithmetic is exact alike)."""
+    base = dict(name="t", dim=8, optimizer={"type": "sgd", "lr": 0.1}, dtype=dtype)
+    ref = EmbeddingTable(TableConfig(**base))
+    gpu = EmbeddingTable(TableConfig(**base, storage={"device_rows": 64, "device": "cuda", "admit_after": 1}))
+    rng = np.random.default_rng(0)
+    for step in range(30):
+        raw = rng.zipf(1.2, size=300)
+        ids = torch.unique(torch.from_numpy(raw[raw < 5000] * 7919 - 2**40))
+        grads = torch.sin(ids.to(torch.float64).unsqueeze(1) * 0.37 + torch.arange(8) + step).float()
+        for t in (ref, gpu):
+            apply(lookup(t, ids), grads)
+    assert gpu.tier.fast._arena.is_cuda and len(gpu.tier.fast) > 0
+    ids, rec = _state(ref)
+    ids_g, rec_g = _state(gpu)
+    assert torch.equal(ids_g, ids) and torch.equal(rec_g.cpu(), rec)
