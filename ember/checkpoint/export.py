@@ -44,7 +44,7 @@ class _Dumpable(Protocol):
 class _Table(Protocol):
     dim: int
     seed: int  # the effective seed of the table's initial rows
-    config: Any  # .initializer (a pydantic model), .min_count
+    config: Any  # .initializer (a pydantic model), .min_count, .dtype (fp32 when absent)
 
     def items(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]: ...
 
@@ -87,7 +87,8 @@ def export_model(
 
     def needed() -> int:  # asked only when the disk is full
         return sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
-            ids.numel() * (8 + 4 * t.dim) for ec in collections for t in ec.tables.values() for ids, _ in t.items())
+            ids.numel() * (8 + _weight_bytes(t) * t.dim) for ec in collections for t in ec.tables.values()
+            for ids, _ in t.items())
 
     with atomic_dir(out, CheckpointError, needed, "the previous export, if any, is kept") as tmp:
         _write(tmp, model, collections, features, linear_features, task_names, run_config)
@@ -141,6 +142,11 @@ def _write(tmp: Path, model: nn.Module, collections: Sequence[_Collection], feat
     finally:
         mw.close()
     fsync_dir(tmp / "tables")
+
+
+def _weight_bytes(table: _Table) -> int:
+    """Bytes per exported weight: 4 for fp32 tables, 2 for bf16 / fp16 ones."""
+    return 4 if getattr(table.config, "dtype", "fp32") == "fp32" else 2
 
 
 def _script(model: nn.Module, path: Path) -> str:

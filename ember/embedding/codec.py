@@ -130,7 +130,7 @@ def round_nearest(weights: Tensor, dtype: RowDtype) -> Tensor:
 
     Example:
         >>> round_nearest(torch.tensor([1.0 + 2**-9, 1.0 + 3 * 2**-9]), "bf16").tolist()
-        [1.0, 1.015625]
+        [1.0, 1.0078125]
     """
     if dtype == "fp32":
         return weights

@@ -40,6 +40,8 @@ def test_round_trip_within_one_ulp_and_state_exact(dtype, dim, width):
     assert ((got[:, :dim] - w).abs() <= w.abs() * ulp * 1.0001 + 1e-7).all()
     # the result is representable: re-encoding it (any noise) changes nothing
     assert torch.equal(c.decode(c.encode(got, ids, seed=5, step=9)), got)
+    empty = c.encode(rec[:0], ids[:0], 1, 1)  # a batch with no row of this table
+    assert empty.shape == (0, c.words) and c.decode(empty).shape == (0, width)
     # nearest rounding equals torch's own conversion
     near = c.decode(c.encode_nearest(rec))[:, :dim]
     assert torch.equal(near, w.to(TORCH_DTYPE[dtype]).float())
