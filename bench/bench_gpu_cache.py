@@ -60,7 +60,7 @@ class EmberGPU:
             moved += s["transfer_bytes"]
             if "tier.device.requests" in s:
                 miss = s["tier.device.requests"] - s["tier.device.hits"]
-                expected += (miss + s["tier.device.demotions"] + s["tier.device.bypasses"]) * 4 * t.config.stored_dim
+                expected += (miss + s["tier.device.demotions"] + s["tier.device.bypasses"]) * 4 * t.config.stored_words
                 self.hits += s["tier.device.hits"]
                 self.requests += s["tier.device.requests"]
             t.reset_step_stats()

@@ -147,7 +147,7 @@ def prepare_disk_table(args: argparse.Namespace) -> None:
     cfg = from_dict(run_config(args, Run("disk")))
     tcfg = next(t for t in cfg.table_configs() if t.name == DISK_TABLE)
     ids = np.unique(pq.read_table(args.data_dir / "train.parquet", columns=[DISK_TABLE]).column(0).to_numpy())
-    tier = build_tier(tcfg.storage, tcfg.stored_dim, tcfg.name)
+    tier = build_tier(tcfg.storage, tcfg.stored_words, tcfg.name)
     table = EmbeddingTable(tcfg, seed=cfg.train.seed, tier=tier)
     for s in range(0, ids.size, 1 << 16):
         chunk = torch.from_numpy(ids[s : s + (1 << 16)].copy())

@@ -270,10 +270,10 @@ def bench_capacity(args) -> dict:
     if not reopen:
         from ember.tiers import StorageConfig, plan_storage
 
-        plan = plan_storage(StorageConfig(disk_path=str(root), disk_rows=rows, disk_max_load=0.9), cfg.stored_dim, "big")
+        plan = plan_storage(StorageConfig(disk_path=str(root), disk_rows=rows, disk_max_load=0.9), cfg.stored_words, "big")
         print(plan.describe(), flush=True)
         plan.check()
-    disk = DiskTier(disk_dir, cfg.stored_dim, rows=rows, max_load=0.9, reopen=reopen)
+    disk = DiskTier(disk_dir, cfg.stored_words, rows=rows, max_load=0.9, reopen=reopen)
     table = EmbeddingTable(cfg, tier=disk)
     parts = args.passes
     t_fill = time.perf_counter()
@@ -301,7 +301,7 @@ def bench_capacity(args) -> dict:
         disk.close()  # tags + clean meta: the fill resumes from the next pass after a kill
         progress["pass"] = p + 1
         state_file.write_text(json.dumps(progress))
-        disk = DiskTier(disk_dir, cfg.stored_dim, reopen=True)
+        disk = DiskTier(disk_dir, cfg.stored_words, reopen=True)
         table = EmbeddingTable(cfg, tier=disk)
         print(f"fill pass {p + 1}/{parts}: {len(disk):,} rows, {time.perf_counter() - t0:.0f} s, RSS {rss_mib()}", flush=True)
     fill_s = time.perf_counter() - t_fill
@@ -309,7 +309,7 @@ def bench_capacity(args) -> dict:
     # training on Zipf IDs over the whole range (the disk tier holds everything; the host cache in front)
     from ember.tiers import CachedTier, HostTier
 
-    tier = CachedTier(HostTier(cfg.stored_dim, capacity=args.host_rows, policy="lfu"), disk, admit_after=2)
+    tier = CachedTier(HostTier(cfg.stored_words, capacity=args.host_rows, policy="lfu"), disk, admit_after=2)
     table = EmbeddingTable(cfg, tier=tier)
     rng = np.random.default_rng(7)
     a = 1.05
@@ -335,7 +335,7 @@ def bench_capacity(args) -> dict:
     table.flush()
     du = shutil.disk_usage(root)
     res = {
-        "rows": rows, "dim": dim, "embedding_params": rows * dim, "record_floats": cfg.stored_dim,
+        "rows": rows, "dim": dim, "embedding_params": rows * dim, "record_floats": cfg.stored_words,
         "fill_seconds_this_run": round(fill_s, 1), "train_steps": args.steps, "batch_ids": args.batch,
         "train_seconds": round(train_s, 1), "ms_per_step_median": round(float(np.median(times)) * 1e3, 1),
         "ids_per_s": round(args.batch * args.steps / train_s),

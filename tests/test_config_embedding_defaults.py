@@ -20,6 +20,7 @@ DEFAULTS: dict[str, Any] = {
     "storage": {"host_rows": 1000},
     "min_count": 3,
     "ttl_steps": 50,
+    "dtype": "bf16",
 }
 OWN: dict[str, Any] = {
     "dim": 5,
@@ -29,6 +30,7 @@ OWN: dict[str, Any] = {
     "storage": {"policy": "lru", "host_rows": 10},
     "min_count": 2,
     "ttl_steps": 9,
+    "dtype": "fp16",
 }
 
 

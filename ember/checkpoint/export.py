@@ -6,7 +6,8 @@ Layout::
                            sha256 of files
     model.pt               the dense model as TorchScript: (dense, pooled, linear) -> logits
     tables/<name>.ids      int64 IDs, sorted (looked up with a binary search)
-    tables/<name>.weights  float32 [rows, dim] weights only (optimizer state is dropped)
+    tables/<name>.weights  [rows, dim] weights only (optimizer state is dropped), at the table's
+                           dtype: float32, or the 16-bit patterns of bf16 / fp16 (format 3 on)
 
 An ID without a row is served as eval scores it: a table's ``min_count`` (format version 2 on)
 says whether that is the ID's initial row (``min_count`` 1) or the all-zero row of IDs held
@@ -24,12 +25,13 @@ import torch
 from torch import nn
 
 from ember.checkpoint.atomic import HashingWriter, sha256_file
+from ember.embedding.codec import to_bits
 from ember.errors import CheckpointError
 from ember.fileio import atomic_dir, fsync_dir
 
 __all__ = ["export_model", "EXPORT_VERSION"]
 
-EXPORT_VERSION = 2  # 2: tables record min_count
+EXPORT_VERSION = 3  # 2: tables record min_count; 3: tables record their dtype (16-bit weights)
 
 # keys of the run config's JSON form that the export records (Predictor reads data and schema)
 RUN_CONFIG_KEYS = ("data", "schema", "model")
@@ -42,7 +44,7 @@ class _Dumpable(Protocol):
 class _Table(Protocol):
     dim: int
     seed: int  # the effective seed of the table's initial rows
-    config: Any  # .initializer (a pydantic model), .min_count
+    config: Any  # .initializer (a pydantic model), .min_count, .dtype (fp32 when absent)
 
     def items(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]: ...
 
@@ -85,7 +87,8 @@ def export_model(
 
     def needed() -> int:  # asked only when the disk is full
         return sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
-            ids.numel() * (8 + 4 * t.dim) for ec in collections for t in ec.tables.values() for ids, _ in t.items())
+            ids.numel() * (8 + _weight_bytes(t) * t.dim) for ec in collections for t in ec.tables.values()
+            for ids, _ in t.items())
 
     with atomic_dir(out, CheckpointError, needed, "the previous export, if any, is kept") as tmp:
         _write(tmp, model, collections, features, linear_features, task_names, run_config)
@@ -106,7 +109,12 @@ def _write(tmp: Path, model: nn.Module, collections: Sequence[_Collection], feat
             ids = torch.cat([c[0] for c in chunks]).numpy() if chunks else np.empty(0, np.int64)
             w = torch.cat([c[1][:, : table.dim] for c in chunks]).numpy() if chunks else np.empty((0, table.dim), np.float32)
             order = np.argsort(ids, kind="stable")
-            for suffix, arr in [("ids", ids[order].astype("<i8")), ("weights", np.ascontiguousarray(w[order], dtype="<f4"))]:
+            dtype = getattr(table.config, "dtype", "fp32")
+            if dtype == "fp32":
+                weights = np.ascontiguousarray(w[order], dtype="<f4")
+            else:  # the stored values exactly, two bytes each
+                weights = to_bits(torch.from_numpy(np.ascontiguousarray(w[order])), dtype).numpy().astype("<i2")
+            for suffix, arr in [("ids", ids[order].astype("<i8")), ("weights", weights)]:
                 wr = HashingWriter(tmp / "tables" / f"{name}.{suffix}")
                 try:
                     wr.write(arr.tobytes())
@@ -115,7 +123,7 @@ def _write(tmp: Path, model: nn.Module, collections: Sequence[_Collection], feat
             tables.append({
                 "name": name, "dim": table.dim, "rows": int(ids.size), "seed": int(table.seed),
                 "initializer": table.config.initializer.model_dump(mode="json"),
-                "min_count": int(table.config.min_count),
+                "min_count": int(table.config.min_count), "dtype": dtype,
             })
     manifest = {
         "format_version": EXPORT_VERSION,
@@ -134,6 +142,11 @@ def _write(tmp: Path, model: nn.Module, collections: Sequence[_Collection], feat
     finally:
         mw.close()
     fsync_dir(tmp / "tables")
+
+
+def _weight_bytes(table: _Table) -> int:
+    """Bytes per exported weight: 4 for fp32 tables, 2 for bf16 / fp16 ones."""
+    return 4 if getattr(table.config, "dtype", "fp32") == "fp32" else 2
 
 
 def _script(model: nn.Module, path: Path) -> str:

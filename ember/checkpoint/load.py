@@ -14,6 +14,7 @@ import torch
 from ember.checkpoint.atomic import sha256_file
 from ember.checkpoint.save import FORMAT_VERSION
 from ember.embedding import EmbeddingCollection
+from ember.embedding.codec import RowCodec
 from ember.errors import CheckpointError
 
 __all__ = [
@@ -49,9 +50,10 @@ def read_manifest(ckpt: Path) -> dict[str, Any]:
         manifest = json.loads((ckpt / "manifest.json").read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint {ckpt}: cannot read manifest.json ({e})") from e
-    if manifest.get("format_version") != FORMAT_VERSION:
+    if manifest.get("format_version") not in range(1, FORMAT_VERSION + 1):
         raise CheckpointError(
-            f"checkpoint {ckpt}: format version {manifest.get('format_version')} is not {FORMAT_VERSION}"
+            f"checkpoint {ckpt}: format version {manifest.get('format_version')} is not one this ember reads "
+            f"(1..{FORMAT_VERSION}); resume it with the ember version that wrote it"
         )
     return manifest
 
@@ -69,7 +71,11 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
 
 
 def load_tables(ckpt: Path, collections: list[EmbeddingCollection], manifest: dict[str, Any]) -> None:
-    """Stream every table's rows from the checkpoint into the collections' tables (any tier layout)."""
+    """Stream every table's rows from the checkpoint into the collections' tables (any tier layout).
+
+    Rows are converted to each table's dtype: a checkpoint of a wider dtype is rounded to nearest
+    (fp32 -> bf16), a narrower one widens exactly (bf16 -> fp32); version 1 checkpoints are fp32.
+    """
     meta = {t["name"]: t for t in manifest["tables"]}
     for ec in collections:
         for name, table in ec.tables.items():
@@ -82,10 +88,11 @@ def load_tables(ckpt: Path, collections: list[EmbeddingCollection], manifest: di
                     f"(dim {m['dim']}, optimizer {m['optimizer']['type']}), the config asks for "
                     f"{table.config.record_dim}; keep dim and optimizer type when resuming"
                 )
+            codec = RowCodec(m.get("dtype", "fp32"), m["dim"], m["record_dim"])  # how the file packs rows
             ids_mm = np.memmap(ckpt / "tables" / f"{name}.ids", dtype="<i8", mode="r") if m["rows"] else np.empty(0, np.int64)
             rec_mm = (
-                np.memmap(ckpt / "tables" / f"{name}.rec", dtype="<f4", mode="r").reshape(-1, m["record_dim"])
-                if m["rows"] else np.empty((0, m["record_dim"]), np.float32)
+                np.memmap(ckpt / "tables" / f"{name}.rec", dtype="<f4", mode="r").reshape(-1, codec.words)
+                if m["rows"] else np.empty((0, codec.words), np.float32)
             )
             seen_file = ckpt / "tables" / f"{name}.seen"
             seen_mm = None  # last-seen steps (TTL tables); older checkpoints lack them: rows count as seen now
@@ -94,7 +101,7 @@ def load_tables(ckpt: Path, collections: list[EmbeddingCollection], manifest: di
             for s in range(0, m["rows"], _CHUNK_ROWS):
                 seen = None if seen_mm is None else torch.from_numpy(np.array(seen_mm[s : s + _CHUNK_ROWS]))
                 table.load(torch.from_numpy(np.array(ids_mm[s : s + _CHUNK_ROWS])),
-                           torch.from_numpy(np.array(rec_mm[s : s + _CHUNK_ROWS])), seen)
+                           codec.decode(torch.from_numpy(np.array(rec_mm[s : s + _CHUNK_ROWS]))), seen)
 
 
 def load_dense(ckpt: Path) -> dict[str, Any]:

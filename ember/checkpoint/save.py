@@ -5,7 +5,9 @@ Layout of ``<run>/checkpoints/step-00000100/``::
     manifest.json      version, step, data position, config, tables, sha256 of every file
     dense.pt           model + dense optimizer state_dicts, RNG states, table step counters
     tables/<name>.ids  int64 IDs, streamed in chunks (sorted by ID per chunk)
-    tables/<name>.rec  float32 records [weights | optimizer state], same order
+    tables/<name>.rec  records [weights | optimizer state], same order, packed at the table's
+                       dtype (``RowCodec``: fp32 words; bf16/fp16 weights two to a word)
+    tables/<name>.seen last-seen step per row (float32), tables with a TTL
 
 A full disk raises CheckpointError naming the directory and the bytes needed, and removes the
 temporary directory. A crash at any point leaves the previous checkpoint untouched: files go to a ``.tmp-*``
@@ -28,12 +30,13 @@ import torch
 
 from ember.checkpoint.atomic import HashingWriter, atomic_write_bytes, fsync_dir
 from ember.embedding import EmbeddingCollection
+from ember.embedding.codec import RowCodec
 from ember.errors import CheckpointError
 from ember.fileio import is_no_space, no_space_error
 
 __all__ = ["save_checkpoint", "checkpoint_bytes", "FORMAT_VERSION", "rng_state", "mark_best", "best_checkpoint", "checkpoint_path"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: tables record their row dtype; .rec rows are packed at it
 
 
 def rng_state() -> dict[str, Any]:
@@ -85,7 +88,7 @@ def checkpoint_bytes(collections: list[EmbeddingCollection], dense_state: dict[s
     total = _tensor_bytes(dense_state)
     for ec in collections:
         for table in ec.tables.values():
-            per_row = 8 + 4 * table.config.record_dim + (4 if table.config.ttl_steps else 0)
+            per_row = 8 + 4 * table.config.stored_words  # ID + packed record (+ last-seen step)
             total += len(table) * per_row
     return total
 
@@ -116,9 +119,12 @@ def _write(tmp: Path, step: int, collections: list[EmbeddingCollection], dense_s
             # with a TTL, each row's last-seen step too, so rows expire on the same steps after a resume
             seen_w = HashingWriter(tmp / "tables" / f"{name}.seen") if table.config.ttl_steps else None
             rows = 0
+            # rows are saved packed at the table's dtype: its values are representable, so
+            # rounding to nearest repacks them exactly
+            codec = RowCodec(table.config.dtype, table.dim, table.config.record_dim)
             for ids, records, seen in table.items_with_seen():
                 ids_w.write(ids.numpy().astype("<i8", copy=False).tobytes())
-                rec_w.write(records.numpy().astype("<f4", copy=False).tobytes())
+                rec_w.write(codec.encode_nearest(records.contiguous()).numpy().astype("<f4", copy=False).tobytes())
                 if seen_w is not None and seen is not None:
                     seen_w.write(seen.numpy().astype("<f4", copy=False).tobytes())
                 rows += ids.numel()
@@ -128,6 +134,7 @@ def _write(tmp: Path, step: int, collections: list[EmbeddingCollection], dense_s
                 files[f"tables/{name}.seen"] = seen_w.close()
             steps[name] = table.step
             tables_meta.append({"name": name, "rows": rows, "dim": table.dim, "record_dim": table.config.record_dim,
+                                "dtype": table.config.dtype, "record_words": codec.words,
                                 "optimizer": table.config.optimizer.model_dump(mode="json")})
     buf = io.BytesIO()
     torch.save({**dense_state, "rng": rng_state(), "table_steps": steps, "admission": admission}, buf)

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field
 
 from ember.config_base import ConfigModel
+from ember.embedding.codec import RowDtype, packed_words
 from ember.embedding.init import InitializerConfig
 from ember.optim import RowWiseAdagrad, SparseOptimizerConfig
 from ember.tiers.storage import StorageConfig
@@ -26,6 +27,7 @@ class TableOptions(ConfigModel):
     storage: StorageConfig = StorageConfig()
     min_count: int = Field(1, ge=1)
     ttl_steps: int | None = Field(None, gt=0)
+    dtype: RowDtype = "fp32"
 
 
 class TableConfig(TableOptions):
@@ -37,7 +39,10 @@ class TableConfig(TableOptions):
     its own row only once it has been looked up that many times; until then it reads a shared
     all-zero row and receives no update (DeepRec's counter filter). ``ttl_steps``: a row not
     looked up for more than that many training steps is gone; its ID comes back freshly
-    initialised (and, with ``min_count``, must be counted again).
+    initialised (and, with ``min_count``, must be counted again). ``dtype``: how the weights are
+    stored in every tier, checkpoint and export (``fp32``, ``bf16`` or ``fp16``; optimizer state
+    and the last-seen step stay fp32); updates are computed in fp32 and rounded back
+    stochastically (``ember.embedding.codec``).
 
     Example:
         >>> t = TableConfig(name="user", dim=16, optimizer={"type": "adam", "lr": 1e-3})
@@ -56,6 +61,12 @@ class TableConfig(TableOptions):
     def stored_dim(self) -> int:
         """Floats per record as the tiers store it: record_dim, plus the last-seen step with a TTL."""
         return self.record_dim + (1 if self.ttl_steps is not None else 0)
+
+    @property
+    def stored_words(self) -> int:
+        """4-byte words per record in the tiers: ``stored_dim`` packed at ``dtype`` (16-bit weights
+        two to a word, the rest fp32), what capacity plans and tier files are sized by."""
+        return packed_words(self.dtype, self.dim, self.stored_dim)
 
 
 PoolingMode = Literal["sum", "mean", "sqrtn", "sequence"]

@@ -1,7 +1,7 @@
 """Table groups and their per-batch lookups: the one path every embedding row takes.
 
-A ``TableGroup`` is the tables of a collection that share a dim, a record width and the fast
-tier's device (a lone table is a group of one); they may differ in initializer, seed,
+A ``TableGroup`` is the tables of a collection that share a dim, a record width, a row storage
+dtype and the fast tier's device (a lone table is a group of one); they may differ in initializer, seed,
 optimizer hyperparameters, ``min_count`` and TTL. A ``GroupLookup`` is one batch moving
 through explicit phases, each a method that can be called on its own (a pipeline may run them
 on different threads, sharding may put all-to-alls between them):
@@ -48,11 +48,14 @@ class TableGroup:
         self.tables = [tables[j] for j in order]
         first = self.tables[0]
         self.dim = first.dim
-        self.width = first.config.stored_dim
+        self.width = first.config.stored_dim  # fp32 columns of a decoded record
+        self.dtype = first.config.dtype
+        self.codec = first.codec  # tiers hold ``codec.words`` words per record (fp32: the same)
         self.device = first.tier.device
         for t in self.tables:
-            if (t.dim, t.config.stored_dim, t.tier.device) != (self.dim, self.width, self.device):
-                raise ValueError(f"table '{t.name}' does not fit the group of '{first.name}' (dim, record width, device)")
+            if (t.dim, t.config.stored_dim, t.config.dtype, t.tier.device) != (self.dim, self.width, self.dtype, self.device):
+                raise ValueError(f"table '{t.name}' does not fit the group of '{first.name}' "
+                                 "(dim, record width, dtype, device)")
         self.features = [f for t in self.tables for f in features[t.name]]
         self.owner = [j for j, t in enumerate(self.tables) for _ in features[t.name]]  # table of each feature
         self.tiers = [t.tier for t in self.tables]
@@ -144,8 +147,9 @@ class GroupLookup:
         device; absent IDs get fresh rows (one init call per distinct initializer), ``min_count``
         and TTL tables complete their rows (writes ``records``, ``filtered``). Stores nothing."""
         g = self.group
-        rec = torch.empty(self.ids.numel(), g.width, device=g.device)
-        found = read_segments(g.tiers, self.table_ids, rec)
+        packed = torch.empty(self.ids.numel(), g.codec.words, device=g.device)
+        found = read_segments(g.tiers, self.table_ids, packed)
+        rec = g.codec.decode(packed)  # fp32 [U, width]; rows of absent IDs are overwritten below
         found_np = found.numpy()
         owner = np.repeat(np.arange(len(g.tables)), self.sizes)
         miss = np.flatnonzero(~found_np & ~g.special[owner])
@@ -155,7 +159,8 @@ class GroupLookup:
                 rows = miss if len(g.combos) == 1 else miss[combo == k]
                 if rows.size:
                     scale = g.scale[owner[rows]] if g.mixed_scale[k] else None
-                    fresh = fresh_records(self.ids[torch.from_numpy(rows)], g.seeds[owner[rows]], g.dim, init, opt, scale)
+                    fresh = fresh_records(self.ids[torch.from_numpy(rows)], g.seeds[owner[rows]], g.dim, init, opt,
+                                          scale, g.dtype)
                     rec.index_copy_(0, torch.from_numpy(rows).to(rec.device), fresh.to(rec.device))
             if rec.device.type != "cpu":  # fresh rows are made on the host
                 self._count_moved(np.bincount(owner[miss], minlength=len(g.tables)), g.width)
@@ -299,8 +304,9 @@ class GroupLookup:
         cut = np.searchsorted(at, self.starts[1:-1])
         ids = self.ids.numpy()
         subsets = [torch.from_numpy(ids[p]) for p in np.split(at, cut)]
-        rows = self.records.new_empty(at.size, g.width)
-        found = read_segments(g.tiers, subsets, rows).numpy()  # one pass over the group's tiers
+        packed = self.records.new_empty(at.size, g.codec.words)
+        found = read_segments(g.tiers, subsets, packed).numpy()  # one pass over the group's tiers
+        rows = g.codec.decode(packed)
         if not found.all():
             keep = np.flatnonzero(found)
             at, rows = at[keep], rows.index_select(0, torch.from_numpy(keep).to(rows.device))
@@ -357,12 +363,18 @@ class GroupLookup:
     def write_back(self) -> None:
         """Store the updated tables' rows in their tiers (rows below ``min_count`` get none),
         then each table's bookkeeping (admission counts, TTL sweep). Reads ``records``,
-        ``updated``, ``filtered``."""
+        ``updated``, ``filtered``. A bf16/fp16 group's weights are rounded stochastically with
+        noise of (table seed, table step, ID, column) (``RowCodec.encode``)."""
         if self.records is None:
             raise RuntimeError("GroupLookup.write_back before fetch")
         g, rec = self.group, self.records
         ids = self.table_ids
         if len(self.updated) == len(g.tables) and not self.filtered:
+            if not g.codec.identity:
+                owner = torch.from_numpy(np.repeat(np.arange(len(g.tables)), self.sizes))
+                seeds = torch.from_numpy(g.seeds)[owner]
+                steps = torch.tensor([t.step for t in g.tables], dtype=torch.int64)[owner]
+                rec = g.codec.encode(rec, self.ids, seeds, steps)
             write_segments(g.tiers, ids, rec)
             written = ids
         else:
@@ -376,7 +388,7 @@ class GroupLookup:
                     i, r = i[keep], r.index_select(0, keep.to(r.device))
                 tiers.append(g.tiers[j])
                 parts.append(i)
-                rows.append(r)
+                rows.append(g.codec.encode(r, i, g.tables[j].seed, g.tables[j].step))
                 written[j] = i
             if tiers:
                 write_segments(tiers, parts, torch.cat(rows) if len(rows) > 1 else rows[0])

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ember.embedding.codec import RowCodec, RowDtype, round_nearest
 from ember.embedding.config import TableConfig
 from ember.embedding.init import InitializerConfig, init_rows, table_seed
 from ember.optim import SparseOptimizerConfig
@@ -25,11 +26,12 @@ __all__ = ["EmbeddingTable", "fresh_records"]
 
 def fresh_records(
     ids: Tensor, seeds: int | np.ndarray, dim: int, initializer: InitializerConfig, optimizer: SparseOptimizerConfig,
-    scale: np.ndarray | None = None,
+    scale: np.ndarray | None = None, dtype: RowDtype = "fp32",
 ) -> Tensor:
     """Records [N, dim + state] of new rows: initial weights (per ID and seed; ``scale`` per row
-    for uniform initializers) + initial state."""
-    w = init_rows(ids, dim, initializer, seeds, scale)
+    for uniform initializers) + initial state. The weights are rounded to nearest at ``dtype``
+    once, here: a fresh row reads as it will be stored (and as the predictor serves it)."""
+    w = round_nearest(init_rows(ids, dim, initializer, seeds, scale), dtype)
     return torch.cat([w, optimizer.init_state(w)], dim=1)
 
 
@@ -59,11 +61,14 @@ class EmbeddingTable:
         self.name = config.name
         self.dim = config.dim
         self.seed = config.seed if config.seed is not None else table_seed(seed, config.name)
-        self.tier: Tier = tier if tier is not None else build_tier(config.storage, config.stored_dim, config.name)
-        if self.tier.record_dim != config.stored_dim:
+        # the tiers hold records packed at the table's dtype: ``codec.words`` 4-byte words each
+        self.codec = RowCodec(config.dtype, config.dim, config.stored_dim)
+        self.tier: Tier = tier if tier is not None else build_tier(config.storage, self.codec.words, config.name)
+        if self.tier.record_dim != self.codec.words:
             raise ValueError(
-                f"table '{config.name}': tier record_dim {self.tier.record_dim} != "
-                f"dim + optimizer state{' + last-seen step' if config.ttl_steps else ''} = {config.stored_dim}"
+                f"table '{config.name}': tier record_dim {self.tier.record_dim} != the {self.codec.words} words of a "
+                f"record (dim + optimizer state{' + last-seen step' if config.ttl_steps else ''} = "
+                f"{config.stored_dim} floats, weights at {config.dtype})"
             )
         self.optimizer = config.optimizer
         self.step = 0  # optimizer steps this table took (a step in which its features reached the loss)
@@ -82,11 +87,11 @@ class EmbeddingTable:
 
     def storage_plan(self) -> StoragePlan:
         """Memory and disk this table's storage config asks for (what ``build_tier`` checked)."""
-        return plan_storage(self.config.storage, self.config.stored_dim, self.config.name)
+        return plan_storage(self.config.storage, self.codec.words, self.config.name)
 
     def new_records(self, ids: Tensor) -> Tensor:
         """Fresh records (initial weights + initial optimizer state) for ``ids``: [N, record_dim]."""
-        return fresh_records(ids, self.seed, self.dim, self.config.initializer, self.optimizer)
+        return fresh_records(ids, self.seed, self.dim, self.config.initializer, self.optimizer, dtype=self.config.dtype)
 
     def stored(self, records: Tensor, seen: Tensor | None = None) -> Tensor:
         """[N, record_dim] -> [N, stored_dim] (appends the last-seen step when a TTL is set:
@@ -133,9 +138,9 @@ class EmbeddingTable:
         return filtered
 
     def count_transfer(self, rows: int, width: int | None = None) -> None:
-        """Count ``rows`` of ``width`` floats (default: a stored record) that crossed between
-        host and device memory for this table (the caller knows they crossed)."""
-        self.transfer_bytes += rows * 4 * (self.config.stored_dim if width is None else width)
+        """Count ``rows`` of ``width`` 4-byte words (default: a stored, packed record) that crossed
+        between host and device memory for this table (the caller knows they crossed)."""
+        self.transfer_bytes += rows * 4 * (self.codec.words if width is None else width)
 
     def after_write(self, ids: Tensor) -> None:
         """Bookkeeping once the rows of ``ids`` were updated and stored: they now have rows
@@ -149,6 +154,7 @@ class EmbeddingTable:
         """Remove every row not looked up for more than ``ttl_steps`` steps; returns how many."""
         if self.ttl is None:
             return 0
+        # the last-seen step is the last word of a record whatever the dtype (it stays fp32)
         old = [ids[self.step - rec[:, -1] > self.ttl] for ids, rec in self.tier.items()]
         victims = torch.cat(old) if old else torch.empty(0, dtype=torch.int64)
         if victims.numel():
@@ -164,7 +170,8 @@ class EmbeddingTable:
     def items_with_seen(self, chunk_rows: int = 1 << 20) -> Iterator[tuple[Tensor, Tensor, Tensor | None]]:
         """``items`` plus each row's last-seen step [N] (None without a TTL), for checkpoints."""
         r = self.config.record_dim
-        for ids, rec in self.tier.items(chunk_rows):
+        for ids, packed in self.tier.items(chunk_rows):
+            rec = self.codec.decode(packed)
             if self.ttl is None:
                 yield ids, rec[:, :r], None
                 continue
@@ -177,14 +184,15 @@ class EmbeddingTable:
         """Bulk import of unique (ids, records [N, record_dim]), e.g. from a checkpoint.
 
         With a TTL each row's last-seen step is ``seen`` [N] (as checkpointed), else the
-        current ``step``.
+        current ``step``. Weights are rounded to nearest at the table's dtype (exact when they
+        come from a table of that dtype or a narrower one).
         """
         if records.shape[1] != self.config.record_dim:
             raise ValueError(
                 f"table '{self.config.name}': load got records of width {records.shape[1]}, "
                 f"expected dim + optimizer state = {self.config.record_dim}"
             )
-        self.tier.put(ids, self.stored(records, seen))
+        self.tier.put(ids, self.codec.encode_nearest(self.stored(records, seen).contiguous()))
         if self.admission is not None:
             self.admission.remove(ids.numpy())
 

@@ -21,6 +21,7 @@ from ember.checkpoint.atomic import sha256_file
 from ember.checkpoint.export import EXPORT_VERSION
 from ember.embedding.pooling import pool_feature
 from ember.embedding.config import FeatureConfig
+from ember.embedding.codec import RowDtype, from_bits, round_nearest
 from ember.embedding.init import InitializerConfig, init_rows
 from ember.errors import CheckpointError, ConfigError
 
@@ -29,17 +30,25 @@ __all__ = ["Predictor"]
 
 class _FrozenTable:
     """Sorted IDs + weights; lookup by binary search; IDs without a row read their initial row,
-    or the all-zero row when the table held IDs back (``min_count`` > 1), as eval does."""
+    or the all-zero row when the table held IDs back (``min_count`` > 1), as eval does. A bf16 /
+    fp16 table's weights are widened exactly, and initial rows rounded to nearest at its dtype
+    as the table rounds a fresh row, so scores equal eval's."""
 
     def __init__(self, root: Path, meta: dict[str, Any], min_count: int) -> None:
         self.dim = meta["dim"]
         self.seed = meta["seed"]
         self.init = InitializerConfig.model_validate(meta["initializer"])
         self.min_count = min_count
+        self.dtype: RowDtype = meta.get("dtype", "fp32")  # exports before format 3 are fp32
         n = meta["rows"]
         self.ids = np.fromfile(root / "tables" / f"{meta['name']}.ids", dtype="<i8") if n else np.empty(0, np.int64)
-        w = np.fromfile(root / "tables" / f"{meta['name']}.weights", dtype="<f4") if n else np.empty(0, np.float32)
-        self.weights = torch.from_numpy(w.reshape(n, self.dim))
+        wfile = root / "tables" / f"{meta['name']}.weights"
+        if self.dtype == "fp32":
+            w = np.fromfile(wfile, dtype="<f4") if n else np.empty(0, np.float32)
+            self.weights = torch.from_numpy(w.reshape(n, self.dim))
+        else:
+            bits = np.fromfile(wfile, dtype="<i2") if n else np.empty(0, np.int16)
+            self.weights = from_bits(torch.from_numpy(bits.astype(np.int16).reshape(n, self.dim)), self.dtype)
 
     def rows(self, ids: Tensor) -> Tensor:
         q = ids.numpy()
@@ -52,7 +61,8 @@ class _FrozenTable:
         if (~found).any():
             absent = torch.from_numpy(~found)
             # below min_count an ID never got a row: eval reads the shared zero row for it
-            out[absent] = 0.0 if self.min_count > 1 else init_rows(ids[absent], self.dim, self.init, self.seed)
+            out[absent] = 0.0 if self.min_count > 1 else round_nearest(
+                init_rows(ids[absent], self.dim, self.init, self.seed), self.dtype)
         return out
 
 

@@ -17,9 +17,10 @@ def read(tier, ids: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def rows(table, ids: Tensor) -> Tensor:
-    """Records [N, record_dim] of ``ids`` in an EmbeddingTable: stored rows, fresh rows for absent IDs."""
+    """Records [N, record_dim] of ``ids`` in an EmbeddingTable (decoded to fp32): stored rows, fresh
+    rows for absent IDs."""
     out, found = read(table.tier, ids)
-    out = out.cpu()[:, : table.config.record_dim]
+    out = table.codec.decode(out.cpu())[:, : table.config.record_dim].clone()
     miss = ~found
     if bool(miss.any()):
         out[miss] = table.new_records(ids[miss])

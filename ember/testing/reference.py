@@ -49,8 +49,9 @@ class ReferenceCollection:
             values = torch.cat([sparse[f.name].values for f in feats])
             uniq, inv, _ = _native.unique_segments(values.numpy(), np.array([0, values.numel()]))
             ids, inverse = torch.from_numpy(uniq), torch.from_numpy(inv)
-            records = torch.zeros(ids.numel(), table.config.stored_dim)
-            found = table.tier.get_into(ids, records)
+            packed = torch.zeros(ids.numel(), table.codec.words)
+            found = table.tier.get_into(ids, packed)
+            records = table.codec.decode(packed).clone()
             filtered = self._complete(table, ids, records, found)
             w = records[:, : table.dim].clone().requires_grad_(self.train)
             self.leaves[name] = (ids, w, records, filtered)
@@ -92,7 +93,7 @@ class ReferenceCollection:
             new_w, new_s = table.optimizer.update(rows[:, :d].clone(), rows[:, d:r].clone(), w.grad[keep], table.step,
                                                   rule_lr(table.optimizer, self.steps))
             rows[:, :d], rows[:, d:r] = new_w, new_s
-            table.tier.put(ids[keep], rows)
+            table.tier.put(ids[keep], table.codec.encode(rows, ids[keep], table.seed, table.step))
             if table.admission is not None and bool(keep.any()):
                 table.admission.remove(ids[keep].numpy())
             if table.ttl is not None and table.step % table.ttl == 0:

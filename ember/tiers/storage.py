@@ -132,7 +132,7 @@ class StoragePlan:
 
     def describe(self) -> str:
         """One line per tier, e.g. for the trainer to print before it starts."""
-        lines = [f"table '{self.name}' (record {self.record_dim} floats = {4 * self.record_dim} B):"]
+        lines = [f"table '{self.name}' (record {self.record_dim} words = {4 * self.record_dim} B):"]
         for tier, rows, place in self.tiers:
             lines.append(f"  {tier:<6} {'unbounded' if rows is None else f'{rows:,} rows':>18}  {place}")
         grow = ""

@@ -158,6 +158,8 @@ def build_components(cfg: RunConfig) -> Components:
     model = build_model(cfg.model, inputs).to(device)
     linear = None
     if getattr(model, "wants_linear", False):
+        # dim-1 tables stay fp32 whatever ``dtype`` says: one 16-bit weight pads to a whole word,
+        # so a bf16 record would be no smaller
         lin_tables = [
             TableConfig(name=t.name + LINEAR_SUFFIX, dim=1, initializer=InitializerConfig(type="zeros"), optimizer=t.optimizer,
                         seed=t.seed, min_count=t.min_count, ttl_steps=t.ttl_steps)
@@ -195,7 +197,7 @@ def _announce_storage(tables: list[TableConfig]) -> None:
     plans = []
     for t in tables:
         if t.storage != StorageConfig():
-            plan = plan_storage(t.storage, t.stored_dim, t.name)
+            plan = plan_storage(t.storage, t.stored_words, t.name)  # packed at the table's dtype
             print(plan.describe(), flush=True)
             plan.check()
             plans.append(plan)

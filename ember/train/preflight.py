@@ -141,7 +141,7 @@ def check_disk(cfg: RunConfig, parts: Components, run_dir: Path) -> int:
     for ec in parts.collections():
         for t in ec.tables.values():
             features = [f.name for f in ec.features if f.table_name == t.name]
-            table += _rows_bound(cfg, features) * (8 + 4 * t.config.record_dim)
+            table += _rows_bound(cfg, features) * (8 + 4 * t.config.stored_words)  # rows packed at the table's dtype
     es = cfg.train.early_stopping
     copies = cfg.train.keep_checkpoints + 1 + (1 if es is not None and es.save_best else 0)  # + early stopping's best
     free = free_bytes(run_dir)

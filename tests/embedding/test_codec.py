@@ -1,0 +1,136 @@
+"""RowCodec: packing fp32 records at bf16 / fp16, stochastic rounding, the noise hash."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ember.embedding.codec import RowCodec, _mix64_t, from_bits, packed_words, round_nearest, sr_noise, to_bits
+from ember.mix import mix64
+
+TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def test_torch_mix_equals_numpy_mix64():
+    x = np.array([0, 1, -5, 2**62 + 12345, -(2**63), 2**63 - 1, 987654321987], dtype=np.int64)
+    got = _mix64_t(torch.from_numpy(x)).numpy().view(np.uint64)
+    np.testing.assert_array_equal(got, mix64(x.view(np.uint64)))
+
+
+def test_fp32_codec_is_the_identity():
+    c = RowCodec("fp32", 4, 6)
+    rec = torch.randn(5, 6)
+    assert c.words == 6
+    assert c.encode(rec, torch.arange(5), 1, 2) is rec and c.decode(rec) is rec
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("dim,width", [(16, 17), (5, 7), (1, 1)])
+def test_round_trip_within_one_ulp_and_state_exact(dtype, dim, width):
+    c = RowCodec(dtype, dim, width)
+    assert c.words == (dim + 1) // 2 + width - dim == packed_words(dtype, dim, width)
+    rec = torch.randn(2000, width) * 3
+    ids = torch.arange(2000) * 7919
+    got = c.decode(c.encode(rec, ids, seed=11, step=3))
+    assert torch.equal(got[:, dim:], rec[:, dim:])  # optimizer state / TTL stay fp32, bit-exact
+    w = rec[:, :dim]
+    # stochastic rounding lands on one of the two neighbours: within one ulp of the target dtype
+    ulp = 2.0 ** (-7 if dtype == "bf16" else -10)
+    assert ((got[:, :dim] - w).abs() <= w.abs() * ulp * 1.0001 + 1e-7).all()
+    # the result is representable: re-encoding it (any noise) changes nothing
+    assert torch.equal(c.decode(c.encode(got, ids, seed=5, step=9)), got)
+    empty = c.encode(rec[:0], ids[:0], 1, 1)  # a batch with no row of this table
+    assert empty.shape == (0, c.words) and c.decode(empty).shape == (0, width)
+    # nearest rounding equals torch's own conversion
+    near = c.decode(c.encode_nearest(rec))[:, :dim]
+    assert torch.equal(near, w.to(TORCH_DTYPE[dtype]).float())
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_stochastic_rounding_is_unbiased(dtype):
+    c = RowCodec(dtype, 8, 8)
+    vals = torch.tensor([0.1, -0.3, 1.0 + 2**-9, 1e-3, -7.77, 3.3e-5, 1234.5678, -0.0071])
+    rec = vals.repeat(20_000, 1)
+    got = c.decode(c.encode(rec, torch.arange(20_000), seed=1, step=1)).double().mean(0)
+    ulp = vals.abs().double() * 2.0 ** (-7 if dtype == "bf16" else -10)
+    # the mean of 20k draws is within ~4 standard errors (<= ulp/2 / sqrt(20k)) of the value
+    assert ((got - vals.double()).abs() < 4 * ulp / 2 / np.sqrt(20_000) + 1e-9).all(), (got, vals)
+    near = round_nearest(vals, dtype).double()
+    assert ((near - vals.double()).abs() > (got - vals.double()).abs()).sum() >= 6  # nearest is biased
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_noise_is_deterministic_per_seed_step_id(dtype):
+    c = RowCodec(dtype, 6, 7)
+    rec = torch.randn(300, 7)
+    ids = torch.randint(-(2**62), 2**62, (300,))
+    a = c.encode(rec, ids, seed=3, step=4)
+    assert torch.equal(a.view(torch.int32), c.encode(rec, ids, seed=3, step=4).view(torch.int32))
+    # per row: a row's rounding does not depend on which other rows are encoded with it
+    perm = torch.randperm(300)
+    b = c.encode(rec[perm], ids[perm], seed=3, step=4)
+    assert torch.equal(b.view(torch.int32), a[perm].view(torch.int32))
+    # per-row seeds / steps (a group) equal per-table calls
+    seeds = torch.tensor([3] * 150 + [8] * 150)
+    steps = torch.tensor([4] * 150 + [2] * 150)
+    g = c.encode(rec, ids, seeds, steps)
+    assert torch.equal(g[:150].view(torch.int32), a[:150].view(torch.int32))
+    assert torch.equal(g[150:].view(torch.int32), c.encode(rec[150:], ids[150:], 8, 2).view(torch.int32))
+    # and other seeds, steps or IDs give other noise
+    n = sr_noise(ids, 3, 4, 6, torch.device("cpu"))
+    assert n.shape == (300, 6) and int(n.min()) >= 0 and int(n.max()) < 65536
+    assert not torch.equal(n, sr_noise(ids, 3, 5, 6, torch.device("cpu")))
+    assert not torch.equal(n, sr_noise(ids + 1, 3, 4, 6, torch.device("cpu")))
+    assert abs(n.double().mean().item() / 65535 - 0.5) < 0.02
+
+
+def test_stochastic_rounding_keeps_tiny_updates_that_nearest_loses():
+    """1000 increments of 1e-4 to a weight of 1.0: bf16 spacing there is 2**-7 ~ 0.0078, so
+    rounding to nearest drops every increment; stochastic rounding adds ~0.1 on average."""
+    c = RowCodec("bf16", 1, 1)
+    ids = torch.arange(500)
+    sr = torch.ones(500, 1)
+    rn = torch.ones(500, 1)
+    for step in range(1, 1001):
+        sr = c.decode(c.encode(sr + 1e-4, ids, seed=0, step=step))
+        rn = c.decode(c.encode_nearest(rn + 1e-4))
+    assert torch.equal(rn, torch.ones(500, 1))
+    assert abs(sr.mean().item() - 1.1) < 0.01, sr.mean()
+
+
+def test_specials_signs_and_fp16_saturation():
+    rec = torch.tensor([[float("inf"), -float("inf"), float("nan"), -0.0, -1e6, 1e6, 3e-8, -2.5]])
+    bf = RowCodec("bf16", 8, 8)
+    got = bf.decode(bf.encode(rec, torch.tensor([1]), 0, 0))[0]
+    assert got[0] == float("inf") and got[1] == -float("inf") and torch.isnan(got[2])
+    assert got[3] == 0 and torch.signbit(got[3]) and got[7] == -2.5
+    assert abs(got[4].item() + 1e6) <= 1e6 * 2**-7 and got[6] > 0
+    hf = RowCodec("fp16", 8, 8)
+    for row in (hf.decode(hf.encode(rec, torch.tensor([1]), 0, 0))[0], hf.decode(hf.encode_nearest(rec))[0]):
+        assert row[0] == float("inf") and row[1] == -float("inf") and torch.isnan(row[2])
+        assert row[4] == -65504.0 and row[5] == 65504.0  # saturated, documented
+        assert row[6] in (0.0, 2.0**-24) and row[7] == -2.5  # 3e-8 is below the least fp16 subnormal: 0 or it
+
+
+def test_fp16_subnormals_round_stochastically():
+    c = RowCodec("fp16", 1, 1)
+    v = 1.5 * 2.0**-24  # halfway between the two least fp16 subnormals
+    got = c.decode(c.encode(torch.full((20_000, 1), v), torch.arange(20_000), 0, 0))
+    assert set(got.flatten().tolist()) == {2.0**-24, 2.0**-23}
+    assert abs(got.double().mean().item() / v - 1) < 0.02
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_bits_round_trip(dtype):
+    w = round_nearest(torch.randn(50, 4), dtype)
+    assert torch.equal(from_bits(to_bits(w, dtype), dtype), w)
+    with pytest.raises(ValueError, match="fp32 weights are stored as they are"):
+        to_bits(w, "fp32")
+
+
+def test_bad_inputs_are_clear_errors():
+    with pytest.raises(ValueError, match="fp32, bf16 or fp16"):
+        RowCodec("int8", 4, 5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"records must be float32 \[N, 5\]"):
+        RowCodec("bf16", 4, 5).encode(torch.zeros(2, 4), torch.arange(2), 0, 0)
