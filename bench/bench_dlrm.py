@@ -7,7 +7,9 @@ Variants: (a) ember (dynamic tables, KeyIndex, sparse row-wise Adagrad), (b) pla
 (nn.EmbeddingBag(sparse=True) + torch.optim.Adagrad), (e) fused: plain PyTorch done as FBGEMM
 does it, one table-batched weight for all 26 tables, deduplicated by one sort, exact row-wise
 Adagrad written out on the unique rows (the strongest fixed-vocabulary baseline we can build
-here; ember must also hash arbitrary IDs into a growing table), (c) dense-only (embedding outputs given
+here; ember must also hash arbitrary IDs into a growing table), (f) ember-bf16: (a) with rows
+stored in bf16 (stochastic rounding) and, where the CPU has AVX512-BF16 or AMX (``--bf16-dense
+auto``; ``cpu_bf16`` in the JSON says), the dense model under bf16 autocast, (c) dense-only (embedding outputs given
 as a fixed tensor: the ceiling of this model on this machine), (d) ember with a different
 initializer scale per table (three distinct ones): ``mixed_init_cost`` is the paired ratio of
 its plan+fetch time to (a)'s, i.e. what per-table init settings cost the one grouped path.
@@ -18,7 +20,8 @@ t(ref, i) / t(variant, i), and absolute medians with min-max.
 
     python bench/bench_dlrm.py [--steps 40] [--warmup 5] [--batch 4096] [--disk DIR]
 
-The last line is one JSON object: ember_vs_dense, ember_vs_plain, mixed_init_cost, ember_vs_fused, ...
+The last line is one JSON object: ember_vs_dense, ember_vs_plain, mixed_init_cost, ember_vs_fused,
+bf16_vs_fused, ...
 """
 
 from __future__ import annotations
@@ -78,8 +81,10 @@ class Ember:
     """ember's step: plan + fetch (dedupe, index probes, row reads), pool + model forward/backward +
     dense step, then the sparse optimizer's step (update + write back)."""
 
-    def __init__(self, mixed_init: bool = False, disk: str | None = None) -> None:
-        self.name = "ember-mixed-init" if mixed_init else "ember"
+    def __init__(self, mixed_init: bool = False, disk: str | None = None, bf16: bool = False,
+                 bf16_dense: bool = False) -> None:
+        self.name = "ember-mixed-init" if mixed_init else "ember-bf16" if bf16 else "ember"
+        self.bf16 = bf16_dense  # the dense model under bf16 autocast (rows: dtype bf16 when ``bf16``)
         names = [f"C{i + 1}" for i in range(F)]
         self.keys = names
         opt = RowWiseAdagrad(lr=0.05)
@@ -88,6 +93,8 @@ class Ember:
             out: dict = {}
             if mixed_init:  # three initializer scales over the tables: three init calls per fetch
                 out["initializer"] = {"type": "uniform", "scale": (0.5, 1.0, 2.0)[i % 3] * D**-0.5}
+            if bf16:  # rows stored in bf16, written back with stochastic rounding
+                out["dtype"] = "bf16"
             if disk is not None:  # a host cache of V/16 rows per table in front of a disk tier
                 path = f"{disk}/{self.name}/{n}"
                 out["storage"] = {"host_rows": V // 16, "policy": "lfu", "admit_after": 2, "disk_path": path, "disk_rows": V}
@@ -114,8 +121,9 @@ class Ember:
         lookup = self.ec.plan(sf).fetch()
         t1 = time.perf_counter()
         emb = self.ec(sf, lookup)
-        logits = self.model(dense, [emb[k] for k in self.keys])
-        loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
+            logits = self.model(dense, [emb[k] for k in self.keys])
+        loss = nn.functional.binary_cross_entropy_with_logits(logits.float(), labels)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -209,12 +217,24 @@ class DenseOnly:
         return float(loss.detach())
 
 
+def cpu_bf16() -> str:
+    """What the CPU offers for bf16 math (from /proc/cpuinfo): AMX, AVX512-BF16, or neither."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return "unknown"
+    return "amx_bf16" if "amx_bf16" in flags else "avx512_bf16" if "avx512_bf16" in flags else "none"
+
+
 def main() -> None:
     allocator.reexec_tuned([__file__, *sys.argv[1:]])  # as the ember command line runs (see ember/allocator.py)
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--bf16-dense", choices=["auto", "on", "off"], default="auto",
+                    help="ember-bf16's dense model under bf16 autocast (auto: where the CPU has AVX512-BF16 or AMX; "
+                         "elsewhere bf16 matmuls are emulated, ~10x slower)")
     ap.add_argument("--disk", default=None, help="ember's tables: host cache of V/16 rows + disk tier under this dir")
     args = ap.parse_args()
     n = args.steps + args.warmup
@@ -222,13 +242,17 @@ def main() -> None:
     batches = make_batches(n, args.batch)
     spin = os.environ.get("GOMP_SPINCOUNT", "libgomp default")
     print(f"generated {n} batches in {time.perf_counter() - t0:.1f}s; torch threads={torch.get_num_threads()}; GOMP_SPINCOUNT={spin}")
-    variants = [Ember(disk=args.disk), Plain(), DenseOnly(args.batch), Ember(mixed_init=True, disk=args.disk), Fused()]
+    bf16_dense = {"on": True, "off": False, "auto": cpu_bf16() != "none"}[args.bf16_dense]
+    print(f"ember-bf16: bf16 rows, dense model in {'bf16 (autocast)' if bf16_dense else 'fp32'} "
+          f"(--bf16-dense {args.bf16_dense}; this CPU's bf16 support: {cpu_bf16()})")
+    variants = [Ember(disk=args.disk), Plain(), DenseOnly(args.batch), Ember(mixed_init=True, disk=args.disk), Fused(),
+                Ember(disk=args.disk, bf16=True, bf16_dense=bf16_dense)]
     times = {v.name: [] for v in variants}
     faults = {v.name: [] for v in variants}  # minor page faults per step (see ember/allocator.py)
     # the two ember variants run back to back (their plan+fetch times are compared, ~6 ms each:
     # adjacent runs see the same machine state), alternating which goes first; the slots of
     # (ember pair, plain, dense-only) rotate
-    slots = [[variants[0], variants[3]], [variants[1]], [variants[2]], [variants[4]]]
+    slots = [[variants[0], variants[3]], [variants[1]], [variants[2]], [variants[4]], [variants[5]]]
     for i, (ids, dense, labels) in enumerate(batches):
         k = i % len(slots)
         order = [v for slot in slots[k:] + slots[:k] for v in (slot if i % 2 else slot[::-1])]
@@ -251,6 +275,7 @@ def main() -> None:
     r_plain_dense = ratio("dense-only", "plain")
     r_fused = ratio("fused", "ember")
     r_fused_dense = ratio("dense-only", "fused")
+    r_bf16_fused = ratio("fused", "ember-bf16")
     mixed_cost = statistics.median(m / u for m, u in zip(mixed.split["plan+fetch"], ours.split["plan+fetch"]))
     pf = {k: statistics.median(v) for k, v in faults.items()}
     tunables = os.environ.get("GLIBC_TUNABLES", "none (glibc defaults)")
@@ -263,6 +288,7 @@ def main() -> None:
     print(f"  ember / plain PyTorch speed : {r_plain:.3f}x  (target >= 1.2)")
     print(f"  ember / dense-only speed    : {r_dense:.3f}x  (target >= 0.85)")
     print(f"  ember / fused baseline speed: {r_fused:.3f}x  (target >= 1.1)")
+    print(f"  ember bf16 / fused speed    : {r_bf16_fused:.3f}x  (target >= 1.3; bf16 rows, dense {'bf16' if bf16_dense else 'fp32'})")
     print(f"  plain / dense-only speed    : {r_plain_dense:.3f}x")
     print(f"  fused / dense-only speed    : {r_fused_dense:.3f}x")
     print(f"  plan+fetch, mixed / uniform init scales: {mixed_cost:.3f}x  (target <= 1.03)")
@@ -277,7 +303,8 @@ def main() -> None:
         "bench": "dlrm26", "batch": args.batch, "steps": args.steps,
         "samples_per_s": {k: args.batch / v for k, v in med.items()},
         "ember_vs_dense": r_dense, "ember_vs_plain": r_plain, "mixed_init_cost": mixed_cost, "plain_vs_dense": r_plain_dense,
-        "ember_vs_fused": r_fused, "fused_vs_dense": r_fused_dense,
+        "ember_vs_fused": r_fused, "fused_vs_dense": r_fused_dense, "bf16_vs_fused": r_bf16_fused,
+        "cpu_bf16": cpu_bf16(), "bf16_dense": bf16_dense,
         "ember_split_ms": split, "index_bytes_per_row": per_row, "rows": rows, "peak_rss_mb": rss_mb,
         "torch_threads": torch.get_num_threads(), "gomp_spincount": spin,
         "page_faults_per_step": pf, "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
