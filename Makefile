@@ -8,7 +8,7 @@ PIP := $(PYTHON) -m pip
 # installing it before ember means ember's loose `torch>=2.4` never pulls a CUDA build.
 install:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
-	$(PIP) install -q -e ".[dev]"
+	$(PIP) install -q -e ".[dev,serve]"
 
 demo: install
 	$(PYTHON) -m ember train --config configs/demo.yaml --overwrite

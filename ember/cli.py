@@ -1,4 +1,4 @@
-"""Command line: ``ember train|eval|predict|export|generate|towers``, driven by a YAML run config.
+"""Command line: ``ember train|eval|predict|export|generate|towers|serve``, driven by a YAML run config.
 
 Every command takes ``--config run.yaml`` (where it needs one) and trailing ``key.path=value``
 overrides, e.g. ``ember train --config configs/demo.yaml train.epochs=2 data.batch_size=1024``.
@@ -123,6 +123,20 @@ def cmd_towers(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ember.errors import ConfigError
+    from ember.serving.server import serve
+
+    if args.port < 0 or args.port > 65535:
+        raise ConfigError(f"--port must be in 0..65535, got {args.port}")
+    if args.poll_s <= 0 or args.max_body_bytes < 1:
+        raise ConfigError("--poll-s must be > 0 and --max-body-bytes >= 1")
+    print(f"ember serve: serving {args.export} on http://{args.host}:{args.port} (POST /score, GET /health)",
+          file=sys.stderr, flush=True)
+    serve(args.export, args.host, args.port, args.poll_s, args.max_body_bytes)
+    return 0
+
+
 def cmd_predict(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -211,6 +225,14 @@ def build_parser() -> argparse.ArgumentParser:
     tw.add_argument("--config", help="run config (default: the one stored in the checkpoint)")
     tw.add_argument("overrides", nargs="*")
     tw.set_defaults(fn=cmd_towers)
+
+    sv = sub.add_parser("serve", help="score JSON rows over HTTP, following the export as it is replaced")
+    sv.add_argument("--export", required=True, help="export directory (re-read whenever its manifest changes)")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--poll-s", type=float, default=2.0, help="seconds between checks for a new export")
+    sv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger requests get 413")
+    sv.set_defaults(fn=cmd_serve)
 
     pr = sub.add_parser("predict", help="score raw rows with an exported model")
     pr.add_argument("--export", required=True, help="export directory")

@@ -125,6 +125,24 @@ class Predictor:
         parts = [self.predict_batch(b) for b in batches]
         return np.concatenate(parts) if parts else np.zeros((0, len(self.tasks)))
 
+    def predict_records(self, rows: list[dict[str, Any]]) -> np.ndarray:
+        """Probabilities [N, T] for raw rows given as mappings of column -> value (e.g. parsed
+        JSON), featurized by the export's schema exactly as files are. Values are read as text
+        (None: missing); a column the schema reads that a row lacks is missing in that row. Bad
+        values raise DataError naming the row (1-based) and column."""
+        import pyarrow as pa
+
+        from ember.featurize.featurizer import Featurizer
+        from ember.featurize.schema import Schema, as_recorded
+
+        schema = Schema.model_validate({**as_recorded(self.manifest["schema"]), "score_only": True})
+        if not rows:
+            return np.zeros((0, len(self.tasks)))
+        cols = {c: pa.array([None if r.get(c) is None else str(r[c]) for r in rows], pa.string())
+                for c in schema.columns}
+        batch = Featurizer(schema)(pa.record_batch(cols), "<request>", 1).to_batch()
+        return self.predict_batch(batch)
+
     def predict_files(self, paths: list[str], format: str | None = None, **data_overrides: Any) -> np.ndarray:
         """Probabilities [N, T] for raw rows in ``paths`` (order kept).
 

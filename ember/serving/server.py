@@ -1,0 +1,151 @@
+"""A scoring server over HTTP (FastAPI + uvicorn, the ``serve`` extra) that follows an export
+directory and swaps in each new export without a restart.
+
+- ``POST /score`` with ``{"rows": [{column: value, ...}, ...]}`` returns
+  ``{"version": V, "tasks": [...], "scores": [[p, ...], ...]}``: one probability per task per row,
+  rows featurized by the export's own schema exactly as ``ember predict`` does.
+- ``GET /health`` returns ``{"status": "ok", "version": V, "export": PATH, "served": N}``.
+- Swaps: a background thread polls the export's ``manifest.json`` (every ``poll_s`` seconds);
+  when it changes, the new export is loaded and verified completely, then replaces the served
+  one in a single reference assignment. A request takes the model once when it starts, so it is
+  scored by the model before or after a swap, never by half of each; its response names that
+  model's version (the export's manifest digest, and its step when recorded). A new export that
+  fails to load is logged and the served one stays.
+- Bad requests get a 4xx with a message and never stop the server: 413 for a body over
+  ``max_body_bytes``, 400 for a body that is not JSON or lacks ``rows`` (a list of objects), 422
+  for a value the schema cannot read (the message names row and column).
+"""
+
+
+import hashlib
+import json
+import logging
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ember.errors import ConfigError, DataError, EmberError
+from ember.serving.predictor import Predictor
+
+__all__ = ["ModelSource", "Served", "make_app", "serve"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Served:
+    """One loaded export and its version."""
+
+    predictor: Predictor
+    version: str
+
+
+def _version(root: Path) -> str:
+    manifest = (root / "manifest.json").read_bytes()
+    step = json.loads(manifest).get("step")
+    digest = hashlib.sha256(manifest).hexdigest()[:12]
+    return f"{step}-{digest}" if step is not None else digest
+
+
+class ModelSource:
+    """The export being served, swapped atomically when its manifest changes."""
+
+    def __init__(self, export: str | Path, poll_s: float = 2.0) -> None:
+        self.root = Path(export)
+        self.poll_s = poll_s
+        self.current = Served(Predictor.load(self.root), _version(self.root))
+        self.served = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def refresh(self) -> bool:
+        """Load the export again if its manifest changed; True when a new model is served."""
+        try:
+            version = _version(self.root)
+            if version == self.current.version:
+                return False
+            fresh = Served(Predictor.load(self.root), version)  # complete and verified before it is served
+        except (OSError, ValueError, EmberError) as e:  # half-written or damaged: keep serving the old one
+            log.warning("ember serve: export %s could not be loaded (%s); still serving version %s",
+                        self.root, e, self.current.version)
+            return False
+        self.current = fresh  # one reference assignment: each request sees the old or the new model
+        log.info("ember serve: now serving version %s", version)
+        return True
+
+    def start(self) -> None:
+        """Poll for new exports in the background until ``stop``."""
+        def loop() -> None:
+            while not self._stop.wait(self.poll_s):
+                self.refresh()
+
+        self._thread = threading.Thread(target=loop, name="ember-serve-poll", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def make_app(source: ModelSource, max_body_bytes: int = 1 << 20) -> Any:
+    """The FastAPI application serving ``source``."""
+    try:
+        from fastapi import FastAPI, Request
+        from fastapi.responses import JSONResponse
+        from starlette.concurrency import run_in_threadpool
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ConfigError("ember serve needs FastAPI and uvicorn: pip install 'ember[serve]'") from e
+
+    app = FastAPI(title="ember scoring server")
+
+    def error(status: int, message: str) -> Any:
+        return JSONResponse({"error": message}, status_code=status)
+
+    @app.get("/health")
+    def health() -> dict[str, Any]:
+        cur = source.current
+        return {"status": "ok", "version": cur.version, "export": str(source.root), "served": source.served}
+
+    @app.post("/score")
+    async def score(request: Request) -> Any:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+            return error(413, f"request body of {declared} bytes is over the limit of {max_body_bytes}")
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_body_bytes:
+                return error(413, f"request body is over the limit of {max_body_bytes} bytes")
+        try:
+            payload = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return error(400, f"the body is not JSON: {e}")
+        rows = payload.get("rows") if isinstance(payload, dict) else None
+        if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+            return error(400, 'expected {"rows": [{"column": value, ...}, ...]}')
+        cur = source.current  # this request's model, whatever swaps happen meanwhile
+        try:
+            probs = await run_in_threadpool(cur.predictor.predict_records, rows)  # off the event loop
+        except DataError as e:
+            return error(422, str(e))
+        source.served += len(rows)
+        return {"version": cur.version, "tasks": cur.predictor.tasks, "scores": probs.tolist()}
+
+    return app
+
+
+def serve(export: str | Path, host: str = "127.0.0.1", port: int = 8000, poll_s: float = 2.0,
+          max_body_bytes: int = 1 << 20) -> None:
+    """Run the server until interrupted (``ember serve``)."""
+    try:
+        import uvicorn
+    except ImportError as e:  # pragma: no cover - depends on the environment
+        raise ConfigError("ember serve needs FastAPI and uvicorn: pip install 'ember[serve]'") from e
+    source = ModelSource(export, poll_s)
+    source.start()
+    try:
+        uvicorn.run(make_app(source, max_body_bytes), host=host, port=port, log_level="warning")
+    finally:
+        source.stop()
