@@ -23,16 +23,20 @@ __all__ = ["History"]
 class History:
     """Appends one JSON object per record to ``metrics.jsonl`` and redraws ``metrics.png``."""
 
-    def __init__(self, run_dir: Path, resume: bool = False) -> None:
+    def __init__(self, run_dir: Path, resume: bool = False, write: bool = True) -> None:
         self.path = run_dir / "metrics.jsonl"
         self.plot_path = run_dir / "metrics.png"
+        self.write = write  # False: records are kept in memory only (ranks other than 0)
         self.records: list[dict[str, Any]] = []
         if resume and self.path.exists():
             self.records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-        elif self.path.exists():
+        elif self.path.exists() and write:
             self.path.unlink()
 
     def log(self, record: dict[str, Any]) -> None:
+        if not self.write:
+            self.records.append(record)
+            return
         line = (json.dumps(record) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:

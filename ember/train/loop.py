@@ -31,6 +31,7 @@ from ember.pipeline.loader import make_batches
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.builder import Components, build_components
+from ember.train.distributed import gather_tables, lead_prepares_run, start_run
 from ember.train.evaluate import _to_device, evaluate
 from ember.train.history import History
 from ember.train.loss import multitask_bce
@@ -67,17 +68,19 @@ def run_directory(cfg: RunConfig) -> Path:
     return Path(cfg.train.out_dir) / (cfg.train.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
 
 
-def prepare_run(cfg: RunConfig, run_dir: Path | None = None) -> tuple[Components, Path]:
-    """Seed, threads, determinism, run directory with the resolved config, built parts."""
+def prepare_run(cfg: RunConfig, run_dir: Path | None = None, dist: Any = None) -> tuple[Components, Path]:
+    """Seed, threads, determinism, run directory with the resolved config (rank 0 writes it),
+    built parts (``dist``: this rank's, of a distributed run)."""
     t = cfg.train
     if t.threads is not None:
         torch.set_num_threads(t.threads)
     if t.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     run_dir = run_dir or run_directory(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(run_dir / "config.yaml", to_yaml(cfg).encode(), WriteError)
-    return build_components(cfg), run_dir
+    if dist is None or dist.lead:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(run_dir / "config.yaml", to_yaml(cfg).encode(), WriteError)
+    return build_components(cfg, dist), run_dir
 
 
 def train(cfg: RunConfig, overwrite: bool = True) -> RunResult:
@@ -87,36 +90,48 @@ def train(cfg: RunConfig, overwrite: bool = True) -> RunResult:
     run directory that holds an earlier run is replaced (its checkpoints removed first) only
     when ``overwrite`` (else ConfigError) or continued with ``train.resume``. A run that fails
     before its first checkpoint removes the run directory it created, so nothing blocks a retry.
+    Launched by torchrun on several processes, it trains distributed (``ember.distributed``):
+    rank 0 alone checks, creates and writes the run directory.
     """
-    run_dir = run_directory(cfg)
+    dist = start_run(cfg)  # None in one process: nothing is initialised
+    try:
+        run_dir, fresh = lead_prepares_run(run_directory(cfg), dist, lambda d: _clear_run(cfg, d, overwrite))
+        try:
+            return _train(cfg, run_dir, dist)
+        except BaseException:
+            if fresh and not (run_dir / "checkpoints").exists():
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+    finally:
+        if dist is not None:
+            dist.close()
+
+
+def _clear_run(cfg: RunConfig, run_dir: Path, overwrite: bool) -> bool:
+    """Check the run directory, remove an earlier run it holds; whether the run starts fresh."""
     check_run(cfg, run_dir, overwrite)
     if cfg.train.resume is None and holds_run(run_dir):
         shutil.rmtree(run_dir)
-    fresh = not run_dir.exists()
-    try:
-        return _train(cfg, run_dir)
-    except BaseException:
-        if fresh and not (run_dir / "checkpoints").exists():
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
+    return not run_dir.exists()
 
 
-def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
+def _train(cfg: RunConfig, run_dir: Path, dist: Any = None) -> RunResult:
     t = cfg.train
-    parts, run_dir = prepare_run(cfg, run_dir)
-    check_disk(cfg, parts, run_dir)
-    history = History(run_dir, resume=t.resume is not None)
+    parts, run_dir = prepare_run(cfg, run_dir, dist)
+    if parts.lead:
+        check_disk(cfg, parts, run_dir)
+    history = History(run_dir, resume=t.resume is not None, write=parts.lead)
     task_w = torch.tensor(t.task_weights, device=parts.device) if t.task_weights else None
     step, epoch, start_batch = 0, 0, 0
     if t.resume or t.init_from:
         ckpt = resolve_checkpoint(t.resume or t.init_from)  # type: ignore[arg-type]
         manifest = verify_checkpoint(ckpt)
-        load_tables(ckpt, parts.collections(), manifest)
+        load_tables(ckpt, parts.collections(), manifest, parts.owned())
         dense = load_dense(ckpt)
         parts.model.load_state_dict(dense["model"])
         if t.resume:  # exact continuation: optimizers, counters, data position and RNG too
             parts.dense_optimizer.load_state_dict(dense["optimizer"])
-            restore_table_state(parts.collections(), dense)
+            restore_table_state(parts.collections(), dense, parts.owned())
             step = manifest["step"]
             epoch, start_batch = manifest["position"]["epoch"], manifest["position"]["batch"]
             restore_rng(dense["rng"])
@@ -127,8 +142,13 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
         if (step, epoch, batch) in saved:  # this exact state is on disk already
             return saved[(step, epoch, batch)]
         state = {"model": parts.model.state_dict(), "optimizer": parts.dense_optimizer.state_dict()}
-        path = save_checkpoint(run_dir / "checkpoints", step, parts.collections(), state,
-                               {"epoch": epoch, "batch": batch}, cfg.model_dump(mode="json", by_alias=True), t.keep_checkpoints)
+        tables = parts.collections() if parts.dist is None else gather_tables(parts.collections(), parts.dist)
+        path = run_dir / "checkpoints" / f"step-{step:08d}"
+        if tables is not None:  # distributed: rank 0 writes every rank's rows, keyed by (table, ID)
+            path = save_checkpoint(run_dir / "checkpoints", step, tables, state,  # type: ignore[arg-type]
+                                   {"epoch": epoch, "batch": batch}, cfg.model_dump(mode="json", by_alias=True), t.keep_checkpoints)
+        if parts.dist is not None:
+            parts.dist.barrier()
         saved[(step, epoch, batch)] = path
         return path
 
@@ -147,7 +167,7 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
     if total is None:
         per_epoch = getattr(make_batches(cfg.data, cfg.schema, "train"), "num_batches", None)
         total = per_epoch * t.epochs if per_epoch else None
-    progress = _progress(t.progress, total)
+    progress = _progress(t.progress and parts.lead, total)
     done = t.max_steps is not None and step >= t.max_steps  # e.g. resumed at the end already
     first_step, finished_already = step, done
     batch_idx = start_batch
@@ -189,6 +209,8 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
                             rec = {"kind": "train", "step": step, "epoch": epoch, "loss": loss_sum / max(seen, 1),
                                    "samples_per_s": seen / (now - t0)}
                             rec.update(_table_stats(parts))
+                            if parts.dist is not None:  # this rank's tables and all-to-all bytes
+                                rec.update(parts.dist.exchange.take_stats())
                             rec.update({f"pipeline.{key}": v for key, v in run.stats().items()})
                             history.log(rec)
                             progress.update(step, rec)
@@ -225,9 +247,10 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
     final = checkpoint(epoch, batch_idx if done else 0)
     if not metrics or (history.records and history.records[-1].get("kind") != "eval"):
         metrics = run_eval()
-    history.plot()
-    summary = {"step": step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows}
-    write_bytes_atomic(run_dir / "summary.json", json.dumps(summary, indent=1).encode(), WriteError)
+    if parts.lead:
+        history.plot()
+        summary = {"step": step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows}
+        write_bytes_atomic(run_dir / "summary.json", json.dumps(summary, indent=1).encode(), WriteError)
     return RunResult(run_dir, step, metrics, history.records, parts, bad_rows)
 
 
