@@ -59,6 +59,12 @@ class Exchange:
         self.calls += 1
         return out.to(home)
 
+    def any(self, flags: Sequence[bool]) -> list[bool]:
+        """Elementwise OR of ``flags`` over ranks (e.g. which tables reached the loss anywhere)."""
+        t = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return [bool(v) for v in t.cpu().tolist()]
+
     def take_stats(self) -> dict[str, float]:
         """Bytes sent and received and all-to-all calls since the last call (then reset)."""
         out = {"dist.bytes_sent": float(self.bytes_sent), "dist.bytes_received": float(self.bytes_received),

@@ -73,6 +73,9 @@ class ShardedGroupLookup(GroupLookup):
         self.route: _Route | None = None
 
     def fetch(self) -> "ShardedGroupLookup":
+        """IDs to their owners (counts, then IDs), the owner's lookup of everything it got
+        (deduped over ranks, fetched from its tiers), the weights back into ``records``
+        [U, dim] in this lookup's ID order. Writes ``records``, ``owner``, ``route``."""
         g, ex = self.group, self.shard.exchange
         n, t = self.shard.world_size, len(g.tables)
         ids = self.ids.numpy()
@@ -105,18 +108,19 @@ class ShardedGroupLookup(GroupLookup):
 
     def update(self) -> None:
         """Send this rank's gradients to the owners; the owner sums them over ranks per unique
-        ID and steps each table that reached the loss (on this rank: every rank runs the same
-        model, so the same tables reach it everywhere)."""
-        if self.grad is None or self.owner is None or self.route is None:
-            raise RuntimeError("ShardedGroupLookup.update needs fetch() and a gradient: run loss.backward() after pool()")
+        ID and steps each table that reached the loss on any rank. A lookup whose backward
+        never reached it here (a slice of no rows) sends zeros: its rows took no part."""
+        if self.owner is None or self.route is None:
+            raise RuntimeError("ShardedGroupLookup.update before fetch")
         owner, route, ex = self.owner, self.route, self.shard.exchange
-        grad = self.grad.index_select(0, torch.from_numpy(route.order).to(self.grad.device))
+        assert owner.records is not None and self.records is not None
+        mine = self.grad if self.grad is not None else self.records.new_zeros(self.ids.numel(), self.group.dim)
+        grad = mine.index_select(0, torch.from_numpy(route.order).to(mine.device))
         got = ex.all_to_all(grad, route.send_splits, route.recv_splits)
-        assert owner.records is not None
         summed = torch.zeros(owner.ids.numel(), self.group.dim, dtype=got.dtype, device=owner.records.device)
         summed.index_add_(0, route.to_owner_row.to(summed.device), got.to(summed.device))
         owner.backward(summed)
-        owner.reached = list(self.reached)
+        owner.reached = ex.any(self.reached)
         owner.update()
         self.updated = owner.updated
 
@@ -162,14 +166,13 @@ class ShardedCollection(EmbeddingCollection):
         return Lookup([ShardedGroupLookup(g, sparse, train, self.shard) for g in self.groups], self.features)
 
     def take_gradients(self) -> tuple[list[GroupLookup], int]:
-        """As ``EmbeddingCollection.take_gradients``, in group order whatever order backward
-        reached them in: every rank then exchanges the groups' gradients in the same order."""
-        ready, waiting = super().take_gradients()
-        if ready and len(ready) != waiting:
-            raise RuntimeError(f"ShardedCollection: {waiting - len(ready)} of {waiting} table groups got no gradient on "
-                               f"rank {self.shard.rank}; with sharded tables every looked-up feature must reach the loss")
-        position = {id(g): i for i, g in enumerate(self.groups)}
-        return sorted(ready, key=lambda lk: position[id(lk.group)]), waiting
+        """Every training lookup of the last forward, in group order, whether or not backward
+        reached it on this rank (a slice with no rows, or no row of a table, gets no gradient
+        here, and its owner still waits for this rank's part): every rank then exchanges the
+        same groups' gradients in the same order."""
+        opened = list(self._open)
+        _, waiting = super().take_gradients()
+        return opened, waiting
 
     def owned(self, table: str, ids: Tensor) -> Tensor:
         """Mask: which ``ids`` of ``table`` this rank owns (e.g. rows to keep from a checkpoint)."""

@@ -4,6 +4,7 @@ and read a checkpoint's state keyed by (table, ID) to compare runs of different 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,21 @@ def torchrun_train(config: Path, nproc: int, overrides: Sequence[str] = (), time
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
            "-m", "ember", "train", "--config", str(config), "--overwrite", *overrides]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    # on a timeout torchrun must stop its ranks (SIGTERM: it terminates them, then kills them; they
+    # run in sessions of their own), or their open pipes would keep this call waiting
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.terminate()
+            try:
+                out, err = proc.communicate(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                out, err = proc.communicate()
+            raise AssertionError(f"torchrun did not finish in {timeout} s (killed):\n{out[-3000:]}\n{err[-6000:]}") from None
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def checkpoint_state(ckpt: Path) -> dict[str, Any]:

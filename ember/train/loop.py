@@ -25,6 +25,7 @@ from ember.checkpoint.load import (
 )
 from ember.checkpoint.save import save_checkpoint
 from ember.config import RunConfig, to_yaml
+from ember.distributed.process_group import DistributedRun
 from ember.errors import RunInterrupted, WriteError
 from ember.fileio import write_bytes_atomic
 from ember.pipeline.loader import make_batches
@@ -68,7 +69,7 @@ def run_directory(cfg: RunConfig) -> Path:
     return Path(cfg.train.out_dir) / (cfg.train.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
 
 
-def prepare_run(cfg: RunConfig, run_dir: Path | None = None, dist: Any = None) -> tuple[Components, Path]:
+def prepare_run(cfg: RunConfig, run_dir: Path | None = None, dist: DistributedRun | None = None) -> tuple[Components, Path]:
     """Seed, threads, determinism, run directory with the resolved config (rank 0 writes it),
     built parts (``dist``: this rank's, of a distributed run)."""
     t = cfg.train
@@ -115,7 +116,7 @@ def _clear_run(cfg: RunConfig, run_dir: Path, overwrite: bool) -> bool:
     return not run_dir.exists()
 
 
-def _train(cfg: RunConfig, run_dir: Path, dist: Any = None) -> RunResult:
+def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None) -> RunResult:
     t = cfg.train
     parts, run_dir = prepare_run(cfg, run_dir, dist)
     if parts.lead:
