@@ -1,4 +1,4 @@
-"""Command line: ``ember train|eval|predict|export|generate|towers|serve``, driven by a YAML run config.
+"""Command line: ``ember train|eval|predict|export|generate|towers|serve|plan``, driven by a YAML run config.
 
 Every command takes ``--config run.yaml`` (where it needs one) and trailing ``key.path=value``
 overrides, e.g. ``ember train --config configs/demo.yaml train.epochs=2 data.batch_size=1024``.
@@ -28,6 +28,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cfg = _config(args)
     result = train(cfg, overwrite=args.overwrite)
+    if result.parts is not None and not result.parts.lead:
+        return 0  # a distributed run: rank 0 reports
     print(f"run directory: {result.run_dir}")
     print(f"steps: {result.step}")
     for k, v in result.metrics.items():
@@ -171,6 +173,18 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from ember.errors import ConfigError
+    from ember.train.distributed import sharding_plan
+
+    if args.world_size < 1:
+        raise ConfigError(f"--world-size must be >= 1, got {args.world_size}")
+    cfg = _config(args)
+    print(sharding_plan(cfg, cfg.table_configs(), args.world_size).describe())
+    print("  (the dim-1 first-order tables of deepfm, wdl and lr are placed like the table they belong to)")
+    return 0
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from ember.pipeline.loader import write_synthetic
     from ember.source.config import SyntheticOptions
@@ -242,6 +256,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="format of the input files (default: from their extensions; other extensions need this)")
     pr.add_argument("overrides", nargs="*", help="data.key.path=value, e.g. data.csv.delimiter=';'")
     pr.set_defaults(fn=cmd_predict)
+
+    pl = sub.add_parser("plan", help="print how a distributed run would shard the tables (no training)")
+    pl.add_argument("--config", required=True)
+    pl.add_argument("--world-size", type=int, required=True, help="number of ranks (torchrun processes in all)")
+    pl.add_argument("overrides", nargs="*", help="key.path=value")
+    pl.set_defaults(fn=cmd_plan)
 
     g = sub.add_parser("generate", help="write synthetic Criteo-shaped data to files")
     g.add_argument("--out", required=True)

@@ -18,6 +18,7 @@ import yaml
 from pydantic import Field
 
 from ember.config_base import ConfigModel
+from ember.distributed.config import DistributedConfig
 from ember.embedding.config import FeatureConfig, TableConfig, TableOptions
 from ember.errors import ConfigError
 from ember.featurize.schema import Schema, SparseFeature
@@ -46,6 +47,7 @@ class RunConfig(ConfigModel):
     model: ModelConfig
     train: TrainConfig = TrainConfig()
     pipeline: PipelineConfig = PipelineConfig()
+    distributed: DistributedConfig = DistributedConfig()
 
     model_config = {**ConfigModel.model_config, "populate_by_name": True, "protected_namespaces": ()}
 

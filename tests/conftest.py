@@ -19,6 +19,10 @@ def shared_data_dir() -> Path:
 
 def pytest_collection_modifyitems(config, items):  # noqa: D103
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
+    skip_dist = pytest.mark.skip(reason="needs torch.distributed with gloo")
+    has_gloo = torch.distributed.is_available() and torch.distributed.is_gloo_available()
     for item in items:
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
+        if "dist" in item.keywords and not has_gloo:
+            item.add_marker(skip_dist)

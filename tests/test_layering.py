@@ -37,6 +37,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("ember.models",),
     ("ember.pipeline",),
     ("ember.checkpoint",),
+    ("ember.distributed",),  # sharded lookups over torch.distributed: below the run config that composes its section
     ("ember.train.config",),  # the run config's `train` section: composed by ember.config
     ("ember.config",),  # the run config: above the sections it composes
     ("ember.train",),  # builder, loop, evaluate: take a RunConfig

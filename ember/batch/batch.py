@@ -26,6 +26,10 @@ class Batch:
     def size(self) -> int:
         return int(self.labels.shape[0])
 
+    def slice_rows(self, start: int, stop: int) -> "Batch":
+        """Rows ``start .. stop-1`` of the batch (dense, sparse and labels)."""
+        return Batch(self.dense[start:stop], self.sparse.slice_rows(start, stop), self.labels[start:stop])
+
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         return Batch(
             self.dense.to(device, non_blocking=non_blocking),

@@ -87,6 +87,27 @@ class SparseFeatures:
             self._cache[key] = JaggedFeature(self.values[start:end], offsets, w)
         return self._cache[key]
 
+    def slice_rows(self, start: int, stop: int) -> "SparseFeatures":
+        """Samples ``start .. stop-1`` of every key (e.g. one rank's slice of a global batch).
+
+        Example:
+            >>> sf = SparseFeatures(["a", "b"], torch.tensor([1, 2, 3, 7]), torch.tensor([2, 1, 1, 0]))
+            >>> part = sf.slice_rows(1, 2)
+            >>> part.values.tolist(), part.lengths.tolist()
+            ([3], [1, 0])
+        """
+        b, k = self.batch_size, len(self.keys)
+        if not 0 <= start <= stop <= b:
+            raise ValueError(f"SparseFeatures.slice_rows: [{start}, {stop}) is not within the batch of {b}")
+        lengths = self.lengths.view(k, b)
+        ends = torch.cumsum(lengths.reshape(-1).to(torch.int64), 0).view(k, b)
+        begin = ends - lengths
+        edges = torch.cat([begin, ends[:, -1:]], dim=1) if b else torch.zeros(k, 1, dtype=torch.int64)
+        firsts, lasts = edges[:, start].tolist(), edges[:, stop].tolist()  # value range of each key's rows
+        values = torch.cat([self.values[a:z] for a, z in zip(firsts, lasts)])
+        weights = None if self.weights is None else torch.cat([self.weights[a:z] for a, z in zip(firsts, lasts)])
+        return SparseFeatures(self.keys, values, lengths[:, start:stop].reshape(-1).clone(), weights)
+
     def to_dict(self) -> dict[str, JaggedFeature]:
         return {k: self[k] for k in self.keys}
 

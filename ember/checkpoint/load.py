@@ -6,7 +6,7 @@ import io
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -70,8 +70,13 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
     return manifest
 
 
-def load_tables(ckpt: Path, collections: list[EmbeddingCollection], manifest: dict[str, Any]) -> None:
-    """Stream every table's rows from the checkpoint into the collections' tables (any tier layout).
+Keep = Callable[[str, torch.Tensor], torch.Tensor]  # (table, ids) -> mask of the IDs to load
+
+
+def load_tables(ckpt: Path, collections: list[EmbeddingCollection], manifest: dict[str, Any], keep: Keep | None = None) -> None:
+    """Stream every table's rows from the checkpoint into the collections' tables (any tier
+    layout). ``keep``: load only the IDs it marks (a rank of a distributed run: those it owns,
+    whatever world size saved the checkpoint).
 
     Rows are converted to each table's dtype: a checkpoint of a wider dtype is rounded to nearest
     (fp32 -> bf16), a narrower one widens exactly (bf16 -> fp32); version 1 checkpoints are fp32.
@@ -100,8 +105,12 @@ def load_tables(ckpt: Path, collections: list[EmbeddingCollection], manifest: di
                 seen_mm = np.memmap(seen_file, dtype="<f4", mode="r")
             for s in range(0, m["rows"], _CHUNK_ROWS):
                 seen = None if seen_mm is None else torch.from_numpy(np.array(seen_mm[s : s + _CHUNK_ROWS]))
-                table.load(torch.from_numpy(np.array(ids_mm[s : s + _CHUNK_ROWS])),
-                           codec.decode(torch.from_numpy(np.array(rec_mm[s : s + _CHUNK_ROWS]))), seen)
+                ids = torch.from_numpy(np.array(ids_mm[s : s + _CHUNK_ROWS]))
+                rec = torch.from_numpy(np.array(rec_mm[s : s + _CHUNK_ROWS]))
+                if keep is not None:
+                    mask = keep(name, ids)
+                    ids, rec, seen = ids[mask], rec[mask], None if seen is None else seen[mask]
+                table.load(ids, codec.decode(rec), seen)
 
 
 def load_dense(ckpt: Path) -> dict[str, Any]:
@@ -117,11 +126,16 @@ def restore_rng(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def restore_table_state(collections: list[EmbeddingCollection], dense: dict[str, Any]) -> None:
-    """Table step counters and min_count admission counts, as saved beside the dense state."""
+def restore_table_state(collections: list[EmbeddingCollection], dense: dict[str, Any], keep: Keep | None = None) -> None:
+    """Table step counters and min_count admission counts, as saved beside the dense state
+    (``keep``: only the counts of the IDs it marks, as ``load_tables``)."""
     admission = dense.get("admission", {})
     for ec in collections:
         for name, table in ec.tables.items():
             table.step = dense["table_steps"][name]
             if name in admission:
-                table.load_admission_state(*admission[name])
+                ids, counts = admission[name]
+                if keep is not None:
+                    mask = keep(name, ids)
+                    ids, counts = ids[mask], counts[mask]
+                table.load_admission_state(ids, counts)

@@ -105,7 +105,7 @@ class GroupLookup:
 
     def __init__(self, group: TableGroup, sparse: SparseFeatures, train: bool) -> None:
         self.group = group
-        self.sparse = sparse
+        self.sparse: SparseFeatures | None = sparse
         self.train = train
         ranges = sparse.key_ranges()
         names = [f.name for f in group.features]
@@ -119,7 +119,27 @@ class GroupLookup:
             values = torch.cat([sparse.values[ranges[n][0] : ranges[n][1]] for n in names]) if names else sparse.values[:0]
         bounds = np.zeros(len(group.tables) + 1, dtype=np.int64)
         np.add.at(bounds, np.asarray(group.owner, dtype=np.int64) + 1, self.counts)
-        uniq, inverse, sizes = _native.unique_segments(values.cpu().numpy(), np.cumsum(bounds))
+        self._dedupe(values.cpu().numpy(), np.cumsum(bounds))
+
+    @classmethod
+    def of_ids(cls, group: TableGroup, table_ids: Sequence[Tensor], train: bool) -> "GroupLookup":
+        """Phase 1 for given IDs of each table rather than a batch's features (e.g. the IDs other
+        ranks sent to their owner): ``inverse`` maps every given ID, table after table, to its
+        row of ``ids``. Such a lookup has no features to pool: its gradient comes through
+        ``backward``; fetch, update and write back are as usual."""
+        if len(table_ids) != len(group.tables):
+            raise ValueError(f"GroupLookup.of_ids: {len(table_ids)} ID tensors for {len(group.tables)} tables")
+        lk = GroupLookup.__new__(GroupLookup)
+        lk.group, lk.sparse, lk.train, lk.counts = group, None, train, []
+        sizes = [t.numel() for t in table_ids]
+        values = torch.cat([t.to(torch.int64).cpu() for t in table_ids]) if table_ids else torch.empty(0, dtype=torch.int64)
+        lk._dedupe(values.numpy(), np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64))
+        return lk
+
+    def _dedupe(self, values: np.ndarray, bounds: np.ndarray) -> None:
+        """Unique IDs per table segment ``bounds`` of ``values``, and the per-batch state."""
+        group = self.group
+        uniq, inverse, sizes = _native.unique_segments(values, bounds)
         self.ids = torch.from_numpy(uniq)
         self.inverse = torch.from_numpy(inverse)
         self.sizes = [int(s) for s in sizes]
@@ -213,6 +233,8 @@ class GroupLookup:
 
             w.register_post_accumulate_grad_hook(done)
         sparse = self.sparse
+        if sparse is None:
+            raise RuntimeError("GroupLookup.pool: this lookup was made of IDs (of_ids), it has no features to pool")
         b = sparse.batch_size
         inverse = self.inverse.to(device, non_blocking=True)
         starts = np.concatenate([[0], np.cumsum(self.counts)]).tolist()

@@ -6,11 +6,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
 from ember.batch import Batch
 from ember.config import RunConfig
+from ember.distributed.process_group import DistributedRun
+from ember.distributed.sharding import ShardingPlan
 from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig
 from ember.embedding.collection import Lookup
 from ember.embedding.group import GroupLookup
@@ -46,6 +49,35 @@ class Components:
     compiled: Callable[..., Tensor] | None = field(default=None, repr=False)  # train.compile: torch.compile(model)
     distill: DistillConfig | None = None  # model.distill: the loss learns from the teacher's scores too
     dense_config: DenseOptimizerConfig | None = None  # its lr schedule is applied per step
+    dist: DistributedRun | None = None  # set when torchrun started several processes
+    ddp: nn.Module | None = None  # ``model`` under DistributedDataParallel (same parameters)
+
+    @property
+    def lead(self) -> bool:
+        """Whether this process writes the run's files: the only one, or rank 0."""
+        return self.dist is None or self.dist.lead
+
+    def local_batch(self, batch: Batch) -> Batch:
+        """This rank's slice of a global batch (the batch itself in one process)."""
+        if self.dist is None:
+            return batch
+        return batch.slice_rows(*self.dist.local_rows(batch.size))
+
+    def sum_over_ranks(self, values: list[float]) -> list[float]:
+        """``values`` summed over ranks (unchanged in one process)."""
+        return values if self.dist is None else self.dist.all_sum(values)
+
+    def gather_rows(self, array: np.ndarray) -> np.ndarray:
+        """Every rank's rows of ``array`` in rank order (unchanged in one process)."""
+        return array if self.dist is None else self.dist.gather_rows(array)
+
+    def owned(self) -> Callable[[str, Tensor], Tensor] | None:
+        """For loading a checkpoint into a shard: ``owned(table, ids)`` masks the IDs this rank
+        owns (None in one process: every row is kept)."""
+        if self.dist is None:
+            return None
+        by_table = {name: ec for ec in self.collections() for name in ec.tables}
+        return lambda table, ids: by_table[table].owned(table, ids)  # type: ignore[attr-defined]  # ShardedCollection
 
     def collections(self) -> list[EmbeddingCollection]:
         return [self.embeddings] + ([self.linear] if self.linear is not None else [])
@@ -66,6 +98,8 @@ class Components:
         return logits.float()
 
     def _run_model(self, *inputs: Any) -> Tensor:
+        if self.ddp is not None and self.model.training and torch.is_grad_enabled():
+            return self.ddp(*inputs)  # distributed: gradients summed over ranks
         if self.compiled is not None:
             try:
                 return self.compiled(*inputs)
@@ -75,11 +109,12 @@ class Components:
                 self.compiled = None
         return self.model(*inputs)
 
-    def loss(self, batch: Batch, logits: Tensor, task_weights: Tensor | None = None) -> Tensor:
+    def loss(self, batch: Batch, logits: Tensor, task_weights: Tensor | None = None, rows: int | None = None) -> Tensor:
         """The training loss of ``logits`` (from ``forward`` in training mode): BCE on the labels,
-        plus the teacher's part under ``model.distill`` (``ember.models.distill``)."""
+        plus the teacher's part under ``model.distill`` (``ember.models.distill``). ``rows``: the
+        global batch's rows when ``batch`` is one rank's slice of it (see ``multitask_bce``)."""
         if self.distill is None:
-            return multitask_bce(logits, batch.labels, task_weights)
+            return multitask_bce(logits, batch.labels, task_weights, rows)
         assert isinstance(self.model, Distilled)
         return distill_loss(self.model, logits, batch.labels, batch.teacher, batch.dense, self.distill, task_weights)
 
@@ -136,10 +171,11 @@ def make_dense_optimizer(params, cfg: DenseOptimizerConfig) -> torch.optim.Optim
     return cls(params, **kw)
 
 
-def build_components(cfg: RunConfig) -> Components:
-    """Tables, model and optimizers for ``cfg`` (seeded by ``train.seed``)."""
+def build_components(cfg: RunConfig, dist: DistributedRun | None = None) -> Components:
+    """Tables, model and optimizers for ``cfg`` (seeded by ``train.seed``); with ``dist``, this
+    rank's shard of the tables (placed by the sharding planner) and the model under DDP."""
     torch.manual_seed(cfg.train.seed)
-    device = pick_device(cfg.train.device)
+    device = pick_device(cfg.train.device) if dist is None else dist.model_device
     schema = cfg.schema
     tables = cfg.table_configs()
     features = [FeatureConfig(name=f.name, table=f.table_name, pooling=f.pooling, max_length=f.max_length) for f in schema.sparse]
@@ -150,8 +186,16 @@ def build_components(cfg: RunConfig) -> Components:
             f"sparse features {names} use pooling 'sequence', which the built-in models do not take; "
             "use sum/mean/sqrtn for them or call EmbeddingCollection from your own model"
         )
+    plan = None
+    if dist is not None:
+        from ember.train.distributed import shard_storage, sharding_plan
+
+        tables = shard_storage(tables, dist.rank)
+        plan = sharding_plan(cfg, tables, dist.world_size)
+        if dist.lead:
+            print(plan.describe(), flush=True)
     _announce_storage(tables)
-    ec = EmbeddingCollection(tables, features, seed=cfg.train.seed).to(device)
+    ec = _collection(tables, features, cfg.train.seed, dist, plan).to(device)
     dims = {t.name: t.dim for t in tables}
     inputs = ModelInputs(num_dense=len(schema.dense), sparse_dims=[dims[f.table_name] for f in features],
                          num_tasks=len(schema.labels), feature_names=[f.name for f in features])
@@ -166,7 +210,9 @@ def build_components(cfg: RunConfig) -> Components:
             for t in tables
         ]
         lin_features = [FeatureConfig(name=f.name, table=f.table_name + LINEAR_SUFFIX, pooling=f.pooling) for f in features]
-        linear = EmbeddingCollection(lin_tables, lin_features, seed=cfg.train.seed).to(device)
+        if plan is not None:
+            plan = plan.with_aliases({lt.name: t.name for lt, t in zip(lin_tables, tables)})
+        linear = _collection(lin_tables, lin_features, cfg.train.seed, dist, plan).to(device)
     opt = make_dense_optimizer(model.parameters(), cfg.train.dense_optimizer)
     sparse_opt = SparseOptimizer(ec, *([linear] if linear is not None else []))
     t = cfg.train
@@ -176,8 +222,20 @@ def build_components(cfg: RunConfig) -> Components:
     if distill is not None and not schema.teacher:
         raise ConfigError("model.distill needs the teacher's scores: set schema.teacher to their columns "
                           "(one per label, probabilities in [0, 1])")
-    return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, t.precision, scaler, compiled,
-                      distill, t.dense_optimizer)
+    ddp = None
+    if dist is not None:
+        unsupported = [k for k, on in (("model.distill", distill is not None), ("train.precision: fp16", scaler is not None),
+                                       ("train.compile", t.compile),
+                                       ("train.early_stopping.restore_best",
+                                        t.early_stopping is not None and t.early_stopping.restore_best)) if on]
+        if unsupported:
+            raise ConfigError(f"distributed training does not take {', '.join(unsupported)} yet; "
+                              "train on one process or leave them out")
+        from ember.distributed.dense import wrap_model
+
+        ddp = wrap_model(model, dist)
+    return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, precision=t.precision,
+                      scaler=scaler, compiled=compiled, distill=distill, dense_config=t.dense_optimizer, dist=dist, ddp=ddp)
 
 
 def _compile(model: nn.Module) -> Callable[..., Tensor] | None:
@@ -188,6 +246,16 @@ def _compile(model: nn.Module) -> Callable[..., Tensor] | None:
     except Exception as e:
         log.warning("train.compile: torch.compile is unavailable here (%s); the model runs uncompiled", e)
         return None
+
+
+def _collection(tables: list[TableConfig], features: list[FeatureConfig], seed: int, dist: DistributedRun | None,
+                plan: ShardingPlan | None) -> EmbeddingCollection:
+    """One process: an EmbeddingCollection; distributed: this rank's shard of it."""
+    if dist is None or plan is None:
+        return EmbeddingCollection(tables, features, seed=seed)
+    from ember.distributed.sharded import ShardContext, ShardedCollection
+
+    return ShardedCollection(tables, features, seed, ShardContext(plan, dist.rank, dist.exchange))
 
 
 def _announce_storage(tables: list[TableConfig]) -> None:

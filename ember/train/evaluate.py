@@ -25,15 +25,15 @@ def predict_batches(parts: Components, batches: Iterable[Batch], max_batches: in
         for i, batch in enumerate(batches):
             if max_batches is not None and i >= max_batches:
                 break
-            batch = _to_device(batch, parts.device)
+            batch = _to_device(parts.local_batch(batch), parts.device)  # distributed: this rank's slice
             probs.append(torch.sigmoid(parts.forward(batch)).float().cpu().numpy())
             labels.append(batch.labels.cpu().numpy())
     finally:
         parts.train(was_training)
     t = len(parts.task_names)
-    if not probs:
-        return np.zeros((0, t)), np.zeros((0, t))
-    return np.concatenate(probs), np.concatenate(labels)
+    p = np.concatenate(probs) if probs else np.zeros((0, t), np.float32)
+    y = np.concatenate(labels) if labels else np.zeros((0, t), np.float32)
+    return parts.gather_rows(p), parts.gather_rows(y)  # distributed: every rank's slices
 
 
 def evaluate(parts: Components, batches: Iterable[Batch], max_batches: int | None = None) -> dict[str, float]:

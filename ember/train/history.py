@@ -25,17 +25,21 @@ class History:
     """Appends one JSON object per record to ``metrics.jsonl`` and redraws ``metrics.png``;
     with ``tensorboard``, each record's numbers also go to TensorBoard (``run_dir/tensorboard``)."""
 
-    def __init__(self, run_dir: Path, resume: bool = False, tensorboard: bool = False) -> None:
-        self.tensorboard = TensorBoardWriter(run_dir / "tensorboard") if tensorboard else None
+    def __init__(self, run_dir: Path, resume: bool = False, tensorboard: bool = False, write: bool = True) -> None:
+        self.tensorboard = TensorBoardWriter(run_dir / "tensorboard") if tensorboard and write else None
         self.path = run_dir / "metrics.jsonl"
         self.plot_path = run_dir / "metrics.png"
+        self.write = write  # False: records are kept in memory only (ranks other than 0)
         self.records: list[dict[str, Any]] = []
         if resume and self.path.exists():
             self.records = [json.loads(line) for line in self.path.read_text().splitlines() if line.strip()]
-        elif self.path.exists():
+        elif self.path.exists() and write:
             self.path.unlink()
 
     def log(self, record: dict[str, Any]) -> None:
+        if not self.write:
+            self.records.append(record)
+            return
         line = (json.dumps(record) + "\n").encode()
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:

@@ -26,6 +26,7 @@ from ember.checkpoint.load import (
 )
 from ember.checkpoint.save import save_checkpoint
 from ember.config import RunConfig, to_yaml
+from ember.distributed.process_group import DistributedRun
 from ember.errors import RunInterrupted, WriteError
 from ember.fileio import write_bytes_atomic
 from ember.embedding.optimizer import SparseOptimizer
@@ -34,6 +35,7 @@ from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.builder import Components, build_components
 from ember.train.early_stop import EarlyStopping
+from ember.train.distributed import gather_tables, lead_prepares_run, start_run
 from ember.train.evaluate import _to_device, evaluate
 from ember.train.history import History
 from ember.train.preflight import check_disk, check_run, holds_run, no_steps_error
@@ -70,17 +72,19 @@ def run_directory(cfg: RunConfig) -> Path:
     return Path(cfg.train.out_dir) / (cfg.train.run_name or time.strftime("run-%Y%m%d-%H%M%S"))
 
 
-def prepare_run(cfg: RunConfig, run_dir: Path | None = None) -> tuple[Components, Path]:
-    """Seed, threads, determinism, run directory with the resolved config, built parts."""
+def prepare_run(cfg: RunConfig, run_dir: Path | None = None, dist: DistributedRun | None = None) -> tuple[Components, Path]:
+    """Seed, threads, determinism, run directory with the resolved config (rank 0 writes it),
+    built parts (``dist``: this rank's, of a distributed run)."""
     t = cfg.train
     if t.threads is not None:
         torch.set_num_threads(t.threads)
     if t.deterministic:
         torch.use_deterministic_algorithms(True, warn_only=True)
     run_dir = run_dir or run_directory(cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    write_bytes_atomic(run_dir / "config.yaml", to_yaml(cfg).encode(), WriteError)
-    return build_components(cfg), run_dir
+    if dist is None or dist.lead:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(run_dir / "config.yaml", to_yaml(cfg).encode(), WriteError)
+    return build_components(cfg, dist), run_dir
 
 
 def train(cfg: RunConfig, overwrite: bool = True, batches: Sequence[Batch] | None = None) -> RunResult:
@@ -94,40 +98,53 @@ def train(cfg: RunConfig, overwrite: bool = True, batches: Sequence[Batch] | Non
     run directory that holds an earlier run is replaced (its checkpoints removed first) only
     when ``overwrite`` (else ConfigError) or continued with ``train.resume``. A run that fails
     before its first checkpoint removes the run directory it created, so nothing blocks a retry.
+    Launched by torchrun on several processes, it trains distributed (``ember.distributed``):
+    rank 0 alone checks, creates and writes the run directory.
     """
-    run_dir = run_directory(cfg)
+    dist = start_run(cfg)  # None in one process: nothing is initialised
+    try:
+        run_dir, fresh = lead_prepares_run(run_directory(cfg), dist, lambda d: _clear_run(cfg, d, overwrite, batches))
+        try:
+            return _train(cfg, run_dir, dist, batches)
+        except BaseException:
+            if fresh and not (run_dir / "checkpoints").exists():
+                shutil.rmtree(run_dir, ignore_errors=True)
+            raise
+    finally:
+        if dist is not None:
+            dist.close()
+
+
+def _clear_run(cfg: RunConfig, run_dir: Path, overwrite: bool, batches: Sequence[Batch] | None) -> bool:
+    """Check the run directory, remove an earlier run it holds; whether the run starts fresh."""
     check_run(cfg, run_dir, overwrite, ("train", "eval") if batches is None else ("eval",))
     if cfg.train.resume is None and holds_run(run_dir):
         shutil.rmtree(run_dir)
-    fresh = not run_dir.exists()
-    try:
-        return _train(cfg, run_dir, batches)
-    except BaseException:
-        if fresh and not (run_dir / "checkpoints").exists():
-            shutil.rmtree(run_dir, ignore_errors=True)
-        raise
+    return not run_dir.exists()
 
 
-def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None) -> RunResult:
+def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
+           batches: Sequence[Batch] | None = None) -> RunResult:
     t = cfg.train
     advise(cfg.data.batch_size)
-    parts, run_dir = prepare_run(cfg, run_dir)
-    check_disk(cfg, parts, run_dir)
-    history = History(run_dir, resume=t.resume is not None, tensorboard=t.tensorboard)
+    parts, run_dir = prepare_run(cfg, run_dir, dist)
+    if parts.lead:
+        check_disk(cfg, parts, run_dir)
+    history = History(run_dir, resume=t.resume is not None, tensorboard=t.tensorboard, write=parts.lead)
     task_w = torch.tensor(t.task_weights, device=parts.device) if t.task_weights else None
     step, epoch, start_batch = 0, 0, 0
     early = EarlyStopping.from_run(cfg)  # None unless train.early_stopping
     if t.resume or t.init_from:
         ckpt = resolve_checkpoint(t.resume or t.init_from)  # type: ignore[arg-type]
         manifest = verify_checkpoint(ckpt)
-        load_tables(ckpt, parts.collections(), manifest)
+        load_tables(ckpt, parts.collections(), manifest, parts.owned())
         dense = load_dense(ckpt)
         parts.model.load_state_dict(dense["model"])
         if t.resume:  # exact continuation: optimizers, counters, data position and RNG too
             parts.dense_optimizer.load_state_dict(dense["optimizer"])
             if parts.scaler is not None and "loss_scaler" in dense:
                 parts.scaler.load_state_dict(dense["loss_scaler"])
-            restore_table_state(parts.collections(), dense)
+            restore_table_state(parts.collections(), dense, parts.owned())
             step = manifest["step"]
             epoch, start_batch = manifest["position"]["epoch"], manifest["position"]["batch"]
             restore_rng(dense["rng"])
@@ -144,8 +161,13 @@ def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None
             state["loss_scaler"] = parts.scaler.state_dict()
         if early is not None:
             state["early_stopping"] = early.state_dict()
-        path = save_checkpoint(run_dir / "checkpoints", step, parts.collections(), state,
-                               {"epoch": epoch, "batch": batch}, cfg.model_dump(mode="json", by_alias=True), t.keep_checkpoints)
+        tables = parts.collections() if parts.dist is None else gather_tables(parts.collections(), parts.dist)
+        path = run_dir / "checkpoints" / f"step-{step:08d}"
+        if tables is not None:  # distributed: rank 0 writes every rank's rows, keyed by (table, ID)
+            path = save_checkpoint(run_dir / "checkpoints", step, tables, state,  # type: ignore[arg-type]
+                                   {"epoch": epoch, "batch": batch}, cfg.model_dump(mode="json", by_alias=True), t.keep_checkpoints)
+        if parts.dist is not None:
+            parts.dist.barrier()
         saved[(step, epoch, batch)] = path
         return path
 
@@ -170,7 +192,7 @@ def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None
 
     parts.train(True)
     held = EpochRows(rows=sum(b.size for b in batches)) if batches is not None else None
-    progress = Progress(cfg, step, held)  # total and ETA from the data (CSV: estimated as it reads)
+    progress = Progress(cfg, step, held, enabled=parts.lead)  # total and ETA from the data (CSV: estimated as it reads)
     done = t.max_steps is not None and step >= t.max_steps  # e.g. resumed at the end already
     first_step, finished_already = step, done
     batch_idx = start_batch
@@ -215,6 +237,8 @@ def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None
                                    "samples_per_s": seen / (now - t0)}
                             rec.update(lr_record(parts, step))
                             rec.update(_table_stats(parts))
+                            if parts.dist is not None:  # this rank's tables and all-to-all bytes
+                                rec.update(parts.dist.exchange.take_stats())
                             rec.update({f"pipeline.{key}": v for key, v in run.stats().items()})
                             history.log(rec)
                             progress.update(step, rec)
@@ -259,11 +283,13 @@ def _train(cfg: RunConfig, run_dir: Path, batches: Sequence[Batch] | None = None
     if early is not None:  # restore_best: the run's model and metrics become the best eval's
         history.log({"kind": "early_stopping", "step": step, **early.summary()})
         metrics = early.finish(parts, metrics, history.records)
-    history.plot()
+    if parts.lead:
+        history.plot()
     history.close()
     summary = {"step": step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows,
                **({"early_stopping": early.summary()} if early is not None else {})}
-    write_bytes_atomic(run_dir / "summary.json", json.dumps(summary, indent=1).encode(), WriteError)
+    if parts.lead:
+        write_bytes_atomic(run_dir / "summary.json", json.dumps(summary, indent=1).encode(), WriteError)
     return RunResult(run_dir, step, metrics, history.records, parts, bad_rows)
 
 

@@ -83,16 +83,18 @@ class Progress:
     _EXACT = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
     _ESTIMATE = "{l_bar}{bar}| {n_fmt}/~{total_fmt} [{elapsed}<~{remaining}, {rate_fmt}{postfix}]"
 
-    def __init__(self, cfg: RunConfig, step: int = 0, rows: EpochRows | None = None) -> None:
+    def __init__(self, cfg: RunConfig, step: int = 0, rows: EpochRows | None = None, enabled: bool = True) -> None:
         """``rows``: the epoch's rows when known otherwise (batches held in memory); default:
-        from ``cfg.data``."""
+        from ``cfg.data``. ``enabled``: False keeps it quiet whatever ``train.progress`` says
+        (ranks other than 0)."""
         t, d = cfg.train, cfg.data
         self.bar: Any = None
         self.last = step
-        self.rows = rows or (epoch_rows(d) if t.progress else EpochRows())
+        show = t.progress and enabled
+        self.rows = rows or (epoch_rows(d) if show else EpochRows())
         self._plan = (d.split_batch_size("train"), d.drop_last, t.epochs, t.max_steps)
         self._loader: Loader | None = None
-        if t.progress:
+        if show:
             from tqdm import tqdm
 
             total = self._total(self.rows.rows) if self.rows.exact else t.max_steps

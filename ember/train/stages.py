@@ -33,8 +33,9 @@ class Step:
     """One batch on its way through the pipeline; each stage fills its own fields."""
 
     index: int  # position in this pass (0, 1, ...): the order updates are written in
-    batch: Batch
+    batch: Batch  # distributed: this rank's slice of the global batch
     lookups: list[Lookup] = field(default_factory=list)  # plan: one per collection
+    rows: int = 0  # rows of the global batch (the loss is this rank's share of their mean)
     fetched_after: int = 0  # fetch: how many batches' updates were written when it read its rows
     copied: Any = None  # to_device: the CUDA event the copy recorded
     ready: list[GroupLookup] = field(default_factory=list)  # compute: lookups with gradients
@@ -76,8 +77,9 @@ class TrainStages:
             self._tiers.release()
 
     def plan(self, batch: Batch) -> Step:
-        """Dedupe the batch's IDs per table (no tier is touched)."""
-        return Step(next(self._count), batch, self.parts.plan(batch, train=True))
+        """Dedupe the batch's IDs per table (no tier is touched); distributed: this rank's slice."""
+        local = self.parts.local_batch(batch)
+        return Step(next(self._count), local, self.parts.plan(local, train=True), batch.size)
 
     def fetch(self, step: Step) -> Step:
         """Read the batch's rows from the tiers, once the gate allows (else end the stream)."""
@@ -118,7 +120,7 @@ class TrainStages:
                           None if batch.teacher is None else batch.teacher.to(self.device))
         p = self.parts
         logits = p.forward(batch, step.lookups)
-        loss = p.loss(batch, logits, self.task_weights)
+        loss = p.loss(batch, logits, self.task_weights, step.rows)
         step.ready = p.backward(loss, self.first_step + step.index)  # [] when an fp16 overflow skipped the step
         step.loss = loss.detach()
         step.lookups = []
@@ -138,15 +140,18 @@ class TrainStages:
         """Accumulate the loss (on a GPU this waits for the step: off the caller's thread)."""
         assert step.loss is not None
         n = step.batch.size
-        value = float(step.loss) * n
+        value = float(step.loss) * step.rows  # the sum of this batch's (slice's) row losses
         with self._metrics:
             self._loss_sum += value
             self._seen += n
         return step
 
     def take_metrics(self) -> tuple[float, int]:
-        """(sum of loss x rows, rows) since the last call."""
+        """(sum of loss x rows, rows) since the last call, over every rank."""
         with self._metrics:
             out = (self._loss_sum, self._seen)
             self._loss_sum, self._seen = 0.0, 0
+        if self.parts.dist is not None:
+            total, seen = self.parts.sum_over_ranks([out[0], float(out[1])])
+            out = (total, int(seen))
         return out

@@ -34,8 +34,8 @@ def test_reduced_precision_runs_the_model_in_it_and_keeps_fp32_weights(tmp_path,
     ref = train(from_dict(_raw(tmp_path, "fp32")))
     original = loop.build_components
 
-    def spying(cfg):  # type: ignore[no-untyped-def]
-        parts = original(cfg)
+    def spying(cfg, *rest):  # type: ignore[no-untyped-def]
+        parts = original(cfg, *rest)
         first = next(m for m in parts.model.modules() if isinstance(m, torch.nn.Linear))
         first.register_forward_hook(lambda mod, inp, out: seen.add(out.dtype))
         return parts

@@ -1,0 +1,57 @@
+"""The ``distributed:`` config section: how a torchrun launch trains on several processes.
+
+Nothing here turns distribution on: a run is distributed when torchrun (or any launcher that
+sets ``RANK``/``WORLD_SIZE``) starts it with ``WORLD_SIZE > 1``. One process without torchrun
+ignores this section and runs exactly as before.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from ember.config_base import ConfigModel
+from ember.errors import ConfigError
+
+__all__ = ["DistributedConfig", "ShardingKind", "check_compatible"]
+
+ShardingKind = Literal["row_wise", "table_wise"]
+
+
+class DistributedConfig(ConfigModel):
+    """Process group and embedding sharding of a multi-process run.
+
+    ``sharding`` is the planner's policy: ``auto`` lets its cost model choose per table
+    (``ember.distributed.planner``), ``row_wise`` / ``table_wise`` force one kind for every
+    table; ``tables`` forces a kind per table name and wins over both.
+    """
+
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    """``auto``: NCCL when the model runs on CUDA, else gloo."""
+    sharding: Literal["auto", "row_wise", "table_wise"] = "auto"
+    tables: dict[str, ShardingKind] = {}
+    table_wise_max_rows: int = Field(100_000, ge=0)
+    """``auto``: a table whose estimated rows are at most this many lives whole on one rank."""
+    timeout_s: float = Field(300.0, gt=0)
+    """How long a collective (all-to-all, all-reduce, barrier) may wait for the other ranks."""
+
+
+def check_compatible(world_size: int, batch_size: int, pipeline_enabled: bool, staleness: int) -> None:
+    """Raise ConfigError for run settings this step of distributed training does not support."""
+    if batch_size % world_size:
+        raise ConfigError(
+            f"data.batch_size {batch_size} is the global batch and must be divisible by the world size "
+            f"{world_size} (each rank trains batch_size / world_size rows); use e.g. "
+            f"data.batch_size={batch_size - batch_size % world_size or world_size}"
+        )
+    if pipeline_enabled:
+        raise ConfigError(
+            "distributed training runs its stages in line for now (collectives from the pipeline's threads are "
+            "not ordered across ranks yet): set pipeline.enabled=false"
+        )
+    if staleness:
+        raise ConfigError(
+            f"train.embedding_staleness={staleness} is not supported with distributed training yet "
+            "(stale rows would need a re-read on their owner rank); set train.embedding_staleness=0"
+        )

@@ -1,0 +1,41 @@
+"""The dense model under DistributedDataParallel, with gradients summed (not averaged).
+
+Each rank's loss is its rows' share of the global batch mean (sum of its rows' losses divided
+by the global batch size), so the sum of the ranks' gradients is the gradient of the global
+mean: the gradient one process computes on the whole batch. DDP's default hook averages over
+ranks, so a sum hook replaces it; the embedding gradients, summed by their owners, follow the
+same rule.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch import nn
+
+from ember.distributed.process_group import DistributedRun
+from ember.errors import ConfigError
+
+__all__ = ["wrap_model", "allreduce_sum_hook"]
+
+
+def allreduce_sum_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks the annotations' objects; this module's are strings
+    """DDP communication hook: all-reduce each gradient bucket (``dist.GradBucket``) as a sum
+    over ranks; returns the future of the summed buffer."""
+    fut = dist.all_reduce(bucket.buffer(), group=state, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])
+
+
+def wrap_model(model: nn.Module, run: DistributedRun) -> nn.Module:
+    """``model`` under DDP (parameters broadcast from rank 0, gradients summed over ranks).
+
+    BatchNorm is refused: its batch statistics would be each rank's slice's, not the global
+    batch's, so results would depend on the world size.
+    """
+    bn = [name for name, m in model.named_modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if bn:
+        raise ConfigError(f"the model has BatchNorm layers {bn[:3]}, which distributed training does not support yet "
+                          "(their statistics would be per rank); set batchnorm: false in the model's MLPs")
+    ids = [run.model_device.index] if run.model_device.type == "cuda" else None
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    ddp.register_comm_hook(None, allreduce_sum_hook)
+    return ddp

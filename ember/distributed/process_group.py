@@ -1,0 +1,146 @@
+"""Process-group setup from torchrun's environment, teardown, and the few collectives the
+trainer needs beyond the embedding exchange (barrier, sums, gathers).
+
+``Topology.from_env`` reads ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``,
+``MASTER_ADDR`` and ``MASTER_PORT`` at call time (never at import). A process without them, or
+with ``WORLD_SIZE=1``, is not distributed: nothing is initialised and the run is unchanged.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ember.distributed.config import DistributedConfig
+from ember.distributed.exchange import Exchange
+from ember.errors import ConfigError
+
+__all__ = ["Topology", "DistributedRun", "start", "pick_backend"]
+
+_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Where this process sits: global rank and size, rank and size on its node."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "Topology | None":
+        """The topology torchrun (``--nproc-per-node``, ``--nnodes``) put in the environment, or
+        None for a single process (no ``WORLD_SIZE``, or ``WORLD_SIZE=1``)."""
+        env = os.environ if env is None else env
+        if int(env.get("WORLD_SIZE", "1")) <= 1:
+            return None
+        missing = [k for k in _ENV if k not in env]
+        if missing:
+            raise ConfigError(f"WORLD_SIZE={env['WORLD_SIZE']} but {missing} are not set; launch with torchrun "
+                              "(torchrun --nproc-per-node N -m ember train --config X.yaml), which sets them all")
+        world = int(env["WORLD_SIZE"])
+        rank = int(env["RANK"])
+        if not 0 <= rank < world:
+            raise ConfigError(f"RANK={rank} is outside 0..{world - 1} (WORLD_SIZE={world})")
+        return cls(rank, world, int(env.get("LOCAL_RANK", rank)), int(env.get("LOCAL_WORLD_SIZE", world)))
+
+
+def pick_backend(cfg: DistributedConfig, device: torch.device) -> str:
+    """``distributed.backend``, with ``auto`` resolved: NCCL for a CUDA model, else gloo."""
+    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+    if backend == "nccl":
+        if not dist.is_nccl_available():
+            raise ConfigError("distributed.backend is nccl but this torch build has no NCCL; use "
+                              "distributed.backend=gloo (or auto) or install a CUDA build of torch")
+        if device.type != "cuda":
+            raise ConfigError("distributed.backend nccl needs the model on CUDA (train.device cuda or auto with a "
+                              "GPU); on CPU use distributed.backend=gloo or auto")
+    elif not dist.is_gloo_available():
+        raise ConfigError("distributed.backend gloo is not available in this torch build; use distributed.backend=nccl "
+                          "on GPUs")
+    return backend
+
+
+class DistributedRun:
+    """A started process group: this rank's place, the embedding exchange, and helpers.
+
+    Embedding all-to-alls run on a group of their own (``exchange``), so the dense model's
+    all-reduces (DDP, on the default group) never interleave with them.
+    """
+
+    def __init__(self, topology: Topology, backend: str, model_device: torch.device) -> None:
+        self.topology, self.backend, self.model_device = topology, backend, model_device
+        self.device = model_device if backend == "nccl" else torch.device("cpu")  # where collectives run
+        self.rank, self.world_size = topology.rank, topology.world_size
+        self.exchange = Exchange(self.rank, self.world_size, self.device, dist.new_group(backend=backend))
+
+    @property
+    def lead(self) -> bool:
+        """Rank 0: the one rank that creates and writes the run directory."""
+        return self.rank == 0
+
+    def local_rows(self, rows: int) -> tuple[int, int]:
+        """[start, stop) of this rank's slice of a global batch of ``rows`` rows: slice r of N
+        nearly equal slices, in order (a partial last batch leaves the last ranks one row fewer)."""
+        return rows * self.rank // self.world_size, rows * (self.rank + 1) // self.world_size
+
+    def barrier(self) -> None:
+        dist.barrier(device_ids=[self.device.index] if self.backend == "nccl" and self.device.index is not None else None)
+
+    def all_sum(self, values: list[float]) -> list[float]:
+        """Elementwise sum of ``values`` over ranks (float64)."""
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.cpu().tolist()
+
+    def gather_rows(self, array: np.ndarray) -> np.ndarray:
+        """Every rank's ``array`` [n_r, ...] concatenated in rank order, on every rank."""
+        parts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(parts, array)
+        return np.concatenate(parts)
+
+    def gather_to_lead(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` in rank order on rank 0 (None elsewhere)."""
+        out: list[Any] | None = [None] * self.world_size if self.lead else None
+        dist.gather_object(obj, out, dst=0)
+        return out
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` on every rank."""
+        box = [obj]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def close(self) -> None:
+        """Tear the process group down (every rank, at the end of the run)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def start(cfg: DistributedConfig, device: torch.device, topology: Topology | None = None) -> DistributedRun | None:
+    """Initialise the default process group from the environment (torchrun's), or return None
+    for a single process. ``device``: the model's device type; on CUDA each rank takes the
+    GPU of its ``LOCAL_RANK``."""
+    topology = topology or Topology.from_env()
+    if topology is None:
+        return None
+    if device.type == "cuda":
+        if topology.local_rank >= torch.cuda.device_count():
+            raise ConfigError(f"LOCAL_RANK {topology.local_rank} has no GPU ({torch.cuda.device_count()} visible); start "
+                              "at most one process per GPU (torchrun --nproc-per-node) or use train.device=cpu")
+        device = torch.device("cuda", topology.local_rank)
+        torch.cuda.set_device(device)
+    backend = pick_backend(cfg, device)
+    if dist.is_initialized():
+        raise ConfigError("a torch.distributed process group is already initialised in this process; ember starts its own")
+    dist.init_process_group(backend, init_method="env://", rank=topology.rank, world_size=topology.world_size,
+                            timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    return DistributedRun(topology, backend, device)
