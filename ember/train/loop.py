@@ -34,6 +34,7 @@ from ember.train.builder import Components, build_components
 from ember.train.evaluate import _to_device, evaluate
 from ember.train.history import History
 from ember.train.loss import multitask_bce
+from ember.train.metrics import json_safe
 from ember.train.preflight import check_disk, check_run, holds_run, no_steps_error
 from ember.train.stages import TrainStages
 
@@ -227,7 +228,7 @@ def _train(cfg: RunConfig, run_dir: Path) -> RunResult:
         metrics = run_eval()
     history.plot()
     summary = {"step": step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows}
-    write_bytes_atomic(run_dir / "summary.json", json.dumps(summary, indent=1).encode(), WriteError)
+    write_bytes_atomic(run_dir / "summary.json", json.dumps(json_safe(summary), indent=1).encode(), WriteError)
     return RunResult(run_dir, step, metrics, history.records, parts, bad_rows)
 
 
