@@ -5,9 +5,9 @@ still running when the interpreter exited. Each command here runs as its own pro
 happens at exit, so only a fresh interpreter can show it), again and again: every exit must be
 the error's own code (2) with the error on stderr, never a signal, a traceback or ``terminate``.
 
-By default ``train`` on the all-bad CSV runs twice and each other failing command once
-(``EMBER_ABORT_RUNS=k`` multiplies both by k); the slow test runs ``train`` on the all-bad CSV
-40 times and each other command 12 times.
+By default ``train`` on the all-bad CSV runs twice and each other failing command once; the
+slow test runs ``train`` on the all-bad CSV 12 times and each other command twice, times
+``EMBER_FUZZ_SCALE`` (``EMBER_FUZZ_SCALE=4``: 48 runs of the command of the issue).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pytest
 import yaml
 
 from ember.cli import main
+from tests.fuzz.conftest import fuzz_scale
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,12 +103,11 @@ def _run_all(cmds: list[tuple[list[str], str]], parallel: int = 2) -> list[str]:
 
 
 def test_failing_commands_exit_2_every_time_never_abort(tmp_path):
-    runs = int(os.environ.get("EMBER_ABORT_RUNS", "1"))
-    problems = _run_all(_commands(tmp_path, runs, train_runs=2 * runs))
+    problems = _run_all(_commands(tmp_path, 1, train_runs=2))
     assert problems == []
 
 
 @pytest.mark.slow
 def test_failing_commands_exit_2_every_time_never_abort_many_runs(tmp_path):
-    problems = _run_all(_commands(tmp_path, 12, train_runs=40))
+    problems = _run_all(_commands(tmp_path, 2 * fuzz_scale(), train_runs=12 * fuzz_scale()))
     assert problems == []

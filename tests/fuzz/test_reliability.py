@@ -4,7 +4,8 @@ while a checkpoint is written. Every outcome must be right: a clear error naming
 the bad row), a skip whose count equals the bad rows planted, a full read, or a recovered
 checkpoint; never a silent drop, a crash or lost data.
 
-By default every kind runs twice (about 70 inputs); the slow test draws 1,500 more.
+By default every kind runs twice (about 70 inputs); the slow test draws 250 more (times
+``EMBER_FUZZ_SCALE``).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from ember.testing import fuzz
+from tests.fuzz.conftest import fuzz_scale
 
 
 def _problems(outcomes: list[tuple[fuzz.Case, fuzz.Outcome]]) -> list[str]:
@@ -50,7 +52,7 @@ def test_every_kind_of_bad_input_and_fault_ends_right(tmp_path):
 @pytest.mark.slow
 def test_reliability_study_many_inputs(tmp_path):
     outcomes = []
-    fuzz.study(7, 1500, tmp_path, on_outcome=lambda c, o: outcomes.append((c, o)))
+    fuzz.study(7, 250 * fuzz_scale(), tmp_path, on_outcome=lambda c, o: outcomes.append((c, o)))
     assert _problems(outcomes) == []
 
 
