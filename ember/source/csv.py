@@ -3,7 +3,8 @@
 The file is read ``block_bytes`` at a time and cut at the last newline, so memory stays at a
 few blocks however large the file, and the line number of every row is known (pyarrow's own
 streaming reader does not report line numbers of bad lines). Consequence: quoted values may
-not contain newlines. A line may be of any length (a block grows to hold it). Every column is
+not contain newlines; a quote that does not close on its line makes that line a bad row (it
+would otherwise swallow the lines after it). A line may be of any length (a block grows to hold it). Every column is
 read as a string, an empty field as ``""`` (a CSV has no null): the featurizer decides what it
 means (a missing number; for a categorical column the category ``""`` unless the schema lists
 it in ``missing_values``) and converts numbers itself so it can name the row and value that

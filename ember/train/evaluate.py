@@ -45,11 +45,12 @@ def evaluate(parts: Components, batches: Iterable[Batch], max_batches: int | Non
     report = getattr(batches, "bad_rows", None)
     if not len(probs):  # AUC and logloss of nothing would be a silent NaN
         data = getattr(batches, "data", None)
-        where = f" ({', '.join(data.paths('eval')[:5])})" if data is not None and data.paths("eval") else ""
+        files = data.paths("eval") if data is not None and data.format != "synthetic" else []
+        where = f"data.eval ({', '.join(files[:5])})" if files else "data.eval (or the synthetic eval split)"
         skipped = f"; {report}" if report is not None and report.total else ""
-        raise DataError(f"evaluation got no rows: data.eval{where} (or the synthetic eval split) gave no batch"
-                        f"{skipped}; give eval files with rows, check that data.on_bad_rows: skip did not skip them "
-                        "all, or unset data.eval to train without evaluation")
+        raise DataError(f"evaluation got no rows: {where} gave no batch{skipped}; give eval files with rows, check "
+                        "that data.on_bad_rows: skip did not skip them all, or unset data.eval to train without "
+                        "evaluation")
     out = evaluate_predictions(labels, probs, parts.task_names)
     out["rows"] = float(len(probs))
     if report is not None and report.skip:
