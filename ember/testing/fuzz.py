@@ -249,7 +249,12 @@ def _columnar_case(fmt: str, kind: str, rng: np.random.Generator) -> Case:
     if kind in ("bad_label", "bad_number"):
         k = int(rng.integers(1, min(5, n) + 1))
         at = sorted(rng.choice(n, size=k, replace=False).tolist())
-        if kind == "bad_label":
+        if kind == "bad_label" and rng.random() < 0.3:  # strings where numbers belong
+            vals_s = [str(v) for v in rng.integers(0, 2, n)]
+            for i in at:
+                vals_s[i] = _pick(rng, _BAD_LABELS)
+            cols["y"] = pa.array(vals_s)
+        elif kind == "bad_label":
             vals = [float(v) for v in rng.integers(0, 2, n)]
             for i in at:
                 vals[i] = float(_pick(rng, [2.0, -1.0, 1.5, np.inf, -np.inf, np.nan, 7.0]))
