@@ -223,7 +223,8 @@ def _columnar_table(rng: np.random.Generator, n: int) -> dict[str, pa.Array]:
         "I2": pa.array(rng.integers(-100, 100, n), pa.int32()),
         "C1": pa.array(c1).dictionary_encode() if rng.random() < 0.3 else
         (pa.array(rng.integers(0, 1000, n), pa.int64()) if rng.random() < 0.3 else pa.array(c1)),
-        "C2": pa.array([[_pick(rng, _TOKENS[:6]) for _ in range(int(rng.integers(0, 4)))] for _ in range(n)]),
+        "C2": pa.array([[_pick(rng, _TOKENS[:6]) for _ in range(int(rng.integers(0, 4)))] for _ in range(n)],
+                       pa.list_(pa.string())),  # typed: all-empty lists would be list<null>, which ORC cannot hold
     }
     return cols
 
