@@ -85,7 +85,6 @@ def _restore(args: argparse.Namespace):
 def cmd_eval(args: argparse.Namespace) -> int:
     from ember.pipeline.loader import make_batches
     from ember.train.evaluate import evaluate
-
     from ember.train.metrics import json_safe
 
     cfg, parts = _restore(args)

@@ -353,7 +353,7 @@ def make_case(kind: str, rng: np.random.Generator) -> Case:
 
 
 def cases(seed: int, count: int, kinds: list[str] | None = None) -> Iterator[Case]:
-    """``count`` cases: kinds in a seeded weighted draw (faults as one in ten), each from its
+    """``count`` cases: kinds in a seeded weighted draw (fault cases about one in eleven), each from its
     own generator ``default_rng([seed, index])`` so any case can be rebuilt alone."""
     kinds = kinds or KINDS
     weights = np.array([_WEIGHTS.get(k, 0) or sum(_WEIGHTS.values()) / 10 / len(FAULT_KINDS) for k in kinds], float)
