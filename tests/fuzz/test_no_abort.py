@@ -6,9 +6,9 @@ happens at exit, so only a fresh interpreter can show it), again and again: ever
 the error's own code (2) with the error on stderr, never a signal, a traceback or ``terminate``.
 
 By default ``train`` runs twice on the all-bad CSV and once on a Parquet file with a flipped
-byte; the slow test runs ``train`` on the all-bad CSV 12 times and each other failing command
+byte; the slow test runs ``train`` on the all-bad CSV 8 times and each other failing command
 (``train`` on Parquet files that fail in the read or the featurize stage, ``eval`` and
-``predict`` on bad rows) twice, times ``EMBER_FUZZ_SCALE`` (``EMBER_FUZZ_SCALE=4``: 48 runs of
+``predict`` on bad rows) once, times ``EMBER_FUZZ_SCALE`` (``EMBER_FUZZ_SCALE=5``: 40 runs of
 the command of the issue).
 """
 
@@ -116,5 +116,5 @@ def test_failing_commands_exit_2_every_time_never_abort(tmp_path):
 
 @pytest.mark.slow
 def test_failing_commands_exit_2_every_time_never_abort_many_runs(tmp_path):
-    problems = _run_all(_commands(tmp_path, 2 * fuzz_scale(), train_runs=12 * fuzz_scale()))
+    problems = _run_all(_commands(tmp_path, fuzz_scale(), train_runs=8 * fuzz_scale()))
     assert problems == []

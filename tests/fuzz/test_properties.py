@@ -9,7 +9,7 @@
 - Parquet: a file cut short or with bytes overwritten reads whole and unchanged, or raises a
   DataError naming it; never fewer rows without an error.
 
-Each property runs 40 examples by default; the slow variants run 300 (times ``EMBER_FUZZ_SCALE``).
+Each property runs 40 examples by default; the slow variants run 200 (times ``EMBER_FUZZ_SCALE``).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from ember.source.parquet import read_parquet
 from tests.fuzz.conftest import fuzz_scale
 
 FAST = settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-SLOW = settings(max_examples=300 * fuzz_scale(), deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+SLOW = settings(max_examples=200 * fuzz_scale(), deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 NAMES = ["y", "a", "b"]
 # field text: anything but the delimiters, quotes and line ends (a BOM only inside a value)

@@ -4,7 +4,7 @@ while a checkpoint is written. Every outcome must be right: a clear error naming
 the bad row), a skip whose count equals the bad rows planted, a full read, or a recovered
 checkpoint; never a silent drop, a crash or lost data.
 
-By default every kind runs once (about 35 inputs); the slow test draws 250 more (times
+By default every kind runs once (about 35 inputs); the slow test draws 200 more (times
 ``EMBER_FUZZ_SCALE``).
 """
 
@@ -51,7 +51,7 @@ def test_every_kind_of_bad_input_and_fault_ends_right(tmp_path):
 @pytest.mark.slow
 def test_reliability_study_many_inputs(tmp_path):
     outcomes = []
-    fuzz.study(7, 250 * fuzz_scale(), tmp_path, on_outcome=lambda c, o: outcomes.append((c, o)))
+    fuzz.study(7, 200 * fuzz_scale(), tmp_path, on_outcome=lambda c, o: outcomes.append((c, o)))
     assert _problems(outcomes) == []
 
 
