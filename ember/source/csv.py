@@ -43,7 +43,7 @@ _PARSE_BLOCK = 1 << 20  # pyarrow's parse unit; grown for a block holding a long
 
 
 def _line_blocks(path: str, block_bytes: int) -> Iterator[bytes]:
-    """Blocks of whole lines (each ends with a newline, except maybe the file's last one)."""
+    """Blocks of whole lines, each ending with a newline (one is added to a last line without)."""
     with pa.input_stream(path) as f:
         rest = b""
         read = 0
@@ -65,7 +65,9 @@ def _line_blocks(path: str, block_bytes: int) -> Iterator[bytes]:
             rest = data[cut + 1 :]
             yield data[: cut + 1]
         if rest.strip(b"\r\n"):
-            yield rest
+            # the last line ends like every other, so it parses like one (an unclosed quote in
+            # it then takes that newline and shows, instead of passing at the end of the data)
+            yield rest + b"\n"
 
 
 def _split_header(line: bytes, delimiter: str) -> list[str] | None:

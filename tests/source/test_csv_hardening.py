@@ -132,6 +132,7 @@ def test_header_auto_on_real_criteo_rows(tmp_path):
     ('y,a,b\n1,"x,2\n0,y,3\n1,z,4\n', 2, ["y", "z"]),  # the quote would swallow every later line
     ('y,a,b\n1,x,2\n0,"y,3\n1,z,4\n1,"w",5\n', 3, ["x", "z", "w"]),  # ... up to the next quote
     ('y,a,b\n1,x,"2\n', 2, []),  # the last line: it would take its own newline as the value's
+    ('y,a,b\n1,x,"2', 2, []),  # ... or, without a final newline, pass at the end of the data
     ('y,a,b\n1,"x\r2,y\n0,z",3\n1,w,4\n', 2, ['z"', "w"]),  # a lone CR making up for a merged line
 ])
 def test_a_quote_that_does_not_close_on_its_line_is_one_bad_row(tmp_path, text, bad_row, kept):
