@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -33,7 +34,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"run directory: {result.run_dir}")
     print(f"steps: {result.step}")
     for k, v in result.metrics.items():
-        print(f"eval {k}: {v:.0f}" if k == "rows" else f"eval {k}: {v:.4f}")
+        print(f"eval {k}: {_metric(k, v)}")
     es = next((r for r in reversed(result.history) if r.get("kind") == "early_stopping"), None)
     if es is not None:
         where = f"stopped early at step {es['stopped_step']}" if es["stopped_early"] else "ran to the end"
@@ -46,6 +47,15 @@ def cmd_train(args: argparse.Namespace) -> int:
         assert result.parts is not None
         print(f"exported to {_export(result.parts, cfg, args.export)}")
     return 0
+
+
+def _metric(key: str, value: float) -> str:
+    """A metric as printed: counts whole, an undefined AUC said so (the warning above says why)."""
+    if key in ("rows", "skipped_rows"):
+        return f"{value:.0f}"
+    if math.isnan(value):
+        return "nan (undefined: the eval labels hold one class)" if key.startswith("auc/") else "nan"
+    return f"{value:.4f}"
 
 
 def _export(parts, cfg, out_dir: str) -> Path:
@@ -84,11 +94,15 @@ def _restore(args: argparse.Namespace):
 def cmd_eval(args: argparse.Namespace) -> int:
     from ember.pipeline.loader import make_batches
     from ember.train.evaluate import evaluate
+    from ember.train.metrics import json_safe
 
     cfg, parts, source = _restore(args)
     print(f"ember eval: scoring checkpoint {source['checkpoint']} (step {source['step']})", file=sys.stderr, flush=True)
-    metrics = evaluate(parts, make_batches(cfg.data, cfg.schema, "eval"))
-    print(json.dumps({**source, **metrics}, indent=1))  # the checkpoint scored, then its metrics
+    batches = make_batches(cfg.data, cfg.schema, "eval")
+    metrics = evaluate(parts, batches)
+    if batches.bad_rows.total:
+        print(f"ember eval: {batches.bad_rows} (left out of the metrics)", file=sys.stderr)
+    print(json.dumps(json_safe({**source, **metrics}), indent=1))  # the checkpoint scored, then its metrics; an undefined AUC is null
     return 0
 
 
@@ -157,6 +171,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise ConfigError(f"--output {args.output} is a directory; give a file path for the CSV")
     p = Predictor.load(args.export)
     probs = p.predict_files(inputs, format=args.format, **overrides.get("data", {}))
+    if p.bad_rows is not None and p.bad_rows.total:  # only with data.on_bad_rows=skip given here
+        print(f"ember predict: {p.bad_rows}; the output has {p.bad_rows.total} line(s) fewer than the input has "
+              "rows (predict with data.on_bad_rows=error to find them)", file=sys.stderr)
     header = ",".join(f"p_{t}" for t in p.tasks)
     if args.output:
         from ember.errors import WriteError

@@ -37,10 +37,12 @@ def resolve_checkpoint(path: str | Path) -> Path:
             if (target / "manifest.json").exists():
                 return target
             # killed between moving a same-step checkpoint aside and renaming its replacement in:
-            # fall back to the newest complete checkpoint
+            # fall back to the newest complete checkpoint, or to the one moved aside (when it was
+            # the only one, it lies under .old-step-*)
             done = sorted(p for p in cand.glob("step-*") if (p / "manifest.json").exists())
-            if done:
-                return done[-1]
+            aside = sorted(p for p in cand.glob(".old-step-*") if (p / "manifest.json").exists())
+            if done or aside:
+                return (done or aside)[-1]
             raise CheckpointError(f"{latest} names {target.name}, which is incomplete, and no complete checkpoint exists")
     raise CheckpointError(f"no checkpoint at {p}: expected a manifest.json or a LATEST file (a run directory works too)")
 

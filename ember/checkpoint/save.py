@@ -71,16 +71,34 @@ def save_checkpoint(
                                  "train.out_dir to a larger volume)") from e  # type: ignore[arg-type]
         raise
     old = None
-    if final.exists():  # a second save of the same step: move the old one aside, never delete first
-        old = root / f".old-{final.name}-{os.getpid()}"
-        os.rename(final, old)
-    os.rename(tmp, final)
-    fsync_dir(root)
-    atomic_write_bytes(root / "LATEST", final.name.encode())
+    try:
+        if final.exists():  # a second save of the same step: move the old one aside, never delete first
+            old = root / f".old-{final.name}-{os.getpid()}"
+            os.rename(final, old)
+        os.rename(tmp, final)
+        fsync_dir(root)
+        atomic_write_bytes(root / "LATEST", final.name.encode())
+    except BaseException as e:  # e.g. a full disk at the rename or LATEST: back to the previous checkpoint
+        _undo_publish(tmp, final, old)
+        if isinstance(e, CheckpointError) or not is_no_space(e):
+            raise
+        raise no_space_error(CheckpointError, final, None, e, "the previous checkpoint is kept") from e  # type: ignore[arg-type]
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
     _prune(root, keep)
     return final
+
+
+def _undo_publish(tmp: Path, final: Path, old: Path | None) -> None:
+    """Undo a save whose directory was (maybe) renamed in but not named by LATEST: the new
+    directory goes, a same-step predecessor moved aside comes back. LATEST still names the
+    previous checkpoint, which is thus untouched."""
+    shutil.rmtree(tmp, ignore_errors=True)
+    if old is None:
+        shutil.rmtree(final, ignore_errors=True)
+    elif old.exists():
+        shutil.rmtree(final, ignore_errors=True)
+        os.rename(old, final)
 
 
 def checkpoint_bytes(collections: list[EmbeddingCollection], dense_state: dict[str, Any]) -> int:

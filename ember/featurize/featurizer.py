@@ -79,6 +79,22 @@ def _jagged(arr: pa.Array, separator: str | None) -> tuple[pa.Array, np.ndarray]
     return arr, np.ones(len(arr), dtype=np.int64)
 
 
+def _type_error(file: str, role: str, column: str, error: TypeError) -> SchemaError:
+    """The SchemaError for a column whose arrow type cannot hold what ``role`` needs (e.g. a
+    list where a label is expected): a property of the file, so it names file and column."""
+    return SchemaError(f"{file}: {role} (column '{column}'): {error}; write one number (or number string) per "
+                       "row in that column, or point the schema at another column")
+
+
+def _numbers(batch: pa.RecordBatch, column: str, file: str, role: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``parse_floats`` of ``column``; a column of a non-numeric type (list, struct, ...) is a
+    SchemaError naming the file and column, not a bare TypeError from deep in the parser."""
+    try:
+        return parse_floats(batch.column(column))
+    except TypeError as e:
+        raise _type_error(file, role, column, e) from None
+
+
 class Featurizer:
     """Turns record batches into :class:`Rows` following ``schema``.
 
@@ -106,7 +122,7 @@ class Featurizer:
             if self.schema.score_only:
                 labels[:, j] = 0.0
                 continue
-            x, missing, bad = parse_floats(batch.column(name))
+            x, missing, bad = _numbers(batch, name, file, "label")
             checks.add(name, "label is missing", missing)
             checks.add(name, "label is not a number", bad)
             checks.add(name, "label is not in [0, 1]", ~missing & ~bad & ((x < 0) | (x > 1)))
@@ -124,7 +140,7 @@ class Featurizer:
 
         dense = np.empty((n, len(self.schema.dense)), dtype=np.float32)
         for j, f in enumerate(self.schema.dense):
-            x, _, bad = parse_floats(batch.column(f.source_column))
+            x, _, bad = _numbers(batch, f.source_column, file, f"dense feature '{f.name}'")
             checks.add(f.source_column, "not a number", bad)
             dense[:, j] = dense_transform(x, f.fill, f.log1p, f.clip, f.standardize, f.sign_log1p)
 
@@ -155,7 +171,10 @@ class Featurizer:
                 raise SchemaError(f"{file}: sparse feature '{f.name}' (column '{col}'): {e}") from None
             if is_str and f.separator is not None:  # an empty token ("a||b", "a|", "") is no value
                 valid &= np.asarray(pc.fill_null(pc.not_equal(flat, ""), False), dtype=bool)
-            valid &= ~is_listed(flat, self.schema.missing_values_of(f))
+            try:
+                valid &= ~is_listed(flat, self.schema.missing_values_of(f))
+            except TypeError as e:
+                raise _type_error(file, f"sparse feature '{f.name}'", col, e) from None
         else:
             try:
                 ids, missing, bad = parse_ints(flat)
@@ -176,7 +195,10 @@ class Featurizer:
             if mismatch.any():  # those rows are dropped or raise; give them no values
                 valid &= ~mismatch[elem_row]
                 wflat = wflat.filter(pa.array(~mismatch[np.repeat(np.arange(len(wlen)), wlen)]))
-            wx, wmissing, wbad = parse_floats(wflat)
+            try:
+                wx, wmissing, wbad = parse_floats(wflat)
+            except TypeError as e:
+                raise _type_error(file, f"weight column of sparse feature '{f.name}'", f.weight_column, e) from None
             checks.add(f.weight_column, "weight is not a number",
                        np.bincount(elem_row[~mismatch[elem_row]][wbad], minlength=batch.num_rows) > 0)
             w = np.where(wmissing | wbad, 1.0, wx).astype(np.float32)  # a missing weight counts as 1

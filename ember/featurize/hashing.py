@@ -69,13 +69,36 @@ def hash_ints(values: np.ndarray, salt: str) -> np.ndarray:
     return mix64(v ^ salt_key(salt)).view(np.int64)
 
 
-def _hash_utf8_buffers(offsets: np.ndarray, data: np.ndarray, salt: np.uint64) -> np.ndarray:
+_MASK64 = (1 << 64) - 1
+_LONG_BYTES = 4096  # strings longer than this are hashed one by one (see _hash_utf8_buffers)
+
+
+def _mix64_int(z: int) -> int:
+    """``mix64`` of one Python int (for the word loop of a single long string)."""
+    z ^= z >> 30
+    z = (z * 0xBF58476D1CE4E5B9) & _MASK64
+    z ^= z >> 27
+    z = (z * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def _hash_utf8_buffers(offsets: np.ndarray, data: np.ndarray, salt: np.uint64,
+                       long_bytes: int = _LONG_BYTES) -> np.ndarray:
+    """Hash each string ``data[offsets[i]:offsets[i+1]]``: ``h = mix64(salt ^ (len+1)*golden)``,
+    then ``h = mix64(h ^ word)`` over its little-endian 8-byte words (the last zero-padded).
+
+    Strings are hashed side by side, one numpy step per word position, so the steps number the
+    longest string's words. A string over ``long_bytes`` (a 2 MiB token in a CSV line) would make
+    that hundreds of thousands of steps for one value: those are hashed one by one with Python
+    ints instead (same result, about 1 s per 4 MiB), and the shared steps stop at ``long_bytes``.
+    """
     starts = offsets[:-1].astype(np.int64)
     lens = (offsets[1:] - offsets[:-1]).astype(np.int64)
     h = mix64(salt ^ ((lens.astype(np.uint64) + np.uint64(1)) * _GOLDEN))
     if lens.size == 0:
         return h.view(np.int64)
-    nwords = (lens + 7) // 8
+    long = lens > long_bytes
+    nwords = np.where(long, 0, (lens + 7) // 8)
     padded = np.concatenate([data, np.zeros(8, dtype=np.uint8)])
     # words[i] is the little-endian uint64 made of bytes i..i+7: an unaligned strided view, so
     # gathering one word per string is a single fancy-index.
@@ -89,6 +112,14 @@ def _hash_utf8_buffers(offsets: np.ndarray, data: np.ndarray, salt: np.uint64) -
             keep = (np.uint64(1) << (remaining[short].astype(np.uint64) * np.uint64(8))) - np.uint64(1)
             word[short] &= keep
         h[active] = mix64(h[active] ^ word)
+    for i in np.flatnonzero(long):
+        a, n = int(starts[i]), int(lens[i])
+        chunk = np.zeros(-(-n // 8) * 8, dtype=np.uint8)
+        chunk[:n] = data[a : a + n]
+        z = int(h[i])
+        for w in chunk.view("<u8").tolist():
+            z = _mix64_int(z ^ w)
+        h[i] = np.uint64(z)
     return h.view(np.int64)
 
 

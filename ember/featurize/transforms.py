@@ -53,7 +53,8 @@ def parse_floats(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             x = pc.cast(pc.if_else(pa.array(ok), s, pa.scalar(None, s.type)), pa.float64())
             values = np.array(x.to_numpy(zero_copy_only=False), dtype=np.float64)  # writable copy
             missing |= np.isnan(values) & ok
-    elif pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type):
+    elif (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type)
+          or pa.types.is_decimal(arr.type)):
         values = arr.cast(pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64, copy=True)
         missing = np.isnan(values)
         bad = np.zeros(len(values), dtype=bool)
@@ -91,8 +92,9 @@ def parse_ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 def is_listed(arr: pa.Array, values: list[str]) -> np.ndarray:
     """Mask of the elements of ``arr`` equal to one of ``values`` (a schema's ``missing_values``).
 
-    A string column is compared as text; an integer column with the entries that are integers
-    (``"-1"`` matches -1; the others cannot occur in it). Nulls are never listed: they are
+    A string column is compared as text (a binary one as UTF-8 bytes); an integer column with
+    the entries that are integers (``"-1"`` matches -1; the others cannot occur in it, nor any
+    in a boolean column). Nulls are never listed: they are
     missing anyway.
 
     Example:
@@ -109,6 +111,10 @@ def is_listed(arr: pa.Array, values: list[str]) -> np.ndarray:
         value_set = pa.array(ints, arr.type)
     elif _is_stringy(arr.type):
         value_set = pa.array(values, arr.type)
+    elif pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type):  # hashed like text: compare as UTF-8
+        value_set = pa.array([v.encode("utf-8") for v in values], arr.type)
+    elif pa.types.is_boolean(arr.type):  # no listed value can occur in it (like non-integers in an int column)
+        return np.zeros(len(arr), dtype=bool)
     else:
         raise TypeError(f"missing_values: expected a string or integer column, got {arr.type}")
     return np.asarray(pc.fill_null(pc.is_in(arr, value_set=value_set), False), dtype=bool)

@@ -24,6 +24,7 @@ from ember.embedding.config import FeatureConfig
 from ember.embedding.codec import RowDtype, from_bits, round_nearest
 from ember.embedding.init import InitializerConfig, init_rows
 from ember.errors import CheckpointError, ConfigError
+from ember.source.bad_rows import BadRowReport
 
 __all__ = ["Predictor"]
 
@@ -91,6 +92,7 @@ class Predictor:
         lin = manifest.get("linear_features")
         self.linear_features = [FeatureConfig.model_validate(f) for f in lin] if lin else None
         self.tasks: list[str] = manifest["tasks"]
+        self.bad_rows: BadRowReport | None = None  # rows the last predict_files skipped (data.on_bad_rows=skip)
 
     @classmethod
     def load(cls, path: str | Path, verify: bool = True) -> "Predictor":
@@ -152,7 +154,10 @@ class Predictor:
         data). ``data_overrides`` are keys of the export's data config, merged into it (nested
         dicts key by key). Label columns may be absent, also from headerless files read by
         ``csv.column_names`` (e.g. ``preset: criteo``): they are dropped from the names when the
-        first line has that many fields fewer.
+        first line has that many fields fewer. A bad row raises DataError (file, row, column)
+        whatever the training run's ``on_bad_rows``, since one output row per input row is the
+        contract; with ``on_bad_rows="skip"`` passed here, the skipped rows are counted in
+        ``self.bad_rows``.
         """
         from ember.featurize.schema import Schema, as_recorded
         from ember.pipeline.loader import make_batches
@@ -160,7 +165,9 @@ class Predictor:
 
         if not paths:
             raise ConfigError("predict: no input files given")
-        data = {**self.manifest["data"], "eval": list(paths), "shuffle_buffer": 0}
+        # on_bad_rows: error unless the caller asks for skip: a skipped row would shift every later
+        # probability against its input row (the training run's own policy does not carry over)
+        data = {**self.manifest["data"], "eval": list(paths), "shuffle_buffer": 0, "on_bad_rows": "error"}
         data.pop("train", None)
         fmt = format or _format_of(paths)
         if fmt not in _FORMATS:
@@ -176,7 +183,9 @@ class Predictor:
         cfg = DataConfig.parse(data, where="data")
         schema = Schema.model_validate({**as_recorded(self.manifest["schema"]), "score_only": True})  # labels may be absent
         cfg = _without_absent_labels(cfg, schema.labels, paths[0])
-        return self.predict_batches(make_batches(cfg, schema, "eval"))
+        batches = make_batches(cfg, schema, "eval")
+        self.bad_rows = batches.bad_rows
+        return self.predict_batches(batches)
 
 
 _FORMATS = ("csv", "tsv", "parquet", "orc")

@@ -3,7 +3,8 @@
 The file is read ``block_bytes`` at a time and cut at the last newline, so memory stays at a
 few blocks however large the file, and the line number of every row is known (pyarrow's own
 streaming reader does not report line numbers of bad lines). Consequence: quoted values may
-not contain newlines. A line may be of any length (a block grows to hold it). Every column is
+not contain newlines; a quote that does not close on its line makes that line a bad row (it
+would otherwise swallow the lines after it). A line may be of any length (a block grows to hold it). Every column is
 read as a string, an empty field as ``""`` (a CSV has no null): the featurizer decides what it
 means (a missing number; for a categorical column the category ``""`` unless the schema lists
 it in ``missing_values``) and converts numbers itself so it can name the row and value that
@@ -27,6 +28,7 @@ from typing import Iterator, Literal, Sequence
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
 from ember.errors import DataError
@@ -41,7 +43,7 @@ _PARSE_BLOCK = 1 << 20  # pyarrow's parse unit; grown for a block holding a long
 
 
 def _line_blocks(path: str, block_bytes: int, consumed: list[int] | None = None) -> Iterator[bytes]:
-    """Blocks of whole lines (each ends with a newline, except maybe the file's last one);
+    """Blocks of whole lines, each ending with a newline (one is added to a last line without);
     ``consumed[0]`` follows the bytes of the file as stored (compressed or not) read so far."""
     codec = _codec(path)
     with pa.OSFile(path) as raw, (pa.CompressedInputStream(raw, codec) if codec else raw) as f:
@@ -67,7 +69,9 @@ def _line_blocks(path: str, block_bytes: int, consumed: list[int] | None = None)
             rest = data[cut + 1 :]
             yield data[: cut + 1]
         if rest.strip(b"\r\n"):
-            yield rest
+            # the last line ends like every other, so it parses like one (an unclosed quote in
+            # it then takes that newline and shows, instead of passing at the end of the data)
+            yield rest + b"\n"
 
 
 def _codec(path: str) -> str | None:
@@ -171,17 +175,48 @@ class _BlockParser:
         if not lines:
             return
         table, bad = self._read(lines)
+        n_lines = lines.count(b"\n") + (0 if lines.endswith(b"\n") else 1)
+        first = None  # (index in ``lines``, text) of the first bad line, when needed
+        if table.num_rows + len(bad) == n_lines and bad and not self.report.skip:
+            first = _first_bad_line(lines, bad[0])
+        merged = table.num_rows + len(bad) != n_lines or _may_span_lines(lines, table, bad)
+        if merged or (bad and not self.report.skip and first is None):
+            # A quoted value ran past its line end (a stray '"' swallows the lines after it), or
+            # a lone CR split a line: pyarrow's rows are not our lines. Parse line by line, so a
+            # row is a line again and nothing is merged away uncounted.
+            table, bad_at = self._read_each_line(lines)
+            bad = [text for _, text in bad_at]
+            first = bad_at[0] if bad_at else None
         if bad and not self.report.skip:
-            split = lines.split(b"\n")
-            idx = next(i for i, ln in enumerate(split) if ln.rstrip(b"\r").decode("utf-8") == bad[0])
+            assert first is not None
+            idx, text = first
             # Rows before the bad line are good: hand them over first, so an earlier bad value
             # in them is reported before this line.
             if idx:
                 yield RecordChunk(_to_batch(table.slice(0, idx), self.columns), self.path, line_no)
-            raise_bad_row(self.path, line_no + idx, "<row>", bad[0][:200], f"expected {len(self.names)} fields")
+            hint = ("; a quoted value must end on its own line (quotes may not span lines)" if '"' in text else "")
+            raise_bad_row(self.path, line_no + idx, "<row>", text[:200], f"expected {len(self.names)} fields{hint}")
         self.report.add(_FIELDS_REASON, len(bad))
         if table.num_rows:
             yield RecordChunk(_to_batch(table, self.columns), self.path, line_no)
+
+    def _read_each_line(self, lines: bytes) -> tuple[pa.Table, list[tuple[int, str]]]:
+        """Each line parsed on its own (slow; only for blocks whose quotes span lines): the good
+        rows in order, and (index, text) of each line that is not exactly one row."""
+        parts: list[pa.Table] = []
+        bad: list[tuple[int, str]] = []
+        split = lines.split(b"\n")
+        if lines.endswith(b"\n"):
+            split.pop()
+        for i, line in enumerate(split):
+            table, wrong = self._read(line + b"\n")
+            if wrong or table.num_rows != 1 or _spans_lines(table):  # e.g. '1,"x' takes its own newline
+                bad.append((i, line.rstrip(b"\r").decode("utf-8")))
+            else:
+                parts.append(table)
+        empty = pa.table({c: pa.array([], pa.string()) for c in self.columns})
+        table = pa.concat_tables(parts) if parts else empty
+        return table, bad
 
     def _read(self, lines: bytes) -> tuple[pa.Table, list[str]]:
         """Parse whole lines with pyarrow; returns the table and the text of wrong-width lines."""
@@ -214,6 +249,36 @@ class _BlockParser:
                 if "straddl" not in str(e) or block_size > longest:
                     raise
                 block_size = longest + 2
+
+
+def _may_span_lines(lines: bytes, table: pa.Table, bad: list[str]) -> bool:
+    """Whether a row of ``table`` holds a line end although the row count matched the lines.
+
+    Only a quoted value can hold one. A value spanning k line ends makes k fewer rows than
+    lines (caught by the count), so with the counts equal only the last row can (an unclosed
+    quote that took the block's final newline), unless a lone CR (which pyarrow takes as a line
+    end) made up for it: then every row is checked. Blocks without a quote cost one scan.
+    """
+    if b'"' not in lines:
+        return False
+    if any("\n" in text for text in bad):
+        return True
+    lone_cr = lines.count(b"\r") != lines.count(b"\r\n")
+    return _spans_lines(table if lone_cr else table.slice(max(table.num_rows - 1, 0)))
+
+
+def _spans_lines(table: pa.Table) -> bool:
+    """Whether a value holds a line end: a quoted value that was not closed on its line."""
+    return any(pc.any(pc.match_substring(col, "\n")).as_py() for col in table.columns if len(col))
+
+
+def _first_bad_line(lines: bytes, text: str) -> tuple[int, str] | None:
+    """Index and text of the first line of ``lines`` whose text is ``text`` (as pyarrow reports
+    an invalid row: without its line end), or None when no line is (rows merged across lines)."""
+    for i, line in enumerate(lines.split(b"\n")):
+        if line.rstrip(b"\r").decode("utf-8") == text:
+            return i, text
+    return None
 
 
 def _longest_line(lines: bytes) -> int:

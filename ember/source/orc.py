@@ -44,3 +44,5 @@ def read_orc(path: str, columns: Sequence[str], *, read_rows: int = 65536) -> It
             batch = stripe.slice(start, read_rows)
             yield RecordChunk(batch, path, row)
             row += batch.num_rows
+    if row - 1 != f.nrows:  # stripes that decode but hold other than the rows the footer lists
+        raise damaged_file(path, "", ValueError(f"its stripes hold {row - 1} rows, the footer lists {f.nrows}"))

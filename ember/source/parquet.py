@@ -39,20 +39,33 @@ def read_parquet(path: str, columns: Sequence[str], *, read_rows: int = 65536) -
         for g in range(pf.num_row_groups):
             start, group_rows = row, meta.row_group(g).num_rows
             batches = pf.iter_batches(batch_size=read_rows, row_groups=[g], columns=list(columns), use_threads=True)
-            while True:
-                try:
-                    batch = next(batches, None)
-                except Exception as e:
-                    if not is_damage(e):
-                        raise
-                    where = (f" row group {g} (rows {start}-{start + group_rows - 1}, "
-                             f"byte offset {_row_group_offset(meta, g)})")
-                    raise damaged_file(path, where, e) from e
-                if batch is None:
-                    break
-                if batch.num_rows:
-                    yield RecordChunk(batch, path, row)
-                    row += batch.num_rows
+            try:
+                yield from _group(path, meta, g, start, group_rows, batches)
+            finally:  # no pyarrow reader outlives this one (an error downstream, the reader abandoned)
+                batches.close()
+            row += group_rows
+
+
+def _group(path: str, meta: pq.FileMetaData, g: int, start: int, group_rows: int, batches: Iterator) -> Iterator[RecordChunk]:
+    """The chunks of row group ``g`` (rows ``start`` on); damage raises DataError naming it."""
+    row = start
+    while True:
+        try:
+            batch = next(batches, None)
+        except Exception as e:
+            if not is_damage(e):
+                raise
+            where = (f" row group {g} (rows {start}-{start + group_rows - 1}, "
+                     f"byte offset {_row_group_offset(meta, g)})")
+            raise damaged_file(path, where, e) from e
+        if batch is None:
+            break
+        if batch.num_rows:
+            yield RecordChunk(batch, path, row)
+            row += batch.num_rows
+    if row - start != group_rows:  # pages that decode but hold fewer rows than the footer lists
+        raise damaged_file(path, f" row group {g} (rows {start}-{start + group_rows - 1})",
+                           ValueError(f"its pages hold {row - start} rows, the footer lists {group_rows}"))
 
 
 def _row_group_offset(meta: pq.FileMetaData, group: int) -> int:

@@ -37,14 +37,24 @@ def predict_batches(parts: Components, batches: Iterable[Batch], max_batches: in
 
 
 def evaluate(parts: Components, batches: Iterable[Batch], max_batches: int | None = None) -> dict[str, float]:
-    """``auc/<task>`` and ``logloss/<task>`` over the batches, plus ``rows``."""
+    """``auc/<task>`` and ``logloss/<task>`` over the batches, plus ``rows``; when ``batches``
+    skips bad rows (a loader with ``on_bad_rows: skip``), also ``skipped_rows``, so rows left
+    out of the metrics are counted where the metrics are. AUC is NaN (with a warning) when a
+    task's labels hold one class."""
     probs, labels = predict_batches(parts, batches, max_batches)
+    report = getattr(batches, "bad_rows", None)
     if not len(probs):  # AUC and logloss of nothing would be a silent NaN
-        raise DataError("evaluation got no rows: data.eval (or the synthetic eval split) gave no batch; give eval "
-                        "files with rows, check that data.on_bad_rows: skip did not skip them all, or unset "
-                        "data.eval to train without evaluation")
+        data = getattr(batches, "data", None)
+        files = data.paths("eval") if data is not None and data.format != "synthetic" else []
+        where = f"data.eval ({', '.join(files[:5])})" if files else "data.eval (or the synthetic eval split)"
+        skipped = f"; {report}" if report is not None and report.total else ""
+        raise DataError(f"evaluation got no rows: {where} gave no batch{skipped}; give eval files with rows, check "
+                        "that data.on_bad_rows: skip did not skip them all, or unset data.eval to train without "
+                        "evaluation")
     out = evaluate_predictions(labels, probs, parts.task_names)
     out["rows"] = float(len(probs))
+    if report is not None and report.skip:
+        out["skipped_rows"] = float(report.total)
     return out
 
 

@@ -17,6 +17,7 @@ from typing import Any
 from ember.errors import WriteError
 from ember.fileio import is_no_space, no_space_error, write_bytes_atomic
 from ember.train.tensorboard import TensorBoardWriter
+from ember.train.metrics import json_safe
 
 __all__ = ["History"]
 
@@ -40,7 +41,7 @@ class History:
         if not self.write:
             self.records.append(record)
             return
-        line = (json.dumps(record) + "\n").encode()
+        line = (json.dumps(json_safe(record)) + "\n").encode()  # an undefined AUC as null, not NaN
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             size = os.fstat(fd).st_size

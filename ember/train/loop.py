@@ -38,6 +38,7 @@ from ember.train.early_stop import EarlyStopping
 from ember.train.distributed import gather_tables, lead_prepares_run, start_run
 from ember.train.evaluate import _to_device, evaluate
 from ember.train.history import History
+from ember.train.metrics import json_safe
 from ember.train.preflight import check_disk, check_run, holds_run, no_steps_error
 from ember.train.progress import EpochRows, Progress
 from ember.train.schedule import lr_record
@@ -289,7 +290,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
     summary = {"step": step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows,
                **({"early_stopping": early.summary()} if early is not None else {})}
     if parts.lead:
-        write_bytes_atomic(run_dir / "summary.json", json.dumps(summary, indent=1).encode(), WriteError)
+        write_bytes_atomic(run_dir / "summary.json", json.dumps(json_safe(summary), indent=1).encode(), WriteError)
     return RunResult(run_dir, step, metrics, history.records, parts, bad_rows)
 
 

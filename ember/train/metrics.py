@@ -1,14 +1,29 @@
-"""Evaluation metrics: ROC AUC (ties handled by average ranks) and log loss, per task."""
+"""Evaluation metrics: ROC AUC (ties handled by average ranks) and log loss, per task.
+
+AUC is undefined when the labels hold one class only (no positive/negative pair to rank): it
+is then NaN in the metrics (``null`` in JSON files, see :func:`json_safe`), with a warning naming
+the task, once per task and process; logloss is still reported.
+"""
 
 from __future__ import annotations
 
+import logging
+import math
+import threading
+from typing import Any
+
 import numpy as np
 
-__all__ = ["auc", "logloss", "evaluate_predictions"]
+__all__ = ["auc", "logloss", "evaluate_predictions", "json_safe"]
+
+log = logging.getLogger("ember")
+_warned: set[str] = set()  # tasks already warned about a one-class eval set
+_warned_lock = threading.Lock()
 
 
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """ROC AUC by the rank-sum (Mann-Whitney) formula; NaN when only one class is present.
+    """ROC AUC by the rank-sum (Mann-Whitney) formula; NaN when only one class is present
+    (undefined: ``evaluate_predictions`` warns about it).
 
     Example:
         >>> auc(np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8]))
@@ -50,4 +65,29 @@ def evaluate_predictions(labels: np.ndarray, probs: np.ndarray, task_names: list
     for t, name in enumerate(task_names):
         out[f"auc/{name}"] = auc(labels[:, t], probs[:, t])
         out[f"logloss/{name}"] = logloss(labels[:, t], probs[:, t])
+        if math.isnan(out[f"auc/{name}"]) and len(labels):
+            _warn_one_class(name, labels[:, t])
     return out
+
+
+def _warn_one_class(task: str, labels: np.ndarray) -> None:
+    """Say once per task why its AUC is NaN: every eval label is of one class."""
+    with _warned_lock:
+        if task in _warned:
+            return
+        _warned.add(task)
+    cls = "positive (1)" if bool((labels > 0.5).all()) else "negative (0)"
+    log.warning("eval task '%s': AUC is undefined (recorded as NaN / null): all %d eval labels are %s, so no "
+                "positive/negative pair can be ranked; logloss is still reported. Evaluate on data with both "
+                "classes for an AUC", task, len(labels), cls)
+
+
+def json_safe(metrics: dict[str, Any]) -> dict[str, Any]:
+    """``metrics`` with NaN / infinite floats as None, so JSON files hold ``null`` (valid JSON)
+    instead of ``NaN``, which strict JSON readers reject.
+
+    Example:
+        >>> json_safe({"auc/y": float("nan"), "logloss/y": 0.5, "rows": 3.0})
+        {'auc/y': None, 'logloss/y': 0.5, 'rows': 3.0}
+    """
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in metrics.items()}

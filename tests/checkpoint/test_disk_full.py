@@ -83,3 +83,51 @@ def test_export_full_disk_keeps_the_previous_export(tmp_path, monkeypatch, write
     assert str(tmp_path / "export") in str(err.value) and f"({4 + 50 * (8 + 16)} bytes)" in str(err.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]
     assert {p.name: p.read_bytes() for p in (out / "tables").iterdir()} == before
+
+
+# ---- faults after the files are written (found by tests/fuzz) ----------------------------------
+
+import os  # noqa: E402
+import shutil  # noqa: E402
+
+import ember.checkpoint.save as save_mod  # noqa: E402
+from ember.checkpoint.load import load_tables  # noqa: E402
+
+
+def _ids(ckpt: Path) -> list[int]:
+    ec = EmbeddingCollection([TableConfig(name="t", dim=4)], [FeatureConfig(name="f", table="t")])
+    load_tables(ckpt, [ec], verify_checkpoint(ckpt))
+    return sorted(i for ids, _ in ec.tables["t"].items() for i in ids.tolist())
+
+
+@pytest.mark.parametrize("same_step", [False, True])
+@pytest.mark.parametrize("fail_at", ["rename", "fsync", "latest"])
+def test_full_disk_while_publishing_a_checkpoint_keeps_the_previous_one(tmp_path, monkeypatch, fail_at, same_step):
+    root, dense = tmp_path / "checkpoints", {"model": {"w": torch.zeros(3)}}
+    first = save_checkpoint(root, 1, [_collection(10)], dense, {"epoch": 0, "batch": 1}, {})
+    full = OSError(errno.ENOSPC, "No space left on device")
+    if fail_at == "rename":  # renaming the finished directory in
+        real = os.rename
+        monkeypatch.setattr(save_mod.os, "rename", lambda a, b: (_ for _ in ()).throw(full)
+                            if ".tmp-step" in str(a) else real(a, b))
+    elif fail_at == "fsync":  # the directory fsync after the rename
+        monkeypatch.setattr(save_mod, "fsync_dir", lambda p: (_ for _ in ()).throw(full) if Path(p) == root else None)
+    else:  # replacing LATEST
+        monkeypatch.setattr(save_mod, "atomic_write_bytes", lambda p, d: (_ for _ in ()).throw(
+            CheckpointError(f"{p}: no space left on device")))
+    with pytest.raises(CheckpointError, match="no space left"):
+        save_checkpoint(root, 1 if same_step else 2, [_collection(20)], dense, {"epoch": 0, "batch": 2}, {})
+    assert resolve_checkpoint(root) == first and _ids(first) == list(range(10))
+    assert sorted(p.name for p in root.iterdir()) == ["LATEST", "step-00000001"]
+
+
+def test_a_kill_between_moving_a_checkpoint_aside_and_renaming_its_replacement_in_loses_nothing(tmp_path):
+    """The state a SIGKILL leaves between the two renames of a same-step re-save, when that step
+    was the only checkpoint: LATEST names a missing directory, the good one lies aside."""
+    root, dense = tmp_path / "checkpoints", {"model": {"w": torch.zeros(3)}}
+    first = save_checkpoint(root, 1, [_collection(10)], dense, {"epoch": 0, "batch": 1}, {})
+    aside = root / ".old-step-00000001-4242"
+    shutil.move(first, aside)
+    (root / ".tmp-step-00000001-4242").mkdir()  # the replacement, never renamed in
+    found = resolve_checkpoint(root)
+    assert found == aside and _ids(found) == list(range(10))

@@ -83,3 +83,30 @@ def test_skip_counts_per_reason():
 def test_missing_column_is_a_schema_error():
     with pytest.raises(SchemaError, match="'u'"):
         Featurizer(_schema())(pa.record_batch({"y": ["1"], "d": ["1"], "tags": ["a"], "w": ["1"]}))
+
+
+# ---- column types (found by tests/fuzz) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("column, values, role", [
+    ("y", [[1], [0]], "label"),
+    ("d", [{"a": 1}, {"a": 2}], "dense feature 'd'"),
+])
+def test_a_column_of_the_wrong_type_is_a_schema_error_naming_file_and_column(column, values, role):
+    cols = {"y": [1, 0], "d": [1.0, 2.0], "c": ["a", "b"], column: values}
+    schema = Schema(labels=["y"], dense=[{"name": "d"}], sparse=[{"name": "c"}])
+    with pytest.raises(SchemaError) as e:
+        Featurizer(schema)(pa.record_batch(cols), "f.parquet")
+    assert f"f.parquet: {role} (column '{column}')" in str(e.value) and "one number" in str(e.value)
+
+
+def test_decimal_dense_and_missing_values_on_binary_and_bool_columns():
+    import decimal
+
+    schema = Schema(labels=["y"], dense=[{"name": "d"}], sparse=[{"name": "b"}, {"name": "t"}], missing_values=[""])
+    rb = pa.record_batch({"y": [1, 0], "d": pa.array([decimal.Decimal("1.5"), None], pa.decimal128(5, 2)),
+                          "b": pa.array([b"", b"x"]), "t": pa.array([True, False])})
+    batch = Featurizer(schema)(rb).to_batch()
+    assert batch.dense[:, 0].tolist() == [1.5, 0.0]
+    assert batch.sparse["b"].lengths.tolist() == [0, 1]  # b"" is listed as missing, like ""
+    assert batch.sparse["t"].lengths.tolist() == [1, 1]

@@ -121,3 +121,23 @@ def test_chunked_arrays_hash_like_the_plain_array():
     assert valid.tolist() == [i % 5 != 0 for i in range(40)]
     assert ids[valid].tolist() == hash_ints(np.array([i for i in range(40) if i % 5]), "k").tolist()
     assert [a.size for a in hash_array(pa.chunked_array([], pa.string()), "k")] == [0, 0]
+
+
+def test_long_strings_hash_one_by_one_to_the_same_ids_quickly():
+    """A 2 MiB token (found by tests/fuzz: one such CSV value took 20 s, one numpy step per
+    8 bytes) hashes like the side-by-side path, in well under a second per MiB."""
+    import time
+
+    from ember.featurize import hashing
+
+    rng = np.random.default_rng(0)
+    arr = pa.array(["".join(chr(int(c)) for c in rng.integers(32, 1000, int(n))) for n in rng.integers(0, 9000, 40)]
+                   + ["x" * 4097, "y" * 4096, ""])
+    off = np.frombuffer(arr.buffers()[1], np.int32).astype(np.int64)
+    data = np.frombuffer(arr.buffers()[2], np.uint8)
+    side_by_side = hashing._hash_utf8_buffers(off, data, hashing.salt_key("f"), long_bytes=1 << 40)
+    for long_bytes in (0, 7, 8, 4096):
+        assert (hashing._hash_utf8_buffers(off, data, hashing.salt_key("f"), long_bytes) == side_by_side).all()
+    t = time.perf_counter()
+    hashing.hash_strings(pa.array(["h" * (2 << 20)]), "f")
+    assert time.perf_counter() - t < 5.0  # was ~20 s

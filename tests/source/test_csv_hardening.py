@@ -123,3 +123,32 @@ def test_header_auto_on_real_criteo_rows(tmp_path):
     plain = _rows(read_csv(str(dev), ["label", "C1"], **kw))
     assert len(plain["label"]) == 409  # the README's row count: no line taken for a header
     assert _rows(read_csv(str(with_header), ["label", "C1"], **kw)) == plain
+
+
+# ---- quotes that run past their line (found by tests/fuzz) -------------------------------------
+
+
+@pytest.mark.parametrize("text, bad_row, kept", [
+    ('y,a,b\n1,"x,2\n0,y,3\n1,z,4\n', 2, ["y", "z"]),  # the quote would swallow every later line
+    ('y,a,b\n1,x,2\n0,"y,3\n1,z,4\n1,"w",5\n', 3, ["x", "z", "w"]),  # ... up to the next quote
+    ('y,a,b\n1,x,"2\n', 2, []),  # the last line: it would take its own newline as the value's
+    ('y,a,b\n1,x,"2', 2, []),  # ... or, without a final newline, pass at the end of the data
+    ('y,a,b\n1,"x\r2,y\n0,z",3\n1,w,4\n', 2, ['z"', "w"]),  # a lone CR making up for a merged line
+])
+def test_a_quote_that_does_not_close_on_its_line_is_one_bad_row(tmp_path, text, bad_row, kept):
+    p = tmp_path / "q.csv"
+    p.write_bytes(text.encode())
+    with pytest.raises(DataError) as e:
+        list(read_csv(str(p), ["y", "a", "b"]))
+    assert f"q.csv row {bad_row}," in str(e.value) and "quoted value must end on its own line" in str(e.value)
+    report = BadRowReport("skip")
+    chunks = list(read_csv(str(p), ["y", "a", "b"], report=report))
+    assert [v for c in chunks for v in c.batch.column("a").to_pylist()] == kept  # no line merged away
+    assert report.total == 1
+
+
+def test_quotes_that_close_on_their_line_are_values(tmp_path):
+    p = tmp_path / "ok.csv"
+    p.write_text('y,a,b\n1,"x,y",2\n0,a"b,3\n1,"say ""hi""",4\n')
+    chunks = list(read_csv(str(p), ["a"]))
+    assert chunks[0].batch.column("a").to_pylist() == ["x,y", 'a"b', 'say "hi"']

@@ -100,3 +100,22 @@ def test_truncated_gzip_csv_names_the_file(tmp_path):
     p.write_bytes(gzip.compress(("y,c\n" + "".join(f"{i % 2},v{i}\n" for i in range(5000))).encode())[:-30])
     msg = _error(read_csv(str(p), ["y", "c"], block_bytes=4096))
     assert str(p) in msg and "after byte" in msg
+
+
+def test_fewer_rows_than_the_footer_lists_is_an_error_not_a_short_read(tmp_path, monkeypatch):
+    """Pages or stripes that decode but hold fewer rows than the footer says (a lost page):
+    counted against the footer, so rows never go missing without an error."""
+    pq.write_table(_table(40), tmp_path / "t.parquet", row_group_size=20)
+    real = pq.ParquetFile.iter_batches
+
+    def first_batch_only(self, *args, **kwargs):
+        yield next(iter(real(self, *args, **kwargs)))
+
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", first_batch_only)
+    msg = _error(read_parquet(str(tmp_path / "t.parquet"), ["a"], read_rows=5))
+    assert "t.parquet row group 0 (rows 1-20)" in msg and "its pages hold 5 rows, the footer lists 20" in msg
+
+    orc.write_table(_table(40), str(tmp_path / "t.orc"))
+    monkeypatch.setattr(orc.ORCFile, "read_stripe", lambda self, i, columns=None: _table(40).slice(0, 30))
+    msg = _error(read_orc(str(tmp_path / "t.orc"), ["a"]))
+    assert "t.orc" in msg and "its stripes hold 30 rows, the footer lists 40" in msg

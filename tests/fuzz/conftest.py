@@ -1,0 +1,12 @@
+"""Sizes of the fuzz tests. The default suite runs each a little; the ``slow`` ones run more,
+still within ``make test``'s budget; ``EMBER_FUZZ_SCALE=k`` multiplies the slow sizes by k for a
+long hunt (``bench/fuzz_reliability.py`` is the full study)."""
+
+from __future__ import annotations
+
+import os
+
+
+def fuzz_scale() -> int:
+    """``EMBER_FUZZ_SCALE`` (default 1), read at call time."""
+    return max(1, int(os.environ.get("EMBER_FUZZ_SCALE", "1")))
