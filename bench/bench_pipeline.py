@@ -75,7 +75,12 @@ from ember.tiers.storage import build_tier
 from ember.train.loss import multitask_bce
 
 FORMATS = ("parquet", "csv")
-DISK_TABLE = "C1"  # the table with --big-vocab IDs, placed on the disk tier in variant (e)
+DISK_TABLE = "C1"  # the table with --big-vocab IDs, the first placed on the disk tier in variant (e)
+
+
+def disk_tables(args: argparse.Namespace) -> list[str]:
+    """The tables on the disk tier in variant (e): C1 .. C<--disk-tables>."""
+    return [f"C{i}" for i in range(1, args.disk_tables + 1)]
 TARGETS = {"parquet_vs_inmemory": 0.95, "csv_vs_inmemory": 0.9, "staleness_vs_0": 1.3}
 
 
@@ -123,7 +128,9 @@ def run_config(args: argparse.Namespace, run: Run) -> dict[str, Any]:
                         embedding_staleness=run.staleness, seed=0)
     raw["pipeline"] = {"enabled": run.pipeline}
     if run.variant == "disk":
-        raw["tables"] = [{"name": DISK_TABLE, "storage": {"disk_path": str(disk_root(args)), "disk_rows": args.disk_rows}}]
+        raw["tables"] = [{"name": t, "storage": {"disk_path": str(disk_root(args)),
+                                                 "disk_rows": args.disk_rows if t == DISK_TABLE else 200_000}}
+                         for t in disk_tables(args)]
     return raw
 
 
@@ -138,37 +145,40 @@ def prepare_disk_table(args: argparse.Namespace) -> None:
     close it (tags + clean ``meta.json``) and keep a copy of those two small files, so that each
     run can start from this state (``reset_disk_table``). Reused while its parameters match."""
     root = disk_root(args)
-    stamp = {"data": json.loads((args.data_dir / "data.json").read_text()), "disk_rows": args.disk_rows}
+    stamp = {"data": json.loads((args.data_dir / "data.json").read_text()), "disk_rows": args.disk_rows,
+             "tables": disk_tables(args)}
     stamp_file = root / "table.json"
     if stamp_file.exists() and json.loads(stamp_file.read_text()) == stamp:
         return
     shutil.rmtree(root, ignore_errors=True)
     t0 = time.perf_counter()
     cfg = from_dict(run_config(args, Run("disk")))
-    tcfg = next(t for t in cfg.table_configs() if t.name == DISK_TABLE)
-    ids = np.unique(pq.read_table(args.data_dir / "train.parquet", columns=[DISK_TABLE]).column(0).to_numpy())
-    tier = build_tier(tcfg.storage, tcfg.stored_words, tcfg.name)
-    table = EmbeddingTable(tcfg, seed=cfg.train.seed, tier=tier)
-    for s in range(0, ids.size, 1 << 16):
-        chunk = torch.from_numpy(ids[s : s + (1 << 16)].copy())
-        table.load(chunk, table.new_records(chunk))
-    table.close()
-    files = root / DISK_TABLE
-    for name in ("tags.npy", "meta.json"):
-        shutil.copy2(files / name, root / f"pristine.{name}")
+    for name in disk_tables(args):
+        tcfg = next(t for t in cfg.table_configs() if t.name == name)
+        ids = np.unique(pq.read_table(args.data_dir / "train.parquet", columns=[name]).column(0).to_numpy())
+        tier = build_tier(tcfg.storage, tcfg.stored_words, tcfg.name)
+        table = EmbeddingTable(tcfg, seed=cfg.train.seed, tier=tier)
+        for s in range(0, ids.size, 1 << 16):
+            chunk = torch.from_numpy(ids[s : s + (1 << 16)].copy())
+            table.load(chunk, table.new_records(chunk))
+        table.close()
+        files = root / name
+        for f in ("tags.npy", "meta.json"):
+            shutil.copy2(files / f, root / f"pristine.{name}.{f}")
+        size = (files / "slots.bin").stat().st_size
+        print(f"disk table {files}: {ids.size:,} rows in a {size / 2**20:.0f} MiB file", flush=True)
     stamp_file.write_text(json.dumps(stamp))
-    size = (files / "slots.bin").stat().st_size
-    print(f"disk table {files}: {ids.size:,} rows in a {size / 2**20:.0f} MiB file, filled in "
-          f"{time.perf_counter() - t0:.1f} s", flush=True)
+    print(f"disk tables filled in {time.perf_counter() - t0:.1f} s", flush=True)
 
 
 def reset_disk_table(args: argparse.Namespace) -> None:
     """Back to the filled state (a run rewrites rows in place and leaves the tier marked
     unclean), then drop the slot file's pages from the page cache."""
     root = disk_root(args)
-    for name in ("tags.npy", "meta.json"):
-        shutil.copy2(root / f"pristine.{name}", root / DISK_TABLE / name)
-    evict_page_cache(root / DISK_TABLE / "slots.bin")
+    for name in disk_tables(args):
+        for f in ("tags.npy", "meta.json"):
+            shutil.copy2(root / f"pristine.{name}.{f}", root / name / f)
+        evict_page_cache(root / name / "slots.bin")
 
 
 def evict_page_cache(path: Path) -> None:
@@ -221,7 +231,7 @@ def measure_training(args: argparse.Namespace, run: Run) -> dict[str, Any]:
     if run.variant == "disk":
         timed = [h for h in result.history if h.get("kind") == "train" and h["step"] > args.warmup]
         extra = {  # slot reads: rows read from the file while timed; faults: the whole run's page-ins
-            "slot_reads": int(sum(h.get(f"{DISK_TABLE}/tier.disk.slot_reads", 0) for h in timed)),
+            "slot_reads": int(sum(h.get(f"{t}/tier.disk.slot_reads", 0) for h in timed for t in disk_tables(args))),
             "disk_hit_rate": float(np.mean([h.get(f"{DISK_TABLE}/tier.disk.hit_rate", np.nan) for h in timed])),
             "major_faults": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - faults,
         }
@@ -313,7 +323,7 @@ def shared_argv(args: argparse.Namespace) -> list[str]:
     """The options every variant process takes from the parent."""
     return ["--rows", str(args.rows), "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--batch", str(args.batch), "--data-dir", str(args.data_dir), "--big-vocab", str(args.big_vocab),
-            "--disk-rows", str(args.disk_rows)]
+            "--disk-rows", str(args.disk_rows), "--disk-tables", str(args.disk_tables)]
 
 
 # ---- parent ---------------------------------------------------------------------------------------
@@ -374,7 +384,9 @@ def main() -> None:
     ap.add_argument("--staleness", type=int, default=2, help="train.embedding_staleness compared with 0")
     ap.add_argument("--big-vocab", type=int, default=10_000_000, help="IDs of C1, the table put on disk")
     ap.add_argument("--disk-rows", type=int, default=4_000_000,
-                    help="rows the disk tier's file is sized for (spreads C1's rows over more pages)")
+                    help="rows C1's disk file is sized for (spreads its rows over more pages)")
+    ap.add_argument("--disk-tables", type=int, default=1,
+                    help="tables on the disk tier in variant (e): C1 (--big-vocab IDs) .. C<N> (100,000 IDs each)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one variant process may take")
     ap.add_argument("--only", choices=["files", "disk"], help="run only these variants (files: a-d; disk: e)")
     ap.add_argument("--variant", choices=["files", "in-memory", "dense-only", "disk"], help=argparse.SUPPRESS)
