@@ -20,6 +20,11 @@ t(ref, i) / t(variant, i), and absolute medians with min-max.
 
     python bench/bench_dlrm.py [--steps 40] [--warmup 5] [--batch 4096] [--disk DIR]
 
+Options (defaults keep the workload above, so earlier figures stay comparable): ``--reference``
+(ReLU after the bottom MLP), ``--signal`` (labels from hidden per-ID effects of 8 features plus a
+dense one), ``--multi-hot 3`` (3 IDs per feature, bags summed), ``--kaggle-sizes [--cap N]``
+(Criteo-Kaggle's 26 table sizes, each capped at N).
+
 The last line is one JSON object: ember_vs_dense, ember_vs_plain, mixed_init_cost, ember_vs_fused,
 bf16_vs_fused, ...
 """
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass, field
 import resource
 import statistics
 import time
@@ -47,33 +53,65 @@ from ember.batch import SparseFeatures
 from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig
 from ember.models.dlrm import DLRM, DLRMConfig
 from ember.models.base import ModelInputs
+from ember.mix import mix64
 from ember.optim import RowWiseAdagrad
 
 F, V, D, DENSE = 26, 200_000, 16, 13
+# Criteo-Kaggle's per-feature cardinalities (--kaggle-sizes, capped by --cap)
+KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992, 5461306,
+          10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572]
 
 
-def zipf_ids(rng: np.random.Generator, n: int, vocab: int, s: float) -> np.ndarray:
-    """Ranks 0..vocab-1 with P(r) ~ (r+1)^-s, by inverse CDF over the exact finite law."""
+@dataclass
+class Workload:
+    """The default run (kept so earlier figures stay comparable) or the options' variations."""
+
+    vocab: list[int] = field(default_factory=lambda: [V] * F)  # IDs per table
+    hot: int = 1  # IDs per feature per sample (multi-hot bags summed)
+    reference: bool = False  # the reference DLRM: ReLU after the bottom MLP
+    signal: bool = False  # labels from hidden per-ID effects (else 25 % positives at random)
+
+
+W = Workload()
+
+
+def zipf_ids(rng: np.random.Generator, n: int, cdf: np.ndarray) -> np.ndarray:
+    """Ranks 0..vocab-1 with P(r) ~ (r+1)^-s, by inverse CDF (``zipf_cdf``) of the exact finite law."""
+    return np.minimum(np.searchsorted(cdf, rng.random(n)), cdf.size - 1)
+
+
+def zipf_cdf(vocab: int, s: float = 1.1) -> np.ndarray:
     w = 1.0 / np.arange(1, vocab + 1) ** s
-    cdf = np.cumsum(w) / w.sum()
-    return np.searchsorted(cdf, rng.random(n))
+    return np.cumsum(w) / w.sum()
 
 
 def make_batches(n_batches: int, batch: int, seed: int = 0):
+    """Batches of ``(ids [F, B*hot], dense [B, 13], labels [B, 1])``; feature f's IDs are the B
+    samples' bags one after another."""
     rng = np.random.default_rng(seed)
-    perm = [rng.permutation(V) for _ in range(F)]  # hot IDs scattered over the vocabulary
+    perm = [rng.permutation(v) for v in W.vocab]  # hot IDs scattered over the vocabulary
+    cdfs = {v: zipf_cdf(v) for v in set(W.vocab)}
     out = []
     for _ in range(n_batches):
-        ids = np.stack([perm[f][zipf_ids(rng, batch, V, 1.1)] for f in range(F)])  # [F, B]
+        ids = np.stack([perm[f][zipf_ids(rng, batch * W.hot, cdfs[v])] for f, v in enumerate(W.vocab)])
         dense = torch.from_numpy(rng.random((batch, DENSE), dtype=np.float32))
-        labels = torch.from_numpy((rng.random((batch, 1)) < 0.25).astype(np.float32))
+        if W.signal:  # Bernoulli(sigmoid(score)): hidden N(0, 1) effects of the IDs of 8 features
+            eff = mix64((ids[:8].astype(np.int64) * 7919 + np.arange(8)[:, None]).view(np.uint64))
+            z = (eff >> np.uint64(11)).astype(np.float64) / 2.0**53  # uniform [0, 1)
+            effects = np.sqrt(2) * torch.erfinv(torch.from_numpy(2 * np.clip(z, 1e-9, 1 - 1e-9) - 1)).numpy()
+            score = 0.8 * effects.reshape(8, batch, W.hot).mean(-1).sum(0) / np.sqrt(8)
+            score = score + 1.5 * (dense[:, 0].numpy() - 0.5) - 1.3
+            labels = torch.from_numpy((rng.random(batch) < 1 / (1 + np.exp(-score))).astype(np.float32)[:, None])
+        else:
+            labels = torch.from_numpy((rng.random((batch, 1)) < 0.25).astype(np.float32))
         out.append((torch.from_numpy(ids), dense, labels))
     return out
 
 
 def make_model(seed: int) -> DLRM:
     torch.manual_seed(seed)
-    cfg = DLRMConfig(bottom_mlp=[512, 256, 16], top_mlp=[512, 256])
+    cfg = DLRMConfig(bottom_mlp=[512, 256, 16], top_mlp=[512, 256],
+                     bottom_final_activation="relu" if W.reference else "identity")
     return DLRM(cfg, ModelInputs(num_dense=DENSE, sparse_dims=[D] * F, num_tasks=1))
 
 
@@ -95,9 +133,10 @@ class Ember:
                 out["initializer"] = {"type": "uniform", "scale": (0.5, 1.0, 2.0)[i % 3] * D**-0.5}
             if bf16:  # rows stored in bf16, written back with stochastic rounding
                 out["dtype"] = "bf16"
-            if disk is not None:  # a host cache of V/16 rows per table in front of a disk tier
+            if disk is not None:  # a host cache of vocab/16 rows per table in front of a disk tier
                 path = f"{disk}/{self.name}/{n}"
-                out["storage"] = {"host_rows": V // 16, "policy": "lfu", "admit_after": 2, "disk_path": path, "disk_rows": V}
+                out["storage"] = {"host_rows": max(W.vocab[i] // 16, 1), "policy": "lfu", "admit_after": 2,
+                                  "disk_path": path, "disk_rows": W.vocab[i]}
             return out
 
         tables = [TableConfig(name=n, dim=D, optimizer=opt, **extra(i, n)) for i, n in enumerate(names)]
@@ -110,9 +149,9 @@ class Ember:
         self.lengths = None
 
     def features(self, ids) -> SparseFeatures:
-        b = ids.shape[1]
+        b = ids.shape[1] // W.hot
         if self.lengths is None or self.lengths.numel() != F * b:
-            self.lengths = torch.ones(F * b, dtype=torch.int64)
+            self.lengths = torch.full((F * b,), W.hot, dtype=torch.int64)
         return SparseFeatures(self.keys, ids.reshape(-1), self.lengths)
 
     def step(self, ids, dense, labels) -> float:
@@ -146,7 +185,7 @@ class Plain:
 
     def __init__(self) -> None:
         torch.manual_seed(1)
-        self.bags = nn.ModuleList([nn.EmbeddingBag(V, D, mode="sum", sparse=True) for _ in range(F)])
+        self.bags = nn.ModuleList([nn.EmbeddingBag(v, D, mode="sum", sparse=True) for v in W.vocab])
         for bag in self.bags:
             nn.init.uniform_(bag.weight, -D**-0.5, D**-0.5)
         self.model = make_model(0)
@@ -154,7 +193,7 @@ class Plain:
         self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
 
     def step(self, ids, dense, labels) -> float:
-        emb = [bag(ids[f].unsqueeze(1)) for f, bag in enumerate(self.bags)]
+        emb = [bag(ids[f].view(-1, W.hot)) for f, bag in enumerate(self.bags)]
         logits = self.model(dense, emb)
         loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
         self.opt.zero_grad(set_to_none=True)
@@ -175,9 +214,10 @@ class Fused:
 
     def __init__(self, lr: float = 0.05, eps: float = 1e-10) -> None:
         torch.manual_seed(3)
-        self.weight = torch.empty(F * V, D).uniform_(-D**-0.5, D**-0.5)
-        self.state = torch.zeros(F * V)
-        self.offsets = (torch.arange(F, dtype=torch.int64) * V).unsqueeze(1)
+        rows = sum(W.vocab)
+        self.weight = torch.empty(rows, D).uniform_(-D**-0.5, D**-0.5)
+        self.state = torch.zeros(rows)
+        self.offsets = torch.tensor([0, *np.cumsum(W.vocab)[:-1]], dtype=torch.int64).unsqueeze(1)
         self.lr, self.eps = lr, eps
         self.model = make_model(0)
         self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
@@ -185,7 +225,7 @@ class Fused:
     def step(self, ids, dense, labels) -> float:
         uniq, inv = torch.unique((ids + self.offsets).reshape(-1), return_inverse=True)
         rows = self.weight.index_select(0, uniq).requires_grad_()
-        emb = nn.functional.embedding(inv.view(F, -1), rows)  # [F, B, D]
+        emb = nn.functional.embedding(inv.view(F, -1, W.hot), rows).sum(2)  # [F, B, D]: bags summed
         logits = self.model(dense, list(emb.unbind(0)))
         loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
         self.opt.zero_grad(set_to_none=True)
@@ -235,8 +275,18 @@ def main() -> None:
     ap.add_argument("--bf16-dense", choices=["auto", "on", "off"], default="auto",
                     help="ember-bf16's dense model under bf16 autocast (auto: where the CPU has AVX512-BF16 or AMX; "
                          "elsewhere bf16 matmuls are emulated, ~10x slower)")
-    ap.add_argument("--disk", default=None, help="ember's tables: host cache of V/16 rows + disk tier under this dir")
+    ap.add_argument("--disk", default=None, help="ember's tables: host cache of vocab/16 rows + disk tier under this dir")
+    ap.add_argument("--reference", action="store_true", help="the reference DLRM (ReLU after the bottom MLP)")
+    ap.add_argument("--signal", action="store_true", help="labels with real signal (hidden per-ID effects)")
+    ap.add_argument("--multi-hot", type=int, default=1, help="IDs per feature per sample (bags summed)")
+    ap.add_argument("--kaggle-sizes", action="store_true", help="Criteo-Kaggle's table sizes, capped by --cap")
+    ap.add_argument("--cap", type=int, default=1_000_000, help="largest table with --kaggle-sizes")
     args = ap.parse_args()
+    global W
+    W = Workload([min(v, args.cap) for v in KAGGLE] if args.kaggle_sizes else [V] * F, args.multi_hot,
+                 args.reference, args.signal)
+    print(f"workload: {F} tables ({sum(W.vocab):,} IDs in all), {W.hot} ID(s) per feature, "
+          f"{'reference (ReLU bottom)' if W.reference else 'identity bottom'}, labels {'with' if W.signal else 'without'} signal")
     n = args.steps + args.warmup
     t0 = time.perf_counter()
     batches = make_batches(n, args.batch)
@@ -308,6 +358,7 @@ def main() -> None:
         "ember_split_ms": split, "index_bytes_per_row": per_row, "rows": rows, "peak_rss_mb": rss_mb,
         "torch_threads": torch.get_num_threads(), "gomp_spincount": spin,
         "page_faults_per_step": pf, "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+        "workload": {"table_rows": sum(W.vocab), "multi_hot": W.hot, "reference": W.reference, "signal": W.signal},
     }))
 
 
