@@ -126,7 +126,7 @@ def run_config(args: argparse.Namespace, run: Run) -> dict[str, Any]:
     raw = benchkit.dlrm_config(data, batch_size=args.batch)
     raw["train"].update(max_steps=total, epochs=math.ceil(total / per_epoch), log_every=math.gcd(args.warmup, args.steps),
                         embedding_staleness=run.staleness, seed=0)
-    raw["pipeline"] = {"enabled": run.pipeline}
+    raw["pipeline"] = {"enabled": run.pipeline, **({"data_workers": args.data_workers} if run.pipeline else {})}
     if run.variant == "disk":
         raw["tables"] = [{"name": t, "storage": {"disk_path": str(disk_root(args)),
                                                  "disk_rows": args.disk_rows if t == DISK_TABLE else 200_000}}
@@ -323,7 +323,8 @@ def shared_argv(args: argparse.Namespace) -> list[str]:
     """The options every variant process takes from the parent."""
     return ["--rows", str(args.rows), "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--batch", str(args.batch), "--data-dir", str(args.data_dir), "--big-vocab", str(args.big_vocab),
-            "--disk-rows", str(args.disk_rows), "--disk-tables", str(args.disk_tables)]
+            "--disk-rows", str(args.disk_rows), "--disk-tables", str(args.disk_tables),
+            "--data-workers", str(args.data_workers)]
 
 
 # ---- parent ---------------------------------------------------------------------------------------
@@ -388,6 +389,8 @@ def main() -> None:
     ap.add_argument("--disk-tables", type=int, default=1,
                     help="tables on the disk tier in variant (e): C1 (--big-vocab IDs) .. C<N> (100,000 IDs each)")
     ap.add_argument("--timeout", type=float, default=600, help="seconds one variant process may take")
+    ap.add_argument("--data-workers", type=int, default=0, choices=[0, 1],
+                    help="pipeline.data_workers of the pipelined runs (1: read and featurize in a worker process)")
     ap.add_argument("--only", choices=["files", "disk"], help="run only these variants (files: a-d; disk: e)")
     ap.add_argument("--variant", choices=["files", "in-memory", "dense-only", "disk"], help=argparse.SUPPRESS)
     ap.add_argument("--format", choices=FORMATS, default="parquet", help=argparse.SUPPRESS)

@@ -48,5 +48,11 @@ class PipelineConfig(ConfigModel):
 
     enabled: bool = True
     depth: QueueDepths = QueueDepths()
+    data_workers: int = Field(0, ge=0, le=1)
+    """1: read and featurize the training data in a worker process (``torch.utils.data``'s
+    DataLoader), batches handed over in shared memory, so the parsing and hashing, which hold
+    the GIL much of the time, never compete with the trainer's threads for it; it costs the
+    worker's start (an interpreter importing torch, a few seconds) per epoch. 0: on threads of
+    this process."""
     stop_timeout_s: float = Field(10.0, gt=0)
     """How long a stopping pipeline waits for each stage thread to finish its current item."""

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
 
 import numpy as np
+from torch.utils.data import IterableDataset
 
 from ember.batch import Batch
 from ember.featurize.featurizer import Featurizer
@@ -167,7 +168,8 @@ class Loader:
     """
 
     def __init__(self, data: DataConfig, schema: Schema, split: Split = "train", epoch: int = 0,
-                 start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None) -> None:
+                 start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
+                 workers: int = 0) -> None:
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if start_batch < 0:
@@ -179,6 +181,7 @@ class Loader:
         self.batch_size = data.split_batch_size(split)
         self.bad_rows = BadRowReport(data.on_bad_rows)
         self.read = ReadCounter()  # rows and bytes read so far this epoch (progress estimates)
+        self.workers = workers  # 1: read and featurize in a worker process (``_in_worker``)
         self._next = start_batch
 
     @property
@@ -195,7 +198,10 @@ class Loader:
         return n // self.batch_size if drop else -(-n // self.batch_size)
 
     def stages(self) -> list[Stage]:
-        """The ``read`` and ``featurize`` stages of this epoch (fresh state each call)."""
+        """The ``read`` and ``featurize`` stages of this epoch (fresh state each call); with
+        ``workers``, one ``read`` stage handing out the batches a worker process made."""
+        if self.workers:
+            return [Stage("read", self._in_worker, self.depth.featurize, expand=True)]
         featurize = Featurizer(self.schema, self.bad_rows)
         if self.data.format == "synthetic":
             n, b = split_rows(self.data.synthetic, self.split), self.batch_size
@@ -230,12 +236,50 @@ class Loader:
         return [Stage("read", read, self.depth.read, expand=True),
                 Stage("featurize", parse, self.depth.featurize, expand=True, finish=finish)]
 
+    def _in_worker(self, _: None) -> Iterator[Batch]:
+        """This loader's batches, read and featurized by a worker process; its bad-row counts
+        are added here at the end, its error is raised here (the same exception)."""
+        from torch.utils.data import DataLoader
+
+        job = _WorkerJob(self.data, self.schema, self.split, self.epoch, self.start_batch, self.depth)
+        loader = DataLoader(job, batch_size=None, num_workers=1, prefetch_factor=self.depth.featurize,
+                            multiprocessing_context="spawn")
+        for kind, item in loader:
+            if kind == "batch":
+                yield item
+            elif kind == "end":
+                for reason, n in item.items():
+                    self.bad_rows.add(reason, n)
+            else:
+                raise item
+
     def __iter__(self) -> Iterator[Batch]:
         self._next = self.start_batch
         with Scheduler(self.stages(), threaded=self.threaded) as run:
             for batch in run:
                 self._next += 1
                 yield batch
+
+
+class _WorkerJob(IterableDataset):
+    """A loader's work for a worker process: ``("batch", b)`` per batch, then ``("end", bad-row
+    counts)``, or ``("error", exception)`` (so the trainer raises the error itself, message
+    intact, instead of DataLoader's re-wrapped copy)."""
+
+    def __init__(self, data: DataConfig, schema: Schema, split: Split, epoch: int, start_batch: int,
+                 depth: QueueDepths) -> None:
+        self.args = (data, schema, split, epoch, start_batch)
+        self.depth = depth
+
+    def __iter__(self) -> Iterator[tuple[str, object]]:
+        loader = Loader(*self.args, threaded=True, depth=self.depth)  # read and featurize overlap in the worker
+        try:
+            for batch in loader:
+                yield "batch", batch
+        except Exception as e:  # noqa: BLE001  # handed to the trainer, which raises it
+            yield "error", e
+            return
+        yield "end", loader.bad_rows.counts
 
 
 class BatchList:
@@ -274,6 +318,7 @@ class BatchList:
 
 
 def make_batches(data: DataConfig, schema: Schema, split: Split = "train", epoch: int = 0,
-                 start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None) -> Loader:
+                 start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
+                 workers: int = 0) -> Loader:
     """The batches of ``split`` for ``epoch`` from batch ``start_batch`` on (see :class:`Loader`)."""
-    return Loader(data, schema, split, epoch, start_batch, threaded, depth)
+    return Loader(data, schema, split, epoch, start_batch, threaded, depth, workers)

@@ -189,7 +189,8 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
     def train_loader(epoch: int, start_batch: int) -> Any:
         if batches is not None:
             return BatchList(batches, epoch, start_batch, pipe.depth)
-        return make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch, depth=pipe.depth)
+        return make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch, depth=pipe.depth,
+                            workers=pipe.data_workers)
 
     parts.train(True)
     held = EpochRows(rows=sum(b.size for b in batches)) if batches is not None else None

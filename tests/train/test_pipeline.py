@@ -298,3 +298,40 @@ def test_stage_busy_and_queue_fill_are_logged(tmp_path):
     for name in ("read", "featurize", "plan", "fetch"):
         assert f"pipeline.queue.{name}.fill" in rec
     assert rec["pipeline.stage.compute.busy"] > 0
+
+
+def test_data_worker_process_trains_bit_identically_and_reports_bad_rows_and_errors(tmp_path):
+    """pipeline.data_workers: 1 reads and featurizes in a worker process: the same batches (state
+    bit-identical to the threads), its bad-row counts arrive, its errors are raised unchanged."""
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from ember.errors import DataError
+
+    rng = __import__("numpy").random.default_rng(0)
+    n = 1200
+    table = pa.table({"label": [str(int(x)) for x in rng.random(n) < 0.3], "I1": [str(x) for x in rng.integers(0, 9, n)],
+                      **{f"C{i}": [str(x) for x in rng.integers(0, 300, n)] for i in (1, 2, 3)}})
+    good = tmp_path / "train.csv"
+    pacsv.write_csv(table, good)
+    lines = good.read_text().splitlines()
+    lines[10] = lines[10] + ",extra"  # one row with a field too many
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\n".join(lines) + "\n")
+
+    def cfg(name: str, workers: int, path: Path, policy: str = "skip"):
+        data = {"format": "csv", "train": str(path), "eval": str(good), "batch_size": 100, "shuffle_buffer": 300,
+                "on_bad_rows": policy}
+        raw = {"data": data, "schema": {"labels": ["label"], "dense": [{"name": "I1"}], "sparse": [{"name": f"C{i}"} for i in (1, 2, 3)]},
+               "embedding": {"dim": 4}, "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},
+               "pipeline": {"data_workers": workers},
+               "train": {"out_dir": str(tmp_path), "run_name": name, "progress": False, "deterministic": True, "threads": 1,
+                         "epochs": 2}}
+        return from_dict(raw)
+
+    threads = train(cfg("threads", 0, bad))
+    worker = train(cfg("worker", 1, bad))
+    _assert_identical(_state(threads), _state(worker))
+    assert worker.bad_rows == threads.bad_rows == {"<row>: wrong number of fields": 2}  # one per epoch
+    with pytest.raises(DataError, match=r"bad\.csv row 11"):
+        train(cfg("fails", 1, bad, policy="error"))
