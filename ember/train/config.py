@@ -60,6 +60,9 @@ class TrainConfig(ConfigModel):
     eval_every: int | None = Field(None, ge=1)  # steps; None: after each epoch
     eval_max_batches: int | None = Field(None, ge=1)
     checkpoint_every: int | None = Field(None, ge=1)  # steps; the final state is always saved
+    checkpoint_every_s: float | None = Field(None, gt=0)
+    """Seconds: also checkpoint after the first step that ends this long after the last save
+    (long or online runs); decided when that step's batch is fetched."""
     keep_checkpoints: int = Field(2, ge=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(None, ge=1)

@@ -36,13 +36,15 @@ from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.builder import Components, build_components
 from ember.train.early_stop import EarlyStopping
 from ember.train.distributed import gather_tables, lead_prepares_run, start_run
-from ember.train.evaluate import _to_device, evaluate
+from ember.train.evaluate import evaluate
 from ember.train.history import History
 from ember.train.metrics import json_safe
 from ember.train.preflight import check_disk, check_run, holds_run, no_steps_error
 from ember.train.progress import EpochRows, Progress
 from ember.train.schedule import lr_record
 from ember.train.stages import TrainStages
+
+_clock = time.monotonic  # the clock of train.checkpoint_every_s (tests replace it)
 
 __all__ = ["train", "train_step", "RunResult", "prepare_run", "run_directory"]
 
@@ -153,6 +155,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                 early.load_state_dict(dense.get("early_stopping"), ckpt.parent, run_dir / "checkpoints")
 
     saved: dict[tuple[int, int, int], Path] = {}
+    last_save = [_clock()]  # when the last checkpoint was written (train.checkpoint_every_s)
 
     def checkpoint(epoch: int, batch: int) -> Path:
         if (step, epoch, batch) in saved:  # this exact state is on disk already
@@ -170,6 +173,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
         if parts.dist is not None:
             parts.dist.barrier()
         saved[(step, epoch, batch)] = path
+        last_save[0] = _clock()
         return path
 
     def run_eval(position: tuple[int, int] | None = None) -> dict[str, float]:
@@ -200,17 +204,27 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
     batch_idx = start_batch
     k = t.embedding_staleness
 
+    due: set[int] = set()  # steps after which train.checkpoint_every_s asked for a checkpoint
+
     def quiet_after(s: int) -> bool:
         """Whether the trainer needs a quiet engine after step ``s`` (log, eval, checkpoint)."""
         return s % t.log_every == 0 or bool(t.eval_every and s % t.eval_every == 0) or bool(
-            t.checkpoint_every and s % t.checkpoint_every == 0)
+            t.checkpoint_every and s % t.checkpoint_every == 0) or s in due
+
+    def barrier_after(s: int) -> bool:
+        """``quiet_after``, deciding time-based checkpoints when step ``s`` is fetched (so the
+        fetch gate and the loop agree on them): one is due once ``checkpoint_every_s`` passed
+        since the last save, and no other is marked before it is written."""
+        if t.checkpoint_every_s is not None and not due and _clock() - last_save[0] >= t.checkpoint_every_s:
+            due.add(s)
+        return quiet_after(s)
 
     with _StopSignals() as stop:
         while epoch < t.epochs and not done:
             loader = train_loader(epoch, start_batch)
             progress.watch(loader)
             base = step
-            gate = FetchGate(k, lambda b: quiet_after(base + b + 1), None if t.max_steps is None else t.max_steps - step)
+            gate = FetchGate(k, lambda b: barrier_after(base + b + 1), None if t.max_steps is None else t.max_steps - step)
             stages = TrainStages(parts, gate, WriteLog(k), task_w, first_step=base)
             d = pipe.depth
             ahead = loader.stages() + [Stage("plan", stages.plan, d.plan), Stage("fetch", stages.fetch, d.fetch)]
@@ -251,8 +265,9 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                             if early is not None and step != t.max_steps and early.stop_here(step):
                                 done = True
                                 break  # before gate.release(): nothing is fetched past the stop
-                        if t.checkpoint_every and step % t.checkpoint_every == 0:
+                        if t.checkpoint_every and step % t.checkpoint_every == 0 or step in due:
                             checkpoint(epoch, batch_idx)
+                            due.discard(step)
                         gate.release()
                     if t.max_steps is not None and step >= t.max_steps:
                         done = True
