@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Iterator, Literal, Sequence
 
 import numpy as np
-from torch.utils.data import IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 
 from ember.batch import Batch
 from ember.featurize.featurizer import Featurizer
@@ -239,8 +239,6 @@ class Loader:
     def _in_worker(self, _: None) -> Iterator[Batch]:
         """This loader's batches, read and featurized by a worker process; its bad-row counts
         are added here at the end, its error is raised here (the same exception)."""
-        from torch.utils.data import DataLoader
-
         job = _WorkerJob(self.data, self.schema, self.split, self.epoch, self.start_batch, self.depth)
         loader = DataLoader(job, batch_size=None, num_workers=1, prefetch_factor=self.depth.featurize,
                             multiprocessing_context="spawn")

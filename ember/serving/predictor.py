@@ -9,6 +9,7 @@ IDs admission held back. So scores equal the trained model's eval scores on any 
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -127,6 +128,13 @@ class Predictor:
         parts = [self.predict_batch(b) for b in batches]
         return np.concatenate(parts) if parts else np.zeros((0, len(self.tasks)))
 
+    @cached_property
+    def score_schema(self) -> Any:
+        """The export's schema for scoring (labels not read; they may be absent), built once."""
+        from ember.featurize.schema import Schema, as_recorded
+
+        return Schema.model_validate({**as_recorded(self.manifest["schema"]), "score_only": True})
+
     def predict_records(self, rows: list[dict[str, Any]]) -> np.ndarray:
         """Probabilities [N, T] for raw rows given as mappings of column -> value (e.g. parsed
         JSON), featurized by the export's schema exactly as files are. Values are read as text
@@ -135,9 +143,8 @@ class Predictor:
         import pyarrow as pa
 
         from ember.featurize.featurizer import Featurizer
-        from ember.featurize.schema import Schema, as_recorded
 
-        schema = Schema.model_validate({**as_recorded(self.manifest["schema"]), "score_only": True})
+        schema = self.score_schema
         if not rows:
             return np.zeros((0, len(self.tasks)))
         cols = {c: pa.array([None if r.get(c) is None else str(r[c]) for r in rows], pa.string())
@@ -159,7 +166,6 @@ class Predictor:
         contract; with ``on_bad_rows="skip"`` passed here, the skipped rows are counted in
         ``self.bad_rows``.
         """
-        from ember.featurize.schema import Schema, as_recorded
         from ember.pipeline.loader import make_batches
         from ember.source.config import DataConfig
 
@@ -181,7 +187,7 @@ class Predictor:
                 data["csv"] = {**data.get("csv", {}), "delimiter": None, "header": True}
         data = _merge(data, data_overrides)
         cfg = DataConfig.parse(data, where="data")
-        schema = Schema.model_validate({**as_recorded(self.manifest["schema"]), "score_only": True})  # labels may be absent
+        schema = self.score_schema
         cfg = _without_absent_labels(cfg, schema.labels, paths[0])
         batches = make_batches(cfg, schema, "eval")
         self.bad_rows = batches.bad_rows
