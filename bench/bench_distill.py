@@ -48,24 +48,12 @@ import pyarrow.parquet as pq
 from ember.config import from_dict
 from ember.pipeline.loader import make_batches
 from ember.source.config import SyntheticOptions
-from ember.source.synthetic import synthetic_records
+from ember.source.writer import write_synthetic
 from ember.train.evaluate import predict_batches
 from ember.train.loop import train
 
 VOCAB = 50_000
 STUDENTS = {"none": None, "plain": {"aux_head": False}, "aux": {}, "aux+adapter": {"adapter": True}}
-
-
-def write_world(path: Path, opts: SyntheticOptions, split: str, rows: int) -> None:
-    """``rows`` rows of ``split`` of the generator ``opts`` as one Parquet file."""
-    writer = None
-    for start in range(0, rows, 65_536):
-        rb = synthetic_records(opts, split, start, min(start + 65_536, rows))  # type: ignore[arg-type]
-        if writer is None:
-            writer = pq.ParquetWriter(path, rb.schema)
-        writer.write_batch(rb)
-    assert writer is not None
-    writer.close()
 
 
 def schema(teacher: bool) -> dict[str, Any]:
@@ -105,9 +93,9 @@ def one_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     base = {"num_dense": 13, "num_sparse": 26, "vocab_size": VOCAB, "seed": seed}
     old, new = SyntheticOptions(**base, signal_features=6), SyntheticOptions(**base, signal_features=10)
     files = {"old": d / "old_train.parquet", "new": d / "new_train.parquet", "eval": d / "new_eval.parquet"}
-    write_world(files["old"], old, "train", args.rows)
-    write_world(files["new"], new, "train", args.rows)
-    write_world(files["eval"], new, "eval", args.eval_rows)
+    write_synthetic(str(files["old"]), "parquet", args.rows, old, split="train")
+    write_synthetic(str(files["new"]), "parquet", args.rows, new, split="train")
+    write_synthetic(str(files["eval"]), "parquet", args.eval_rows, new, split="eval")
     runs = d / "runs"
     t0 = time.perf_counter()
     teacher_cfg = from_dict(run_config(files["old"], files["eval"], runs, "teacher", seed, 16,
@@ -118,12 +106,13 @@ def one_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     for k, path in taught.items():
         with_teacher_scores(teacher.parts, teacher_cfg, files[k], path)
     student_model = {"type": "dlrm", "bottom_mlp": [32, 8], "top_mlp": [64]}
+    students = {}
     for name, distill in STUDENTS.items():
         model = {**student_model, **({"distill": distill} if distill is not None else {})}
-        res = train(from_dict(run_config(taught["new"], taught["eval"], runs, f"student-{name}", seed, 8, model,
-                                         distill is not None)))
-        out[f"student_{name}_auc"] = res.metrics["auc/label"]
-    dlrm = train(from_dict(run_config(files["new"], files["eval"], runs, "dlrm", seed, 8, student_model, False)))
+        students[name] = train(from_dict(run_config(taught["new"], taught["eval"], runs, f"student-{name}", seed, 8,
+                                                    model, distill is not None)))
+        out[f"student_{name}_auc"] = students[name].metrics["auc/label"]
+    dlrm = students["none"]  # the DLRM DMT is compared with: the student trained on the labels alone
     dmt_model = {"type": "dmt", "num_towers": 4, "tower_mlp": [args.tower_width], "tower_vectors": 2,
                  "bottom_mlp": [32, 8], "top_mlp": [64]}
     dmt = train(from_dict(run_config(files["new"], files["eval"], runs, "dmt", seed, 8, dmt_model, False)))

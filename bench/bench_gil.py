@@ -37,31 +37,37 @@ from ember.train.builder import build_components
 from ember.train.loss import multitask_bce
 
 
-def efficiency(work: Callable[[int], Any], n: int) -> dict[str, float]:
-    """``work(i)`` for i in range(n) on one thread, then on each of two threads at once."""
-    work(0)  # warm
-    t0 = time.perf_counter()
-    for i in range(n):
-        work(i)
-    one = time.perf_counter() - t0
+def run_threads(jobs: list[Callable[[], Any]]) -> float:
+    """Seconds to run ``jobs`` each on its own thread, all at once (the first error re-raised)."""
     errors: list[BaseException] = []
 
-    def run() -> None:
+    def guarded(job: Callable[[], Any]) -> None:
         try:
-            for i in range(n):
-                work(i)
+            job()
         except BaseException as e:  # surfaced below
             errors.append(e)
 
-    threads = [threading.Thread(target=run) for _ in range(2)]
+    threads = [threading.Thread(target=guarded, args=(job,)) for job in jobs]
     t0 = time.perf_counter()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    two = time.perf_counter() - t0
     if errors:
         raise errors[0]
+    return time.perf_counter() - t0
+
+
+def efficiency(work: Callable[[int], Any], n: int) -> dict[str, float]:
+    """``work(i)`` for i in range(n) on one thread, then on each of two threads at once."""
+    work(0)  # warm
+
+    def all_items() -> None:
+        for i in range(n):
+            work(i)
+
+    one = run_threads([all_items])
+    two = run_threads([all_items, all_items])
     return {"one_thread_s": one, "two_threads_s": two, "efficiency": 2 * one / two}
 
 
@@ -136,17 +142,8 @@ def main() -> None:
             lk.write_back()
 
     sets = [prepared(parts), prepared(parts), prepared(other)]
-    t0 = time.perf_counter()
-    for ready in sets[0]:
-        apply(ready)
-    one = time.perf_counter() - t0
-    ts = [threading.Thread(target=lambda s=s: [apply(r) for r in s]) for s in sets[1:]]
-    t0 = time.perf_counter()
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    two = time.perf_counter() - t0
+    one = run_threads([lambda: [apply(r) for r in sets[0]]])
+    two = run_threads([lambda s=s: [apply(r) for r in s] for s in sets[1:]])
     results["update"] = {"one_thread_s": one, "two_threads_s": two, "efficiency": 2 * one / two}
 
     print(f"\nparallel efficiency, 2 threads (2.0 = GIL released; 1.0 = serialised), {n} items per thread:")
