@@ -72,7 +72,7 @@ def _export(parts, cfg, out_dir: str) -> Path:
 def _restore(args: argparse.Namespace):
     """Config (from the checkpoint unless --config is given), parts loaded from a checkpoint, and
     which checkpoint that was: ``{"checkpoint": path, "step": step}``."""
-    from ember.checkpoint.load import load_dense, load_tables, resolve_checkpoint, verify_checkpoint
+    from ember.checkpoint.load import load_dense, load_tables, resolve_checkpoint, restore_table_state, verify_checkpoint
     from ember.config import apply_overrides, from_dict, load
     from ember.featurize.schema import as_recorded
     from ember.train.builder import build_components
@@ -87,7 +87,9 @@ def _restore(args: argparse.Namespace):
         cfg = from_dict(apply_overrides(recorded, args.overrides))
     parts = build_components(cfg)
     load_tables(ckpt, parts.collections(), manifest)
-    parts.model.load_state_dict(load_dense(ckpt)["model"])
+    dense = load_dense(ckpt)
+    parts.model.load_state_dict(dense["model"])
+    restore_table_state(parts.collections(), dense)  # table steps: which TTL rows have expired
     return cfg, parts, {"checkpoint": str(ckpt), "step": int(manifest["step"])}
 
 
@@ -258,7 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
     tw.set_defaults(fn=cmd_towers)
 
     sv = sub.add_parser("serve", help="score JSON rows over HTTP, following the export as it is replaced")
-    sv.add_argument("--export", required=True, help="export directory (re-read whenever its manifest changes)")
+    sv.add_argument("--export", required=True, help="export directory (re-read whenever its manifest changes), or a "
+                    "run's exports/ directory of full and delta exports (follow mode: each new delta is applied)")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--poll-s", type=float, default=2.0, help="seconds between checks for a new export")

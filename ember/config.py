@@ -17,6 +17,7 @@ from typing import Any, Sequence
 import yaml
 from pydantic import Field
 
+from ember.checkpoint.config import ExportConfig
 from ember.config_base import ConfigModel
 from ember.distributed.config import DistributedConfig
 from ember.embedding.config import FeatureConfig, TableConfig, TableOptions
@@ -48,6 +49,7 @@ class RunConfig(ConfigModel):
     train: TrainConfig = TrainConfig()
     pipeline: PipelineConfig = PipelineConfig()
     distributed: DistributedConfig = DistributedConfig()
+    export: ExportConfig = ExportConfig()  # exports while training: full, then deltas (ember.checkpoint.delta)
 
     model_config = {**ConfigModel.model_config, "populate_by_name": True, "protected_namespaces": ()}
 

@@ -8,6 +8,9 @@ Layout::
     tables/<name>.ids      int64 IDs, sorted (looked up with a binary search)
     tables/<name>.weights  [rows, dim] weights only (optimizer state is dropped), at the table's
                            dtype: float32, or the 16-bit patterns of bf16 / fp16 (format 3 on)
+    tables/<name>.seen     (tables with ``ttl_steps``, format 4 on) float32 last-seen step of each
+                           row; the manifest records the table's ``step`` and ``ttl_steps``, so a
+                           server applying later delta exports knows when a row expires
 
 An ID without a row is served as eval scores it: a table's ``min_count`` (format version 2 on)
 says whether that is the ID's initial row (``min_count`` 1) or the all-zero row of IDs held
@@ -29,9 +32,11 @@ from ember.embedding.codec import to_bits
 from ember.errors import CheckpointError
 from ember.fileio import atomic_dir, fsync_dir
 
-__all__ = ["export_model", "EXPORT_VERSION"]
+__all__ = ["export_model", "EXPORT_VERSION", "encode_weights", "write_array", "table_meta", "script_model"]
 
-EXPORT_VERSION = 3  # 2: tables record min_count; 3: tables record their dtype (16-bit weights)
+# 2: tables record min_count; 3: tables record their dtype (16-bit weights); 4: TTL tables record
+# their step, ttl_steps and each row's last-seen step; exports may carry a ``series`` entry (delta exports)
+EXPORT_VERSION = 4
 
 # keys of the run config's JSON form that the export records (Predictor reads data and schema)
 RUN_CONFIG_KEYS = ("data", "schema", "model")
@@ -48,6 +53,8 @@ class _Table(Protocol):
 
     def items(self) -> Iterable[tuple[torch.Tensor, torch.Tensor]]: ...
 
+    def items_with_seen(self) -> Iterable[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]: ...
+
 
 class _Collection(Protocol):
     tables: Mapping[str, _Table]
@@ -61,6 +68,7 @@ def export_model(
     task_names: Sequence[str],
     run_config: Mapping[str, Any],
     out_dir: str | Path,
+    extra: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write a trained model to ``out_dir`` (replaced atomically if it exists) for serving. A
     failed write (a full disk: CheckpointError naming ``out_dir`` and the bytes needed) leaves
@@ -77,7 +85,9 @@ def export_model(
       ``linear`` (None without a linear part);
     - ``task_names``: the label of each logit column;
     - ``run_config``: the run config as JSON, e.g. ``cfg.model_dump(mode="json", by_alias=True)``;
-      its ``data``, ``schema`` and ``model`` sections are recorded.
+      its ``data``, ``schema`` and ``model`` sections are recorded;
+    - ``extra``: more top-level manifest entries (e.g. ``step``, or ``series`` for the full
+      exports of a delta series, ``ember.checkpoint.delta``).
     """
     missing = [k for k in RUN_CONFIG_KEYS if run_config.get(k) is None]
     if missing:
@@ -91,42 +101,35 @@ def export_model(
             for ids, _ in t.items())
 
     with atomic_dir(out, CheckpointError, needed, "the previous export, if any, is kept") as tmp:
-        _write(tmp, model, collections, features, linear_features, task_names, run_config)
+        _write(tmp, model, collections, features, linear_features, task_names, run_config, extra or {})
     return out
 
 
 def _write(tmp: Path, model: nn.Module, collections: Sequence[_Collection], features: Sequence[_Dumpable],
            linear_features: Sequence[_Dumpable] | None, task_names: Sequence[str],
-           run_config: Mapping[str, Any]) -> None:
+           run_config: Mapping[str, Any], extra: Mapping[str, Any]) -> None:
     """Every file of the export into the directory ``tmp``, fsynced."""
     (tmp / "tables").mkdir()
     files: dict[str, str] = {}
-    files["model.pt"] = _script(model, tmp / "model.pt")
+    files["model.pt"] = script_model(model, tmp / "model.pt")
     tables = []
     for ec in collections:
         for name, table in ec.tables.items():
-            chunks = list(table.items())
+            ttl = getattr(table.config, "ttl_steps", None)
+            chunks = list(table.items_with_seen() if ttl else ((i, r, None) for i, r in table.items()))
             ids = torch.cat([c[0] for c in chunks]).numpy() if chunks else np.empty(0, np.int64)
             w = torch.cat([c[1][:, : table.dim] for c in chunks]).numpy() if chunks else np.empty((0, table.dim), np.float32)
             order = np.argsort(ids, kind="stable")
-            dtype = getattr(table.config, "dtype", "fp32")
-            if dtype == "fp32":
-                weights = np.ascontiguousarray(w[order], dtype="<f4")
-            else:  # the stored values exactly, two bytes each
-                weights = to_bits(torch.from_numpy(np.ascontiguousarray(w[order])), dtype).numpy().astype("<i2")
-            for suffix, arr in [("ids", ids[order].astype("<i8")), ("weights", weights)]:
-                wr = HashingWriter(tmp / "tables" / f"{name}.{suffix}")
-                try:
-                    wr.write(arr.tobytes())
-                finally:
-                    files[f"tables/{name}.{suffix}"] = wr.close()
-            tables.append({
-                "name": name, "dim": table.dim, "rows": int(ids.size), "seed": int(table.seed),
-                "initializer": table.config.initializer.model_dump(mode="json"),
-                "min_count": int(table.config.min_count), "dtype": dtype,
-            })
+            arrays = [("ids", ids[order].astype("<i8")), ("weights", encode_weights(w[order], _dtype(table)))]
+            if ttl:
+                seen = torch.cat([c[2] for c in chunks]).numpy() if chunks else np.empty(0, np.float32)  # type: ignore[misc]
+                arrays.append(("seen", seen[order].astype("<f4")))
+            for suffix, arr in arrays:
+                files[f"tables/{name}.{suffix}"] = write_array(tmp / "tables" / f"{name}.{suffix}", [arr])
+            tables.append({**table_meta(name, table), "rows": int(ids.size)})
     manifest = {
         "format_version": EXPORT_VERSION,
+        **extra,
         "data": run_config["data"],
         "schema": run_config["schema"],
         "features": [f.model_dump(mode="json") for f in features],
@@ -136,12 +139,44 @@ def _write(tmp: Path, model: nn.Module, collections: Sequence[_Collection], feat
         "model": run_config["model"],
         "files": files,
     }
-    mw = HashingWriter(tmp / "manifest.json")
-    try:
-        mw.write(json.dumps(manifest, indent=1).encode())
-    finally:
-        mw.close()
+    write_array(tmp / "manifest.json", [json.dumps(manifest, indent=1).encode()])
     fsync_dir(tmp / "tables")
+
+
+def _dtype(table: _Table) -> str:
+    return getattr(table.config, "dtype", "fp32")
+
+
+def table_meta(name: str, table: _Table) -> dict[str, Any]:
+    """A table's manifest entry but its row count: what serving needs to read its rows and
+    give IDs without a row what eval gives them (initial row or zero row; TTL: ``step`` and
+    ``ttl_steps`` say which stored rows have expired)."""
+    meta = {"name": name, "dim": table.dim, "seed": int(table.seed),
+            "initializer": table.config.initializer.model_dump(mode="json"),
+            "min_count": int(table.config.min_count), "dtype": _dtype(table)}
+    ttl = getattr(table.config, "ttl_steps", None)
+    if ttl:
+        meta.update({"ttl_steps": int(ttl), "step": int(getattr(table, "step"))})
+    return meta
+
+
+def encode_weights(w: np.ndarray, dtype: str) -> np.ndarray:
+    """Weights [N, dim] (float32) as an export stores them: little-endian float32, or the exact
+    16-bit patterns of a bf16 / fp16 table."""
+    if dtype == "fp32":
+        return np.ascontiguousarray(w, dtype="<f4")
+    return to_bits(torch.from_numpy(np.ascontiguousarray(w, dtype=np.float32)), dtype).numpy().astype("<i2")
+
+
+def write_array(path: Path, parts: Iterable[np.ndarray | bytes]) -> str:
+    """Write ``parts`` (arrays or bytes, in order) to ``path``, fsynced; returns the sha256."""
+    wr = HashingWriter(path)
+    try:
+        for p in parts:
+            wr.write(p if isinstance(p, bytes) else p.tobytes())
+    finally:
+        digest = wr.close()
+    return digest
 
 
 def _weight_bytes(table: _Table) -> int:
@@ -149,7 +184,7 @@ def _weight_bytes(table: _Table) -> int:
     return 4 if getattr(table.config, "dtype", "fp32") == "fp32" else 2
 
 
-def _script(model: nn.Module, path: Path) -> str:
+def script_model(model: nn.Module, path: Path) -> str:
     """Save ``model`` as TorchScript on the CPU at ``path``; return its sha256."""
     devices = {t.device for t in (*model.parameters(), *model.buffers())}
     if len(devices) > 1:

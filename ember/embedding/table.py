@@ -13,6 +13,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ember.embedding.changes import ChangeLog
 from ember.embedding.codec import RowCodec, RowDtype, round_nearest
 from ember.embedding.config import TableConfig
 from ember.embedding.init import InitializerConfig, init_rows, table_seed
@@ -75,6 +76,7 @@ class EmbeddingTable:
         self.ttl = config.ttl_steps
         self.min_count = config.min_count
         self.admission = IdCounter() if config.min_count > 1 else None  # sightings of IDs without a row
+        self.changes: ChangeLog | None = None  # IDs written or removed since the last delta export
         self.reset_step_stats()
 
     def __len__(self) -> int:
@@ -142,9 +144,19 @@ class EmbeddingTable:
         between host and device memory for this table (the caller knows they crossed)."""
         self.transfer_bytes += rows * 4 * (self.codec.words if width is None else width)
 
+    def track_changes(self) -> ChangeLog:
+        """Start noting the IDs whose rows change (written, loaded, removed by TTL) for delta
+        exports; returns the table's change log (the same one when called again)."""
+        if self.changes is None:
+            self.changes = ChangeLog()
+        return self.changes
+
     def after_write(self, ids: Tensor) -> None:
         """Bookkeeping once the rows of ``ids`` were updated and stored: they now have rows
-        (``min_count``), and every ``ttl_steps`` steps the expired rows are swept."""
+        (``min_count``), they changed (``changes``), and every ``ttl_steps`` steps the expired
+        rows are swept."""
+        if self.changes is not None:
+            self.changes.note(ids.numpy())
         if self.admission is not None and ids.numel():
             self.admission.remove(ids.numpy())
         if self.ttl is not None and self.step % self.ttl == 0:
@@ -159,6 +171,8 @@ class EmbeddingTable:
         victims = torch.cat(old) if old else torch.empty(0, dtype=torch.int64)
         if victims.numel():
             self.tier.remove(victims)
+            if self.changes is not None:
+                self.changes.note(victims.numpy())
         self.expired_rows += victims.numel()
         return victims.numel()
 
@@ -193,6 +207,8 @@ class EmbeddingTable:
                 f"expected dim + optimizer state = {self.config.record_dim}"
             )
         self.tier.put(ids, self.codec.encode_nearest(self.stored(records, seen).contiguous()))
+        if self.changes is not None:
+            self.changes.note(ids.numpy())
         if self.admission is not None:
             self.admission.remove(ids.numpy())
 

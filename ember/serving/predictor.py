@@ -42,30 +42,61 @@ class _FrozenTable:
         self.init = InitializerConfig.model_validate(meta["initializer"])
         self.min_count = min_count
         self.dtype: RowDtype = meta.get("dtype", "fp32")  # exports before format 3 are fp32
-        n = meta["rows"]
-        self.ids = np.fromfile(root / "tables" / f"{meta['name']}.ids", dtype="<i8") if n else np.empty(0, np.int64)
-        wfile = root / "tables" / f"{meta['name']}.weights"
-        if self.dtype == "fp32":
-            w = np.fromfile(wfile, dtype="<f4") if n else np.empty(0, np.float32)
-            self.weights = torch.from_numpy(w.reshape(n, self.dim))
-        else:
-            bits = np.fromfile(wfile, dtype="<i2") if n else np.empty(0, np.int16)
-            self.weights = from_bits(torch.from_numpy(bits.astype(np.int16).reshape(n, self.dim)), self.dtype)
+        # TTL (format 4 on): a stored row last seen more than ttl_steps before ``step`` reads as
+        # absent, as in the table; a full export holds live rows only, later deltas move ``step``
+        self.ttl: int | None = meta.get("ttl_steps")
+        self.step: int = meta.get("step", 0)
+        self.ids, self.weights, self.seen = read_rows(root, meta["name"], meta["rows"], self.dim, self.dtype,
+                                                      self.ttl is not None)
+
+    def fallback(self, ids: Tensor) -> Tensor:
+        """Rows [N, dim] of IDs without a row: their initial row, or the zero row below ``min_count``."""
+        if self.min_count > 1:  # below min_count an ID never got a row: eval reads the shared zero row for it
+            return torch.zeros(ids.numel(), self.dim)
+        return round_nearest(init_rows(ids, self.dim, self.init, self.seed), self.dtype)
 
     def rows(self, ids: Tensor) -> Tensor:
         q = ids.numpy()
-        pos = np.searchsorted(self.ids, q)
-        pos_c = np.minimum(pos, max(self.ids.size - 1, 0))
-        found = (self.ids.size > 0) & (self.ids[pos_c] == q) if self.ids.size else np.zeros(q.size, bool)
+        pos, found = search(self.ids, q)
+        if self.seen is not None and found.any():
+            found[found] = self.step - self.seen[pos[found]] <= self.ttl
         out = torch.empty(q.size, self.dim)
         if found.any():
-            out[torch.from_numpy(found)] = self.weights[torch.from_numpy(pos_c[found])]
+            out[torch.from_numpy(found)] = self.weights[torch.from_numpy(pos[found])]
         if (~found).any():
             absent = torch.from_numpy(~found)
-            # below min_count an ID never got a row: eval reads the shared zero row for it
-            out[absent] = 0.0 if self.min_count > 1 else round_nearest(
-                init_rows(ids[absent], self.dim, self.init, self.seed), self.dtype)
+            out[absent] = self.fallback(ids[absent])
         return out
+
+
+def search(sorted_ids: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(position, found) of each of ``q`` in ``sorted_ids`` (positions clipped into range)."""
+    if not sorted_ids.size:
+        return np.zeros(q.size, np.int64), np.zeros(q.size, bool)
+    pos = np.minimum(np.searchsorted(sorted_ids, q), sorted_ids.size - 1)
+    return pos, sorted_ids[pos] == q
+
+
+def read_rows(root: Path, name: str, n: int, dim: int, dtype: RowDtype, ttl: bool
+              ) -> tuple[np.ndarray, Tensor, np.ndarray | None]:
+    """A table's (ids, weights [n, dim] float32, last-seen steps or None) from an export or a
+    delta export directory ``root``: 16-bit weights widened exactly."""
+    tables = root / "tables"
+    ids = np.fromfile(tables / f"{name}.ids", dtype="<i8") if n else np.empty(0, np.int64)
+    wfile = tables / f"{name}.weights"
+    if dtype == "fp32":
+        w = np.fromfile(wfile, dtype="<f4") if n else np.empty(0, np.float32)
+        weights = torch.from_numpy(w.reshape(n, dim))
+    else:
+        bits = np.fromfile(wfile, dtype="<i2") if n else np.empty(0, np.int16)
+        weights = from_bits(torch.from_numpy(bits.astype(np.int16).reshape(n, dim)), dtype)
+    seen = None
+    if ttl:
+        seen = np.fromfile(tables / f"{name}.seen", dtype="<f4") if n else np.empty(0, np.float32)
+    for what, arr in (("ids", ids), ("weights", weights), ("seen", seen)):
+        if arr is not None and arr.shape[0] != n:
+            raise CheckpointError(f"export {root}: tables/{name}.{what} holds {arr.shape[0]} rows, the manifest says {n}")
+    return ids, weights, seen
 
 
 class Predictor:
@@ -77,7 +108,10 @@ class Predictor:
         probs = p.predict_files(["new_rows.parquet"])   # [N, T] click probabilities
     """
 
-    def __init__(self, root: Path, manifest: dict[str, Any]) -> None:
+    def __init__(self, root: Path, manifest: dict[str, Any], tables: dict[str, Any] | None = None) -> None:
+        """``tables``: the tables to score with (anything with ``rows(ids) -> [N, dim]``, e.g. a
+        served export with delta exports applied: ``ember.serving.overlay``) instead of the
+        export's own; the dense model is ``root``'s."""
         self.root = root
         self.manifest = manifest
         self.model = torch.jit.load(str(root / "model.pt"), map_location="cpu")
@@ -86,9 +120,13 @@ class Predictor:
         if not isinstance(version, int) or not 1 <= version <= EXPORT_VERSION:
             raise CheckpointError(f"export {root}: format_version {version!r} is not one this ember reads "
                                   f"(1..{EXPORT_VERSION}); export it again with this version of ember")
+        if tables is None and manifest.get("series", {}).get("kind") == "delta":
+            raise CheckpointError(f"export {root} is a delta export (only the rows changed since the previous "
+                                  f"export): load a full export, or serve the series with "
+                                  f"`ember serve --export {root.parent}`")
         # version 1 did not record min_count and served every table as min_count 1
-        self.tables = {t["name"]: _FrozenTable(root, t, t["min_count"] if version >= 2 else 1)
-                       for t in manifest["tables"]}
+        self.tables = tables if tables is not None else {
+            t["name"]: _FrozenTable(root, t, t["min_count"] if version >= 2 else 1) for t in manifest["tables"]}
         self.features = [FeatureConfig.model_validate(f) for f in manifest["features"]]
         lin = manifest.get("linear_features")
         self.linear_features = [FeatureConfig.model_validate(f) for f in lin] if lin else None

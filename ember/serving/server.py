@@ -11,6 +11,10 @@ directory and swaps in each new export without a restart.
   scored by the model before or after a swap, never by half of each; its response names that
   model's version (the export's manifest digest, and its step when recorded). A new export that
   fails to load is logged and the served one stays.
+- Follow mode: ``--export`` naming a training run's export series (``<run>/exports``, written
+  with ``export.every_steps`` / ``every_s``) serves its newest full export and applies each
+  delta export as it appears, atomically (``ember.serving.follow.SeriesSource``); the version is
+  the export's name (``000007-delta``).
 - Bad requests get a 4xx with a message and never stop the server: 413 for a body over
   ``max_body_bytes``, 400 for a body that is not JSON or lacks ``rows`` (a list of objects), 422
   for a value the schema cannot read (the message names row and column).
@@ -28,7 +32,7 @@ from typing import Any
 from ember.errors import ConfigError, DataError, EmberError
 from ember.serving.predictor import Predictor
 
-__all__ = ["ModelSource", "Served", "make_app", "serve"]
+__all__ = ["ModelSource", "Served", "make_app", "serve", "open_source"]
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +110,8 @@ def make_app(source: ModelSource, max_body_bytes: int = 1 << 20) -> Any:
     @app.get("/health")
     def health() -> dict[str, Any]:
         cur = source.current
-        return {"status": "ok", "version": cur.version, "export": str(source.root), "served": source.served}
+        info = source.info() if hasattr(source, "info") else {}
+        return {"status": "ok", "version": cur.version, "export": str(source.root), "served": source.served, **info}
 
     @app.post("/score")
     async def score(request: Request) -> Any:
@@ -143,9 +148,22 @@ def serve(export: str | Path, host: str = "127.0.0.1", port: int = 8000, poll_s:
         import uvicorn
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ConfigError("ember serve needs FastAPI and uvicorn: pip install 'ember[serve]'") from e
-    source = ModelSource(export, poll_s)
+    source = open_source(export, poll_s)
     source.start()
     try:
         uvicorn.run(make_app(source, max_body_bytes), host=host, port=port, log_level="warning")
     finally:
         source.stop()
+
+
+def open_source(export: str | Path, poll_s: float = 2.0) -> Any:
+    """What ``--export`` names: an export directory (``ModelSource``), or a training run's
+    export series of full and delta exports (``SeriesSource``, follow mode)."""
+    root = Path(export)
+    if (root / "manifest.json").exists():
+        return ModelSource(root, poll_s)
+    if not root.is_dir():
+        raise ConfigError(f"--export {root}: no such directory; give an export directory or a run's exports/ directory")
+    from ember.serving.follow import SeriesSource
+
+    return SeriesSource(root, poll_s)

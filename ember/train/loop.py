@@ -24,6 +24,7 @@ from ember.batch import Batch
 from ember.checkpoint.load import (
     load_dense, load_tables, resolve_checkpoint, restore_rng, restore_table_state, verify_checkpoint,
 )
+from ember.checkpoint.delta import run_exporter
 from ember.checkpoint.save import save_checkpoint
 from ember.config import RunConfig, to_yaml
 from ember.distributed.process_group import DistributedRun
@@ -189,6 +190,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
     bad_rows: dict[str, int] = {}
     metrics: dict[str, float] = {}
     pipe = cfg.pipeline
+    exporter = run_exporter(cfg.export, run_dir / "exports", parts, cfg.model_dump(mode="json", by_alias=True))
 
     def train_loader(epoch: int, start_batch: int) -> Any:
         if batches is not None:
@@ -209,7 +211,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
     def quiet_after(s: int) -> bool:
         """Whether the trainer needs a quiet engine after step ``s`` (log, eval, checkpoint)."""
         return s % t.log_every == 0 or bool(t.eval_every and s % t.eval_every == 0) or bool(
-            t.checkpoint_every and s % t.checkpoint_every == 0) or s in due
+            t.checkpoint_every and s % t.checkpoint_every == 0) or s in due or exporter.due(s)
 
     def barrier_after(s: int) -> bool:
         """``quiet_after``, deciding time-based checkpoints when step ``s`` is fetched (so the
@@ -268,6 +270,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                         if t.checkpoint_every and step % t.checkpoint_every == 0 or step in due:
                             checkpoint(epoch, batch_idx)
                             due.discard(step)
+                        exporter.after_step(step)  # export.every_steps / every_s: full or delta export
                         gate.release()
                     if t.max_steps is not None and step >= t.max_steps:
                         done = True
@@ -294,6 +297,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
     for ec in parts.collections():
         for table in ec.tables.values():
             table.expire()
+    exporter.finish(step)
     final = checkpoint(epoch, batch_idx if done else 0)
     if not metrics or (history.records and history.records[-1].get("kind") != "eval"):
         metrics = run_eval()

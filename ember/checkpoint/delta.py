@@ -1,0 +1,267 @@
+"""Delta exports while training: a numbered series of exports a server can follow.
+
+Layout of ``<run>/exports/`` (``export:`` section, ``ExportConfig``)::
+
+    000001-full/     a full export (``export_model``), plus ``series`` and ``step`` in its manifest
+    000002-delta/    manifest.json  model.pt  tables/<name>.ids .weights [.seen] .removed
+    000003-delta/
+    ...
+    000012-full/     again every ``full_every`` deltas; the first export of a run is always full
+
+A delta holds, per table, the rows written since the previous export (updated, or admitted
+after ``min_count``) with their IDs sorted, the IDs whose rows were removed since then (TTL
+sweeps; an ID written and removed again in between is listed as removed), and the whole dense
+model. Its manifest records the table's ``step`` (TTL tables: a row last seen more than
+``ttl_steps`` before it reads as absent, so rows that expire without a sweep leave the served
+model too), the export it builds on (``base``, the full export) and ``previous`` (number - 1).
+Applied in order onto the full export, deltas give exactly the model a full export at the
+same step would hold (``ember.serving.overlay``).
+
+Which rows changed comes from each table's ``ChangeLog`` (IDs its write-back stored, its bulk
+loads and TTL sweeps noted); at export time those IDs' rows are read through the table's own
+read path (``Tier.get_into``: any tier layout, a cache's reads count as accesses), in chunks.
+
+Crash safety: each export is written into a temporary directory (every file fsynced, the
+manifest last, with the sha256 of every file), then renamed to its numbered name; a reader
+ignores names that are not ``NNNNNN-full`` / ``NNNNNN-delta`` or that hold no manifest.
+After each full export, exports older than the ``keep_full``-th newest full one are removed
+(renamed aside first, so a half-removed directory never looks like an export).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from ember.checkpoint.config import ExportConfig
+from ember.checkpoint.export import EXPORT_VERSION, RUN_CONFIG_KEYS, encode_weights, export_model, script_model, table_meta
+from ember.checkpoint.atomic import HashingWriter
+from ember.errors import CheckpointError, ConfigError
+from ember.fileio import atomic_dir, fsync_dir
+
+__all__ = ["DeltaExporter", "SeriesEntry", "series_entries", "prune_series", "run_exporter", "CHUNK_ROWS"]
+
+CHUNK_ROWS = 1 << 18  # rows read and written at a time by a delta export (bounded memory)
+_NAME = re.compile(r"^(\d{6,})-(full|delta)$")
+
+
+@dataclass(frozen=True)
+class SeriesEntry:
+    """One complete export of a series: its number, ``full`` or ``delta``, and its directory."""
+
+    number: int
+    kind: str
+    path: Path
+
+
+def series_entries(root: str | Path) -> list[SeriesEntry]:
+    """The complete exports under ``root`` (numbered names holding a manifest), by number."""
+    out = []
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    for name in names:
+        m = _NAME.match(name)
+        if m and os.path.exists(os.path.join(root, name, "manifest.json")):
+            out.append(SeriesEntry(int(m.group(1)), m.group(2), Path(root) / name))
+    return sorted(out, key=lambda e: e.number)
+
+
+def prune_series(root: str | Path, keep_full: int) -> list[Path]:
+    """Remove the exports older than the ``keep_full``-th newest full export (never that one
+    nor anything after it); returns what was removed."""
+    entries = series_entries(root)
+    fulls = [e.number for e in entries if e.kind == "full"]
+    if len(fulls) <= keep_full:
+        return []
+    cutoff = fulls[-keep_full]
+    removed = []
+    for e in entries:
+        if e.number < cutoff:
+            aside = e.path.with_name(f".{e.path.name}.pruned-{os.getpid()}")
+            os.rename(e.path, aside)  # no longer an export name: readers skip it at once
+            shutil.rmtree(aside, ignore_errors=True)
+            removed.append(e.path)
+    return removed
+
+
+class DeltaExporter:
+    """Writes the export series of a training run (see the module docstring).
+
+    The trainer asks ``due(step)`` when it plans its quiet points (a time-based export is
+    decided when the step's batch is fetched, so the pipeline's fetch gate and the loop agree),
+    and calls ``after_step(step)`` on a quiet engine (no update in flight) after every step;
+    ``finish(step)`` exports the final state. Tables start logging their changes when the
+    exporter is built; the first export is full.
+
+    Args:
+        config: the ``export:`` section.
+        root: the series directory (``<run>/exports``); numbering continues after the exports
+            already there (a resumed run), starting with a full export.
+        model, collections, features, linear_features, task_names, run_config: as
+            ``export_model`` takes them.
+        clock: seconds, for ``every_s`` (tests replace it).
+    """
+
+    def __init__(self, config: ExportConfig, root: str | Path, model: nn.Module, collections: Sequence[Any],
+                 features: Sequence[Any], linear_features: Sequence[Any] | None, task_names: Sequence[str],
+                 run_config: Mapping[str, Any], clock: Callable[[], float] = time.monotonic) -> None:
+        self.config = config
+        self.root = Path(root)
+        self.parts = (model, list(collections), list(features), linear_features, list(task_names))
+        self.run_config = {k: run_config[k] for k in RUN_CONFIG_KEYS}
+        self.clock = clock
+        self.number, self.base, self.since_full = 0, None, 0  # base: the full export the next delta builds on
+        self.exported_step: int | None = None
+        self.last = clock()
+        self._due: set[int] = set()
+        self.records: list[dict[str, Any]] = []  # per export: number, kind, step, seconds, bytes, rows, removed
+        if not config.enabled:  # off: never due, nothing tracked or written
+            return
+        self.root.mkdir(parents=True, exist_ok=True)
+        for leftover in self.root.glob(".*"):  # temporaries of a run killed mid-export
+            shutil.rmtree(leftover, ignore_errors=True)
+        done = series_entries(self.root)
+        self.number = done[-1].number if done else 0
+        for t in self.tables():
+            t.track_changes()
+
+    def tables(self) -> list[Any]:
+        return [t for ec in self.parts[1] for t in ec.tables.values()]
+
+    # ---- when -------------------------------------------------------------------------------
+    def due(self, step: int) -> bool:
+        """Whether an export follows step ``step`` (idempotent: a time-based export, once
+        decided for a step, stays due until written)."""
+        c = self.config
+        if not c.enabled:
+            return False
+        if step in self._due or (c.every_steps is not None and step % c.every_steps == 0):
+            return True
+        if c.every_s is not None and not self._due and self.clock() - self.last >= c.every_s:
+            self._due.add(step)
+            return True
+        return False
+
+    def after_step(self, step: int) -> Path | None:
+        """Export after ``step`` when it is due (call on a quiet engine); returns the export."""
+        if not self.due(step):
+            return None
+        self._due.discard(step)
+        return self.export(step)
+
+    def finish(self, step: int) -> Path | None:
+        """Export the state the run ends with, unless that step is exported already."""
+        if not self.config.enabled or not self.config.final or self.exported_step == step:
+            return None
+        return self.export(step)
+
+    # ---- what ---------------------------------------------------------------------------------
+    def export(self, step: int) -> Path:
+        """Write the next export of the series now: full when none was written by this exporter
+        yet or ``full_every`` deltas followed the last full one, else a delta."""
+        t0 = time.perf_counter()
+        n = self.number + 1
+        full = self.base is None or self.since_full >= self.config.full_every
+        if full:
+            for t in self.tables():
+                t.changes.take()  # a full export holds every row: the changes so far are in it
+            path = self.root / f"{n:06d}-full"
+            model, collections, features, linear, tasks = self.parts
+            export_model(model, collections, features, linear, tasks, self.run_config, path,
+                         extra={"step": step, "series": {"kind": "full", "number": n, "base": n}})
+            rows, removed = sum(len(t) for t in self.tables()), 0
+            self.base, self.since_full = n, 0
+        else:
+            path = self.root / f"{n:06d}-delta"
+            with atomic_dir(path, CheckpointError, None, "the previous exports are kept") as tmp:
+                rows, removed = self._write_delta(tmp, n, step)
+            self.since_full += 1
+        self.number, self.exported_step, self.last = n, step, self.clock()
+        nbytes = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        self.records.append({"number": n, "kind": "full" if full else "delta", "step": step, "rows": rows,
+                             "removed": removed, "bytes": nbytes, "seconds": time.perf_counter() - t0})
+        if full:
+            prune_series(self.root, self.config.keep_full)
+        return path
+
+    def _write_delta(self, tmp: Path, n: int, step: int) -> tuple[int, int]:
+        """The files of delta ``n`` into ``tmp``, manifest last; returns (rows, removed IDs)."""
+        model, collections, features, linear, tasks = self.parts
+        (tmp / "tables").mkdir()
+        files = {"model.pt": script_model(model, tmp / "model.pt")}
+        entries, total_rows, total_removed = [], 0, 0
+        for ec in collections:
+            for name, table in ec.tables.items():
+                ids = table.changes.take()
+                suffixes = ["ids", "weights", "removed"] + (["seen"] if table.ttl else [])
+                out = {s: HashingWriter(tmp / "tables" / f"{name}.{s}") for s in suffixes}
+                rows = removed = 0
+                try:
+                    for s in range(0, ids.size, CHUNK_ROWS):
+                        chunk = torch.from_numpy(ids[s : s + CHUNK_ROWS])
+                        live, rec = _read_live(table, chunk)
+                        keep = live.numpy()
+                        out["ids"].write(chunk.numpy()[keep].astype("<i8").tobytes())
+                        out["weights"].write(encode_weights(rec[keep, : table.dim].numpy(), table.config.dtype).tobytes())
+                        if table.ttl:
+                            out["seen"].write(rec[keep, -1].numpy().astype("<f4").tobytes())
+                        out["removed"].write(chunk.numpy()[~keep].astype("<i8").tobytes())
+                        rows += int(keep.sum())
+                        removed += int((~keep).sum())
+                finally:
+                    for s, w in out.items():
+                        files[f"tables/{name}.{s}"] = w.close()
+                entries.append({**table_meta(name, table), "rows": rows, "removed": removed})
+                total_rows += rows
+                total_removed += removed
+        manifest = {
+            "format_version": EXPORT_VERSION,
+            "step": step,
+            "series": {"kind": "delta", "number": n, "base": self.base, "previous": n - 1},
+            "data": self.run_config["data"], "schema": self.run_config["schema"],
+            "features": [f.model_dump(mode="json") for f in features],
+            "linear_features": [f.model_dump(mode="json") for f in linear] if linear is not None else None,
+            "tables": entries, "tasks": list(tasks), "model": self.run_config["model"], "files": files,
+        }
+        fsync_dir(tmp / "tables")
+        mw = HashingWriter(tmp / "manifest.json")  # last: a directory without it is not an export
+        try:
+            mw.write(json.dumps(manifest, indent=1).encode())
+        finally:
+            mw.close()
+        return total_rows, total_removed
+
+
+def _read_live(table: Any, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(live mask [N], decoded records [N, stored_dim] on the CPU) of ``ids`` read through the
+    table's tiers; an absent ID, or a TTL row older than ``ttl_steps``, is not live."""
+    packed = torch.empty(ids.numel(), table.codec.words, device=table.tier.device)
+    found = table.tier.get_into(ids, packed)
+    rec = table.codec.decode(packed).cpu()
+    live = found.clone()
+    if table.ttl is not None and bool(live.any()):
+        live &= table.step - rec[:, -1] <= table.ttl
+    return live, rec
+
+
+def run_exporter(config: ExportConfig, root: Path, parts: Any, run_config: Mapping[str, Any]) -> DeltaExporter:
+    """The exporter of a training run's parts (``ember.train.builder.Components``); with
+    ``export`` off it is never due and tracks nothing. Distributed runs are refused for now
+    (each rank holds a shard of the tables)."""
+    if config.enabled and getattr(parts, "dist", None) is not None:
+        raise ConfigError("export.every_steps / export.every_s are not supported with distributed training yet; "
+                          "export the checkpoints with `ember export` instead")
+    return DeltaExporter(config, root, parts.model, parts.collections(), parts.embeddings.features,
+                         parts.linear.features if parts.linear is not None else None, parts.task_names, run_config)
