@@ -9,38 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import yaml
 
 from ember.checkpoint.config import ExportConfig
 from ember.checkpoint.delta import DeltaExporter, prune_series, series_entries
-from ember.cli import main
 from ember.serving.predictor import read_rows
-
-SMALL = {"num_sparse": 4, "num_dense": 2, "vocab_size": 300}
-
-
-def train_with_exports(tmp: Path, name: str, steps: int, export: dict, checkpoint_every: int | None = None) -> Path:
-    """A small DLRM run with delta exports: C1 has a TTL of 3 steps, C2 min_count 2, C3 lives in
-    a device cache + host cache + disk chain; returns the run directory."""
-    cfg = tmp / f"{name}.yaml"
-    cfg.write_text(yaml.safe_dump({
-        "data": {"preset": "synthetic", "synthetic": {**SMALL, "rows": 4000, "eval_rows": 200}, "batch_size": 100},
-        "embedding": {"dim": 4},
-        "tables": [{"name": "C1", "ttl_steps": 3}, {"name": "C2", "min_count": 2},
-                   {"name": "C3", "storage": {"device_rows": 40, "device": "cpu", "host_rows": 60,
-                                              "disk_path": str(tmp / f"{name}-disk"), "disk_rows": 1024}}],
-        "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},
-        "train": {"out_dir": str(tmp), "run_name": name, "progress": False, "threads": 1, "max_steps": steps,
-                  "checkpoint_every": checkpoint_every, "keep_checkpoints": 100, "log_every": 5},
-        "export": export}))
-    assert main(["train", "--config", str(cfg), "--overwrite"]) == 0
-    return tmp / name
-
-
-def full_export_at(run: Path, step: int, out: Path) -> Path:
-    """A full export (``ember export``) of the run's checkpoint at ``step``."""
-    assert main(["export", "--checkpoint", str(run / "checkpoints" / f"step-{step:08d}"), "--out", str(out)]) == 0
-    return out
+from ember.testing.exports import full_export_at, train_with_exports
 
 
 @pytest.fixture(scope="module")
