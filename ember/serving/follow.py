@@ -56,6 +56,7 @@ class SeriesSource:
         self.stuck: str | None = None  # the damaged delta the chain stopped at, until the next full
         self.failed: set[str] = set()  # damaged full exports, never retried
         self.last_apply_s: float | None = None
+        self.history: list[tuple[str, float]] = []  # (version, seconds to build it) of every version served
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.refresh()
@@ -88,6 +89,7 @@ class SeriesSource:
         self.current = self._served_type(predictor, entry.path.name)  # one reference assignment
         self.applied = entry.number
         self.last_apply_s = time.perf_counter() - t0
+        self.history.append((entry.path.name, self.last_apply_s))
         log.info("ember serve: now serving version %s (built in %.3f s)", entry.path.name, self.last_apply_s)
 
     def _load_full(self, entry: SeriesEntry) -> bool:
