@@ -177,7 +177,7 @@ def training_config(args: argparse.Namespace, work: Path, inputs: Path) -> dict[
         "model": {"type": "dlrm", "bottom_mlp": [64, 16], "top_mlp": [64]},
         "train": {"out_dir": str(work), "run_name": "online", "progress": False, "max_steps": args.train_steps,
                   "epochs": 100, "log_every": args.export_every, "checkpoint_every": args.export_every,
-                  "keep_checkpoints": 10_000, "threads": 1, "dense_optimizer": {"type": "adam", "lr": 0.001}},
+                  "keep_checkpoints": args.train_steps // args.export_every + 2, "threads": 1, "dense_optimizer": {"type": "adam", "lr": 0.001}},
         "pipeline": {"enabled": False},
         "export": {"every_steps": args.export_every, "full_every": args.full_every, "keep_full": 2},
     }
@@ -239,7 +239,7 @@ def online(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         time.sleep(0.1)
     port = _free_port()
     server = subprocess.Popen([sys.executable, "-m", "ember", "serve", "--export", str(run / "exports"), "--port",
-                               str(port), "--poll-s", str(args.poll_s)], env=env, stdout=subprocess.DEVNULL,
+                               str(port), "--poll-s", str(args.poll_s), "--threads", "1"], env=env, stdout=subprocess.DEVNULL,
                               stderr=open(work / "serve.log", "w"))
     try:
         deadline = time.time() + 120

@@ -151,6 +151,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError("--poll-s must be > 0 and --max-body-bytes >= 1")
     print(f"ember serve: serving {args.export} on http://{args.host}:{args.port} (POST /score, GET /health)",
           file=sys.stderr, flush=True)
+    if args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    import torch
+
+    torch.set_num_threads(args.threads)  # per request; requests themselves run concurrently on a thread pool
     serve(args.export, args.host, args.port, args.poll_s, args.max_body_bytes)
     return 0
 
@@ -266,6 +271,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--poll-s", type=float, default=2.0, help="seconds between checks for a new export")
     sv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger requests get 413")
+    sv.add_argument("--threads", type=int, default=1, help="torch threads per request (small requests: 1 is fastest; "
+                    "concurrent requests run on their own threads)")
     sv.set_defaults(fn=cmd_serve)
 
     pr = sub.add_parser("predict", help="score raw rows with an exported model")
