@@ -184,3 +184,16 @@ def test_a_delta_export_alone_is_refused_by_the_predictor(series):
     delta = series["entries"][1].path
     with pytest.raises(Exception, match="delta export"):
         Predictor.load(delta)
+
+
+def test_serve_picks_follow_mode_for_a_series_and_refuses_one_without_a_full_export(series, tmp_path):
+    from ember.errors import CheckpointError
+    from ember.serving.server import ModelSource, open_source
+
+    live = tmp_path / "live"
+    live.mkdir()
+    with pytest.raises(CheckpointError, match="no complete full export"):
+        open_source(live)
+    _arrive(series["entries"][0], live)
+    assert isinstance(open_source(live), SeriesSource)
+    assert isinstance(open_source(series["entries"][0].path), ModelSource)  # one export: the plain server
