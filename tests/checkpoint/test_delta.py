@@ -100,9 +100,9 @@ def test_prune_never_removes_the_newest_full_or_what_follows(tmp_path):
     assert [e.number for e in series_entries(tmp_path)] == [6, 7] and (tmp_path / "000008-delta").exists()
 
 
-def test_every_s_is_decided_once_and_stays_due_until_written():
+def test_every_s_is_decided_once_and_stays_due_until_written(tmp_path):
     now = [0.0]
-    ex = DeltaExporter(ExportConfig(every_s=10), "/nonexistent-never-written", None, [], [], None, [], {
+    ex = DeltaExporter(ExportConfig(every_s=10), tmp_path, None, [], [], None, [], {
         "data": {}, "schema": {}, "model": {}}, clock=lambda: now[0])
     assert not ex.due(1)
     now[0] = 11.0
@@ -112,3 +112,11 @@ def test_every_s_is_decided_once_and_stays_due_until_written():
 def test_off_by_default_and_tracks_nothing(tmp_path):
     ex = DeltaExporter(ExportConfig(), tmp_path / "x", None, [], [], None, [], {"data": {}, "schema": {}, "model": {}})
     assert not ex.due(1000) and ex.finish(5) is None and not (tmp_path / "x").exists()
+
+
+def test_time_based_exports_in_a_pipelined_run(tmp_path):
+    """every_s decided at fetch time: with a tiny interval nearly every step exports, the
+    pipelined loop neither hangs nor exports a step twice."""
+    run = train_with_exports(tmp_path, "t", 6, {"every_s": 1e-6, "full_every": 2, "keep_full": 10})
+    steps = [json.loads((e.path / "manifest.json").read_text())["step"] for e in series_entries(run / "exports")]
+    assert len(steps) >= 3 and steps == sorted(set(steps)) and steps[-1] == 6
