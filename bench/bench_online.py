@@ -377,10 +377,10 @@ def main() -> None:
     p.add_argument("--deltas", type=int, default=3, help="(a) delta exports measured")
     p.add_argument("--mode", choices=["files", "online"], default="files",
                    help="(b) files: train on files written up front; online: train.mode online on a watched directory")
-    p.add_argument("--files", type=int, default=4, help="(b) input files")
+    p.add_argument("--files", type=int, default=3, help="(b) input files")
     p.add_argument("--file-rows", type=int, default=40_000)
     p.add_argument("--batch", type=int, default=1024)
-    p.add_argument("--train-steps", type=int, default=150)
+    p.add_argument("--train-steps", type=int, default=100)
     p.add_argument("--export-every", type=int, default=10)
     p.add_argument("--full-every", type=int, default=5)
     p.add_argument("--poll-s", type=float, default=0.2)
