@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from ember.checkpoint.config import ExportConfig
 from ember.checkpoint.delta import DeltaExporter, prune_series, series_entries
@@ -120,3 +121,45 @@ def test_time_based_exports_in_a_pipelined_run(tmp_path):
     run = train_with_exports(tmp_path, "t", 6, {"every_s": 1e-6, "full_every": 2, "keep_full": 10})
     steps = [json.loads((e.path / "manifest.json").read_text())["step"] for e in series_entries(run / "exports")]
     assert len(steps) >= 3 and steps == sorted(set(steps)) and steps[-1] == 6
+
+
+class _Sum(torch.nn.Module):
+    def forward(self, dense: torch.Tensor, pooled: list[torch.Tensor], linear: list[torch.Tensor] | None = None) -> torch.Tensor:
+        return torch.stack([p.sum(1) for p in pooled], 1).sum(1, keepdim=True)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_full_plus_delta_served_equals_a_full_export_of_the_same_state(tmp_path, dtype):
+    """Through the lookup phases (fetch, update, write back) without a trainer: the delta holds
+    exactly the written rows, and the served full + delta reads every row as a full export of
+    the final state does (bf16: the exact 16-bit weights)."""
+    from ember.checkpoint.export import export_model
+    from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
+    from ember.embedding.group import GroupLookup
+    from ember.featurize.schema import Schema
+    from ember.serving import Predictor
+    from ember.serving.follow import SeriesSource
+    from ember.source.config import DataConfig
+
+    features = [FeatureConfig(name="t", table="t")]
+    ec = EmbeddingCollection([TableConfig(name="t", dim=4, dtype=dtype)], features, seed=0)
+    run_config = {"data": DataConfig(preset="synthetic").model_dump(mode="json"),
+                  "schema": Schema(labels=["y"], sparse=[{"name": "t"}]).model_dump(mode="json"), "model": {"type": "x"}}
+    exporter = DeltaExporter(ExportConfig(every_steps=1), tmp_path / "ex", _Sum(), [ec], features, None, ["y"], run_config)
+
+    def touch(ids: range, step: int) -> None:
+        lk = GroupLookup.of_ids(ec.groups[0], [torch.tensor(list(ids))], train=True).fetch()
+        lk.backward(torch.randn(len(ids), 4))
+        lk.update(step)
+        lk.write_back()
+
+    touch(range(0, 50), 0)
+    exporter.export(1)
+    touch(range(40, 80), 1)
+    delta = exporter.export(2)
+    assert delta.name == "000002-delta"
+    assert np.fromfile(delta / "tables" / "t.ids", dtype="<i8").tolist() == list(range(40, 80))
+    full = Predictor.load(export_model(_Sum(), [ec], features, None, ["y"], run_config, tmp_path / "full"))
+    served = SeriesSource(tmp_path / "ex").current.predictor.tables["t"]
+    ids = torch.arange(-5, 100)
+    torch.testing.assert_close(served.rows(ids), full.tables["t"].rows(ids), rtol=0, atol=0)
