@@ -39,7 +39,7 @@ from ember.mix import mix64
 
 __all__ = [
     "chunks", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
-    "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
+    "gather_rows", "scatter_rows", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
 
@@ -281,6 +281,38 @@ def _tag_window(tags: np.ndarray, pos: np.ndarray, done: int) -> tuple[np.ndarra
     else:
         win %= ns
     return win, _STEPS < ns - done
+
+
+def gather_rows(src: np.ndarray, slots: np.ndarray, out: np.ndarray) -> None:
+    """``out[:] = src[slots]`` (float32 rows [S, W] -> [k, W]), the GIL released while the rows
+    are copied: rows of a memory-mapped disk tier may each be a page fault (a disk read), which
+    under the GIL would stall the pipeline's other threads. Without the core (or for another
+    layout), numpy's fancy indexing, which holds the GIL."""
+    if _core is not None and _rows_ok(src, slots, out):
+        return _core.gather_rows(src, slots, out, src.shape[1])
+    return _gather_rows_py(src, slots, out)
+
+
+def _gather_rows_py(src: np.ndarray, slots: np.ndarray, out: np.ndarray) -> None:
+    out[...] = src[slots]
+
+
+def scatter_rows(dst: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
+    """``dst[slots] = rows`` (a later duplicate slot wins), the GIL released as in ``gather_rows``."""
+    if _core is not None and _rows_ok(dst, slots, rows):
+        return _core.scatter_rows(dst, slots, rows, dst.shape[1])
+    return _scatter_rows_py(dst, slots, rows)
+
+
+def _scatter_rows_py(dst: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
+    dst[slots] = rows
+
+
+def _rows_ok(table: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> bool:
+    """The layout the compiled row copies take: C-contiguous float32 [S, W] and [k, W], int64 slots."""
+    return (table.dtype == np.float32 and rows.dtype == np.float32 and slots.dtype == np.int64 and table.ndim == 2
+            and rows.shape == (slots.size, table.shape[1]) and table.flags.c_contiguous and rows.flags.c_contiguous
+            and slots.flags.c_contiguous)
 
 
 def tag_find(tags: np.ndarray, pos: np.ndarray, tag: np.ndarray, out: np.ndarray) -> None:

@@ -717,6 +717,74 @@ done:
     return res;
 }
 
+/* gather_rows(src float32[S*W], slots int64[k], out float32[k*W], W) -> None
+ * out[i] = src[slots[i]] for i in order, with the GIL released: on a memory-mapped disk tier
+ * each row may be a page fault (a disk read), and a fault taken while holding the GIL would
+ * stall every other Python thread (the pipeline's compute) for the length of the read.
+ * Slots are checked against S first. Same result as numpy's out[:] = src[slots]. */
+static PyObject *gather_rows(PyObject *self, PyObject *args) {
+    Py_buffer src, slots, out;
+    Py_ssize_t w;
+    if (!PyArg_ParseTuple(args, "y*y*w*n", &src, &slots, &out, &w)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t k = slots.len / 8, s = w > 0 ? src.len / 4 / w : 0;
+    if (w <= 0 || src.len != s * w * 4 || out.len != k * w * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native gather_rows: src [S, W], slots int64 [k], out [k, W]");
+        goto done;
+    }
+    {
+        const int64_t *sl = slots.buf;
+        for (Py_ssize_t i = 0; i < k; i++)
+            if (sl[i] < 0 || sl[i] >= s) {
+                PyErr_SetString(PyExc_IndexError, "ember native gather_rows: slot out of range");
+                goto done;
+            }
+        const float *a = src.buf;
+        float *o = out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < k; i++) memcpy(o + i * w, a + sl[i] * w, (size_t)w * sizeof(float));
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
+done:
+    PyBuffer_Release(&src); PyBuffer_Release(&slots); PyBuffer_Release(&out);
+    return res;
+}
+
+/* scatter_rows(dst float32[S*W], slots int64[k], rows float32[k*W], W) -> None
+ * dst[slots[i]] = rows[i] for i in order (a later duplicate slot wins, as in numpy), with the
+ * GIL released for the same reason as gather_rows. */
+static PyObject *scatter_rows(PyObject *self, PyObject *args) {
+    Py_buffer dst, slots, rows;
+    Py_ssize_t w;
+    if (!PyArg_ParseTuple(args, "w*y*y*n", &dst, &slots, &rows, &w)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t k = slots.len / 8, s = w > 0 ? dst.len / 4 / w : 0;
+    if (w <= 0 || dst.len != s * w * 4 || rows.len != k * w * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native scatter_rows: dst [S, W], slots int64 [k], rows [k, W]");
+        goto done;
+    }
+    {
+        const int64_t *sl = slots.buf;
+        for (Py_ssize_t i = 0; i < k; i++)
+            if (sl[i] < 0 || sl[i] >= s) {
+                PyErr_SetString(PyExc_IndexError, "ember native scatter_rows: slot out of range");
+                goto done;
+            }
+        float *d = dst.buf;
+        const float *r = rows.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < k; i++) memcpy(d + sl[i] * w, r + i * w, (size_t)w * sizeof(float));
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
+done:
+    PyBuffer_Release(&dst); PyBuffer_Release(&slots); PyBuffer_Release(&rows);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     /* "name(arguments) -> result": ember/_ember_native.pyi and tests/native/test_stub.py rely on
      * these (names and count of arguments, "=" for optional ones, as PyArg_ParseTuple parses) */
@@ -724,6 +792,8 @@ static PyMethodDef methods[] = {
     {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, r) -> inserted"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim) -> None"},
     {"rowwise_adagrad", rowwise_adagrad, METH_VARARGS, "rowwise_adagrad(rows, state, grads, n, dim, rs, ss, gs, lr, eps) -> None"},
+    {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(src, slots, out, w) -> None"},
+    {"scatter_rows", scatter_rows, METH_VARARGS, "scatter_rows(dst, slots, rows, w) -> None"},
     {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim, stride) -> None"},
     {"tag_find", tag_find, METH_VARARGS, "tag_find(tags, pos, tag, out) -> None"},
     {"tag_claim", tag_claim, METH_VARARGS, "tag_claim(tags, pos, tag, out) -> empty slots used"},
