@@ -29,7 +29,7 @@ from ember.models.base import ModelConfigBase, ModelInputs, require_equal_dims
 from ember.models.layers.interaction import DotInteraction
 from ember.models.layers.mlp import MLP, MLPConfig
 
-__all__ = ["DMT", "DMTConfig", "tower_indices"]
+__all__ = ["DMT", "DMTConfig", "DMTHead", "tower_indices"]
 
 DEFAULT_TOWERS = 4  # without towers or num_towers (or fewer, with fewer features)
 
@@ -147,8 +147,26 @@ class DMT(nn.Module):
             x = torch.stack(sparse, dim=1)  # [B, F_s, D]
             for tower in self.towers:
                 outs.append(tower(x))
+        return self.head(dense, outs)
+
+    def head(self, dense: Tensor, outs: list[Tensor]) -> Tensor:
+        """Everything after the towers: the bottom MLP, the global interaction over its output
+        and the towers' outputs ``outs`` (K x [B, V, D]), the top MLP -> logits [B, T]."""
         if self.has_dense:
             bottom = self.bottom(dense)
             pairs = self.interaction(torch.cat([bottom.unsqueeze(1)] + outs, dim=1))
             return self.top(torch.cat([bottom, pairs], dim=1))
         return self.top(self.interaction(torch.cat(outs, dim=1)))
+
+
+class DMTHead(nn.Module):
+    """A DMT's head (``DMT.head``) as a module of its own, sharing the DMT's bottom, interaction
+    and top: what tower placement runs data-parallel over every rank while the towers live on
+    their nodes (``ember.distributed.towers``)."""
+
+    def __init__(self, dmt: DMT) -> None:
+        super().__init__()
+        self.bottom, self.interaction, self.top, self.has_dense = dmt.bottom, dmt.interaction, dmt.top, dmt.has_dense
+
+    def forward(self, dense: Tensor, outs: list[Tensor]) -> Tensor:
+        return DMT.head(self, dense, outs)  # type: ignore[arg-type]  # the same attributes
