@@ -180,12 +180,13 @@ class TowerPlacement:
             if not self.node_feats[m]:
                 continue
             jag = [sparse[self.names[i]] for i in self.node_feats[m]]
-            lens += [j.lengths for j in jag]
+            lens += [j.lengths.to(torch.int32) for j in jag]  # a bag's length fits 32 bits: half the bytes
             vals += [j.values for j in jag]
             counts[self.partner(m)] = torch.tensor([len(jag) * B, sum(j.values.numel() for j in jag)])
         got = self.ex.counts(counts, "tower_ids")
         empty = torch.empty(0, dtype=torch.int64)
-        lengths = self.ex.all_to_all(torch.cat(lens) if lens else empty, counts[:, 0].tolist(), got[:, 0].tolist(), "tower_ids")
+        lengths = self.ex.all_to_all(torch.cat(lens) if lens else empty.int(), counts[:, 0].tolist(), got[:, 0].tolist(),
+                                     "tower_ids").long()
         values = self.ex.all_to_all(torch.cat(vals) if vals else empty, counts[:, 1].tolist(), got[:, 1].tolist(), "tower_ids")
         feats = self.node_feats[self.node]
         f = len(feats)
