@@ -38,6 +38,7 @@ import torch
 from benchkit import REPO, criteo_synthetic_options, dlrm_config, print_table
 
 from ember.config import from_dict
+from ember.distributed.traffic import Network, TableLoad, cross_node_fraction, predict_bytes, predict_step_time
 from ember.testing.distributed import torchrun_train
 from ember.train.traffic import predicted_bytes
 
@@ -73,6 +74,24 @@ def per_step(rec: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def print_scaling_model() -> None:
+    """The README's prediction for 8 GPUs x M nodes (Criteo-like: B = 65,536, 26 single-hot
+    tables of dim 128, no dedupe, 2.6 M dense parameters; ``Network()``'s bandwidths)."""
+    batch, feats, dim, params = 65_536, 26, 128, 2_600_000
+    rows = []
+    for m in (1, 2, 4, 8):
+        n = 8 * m
+        b = predict_bytes([[TableLoad(batch / n, dim)] * feats], n, params)
+        t = predict_step_time(b, n, 8, Network(), collectives=5)
+        a2a = sum(b[k] for k in ("counts", "ids", "rows", "grads"))
+        rows.append([m, n, f"{a2a / 1e6:.1f}", f"{b['dense'] / 1e6:.1f}", f"{cross_node_fraction(n, 8):.3f}",
+                     f"{t['all_to_all'] * 1e3:.2f}", f"{t['all_reduce'] * 1e3:.2f}", f"{t['latency'] * 1e3:.2f}",
+                     f"{t['total'] * 1e3:.2f}"])
+    print("predicted communication per step, 8 GPUs x M nodes (model only, README 'Communication model'):")
+    print_table(["M", "N", "a2a MB/rank", "dense MB/rank", "cross share", "a2a ms", "all-reduce ms", "latency ms",
+                 "total ms"], rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch", type=int, default=1024)
@@ -99,6 +118,7 @@ def main() -> None:
         rows.append([f"{n} ranks", "busiest rank", f"{measured[str(n)]['busiest_rank_total']:,.0f}", "", ""])
     print(f"bytes sent per step and rank (mean over ranks), global batch {args.batch}, 26 tables of dim 16:")
     print_table(["world", "kind", "measured", "predicted", "measured/predicted"], rows)
+    print_scaling_model()
 
     gpu: dict[str, float] = {}
     if torch.cuda.device_count() > 0:
