@@ -22,8 +22,9 @@ the rank of local rank l there (itself on its own node). Per step:
 
 Every rank holds every tower module (one seed, identical initial weights); only its node's
 towers are used and stepped there (the others get no gradient, so optimizers skip them).
-``sync_towers`` copies each tower's weights from its node to every rank (what a checkpoint
-saves), called by the model's ``state_dict``.
+``sync_towers`` copies each tower's weights from its node to every rank, and
+``sync_optimizer`` its dense optimizer state: the model's and the optimizer's ``state_dict``
+call them, so a checkpoint is complete and resumes on any placement or world size.
 """
 
 from __future__ import annotations
@@ -136,9 +137,12 @@ class TowerPlacement:
         features: the model's sparse features in its order (the collection's).
         tower_node: each tower's node (``place_towers``).
         run: the started process group.
+        optimizer: the dense optimizer; its ``state_dict`` first copies each tower's state
+            from the tower's node (``sync_optimizer``), so a checkpoint holds all of it.
     """
 
-    def __init__(self, model: DMT, features: Sequence[FeatureConfig], tower_node: Sequence[int], run: DistributedRun) -> None:
+    def __init__(self, model: DMT, features: Sequence[FeatureConfig], tower_node: Sequence[int], run: DistributedRun,
+                 optimizer: torch.optim.Optimizer | None = None) -> None:
         topo = run.topology
         self.L = topo.local_world_size
         if run.world_size % self.L:
@@ -163,6 +167,8 @@ class TowerPlacement:
         self.ddp_head = nn.parallel.DistributedDataParallel(head, device_ids=ids)
         self.ddp_head.register_comm_hook(SumHookState(None, run.exchange, run.world_size), allreduce_sum_hook)
         model.register_state_dict_pre_hook(lambda *_: self.sync_towers())
+        if optimizer is not None:
+            optimizer.register_state_dict_pre_hook(self.sync_optimizer)
 
     def partner(self, node: int) -> int:
         """This rank's partner on ``node``: the rank of the same local rank there."""
@@ -254,6 +260,20 @@ class TowerPlacement:
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
+
+    def sync_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Every tower's dense optimizer state (e.g. Adam's moments) from its node's first rank
+        to every rank (collective; the others never step that tower, so theirs is stale)."""
+        for k, m in enumerate(self.tower_node):
+            params = list(self.model.towers[k].parameters())
+            mine = [{key: (v.cpu() if torch.is_tensor(v) else v) for key, v in optimizer.state.get(p, {}).items()}
+                    for p in params] if self.run.rank == m * self.L else None
+            box = [mine]
+            dist.broadcast_object_list(box, src=m * self.L)
+            for p, state in zip(params, box[0]):
+                if state:
+                    optimizer.state[p] = {key: (v.to(p.device) if torch.is_tensor(v) and v.dim() else v)
+                                          for key, v in state.items()}
 
     def sync_towers(self) -> None:
         """Every tower's parameters from its node's first rank to every rank (collective)."""

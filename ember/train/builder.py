@@ -253,10 +253,7 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None) -> Comp
         if cfg.distributed.placement == "towers":
             from ember.distributed.towers import TowerPlacement
 
-            if t.resume is not None:
-                raise ConfigError("train.resume with distributed.placement towers is not supported yet (each tower's "
-                                  "dense optimizer state lives on its node); resume on placement tables or one process")
-            towers = TowerPlacement(model, features, tower_node, dist)  # type: ignore[arg-type]
+            towers = TowerPlacement(model, features, tower_node, dist, opt)  # type: ignore[arg-type]
         else:
             ddp = wrap_model(model, dist)
     return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, precision=t.precision,
