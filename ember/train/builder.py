@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -26,7 +26,10 @@ from ember.models.distill import DistillConfig, Distilled, distill_loss
 from ember.train.loss import multitask_bce
 from ember.train.precision import LossScaler, Precision, autocast
 
-__all__ = ["Components", "build_components", "LINEAR_SUFFIX"]
+if TYPE_CHECKING:
+    from ember.distributed.towers import TowerPlacement
+
+__all__ = ["Components", "build_components", "tower_plan", "LINEAR_SUFFIX"]
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +54,7 @@ class Components:
     dense_config: DenseOptimizerConfig | None = None  # its lr schedule is applied per step
     dist: DistributedRun | None = None  # set when torchrun started several processes
     ddp: nn.Module | None = None  # ``model`` under DistributedDataParallel (same parameters)
-    towers: Any = None  # distributed.placement towers: the DMT's TowerPlacement (ember.distributed.towers)
+    towers: TowerPlacement | None = None  # distributed.placement towers: the DMT's towers on their nodes
 
     @property
     def lead(self) -> bool:
@@ -205,7 +208,7 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None) -> Comp
 
         tables = shard_storage(tables, dist.rank)
         if cfg.distributed.placement == "towers":
-            plan, tower_node = _tower_plan(cfg, tables, features, dist)
+            plan, tower_node = tower_plan(cfg, tables, dist.world_size, dist.topology.local_world_size)
         else:
             plan = sharding_plan(cfg, tables, dist.world_size)
         if dist.lead:
@@ -261,10 +264,10 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None) -> Comp
                       towers=towers)
 
 
-def _tower_plan(cfg: RunConfig, tables: list[TableConfig], features: list[FeatureConfig],
-                dist: DistributedRun) -> tuple[ShardingPlan, list[int]]:
-    """``distributed.placement: towers``: each DMT tower's tables on one node's ranks, and the
-    node of each tower (``ember.distributed.towers``)."""
+def tower_plan(cfg: RunConfig, tables: list[TableConfig], world_size: int,
+               local_world_size: int) -> tuple[ShardingPlan, list[int]]:
+    """``distributed.placement: towers``: each DMT tower's tables on one node's ranks (nodes of
+    ``local_world_size`` ranks), and the node of each tower (``ember.distributed.towers``)."""
     from ember.distributed.towers import place_towers, plan_towers
     from ember.models.dmt import DMTConfig, tower_indices
     from ember.train.distributed import table_rows
@@ -272,11 +275,13 @@ def _tower_plan(cfg: RunConfig, tables: list[TableConfig], features: list[Featur
     if not isinstance(cfg.model, DMTConfig):
         raise ConfigError(f"distributed.placement towers needs a model of type dmt (towers of features); this run's "
                           f"model is {cfg.model.type}: use distributed.placement=tables")
+    if local_world_size < 1 or world_size % local_world_size:
+        raise ConfigError(f"distributed.placement towers needs the same number of ranks on every node; world size "
+                          f"{world_size} is not a multiple of {local_world_size} ranks per node")
+    features = [FeatureConfig(name=f.name, table=f.table_name) for f in cfg.schema.sparse]
     towers = tower_indices(cfg.model, [f.name for f in features])
-    nodes = dist.world_size // dist.topology.local_world_size
-    tower_node = place_towers(towers, nodes)
-    return plan_towers(tables, features, towers, tower_node, dist.world_size, dist.topology.local_world_size,
-                       table_rows(cfg)), tower_node
+    tower_node = place_towers(towers, world_size // local_world_size)
+    return plan_towers(tables, features, towers, tower_node, world_size, local_world_size, table_rows(cfg)), tower_node
 
 
 def _compile(model: nn.Module) -> Callable[..., Tensor] | None:

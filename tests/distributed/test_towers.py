@@ -6,7 +6,6 @@ gradient crossing nodes: only the routed IDs and the tower outputs and their gra
 from __future__ import annotations
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -18,7 +17,7 @@ from ember.embedding.config import FeatureConfig, TableConfig
 from ember.errors import ConfigError
 from ember.testing.distributed import assert_states_close, checkpoint_state
 from ember.testing.nodes import torchrun_nodes
-from ember.train.builder import _tower_plan
+from ember.train.builder import tower_plan
 from ember.train.loop import train
 
 CONFIG = {
@@ -51,11 +50,24 @@ def test_plan_puts_a_towers_tables_on_its_nodes_ranks():
         plan_towers(tables, feats, [[0, 1], [2, 3]], [0, 1], world_size=2, local_world_size=1)
 
 
-def test_tower_placement_needs_a_dmt():
+def test_tower_placement_needs_a_dmt_and_even_nodes():
     cfg = from_dict({**CONFIG, "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [16]}})
-    dist = SimpleNamespace(world_size=2, topology=SimpleNamespace(local_world_size=1))
     with pytest.raises(ConfigError, match="needs a model of type dmt"):
-        _tower_plan(cfg, cfg.table_configs(), [], dist)  # type: ignore[arg-type]
+        tower_plan(cfg, cfg.table_configs(), 2, 1)
+    with pytest.raises(ConfigError, match="world size 3 is not a multiple of 2 ranks per node"):
+        tower_plan(from_dict(CONFIG), from_dict(CONFIG).table_configs(), 3, 2)
+
+
+def test_ember_plan_prints_the_tower_placement(tmp_path, capsys):
+    from ember.cli import main
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(CONFIG))
+    assert main(["plan", "--config", str(path), "--world-size", "4", "--nodes", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "tower k on node [0, 1]" in out
+    lines = {line.split()[0]: line.split()[2] for line in out.splitlines() if line.strip().startswith("C")}
+    assert lines == {"C1": "0-1", "C2": "0-1", "C3": "0-1", "C4": "2-3", "C5": "2-3", "C6": "2-3"}
 
 
 @pytest.mark.dist
