@@ -24,7 +24,8 @@ KINDS = ("counts", "ids", "rows", "grads", "dense", "tower_ids", "tower_out", "t
 IDs sent to their owners; ``rows`` the weights returned; ``grads`` the embedding gradients sent
 to the owners; ``dense`` the DDP all-reduce payload (bytes of the gradient buckets this rank
 hands to the all-reduce); ``tower_*`` the tower placement's exchanges
-(``ember.distributed.towers``); ``eval`` every all-to-all of evaluation (IDs and rows)."""
+(``ember.distributed.towers``); ``eval`` every all-to-all of evaluation (IDs and rows). Not
+counted: ``any``'s all-reduce of a few flags per table group and step."""
 
 
 class Exchange:

@@ -189,11 +189,12 @@ class TowerPlacement:
             lens += [j.lengths.to(torch.int32) for j in jag]  # a bag's length fits 32 bits: half the bytes
             vals += [j.values for j in jag]
             counts[self.partner(m)] = torch.tensor([len(jag) * B, sum(j.values.numel() for j in jag)])
-        got = self.ex.counts(counts, "tower_ids")
+        kind = "tower_ids" if train else "eval"
+        got = self.ex.counts(counts, kind)
         empty = torch.empty(0, dtype=torch.int64)
         lengths = self.ex.all_to_all(torch.cat(lens) if lens else empty.int(), counts[:, 0].tolist(), got[:, 0].tolist(),
-                                     "tower_ids").long()
-        values = self.ex.all_to_all(torch.cat(vals) if vals else empty, counts[:, 1].tolist(), got[:, 1].tolist(), "tower_ids")
+                                     kind).long()
+        values = self.ex.all_to_all(torch.cat(vals) if vals else empty, counts[:, 1].tolist(), got[:, 1].tolist(), kind)
         feats = self.node_feats[self.node]
         f = len(feats)
         got_rows = [int(c) // f if f else 0 for c in got[:, 0].tolist()]
@@ -231,7 +232,7 @@ class TowerPlacement:
         recv = [0] * self.run.world_size
         for m in range(self.M):
             recv[self.partner(m)] = lookup.rows * len(self.node_towers[m]) * v * d
-        got = _AllToAll.apply(flat, send, recv, self.ex) if train else self.ex.all_to_all(flat, send, recv, "tower_out")
+        got = _AllToAll.apply(flat, send, recv, self.ex) if train else self.ex.all_to_all(flat, send, recv, "eval")
         outs: list[Tensor | None] = [None] * len(self.tower_node)
         for m, part in zip(range(self.M), got.split([recv[self.partner(m)] for m in range(self.M)])):
             if self.node_towers[m]:

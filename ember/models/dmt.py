@@ -7,9 +7,9 @@ features into K towers of related features; a tower module (its features' pairwi
 their concatenation, through a small MLP) turns each tower into ``tower_vectors`` vectors of the
 embedding dim, and DLRM's dot interaction then runs over the dense bottom output and those K x
 ``tower_vectors`` vectors only. With a tower's tables placed on one node, only the compressed
-outputs cross nodes. Good towers group features whose embeddings interact strongly:
-``ember towers --checkpoint RUN --towers K`` proposes them from a trained model
-(``ember.models.towers``).
+outputs cross nodes (``distributed.placement: towers``, ``ember.distributed.towers``). Good
+towers group features whose embeddings interact strongly: ``ember towers --checkpoint RUN
+--towers K`` proposes them from a trained model (``ember.models.towers``).
 
 Config ``towers``: lists of sparse feature names (every feature in exactly one tower), or
 ``num_towers: K`` to cut the features in schema order into K towers of near-equal size (default
