@@ -8,7 +8,12 @@ Modes (default: --zipf):
   --layouts   batched random read/write throughput and RAM per row of disk layouts
               (ember's hashed mmap slots vs LMDB), page cache dropped before cold reads.
   --capacity  625 M rows x dim 16 + row-wise Adagrad state on the disk tier, filled in
-              resumable passes, then trained on Zipf IDs over the whole range.
+              resumable passes, then trained on Zipf IDs over the whole range; prints the
+              capacity plan first and, at the end, the measured disk blocks and anonymous RSS
+              growth against it (`--dtype bf16` stores bf16 rows; `--rows 62500000` is the
+              1 B-parameter run).
+  --plan-only the capacity plans of the 10 B-parameter run (or --rows) in fp32, bf16 and fp16
+              side by side, without allocating anything.
 
 Prints a table and a final JSON line.
 
@@ -257,47 +262,102 @@ def bench_layouts(args) -> dict:
 
 
 # ---- capacity: 10 B parameters on the disk tier -----------------------------------------------------
+def capacity_plan(rows: int, host_rows: int, dtype: str, root: str = "."):
+    """The tier plan of the capacity run: a disk tier sized for ``rows`` at load 0.9 behind an
+    LFU host cache of ``host_rows``, dim 16 + row-wise Adagrad, rows stored at ``dtype``."""
+    from ember.tiers import StorageConfig, plan_storage
+
+    cfg = TableConfig(name="big", dim=16, optimizer={"type": "rowwise_adagrad", "lr": 0.05}, dtype=dtype)
+    storage = StorageConfig(host_rows=host_rows, policy="lfu", disk_path=str(root), disk_rows=rows, disk_max_load=0.9)
+    return cfg, plan_storage(storage, cfg.stored_words, "big")
+
+
+def bench_plan(args) -> dict:
+    """Planned bytes of the capacity run per row dtype, and each one's ratio to fp32."""
+    out = {}
+    for dtype in ("fp32", "bf16", "fp16"):
+        _, plan = capacity_plan(args.rows, args.host_rows, dtype)
+        print(plan.describe().replace("table 'big'", f"{dtype}: table 'big'"), flush=True)
+        out[dtype] = {"disk_bytes": plan.disk_bytes, "host_bytes": plan.host_bytes,
+                      "total_bytes": plan.disk_bytes + plan.host_bytes}
+    for dtype in ("bf16", "fp16"):
+        for k in ("disk", "host", "total"):
+            out[dtype][f"{k}_vs_fp32"] = round(out[dtype][f"{k}_bytes"] / out["fp32"][f"{k}_bytes"], 4)
+    print(f"bf16 / fp32 planned bytes: disk {out['bf16']['disk_vs_fp32']}, RAM {out['bf16']['host_vs_fp32']}, "
+          f"total {out['bf16']['total_vs_fp32']}")
+    return {"rows": args.rows, "embedding_params": args.rows * 16, "host_rows": args.host_rows, **out}
+
+
+def _trim() -> None:
+    """Hand the C heap's free pages back to the kernel, so RSS shows live memory only."""
+    import ctypes
+
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _settled_anon_mib(cfg: TableConfig, root: Path) -> float:
+    """Anonymous RSS after the same code paths ran once on a small throwaway table (torch's
+    and numpy's one-time allocations are made), heap trimmed: the baseline the plan adds to."""
+    from ember.tiers import CachedTier, HostTier
+
+    d = DiskTier(root / "warmup", cfg.stored_words, rows=50_000, max_load=0.9)
+    small = EmbeddingTable(cfg, tier=CachedTier(HostTier(cfg.stored_words, capacity=5_000, policy="lfu"), d, admit_after=2))
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        step(small, rank_to_id(np.arange(40_000)), gen)
+    small.flush()
+    del small, d
+    _GROUPS.clear()
+    shutil.rmtree(root / "warmup", ignore_errors=True)
+    _trim()
+    return rss_mib()["RssAnon"]
+
+
+def _fill_pass(disk: DiskTier, table: EmbeddingTable, rows: int, parts: int, p: int, chunk: int = 1 << 22) -> None:
+    """Insert the IDs of the p-th of ``parts`` regions of the disk file."""
+    # Collect this region's IDs, then insert them in home-slot order: the writes then sweep
+    # the region once, front to back. Inserting them in ID order instead dirties each page of
+    # the region dozens of times, and once the file outgrows the page cache every one of
+    # those is written back (7-12 min per pass instead of ~2).
+    mine, homes = [], []
+    for s in range(0, rows, chunk):
+        ids = rank_to_id(np.arange(s, min(rows, s + chunk)))
+        home, _ = disk._hash(ids)
+        sel = (home * parts // disk.n_slots) == p
+        mine.append(ids[sel])
+        homes.append(home[sel])
+    ids_p = np.concatenate(mine)
+    ids_p = ids_p[np.argsort(np.concatenate(homes), kind="stable")]
+    del mine, homes
+    for s in range(0, ids_p.size, chunk):
+        sub = torch.from_numpy(ids_p[s : s + chunk])
+        table.load(sub, table.new_records(sub))
+    del ids_p
+
+
 def bench_capacity(args) -> dict:
     rows, dim = args.rows, 16
     root = Path(args.dir or ".") / "ember-capacity"
     root.mkdir(parents=True, exist_ok=True)
     state_file = root / "progress.json"
-    progress = json.loads(state_file.read_text()) if state_file.exists() else {"pass": 0}
-    opt = {"type": "rowwise_adagrad", "lr": 0.05}
-    cfg = TableConfig(name="big", dim=dim, optimizer=opt)
+    progress = json.loads(state_file.read_text()) if state_file.exists() else {"pass": 0, "dtype": args.dtype}
+    if progress.get("dtype", "fp32") != args.dtype:
+        raise SystemExit(f"{root} holds a {progress.get('dtype', 'fp32')} fill; rerun with --dtype "
+                         f"{progress.get('dtype', 'fp32')} or delete it")
+    cfg, plan = capacity_plan(rows, args.host_rows, args.dtype, str(root))
+    print(plan.describe(), flush=True)
+    anon0 = _settled_anon_mib(cfg, root)  # the process before the big tiers: what the plan's RAM adds to
     disk_dir = root / "big"
     reopen = progress["pass"] > 0
     if not reopen:
-        from ember.tiers import StorageConfig, plan_storage
-
-        plan = plan_storage(StorageConfig(disk_path=str(root), disk_rows=rows, disk_max_load=0.9), cfg.stored_words, "big")
-        print(plan.describe(), flush=True)
         plan.check()
     disk = DiskTier(disk_dir, cfg.stored_words, rows=rows, max_load=0.9, reopen=reopen)
     table = EmbeddingTable(cfg, tier=disk)
     parts = args.passes
     t_fill = time.perf_counter()
-    chunk = 1 << 22
     for p in range(progress["pass"], parts):  # pass p fills the p-th region of the file: writes stay local
         t0 = time.perf_counter()
-        # Collect this region's IDs, then insert them in home-slot order: the writes then sweep
-        # the region once, front to back. Inserting them in ID order instead dirties each page of
-        # the region dozens of times, and once the file outgrows the page cache every one of
-        # those is written back (7-12 min per pass instead of ~2).
-        mine, homes = [], []
-        for s in range(0, rows, chunk):
-            ids = rank_to_id(np.arange(s, min(rows, s + chunk)))
-            home, _ = disk._hash(ids)
-            sel = (home * parts // disk.n_slots) == p
-            mine.append(ids[sel])
-            homes.append(home[sel])
-        ids_p = np.concatenate(mine)
-        ids_p = ids_p[np.argsort(np.concatenate(homes), kind="stable")]
-        del mine, homes
-        for s in range(0, ids_p.size, chunk):
-            sub = torch.from_numpy(ids_p[s : s + chunk])
-            table.load(sub, table.new_records(sub))
-        del ids_p
+        _fill_pass(disk, table, rows, parts, p)  # a function: its chunk arrays die with it
         disk.close()  # tags + clean meta: the fill resumes from the next pass after a kill
         progress["pass"] = p + 1
         state_file.write_text(json.dumps(progress))
@@ -310,6 +370,7 @@ def bench_capacity(args) -> dict:
     from ember.tiers import CachedTier, HostTier
 
     tier = CachedTier(HostTier(cfg.stored_words, capacity=args.host_rows, policy="lfu"), disk, admit_after=2)
+    assert tier.nbytes - disk.nbytes + disk.ram_bytes <= plan.host_bytes
     table = EmbeddingTable(cfg, tier=tier)
     rng = np.random.default_rng(7)
     a = 1.05
@@ -333,8 +394,16 @@ def bench_capacity(args) -> dict:
             table.reset_step_stats()
     train_s = time.perf_counter() - t_train
     table.flush()
+    _trim()
+    anon_growth = (rss_mib()["RssAnon"] - anon0) * 2**20
+    allocated = (disk.path / "slots.bin").stat().st_blocks * 512
     du = shutil.disk_usage(root)
     res = {
+        "dtype": args.dtype, "host_rows": args.host_rows, "host_cache_rows_filled": len(tier.fast),
+        "plan_disk_bytes": plan.disk_bytes, "measured_disk_bytes": allocated,
+        "disk_vs_plan": round(allocated / plan.disk_bytes, 4),
+        "plan_ram_bytes": plan.host_bytes, "measured_anon_rss_growth_bytes": int(anon_growth),
+        "ram_vs_plan": round(anon_growth / plan.host_bytes, 4),
         "rows": rows, "dim": dim, "embedding_params": rows * dim, "record_floats": cfg.stored_words,
         "fill_seconds_this_run": round(fill_s, 1), "train_steps": args.steps, "batch_ids": args.batch,
         "train_seconds": round(train_s, 1), "ms_per_step_median": round(float(np.median(times)) * 1e3, 1),
@@ -357,6 +426,8 @@ def main() -> None:
     ap.add_argument("--zipf", action="store_true")
     ap.add_argument("--layouts", action="store_true")
     ap.add_argument("--capacity", action="store_true")
+    ap.add_argument("--plan-only", action="store_true", help="capacity plans per dtype, nothing allocated")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"], help="capacity: row dtype")
     ap.add_argument("--rows", type=int, default=None)
     ap.add_argument("--batch", type=int, default=None, help="IDs drawn per step (before dedupe)")
     ap.add_argument("--steps", type=int, default=None)
@@ -366,7 +437,7 @@ def main() -> None:
     ap.add_argument("--dir", default=None, help="where files go (default: temp dir / .)")
     ap.add_argument("--keep", action="store_true", help="capacity: keep the files")
     args = ap.parse_args()
-    if not (args.layouts or args.capacity):
+    if not (args.layouts or args.capacity or args.plan_only):
         args.zipf = True
     out: dict = {"torch_threads": torch.get_num_threads()}
     if args.zipf:
@@ -376,6 +447,8 @@ def main() -> None:
     if args.layouts:
         a2 = argparse.Namespace(**{**vars(args), "rows": args.rows or 4_000_000})
         out["layouts"] = bench_layouts(a2)
+    if args.plan_only:
+        out["plan"] = bench_plan(argparse.Namespace(**{**vars(args), "rows": args.rows or 625_000_000}))
     if args.capacity:
         a2 = argparse.Namespace(**{**vars(args), "rows": args.rows or 625_000_000, "batch": args.batch or 65536,
                                    "steps": args.steps or 2000})

@@ -21,6 +21,16 @@ def place(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, new_slots: np.nd
 def tag_find(tags: np.ndarray, pos: np.ndarray, tag: np.ndarray, out: np.ndarray, /) -> None: ...
 def tag_claim(tags: np.ndarray, pos: np.ndarray, tag: np.ndarray, out: np.ndarray, /) -> int: ...
 
+# a bf16 table's rows packed with stochastic rounding (ember.embedding.codec): records float32
+# [N, width], ids / seeds / steps int64 [N], out float32 [N, (dim+1)//2 + width - dim]
+def bf16_pack_sr(records: np.ndarray, ids: np.ndarray, seeds: np.ndarray, steps: np.ndarray, out: np.ndarray,
+                 dim: int, width: int, /) -> None: ...
+
+# disk tier rows, GIL released (a page fault per row must not stall other threads): src / dst
+# float32 [S, w] (the slot file's mapping), slots int64 [k] in 0..S-1, out / rows float32 [k, w]
+def gather_rows(src: np.ndarray, slots: np.ndarray, out: np.ndarray, w: int, /) -> None: ...
+def scatter_rows(dst: np.ndarray, slots: np.ndarray, rows: np.ndarray, w: int, /) -> None: ...
+
 # memory tiers of a table group: tables[j] = (keys, slots, arena float32 [rows, r], last int64,
 # count int32) for read_rows, + (slot_ids int64, held bool) for write_rows; ids int64 [n],
 # bounds int64 [T+1]; out / records float32 [n, r]; out_slot / slot int64 [n]; per tier int64 [T];

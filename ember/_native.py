@@ -39,7 +39,7 @@ from ember.mix import mix64
 
 __all__ = [
     "chunks", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
-    "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
+    "bf16_pack_sr", "gather_rows", "scatter_rows", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
 
@@ -281,6 +281,75 @@ def _tag_window(tags: np.ndarray, pos: np.ndarray, done: int) -> tuple[np.ndarra
     else:
         win %= ns
     return win, _STEPS < ns - done
+
+
+def bf16_pack_sr(records: np.ndarray, ids: np.ndarray, seeds: np.ndarray, steps: np.ndarray, dim: int,
+                 out: np.ndarray) -> None:
+    """A bf16 table's records (float32 [N, W], C-contiguous) packed into ``out`` (float32
+    [N, (dim+1)//2 + W - dim]): the first ``dim`` columns rounded to bf16 stochastically with
+    the noise of (``seeds[i]``, ``steps[i]``, ``ids[i]``, column) (int64 [N] each), two per word;
+    the rest copied. One pass in the compiled core; bit-identical to the fallback here and to
+    ``ember.embedding.codec``'s torch path (which runs on other devices)."""
+    if _core is not None:
+        return _core.bf16_pack_sr(records, ids, seeds, steps, out, dim, records.shape[1])
+    return _bf16_pack_sr_py(records, ids, seeds, steps, dim, out)
+
+
+def _bf16_pack_sr_py(records: np.ndarray, ids: np.ndarray, seeds: np.ndarray, steps: np.ndarray, dim: int,
+                     out: np.ndarray) -> None:
+    n, width = records.shape
+    half = (dim + 1) // 2
+    if not 0 < dim <= width or out.shape != (n, half + width - dim) or not (ids.size == seeds.size == steps.size == n):
+        raise ValueError("ember native bf16_pack_sr: records [N, width], ids/seeds/steps int64 [N], "
+                         "out [N, (dim+1)//2 + width - dim], 0 < dim <= width")
+    golden, m1 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9)
+    key = mix64(mix64(seeds.view(np.uint64) * np.uint64(2) + np.uint64(0x5352)) ^ (steps.view(np.uint64) * golden))
+    key = mix64(key ^ (ids.view(np.uint64) * m1))
+    lanes = (dim + 3) // 4
+    z = mix64(key[:, None] + np.arange(1, lanes + 1, dtype=np.uint64) * golden)  # [N, lanes]
+    shifts = np.arange(4, dtype=np.uint64) * np.uint64(16)
+    noise = ((z[:, :, None] >> shifts) & np.uint64(0xFFFF)).reshape(n, lanes * 4)[:, :dim].astype(np.uint32)
+    b = np.ascontiguousarray(records[:, :dim]).view(np.uint32)
+    sign, mag = b & np.uint32(0x80000000), b & np.uint32(0x7FFFFFFF)
+    v = ((sign | ((mag + noise) & np.uint32(0x7FFF0000))) >> np.uint32(16)).astype(np.uint16)
+    nan = mag > np.uint32(0x7F800000)
+    v[nan] = ((sign[nan] >> np.uint32(16)) | np.uint32(0x7FC0)).astype(np.uint16)
+    if dim % 2:
+        out[:, half - 1] = 0.0
+    out.view(np.uint16)[:, :dim] = v
+    out[:, half:] = records[:, dim:]
+
+
+def gather_rows(src: np.ndarray, slots: np.ndarray, out: np.ndarray) -> None:
+    """``out[:] = src[slots]`` (float32 rows [S, W] -> [k, W]), the GIL released while the rows
+    are copied: rows of a memory-mapped disk tier may each be a page fault (a disk read), which
+    under the GIL would stall the pipeline's other threads. Without the core (or for another
+    layout), numpy's fancy indexing, which holds the GIL."""
+    if _core is not None and _rows_ok(src, slots, out):
+        return _core.gather_rows(src, slots, out, src.shape[1])
+    return _gather_rows_py(src, slots, out)
+
+
+def _gather_rows_py(src: np.ndarray, slots: np.ndarray, out: np.ndarray) -> None:
+    out[...] = src[slots]
+
+
+def scatter_rows(dst: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
+    """``dst[slots] = rows`` (a later duplicate slot wins), the GIL released as in ``gather_rows``."""
+    if _core is not None and _rows_ok(dst, slots, rows):
+        return _core.scatter_rows(dst, slots, rows, dst.shape[1])
+    return _scatter_rows_py(dst, slots, rows)
+
+
+def _scatter_rows_py(dst: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
+    dst[slots] = rows
+
+
+def _rows_ok(table: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> bool:
+    """The layout the compiled row copies take: C-contiguous float32 [S, W] and [k, W], int64 slots."""
+    return (table.dtype == np.float32 and rows.dtype == np.float32 and slots.dtype == np.int64 and table.ndim == 2
+            and rows.shape == (slots.size, table.shape[1]) and table.flags.c_contiguous and rows.flags.c_contiguous
+            and slots.flags.c_contiguous)
 
 
 def tag_find(tags: np.ndarray, pos: np.ndarray, tag: np.ndarray, out: np.ndarray) -> None:

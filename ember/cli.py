@@ -203,7 +203,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.world_size < 1:
         raise ConfigError(f"--world-size must be >= 1, got {args.world_size}")
+    if args.nodes < 1 or args.world_size % args.nodes:
+        raise ConfigError(f"--nodes {args.nodes} must be >= 1 and divide --world-size {args.world_size}")
     cfg = _config(args)
+    if cfg.distributed.placement == "towers":
+        from ember.train.builder import tower_plan
+
+        plan, tower_node = tower_plan(cfg, cfg.table_configs(), args.world_size, args.world_size // args.nodes)
+        print(plan.describe())
+        print(f"  tower placement over {args.nodes} node(s): tower k on node {tower_node} (towers in model order)")
+        return 0
     print(sharding_plan(cfg, cfg.table_configs(), args.world_size).describe())
     print("  (the dim-1 first-order tables of deepfm, wdl and lr are placed like the table they belong to)")
     return 0
@@ -287,6 +296,8 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plan", help="print how a distributed run would shard the tables (no training)")
     pl.add_argument("--config", required=True)
     pl.add_argument("--world-size", type=int, required=True, help="number of ranks (torchrun processes in all)")
+    pl.add_argument("--nodes", type=int, default=1, help="nodes (torchrun --nnodes) the ranks spread over, evenly: "
+                    "what distributed.placement towers places the towers on (default 1)")
     pl.add_argument("overrides", nargs="*", help="key.path=value")
     pl.set_defaults(fn=cmd_plan)
 

@@ -717,6 +717,130 @@ done:
     return res;
 }
 
+/* gather_rows(src float32[S*W], slots int64[k], out float32[k*W], W) -> None
+ * out[i] = src[slots[i]] for i in order, with the GIL released: on a memory-mapped disk tier
+ * each row may be a page fault (a disk read), and a fault taken while holding the GIL would
+ * stall every other Python thread (the pipeline's compute) for the length of the read.
+ * Slots are checked against S first. Same result as numpy's out[:] = src[slots]. */
+static PyObject *gather_rows(PyObject *self, PyObject *args) {
+    Py_buffer src, slots, out;
+    Py_ssize_t w;
+    if (!PyArg_ParseTuple(args, "y*y*w*n", &src, &slots, &out, &w)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t k = slots.len / 8, s = w > 0 ? src.len / 4 / w : 0;
+    if (w <= 0 || src.len != s * w * 4 || out.len != k * w * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native gather_rows: src [S, W], slots int64 [k], out [k, W]");
+        goto done;
+    }
+    {
+        const int64_t *sl = slots.buf;
+        for (Py_ssize_t i = 0; i < k; i++)
+            if (sl[i] < 0 || sl[i] >= s) {
+                PyErr_SetString(PyExc_IndexError, "ember native gather_rows: slot out of range");
+                goto done;
+            }
+        const float *a = src.buf;
+        float *o = out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < k; i++) memcpy(o + i * w, a + sl[i] * w, (size_t)w * sizeof(float));
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
+done:
+    PyBuffer_Release(&src); PyBuffer_Release(&slots); PyBuffer_Release(&out);
+    return res;
+}
+
+/* scatter_rows(dst float32[S*W], slots int64[k], rows float32[k*W], W) -> None
+ * dst[slots[i]] = rows[i] for i in order (a later duplicate slot wins, as in numpy), with the
+ * GIL released for the same reason as gather_rows. */
+static PyObject *scatter_rows(PyObject *self, PyObject *args) {
+    Py_buffer dst, slots, rows;
+    Py_ssize_t w;
+    if (!PyArg_ParseTuple(args, "w*y*y*n", &dst, &slots, &rows, &w)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t k = slots.len / 8, s = w > 0 ? dst.len / 4 / w : 0;
+    if (w <= 0 || dst.len != s * w * 4 || rows.len != k * w * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native scatter_rows: dst [S, W], slots int64 [k], rows [k, W]");
+        goto done;
+    }
+    {
+        const int64_t *sl = slots.buf;
+        for (Py_ssize_t i = 0; i < k; i++)
+            if (sl[i] < 0 || sl[i] >= s) {
+                PyErr_SetString(PyExc_IndexError, "ember native scatter_rows: slot out of range");
+                goto done;
+            }
+        float *d = dst.buf;
+        const float *r = rows.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < k; i++) memcpy(d + sl[i] * w, r + i * w, (size_t)w * sizeof(float));
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
+done:
+    PyBuffer_Release(&dst); PyBuffer_Release(&slots); PyBuffer_Release(&rows);
+    return res;
+}
+
+/* bf16_pack_sr(records float32[N*W], ids int64[N], seeds int64[N], steps int64[N],
+ *              out float32[N*words], dim, width) -> None
+ * A bf16 table's rows packed for its tiers (ember.embedding.codec): the first dim columns
+ * rounded to bf16 *stochastically* (16 noise bits per value from mix64 of the row's seed, step
+ * and ID and the column, as codec.sr_noise: add to the magnitude bits, truncate 16; NaN stays a
+ * quiet NaN), two per word (an odd dim pads zero bits), then columns dim..W-1 copied as fp32
+ * words. Bit-identical to its fallback and to the codec's torch path. */
+static PyObject *bf16_pack_sr(PyObject *self, PyObject *args) {
+    Py_buffer rec, ids, seeds, steps, out;
+    Py_ssize_t dim, width;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*nn", &rec, &ids, &seeds, &steps, &out, &dim, &width)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t n = ids.len / 8, half = (dim + 1) / 2, words = half + width - dim;
+    if (dim <= 0 || width < dim || rec.len != n * width * 4 || seeds.len != n * 8 || steps.len != n * 8 ||
+        out.len != n * words * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native bf16_pack_sr: records [N, width], ids/seeds/steps int64 [N], "
+                                          "out [N, (dim+1)//2 + width - dim], 0 < dim <= width");
+        goto done;
+    }
+    {
+        const uint64_t GOLDEN = 0x9E3779B97F4A7C15ULL, M1 = 0xBF58476D1CE4E5B9ULL;
+        const float *r = rec.buf;
+        const int64_t *id = ids.buf, *sd = seeds.buf, *st = steps.buf;
+        float *o = out.buf;
+        uint64_t base = 0;  /* the (seed, step) part of the key: the same for every row of a table */
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i == 0 || sd[i] != sd[i - 1] || st[i] != st[i - 1])
+                base = mix64(mix64((uint64_t)sd[i] * 2 + 0x5352) ^ ((uint64_t)st[i] * GOLDEN));
+            uint64_t key = mix64(base ^ ((uint64_t)id[i] * M1));
+            const float *x = r + i * width;
+            float *row = o + i * words;
+            uint16_t *o16 = (uint16_t *)row;
+            uint64_t z = 0;
+            for (Py_ssize_t c = 0; c < dim; c++) {
+                if ((c & 3) == 0) z = mix64(key + (uint64_t)(c / 4 + 1) * GOLDEN);
+                uint32_t noise = (uint32_t)((z >> (16 * (c & 3))) & 0xFFFF);
+                uint32_t b;
+                memcpy(&b, x + c, 4);
+                uint32_t sign = b & 0x80000000u, mag = b & 0x7FFFFFFFu;
+                o16[c] = mag > 0x7F800000u ? (uint16_t)((sign >> 16) | 0x7FC0u)
+                                           : (uint16_t)((sign | ((mag + noise) & 0x7FFF0000u)) >> 16);
+            }
+            if (dim & 1) o16[dim] = 0;
+            memcpy(row + half, x + dim, (size_t)(width - dim) * sizeof(float));
+        }
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
+done:
+    PyBuffer_Release(&rec); PyBuffer_Release(&ids); PyBuffer_Release(&seeds); PyBuffer_Release(&steps);
+    PyBuffer_Release(&out);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     /* "name(arguments) -> result": ember/_ember_native.pyi and tests/native/test_stub.py rely on
      * these (names and count of arguments, "=" for optional ones, as PyArg_ParseTuple parses) */
@@ -724,6 +848,9 @@ static PyMethodDef methods[] = {
     {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, r) -> inserted"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim) -> None"},
     {"rowwise_adagrad", rowwise_adagrad, METH_VARARGS, "rowwise_adagrad(rows, state, grads, n, dim, rs, ss, gs, lr, eps) -> None"},
+    {"bf16_pack_sr", bf16_pack_sr, METH_VARARGS, "bf16_pack_sr(records, ids, seeds, steps, out, dim, width) -> None"},
+    {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(src, slots, out, w) -> None"},
+    {"scatter_rows", scatter_rows, METH_VARARGS, "scatter_rows(dst, slots, rows, w) -> None"},
     {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim, stride) -> None"},
     {"tag_find", tag_find, METH_VARARGS, "tag_find(tags, pos, tag, out) -> None"},
     {"tag_claim", tag_claim, METH_VARARGS, "tag_claim(tags, pos, tag, out) -> empty slots used"},

@@ -33,6 +33,10 @@ class DistributedConfig(ConfigModel):
     tables: dict[str, ShardingKind] = {}
     table_wise_max_rows: int = Field(100_000, ge=0)
     """``auto``: a table whose estimated rows are at most this many lives whole on one rank."""
+    placement: Literal["tables", "towers"] = "tables"
+    """``towers`` (a ``dmt`` model): each tower's tables and tower module live on one node's
+    ranks; only its compressed outputs (and their gradients) and the IDs routed to it cross
+    nodes (``ember.distributed.towers``). ``tables``: every table placed by ``sharding``."""
     timeout_s: float = Field(300.0, gt=0)
     """How long a collective (all-to-all, all-reduce, barrier) may wait for the other ranks."""
 

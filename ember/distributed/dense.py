@@ -9,19 +9,43 @@ same rule.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch.distributed as dist
 from torch import nn
 
+from ember.distributed.exchange import Exchange
 from ember.distributed.process_group import DistributedRun
 from ember.errors import ConfigError
 
-__all__ = ["wrap_model", "allreduce_sum_hook"]
+__all__ = ["wrap_model", "allreduce_sum_hook", "SumHookState"]
+
+
+@dataclass
+class SumHookState:
+    """What ``allreduce_sum_hook`` needs: the group to sum over (None: the default group) and
+    the exchange whose ``dense`` counter takes the bytes (None: not counted)."""
+
+    group: dist.ProcessGroup | None = None
+    exchange: Exchange | None = None
+    group_size: int = 1
 
 
 def allreduce_sum_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP checks the annotations' objects; this module's are strings
     """DDP communication hook: all-reduce each gradient bucket (``dist.GradBucket``) as a sum
-    over ranks; returns the future of the summed buffer."""
-    fut = dist.all_reduce(bucket.buffer(), group=state, async_op=True).get_future()
+    over ranks; returns the future of the summed buffer.
+
+    Counts each bucket's bytes in ``state.exchange``'s ``dense`` counter as a ring all-reduce
+    moves them: each rank sends and receives ``2 (n-1)/n`` x the bucket's bytes over a group of
+    n ranks (the measured bucket payload times the ring's factor: gloo and NCCL pick their own
+    algorithm, whose wire bytes are not observable here)."""
+    buf = bucket.buffer()
+    if state is not None and state.exchange is not None:
+        n = state.group_size
+        wire = int(round(2 * (n - 1) / n * buf.numel() * buf.element_size()))
+        state.exchange.note("dense", wire, wire)
+    group = state.group if state is not None else None
+    fut = dist.all_reduce(buf, group=group, async_op=True).get_future()
     return fut.then(lambda f: f.value()[0])
 
 
@@ -37,5 +61,5 @@ def wrap_model(model: nn.Module, run: DistributedRun) -> nn.Module:
                           "(their statistics would be per rank); set batchnorm: false in the model's MLPs")
     ids = [run.model_device.index] if run.model_device.type == "cuda" else None
     ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    ddp.register_comm_hook(None, allreduce_sum_hook)
+    ddp.register_comm_hook(SumHookState(None, run.exchange, run.world_size), allreduce_sum_hook)
     return ddp

@@ -3,7 +3,9 @@ to the owners. Only ``torch.distributed`` collectives; every rank calls them in 
 
 Each exchange of variable-length data first swaps its split sizes (one small all-to-all of
 counts), then the payload with ``all_to_all_single``. Bytes that leave or reach this rank
-(its own share, which never crosses, is not counted) are summed until ``take_stats``.
+(its own share, which never crosses, is not counted) are summed per kind of traffic (``KINDS``:
+split counts, IDs, rows, gradients, the dense all-reduce, the tower exchanges) and per
+direction, and separately the part that crosses nodes, until ``take_stats``.
 """
 
 from __future__ import annotations
@@ -15,7 +17,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-__all__ = ["Exchange"]
+__all__ = ["Exchange", "KINDS"]
+
+KINDS = ("counts", "ids", "rows", "grads", "dense", "tower_ids", "tower_out", "tower_grads", "eval")
+"""Kinds of traffic counted: ``counts`` the split sizes swapped before each payload; ``ids`` the
+IDs sent to their owners; ``rows`` the weights returned; ``grads`` the embedding gradients sent
+to the owners; ``dense`` the DDP all-reduce payload (bytes of the gradient buckets this rank
+hands to the all-reduce); ``tower_*`` the tower placement's exchanges
+(``ember.distributed.towers``); ``eval`` every all-to-all of evaluation (IDs and rows). Not
+counted: ``any``'s all-reduce of a few flags per table group and step."""
 
 
 class Exchange:
@@ -27,35 +37,67 @@ class Exchange:
         world_size: ranks in ``group``.
         device: where collectives take their tensors.
         group: the process group (a dedicated one keeps embedding traffic apart from DDP's).
+        nodes: the node of each rank (bytes to or from another node are also counted as
+            crossing nodes); None: one node.
     """
 
-    def __init__(self, rank: int, world_size: int, device: torch.device, group: dist.ProcessGroup | None = None) -> None:
+    def __init__(self, rank: int, world_size: int, device: torch.device, group: dist.ProcessGroup | None = None,
+                 nodes: Sequence[int] | None = None) -> None:
         self.rank, self.world_size, self.device, self.group = rank, world_size, device, group
-        self.bytes_sent = 0
-        self.bytes_received = 0
+        self.nodes = list(nodes) if nodes is not None else [0] * world_size
+        if len(self.nodes) != world_size:
+            raise ValueError(f"Exchange: {len(self.nodes)} node numbers for {world_size} ranks")
+        self._zero()
+
+    def _zero(self) -> None:
+        # per kind: [sent, received, sent to other nodes, received from other nodes]
+        self.traffic = {k: [0, 0, 0, 0] for k in KINDS}
         self.calls = 0
 
-    def counts(self, send: Tensor) -> Tensor:
+    @property
+    def bytes_sent(self) -> int:
+        """All-to-all bytes sent to other ranks since the last ``take_stats`` (every kind but ``dense``)."""
+        return sum(v[0] for k, v in self.traffic.items() if k != "dense")
+
+    @property
+    def bytes_received(self) -> int:
+        return sum(v[1] for k, v in self.traffic.items() if k != "dense")
+
+    def note(self, kind: str, sent: int, received: int, sent_cross: int = 0, received_cross: int = 0) -> None:
+        """Count bytes of ``kind`` (one of ``KINDS``) that left and reached this rank."""
+        t = self.traffic[kind]
+        t[0] += sent
+        t[1] += received
+        t[2] += sent_cross
+        t[3] += received_cross
+
+    def counts(self, send: Tensor, kind: str = "counts") -> Tensor:
         """``send`` [N, k] int64 (row r: counts for rank r) -> [N, k] (row s: what rank s sends here)."""
         if send.shape[0] != self.world_size:
             raise ValueError(f"Exchange.counts: expected {self.world_size} rows, got {send.shape[0]}")
         k = send.shape[1]
-        out = self.all_to_all(send.to(torch.int64).reshape(-1), [k] * self.world_size, [k] * self.world_size)
+        out = self.all_to_all(send.to(torch.int64).reshape(-1), [k] * self.world_size, [k] * self.world_size, kind)
         return out.reshape(self.world_size, k)
 
-    def all_to_all(self, payload: Tensor, send_splits: Sequence[int], recv_splits: Sequence[int]) -> Tensor:
+    def all_to_all(self, payload: Tensor, send_splits: Sequence[int], recv_splits: Sequence[int],
+                   kind: str = "rows") -> Tensor:
         """Rows ``payload[send offsets of r]`` go to rank r; returns the rows every rank sent here,
-        source rank after source rank ([sum(recv_splits), *payload.shape[1:]])."""
+        source rank after source rank ([sum(recv_splits), *payload.shape[1:]]). ``kind`` (one of
+        ``KINDS``) is the counter its bytes go to."""
         send_splits, recv_splits = [int(s) for s in send_splits], [int(s) for s in recv_splits]
         if sum(send_splits) != payload.shape[0]:
             raise ValueError(f"Exchange.all_to_all: splits sum to {sum(send_splits)}, payload has {payload.shape[0]} rows")
+        if kind not in self.traffic:
+            raise ValueError(f"Exchange.all_to_all: unknown kind '{kind}'; kinds are {KINDS}")
         home = payload.device
         src = payload.to(self.device).contiguous()
         out = src.new_empty((sum(recv_splits), *payload.shape[1:]))
         dist.all_to_all_single(out, src, recv_splits, send_splits, group=self.group)
         row = math.prod(payload.shape[1:]) * src.element_size()
-        self.bytes_sent += row * (sum(send_splits) - send_splits[self.rank])
-        self.bytes_received += row * (sum(recv_splits) - recv_splits[self.rank])
+        me = self.nodes[self.rank]
+        away = [r for r in range(self.world_size) if self.nodes[r] != me]
+        self.note(kind, row * (sum(send_splits) - send_splits[self.rank]), row * (sum(recv_splits) - recv_splits[self.rank]),
+                  row * sum(send_splits[r] for r in away), row * sum(recv_splits[r] for r in away))
         self.calls += 1
         return out.to(home)
 
@@ -65,9 +107,37 @@ class Exchange:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return [bool(v) for v in t.cpu().tolist()]
 
-    def take_stats(self) -> dict[str, float]:
-        """Bytes sent and received and all-to-all calls since the last call (then reset)."""
+    def take_stats(self, steps: int = 1) -> dict[str, float]:
+        """Traffic since the last call (then reset), for the metrics record. Every rank calls it
+        at the same step (it gathers every rank's counters).
+
+        Keys: ``dist.bytes_sent`` / ``dist.bytes_received`` / ``dist.all_to_all_calls``: this
+        rank's all-to-all totals since the last call; per kind (``KINDS`` but ``eval``), per
+        training step (totals / ``steps``) and averaged over ranks:
+        ``dist.<kind>.sent_per_step`` / ``received_per_step``, plus ``dist.sent_per_step`` (every
+        kind), ``dist.sent_per_step_max`` (the busiest rank's), ``dist.cross_node.sent_per_step``
+        / ``received_per_step`` (the part to or from other nodes); ``dist.eval.sent``: the
+        all-to-all bytes of the evaluations in the interval (every rank's mean).
+        """
         out = {"dist.bytes_sent": float(self.bytes_sent), "dist.bytes_received": float(self.bytes_received),
                "dist.all_to_all_calls": float(self.calls)}
-        self.bytes_sent = self.bytes_received = self.calls = 0
+        mine = torch.tensor([v for k in KINDS for v in self.traffic[k]], dtype=torch.float64, device=self.device)
+        every = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(every, mine, group=self.group)
+        per_rank = torch.stack(every).cpu().view(self.world_size, len(KINDS), 4)  # [rank, kind, counter]
+        steps = max(int(steps), 1)
+        mean = per_rank.mean(0) / steps
+        for i, k in enumerate(KINDS):
+            if k == "eval":
+                out["dist.eval.sent"] = float(per_rank[:, i, 0].mean())
+                continue
+            out[f"dist.{k}.sent_per_step"] = float(mean[i, 0])
+            out[f"dist.{k}.received_per_step"] = float(mean[i, 1])
+        train = [i for i, k in enumerate(KINDS) if k != "eval"]
+        out["dist.sent_per_step"] = float(mean[train, 0].sum())
+        out["dist.received_per_step"] = float(mean[train, 1].sum())
+        out["dist.sent_per_step_max"] = float(per_rank[:, train, 0].sum(1).max() / steps)
+        out["dist.cross_node.sent_per_step"] = float(mean[train, 2].sum())
+        out["dist.cross_node.received_per_step"] = float(mean[train, 3].sum())
+        self._zero()
         return out

@@ -80,7 +80,9 @@ class DistributedRun:
         self.topology, self.backend, self.model_device = topology, backend, model_device
         self.device = model_device if backend == "nccl" else torch.device("cpu")  # where collectives run
         self.rank, self.world_size = topology.rank, topology.world_size
-        self.exchange = Exchange(self.rank, self.world_size, self.device, dist.new_group(backend=backend))
+        # torchrun numbers ranks node after node (RANK = GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK)
+        nodes = [r // topology.local_world_size for r in range(self.world_size)]
+        self.exchange = Exchange(self.rank, self.world_size, self.device, dist.new_group(backend=backend), nodes)
 
     @property
     def lead(self) -> bool:

@@ -87,9 +87,10 @@ class ShardedGroupLookup(GroupLookup):
         order = np.argsort(dest, kind="stable")  # ids are table after table: now (owner, table)
         counts = np.zeros((n, t), dtype=np.int64)
         np.add.at(counts, (dest, table_of), 1)
-        recv_counts = ex.counts(torch.from_numpy(counts)).numpy()
+        kinds = ("counts", "ids", "rows") if self.train else ("eval", "eval", "eval")
+        recv_counts = ex.counts(torch.from_numpy(counts), kinds[0]).numpy()
         send_splits, recv_splits = counts.sum(1).tolist(), recv_counts.sum(1).tolist()
-        got = ex.all_to_all(torch.from_numpy(ids[order]), send_splits, recv_splits)
+        got = ex.all_to_all(torch.from_numpy(ids[order]), send_splits, recv_splits, kinds[1])
         # received: source after source, each table after table; the owner lookup wants tables
         got_table = np.repeat(np.tile(np.arange(t), n), recv_counts.reshape(-1))
         by_table = np.argsort(got_table, kind="stable")
@@ -99,7 +100,7 @@ class ShardedGroupLookup(GroupLookup):
         to_row[torch.from_numpy(by_table)] = owner.inverse
         assert owner.records is not None
         rows = owner.records[:, : g.dim].index_select(0, to_row.to(owner.records.device))
-        back = ex.all_to_all(rows, recv_splits, send_splits)
+        back = ex.all_to_all(rows, recv_splits, send_splits, kinds[2])
         rec = back.new_empty(ids.size, g.dim)
         rec.index_copy_(0, torch.from_numpy(order).to(rec.device), back)
         self.records, self.owner = rec, owner
@@ -117,7 +118,7 @@ class ShardedGroupLookup(GroupLookup):
         assert owner.records is not None and self.records is not None
         mine = self.grad if self.grad is not None else self.records.new_zeros(self.ids.numel(), self.group.dim)
         grad = mine.index_select(0, torch.from_numpy(route.order).to(mine.device))
-        got = ex.all_to_all(grad, route.send_splits, route.recv_splits)
+        got = ex.all_to_all(grad, route.send_splits, route.recv_splits, "grads")
         summed = torch.zeros(owner.ids.numel(), self.group.dim, dtype=got.dtype, device=owner.records.device)
         summed.index_add_(0, route.to_owner_row.to(summed.device), got.to(summed.device))
         owner.backward(summed)

@@ -51,18 +51,22 @@ def hash_owners(ids: np.ndarray, salt: np.uint64, world_size: int) -> np.ndarray
 
 @dataclass(frozen=True)
 class TableSharding:
-    """One table's placement: ``row_wise`` (IDs hashed over every rank) or ``table_wise``
-    (all rows on ``rank``). ``rows`` and ``record_bytes`` are the planner's estimates."""
+    """One table's placement: ``row_wise`` (IDs hashed over every rank, or over ``ranks`` only:
+    e.g. one node's, for tower placement) or ``table_wise`` (all rows on ``rank``). ``rows``
+    and ``record_bytes`` are the planner's estimates."""
 
     name: str
     kind: ShardingKind
     rank: int | None = None
     rows: int | None = None
     record_bytes: int = 0
+    ranks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         if (self.kind == "table_wise") != (self.rank is not None):
             raise ValueError(f"table '{self.name}': a table_wise table needs a rank, a row_wise one none")
+        if self.ranks is not None and (self.kind != "row_wise" or not self.ranks):
+            raise ValueError(f"table '{self.name}': only a row_wise table takes ranks, and at least one")
 
 
 @dataclass
@@ -85,8 +89,9 @@ class ShardingPlan:
         if self.world_size < 1:
             raise ValueError(f"ShardingPlan: world_size must be >= 1, got {self.world_size}")
         for t in self.tables.values():
-            if t.rank is not None and not 0 <= t.rank < self.world_size:
-                raise ValueError(f"table '{t.name}': rank {t.rank} outside 0..{self.world_size - 1}")
+            bad = [r for r in ([t.rank] if t.rank is not None else list(t.ranks or ())) if not 0 <= r < self.world_size]
+            if bad:
+                raise ValueError(f"table '{t.name}': rank {bad[0]} outside 0..{self.world_size - 1}")
 
     def spec(self, table: str) -> TableSharding:
         if table not in self.tables:
@@ -100,6 +105,8 @@ class ShardingPlan:
             return np.full(len(ids), spec.rank, dtype=np.int64)
         if table not in self._salts:
             self._salts[table] = table_salt(table)
+        if spec.ranks is not None:
+            return np.asarray(spec.ranks, dtype=np.int64)[hash_owners(ids, self._salts[table], len(spec.ranks))]
         return hash_owners(ids, self._salts[table], self.world_size)
 
     def owned(self, table: str, ids: np.ndarray, rank: int) -> np.ndarray:
@@ -109,7 +116,8 @@ class ShardingPlan:
     def with_aliases(self, aliases: Mapping[str, str]) -> "ShardingPlan":
         """The plan plus tables placed like another (``{new name: planned name}``), e.g. a model's
         first-order (dim-1) tables beside the tables they shadow; their IDs hash by their own name."""
-        extra = {new: TableSharding(new, self.spec(old).kind, self.spec(old).rank) for new, old in aliases.items()}
+        extra = {new: TableSharding(new, self.spec(old).kind, self.spec(old).rank, ranks=self.spec(old).ranks)
+                 for new, old in aliases.items()}
         return ShardingPlan(self.world_size, {**self.tables, **extra})
 
     def bytes_per_rank(self) -> list[float]:
@@ -120,7 +128,9 @@ class ShardingPlan:
             if t.kind == "table_wise":
                 out[t.rank] += size  # type: ignore[index]  # table_wise always has a rank
             else:
-                out = [o + size / self.world_size for o in out]
+                over = t.ranks if t.ranks is not None else range(self.world_size)
+                for r in over:
+                    out[r] += size / len(over)
         return out
 
     def describe(self) -> str:
@@ -129,11 +139,18 @@ class ShardingPlan:
         for t in self.tables.values():
             rows = "?" if t.rows is None else f"{t.rows:,}"
             size = "?" if t.rows is None else _human(t.rows * t.record_bytes)
-            where = "all" if t.rank is None else str(t.rank)
+            where = str(t.rank) if t.rank is not None else ("all" if t.ranks is None else _span(t.ranks))
             lines.append(f"  {t.name:<24} {t.kind:<11} {where:<5} {rows:>12} {size:>12}")
         per_rank = ", ".join(f"{r}: {_human(b)}" for r, b in enumerate(self.bytes_per_rank()))
         lines.append(f"  estimated table bytes per rank (known sizes only): {per_rank}")
         return "\n".join(lines)
+
+
+def _span(ranks: tuple[int, ...]) -> str:
+    """``0-3`` for consecutive ranks, else ``0,2``."""
+    if list(ranks) == list(range(ranks[0], ranks[0] + len(ranks))) and len(ranks) > 1:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks))
 
 
 def _human(n: float) -> str:

@@ -31,8 +31,11 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
+
+from ember import _native
 
 __all__ = ["RowDtype", "RowCodec", "packed_words", "round_nearest", "sr_noise", "to_bits", "from_bits"]
 
@@ -211,10 +214,22 @@ class RowCodec:
         if self.identity:
             return records
         self._check(records, self.width, "records")
+        if self.dtype == "bf16" and records.device.type == "cpu":  # one compiled pass (numpy without the core)
+            return self._pack_bf16_cpu(records, ids, seed, step)
         w = records[:, : self.dim]
         noise = sr_noise(ids, seed, step, self.dim, records.device)
         bits = _bf16_bits(w, noise) if self.dtype == "bf16" else _fp16_bits(w, noise)
         return self._pack(records, bits)
+
+    def _pack_bf16_cpu(self, records: Tensor, ids: Tensor, seed: int | Tensor, step: int | Tensor) -> Tensor:
+        n = records.shape[0]
+        out = torch.empty(n, self.words)
+        per_row = [np.full(n, v, dtype=np.int64) if isinstance(v, int) else
+                   np.ascontiguousarray(v.detach().cpu().numpy(), dtype=np.int64).reshape(-1) * np.ones(n, np.int64)
+                   for v in (seed, step)]
+        _native.bf16_pack_sr(records.contiguous().numpy(), np.ascontiguousarray(ids.cpu().numpy(), dtype=np.int64),
+                             per_row[0], per_row[1], self.dim, out.numpy())
+        return out
 
     def encode_nearest(self, records: Tensor) -> Tensor:
         """fp32 [N, width] -> [N, words], weights rounded to nearest-even (no noise)."""

@@ -7,9 +7,9 @@ features into K towers of related features; a tower module (its features' pairwi
 their concatenation, through a small MLP) turns each tower into ``tower_vectors`` vectors of the
 embedding dim, and DLRM's dot interaction then runs over the dense bottom output and those K x
 ``tower_vectors`` vectors only. With a tower's tables placed on one node, only the compressed
-outputs cross nodes. Good towers group features whose embeddings interact strongly:
-``ember towers --checkpoint RUN --towers K`` proposes them from a trained model
-(``ember.models.towers``).
+outputs cross nodes (``distributed.placement: towers``, ``ember.distributed.towers``). Good
+towers group features whose embeddings interact strongly: ``ember towers --checkpoint RUN
+--towers K`` proposes them from a trained model (``ember.models.towers``).
 
 Config ``towers``: lists of sparse feature names (every feature in exactly one tower), or
 ``num_towers: K`` to cut the features in schema order into K towers of near-equal size (default
@@ -29,7 +29,7 @@ from ember.models.base import ModelConfigBase, ModelInputs, require_equal_dims
 from ember.models.layers.interaction import DotInteraction
 from ember.models.layers.mlp import MLP, MLPConfig
 
-__all__ = ["DMT", "DMTConfig", "tower_indices"]
+__all__ = ["DMT", "DMTConfig", "DMTHead", "tower_indices"]
 
 DEFAULT_TOWERS = 4  # without towers or num_towers (or fewer, with fewer features)
 
@@ -147,8 +147,26 @@ class DMT(nn.Module):
             x = torch.stack(sparse, dim=1)  # [B, F_s, D]
             for tower in self.towers:
                 outs.append(tower(x))
+        return self.head(dense, outs)
+
+    def head(self, dense: Tensor, outs: list[Tensor]) -> Tensor:
+        """Everything after the towers: the bottom MLP, the global interaction over its output
+        and the towers' outputs ``outs`` (K x [B, V, D]), the top MLP -> logits [B, T]."""
         if self.has_dense:
             bottom = self.bottom(dense)
             pairs = self.interaction(torch.cat([bottom.unsqueeze(1)] + outs, dim=1))
             return self.top(torch.cat([bottom, pairs], dim=1))
         return self.top(self.interaction(torch.cat(outs, dim=1)))
+
+
+class DMTHead(nn.Module):
+    """A DMT's head (``DMT.head``) as a module of its own, sharing the DMT's bottom, interaction
+    and top: what tower placement runs data-parallel over every rank while the towers live on
+    their nodes (``ember.distributed.towers``)."""
+
+    def __init__(self, dmt: DMT) -> None:
+        super().__init__()
+        self.bottom, self.interaction, self.top, self.has_dense = dmt.bottom, dmt.interaction, dmt.top, dmt.has_dense
+
+    def forward(self, dense: Tensor, outs: list[Tensor]) -> Tensor:
+        return DMT.head(self, dense, outs)  # type: ignore[arg-type]  # the same attributes

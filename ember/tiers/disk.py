@@ -218,8 +218,10 @@ class DiskTier(TierCounters, Tier):
         """Slots' contents [K, width], read in file order (sorted) for locality."""
         assert self._mm is not None, "DiskTier is closed"
         order = np.argsort(slots, kind="stable")
-        out = np.empty((slots.size, self.width), dtype=np.float32)
-        out[order] = self._mm[slots[order]]
+        got = np.empty((slots.size, self.width), dtype=np.float32)
+        _native.gather_rows(self._mm, np.ascontiguousarray(slots[order], dtype=np.int64), got)
+        out = np.empty_like(got)
+        out[order] = got
         self.reads += slots.size
         return out
 
@@ -246,8 +248,10 @@ class DiskTier(TierCounters, Tier):
             else:
                 assert self._mm is not None, "DiskTier is closed"
                 order = np.argsort(cslots, kind="stable")
+                got = np.empty((cslots.size, self.width), dtype=np.float32)  # whole rows: a page is read anyway
+                _native.gather_rows(self._mm, np.ascontiguousarray(cslots[order], dtype=np.int64), got)
                 keys = np.empty(cslots.size, dtype=np.int64)
-                keys[order] = np.ascontiguousarray(self._mm[cslots[order], :2]).view(np.int64)[:, 0]
+                keys[order] = np.ascontiguousarray(got[:, :2]).view(np.int64)[:, 0]
             q = active[cand]
             ok = keys == ids[q]
             slot_of[q[ok]] = cslots[ok]
@@ -314,7 +318,7 @@ class DiskTier(TierCounters, Tier):
         block[:, :2] = np.ascontiguousarray(ids, dtype=np.int64).view(np.float32).reshape(-1, 2)
         block[:, 2:] = recs
         order = np.argsort(slots, kind="stable")
-        self._mm[slots[order]] = block[order]
+        _native.scatter_rows(self._mm, np.ascontiguousarray(slots[order], dtype=np.int64), block[order])
         self.writes += slots.size
 
     def _insert_slots(self, ids: np.ndarray) -> np.ndarray:

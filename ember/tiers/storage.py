@@ -197,8 +197,9 @@ def check_disk_together(plans: Sequence[StoragePlan]) -> None:
 
 
 def _sketch_bytes(cache_rows: int) -> int:
-    """The admission sketch of a cache: 4 rows of int32, width 8x the cache rows (power of 2)."""
-    return 16 * (1 << max(4, math.ceil(math.log2(max(8 * cache_rows, 16)))))
+    """The admission sketch of a cache: 4 rows of uint16 counters, width 8x the cache rows
+    (power of 2), as ``CountMinSketch`` sizes itself."""
+    return 4 * 2 * (1 << max(4, math.ceil(math.log2(max(8 * cache_rows, 16)))))
 
 
 def _mem_available() -> int | None:

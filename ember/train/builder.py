@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import torch
@@ -26,7 +26,10 @@ from ember.models.distill import DistillConfig, Distilled, distill_loss
 from ember.train.loss import multitask_bce
 from ember.train.precision import LossScaler, Precision, autocast
 
-__all__ = ["Components", "build_components", "LINEAR_SUFFIX"]
+if TYPE_CHECKING:
+    from ember.distributed.towers import TowerPlacement
+
+__all__ = ["Components", "build_components", "tower_plan", "LINEAR_SUFFIX"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +54,7 @@ class Components:
     dense_config: DenseOptimizerConfig | None = None  # its lr schedule is applied per step
     dist: DistributedRun | None = None  # set when torchrun started several processes
     ddp: nn.Module | None = None  # ``model`` under DistributedDataParallel (same parameters)
+    towers: TowerPlacement | None = None  # distributed.placement towers: the DMT's towers on their nodes
 
     @property
     def lead(self) -> bool:
@@ -86,6 +90,12 @@ class Components:
         """Logits [B, T] for a batch whose dense part and labels are already on ``device``;
         ``lookups``: one per collection (``collections()`` order), planned and maybe fetched
         ahead (e.g. by the pipeline), else each collection plans and fetches its own."""
+        if self.towers is not None:  # the towers run where their tables live; the head under DDP
+            train = self.model.training and torch.is_grad_enabled()
+            routed = lookups[0] if lookups else self.towers.plan(self.embeddings, batch.sparse, train)
+            with autocast(self.device, self.precision):
+                logits = self.towers.forward(self.embeddings, batch.dense, routed, train)
+            return logits.float()
         lk = lookups or [None] * len(self.collections())
         emb = self.embeddings(batch.sparse, lk[0])
         pooled = [emb[f.name] for f in self.embeddings.features]
@@ -136,6 +146,8 @@ class Components:
         self.dense_optimizer.zero_grad(set_to_none=True)
         self.sparse_optimizer.zero_grad()
         (loss if self.scaler is None else self.scaler.scaled(loss)).backward()
+        if self.towers is not None:
+            self.towers.reduce_tower_grads()  # summed over the tower's node only
         ready = self.sparse_optimizer.take()
         if self.scaler is not None:
             grads = [p.grad for p in self.model.parameters()] + [lk.grad for lk in ready]
@@ -146,7 +158,10 @@ class Components:
         return ready
 
     def plan(self, batch: Batch, train: bool) -> list[Lookup]:
-        """Phase 1 of every collection for ``batch`` (see ``EmbeddingCollection.plan``)."""
+        """Phase 1 of every collection for ``batch`` (see ``EmbeddingCollection.plan``); with
+        tower placement, the features routed to this rank's towers, planned."""
+        if self.towers is not None:
+            return [self.towers.plan(self.embeddings, batch.sparse, train)]
         return [ec.plan(batch.sparse, train) for ec in self.collections()]
 
     def train(self, mode: bool = True) -> None:
@@ -187,11 +202,15 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None) -> Comp
             "use sum/mean/sqrtn for them or call EmbeddingCollection from your own model"
         )
     plan = None
+    tower_node: list[int] = []
     if dist is not None:
         from ember.train.distributed import shard_storage, sharding_plan
 
         tables = shard_storage(tables, dist.rank)
-        plan = sharding_plan(cfg, tables, dist.world_size)
+        if cfg.distributed.placement == "towers":
+            plan, tower_node = tower_plan(cfg, tables, dist.world_size, dist.topology.local_world_size)
+        else:
+            plan = sharding_plan(cfg, tables, dist.world_size)
         if dist.lead:
             print(plan.describe(), flush=True)
     _announce_storage(tables)
@@ -222,7 +241,7 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None) -> Comp
     if distill is not None and not schema.teacher:
         raise ConfigError("model.distill needs the teacher's scores: set schema.teacher to their columns "
                           "(one per label, probabilities in [0, 1])")
-    ddp = None
+    ddp, towers = None, None
     if dist is not None:
         unsupported = [k for k, on in (("model.distill", distill is not None), ("train.precision: fp16", scaler is not None),
                                        ("train.compile", t.compile),
@@ -234,9 +253,35 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None) -> Comp
                               "train on one process or leave them out")
         from ember.distributed.dense import wrap_model
 
-        ddp = wrap_model(model, dist)
+        if cfg.distributed.placement == "towers":
+            from ember.distributed.towers import TowerPlacement
+
+            towers = TowerPlacement(model, features, tower_node, dist, opt)  # type: ignore[arg-type]
+        else:
+            ddp = wrap_model(model, dist)
     return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, precision=t.precision,
-                      scaler=scaler, compiled=compiled, distill=distill, dense_config=t.dense_optimizer, dist=dist, ddp=ddp)
+                      scaler=scaler, compiled=compiled, distill=distill, dense_config=t.dense_optimizer, dist=dist, ddp=ddp,
+                      towers=towers)
+
+
+def tower_plan(cfg: RunConfig, tables: list[TableConfig], world_size: int,
+               local_world_size: int) -> tuple[ShardingPlan, list[int]]:
+    """``distributed.placement: towers``: each DMT tower's tables on one node's ranks (nodes of
+    ``local_world_size`` ranks), and the node of each tower (``ember.distributed.towers``)."""
+    from ember.distributed.towers import place_towers, plan_towers
+    from ember.models.dmt import DMTConfig, tower_indices
+    from ember.train.distributed import table_rows
+
+    if not isinstance(cfg.model, DMTConfig):
+        raise ConfigError(f"distributed.placement towers needs a model of type dmt (towers of features); this run's "
+                          f"model is {cfg.model.type}: use distributed.placement=tables")
+    if local_world_size < 1 or world_size % local_world_size:
+        raise ConfigError(f"distributed.placement towers needs the same number of ranks on every node; world size "
+                          f"{world_size} is not a multiple of {local_world_size} ranks per node")
+    features = [FeatureConfig(name=f.name, table=f.table_name) for f in cfg.schema.sparse]
+    towers = tower_indices(cfg.model, [f.name for f in features])
+    tower_node = place_towers(towers, world_size // local_world_size)
+    return plan_towers(tables, features, towers, tower_node, world_size, local_world_size, table_rows(cfg)), tower_node
 
 
 def _compile(model: nn.Module) -> Callable[..., Tensor] | None:

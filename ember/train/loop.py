@@ -206,6 +206,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
     batch_idx = start_batch
     k = t.embedding_staleness
 
+    logged = [step]  # the step of the last train record (bytes are reported per step since)
     due: set[int] = set()  # steps after which train.checkpoint_every_s asked for a checkpoint
 
     def quiet_after(s: int) -> bool:
@@ -255,8 +256,9 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                                    "samples_per_s": seen / (now - t0)}
                             rec.update(lr_record(parts, step))
                             rec.update(_table_stats(parts))
-                            if parts.dist is not None:  # this rank's tables and all-to-all bytes
-                                rec.update(parts.dist.exchange.take_stats())
+                            if parts.dist is not None:  # this rank's tables; bytes exchanged per step
+                                rec.update(parts.dist.exchange.take_stats(step - logged[0]))
+                                logged[0] = step
                             rec.update({f"pipeline.{key}": v for key, v in run.stats().items()})
                             history.log(rec)
                             progress.update(step, rec)

@@ -197,3 +197,27 @@ def test_bad_calls_raise_the_same_errors():
         with pytest.raises(IndexError, match="outside the arena"):
             held = g["tables"][0][5][g["tables"][0][6]][:5]
             _read(read, dict(g, query=held, qbounds=np.array([0, 5, 5, 5, 5, 5])), tables)
+
+
+@native
+@pytest.mark.parametrize("seed", range(3))
+def test_gather_and_scatter_rows_match_their_fallbacks(seed, tmp_path):
+    """The disk tier's row copies (GIL released) against numpy's indexing, on a memory map as
+    the disk tier holds it: unsorted and repeated slots, first and last row; a repeated slot's
+    last write wins in both."""
+    rng = np.random.default_rng(seed)
+    s, w = 500, 19
+    mm = np.memmap(tmp_path / "slots.bin", dtype=np.float32, mode="w+", shape=(s, w))
+    mm[:] = rng.standard_normal((s, w))
+    slots = np.concatenate([[0, s - 1], rng.integers(0, s, size=300), [7, 7]]).astype(np.int64)
+    got, ref = np.empty((slots.size, w), np.float32), np.empty((slots.size, w), np.float32)
+    _native.gather_rows(mm, slots, got)
+    _native._gather_rows_py(mm, slots, ref)
+    assert np.array_equal(got, ref)
+    rows = rng.standard_normal((slots.size, w)).astype(np.float32)
+    ref_table = np.array(mm)
+    _native._scatter_rows_py(ref_table, slots, rows)
+    _native.scatter_rows(mm, slots, rows)
+    assert np.array_equal(np.asarray(mm), ref_table)
+    with pytest.raises(IndexError, match="slot out of range"):
+        _native.gather_rows(mm, np.array([s], dtype=np.int64), np.empty((1, w), np.float32))

@@ -169,3 +169,22 @@ def test_tables_that_fit_one_by_one_but_not_together_fail_before_any_file(tmp_pa
     with pytest.raises(CapacityError, match=r"tables 'a' .* 'b' .* together"):
         check_disk_together(plans)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_plan_matches_what_the_built_tiers_allocate(tmp_path):
+    """The capacity plan (printed before training, checked against free RAM and disk) is the
+    tiers' real allocation once the host cache is full: arena, metadata, key index, admission
+    sketch and the disk tier's tag array in RAM; the slot file on disk."""
+    from ember.tiers import StorageConfig, build_tier, plan_storage
+
+    storage = StorageConfig(host_rows=3000, disk_path=str(tmp_path), disk_rows=20_000, disk_max_load=0.9)
+    plan = plan_storage(storage, record_dim=9, name="t")
+    tier = build_tier(storage, record_dim=9, name="t")
+    ids = torch.arange(20_000, dtype=torch.int64)
+    tier.put(ids, torch.randn(20_000, 9))
+    out = torch.empty(3000, 9)
+    for _ in range(3):  # hot reads: promotions fill the host cache
+        tier.get_into(ids[:3000], out)
+    assert len(tier.fast) == 3000
+    assert tier.slow.nbytes == plan.disk_bytes
+    assert tier.fast.nbytes + tier.sketch.nbytes + tier.slow.ram_bytes == plan.host_bytes
