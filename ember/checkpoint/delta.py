@@ -185,8 +185,12 @@ class DeltaExporter:
             self.base, self.since_full = n, 0
         else:
             path = self.root / f"{n:06d}-delta"
-            with atomic_dir(path, CheckpointError, None, "the previous exports are kept") as tmp:
-                rows, removed = self._write_delta(tmp, n, step)
+            try:
+                with atomic_dir(path, CheckpointError, None, "the previous exports are kept") as tmp:
+                    rows, removed = self._write_delta(tmp, n, step)
+            except BaseException:
+                self.base = None  # the change logs were taken: only a full export is complete next time
+                raise
             self.since_full += 1
         self.number, self.exported_step, self.last = n, step, self.clock()
         nbytes = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
