@@ -149,10 +149,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
     if args.poll_s <= 0 or args.max_body_bytes < 1:
         raise ConfigError("--poll-s must be > 0 and --max-body-bytes >= 1")
-    print(f"ember serve: serving {args.export} on http://{args.host}:{args.port} (POST /score, GET /health)",
-          file=sys.stderr, flush=True)
     if args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    print(f"ember serve: serving {args.export} on http://{args.host}:{args.port} (POST /score, GET /health)",
+          file=sys.stderr, flush=True)
     import torch
 
     torch.set_num_threads(args.threads)  # per request; requests themselves run concurrently on a thread pool
