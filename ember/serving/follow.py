@@ -13,6 +13,8 @@ incomplete delta (a file missing, a checksum that does not match) is logged as a
 the version before it stays served; the deltas after it build on it, so they are skipped
 until the next full export, which is served when it appears. A damaged full export is logged
 and skipped. An export the trainer pruned while it was being read is simply looked for again.
+A run started again in the same directory (its numbering restarts) is noticed when the served
+full export is gone and only lower numbers remain: its newest full export is served.
 """
 
 from __future__ import annotations
@@ -71,7 +73,13 @@ class SeriesSource:
         entries = series_entries(self.root)
         changed = False
         fulls = [e for e in entries if e.kind == "full" and e.path.name not in self.failed]
-        if fulls and (self.base is None or fulls[-1].number > self.base):
+        # the served full export gone and only older numbers there: the run was started again
+        restarted = (self.base is not None and bool(fulls) and fulls[-1].number < self.base
+                     and not any(e.number == self.base for e in entries))
+        if restarted:
+            log.warning("ember serve: the exports in %s were replaced by a new run (export %d is gone); serving "
+                        "its newest full export %s", self.root, self.base, fulls[-1].path.name)
+        if fulls and (self.base is None or fulls[-1].number > self.base or restarted):
             changed = self._load_full(fulls[-1])
         if self.base is None or self.stuck is not None:
             return changed

@@ -197,3 +197,20 @@ def test_serve_picks_follow_mode_for_a_series_and_refuses_one_without_a_full_exp
     _arrive(series["entries"][0], live)
     assert isinstance(open_source(live), SeriesSource)
     assert isinstance(open_source(series["entries"][0].path), ModelSource)  # one export: the plain server
+
+
+def test_a_run_started_again_in_the_same_directory_is_followed(series, tmp_path):
+    live = tmp_path / "live"
+    live.mkdir()
+    entries = {e.number: e for e in series["entries"]}
+    _arrive(entries[5], live)
+    _arrive(entries[6], live)
+    source = SeriesSource(live)
+    assert source.current.version == "000006-delta"
+    shutil.rmtree(live)  # `ember train --overwrite`: the run directory is replaced, numbering starts again
+    live.mkdir()
+    _arrive(entries[1], live)
+    _arrive(entries[2], live)
+    assert source.refresh() and source.current.version == "000002-delta"
+    np.testing.assert_array_equal(source.current.predictor.predict_records(series["rows"]),
+                                  series["offline"]["000002-delta"])
