@@ -233,3 +233,19 @@ def test_rolling_window_reports_the_last_rows_scored_before_their_update(tmp_pat
     first = next(iter(StreamLoader(cfg.data, cfg.schema)))
     p0, _ = predict_batches(parts, [first])
     np.testing.assert_allclose(p0, seen[0][0], rtol=1e-6, atol=1e-7)
+
+
+def test_readme_online_example_validates():
+    import re
+
+    import yaml
+
+    from tests.conftest import REPO
+
+    text = (REPO / "README.md").read_text()
+    block = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "mode: online" in b]
+    assert len(block) == 1
+    raw = yaml.safe_load(block[0])
+    cfg = from_dict({**raw, "schema": SCHEMA, "model": {"type": "lr"}})
+    assert cfg.train.mode == "online" and cfg.data.watch is not None and cfg.data.shuffle_buffer == 0
+    assert cfg.eval.window_rows == 1_000_000
