@@ -78,9 +78,6 @@ class RunConfig(ConfigModel):
         if d.shuffle_buffer:
             raise ValueError(f"data.shuffle_buffer is {d.shuffle_buffer} but train.mode: online trains rows in "
                              "arrival order (the checkpoint records a position in the stream): set it to 0")
-        if self.pipeline.data_workers:
-            raise ValueError("pipeline.data_workers: 1 does not stream files yet (train.mode: online reads on threads of "
-                             "this process): set pipeline.data_workers: 0")
         return self
 
     @property

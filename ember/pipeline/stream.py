@@ -34,11 +34,14 @@ Example:
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import threading
 from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Callable, Iterator
+
+from torch.utils.data import DataLoader, IterableDataset
 
 from ember.batch import Batch
 from ember.errors import CheckpointError
@@ -91,16 +94,18 @@ class StreamLoader:
     stream position). ``stop()``: true when the stream must end now (a signal, the trainer
     closing): a watched stream stops waiting, and the rows of an unfinished batch are dropped
     (the resumed run trains them). ``position`` is ``(0, next batch)`` like a ``Loader``'s.
+    ``workers=1``: both stages run in a worker process (``pipeline.data_workers``), which hands
+    over each batch with its stream position; ``stop()`` reaches it through an event.
     """
 
     def __init__(self, data: DataConfig, schema: Schema, start: StreamPosition = StreamPosition(),
                  start_batch: int = 0, depth: QueueDepths | None = None,
-                 stop: Callable[[], bool] = lambda: False) -> None:
+                 stop: Callable[[], bool] = lambda: False, workers: int = 0) -> None:
         if start_batch < 0:
             raise ValueError(f"start_batch must be >= 0, got {start_batch}")
         self.data, self.schema, self.start, self.start_batch = data, schema, start, start_batch
         self.depth = depth or QueueDepths()
-        self.stop = stop
+        self.stop, self.workers = stop, workers
         self.bad_rows = BadRowReport(data.on_bad_rows)
         self.read = ReadCounter()  # rows read so far (progress)
         self.epoch = 0
@@ -144,7 +149,10 @@ class StreamLoader:
         return chain([start.file] if start.file is not None else [], rest)
 
     def stages(self) -> list[Stage]:
-        """The ``read`` and ``featurize`` stages of this pass."""
+        """The ``read`` and ``featurize`` stages of this pass; with ``workers``, one ``read``
+        stage handing out the batches a worker process made."""
+        if self.workers:
+            return [Stage("read", self._in_worker, self.depth.featurize, expand=True)]
         featurize = Featurizer(self.schema, self.bad_rows)
         cutter = _Cutter(self.data.batch_size, self.start_batch, self._record)
         skip = [self.start.rows]  # rows of the resumed file already trained
@@ -185,12 +193,75 @@ class StreamLoader:
             while len(self._after) > _KEEP_POSITIONS:
                 del self._after[next(iter(self._after))]
 
+    def _in_worker(self, _: None) -> Iterator[Batch]:
+        """This stream's batches, read and featurized by a worker process (``_StreamJob``):
+        each comes with the files taken since the last one and its position, recorded here;
+        the worker's bad-row counts are added at the end, its error is raised here."""
+        ctx = multiprocessing.get_context("spawn")
+        stopped = ctx.Event()
+        over = threading.Event()
+
+        def relay() -> None:  # stop() is this process's (a signal flag): the worker sees the event
+            while not over.wait(0.05):
+                if self.stop():
+                    stopped.set()
+                    return
+
+        threading.Thread(target=relay, name="ember-stream-stop", daemon=True).start()
+        job = _StreamJob(self.data, self.schema, self.start, self.start_batch, self.depth, stopped)
+        loader = DataLoader(job, batch_size=None, num_workers=1, prefetch_factor=self.depth.featurize,
+                            multiprocessing_context=ctx)
+        try:
+            for kind, item in loader:
+                if kind == "batch":
+                    batch, taken, (k, index, rows) = item
+                    with self._lock:
+                        self._order.extend(taken)
+                    self._record(k, index, rows)
+                    yield batch
+                elif kind == "end":
+                    for reason, n in item.items():
+                        self.bad_rows.add(reason, n)
+                else:
+                    raise item
+        finally:
+            over.set()
+            stopped.set()  # the pipeline closed: a waiting worker ends
+
     def __iter__(self) -> Iterator[Batch]:
         self._next = self.start_batch
         with Scheduler(self.stages(), threaded=False) as run:
             for batch in run:
                 self._next += 1
                 yield batch
+
+
+class _StreamJob(IterableDataset):
+    """A stream's work for a worker process: ``("batch", (batch, files taken since the last
+    batch, (batches cut, file index, file rows)))`` per batch, then ``("end", bad-row counts)``,
+    or ``("error", exception)`` (raised by the trainer itself, message intact)."""
+
+    def __init__(self, data: DataConfig, schema: Schema, start: StreamPosition, start_batch: int,
+                 depth: QueueDepths, stopped: Any) -> None:
+        self.args = (data, schema, start, start_batch, depth)
+        self.stopped = stopped
+
+    def __iter__(self) -> Iterator[tuple[str, object]]:
+        loader = StreamLoader(*self.args, stop=self.stopped.is_set)
+        sent = len(loader._order)
+        k = loader.start_batch
+        try:
+            with Scheduler(loader.stages(), threaded=True) as run:  # read and featurize overlap in the worker
+                for batch in run:
+                    k += 1
+                    with loader._lock:
+                        index, _, rows = loader._after[k]
+                        taken, sent = loader._order[sent:], len(loader._order)
+                    yield "batch", (batch, taken, (k, index, rows))
+        except Exception as e:  # noqa: BLE001  # handed to the trainer, which raises it
+            yield "error", e
+            return
+        yield "end", loader.bad_rows.counts
 
 
 class _Cutter:

@@ -209,7 +209,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             return BatchList(batches, epoch, start_batch, pipe.depth)
         if online:
             stream[:] = [StreamLoader(cfg.data, cfg.schema, stream_start, start_batch, pipe.depth,
-                                      stop=lambda: stop.signum is not None or closing[0])]
+                                      stop=lambda: stop.signum is not None or closing[0], workers=pipe.data_workers)]
             return stream[0]
         return make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch, depth=pipe.depth,
                             workers=pipe.data_workers)

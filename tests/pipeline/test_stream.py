@@ -70,3 +70,16 @@ def test_positions_without_a_stream_or_a_lost_file_are_checkpoint_errors(tmp_pat
     gone = StreamPosition(("a.csv",), str(tmp_path / "gone.csv"), 2)
     with pytest.raises(CheckpointError, match="gone.csv, which no longer exists"):
         list(StreamLoader(data, SCHEMA, gone, start_batch=3))
+
+
+def test_a_worker_process_yields_the_same_batches_and_positions(tmp_path):
+    """pipeline.data_workers: 1: the same batches, every position recorded here, the stop
+    relayed to the worker (its partial batch kept back) and its bad-row counts returned."""
+    data = _files(tmp_path, bad=True)
+    here = StreamLoader(data, SCHEMA, stop=lambda: True)
+    there = StreamLoader(data, SCHEMA, stop=lambda: True, workers=1)
+    a, b = list(here), list(there)
+    assert _rows(a) == _rows(b) == list(range(24))
+    for k in range(len(a) + 1):
+        assert here.stream_position(k) == there.stream_position(k), k
+    assert there.bad_rows.counts == here.bad_rows.counts == {"d: not a number": 1}

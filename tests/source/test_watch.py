@@ -121,7 +121,6 @@ def test_config_errors_name_what_to_set(tmp_path):
     assert cfg.data.shuffle_buffer == 0 and cfg.train.mode == "online"  # arrival order by default
     assert "set it to 0" in err(train=online, data={"shuffle_buffer": 10})
     assert "train.epochs (3) does not apply" in err(train={**online, "epochs": 3})
-    assert "set pipeline.data_workers: 0" in err(train=online, pipeline={"data_workers": 1})
     assert "data.watch watches" in err(train=online, data={"format": "synthetic"})
     assert "set data.format" in err(train=online, data={"format": "synthetic", "watch": None})
     assert "set window_rows too" in err(train=online, eval={"window_every": 5})

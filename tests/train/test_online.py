@@ -78,16 +78,27 @@ def _position(run_dir: Path) -> dict:
     return verify_checkpoint(resolve_checkpoint(run_dir))["position"]
 
 
-@pytest.mark.parametrize("enabled", [True, False], ids=["threads", "in_line"])
-def test_online_trains_exactly_as_one_offline_pass_in_file_order(tmp_path, enabled):
-    folder = tmp_path / "in"
+@pytest.fixture(scope="module")
+def offline_pass(tmp_path_factory) -> tuple[Path, int, dict[str, torch.Tensor]]:
+    """Four files whose rows do not fill whole batches, and an offline pass over them in order."""
+    tmp = tmp_path_factory.mktemp("offline")
+    folder = tmp / "in"
     folder.mkdir()
     for k in range(4):
         _write(folder, k, 150 + 13 * k)  # batches span files
-    offline = train(from_dict(_raw(tmp_path, "off", folder, online=False)))
-    online = train(from_dict(_raw(tmp_path, f"on{enabled}", folder, enabled=enabled)))
-    assert online.step == offline.step == -(-sum(150 + 13 * k for k in range(4)) // 64)
-    _assert_identical(_state(offline), _state(online))
+    offline = train(from_dict(_raw(tmp, "off", folder, online=False)))
+    return folder, offline.step, _state(offline)
+
+
+@pytest.mark.parametrize("enabled, workers", [(True, 0), (False, 0), (True, 1)], ids=["threads", "in_line", "worker"])
+def test_online_trains_exactly_as_one_offline_pass_in_file_order(tmp_path, offline_pass, enabled, workers):
+    """Threads, in line, or read and featurized in a worker process (pipeline.data_workers)."""
+    folder, offline_steps, offline_state = offline_pass
+    raw = _raw(tmp_path, "on", folder, enabled=enabled)
+    raw["pipeline"]["data_workers"] = workers
+    online = train(from_dict(raw))
+    assert online.step == offline_steps == -(-sum(150 + 13 * k for k in range(4)) // 64)
+    _assert_identical(offline_state, _state(online))
     pos = _position(online.run_dir)
     assert [Path(f).name for f in pos["files_done"]] == ["part-000.csv", "part-001.csv", "part-002.csv"]
     assert (Path(pos["file"]).name, pos["file_rows"], pos["batch"]) == ("part-003.csv", 189, online.step)
