@@ -260,3 +260,21 @@ def test_readme_online_example_validates():
     cfg = from_dict({**raw, "schema": SCHEMA, "model": {"type": "lr"}})
     assert cfg.train.mode == "online" and cfg.data.watch is not None and cfg.data.shuffle_buffer == 0
     assert cfg.eval.window_rows == 1_000_000
+
+
+def test_time_based_window_reports_and_checkpoints_online(tmp_path, offline_pass, monkeypatch):
+    """eval.window_every_s and train.checkpoint_every_s (a fake clock advancing 1 s per call):
+    both fire by time alone, and the run still equals the offline pass."""
+    import ember.train.loop as loop
+
+    clock = iter(range(0, 10**6))
+    monkeypatch.setattr(loop, "_clock", lambda: float(next(clock)))
+    folder, offline_steps, offline_state = offline_pass
+    raw = _raw(tmp_path, "timed", folder, checkpoint_every_s=4.0, keep_checkpoints=50)
+    raw["eval"] = {"window_rows": 100, "window_every_s": 3.0}
+    result = train(from_dict(raw))
+    steps = [r["step"] for r in result.history if r["kind"] == "eval"]
+    assert 2 <= len(steps) < offline_steps and steps == sorted(set(steps)) and steps[-1] == offline_steps
+    saved = sorted(p.name for p in (result.run_dir / "checkpoints").glob("step-*"))
+    assert len(saved) >= 3  # by time, then the final state
+    _assert_identical(offline_state, _state(result))
