@@ -3,7 +3,8 @@ as they appear and are complete (``data.watch``; ``train.mode: online`` trains o
 
 - Listing: each poll lists the patterns again: a directory gives the files under it (recursively)
   whose suffix fits the format, a glob its matches, a path the file itself. Names starting with
-  ``.`` or ``_`` (and directories so named, e.g. Spark's ``_temporary``) are never taken: they are
+  ``.`` or ``_`` (and directories so named below a directory or a glob's fixed part, e.g. Spark's
+  ``_temporary``) are never taken: they are
   files still being written under a temporary name (and markers such as ``_SUCCESS``).
 - Complete (``ready``): ``settled`` (default) takes a file once it has not been modified for
   ``settle_s`` seconds (its mtime against this machine's clock); ``marker`` takes a file once its
@@ -136,11 +137,20 @@ class FileWatcher:
                         if name.lower().endswith(suffixes) and not name.startswith((".", "_")):
                             yield os.path.join(root, name)
             elif glob.has_magic(pat):
+                root = _fixed_prefix(pat)
                 for p in glob.glob(pat, recursive=True):
-                    if not os.path.basename(p).startswith((".", "_")) and os.path.isfile(p):
+                    parts = os.path.relpath(p, root).split(os.sep)  # below the fixed part: no hidden name
+                    if not any(part.startswith((".", "_")) for part in parts) and os.path.isfile(p):
                         yield p
             elif os.path.isfile(pat):
                 yield pat
+
+
+def _fixed_prefix(pattern: str) -> str:
+    """The directory a glob starts from: its leading components without wildcards."""
+    parts = pattern.split(os.sep)
+    first = next(i for i, p in enumerate(parts) if glob.has_magic(p))
+    return os.sep.join(parts[:first]) or ("/" if pattern.startswith(os.sep) else ".")
 
 
 def check_watched(patterns: Sequence[str]) -> None:

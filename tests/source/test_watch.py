@@ -52,6 +52,8 @@ def test_temporary_names_other_formats_and_underscore_directories_are_not_taken(
     assert _names(w.poll()) == ["part-0.csv", "ok.csv"]
     g = FileWatcher([str(tmp_path / "*.csv*")], "csv", WatchOptions(settle_s=0, order="name"))
     assert _names(g.poll()) == ["ok.csv", "ok3.csv._COPYING_"]  # a glob takes what it matches, hidden names aside
+    deep = FileWatcher([str(tmp_path / "**" / "*.csv")], "csv", WatchOptions(settle_s=0, order="name"))
+    assert [str(Path(p).relative_to(tmp_path)) for p in deep.poll()] == ["day=1/part-0.csv", "ok.csv"]
 
 
 def test_settled_a_file_modified_recently_is_not_taken_until_it_settles(tmp_path):
