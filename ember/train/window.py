@@ -10,10 +10,10 @@ stream (the window holds the most recent rows only).
 Example:
     >>> import numpy as np
     >>> w = RollingWindow(3, ["y"])
-    >>> w.add(np.array([[0.9], [0.2]]), np.array([[1.0], [0.0]]))
-    >>> w.add(np.array([[0.3], [0.6]]), np.array([[0.0], [1.0]]))  # the first pair leaves
+    >>> w.add(np.array([[0.875], [0.25]]), np.array([[1.0], [0.0]]))
+    >>> w.add(np.array([[0.375], [0.625]]), np.array([[0.0], [1.0]]))  # the first pair leaves
     >>> w.pairs()[0].ravel().tolist(), w.metrics()["window_rows"], w.metrics()["auc/y"]
-    ([0.2, 0.3, 0.6], 3, 1.0)
+    ([0.25, 0.375, 0.625], 3, 1.0)
 """
 
 from __future__ import annotations
