@@ -3,6 +3,9 @@ loss, backward, dense step, sparse step). ``train`` runs the same work as a pipe
 (``ember.train.stages``: read -> featurize -> plan -> fetch -> [to device] -> compute -> update
 -> metrics) on threads or in line, and logs, evaluates and checkpoints on a quiet engine.
 SIGINT / SIGTERM finish the batches already fetched, checkpoint, and raise ``RunInterrupted``.
+``train.mode: online`` makes one pass over a stream of files (``ember.pipeline.stream``; its
+checkpoints record the stream position) instead of epochs; ``eval.window_rows`` reports the
+training forward's scores of the most recent rows (``ember.train.window``).
 Everything else (building parts, data, checkpoint files) lives elsewhere.
 """
 
