@@ -21,7 +21,7 @@ import torch
 
 from ember.checkpoint.load import resolve_checkpoint, verify_checkpoint
 from ember.config import from_dict
-from ember.errors import DataError
+from ember.errors import DataError, RunInterrupted
 from ember.train.loop import train
 from ember.train.metrics import evaluate_predictions
 
@@ -114,21 +114,21 @@ def test_files_written_while_training_are_taken_in_order_and_never_half(tmp_path
 
     def writer() -> None:
         for k in range(1, 5):
-            time.sleep(0.3)
+            time.sleep(0.2)
             if k % 2:
                 _write(folder, k)
             else:  # in place: half the lines, a pause, the rest (a reader taking it now would read half)
                 lines = _lines(k, 200)
                 path = folder / f"part-{k:03d}.csv"
                 path.write_text("\n".join(lines[:100]) + "\n")
-                time.sleep(0.2)
+                time.sleep(0.1)
                 with open(path, "a") as f:
                     f.write("\n".join(lines[100:]) + "\n")
 
     th = threading.Thread(target=writer)
     th.start()
     try:
-        online = train(from_dict(_raw(tmp_path, "live", folder, watch={"settle_s": 1.0, "idle_timeout_s": 2.5, "order": "mtime"})))
+        online = train(from_dict(_raw(tmp_path, "live", folder, watch={"settle_s": 0.8, "idle_timeout_s": 2.0, "order": "mtime"})))
     finally:
         th.join()
     offline = train(from_dict(_raw(tmp_path, "off", folder, online=False)))
@@ -152,11 +152,11 @@ def _wait_for(proc: subprocess.Popen, ready: Path, timeout: float = 120) -> None
 
 
 def test_sigkill_and_sigterm_then_resume_train_every_row_exactly_once(tmp_path):
-    """Run 1 trains files 0-2, checkpoints every 2 steps and is SIGKILLed after the step-8
-    checkpoint (steps past it are lost with it); run 2 resumes, trains files 3-4 as they come,
-    is SIGTERMed while it waits for more (it checkpoints where it stands, its partial batch
-    untrained); run 3 resumes and ends at the idle timeout. The weights equal one uninterrupted
-    run's: no file skipped, no row trained twice."""
+    """Run 1 (a process) trains files 0-2, checkpoints every 2 steps and is SIGKILLed after the
+    step-8 checkpoint (steps past it are lost with it); run 2 resumes, trains files 3-4 as they
+    come, and gets SIGTERM while it waits for more (it checkpoints where it stands, its partial
+    batch untrained); run 3 resumes and ends at the idle timeout. The weights equal one
+    uninterrupted run's: no file skipped, no row trained twice."""
     folder = tmp_path / "in"
     folder.mkdir()
     for k in range(3):
@@ -170,15 +170,25 @@ def test_sigkill_and_sigterm_then_resume_train_every_row_exactly_once(tmp_path):
     pos = _position(run_dir)
     assert pos["batch"] == 8 and (Path(pos["file"]).name, pos["file_rows"]) == ("part-002.csv", 112)  # 8 * 64 - 400
 
-    proc = _spawn(_raw(tmp_path, "kill", folder, watch=waiting, checkpoint_every=2, resume=str(run_dir)), tmp_path / "c2.json")
-    for k in (3, 4):
-        _write(folder, k)
-    _wait_for(proc, run_dir / "checkpoints" / "step-00000014" / "manifest.json")
-    time.sleep(1.0)  # step 15 trains; 40 rows wait for a 16th batch
-    proc.send_signal(signal.SIGTERM)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM, (out, err)
-    assert "train.resume=" in err
+    def feed_then_terminate() -> None:  # run 2 trains in this process; SIGTERM once step 15 is logged
+        for k in (3, 4):
+            _write(folder, k)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+            if any(json.loads(ln).get("step") == 15 for ln in lines):
+                break
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    feeder = threading.Thread(target=feed_then_terminate)
+    feeder.start()
+    try:
+        with pytest.raises(RunInterrupted, match="SIGTERM"):  # 40 rows wait for a 16th batch meanwhile
+            train(from_dict(_raw(tmp_path, "kill", folder, watch=waiting, checkpoint_every=2, log_every=1,
+                                 resume=str(run_dir))))
+    finally:
+        feeder.join()
     pos = _position(run_dir)
     assert pos["batch"] == 15 and (Path(pos["file"]).name, pos["file_rows"]) == ("part-004.csv", 160)
 
