@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import time
 from typing import Callable, Iterable, Iterator, Literal, Sequence
@@ -44,6 +45,8 @@ from ember.errors import ConfigError
 from ember.source.files import format_suffixes
 
 __all__ = ["WatchOptions", "FileWatcher", "check_watched"]
+
+log = logging.getLogger("ember")
 
 
 class WatchOptions(ConfigModel):
@@ -111,14 +114,20 @@ class FileWatcher:
         file, with a last listing at the timeout) or as soon as ``stop()`` (seen within 0.1 s)."""
         o = self.options
         idle = 0.0  # seconds waited since the last file was handed out
+        said = False
         while not stop():
             found = self.poll()
             if found:
                 idle = 0.0
                 yield from found
                 continue
+            if idle == 0.0 and not said:
+                said = True  # once: a stream that keeps up waits after every file
+                log.info("data.train: every ready file taken; waiting for new ones (listing every %g s%s)", o.poll_s,
+                         "" if o.idle_timeout_s is None else f", ending after {o.idle_timeout_s:g} s without one")
             wait = o.poll_s if o.idle_timeout_s is None else min(o.poll_s, o.idle_timeout_s - idle)
             if wait <= 0:
+                log.info("data.train: no new file for %g s (data.watch.idle_timeout_s): the stream ends", idle)
                 return
             slept = 0.0
             while slept < wait and not stop():  # short naps: a signal or a closing trainer is seen at once
@@ -154,10 +163,12 @@ def _fixed_prefix(pattern: str) -> str:
 
 
 def check_watched(patterns: Sequence[str]) -> None:
-    """Up-front check of watched patterns: a plain path must be an existing directory or file
-    (a glob may match nothing yet). Raises ConfigError naming the path."""
+    """Up-front check of watched patterns: a plain path must be an existing directory or file,
+    a glob's fixed leading directory must exist (it may match nothing yet). Raises ConfigError
+    naming the path."""
     for pat in patterns:
         p = os.path.expanduser(pat)
-        if not glob.has_magic(p) and not os.path.exists(p):
-            raise ConfigError(f"data.train '{pat}' (watched: data.watch) does not exist; create the directory the "
-                              f"files will appear in, or give a glob (cwd: {os.getcwd()})")
+        where = _fixed_prefix(p) if glob.has_magic(p) else p
+        if not os.path.exists(where):
+            raise ConfigError(f"data.train '{pat}' (watched: data.watch): {where} does not exist; create the directory "
+                              f"the files will appear in, or fix the path (cwd: {os.getcwd()})")

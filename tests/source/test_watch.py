@@ -127,6 +127,8 @@ def test_config_errors_name_what_to_set(tmp_path):
     assert "set data.format" in err(train=online, data={"format": "synthetic", "watch": None})
     assert "set window_rows too" in err(train=online, eval={"window_every": 5})
     assert "unknown key 'data.watch.poll'" in err(train=online, data={"watch": {"poll": 1}})
-    with pytest.raises(ConfigError, match="does not exist; create the directory"):
+    with pytest.raises(ConfigError, match="nope does not exist; create the directory"):
         check_watched([str(tmp_path / "nope")])
-    check_watched([str(tmp_path / "nope" / "*.csv")])  # a glob may match nothing yet
+    with pytest.raises(ConfigError, match="nope does not exist"):  # a typo in a glob's directory
+        check_watched([str(tmp_path / "nope" / "*" / "*.csv")])
+    check_watched([str(tmp_path / "*.csv"), str(tmp_path / "**" / "*.csv")])  # a glob may match nothing yet
