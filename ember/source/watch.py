@@ -3,9 +3,9 @@ as they appear and are complete (``data.watch``; ``train.mode: online`` trains o
 
 - Listing: each poll lists the patterns again: a directory gives the files under it (recursively)
   whose suffix fits the format, a glob its matches, a path the file itself. Names starting with
-  ``.`` or ``_`` (and directories so named below a directory or a glob's fixed part, e.g. Spark's
-  ``_temporary``) are never taken: they are
-  files still being written under a temporary name (and markers such as ``_SUCCESS``).
+  ``.`` or ``_`` (and directories so named below a directory or a glob's fixed part, e.g.
+  Spark's ``_temporary``) are never taken: they are files still being written under a
+  temporary name (and markers such as ``_SUCCESS``).
 - Complete (``ready``): ``settled`` (default) takes a file once it has not been modified for
   ``settle_s`` seconds (its mtime against this machine's clock); ``marker`` takes a file once its
   directory holds a file named ``marker`` (Hadoop / Spark / Hive's ``_SUCCESS``: a partition
