@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from ember.checkpoint.config import ExportConfig
 from ember.config_base import ConfigModel
@@ -26,7 +26,7 @@ from ember.featurize.schema import Schema, SparseFeature
 from ember.models.registry import ModelConfig
 from ember.pipeline.config import PipelineConfig
 from ember.source.config import DataConfig
-from ember.train.config import TrainConfig
+from ember.train.config import EvalConfig, TrainConfig
 
 __all__ = ["RunConfig", "EmbeddingDefaults", "feature_config", "load", "from_dict", "apply_overrides", "to_yaml"]
 
@@ -50,8 +50,37 @@ class RunConfig(ConfigModel):
     pipeline: PipelineConfig = PipelineConfig()
     distributed: DistributedConfig = DistributedConfig()
     export: ExportConfig = ExportConfig()  # exports while training: full, then deltas (ember.checkpoint.delta)
+    eval: EvalConfig = EvalConfig()
 
     model_config = {**ConfigModel.model_config, "populate_by_name": True, "protected_namespaces": ()}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _online_defaults(cls, raw: Any) -> Any:
+        """``train.mode: online`` trains in arrival order: ``data.shuffle_buffer`` defaults to 0."""
+        if isinstance(raw, dict) and isinstance(raw.get("train"), dict) and raw["train"].get("mode") == "online" \
+                and isinstance(raw.get("data"), dict) and "shuffle_buffer" not in raw["data"]:
+            raw = {**raw, "data": {**raw["data"], "shuffle_buffer": 0}}
+        return raw
+
+    @model_validator(mode="after")
+    def _check_online(self) -> "RunConfig":
+        t, d = self.train, self.data
+        if d.watch is not None and t.mode != "online":
+            raise ValueError("data.watch streams new files without end, which epochs cannot pass over: set "
+                             "train.mode: online (or remove data.watch to train offline on the files there now)")
+        if t.mode != "online":
+            return self
+        if d.format == "synthetic" or d.train is None:
+            raise ValueError("train.mode: online streams data.train files (csv, tsv, parquet, orc): set data.format "
+                             "and data.train (a directory or glob, with data.watch to follow new files)")
+        if t.epochs != 1:  # (1, the default, is what a recorded config holds)
+            raise ValueError(f"train.epochs ({t.epochs}) does not apply to train.mode: online (one pass over the stream, no "
+                             "epochs): remove it; bound the run with train.max_steps or data.watch.idle_timeout_s")
+        if d.shuffle_buffer:
+            raise ValueError(f"data.shuffle_buffer is {d.shuffle_buffer} but train.mode: online trains rows in "
+                             "arrival order (the checkpoint records a position in the stream): set it to 0")
+        return self
 
     @property
     def schema(self) -> Schema:  # type: ignore[override]

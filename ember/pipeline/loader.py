@@ -75,24 +75,26 @@ def _record_chunks(data: DataConfig, schema: Schema, split: Split, rng: np.rando
         raise ValueError(f"data.{split} is not set; give the {split} files (format {data.format})")
     if split == "train" and data.shuffle_buffer > 0:
         files = [files[i] for i in rng.permutation(len(files))]
-    cols = schema.columns
     done = 0  # bytes of the files read completely
     for path in files:
-        if data.format in ("csv", "tsv"):
-            consumed = [0]
-            for chunk in read_csv(path, cols, delimiter=data.delimiter, header=data.csv.header, consumed=consumed,
-                                  column_names=data.csv.column_names, block_bytes=data.csv.block_bytes, report=report):
-                counter.rows, counter.bytes = counter.rows + chunk.batch.num_rows, done + consumed[0]
-                yield chunk
-            done += consumed[0]
-            counter.bytes = done
-            continue
-        chunks = read_parquet(path, cols, read_rows=data.read_rows) if data.format == "parquet" else \
-            read_orc(path, cols, read_rows=data.read_rows)
-        for chunk in chunks:
-            counter.rows += chunk.batch.num_rows
+        consumed = [0]
+        for chunk in file_chunks(data, schema, path, report, consumed):
+            counter.rows, counter.bytes = counter.rows + chunk.batch.num_rows, done + consumed[0]
             yield chunk
+        done += consumed[0]
+        counter.bytes = done
     counter.finished = True
+
+
+def file_chunks(data: DataConfig, schema: Schema, path: str, report: BadRowReport,
+                consumed: list[int] | None = None) -> Iterator[RecordChunk]:
+    """The record blocks of one file in ``data.format``; ``consumed[0]``: CSV bytes read so far."""
+    cols = schema.columns
+    if data.format in ("csv", "tsv"):
+        return read_csv(path, cols, delimiter=data.delimiter, header=data.csv.header, consumed=consumed,
+                        column_names=data.csv.column_names, block_bytes=data.csv.block_bytes, report=report)
+    return read_parquet(path, cols, read_rows=data.read_rows) if data.format == "parquet" else \
+        read_orc(path, cols, read_rows=data.read_rows)
 
 
 class _Batcher:

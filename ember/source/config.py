@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from ember.config_base import ConfigModel, removed_key
+from ember.source.watch import WatchOptions
 
 __all__ = ["CsvOptions", "SyntheticOptions", "DataConfig", "PRESET_DATA_DEFAULTS", "CRITEO_COLUMNS", "SHUFFLE_BUFFER_ROWS"]
 
@@ -123,6 +124,7 @@ class DataConfig(ConfigModel):
     prefetch: None = None
     csv: CsvOptions = CsvOptions()
     synthetic: SyntheticOptions = SyntheticOptions()
+    watch: WatchOptions | None = None  # data.train is watched for new files (train.mode: online)
 
     @model_validator(mode="before")
     @classmethod
@@ -138,6 +140,9 @@ class DataConfig(ConfigModel):
     def _check(self) -> "DataConfig":
         if self.format != "synthetic" and self.train is None and self.eval is None:
             raise ValueError(f"format '{self.format}' needs data.train and/or data.eval paths")
+        if self.watch is not None and (self.format == "synthetic" or self.train is None):
+            raise ValueError("data.watch watches the data.train directories or globs of a file format (csv, tsv, "
+                             "parquet, orc): set data.format and data.train")
         if self.format in ("csv", "tsv") and self.csv.header is not True and not self.csv.column_names:
             raise ValueError(f"csv.header is {str(self.csv.header).lower()}: set csv.column_names "
                              "(or preset: criteo)")

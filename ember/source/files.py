@@ -8,7 +8,7 @@ from typing import Sequence
 
 from ember.errors import ConfigError
 
-__all__ = ["expand_paths"]
+__all__ = ["expand_paths", "format_suffixes"]
 
 _SUFFIXES = {
     "csv": (".csv", ".csv.gz", ".csv.bz2", ".txt", ".txt.gz"),
@@ -16,6 +16,11 @@ _SUFFIXES = {
     "parquet": (".parquet", ".pq"),
     "orc": (".orc",),
 }
+
+
+def format_suffixes(format: str) -> tuple[str, ...]:
+    """File name suffixes a directory's files of ``format`` end with (lower case)."""
+    return _SUFFIXES.get(format, ())
 
 
 def expand_paths(patterns: Sequence[str], format: str) -> list[str]:
@@ -36,7 +41,7 @@ def expand_paths(patterns: Sequence[str], format: str) -> list[str]:
                 os.path.join(root, f)
                 for root, _, files in os.walk(pat)
                 for f in files
-                if f.lower().endswith(_SUFFIXES.get(format, ())) and not f.startswith((".", "_"))
+                if f.lower().endswith(format_suffixes(format)) and not f.startswith((".", "_"))
             )
         elif glob.has_magic(pat):
             found = sorted(p for p in glob.glob(pat, recursive=True) if os.path.isfile(p))

@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 from ember.config_base import ConfigModel, removed_key
 from ember.optim.schedule import ScheduleConfig
 
-__all__ = ["TrainConfig", "DenseOptimizerConfig", "EarlyStoppingConfig"]
+__all__ = ["TrainConfig", "DenseOptimizerConfig", "EarlyStoppingConfig", "EvalConfig"]
 
 
 class DenseOptimizerConfig(ConfigModel):
@@ -52,6 +52,11 @@ class EarlyStoppingConfig(ConfigModel):
 class TrainConfig(ConfigModel):
     """The training run. Steps count optimizer steps (one per batch)."""
 
+    mode: Literal["offline", "online"] = "offline"
+    """``offline``: ``epochs`` passes over ``data.train``. ``online``: one pass over it as a stream,
+    in file order, no epochs (a watched ``data.train``, ``data.watch``, never ends by itself):
+    until ``max_steps``, the end of the files (``data.watch.idle_timeout_s``) or a signal; the
+    checkpoint records the files finished and the rows trained of the current one."""
     epochs: int = Field(1, ge=1)
     max_steps: int | None = Field(None, ge=1)
     dense_optimizer: DenseOptimizerConfig = DenseOptimizerConfig()
@@ -90,3 +95,24 @@ class TrainConfig(ConfigModel):
 
     _no_prefetch = removed_key("prefetch", "train.prefetch was removed: the staged pipeline fetches rows ahead; use "
                                "pipeline.enabled and train.embedding_staleness (how many steps the fetch may run ahead)")
+
+
+class EvalConfig(ConfigModel):
+    """``eval:``: the rolling window of progressive validation (``ember.train.window``): each
+    training batch is scored by the forward that trains on it, before its update, so its scores
+    are out-of-sample; the last ``window_rows`` (score, label) pairs give AUC and logloss every
+    ``window_every`` steps (or ``window_every_s`` seconds), with no extra forward. The held-out
+    evaluation on ``data.eval`` stays ``train.eval_every``'s."""
+
+    window_rows: int | None = Field(None, ge=1)
+    """Rows in the window (the most recent ones); None: no rolling evaluation."""
+    window_every: int | None = Field(None, ge=1)
+    """Steps between window reports; default ``train.log_every`` (unless ``window_every_s`` is set)."""
+    window_every_s: float | None = Field(None, gt=0)
+    """Seconds: also report after the first step ending this long after the last report."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "EvalConfig":
+        if self.window_rows is None and (self.window_every is not None or self.window_every_s is not None):
+            raise ValueError("window_every / window_every_s set the rolling window's interval: set window_rows too")
+        return self

@@ -124,7 +124,7 @@ class EarlyStopping:
         if not self.cfg.restore_best or self.best_checkpoint is None:
             return metrics
         restore_weights(parts, Path(self.best_checkpoint))
-        best = [r for r in history if r.get("kind") == "eval" and r.get("step") == self.best_step][-1]
+        best = [r for r in history if r.get("kind") == "eval" and "window_rows" not in r and r.get("step") == self.best_step][-1]
         return {k: v for k, v in best.items() if k not in ("kind", "step") and not k.startswith("early_stopping.")}
 
 

@@ -72,7 +72,7 @@ class History:
         import matplotlib.pyplot as plt
 
         train = [r for r in self.records if r.get("kind") == "train"]
-        evals = [r for r in self.records if r.get("kind") == "eval"]
+        evals = [r for r in self.records if r.get("kind") == "eval" and "window_rows" not in r]  # held-out only
         fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
         if train:
             ax1.plot([r["step"] for r in train], [r["loss"] for r in train], label="train loss")

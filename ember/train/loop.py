@@ -3,6 +3,9 @@ loss, backward, dense step, sparse step). ``train`` runs the same work as a pipe
 (``ember.train.stages``: read -> featurize -> plan -> fetch -> [to device] -> compute -> update
 -> metrics) on threads or in line, and logs, evaluates and checkpoints on a quiet engine.
 SIGINT / SIGTERM finish the batches already fetched, checkpoint, and raise ``RunInterrupted``.
+``train.mode: online`` makes one pass over a stream of files (``ember.pipeline.stream``; its
+checkpoints record the stream position) instead of epochs; ``eval.window_rows`` reports the
+training forward's scores of the most recent rows (``ember.train.window``).
 Everything else (building parts, data, checkpoint files) lives elsewhere.
 """
 
@@ -28,12 +31,13 @@ from ember.checkpoint.delta import run_exporter
 from ember.checkpoint.save import save_checkpoint
 from ember.config import RunConfig, to_yaml
 from ember.distributed.process_group import DistributedRun
-from ember.errors import RunInterrupted, WriteError
+from ember.errors import CheckpointError, ConfigError, RunInterrupted, WriteError
 from ember.fileio import write_bytes_atomic
 from ember.embedding.optimizer import SparseOptimizer
 from ember.pipeline.loader import BatchList, make_batches
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
+from ember.pipeline.stream import StreamLoader, StreamPosition
 from ember.train.builder import Components, build_components
 from ember.train.early_stop import EarlyStopping
 from ember.train.distributed import gather_tables, lead_prepares_run, start_run
@@ -44,8 +48,9 @@ from ember.train.preflight import check_disk, check_run, holds_run, no_steps_err
 from ember.train.progress import EpochRows, Progress
 from ember.train.schedule import lr_record
 from ember.train.stages import TrainStages
+from ember.train.window import RollingWindow
 
-_clock = time.monotonic  # the clock of train.checkpoint_every_s (tests replace it)
+_clock = time.monotonic  # the clock of train.checkpoint_every_s and eval.window_every_s (tests replace it)
 
 __all__ = ["train", "train_step", "RunResult", "prepare_run", "run_directory"]
 
@@ -137,6 +142,11 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
     history = History(run_dir, resume=t.resume is not None, tensorboard=t.tensorboard, write=parts.lead)
     task_w = torch.tensor(t.task_weights, device=parts.device) if t.task_weights else None
     step, epoch, start_batch = 0, 0, 0
+    online = t.mode == "online"
+    if online and batches is not None:
+        raise ConfigError("train.mode: online streams data.train; batches held in memory have no stream: pass "
+                          "batches with train.mode: offline, or data.train files without them")
+    stream_start = StreamPosition()  # online: where the stream starts (a resumed run: the checkpoint's)
     early = EarlyStopping.from_run(cfg)  # None unless train.early_stopping
     if t.resume or t.init_from:
         ckpt = resolve_checkpoint(t.resume or t.init_from)  # type: ignore[arg-type]
@@ -151,12 +161,14 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             restore_table_state(parts.collections(), dense, parts.owned())
             step = manifest["step"]
             epoch, start_batch = manifest["position"]["epoch"], manifest["position"]["batch"]
+            stream_start = _stream_start(cfg, manifest["position"], ckpt)
             restore_rng(dense["rng"])
             if early is not None:
                 early.load_state_dict(dense.get("early_stopping"), ckpt.parent, run_dir / "checkpoints")
 
     saved: dict[tuple[int, int, int], Path] = {}
     last_save = [_clock()]  # when the last checkpoint was written (train.checkpoint_every_s)
+    stream: list[StreamLoader] = []  # online: the loader, whose stream position the checkpoints record
 
     def checkpoint(epoch: int, batch: int) -> Path:
         if (step, epoch, batch) in saved:  # this exact state is on disk already
@@ -168,9 +180,12 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             state["early_stopping"] = early.state_dict()
         tables = parts.collections() if parts.dist is None else gather_tables(parts.collections(), parts.dist)
         path = run_dir / "checkpoints" / f"step-{step:08d}"
+        position: dict[str, Any] = {"epoch": epoch, "batch": batch}
+        if stream:
+            position.update(stream[0].stream_position(batch).to_dict())
         if tables is not None:  # distributed: rank 0 writes every rank's rows, keyed by (table, ID)
             path = save_checkpoint(run_dir / "checkpoints", step, tables, state,  # type: ignore[arg-type]
-                                   {"epoch": epoch, "batch": batch}, cfg.model_dump(mode="json", by_alias=True), t.keep_checkpoints)
+                                   position, cfg.model_dump(mode="json", by_alias=True), t.keep_checkpoints)
         if parts.dist is not None:
             parts.dist.barrier()
         saved[(step, epoch, batch)] = path
@@ -192,14 +207,20 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
     pipe = cfg.pipeline
     exporter = run_exporter(cfg.export, run_dir / "exports", parts, cfg.model_dump(mode="json", by_alias=True))
 
+    closing = [False]  # the pass is over: a watched stream stops waiting for files
+
     def train_loader(epoch: int, start_batch: int) -> Any:
         if batches is not None:
             return BatchList(batches, epoch, start_batch, pipe.depth)
+        if online:
+            stream[:] = [StreamLoader(cfg.data, cfg.schema, stream_start, start_batch, pipe.depth,
+                                      stop=lambda: stop.signum is not None or closing[0], workers=pipe.data_workers)]
+            return stream[0]
         return make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch, depth=pipe.depth,
                             workers=pipe.data_workers)
 
     parts.train(True)
-    held = EpochRows(rows=sum(b.size for b in batches)) if batches is not None else None
+    held = EpochRows(rows=sum(b.size for b in batches)) if batches is not None else EpochRows() if online else None
     progress = Progress(cfg, step, held, enabled=parts.lead)  # total and ETA from the data (CSV: estimated as it reads)
     done = t.max_steps is not None and step >= t.max_steps  # e.g. resumed at the end already
     first_step, finished_already = step, done
@@ -208,11 +229,12 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
 
     logged = [step]  # the step of the last train record (bytes are reported per step since)
     due: set[int] = set()  # steps after which train.checkpoint_every_s asked for a checkpoint
+    window, report_window = _rolling_window(cfg, parts)  # eval.window_rows: progressive validation
 
     def quiet_after(s: int) -> bool:
         """Whether the trainer needs a quiet engine after step ``s`` (log, eval, checkpoint)."""
         return s % t.log_every == 0 or bool(t.eval_every and s % t.eval_every == 0) or bool(
-            t.checkpoint_every and s % t.checkpoint_every == 0) or s in due or exporter.due(s)
+            t.checkpoint_every and s % t.checkpoint_every == 0) or s in due or exporter.due(s) or report_window.after(s)
 
     def barrier_after(s: int) -> bool:
         """``quiet_after``, deciding time-based checkpoints when step ``s`` is fetched (so the
@@ -220,6 +242,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
         since the last save, and no other is marked before it is written."""
         if t.checkpoint_every_s is not None and not due and _clock() - last_save[0] >= t.checkpoint_every_s:
             due.add(s)
+        report_window.decide(s)
         return quiet_after(s)
 
     with _StopSignals() as stop:
@@ -228,7 +251,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             progress.watch(loader)
             base = step
             gate = FetchGate(k, lambda b: barrier_after(base + b + 1), None if t.max_steps is None else t.max_steps - step)
-            stages = TrainStages(parts, gate, WriteLog(k), task_w, first_step=base)
+            stages = TrainStages(parts, gate, WriteLog(k), task_w, first_step=base, window=window)
             d = pipe.depth
             ahead = loader.stages() + [Stage("plan", stages.plan, d.plan), Stage("fetch", stages.fetch, d.fetch)]
             if stages.copies:
@@ -263,6 +286,8 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                             history.log(rec)
                             progress.update(step, rec)
                             t0 = now
+                        if report_window.after(step):
+                            report_window.log(step, history)
                         if t.eval_every and step % t.eval_every == 0:
                             metrics = run_eval((epoch, batch_idx))
                             progress.note(_fmt(metrics))
@@ -279,6 +304,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                         break
                 run.drain()
             finally:
+                closing[0] = True
                 gate.stop()
                 run.close()
             bad_rows = _merge(bad_rows, loader.bad_rows)
@@ -286,6 +312,8 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                 progress.close()
                 path = checkpoint(epoch, batch_idx)
                 raise RunInterrupted(stop.signum, str(path))
+            if online:
+                done = True  # one pass: the stream ended (idle timeout, or the files listed at start)
             if not done:
                 epoch, start_batch = epoch + 1, 0
                 if not t.eval_every:
@@ -294,14 +322,17 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                     if early is not None and epoch < t.epochs and early.stop_here(step):
                         done, batch_idx = True, 0  # the next epoch would start at its batch 0
     progress.close()
-    if step == first_step and not finished_already:  # e.g. header-only files, or every row skipped
-        raise no_steps_error(cfg.data)
+    if step == first_step and not finished_already and not (online and t.resume):  # e.g. header-only files
+        raise no_steps_error(cfg.data)  # (a resumed online run may find no new rows: it ends as it was)
     for ec in parts.collections():
         for table in ec.tables.values():
             table.expire()
     exporter.finish(step)
     final = checkpoint(epoch, batch_idx if done else 0)
-    if not metrics or (history.records and history.records[-1].get("kind") != "eval"):
+    if window is not None and report_window.last != step and step > first_step:
+        report_window.log(step, history)  # the window as the run ends
+    last = history.records[-1] if history.records else {}
+    if not metrics or last.get("kind") != "eval" or "window_rows" in last:  # no held-out eval of the final state yet
         metrics = run_eval()
     if early is not None:  # restore_best: the run's model and metrics become the best eval's
         history.log({"kind": "early_stopping", "step": step, **early.summary()})
@@ -310,6 +341,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
         history.plot()
     history.close()
     summary = {"step": step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows,
+               **({"window": json_safe(window.metrics())} if window is not None else {}),
                **({"early_stopping": early.summary()} if early is not None else {})}
     if parts.lead:
         write_bytes_atomic(run_dir / "summary.json", json.dumps(json_safe(summary), indent=1).encode(), WriteError)
@@ -338,6 +370,57 @@ class _StopSignals:
     def __exit__(self, *exc: object) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+def _stream_start(cfg: RunConfig, position: dict[str, Any], ckpt: Path) -> StreamPosition:
+    """Where a resumed online run's stream starts: the checkpoint's stream position (an offline
+    run's checkpoint has none; an offline run cannot resume an online one's)."""
+    if cfg.train.mode == "online":
+        return StreamPosition.from_position(position, str(ckpt))
+    if "files_done" in position:
+        raise CheckpointError(f"{ckpt} was written by a train.mode: online run (its position is in a stream of files); "
+                              "resume it with train.mode: online, or start an offline run from its weights with "
+                              f"train.init_from={ckpt}")
+    return StreamPosition()
+
+
+class _WindowReports:
+    """When the rolling window is reported: every ``eval.window_every`` steps (default
+    ``train.log_every``), and, with ``eval.window_every_s``, after the first step whose batch
+    is fetched that long after the last report (decided at the fetch, like time-based
+    checkpoints, so the fetch gate and the loop agree)."""
+
+    def __init__(self, window: RollingWindow | None, every: int | None, every_s: float | None) -> None:
+        self.window, self.every, self.every_s = window, every, every_s
+        self.due: set[int] = set()
+        self.last = -1  # the step last reported
+        self._at = _clock() if window is not None and every_s is not None else 0.0  # when it was
+
+    def decide(self, s: int) -> None:
+        if self.window is not None and self.every_s is not None and not self.due and _clock() - self._at >= self.every_s:
+            self.due.add(s)
+
+    def after(self, s: int) -> bool:
+        return self.window is not None and (bool(self.every and s % self.every == 0) or s in self.due)
+
+    def log(self, step: int, history: History) -> None:
+        """One ``eval`` record of the window (``window_rows``: the pairs it held) at ``step``."""
+        assert self.window is not None
+        m = self.window.metrics()
+        if m:
+            history.log({"kind": "eval", "step": step, **m})
+        self.due.discard(step)
+        self.last = step
+        if self.every_s is not None:
+            self._at = _clock()
+
+
+def _rolling_window(cfg: RunConfig, parts: Components) -> tuple[RollingWindow | None, _WindowReports]:
+    """``eval.window_rows``' window (None when unset) and when to report it."""
+    e = cfg.eval
+    window = RollingWindow(e.window_rows, parts.task_names) if e.window_rows is not None else None
+    every = e.window_every or (cfg.train.log_every if e.window_every_s is None else None)
+    return window, _WindowReports(window, every, e.window_every_s)
 
 
 def _table_stats(parts: Components) -> dict[str, float]:

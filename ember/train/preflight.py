@@ -32,6 +32,7 @@ from ember.fileio import fmt_bytes, free_bytes, nearest_existing
 from ember.source.base import check_columns, damaged_file, is_damage
 from ember.source.config import DataConfig
 from ember.source.files import expand_paths
+from ember.source.watch import check_watched
 from ember.train.builder import Components
 from ember.train.early_stop import EarlyStopping
 from ember.train.tensorboard import require_tensorboard
@@ -74,6 +75,9 @@ def check_data(data: DataConfig, columns: list[str], split: Split) -> list[str]:
     """The files of ``split`` (none for synthetic data or an unset split); raises when a path
     matches nothing, a file lacks a column, or the split holds no row. Reads headers/footers only."""
     if data.format == "synthetic" or not data.paths(split):
+        return []
+    if split == "train" and data.watch is not None:  # files appear later: each is checked as it is read
+        check_watched(data.paths(split))
         return []
     files = expand_paths(data.paths(split), data.format)
     rows = 0
@@ -126,6 +130,11 @@ def _names(files: list[str]) -> str:
 
 def no_steps_error(data: DataConfig) -> DataError:
     """The error for a run that trained no step: which data gave no batch, and what to check."""
+    if data.watch is not None:
+        return DataError(f"training ran 0 steps: no rows arrived in data.train ({', '.join(data.paths('train'))}) "
+                         f"within data.watch.idle_timeout_s ({data.watch.idle_timeout_s} s); check that files of "
+                         f"format {data.format} appear there and become ready (data.watch.ready: {data.watch.ready}), "
+                         "or raise the timeout")
     where = "the synthetic generator" if data.format == "synthetic" else _names(expand_paths(data.paths("train"), data.format))
     return DataError(f"training ran 0 steps: data.train ({where}) gave no batch; check that the files hold rows, "
                      "that data.on_bad_rows: skip did not skip them all, and data.drop_last with fewer rows than "
@@ -167,7 +176,7 @@ def _rows_bound(cfg: RunConfig, features: list[str]) -> int:
         return sum(data.synthetic.vocab(index[f]) for f in features if index.get(f, data.synthetic.num_sparse)
                    < data.synthetic.num_sparse)
     rows = 0
-    for path in expand_paths(data.paths("train"), data.format) if data.train else []:
+    for path in expand_paths(data.paths("train"), data.format) if data.train and data.watch is None else []:
         if data.format in ("parquet", "orc"):
             rows += _header(data, path)[1]
         else:

@@ -24,6 +24,7 @@ from ember.embedding.optimizer import SparseOptimizer
 from ember.pipeline.scheduler import END, idle
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.builder import Components
+from ember.train.window import RollingWindow
 
 __all__ = ["Step", "TrainStages"]
 
@@ -40,6 +41,7 @@ class Step:
     copied: Any = None  # to_device: the CUDA event the copy recorded
     ready: list[GroupLookup] = field(default_factory=list)  # compute: lookups with gradients
     loss: Tensor | None = None  # compute: the batch's mean loss (detached)
+    probs: Tensor | None = None  # compute, with a rolling window: the batch's scores before its update
 
 
 class TrainStages:
@@ -47,12 +49,14 @@ class TrainStages:
 
     ``gate`` orders fetches against written updates (``train.embedding_staleness``); ``log``
     lets an update re-read rows written after its fetch. Loss and samples accumulate until
-    ``take_metrics``.
+    ``take_metrics``; with a ``window`` (``eval.window_rows``), each batch's scores and labels
+    enter it (progressive validation: scored by the forward before its own update).
     """
 
     def __init__(self, parts: Components, gate: FetchGate, log: WriteLog, task_weights: Tensor | None = None,
-                 first_step: int = 0) -> None:
+                 first_step: int = 0, window: RollingWindow | None = None) -> None:
         self.parts, self.gate, self.log, self.task_weights = parts, gate, log, task_weights
+        self.window = window
         self.first_step = first_step  # global steps before this pass: lr schedules read first_step + index
         self.device = parts.device
         self._count = itertools.count()
@@ -123,6 +127,8 @@ class TrainStages:
         loss = p.loss(batch, logits, self.task_weights, step.rows)
         step.ready = p.backward(loss, self.first_step + step.index)  # [] when an fp16 overflow skipped the step
         step.loss = loss.detach()
+        if self.window is not None:
+            step.probs = torch.sigmoid(logits.detach().float())
         step.lookups = []
 
     def update(self, step: Step) -> Step:
@@ -137,10 +143,14 @@ class TrainStages:
         return step
 
     def metrics(self, step: Step) -> Step:
-        """Accumulate the loss (on a GPU this waits for the step: off the caller's thread)."""
+        """Accumulate the loss, and the scores into the window (on a GPU this waits for the
+        step: off the caller's thread)."""
         assert step.loss is not None
         n = step.batch.size
         value = float(step.loss) * step.rows  # the sum of this batch's (slice's) row losses
+        if self.window is not None and step.probs is not None:
+            self.window.add(step.probs.cpu().numpy(), step.batch.labels.float().cpu().numpy())
+            step.probs = None
         with self._metrics:
             self._loss_sum += value
             self._seen += n
