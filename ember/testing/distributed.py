@@ -45,15 +45,17 @@ def torchrun_train(config: Path, nproc: int, overrides: Sequence[str] = (), time
 def checkpoint_state(ckpt: Path) -> dict[str, Any]:
     """A checkpoint's tables ({name: (ids sorted, records in that order)}), step counters,
     dense model and dense optimizer state: what must not depend on the world size."""
-    from ember.checkpoint.load import load_dense, read_manifest, resolve_checkpoint
+    from ember.checkpoint.load import load_dense, read_manifest, resolve_checkpoint, table_parts
 
     ckpt = resolve_checkpoint(ckpt)
     manifest = read_manifest(ckpt)
     tables = {}
     for m in manifest["tables"]:
-        name = m["name"]
-        ids = np.fromfile(ckpt / "tables" / f"{name}.ids", dtype="<i8")
-        rec = np.fromfile(ckpt / "tables" / f"{name}.rec", dtype="<f4").reshape(-1, m["record_dim"])
+        name, parts = m["name"], table_parts(manifest, m)  # any number of parts: one per rank that saved
+        ids = np.concatenate([np.fromfile(ckpt / f"{stem}.ids", dtype="<i8") for stem, _ in parts])
+        rec = np.concatenate([np.fromfile(ckpt / f"{stem}.rec", dtype="<f4") for stem, _ in parts])
+        rec = rec.reshape(-1, m.get("record_words", m["record_dim"]))
+        assert np.unique(ids).size == ids.size, f"table {name}: an ID is in two parts"
         order = np.argsort(ids)
         tables[name] = (ids[order], rec[order])
     dense = load_dense(ckpt)
