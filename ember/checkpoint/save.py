@@ -172,8 +172,8 @@ def _raise(ranks: Ranks, final: Path, failures: list[tuple[int, str]], own: Base
     if own is not None and (ranks.world_size == 1 or not isinstance(own, Exception)):
         raise own
     which = "; ".join(f"rank {r} failed: {why}" for r, why in failures)
-    raise CheckpointError(f"checkpoint {final} was not written ({which}); every rank stopped, the temporary "
-                          f"directory is removed and {_KEPT} (LATEST names it)") from own
+    raise CheckpointError(f"checkpoint {final} was not written: {which}. Every rank stopped; LATEST still names "
+                          "the previous checkpoint") from own
 
 
 def _make_tmp(root: Path, step: int) -> Path:
