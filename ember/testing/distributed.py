@@ -16,15 +16,17 @@ import torch
 __all__ = ["torchrun_train", "checkpoint_state", "assert_states_close"]
 
 
-def torchrun_train(config: Path, nproc: int, overrides: Sequence[str] = (), timeout: float = 240) -> subprocess.CompletedProcess:
+def torchrun_train(config: Path, nproc: int, overrides: Sequence[str] = (), timeout: float = 240,
+                   entry: Sequence[str] = ("-m", "ember")) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc-per-node nproc -m ember train --config config ...`` with
     this checkout first on PYTHONPATH (a free port is picked by ``--standalone``); returns the
-    finished process (stdout and stderr captured)."""
+    finished process (stdout and stderr captured). ``entry``: what torchrun runs instead of
+    ``-m ember`` (e.g. a test's script that wraps ember's command line)."""
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "ember", "train", "--config", str(config), "--overwrite", *overrides]
+           *entry, "train", "--config", str(config), "--overwrite", *overrides]
     # on a timeout torchrun must stop its ranks (SIGTERM: it terminates them, then kills them; they
     # run in sessions of their own), or their open pipes would keep this call waiting
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
