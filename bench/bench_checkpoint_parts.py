@@ -2,23 +2,25 @@
 part, rank 0 the manifest last: ``save_checkpoint(..., ranks=run)``) against the design it
 replaced (every rank's rows gathered on rank 0 in memory, rank 0 writing them alone).
 
-Run under torchrun, once per variant (``ru_maxrss`` is a process's lifetime peak)::
+Run under torchrun, once per variant::
 
     torchrun --standalone --nproc-per-node 2 bench/bench_checkpoint_parts.py --variant parts
     torchrun --standalone --nproc-per-node 2 bench/bench_checkpoint_parts.py --variant gather
 
 Each rank fills one table with ``--rows`` rows (IDs r, r + N, ...), then saves once; rank 0
-prints one JSON line: per rank, the peak RSS before and after the save (MiB) and the save's
-wall time (s). The peak's growth is the memory the save needs on that rank.
+prints one JSON line: per rank, the resident memory just before the save and the most it grew
+during it (MiB, sampled every 5 ms from /proc/self/statm: what the save needs on that rank),
+and the save's wall time (s).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import resource
+import os
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -31,8 +33,28 @@ from ember.distributed.process_group import start
 from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
 
 
-def _peak_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+class _PeakRss:
+    """The most resident memory seen while the ``with`` block runs (a sampling thread)."""
+
+    def __enter__(self) -> "_PeakRss":
+        self.peak, self._stop = _rss_mib(), threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.005):
+            self.peak = max(self.peak, _rss_mib())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _rss_mib())
 
 
 class _Gathered:
@@ -75,25 +97,26 @@ def main() -> None:
     root = Path(run.broadcast(tempfile.mkdtemp(prefix="ember-bench-ckpt-") if run.lead else None))
     dense = {"model": {"w": torch.zeros(4)}}
     run.barrier()
-    before = _peak_mib()
+    before = _rss_mib()
     t0 = time.perf_counter()
-    if args.variant == "parts":
-        save_checkpoint(root, 1, [ec], dense, {"epoch": 0, "batch": 1}, {}, ranks=run)
-    else:
-        shard = [(i, r) for i, r in table.items()]
-        mine = (torch.cat([s[0] for s in shard]), torch.cat([s[1] for s in shard]))
-        del shard
-        every = run.gather_to_lead(mine)
-        del mine
-        if every is not None:
-            gathered = EmbeddingCollection.__new__(EmbeddingCollection)
-            gathered.tables = {"t": _Gathered(table, every)}  # type: ignore[misc]
-            del every
-            save_checkpoint(root, 1, [gathered], dense, {"epoch": 0, "batch": 1}, {})
-        run.barrier()
+    with _PeakRss() as peak:
+        if args.variant == "parts":
+            save_checkpoint(root, 1, [ec], dense, {"epoch": 0, "batch": 1}, {}, ranks=run)
+        else:
+            shard = [(i, r) for i, r in table.items()]
+            mine = (torch.cat([s[0] for s in shard]), torch.cat([s[1] for s in shard]))
+            del shard
+            every = run.gather_to_lead(mine)
+            del mine
+            if every is not None:
+                gathered = EmbeddingCollection.__new__(EmbeddingCollection)
+                gathered.tables = {"t": _Gathered(table, every)}  # type: ignore[misc]
+                del every
+                save_checkpoint(root, 1, [gathered], dense, {"epoch": 0, "batch": 1}, {})
+            run.barrier()
     seconds = time.perf_counter() - t0
-    report = run.gather_to_lead({"rank": run.rank, "peak_before_mib": round(before, 1),
-                                 "peak_after_mib": round(_peak_mib(), 1), "save_s": round(seconds, 3)})
+    report = run.gather_to_lead({"rank": run.rank, "rss_before_mib": round(before, 1),
+                                 "save_grew_mib": round(peak.peak - before, 1), "save_s": round(seconds, 3)})
     if run.lead:
         size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
         print(json.dumps({"variant": args.variant, "world_size": run.world_size, "rows_per_rank": args.rows,

@@ -204,11 +204,12 @@ def _write_part(tmp: Path, part: int, collections: list[EmbeddingCollection]) ->
             codec = RowCodec(table.config.dtype, table.dim, table.config.record_dim)
             try:
                 for ids, records, seen in table.items_with_seen():
-                    writers["ids"].write(ids.cpu().numpy().astype("<i8", copy=False).tobytes())
-                    writers["rec"].write(codec.encode_nearest(records.contiguous()).cpu().numpy().astype("<f4", copy=False).tobytes())
+                    writers["ids"].write(_raw(ids, "<i8"))
+                    writers["rec"].write(_raw(codec.encode_nearest(records.contiguous()), "<f4"))
                     if "seen" in writers and seen is not None:
-                        writers["seen"].write(seen.cpu().numpy().astype("<f4", copy=False).tobytes())
+                        writers["seen"].write(_raw(seen, "<f4"))
                     rows += ids.numel()
+                    del ids, records, seen  # before the next chunk is read: one chunk held at a time
             finally:
                 for suffix, w in writers.items():
                     files[f"{stem}.{suffix}"] = w.close()
@@ -216,6 +217,12 @@ def _write_part(tmp: Path, part: int, collections: list[EmbeddingCollection]) ->
             tables[name] = {"rows": rows, "admission": table.admission_state()}
     fsync_dir(tmp / "tables")  # this rank's entries
     return {"files": files, "tables": tables}
+
+
+def _raw(t: torch.Tensor, dtype: str) -> memoryview:
+    """The bytes of ``t`` as ``dtype``, without the copy ``tobytes`` would make (a save holds
+    one chunk of rows at a time)."""
+    return memoryview(np.ascontiguousarray(t.cpu().numpy().astype(dtype, copy=False))).cast("B")
 
 
 def _finish(tmp: Path, step: int, collections: list[EmbeddingCollection], dense_state: dict[str, Any],
