@@ -189,6 +189,9 @@ def _make_tmp(root: Path, step: int) -> Path:
 def _write_part(tmp: Path, part: int, collections: list[EmbeddingCollection]) -> dict[str, Any]:
     """This rank's part of every table into ``tmp/tables``, chunk by chunk, each file fsynced;
     returns its files' sha256, rows and admission counts per table (what rank 0 gathers)."""
+    if not (tmp / "tables").is_dir():
+        raise CheckpointError(f"{tmp} (made by rank 0) is not there for this rank: every rank must see "
+                              "train.out_dir, on one machine or a file system all nodes share")
     files: dict[str, str] = {}
     tables: dict[str, dict[str, Any]] = {}
     for ec in collections:

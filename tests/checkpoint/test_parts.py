@@ -93,15 +93,16 @@ def _shard(world: int, rank: int, step: int = 5) -> EmbeddingCollection:
     return ec
 
 
-def _save(root: Path, step: int, world: int, dense: dict[str, Any] | None = None) -> list[Any]:
-    """Every thread-rank saves its shard; each one's returned path or raised error."""
+def _save(root: Path, step: int, world: int, roots: dict[int, Path] | None = None) -> list[Any]:
+    """Every thread-rank saves its shard (under ``root``, or ``roots[rank]``); each one's
+    returned path or raised error."""
     group, out = _Group(world), [None] * world
-    dense = dense or {"model": {"w": torch.arange(3.0)}}
+    dense = {"model": {"w": torch.arange(3.0)}}
 
     def run(r: int) -> None:
         try:
-            out[r] = save_checkpoint(root, step, [_shard(world, r, step)], dense, {"epoch": 0, "batch": step}, {"k": 1},
-                                     ranks=_ThreadRank(group, r))
+            out[r] = save_checkpoint((roots or {}).get(r, root), step, [_shard(world, r, step)], dense,
+                                     {"epoch": 0, "batch": step}, {"k": 1}, ranks=_ThreadRank(group, r))
         except BaseException as e:
             out[r] = e
 
@@ -182,6 +183,15 @@ def test_a_rank_failing_to_write_its_part_stops_every_rank_and_keeps_the_previou
     ec = _collection()
     load_tables(first, [ec], read_manifest(first))
     np.testing.assert_array_equal(_rows(ec)["a"][1], _full()["a"][1].numpy())
+
+
+def test_a_rank_that_does_not_see_the_checkpoint_directory_is_named(tmp_path):
+    """As a node whose train.out_dir is not the shared one: rank 1 writes under another root."""
+    root = tmp_path / "checkpoints"
+    errors = _save(root, 5, 2, roots={1: tmp_path / "elsewhere" / "checkpoints"})
+    assert all(isinstance(e, CheckpointError) and "rank 1 failed" in str(e) and "every rank must see" in str(e)
+               for e in errors), errors
+    assert not root.exists() or sorted(p.name for p in root.iterdir()) == []
 
 
 def test_rank_0_failing_at_the_manifest_stops_every_rank(tmp_path, monkeypatch):
