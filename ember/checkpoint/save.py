@@ -163,7 +163,10 @@ def _attempt(fn: Callable[[], _T], final: Path, needed: Callable[[], int] | None
 
 
 def _describe(err: BaseException | None) -> str:
-    return "" if err is None else str(err) if isinstance(err, CheckpointError) else f"{type(err).__name__}: {err}"
+    """What every rank is told of a failure ("" for none: never empty for an error)."""
+    if err is None:
+        return ""
+    return str(err) if isinstance(err, CheckpointError) and str(err) else f"{type(err).__name__}: {err}".rstrip(": ")
 
 
 def _raise(ranks: Ranks, final: Path, failures: list[tuple[int, str]], own: BaseException | None) -> None:
