@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from ember.checkpoint.atomic import sha256_file
-from ember.checkpoint.save import FORMAT_VERSION, part_stem
+from ember.checkpoint.save import FORMAT_VERSION, Ranks, part_stem
 from ember.embedding import EmbeddingCollection
 from ember.embedding.codec import RowCodec
 from ember.errors import CheckpointError
@@ -61,8 +61,10 @@ def read_manifest(ckpt: Path) -> dict[str, Any]:
     return manifest
 
 
-def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
-    """Check every file's sha256 against the manifest (every part of every table); returns the manifest."""
+def verify_checkpoint(ckpt: Path, ranks: Ranks | None = None) -> dict[str, Any]:
+    """Check every file's sha256 against the manifest (every part of every table); returns the
+    manifest. ``ranks``: the ranks of a distributed run share the hashing (rank r checks every
+    r-th file) and every rank raises for a damaged file any of them found."""
     manifest = read_manifest(ckpt)
     for m in manifest["tables"]:
         unlisted = [f"{stem}.{suffix}" for stem, _ in table_parts(manifest, m) for suffix in ("ids", "rec")
@@ -70,13 +72,25 @@ def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
         if unlisted:
             raise CheckpointError(f"checkpoint {ckpt}: the manifest lists no hash for {unlisted}; the checkpoint is "
                                   "incomplete, use an older one")
-    for rel, digest in manifest["files"].items():
+    files = sorted(manifest["files"].items())
+    problem = _check_files(ckpt, files if ranks is None else files[ranks.rank :: ranks.world_size])
+    if ranks is not None:  # every rank hears of a damaged file, whichever rank hashed it
+        found = ranks.gather_to_lead(problem)
+        problem = ranks.broadcast(next((p for p in found if p), "") if found is not None else "")
+    if problem:
+        raise CheckpointError(problem)
+    return manifest
+
+
+def _check_files(ckpt: Path, files: list[tuple[str, str]]) -> str:
+    """Why the first of ``files`` (path, sha256) that is missing or damaged is, or ""."""
+    for rel, digest in files:
         f = ckpt / rel
         if not f.exists():
-            raise CheckpointError(f"checkpoint {ckpt}: file {rel} is missing")
+            return f"checkpoint {ckpt}: file {rel} is missing"
         if sha256_file(f) != digest:
-            raise CheckpointError(f"checkpoint {ckpt}: {rel} is damaged (sha256 mismatch); use an older checkpoint")
-    return manifest
+            return f"checkpoint {ckpt}: {rel} is damaged (sha256 mismatch); use an older checkpoint"
+    return ""
 
 
 Keep = Callable[[str, torch.Tensor], torch.Tensor]  # (table, ids) -> mask of the IDs to load

@@ -139,7 +139,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
     early = EarlyStopping.from_run(cfg)  # None unless train.early_stopping
     if t.resume or t.init_from:
         ckpt = resolve_checkpoint(t.resume or t.init_from)  # type: ignore[arg-type]
-        manifest = verify_checkpoint(ckpt)
+        manifest = verify_checkpoint(ckpt, parts.dist)  # distributed: the ranks share the hashing
         load_tables(ckpt, parts.collections(), manifest, parts.owned())
         dense = load_dense(ckpt)
         parts.model.load_state_dict(dense["model"])

@@ -242,6 +242,35 @@ def test_verification_covers_every_part(tmp_path):
         verify_checkpoint(ckpt)
 
 
+def test_ranks_share_the_verification_and_all_hear_of_a_damaged_part(tmp_path):
+    ckpt = _save(tmp_path / "checkpoints", 5, 3)[0]
+    group, out = _Group(2), [None, None]
+
+    def run(r: int) -> None:
+        try:
+            out[r] = verify_checkpoint(ckpt, _ThreadRank(group, r))
+        except CheckpointError as e:
+            out[r] = e
+
+    def verify_in_two_ranks() -> list[Any]:
+        threads = [threading.Thread(target=run, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        return out
+
+    assert all(m["step"] == 5 for m in verify_in_two_ranks())
+    files = sorted(json.loads((ckpt / "manifest.json").read_text())["files"])
+    for victim in (files[0], files[1]):  # hashed by rank 0, then by rank 1
+        data = bytearray((ckpt / victim).read_bytes())
+        data[-1] ^= 1
+        (ckpt / victim).write_bytes(bytes(data))
+        assert all(isinstance(e, CheckpointError) and f"{victim} is damaged" in str(e) for e in verify_in_two_ranks())
+        data[-1] ^= 1
+        (ckpt / victim).write_bytes(bytes(data))
+
+
 def test_format_2_one_part_still_loads(tmp_path):
     """A checkpoint as format 2 wrote it (``tables/<name>.ids`` ..., no parts) loads as before."""
     root = tmp_path / "checkpoints"
