@@ -44,8 +44,11 @@ def cmd_train(args: argparse.Namespace) -> int:
     if result.bad_rows:
         print("skipped bad rows: " + ", ".join(f"{k}: {v}" for k, v in result.bad_rows.items()))
     if args.export:
-        assert result.parts is not None
-        print(f"exported to {_export(result.parts, cfg, args.export)}")
+        parts = result.parts
+        assert parts is not None
+        if parts.dist is not None:  # rank 0 holds its shard only: export every rank's rows, from the final checkpoint
+            parts = _load_checkpoint(cfg, *_verified(str(result.run_dir)))
+        print(f"exported to {_export(parts, cfg, args.export)}")
     return 0
 
 
@@ -72,25 +75,39 @@ def _export(parts, cfg, out_dir: str) -> Path:
 def _restore(args: argparse.Namespace):
     """Config (from the checkpoint unless --config is given), parts loaded from a checkpoint, and
     which checkpoint that was: ``{"checkpoint": path, "step": step}``."""
-    from ember.checkpoint.load import load_dense, load_tables, resolve_checkpoint, restore_table_state, verify_checkpoint
     from ember.config import apply_overrides, from_dict, load
     from ember.featurize.schema import as_recorded
-    from ember.train.builder import build_components
 
-    ckpt = resolve_checkpoint(args.checkpoint)
-    manifest = verify_checkpoint(ckpt)
+    ckpt, manifest = _verified(args.checkpoint)
     if args.config:
         cfg = load(args.config, args.overrides)
     else:
         recorded = manifest["config"]
         recorded = {**recorded, "schema": as_recorded(recorded["schema"])} if recorded.get("schema") else recorded
         cfg = from_dict(apply_overrides(recorded, args.overrides))
+    return cfg, _load_checkpoint(cfg, ckpt, manifest), {"checkpoint": str(ckpt), "step": int(manifest["step"])}
+
+
+def _verified(path: str) -> tuple[Path, dict]:
+    """The checkpoint at ``path`` (or its run's latest) and its verified manifest."""
+    from ember.checkpoint.load import resolve_checkpoint, verify_checkpoint
+
+    ckpt = resolve_checkpoint(path)
+    return ckpt, verify_checkpoint(ckpt)
+
+
+def _load_checkpoint(cfg, ckpt: Path, manifest: dict):
+    """This process's parts (``Components``) for ``cfg`` holding every row of ``ckpt``, all its
+    parts (whatever world size saved it), and its dense model."""
+    from ember.checkpoint.load import load_dense, load_tables, restore_table_state
+    from ember.train.builder import build_components
+
     parts = build_components(cfg)
     load_tables(ckpt, parts.collections(), manifest)
     dense = load_dense(ckpt)
     parts.model.load_state_dict(dense["model"])
     restore_table_state(parts.collections(), dense)  # table steps: which TTL rows have expired
-    return cfg, parts, {"checkpoint": str(ckpt), "step": int(manifest["step"])}
+    return parts
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

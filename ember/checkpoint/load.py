@@ -1,4 +1,5 @@
-"""Load and verify checkpoints, into any table layout (tiers are re-filled from the files)."""
+"""Load and verify checkpoints, into any table layout (tiers are re-filled from the files) and
+any number of ranks (each keeps the IDs it owns, from every part, whatever world size saved them)."""
 
 from __future__ import annotations
 
@@ -6,20 +7,20 @@ import io
 import json
 import random
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 import torch
 
 from ember.checkpoint.atomic import sha256_file
-from ember.checkpoint.save import FORMAT_VERSION
+from ember.checkpoint.save import FORMAT_VERSION, Ranks, part_stem
 from ember.embedding import EmbeddingCollection
 from ember.embedding.codec import RowCodec
 from ember.errors import CheckpointError
 
 __all__ = [
     "resolve_checkpoint", "read_manifest", "verify_checkpoint", "load_tables", "load_dense", "restore_rng",
-    "restore_table_state",
+    "restore_table_state", "table_parts",
 ]
 
 _CHUNK_ROWS = 1 << 20
@@ -60,16 +61,36 @@ def read_manifest(ckpt: Path) -> dict[str, Any]:
     return manifest
 
 
-def verify_checkpoint(ckpt: Path) -> dict[str, Any]:
-    """Check every file's sha256 against the manifest; returns the manifest."""
+def verify_checkpoint(ckpt: Path, ranks: Ranks | None = None) -> dict[str, Any]:
+    """Check every file's sha256 against the manifest (every part of every table); returns the
+    manifest. ``ranks``: the ranks of a distributed run share the hashing (rank r checks every
+    r-th file) and every rank raises for a damaged file any of them found."""
     manifest = read_manifest(ckpt)
-    for rel, digest in manifest["files"].items():
+    for m in manifest["tables"]:
+        unlisted = [f"{stem}.{suffix}" for stem, _ in table_parts(manifest, m) for suffix in ("ids", "rec")
+                    if f"{stem}.{suffix}" not in manifest["files"]]
+        if unlisted:
+            raise CheckpointError(f"checkpoint {ckpt}: the manifest lists no hash for {unlisted}; the checkpoint is "
+                                  "incomplete, use an older one")
+    files = sorted(manifest["files"].items())
+    problem = _check_files(ckpt, files if ranks is None else files[ranks.rank :: ranks.world_size])
+    if ranks is not None:  # every rank hears of a damaged file, whichever rank hashed it
+        found = ranks.gather_to_lead(problem)
+        problem = ranks.broadcast(next((p for p in found if p), "") if found is not None else "")
+    if problem:
+        raise CheckpointError(problem)
+    return manifest
+
+
+def _check_files(ckpt: Path, files: list[tuple[str, str]]) -> str:
+    """Why the first of ``files`` (path, sha256) that is missing or damaged is, or ""."""
+    for rel, digest in files:
         f = ckpt / rel
         if not f.exists():
-            raise CheckpointError(f"checkpoint {ckpt}: file {rel} is missing")
+            return f"checkpoint {ckpt}: file {rel} is missing"
         if sha256_file(f) != digest:
-            raise CheckpointError(f"checkpoint {ckpt}: {rel} is damaged (sha256 mismatch); use an older checkpoint")
-    return manifest
+            return f"checkpoint {ckpt}: {rel} is damaged (sha256 mismatch); use an older checkpoint"
+    return ""
 
 
 Keep = Callable[[str, torch.Tensor], torch.Tensor]  # (table, ids) -> mask of the IDs to load
@@ -96,23 +117,35 @@ def load_tables(ckpt: Path, collections: list[EmbeddingCollection], manifest: di
                     f"{table.config.record_dim}; keep dim and optimizer type when resuming"
                 )
             codec = RowCodec(m.get("dtype", "fp32"), m["dim"], m["record_dim"])  # how the file packs rows
-            ids_mm = np.memmap(ckpt / "tables" / f"{name}.ids", dtype="<i8", mode="r") if m["rows"] else np.empty(0, np.int64)
-            rec_mm = (
-                np.memmap(ckpt / "tables" / f"{name}.rec", dtype="<f4", mode="r").reshape(-1, codec.words)
-                if m["rows"] else np.empty((0, codec.words), np.float32)
-            )
-            seen_file = ckpt / "tables" / f"{name}.seen"
-            seen_mm = None  # last-seen steps (TTL tables); older checkpoints lack them: rows count as seen now
-            if table.config.ttl_steps and m["rows"] and f"tables/{name}.seen" in manifest["files"]:
-                seen_mm = np.memmap(seen_file, dtype="<f4", mode="r")
-            for s in range(0, m["rows"], _CHUNK_ROWS):
-                seen = None if seen_mm is None else torch.from_numpy(np.array(seen_mm[s : s + _CHUNK_ROWS]))
-                ids = torch.from_numpy(np.array(ids_mm[s : s + _CHUNK_ROWS]))
-                rec = torch.from_numpy(np.array(rec_mm[s : s + _CHUNK_ROWS]))
-                if keep is not None:
-                    mask = keep(name, ids)
-                    ids, rec, seen = ids[mask], rec[mask], None if seen is None else seen[mask]
-                table.load(ids, codec.decode(rec), seen)
+            for stem, rows in table_parts(manifest, m):
+                # last-seen steps (TTL tables); older checkpoints lack them: rows count as seen now
+                with_seen = bool(table.config.ttl_steps) and f"{stem}.seen" in manifest["files"]
+                for ids, rec, seen in _read_part(ckpt / stem, rows, codec.words, with_seen):
+                    if keep is not None:
+                        mask = keep(name, ids)
+                        ids, rec, seen = ids[mask], rec[mask], None if seen is None else seen[mask]
+                    table.load(ids, codec.decode(rec), seen)
+
+
+def table_parts(manifest: dict[str, Any], meta: dict[str, Any]) -> list[tuple[str, int]]:
+    """(file stem in the checkpoint, rows) of each part of one table (``meta``, an entry of the
+    manifest's ``tables``): one per rank that saved it, from format 3; one before."""
+    name = meta["name"]
+    if manifest["format_version"] < 3:
+        return [(f"tables/{name}", int(meta["rows"]))]
+    return [(part_stem(name, r), int(n)) for r, n in enumerate(meta["part_rows"])]
+
+
+def _read_part(stem: Path, rows: int, words: int, with_seen: bool) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+    """(ids, packed records, last-seen or None) of one part, ``_CHUNK_ROWS`` rows at a time."""
+    if not rows:
+        return
+    ids_mm = np.memmap(f"{stem}.ids", dtype="<i8", mode="r")
+    rec_mm = np.memmap(f"{stem}.rec", dtype="<f4", mode="r").reshape(-1, words)
+    seen_mm = np.memmap(f"{stem}.seen", dtype="<f4", mode="r") if with_seen else None
+    for s in range(0, rows, _CHUNK_ROWS):
+        yield (torch.from_numpy(np.array(ids_mm[s : s + _CHUNK_ROWS])), torch.from_numpy(np.array(rec_mm[s : s + _CHUNK_ROWS])),
+               None if seen_mm is None else torch.from_numpy(np.array(seen_mm[s : s + _CHUNK_ROWS])))
 
 
 def load_dense(ckpt: Path) -> dict[str, Any]:

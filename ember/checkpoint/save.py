@@ -2,16 +2,26 @@
 
 Layout of ``<run>/checkpoints/step-00000100/``::
 
-    manifest.json      version, step, data position, config, tables, sha256 of every file
-    dense.pt           model + dense optimizer state_dicts, RNG states, table step counters
-    tables/<name>.ids  int64 IDs, streamed in chunks (sorted by ID per chunk)
-    tables/<name>.rec  records [weights | optimizer state], same order, packed at the table's
-                       dtype (``RowCodec``: fp32 words; bf16/fp16 weights two to a word)
-    tables/<name>.seen last-seen step per row (float32), tables with a TTL
+    manifest.json                  version, step, data position, config, tables (rows of each
+                                   part), sha256 of every file; written last
+    dense.pt                       model + dense optimizer state_dicts, RNG states, table step
+                                   counters, min_count admission counts
+    tables/<name>.part-<r>.ids     int64 IDs of part r, streamed in chunks (sorted per chunk)
+    tables/<name>.part-<r>.rec     records [weights | optimizer state], same order, packed at the
+                                   table's dtype (``RowCodec``: fp32 words; bf16/fp16 weights two
+                                   to a word)
+    tables/<name>.part-<r>.seen    last-seen step per row (float32), tables with a TTL
+
+A part is what one rank held: one process writes one part, a distributed run of N ranks N,
+each rank its own in parallel (``ranks``). Rows are keyed by (table, ID), never by rank, so
+any number of ranks reads any number of parts (each keeps the IDs it owns). Format 2 and
+older have one part named ``tables/<name>.ids`` / ``.rec`` / ``.seen`` (``load.table_parts``).
 
 A full disk raises CheckpointError naming the directory and the bytes needed, and removes the
-temporary directory. A crash at any point leaves the previous checkpoint untouched: files go to a ``.tmp-*``
-directory, each is fsynced, the directory is renamed, then ``LATEST`` is replaced atomically.
+temporary directory. A crash at any point leaves the previous checkpoint untouched: files go to a
+``.tmp-*`` directory, each is fsynced, the manifest goes in last, the directory is renamed, then
+``LATEST`` is replaced atomically. A rank that fails to write its part makes every rank raise
+CheckpointError naming it; LATEST keeps naming the previous checkpoint.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -34,9 +44,40 @@ from ember.embedding.codec import RowCodec
 from ember.errors import CheckpointError
 from ember.fileio import is_no_space, no_space_error
 
-__all__ = ["save_checkpoint", "checkpoint_bytes", "FORMAT_VERSION", "rng_state", "mark_best", "best_checkpoint", "checkpoint_path"]
+__all__ = ["save_checkpoint", "checkpoint_bytes", "FORMAT_VERSION", "rng_state", "mark_best", "best_checkpoint",
+           "checkpoint_path", "Ranks", "part_stem"]
 
-FORMAT_VERSION = 2  # 2: tables record their row dtype; .rec rows are packed at it
+FORMAT_VERSION = 3  # 2: tables record their row dtype; .rec rows are packed at it. 3: tables in parts
+
+_KEPT = "the previous checkpoint is kept"
+_T = TypeVar("_T")
+
+
+class Ranks(Protocol):
+    """The ranks saving one checkpoint together, and the two collectives a save needs (small
+    objects only: names, hashes, row counts). ``ember.distributed.DistributedRun`` is one."""
+
+    rank: int
+    world_size: int
+
+    @property
+    def lead(self) -> bool: ...
+
+    def gather_to_lead(self, obj: Any) -> list[Any] | None: ...
+
+    def broadcast(self, obj: Any) -> Any: ...
+
+
+class _OneProcess:
+    """The ``Ranks`` of a single process: rank 0 of 1, collectives are identities."""
+
+    rank, world_size, lead = 0, 1, True
+
+    def gather_to_lead(self, obj: Any) -> list[Any]:
+        return [obj]
+
+    def broadcast(self, obj: Any) -> Any:
+        return obj
 
 
 def rng_state() -> dict[str, Any]:
@@ -44,6 +85,11 @@ def rng_state() -> dict[str, Any]:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def part_stem(name: str, part: int) -> str:
+    """Path of part ``part`` of table ``name`` in a checkpoint, less its suffix (.ids, .rec, .seen)."""
+    return f"tables/{name}.part-{part}"
 
 
 def save_checkpoint(
@@ -54,22 +100,183 @@ def save_checkpoint(
     position: dict[str, int],
     config: dict[str, Any],
     keep: int = 2,
+    ranks: Ranks | None = None,
 ) -> Path:
-    """Write a complete checkpoint under ``root`` and point ``root/LATEST`` at it; returns its path."""
-    root.mkdir(parents=True, exist_ok=True)
+    """Write a complete checkpoint under ``root`` and point ``root/LATEST`` at it; returns its path.
+
+    ``ranks``: a distributed run, whose every rank calls this with its own shard of the tables
+    (None: one process, one part). Rank 0 makes the temporary directory; each rank writes its
+    part of every table there (chunk by chunk, fsynced, hashed); rank 0 gathers the parts' file
+    hashes, row counts and admission counts (never rows), writes ``dense.pt`` (its
+    ``dense_state``) and the manifest last, renames the directory in and replaces ``LATEST``.
+    Any rank failing (a full disk, an exception) makes every rank raise a CheckpointError naming
+    it (one process: the error itself), with the temporary directory removed and ``LATEST`` on
+    the previous checkpoint.
+    """
+    ranks = ranks or _OneProcess()
     final = checkpoint_path(root, step)
+
+    def needed() -> int:  # asked only when the disk is full: this rank's rows and the dense state
+        return checkpoint_bytes(collections, dense_state)
+
+    # 1. rank 0 makes the temporary directory; every rank learns its name
+    made, err = _attempt(lambda: _make_tmp(root, step), final, needed) if ranks.lead else (None, None)
+    name, why = ranks.broadcast((made.name if made else None, _describe(err)))
+    if why:
+        _raise(ranks, final, [(0, why)], err)
+    tmp = root / name
+    # 2. every rank writes its part of every table
+    part, err = _attempt(lambda: _write_part(tmp, ranks.rank, collections), final, needed)
+    reports = ranks.gather_to_lead((part, _describe(err)))
+    # 3. rank 0 writes dense.pt and the manifest, publishes, and tells every rank how it went
+    failures: list[tuple[int, str]] = []
+    if reports is not None:
+        failures = [(r, why) for r, (_, why) in enumerate(reports) if why]
+        if not failures:
+            _, err = _attempt(lambda: _finish(tmp, step, collections, dense_state, position, config,
+                                              [p for p, _ in reports]), final, needed)
+            if err is None:
+                _, err = _attempt(lambda: _publish(root, tmp, final), final, None)
+            failures = [(0, why)] if (why := _describe(err)) else []
+        if failures:
+            shutil.rmtree(tmp, ignore_errors=True)
+    failures = ranks.broadcast(failures)
+    if failures:
+        _raise(ranks, final, failures, err)
+    if ranks.lead:
+        _prune(root, keep)
+    return final
+
+
+def _attempt(fn: Callable[[], _T], final: Path, needed: Callable[[], int] | None) -> tuple[_T | None, BaseException | None]:
+    """``fn()`` and None, or None and what it raised (a full disk: the CheckpointError naming
+    ``final`` and the bytes ``needed``), so that every rank hears of a failure before raising."""
+    try:
+        return fn(), None
+    except BaseException as e:
+        if isinstance(e, OSError) and is_no_space(e):
+            hint = f"{_KEPT} (lower train.keep_checkpoints or move train.out_dir to a larger volume)"
+            err = no_space_error(CheckpointError, final, needed, e, hint)
+            err.__cause__ = e
+            return None, err
+        return None, e
+
+
+def _describe(err: BaseException | None) -> str:
+    """What every rank is told of a failure ("" for none: never empty for an error)."""
+    if err is None:
+        return ""
+    return str(err) if isinstance(err, CheckpointError) and str(err) else f"{type(err).__name__}: {err}".rstrip(": ")
+
+
+def _raise(ranks: Ranks, final: Path, failures: list[tuple[int, str]], own: BaseException | None) -> None:
+    """Raise on every rank once all know the save failed: one process raises its own error;
+    ranks raise a CheckpointError naming the failed ranks and why (an interrupt stays one)."""
+    if own is not None and (ranks.world_size == 1 or not isinstance(own, Exception)):
+        raise own
+    which = "; ".join(f"rank {r} failed: {why}" for r, why in failures)
+    raise CheckpointError(f"checkpoint {final} was not written: {which}. Every rank stopped; LATEST still names "
+                          "the previous checkpoint") from own
+
+
+def _make_tmp(root: Path, step: int) -> Path:
+    """An empty temporary checkpoint directory with its ``tables`` folder (rank 0)."""
+    root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-step-{step:08d}-{os.getpid()}"
     if tmp.exists():
         shutil.rmtree(tmp)
+    (tmp / "tables").mkdir(parents=True)
+    return tmp
+
+
+def _write_part(tmp: Path, part: int, collections: list[EmbeddingCollection]) -> dict[str, Any]:
+    """This rank's part of every table into ``tmp/tables``, chunk by chunk, each file fsynced;
+    returns its files' sha256, rows and admission counts per table (what rank 0 gathers)."""
+    if not (tmp / "tables").is_dir():
+        raise CheckpointError(f"{tmp} (made by rank 0) is not there for this rank: every rank must see "
+                              "train.out_dir, on one machine or a file system all nodes share")
+    files: dict[str, str] = {}
+    tables: dict[str, dict[str, Any]] = {}
+    for ec in collections:
+        for name, table in ec.tables.items():
+            table.flush()
+            stem = part_stem(name, part)
+            writers = {"ids": HashingWriter(tmp / f"{stem}.ids"), "rec": HashingWriter(tmp / f"{stem}.rec")}
+            if table.config.ttl_steps:  # each row's last-seen step, so rows expire on the same steps after a resume
+                writers["seen"] = HashingWriter(tmp / f"{stem}.seen")
+            rows = 0
+            # rows are saved packed at the table's dtype: its values are representable, so
+            # rounding to nearest repacks them exactly
+            codec = RowCodec(table.config.dtype, table.dim, table.config.record_dim)
+            try:
+                for ids, records, seen in table.items_with_seen():
+                    writers["ids"].write(_raw(ids, "<i8"))
+                    writers["rec"].write(_raw(codec.encode_nearest(records.contiguous()), "<f4"))
+                    if "seen" in writers and seen is not None:
+                        writers["seen"].write(_raw(seen, "<f4"))
+                    rows += ids.numel()
+                    del ids, records, seen  # before the next chunk is read: one chunk held at a time
+            finally:
+                for suffix, w in writers.items():
+                    files[f"{stem}.{suffix}"] = w.close()
+            # min_count sightings of IDs without a row: small, saved in dense.pt by rank 0
+            tables[name] = {"rows": rows, "admission": table.admission_state()}
+    fsync_dir(tmp / "tables")  # this rank's entries
+    return {"files": files, "tables": tables}
+
+
+def _raw(t: torch.Tensor, dtype: str) -> memoryview:
+    """The bytes of ``t`` as ``dtype``, without the copy ``tobytes`` would make (a save holds
+    one chunk of rows at a time)."""
+    return memoryview(np.ascontiguousarray(t.cpu().numpy().astype(dtype, copy=False))).cast("B")
+
+
+def _finish(tmp: Path, step: int, collections: list[EmbeddingCollection], dense_state: dict[str, Any],
+            position: dict[str, int], config: dict[str, Any], parts: list[dict[str, Any]]) -> None:
+    """Rank 0, once every part is written: ``dense.pt``, then the manifest naming every part's
+    files and hashes, all fsynced."""
+    files: dict[str, str] = {k: v for p in parts for k, v in p["files"].items()}
+    tables_meta = []
+    steps, admission = {}, {}
+    for ec in collections:
+        for name, table in ec.tables.items():
+            counts = [p["tables"][name]["admission"] for p in parts]
+            admission[name] = (torch.cat([c[0] for c in counts]), torch.cat([c[1] for c in counts]))
+            steps[name] = table.step
+            rows = [int(p["tables"][name]["rows"]) for p in parts]
+            codec = RowCodec(table.config.dtype, table.dim, table.config.record_dim)
+            tables_meta.append({"name": name, "rows": sum(rows), "part_rows": rows, "dim": table.dim,
+                                "record_dim": table.config.record_dim, "dtype": table.config.dtype,
+                                "record_words": codec.words, "optimizer": table.config.optimizer.model_dump(mode="json")})
+    buf = io.BytesIO()
+    torch.save({**dense_state, "rng": rng_state(), "table_steps": steps, "admission": admission}, buf)
+    dense_w = HashingWriter(tmp / "dense.pt")
     try:
-        _write(tmp, step, collections, dense_state, position, config)
-    except BaseException as e:  # a failed save leaves no half-written directory behind
-        shutil.rmtree(tmp, ignore_errors=True)
-        if is_no_space(e):
-            raise no_space_error(CheckpointError, final, checkpoint_bytes(collections, dense_state),
-                                 e, "the previous checkpoint is kept (lower train.keep_checkpoints or move "
-                                 "train.out_dir to a larger volume)") from e  # type: ignore[arg-type]
-        raise
+        dense_w.write(buf.getvalue())
+    finally:
+        files["dense.pt"] = dense_w.close()
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "position": position,
+        "time": time.time(),
+        "parts": len(parts),
+        "tables": tables_meta,
+        "files": files,
+        "config": config,
+    }
+    mw = HashingWriter(tmp / "manifest.json")
+    try:
+        mw.write(json.dumps(manifest, indent=1).encode())
+    finally:
+        mw.close()
+    fsync_dir(tmp / "tables")
+    fsync_dir(tmp)
+
+
+def _publish(root: Path, tmp: Path, final: Path) -> None:
+    """Rename the finished ``tmp`` to ``final`` and point ``LATEST`` at it; on any failure,
+    back to the previous checkpoint (a full disk: CheckpointError)."""
     old = None
     try:
         if final.exists():  # a second save of the same step: move the old one aside, never delete first
@@ -82,11 +289,9 @@ def save_checkpoint(
         _undo_publish(tmp, final, old)
         if isinstance(e, CheckpointError) or not is_no_space(e):
             raise
-        raise no_space_error(CheckpointError, final, None, e, "the previous checkpoint is kept") from e  # type: ignore[arg-type]
+        raise no_space_error(CheckpointError, final, None, e, _KEPT) from e  # type: ignore[arg-type]
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
-    _prune(root, keep)
-    return final
 
 
 def _undo_publish(tmp: Path, final: Path, old: Path | None) -> None:
@@ -119,60 +324,6 @@ def _tensor_bytes(obj: Any) -> int:
     if isinstance(obj, (list, tuple)):
         return sum(_tensor_bytes(v) for v in obj)
     return 0
-
-
-def _write(tmp: Path, step: int, collections: list[EmbeddingCollection], dense_state: dict[str, Any],
-           position: dict[str, int], config: dict[str, Any]) -> None:
-    """Every file of the checkpoint into the directory ``tmp``, fsynced."""
-    (tmp / "tables").mkdir(parents=True)
-    files: dict[str, str] = {}
-    tables_meta = []
-    steps, admission = {}, {}
-    for ec in collections:
-        for name, table in ec.tables.items():
-            table.flush()
-            admission[name] = table.admission_state()  # min_count sightings of IDs without a row
-            ids_w = HashingWriter(tmp / "tables" / f"{name}.ids")
-            rec_w = HashingWriter(tmp / "tables" / f"{name}.rec")
-            # with a TTL, each row's last-seen step too, so rows expire on the same steps after a resume
-            seen_w = HashingWriter(tmp / "tables" / f"{name}.seen") if table.config.ttl_steps else None
-            rows = 0
-            # rows are saved packed at the table's dtype: its values are representable, so
-            # rounding to nearest repacks them exactly
-            codec = RowCodec(table.config.dtype, table.dim, table.config.record_dim)
-            for ids, records, seen in table.items_with_seen():
-                ids_w.write(ids.numpy().astype("<i8", copy=False).tobytes())
-                rec_w.write(codec.encode_nearest(records.contiguous()).numpy().astype("<f4", copy=False).tobytes())
-                if seen_w is not None and seen is not None:
-                    seen_w.write(seen.numpy().astype("<f4", copy=False).tobytes())
-                rows += ids.numel()
-            files[f"tables/{name}.ids"] = ids_w.close()
-            files[f"tables/{name}.rec"] = rec_w.close()
-            if seen_w is not None:
-                files[f"tables/{name}.seen"] = seen_w.close()
-            steps[name] = table.step
-            tables_meta.append({"name": name, "rows": rows, "dim": table.dim, "record_dim": table.config.record_dim,
-                                "dtype": table.config.dtype, "record_words": codec.words,
-                                "optimizer": table.config.optimizer.model_dump(mode="json")})
-    buf = io.BytesIO()
-    torch.save({**dense_state, "rng": rng_state(), "table_steps": steps, "admission": admission}, buf)
-    dense_w = HashingWriter(tmp / "dense.pt")
-    dense_w.write(buf.getvalue())
-    files["dense.pt"] = dense_w.close()
-    manifest = {
-        "format_version": FORMAT_VERSION,
-        "step": step,
-        "position": position,
-        "time": time.time(),
-        "tables": tables_meta,
-        "files": files,
-        "config": config,
-    }
-    mw = HashingWriter(tmp / "manifest.json")
-    mw.write(json.dumps(manifest, indent=1).encode())
-    mw.close()
-    fsync_dir(tmp / "tables")
-    fsync_dir(tmp)
 
 
 def checkpoint_path(root: Path, step: int) -> Path:

@@ -16,15 +16,17 @@ import torch
 __all__ = ["torchrun_train", "checkpoint_state", "assert_states_close"]
 
 
-def torchrun_train(config: Path, nproc: int, overrides: Sequence[str] = (), timeout: float = 240) -> subprocess.CompletedProcess:
+def torchrun_train(config: Path, nproc: int, overrides: Sequence[str] = (), timeout: float = 240,
+                   entry: Sequence[str] = ("-m", "ember")) -> subprocess.CompletedProcess:
     """``torchrun --standalone --nproc-per-node nproc -m ember train --config config ...`` with
     this checkout first on PYTHONPATH (a free port is picked by ``--standalone``); returns the
-    finished process (stdout and stderr captured)."""
+    finished process (stdout and stderr captured). ``entry``: what torchrun runs instead of
+    ``-m ember`` (e.g. a test's script that wraps ember's command line)."""
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
            "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "-m", "ember", "train", "--config", str(config), "--overwrite", *overrides]
+           *entry, "train", "--config", str(config), "--overwrite", *overrides]
     # on a timeout torchrun must stop its ranks (SIGTERM: it terminates them, then kills them; they
     # run in sessions of their own), or their open pipes would keep this call waiting
     with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -45,15 +47,17 @@ def torchrun_train(config: Path, nproc: int, overrides: Sequence[str] = (), time
 def checkpoint_state(ckpt: Path) -> dict[str, Any]:
     """A checkpoint's tables ({name: (ids sorted, records in that order)}), step counters,
     dense model and dense optimizer state: what must not depend on the world size."""
-    from ember.checkpoint.load import load_dense, read_manifest, resolve_checkpoint
+    from ember.checkpoint.load import load_dense, read_manifest, resolve_checkpoint, table_parts
 
     ckpt = resolve_checkpoint(ckpt)
     manifest = read_manifest(ckpt)
     tables = {}
     for m in manifest["tables"]:
-        name = m["name"]
-        ids = np.fromfile(ckpt / "tables" / f"{name}.ids", dtype="<i8")
-        rec = np.fromfile(ckpt / "tables" / f"{name}.rec", dtype="<f4").reshape(-1, m["record_dim"])
+        name, parts = m["name"], table_parts(manifest, m)  # any number of parts: one per rank that saved
+        ids = np.concatenate([np.fromfile(ckpt / f"{stem}.ids", dtype="<i8") for stem, _ in parts])
+        rec = np.concatenate([np.fromfile(ckpt / f"{stem}.rec", dtype="<f4") for stem, _ in parts])
+        rec = rec.reshape(-1, m.get("record_words", m["record_dim"]))
+        assert np.unique(ids).size == ids.size, f"table {name}: an ID is in two parts"
         order = np.argsort(ids)
         tables[name] = (ids[order], rec[order])
     dense = load_dense(ckpt)

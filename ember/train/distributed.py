@@ -14,13 +14,12 @@ from ember.config import RunConfig
 from ember.distributed.config import check_compatible
 from ember.distributed.planner import plan_sharding
 from ember.distributed.process_group import DistributedRun, Topology, start
-from ember.distributed.gather import gather_tables
 from ember.distributed.sharding import ShardingPlan
 from ember.embedding.config import TableConfig
 from ember.errors import ConfigError
 from ember.train.builder import pick_device
 
-__all__ = ["start_run", "sharding_plan", "table_rows", "shard_storage", "lead_prepares_run", "gather_tables"]
+__all__ = ["start_run", "sharding_plan", "table_rows", "shard_storage", "lead_prepares_run"]
 
 
 def start_run(cfg: RunConfig, topology: Topology | None = None) -> DistributedRun | None:

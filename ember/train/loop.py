@@ -40,7 +40,7 @@ from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.pipeline.stream import StreamLoader, StreamPosition
 from ember.train.builder import Components, build_components
 from ember.train.early_stop import EarlyStopping
-from ember.train.distributed import gather_tables, lead_prepares_run, start_run
+from ember.train.distributed import lead_prepares_run, start_run
 from ember.train.evaluate import evaluate
 from ember.train.history import History
 from ember.train.metrics import json_safe
@@ -150,7 +150,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
     early = EarlyStopping.from_run(cfg)  # None unless train.early_stopping
     if t.resume or t.init_from:
         ckpt = resolve_checkpoint(t.resume or t.init_from)  # type: ignore[arg-type]
-        manifest = verify_checkpoint(ckpt)
+        manifest = verify_checkpoint(ckpt, parts.dist)  # distributed: the ranks share the hashing
         load_tables(ckpt, parts.collections(), manifest, parts.owned())
         dense = load_dense(ckpt)
         parts.model.load_state_dict(dense["model"])
@@ -178,16 +178,12 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             state["loss_scaler"] = parts.scaler.state_dict()
         if early is not None:
             state["early_stopping"] = early.state_dict()
-        tables = parts.collections() if parts.dist is None else gather_tables(parts.collections(), parts.dist)
-        path = run_dir / "checkpoints" / f"step-{step:08d}"
         position: dict[str, Any] = {"epoch": epoch, "batch": batch}
         if stream:
             position.update(stream[0].stream_position(batch).to_dict())
-        if tables is not None:  # distributed: rank 0 writes every rank's rows, keyed by (table, ID)
-            path = save_checkpoint(run_dir / "checkpoints", step, tables, state,  # type: ignore[arg-type]
-                                   position, cfg.model_dump(mode="json", by_alias=True), t.keep_checkpoints)
-        if parts.dist is not None:
-            parts.dist.barrier()
+        # distributed: every rank writes its own part of every table, rank 0 the manifest last
+        path = save_checkpoint(run_dir / "checkpoints", step, parts.collections(), state, position,
+                               cfg.model_dump(mode="json", by_alias=True), t.keep_checkpoints, parts.dist)
         saved[(step, epoch, batch)] = path
         last_save[0] = _clock()
         return path

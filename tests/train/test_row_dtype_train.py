@@ -99,7 +99,7 @@ def test_checkpoints_convert_between_dtypes(tmp_path):
     c16 = save_checkpoint(tmp_path / "b", 1, [bf], {}, {}, {})
     m = read_manifest(c16)["tables"][0]
     assert (m["dtype"], m["record_words"], m["record_dim"]) == ("bf16", 3 + 11, 16)  # Adam: 11 state floats
-    size = lambda c: (c / "tables" / "t.rec").stat().st_size  # noqa: E731
+    size = lambda c: (c / "tables" / "t.part-0.rec").stat().st_size  # noqa: E731
     assert size(c16) == 300 * 4 * 14 and size(c32) == 300 * 4 * 16
     back = _collection("fp32")
     load_tables(c16, [back], read_manifest(c16))
