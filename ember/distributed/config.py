@@ -41,21 +41,22 @@ class DistributedConfig(ConfigModel):
     """How long a collective (all-to-all, all-reduce, barrier) may wait for the other ranks."""
 
 
-def check_compatible(world_size: int, batch_size: int, pipeline_enabled: bool, staleness: int) -> None:
-    """Raise ConfigError for run settings this step of distributed training does not support."""
+def check_compatible(world_size: int, batch_size: int, staleness: int) -> None:
+    """Raise ConfigError for run settings this step of distributed training does not support.
+
+    The pipeline's stage threads are supported with ``staleness`` 0: the fetch gate then runs
+    every batch's fetch after the previous batch's update is written, so the embedding
+    exchange's all-to-alls (fetch, then update) come in one order on every rank, whichever
+    threads issue them; the dense all-reduces run on another process group."""
     if batch_size % world_size:
         raise ConfigError(
             f"data.batch_size {batch_size} is the global batch and must be divisible by the world size "
             f"{world_size} (each rank trains batch_size / world_size rows); use e.g. "
             f"data.batch_size={batch_size - batch_size % world_size or world_size}"
         )
-    if pipeline_enabled:
-        raise ConfigError(
-            "distributed training runs its stages in line for now (collectives from the pipeline's threads are "
-            "not ordered across ranks yet): set pipeline.enabled=false"
-        )
     if staleness:
         raise ConfigError(
             f"train.embedding_staleness={staleness} is not supported with distributed training yet "
-            "(stale rows would need a re-read on their owner rank); set train.embedding_staleness=0"
+            "(stale rows would need a re-read on their owner rank, and the fetch and update all-to-alls of different "
+            "batches would overlap); set train.embedding_staleness=0"
         )

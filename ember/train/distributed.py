@@ -28,7 +28,11 @@ def start_run(cfg: RunConfig, topology: Topology | None = None) -> DistributedRu
     topology = topology or Topology.from_env()
     if topology is None:
         return None
-    check_compatible(topology.world_size, cfg.data.batch_size, cfg.pipeline.enabled, cfg.train.embedding_staleness)
+    check_compatible(topology.world_size, cfg.data.batch_size, cfg.train.embedding_staleness)
+    if cfg.distributed.placement == "towers" and cfg.pipeline.enabled:
+        raise ConfigError("distributed.placement=towers routes each batch's IDs to the towers' nodes while planning, which "
+                          "the pipeline runs on a thread of its own ahead of the updates; the runs would order their "
+                          "all-to-alls differently across ranks. Set pipeline.enabled=false with tower placement")
     return start(cfg.distributed, pick_device(cfg.train.device), topology)
 
 

@@ -62,12 +62,10 @@ def test_distributed_section_validates():
 
 def test_unsupported_settings_are_errors_saying_what_to_do():
     with pytest.raises(ConfigError, match="divisible by the world size 3.*data.batch_size=2046"):
-        check_compatible(3, 2048, False, 0)
-    with pytest.raises(ConfigError, match="pipeline.enabled=false"):
-        check_compatible(2, 2048, True, 0)
+        check_compatible(3, 2048, 0)
     with pytest.raises(ConfigError, match="embedding_staleness=0"):
-        check_compatible(2, 2048, False, 1)
-    check_compatible(2, 2048, False, 0)
+        check_compatible(2, 2048, 1)
+    check_compatible(2, 2048, 0)
 
 
 def test_topology_from_env():
