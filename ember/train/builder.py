@@ -226,7 +226,6 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None) -> Comp
     if dist is not None:
         unsupported = [k for k, on in (("model.distill", distill is not None), ("train.precision: fp16", scaler is not None),
                                        ("train.compile", t.compile),
-                                       ("train.checkpoint_every_s", t.checkpoint_every_s is not None),
                                        ("train.early_stopping.restore_best",
                                         t.early_stopping is not None and t.early_stopping.restore_best)) if on]
         if unsupported:

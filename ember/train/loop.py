@@ -2,7 +2,9 @@
 loss, backward, dense step, sparse step). ``train`` runs the same work as a pipeline of stages
 (``ember.train.stages``: read -> featurize -> plan -> fetch -> [to device] -> compute -> update
 -> metrics) on threads or in line, and logs, evaluates and checkpoints on a quiet engine.
-SIGINT / SIGTERM finish the batches already fetched, checkpoint, and raise ``RunInterrupted``.
+SIGINT / SIGTERM finish the batches already fetched, checkpoint, and raise ``RunInterrupted``;
+distributed, the ranks agree each step (one tiny all-reduce) so that a signal to any rank stops
+them all after the same step, with one checkpoint.
 Everything else (building parts, data, checkpoint files) lives elsewhere.
 """
 
@@ -105,14 +107,25 @@ def train(cfg: RunConfig, overwrite: bool = True, batches: Sequence[Batch] | Non
     rank 0 alone checks, creates and writes the run directory.
     """
     dist = start_run(cfg)  # None in one process: nothing is initialised
+    run_dir = run_directory(cfg)
     try:
-        run_dir, fresh = lead_prepares_run(run_directory(cfg), dist, lambda d: _clear_run(cfg, d, overwrite, batches))
+        run_dir, fresh = lead_prepares_run(run_dir, dist, lambda d: _clear_run(cfg, d, overwrite, batches))
         try:
             return _train(cfg, run_dir, dist, batches)
         except BaseException:
             if fresh and not (run_dir / "checkpoints").exists():
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
+    except BaseException as e:
+        if dist is None:
+            raise
+        with _SignalsHeld():  # torchrun's SIGTERM after a sibling died must not cut the explanation short
+            error = dist.failure(e)  # another rank stopped: RankLost naming it
+        if error is e:
+            raise
+        if (run_dir / "checkpoints").exists():
+            error.add_note(f"(the last complete checkpoint stays; resume with train.resume={run_dir})")
+        raise error from None
     finally:
         if dist is not None:
             dist.close()
@@ -215,9 +228,14 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
         """``quiet_after``, deciding time-based checkpoints when step ``s`` is fetched (so the
         fetch gate and the loop agree on them): one is due once ``checkpoint_every_s`` passed
         since the last save, and no other is marked before it is written."""
-        if t.checkpoint_every_s is not None and not due and _clock() - last_save[0] >= t.checkpoint_every_s:
+        if parts.dist is None and checkpoint_due():
             due.add(s)
         return quiet_after(s)
+
+    def checkpoint_due() -> bool:
+        return t.checkpoint_every_s is not None and not due and _clock() - last_save[0] >= t.checkpoint_every_s
+
+    stopping: int | None = None  # the signal that stops the run (distributed: agreed on by every rank)
 
     with _StopSignals() as stop:
         while epoch < t.epochs and not done:
@@ -242,7 +260,14 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                     step += 1
                     batch_idx += 1
                     progress.advance(step)
-                    if stop.signum is not None:
+                    if parts.dist is None:
+                        stopping = stop.signum
+                    else:  # one tiny all-reduce: every rank stops after the same step, and checkpoints it
+                        signum, time_due = parts.dist.agree([stop.signum or 0, int(checkpoint_due())])
+                        stopping = signum or None
+                        if time_due:
+                            due.add(step)
+                    if stopping is not None:
                         gate.stop()  # no more fetches; the batches already fetched still train
                     if quiet_after(step):
                         run.drain()
@@ -277,10 +302,12 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                 gate.stop()
                 run.close()
             bad_rows = _merge(bad_rows, loader.bad_rows)
-            if stop.signum is not None:
+            if parts.dist is None:
+                stopping = stop.signum  # also a signal during the last step
+            if stopping is not None:
                 progress.close()
                 path = checkpoint(epoch, batch_idx)
-                raise RunInterrupted(stop.signum, str(path))
+                raise RunInterrupted(stopping, str(path))
             if not done:
                 epoch, start_batch = epoch + 1, 0
                 if not t.eval_every:
@@ -328,6 +355,22 @@ class _StopSignals:
         if self.signum is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.signum = signum
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class _SignalsHeld:
+    """SIGINT and SIGTERM are noted, not acted on, for the moment of the block (on the main
+    thread; elsewhere nothing changes)."""
+
+    def __enter__(self) -> "_SignalsHeld":
+        self._old: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, lambda signum, frame: None)
+        return self
 
     def __exit__(self, *exc: object) -> None:
         for sig, old in self._old.items():
