@@ -24,7 +24,7 @@ from ember.embedding.config import TableConfig
 from ember.errors import ConfigError
 from ember.train.builder import pick_device
 
-__all__ = ["start_run", "check_same_config", "config_differences", "flat_config", "sharding_plan", "table_rows",
+__all__ = ["start_run", "check_same_config", "config_differences", "flat_config", "flatten", "sharding_plan", "table_rows",
            "shard_storage", "lead_prepares_run", "check_shared_dir", "gather_tables"]
 
 
@@ -48,36 +48,48 @@ LOCAL_KEYS = ("train.threads", "train.progress")
 """Config keys a rank may set for itself: they change nothing that other ranks see."""
 
 
-def flat_config(cfg: RunConfig) -> dict[str, Any]:
-    """The resolved config as ``{"dotted.key": value}`` (lists and leaves as values), without
-    ``LOCAL_KEYS``."""
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as ``{"dotted.key": value}``; a list of sections is entered too,
+    by name where its items have one (``tables[C1].dim``), else by index."""
     out: dict[str, Any] = {}
-
-    def walk(prefix: str, value: Any) -> None:
-        if isinstance(value, dict) and value:
-            for k, v in value.items():
-                walk(f"{prefix}.{k}" if prefix else str(k), v)
-        elif prefix not in LOCAL_KEYS:
-            out[prefix] = value
-
-    walk("", cfg.model_dump(mode="json", by_alias=True))
+    for k, v in tree.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            for i, x in enumerate(v):
+                out.update(flatten(x, f"{key}[{x.get('name', i)}]"))
+        else:
+            out[key] = v
     return out
 
 
-def config_differences(configs: list[dict[str, Any]], limit: int = 8) -> list[str]:
-    """``key: rank 0: a, rank 1: b`` for each key whose value differs between the ranks'
-    flattened configs (at most ``limit`` keys, then how many more)."""
+def flat_config(cfg: RunConfig) -> dict[str, Any]:
+    """The resolved config, flattened, without ``LOCAL_KEYS``."""
+    flat = flatten(cfg.model_dump(mode="json", by_alias=True))
+    return {k: v for k, v in flat.items() if k not in LOCAL_KEYS}
+
+
+def config_differences(configs: list[dict[str, Any]], limit: int = 8, names: list[str] | None = None) -> list[str]:
+    """``key: rank 0: a, rank 1: b`` for each key whose value differs between the flattened
+    configs (``names``: what to call each, default ``rank r``; at most ``limit`` keys, then how
+    many more)."""
+    names = names or [f"rank {r}" for r in range(len(configs))]
     keys = sorted(set().union(*configs))
     missing = object()
     lines = []
     for key in keys:
         values = [c.get(key, missing) for c in configs]
         if any(v != values[0] for v in values[1:]):
-            shown = ", ".join(f"rank {r}: {'(unset)' if v is missing else json.dumps(v)}" for r, v in enumerate(values))
+            shown = ", ".join(f"{names[r]}: {'(unset)' if v is missing else _short(json.dumps(v))}" for r, v in enumerate(values))
             lines.append(f"{key}: {shown}")
     if len(lines) > limit:
         lines = lines[:limit] + [f"... and {len(lines) - limit} more keys"]
     return lines
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def check_same_config(cfg: RunConfig, dist: DistributedRun) -> None:

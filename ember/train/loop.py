@@ -15,9 +15,10 @@ import shutil
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -29,7 +30,7 @@ from ember.checkpoint.load import (
 from ember.checkpoint.save import save_checkpoint
 from ember.config import RunConfig, to_yaml
 from ember.distributed.process_group import DistributedRun
-from ember.errors import RunInterrupted, WriteError
+from ember.errors import CheckpointError, RunInterrupted, WriteError
 from ember.fileio import write_bytes_atomic
 from ember.embedding.optimizer import SparseOptimizer
 from ember.pipeline.loader import BatchList, make_batches
@@ -37,7 +38,7 @@ from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.builder import Components, build_components
 from ember.train.early_stop import EarlyStopping
-from ember.train.distributed import gather_tables, lead_prepares_run, start_run
+from ember.train.distributed import config_differences, flatten, gather_tables, lead_prepares_run, start_run
 from ember.train.evaluate import evaluate
 from ember.train.history import History
 from ember.train.metrics import json_safe
@@ -155,9 +156,11 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
         manifest = verify_checkpoint(ckpt)
         load_tables(ckpt, parts.collections(), manifest, parts.owned())
         dense = load_dense(ckpt)
-        parts.model.load_state_dict(dense["model"])
+        with _fits(ckpt, manifest, cfg, "model"):
+            parts.model.load_state_dict(dense["model"])
         if t.resume:  # exact continuation: optimizers, counters, data position and RNG too
-            parts.dense_optimizer.load_state_dict(dense["optimizer"])
+            with _fits(ckpt, manifest, cfg, "train.dense_optimizer"):
+                parts.dense_optimizer.load_state_dict(dense["optimizer"])
             if parts.scaler is not None and "loss_scaler" in dense:
                 parts.scaler.load_state_dict(dense["loss_scaler"])
             restore_table_state(parts.collections(), dense, parts.owned())
@@ -359,6 +362,23 @@ class _StopSignals:
     def __exit__(self, *exc: object) -> None:
         for sig, old in self._old.items():
             signal.signal(sig, old)
+
+
+@contextmanager
+def _fits(ckpt: Path, manifest: dict[str, Any], cfg: RunConfig, section: str) -> Iterator[None]:
+    """Turn torch's error for a state that does not fit (another model shape, another dense
+    optimizer) into a CheckpointError naming the config keys that differ from the checkpoint's
+    run (every rank of a distributed run raises the same)."""
+    try:
+        yield
+    except (RuntimeError, ValueError, KeyError) as e:
+        mine = {k: v for k, v in flatten(cfg.model_dump(mode="json", by_alias=True)).items() if k.startswith(section + ".")}
+        saved = {k: v for k, v in flatten(manifest.get("config", {})).items() if k.startswith(section + ".")}
+        diffs = config_differences([saved, mine], names=["checkpoint", "this config"])
+        raise CheckpointError(
+            f"checkpoint {ckpt} does not fit this config's {section} ({type(e).__name__}: {' '.join(str(e).split())[:240]}); "
+            + (f"it was written with {'; '.join(diffs)}; " if diffs else "")
+            + f"resume or init_from it with the {section} it was trained with") from None
 
 
 class _SignalsHeld:

@@ -241,3 +241,13 @@ def test_process_gone():
     _until(lambda: process_gone(child.pid))  # a zombie until waited for: gone already
     child.wait()
     assert process_gone(child.pid)
+
+
+def test_a_checkpoint_of_another_model_is_a_checkpoint_error_naming_the_keys(setup):
+    path, runs = setup
+    _one_process(path, "small", 2)
+    with pytest.raises(CheckpointError, match=r"does not fit this config's model .* it was written with model.deep_mlp.sizes: "
+                                              r"checkpoint: \[8\], this config: \[16\]; resume or init_from it with the model"):
+        train(load(path, ["train.run_name=small", f"train.resume={runs / 'small'}", "train.max_steps=4",
+                          "model.deep_mlp=[16]"]))
+    assert checkpoint_state(runs / "small")["step"] == 2  # the checkpoint is untouched
