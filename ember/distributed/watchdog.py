@@ -7,8 +7,9 @@ Every rank runs one daemon thread. Each second it
 - bumps its own counter ``beat/<r>`` in the store torchrun already runs for the rendezvous
   (a connection of its own, keys under a prefix of the run),
 - watches one neighbour, rank ``r + 1 mod N`` (so the store sees O(N) requests, not O(N²)):
-  the neighbour is lost when its process is gone (same host: its pid no longer runs) or its
-  counter has not moved for ``heartbeat_timeout_s``, unless it said it finished (``done/<r>``),
+  the neighbour is lost when its process is gone (same kernel and pid namespace: its pid no
+  longer runs) or its counter has not moved for ``heartbeat_timeout_s``, unless it said it
+  finished (``done/<r>``),
 - reads the one shared ``verdict`` key, where the first rank that knows who stopped writes it
   (a watcher, or a rank that fails with an error of its own: its message goes there).
 
@@ -35,6 +36,17 @@ from typing import Callable
 import torch.distributed as dist
 
 __all__ = ["Watchdog", "process_gone"]
+
+
+def pid_space() -> str:
+    """What makes a pid mean one process: this kernel boot and this pid namespace (hosts, and
+    containers, may share a name, never both of these)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+        return f"{boot}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""  # unknown: a pid is never checked, the heartbeat alone decides
 
 
 def process_gone(pid: int) -> bool:
@@ -80,7 +92,7 @@ class Watchdog:
         self._neighbour = (rank + 1) % world_size
         self._who: dict[int, dict[str, object]] = {}
         self._last = (-1, time.monotonic())  # neighbour's counter, and when it last moved
-        self.me = {"host": socket.gethostname(), "pid": os.getpid()}
+        self.me = {"host": socket.gethostname(), "pid": os.getpid(), "pid_space": pid_space()}
         self._thread = threading.Thread(target=self._run, name="ember-watchdog", daemon=True)
 
     def start(self) -> None:
@@ -131,7 +143,9 @@ class Watchdog:
         return self._verdict
 
     def close(self) -> None:
-        """This rank finished (or is leaving): say so, so that its silence is not a loss; stop."""
+        """This rank finished (or is leaving): say so, so that its silence is not a loss; stop.
+        Rank 0 then waits (at most the heartbeat timeout) until every rank said so: without
+        torchrun it holds the store, and a rank still finishing must not lose it."""
         self.leaving = True
         self._stop.set()
         if self._thread.is_alive():
@@ -139,8 +153,14 @@ class Watchdog:
         try:
             with self._lock:
                 self.store.set(f"done/{self.rank}", "1")
+            deadline = time.monotonic() + self.timeout_s
+            while self.rank == 0 and time.monotonic() < deadline:
+                with self._lock:
+                    if self.store.check(["verdict"]) or self.store.check([f"done/{r}" for r in range(self.world_size)]):
+                        return
+                time.sleep(0.05)
         except Exception:
-            pass
+            pass  # the store is gone: nothing to tell or wait for
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -187,7 +207,7 @@ class Watchdog:
             self._last = (count, now)
         name = self.describe(n)
         who = self._who.get(n)
-        if who is not None and who["host"] == self.me["host"] and process_gone(int(who["pid"])):  # type: ignore[arg-type]
+        if who is not None and who["pid_space"] and who["pid_space"] == self.me["pid_space"] and process_gone(int(who["pid"])):  # type: ignore[arg-type]
             return f"{name} exited (its process is gone: killed, or crashed without a word)"
         if now - self._last[1] > self.timeout_s:
             return (f"{name} stopped responding: no heartbeat for {now - self._last[1]:.0f} s "

@@ -41,7 +41,7 @@ CONFIG = {
     "model": {"type": "deepfm", "deep_mlp": [8]},
     "train": {"epochs": 1, "log_every": 4, "progress": False, "threads": 1, "dense_optimizer": {"type": "adam", "lr": 0.01}},
     "pipeline": {"enabled": False},
-    "distributed": {"sharding": "row_wise", "tables": {"C1": "table_wise"}, "heartbeat_timeout_s": 5},
+    "distributed": {"sharding": "row_wise", "tables": {"C1": "table_wise"}},
 }
 
 
@@ -106,16 +106,19 @@ def test_two_torchrun_nodes_train_like_one_process_and_a_killed_rank_stops_the_o
 @pytest.mark.dist
 @pytest.mark.slow
 def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_one_checkpoint(setup):
-    """Time-based checkpoints (decided together each step) run meanwhile."""
+    """Bare ranks (no torchrun agent, which would forward it to all): SIGTERM reaches rank 1
+    alone. Time-based checkpoints (decided together each step) run meanwhile."""
     path, runs = setup
-    proc = torchrun_start(path, 2, ["train.run_name=stopped", "train.checkpoint_every_s=0.1"])
-    pids = rank_pids(proc, 2)
-    _wait_for(runs / "stopped" / "checkpoints" / "LATEST", proc)
-    os.kill(pids[1], signal.SIGTERM)
-    done = finish(proc, 90)
-    assert done.returncode != 0 and "exitcode  : 143 " in done.stderr, done.stderr[-4000:]  # 128 + SIGTERM
-    saved = re.findall(r"ember train: stopped by SIGTERM; the run was saved to (\S+) ", done.stderr)
-    assert len(saved) == 2 and saved[0] == saved[1], done.stderr[-4000:]  # both ranks, one checkpoint
+    port = free_port()
+    ranks = [ember_start(path, r, 2, port, ["train.run_name=stopped", "train.checkpoint_every_s=0.1"]) for r in (0, 1)]
+    _wait_for(runs / "stopped" / "checkpoints" / "LATEST", ranks[0])
+    ranks[1].send_signal(signal.SIGTERM)
+    done = [finish(p, 90) for p in ranks]
+    saved = []
+    for d in done:
+        assert d.returncode == 143, d.stderr[-3000:]  # 128 + SIGTERM, on both ranks
+        saved += re.findall(r"ember train: stopped by SIGTERM; the run was saved to (\S+) ", d.stderr)
+    assert len(saved) == 2 and saved[0] == saved[1], saved  # one checkpoint, written together
     state = checkpoint_state(Path(saved[0]))
     assert state["step"] < 400
     _one_process(path, "one_stop", state["step"])
