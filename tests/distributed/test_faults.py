@@ -125,6 +125,32 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_one_checkpoint(se
     assert_states_close(checkpoint_state(runs / "one_stop"), state)
 
 
+@pytest.mark.dist
+@pytest.mark.slow
+def test_a_hung_rank_stops_the_other_blocked_in_a_collective(setup):
+    """Rank 1 stops (SIGSTOP) mid-run: rank 0 blocks in its next collective, which would wait
+    distributed.timeout_s (300 s); its watchdog sees no heartbeat for heartbeat_timeout_s and
+    ends the process itself, naming rank 1."""
+    path, runs = setup
+    port = free_port()
+    ranks = [ember_start(path, r, 2, port, ["train.run_name=hung", "train.checkpoint_every=4",
+                                             "distributed.heartbeat_timeout_s=3"]) for r in (0, 1)]
+    _wait_for(runs / "hung" / "checkpoints" / "LATEST", ranks[0])
+    ranks[1].send_signal(signal.SIGSTOP)
+    t0 = time.monotonic()
+    try:
+        done = finish(ranks[0], 90)
+        elapsed = time.monotonic() - t0
+    finally:
+        ranks[1].kill()
+        finish(ranks[1], 30)
+    assert done.returncode == 1, done.stderr[-3000:]
+    assert elapsed < 30, f"rank 0 took {elapsed:.0f} s to stop"
+    assert re.search(rf"ember: error: rank 1 \([^,]+, pid {ranks[1].pid}\) stopped responding: no heartbeat for \d+ s",
+                     done.stderr), done.stderr[-3000:]
+    assert checkpoint_state(runs / "hung")["step"] % 4 == 0  # the last complete checkpoint loads
+
+
 def _bare_ranks(path: Path, overrides: list[list[str]], prefixes: list[list[str]] | None = None):
     port = free_port()
     procs = [ember_start(path, r, len(overrides), port, o, (prefixes or [[]] * len(overrides))[r])
