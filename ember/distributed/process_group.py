@@ -137,15 +137,15 @@ class DistributedRun:
 
     def failure(self, error: BaseException) -> BaseException:
         """What this rank raises when ``error`` ends its run. A collective that raised (gloo:
-        "connection reset by peer", a timeout) usually means another rank stopped: wait for the
-        watchdog's verdict and return ``RankLost`` naming that rank. An error of this rank's own
-        (a ConfigError, a CheckpointError...) is told to the others, who name this rank with
-        it, and returned as it is."""
+        "connection reset by peer", a timeout: a RuntimeError or OSError) usually means another
+        rank stopped: wait for the watchdog's verdict and return ``RankLost`` naming that rank.
+        An error of this rank's own (a ConfigError, a CheckpointError, a bug...) is told to the
+        others, who name this rank with it, and returned as it is."""
         w = self.watchdog
         if w is None or isinstance(error, (RunInterrupted, RankLost)):
             return error
-        if isinstance(error, EmberError) or not isinstance(error, Exception):
-            w.failed(error)
+        if isinstance(error, EmberError) or not isinstance(error, (RuntimeError, OSError)):
+            w.failed(error)  # a bug or a stop of this rank's own: no collective to blame, no wait
             return error
         verdict = w.explain()
         if verdict is None or verdict.startswith(w.describe(self.rank) + " "):
