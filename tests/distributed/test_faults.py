@@ -30,6 +30,8 @@ from ember.testing.distributed import (
 from ember.train.distributed import config_differences
 from ember.train.loop import train
 
+pytestmark = pytest.mark.dist  # every test here needs torch.distributed (a store, gloo)
+
 CONFIG = {
     # 400 steps of 24 rows: far more than a test lets run, so a rank is killed mid-run
     "data": {"preset": "synthetic", "batch_size": 24,
@@ -67,7 +69,6 @@ def _one_process(path: Path, name: str, steps: int):
     return train(load(path, [f"train.run_name={name}", f"train.max_steps={steps}"]))
 
 
-@pytest.mark.dist
 @pytest.mark.slow
 def test_two_torchrun_nodes_train_like_one_process_and_a_killed_rank_stops_the_other(setup):
     """Two torchrun launches with ``--nnodes 2`` on 127.0.0.1 train together; their checkpoint
@@ -103,7 +104,6 @@ def test_two_torchrun_nodes_train_like_one_process_and_a_killed_rank_stops_the_o
     assert_states_close(checkpoint_state(runs / "one40"), checkpoint_state(runs / "nodes"))
 
 
-@pytest.mark.dist
 @pytest.mark.slow
 def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_one_checkpoint(setup):
     """Bare ranks (no torchrun agent, which would forward it to all): SIGTERM reaches rank 1
@@ -125,7 +125,6 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_one_checkpoint(se
     assert_states_close(checkpoint_state(runs / "one_stop"), state)
 
 
-@pytest.mark.dist
 @pytest.mark.slow
 def test_a_hung_rank_stops_the_other_blocked_in_a_collective(setup):
     """Rank 1 stops (SIGSTOP) mid-run: rank 0 blocks in its next collective, which would wait
@@ -158,7 +157,7 @@ def _bare_ranks(path: Path, overrides: list[list[str]], prefixes: list[list[str]
     return [finish(p, 120) for p in procs]
 
 
-@pytest.mark.dist
+@pytest.mark.slow
 def test_ranks_with_differing_configs_name_the_keys(setup):
     path, _ = setup
     done = _bare_ranks(path, [["train.run_name=differ"], ["train.run_name=differ", "train.log_every=2", "train.threads=2"]])
@@ -177,7 +176,7 @@ def _can_unshare(tmp: Path) -> bool:
         return False
 
 
-@pytest.mark.dist
+@pytest.mark.slow
 def test_an_out_dir_one_rank_cannot_see_is_an_error(setup):
     """Rank 1 runs in a mount namespace where train.out_dir is a private tmpfs: as on a node
     whose out_dir is its local disk."""
