@@ -105,7 +105,8 @@ def train(cfg: RunConfig, overwrite: bool = True, batches: Sequence[Batch] | Non
     when ``overwrite`` (else ConfigError) or continued with ``train.resume``. A run that fails
     before its first checkpoint removes the run directory it created, so nothing blocks a retry.
     Launched by torchrun on several processes, it trains distributed (``ember.distributed``):
-    rank 0 alone checks, creates and writes the run directory.
+    rank 0 alone checks, creates and writes the run directory; a rank that dies, hangs or fails
+    makes the others raise ``RankLost`` naming it (``ember.distributed.watchdog``).
     """
     dist = start_run(cfg)  # None in one process: nothing is initialised
     run_dir = run_directory(cfg)
@@ -122,6 +123,8 @@ def train(cfg: RunConfig, overwrite: bool = True, batches: Sequence[Batch] | Non
             raise
         with _SignalsHeld():  # torchrun's SIGTERM after a sibling died must not cut the explanation short
             error = dist.failure(e)  # another rank stopped: RankLost naming it
+            dist.close()
+            dist = None
         if error is e:
             raise
         if (run_dir / "checkpoints").exists():

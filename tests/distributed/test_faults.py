@@ -105,6 +105,23 @@ def test_two_torchrun_nodes_train_like_one_process_and_a_killed_rank_stops_the_o
 
 
 @pytest.mark.slow
+def test_a_killed_rank_under_one_torchrun_is_named_though_the_agent_terminates_the_others(setup):
+    """One torchrun, 2 ranks: when rank 1 dies its agent sends SIGTERM to rank 0 at once; rank
+    0 still names rank 1 (no traceback) before it exits."""
+    path, runs = setup
+    proc = torchrun_start(path, 2, ["train.run_name=agent", "train.checkpoint_every=4"])
+    pids = rank_pids(proc, 2)
+    _wait_for(runs / "agent" / "checkpoints" / "LATEST", proc)
+    os.kill(pids[1], signal.SIGKILL)
+    t0 = time.monotonic()
+    done = finish(proc, 90)
+    assert time.monotonic() - t0 < 30 and done.returncode != 0
+    assert re.search(rf"ember train: error: rank 1 \([^,]+, pid {pids[1]}\) exited", done.stderr), done.stderr[-4000:]
+    assert f"exitcode  : 1 (pid: {pids[0]})" in done.stderr  # RankLost's exit code, not the agent's SIGTERM
+    assert "[rank0]: Traceback" not in done.stderr and "pair.cc" not in done.stderr
+
+
+@pytest.mark.slow
 def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_one_checkpoint(setup):
     """Bare ranks (no torchrun agent, which would forward it to all): SIGTERM reaches rank 1
     alone. Time-based checkpoints (decided together each step) run meanwhile."""
