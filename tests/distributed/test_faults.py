@@ -1,6 +1,6 @@
-"""Faults of a distributed run (gloo, CPU, launched by torchrun or as bare ranks): a killed rank
-stops the others within seconds naming it, and the run resumes from its last complete
-checkpoint to equal an uninterrupted run; SIGTERM to one rank stops every rank at one step with
+"""Faults of a distributed run (gloo, CPU, launched by torchrun or as bare ranks): a killed or
+hung rank stops the others within seconds naming it, and the run resumes from its last
+complete checkpoint to equal an uninterrupted run; SIGTERM to one rank stops every rank at one step with
 one checkpoint; differing configs, an unreachable rendezvous and an out_dir that not every rank
 sees give a ConfigError (exit code 2) that says what to fix; two torchrun "nodes" on 127.0.0.1
 train together like one process."""
@@ -70,31 +70,33 @@ def _one_process(path: Path, name: str, steps: int):
 
 
 @pytest.mark.slow
-def test_two_torchrun_nodes_train_like_one_process_and_a_killed_rank_stops_the_other(setup):
-    """Two torchrun launches with ``--nnodes 2`` on 127.0.0.1 train together; their checkpoint
-    equals one process's. Rank 1 (node 1) is then killed: rank 0 (whose own torchrun agent saw
-    nothing) stops within seconds naming it, and the run resumed from the last complete
-    checkpoint on one process ends as an uninterrupted run does."""
+def test_two_torchrun_nodes_train_like_one_process_and_a_hung_node_stops_the_other(setup):
+    """Two torchrun launches with ``--nnodes 2`` on 127.0.0.1 train together. Rank 1 (node 1)
+    then hangs (SIGSTOP: to rank 0 it looks like a vanished machine, and its own torchrun agent
+    sees nothing): rank 0 blocks in its next collective, which would wait distributed.timeout_s
+    (300 s); its watchdog sees no heartbeat for heartbeat_timeout_s and ends the process, naming
+    rank 1. What the nodes trained equals one process, and the run resumed from the last
+    complete checkpoint on one process ends as an uninterrupted run does."""
     path, runs = setup
     port = free_port()
-    nodes = [torchrun_start(path, 1, ["train.run_name=nodes", "train.checkpoint_every=4"],
+    nodes = [torchrun_start(path, 1, ["train.run_name=nodes", "train.checkpoint_every=4", "distributed.heartbeat_timeout_s=3"],
                             ["--nnodes=2", f"--node-rank={r}", "--master-addr=127.0.0.1", f"--master-port={port}"])
              for r in (0, 1)]
     (rank0,), (rank1,) = rank_pids(nodes[0], 1).values(), rank_pids(nodes[1], 1).values()
     _wait_for(runs / "nodes" / "checkpoints" / "LATEST", nodes[0])
-    os.kill(rank1, signal.SIGKILL)
+    os.kill(rank1, signal.SIGSTOP)
     t0 = time.monotonic()
-    done = finish(nodes[0], 90)
-    elapsed = time.monotonic() - t0
-    finish(nodes[1], 30)
-    assert done.returncode != 0
+    try:
+        done = finish(nodes[0], 90)
+        elapsed = time.monotonic() - t0
+    finally:
+        os.kill(rank1, signal.SIGKILL)
+        finish(nodes[1], 60)
     assert elapsed < 30, f"rank 0 took {elapsed:.0f} s to stop"
     err = done.stderr
-    assert re.search(rf"ember train: error: rank 1 \([^,]+, pid {rank1}\) exited .*resume with train.resume=", err), err[-4000:]
-    assert "[rank0]: Traceback" not in err and "pair.cc" not in err  # no traceback from inside torch.distributed
-    assert f"exitcode: 1) local_rank: 0 (pid: {rank0})" in err  # RankLost's exit code
-    # what the two nodes trained equals one process; the last complete checkpoint loads, and the
-    # run resumed from it on one process ends as an uninterrupted run does
+    assert re.search(rf"ember: error: rank 1 \([^,]+, pid {rank1}\) stopped responding: no heartbeat for \d+ s", err), err[-4000:]
+    assert f"exitcode: 1) local_rank: 0 (pid: {rank0})" in err  # the watchdog's exit code
+    assert "Traceback" not in err.split("local_rank: 0")[0]  # nothing from inside torch.distributed
     stopped = checkpoint_state(runs / "nodes")
     assert 4 <= stopped["step"] < 40 and stopped["step"] % 4 == 0
     _one_process(path, "one_nodes", stopped["step"])
@@ -127,7 +129,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_one_checkpoint(se
     alone. Time-based checkpoints (decided together each step) run meanwhile."""
     path, runs = setup
     port = free_port()
-    ranks = [ember_start(path, r, 2, port, ["train.run_name=stopped", "train.checkpoint_every_s=0.1"]) for r in (0, 1)]
+    ranks = [ember_start(path, r, 2, port, ["train.run_name=stopped", "train.checkpoint_every_s=0.3"]) for r in (0, 1)]
     _wait_for(runs / "stopped" / "checkpoints" / "LATEST", ranks[0])
     ranks[1].send_signal(signal.SIGTERM)
     done = [finish(p, 90) for p in ranks]
@@ -140,31 +142,6 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_one_checkpoint(se
     assert state["step"] < 400
     _one_process(path, "one_stop", state["step"])
     assert_states_close(checkpoint_state(runs / "one_stop"), state)
-
-
-@pytest.mark.slow
-def test_a_hung_rank_stops_the_other_blocked_in_a_collective(setup):
-    """Rank 1 stops (SIGSTOP) mid-run: rank 0 blocks in its next collective, which would wait
-    distributed.timeout_s (300 s); its watchdog sees no heartbeat for heartbeat_timeout_s and
-    ends the process itself, naming rank 1."""
-    path, runs = setup
-    port = free_port()
-    ranks = [ember_start(path, r, 2, port, ["train.run_name=hung", "train.checkpoint_every=4",
-                                             "distributed.heartbeat_timeout_s=3"]) for r in (0, 1)]
-    _wait_for(runs / "hung" / "checkpoints" / "LATEST", ranks[0])
-    ranks[1].send_signal(signal.SIGSTOP)
-    t0 = time.monotonic()
-    try:
-        done = finish(ranks[0], 90)
-        elapsed = time.monotonic() - t0
-    finally:
-        ranks[1].kill()
-        finish(ranks[1], 30)
-    assert done.returncode == 1, done.stderr[-3000:]
-    assert elapsed < 30, f"rank 0 took {elapsed:.0f} s to stop"
-    assert re.search(rf"ember: error: rank 1 \([^,]+, pid {ranks[1].pid}\) stopped responding: no heartbeat for \d+ s",
-                     done.stderr), done.stderr[-3000:]
-    assert checkpoint_state(runs / "hung")["step"] % 4 == 0  # the last complete checkpoint loads
 
 
 def _bare_ranks(path: Path, overrides: list[list[str]], prefixes: list[list[str]] | None = None):
@@ -213,11 +190,11 @@ def test_an_unreachable_rendezvous_is_a_config_error_within_the_timeout(monkeypa
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.setenv("MASTER_PORT", str(port))
     t0 = time.monotonic()
-    with pytest.raises(ConfigError, match=rf"rank 1 of 2 could not reach the rendezvous at 127.0.0.1:{port} within 1 s; "
+    with pytest.raises(ConfigError, match=rf"rank 1 of 2 could not reach the rendezvous at 127.0.0.1:{port} within 0.5 s; "
                                           "check that node 0"):
-        start(DistributedConfig(timeout_s=1), torch.device("cpu"), Topology(1, 2, 1, 2))
-    with pytest.raises(ConfigError, match=rf"rank 0 listened at 127.0.0.1:{port} for 1 s .* not all 2 ranks joined"):
-        start(DistributedConfig(timeout_s=1), torch.device("cpu"), Topology(0, 2, 0, 2))
+        start(DistributedConfig(timeout_s=0.5), torch.device("cpu"), Topology(1, 2, 1, 2))
+    with pytest.raises(ConfigError, match=rf"rank 0 listened at 127.0.0.1:{port} for 0.5 s .* not all 2 ranks joined"):
+        start(DistributedConfig(timeout_s=0.5), torch.device("cpu"), Topology(0, 2, 0, 2))
     assert time.monotonic() - t0 < 15
 
 
