@@ -65,6 +65,12 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
         time.sleep(0.02)
 
 
+def _train_losses(run: Path, steps: int) -> list[float]:
+    """The losses a run logged up to step ``steps``."""
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return [r["loss"] for r in records if r["kind"] == "train" and r["step"] <= steps]
+
+
 def _one_process(path: Path, name: str, steps: int):
     return train(load(path, [f"train.run_name={name}", f"train.max_steps={steps}"]))
 
@@ -101,6 +107,8 @@ def test_two_torchrun_nodes_train_like_one_process_and_a_hung_node_stops_the_oth
     assert 4 <= stopped["step"] < 40 and stopped["step"] % 4 == 0
     _one_process(path, "one_nodes", stopped["step"])
     assert_states_close(checkpoint_state(runs / "one_nodes"), stopped)
+    losses = [_train_losses(runs / name, stopped["step"]) for name in ("one_nodes", "nodes")]
+    assert len(losses[0]) == stopped["step"] // 4 and losses[1] == pytest.approx(losses[0], abs=1e-6)
     train(load(path, ["train.run_name=nodes", f"train.resume={runs / 'nodes'}", "train.max_steps=40"]))
     _one_process(path, "one40", 40)
     assert_states_close(checkpoint_state(runs / "one40"), checkpoint_state(runs / "nodes"))
