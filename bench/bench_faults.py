@@ -5,7 +5,8 @@ config, waits for their first checkpoint, then hits rank 1: ``kill`` (SIGKILL: i
 gone, rank 0's watchdog sees it at its next beat) or ``hang`` (SIGSTOP: rank 0 blocks in its
 next collective; its watchdog sees no heartbeat for ``distributed.heartbeat_timeout_s`` and
 ends the process after a grace of 3 s). Reports the seconds from the signal to rank 0's exit,
-and ends with a JSON object.
+and first what the per-step stop agreement costs (an all-reduce of two int64 between 2 gloo
+processes); ends with a JSON object.
 
     python bench/bench_faults.py [--repeats 2] [--heartbeat-timeout-s 5]
 """
@@ -19,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -61,12 +63,50 @@ def one(root: Path, how: str, heartbeat_s: float, n: int) -> float:
     return elapsed
 
 
+def _agree_worker(rank: int, port: int, calls: int, out: "Any") -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    t = torch.zeros(2, dtype=torch.int64)
+    for _ in range(50):
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    if rank == 0:
+        out.put((time.perf_counter() - t0) / calls)
+    dist.destroy_process_group()
+
+
+def agree_cost(calls: int = 2000) -> float:
+    """Seconds per call of the per-step agreement (an all-reduce of two int64, gloo, 2 ranks)."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_agree_worker, args=(r, port, calls, out)) for r in (0, 1)]
+    for p in procs:
+        p.start()
+    result = float(out.get(timeout=120))
+    for p in procs:
+        p.join()
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--heartbeat-timeout-s", type=float, default=5.0)
     args = ap.parse_args()
     out: dict[str, object] = {"heartbeat_timeout_s": args.heartbeat_timeout_s}
+    out["agree_us"] = round(agree_cost() * 1e6, 1)
+    print(f"the per-step stop agreement (all-reduce of 2 int64, gloo, 2 ranks): {out['agree_us']} us per call", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for how in ("kill", "hang"):
             out[f"{how}_s"] = [round(one(Path(tmp), how, args.heartbeat_timeout_s, n), 2) for n in range(args.repeats)]
