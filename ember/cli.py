@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         return e.exit_code
     except EmberError as e:
         print(f"ember {args.command}: error: {_with_notes(e)}", file=sys.stderr)
-        return 2
+        return int(getattr(e, "exit_code", 2))  # 2: bad input; RankLost: 1
     except Exception as e:
         if not any("ember pipeline stage" in n for n in getattr(e, "__notes__", [])):
             raise

@@ -12,6 +12,7 @@ __all__ = [
     "CheckpointError",
     "WriteError",
     "RunInterrupted",
+    "RankLost",
 ]
 
 
@@ -59,3 +60,10 @@ class RunInterrupted(EmberError):
         self.exit_code = 128 + signum
         name = signal.Signals(signum).name
         super().__init__(f"stopped by {name}; the run was saved to {checkpoint} (resume with train.resume={checkpoint})")
+
+
+class RankLost(EmberError, RuntimeError):
+    """Another rank of a distributed run stopped (its process died, hung, or failed with an
+    error of its own): the message names it (rank, host, pid) and why. ``exit_code`` is 1."""
+
+    exit_code = 1

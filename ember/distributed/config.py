@@ -38,7 +38,11 @@ class DistributedConfig(ConfigModel):
     ranks; only its compressed outputs (and their gradients) and the IDs routed to it cross
     nodes (``ember.distributed.towers``). ``tables``: every table placed by ``sharding``."""
     timeout_s: float = Field(300.0, gt=0)
-    """How long a collective (all-to-all, all-reduce, barrier) may wait for the other ranks."""
+    """How long a collective (all-to-all, all-reduce, barrier) may wait for the other ranks, and
+    the rendezvous for all ranks to join."""
+    heartbeat_timeout_s: float = Field(15.0, gt=0, le=50)
+    """A rank whose heartbeat (one a second, in the rendezvous store) has not moved for this long
+    is lost: the others stop, naming it (``ember.distributed.watchdog``)."""
 
 
 def check_compatible(world_size: int, batch_size: int, staleness: int) -> None:

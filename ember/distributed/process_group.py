@@ -19,7 +19,8 @@ import torch.distributed as dist
 
 from ember.distributed.config import DistributedConfig
 from ember.distributed.exchange import Exchange
-from ember.errors import ConfigError
+from ember.distributed.watchdog import Watchdog, connect
+from ember.errors import ConfigError, EmberError, RankLost, RunInterrupted
 
 __all__ = ["Topology", "DistributedRun", "start", "pick_backend"]
 
@@ -73,11 +74,13 @@ class DistributedRun:
     """A started process group: this rank's place, the embedding exchange, and helpers.
 
     Embedding all-to-alls run on a group of their own (``exchange``), so the dense model's
-    all-reduces (DDP, on the default group) never interleave with them.
+    all-reduces (DDP, on the default group) never interleave with them. ``watchdog`` (None
+    when not started) names a rank that stops (``ember.distributed.watchdog``).
     """
 
-    def __init__(self, topology: Topology, backend: str, model_device: torch.device) -> None:
-        self.topology, self.backend, self.model_device = topology, backend, model_device
+    def __init__(self, topology: Topology, backend: str, model_device: torch.device,
+                 watchdog: Watchdog | None = None) -> None:
+        self.topology, self.backend, self.model_device, self.watchdog = topology, backend, model_device, watchdog
         self.device = model_device if backend == "nccl" else torch.device("cpu")  # where collectives run
         self.rank, self.world_size = topology.rank, topology.world_size
         # torchrun numbers ranks node after node (RANK = GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK)
@@ -96,6 +99,19 @@ class DistributedRun:
 
     def barrier(self) -> None:
         dist.barrier(device_ids=[self.device.index] if self.backend == "nccl" and self.device.index is not None else None)
+
+    def agree(self, values: list[int]) -> list[int]:
+        """Elementwise maximum of ``values`` over ranks: one tiny all-reduce through which the
+        ranks agree each step on a stop request (its signal number, 0: none) and the like."""
+        t = torch.tensor(values, dtype=torch.int64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return [int(v) for v in t.cpu().tolist()]
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` in rank order, on every rank."""
+        parts: list[Any] = [None] * self.world_size
+        dist.all_gather_object(parts, obj)
+        return parts
 
     def all_sum(self, values: list[float]) -> list[float]:
         """Elementwise sum of ``values`` over ranks (float64)."""
@@ -121,8 +137,29 @@ class DistributedRun:
         dist.broadcast_object_list(box, src=0)
         return box[0]
 
+    def failure(self, error: BaseException) -> BaseException:
+        """What this rank raises when ``error`` ends its run. A collective that raised (gloo:
+        "connection reset by peer", a timeout: a RuntimeError or OSError) usually means another
+        rank stopped: wait for the watchdog's verdict and return ``RankLost`` naming that rank.
+        An error of this rank's own (a ConfigError, a CheckpointError, a bug...) is told to the
+        others, who name this rank with it, and returned as it is."""
+        w = self.watchdog
+        if w is None or isinstance(error, (RunInterrupted, RankLost)):
+            return error
+        if isinstance(error, EmberError) or not isinstance(error, (RuntimeError, OSError)):
+            w.failed(error)  # a bug or a stop of this rank's own: no collective to blame, no wait
+            return error
+        verdict = w.explain()
+        if verdict is None or verdict.startswith(w.describe(self.rank) + " "):
+            w.failed(error)
+            return error
+        return RankLost(verdict)
+
     def close(self) -> None:
-        """Tear the process group down (every rank, at the end of the run)."""
+        """Stop the watchdog (saying this rank finished) and tear the process group down
+        (every rank, at the end of the run)."""
+        if self.watchdog is not None:
+            self.watchdog.close()
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -143,6 +180,32 @@ def start(cfg: DistributedConfig, device: torch.device, topology: Topology | Non
     backend = pick_backend(cfg, device)
     if dist.is_initialized():
         raise ConfigError("a torch.distributed process group is already initialised in this process; ember starts its own")
-    dist.init_process_group(backend, init_method="env://", rank=topology.rank, world_size=topology.world_size,
-                            timeout=datetime.timedelta(seconds=cfg.timeout_s))
-    return DistributedRun(topology, backend, device)
+    addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    where = f"{addr}:{port}"
+    try:
+        dist.init_process_group(backend, init_method="env://", rank=topology.rank, world_size=topology.world_size,
+                                timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    except Exception as e:  # torch's own message is a store or socket timeout from deep inside
+        if dist.is_initialized():
+            raise
+        raise _rendezvous_error(where, topology, cfg.timeout_s, e) from None
+    run_id = f"ember/{os.environ.get('TORCHELASTIC_RUN_ID', 'run')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
+    watchdog = Watchdog(connect(addr, port, run_id, cfg.heartbeat_timeout_s), topology.rank, topology.world_size,
+                        cfg.heartbeat_timeout_s, where)
+    watchdog.start()
+    return DistributedRun(topology, backend, device, watchdog)
+
+
+def _rendezvous_error(where: str, topology: Topology, timeout_s: float, error: Exception) -> ConfigError:
+    """The ConfigError for a rendezvous that did not complete within ``timeout_s``."""
+    first = (str(error).strip().splitlines() or [""])[0][:300]
+    if topology.rank == 0:
+        what = (f"rank 0 listened at {where} for {timeout_s:g} s (distributed.timeout_s) but not all "
+                f"{topology.world_size} ranks joined")
+        check = ("that every node was started with the same --nnodes/--nproc-per-node and this address, and the "
+                 "other nodes' logs (a rank that failed before joining says why there)")
+    else:
+        what = f"rank {topology.rank} of {topology.world_size} could not reach the rendezvous at {where} within {timeout_s:g} s"
+        check = ("that node 0 (rank 0) is running, that MASTER_ADDR/MASTER_PORT (torchrun --master-addr/--master-port "
+                 "or --rdzv-endpoint) name its address and port, and that no firewall blocks that port")
+    return ConfigError(f"distributed rendezvous failed: {what}; check {check} ({type(error).__name__}: {first})")

@@ -1,19 +1,58 @@
-"""Helpers of the distributed tests: launch ``ember train`` under torchrun on this machine,
-and read a checkpoint's state keyed by (table, ID) to compare runs of different world sizes."""
+"""Helpers of the distributed tests: launch ``ember train`` under torchrun on this machine (or
+as ranks without torchrun), find its ranks' processes, and read a checkpoint's state keyed by (table, ID) to compare runs of different world sizes."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-__all__ = ["torchrun_train", "checkpoint_state", "assert_states_close"]
+__all__ = ["torchrun_train", "torchrun_start", "ember_start", "finish", "free_port", "rank_pids", "checkpoint_state",
+           "assert_states_close"]
+
+
+def _env() -> dict[str, str]:
+    """This checkout first on PYTHONPATH, one thread per process."""
+    root = str(Path(__file__).resolve().parents[2])
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
+            "OMP_NUM_THREADS": "1"}
+
+
+def torchrun_start(config: Path, nproc: int, overrides: Sequence[str] = (), launch: Sequence[str] = ("--standalone",),
+                   prefix: Sequence[str] = (), entry: Sequence[str] = ("-m", "ember")) -> subprocess.Popen:
+    """Start ``torchrun <launch> --nproc-per-node nproc -m ember train --config config ...``
+    (``launch``: ``--standalone``, which picks a free port, or e.g. ``--nnodes 2 --node-rank 1
+    --master-addr ...``) in a session of its own, stdout and stderr piped; ``prefix``: a command
+    that runs it (e.g. ``unshare``); ``entry``: what torchrun runs instead of ``-m ember``."""
+    cmd = [*prefix, sys.executable, "-m", "torch.distributed.run", *launch, f"--nproc-per-node={nproc}",
+           *entry, "train", "--config", str(config), "--overwrite", *overrides]
+    return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def finish(proc: subprocess.Popen, timeout: float) -> subprocess.CompletedProcess:
+    """Wait for ``proc`` (from ``torchrun_start`` or ``ember_start``); on a timeout stop it
+    (SIGTERM: torchrun terminates its ranks, then kills them; then SIGKILL to its session, or
+    their open pipes would keep this call waiting) and raise AssertionError with its output."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+        raise AssertionError(f"{proc.args[:6]} did not finish in {timeout} s (killed):\n{out[-3000:]}\n{err[-6000:]}") from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def torchrun_train(config: Path, nproc: int, overrides: Sequence[str] = (), timeout: float = 240,
@@ -22,26 +61,51 @@ def torchrun_train(config: Path, nproc: int, overrides: Sequence[str] = (), time
     this checkout first on PYTHONPATH (a free port is picked by ``--standalone``); returns the
     finished process (stdout and stderr captured). ``entry``: what torchrun runs instead of
     ``-m ember`` (e.g. a test's script that wraps ember's command line)."""
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           *entry, "train", "--config", str(config), "--overwrite", *overrides]
-    # on a timeout torchrun must stop its ranks (SIGTERM: it terminates them, then kills them; they
-    # run in sessions of their own), or their open pipes would keep this call waiting
-    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                          start_new_session=True) as proc:
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            proc.terminate()
+    return finish(torchrun_start(config, nproc, overrides, entry=entry), timeout)
+
+
+def ember_start(config: Path, rank: int, world_size: int, port: int, overrides: Sequence[str] = (),
+                prefix: Sequence[str] = ()) -> subprocess.Popen:
+    """``python -m ember train`` as rank ``rank`` of ``world_size`` without torchrun (the
+    environment a launcher sets: RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=port;
+    rank 0 hosts the rendezvous store)."""
+    env = {**_env(), "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    cmd = [*prefix, sys.executable, "-m", "ember", "train", "--config", str(config), "--overwrite", *overrides]
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (now)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def rank_pids(launcher: subprocess.Popen, nproc: int, timeout: float = 60) -> dict[int, int]:
+    """``{rank: pid}`` of the ``nproc`` ranks a torchrun launcher started (its children, by the
+    RANK in their environment), once they all run."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found: dict[int, int] = {}
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
             try:
-                out, err = proc.communicate(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                out, err = proc.communicate()
-            raise AssertionError(f"torchrun did not finish in {timeout} s (killed):\n{out[-3000:]}\n{err[-6000:]}") from None
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                if ppid != launcher.pid:
+                    continue
+                env = dict(v.split("=", 1) for v in (proc / "environ").read_text().split("\0") if "=" in v)
+            except (OSError, IndexError, ValueError):
+                continue
+            if "RANK" in env:
+                found[int(env["RANK"])] = int(proc.name)
+        if len(found) == nproc:
+            return found
+        if launcher.poll() is not None:
+            break
+        time.sleep(0.05)
+    raise AssertionError(f"the {nproc} ranks of torchrun (pid {launcher.pid}) did not all start")
 
 
 def checkpoint_state(ckpt: Path) -> dict[str, Any]:

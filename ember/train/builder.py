@@ -245,7 +245,6 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None) -> Comp
     if dist is not None:
         unsupported = [k for k, on in (("model.distill", distill is not None), ("train.precision: fp16", scaler is not None),
                                        ("train.compile", t.compile),
-                                       ("train.checkpoint_every_s", t.checkpoint_every_s is not None),
                                        ("train.mode: online", t.mode == "online"),
                                        ("eval.window_rows", cfg.eval.window_rows is not None),
                                        ("train.early_stopping.restore_best",

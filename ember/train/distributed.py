@@ -7,8 +7,12 @@ sizes for the planner's estimates, the checks against other sections) lives here
 
 from __future__ import annotations
 
+import hashlib
+import json
+import socket
+import uuid
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ember.config import RunConfig
 from ember.distributed.config import check_compatible
@@ -19,12 +23,13 @@ from ember.embedding.config import TableConfig
 from ember.errors import ConfigError
 from ember.train.builder import pick_device
 
-__all__ = ["start_run", "sharding_plan", "table_rows", "shard_storage", "lead_prepares_run"]
+__all__ = ["start_run", "check_same_config", "config_differences", "flat_config", "flatten", "sharding_plan", "table_rows",
+           "shard_storage", "lead_prepares_run", "check_shared_dir"]
 
 
 def start_run(cfg: RunConfig, topology: Topology | None = None) -> DistributedRun | None:
     """The process group of a torchrun launch (None for one process: nothing is initialised),
-    after checking that the config is one distributed training supports."""
+    after checking that every rank runs the same config, one distributed training supports."""
     topology = topology or Topology.from_env()
     if topology is None:
         return None
@@ -33,7 +38,74 @@ def start_run(cfg: RunConfig, topology: Topology | None = None) -> DistributedRu
         raise ConfigError("distributed.placement=towers routes each batch's IDs to the towers' nodes while planning, which "
                           "the pipeline runs on a thread of its own ahead of the updates; the runs would order their "
                           "all-to-alls differently across ranks. Set pipeline.enabled=false with tower placement")
-    return start(cfg.distributed, pick_device(cfg.train.device), topology)
+    dist = start(cfg.distributed, pick_device(cfg.train.device), topology)
+    try:
+        check_same_config(cfg, dist)
+    except BaseException:
+        dist.close()
+        raise
+    return dist
+
+
+LOCAL_KEYS = ("train.threads", "train.progress")
+"""Config keys a rank may set for itself: they change nothing that other ranks see."""
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as ``{"dotted.key": value}``; a list of sections is entered too,
+    by name where its items have one (``tables[C1].dim``), else by index."""
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, key))
+        elif isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+            for i, x in enumerate(v):
+                out.update(flatten(x, f"{key}[{x.get('name', i)}]"))
+        else:
+            out[key] = v
+    return out
+
+
+def flat_config(cfg: RunConfig) -> dict[str, Any]:
+    """The resolved config, flattened, without ``LOCAL_KEYS``."""
+    flat = flatten(cfg.model_dump(mode="json", by_alias=True))
+    return {k: v for k, v in flat.items() if k not in LOCAL_KEYS}
+
+
+def config_differences(configs: list[dict[str, Any]], limit: int = 8, names: list[str] | None = None) -> list[str]:
+    """``key: rank 0: a, rank 1: b`` for each key whose value differs between the flattened
+    configs (``names``: what to call each, default ``rank r``; at most ``limit`` keys, then how
+    many more)."""
+    names = names or [f"rank {r}" for r in range(len(configs))]
+    keys = sorted(set().union(*configs))
+    missing = object()
+    lines = []
+    for key in keys:
+        values = [c.get(key, missing) for c in configs]
+        if any(v != values[0] for v in values[1:]):
+            shown = ", ".join(f"{names[r]}: {'(unset)' if v is missing else _short(json.dumps(v))}" for r, v in enumerate(values))
+            lines.append(f"{key}: {shown}")
+    if len(lines) > limit:
+        lines = lines[:limit] + [f"... and {len(lines) - limit} more keys"]
+    return lines
+
+
+def _short(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def check_same_config(cfg: RunConfig, dist: DistributedRun) -> None:
+    """Raise ConfigError on every rank when the ranks' resolved configs differ (another file or
+    other overrides on one node): a hash of each is compared, and when they differ the message
+    says which keys differ on which ranks."""
+    flat = flat_config(cfg)
+    digest = hashlib.sha256(json.dumps(flat, sort_keys=True).encode()).hexdigest()
+    if len(set(dist.all_gather(digest))) == 1:
+        return
+    diffs = config_differences(dist.all_gather(flat))
+    raise ConfigError("the ranks' configs differ; every rank must run the same config (the same file and overrides "
+                      "on every node; only " + ", ".join(LOCAL_KEYS) + " may differ):\n  " + "\n  ".join(diffs))
 
 
 def table_rows(cfg: RunConfig) -> dict[str, int | None]:
@@ -90,4 +162,24 @@ def lead_prepares_run(run_dir: Path, dist: DistributedRun | None, prepare: Calla
         raise error
     if outcome[1]:
         raise ConfigError(f"rank 0 refused the run directory {run_dir}: {outcome[1]}")
+    check_shared_dir(run_dir, dist)
     return run_dir, outcome[0] and dist.lead
+
+
+def check_shared_dir(run_dir: Path, dist: DistributedRun) -> None:
+    """Raise ConfigError on every rank unless every rank sees the file rank 0 writes in
+    ``run_dir`` (``train.out_dir`` must be one file system every node mounts at the same path:
+    rank 0 writes the run there and every rank reads its checkpoints on resume)."""
+    mark = run_dir / f".ranks-see-{uuid.uuid4().hex}"
+    if dist.lead:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        mark.write_bytes(b"")
+    mark = Path(dist.broadcast(str(mark)))
+    seen = dist.all_gather((mark.exists(), socket.gethostname()))
+    if dist.lead:
+        mark.unlink(missing_ok=True)
+    blind = [f"rank {r} ({host})" for r, (ok, host) in enumerate(seen) if not ok]
+    if blind:
+        raise ConfigError(f"train.out_dir is not shared: {', '.join(blind)} cannot see {run_dir}, which rank 0 "
+                          f"({seen[0][1]}) created; put train.out_dir on a file system every node mounts at the same "
+                          "path (NFS, a cluster file system), not on a node's local disk")

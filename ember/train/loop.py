@@ -6,6 +6,8 @@ SIGINT / SIGTERM finish the batches already fetched, checkpoint, and raise ``Run
 ``train.mode: online`` makes one pass over a stream of files (``ember.pipeline.stream``; its
 checkpoints record the stream position) instead of epochs; ``eval.window_rows`` reports the
 training forward's scores of the most recent rows (``ember.train.window``).
+Distributed, the ranks agree each step (one tiny all-reduce) so that a signal to any rank stops
+them all after the same step, with one checkpoint.
 Everything else (building parts, data, checkpoint files) lives elsewhere.
 """
 
@@ -16,9 +18,10 @@ import shutil
 import signal
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -40,7 +43,7 @@ from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.pipeline.stream import StreamLoader, StreamPosition
 from ember.train.builder import Components, build_components
 from ember.train.early_stop import EarlyStopping
-from ember.train.distributed import lead_prepares_run, start_run
+from ember.train.distributed import config_differences, flatten, lead_prepares_run, start_run
 from ember.train.evaluate import evaluate
 from ember.train.history import History
 from ember.train.metrics import json_safe
@@ -108,17 +111,31 @@ def train(cfg: RunConfig, overwrite: bool = True, batches: Sequence[Batch] | Non
     when ``overwrite`` (else ConfigError) or continued with ``train.resume``. A run that fails
     before its first checkpoint removes the run directory it created, so nothing blocks a retry.
     Launched by torchrun on several processes, it trains distributed (``ember.distributed``):
-    rank 0 alone checks, creates and writes the run directory.
+    rank 0 alone checks, creates and writes the run directory; a rank that dies, hangs or fails
+    makes the others raise ``RankLost`` naming it (``ember.distributed.watchdog``).
     """
     dist = start_run(cfg)  # None in one process: nothing is initialised
+    run_dir = run_directory(cfg)
     try:
-        run_dir, fresh = lead_prepares_run(run_directory(cfg), dist, lambda d: _clear_run(cfg, d, overwrite, batches))
+        run_dir, fresh = lead_prepares_run(run_dir, dist, lambda d: _clear_run(cfg, d, overwrite, batches))
         try:
             return _train(cfg, run_dir, dist, batches)
         except BaseException:
             if fresh and not (run_dir / "checkpoints").exists():
                 shutil.rmtree(run_dir, ignore_errors=True)
             raise
+    except BaseException as e:
+        if dist is None:
+            raise
+        with _SignalsHeld():  # torchrun's SIGTERM after a sibling died must not cut the explanation short
+            error = dist.failure(e)  # another rank stopped: RankLost naming it
+            dist.close()
+            dist = None
+        if error is e:
+            raise
+        if (run_dir / "checkpoints").exists():
+            error.add_note(f"(the last complete checkpoint stays; resume with train.resume={run_dir})")
+        raise error from None
     finally:
         if dist is not None:
             dist.close()
@@ -153,9 +170,11 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
         manifest = verify_checkpoint(ckpt, parts.dist)  # distributed: the ranks share the hashing
         load_tables(ckpt, parts.collections(), manifest, parts.owned())
         dense = load_dense(ckpt)
-        parts.model.load_state_dict(dense["model"])
+        with _fits(ckpt, manifest, cfg, "model"):
+            parts.model.load_state_dict(dense["model"])
         if t.resume:  # exact continuation: optimizers, counters, data position and RNG too
-            parts.dense_optimizer.load_state_dict(dense["optimizer"])
+            with _fits(ckpt, manifest, cfg, "train.dense_optimizer"):
+                parts.dense_optimizer.load_state_dict(dense["optimizer"])
             if parts.scaler is not None and "loss_scaler" in dense:
                 parts.scaler.load_state_dict(dense["loss_scaler"])
             restore_table_state(parts.collections(), dense, parts.owned())
@@ -236,10 +255,15 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
         """``quiet_after``, deciding time-based checkpoints when step ``s`` is fetched (so the
         fetch gate and the loop agree on them): one is due once ``checkpoint_every_s`` passed
         since the last save, and no other is marked before it is written."""
-        if t.checkpoint_every_s is not None and not due and _clock() - last_save[0] >= t.checkpoint_every_s:
+        if parts.dist is None and checkpoint_due():
             due.add(s)
         report_window.decide(s)
         return quiet_after(s)
+
+    def checkpoint_due() -> bool:
+        return t.checkpoint_every_s is not None and not due and _clock() - last_save[0] >= t.checkpoint_every_s
+
+    stopping: int | None = None  # the signal that stops the run (distributed: agreed on by every rank)
 
     with _StopSignals() as stop:
         while epoch < t.epochs and not done:
@@ -264,7 +288,14 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                     step += 1
                     batch_idx += 1
                     progress.advance(step)
-                    if stop.signum is not None:
+                    if parts.dist is None:
+                        stopping = stop.signum
+                    else:  # one tiny all-reduce: every rank stops after the same step, and checkpoints it
+                        signum, time_due = parts.dist.agree([stop.signum or 0, int(checkpoint_due())])
+                        stopping = signum or None
+                        if time_due:  # at step + 2: its batch is not fetched yet (the pipeline's fetch
+                            due.add(step + 2)  # of step + 1 may be), so the fetch gate holds after it
+                    if stopping is not None:
                         gate.stop()  # no more fetches; the batches already fetched still train
                     if quiet_after(step):
                         run.drain()
@@ -304,10 +335,12 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                 gate.stop()
                 run.close()
             bad_rows = _merge(bad_rows, loader.bad_rows)
-            if stop.signum is not None:
+            if parts.dist is None:
+                stopping = stop.signum  # also a signal during the last step
+            if stopping is not None:
                 progress.close()
                 path = checkpoint(epoch, batch_idx)
-                raise RunInterrupted(stop.signum, str(path))
+                raise RunInterrupted(stopping, str(path))
             if online:
                 done = True  # one pass: the stream ended (idle timeout, or the files listed at start)
             if not done:
@@ -417,6 +450,39 @@ def _rolling_window(cfg: RunConfig, parts: Components) -> tuple[RollingWindow | 
     window = RollingWindow(e.window_rows, parts.task_names) if e.window_rows is not None else None
     every = e.window_every or (cfg.train.log_every if e.window_every_s is None else None)
     return window, _WindowReports(window, every, e.window_every_s)
+
+
+@contextmanager
+def _fits(ckpt: Path, manifest: dict[str, Any], cfg: RunConfig, section: str) -> Iterator[None]:
+    """Turn torch's error for a state that does not fit (another model shape, another dense
+    optimizer) into a CheckpointError naming the config keys that differ from the checkpoint's
+    run (every rank of a distributed run raises the same)."""
+    try:
+        yield
+    except (RuntimeError, ValueError, KeyError) as e:
+        mine = {k: v for k, v in flatten(cfg.model_dump(mode="json", by_alias=True)).items() if k.startswith(section + ".")}
+        saved = {k: v for k, v in flatten(manifest.get("config", {})).items() if k.startswith(section + ".")}
+        diffs = config_differences([saved, mine], names=["checkpoint", "this config"])
+        raise CheckpointError(
+            f"checkpoint {ckpt} does not fit this config's {section} ({type(e).__name__}: {' '.join(str(e).split())[:240]}); "
+            + (f"it was written with {'; '.join(diffs)}; " if diffs else "")
+            + f"resume or init_from it with the {section} it was trained with") from None
+
+
+class _SignalsHeld:
+    """SIGINT and SIGTERM are noted, not acted on, for the moment of the block (on the main
+    thread; elsewhere nothing changes)."""
+
+    def __enter__(self) -> "_SignalsHeld":
+        self._old: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, lambda signum, frame: None)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
 
 
 def _table_stats(parts: Components) -> dict[str, float]:
