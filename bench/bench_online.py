@@ -13,9 +13,9 @@ a training run's exports under load.
     following its exports, and concurrent clients (bounded count and time) scoring rows while
     deltas arrive: p50 / p99 latency, requests/s, failed requests, and every response's scores
     compared with the offline Predictor on a full export of the checkpoint at that version's
-    step (exact equality). ``--mode online`` trains with ``train.mode: online`` on a watched
-    directory that files are written into during the run (needs the online input mode); the
-    default ``files`` trains on the same files written up front.
+    step (exact equality). By default (``--mode online``) it trains with ``train.mode: online``
+    on a watched directory (``data.watch``) that the files are renamed into while it trains;
+    ``--mode files`` trains offline on the same files written up front.
 
 The last line is one JSON object: ``delta_time_ratio``, ``delta_bytes_ratio``,
 ``failed_requests``, ``p99_ms`` and the rest of the figures.
@@ -181,9 +181,10 @@ def training_config(args: argparse.Namespace, work: Path, inputs: Path) -> dict[
         "pipeline": {"enabled": False},
         "export": {"every_steps": args.export_every, "full_every": args.full_every, "keep_full": 2},
     }
-    if args.mode == "online":
+    if args.mode == "online":  # files are renamed into place whole: no need to wait for them to settle
         cfg["train"]["mode"] = "online"
         cfg["train"].pop("epochs")
+        cfg["data"]["watch"] = {"poll_s": 0.5, "idle_timeout_s": 60, "ready": "settled", "settle_s": 0.5}
     return cfg
 
 
@@ -375,7 +376,7 @@ def main() -> None:
     p.add_argument("--touched", type=float, default=0.01, help="(a) share of rows updated between exports")
     p.add_argument("--steps", type=int, default=10, help="(a) update steps between exports")
     p.add_argument("--deltas", type=int, default=3, help="(a) delta exports measured")
-    p.add_argument("--mode", choices=["files", "online"], default="files",
+    p.add_argument("--mode", choices=["files", "online"], default="online",
                    help="(b) files: train on files written up front; online: train.mode online on a watched directory")
     p.add_argument("--files", type=int, default=3, help="(b) input files")
     p.add_argument("--file-rows", type=int, default=40_000)
