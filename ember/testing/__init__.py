@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["apply", "lookup", "read", "rows"]
+__all__ = ["apply", "lookup", "read", "rows", "run_state", "assert_identical"]
 
 
 def read(tier, ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -43,3 +43,23 @@ def apply(lk, grads: Tensor) -> None:
     lk.backward(grads)
     lk.update()
     lk.write_back()
+
+
+def run_state(result) -> dict[str, Tensor]:
+    """A finished run's dense weights and every table's rows sorted by ID (``train``'s result):
+    what two runs that must be bit-identical are compared on."""
+    out = {f"dense/{k}": v for k, v in result.parts.model.state_dict().items()}
+    for ec in result.parts.collections():
+        for name, table in ec.tables.items():
+            ids, rec = zip(*table.items())
+            ids, rec = torch.cat(ids), torch.cat(rec)
+            order = torch.argsort(ids)
+            out[f"{name}/ids"], out[f"{name}/rows"] = ids[order], rec[order]
+    return out
+
+
+def assert_identical(a: dict[str, Tensor], b: dict[str, Tensor]) -> None:
+    """Two ``run_state``s are equal bit for bit."""
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k

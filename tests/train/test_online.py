@@ -24,6 +24,7 @@ from ember.config import from_dict
 from ember.errors import DataError, RunInterrupted
 from ember.train.loop import train
 from ember.train.metrics import evaluate_predictions
+from ember.testing import assert_identical, run_state
 
 SCHEMA = {"labels": ["label"], "dense": [{"name": "d1"}], "sparse": [{"name": "c1"}, {"name": "c2"}]}
 
@@ -57,23 +58,6 @@ def _raw(tmp_path: Path, name: str, folder: Path, *, online: bool = True, enable
             "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]}, "pipeline": {"enabled": enabled}, "train": t}
 
 
-def _state(result) -> dict[str, torch.Tensor]:
-    out = {f"dense/{k}": v for k, v in result.parts.model.state_dict().items()}
-    for ec in result.parts.collections():
-        for name, table in ec.tables.items():
-            ids, rec = zip(*table.items())
-            ids, rec = torch.cat(ids), torch.cat(rec)
-            order = torch.argsort(ids)
-            out[f"{name}/ids"], out[f"{name}/rows"] = ids[order], rec[order]
-    return out
-
-
-def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-
-
 def _position(run_dir: Path) -> dict:
     return verify_checkpoint(resolve_checkpoint(run_dir))["position"]
 
@@ -87,7 +71,7 @@ def offline_pass(tmp_path_factory) -> tuple[Path, int, dict[str, torch.Tensor]]:
     for k in range(4):
         _write(folder, k, 150 + 13 * k)  # batches span files
     offline = train(from_dict(_raw(tmp, "off", folder, online=False)))
-    return folder, offline.step, _state(offline)
+    return folder, offline.step, run_state(offline)
 
 
 @pytest.mark.parametrize("enabled, workers", [(True, 0), (False, 0), (True, 1)], ids=["threads", "in_line", "worker"])
@@ -98,7 +82,7 @@ def test_online_trains_exactly_as_one_offline_pass_in_file_order(tmp_path, offli
     raw["pipeline"]["data_workers"] = workers
     online = train(from_dict(raw))
     assert online.step == offline_steps == -(-sum(150 + 13 * k for k in range(4)) // 64)
-    _assert_identical(offline_state, _state(online))
+    assert_identical(offline_state, run_state(online))
     pos = _position(online.run_dir)
     assert [Path(f).name for f in pos["files_done"]] == ["part-000.csv", "part-001.csv", "part-002.csv"]
     assert (Path(pos["file"]).name, pos["file_rows"], pos["batch"]) == ("part-003.csv", 189, online.step)
@@ -133,7 +117,7 @@ def test_files_written_while_training_are_taken_in_order_and_never_half(tmp_path
         th.join()
     offline = train(from_dict(_raw(tmp_path, "off", folder, online=False)))
     assert online.step == offline.step == -(-1000 // 64)
-    _assert_identical(_state(offline), _state(online))
+    assert_identical(run_state(offline), run_state(online))
     assert [Path(f).name for f in _position(online.run_dir)["files_done"]] == [f"part-{k:03d}.csv" for k in range(4)]
 
 
@@ -195,7 +179,7 @@ def test_sigkill_and_sigterm_then_resume_train_every_row_exactly_once(tmp_path):
     resumed = train(from_dict(_raw(tmp_path, "kill", folder, checkpoint_every=2, resume=str(run_dir))))
     whole = train(from_dict(_raw(tmp_path, "whole", folder)))
     assert resumed.step == whole.step == 16
-    _assert_identical(_state(whole), _state(resumed))
+    assert_identical(run_state(whole), run_state(resumed))
     assert [Path(f).name for f in _position(run_dir)["files_done"]] == [f"part-{k:03d}.csv" for k in range(4)]
 
 
@@ -287,4 +271,4 @@ def test_time_based_window_reports_and_checkpoints_online(tmp_path, offline_pass
     assert 2 <= len(steps) < offline_steps and steps == sorted(set(steps)) and steps[-1] == offline_steps
     saved = sorted(p.name for p in (result.run_dir / "checkpoints").glob("step-*"))
     assert len(saved) >= 3  # by time, then the final state
-    _assert_identical(offline_state, _state(result))
+    assert_identical(offline_state, run_state(result))

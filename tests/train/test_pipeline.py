@@ -27,6 +27,7 @@ from ember.errors import DataError
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.loop import train
+from ember.testing import assert_identical, run_state
 
 OPTIMIZERS = [
     {"type": "sgd", "lr": 0.05},
@@ -51,29 +52,12 @@ def _cfg(tmp_path: Path, name: str, *, enabled: bool = True, k: int = 0, optimiz
     return from_dict(raw)
 
 
-def _state(result) -> dict[str, torch.Tensor]:
-    out = {f"dense/{k}": v for k, v in result.parts.model.state_dict().items()}
-    for ec in result.parts.collections():
-        for name, table in ec.tables.items():
-            ids, rec = zip(*table.items())
-            ids, rec = torch.cat(ids), torch.cat(rec)
-            order = torch.argsort(ids)
-            out[f"{name}/ids"], out[f"{name}/rows"] = ids[order], rec[order]
-    return out
-
-
-def _assert_identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-
-
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=[o["type"] for o in OPTIMIZERS])
 def test_staleness_0_on_threads_is_bit_identical_to_in_line(tmp_path, optimizer):
     kw = dict(optimizer=optimizer, eval_every=7, checkpoint_every=9)
     off = train(_cfg(tmp_path, "off", enabled=False, **kw))
     on = train(_cfg(tmp_path, "on", enabled=True, **kw))
-    _assert_identical(_state(off), _state(on))
+    assert_identical(run_state(off), run_state(on))
     assert off.metrics == on.metrics
 
 
@@ -87,11 +71,11 @@ def test_batches_in_memory_train_exactly_as_the_same_batches_read_from_the_sourc
     read = train(cfg)
     held_run = train(_cfg(tmp_path, "held", epochs=2), batches=held)
     assert held_run.step == read.step == 2 * len(held)
-    _assert_identical(_state(read), _state(held_run))
+    assert_identical(run_state(read), run_state(held_run))
     assert read.metrics == held_run.metrics
     part = train(_cfg(tmp_path, "part", epochs=2, max_steps=len(held) + 5), batches=held)
     resumed = train(_cfg(tmp_path, "part", epochs=2, resume=str(part.run_dir)), batches=held)
-    _assert_identical(_state(read), _state(resumed))
+    assert_identical(run_state(read), run_state(resumed))
 
 
 def test_staleness_0_bit_identical_with_tiers_admission_and_ttl(tmp_path):
@@ -105,7 +89,7 @@ def test_staleness_0_bit_identical_with_tiers_admission_and_ttl(tmp_path):
             {"name": "C3", "min_count": 2, "ttl_steps": 6},
         ]
         runs.append(train(from_dict(raw)))
-    _assert_identical(_state(runs[0]), _state(runs[1]))
+    assert_identical(run_state(runs[0]), run_state(runs[1]))
 
 
 # ---- no update lost under staleness ----------------------------------------------------------
@@ -331,7 +315,7 @@ def test_data_worker_process_trains_bit_identically_and_reports_bad_rows_and_err
 
     threads = train(cfg("threads", 0, bad))
     worker = train(cfg("worker", 1, bad))
-    _assert_identical(_state(threads), _state(worker))
+    assert_identical(run_state(threads), run_state(worker))
     assert worker.bad_rows == threads.bad_rows == {"<row>: wrong number of fields": 2}  # one per epoch
     with pytest.raises(DataError, match=r"bad\.csv row 11"):
         train(cfg("fails", 1, bad, policy="error"))
@@ -362,4 +346,4 @@ def test_checkpoint_every_s_saves_by_time_and_resumes_exactly(tmp_path, monkeypa
 
     ckpt = resolve_checkpoint(whole.run_dir / "checkpoints" / f"step-{first:08d}")
     resumed = train(_cfg(tmp_path, f"r{enabled}", enabled=enabled, resume=str(ckpt)))
-    _assert_identical(_state(whole), _state(resumed))
+    assert_identical(run_state(whole), run_state(resumed))
