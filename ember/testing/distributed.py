@@ -15,11 +15,11 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-__all__ = ["torchrun_train", "torchrun_start", "ember_start", "finish", "free_port", "rank_pids", "checkpoint_state",
+__all__ = ["launch_env", "torchrun_train", "torchrun_start", "ember_start", "finish", "free_port", "rank_pids", "checkpoint_state",
            "assert_states_close"]
 
 
-def _env() -> dict[str, str]:
+def launch_env() -> dict[str, str]:
     """This checkout first on PYTHONPATH, one thread per process."""
     root = str(Path(__file__).resolve().parents[2])
     return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
@@ -34,7 +34,7 @@ def torchrun_start(config: Path, nproc: int, overrides: Sequence[str] = (), laun
     that runs it (e.g. ``unshare``); ``entry``: what torchrun runs instead of ``-m ember``."""
     cmd = [*prefix, sys.executable, "-m", "torch.distributed.run", *launch, f"--nproc-per-node={nproc}",
            *entry, "train", "--config", str(config), "--overwrite", *overrides]
-    return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    return subprocess.Popen(cmd, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
 
@@ -69,7 +69,7 @@ def ember_start(config: Path, rank: int, world_size: int, port: int, overrides: 
     """``python -m ember train`` as rank ``rank`` of ``world_size`` without torchrun (the
     environment a launcher sets: RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, MASTER_PORT=port;
     rank 0 hosts the rendezvous store)."""
-    env = {**_env(), "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+    env = {**launch_env(), "RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     cmd = [*prefix, sys.executable, "-m", "ember", "train", "--config", str(config), "--overwrite", *overrides]
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -14,14 +13,9 @@ import time
 from pathlib import Path
 from typing import Sequence
 
+from ember.testing.distributed import free_port, launch_env
+
 __all__ = ["free_port", "torchrun_nodes"]
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (the OS picks it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def torchrun_nodes(config: Path, nnodes: int, nproc_per_node: int, overrides: Sequence[str] = (),
@@ -30,9 +24,7 @@ def torchrun_nodes(config: Path, nnodes: int, nproc_per_node: int, overrides: Se
     processes each, meeting at 127.0.0.1 (static rendezvous), this checkout first on
     PYTHONPATH; returns every launch's finished process (node 0 first). A launch still running
     after ``timeout`` seconds is killed with its ranks, and AssertionError raised."""
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep),
-           "OMP_NUM_THREADS": "1"}
+    env = launch_env()
     port = free_port()
     with tempfile.TemporaryDirectory(prefix="ember-nodes-") as logs:
         procs = []
