@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
@@ -39,7 +40,7 @@ from ember.mix import mix64
 
 __all__ = [
     "chunks", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
-    "bf16_pack_sr", "gather_rows", "scatter_rows", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
+    "bf16_pack_sr", "gather_rows", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
 
@@ -343,6 +344,29 @@ def scatter_rows(dst: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
 
 def _scatter_rows_py(dst: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> None:
     dst[slots] = rows
+
+
+def willneed(table: np.ndarray, slots: np.ndarray) -> int:
+    """Ask the kernel to start reading the pages of rows ``slots`` (int64, sorted) of a
+    memory-mapped ``table`` (float32 [S, W]) now, all at once (``madvise(MADV_WILLNEED)``), so
+    the copy that follows does not take one page fault after another. Only a hint; returns the
+    pages advised. Without the core, the same advice per page through the mapping's ``mmap``
+    (numpy's private ``_mmap``; nothing for an array that is not a memory map)."""
+    if _core is not None and table.dtype == np.float32 and table.ndim == 2 and table.flags.c_contiguous:
+        return _core.willneed(table, np.ascontiguousarray(slots, dtype=np.int64), table.shape[1])
+    return _willneed_py(table, slots)
+
+
+def _willneed_py(table: np.ndarray, slots: np.ndarray) -> int:
+    mm = getattr(table, "_mmap", None)
+    if mm is None or not hasattr(mm, "madvise") or table.size == 0:
+        return 0
+    row = table.shape[1] * table.itemsize
+    start = np.asarray(slots, dtype=np.int64) * row + getattr(table, "offset", 0) % mmap.ALLOCATIONGRANULARITY
+    pages = np.unique(np.concatenate([start // mmap.PAGESIZE, (start + row - 1) // mmap.PAGESIZE]))
+    for p in pages.tolist():
+        mm.madvise(mmap.MADV_WILLNEED, p * mmap.PAGESIZE, mmap.PAGESIZE)
+    return int(pages.size)
 
 
 def _rows_ok(table: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> bool:

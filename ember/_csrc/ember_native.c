@@ -18,6 +18,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <math.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #define EMPTY (-1)
 #define DELETED (-2)
@@ -841,6 +843,49 @@ done:
     return res;
 }
 
+/* willneed(table float32[S*W], slots int64[k] (sorted), W) -> pages advised
+ * madvise(MADV_WILLNEED) over the pages holding rows slots[i] of a memory-mapped table, the GIL
+ * released: the kernel starts reading every missing page at once (many reads in flight)
+ * instead of one page fault after another when the rows are then copied. Only a hint: rows
+ * already in memory, an anonymous table or a failed call change nothing. Consecutive slots on
+ * one page advise it once. */
+static PyObject *willneed(PyObject *self, PyObject *args) {
+    Py_buffer table, slots;
+    Py_ssize_t w;
+    if (!PyArg_ParseTuple(args, "y*y*n", &table, &slots, &w)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t k = slots.len / 8, s = w > 0 ? table.len / 4 / w : 0;
+    if (w <= 0 || table.len != s * w * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native willneed: table [S, W], slots int64 [k]");
+        goto done;
+    }
+    {
+        const int64_t *sl = slots.buf;
+        for (Py_ssize_t i = 0; i < k; i++)
+            if (sl[i] < 0 || sl[i] >= s) {
+                PyErr_SetString(PyExc_IndexError, "ember native willneed: slot out of range");
+                goto done;
+            }
+        uintptr_t base = (uintptr_t)table.buf, page = (uintptr_t)sysconf(_SC_PAGESIZE), last = 0;
+        Py_ssize_t advised = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < k; i++) {
+            uintptr_t lo = (base + (uintptr_t)sl[i] * (uintptr_t)w * 4) & ~(page - 1);
+            uintptr_t hi = (base + ((uintptr_t)sl[i] + 1) * (uintptr_t)w * 4 - 1) & ~(page - 1);
+            if (lo == last && advised) lo += page;  /* its first page was advised for the slot before */
+            if (lo > hi) continue;
+            madvise((void *)lo, hi - lo + page, MADV_WILLNEED);
+            advised += (Py_ssize_t)((hi - lo) / page + 1);
+            last = hi;
+        }
+        Py_END_ALLOW_THREADS
+        res = PyLong_FromSsize_t(advised);
+    }
+done:
+    PyBuffer_Release(&table); PyBuffer_Release(&slots);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     /* "name(arguments) -> result": ember/_ember_native.pyi and tests/native/test_stub.py rely on
      * these (names and count of arguments, "=" for optional ones, as PyArg_ParseTuple parses) */
@@ -849,6 +894,7 @@ static PyMethodDef methods[] = {
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim) -> None"},
     {"rowwise_adagrad", rowwise_adagrad, METH_VARARGS, "rowwise_adagrad(rows, state, grads, n, dim, rs, ss, gs, lr, eps) -> None"},
     {"bf16_pack_sr", bf16_pack_sr, METH_VARARGS, "bf16_pack_sr(records, ids, seeds, steps, out, dim, width) -> None"},
+    {"willneed", willneed, METH_VARARGS, "willneed(table, slots, w) -> pages advised"},
     {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(src, slots, out, w) -> None"},
     {"scatter_rows", scatter_rows, METH_VARARGS, "scatter_rows(dst, slots, rows, w) -> None"},
     {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim, stride) -> None"},

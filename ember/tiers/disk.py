@@ -219,7 +219,9 @@ class DiskTier(TierCounters, Tier):
         assert self._mm is not None, "DiskTier is closed"
         order = np.argsort(slots, kind="stable")
         got = np.empty((slots.size, self.width), dtype=np.float32)
-        _native.gather_rows(self._mm, np.ascontiguousarray(slots[order], dtype=np.int64), got)
+        ordered = np.ascontiguousarray(slots[order], dtype=np.int64)
+        _native.willneed(self._mm, ordered)  # every missing page read at once, not one fault at a time
+        _native.gather_rows(self._mm, ordered, got)
         out = np.empty_like(got)
         out[order] = got
         self.reads += slots.size
@@ -249,7 +251,9 @@ class DiskTier(TierCounters, Tier):
                 assert self._mm is not None, "DiskTier is closed"
                 order = np.argsort(cslots, kind="stable")
                 got = np.empty((cslots.size, self.width), dtype=np.float32)  # whole rows: a page is read anyway
-                _native.gather_rows(self._mm, np.ascontiguousarray(cslots[order], dtype=np.int64), got)
+                ordered = np.ascontiguousarray(cslots[order], dtype=np.int64)
+                _native.willneed(self._mm, ordered)
+                _native.gather_rows(self._mm, ordered, got)
                 keys = np.empty(cslots.size, dtype=np.int64)
                 keys[order] = np.ascontiguousarray(got[:, :2]).view(np.int64)[:, 0]
             q = active[cand]
@@ -318,7 +322,9 @@ class DiskTier(TierCounters, Tier):
         block[:, :2] = np.ascontiguousarray(ids, dtype=np.int64).view(np.float32).reshape(-1, 2)
         block[:, 2:] = recs
         order = np.argsort(slots, kind="stable")
-        _native.scatter_rows(self._mm, np.ascontiguousarray(slots[order], dtype=np.int64), block[order])
+        ordered = np.ascontiguousarray(slots[order], dtype=np.int64)
+        _native.willneed(self._mm, ordered)  # a write to a page not in memory reads it first
+        _native.scatter_rows(self._mm, ordered, block[order])
         self.writes += slots.size
 
     def _insert_slots(self, ids: np.ndarray) -> np.ndarray:

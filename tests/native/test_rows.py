@@ -221,3 +221,22 @@ def test_gather_and_scatter_rows_match_their_fallbacks(seed, tmp_path):
     assert np.array_equal(np.asarray(mm), ref_table)
     with pytest.raises(IndexError, match="slot out of range"):
         _native.gather_rows(mm, np.array([s], dtype=np.int64), np.empty((1, w), np.float32))
+
+
+@native
+def test_willneed_advises_each_page_of_the_rows_once(tmp_path):
+    """The read-ahead hint covers every page of the requested rows (a row across a page
+    boundary: both), each page once, as its fallback counts them; rows read after it are the
+    same."""
+    w = 19  # 76-byte rows: some straddle two 4 KiB pages
+    mm = np.memmap(tmp_path / "slots.bin", dtype=np.float32, mode="w+", shape=(20_000, w))
+    mm[:] = np.arange(20_000, dtype=np.float32)[:, None]
+    rng = np.random.default_rng(0)
+    for slots in [np.array([0, 1, 53, 54, 19_999]), np.sort(rng.choice(20_000, 500, replace=False))]:
+        slots = slots.astype(np.int64)
+        pages = np.unique(np.concatenate([slots * w * 4 // 4096, ((slots + 1) * w * 4 - 1) // 4096]))
+        assert _native.willneed(mm, slots) == _native._willneed_py(mm, slots) == pages.size
+        out = np.empty((slots.size, w), np.float32)
+        _native.gather_rows(mm, slots, out)
+        assert np.array_equal(out[:, 0], slots.astype(np.float32))
+    assert _native._willneed_py(np.zeros((4, w), np.float32), np.array([1])) == 0  # not a memory map: nothing
