@@ -40,6 +40,7 @@ from ember.featurize.rows import Rows
 from ember.featurize.schema import Schema
 from ember.pipeline.config import QueueDepths
 from ember.pipeline.scheduler import Scheduler, Stage
+from ember.errors import ConfigError
 from ember.source.bad_rows import BadRowReport
 from ember.source.base import RecordChunk
 from ember.source.config import DataConfig
@@ -50,7 +51,7 @@ from ember.source.parquet import read_parquet
 from ember.source.synthetic import split_rows, synthetic_records
 from ember.source.writer import write_synthetic
 
-__all__ = ["BatchList", "Loader", "ReadCounter", "make_batches", "write_synthetic"]
+__all__ = ["BatchList", "Loader", "ReadCounter", "make_batches", "write_synthetic", "shard_files", "empty_batch"]
 
 Split = Literal["train", "eval"]
 
@@ -68,13 +69,16 @@ class ReadCounter:
 
 
 def _record_chunks(data: DataConfig, schema: Schema, split: Split, rng: np.random.Generator,
-                   report: BadRowReport, counter: ReadCounter | None = None) -> Iterator[RecordChunk]:
+                   report: BadRowReport, counter: ReadCounter | None = None,
+                   part: tuple[int, int] | None = None) -> Iterator[RecordChunk]:
     counter = counter or ReadCounter()
     files = expand_paths(data.paths(split), data.format)
     if not files:
         raise ValueError(f"data.{split} is not set; give the {split} files (format {data.format})")
     if split == "train" and data.shuffle_buffer > 0:
         files = [files[i] for i in rng.permutation(len(files))]
+    if part is not None:
+        files = shard_files(files, *part)
     done = 0  # bytes of the files read completely
     for path in files:
         consumed = [0]
@@ -84,6 +88,32 @@ def _record_chunks(data: DataConfig, schema: Schema, split: Split, rng: np.rando
         done += consumed[0]
         counter.bytes = done
     counter.finished = True
+
+
+def shard_files(files: Sequence[str], rank: int, world_size: int) -> list[str]:
+    """Rank ``rank``'s files under ``data.shard: files``: files ``rank, rank + N, ...`` of the
+    epoch's ordered list. Raises ConfigError when there are fewer files than ranks.
+
+    Example:
+        >>> shard_files(["a", "b", "c"], 0, 2), shard_files(["a", "b", "c"], 1, 2)
+        (['a', 'c'], ['b'])
+    """
+    if len(files) < world_size:
+        raise ConfigError(f"data.shard: files gives each of the {world_size} ranks its own training files, but "
+                          f"data.train has {len(files)} file(s); split the data into at least {world_size} files "
+                          "(more, of similar sizes, balance the ranks), or use data.shard: rows")
+    return list(files[rank::world_size])
+
+
+def empty_batch(schema: Schema) -> Batch:
+    """A batch of no rows laid out as ``schema``'s batches (what a rank with no rows left
+    trains under ``data.shard: files`` while the others still have some)."""
+    keys = schema.feature_names
+    rows = Rows(np.zeros((0, len(schema.dense)), np.float32), np.zeros((0, len(schema.labels)), np.float32), keys,
+                [np.zeros(0, np.int64) for _ in keys], [np.zeros(1, np.int64) for _ in keys],
+                [None if f.weight_column is None else np.zeros(0, np.float32) for f in schema.sparse],
+                np.zeros((0, len(schema.teacher)), np.float32) if schema.teacher and not schema.score_only else None)
+    return rows.to_batch()
 
 
 def file_chunks(data: DataConfig, schema: Schema, path: str, report: BadRowReport,
@@ -164,14 +194,16 @@ class Loader:
     Two stages (``stages()``): ``read`` (record blocks from files, or row ranges of the
     generator) and ``featurize`` (parse, hash, shuffle, cut into batches, to tensors).
     Iterating runs them on two threads with bounded queues (``threaded=True``) or in line;
-    a trainer chains them with its own stages instead. ``bad_rows`` counts rows skipped under
+    a trainer chains them with its own stages instead. ``part=(r, N)`` (training files under
+    ``data.shard: files``): only files ``r, r + N, ...`` (``shard_files``), in batches of
+    ``batch_size / N`` rows. ``bad_rows`` counts rows skipped under
     ``on_bad_rows: skip`` (complete once iteration ends); ``position`` is ``(epoch, index of
     the next batch)``, what a checkpoint stores.
     """
 
     def __init__(self, data: DataConfig, schema: Schema, split: Split = "train", epoch: int = 0,
                  start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
-                 workers: int = 0) -> None:
+                 workers: int = 0, part: tuple[int, int] | None = None) -> None:
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if start_batch < 0:
@@ -180,7 +212,8 @@ class Loader:
         self.epoch, self.start_batch = epoch, start_batch
         self.threaded = threaded
         self.depth = depth or QueueDepths()
-        self.batch_size = data.split_batch_size(split)
+        self.part = part
+        self.batch_size = data.split_batch_size(split) // (part[1] if part else 1)
         self.bad_rows = BadRowReport(data.on_bad_rows)
         self.read = ReadCounter()  # rows and bytes read so far this epoch (progress estimates)
         self.workers = workers  # 1: read and featurize in a worker process (``_in_worker``)
@@ -227,7 +260,7 @@ class Loader:
             # the file order is drawn here, before the first block, so the shuffle's draws from
             # the same generator (featurize stage) always come after it
             self.read = ReadCounter()
-            return _record_chunks(self.data, self.schema, self.split, rng, self.bad_rows, self.read)
+            return _record_chunks(self.data, self.schema, self.split, rng, self.bad_rows, self.read, self.part)
 
         def parse(chunk: RecordChunk) -> list[Batch]:
             return [rows.to_batch() for rows in batcher.push(featurize(chunk.batch, chunk.file, chunk.first_row))]
@@ -241,7 +274,7 @@ class Loader:
     def _in_worker(self, _: None) -> Iterator[Batch]:
         """This loader's batches, read and featurized by a worker process; its bad-row counts
         are added here at the end, its error is raised here (the same exception)."""
-        job = _WorkerJob(self.data, self.schema, self.split, self.epoch, self.start_batch, self.depth)
+        job = _WorkerJob(self.data, self.schema, self.split, self.epoch, self.start_batch, self.depth, self.part)
         loader = DataLoader(job, batch_size=None, num_workers=1, prefetch_factor=self.depth.featurize,
                             multiprocessing_context="spawn")
         for kind, item in loader:
@@ -267,12 +300,12 @@ class _WorkerJob(IterableDataset):
     intact, instead of DataLoader's re-wrapped copy)."""
 
     def __init__(self, data: DataConfig, schema: Schema, split: Split, epoch: int, start_batch: int,
-                 depth: QueueDepths) -> None:
+                 depth: QueueDepths, part: tuple[int, int] | None = None) -> None:
         self.args = (data, schema, split, epoch, start_batch)
-        self.depth = depth
+        self.depth, self.part = depth, part
 
     def __iter__(self) -> Iterator[tuple[str, object]]:
-        loader = Loader(*self.args, threaded=True, depth=self.depth)  # read and featurize overlap in the worker
+        loader = Loader(*self.args, threaded=True, depth=self.depth, part=self.part)  # read and featurize overlap in the worker
         try:
             for batch in loader:
                 yield "batch", batch
@@ -319,6 +352,6 @@ class BatchList:
 
 def make_batches(data: DataConfig, schema: Schema, split: Split = "train", epoch: int = 0,
                  start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
-                 workers: int = 0) -> Loader:
+                 workers: int = 0, part: tuple[int, int] | None = None) -> Loader:
     """The batches of ``split`` for ``epoch`` from batch ``start_batch`` on (see :class:`Loader`)."""
-    return Loader(data, schema, split, epoch, start_batch, threaded, depth, workers)
+    return Loader(data, schema, split, epoch, start_batch, threaded, depth, workers, part)

@@ -22,6 +22,7 @@ from ember.distributed.sharding import ShardingPlan
 from ember.embedding.config import TableConfig
 from ember.errors import ConfigError
 from ember.train.builder import pick_device
+from ember.train.shards import check_file_shards
 
 __all__ = ["start_run", "check_same_config", "config_differences", "flat_config", "flatten", "sharding_plan", "table_rows",
            "shard_storage", "lead_prepares_run", "check_shared_dir"]
@@ -34,6 +35,7 @@ def start_run(cfg: RunConfig, topology: Topology | None = None) -> DistributedRu
     if topology is None:
         return None
     check_compatible(topology.world_size, cfg.data.batch_size, cfg.train.embedding_staleness)
+    check_file_shards(cfg, topology.world_size)
     if cfg.distributed.placement == "towers" and cfg.pipeline.enabled:
         raise ConfigError("distributed.placement=towers routes each batch's IDs to the towers' nodes while planning, which "
                           "the pipeline runs on a thread of its own ahead of the updates; the runs would order their "
