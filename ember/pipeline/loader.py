@@ -51,7 +51,8 @@ from ember.source.parquet import read_parquet
 from ember.source.synthetic import split_rows, synthetic_records
 from ember.source.writer import write_synthetic
 
-__all__ = ["BatchList", "Loader", "ReadCounter", "make_batches", "write_synthetic", "shard_files", "empty_batch"]
+__all__ = ["BatchList", "Loader", "ReadCounter", "make_batches", "write_synthetic", "shard_files", "empty_batch",
+           "RankSlice", "slice_bounds"]
 
 Split = Literal["train", "eval"]
 
@@ -188,6 +189,21 @@ class _Batcher:
         return [batch] if self._cut > self.skip else []  # skipped batches never become tensors
 
 
+@dataclass(frozen=True)
+class RankSlice:
+    """One rank's slice of a global batch, made by the loader itself (``Loader(rank_slice=...)``:
+    only the slice's rows were generated and featurized); ``rows``: the global batch's rows."""
+
+    batch: Batch
+    rows: int
+
+
+def slice_bounds(rows: int, rank: int, world_size: int) -> tuple[int, int]:
+    """[start, stop) of rank ``rank``'s slice of a global batch of ``rows`` rows: slice r of N
+    nearly equal slices, in order (``DistributedRun.local_rows``)."""
+    return rows * rank // world_size, rows * (rank + 1) // world_size
+
+
 class Loader:
     """Iterable of batches of one split and epoch, starting at batch ``start_batch``.
 
@@ -196,14 +212,17 @@ class Loader:
     Iterating runs them on two threads with bounded queues (``threaded=True``) or in line;
     a trainer chains them with its own stages instead. ``part=(r, N)`` (training files under
     ``data.shard: files``): only files ``r, r + N, ...`` (``shard_files``), in batches of
-    ``batch_size / N`` rows. ``bad_rows`` counts rows skipped under
+    ``batch_size / N`` rows. ``rank_slice=(r, N)`` (synthetic training data under
+    ``data.shard: rows``): each global batch's slice r alone is generated and featurized,
+    yielded as a :class:`RankSlice` (the same rows as slicing the whole batch, at 1/N the cost). ``bad_rows`` counts rows skipped under
     ``on_bad_rows: skip`` (complete once iteration ends); ``position`` is ``(epoch, index of
     the next batch)``, what a checkpoint stores.
     """
 
     def __init__(self, data: DataConfig, schema: Schema, split: Split = "train", epoch: int = 0,
                  start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
-                 workers: int = 0, part: tuple[int, int] | None = None) -> None:
+                 workers: int = 0, part: tuple[int, int] | None = None,
+                 rank_slice: tuple[int, int] | None = None) -> None:
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if start_batch < 0:
@@ -213,6 +232,9 @@ class Loader:
         self.threaded = threaded
         self.depth = depth or QueueDepths()
         self.part = part
+        if rank_slice is not None and data.format != "synthetic":
+            raise ValueError("Loader: rank_slice is for synthetic data (files are cut into batches after featurizing)")
+        self.rank_slice = rank_slice
         self.batch_size = data.split_batch_size(split) // (part[1] if part else 1)
         self.bad_rows = BadRowReport(data.on_bad_rows)
         self.read = ReadCounter()  # rows and bytes read so far this epoch (progress estimates)
@@ -243,11 +265,14 @@ class Loader:
 
             def read_synthetic(_: None) -> Iterator[tuple]:
                 for k in range(self.start_batch, self.num_batches or 0):
-                    yield (synthetic_records(self.data.synthetic, self.split, k * b, min((k + 1) * b, n)),
-                           f"<synthetic {self.split}>", k * b + 1)
+                    start, stop = k * b, min((k + 1) * b, n)
+                    lo, hi = (0, stop - start) if self.rank_slice is None else slice_bounds(stop - start, *self.rank_slice)
+                    yield (synthetic_records(self.data.synthetic, self.split, start + lo, start + hi),
+                           f"<synthetic {self.split}>", start + lo + 1, stop - start)
 
-            def one_batch(part: tuple) -> Batch:
-                return featurize(*part).to_batch()
+            def one_batch(part: tuple) -> Batch | RankSlice:
+                batch = featurize(*part[:3]).to_batch()
+                return batch if self.rank_slice is None else RankSlice(batch, part[3])
 
             return [Stage("read", read_synthetic, self.depth.read, expand=True),
                     Stage("featurize", one_batch, self.depth.featurize)]
@@ -274,7 +299,8 @@ class Loader:
     def _in_worker(self, _: None) -> Iterator[Batch]:
         """This loader's batches, read and featurized by a worker process; its bad-row counts
         are added here at the end, its error is raised here (the same exception)."""
-        job = _WorkerJob(self.data, self.schema, self.split, self.epoch, self.start_batch, self.depth, self.part)
+        job = _WorkerJob(self.data, self.schema, self.split, self.epoch, self.start_batch, self.depth, self.part,
+                         self.rank_slice)
         loader = DataLoader(job, batch_size=None, num_workers=1, prefetch_factor=self.depth.featurize,
                             multiprocessing_context="spawn")
         for kind, item in loader:
@@ -300,12 +326,13 @@ class _WorkerJob(IterableDataset):
     intact, instead of DataLoader's re-wrapped copy)."""
 
     def __init__(self, data: DataConfig, schema: Schema, split: Split, epoch: int, start_batch: int,
-                 depth: QueueDepths, part: tuple[int, int] | None = None) -> None:
+                 depth: QueueDepths, part: tuple[int, int] | None = None,
+                 rank_slice: tuple[int, int] | None = None) -> None:
         self.args = (data, schema, split, epoch, start_batch)
-        self.depth, self.part = depth, part
+        self.depth, self.part, self.rank_slice = depth, part, rank_slice
 
     def __iter__(self) -> Iterator[tuple[str, object]]:
-        loader = Loader(*self.args, threaded=True, depth=self.depth, part=self.part)  # read and featurize overlap in the worker
+        loader = Loader(*self.args, threaded=True, depth=self.depth, part=self.part, rank_slice=self.rank_slice)  # read and featurize overlap in the worker
         try:
             for batch in loader:
                 yield "batch", batch
@@ -352,6 +379,7 @@ class BatchList:
 
 def make_batches(data: DataConfig, schema: Schema, split: Split = "train", epoch: int = 0,
                  start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
-                 workers: int = 0, part: tuple[int, int] | None = None) -> Loader:
+                 workers: int = 0, part: tuple[int, int] | None = None,
+                 rank_slice: tuple[int, int] | None = None) -> Loader:
     """The batches of ``split`` for ``epoch`` from batch ``start_batch`` on (see :class:`Loader`)."""
-    return Loader(data, schema, split, epoch, start_batch, threaded, depth, workers, part)
+    return Loader(data, schema, split, epoch, start_batch, threaded, depth, workers, part, rank_slice)

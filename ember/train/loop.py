@@ -249,8 +249,10 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
         if files:
             return make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=rank_starts[rank],
                                 depth=pipe.depth, workers=pipe.data_workers, part=(rank, world))
+        # distributed synthetic data: each rank generates and featurizes its slice of each batch alone
+        mine = (rank, world) if dist is not None and cfg.data.format == "synthetic" else None
         return make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch, depth=pipe.depth,
-                            workers=pipe.data_workers)
+                            workers=pipe.data_workers, rank_slice=mine)
 
     parts.train(True)
     held = EpochRows(rows=sum(b.size for b in batches)) if batches is not None else EpochRows() if online else None

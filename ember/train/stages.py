@@ -21,6 +21,7 @@ from ember.batch import Batch
 from ember.embedding.collection import Lookup
 from ember.embedding.group import GroupLookup
 from ember.embedding.optimizer import SparseOptimizer
+from ember.pipeline.loader import RankSlice
 from ember.pipeline.scheduler import END, idle
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.builder import Components
@@ -84,10 +85,14 @@ class TrainStages:
         finally:
             self._tiers.release()
 
-    def plan(self, batch: Batch) -> Step:
-        """Dedupe the batch's IDs per table (no tier is touched); distributed: this rank's slice."""
-        local = batch if self.shards is not None else self.parts.local_batch(batch)
-        return Step(next(self._count), local, self.parts.plan(local, train=True), batch.size)
+    def plan(self, batch: Batch | RankSlice) -> Step:
+        """Dedupe the batch's IDs per table (no tier is touched); distributed: this rank's slice
+        (a ``RankSlice``: the loader made it alone)."""
+        if isinstance(batch, RankSlice):
+            local, rows = batch.batch, batch.rows
+        else:
+            local, rows = batch if self.shards is not None else self.parts.local_batch(batch), batch.size
+        return Step(next(self._count), local, self.parts.plan(local, train=True), rows)
 
     def fetch(self, step: Step) -> Step:
         """Read the batch's rows from the tiers, once the gate allows (else end the stream)."""
