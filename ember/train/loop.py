@@ -213,7 +213,12 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
         if stream:
             position.update(stream[0].stream_position(batch).to_dict())
         if files:  # each rank's batch index in its own files (0 at an epoch's start)
-            ranks = shards[0].positions(batch - shards[0].first_batch) if batch and shards else [0] * world
+            if not batch:
+                ranks = [0] * world
+            elif shards:
+                ranks = shards[0].positions(batch - shards[0].first_batch)
+            else:  # resumed with nothing left to train: where the checkpoint was
+                ranks = list(rank_starts)
             position.update({"shard": "files", "world_size": world, "rank_batches": ranks})
         # distributed: every rank writes its own part of every table, rank 0 the manifest last
         path = save_checkpoint(run_dir / "checkpoints", step, parts.collections(), state, position,
