@@ -67,3 +67,20 @@ def test_shard_start_resumes_mid_epoch_only_on_the_same_world_size():
         shard_start(files, 1, 0, False)
     with pytest.raises(ConfigError, match="counts global batches"):
         shard_start({"epoch": 0, "batch": 5}, 2, 0, True)
+
+
+def test_ranks_that_see_other_training_files_are_a_config_error(tmp_path):
+    """A node whose copy of data.train lists other files stops every rank (checked once at the
+    start with one all_gather; here the other rank's answer is made up)."""
+    from types import SimpleNamespace
+
+    from ember.config import RunConfig
+    from ember.train.distributed import check_same_files
+
+    for name in ("a.csv", "b.csv"):
+        (tmp_path / name).write_text("y,d\n1,2\n")
+    cfg = RunConfig.model_validate({"data": {"format": "csv", "train": str(tmp_path), "shard": "files"},
+                                    "schema": {"labels": ["y"], "sparse": [{"name": "d"}]}, "model": {"type": "lr"}})
+    check_same_files(cfg, SimpleNamespace(all_gather=lambda digest: [digest, digest]))
+    with pytest.raises(ConfigError, match=r"rank\(s\) \[1\] list other files than rank 0 \(2 here\)"):
+        check_same_files(cfg, SimpleNamespace(all_gather=lambda digest: [digest, "other"]))
