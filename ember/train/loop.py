@@ -7,7 +7,8 @@ SIGINT / SIGTERM finish the batches already fetched, checkpoint, and raise ``Run
 checkpoints record the stream position) instead of epochs; ``eval.window_rows`` reports the
 training forward's scores of the most recent rows (``ember.train.window``).
 Distributed, the ranks agree each step (one tiny all-reduce) so that a signal to any rank stops
-them all after the same step, with one checkpoint.
+them all after the same step, with one checkpoint; under ``data.shard: files`` the same
+all-reduce tells every rank the others' rows two steps ahead (``ember.train.shards``).
 Everything else (building parts, data, checkpoint files) lives elsewhere.
 """
 
@@ -165,7 +166,6 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
         raise ConfigError("train.mode: online streams data.train; batches held in memory have no stream: pass "
                           "batches with train.mode: offline, or data.train files without them")
     stream_start = StreamPosition()  # online: where the stream starts (a resumed run: the checkpoint's)
-    dist = parts.dist
     rank, world = (0, 1) if dist is None else (dist.rank, dist.world_size)
     files = dist is not None and cfg.data.shard == "files"  # data.shard: files (ember.train.shards)
     if files and batches is not None:
