@@ -40,6 +40,7 @@ from ember.featurize.rows import Rows
 from ember.featurize.schema import Schema
 from ember.pipeline.config import QueueDepths
 from ember.pipeline.scheduler import Scheduler, Stage
+from ember.errors import ConfigError
 from ember.source.bad_rows import BadRowReport
 from ember.source.base import RecordChunk
 from ember.source.config import DataConfig
@@ -50,7 +51,8 @@ from ember.source.parquet import read_parquet
 from ember.source.synthetic import split_rows, synthetic_records
 from ember.source.writer import write_synthetic
 
-__all__ = ["BatchList", "Loader", "ReadCounter", "make_batches", "write_synthetic"]
+__all__ = ["BatchList", "Loader", "ReadCounter", "make_batches", "write_synthetic", "shard_files", "empty_batch",
+           "RankSlice", "slice_bounds"]
 
 Split = Literal["train", "eval"]
 
@@ -68,13 +70,16 @@ class ReadCounter:
 
 
 def _record_chunks(data: DataConfig, schema: Schema, split: Split, rng: np.random.Generator,
-                   report: BadRowReport, counter: ReadCounter | None = None) -> Iterator[RecordChunk]:
+                   report: BadRowReport, counter: ReadCounter | None = None,
+                   part: tuple[int, int] | None = None) -> Iterator[RecordChunk]:
     counter = counter or ReadCounter()
     files = expand_paths(data.paths(split), data.format)
     if not files:
         raise ValueError(f"data.{split} is not set; give the {split} files (format {data.format})")
     if split == "train" and data.shuffle_buffer > 0:
         files = [files[i] for i in rng.permutation(len(files))]
+    if part is not None:
+        files = shard_files(files, *part)
     done = 0  # bytes of the files read completely
     for path in files:
         consumed = [0]
@@ -84,6 +89,32 @@ def _record_chunks(data: DataConfig, schema: Schema, split: Split, rng: np.rando
         done += consumed[0]
         counter.bytes = done
     counter.finished = True
+
+
+def shard_files(files: Sequence[str], rank: int, world_size: int) -> list[str]:
+    """Rank ``rank``'s files under ``data.shard: files``: files ``rank, rank + N, ...`` of the
+    epoch's ordered list. Raises ConfigError when there are fewer files than ranks.
+
+    Example:
+        >>> shard_files(["a", "b", "c"], 0, 2), shard_files(["a", "b", "c"], 1, 2)
+        (['a', 'c'], ['b'])
+    """
+    if len(files) < world_size:
+        raise ConfigError(f"data.shard: files gives each of the {world_size} ranks its own training files, but "
+                          f"data.train has {len(files)} file(s); split the data into at least {world_size} files "
+                          "(more, of similar sizes, balance the ranks), or use data.shard: rows")
+    return list(files[rank::world_size])
+
+
+def empty_batch(schema: Schema) -> Batch:
+    """A batch of no rows laid out as ``schema``'s batches (what a rank with no rows left
+    trains under ``data.shard: files`` while the others still have some)."""
+    keys = schema.feature_names
+    rows = Rows(np.zeros((0, len(schema.dense)), np.float32), np.zeros((0, len(schema.labels)), np.float32), keys,
+                [np.zeros(0, np.int64) for _ in keys], [np.zeros(1, np.int64) for _ in keys],
+                [None if f.weight_column is None else np.zeros(0, np.float32) for f in schema.sparse],
+                np.zeros((0, len(schema.teacher)), np.float32) if schema.teacher and not schema.score_only else None)
+    return rows.to_batch()
 
 
 def file_chunks(data: DataConfig, schema: Schema, path: str, report: BadRowReport,
@@ -158,20 +189,40 @@ class _Batcher:
         return [batch] if self._cut > self.skip else []  # skipped batches never become tensors
 
 
+@dataclass(frozen=True)
+class RankSlice:
+    """One rank's slice of a global batch, made by the loader itself (``Loader(rank_slice=...)``:
+    only the slice's rows were generated and featurized); ``rows``: the global batch's rows."""
+
+    batch: Batch
+    rows: int
+
+
+def slice_bounds(rows: int, rank: int, world_size: int) -> tuple[int, int]:
+    """[start, stop) of rank ``rank``'s slice of a global batch of ``rows`` rows: slice r of N
+    nearly equal slices, in order (``DistributedRun.local_rows``)."""
+    return rows * rank // world_size, rows * (rank + 1) // world_size
+
+
 class Loader:
     """Iterable of batches of one split and epoch, starting at batch ``start_batch``.
 
     Two stages (``stages()``): ``read`` (record blocks from files, or row ranges of the
     generator) and ``featurize`` (parse, hash, shuffle, cut into batches, to tensors).
     Iterating runs them on two threads with bounded queues (``threaded=True``) or in line;
-    a trainer chains them with its own stages instead. ``bad_rows`` counts rows skipped under
+    a trainer chains them with its own stages instead. ``part=(r, N)`` (training files under
+    ``data.shard: files``): only files ``r, r + N, ...`` (``shard_files``), in batches of
+    ``batch_size / N`` rows. ``rank_slice=(r, N)`` (synthetic training data under
+    ``data.shard: rows``): each global batch's slice r alone is generated and featurized,
+    yielded as a :class:`RankSlice` (the same rows as slicing the whole batch, at 1/N the cost). ``bad_rows`` counts rows skipped under
     ``on_bad_rows: skip`` (complete once iteration ends); ``position`` is ``(epoch, index of
     the next batch)``, what a checkpoint stores.
     """
 
     def __init__(self, data: DataConfig, schema: Schema, split: Split = "train", epoch: int = 0,
                  start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
-                 workers: int = 0) -> None:
+                 workers: int = 0, part: tuple[int, int] | None = None,
+                 rank_slice: tuple[int, int] | None = None) -> None:
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if start_batch < 0:
@@ -180,7 +231,11 @@ class Loader:
         self.epoch, self.start_batch = epoch, start_batch
         self.threaded = threaded
         self.depth = depth or QueueDepths()
-        self.batch_size = data.split_batch_size(split)
+        self.part = part
+        if rank_slice is not None and data.format != "synthetic":
+            raise ValueError("Loader: rank_slice is for synthetic data (files are cut into batches after featurizing)")
+        self.rank_slice = rank_slice
+        self.batch_size = data.split_batch_size(split) // (part[1] if part else 1)
         self.bad_rows = BadRowReport(data.on_bad_rows)
         self.read = ReadCounter()  # rows and bytes read so far this epoch (progress estimates)
         self.workers = workers  # 1: read and featurize in a worker process (``_in_worker``)
@@ -210,11 +265,14 @@ class Loader:
 
             def read_synthetic(_: None) -> Iterator[tuple]:
                 for k in range(self.start_batch, self.num_batches or 0):
-                    yield (synthetic_records(self.data.synthetic, self.split, k * b, min((k + 1) * b, n)),
-                           f"<synthetic {self.split}>", k * b + 1)
+                    start, stop = k * b, min((k + 1) * b, n)
+                    lo, hi = (0, stop - start) if self.rank_slice is None else slice_bounds(stop - start, *self.rank_slice)
+                    yield (synthetic_records(self.data.synthetic, self.split, start + lo, start + hi),
+                           f"<synthetic {self.split}>", start + lo + 1, stop - start)
 
-            def one_batch(part: tuple) -> Batch:
-                return featurize(*part).to_batch()
+            def one_batch(part: tuple) -> Batch | RankSlice:
+                batch = featurize(*part[:3]).to_batch()
+                return batch if self.rank_slice is None else RankSlice(batch, part[3])
 
             return [Stage("read", read_synthetic, self.depth.read, expand=True),
                     Stage("featurize", one_batch, self.depth.featurize)]
@@ -227,7 +285,7 @@ class Loader:
             # the file order is drawn here, before the first block, so the shuffle's draws from
             # the same generator (featurize stage) always come after it
             self.read = ReadCounter()
-            return _record_chunks(self.data, self.schema, self.split, rng, self.bad_rows, self.read)
+            return _record_chunks(self.data, self.schema, self.split, rng, self.bad_rows, self.read, self.part)
 
         def parse(chunk: RecordChunk) -> list[Batch]:
             return [rows.to_batch() for rows in batcher.push(featurize(chunk.batch, chunk.file, chunk.first_row))]
@@ -241,7 +299,8 @@ class Loader:
     def _in_worker(self, _: None) -> Iterator[Batch]:
         """This loader's batches, read and featurized by a worker process; its bad-row counts
         are added here at the end, its error is raised here (the same exception)."""
-        job = _WorkerJob(self.data, self.schema, self.split, self.epoch, self.start_batch, self.depth)
+        job = _WorkerJob(self.data, self.schema, self.split, self.epoch, self.start_batch, self.depth, self.part,
+                         self.rank_slice)
         loader = DataLoader(job, batch_size=None, num_workers=1, prefetch_factor=self.depth.featurize,
                             multiprocessing_context="spawn")
         for kind, item in loader:
@@ -267,12 +326,13 @@ class _WorkerJob(IterableDataset):
     intact, instead of DataLoader's re-wrapped copy)."""
 
     def __init__(self, data: DataConfig, schema: Schema, split: Split, epoch: int, start_batch: int,
-                 depth: QueueDepths) -> None:
+                 depth: QueueDepths, part: tuple[int, int] | None = None,
+                 rank_slice: tuple[int, int] | None = None) -> None:
         self.args = (data, schema, split, epoch, start_batch)
-        self.depth = depth
+        self.depth, self.part, self.rank_slice = depth, part, rank_slice
 
     def __iter__(self) -> Iterator[tuple[str, object]]:
-        loader = Loader(*self.args, threaded=True, depth=self.depth)  # read and featurize overlap in the worker
+        loader = Loader(*self.args, threaded=True, depth=self.depth, part=self.part, rank_slice=self.rank_slice)  # read and featurize overlap in the worker
         try:
             for batch in loader:
                 yield "batch", batch
@@ -319,6 +379,7 @@ class BatchList:
 
 def make_batches(data: DataConfig, schema: Schema, split: Split = "train", epoch: int = 0,
                  start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
-                 workers: int = 0) -> Loader:
+                 workers: int = 0, part: tuple[int, int] | None = None,
+                 rank_slice: tuple[int, int] | None = None) -> Loader:
     """The batches of ``split`` for ``epoch`` from batch ``start_batch`` on (see :class:`Loader`)."""
-    return Loader(data, schema, split, epoch, start_batch, threaded, depth, workers)
+    return Loader(data, schema, split, epoch, start_batch, threaded, depth, workers, part, rank_slice)

@@ -52,12 +52,21 @@ class FetchGate:
     def enter(self, b: int) -> bool:
         """Wait until batch ``b`` may be fetched; False when it never will be (stopped, or past
         ``limit``): the stream ends before it."""
-        if self.limit is not None and b >= self.limit:
-            return False
         with self._cv:
-            while not self._stopped and (self._held is not None or self._written < b - self.staleness):
+            while not self._stopped and not self._past_limit(b) and (
+                    self._held is not None or self._written < b - self.staleness):
                 self._cv.wait(0.1)
-            return not self._stopped
+            return not self._stopped and not self._past_limit(b)
+
+    def _past_limit(self, b: int) -> bool:
+        return self.limit is not None and b >= self.limit
+
+    def end_at(self, b: int) -> None:
+        """The stream ends before batch ``b`` (a limit learnt while training: e.g. the step
+        from which no rank has rows under ``data.shard: files``)."""
+        with self._cv:
+            self.limit = b if self.limit is None else min(self.limit, b)
+            self._cv.notify_all()
 
     def fetched(self, b: int) -> None:
         """Batch ``b`` was fetched; a barrier holds every later fetch until ``release``."""

@@ -119,6 +119,12 @@ class DataConfig(ConfigModel):
     shuffle_buffer: int = Field(SHUFFLE_BUFFER_ROWS, ge=0)  # train rows held for shuffling; 0 = file order
     seed: int = 0
     on_bad_rows: Literal["error", "skip"] = "error"
+    shard: Literal["rows", "files"] = "rows"
+    """How a distributed run's ranks split the training data. ``rows``: every rank reads every
+    global batch and trains its slice r (results and data position do not depend on the world
+    size). ``files``: rank r reads only training files r, r + N, r + 2N, ... (after expansion and
+    the file-order shuffle) in batches of ``batch_size / N`` rows of its own: less reading and
+    featurizing per rank, but the batches (and so the results) depend on the world size."""
     read_rows: int = Field(65536, ge=1)  # rows per record batch read from Parquet/ORC/synthetic
     # removed: the staged pipeline (``pipeline:`` section) reads ahead
     prefetch: None = None
@@ -143,6 +149,9 @@ class DataConfig(ConfigModel):
         if self.watch is not None and (self.format == "synthetic" or self.train is None):
             raise ValueError("data.watch watches the data.train directories or globs of a file format (csv, tsv, "
                              "parquet, orc): set data.format and data.train")
+        if self.shard == "files" and self.format == "synthetic":
+            raise ValueError("data.shard: files gives each rank its own training files; synthetic data has none "
+                             "(use data.shard: rows, or write the data to files with `ember generate`)")
         if self.format in ("csv", "tsv") and self.csv.header is not True and not self.csv.column_names:
             raise ValueError(f"csv.header is {str(self.csv.header).lower()}: set csv.column_names "
                              "(or preset: criteo)")

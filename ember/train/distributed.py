@@ -22,9 +22,11 @@ from ember.distributed.sharding import ShardingPlan
 from ember.embedding.config import TableConfig
 from ember.errors import ConfigError
 from ember.train.builder import pick_device
+from ember.source.files import expand_paths
+from ember.train.shards import check_file_shards
 
-__all__ = ["start_run", "check_same_config", "config_differences", "flat_config", "flatten", "sharding_plan", "table_rows",
-           "shard_storage", "lead_prepares_run", "check_shared_dir"]
+__all__ = ["start_run", "check_same_config", "check_same_files", "config_differences", "flat_config", "flatten",
+           "sharding_plan", "table_rows", "shard_storage", "lead_prepares_run", "check_shared_dir"]
 
 
 def start_run(cfg: RunConfig, topology: Topology | None = None) -> DistributedRun | None:
@@ -34,6 +36,7 @@ def start_run(cfg: RunConfig, topology: Topology | None = None) -> DistributedRu
     if topology is None:
         return None
     check_compatible(topology.world_size, cfg.data.batch_size, cfg.train.embedding_staleness)
+    check_file_shards(cfg, topology.world_size)
     if cfg.distributed.placement == "towers" and cfg.pipeline.enabled:
         raise ConfigError("distributed.placement=towers routes each batch's IDs to the towers' nodes while planning, which "
                           "the pipeline runs on a thread of its own ahead of the updates; the runs would order their "
@@ -41,6 +44,7 @@ def start_run(cfg: RunConfig, topology: Topology | None = None) -> DistributedRu
     dist = start(cfg.distributed, pick_device(cfg.train.device), topology)
     try:
         check_same_config(cfg, dist)
+        check_same_files(cfg, dist)
     except BaseException:
         dist.close()
         raise
@@ -106,6 +110,22 @@ def check_same_config(cfg: RunConfig, dist: DistributedRun) -> None:
     diffs = config_differences(dist.all_gather(flat))
     raise ConfigError("the ranks' configs differ; every rank must run the same config (the same file and overrides "
                       "on every node; only " + ", ".join(LOCAL_KEYS) + " may differ):\n  " + "\n  ".join(diffs))
+
+
+def check_same_files(cfg: RunConfig, dist: DistributedRun) -> None:
+    """Raise ConfigError on every rank when the ranks' training files differ (a node with its
+    own copy of the data, out of date): under ``data.shard: rows`` they would form other global
+    batches, under ``files`` train some files twice and others never. Offline runs only (an
+    online run's stream lists files as they arrive)."""
+    if cfg.data.format == "synthetic" or cfg.train.mode == "online" or not cfg.data.paths("train"):
+        return
+    files = expand_paths(cfg.data.paths("train"), cfg.data.format)
+    seen = dist.all_gather(hashlib.sha256("\n".join(files).encode()).hexdigest())
+    odd = [r for r, digest in enumerate(seen) if digest != seen[0]]
+    if odd:
+        raise ConfigError(f"the ranks see different data.train files: rank(s) {odd} list other files than rank 0 "
+                          f"({len(files)} here); every rank must see the same files at the same paths (a file "
+                          "system every node mounts, or identical copies)")
 
 
 def table_rows(cfg: RunConfig) -> dict[str, int | None]:

@@ -7,7 +7,8 @@ SIGINT / SIGTERM finish the batches already fetched, checkpoint, and raise ``Run
 checkpoints record the stream position) instead of epochs; ``eval.window_rows`` reports the
 training forward's scores of the most recent rows (``ember.train.window``).
 Distributed, the ranks agree each step (one tiny all-reduce) so that a signal to any rank stops
-them all after the same step, with one checkpoint.
+them all after the same step, with one checkpoint; under ``data.shard: files`` the same
+all-reduce tells every rank the others' rows two steps ahead (``ember.train.shards``).
 Everything else (building parts, data, checkpoint files) lives elsewhere.
 """
 
@@ -37,7 +38,7 @@ from ember.distributed.process_group import DistributedRun
 from ember.errors import CheckpointError, ConfigError, RunInterrupted, WriteError
 from ember.fileio import write_bytes_atomic
 from ember.embedding.optimizer import SparseOptimizer
-from ember.pipeline.loader import BatchList, make_batches
+from ember.pipeline.loader import BatchList, empty_batch, make_batches
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.pipeline.stream import StreamLoader, StreamPosition
@@ -50,6 +51,7 @@ from ember.train.metrics import json_safe
 from ember.train.preflight import check_disk, check_run, holds_run, no_steps_error
 from ember.train.progress import EpochRows, Progress
 from ember.train.schedule import lr_record
+from ember.train.shards import FileShards, shard_start
 from ember.train.stages import TrainStages
 from ember.train.window import RollingWindow
 
@@ -164,6 +166,12 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
         raise ConfigError("train.mode: online streams data.train; batches held in memory have no stream: pass "
                           "batches with train.mode: offline, or data.train files without them")
     stream_start = StreamPosition()  # online: where the stream starts (a resumed run: the checkpoint's)
+    rank, world = (0, 1) if dist is None else (dist.rank, dist.world_size)
+    files = dist is not None and cfg.data.shard == "files"  # data.shard: files (ember.train.shards)
+    if files and batches is not None:
+        raise ConfigError("data.shard: files gives each rank its own data.train files; batches held in memory have "
+                          "none: use data.shard: rows with them")
+    rank_starts = [0] * world  # files: each rank's first batch in its own files, this epoch
     early = EarlyStopping.from_run(cfg)  # None unless train.early_stopping
     if t.resume or t.init_from:
         ckpt = resolve_checkpoint(t.resume or t.init_from)  # type: ignore[arg-type]
@@ -180,6 +188,9 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             restore_table_state(parts.collections(), dense, parts.owned())
             step = manifest["step"]
             epoch, start_batch = manifest["position"]["epoch"], manifest["position"]["batch"]
+            shard_start(manifest["position"], world, rank, files)  # ConfigError when the position does not fit
+            if files and start_batch:
+                rank_starts = [int(b) for b in manifest["position"]["rank_batches"]]
             stream_start = _stream_start(cfg, manifest["position"], ckpt)
             restore_rng(dense["rng"])
             if early is not None:
@@ -188,6 +199,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
     saved: dict[tuple[int, int, int], Path] = {}
     last_save = [_clock()]  # when the last checkpoint was written (train.checkpoint_every_s)
     stream: list[StreamLoader] = []  # online: the loader, whose stream position the checkpoints record
+    shards: list[FileShards] = []  # files: this pass's shard agreement, whose positions the checkpoints record
 
     def checkpoint(epoch: int, batch: int) -> Path:
         if (step, epoch, batch) in saved:  # this exact state is on disk already
@@ -200,6 +212,14 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
         position: dict[str, Any] = {"epoch": epoch, "batch": batch}
         if stream:
             position.update(stream[0].stream_position(batch).to_dict())
+        if files:  # each rank's batch index in its own files (0 at an epoch's start)
+            if not batch:
+                ranks = [0] * world
+            elif shards:
+                ranks = shards[0].positions(batch - shards[0].first_batch)
+            else:  # resumed with nothing left to train: where the checkpoint was
+                ranks = list(rank_starts)
+            position.update({"shard": "files", "world_size": world, "rank_batches": ranks})
         # distributed: every rank writes its own part of every table, rank 0 the manifest last
         path = save_checkpoint(run_dir / "checkpoints", step, parts.collections(), state, position,
                                cfg.model_dump(mode="json", by_alias=True), t.keep_checkpoints, parts.dist)
@@ -231,8 +251,13 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             stream[:] = [StreamLoader(cfg.data, cfg.schema, stream_start, start_batch, pipe.depth,
                                       stop=lambda: stop.signum is not None or closing[0], workers=pipe.data_workers)]
             return stream[0]
+        if files:
+            return make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=rank_starts[rank],
+                                depth=pipe.depth, workers=pipe.data_workers, part=(rank, world))
+        # distributed synthetic data: each rank generates and featurizes its slice of each batch alone
+        mine = (rank, world) if dist is not None and cfg.data.format == "synthetic" else None
         return make_batches(cfg.data, cfg.schema, "train", epoch=epoch, start_batch=start_batch, depth=pipe.depth,
-                            workers=pipe.data_workers)
+                            workers=pipe.data_workers, rank_slice=mine)
 
     parts.train(True)
     held = EpochRows(rows=sum(b.size for b in batches)) if batches is not None else EpochRows() if online else None
@@ -271,9 +296,12 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             progress.watch(loader)
             base = step
             gate = FetchGate(k, lambda b: barrier_after(base + b + 1), None if t.max_steps is None else t.max_steps - step)
-            stages = TrainStages(parts, gate, WriteLog(k), task_w, first_step=base, window=window)
+            shard = FileShards(rank, world, empty_batch(cfg.schema), rank_starts, start_batch) if files else None
+            shards[:] = [shard] if shard is not None else []
+            stages = TrainStages(parts, gate, WriteLog(k), task_w, first_step=base, window=window, shards=shard)
             d = pipe.depth
-            ahead = loader.stages() + [Stage("plan", stages.plan, d.plan), Stage("fetch", stages.fetch, d.fetch)]
+            ahead = loader.stages() + ([shard.stage(d.featurize)] if shard is not None else [])
+            ahead += [Stage("plan", stages.plan, d.plan), Stage("fetch", stages.fetch, d.fetch)]
             if stages.copies:
                 ahead.append(Stage("device", stages.to_device, d.device))
             behind = [Stage("update", stages.update, d.update), Stage("metrics", stages.metrics, d.update)]
@@ -282,6 +310,13 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             run = Scheduler(ahead, behind, threaded=pipe.enabled, stop_timeout_s=pipe.stop_timeout_s)
             try:
                 for item in run:
+                    if shard is not None and item.index == 0:  # the rows of the pass's first steps
+                        assert parts.dist is not None
+                        shard.start(parts.dist)
+                        if shard.end == 0:
+                            break  # no rank has a row (e.g. header-only files): no step
+                        if shard.end is not None:
+                            gate.end_at(shard.end)
                     with run.timing("compute"):
                         stages.compute(item)
                     run.hand_back(item)
@@ -291,7 +326,14 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                     if parts.dist is None:
                         stopping = stop.signum
                     else:  # one tiny all-reduce: every rank stops after the same step, and checkpoints it
-                        signum, time_due = parts.dist.agree([stop.signum or 0, int(checkpoint_due())])
+                        # (files: and learns every rank's rows two steps ahead; the pass ends where none has any)
+                        agreed = parts.dist.agree([stop.signum or 0, int(checkpoint_due())]
+                                                  + (shard.ask(item.index) if shard is not None else []))
+                        signum, time_due = agreed[:2]
+                        if shard is not None:
+                            shard.hear(item.index, agreed[2:])
+                            if shard.end is not None:
+                                gate.end_at(shard.end)
                         stopping = signum or None
                         if time_due:  # at step + 2: its batch is not fetched yet (the pipeline's fetch
                             due.add(step + 2)  # of step + 1 may be), so the fetch gate holds after it
@@ -344,7 +386,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             if online:
                 done = True  # one pass: the stream ended (idle timeout, or the files listed at start)
             if not done:
-                epoch, start_batch = epoch + 1, 0
+                epoch, start_batch, rank_starts = epoch + 1, 0, [0] * world
                 if not t.eval_every:
                     metrics = run_eval((epoch, 0))
                     progress.note(_fmt(metrics))
@@ -358,6 +400,12 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             table.expire()
     exporter.finish(step)
     final = checkpoint(epoch, batch_idx if done else 0)
+    if files:  # each rank counted the bad rows of its own files
+        assert parts.dist is not None
+        summed: dict[str, int] = {}
+        for counts in parts.dist.all_gather(bad_rows):
+            summed = _merge(summed, counts)
+        bad_rows = summed
     if window is not None and report_window.last != step and step > first_step:
         report_window.log(step, history)  # the window as the run ends
     last = history.records[-1] if history.records else {}
@@ -498,7 +546,8 @@ def _table_stats(parts: Components) -> dict[str, float]:
 
 
 def _merge(acc: dict[str, int], report: Any) -> dict[str, int]:
-    counts = getattr(report, "counts", None) or {}
+    """``acc`` plus a report's counts per reason (a ``BadRowReport``, or a dict of them)."""
+    counts = (report if isinstance(report, dict) else getattr(report, "counts", None)) or {}
     out = dict(acc)
     for k, v in dict(counts).items():
         out[k] = out.get(k, 0) + int(v)

@@ -21,9 +21,11 @@ from ember.batch import Batch
 from ember.embedding.collection import Lookup
 from ember.embedding.group import GroupLookup
 from ember.embedding.optimizer import SparseOptimizer
+from ember.pipeline.loader import RankSlice
 from ember.pipeline.scheduler import END, idle
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.builder import Components
+from ember.train.shards import FileShards
 from ember.train.window import RollingWindow
 
 __all__ = ["Step", "TrainStages"]
@@ -51,11 +53,14 @@ class TrainStages:
     lets an update re-read rows written after its fetch. Loss and samples accumulate until
     ``take_metrics``; with a ``window`` (``eval.window_rows``), each batch's scores and labels
     enter it (progressive validation: scored by the forward before its own update).
+    ``shards`` (``data.shard: files``, distributed): each batch is this rank's own, trained
+    whole, and the step's global rows come from the ranks' agreement (``ember.train.shards``).
     """
 
     def __init__(self, parts: Components, gate: FetchGate, log: WriteLog, task_weights: Tensor | None = None,
-                 first_step: int = 0, window: RollingWindow | None = None) -> None:
+                 first_step: int = 0, window: RollingWindow | None = None, shards: FileShards | None = None) -> None:
         self.parts, self.gate, self.log, self.task_weights = parts, gate, log, task_weights
+        self.shards = shards
         self.window = window
         self.first_step = first_step  # global steps before this pass: lr schedules read first_step + index
         self.device = parts.device
@@ -80,10 +85,14 @@ class TrainStages:
         finally:
             self._tiers.release()
 
-    def plan(self, batch: Batch) -> Step:
-        """Dedupe the batch's IDs per table (no tier is touched); distributed: this rank's slice."""
-        local = self.parts.local_batch(batch)
-        return Step(next(self._count), local, self.parts.plan(local, train=True), batch.size)
+    def plan(self, batch: Batch | RankSlice) -> Step:
+        """Dedupe the batch's IDs per table (no tier is touched); distributed: this rank's slice
+        (a ``RankSlice``: the loader made it alone)."""
+        if isinstance(batch, RankSlice):
+            local, rows = batch.batch, batch.rows
+        else:
+            local, rows = batch if self.shards is not None else self.parts.local_batch(batch), batch.size
+        return Step(next(self._count), local, self.parts.plan(local, train=True), rows)
 
     def fetch(self, step: Step) -> Step:
         """Read the batch's rows from the tiers, once the gate allows (else end the stream)."""
@@ -123,6 +132,8 @@ class TrainStages:
             batch = Batch(batch.dense.to(self.device), batch.sparse, batch.labels.to(self.device),
                           None if batch.teacher is None else batch.teacher.to(self.device))
         p = self.parts
+        if self.shards is not None:  # agreed by now: two steps ahead
+            step.rows = self.shards.global_rows(step.index)
         logits = p.forward(batch, step.lookups)
         loss = p.loss(batch, logits, self.task_weights, step.rows)
         step.ready = p.backward(loss, self.first_step + step.index)  # [] when an fp16 overflow skipped the step

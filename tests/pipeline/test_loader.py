@@ -169,3 +169,24 @@ def test_list_columns_with_weights_through_loader(tmp_path, fmt):
     assert b.sparse.lengths.tolist() == [2, 0, 1]
     assert b.sparse.weights.tolist() == [0.5, 2.0, 4.0]
     assert b.sparse.values[0] != b.sparse.values[1] and b.sparse.values[1] == b.sparse.values[2]
+
+
+def test_rank_slice_generates_and_featurizes_only_the_ranks_slice():
+    """Synthetic data under data.shard: rows: rank r's loader makes exactly slice r of every
+    global batch (DistributedRun.local_rows), a partial last batch leaving rank 0 no row."""
+    from types import SimpleNamespace
+
+    from ember.distributed.process_group import DistributedRun
+    from ember.pipeline.loader import RankSlice
+
+    data = DataConfig(batch_size=15, synthetic={**SMALL, "rows": 47, "multi_hot": {"C2": 3}})
+    schema = preset_schema("synthetic", data.synthetic)
+    full = list(make_batches(data, schema, "train", start_batch=1))
+    for r in range(3):
+        mine = list(make_batches(data, schema, "train", start_batch=1, rank_slice=(r, 3)))
+        assert all(isinstance(m, RankSlice) for m in mine)
+        assert [m.rows for m in mine] == [b.size for b in full] == [15, 15, 2]
+        for m, b in zip(mine, full):
+            want = b.slice_rows(*DistributedRun.local_rows(SimpleNamespace(rank=r, world_size=3), b.size))
+            assert _same(_flat([m.batch]), _flat([want]))
+    assert [m.batch.size for m in make_batches(data, schema, "train", rank_slice=(0, 3))] == [5, 5, 5, 0]

@@ -1,0 +1,158 @@
+"""``data.shard: files`` in a distributed run: each rank trains batches of its own files.
+
+Rank r reads training files r, r + N, ... (``ember.pipeline.loader.shard_files``) in batches of
+``batch_size / N`` rows and trains them whole at every step; the step's global batch is the
+ranks' batches together. Ranks run out of rows at different steps, and every rank must take
+part in every step's collectives (embedding all-to-alls, DDP's all-reduce) until all are done:
+a rank with no rows left trains empty batches. The ranks learn each other's rows two steps
+ahead through the per-step agreement the loop already makes (``DistributedRun.agree``, a
+max over one slot per rank), so before any rank fetches step ``j`` every rank knows the
+global rows of ``j`` (the loss's denominator) and whether any rank has rows there (else the
+pass ends before ``j`` on every rank, through the fetch gate).
+
+Position: each rank's batch index in its own files (``rank_batches`` in a checkpoint's
+position); a checkpoint taken mid-epoch resumes on the same world size only (at an epoch's
+start, any world size).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Iterator
+
+from ember.batch import Batch
+from ember.config import RunConfig
+from ember.distributed.process_group import DistributedRun
+from ember.errors import ConfigError
+from ember.pipeline.loader import shard_files
+from ember.pipeline.scheduler import Stage
+from ember.source.files import expand_paths
+
+__all__ = ["FileShards", "check_file_shards", "shard_start", "AHEAD"]
+
+AHEAD = 2
+"""Batches the ``shard`` stage holds back: after step i the ranks agree on step i + AHEAD's
+rows, and no rank fetches step i + 2 before its update of step i + 1, which follows that
+agreement (the fetch gate)."""
+
+
+def check_file_shards(cfg: RunConfig, world_size: int) -> None:
+    """Raise ConfigError (on every rank alike) for a ``data.shard: files`` run that cannot
+    shard its files: an online stream, or fewer training files than ranks."""
+    if cfg.data.shard != "files":
+        return
+    if cfg.train.mode == "online":
+        raise ConfigError("data.shard: files is not supported with train.mode: online (the stream position is one "
+                          "list of files for every rank); use data.shard: rows")
+    shard_files(expand_paths(cfg.data.paths("train"), cfg.data.format), 0, world_size)  # fewer files than ranks: raises
+
+
+def shard_start(position: dict[str, Any], world_size: int, rank: int, files: bool) -> int:
+    """This rank's first batch of a resumed epoch, from a checkpoint's ``position``.
+
+    ``files``: this run shards files (distributed, ``data.shard: files``). At an epoch's start
+    (batch 0) any run resumes any checkpoint. Mid-epoch, a files-sharded checkpoint resumes
+    only with files sharding on as many ranks (each rank's position is in its own files), and
+    a checkpoint counted in global batches only without it; else ConfigError."""
+    batch = int(position["batch"])
+    saved = position.get("shard") == "files"
+    if batch == 0:
+        return 0
+    if saved and not files:
+        raise ConfigError(f"the checkpoint was written mid-epoch by a data.shard: files run on {position['world_size']} "
+                          f"ranks (each rank's position is in its own files); resume it with data.shard: files on "
+                          f"{position['world_size']} ranks, or resume from a checkpoint at an epoch's start")
+    if files and not saved:
+        raise ConfigError("the checkpoint's data position counts global batches (data.shard: rows), which do not map to "
+                          "each rank's own files; resume it with data.shard: rows, or switch to data.shard: files at an "
+                          "epoch's start")
+    if not files:
+        return batch
+    if int(position["world_size"]) != world_size:
+        raise ConfigError(f"the checkpoint was written mid-epoch by a data.shard: files run on {position['world_size']} "
+                          f"ranks; this run has {world_size}, whose ranks would read other files: resume it on "
+                          f"{position['world_size']} ranks, or from a checkpoint at an epoch's start (any world size)")
+    return int(position["rank_batches"][rank])
+
+
+class FileShards:
+    """One pass over a files-sharded epoch (from its start, or the rest of it after a resume)
+    on one rank: the ``shard`` stage that follows the loader's stages, and what the ranks
+    agreed on (see the module docstring).
+
+    Args:
+        rank, world_size: this rank's place.
+        empty: the batch of no rows a rank trains once its files are read through.
+        starts: each rank's batch index in its own files where the pass starts.
+        first_batch: the pass's first step in the epoch (what a checkpoint's ``batch`` counts).
+    """
+
+    def __init__(self, rank: int, world_size: int, empty: Batch, starts: list[int], first_batch: int = 0) -> None:
+        self.rank, self.world_size, self.empty, self.starts = rank, world_size, empty, list(starts)
+        self.first_batch = first_batch
+        self._sizes: list[int] = []  # rows of this rank's batches of the pass (the stage's thread appends)
+        self._read_through = False
+        self._rows: dict[int, list[int]] = {}  # step of the pass -> each rank's rows, agreed
+        self._ended: list[int | None] = [None] * world_size  # first step where a rank had no rows
+        self.end: int | None = None  # the first step where no rank has rows: the pass ends before it
+
+    def stage(self, depth: int) -> Stage:
+        """The ``shard`` stage: notes each batch's rows, holds ``AHEAD`` batches back (so the
+        rows of step i + AHEAD are known when step i trains), then yields empty batches
+        without end (the fetch gate ends the pass)."""
+        held: deque[Batch] = deque()
+
+        def hold(batch: Batch) -> list[Batch]:
+            self._sizes.append(batch.size)
+            held.append(batch)
+            return [held.popleft()] if len(held) > AHEAD else []
+
+        def finish() -> Iterator[Batch]:
+            self._read_through = True
+            while held:
+                yield held.popleft()
+            while True:
+                yield self.empty
+
+        return Stage("shard", hold, depth, expand=True, finish=finish)
+
+    def _mine(self, step: int) -> int:
+        if step < len(self._sizes):
+            return self._sizes[step]
+        assert self._read_through, f"rows of step {step} asked before the shard stage saw them"
+        return 0
+
+    def _slots(self, step: int) -> list[int]:
+        out = [0] * self.world_size
+        out[self.rank] = self._mine(step)
+        return out
+
+    def _note(self, step: int, rows: list[int]) -> None:
+        self._rows[step] = rows
+        for r, n in enumerate(rows):
+            if n == 0 and self._ended[r] is None:
+                self._ended[r] = step
+        if not any(rows) and self.end is None:
+            self.end = step
+
+    def start(self, dist: DistributedRun) -> None:
+        """At the pass's first step (before it trains): agree on the rows of steps 0 .. AHEAD-1."""
+        agreed = dist.agree([v for s in range(AHEAD) for v in self._slots(s)])
+        for s in range(AHEAD):
+            self._note(s, agreed[s * self.world_size:(s + 1) * self.world_size])
+
+    def ask(self, step: int) -> list[int]:
+        """This rank's values for the agreement after ``step``: its rows of step + AHEAD."""
+        return self._slots(step + AHEAD)
+
+    def hear(self, step: int, agreed: list[int]) -> None:
+        """The agreement after ``step`` (``ask``'s slots, maxed over ranks)."""
+        self._note(step + AHEAD, agreed)
+
+    def global_rows(self, step: int) -> int:
+        """Rows of step ``step``'s global batch (every rank's together)."""
+        return sum(self._rows.pop(step))
+
+    def positions(self, steps: int) -> list[int]:
+        """Each rank's batch index in its own files after ``steps`` steps of this pass."""
+        return [s + min(steps, e if e is not None else steps) for s, e in zip(self.starts, self._ended)]
