@@ -149,6 +149,10 @@ def test_sigkill_and_sigterm_then_resume_train_every_row_exactly_once(tmp_path):
     waiting = {"idle_timeout_s": 120}
     proc = _spawn(_raw(tmp_path, "kill", folder, watch=waiting, checkpoint_every=2), tmp_path / "c1.json")
     _wait_for(proc, run_dir / "checkpoints" / "step-00000008" / "manifest.json")
+    latest, deadline = run_dir / "checkpoints" / "LATEST", time.time() + 120
+    while latest.read_text().strip() != "step-00000008":  # LATEST is replaced just after the rename
+        assert time.time() < deadline and proc.poll() is None, "LATEST never named step 8"
+        time.sleep(0.01)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     pos = _position(run_dir)
@@ -157,7 +161,7 @@ def test_sigkill_and_sigterm_then_resume_train_every_row_exactly_once(tmp_path):
     def feed_then_terminate() -> None:  # run 2 trains in this process; SIGTERM once step 15 is logged
         for k in (3, 4):
             _write(folder, k)
-        deadline = time.time() + 120
+        deadline = time.time() + 300
         while time.time() < deadline:
             lines = (run_dir / "metrics.jsonl").read_text().splitlines()
             if any(json.loads(ln).get("step") == 15 for ln in lines):
