@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -31,27 +30,25 @@ from ember.checkpoint.delta import SeriesEntry, series_entries
 from ember.errors import CheckpointError, EmberError
 from ember.serving.overlay import OverlayTable
 from ember.serving.predictor import Predictor, read_rows
+from ember.serving.source import PolledSource, Served
 
 __all__ = ["SeriesSource"]
 
 log = logging.getLogger(__name__)
 
 
-class SeriesSource:
+class SeriesSource(PolledSource):
     """The served version of an export series, advanced by ``refresh`` (polled by ``start``).
 
-    Same interface as ``ember.serving.server.ModelSource``: ``current`` (a ``Served``),
-    ``refresh()``, ``start()``, ``stop()``, ``root``, ``served``; plus ``info()`` for the
+    A ``PolledSource`` like ``ember.serving.server.ModelSource`` (``current``, ``refresh()``,
+    ``start()``, ``stop()``, ``root``, ``served``), plus ``info()`` for the
     health endpoint (base, applied, overlay size, last apply time).
     """
 
-    def __init__(self, root: str | Path, poll_s: float = 2.0) -> None:
-        from ember.serving.server import Served
+    thread_name = "ember-serve-follow"
 
-        self._served_type = Served
-        self.root = Path(root)
-        self.poll_s = poll_s
-        self.served = 0
+    def __init__(self, root: str | Path, poll_s: float = 2.0) -> None:
+        super().__init__(root, poll_s)
         self.current: Any = None
         self.base: int | None = None  # number of the full export served
         self.applied: int | None = None  # number of the newest export applied (full or delta)
@@ -59,8 +56,6 @@ class SeriesSource:
         self.failed: set[str] = set()  # damaged full exports, never retried
         self.last_apply_s: float | None = None
         self.history: list[tuple[str, float]] = []  # (version, seconds to build it) of every version served
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self.refresh()
         if self.current is None:
             raise CheckpointError(f"{self.root}: no complete full export to serve (a NNNNNN-full directory with a "
@@ -94,7 +89,7 @@ class SeriesSource:
         return changed
 
     def _publish(self, predictor: Predictor, entry: SeriesEntry, t0: float) -> None:
-        self.current = self._served_type(predictor, entry.path.name)  # one reference assignment
+        self.current = Served(predictor, entry.path.name)  # one reference assignment
         self.applied = entry.number
         self.last_apply_s = time.perf_counter() - t0
         self.history.append((entry.path.name, self.last_apply_s))
@@ -160,24 +155,6 @@ class SeriesSource:
         return {"base": self.base, "applied": self.applied, "stuck_at": self.stuck,
                 "overlay_rows": sum(t.overlay_rows for t in tables),
                 "overlay_bytes": sum(t.overlay_bytes for t in tables), "last_apply_s": self.last_apply_s}
-
-    def start(self) -> None:
-        """Poll for new exports in the background until ``stop``."""
-        def loop() -> None:
-            while not self._stop.wait(self.poll_s):
-                try:
-                    self.refresh()
-                except Exception:  # never let the poller die: the served version stays
-                    log.exception("ember serve: following %s failed; still serving version %s", self.root,
-                                  self.current.version)
-
-        self._thread = threading.Thread(target=loop, name="ember-serve-follow", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
 
 
 def read_removed(root: Path, meta: dict[str, Any]) -> Any:

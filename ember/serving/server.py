@@ -24,25 +24,16 @@ directory and swaps in each new export without a restart.
 import hashlib
 import json
 import logging
-import threading
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ember.errors import ConfigError, DataError, EmberError
 from ember.serving.predictor import Predictor
+from ember.serving.source import PolledSource, Served
 
 __all__ = ["ModelSource", "Served", "make_app", "serve", "open_source"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Served:
-    """One loaded export and its version."""
-
-    predictor: Predictor
-    version: str
 
 
 def _version(root: Path) -> str:
@@ -52,16 +43,12 @@ def _version(root: Path) -> str:
     return f"{step}-{digest}" if step is not None else digest
 
 
-class ModelSource:
+class ModelSource(PolledSource):
     """The export being served, swapped atomically when its manifest changes."""
 
     def __init__(self, export: str | Path, poll_s: float = 2.0) -> None:
-        self.root = Path(export)
-        self.poll_s = poll_s
+        super().__init__(export, poll_s)
         self.current = Served(Predictor.load(self.root), _version(self.root))
-        self.served = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     def refresh(self) -> bool:
         """Load the export again if its manifest changed; True when a new model is served."""
@@ -77,20 +64,6 @@ class ModelSource:
         self.current = fresh  # one reference assignment: each request sees the old or the new model
         log.info("ember serve: now serving version %s", version)
         return True
-
-    def start(self) -> None:
-        """Poll for new exports in the background until ``stop``."""
-        def loop() -> None:
-            while not self._stop.wait(self.poll_s):
-                self.refresh()
-
-        self._thread = threading.Thread(target=loop, name="ember-serve-poll", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
 
 
 def make_app(source: ModelSource, max_body_bytes: int = 1 << 20) -> Any:
