@@ -29,7 +29,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterator, Literal, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
 from torch.utils.data import DataLoader, IterableDataset
@@ -303,14 +303,7 @@ class Loader:
                          self.rank_slice)
         loader = DataLoader(job, batch_size=None, num_workers=1, prefetch_factor=self.depth.featurize,
                             multiprocessing_context="spawn")
-        for kind, item in loader:
-            if kind == "batch":
-                yield item
-            elif kind == "end":
-                for reason, n in item.items():
-                    self.bad_rows.add(reason, n)
-            else:
-                raise item
+        yield from receive_batches(loader, self.bad_rows)
 
     def __iter__(self) -> Iterator[Batch]:
         self._next = self.start_batch
@@ -333,13 +326,33 @@ class _WorkerJob(IterableDataset):
 
     def __iter__(self) -> Iterator[tuple[str, object]]:
         loader = Loader(*self.args, threaded=True, depth=self.depth, part=self.part, rank_slice=self.rank_slice)  # read and featurize overlap in the worker
-        try:
-            for batch in loader:
-                yield "batch", batch
-        except Exception as e:  # noqa: BLE001  # handed to the trainer, which raises it
-            yield "error", e
-            return
-        yield "end", loader.bad_rows.counts
+        return send_batches(iter(loader), lambda: loader.bad_rows.counts)
+
+
+def send_batches(items: Iterator[Any], counts: Callable[[], dict[str, int]]) -> Iterator[tuple[str, object]]:
+    """A worker process's side of the hand-over: ``("batch", item)`` per item, then ``("end",
+    counts())`` (its bad-row counts), or ``("error", exception)`` when ``items`` raised (so the
+    trainer raises the error itself, message intact, instead of DataLoader's re-wrapped copy)."""
+    try:
+        for item in items:
+            yield "batch", item
+    except Exception as e:  # noqa: BLE001  # handed to the trainer, which raises it
+        yield "error", e
+        return
+    yield "end", counts()
+
+
+def receive_batches(messages: Iterable[tuple[str, Any]], bad_rows: BadRowReport) -> Iterator[Any]:
+    """The trainer's side of ``send_batches``: each item yielded, the worker's bad-row counts
+    added to ``bad_rows``, its error raised here."""
+    for kind, item in messages:
+        if kind == "batch":
+            yield item
+        elif kind == "end":
+            for reason, n in item.items():
+                bad_rows.add(reason, n)
+        else:
+            raise item
 
 
 class BatchList:

@@ -49,7 +49,7 @@ from ember.featurize.featurizer import Featurizer
 from ember.featurize.rows import Rows
 from ember.featurize.schema import Schema
 from ember.pipeline.config import QueueDepths
-from ember.pipeline.loader import ReadCounter, file_chunks
+from ember.pipeline.loader import ReadCounter, file_chunks, receive_batches, send_batches
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.source.bad_rows import BadRowReport
 from ember.source.config import DataConfig
@@ -212,18 +212,11 @@ class StreamLoader:
         loader = DataLoader(job, batch_size=None, num_workers=1, prefetch_factor=self.depth.featurize,
                             multiprocessing_context=ctx)
         try:
-            for kind, item in loader:
-                if kind == "batch":
-                    batch, taken, (k, index, rows) = item
-                    with self._lock:
-                        self._order.extend(taken)
-                    self._record(k, index, rows)
-                    yield batch
-                elif kind == "end":
-                    for reason, n in item.items():
-                        self.bad_rows.add(reason, n)
-                else:
-                    raise item
+            for batch, taken, (k, index, rows) in receive_batches(loader, self.bad_rows):
+                with self._lock:
+                    self._order.extend(taken)
+                self._record(k, index, rows)
+                yield batch
         finally:
             over.set()
             stopped.set()  # the pipeline closed: a waiting worker ends
@@ -248,20 +241,19 @@ class _StreamJob(IterableDataset):
 
     def __iter__(self) -> Iterator[tuple[str, object]]:
         loader = StreamLoader(*self.args, stop=self.stopped.is_set)
-        sent = len(loader._order)
-        k = loader.start_batch
-        try:
+
+        def batches() -> Iterator[tuple[Batch, list[str], tuple[int, int, int]]]:
+            sent = len(loader._order)
+            k = loader.start_batch
             with Scheduler(loader.stages(), threaded=True) as run:  # read and featurize overlap in the worker
                 for batch in run:
                     k += 1
                     with loader._lock:
                         index, _, rows = loader._after[k]
                         taken, sent = loader._order[sent:], len(loader._order)
-                    yield "batch", (batch, taken, (k, index, rows))
-        except Exception as e:  # noqa: BLE001  # handed to the trainer, which raises it
-            yield "error", e
-            return
-        yield "end", loader.bad_rows.counts
+                    yield batch, taken, (k, index, rows)
+
+        return send_batches(batches(), lambda: loader.bad_rows.counts)
 
 
 class _Cutter:
