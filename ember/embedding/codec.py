@@ -224,9 +224,8 @@ class RowCodec:
     def _pack_bf16_cpu(self, records: Tensor, ids: Tensor, seed: int | Tensor, step: int | Tensor) -> Tensor:
         n = records.shape[0]
         out = torch.empty(n, self.words)
-        per_row = [np.full(n, v, dtype=np.int64) if isinstance(v, int) else
-                   np.ascontiguousarray(v.detach().cpu().numpy(), dtype=np.int64).reshape(-1) * np.ones(n, np.int64)
-                   for v in (seed, step)]
+        per_row = [np.ascontiguousarray(np.broadcast_to(np.asarray(torch.as_tensor(v).cpu(), dtype=np.int64).reshape(-1), (n,)))
+                   for v in (seed, step)]  # one seed and step per row (an int, or one per row)
         _native.bf16_pack_sr(records.contiguous().numpy(), np.ascontiguousarray(ids.cpu().numpy(), dtype=np.int64),
                              per_row[0], per_row[1], self.dim, out.numpy())
         return out
