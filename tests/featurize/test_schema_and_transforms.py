@@ -97,3 +97,29 @@ def test_featurizer_applies_sign_log1p_to_a_text_column():
     dense = Featurizer(schema)(rb).dense
     np.testing.assert_allclose(dense[:, 0], [-np.log(10), 0.0, np.log(10)], rtol=1e-6)
     np.testing.assert_allclose(dense[:, 1], [0.0, 0.0, np.log(10)], rtol=1e-6)  # log1p: negatives -> 0
+
+
+def test_parse_ints_fast_path_matches_the_integer_syntax(monkeypatch):
+    """The one-cast path for plain columns gives what the regex path gives on any tokens, and
+    plain columns (full-range IDs, empties, nulls) take it."""
+    import pyarrow as pa
+
+    import ember.featurize.transforms as T
+
+    rng = np.random.default_rng(7)
+    alphabet = list("0123456789") * 3 + list("-+ x./")
+    tokens = ["".join(rng.choice(alphabet, size=rng.integers(0, 22))) for _ in range(3000)]
+    tokens += ["-0000000000000000001", "00000000000000000001", "0x10", "9223372036854775808", "-", "5-", "1.", ""]
+    plain = [str(v) for v in rng.integers(-(2**63), 2**63 - 1, 500, dtype=np.int64)] + ["", "0", "-0", "007"]
+    fast_path = T._plain_ints
+    for values in [tokens, plain, plain + [None], plain[:3] + ["1 "], *([t] for t in tokens[-600:])]:
+        for typ in (pa.string(), pa.large_string()):
+            for arr in (pa.array(values, typ), pa.array(["x", *values], typ)[1:]):  # also a slice
+                got = T.parse_ints(arr)
+                monkeypatch.setattr(T, "_plain_ints", lambda a: None)
+                want = T.parse_ints(arr)
+                monkeypatch.setattr(T, "_plain_ints", fast_path)
+                for g, w in zip(got, want):
+                    np.testing.assert_array_equal(g, w)
+    assert T._plain_ints(pa.array(plain + [None])) is not None
+    assert T._plain_ints(pa.array(tokens)) is None
