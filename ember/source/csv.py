@@ -136,7 +136,7 @@ def read_csv(
     parser = _BlockParser(path, names, columns, delimiter, report)
     for block in _chain(first, blocks):
         yield from parser.chunks(block, line_no, offset)
-        line_no += block.count(b"\n") + (0 if block.endswith(b"\n") else 1)
+        line_no += parser.lines
         offset += len(block)
 
 
@@ -147,19 +147,22 @@ class _BlockParser:
                  report: BadRowReport) -> None:
         self.path, self.names, self.columns = path, names, list(columns)
         self.delimiter, self.report = delimiter, report
+        self.lines = 0  # lines of the last block ``chunks`` went through (counted once, while parsing)
+        self._parsed_lines = 0
 
     def chunks(self, block: bytes, line_no: int, offset: int) -> Iterator[RecordChunk]:
         """Chunks of ``block`` (line ``line_no``, byte ``offset`` of the file): each run of
         UTF-8 lines is parsed on its own, so every chunk's ``first_row`` stays exact."""
-        pos = 0
+        pos, first_line = 0, line_no
         for start, end, bad_at in _non_utf8_lines(block):
             yield from self._parse(block[pos:start], line_no)
-            line_no += block.count(b"\n", pos, start)
+            line_no += self._parsed_lines
             if not self.report.skip:
                 self._raise_utf8(block[start:end], line_no, bad_at - start, offset + bad_at)
             self.report.add(_UTF8_REASON)
             pos, line_no = end + 1, line_no + 1
         yield from self._parse(block[pos:], line_no)
+        self.lines = line_no + self._parsed_lines - first_line
 
     def _raise_utf8(self, line: bytes, line_no: int, at: int, file_offset: int) -> None:
         sep = self.delimiter.encode("utf-8")
@@ -172,10 +175,13 @@ class _BlockParser:
                       "e.g. iconv -f latin1 -t utf-8)")
 
     def _parse(self, lines: bytes, line_no: int) -> Iterator[RecordChunk]:
+        """Record chunks of whole UTF-8 ``lines`` (line ``line_no`` of the file first); their
+        line count is left in ``_parsed_lines``."""
+        self._parsed_lines = 0
         if not lines:
             return
         table, bad = self._read(lines)
-        n_lines = lines.count(b"\n") + (0 if lines.endswith(b"\n") else 1)
+        n_lines = self._parsed_lines = lines.count(b"\n") + (0 if lines.endswith(b"\n") else 1)
         first = None  # (index in ``lines``, text) of the first bad line, when needed
         if table.num_rows + len(bad) == n_lines and bad and not self.report.skip:
             first = _first_bad_line(lines, bad[0])
