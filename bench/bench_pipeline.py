@@ -11,6 +11,8 @@ Variants, each in its own process (this script with ``--variant``), timed over `
 steps after ``--warmup`` steps:
 
   (a) files, pipeline on   ``train(cfg)`` from the Parquet (CSV) file, ``pipeline.enabled=true``
+                           (``pipeline.engine`` from ``--engine``, default auto: on a CPU with
+                           k = 0 reading and featurizing on threads, the embedding stages in line)
   (b) files, pipeline off  the same with ``pipeline.enabled=false`` (same stages, in line)
   (c) in-memory            ``train(cfg, batches=...)``: the same pipelined trainer and config on
                            warmup + steps batches read and featurized before the run (its
@@ -127,7 +129,8 @@ def run_config(args: argparse.Namespace, run: Run) -> dict[str, Any]:
     raw = benchkit.dlrm_config(data, batch_size=args.batch)
     raw["train"].update(max_steps=total, epochs=math.ceil(total / per_epoch), log_every=math.gcd(args.warmup, args.steps),
                         embedding_staleness=run.staleness, seed=0)
-    raw["pipeline"] = {"enabled": run.pipeline, **({"data_workers": args.data_workers} if run.pipeline else {})}
+    raw["pipeline"] = {"enabled": run.pipeline,
+                       **({"data_workers": args.data_workers, "engine": args.engine} if run.pipeline else {})}
     if run.variant == "disk":
         raw["tables"] = [{"name": t, "storage": {"disk_path": str(disk_root(args)),
                                                  "disk_rows": args.disk_rows if t == DISK_TABLE else 200_000}}
@@ -325,7 +328,7 @@ def shared_argv(args: argparse.Namespace) -> list[str]:
     return ["--rows", str(args.rows), "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--batch", str(args.batch), "--data-dir", str(args.data_dir), "--big-vocab", str(args.big_vocab),
             "--disk-rows", str(args.disk_rows), "--disk-tables", str(args.disk_tables),
-            "--data-workers", str(args.data_workers)]
+            "--data-workers", str(args.data_workers), "--engine", args.engine]
 
 
 # ---- parent ---------------------------------------------------------------------------------------
@@ -371,7 +374,7 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]], s
     return {
         "bench": "pipeline", **out, "targets": {**TARGETS}, "per_round": per_round, "samples_per_s": med, "runs": rates,
         "disk": disk,
-        "rows": args.rows, "batch": args.batch, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
+        "rows": args.rows, "batch": args.batch, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "engine": args.engine,
         "big_vocab": args.big_vocab, "disk_rows": args.disk_rows, "torch_threads": torch.get_num_threads(),
         "seconds": seconds,
     }
@@ -395,6 +398,8 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600, help="seconds one variant process may take")
     ap.add_argument("--data-workers", type=int, default=0, choices=[0, 1],
                     help="pipeline.data_workers of the pipelined runs (1: read and featurize in a worker process)")
+    ap.add_argument("--engine", choices=["auto", "threads", "inline"], default="auto",
+                    help="pipeline.engine of the pipelined variants (a, c, e)")
     ap.add_argument("--only", choices=["files", "disk"], help="run only these variants (files: a-d; disk: e)")
     ap.add_argument("--variant", choices=["files", "in-memory", "dense-only", "disk"], help=argparse.SUPPRESS)
     ap.add_argument("--format", choices=FORMATS, default="parquet", help=argparse.SUPPRESS)

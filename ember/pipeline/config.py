@@ -9,11 +9,13 @@ sparse update is not a queue depth but ``train.embedding_staleness`` (0: never).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from ember.config_base import ConfigModel
 
-__all__ = ["PipelineConfig", "QueueDepths"]
+__all__ = ["PipelineConfig", "QueueDepths", "engine_on_threads"]
 
 
 class QueueDepths(ConfigModel):
@@ -54,5 +56,30 @@ class PipelineConfig(ConfigModel):
     the GIL much of the time, never compete with the trainer's threads for it; it costs the
     worker's start (an interpreter importing torch, a few seconds) per epoch. 0: on threads of
     this process."""
+    engine: Literal["auto", "threads", "inline"] = "auto"
+    """Where the embedding stages (plan, fetch, the GPU copy, the sparse update, metrics) run
+    when ``enabled``; reading and featurizing are on threads either way. ``threads``: each on
+    its own thread, overlapping the dense step. That pays when the dense step leaves the CPU
+    free (it runs on a GPU) or a fetch waits on a disk (``train.embedding_staleness`` > 0 lets
+    it run ahead). ``inline``: on the training thread, between dense steps. A dense step on the
+    CPU already uses every core it is given (``train.threads``), so a stage thread can only take
+    cores from it (and the GIL): on 2 cores the threaded stages ran at 0.91x of inline ones
+    (bench/RESULTS.md). ``auto``: ``threads`` on a GPU, with staleness > 0 or under distributed
+    training (the ID exchange waits on the network); ``inline`` otherwise. The choice is logged."""
     stop_timeout_s: float = Field(10.0, gt=0)
     """How long a stopping pipeline waits for each stage thread to finish its current item."""
+
+
+def engine_on_threads(pipe: PipelineConfig, cuda: bool, staleness: int, distributed: bool) -> tuple[bool, str]:
+    """Whether the embedding stages run on threads (``pipeline.engine``), and why, in words."""
+    if not pipe.enabled:
+        return False, "pipeline.enabled is false: every stage runs in line"
+    if pipe.engine != "auto":
+        return pipe.engine == "threads", f"pipeline.engine: {pipe.engine}"
+    why = ("the dense step runs on a GPU" if cuda else f"train.embedding_staleness is {staleness}" if staleness
+           else "distributed training exchanges IDs over the network" if distributed else None)
+    if why is not None:
+        return True, f"pipeline.engine: auto chose threads ({why})"
+    return False, ("pipeline.engine: auto runs the embedding stages in line (reading and featurizing stay on "
+                   "threads): the dense step runs on the CPU, whose cores it uses; set pipeline.engine: threads "
+                   "to overlap them with it")

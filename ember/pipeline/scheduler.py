@@ -7,7 +7,11 @@ the queues between them. Stages come in two chains around the caller's own work:
 fetch -> ...); ``behind`` stages take each item the caller hands back (sparse update ->
 metrics). Threaded, every stage has a thread and a bounded queue after it; in line, the same
 functions run one after another on the caller's thread (the reference the threaded run is
-tested against, and what ``pipeline.enabled: false`` runs).
+tested against, and what ``pipeline.enabled: false`` runs). A threaded scheduler can also keep
+single stages on the caller's thread (``Stage.inline``): the last ahead stages (the caller
+runs them on each item it takes from the threads) and the first behind stages (run by
+``hand_back`` before the rest go to threads); e.g. the embedding stages of a CPU dense step,
+which a thread of their own would only take cores from.
 
 Ends and errors: a stage returning ``END`` ends the stream there (the stages after it finish
 what they hold); an exception in any stage stops every stage within one item and is re-raised
@@ -47,6 +51,8 @@ class Stage:
     returns an iterable of 0..n items instead (a source, or a stage that regroups items), and
     ``finish()`` may return the items it still holds when its input ends. The first ``ahead``
     stage is called once, with ``None``: it is the source. ``depth``: the queue after it.
+    ``inline``: on the caller's thread even when the scheduler is threaded (only the last
+    ahead stages and the first behind stages may be; no queue after it).
     """
 
     name: str
@@ -54,6 +60,7 @@ class Stage:
     depth: int = 1
     expand: bool = False
     finish: Callable[[], Iterable[Any]] | None = None
+    inline: bool = False
 
 
 _waits = threading.local()  # per thread: seconds the running stage spent in ``idle()``
@@ -158,7 +165,18 @@ class Scheduler:
             raise ValueError("Scheduler needs at least one ahead stage (the source)")
         if any(s.expand for s in behind):
             raise ValueError("behind stages map one item to one item (expand is for ahead stages)")
+        if ahead[0].inline and threaded:
+            raise ValueError(f"the source stage '{ahead[0].name}' cannot be inline in a threaded scheduler "
+                             "(run it with threaded=False)")
+        n_ahead = len(ahead) - _inline_run(reversed(ahead))
+        n_behind = _inline_run(behind)
+        if any(st.inline for st in [*ahead[:n_ahead], *behind[n_behind:]]):
+            raise ValueError("inline stages must be the last ahead stages and the first behind stages: "
+                             + ", ".join(st.name for st in [*ahead, *behind] if st.inline))
         self.ahead, self.behind = list(ahead), list(behind)
+        # threaded: the stages on threads (the rest, inline, run on the caller's thread)
+        self._ahead_threads, self._ahead_inline = self.ahead[:n_ahead], self.ahead[n_ahead:]
+        self._behind_inline, self._behind_threads = self.behind[:n_behind], self.behind[n_behind:]
         self.threaded = threaded
         self.stop_timeout_s = stop_timeout_s
         self._stop = threading.Event()
@@ -189,7 +207,18 @@ class Scheduler:
             yield from self._inline_ahead()
             return
         self._start_threads()
-        out = self._queues[len(self.ahead) - 1]
+        stream = self._from_threads(self._queues[len(self._ahead_threads) - 1])
+        for stage in self._ahead_inline:
+            stream = self._inline_stage(stage, stream)
+        for item in stream:
+            yield item
+            if self._stop.is_set():
+                self._raise_error()
+                return
+        self._raise_error()
+
+    def _from_threads(self, out: _Queue) -> Iterator[Any]:
+        """The items of the last threaded ahead stage, until its END (or a stop)."""
         while True:
             try:
                 item = out.get()
@@ -212,7 +241,10 @@ class Scheduler:
             return
         if not self._started:
             raise RuntimeError("hand_back before iterating the Scheduler")
-        assert self._behind_in is not None
+        for stage in self._behind_inline:
+            item = self._call(stage, item)
+        if self._behind_in is None:  # every behind stage is inline
+            return
         self._handed += 1
         try:
             self._behind_in.put(item)
@@ -222,7 +254,7 @@ class Scheduler:
 
     def drain(self) -> None:
         """Wait until every item handed back has passed all ``behind`` stages."""
-        if not self.threaded or not self.behind:
+        if not self.threaded or not self._behind_threads:
             self._raise_error()
             return
         with self._done_cv:
@@ -338,15 +370,15 @@ class Scheduler:
 
     # ---- threads ---------------------------------------------------------------------------
     def _start_threads(self) -> None:
-        self._queues = [_Queue(s.name, s.depth, self._stop) for s in self.ahead]
-        for i, stage in enumerate(self.ahead):
+        self._queues = [_Queue(s.name, s.depth, self._stop) for s in self._ahead_threads]
+        for i, stage in enumerate(self._ahead_threads):
             inq = self._queues[i - 1] if i else None
             self._spawn(stage, self._run_ahead, stage, inq, self._queues[i])
-        if self.behind:
-            ins = [_Queue(f"{s.name}.in", s.depth, self._stop) for s in self.behind]
+        if self._behind_threads:
+            ins = [_Queue(f"{s.name}.in", s.depth, self._stop) for s in self._behind_threads]
             self._behind_in = ins[0]
             self._queues += ins
-            for i, stage in enumerate(self.behind):
+            for i, stage in enumerate(self._behind_threads):
                 nxt = ins[i + 1] if i + 1 < len(ins) else None
                 self._spawn(stage, self._run_behind, stage, ins[i], nxt)
 
@@ -404,6 +436,16 @@ class Scheduler:
     def _raise_error(self) -> None:
         if self._error is not None:
             raise self._error[1]
+
+
+def _inline_run(stages: Iterable[Stage]) -> int:
+    """How many of ``stages``, from the first, are inline."""
+    n = 0
+    for st in stages:
+        if not st.inline:
+            break
+        n += 1
+    return n
 
 
 def _note(e: BaseException, stage: str) -> None:

@@ -15,6 +15,7 @@ Everything else (building parts, data, checkpoint files) lives elsewhere.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import signal
 import threading
@@ -38,6 +39,7 @@ from ember.distributed.process_group import DistributedRun
 from ember.errors import CheckpointError, ConfigError, RunInterrupted, WriteError
 from ember.fileio import write_bytes_atomic
 from ember.embedding.optimizer import SparseOptimizer
+from ember.pipeline.config import engine_on_threads
 from ember.pipeline.loader import BatchList, empty_batch, make_batches
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
@@ -55,6 +57,7 @@ from ember.train.shards import FileShards, shard_start
 from ember.train.stages import TrainStages
 from ember.train.window import RollingWindow
 
+log = logging.getLogger("ember.train")
 _clock = time.monotonic  # the clock of train.checkpoint_every_s and eval.window_every_s (tests replace it)
 
 __all__ = ["train", "train_step", "RunResult", "prepare_run", "run_directory"]
@@ -266,6 +269,9 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
     first_step, finished_already = step, done
     batch_idx = start_batch
     k = t.embedding_staleness
+    engine_threads, why = engine_on_threads(pipe, parts.device.type == "cuda", k, dist is not None)
+    if parts.lead and pipe.enabled:
+        log.info(why)
 
     logged = [step]  # the step of the last train record (bytes are reported per step since)
     due: set[int] = set()  # steps after which train.checkpoint_every_s asked for a checkpoint
@@ -301,10 +307,11 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             stages = TrainStages(parts, gate, WriteLog(k), task_w, first_step=base, window=window, shards=shard)
             d = pipe.depth
             ahead = loader.stages() + ([shard.stage(d.featurize)] if shard is not None else [])
-            ahead += [Stage("plan", stages.plan, d.plan), Stage("fetch", stages.fetch, d.fetch)]
+            il = not engine_threads
+            ahead += [Stage("plan", stages.plan, d.plan, inline=il), Stage("fetch", stages.fetch, d.fetch, inline=il)]
             if stages.copies:
-                ahead.append(Stage("device", stages.to_device, d.device))
-            behind = [Stage("update", stages.update, d.update), Stage("metrics", stages.metrics, d.update)]
+                ahead.append(Stage("device", stages.to_device, d.device, inline=il))
+            behind = [Stage("update", stages.update, d.update, inline=il), Stage("metrics", stages.metrics, d.update, inline=il)]
             batch_idx = start_batch
             t0 = time.perf_counter()
             run = Scheduler(ahead, behind, threaded=pipe.enabled, stop_timeout_s=pipe.stop_timeout_s)

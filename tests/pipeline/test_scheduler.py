@@ -3,6 +3,7 @@ and early exits stop every thread; busy time leaves out waits."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -13,6 +14,18 @@ from ember.pipeline.scheduler import END, Scheduler, Stage, idle
 
 def _ember_threads() -> list[str]:
     return [t.name for t in threading.enumerate() if t.name.startswith("ember-stage-") and t.is_alive()]
+
+
+MODES = ["in line", "threads", "mixed"]
+
+
+def _run(ahead: list[Stage], behind: list[Stage], mode: str) -> Scheduler:
+    """A scheduler over the stages: all in line, all on threads, or ``mixed``: threaded with
+    every ahead stage but the source and the first behind stage on the caller's thread."""
+    if mode == "mixed":
+        ahead = [ahead[0]] + [dataclasses.replace(st, inline=True) for st in ahead[1:]]
+        behind = [dataclasses.replace(st, inline=i == 0) for i, st in enumerate(behind)]
+    return Scheduler(ahead, behind, threaded=mode != "in line")
 
 
 def _stages(n: int = 20) -> tuple[list[Stage], list[int]]:
@@ -35,11 +48,11 @@ def _stages(n: int = 20) -> tuple[list[Stage], list[int]]:
     return ahead, []
 
 
-@pytest.mark.parametrize("threaded", [False, True])
-def test_same_stream_in_line_and_on_threads(threaded):
+@pytest.mark.parametrize("mode", MODES)
+def test_same_stream_in_line_and_on_threads(mode):
     ahead, _ = _stages(7)
     sink: list[int] = []
-    with Scheduler(ahead, [Stage("double", lambda x: 2 * x), Stage("sink", sink.append)], threaded=threaded) as s:
+    with _run(ahead, [Stage("double", lambda x: 2 * x), Stage("sink", sink.append)], mode) as s:
         out = []
         for x in s:
             out.append(x)
@@ -50,18 +63,18 @@ def test_same_stream_in_line_and_on_threads(threaded):
     assert _ember_threads() == []
 
 
-@pytest.mark.parametrize("threaded", [False, True])
-def test_end_from_a_middle_stage_ends_the_stream(threaded):
+@pytest.mark.parametrize("mode", MODES)
+def test_end_from_a_middle_stage_ends_the_stream(mode):
     stages = [Stage("read", lambda _: iter(range(10**9)), expand=True),
               Stage("cut", lambda x: END if x == 5 else x)]
-    with Scheduler(stages, threaded=threaded) as s:
+    with _run(stages, [], mode) as s:
         assert list(s) == [0, 1, 2, 3, 4]
     assert _ember_threads() == []
 
 
 @pytest.mark.parametrize("where", ["read", "middle", "behind"])
-@pytest.mark.parametrize("threaded", [False, True])
-def test_an_error_in_any_stage_stops_everything_and_names_the_stage(where, threaded):
+@pytest.mark.parametrize("mode", MODES)
+def test_an_error_in_any_stage_stops_everything_and_names_the_stage(where, mode):
     def boom(x: int) -> int:
         if x == 3:
             raise OSError(28, "No space left on device")
@@ -77,7 +90,7 @@ def test_an_error_in_any_stage_stops_everything_and_names_the_stage(where, threa
     behind = [Stage("behind", boom if where == "behind" else (lambda x: x))]
     t0 = time.perf_counter()
     with pytest.raises(OSError, match="No space left") as e:
-        with Scheduler(ahead, behind, threaded=threaded) as s:
+        with _run(ahead, behind, mode) as s:
             for x in s:
                 s.hand_back(x)
                 s.drain()
@@ -118,3 +131,32 @@ def test_busy_time_leaves_out_waits_and_queues_report_their_fill():
 def test_behind_stages_map_one_to_one():
     with pytest.raises(ValueError, match="behind stages"):
         Scheduler([Stage("read", lambda _: [], expand=True)], [Stage("b", list, expand=True)])
+
+
+def test_inline_stages_run_on_the_callers_thread_and_only_at_the_ends():
+    """Inline stages: the last ahead and first behind ones, on the caller's thread; others refused."""
+    where: dict[str, str] = {}
+
+    def at(name: str):
+        def fn(x):
+            where[name] = threading.current_thread().name
+            return x
+        return fn
+
+    ahead = [Stage("read", lambda _: range(3), expand=True), Stage("a", at("a")), Stage("b", at("b"), inline=True)]
+    behind = [Stage("c", at("c"), inline=True), Stage("d", at("d"))]
+    with Scheduler(ahead, behind) as s:
+        for x in s:
+            s.hand_back(x)
+        s.drain()
+        stats = s.stats()
+    me = threading.current_thread().name
+    assert where == {"a": "ember-stage-a", "b": me, "c": me, "d": "ember-stage-d"}
+    assert "queue.a.fill" in stats and "queue.b.fill" not in stats and "stage.b.busy" in stats
+    with pytest.raises(ValueError, match="inline stages must be the last ahead"):
+        Scheduler([ahead[0], dataclasses.replace(ahead[1], inline=True), dataclasses.replace(ahead[2], inline=False)])
+    with pytest.raises(ValueError, match="inline stages must be the last ahead"):
+        Scheduler(ahead[:1], [behind[1], behind[0]])
+    with pytest.raises(ValueError, match="source stage 'read' cannot be inline"):
+        Scheduler([dataclasses.replace(ahead[0], inline=True)])
+    assert _ember_threads() == []

@@ -39,13 +39,13 @@ OPTIMIZERS = [
 
 
 def _cfg(tmp_path: Path, name: str, *, enabled: bool = True, k: int = 0, optimizer: dict | None = None,
-         data: dict | None = None, **train_kw: Any):
+         data: dict | None = None, engine: str = "threads", **train_kw: Any):
     raw = {
         "data": data or {"preset": "synthetic", "batch_size": 256,
                          "synthetic": {"rows": 6_000, "eval_rows": 1_000, "vocab_size": 1_500, "num_sparse": 4}},
         "embedding": {"dim": 8, "optimizer": optimizer or {"type": "adam", "lr": 0.01}},
         "model": {"type": "dlrm", "bottom_mlp": [16, 8], "top_mlp": [16]},
-        "pipeline": {"enabled": enabled},
+        "pipeline": {"enabled": enabled, "engine": engine},
         "train": {"out_dir": str(tmp_path), "run_name": name, "progress": False, "deterministic": True,
                   "threads": 1, "log_every": 5, "embedding_staleness": k, **train_kw},
     }
@@ -54,11 +54,14 @@ def _cfg(tmp_path: Path, name: str, *, enabled: bool = True, k: int = 0, optimiz
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS, ids=[o["type"] for o in OPTIMIZERS])
 def test_staleness_0_on_threads_is_bit_identical_to_in_line(tmp_path, optimizer):
+    """Every stage on threads, and reading on threads with the embedding stages in line
+    (``pipeline.engine: inline``, what ``auto`` picks on a CPU), train exactly as all in line."""
     kw = dict(optimizer=optimizer, eval_every=7, checkpoint_every=9)
     off = train(_cfg(tmp_path, "off", enabled=False, **kw))
-    on = train(_cfg(tmp_path, "on", enabled=True, **kw))
-    assert_identical(run_state(off), run_state(on))
-    assert off.metrics == on.metrics
+    for engine in ("threads", "inline"):
+        on = train(_cfg(tmp_path, engine, enabled=True, engine=engine, **kw))
+        assert_identical(run_state(off), run_state(on))
+        assert off.metrics == on.metrics
 
 
 def test_batches_in_memory_train_exactly_as_the_same_batches_read_from_the_source(tmp_path):
@@ -216,8 +219,9 @@ def _fail(monkeypatch, stage: str) -> None:
         monkeypatch.setattr(stages.TrainStages, "metrics", later(stages.TrainStages.metrics))
 
 
+@pytest.mark.parametrize("engine", ["threads", "auto"])
 @pytest.mark.parametrize("stage", ["read", "featurize", "plan", "fetch", "compute", "update", "metrics"])
-def test_a_failure_in_any_stage_stops_the_run_naming_it(tmp_path, monkeypatch, stage):
+def test_a_failure_in_any_stage_stops_the_run_naming_it(tmp_path, monkeypatch, stage, engine):
     data = _csv(tmp_path, bad_row=1500 if stage == "featurize" else None)
     if stage == "read":  # a damaged file among good ones: the reader fails mid-run
         good = tmp_path / "a.parquet"
@@ -232,7 +236,7 @@ def test_a_failure_in_any_stage_stops_the_run_naming_it(tmp_path, monkeypatch, s
         data = {"format": "parquet", "train": [str(good), str(tmp_path / "b.parquet")], "eval": str(good), "batch_size": 100}
     _fail(monkeypatch, stage)
     cfg = from_dict({"data": data, "schema": SCHEMA, "embedding": {"dim": 4}, "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},
-                     "train": {"out_dir": str(tmp_path), "run_name": "r", "progress": False}})
+                     "pipeline": {"engine": engine}, "train": {"out_dir": str(tmp_path), "run_name": "r", "progress": False}})
     t0 = time.perf_counter()
     with pytest.raises(Exception) as e:
         train(cfg)
@@ -274,14 +278,35 @@ def test_a_signal_checkpoints_then_exits_non_zero(tmp_path, sig):
 # ---- visibility ----------------------------------------------------------------------------------
 
 
-def test_stage_busy_and_queue_fill_are_logged(tmp_path):
-    result = train(_cfg(tmp_path, "vis"))
+@pytest.mark.parametrize("engine", ["threads", "inline"])
+def test_stage_busy_and_queue_fill_are_logged(tmp_path, engine):
+    result = train(_cfg(tmp_path, "vis", engine=engine))
     rec = [r for r in result.history if r["kind"] == "train"][-1]
     for name in ("read", "featurize", "plan", "fetch", "compute", "update", "metrics"):
         assert 0 <= rec[f"pipeline.stage.{name}.busy"] <= 1.5, name
-    for name in ("read", "featurize", "plan", "fetch"):
-        assert f"pipeline.queue.{name}.fill" in rec
+    queues = ("read", "featurize", "plan", "fetch") if engine == "threads" else ("read", "featurize")
+    assert {k for k in rec if k.startswith("pipeline.queue.")} >= {f"pipeline.queue.{q}.fill" for q in queues}
+    if engine == "inline":  # the embedding stages have no queue: they run on the training thread
+        assert not any(k.startswith(("pipeline.queue.plan", "pipeline.queue.fetch", "pipeline.queue.update")) for k in rec)
     assert rec["pipeline.stage.compute.busy"] > 0
+
+
+def test_engine_auto_runs_the_embedding_stages_in_line_on_a_cpu_and_says_so(tmp_path, caplog):
+    from ember.pipeline.config import PipelineConfig, engine_on_threads
+
+    auto = PipelineConfig()
+    assert engine_on_threads(auto, cuda=False, staleness=0, distributed=False)[0] is False
+    assert engine_on_threads(auto, cuda=True, staleness=0, distributed=False)[0] is True
+    assert engine_on_threads(auto, cuda=False, staleness=2, distributed=False)[0] is True
+    assert engine_on_threads(auto, cuda=False, staleness=0, distributed=True)[0] is True
+    assert engine_on_threads(PipelineConfig(engine="threads"), cuda=False, staleness=0, distributed=False)[0] is True
+    assert engine_on_threads(PipelineConfig(engine="inline"), cuda=True, staleness=2, distributed=True)[0] is False
+    assert engine_on_threads(PipelineConfig(enabled=False, engine="threads"), cuda=True, staleness=0, distributed=False)[0] is False
+    with caplog.at_level("INFO", logger="ember.train"):
+        result = train(_cfg(tmp_path, "auto", engine="auto", max_steps=5))
+    assert "pipeline.engine: auto runs the embedding stages in line" in caplog.text
+    rec = [r for r in result.history if r["kind"] == "train"][-1]
+    assert "pipeline.queue.featurize.fill" in rec and "pipeline.queue.fetch.fill" not in rec
 
 
 def test_data_worker_process_trains_bit_identically_and_reports_bad_rows_and_errors(tmp_path):
