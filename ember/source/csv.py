@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 import codecs
-from typing import Iterator, Literal, Sequence
+from typing import Generator, Iterator, Literal, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -135,8 +135,7 @@ def read_csv(
     check_columns(path, names, columns)
     parser = _BlockParser(path, names, columns, delimiter, report)
     for block in _chain(first, blocks):
-        yield from parser.chunks(block, line_no, offset)
-        line_no += parser.lines
+        line_no += yield from parser.chunks(block, line_no, offset)
         offset += len(block)
 
 
@@ -147,22 +146,20 @@ class _BlockParser:
                  report: BadRowReport) -> None:
         self.path, self.names, self.columns = path, names, list(columns)
         self.delimiter, self.report = delimiter, report
-        self.lines = 0  # lines of the last block ``chunks`` went through (counted once, while parsing)
-        self._parsed_lines = 0
 
-    def chunks(self, block: bytes, line_no: int, offset: int) -> Iterator[RecordChunk]:
+    def chunks(self, block: bytes, line_no: int, offset: int) -> Generator[RecordChunk, None, int]:
         """Chunks of ``block`` (line ``line_no``, byte ``offset`` of the file): each run of
-        UTF-8 lines is parsed on its own, so every chunk's ``first_row`` stays exact."""
+        UTF-8 lines is parsed on its own, so every chunk's ``first_row`` stays exact. Returns
+        the block's line count (counted once, while parsing)."""
         pos, first_line = 0, line_no
         for start, end, bad_at in _non_utf8_lines(block):
-            yield from self._parse(block[pos:start], line_no)
-            line_no += self._parsed_lines
+            line_no += yield from self._parse(block[pos:start], line_no)
             if not self.report.skip:
                 self._raise_utf8(block[start:end], line_no, bad_at - start, offset + bad_at)
             self.report.add(_UTF8_REASON)
             pos, line_no = end + 1, line_no + 1
-        yield from self._parse(block[pos:], line_no)
-        self.lines = line_no + self._parsed_lines - first_line
+        line_no += yield from self._parse(block[pos:], line_no)
+        return line_no - first_line
 
     def _raise_utf8(self, line: bytes, line_no: int, at: int, file_offset: int) -> None:
         sep = self.delimiter.encode("utf-8")
@@ -174,14 +171,13 @@ class _BlockParser:
                       f"not valid UTF-8 text (byte offset {file_offset}; re-encode the file as UTF-8, "
                       "e.g. iconv -f latin1 -t utf-8)")
 
-    def _parse(self, lines: bytes, line_no: int) -> Iterator[RecordChunk]:
-        """Record chunks of whole UTF-8 ``lines`` (line ``line_no`` of the file first); their
-        line count is left in ``_parsed_lines``."""
-        self._parsed_lines = 0
+    def _parse(self, lines: bytes, line_no: int) -> Generator[RecordChunk, None, int]:
+        """Record chunks of whole UTF-8 ``lines`` (line ``line_no`` of the file first); returns
+        their line count."""
         if not lines:
-            return
+            return 0
         table, bad = self._read(lines)
-        n_lines = self._parsed_lines = lines.count(b"\n") + (0 if lines.endswith(b"\n") else 1)
+        n_lines = lines.count(b"\n") + (0 if lines.endswith(b"\n") else 1)
         first = None  # (index in ``lines``, text) of the first bad line, when needed
         if table.num_rows + len(bad) == n_lines and bad and not self.report.skip:
             first = _first_bad_line(lines, bad[0])
@@ -205,6 +201,7 @@ class _BlockParser:
         self.report.add(_FIELDS_REASON, len(bad))
         if table.num_rows:
             yield RecordChunk(_to_batch(table, self.columns), self.path, line_no)
+        return n_lines
 
     def _read_each_line(self, lines: bytes) -> tuple[pa.Table, list[tuple[int, str]]]:
         """Each line parsed on its own (slow; only for blocks whose quotes span lines): the good
