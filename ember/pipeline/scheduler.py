@@ -203,18 +203,18 @@ class Scheduler:
         if self._started:
             raise RuntimeError("a Scheduler runs its stream once")
         self._started = True
-        if not self.threaded:
-            yield from self._inline_ahead()
-            return
-        self._start_threads()
-        stream = self._from_threads(self._queues[len(self._ahead_threads) - 1])
-        for stage in self._ahead_inline:
+        stream: Iterator[Any] = iter([None])  # in line: every ahead stage runs here, from the source on
+        inline = self.ahead
+        if self.threaded:
+            self._start_threads()
+            stream = self._from_threads(self._queues[len(self._ahead_threads) - 1])
+            inline = self._ahead_inline
+        for stage in inline:
             stream = self._inline_stage(stage, stream)
         for item in stream:
-            yield item
             if self._stop.is_set():
-                self._raise_error()
-                return
+                break
+            yield item
         self._raise_error()
 
     def _from_threads(self, out: _Queue) -> Iterator[Any]:
@@ -350,15 +350,6 @@ class Scheduler:
         finish = stage.finish
         if finish is not None:
             yield from self._outputs(Stage(stage.name, lambda _: finish(), expand=True), None)
-
-    def _inline_ahead(self) -> Iterator[Any]:
-        stream: Iterator[Any] = iter([None])
-        for stage in self.ahead:
-            stream = self._inline_stage(stage, stream)
-        for item in stream:
-            if self._stop.is_set():
-                return
-            yield item
 
     def _inline_stage(self, stage: Stage, upstream: Iterator[Any]) -> Iterator[Any]:
         for item in upstream:
