@@ -12,7 +12,12 @@ The cases run in a worker process that streams one JSON line per outcome; a work
 goes on with the next case. Prints the table per input kind, then, on its last line, one JSON
 object: inputs, clear_errors, counted_skips, silent_drops, crashes, data_lost (and the rest).
 
-Usage: PYTHONPATH=. python bench/fuzz_reliability.py [--seed 0] [--count 1000]
+Then the surfaces that are not data files (ember.testing.surfaces, ``--surfaces N`` cases of
+each, 0 to leave them out): config files and overrides generated from the config schema, command
+lines, output paths, and the scoring API on 127.0.0.1; their counts join the JSON line as
+surface_cases, surface_tracebacks, surface_other_exits, surface_lost_files, surface_5xx, surface_hangs.
+
+Usage: PYTHONPATH=. python bench/fuzz_reliability.py [--seed 0] [--count 1000] [--surfaces 300]
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--count", type=int, default=1000, help="inputs to try (about 0.15 s each on 2 cores)")
+    p.add_argument("--surfaces", type=int, default=300, help="cases of each non-data surface (0: none)")
     p.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     p.add_argument("--workdir", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -102,7 +108,9 @@ def main() -> None:
     # values changed by damage in files without checksums (ORC; Parquet written without them)
     unguarded = sum(1 for r in results if r["outcome"] == "undetected_change"
                     and (r.get("format") == "orc" or not r.get("checksummed", True)))
+    surfaces = _surfaces(args.seed, args.surfaces) if args.surfaces else {}
     print(json.dumps({
+        **surfaces,
         "seed": args.seed, "inputs": totals["inputs"], "clear_errors": totals["clear_error"],
         "counted_skips": totals["counted_skip"], "clean_reads": totals["clean_read"],
         "recovered": totals["recovered"], "silent_drops": totals["silent_drop"], "crashes": totals["crash"],
@@ -110,6 +118,28 @@ def main() -> None:
         "accepted_bad": totals["accepted_bad"], "undetected_changes": totals["undetected_change"],
         "undetected_changes_without_checksums": unguarded,
     }))
+
+
+def _surfaces(seed: int, count: int) -> dict[str, int]:
+    """Run the surface study; print its table and defects; the counts for the JSON line."""
+    from ember.testing.surfaces import study
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="ember-surfaces-") as tmp:
+        result = study(count, Path(tmp), seed)
+    print(f"\nsurfaces: {count} cases each, {time.perf_counter() - t0:.0f} s")
+    for surface, kinds in result["tally"].items():
+        print(f"  {surface:14s} " + "  ".join(f"{k}: {v}" for k, v in sorted(kinds.items())))
+    for surface, examples in result["examples"].items():
+        for e in examples:
+            print(f"  defect in {surface}: {e[:400]}")
+    allk: dict[str, int] = {}
+    for kinds in result["tally"].values():
+        for k, v in kinds.items():
+            allk[k] = allk.get(k, 0) + v
+    return {"surface_cases": sum(allk.values()), "surface_tracebacks": allk.get("traceback", 0),
+            "surface_other_exits": allk.get("other", 0), "surface_lost_files": allk.get("lost", 0),
+            "surface_5xx": allk.get("5xx", 0), "surface_hangs": allk.get("hang", 0)}
 
 
 if __name__ == "__main__":
