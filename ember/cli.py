@@ -11,7 +11,9 @@ import json
 import math
 import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 __all__ = ["main"]
 
@@ -25,9 +27,13 @@ def _config(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ember.train.loop import train
+    from ember.outputs import claim_output
+    from ember.train.loop import run_directory, train
 
     cfg = _config(args)
+    if args.export:  # checked now, not after hours of training
+        reading = [run_directory(cfg), *(p for p in (cfg.train.resume, cfg.train.init_from) if p is not None)]
+        claim_output(args.export, "export", "--export", args.overwrite, reading)
     result = train(cfg, overwrite=args.overwrite)
     if result.parts is not None and not result.parts.lead:
         return 0  # a distributed run: rank 0 reports
@@ -46,9 +52,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.export:
         parts = result.parts
         assert parts is not None
-        if parts.dist is not None:  # rank 0 holds its shard only: export every rank's rows, from the final checkpoint
-            parts = _load_checkpoint(cfg, *_verified(str(result.run_dir)))
-        print(f"exported to {_export(parts, cfg, args.export)}")
+        with _scratch() as scratch:
+            if parts.dist is not None:  # rank 0 holds its shard only: export every rank's rows, from the final checkpoint
+                parts = _load_checkpoint(_private_disk(cfg, scratch, "train"), *_verified(str(result.run_dir)))
+            print(f"exported to {_export(parts, cfg, args.export)}")
     return 0
 
 
@@ -72,20 +79,101 @@ def _export(parts, cfg, out_dir: str) -> Path:
     )
 
 
-def _restore(args: argparse.Namespace):
+_PRUNED_RETRIES = 3  # a run saving every few seconds could prune each newest checkpoint in turn
+
+
+def _restore(args: argparse.Namespace, scratch: Path | None = None):
     """Config (from the checkpoint unless --config is given), parts loaded from a checkpoint, and
-    which checkpoint that was: ``{"checkpoint": path, "step": step}``."""
+    which checkpoint that was: ``{"checkpoint": path, "step": step}``.
+
+    Reading writes nothing under the training run's paths: the disk tiers the tables need go to
+    ``scratch`` (a private temporary directory; None: one removed at exit), not to the run's
+    ``storage.disk_path``, which a running training run is using. A checkpoint that a training
+    run still running prunes (``train.keep_checkpoints``) while it is read: read through a run
+    directory, the newest checkpoint is read instead, said in one line; named itself, an error."""
+    from ember.checkpoint.load import resolve_checkpoint
+    from ember.errors import CheckpointError
+
+    command = getattr(args, "command", None) or "ember"
+    scratch = scratch if scratch is not None else _scratch_at_exit()
+    for attempt in range(_PRUNED_RETRIES + 1):
+        ckpt = resolve_checkpoint(args.checkpoint)
+        try:
+            ckpt, manifest = _verified(str(ckpt))
+            cfg = _restored_config(args, manifest)
+            parts = _load_checkpoint(_private_disk(cfg, scratch / str(attempt), command), ckpt, manifest)
+            return cfg, parts, {"checkpoint": str(ckpt), "step": int(manifest["step"])}
+        except (OSError, CheckpointError) as e:
+            if (ckpt / "manifest.json").exists():
+                raise  # not pruned: damaged, unreadable
+            if ckpt.resolve() == Path(args.checkpoint).resolve():
+                raise CheckpointError(f"checkpoint {ckpt} was removed while being read (a training run still running "
+                                      "prunes old checkpoints, train.keep_checkpoints); give its run directory to read "
+                                      "the newest checkpoint, or copy the checkpoint elsewhere first") from e
+            if attempt == _PRUNED_RETRIES:
+                raise CheckpointError(f"{args.checkpoint}: {attempt + 1} checkpoints in a row were removed while being "
+                                      "read (a training run still running prunes them); copy one elsewhere first") from e
+            print(f"ember {command}: checkpoint {ckpt} was removed while being read (pruned by the training run); "
+                  "reading the newest checkpoint instead", file=sys.stderr, flush=True)
+    raise AssertionError("unreachable")
+
+
+def _restored_config(args: argparse.Namespace, manifest: dict):
+    """The run config of a restore: --config with the overrides, else the checkpoint's own."""
     from ember.config import apply_overrides, from_dict, load
     from ember.featurize.schema import as_recorded
 
-    ckpt, manifest = _verified(args.checkpoint)
     if args.config:
-        cfg = load(args.config, args.overrides)
-    else:
-        recorded = manifest["config"]
-        recorded = {**recorded, "schema": as_recorded(recorded["schema"])} if recorded.get("schema") else recorded
-        cfg = from_dict(apply_overrides(recorded, args.overrides))
-    return cfg, _load_checkpoint(cfg, ckpt, manifest), {"checkpoint": str(ckpt), "step": int(manifest["step"])}
+        return load(args.config, args.overrides)
+    recorded = manifest["config"]
+    recorded = {**recorded, "schema": as_recorded(recorded["schema"])} if recorded.get("schema") else recorded
+    return from_dict(apply_overrides(recorded, args.overrides))
+
+
+def _scratch_at_exit() -> Path:
+    """A private temporary directory, removed when the process exits."""
+    import atexit
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="ember-read-"))
+    atexit.register(shutil.rmtree, path, True)
+    return path
+
+
+def _private_disk(cfg, scratch: Path, command: str):
+    """``cfg`` with every disk tier under ``scratch``: a command that only reads a checkpoint
+    never writes where the training run keeps (and may still be using) its disk tiers. Says so
+    in one line (stderr), instead of the storage plan of each table that training prints."""
+    def moved(storage):
+        return storage.model_copy(update={"disk_path": str(scratch)}) if storage.disk_path is not None else storage
+
+    tiered = [t.name for t in cfg.table_configs() if t.storage.disk_path is not None]
+    if not tiered:
+        return cfg
+    print(f"ember {command}: the disk tiers of {len(tiered)} table(s) go to a private temporary directory {scratch} "
+          "(removed at exit; TMPDIR places it), not the training run's storage.disk_path", file=sys.stderr, flush=True)
+    emb = cfg.embedding.model_copy(update={"storage": moved(cfg.embedding.storage)})
+    tables = [t.model_copy(update={"storage": moved(t.storage)}) for t in cfg.tables]
+    return cfg.model_copy(update={"embedding": emb, "tables": tables})
+
+
+def _reading(checkpoint: str) -> list[Path]:
+    """What an export of ``checkpoint`` reads: the path given, the checkpoint it names, and that
+    checkpoint's run directory (an output there would replace the run)."""
+    from ember.checkpoint.load import resolve_checkpoint
+
+    ckpt = resolve_checkpoint(checkpoint)
+    return [Path(checkpoint), ckpt, *([ckpt.parent.parent] if ckpt.parent.name == "checkpoints" else [])]
+
+
+@contextmanager
+def _scratch() -> Iterator[Path]:
+    """A private temporary directory for the command's disk tiers, removed when it ends."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ember-read-") as d:
+        yield Path(d)
 
 
 def _verified(path: str) -> tuple[Path, dict]:
@@ -100,9 +188,15 @@ def _load_checkpoint(cfg, ckpt: Path, manifest: dict):
     """This process's parts (``Components``) for ``cfg`` holding every row of ``ckpt``, all its
     parts (whatever world size saved it), and its dense model."""
     from ember.checkpoint.load import load_dense, load_tables, restore_table_state
+    from ember.errors import CapacityError
     from ember.train.builder import build_components
 
-    parts = build_components(cfg)
+    try:
+        parts = build_components(cfg, announce=False)
+    except CapacityError as e:
+        e.add_note("(a command reading a checkpoint keeps disk tiers in a private temporary directory: set TMPDIR "
+                   "to a larger volume)")
+        raise
     load_tables(ckpt, parts.collections(), manifest)
     dense = load_dense(ckpt)
     parts.model.load_state_dict(dense["model"])
@@ -111,11 +205,16 @@ def _load_checkpoint(cfg, ckpt: Path, manifest: dict):
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
+    with _scratch() as scratch:
+        return _eval(args, scratch)
+
+
+def _eval(args: argparse.Namespace, scratch: Path) -> int:
     from ember.pipeline.loader import make_batches
     from ember.train.evaluate import evaluate
     from ember.train.metrics import json_safe
 
-    cfg, parts, source = _restore(args)
+    cfg, parts, source = _restore(args, scratch)
     print(f"ember eval: scoring checkpoint {source['checkpoint']} (step {source['step']})", file=sys.stderr, flush=True)
     batches = make_batches(cfg.data, cfg.schema, "eval")
     metrics = evaluate(parts, batches)
@@ -126,22 +225,33 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    cfg, parts, source = _restore(args)
-    print(f"exported checkpoint {source['checkpoint']} (step {source['step']}) to {_export(parts, cfg, args.out)}")
+    from ember.outputs import claim_output
+
+    claim_output(args.out, "export", "--out", args.overwrite, _reading(args.checkpoint))  # before the work
+    with _scratch() as scratch:
+        cfg, parts, source = _restore(args, scratch)
+        print(f"exported checkpoint {source['checkpoint']} (step {source['step']}) to {_export(parts, cfg, args.out)}")
     return 0
 
 
 def cmd_towers(args: argparse.Namespace) -> int:
-    from ember.errors import ConfigError, WriteError
-    from ember.fileio import write_bytes_atomic
-    from ember.pipeline.loader import make_batches
-    from ember.train.towers import propose_towers
+    from ember.errors import ConfigError
 
     if args.towers < 1:
         raise ConfigError(f"--towers must be >= 1, got {args.towers}")
     if args.rows < 1:
         raise ConfigError(f"--rows must be >= 1, got {args.rows}")
-    cfg, parts, source = _restore(args)
+    with _scratch() as scratch:
+        return _towers(args, scratch)
+
+
+def _towers(args: argparse.Namespace, scratch: Path) -> int:
+    from ember.errors import ConfigError, WriteError
+    from ember.fileio import write_bytes_atomic
+    from ember.pipeline.loader import make_batches
+    from ember.train.towers import propose_towers
+
+    cfg, parts, source = _restore(args, scratch)
     n = len(parts.embeddings.features)
     if args.towers > n:
         raise ConfigError(f"--towers {args.towers}: the model has {n} sparse features; ask for at most {n}")
@@ -193,6 +303,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
                           "data.* overrides only (e.g. data.batch_size=1024 data.csv.delimiter=';')")
     if args.output and Path(args.output).is_dir():
         raise ConfigError(f"--output {args.output} is a directory; give a file path for the CSV")
+    if args.output:  # before the scoring: format from the extension, and never over what ember did not write
+        from ember.outputs import claim_output, output_format
+
+        fmt, compression = output_format(args.output, None, ("csv", "tsv", "parquet"), "--output")
+        claim_output(args.output, "predictions", "--output", args.overwrite, [args.export, *inputs])
     p = Predictor.load(args.export)
     probs = p.predict_files(inputs, format=args.format, **overrides.get("data", {}))
     if p.bad_rows is not None and p.bad_rows.total:  # only with data.on_bad_rows=skip given here
@@ -200,18 +315,42 @@ def cmd_predict(args: argparse.Namespace) -> int:
               "rows (predict with data.on_bad_rows=error to find them)", file=sys.stderr)
     header = ",".join(f"p_{t}" for t in p.tasks)
     if args.output:
-        from ember.errors import WriteError
-        from ember.fileio import atomic_file
-
-        # about 9 bytes per probability ("0.123456,"): the estimate a full disk's message names
-        with atomic_file(args.output, WriteError, len(header) + 1 + probs.size * 9) as tmp:
-            np.savetxt(tmp, probs, delimiter=",", header=header, comments="", fmt="%.6f")
+        _write_predictions(Path(args.output), probs, [f"p_{t}" for t in p.tasks], fmt, compression)
         print(f"wrote {len(probs)} predictions to {args.output}")
     else:
         print(header)
         for row in probs:
             print(",".join(f"{v:.6f}" for v in row))
     return 0
+
+
+def _write_predictions(path: Path, probs, names: list[str], fmt: str, compression: str | None) -> None:
+    """Probabilities [rows, tasks] to ``path`` as ``fmt`` (csv / tsv, ``compression`` optional:
+    six decimals, a ``p_<task>`` header; parquet: the values, marked as ember's predictions),
+    written whole or not at all; missing parent folders are created."""
+    import io
+
+    import numpy as np
+    import pyarrow as pa
+
+    from ember.errors import WriteError
+    from ember.fileio import atomic_file
+    from ember.outputs import OUTPUT_KEY
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # about 9 bytes per probability ("0.123456,"): the estimate a full disk's message names
+    with atomic_file(path, WriteError, len(names) * 8 + probs.size * 9) as tmp:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            table = pa.table({n: probs[:, i] for i, n in enumerate(names)})
+            pq.write_table(table.replace_schema_metadata({OUTPUT_KEY: b"predictions"}), tmp)
+            return
+        sep = "\t" if fmt == "tsv" else ","
+        text = io.BytesIO()
+        np.savetxt(text, probs, delimiter=sep, header=sep.join(names), comments="", fmt="%.6f")
+        with (pa.CompressedOutputStream(str(tmp), compression) if compression else pa.OSFile(str(tmp), "wb")) as out:
+            out.write(text.getvalue())
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -236,10 +375,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from ember.errors import ConfigError, WriteError
+    from ember.fileio import atomic_file
+    from ember.outputs import claim_output, output_format
     from ember.pipeline.loader import write_synthetic
     from ember.source.config import SyntheticOptions
-
-    from ember.errors import ConfigError
 
     if args.rows <= 0:
         raise ConfigError(f"--rows must be a positive number of rows, got {args.rows}")
@@ -254,8 +394,12 @@ def cmd_generate(args: argparse.Namespace) -> int:
     opts = SyntheticOptions.parse({**given, "seed": args.seed}, where="--options")
     if Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out} is a directory; give the file to write, e.g. {Path(args.out) / 'train.parquet'}")
-    paths = write_synthetic(args.out, args.format, args.rows, opts, split=args.split)
-    print(f"wrote {args.rows} rows to {paths}")
+    fmt, compression = output_format(args.out, args.format, ("csv", "tsv", "parquet", "orc"), "--out")
+    claim_output(args.out, "generate", "--out", args.overwrite)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with atomic_file(args.out, WriteError) as tmp:  # an --overwrite that fails keeps the old file
+        write_synthetic(str(tmp), fmt, args.rows, opts, split=args.split, compression=compression)  # type: ignore[arg-type]
+    print(f"wrote {args.rows} rows to {[args.out]}")
     return 0
 
 
@@ -267,7 +411,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--config", required=True)
     t.add_argument("--export", help="also export the final model to this directory")
     t.add_argument("--overwrite", action="store_true",
-                   help="replace an earlier run of the same train.run_name (else refused; train.resume continues it)")
+                   help="replace an earlier run of the same train.run_name, and an earlier export at --export (else "
+                   "refused; train.resume continues a run)")
     t.add_argument("overrides", nargs="*", help="key.path=value")
     t.set_defaults(fn=cmd_train)
 
@@ -278,6 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
         e.add_argument("--config", help="run config (default: the one stored in the checkpoint)")
         if name == "export":
             e.add_argument("--out", required=True)
+            e.add_argument("--overwrite", action="store_true", help="replace an earlier export at --out (nothing else)")
         e.add_argument("overrides", nargs="*")
         e.set_defaults(fn=fn)
 
@@ -304,7 +450,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("predict", help="score raw rows with an exported model")
     pr.add_argument("--export", required=True, help="export directory")
     pr.add_argument("--input", nargs="+", required=True, help="files in the export's data format")
-    pr.add_argument("--output", help="CSV file for the probabilities (default: stdout)")
+    pr.add_argument("--output", help="file for the probabilities, its format from the extension: .csv (.gz, .bz2, "
+                    ".zst), .tsv, .parquet (default: CSV on stdout)")
+    pr.add_argument("--overwrite", action="store_true", help="replace earlier predictions at --output (nothing else)")
     pr.add_argument("--format", choices=["csv", "tsv", "parquet", "orc"],
                     help="format of the input files (default: from their extensions; other extensions need this)")
     pr.add_argument("overrides", nargs="*", help="data.key.path=value, e.g. data.csv.delimiter=';'")
@@ -319,8 +467,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.set_defaults(fn=cmd_plan)
 
     g = sub.add_parser("generate", help="write synthetic Criteo-shaped data to files")
-    g.add_argument("--out", required=True)
-    g.add_argument("--format", choices=["csv", "tsv", "parquet", "orc"], default="parquet")
+    g.add_argument("--out", required=True, help="file to write, its format from the extension: .csv/.tsv (.gz, .bz2, "
+                   ".zst), .parquet, .orc")
+    g.add_argument("--format", choices=["csv", "tsv", "parquet", "orc"],
+                   help="needed only for other extensions; must agree with a known one")
+    g.add_argument("--overwrite", action="store_true", help="replace data generated earlier at --out (nothing else)")
     g.add_argument("--rows", type=int, default=100_000)
     g.add_argument("--split", choices=["train", "eval"], default="train")
     g.add_argument("--seed", type=int, default=0)
@@ -343,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         return int(args.fn(args))
+    except BrokenPipeError:
+        return _stdout_closed()
     except RunInterrupted as e:
         print(f"ember {args.command}: {e}", file=sys.stderr)
         return e.exit_code
@@ -355,6 +508,19 @@ def main(argv: list[str] | None = None) -> int:
         # a fault inside a pipeline stage (disk full, a kernel error): named, without a traceback
         print(f"ember {args.command}: error: {type(e).__name__}: {_with_notes(e)}", file=sys.stderr)
         return 1
+
+
+def _stdout_closed() -> int:
+    """The reader of stdout went away (``ember predict ... | head``): stop quietly, with the exit
+    status of a process SIGPIPE ended; later flushes go to /dev/null instead of failing again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # stdout without a file descriptor (captured in process)
+        pass
+    return 141
 
 
 def _with_notes(e: BaseException) -> str:

@@ -31,6 +31,7 @@ from ember.checkpoint.atomic import HashingWriter, sha256_file
 from ember.embedding.codec import to_bits
 from ember.errors import CheckpointError
 from ember.fileio import atomic_dir, fsync_dir
+from ember.outputs import output_kind
 
 __all__ = ["export_model", "EXPORT_VERSION", "encode_weights", "write_array", "table_meta", "script_model"]
 
@@ -70,7 +71,8 @@ def export_model(
     out_dir: str | Path,
     extra: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Write a trained model to ``out_dir`` (replaced atomically if it exists) for serving. A
+    """Write a trained model to ``out_dir`` (an earlier export there is replaced atomically; any
+    other non-empty path is refused, CheckpointError: ember never deletes what it did not write) for serving. A
     failed write (a full disk: CheckpointError naming ``out_dir`` and the bytes needed) leaves
     the old export, if any, and no temporary directory.
 
@@ -94,6 +96,9 @@ def export_model(
         raise ValueError(f"export_model: run_config lacks {missing}; pass the resolved run config as JSON, "
                          "e.g. cfg.model_dump(mode='json', by_alias=True)")
     out = Path(out_dir)
+    if output_kind(out) != "export" and out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise CheckpointError(f"export_model: {out} exists and is not an earlier export ({_what(out)}); an export "
+                              "replaces only an export: choose another directory")
 
     def needed() -> int:  # asked only when the disk is full
         return sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
@@ -103,6 +108,11 @@ def export_model(
     with atomic_dir(out, CheckpointError, needed, "the previous export, if any, is kept") as tmp:
         _write(tmp, model, collections, features, linear_features, task_names, run_config, extra or {})
     return out
+
+
+def _what(path: Path) -> str:
+    kind = output_kind(path)
+    return f"it holds {kind} output" if kind else "a file" if not path.is_dir() else "it holds other files"
 
 
 def _write(tmp: Path, model: nn.Module, collections: Sequence[_Collection], features: Sequence[_Dumpable],

@@ -47,18 +47,25 @@ def write_synthetic(
     split: Literal["train", "eval"] = "train",
     chunk_rows: int = 65536,
     header: bool = True,
+    compression: str | None = None,
 ) -> list[str]:
     """Write rows ``[0, rows)`` of ``split`` (default: the split's configured size) to ``path``.
 
     Memory holds one chunk of ``chunk_rows`` rows. CSV/TSV get a header line (unless
     ``header=False``) and multi-hot features as ``|``-joined IDs, which the synthetic preset
-    schema reads back. Parquet pages carry CRC-32 checksums. Returns the files written.
+    schema reads back. Parquet pages carry CRC-32 checksums, and the schema metadata
+    ``ember.output: generate`` (what lets ``ember generate --overwrite`` replace the file, and
+    nothing else). ``compression`` (CSV/TSV: gzip, bz2, zstd, lz4) compresses the text stream.
+    Returns the files written.
     """
     if format not in ("csv", "tsv", "parquet", "orc"):
         raise ConfigError(f"write_synthetic: format must be csv, tsv, parquet or orc, got {format!r}")
     total = split_rows(options, split) if rows is None else rows
+    if compression is not None and format not in ("csv", "tsv"):
+        raise ConfigError(f"write_synthetic: compression applies to csv/tsv, not {format}")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     writer = None
+    sink = pa.CompressedOutputStream(path, compression) if compression is not None else path
     try:
         for start in range(0, total, chunk_rows):
             batch = synthetic_records(options, split, start, min(start + chunk_rows, total))
@@ -66,11 +73,12 @@ def write_synthetic(
                 batch = _for_csv(batch)
                 if writer is None:
                     opts = pacsv.WriteOptions(include_header=header, delimiter="\t" if format == "tsv" else ",")
-                    writer = pacsv.CSVWriter(path, batch.schema, write_options=opts)
+                    writer = pacsv.CSVWriter(sink, batch.schema, write_options=opts)
                 writer.write_batch(batch)
             elif format == "parquet":
                 # page checksums let every reader (ours verifies them) catch a flipped bit on disk
-                writer = writer or pq.ParquetWriter(path, batch.schema, write_page_checksum=True)
+                schema = batch.schema.with_metadata({b"ember.output": b"generate"})  # see ember.outputs
+                writer = writer or pq.ParquetWriter(path, schema, write_page_checksum=True)
                 writer.write_batch(batch)
             else:
                 writer = writer or orc.ORCWriter(path)
@@ -78,4 +86,6 @@ def write_synthetic(
     finally:
         if writer is not None:
             writer.close()
+        if not isinstance(sink, str):
+            sink.close()
     return [path]

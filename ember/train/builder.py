@@ -186,9 +186,11 @@ def make_dense_optimizer(params, cfg: DenseOptimizerConfig) -> torch.optim.Optim
     return cls(params, **kw)
 
 
-def build_components(cfg: RunConfig, dist: DistributedRun | None = None) -> Components:
+def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announce: bool = True) -> Components:
     """Tables, model and optimizers for ``cfg`` (seeded by ``train.seed``); with ``dist``, this
-    rank's shard of the tables (placed by the sharding planner) and the model under DDP."""
+    rank's shard of the tables (placed by the sharding planner) and the model under DDP.
+    ``announce``: print each tiered table's storage plan (training does; commands that only read
+    a checkpoint do not: the plan would bury their output)."""
     torch.manual_seed(cfg.train.seed)
     device = pick_device(cfg.train.device) if dist is None else dist.model_device
     schema = cfg.schema
@@ -213,7 +215,7 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None) -> Comp
             plan = sharding_plan(cfg, tables, dist.world_size)
         if dist.lead:
             print(plan.describe(), flush=True)
-    _announce_storage(tables)
+    _announce_storage(tables, announce)
     ec = _collection(tables, features, cfg.train.seed, dist, plan).to(device)
     dims = {t.name: t.dim for t in tables}
     inputs = ModelInputs(num_dense=len(schema.dense), sparse_dims=[dims[f.table_name] for f in features],
@@ -305,15 +307,16 @@ def _collection(tables: list[TableConfig], features: list[FeatureConfig], seed: 
     return ShardedCollection(tables, features, seed, ShardContext(plan, dist.rank, dist.exchange))
 
 
-def _announce_storage(tables: list[TableConfig]) -> None:
-    """Print the memory and disk each tiered table will use, and fail early if it cannot fit."""
+def _announce_storage(tables: list[TableConfig], announce: bool = True) -> None:
+    """Print (``announce``) the memory and disk each tiered table will use, and fail early if it cannot fit."""
     from ember.tiers.storage import StorageConfig, check_disk_together, plan_storage
 
     plans = []
     for t in tables:
         if t.storage != StorageConfig():
             plan = plan_storage(t.storage, t.stored_words, t.name)  # packed at the table's dtype
-            print(plan.describe(), flush=True)
+            if announce:
+                print(plan.describe(), flush=True)
             plan.check()
             plans.append(plan)
     check_disk_together(plans)

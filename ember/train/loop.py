@@ -38,6 +38,7 @@ from ember.config import RunConfig, to_yaml
 from ember.distributed.process_group import DistributedRun
 from ember.errors import CheckpointError, ConfigError, RunInterrupted, WriteError
 from ember.fileio import write_bytes_atomic
+from ember.outputs import mark
 from ember.embedding.optimizer import SparseOptimizer
 from ember.pipeline.config import engine_on_threads
 from ember.pipeline.loader import BatchList, empty_batch, make_batches
@@ -100,6 +101,7 @@ def prepare_run(cfg: RunConfig, run_dir: Path | None = None, dist: DistributedRu
     run_dir = run_dir or run_directory(cfg)
     if dist is None or dist.lead:
         run_dir.mkdir(parents=True, exist_ok=True)
+        mark(run_dir, "run")  # what --overwrite may replace (ember.outputs)
         write_bytes_atomic(run_dir / "config.yaml", to_yaml(cfg).encode(), WriteError)
     return build_components(cfg, dist), run_dir
 

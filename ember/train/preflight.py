@@ -3,7 +3,8 @@
 ``check_run`` (called at the start of ``train()``): the train and eval paths expand to files;
 each file has the schema's columns and at least one row, read from its header or footer only
 (CSV: the first lines; Parquet/ORC: the metadata); the output directory is writable; and a run
-directory that already holds a run is replaced only when asked. ``check_disk`` (once the tables
+directory that already holds a run is replaced only when asked, one that holds anything else
+never (``check_run_dir``, the rule of ``ember.outputs``). ``check_disk`` (once the tables
 and model are built): the checkpoints ``train.keep_checkpoints`` keeps fit the free space.
 ``no_steps_error`` names the train files of a run that trained no step.
 
@@ -29,6 +30,7 @@ import pyarrow as pa
 from ember.config import RunConfig
 from ember.errors import CapacityError, ConfigError, DataError
 from ember.fileio import fmt_bytes, free_bytes, nearest_existing
+from ember.outputs import output_kind
 from ember.source.base import check_columns, damaged_file, is_damage
 from ember.source.config import DataConfig
 from ember.source.files import expand_paths
@@ -37,7 +39,7 @@ from ember.train.builder import Components
 from ember.train.early_stop import EarlyStopping
 from ember.train.tensorboard import require_tensorboard
 
-__all__ = ["check_run", "check_disk", "check_data", "no_steps_error", "holds_run"]
+__all__ = ["check_run", "check_run_dir", "check_disk", "check_data", "no_steps_error", "holds_run"]
 
 log = logging.getLogger("ember")
 Split = Literal["train", "eval"]
@@ -48,10 +50,8 @@ def check_run(cfg: RunConfig, run_dir: Path, overwrite: bool = True, splits: tup
     directory, run name."""
     for split in splits:
         check_data(cfg.data, cfg.schema.columns, split)
-    if holds_run(run_dir) and not overwrite and cfg.train.resume is None:
-        raise ConfigError(
-            f"run directory {run_dir} already holds a run (train.run_name '{run_dir.name}'); pick another "
-            "train.run_name, resume it with train.resume=" f"{run_dir}, or pass --overwrite to replace it")
+    if cfg.train.resume is None:
+        check_run_dir(run_dir, overwrite)
     init = cfg.train.init_from
     if init is not None and holds_run(run_dir) and cfg.train.resume is None and \
             Path(init).resolve().is_relative_to(run_dir.resolve()):
@@ -64,6 +64,24 @@ def check_run(cfg: RunConfig, run_dir: Path, overwrite: bool = True, splits: tup
     if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
         raise ConfigError(f"output directory {run_dir} cannot be written ({base} is not a writable directory); "
                           "set train.out_dir to a writable directory")
+
+
+def check_run_dir(run_dir: Path, overwrite: bool) -> None:
+    """A run goes to a new (or empty) directory, or replaces an earlier run there when
+    ``overwrite``; a directory holding anything else (an export, files ember did not write) is
+    never replaced (``ember.outputs``). A run that never reached a checkpoint is no run."""
+    if not run_dir.exists() or (run_dir.is_dir() and next(run_dir.iterdir(), None) is None):
+        return
+    kind = output_kind(run_dir)
+    if kind != "run":
+        holds = f"holds {kind} output" if kind else "holds files ember did not write" if run_dir.is_dir() else "is a file"
+        raise ConfigError(f"run directory {run_dir} (train.out_dir / train.run_name) already exists and {holds}, not a "
+                          "training run; a run replaces only an earlier run, even with --overwrite: pick another "
+                          "train.run_name or train.out_dir")
+    if holds_run(run_dir) and not overwrite:
+        raise ConfigError(
+            f"run directory {run_dir} already holds a run (train.run_name '{run_dir.name}'); pick another "
+            "train.run_name, resume it with train.resume=" f"{run_dir}, or pass --overwrite to replace it")
 
 
 def holds_run(run_dir: Path) -> bool:

@@ -1,0 +1,190 @@
+"""What ember writes, and what it may replace: one rule for every command's output.
+
+An output (a run directory, an export directory, a predictions file, generated data) goes to a
+new path. An existing path is refused unless the user passes ``--overwrite``, and even then it
+is replaced only when ember recognises it as its own earlier output of the same kind: a run by
+a run, an export by an export, predictions by predictions, generated data by generated data.
+A run directory is never replaced by an export, and a folder or file ember did not write is
+never replaced at all. An output may not lie inside (or contain) what the command reads.
+
+How an output is recognised (``output_kind``):
+
+- a directory with a ``.ember-output.json`` marker ``{"kind": ...}`` (ember writes one into every
+  run directory); a run from before the marker: its ``checkpoints/`` or ``summary.json``;
+- an export: its ``manifest.json`` (format version, file hashes, ``model.pt``);
+- predictions: CSV/TSV whose header names only ``p_<task>`` columns; Parquet with the
+  ``ember.output: predictions`` schema metadata ember writes;
+- generated data: CSV/TSV whose header is the generator's layout (``label, I1.., C1..``: real
+  Criteo files have no header line); Parquet with ``ember.output: generate`` metadata. ORC files
+  carry no metadata ember can set, so a generated ORC file is not recognised (remove it yourself).
+
+An empty directory counts as new. Output file formats follow the extension (``output_format``).
+
+Example:
+    >>> import tempfile
+    >>> d = Path(tempfile.mkdtemp())
+    >>> claim_output(d / "new", "export", "--out", overwrite=False)
+    False
+    >>> (d / "notes").mkdir(); _ = (d / "notes" / "todo.txt").write_text("mine")
+    >>> claim_output(d / "notes", "export", "--out", overwrite=True)
+    Traceback (most recent call last):
+    ...
+    ember.errors.ConfigError: --out ... holds files ember did not write ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Literal, Sequence
+
+from ember.errors import ConfigError, WriteError
+from ember.fileio import write_bytes_atomic
+
+__all__ = ["Kind", "MARKER", "mark", "output_kind", "claim_output", "check_apart", "output_format", "OUTPUT_KEY"]
+
+Kind = Literal["run", "export", "predictions", "generate"]
+MARKER = ".ember-output.json"
+OUTPUT_KEY = b"ember.output"  # Parquet schema metadata key: which command wrote the file
+
+_DESCRIBED = {"run": "a training run (ember train)", "export": "an export (ember export / train --export)",
+              "predictions": "predictions (ember predict)", "generate": "generated data (ember generate)"}
+_COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4"}
+_TEXT = ("csv", "tsv")
+
+
+def mark(directory: str | os.PathLike, kind: Kind) -> None:
+    """Record in ``directory`` that ember wrote it, as an output of ``kind``."""
+    write_bytes_atomic(Path(directory) / MARKER, json.dumps({"kind": kind}).encode(), WriteError)
+
+
+def output_kind(path: str | os.PathLike) -> Kind | None:
+    """Which of ember's outputs ``path`` is, or None (absent, or not one ember recognises)."""
+    p = Path(path)
+    if p.is_dir():
+        return _dir_kind(p)
+    if p.is_file():
+        return _file_kind(p)
+    return None
+
+
+def _dir_kind(d: Path) -> Kind | None:
+    try:
+        recorded = json.loads((d / MARKER).read_text()).get("kind")
+        if recorded in _DESCRIBED:
+            return recorded  # type: ignore[no-any-return]
+    except (OSError, ValueError, AttributeError):
+        pass
+    if (d / "checkpoints").is_dir() or (d / "summary.json").is_file():
+        return "run"  # a run from before the marker
+    try:
+        manifest = json.loads((d / "manifest.json").read_text())
+        if isinstance(manifest, dict) and "format_version" in manifest and "model.pt" in manifest.get("files", {}):
+            return "export"
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _file_kind(f: Path) -> Kind | None:
+    try:
+        fmt, _ = output_format(f, None, ("csv", "tsv", "parquet", "orc"), "path")
+    except ConfigError:
+        return None
+    try:
+        if fmt == "parquet":
+            import pyarrow.parquet as pq
+
+            written = (pq.read_schema(f).metadata or {}).get(OUTPUT_KEY, b"").decode()
+            return written if written in ("predictions", "generate") else None  # type: ignore[return-value]
+        if fmt == "orc":
+            return None
+        import pyarrow as pa
+
+        with pa.input_stream(str(f), compression="detect") as s:
+            head = s.read(1 << 16)
+    except Exception:  # unreadable or not what its extension says: not ember's
+        return None
+    names = head.split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8", "replace").split("\t" if fmt == "tsv" else ",")
+    names = [n[1:-1] if len(n) >= 2 and n[0] == n[-1] == '"' else n for n in names]  # pyarrow quotes its header
+    if names and all(re.fullmatch(r"p_\w+", n) for n in names):
+        return "predictions"
+    if re.fullmatch(r"label(,I\d+)*(,C\d+)*", ",".join(names)):
+        return "generate"
+    return None
+
+
+def _empty_dir(p: Path) -> bool:
+    return p.is_dir() and not p.is_symlink() and next(p.iterdir(), None) is None
+
+
+def claim_output(path: str | os.PathLike, kind: Kind, flag: str, overwrite: bool,
+                 reading: Sequence[str | os.PathLike] = ()) -> bool:
+    """Check that an output of ``kind`` may be written to ``path`` (given as ``flag``, e.g.
+    ``--out``); returns whether it replaces an earlier output (an empty directory is new).
+
+    Raises ConfigError when ``path`` exists and ``overwrite`` is false, when it is not an
+    earlier output of ``kind`` (never replaced, whatever ``overwrite`` says), or when it lies
+    inside or contains a path in ``reading`` (what the command reads)."""
+    p = Path(path)
+    for source in reading:
+        check_apart(p, source, flag)
+    if not (p.exists() or p.is_symlink()) or _empty_dir(p):
+        return False
+    found = output_kind(p)
+    what = _DESCRIBED[kind].split(" (")[0]
+    if found != kind:
+        holds = f"holds {_DESCRIBED[found]}, not {what}" if found is not None else \
+            f"holds files ember did not write (not {what})" if p.is_dir() else f"is a file ember did not write (not {what})"
+        raise ConfigError(f"{flag} {p} already exists and {holds}; ember replaces only its own earlier output of the "
+                          f"same kind, even with --overwrite: choose another path")
+    if not overwrite:
+        raise ConfigError(f"{flag} {p} already exists ({_DESCRIBED[found]}); pass --overwrite to replace it, or "
+                          "choose another path")
+    return True
+
+
+def check_apart(path: str | os.PathLike, source: str | os.PathLike, flag: str) -> None:
+    """ConfigError when the output ``path`` is, lies inside or contains ``source``, which the
+    command reads (an export into the run it exports would replace the run)."""
+    out, src = Path(path).resolve(), Path(source).resolve()
+    if out == src or out.is_relative_to(src) or src.is_relative_to(out):
+        where = "is" if out == src else "lies inside" if out.is_relative_to(src) else "contains"
+        raise ConfigError(f"{flag} {path} {where} {source}, which this command reads; writing there would replace "
+                          "what is being read: choose a path outside it")
+
+
+def output_format(path: str | os.PathLike, given: str | None, allowed: Sequence[str], flag: str) -> tuple[str, str | None]:
+    """The format (one of ``allowed``) and compression (gzip, bz2, zstd, lz4 or None) an output
+    file is written in: what its extension names (``.csv``, ``.tsv``, ``.parquet``, ``.orc``,
+    a text format + ``.gz``/``.bz2``/``.zst``/``.lz4``). ``given`` (an explicit ``--format``)
+    must agree with a known extension and names the format of any other extension.
+
+    Example:
+        >>> output_format("p.csv.gz", None, ("csv", "parquet"), "--output")
+        ('csv', 'gzip')
+    """
+    name = Path(path).name.lower()
+    compression = None
+    stem, ext = os.path.splitext(name)
+    if ext in _COMPRESSED:
+        compression = _COMPRESSED[ext]
+        stem, ext = os.path.splitext(stem)
+    named = {".csv": "csv", ".tsv": "tsv", ".parquet": "parquet", ".pq": "parquet", ".orc": "orc"}.get(ext)
+    fmt = named or given
+    choices = ", ".join(f".{a}" for a in allowed)
+    if fmt is None:
+        raise ConfigError(f"{flag} {path}: cannot tell the format from the extension '{ext or name}'; end the name "
+                          f"with one of {choices} (CSV/TSV may add .gz, .bz2, .zst or .lz4)"
+                          + (" or pass --format" if flag != "path" else ""))
+    if given is not None and named is not None and given != named:
+        raise ConfigError(f"{flag} {path}: the extension says {named} but --format says {given}; make them agree "
+                          "(or leave --format out: the extension decides)")
+    if fmt not in allowed:
+        raise ConfigError(f"{flag} {path}: {fmt} is not an output format here; use one of {choices}")
+    if compression is not None and fmt not in _TEXT:
+        raise ConfigError(f"{flag} {path}: {fmt} files are compressed inside; drop the '{os.path.splitext(name)[1]}' "
+                          "extension")
+    return fmt, compression
