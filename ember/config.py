@@ -11,6 +11,7 @@ Example YAML (the demo's)::
 from __future__ import annotations
 
 import copy
+import difflib
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,7 +29,8 @@ from ember.pipeline.config import PipelineConfig
 from ember.source.config import DataConfig
 from ember.train.config import EvalConfig, TrainConfig
 
-__all__ = ["RunConfig", "EmbeddingDefaults", "feature_config", "load", "from_dict", "apply_overrides", "to_yaml"]
+__all__ = ["RunConfig", "EmbeddingDefaults", "feature_config", "load", "read_yaml", "from_dict", "apply_overrides",
+           "to_yaml"]
 
 
 class EmbeddingDefaults(TableOptions):
@@ -104,6 +106,13 @@ class RunConfig(ConfigModel):
         return [feature_config(f) for f in self.schema.sparse]
 
 
+def _closest(name: str, choices: Sequence[str]) -> str | None:
+    """The choice ``name`` most likely misspells (case ignored: ``c9`` finds ``C9``), or None."""
+    lower = {c.lower(): c for c in choices}
+    hint = difflib.get_close_matches(name.lower(), list(lower), n=1)
+    return lower[hint[0]] if hint else None
+
+
 def feature_config(feature: SparseFeature) -> FeatureConfig:
     """The embedding FeatureConfig of a schema feature: every key the two share, table resolved.
 
@@ -114,22 +123,47 @@ def feature_config(feature: SparseFeature) -> FeatureConfig:
 
 
 def apply_overrides(raw: dict, overrides: Sequence[str]) -> dict:
-    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a nested dict copy."""
+    """Apply ``a.b.c=value`` overrides (value parsed as YAML) to a nested dict copy.
+
+    ConfigError, naming the override, for one without ``=``, with no key or an empty part of
+    its key path (``=3``, ``train..x=1``), a value that is not YAML (``train.epochs=[1``), or
+    a path through a key that is not a section.
+    """
     out = copy.deepcopy(raw)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key.path=value, e.g. train.epochs=2")
         key, value = item.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise ConfigError(f"override {item!r} names no key: write key.path=value, e.g. train.epochs={value or 2}")
+        parts = key.split(".")
+        if any(not p.strip() for p in parts):
+            raise ConfigError(f"override {item!r}: key path '{key}' has an empty part (two dots, or a dot at an end); "
+                              "write the sections joined by single dots, e.g. train.dense_optimizer.lr=0.01")
         node = out
-        parts = key.strip().split(".")
-        for p in parts[:-1]:
-            if not isinstance(node.get(p), dict):
-                node[p] = {} if node.get(p) is None else node[p]
-                if not isinstance(node[p], dict):
-                    raise ConfigError(f"override {item!r}: '{p}' is not a section")
+        for i, p in enumerate(parts[:-1]):
+            if node.get(p) is None:
+                node[p] = {}
+            elif not isinstance(node[p], dict):
+                where = ".".join(parts[: i + 1])
+                raise ConfigError(f"override {item!r}: '{where}' is {node[p]!r}, not a section with keys; set it "
+                                  f"whole instead, e.g. {where}=<value>")
             node = node[p]
-        node[parts[-1]] = yaml.safe_load(value)
+        node[parts[-1]] = _override_value(item, value)
     return out
+
+
+def _override_value(item: str, value: str) -> Any:
+    """An override's value, parsed as YAML (``2`` is an int, ``[1, 2]`` a list, ``{a: 1}`` a mapping)."""
+    try:
+        return yaml.safe_load(value)
+    except yaml.YAMLError as e:
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        mark = getattr(e, "problem_mark", None)
+        at = f" at character {mark.column + 1}" if mark is not None and mark.line == 0 else ""
+        raise ConfigError(f"override {item!r}: the value {value!r} does not parse as YAML ({problem}{at}); write a "
+                          "list as [1, 2], a mapping as {a: 1}, and quote a string holding such characters") from None
 
 
 def from_dict(raw: dict[str, Any]) -> RunConfig:
@@ -154,17 +188,83 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
         schema = preset_schema(cfg.data.preset, cfg.data)
         cfg = cfg.model_copy(update={"schema_": schema})
     cfg.schema  # raises when neither is given
+    _check_table_names(cfg)
     return cfg
+
+
+def _check_table_names(cfg: RunConfig) -> None:
+    """Every ``tables:`` entry (and ``distributed.tables`` key) names a table some sparse feature
+    reads (a feature's ``table``, else its name), and every ``model.towers`` entry a sparse
+    feature: an entry naming none would configure nothing, and its settings would silently
+    never apply."""
+    read = list(dict.fromkeys(f.table_name for f in cfg.schema.sparse))
+    for i, t in enumerate(cfg.tables):
+        if t.name not in read:
+            hint = _closest(t.name, read)
+            mean = f" (did you mean '{hint}'?)" if hint else ""
+            raise ConfigError(f"tables[{i}] names table '{t.name}', which no sparse feature reads{mean}; the tables are "
+                              f"{', '.join(read)} (a feature reads the table its 'table' key names, else its own name)")
+    names = [t.name for t in cfg.tables]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ConfigError(f"tables lists {', '.join(twice)} more than once; give each table one entry")
+    for name in cfg.distributed.tables:  # (a model's dim-1 first-order twin of table T is T__linear)
+        if name not in read and name.removesuffix("__linear") not in read:
+            hint = _closest(name, read)
+            raise ConfigError(f"distributed.tables names table '{name}', which no sparse feature reads"
+                              + (f" (did you mean '{hint}'?)" if hint else "") + f"; the tables are {', '.join(read)}")
+    features = cfg.schema.feature_names
+    for k, tower in enumerate(getattr(cfg.model, "towers", None) or []):
+        for name in tower:
+            if name not in features:
+                hint = _closest(name, features)
+                raise ConfigError(f"model.towers[{k}] names feature '{name}', which the schema does not have"
+                                  + (f" (did you mean '{hint}'?)" if hint else "")
+                                  + f"; the sparse features are {', '.join(features)}")
 
 
 def load(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:
     """Read a YAML run config, apply overrides, validate."""
+    return from_dict(apply_overrides(read_yaml(path), overrides))
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping a YAML run config file holds; ConfigError naming the file (and, for YAML that
+    does not parse, the line and column) when it is missing, a directory, not UTF-8 text, not
+    YAML or not a mapping."""
     p = Path(path)
     if not p.exists():
-        raise ConfigError(f"config file {p} does not exist")
-    with open(p) as fh:
-        raw = yaml.safe_load(fh) or {}
-    return from_dict(apply_overrides(raw, overrides))
+        raise ConfigError(f"config file {p} does not exist; give the path of a YAML run config (e.g. configs/demo.yaml)")
+    if p.is_dir():
+        found = sorted(p.glob("*.yaml"))[:3]
+        hint = f" (it holds {', '.join(str(f) for f in found)})" if found else ""
+        raise ConfigError(f"config path {p} is a directory; give the YAML run config file in it{hint}")
+    try:
+        data = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"config file {p} cannot be read ({e.strerror or e}); check its permissions") from None
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {p} is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start}); "
+                          "give a YAML run config, saved as UTF-8") from None
+    if "\x00" in text:
+        raise ConfigError(f"config file {p} is binary (it holds NUL bytes), not YAML text; give a YAML run config")
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark
+        where = f"{p}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(p)
+        context = f" ({e.context})" if e.context else ""
+        raise ConfigError(f"config file {where}: YAML does not parse: {e.problem}{context}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {p}: YAML does not parse: {str(e).splitlines()[0]}") from None
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"config file {p} holds a {type(raw).__name__}, not a mapping of sections "
+                          "(data:, model:, train:, ...)")
+    return raw
 
 
 def to_yaml(cfg: RunConfig) -> str:

@@ -44,7 +44,8 @@ def _fields_at(cls: type[BaseModel], loc: tuple) -> list[str]:
     for part in loc:
         if isinstance(part, int) or model is None:
             continue
-        field = getattr(model, "model_fields", {}).get(part)
+        fields = getattr(model, "model_fields", {})
+        field = fields.get(part) or next((f for f in fields.values() if f.alias == part), None)
         if field is None:
             return []
         ann = field.annotation
@@ -56,7 +57,8 @@ def _fields_at(cls: type[BaseModel], loc: tuple) -> list[str]:
                     break
             if model is not None:
                 break
-    return list(getattr(model, "model_fields", {}))
+    # a field's name as written in YAML: its alias where it has one (``schema``, not ``schema_``)
+    return [f.alias or name for name, f in getattr(model, "model_fields", {}).items()]
 
 
 def format_validation_error(err: ValidationError, cls: type[BaseModel], where: str = "") -> str:
