@@ -241,6 +241,10 @@ def cmd_towers(args: argparse.Namespace) -> int:
         raise ConfigError(f"--towers must be >= 1, got {args.towers}")
     if args.rows < 1:
         raise ConfigError(f"--rows must be >= 1, got {args.rows}")
+    if args.out:
+        from ember.outputs import claim_output
+
+        claim_output(args.out, "towers", "--out", args.overwrite, _reading(args.checkpoint))
     with _scratch() as scratch:
         return _towers(args, scratch)
 
@@ -262,6 +266,7 @@ def _towers(args: argparse.Namespace, scratch: Path) -> int:
           "towers", file=sys.stderr)
     snippet = proposal.snippet()
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(Path(args.out), snippet.encode(), WriteError)
         print(f"ember towers: wrote {args.out}", file=sys.stderr)
     print(snippet, end="")
@@ -432,6 +437,7 @@ def build_parser() -> argparse.ArgumentParser:
     tw.add_argument("--towers", type=int, required=True, help="K, the number of towers")
     tw.add_argument("--rows", type=int, default=20_000, help="sample rows to measure interactions on (eval data)")
     tw.add_argument("--out", help="also write the config snippet to this YAML file")
+    tw.add_argument("--overwrite", action="store_true", help="replace a snippet written earlier at --out (nothing else)")
     tw.add_argument("--config", help="run config (default: the one stored in the checkpoint)")
     tw.add_argument("overrides", nargs="*")
     tw.set_defaults(fn=cmd_towers)

@@ -16,7 +16,9 @@ How an output is recognised (``output_kind``):
   ``ember.output: predictions`` schema metadata ember writes;
 - generated data: CSV/TSV whose header is the generator's layout (``label, I1.., C1..``: real
   Criteo files have no header line); Parquet with ``ember.output: generate`` metadata. ORC files
-  carry no metadata ember can set, so a generated ORC file is not recognised (remove it yourself).
+  carry no metadata ember can set, so a generated ORC file is not recognised (remove it yourself);
+- a towers snippet: a YAML file holding exactly the ``model: {type: dmt, towers: ...}`` lines
+  ``ember towers`` writes (a config the user edited is no longer replaced).
 
 An empty directory counts as new. Output file formats follow the extension (``output_format``).
 
@@ -45,12 +47,15 @@ from ember.fileio import write_bytes_atomic
 
 __all__ = ["Kind", "MARKER", "mark", "output_kind", "claim_output", "check_apart", "output_format", "OUTPUT_KEY"]
 
-Kind = Literal["run", "export", "predictions", "generate"]
+Kind = Literal["run", "export", "predictions", "generate", "towers"]
 MARKER = ".ember-output.json"
 OUTPUT_KEY = b"ember.output"  # Parquet schema metadata key: which command wrote the file
 
 _DESCRIBED = {"run": "a training run (ember train)", "export": "an export (ember export / train --export)",
-              "predictions": "predictions (ember predict)", "generate": "generated data (ember generate)"}
+              "predictions": "predictions (ember predict)", "generate": "generated data (ember generate)",
+              "towers": "a towers snippet (ember towers)"}
+# what ``ember towers --out`` writes, whole: the model section of a DMT config
+_TOWERS = re.compile(r"model:\n  type: dmt\n  towers:\n(    - \[[^\n\]]*\]\n)+")
 _COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4"}
 _TEXT = ("csv", "tsv")
 
@@ -89,6 +94,11 @@ def _dir_kind(d: Path) -> Kind | None:
 
 
 def _file_kind(f: Path) -> Kind | None:
+    if f.suffix.lower() in (".yaml", ".yml"):
+        try:
+            return "towers" if f.stat().st_size < 1 << 20 and _TOWERS.fullmatch(f.read_text()) else None
+        except (OSError, UnicodeDecodeError):
+            return None
     try:
         fmt, _ = output_format(f, None, ("csv", "tsv", "parquet", "orc"), "path")
     except ConfigError:

@@ -269,3 +269,18 @@ def test_a_checkpoint_pruned_while_read_falls_back_to_the_newest(run, tmp_path, 
     assert main(["export", "--checkpoint", str(ckpts / "step-00000002"), "--out", str(tmp_path / "f")]) == 2
     err = capsys.readouterr().err
     assert "was removed while being read" in err and "Traceback" not in err and not (tmp_path / "f").exists()
+
+
+def test_towers_replaces_only_its_own_snippet(run, tmp_path, capsys):
+    run_dir, _ = run
+    args = ["towers", "--checkpoint", str(run_dir), "--towers", "2", "--rows", "100", "--out"]
+    out = tmp_path / "new" / "towers.yaml"
+    assert main([*args, str(out)]) == 0
+    assert output_kind(out) == "towers" and yaml.safe_load(out.read_text())["model"]["type"] == "dmt"
+    assert main([*args, str(out)]) == 2
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert main([*args, str(out), "--overwrite"]) == 0
+    edited = out.read_text() + "  bottom_mlp: [8, 4]\n"  # the user made it a config of their own
+    out.write_text(edited)
+    assert main([*args, str(out), "--overwrite"]) == 2
+    assert "ember did not write" in capsys.readouterr().err and out.read_text() == edited
