@@ -399,7 +399,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     opts = SyntheticOptions.parse({**given, "seed": args.seed}, where="--options")
     if Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out} is a directory; give the file to write, e.g. {Path(args.out) / 'train.parquet'}")
-    fmt, compression = output_format(args.out, args.format, ("csv", "tsv", "parquet", "orc"), "--out")
+    fmt, compression = output_format(args.out, args.format, ("csv", "tsv", "parquet", "orc"), "--out", "--format")
     claim_output(args.out, "generate", "--out", args.overwrite)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(args.out, WriteError) as tmp:  # an --overwrite that fails keeps the old file
@@ -501,7 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.fn(args))
     except BrokenPipeError:
-        return _stdout_closed()
+        if not _stdout_closed():
+            raise  # another pipe than stdout's: a real failure
+        return 141  # as a process SIGPIPE ended
     except RunInterrupted as e:
         print(f"ember {args.command}: {e}", file=sys.stderr)
         return e.exit_code
@@ -516,17 +518,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _stdout_closed() -> int:
-    """The reader of stdout went away (``ember predict ... | head``): stop quietly, with the exit
-    status of a process SIGPIPE ended; later flushes go to /dev/null instead of failing again."""
+def _stdout_closed() -> bool:
+    """Whether the reader of stdout went away (``ember predict ... | head``): then the command
+    stops quietly, and later flushes go to /dev/null instead of failing again."""
     import os
+    import select
 
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):  # stdout without a file descriptor (captured in process)
-        pass
-    return 141
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        if not any(events & select.POLLERR for _, events in poll.poll(0)):  # a pipe whose reader closed
+            return False
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (captured in process)
+        return False
+    return True
 
 
 def _with_notes(e: BaseException) -> str:

@@ -166,11 +166,13 @@ def check_apart(path: str | os.PathLike, source: str | os.PathLike, flag: str) -
                           "what is being read: choose a path outside it")
 
 
-def output_format(path: str | os.PathLike, given: str | None, allowed: Sequence[str], flag: str) -> tuple[str, str | None]:
+def output_format(path: str | os.PathLike, given: str | None, allowed: Sequence[str], flag: str,
+                  format_flag: str | None = None) -> tuple[str, str | None]:
     """The format (one of ``allowed``) and compression (gzip, bz2, zstd, lz4 or None) an output
     file is written in: what its extension names (``.csv``, ``.tsv``, ``.parquet``, ``.orc``,
     a text format + ``.gz``/``.bz2``/``.zst``/``.lz4``). ``given`` (an explicit ``--format``)
-    must agree with a known extension and names the format of any other extension.
+    must agree with a known extension and names the format of any other extension; the error
+    for an unknown one names ``format_flag`` (the option that gives it), if the command has one.
 
     Example:
         >>> output_format("p.csv.gz", None, ("csv", "parquet"), "--output")
@@ -188,7 +190,7 @@ def output_format(path: str | os.PathLike, given: str | None, allowed: Sequence[
     if fmt is None:
         raise ConfigError(f"{flag} {path}: cannot tell the format from the extension '{ext or name}'; end the name "
                           f"with one of {choices} (CSV/TSV may add .gz, .bz2, .zst or .lz4)"
-                          + (" or pass --format" if flag != "path" else ""))
+                          + (f" or pass {format_flag}" if format_flag else ""))
     if given is not None and named is not None and given != named:
         raise ConfigError(f"{flag} {path}: the extension says {named} but --format says {given}; make them agree "
                           "(or leave --format out: the extension decides)")
