@@ -156,14 +156,15 @@ def claim_output(path: str | os.PathLike, kind: Kind, flag: str, overwrite: bool
     return True
 
 
-def check_apart(path: str | os.PathLike, source: str | os.PathLike, flag: str) -> None:
-    """ConfigError when the output ``path`` is, lies inside or contains ``source``, which the
-    command reads (an export into the run it exports would replace the run)."""
+def check_apart(path: str | os.PathLike, source: str | os.PathLike, flag: str, inside_ok: bool = False) -> None:
+    """ConfigError when the output ``path`` is, lies inside (unless ``inside_ok``) or contains
+    ``source``, which the command reads (an export into the run it exports would replace the
+    run). ``inside_ok``: ``train --export runs/x/export`` puts the export in the run it writes."""
     out, src = Path(path).resolve(), Path(source).resolve()
-    if out == src or out.is_relative_to(src) or src.is_relative_to(out):
+    if out == src or (out.is_relative_to(src) and not inside_ok) or src.is_relative_to(out):
         where = "is" if out == src else "lies inside" if out.is_relative_to(src) else "contains"
-        raise ConfigError(f"{flag} {path} {where} {source}, which this command reads; writing there would replace "
-                          "what is being read: choose a path outside it")
+        raise ConfigError(f"{flag} {path} {where} {source}, which this command {'writes' if inside_ok else 'reads'}; "
+                          "writing there would replace it: choose a path outside it")
 
 
 def output_format(path: str | os.PathLike, given: str | None, allowed: Sequence[str], flag: str,

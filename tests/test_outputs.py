@@ -76,7 +76,7 @@ def test_export_into_the_run_it_reads_is_refused_and_the_run_stays(run, capsys, 
     for extra in ([], ["--overwrite"]):
         assert main(["export", "--checkpoint", str(run_dir), "--out", str(out), *extra]) == 2
         err = capsys.readouterr().err
-        assert err.startswith("ember export: error: ") and str(out) in err and "reads" in err
+        assert err.startswith("ember export: error: ") and str(out) in err and "which this command reads" in err
     assert _tree(run_dir) == before
     # also when the checkpoint itself is named
     ckpt = run_dir / "checkpoints" / "step-00000004"
@@ -121,6 +121,20 @@ def test_overwrite_never_replaces_a_run_or_a_folder_ember_did_not_write(run, tmp
     assert main(["train", "--config", _config(tmp_path, "fresh"), "--export", str(other), "--overwrite"]) == 2
     assert "holds a training run" in capsys.readouterr().err
     assert not (tmp_path / "fresh").exists() and output_kind(other) == "run"
+
+
+def test_train_exports_into_its_own_run_but_never_over_it(tmp_path, capsys):
+    args = ["train", "--config", _config(tmp_path, "demo"), f"train.out_dir={tmp_path / 'runs'}", "train.max_steps=2",
+            "--export"]
+    assert main([*args, str(tmp_path / "runs")]) == 2
+    assert "contains" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+    assert main([*args, str(tmp_path / "runs" / "demo")]) == 2
+    assert not (tmp_path / "runs").exists()
+    export = tmp_path / "runs" / "demo" / "export"  # the README's layout
+    assert main([*args, str(export)]) == 0
+    assert output_kind(export) == "export" and output_kind(tmp_path / "runs" / "demo") == "run"
+    assert main([*args, str(export), "--overwrite"]) == 0
+    assert output_kind(export) == "export"
 
 
 def test_the_library_export_refuses_a_folder_it_did_not_write(tmp_path):
