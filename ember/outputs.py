@@ -12,8 +12,8 @@ How an output is recognised (``output_kind``):
 - a directory with a ``.ember-output.json`` marker ``{"kind": ...}`` (ember writes one into every
   run directory); a run from before the marker: its ``checkpoints/`` or ``summary.json``;
 - an export: its ``manifest.json`` (format version, file hashes, ``model.pt``);
-- predictions: CSV/TSV whose header names only ``p_<task>`` columns; Parquet with the
-  ``ember.output: predictions`` schema metadata ember writes;
+- predictions: CSV/TSV whose header names only ``p_<task>`` columns over lines of
+  probabilities; Parquet with the ``ember.output: predictions`` schema metadata ember writes;
 - generated data: CSV/TSV whose header is the generator's layout (``label, I1.., C1..``: real
   Criteo files have no header line); Parquet with ``ember.output: generate`` metadata. ORC files
   carry no metadata ember can set, so a generated ORC file is not recognised (remove it yourself);
@@ -117,13 +117,25 @@ def _file_kind(f: Path) -> Kind | None:
             head = s.read(1 << 16)
     except Exception:  # unreadable or not what its extension says: not ember's
         return None
-    names = head.split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8", "replace").split("\t" if fmt == "tsv" else ",")
+    sep = "\t" if fmt == "tsv" else ","
+    lines = head.decode("utf-8", "replace").split("\n")
+    names = lines[0].rstrip("\r").split(sep)
     names = [n[1:-1] if len(n) >= 2 and n[0] == n[-1] == '"' else n for n in names]  # pyarrow quotes its header
-    if names and all(re.fullmatch(r"p_\w+", n) for n in names):
+    if names and all(re.fullmatch(r"p_\w+", n) for n in names) and all(_probabilities(ln, sep, len(names))
+                                                                        for ln in lines[1:-1]):
         return "predictions"
     if re.fullmatch(r"label(,I\d+)*(,C\d+)*", ",".join(names)):
         return "generate"
     return None
+
+
+def _probabilities(line: str, sep: str, n: int) -> bool:
+    """Whether a line holds ``n`` numbers in [0, 1], as a line of predictions does."""
+    try:
+        values = [float(v) for v in line.rstrip("\r").split(sep)]
+    except ValueError:
+        return False
+    return len(values) == n and all(0.0 <= v <= 1.0 for v in values)
 
 
 def _empty_dir(p: Path) -> bool:
