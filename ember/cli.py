@@ -27,13 +27,14 @@ def _config(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ember.outputs import claim_output
+    from ember.outputs import check_apart, claim_output
     from ember.train.loop import run_directory, train
 
     cfg = _config(args)
-    if args.export:  # checked now, not after hours of training
-        reading = [run_directory(cfg), *(p for p in (cfg.train.resume, cfg.train.init_from) if p is not None)]
-        claim_output(args.export, "export", "--export", args.overwrite, reading)
+    if args.export:  # checked now, not after hours of training; inside the run is fine (runs/x/export)
+        for used in [run_directory(cfg), *(p for p in (cfg.train.resume, cfg.train.init_from) if p is not None)]:
+            check_apart(args.export, used, "--export", inside_ok=True)
+        claim_output(args.export, "export", "--export", args.overwrite)
     result = train(cfg, overwrite=args.overwrite)
     if result.parts is not None and not result.parts.lead:
         return 0  # a distributed run: rank 0 reports
@@ -241,6 +242,10 @@ def cmd_towers(args: argparse.Namespace) -> int:
         raise ConfigError(f"--towers must be >= 1, got {args.towers}")
     if args.rows < 1:
         raise ConfigError(f"--rows must be >= 1, got {args.rows}")
+    if args.out:
+        from ember.outputs import claim_output
+
+        claim_output(args.out, "towers", "--out", args.overwrite, _reading(args.checkpoint))
     with _scratch() as scratch:
         return _towers(args, scratch)
 
@@ -262,6 +267,7 @@ def _towers(args: argparse.Namespace, scratch: Path) -> int:
           "towers", file=sys.stderr)
     snippet = proposal.snippet()
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         write_bytes_atomic(Path(args.out), snippet.encode(), WriteError)
         print(f"ember towers: wrote {args.out}", file=sys.stderr)
     print(snippet, end="")
@@ -394,7 +400,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     opts = SyntheticOptions.parse({**given, "seed": args.seed}, where="--options")
     if Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out} is a directory; give the file to write, e.g. {Path(args.out) / 'train.parquet'}")
-    fmt, compression = output_format(args.out, args.format, ("csv", "tsv", "parquet", "orc"), "--out")
+    fmt, compression = output_format(args.out, args.format, ("csv", "tsv", "parquet", "orc"), "--out", "--format")
     claim_output(args.out, "generate", "--out", args.overwrite)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(args.out, WriteError) as tmp:  # an --overwrite that fails keeps the old file
@@ -432,6 +438,7 @@ def build_parser() -> argparse.ArgumentParser:
     tw.add_argument("--towers", type=int, required=True, help="K, the number of towers")
     tw.add_argument("--rows", type=int, default=20_000, help="sample rows to measure interactions on (eval data)")
     tw.add_argument("--out", help="also write the config snippet to this YAML file")
+    tw.add_argument("--overwrite", action="store_true", help="replace a snippet written earlier at --out (nothing else)")
     tw.add_argument("--config", help="run config (default: the one stored in the checkpoint)")
     tw.add_argument("overrides", nargs="*")
     tw.set_defaults(fn=cmd_towers)
@@ -495,7 +502,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.fn(args))
     except BrokenPipeError:
-        return _stdout_closed()
+        if not _stdout_closed():
+            raise  # another pipe than stdout's: a real failure
+        return 141  # as a process SIGPIPE ended
     except RunInterrupted as e:
         print(f"ember {args.command}: {e}", file=sys.stderr)
         return e.exit_code
@@ -510,17 +519,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _stdout_closed() -> int:
-    """The reader of stdout went away (``ember predict ... | head``): stop quietly, with the exit
-    status of a process SIGPIPE ended; later flushes go to /dev/null instead of failing again."""
+def _stdout_closed() -> bool:
+    """Whether the reader of stdout went away (``ember predict ... | head``): then the command
+    stops quietly, and later flushes go to /dev/null instead of failing again."""
     import os
+    import select
 
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):  # stdout without a file descriptor (captured in process)
-        pass
-    return 141
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        if not any(events & select.POLLERR for _, events in poll.poll(0)):  # a pipe whose reader closed
+            return False
+        os.dup2(os.open(os.devnull, os.O_WRONLY), fd)
+    except (OSError, ValueError, AttributeError):  # stdout without a file descriptor (captured in process)
+        return False
+    return True
 
 
 def _with_notes(e: BaseException) -> str:

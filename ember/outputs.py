@@ -12,11 +12,13 @@ How an output is recognised (``output_kind``):
 - a directory with a ``.ember-output.json`` marker ``{"kind": ...}`` (ember writes one into every
   run directory); a run from before the marker: its ``checkpoints/`` or ``summary.json``;
 - an export: its ``manifest.json`` (format version, file hashes, ``model.pt``);
-- predictions: CSV/TSV whose header names only ``p_<task>`` columns; Parquet with the
-  ``ember.output: predictions`` schema metadata ember writes;
+- predictions: CSV/TSV whose header names only ``p_<task>`` columns over lines of
+  probabilities; Parquet with the ``ember.output: predictions`` schema metadata ember writes;
 - generated data: CSV/TSV whose header is the generator's layout (``label, I1.., C1..``: real
   Criteo files have no header line); Parquet with ``ember.output: generate`` metadata. ORC files
-  carry no metadata ember can set, so a generated ORC file is not recognised (remove it yourself).
+  carry no metadata ember can set, so a generated ORC file is not recognised (remove it yourself);
+- a towers snippet: a YAML file holding exactly the ``model: {type: dmt, towers: ...}`` lines
+  ``ember towers`` writes (a config the user edited is no longer replaced).
 
 An empty directory counts as new. Output file formats follow the extension (``output_format``).
 
@@ -45,12 +47,15 @@ from ember.fileio import write_bytes_atomic
 
 __all__ = ["Kind", "MARKER", "mark", "output_kind", "claim_output", "check_apart", "output_format", "OUTPUT_KEY"]
 
-Kind = Literal["run", "export", "predictions", "generate"]
+Kind = Literal["run", "export", "predictions", "generate", "towers"]
 MARKER = ".ember-output.json"
 OUTPUT_KEY = b"ember.output"  # Parquet schema metadata key: which command wrote the file
 
 _DESCRIBED = {"run": "a training run (ember train)", "export": "an export (ember export / train --export)",
-              "predictions": "predictions (ember predict)", "generate": "generated data (ember generate)"}
+              "predictions": "predictions (ember predict)", "generate": "generated data (ember generate)",
+              "towers": "a towers snippet (ember towers)"}
+# what ``ember towers --out`` writes, whole: the model section of a DMT config
+_TOWERS = re.compile(r"model:\n  type: dmt\n  towers:\n(    - \[[^\n\]]*\]\n)+")
 _COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4"}
 _TEXT = ("csv", "tsv")
 
@@ -89,6 +94,11 @@ def _dir_kind(d: Path) -> Kind | None:
 
 
 def _file_kind(f: Path) -> Kind | None:
+    if f.suffix.lower() in (".yaml", ".yml"):
+        try:
+            return "towers" if f.stat().st_size < 1 << 20 and _TOWERS.fullmatch(f.read_text()) else None
+        except (OSError, UnicodeDecodeError):
+            return None
     try:
         fmt, _ = output_format(f, None, ("csv", "tsv", "parquet", "orc"), "path")
     except ConfigError:
@@ -107,13 +117,25 @@ def _file_kind(f: Path) -> Kind | None:
             head = s.read(1 << 16)
     except Exception:  # unreadable or not what its extension says: not ember's
         return None
-    names = head.split(b"\n", 1)[0].rstrip(b"\r").decode("utf-8", "replace").split("\t" if fmt == "tsv" else ",")
+    sep = "\t" if fmt == "tsv" else ","
+    lines = head.decode("utf-8", "replace").split("\n")
+    names = lines[0].rstrip("\r").split(sep)
     names = [n[1:-1] if len(n) >= 2 and n[0] == n[-1] == '"' else n for n in names]  # pyarrow quotes its header
-    if names and all(re.fullmatch(r"p_\w+", n) for n in names):
+    if names and all(re.fullmatch(r"p_\w+", n) for n in names) and all(_probabilities(ln, sep, len(names))
+                                                                        for ln in lines[1:-1]):
         return "predictions"
     if re.fullmatch(r"label(,I\d+)*(,C\d+)*", ",".join(names)):
         return "generate"
     return None
+
+
+def _probabilities(line: str, sep: str, n: int) -> bool:
+    """Whether a line holds ``n`` numbers in [0, 1], as a line of predictions does."""
+    try:
+        values = [float(v) for v in line.rstrip("\r").split(sep)]
+    except ValueError:
+        return False
+    return len(values) == n and all(0.0 <= v <= 1.0 for v in values)
 
 
 def _empty_dir(p: Path) -> bool:
@@ -146,21 +168,24 @@ def claim_output(path: str | os.PathLike, kind: Kind, flag: str, overwrite: bool
     return True
 
 
-def check_apart(path: str | os.PathLike, source: str | os.PathLike, flag: str) -> None:
-    """ConfigError when the output ``path`` is, lies inside or contains ``source``, which the
-    command reads (an export into the run it exports would replace the run)."""
+def check_apart(path: str | os.PathLike, source: str | os.PathLike, flag: str, inside_ok: bool = False) -> None:
+    """ConfigError when the output ``path`` is, lies inside (unless ``inside_ok``) or contains
+    ``source``, which the command reads (an export into the run it exports would replace the
+    run). ``inside_ok``: ``train --export runs/x/export`` puts the export in the run it writes."""
     out, src = Path(path).resolve(), Path(source).resolve()
-    if out == src or out.is_relative_to(src) or src.is_relative_to(out):
+    if out == src or (out.is_relative_to(src) and not inside_ok) or src.is_relative_to(out):
         where = "is" if out == src else "lies inside" if out.is_relative_to(src) else "contains"
-        raise ConfigError(f"{flag} {path} {where} {source}, which this command reads; writing there would replace "
-                          "what is being read: choose a path outside it")
+        raise ConfigError(f"{flag} {path} {where} {source}, which this command {'writes' if inside_ok else 'reads'}; "
+                          "writing there would replace it: choose a path outside it")
 
 
-def output_format(path: str | os.PathLike, given: str | None, allowed: Sequence[str], flag: str) -> tuple[str, str | None]:
+def output_format(path: str | os.PathLike, given: str | None, allowed: Sequence[str], flag: str,
+                  format_flag: str | None = None) -> tuple[str, str | None]:
     """The format (one of ``allowed``) and compression (gzip, bz2, zstd, lz4 or None) an output
     file is written in: what its extension names (``.csv``, ``.tsv``, ``.parquet``, ``.orc``,
     a text format + ``.gz``/``.bz2``/``.zst``/``.lz4``). ``given`` (an explicit ``--format``)
-    must agree with a known extension and names the format of any other extension.
+    must agree with a known extension and names the format of any other extension; the error
+    for an unknown one names ``format_flag`` (the option that gives it), if the command has one.
 
     Example:
         >>> output_format("p.csv.gz", None, ("csv", "parquet"), "--output")
@@ -178,7 +203,7 @@ def output_format(path: str | os.PathLike, given: str | None, allowed: Sequence[
     if fmt is None:
         raise ConfigError(f"{flag} {path}: cannot tell the format from the extension '{ext or name}'; end the name "
                           f"with one of {choices} (CSV/TSV may add .gz, .bz2, .zst or .lz4)"
-                          + (" or pass --format" if flag != "path" else ""))
+                          + (f" or pass {format_flag}" if format_flag else ""))
     if given is not None and named is not None and given != named:
         raise ConfigError(f"{flag} {path}: the extension says {named} but --format says {given}; make them agree "
                           "(or leave --format out: the extension decides)")

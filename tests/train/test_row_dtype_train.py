@@ -136,7 +136,7 @@ def test_bf16_export_scores_equal_eval(tmp_path):
     parts = result.parts
     lin = parts.linear.features if parts.linear is not None else None
     out = export_model(parts.model, parts.collections(), parts.embeddings.features, lin, parts.task_names,
-                       cfg.model_dump(mode="json", by_alias=True), tmp_path / "export")
+                       cfg.model_dump(mode="json", by_alias=True), tmp_path / "exported")  # beside the run "export", not over it
     manifest = json.loads((out / "manifest.json").read_text())
     t = manifest["tables"][0]
     assert t["dtype"] == "bf16"

@@ -81,7 +81,7 @@ def test_export_predictor_scores_equal_trained_model(tmp_path):
     parts = result.parts
     lin = parts.linear.features if parts.linear is not None else None
     out = export_model(parts.model, parts.collections(), parts.embeddings.features, lin, parts.task_names,
-                       cfg.model_dump(mode="json", by_alias=True), tmp_path / "export")
+                       cfg.model_dump(mode="json", by_alias=True), tmp_path / "exported")  # beside the run "export", not over it
     pred = Predictor.load(out)
     probs_train, _ = predict_batches(result.parts, make_batches(cfg.data, cfg.schema, "eval"), max_batches=4)
     probs_export = pred.predict_batches(b for i, b in zip(range(4), make_batches(cfg.data, cfg.schema, "eval")))

@@ -1,0 +1,300 @@
+"""No ember command destroys or rewrites what it did not write (``ember.outputs``).
+
+Outputs go to new paths; ``--overwrite`` replaces only ember's earlier output of the same kind;
+nothing is written into what a command reads; read-only commands never write under the
+training run's paths (disk tiers go to a private temporary directory); predict and generate
+write the format their output's extension names; a closed stdout ends quietly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pyarrow.csv as pacsv
+import pyarrow.orc as orc
+import pyarrow.parquet as pq
+import pytest
+import yaml
+
+from ember.cli import main
+from ember.outputs import output_kind
+
+SMALL = {"num_sparse": 4, "num_dense": 2, "vocab_size": 500}
+
+
+def _config(tmp: Path, name: str, disk: Path | None = None) -> str:
+    """A small DLRM run; table C1 lives in a device + host cache over a disk tier at ``disk``."""
+    tables = [] if disk is None else [{"name": "C1", "storage": {"device_rows": 40, "device": "cpu", "host_rows": 60,
+                                                                "disk_path": str(disk), "disk_rows": 1024}}]
+    cfg = tmp / f"{name}.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "data": {"preset": "synthetic", "synthetic": {**SMALL, "rows": 1000, "eval_rows": 300}, "batch_size": 250},
+        "embedding": {"dim": 4}, "tables": tables,
+        "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},
+        "train": {"out_dir": str(tmp), "run_name": name, "progress": False, "threads": 1, "checkpoint_every": 2,
+                  "keep_checkpoints": 5},
+    }))
+    return str(cfg)
+
+
+def _tree(root: Path) -> dict[str, tuple[int, int]]:
+    """Every file under ``root`` with its size and modification time."""
+    return {str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns) for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A trained run (4 steps, checkpoints at 2 and 4) whose table C1 has a disk tier, and rows to score."""
+    tmp = tmp_path_factory.mktemp("outputs")
+    assert main(["train", "--config", _config(tmp, "run", tmp / "disk")]) == 0
+    rows = tmp / "rows.parquet"
+    assert main(["generate", "--out", str(rows), "--rows", "300", "--split", "eval", "--options", json.dumps(SMALL)]) == 0
+    return tmp / "run", rows
+
+
+@pytest.fixture(scope="module")
+def export(run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("export") / "e"
+    assert main(["export", "--checkpoint", str(run[0]), "--out", str(out)]) == 0
+    return out
+
+
+# ---- export: never into what it reads, never over a run or a folder it did not write -------------
+
+@pytest.mark.parametrize("where", ["", "checkpoints", "exports/mine"])
+def test_export_into_the_run_it_reads_is_refused_and_the_run_stays(run, capsys, where):
+    run_dir, _ = run
+    before = _tree(run_dir)
+    out = run_dir / where if where else run_dir
+    for extra in ([], ["--overwrite"]):
+        assert main(["export", "--checkpoint", str(run_dir), "--out", str(out), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("ember export: error: ") and str(out) in err and "which this command reads" in err
+    assert _tree(run_dir) == before
+    # also when the checkpoint itself is named
+    ckpt = run_dir / "checkpoints" / "step-00000004"
+    assert main(["export", "--checkpoint", str(ckpt), "--out", str(run_dir), "--overwrite"]) == 2
+    assert _tree(run_dir) == before
+
+
+def test_export_over_an_export_needs_overwrite(run, export, tmp_path, capsys):
+    out = tmp_path / "e"
+    shutil.copytree(export, out)
+    manifest = (out / "manifest.json").stat().st_mtime_ns
+    assert main(["export", "--checkpoint", str(run[0]), "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(out) in err and "pass --overwrite" in err and "choose another path" in err
+    assert (out / "manifest.json").stat().st_mtime_ns == manifest  # untouched
+    assert main(["export", "--checkpoint", str(run[0]), "--out", str(out), "--overwrite"]) == 0
+    assert (out / "manifest.json").stat().st_mtime_ns != manifest and output_kind(out) == "export"
+    # an empty directory counts as new
+    (tmp_path / "empty").mkdir()
+    assert main(["export", "--checkpoint", str(run[0]), "--out", str(tmp_path / "empty")]) == 0
+
+
+def test_overwrite_never_replaces_a_run_or_a_folder_ember_did_not_write(run, tmp_path, capsys):
+    other = tmp_path / "other"
+    assert main(["train", "--config", _config(tmp_path, "other"), "train.max_steps=2"]) == 0
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "todo.txt").write_text("mine")
+    data = tmp_path / "data.csv"
+    data.write_text("a,b\n1,2\n")
+    for out, says in [(other, "holds a training run"), (notes, "ember did not write"), (data, "ember did not write")]:
+        before = _tree(tmp_path)
+        assert main(["export", "--checkpoint", str(run[0]), "--out", str(out), "--overwrite"]) == 2
+        err = capsys.readouterr().err
+        assert str(out) in err and says in err and "even with --overwrite" in err
+        assert _tree(tmp_path) == before
+    # a run never replaces a folder it did not write either (its name is the run name)
+    assert main(["train", "--config", _config(tmp_path, "notes"), "--overwrite"]) == 2
+    assert "ember did not write" in capsys.readouterr().err
+    assert sorted(p.name for p in notes.iterdir()) == ["todo.txt"]
+    # train --export onto a run is refused before any training: no run directory appears
+    assert main(["train", "--config", _config(tmp_path, "fresh"), "--export", str(other), "--overwrite"]) == 2
+    assert "holds a training run" in capsys.readouterr().err
+    assert not (tmp_path / "fresh").exists() and output_kind(other) == "run"
+
+
+def test_train_exports_into_its_own_run_but_never_over_it(tmp_path, capsys):
+    args = ["train", "--config", _config(tmp_path, "demo"), f"train.out_dir={tmp_path / 'runs'}", "train.max_steps=2",
+            "--export"]
+    assert main([*args, str(tmp_path / "runs")]) == 2
+    assert "contains" in capsys.readouterr().err and not (tmp_path / "runs").exists()
+    assert main([*args, str(tmp_path / "runs" / "demo")]) == 2
+    assert not (tmp_path / "runs").exists()
+    export = tmp_path / "runs" / "demo" / "export"  # the README's layout
+    assert main([*args, str(export)]) == 0
+    assert output_kind(export) == "export" and output_kind(tmp_path / "runs" / "demo") == "run"
+    assert main([*args, str(export), "--overwrite"]) == 0
+    assert output_kind(export) == "export"
+
+
+def test_the_library_export_refuses_a_folder_it_did_not_write(tmp_path):
+    from ember.checkpoint.export import export_model
+    from ember.errors import CheckpointError
+
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    with pytest.raises(CheckpointError, match="not an earlier export"):
+        export_model(None, [], [], None, ["y"], {"data": {}, "schema": {}, "model": {}}, tmp_path / "notes")  # type: ignore[arg-type]
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine"
+
+
+# ---- formats from the extension -------------------------------------------------------------------
+
+def test_generate_writes_the_format_its_extension_names(tmp_path, capsys):
+    opts = ["--rows", "50", "--options", json.dumps(SMALL)]
+    for name in ["a.csv", "a.tsv", "a.csv.gz", "a.tsv.bz2", "a.parquet", "a.orc"]:
+        assert main(["generate", "--out", str(tmp_path / name), *opts]) == 0
+    ref = pq.read_table(tmp_path / "a.parquet")
+    assert ref.num_rows == 50 and output_kind(tmp_path / "a.parquet") == "generate"
+    assert orc.read_table(tmp_path / "a.orc").equals(ref.replace_schema_metadata(None))
+    for name, delim in [("a.csv", ","), ("a.tsv", "\t"), ("a.csv.gz", ","), ("a.tsv.bz2", "\t")]:
+        t = pacsv.read_csv(tmp_path / name, parse_options=pacsv.ParseOptions(delimiter=delim))
+        assert t.column_names == ref.column_names and t.num_rows == 50, name
+        assert t["label"].to_pylist() == ref["label"].to_pylist()
+    # a mismatch or an unknown extension is refused; --format names the format of another extension
+    assert main(["generate", "--out", str(tmp_path / "b.tsv"), "--format", "parquet", *opts]) == 2
+    assert "extension says tsv but --format says parquet" in capsys.readouterr().err
+    assert main(["generate", "--out", str(tmp_path / "b.dat"), *opts]) == 2
+    assert "cannot tell the format" in capsys.readouterr().err
+    assert main(["generate", "--out", str(tmp_path / "b.parquet.gz"), *opts]) == 2
+    assert not list(tmp_path.glob("b.*"))
+    assert main(["generate", "--out", str(tmp_path / "b.dat"), "--format", "csv", *opts]) == 0
+    assert pacsv.read_csv(tmp_path / "b.dat").num_rows == 50
+
+
+def test_generate_replaces_only_generated_data(tmp_path, capsys):
+    opts = ["--rows", "20", "--options", json.dumps(SMALL)]
+    for name in ["g.csv", "g.parquet"]:
+        out = tmp_path / name
+        assert main(["generate", "--out", str(out), *opts]) == 0
+        assert main(["generate", "--out", str(out), *opts, "--seed", "1"]) == 2
+        assert "pass --overwrite" in capsys.readouterr().err
+        assert main(["generate", "--out", str(out), *opts, "--seed", "1", "--overwrite"]) == 0
+    mine = tmp_path / "mine.csv"
+    mine.write_text("label,x\n1,2\n")
+    assert main(["generate", "--out", str(mine), *opts, "--overwrite"]) == 2
+    assert "ember did not write" in capsys.readouterr().err and mine.read_text() == "label,x\n1,2\n"
+
+
+def test_predict_writes_the_format_its_extension_names(export, run, tmp_path, capsys):
+    _, rows = run
+    for name in ["p.csv", "p.tsv", "p.csv.gz", "p.parquet"]:
+        assert main(["predict", "--export", str(export), "--input", str(rows), "--output", str(tmp_path / name)]) == 0
+        assert output_kind(tmp_path / name) == "predictions", name
+    ref = np.loadtxt(tmp_path / "p.csv", delimiter=",", skiprows=1)
+    assert ref.shape == (300,)
+    assert pq.read_table(tmp_path / "p.parquet").column_names == ["p_label"]
+    np.testing.assert_allclose(pq.read_table(tmp_path / "p.parquet")["p_label"].to_numpy(), ref, atol=1e-6)
+    for name, delim in [("p.tsv", "\t"), ("p.csv.gz", ",")]:
+        t = pacsv.read_csv(tmp_path / name, parse_options=pacsv.ParseOptions(delimiter=delim))
+        assert t.column_names == ["p_label"] and t["p_label"].to_pylist() == ref.tolist(), name
+    assert main(["predict", "--export", str(export), "--input", str(rows), "--output", str(tmp_path / "p.json")]) == 2
+    assert "cannot tell the format" in capsys.readouterr().err and not (tmp_path / "p.json").exists()
+
+
+def test_predict_creates_missing_folders_and_replaces_only_predictions(export, run, tmp_path, capsys):
+    _, rows = run
+    out = tmp_path / "a" / "b" / "p.csv"
+    args = ["predict", "--export", str(export), "--input", str(rows), "--output"]
+    assert main([*args, str(out)]) == 0
+    assert np.loadtxt(out, delimiter=",", skiprows=1).shape == (300,)
+    assert main([*args, str(out)]) == 2
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert main([*args, str(out), "--overwrite"]) == 0
+    # never over its input (generated data), nor over a file ember did not write
+    copy = tmp_path / "rows.parquet"
+    shutil.copy(rows, copy)
+    before = copy.read_bytes()
+    assert main(["predict", "--export", str(export), "--input", str(copy), "--output", str(copy), "--overwrite"]) == 2
+    assert "which this command reads" in capsys.readouterr().err and copy.read_bytes() == before
+    mine = tmp_path / "mine.csv"
+    mine.write_text("x\n1\n")
+    assert main([*args, str(mine), "--overwrite"]) == 2
+    assert "ember did not write" in capsys.readouterr().err and mine.read_text() == "x\n1\n"
+
+
+def test_a_closed_stdout_ends_quietly(export, tmp_path):
+    rows = tmp_path / "many.parquet"
+    assert main(["generate", "--out", str(rows), "--rows", "20000", "--split", "eval", "--options", json.dumps(SMALL)]) == 0
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen([sys.executable, "-m", "ember", "predict", "--export", str(export), "--input", str(rows)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    assert proc.stdout is not None and proc.stdout.readline() == b"p_label\n"
+    proc.stdout.close()  # as `| head -1` does: 20000 rows (~180 KB) do not fit the pipe
+    _, err = proc.communicate(timeout=120)
+    assert b"Traceback" not in err and b"BrokenPipe" not in err, err.decode()
+    assert proc.returncode == 141
+
+
+# ---- read-only commands write nothing under the training run's paths -----------------------------
+
+def test_eval_and_export_of_a_disk_tier_checkpoint_leave_the_run_untouched(run, tmp_path, capsys):
+    run_dir, _ = run
+    disk = run_dir.parent / "disk"
+    assert any(disk.rglob("*")), "the run has a disk tier"
+    before, run_before = _tree(disk), _tree(run_dir)
+    assert main(["eval", "--checkpoint", str(run_dir)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["step"] == 4  # stdout is the JSON alone: no storage plan in it
+    assert "table 'C1'" not in out + err
+    assert sum("private temporary directory" in line for line in err.splitlines()) == 1
+    assert main(["export", "--checkpoint", str(run_dir), "--out", str(tmp_path / "e")]) == 0
+    out, err = capsys.readouterr()
+    assert "table 'C1'" not in out + err and len(out.splitlines()) == 1
+    assert _tree(disk) == before and _tree(run_dir) == run_before
+    scratch = Path(err.split("private temporary directory ")[1].split(" ")[0])
+    assert scratch.name == "0" and not scratch.parent.exists()  # removed when the command ended
+
+
+def test_a_checkpoint_pruned_while_read_falls_back_to_the_newest(run, tmp_path, capsys, monkeypatch):
+    import ember.checkpoint.load as load
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(run[0], run_dir)
+    ckpts = run_dir / "checkpoints"
+    (ckpts / "LATEST").write_text("step-00000002")  # what the reader saw before the run saved step 4 and pruned 2
+    original = load.load_dense
+    pruned: list[Path] = []
+
+    def pruning(ckpt):  # the training run prunes the checkpoint between its tables and its dense state
+        if ckpt.name == "step-00000002":
+            shutil.rmtree(ckpt)
+            (ckpts / "LATEST").write_text("step-00000004")
+            pruned.append(ckpt)
+        return original(ckpt)
+
+    monkeypatch.setattr(load, "load_dense", pruning)
+    assert main(["export", "--checkpoint", str(run_dir), "--out", str(tmp_path / "e")]) == 0
+    out, err = capsys.readouterr()
+    assert pruned and "step-00000002 was removed while being read" in err and "reading the newest" in err
+    assert "(step 4)" in out
+    # a checkpoint named itself is not swapped for another: a clear error
+    shutil.copytree(run[0] / "checkpoints" / "step-00000002", ckpts / "step-00000002")
+    assert main(["export", "--checkpoint", str(ckpts / "step-00000002"), "--out", str(tmp_path / "f")]) == 2
+    err = capsys.readouterr().err
+    assert "was removed while being read" in err and "Traceback" not in err and not (tmp_path / "f").exists()
+
+
+def test_towers_replaces_only_its_own_snippet(run, tmp_path, capsys):
+    run_dir, _ = run
+    args = ["towers", "--checkpoint", str(run_dir), "--towers", "2", "--rows", "100", "--out"]
+    out = tmp_path / "new" / "towers.yaml"
+    assert main([*args, str(out)]) == 0
+    assert output_kind(out) == "towers" and yaml.safe_load(out.read_text())["model"]["type"] == "dmt"
+    assert main([*args, str(out)]) == 2
+    assert "pass --overwrite" in capsys.readouterr().err
+    assert main([*args, str(out), "--overwrite"]) == 0
+    edited = out.read_text() + "  bottom_mlp: [8, 4]\n"  # the user made it a config of their own
+    out.write_text(edited)
+    assert main([*args, str(out), "--overwrite"]) == 2
+    assert "ember did not write" in capsys.readouterr().err and out.read_text() == edited
