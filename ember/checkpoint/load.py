@@ -3,11 +3,8 @@ any number of ranks (each keeps the IDs it owns, from every part, whatever world
 
 from __future__ import annotations
 
-import io
 import json
-import pickle
 import random
-import re
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -15,6 +12,7 @@ import numpy as np
 import torch
 
 from ember.checkpoint.atomic import sha256_file
+from ember.checkpoint.safe_torch import read_torch_file
 from ember.checkpoint.save import FORMAT_VERSION, Ranks, part_stem
 from ember.embedding import EmbeddingCollection
 from ember.embedding.codec import RowCodec
@@ -163,24 +161,8 @@ def load_dense(ckpt: Path) -> dict[str, Any]:
     """
     path = ckpt / "dense.pt"
     legacy = read_manifest(ckpt)["format_version"] < 4
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise CheckpointError(f"checkpoint {ckpt}: cannot read dense.pt ({e})") from e
-    try:
-        with torch.serialization.safe_globals(_legacy_numpy() if legacy else []):
-            dense = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as e:
-        if not re.search(r"global|build", _refused(e), re.I):  # not a refused object: a damaged file
-            raise CheckpointError(f"checkpoint {ckpt}: {path} is not a readable torch file ({_refused(e)}); "
-                                  "use an older checkpoint") from e
-        raise CheckpointError(
-            f"checkpoint {ckpt}: {path} holds a pickled Python object, not only tensors and plain values "
-            f"({_refused(e)}); ember never unpickles those, as loading them could run arbitrary code. ember did not "
-            "write this file (or it was changed since): use a checkpoint from a run you trust") from e
-    except (RuntimeError, EOFError, ValueError) as e:
-        raise CheckpointError(f"checkpoint {ckpt}: {path} is not a readable torch file ({_first_line(e)}); "
-                              "use an older checkpoint") from e
+    dense = read_torch_file(path, f"checkpoint {ckpt}", "use a checkpoint from a run you trust, or an older one",
+                            _legacy_numpy() if legacy else ())
     if not isinstance(dense, dict) or not isinstance(dense.get("rng"), dict):
         raise CheckpointError(f"checkpoint {ckpt}: {path} is not an ember dense state (no RNG states in it); "
                               "use a checkpoint ember wrote")
@@ -199,19 +181,6 @@ def _legacy_numpy() -> list[Any]:
         from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
     return [(_reconstruct, "numpy._core.multiarray._reconstruct"), (_reconstruct, "numpy.core.multiarray._reconstruct"),
             np.ndarray, np.dtype, type(np.dtype(np.uint32))]
-
-
-def _refused(e: pickle.UnpicklingError) -> str:
-    """The line of torch's weights-only error naming what it refused, e.g. 'Unsupported global:
-    GLOBAL os.system was not an allowed global by default'."""
-    m = re.search(r"WeightsUnpickler error:(.*?)(?:\. Please use|Check the documentation|$)", str(e), re.S)
-    why = " ".join(m.group(1).split()) if m else ""
-    return why or _first_line(e)
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _current_rng(old: dict[str, Any]) -> dict[str, Any]:
