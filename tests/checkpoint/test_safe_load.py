@@ -144,3 +144,104 @@ def test_rng_state_is_tensors_and_plain_values():
     torch.save(state, buf)
     back = torch.load(io.BytesIO(buf.getvalue()), weights_only=True)  # raises on anything else
     assert torch.equal(back["numpy"]["keys"], state["numpy"]["keys"]) and back["numpy"]["keys"].dtype == torch.int64
+
+
+# ---- exports, delta exports and the CLI ----------------------------------------------------------
+
+import logging  # noqa: E402
+import shutil  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """A small DLRM run: checkpoints, and an export series (1 full at step 2, 2 delta at step 4)."""
+    from ember.testing.exports import train_with_exports
+
+    return train_with_exports(tmp_path_factory.mktemp("safe"), "s", 4, {"every_steps": 2, "full_every": 3})
+
+
+def _tampered_copy(src: Path, dst: Path, rel: str, marker: Path, **manifest_updates: Any) -> Path:
+    """A copy of the checkpoint / export ``src`` whose file ``rel`` carries the payload (rehashed)."""
+    shutil.copytree(src, dst)
+    _replace(dst, rel, {"x": Payload(marker)}, **manifest_updates)
+    return dst
+
+
+def test_an_export_whose_dense_pt_carries_a_payload_is_refused_and_runs_nothing(run, tmp_path):
+    from ember.serving import Predictor
+
+    marker = tmp_path / "ran"
+    out = _tampered_copy(run / "exports" / "000001-full", tmp_path / "exp", "dense.pt", marker)
+    RAN.clear()
+    with pytest.raises(CheckpointError, match=r"export .*dense\.pt holds a pickled Python object.*_payload_ran"):
+        Predictor.load(out)
+    assert not marker.exists() and not RAN
+
+
+def test_an_export_is_served_without_loading_its_torchscript(run, tmp_path, monkeypatch):
+    """model.pt (TorchScript, a program) is never loaded: a payload there changes nothing, and
+    an export before format 5, which has nothing else, is refused unless trusted explicitly."""
+    from ember.serving import Predictor
+
+    marker = tmp_path / "ran"
+    out = _tampered_copy(run / "exports" / "000001-full", tmp_path / "exp", "model.pt", marker)
+    monkeypatch.setattr(torch.jit, "load", lambda *a, **k: pytest.fail("torch.jit.load was called"))
+    reference = Predictor.load(run / "exports" / "000001-full")
+    batch_rows = [{"I1": "1", "I2": "2", "C1": "3", "C2": "4", "C3": "5", "C4": "6"}]
+    np.testing.assert_array_equal(Predictor.load(out).predict_records(batch_rows), reference.predict_records(batch_rows))
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").write_text(json.dumps({**manifest, "format_version": 4}))
+    with pytest.raises(CheckpointError, match=r"before format 5 .*model\.pt\) gives its dense model, and "
+                                              r"TorchScript is a program.*EMBER_TRUST_TORCHSCRIPT=1"):
+        Predictor.load(out)
+    monkeypatch.undo()
+    monkeypatch.setenv("EMBER_TRUST_TORCHSCRIPT", "1")  # trusted: TorchScript, which never unpickles Python objects
+    with pytest.raises(CheckpointError, match=r"model\.pt is not a TorchScript model"):
+        Predictor.load(out)
+    assert not marker.exists() and not RAN
+
+
+def test_a_delta_whose_dense_pt_carries_a_payload_is_not_applied_and_runs_nothing(run, tmp_path, caplog):
+    from ember.serving.follow import SeriesSource
+
+    marker, live = tmp_path / "ran", tmp_path / "exports"
+    shutil.copytree(run / "exports", live)
+    _replace(live / "000002-delta", "dense.pt", {"x": Payload(marker)})
+    RAN.clear()
+    with caplog.at_level(logging.ERROR, logger="ember.serving.follow"):
+        source = SeriesSource(live)
+    assert source.current.version == "000001-full" and source.stuck == "000002-delta"
+    assert "dense.pt holds a pickled Python object" in caplog.text
+    assert not marker.exists() and not RAN
+
+
+@pytest.mark.parametrize("command", ["eval", "export"])
+def test_the_cli_refuses_a_checkpoint_carrying_a_payload(run, tmp_path, capsys, command):
+    from ember.checkpoint.load import resolve_checkpoint
+    from ember.cli import main
+
+    marker = tmp_path / "ran"
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    ckpt = resolve_checkpoint(copy)
+    _replace(ckpt, "dense.pt", {"model": {}, "rng": {"x": Payload(marker)}})
+    # the run's recorded paths point at the original run: only the checkpoint is read here
+    args = ["--checkpoint", str(copy)] + (["--out", str(tmp_path / "exp")] if command == "export" else [])
+    RAN.clear()
+    assert main([command, *args]) == 2
+    err = capsys.readouterr().err
+    assert f"ember {command}: error: checkpoint {ckpt}: {ckpt / 'dense.pt'} holds a pickled Python object" in err
+    assert not marker.exists() and not RAN and not (tmp_path / "exp").exists()
+
+
+def test_the_cli_refuses_an_export_carrying_a_payload(run, tmp_path, capsys):
+    from ember.cli import main
+
+    marker = tmp_path / "ran"
+    out = _tampered_copy(run / "exports" / "000001-full", tmp_path / "exp", "dense.pt", marker)
+    rows = tmp_path / "rows.csv"
+    rows.write_text("I1,I2,C1,C2,C3,C4\n1,2,3,4,5,6\n")
+    RAN.clear()
+    assert main(["predict", "--export", str(out), "--input", str(rows), "--output", str(tmp_path / "p.csv")]) == 2
+    assert "ember predict: error: export" in capsys.readouterr().err
+    assert not marker.exists() and not RAN
