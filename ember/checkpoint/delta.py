@@ -3,7 +3,7 @@
 Layout of ``<run>/exports/`` (``export:`` section, ``ExportConfig``)::
 
     000001-full/     a full export (``export_model``), plus ``series`` and ``step`` in its manifest
-    000002-delta/    manifest.json  model.pt  tables/<name>.ids .weights [.seen] .removed
+    000002-delta/    manifest.json  dense.pt  model.pt  tables/<name>.ids .weights [.seen] .removed
     000003-delta/
     ...
     000012-full/     again every ``full_every`` deltas; the first export of a run is always full
@@ -43,7 +43,7 @@ import torch
 from torch import nn
 
 from ember.checkpoint.config import ExportConfig
-from ember.checkpoint.export import EXPORT_VERSION, RUN_CONFIG_KEYS, encode_weights, export_model, script_model, table_meta
+from ember.checkpoint.export import EXPORT_VERSION, RUN_CONFIG_KEYS, encode_weights, export_model, model_files, table_meta
 from ember.checkpoint.atomic import HashingWriter
 from ember.errors import CheckpointError, ConfigError
 from ember.fileio import atomic_dir, fsync_dir
@@ -203,7 +203,7 @@ class DeltaExporter:
         """The files of delta ``n`` into ``tmp``, manifest last; returns (rows, removed IDs)."""
         model, collections, features, linear, tasks = self.parts
         (tmp / "tables").mkdir()
-        files = {"model.pt": script_model(model, tmp / "model.pt")}
+        files, model_inputs = model_files(model, tmp, collections, features, tasks, self.run_config)
         entries, total_rows, total_removed = [], 0, 0
         for ec in collections:
             for name, table in ec.tables.items():
@@ -236,7 +236,8 @@ class DeltaExporter:
             "data": self.run_config["data"], "schema": self.run_config["schema"],
             "features": [f.model_dump(mode="json") for f in features],
             "linear_features": [f.model_dump(mode="json") for f in linear] if linear is not None else None,
-            "tables": entries, "tasks": list(tasks), "model": self.run_config["model"], "files": files,
+            "tables": entries, "tasks": list(tasks), "model": self.run_config["model"], "model_inputs": model_inputs,
+            "files": files,
         }
         fsync_dir(tmp / "tables")
         mw = HashingWriter(tmp / "manifest.json")  # last: a directory without it is not an export

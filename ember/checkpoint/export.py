@@ -4,7 +4,13 @@ Layout::
 
     manifest.json          schema, features, tables (dim, initialiser, seed, rows, min_count), tasks,
                            sha256 of files
-    model.pt               the dense model as TorchScript: (dense, pooled, linear) -> logits
+    dense.pt               the dense model's state_dict (format 5 on): tensors only, read with
+                           torch's weights-only unpickler; ``Predictor`` builds the model with
+                           ember's own code from the manifest's ``model`` and ``model_inputs``
+    model.pt               the dense model as TorchScript: (dense, pooled, linear) -> logits, for
+                           other runtimes. ember never loads it (TorchScript is a program: a
+                           crafted one runs what it likes), but exports before format 5, when
+                           trusted explicitly (``EMBER_TRUST_TORCHSCRIPT=1``)
     tables/<name>.ids      int64 IDs, sorted (looked up with a binary search)
     tables/<name>.weights  [rows, dim] weights only (optimizer state is dropped), at the table's
                            dtype: float32, or the 16-bit patterns of bf16 / fp16 (format 3 on)
@@ -19,7 +25,9 @@ back by admission (``min_count`` > 1).
 
 from __future__ import annotations
 
+import io
 import json
+import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
@@ -28,16 +36,21 @@ import torch
 from torch import nn
 
 from ember.checkpoint.atomic import HashingWriter, sha256_file
+from ember.checkpoint.safe_torch import read_torch_file
 from ember.embedding.codec import to_bits
 from ember.errors import CheckpointError
 from ember.fileio import atomic_dir, fsync_dir
 from ember.outputs import output_kind
 
-__all__ = ["export_model", "EXPORT_VERSION", "encode_weights", "write_array", "table_meta", "script_model"]
+__all__ = ["export_model", "EXPORT_VERSION", "encode_weights", "write_array", "table_meta", "script_model",
+           "model_files", "load_export_model"]
 
 # 2: tables record min_count; 3: tables record their dtype (16-bit weights); 4: TTL tables record
-# their step, ttl_steps and each row's last-seen step; exports may carry a ``series`` entry (delta exports)
-EXPORT_VERSION = 4
+# their step, ttl_steps and each row's last-seen step; exports may carry a ``series`` entry (delta
+# exports); 5: the dense model's weights in dense.pt and its input layout in ``model_inputs``, so
+# serving builds the model itself and never loads TorchScript
+EXPORT_VERSION = 5
+TRUST_TORCHSCRIPT = "EMBER_TRUST_TORCHSCRIPT"  # =1: load an export before format 5 (TorchScript only)
 
 # keys of the run config's JSON form that the export records (Predictor reads data and schema)
 RUN_CONFIG_KEYS = ("data", "schema", "model")
@@ -120,8 +133,7 @@ def _write(tmp: Path, model: nn.Module, collections: Sequence[_Collection], feat
            run_config: Mapping[str, Any], extra: Mapping[str, Any]) -> None:
     """Every file of the export into the directory ``tmp``, fsynced."""
     (tmp / "tables").mkdir()
-    files: dict[str, str] = {}
-    files["model.pt"] = script_model(model, tmp / "model.pt")
+    files, model_inputs = model_files(model, tmp, collections, features, task_names, run_config)
     tables = []
     for ec in collections:
         for name, table in ec.tables.items():
@@ -147,6 +159,7 @@ def _write(tmp: Path, model: nn.Module, collections: Sequence[_Collection], feat
         "tables": tables,
         "tasks": list(task_names),
         "model": run_config["model"],
+        "model_inputs": model_inputs,
         "files": files,
     }
     write_array(tmp / "manifest.json", [json.dumps(manifest, indent=1).encode()])
@@ -192,6 +205,71 @@ def write_array(path: Path, parts: Iterable[np.ndarray | bytes]) -> str:
 def _weight_bytes(table: _Table) -> int:
     """Bytes per exported weight: 4 for fp32 tables, 2 for bf16 / fp16 ones."""
     return 4 if getattr(table.config, "dtype", "fp32") == "fp32" else 2
+
+
+def model_files(model: nn.Module, tmp: Path, collections: Sequence[_Collection], features: Sequence[Any],
+                task_names: Sequence[str], run_config: Mapping[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+    """Write the dense model into the export directory ``tmp``: ``model.pt`` (TorchScript) and
+    ``dense.pt`` (its state_dict, tensors only); returns their sha256 by name and the model's
+    input layout (``ModelInputs`` as the trainer built it: the manifest's ``model_inputs``)."""
+    files = {"model.pt": script_model(model, tmp / "model.pt")}
+    state = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    files["dense.pt"] = write_array(tmp / "dense.pt", [buf.getvalue()])
+    dims = {name: t.dim for ec in collections for name, t in ec.tables.items()}
+    inputs = {"num_dense": len(run_config["schema"].get("dense") or []),
+              "sparse_dims": [int(dims[f.table_name]) for f in features], "num_tasks": len(task_names),
+              "feature_names": [f.name for f in features]}
+    return files, inputs
+
+
+def load_export_model(root: Path, manifest: Mapping[str, Any]) -> nn.Module:
+    """The dense model of the export (or delta export) at ``root``, in eval mode, loading no
+    code from it: built by ember's model code from the manifest's ``model`` config and
+    ``model_inputs``, its weights read from ``dense.pt`` by torch's weights-only unpickler (a
+    pickled object in it: CheckpointError naming the file).
+
+    Only TorchScript (``model.pt``) can give the model of an export before format 5, or of a
+    model that is not one of ember's built-in types (``export_model`` of your own module), and
+    TorchScript is a program: those are refused (CheckpointError saying why) unless
+    ``EMBER_TRUST_TORCHSCRIPT=1`` says the export comes from a source you trust.
+    """
+    from ember.models.base import ModelInputs
+    from ember.models.registry import MODEL_TYPES, build_model
+
+    version = manifest.get("format_version")
+    kind = (manifest.get("model") or {}).get("type")
+    why = (f"was written before format 5 (it is format {version})" if not isinstance(version, int) or version < 5
+           else f"holds a model of type {kind!r}, not one of ember's ({', '.join(MODEL_TYPES)})" if kind not in MODEL_TYPES
+           else "")
+    if why:
+        if os.environ.get(TRUST_TORCHSCRIPT) != "1":
+            raise CheckpointError(
+                f"export {root} {why}: only its TorchScript ({root / 'model.pt'}) gives its dense model, and TorchScript "
+                "is a program: loading it could run arbitrary code, so ember does not. Export the checkpoint again "
+                f"with this ember and a built-in model type, or, if you trust where the export came from, set "
+                f"{TRUST_TORCHSCRIPT}=1")
+        try:
+            return torch.jit.load(str(root / "model.pt"), map_location="cpu").eval()
+        except RuntimeError as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"export {root}: {root / 'model.pt'} is not a TorchScript model ({first}); "
+                                  "export the checkpoint again") from e
+    state = read_torch_file(root / "dense.pt", f"export {root}", "export the checkpoint again")
+    try:
+        with torch.random.fork_rng(devices=[]):  # building initialises weights: the caller's RNG stays where it was
+            model = build_model(manifest["model"], ModelInputs(**manifest["model_inputs"]))
+    except (KeyError, TypeError, ValueError) as e:  # ConfigError is a ValueError
+        raise CheckpointError(f"export {root}: its manifest's model / model_inputs do not describe a model ember "
+                              f"builds ({type(e).__name__}: {e}); export the checkpoint again") from e
+    try:
+        model.load_state_dict(state)
+    except (RuntimeError, TypeError) as e:
+        why = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise CheckpointError(f"export {root}: dense.pt does not fit the model its manifest describes ({why}); "
+                              "export the checkpoint again") from e
+    return model.eval()
 
 
 def script_model(model: nn.Module, path: Path) -> str:

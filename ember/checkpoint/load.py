@@ -3,7 +3,6 @@ any number of ranks (each keeps the IDs it owns, from every part, whatever world
 
 from __future__ import annotations
 
-import io
 import json
 import random
 from pathlib import Path
@@ -13,6 +12,7 @@ import numpy as np
 import torch
 
 from ember.checkpoint.atomic import sha256_file
+from ember.checkpoint.safe_torch import read_torch_file
 from ember.checkpoint.save import FORMAT_VERSION, Ranks, part_stem
 from ember.embedding import EmbeddingCollection
 from ember.embedding.codec import RowCodec
@@ -149,14 +149,58 @@ def _read_part(stem: Path, rows: int, words: int, with_seen: bool) -> Iterator[t
 
 
 def load_dense(ckpt: Path) -> dict[str, Any]:
-    data = (ckpt / "dense.pt").read_bytes()
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    """The dense state beside the tables (model, dense optimizer, loss scaler, early stopping,
+    RNG states, table counters), read with torch's weights-only unpickler: tensors and plain
+    values only, so a crafted ``dense.pt`` cannot run code (its sha256 in the manifest proves
+    nothing against a crafted checkpoint: the manifest can be crafted too). Anything else in
+    it raises CheckpointError naming the file.
+
+    Checkpoints before format 4 pickled numpy's RNG state as an ndarray: for them, and only
+    them, numpy's array reconstruction is allowed too (it builds arrays, runs nothing else), and
+    the RNG state is returned in the current form (``restore_rng``).
+    """
+    path = ckpt / "dense.pt"
+    legacy = read_manifest(ckpt)["format_version"] < 4
+    dense = read_torch_file(path, f"checkpoint {ckpt}", "use a checkpoint from a run you trust, or an older one",
+                            _legacy_numpy() if legacy else ())
+    if not isinstance(dense, dict) or not isinstance(dense.get("rng"), dict):
+        raise CheckpointError(f"checkpoint {ckpt}: {path} is not an ember dense state (no RNG states in it); "
+                              "use a checkpoint ember wrote")
+    if isinstance(dense["rng"].get("numpy"), tuple):  # format 3 and older
+        dense["rng"] = _current_rng(dense["rng"])
+    return dense
+
+
+def _legacy_numpy() -> list[Any]:
+    """The globals a format <= 3 ``dense.pt`` names for numpy's RNG keys (a uint32 ndarray, the
+    only numpy object an older ember saved): numpy's array reconstruction, under its numpy 2 and
+    numpy 1 module names, and the uint32 dtype."""
+    try:
+        from numpy._core.multiarray import _reconstruct  # numpy 2
+    except ImportError:  # numpy 1
+        from numpy.core.multiarray import _reconstruct  # type: ignore[no-redef]
+    return [(_reconstruct, "numpy._core.multiarray._reconstruct"), (_reconstruct, "numpy.core.multiarray._reconstruct"),
+            np.ndarray, np.dtype, type(np.dtype(np.uint32))]
+
+
+def _current_rng(old: dict[str, Any]) -> dict[str, Any]:
+    """A format <= 3 RNG state (numpy's and python's as their get_state tuples) in the form
+    ``save.rng_state`` writes."""
+    kind, keys, pos, has_gauss, cached = old["numpy"]
+    version, words, gauss_next = old["python"]
+    out = {k: v for k, v in old.items() if k not in ("numpy", "python")}
+    out["numpy"] = {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+                    "has_gauss": int(has_gauss), "cached_gaussian": float(cached)}
+    out["python"] = {"version": int(version), "state": torch.tensor(words, dtype=torch.int64), "gauss_next": gauss_next}
+    return out
 
 
 def restore_rng(state: dict[str, Any]) -> None:
+    """Set every RNG to ``state`` (``save.rng_state``, as ``load_dense`` returns it)."""
     torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+    n, p = state["numpy"], state["python"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    random.setstate((p["version"], tuple(p["state"].tolist()), p["gauss_next"]))
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
 

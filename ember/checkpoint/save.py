@@ -5,7 +5,9 @@ Layout of ``<run>/checkpoints/step-00000100/``::
     manifest.json                  version, step, data position, config, tables (rows of each
                                    part), sha256 of every file; written last
     dense.pt                       model + dense optimizer state_dicts, RNG states, table step
-                                   counters, min_count admission counts
+                                   counters, min_count admission counts: tensors and plain values
+                                   only (format 4 on), read back with torch's weights-only
+                                   unpickler, so loading a checkpoint never runs code
     tables/<name>.part-<r>.ids     int64 IDs of part r, streamed in chunks (sorted per chunk)
     tables/<name>.part-<r>.rec     records [weights | optimizer state], same order, packed at the
                                    table's dtype (``RowCodec``: fp32 words; bf16/fp16 weights two
@@ -32,6 +34,7 @@ import os
 import random
 import shutil
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Callable, Protocol, TypeVar
 
@@ -45,9 +48,12 @@ from ember.errors import CheckpointError
 from ember.fileio import is_no_space, no_space_error
 
 __all__ = ["save_checkpoint", "checkpoint_bytes", "FORMAT_VERSION", "rng_state", "mark_best", "best_checkpoint",
-           "checkpoint_path", "Ranks", "part_stem"]
+           "checkpoint_path", "Ranks", "part_stem", "check_plain"]
 
-FORMAT_VERSION = 3  # 2: tables record their row dtype; .rec rows are packed at it. 3: tables in parts
+# 2: tables record their row dtype; .rec rows are packed at it. 3: tables in parts. 4: dense.pt
+# holds tensors and plain values only (the numpy and python RNG states as tensors), so it loads
+# with weights_only=True; before, the numpy RNG state was a pickled ndarray
+FORMAT_VERSION = 4
 
 _KEPT = "the previous checkpoint is kept"
 _T = TypeVar("_T")
@@ -81,10 +87,49 @@ class _OneProcess:
 
 
 def rng_state() -> dict[str, Any]:
-    state: dict[str, Any] = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+    """Every RNG's state (torch CPU and CUDA, numpy's global one, python's ``random``) as tensors
+    and plain numbers: what ``torch.load(weights_only=True)`` reads back (``load.restore_rng``)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    version, words, gauss_next = random.getstate()
+    state: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        # uint32 words as int64: exact, and a dtype every torch reads
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(keys.astype(np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "cached_gaussian": float(cached)},
+        "python": {"version": int(version), "state": torch.tensor(words, dtype=torch.int64),
+                   "gauss_next": None if gauss_next is None else float(gauss_next)},
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+# what torch's weights-only unpickler reads (besides tensors): a dense state holding anything
+# else could not be loaded back, so a save refuses it (naming the entry) rather than write it
+_PLAIN = (str, int, float, bool, type(None), torch.Size, torch.device, torch.dtype)
+
+
+def check_plain(obj: Any, where: str = "dense_state") -> None:
+    """Raise CheckpointError naming the first entry of ``obj`` that is not a tensor, a plain
+    value (str, int, float, bool, None) or a dict / list / tuple of them: such an entry would
+    be a pickled Python object, which ``load_dense`` refuses (loading it could run code)."""
+    if isinstance(obj, torch.Tensor) or type(obj) in _PLAIN:
+        return
+    if type(obj) in (dict, OrderedDict):  # a state_dict is an OrderedDict
+        for k, v in obj.items():
+            if type(k) not in _PLAIN:
+                raise CheckpointError(f"{where}: key {k!r} is a {type(k).__module__}.{type(k).__qualname__}; a "
+                                      "checkpoint's dense state takes str / int keys only")
+            check_plain(v, f"{where}[{k!r}]")
+        return
+    if type(obj) in (list, tuple):
+        for i, v in enumerate(obj):
+            check_plain(v, f"{where}[{i}]")
+        return
+    raise CheckpointError(f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}; a checkpoint's dense "
+                          "state holds tensors, str, int, float, bool, None and dicts / lists / tuples of them "
+                          "only (convert it, e.g. float(x) for a numpy number), so that loading never unpickles "
+                          "Python objects")
 
 
 def part_stem(name: str, part: int) -> str:
@@ -248,8 +293,10 @@ def _finish(tmp: Path, step: int, collections: list[EmbeddingCollection], dense_
             tables_meta.append({"name": name, "rows": sum(rows), "part_rows": rows, "dim": table.dim,
                                 "record_dim": table.config.record_dim, "dtype": table.config.dtype,
                                 "record_words": codec.words, "optimizer": table.config.optimizer.model_dump(mode="json")})
+    dense = {**dense_state, "rng": rng_state(), "table_steps": steps, "admission": admission}
+    check_plain(dense)
     buf = io.BytesIO()
-    torch.save({**dense_state, "rng": rng_state(), "table_steps": steps, "admission": admission}, buf)
+    torch.save(dense, buf)
     dense_w = HashingWriter(tmp / "dense.pt")
     try:
         dense_w.write(buf.getvalue())

@@ -19,7 +19,7 @@ from torch import Tensor
 
 from ember.batch import Batch, SparseFeatures
 from ember.checkpoint.atomic import sha256_file
-from ember.checkpoint.export import EXPORT_VERSION
+from ember.checkpoint.export import EXPORT_VERSION, load_export_model
 from ember.embedding.pooling import pool_feature
 from ember.embedding.config import FeatureConfig
 from ember.embedding.codec import RowDtype, from_bits, round_nearest
@@ -114,12 +114,11 @@ class Predictor:
         export's own; the dense model is ``root``'s."""
         self.root = root
         self.manifest = manifest
-        self.model = torch.jit.load(str(root / "model.pt"), map_location="cpu")
-        self.model.eval()
         version = manifest.get("format_version")
         if not isinstance(version, int) or not 1 <= version <= EXPORT_VERSION:
             raise CheckpointError(f"export {root}: format_version {version!r} is not one this ember reads "
                                   f"(1..{EXPORT_VERSION}); export it again with this version of ember")
+        self.model = load_export_model(root, manifest)  # ember's model code and the weights: no code from the export
         if tables is None and manifest.get("series", {}).get("kind") == "delta":
             raise CheckpointError(f"export {root} is a delta export (only the rows changed since the previous "
                                   f"export): load a full export, or serve the series with "

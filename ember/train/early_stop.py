@@ -96,8 +96,11 @@ class EarlyStopping:
         return False
 
     def state_dict(self) -> dict[str, Any]:
-        """What a checkpoint keeps, so that a resumed run counts on where it left off."""
-        return {"best": self.best, "best_step": self.best_step, "bad_evals": self.bad_evals}
+        """What a checkpoint keeps, so that a resumed run counts on where it left off: plain
+        numbers (a metric may be a numpy float; ``float`` is exact), as a checkpoint's dense
+        state takes (``ember.checkpoint.save.check_plain``)."""
+        return {"best": None if self.best is None else float(self.best),
+                "best_step": None if self.best_step is None else int(self.best_step), "bad_evals": int(self.bad_evals)}
 
     def load_state_dict(self, state: dict[str, Any] | None, checkpoints: Path, own: Path) -> None:
         """Restore ``state_dict()`` (None: a checkpoint of a run without early stopping: start

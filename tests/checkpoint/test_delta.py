@@ -129,10 +129,11 @@ class _Sum(torch.nn.Module):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_full_plus_delta_served_equals_a_full_export_of_the_same_state(tmp_path, dtype):
+def test_full_plus_delta_served_equals_a_full_export_of_the_same_state(tmp_path, dtype, monkeypatch):
     """Through the lookup phases (fetch, update, write back) without a trainer: the delta holds
     exactly the written rows, and the served full + delta reads every row as a full export of
     the final state does (bf16: the exact 16-bit weights)."""
+    monkeypatch.setenv("EMBER_TRUST_TORCHSCRIPT", "1")  # _Sum is no built-in model: served through its TorchScript
     from ember.checkpoint.export import export_model
     from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
     from ember.embedding.group import GroupLookup

@@ -15,6 +15,7 @@ from ember.batch import Batch, SparseFeatures
 from ember.checkpoint.export import export_model
 from ember.embedding.config import FeatureConfig
 from ember.embedding.init import InitializerConfig, init_rows
+from ember.errors import CheckpointError
 from ember.featurize.schema import Schema
 from ember.serving import Predictor
 from ember.source.config import DataConfig
@@ -49,7 +50,7 @@ def _run_config() -> dict:
             "model": {"type": "custom"}, "train": {"epochs": 1}}
 
 
-def test_export_writes_tables_manifest_and_scores(tmp_path):
+def test_export_writes_tables_manifest_and_scores(tmp_path, monkeypatch):
     tables = {"a": _Table([7, 3], dim=2, seed=1), "b": _Table([5], dim=2, seed=2, effective_seed=99)}
     collection = SimpleNamespace(tables=tables)
     features = [FeatureConfig(name="a"), FeatureConfig(name="b")]
@@ -64,6 +65,10 @@ def test_export_writes_tables_manifest_and_scores(tmp_path):
     assert np.fromfile(out / "tables" / "a.weights", dtype="<f4").reshape(2, 2).tolist() == [[3, 4], [0, 1]]
     assert model.training  # put back as it was
 
+    # a model of no built-in type has only its TorchScript, a program: served only when trusted explicitly
+    with pytest.raises(CheckpointError, match=r"type 'custom', not one of ember's.*EMBER_TRUST_TORCHSCRIPT=1"):
+        Predictor.load(out)
+    monkeypatch.setenv("EMBER_TRUST_TORCHSCRIPT", "1")
     # the Predictor serves it: known IDs read their weights, unseen ones their initial row (seeded per table)
     p = Predictor.load(out)
     sparse = SparseFeatures(["a", "b"], torch.tensor([3, 42, 5, 5]), torch.tensor([1, 1, 1, 1]))
@@ -79,8 +84,10 @@ def test_export_needs_the_run_config_sections(tmp_path):
     assert not (tmp_path / "exp").exists()
 
 
-def test_predictor_reads_an_empty_field_as_the_export_recorded_it(tmp_path):
+def test_predictor_reads_an_empty_field_as_the_export_recorded_it(tmp_path, monkeypatch):
     from ember.featurize.hashing import hash_array
+
+    monkeypatch.setenv("EMBER_TRUST_TORCHSCRIPT", "1")  # a custom model: served through its TorchScript
 
     run_config = {**_run_config(), "data": DataConfig(format="csv", eval="unused.csv").model_dump(mode="json")}
     tables = {"a": _Table([7], dim=2, seed=1), "b": _Table([5], dim=2, seed=2)}

@@ -24,7 +24,7 @@ import ember.checkpoint.atomic as atomic
 from ember.checkpoint.load import (
     load_dense, load_tables, read_manifest, resolve_checkpoint, restore_table_state, verify_checkpoint,
 )
-from ember.checkpoint.save import save_checkpoint
+from ember.checkpoint.save import FORMAT_VERSION, save_checkpoint
 from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
 from ember.errors import CheckpointError
 
@@ -133,7 +133,7 @@ def test_parts_of_n_ranks_load_on_m_ranks(tmp_path, saved_by, loaded_by):
     assert all(p == root / "step-00000005" for p in paths), paths
     ckpt = resolve_checkpoint(root)
     manifest = verify_checkpoint(ckpt)
-    assert manifest["format_version"] == 3 and manifest["parts"] == saved_by
+    assert manifest["format_version"] == FORMAT_VERSION and manifest["parts"] == saved_by
     for m in manifest["tables"]:
         assert len(m["part_rows"]) == saved_by and sum(m["part_rows"]) == m["rows"] == ROWS - 1
     suffixes = {"a": ["ids", "rec"], "b": ["ids", "rec", "seen"]}
