@@ -101,6 +101,7 @@ def ensure_synthetic_files(data_dir: Path, rows: int, formats: Sequence[str], op
     if old != stamp:
         stamp_file.unlink(missing_ok=True)  # written back only once every file matches it
     for fmt in todo:
+        paths[fmt].unlink(missing_ok=True)  # this cache's own stale file: generate writes only new paths
         opts = {k: v for k, v in options.items() if k != "seed"}
         cmd = [sys.executable, "-m", "ember", "generate", "--out", str(paths[fmt]), "--format", fmt,
                "--rows", str(rows), "--seed", str(options.get("seed", 0)), "--options", json.dumps(opts)]
