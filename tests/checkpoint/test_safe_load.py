@@ -245,3 +245,31 @@ def test_the_cli_refuses_an_export_carrying_a_payload(run, tmp_path, capsys):
     assert main(["predict", "--export", str(out), "--input", str(rows), "--output", str(tmp_path / "p.csv")]) == 2
     assert "ember predict: error: export" in capsys.readouterr().err
     assert not marker.exists() and not RAN
+
+
+def test_every_load_in_ember_is_one_that_runs_no_code():
+    """A guard on the source (read with ``ast``): ember loads torch files only through
+    ``safe_torch.read_torch_file`` (weights_only=True), TorchScript only behind the explicit
+    trust of ``load_export_model``, numpy files never with allow_pickle, and unpickles nothing."""
+    import ast
+
+    import ember
+
+    allowed = {("torch.load", "ember/checkpoint/safe_torch.py"), ("torch.jit.load", "ember/checkpoint/export.py")}
+    root = Path(ember.__file__).resolve().parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = str(path.relative_to(root.parent))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            name = ast.unparse(node.func)
+            risky = (name in ("torch.load", "torch.jit.load") or name.startswith(("pickle.", "cloudpickle.", "dill."))
+                     or (name in ("np.load", "numpy.load") and any(k.arg == "allow_pickle" and not (
+                         isinstance(k.value, ast.Constant) and k.value.value is False) for k in node.keywords)))
+            if name == "torch.load":
+                assert any(k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+                           for k in node.keywords), f"{rel}:{node.lineno}: torch.load without weights_only=True"
+            if risky and (name, rel) not in allowed:
+                found.append(f"{rel}:{node.lineno}: {name}")
+    assert not found, found
