@@ -273,3 +273,15 @@ def test_every_load_in_ember_is_one_that_runs_no_code():
             if risky and (name, rel) not in allowed:
                 found.append(f"{rel}:{node.lineno}: {name}")
     assert not found, found
+
+
+@pytest.mark.gpu
+def test_cuda_rng_states_round_trip_through_a_checkpoint(tmp_path):
+    torch.cuda.manual_seed_all(5)
+    torch.rand(3, device="cuda")
+    ckpt = _checkpoint(tmp_path)
+    expected = torch.rand(4, device="cuda").cpu()
+    dense = load_dense(ckpt)
+    assert len(dense["rng"]["cuda"]) == torch.cuda.device_count()
+    restore_rng(dense["rng"])
+    torch.testing.assert_close(torch.rand(4, device="cuda").cpu(), expected, rtol=0, atol=0)
