@@ -8,9 +8,10 @@ Layout::
                            torch's weights-only unpickler; ``Predictor`` builds the model with
                            ember's own code from the manifest's ``model`` and ``model_inputs``
     model.pt               the dense model as TorchScript: (dense, pooled, linear) -> logits, for
-                           other runtimes. ember never loads it (TorchScript is a program: a
-                           crafted one runs what it likes), but exports before format 5, when
-                           trusted explicitly (``EMBER_TRUST_TORCHSCRIPT=1``)
+                           other runtimes. TorchScript is a program (a crafted one runs what it
+                           likes): ember loads it only for what nothing else describes (an export
+                           before format 5, a model of no built-in type) and only when trusted
+                           explicitly (``EMBER_TRUST_TORCHSCRIPT=1``; ``load_export_model``)
     tables/<name>.ids      int64 IDs, sorted (looked up with a binary search)
     tables/<name>.weights  [rows, dim] weights only (optimizer state is dropped), at the table's
                            dtype: float32, or the 16-bit patterns of bf16 / fp16 (format 3 on)
@@ -50,7 +51,8 @@ __all__ = ["export_model", "EXPORT_VERSION", "encode_weights", "write_array", "t
 # exports); 5: the dense model's weights in dense.pt and its input layout in ``model_inputs``, so
 # serving builds the model itself and never loads TorchScript
 EXPORT_VERSION = 5
-TRUST_TORCHSCRIPT = "EMBER_TRUST_TORCHSCRIPT"  # =1: load an export before format 5 (TorchScript only)
+# =1: serve an export whose model only its TorchScript gives (before format 5, or a custom model)
+TRUST_TORCHSCRIPT = "EMBER_TRUST_TORCHSCRIPT"
 
 # keys of the run config's JSON form that the export records (Predictor reads data and schema)
 RUN_CONFIG_KEYS = ("data", "schema", "model")

@@ -160,7 +160,7 @@ class DiskTier(TierCounters, Tier):
             )
         if max_load is None:  # keep the load the file was sized for, or it grows needlessly
             self.max_load = float(meta.get("max_load", self.max_load))
-        tags = np.load(self.path / "tags.npy")
+        tags = np.load(self.path / "tags.npy", allow_pickle=False)  # raw int64 tags: never unpickle
         self._attach(self.path / "slots.bin", int(meta["n_slots"]), tags, int(meta["live"]), int(meta["used"]))
 
     def _write_meta(self, clean: bool) -> None:

@@ -245,3 +245,43 @@ def test_the_cli_refuses_an_export_carrying_a_payload(run, tmp_path, capsys):
     assert main(["predict", "--export", str(out), "--input", str(rows), "--output", str(tmp_path / "p.csv")]) == 2
     assert "ember predict: error: export" in capsys.readouterr().err
     assert not marker.exists() and not RAN
+
+
+def test_every_load_in_ember_is_one_that_runs_no_code():
+    """A guard on the source (read with ``ast``): ember loads torch files only through
+    ``safe_torch.read_torch_file`` (weights_only=True), TorchScript only behind the explicit
+    trust of ``load_export_model``, numpy files never with allow_pickle, and unpickles nothing."""
+    import ast
+
+    import ember
+
+    allowed = {("torch.load", "ember/checkpoint/safe_torch.py"), ("torch.jit.load", "ember/checkpoint/export.py")}
+    root = Path(ember.__file__).resolve().parent
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        rel = str(path.relative_to(root.parent))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Call):
+                continue
+            name = ast.unparse(node.func)
+            risky = (name in ("torch.load", "torch.jit.load") or name.startswith(("pickle.", "cloudpickle.", "dill."))
+                     or (name in ("np.load", "numpy.load") and any(k.arg == "allow_pickle" and not (
+                         isinstance(k.value, ast.Constant) and k.value.value is False) for k in node.keywords)))
+            if name == "torch.load":
+                assert any(k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
+                           for k in node.keywords), f"{rel}:{node.lineno}: torch.load without weights_only=True"
+            if risky and (name, rel) not in allowed:
+                found.append(f"{rel}:{node.lineno}: {name}")
+    assert not found, found
+
+
+@pytest.mark.gpu
+def test_cuda_rng_states_round_trip_through_a_checkpoint(tmp_path):
+    torch.cuda.manual_seed_all(5)
+    torch.rand(3, device="cuda")
+    ckpt = _checkpoint(tmp_path)
+    expected = torch.rand(4, device="cuda").cpu()
+    dense = load_dense(ckpt)
+    assert len(dense["rng"]["cuda"]) == torch.cuda.device_count()
+    restore_rng(dense["rng"])
+    torch.testing.assert_close(torch.rand(4, device="cuda").cpu(), expected, rtol=0, atol=0)
