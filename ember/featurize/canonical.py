@@ -83,9 +83,10 @@ def _kind(v: Any) -> str:
         else "an object" if isinstance(v, dict) else type(v).__name__
 
 
-def canonical_value(v: Any, type: str, missing: Sequence[str] = ()) -> Any:
+def canonical_value(v: Any, type: str, missing: Sequence[str] = (), separator: str | None = None) -> Any:
     """``v`` (a JSON / Python scalar) as a column of ``type`` holds it (see the module
-    docstring); None when it is missing. Raises ValueError with the reason otherwise.
+    docstring); None when it is missing. Raises ValueError with the reason otherwise. In a
+    list column of a feature with a ``separator``, text is the joined list (``"1|2"``).
 
     Example:
         >>> canonical_value(True, "int")
@@ -96,6 +97,8 @@ def canonical_value(v: Any, type: str, missing: Sequence[str] = ()) -> Any:
     if v is None:
         return None
     if type.startswith("list<"):
+        if isinstance(v, str) and separator is not None:
+            v = v.split(separator)
         if not isinstance(v, (list, tuple)):
             raise ValueError(f"{_kind(v)} where a list belongs (the column was a list column in training)")
         return [canonical_value(e, type[5:-1], missing) for e in v]
@@ -153,7 +156,8 @@ def _is_text(t: pa.DataType) -> bool:
     return pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
-def canonical_array(arr: pa.Array, type: str, missing: Sequence[str] = ()) -> tuple[pa.Array, np.ndarray, dict[int, str]]:
+def canonical_array(arr: pa.Array, type: str, missing: Sequence[str] = (), separator: str | None = None
+                    ) -> tuple[pa.Array, np.ndarray, dict[int, str]]:
     """``arr`` (a file's column) as a column of ``type``: ``(array, bad mask, {row: reason})``.
 
     The vectorised form of :func:`canonical_value`: arrays already of the type pass as they
@@ -164,6 +168,8 @@ def canonical_array(arr: pa.Array, type: str, missing: Sequence[str] = ()) -> tu
         arr = arr.combine_chunks()
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(arr.type.value_type)
+    if type.startswith("list<") and separator is not None and _is_text(arr.type):  # joined lists (CSV)
+        arr = pc.split_pattern(arr, separator)
     n, t = len(arr), arr.type
     none: dict[int, str] = {}
     ok = np.zeros(n, bool)
@@ -198,7 +204,7 @@ def canonical_array(arr: pa.Array, type: str, missing: Sequence[str] = ()) -> tu
     values, bad, reasons = [], np.zeros(n, bool), {}
     for i, v in enumerate(arr.to_pylist()):
         try:
-            values.append(canonical_value(v, type, missing))
+            values.append(canonical_value(v, type, missing, separator))
         except ValueError as e:
             values.append(None)
             bad[i] = True
@@ -312,11 +318,13 @@ def canonicalize(data: pa.RecordBatch | Sequence[Mapping[str, Any]], schema: Sch
     """
     cols = schema.columns
     missing = {s.source_column: schema.missing_values_of(s) for s in schema.sparse}
+    separator = {s.source_column: s.separator for s in schema.sparse}
     if isinstance(data, pa.RecordBatch):
         out, bad_rows = {}, np.zeros(data.num_rows, bool)
         first: tuple[int, str, str] | None = None
         for c in cols:
-            arr, bad, reasons = canonical_array(data.column(c), types.get(c, "unknown"), missing.get(c, ()))
+            arr, bad, reasons = canonical_array(data.column(c), types.get(c, "unknown"), missing.get(c, ()),
+                                                separator.get(c))
             out[c] = arr
             if bad.any():
                 i = int(np.argmax(bad))
@@ -342,7 +350,8 @@ def canonicalize(data: pa.RecordBatch | Sequence[Mapping[str, Any]], schema: Sch
                 raise BadValue(f"rows[{i}], column '{k}': {reason}", i, str(k), reason)
         for c in cols:
             try:
-                values[c].append(canonical_value(row.get(c), types.get(c, "unknown"), missing.get(c, ())))
+                values[c].append(canonical_value(row.get(c), types.get(c, "unknown"), missing.get(c, ()),
+                                                 separator.get(c)))
             except ValueError as e:
                 raise BadValue(f"rows[{i}], column '{c}': {e} (got {row.get(c)!r})", i, c, str(e)) from None
     return pa.record_batch({c: _to_arrow(v, types.get(c, "unknown")) for c, v in values.items()})
