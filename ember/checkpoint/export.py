@@ -2,7 +2,7 @@
 
 Layout::
 
-    manifest.json          schema, features, tables (dim, initialiser, seed, rows, min_count), tasks,
+    manifest.json          schema, input_types (each input column's type in training), features, tables (dim, initialiser, seed, rows, min_count), tasks,
                            sha256 of files
     dense.pt               the dense model's state_dict (format 5 on): tensors only, read with
                            torch's weights-only unpickler; ``Predictor`` builds the model with
@@ -156,6 +156,7 @@ def _write(tmp: Path, model: nn.Module, collections: Sequence[_Collection], feat
         **extra,
         "data": run_config["data"],
         "schema": run_config["schema"],
+        "input_types": input_types(run_config),
         "features": [f.model_dump(mode="json") for f in features],
         "linear_features": [f.model_dump(mode="json") for f in linear_features] if linear_features is not None else None,
         "tables": tables,
@@ -166,6 +167,17 @@ def _write(tmp: Path, model: nn.Module, collections: Sequence[_Collection], feat
     }
     write_array(tmp / "manifest.json", [json.dumps(manifest, indent=1).encode()])
     fsync_dir(tmp / "tables")
+
+
+def input_types(run_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Each input column's role and type as training read it (``{"columns": {column: {"role",
+    "type"}}, "found": how}``), so serving brings every value to that type before hashing it
+    (``ember.featurize.canonical``: the integer 4 and the text "4" are two IDs)."""
+    from ember.featurize.canonical import training_types
+    from ember.featurize.schema import Schema, as_recorded
+
+    columns, how = training_types(Schema.model_validate(as_recorded(run_config["schema"])), run_config["data"])
+    return {"columns": columns, "found": how}
 
 
 def _dtype(table: _Table) -> str:

@@ -9,6 +9,7 @@ IDs admission held back. So scores equal the trained model's eval scores on any 
 from __future__ import annotations
 
 import json
+import logging
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Iterable
@@ -28,6 +29,9 @@ from ember.errors import CheckpointError, ConfigError
 from ember.source.bad_rows import BadRowReport
 
 __all__ = ["Predictor"]
+
+log = logging.getLogger(__name__)
+_TOLD: set[str] = set()  # exports whose missing type record was logged (once each)
 
 
 class _FrozenTable:
@@ -130,6 +134,7 @@ class Predictor:
         lin = manifest.get("linear_features")
         self.linear_features = [FeatureConfig.model_validate(f) for f in lin] if lin else None
         self.tasks: list[str] = manifest["tasks"]
+        self.input_types: dict[str, str] = self._input_types()
         self.bad_rows: BadRowReport | None = None  # rows the last predict_files skipped (data.on_bad_rows=skip)
 
     @classmethod
@@ -172,21 +177,39 @@ class Predictor:
 
         return Schema.model_validate({**as_recorded(self.manifest["schema"]), "score_only": True})
 
+    def _input_types(self) -> dict[str, str]:
+        """Each input column's type in training (``ember.featurize.canonical``): as the export
+        recorded it, or, for an export made before types were recorded, inferred from its
+        schema and data format (logged once per export)."""
+        from ember.featurize.canonical import training_types
+
+        recorded = self.manifest.get("input_types")
+        if recorded is not None:
+            return {c: v["type"] for c, v in recorded["columns"].items()}
+        columns, how = training_types(self.score_schema, self.manifest["data"], read_files=False)
+        if str(self.root) not in _TOLD:
+            _TOLD.add(str(self.root))
+            unknown = sorted(c for c, v in columns.items() if v["type"] == "unknown")
+            log.warning("export %s records no input column types (made before ember recorded them): inferred from "
+                        "its schema and %s%s; export the checkpoint again to record them", self.root, how,
+                        f"; columns {unknown} are read as before (file values as stored, JSON values as text)"
+                        if unknown else "")
+        return {c: v["type"] for c, v in columns.items()}
+
     def predict_records(self, rows: list[dict[str, Any]]) -> np.ndarray:
         """Probabilities [N, T] for raw rows given as mappings of column -> value (e.g. parsed
-        JSON), featurized by the export's schema exactly as files are. Values are read as text
-        (None: missing); a column the schema reads that a row lacks is missing in that row. Bad
-        values raise DataError naming the row (1-based) and column."""
-        import pyarrow as pa
-
+        JSON), featurized by the export's schema exactly as files are. Each value is brought to
+        its column's type in training first (``ember.featurize.canonical``: 4, 4.0 and "4" are
+        one integer ID); None or an absent key is a missing value. A value that cannot be, or a
+        key the schema does not read, raises ``BadValue`` (a DataError) naming the row's index
+        in ``rows`` (0-based), the column and the reason."""
+        from ember.featurize.canonical import canonicalize
         from ember.featurize.featurizer import Featurizer
 
         schema = self.score_schema
         if not rows:
             return np.zeros((0, len(self.tasks)))
-        cols = {c: pa.array([None if r.get(c) is None else str(r[c]) for r in rows], pa.string())
-                for c in schema.columns}
-        batch = Featurizer(schema)(pa.record_batch(cols), "<request>", 1).to_batch()
+        batch = Featurizer(schema)(canonicalize(rows, schema, self.input_types), "<request>", 1).to_batch()
         return self.predict_batch(batch)
 
     def predict_files(self, paths: list[str], format: str | None = None, **data_overrides: Any) -> np.ndarray:
@@ -196,15 +219,21 @@ class Predictor:
         ``.csv.gz``) or from ``format``; other extensions are refused (ConfigError), so rows are
         never read in a format they are not in, nor generated (an export trained on synthetic
         data). ``data_overrides`` are keys of the export's data config, merged into it (nested
-        dicts key by key). Label columns may be absent, also from headerless files read by
+        dicts key by key). Each value is brought to its column's type in training first, as
+        ``predict_records`` does (``ember.featurize.canonical``), so a CSV's "4" and a Parquet
+        file's 4 are one integer ID. Label columns may be absent, also from headerless files read by
         ``csv.column_names`` (e.g. ``preset: criteo``): they are dropped from the names when the
         first line has that many fields fewer. A bad row raises DataError (file, row, column)
         whatever the training run's ``on_bad_rows``, since one output row per input row is the
         contract; with ``on_bad_rows="skip"`` passed here, the skipped rows are counted in
         ``self.bad_rows``.
         """
-        from ember.pipeline.loader import make_batches
+        from ember.featurize.canonical import canonicalize
+        from ember.featurize.featurizer import Featurizer
+        from ember.pipeline.loader import file_chunks
+        from ember.source.bad_rows import BadRowReport
         from ember.source.config import DataConfig
+        from ember.source.files import expand_paths
 
         if not paths:
             raise ConfigError("predict: no input files given")
@@ -226,9 +255,18 @@ class Predictor:
         cfg = DataConfig.parse(data, where="data")
         schema = self.score_schema
         cfg = _without_absent_labels(cfg, schema.labels, paths[0])
-        batches = make_batches(cfg, schema, "eval")
-        self.bad_rows = batches.bad_rows
-        return self.predict_batches(batches)
+        report = BadRowReport(cfg.on_bad_rows)
+        self.bad_rows = report
+        featurize, size = Featurizer(schema, report), cfg.split_batch_size("eval")
+        parts = []
+        for path in expand_paths(cfg.paths("eval"), cfg.format):  # file order, then row order
+            for chunk in file_chunks(cfg, schema, path, report):
+                # each value to its column's type in training, as predict_records does (one rule)
+                canonical = canonicalize(chunk.batch, schema, self.input_types, chunk.file, chunk.first_row,
+                                         skip=report if report.skip else None)
+                rows = featurize(canonical, chunk.file, chunk.first_row)
+                parts += [self.predict_batch(rows.slice(i, i + size).to_batch()) for i in range(0, len(rows), size)]
+        return np.concatenate(parts) if parts else np.zeros((0, len(self.tasks)))
 
 
 _FORMATS = ("csv", "tsv", "parquet", "orc")

@@ -17,7 +17,11 @@ directory and swaps in each new export without a restart.
   the export's name (``000007-delta``).
 - Bad requests get a 4xx with a message and never stop the server: 413 for a body over
   ``max_body_bytes``, 400 for a body that is not JSON or lacks ``rows`` (a list of objects), 422
-  for a value the schema cannot read (the message names row and column).
+  for a row the export cannot score: ``{"error": message, "row": i, "column": name, "reason":
+  why}`` (``row``: the 0-based index in ``rows``), e.g. 4.5 in an integer-ID column, a boolean,
+  list or object where a scalar belongs, or a column the export does not read (with a "did you
+  mean"). Each value is first brought to its column's type in training
+  (``ember.featurize.canonical``): ``{"C3": 4}``, ``{"C3": 4.0}`` and ``{"C3": "4"}`` score alike.
 """
 
 
@@ -27,7 +31,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ember.errors import ConfigError, DataError, EmberError
+from ember.errors import ConfigError, DataError, EmberError, SchemaError
+from ember.featurize.canonical import BadValue
 from ember.serving.predictor import Predictor
 from ember.serving.source import PolledSource, Served
 
@@ -77,8 +82,8 @@ def make_app(source: ModelSource, max_body_bytes: int = 1 << 20) -> Any:
 
     app = FastAPI(title="ember scoring server")
 
-    def error(status: int, message: str) -> Any:
-        return JSONResponse({"error": message}, status_code=status)
+    def error(status: int, message: str, **where: Any) -> Any:
+        return JSONResponse({"error": message, **where}, status_code=status)
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -106,7 +111,9 @@ def make_app(source: ModelSource, max_body_bytes: int = 1 << 20) -> Any:
         cur = source.current  # this request's model, whatever swaps happen meanwhile
         try:
             probs = await run_in_threadpool(cur.predictor.predict_records, rows)  # off the event loop
-        except DataError as e:
+        except BadValue as e:
+            return error(422, str(e), row=e.row, column=e.column, reason=e.reason)
+        except (DataError, SchemaError) as e:  # bad input is never a 5xx
             return error(422, str(e))
         source.served += len(rows)
         return {"version": cur.version, "tasks": cur.predictor.tasks, "scores": probs.tolist()}
