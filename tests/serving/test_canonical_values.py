@@ -112,7 +112,7 @@ def _post(trained, rows: list[dict] | None = None, body: bytes | None = None) ->
 def _cli_predict(trained, path: Path, capsys) -> tuple[int, np.ndarray | None, str]:
     out = path.with_suffix(".scores.csv")
     capsys.readouterr()
-    rc = main(["predict", "--export", str(trained["export"]), "--input", str(path), "--output", str(out)])
+    rc = main(["predict", "--export", str(trained["export"]), "--input", str(path), "--output", str(out), "--overwrite"])
     err = capsys.readouterr().err
     return rc, (np.loadtxt(out, delimiter=",", skiprows=1, ndmin=2) if rc == 0 else None), err
 
