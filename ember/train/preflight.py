@@ -5,6 +5,7 @@ each file has the schema's columns and at least one row, read from its header or
 (CSV: the first lines; Parquet/ORC: the metadata); the output directory is writable; and a run
 directory that already holds a run is replaced only when asked. ``check_disk`` (once the tables
 and model are built): the checkpoints ``train.keep_checkpoints`` keeps fit the free space.
+``check_resume`` (part of ``check_run``): ``train.resume`` names a run not finished already.
 ``no_steps_error`` names the train files of a run that trained no step.
 
 Example:
@@ -37,7 +38,7 @@ from ember.train.builder import Components
 from ember.train.early_stop import EarlyStopping
 from ember.train.tensorboard import require_tensorboard
 
-__all__ = ["check_run", "check_disk", "check_data", "no_steps_error", "holds_run"]
+__all__ = ["check_run", "check_resume", "check_disk", "check_data", "no_steps_error", "holds_run"]
 
 log = logging.getLogger("ember")
 Split = Literal["train", "eval"]
@@ -48,6 +49,7 @@ def check_run(cfg: RunConfig, run_dir: Path, overwrite: bool = True, splits: tup
     directory, run name."""
     for split in splits:
         check_data(cfg.data, cfg.schema.columns, split)
+    check_resume(cfg)
     if holds_run(run_dir) and not overwrite and cfg.train.resume is None:
         raise ConfigError(
             f"run directory {run_dir} already holds a run (train.run_name '{run_dir.name}'); pick another "
@@ -64,6 +66,29 @@ def check_run(cfg: RunConfig, run_dir: Path, overwrite: bool = True, splits: tup
     if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
         raise ConfigError(f"output directory {run_dir} cannot be written ({base} is not a writable directory); "
                           "set train.out_dir to a writable directory")
+
+
+def check_resume(cfg: RunConfig) -> None:
+    """ConfigError when ``train.resume`` names an offline run that is finished already: its
+    checkpoint reached ``train.max_steps`` or the end of epoch ``train.epochs`` (it would train no
+    step). The error names the step and epoch it ended at and the key to raise. Reads the
+    manifest only (the hashes are checked when the run loads it)."""
+    t = cfg.train
+    if t.resume is None or t.mode == "online":  # online: a resumed run reads whatever rows arrived since
+        return
+    from ember.checkpoint.load import read_manifest, resolve_checkpoint
+
+    ckpt = resolve_checkpoint(t.resume)
+    manifest = read_manifest(ckpt)
+    step, epoch = int(manifest["step"]), int(manifest["position"]["epoch"])
+    if t.max_steps is not None and step >= t.max_steps:
+        raise ConfigError(f"train.resume {t.resume}: the run is finished: it reached step {step} and train.max_steps is "
+                          f"{t.max_steps}; raise train.max_steps above {step} to train further (e.g. "
+                          f"train.max_steps={max(2 * step, step + 1)})")
+    if epoch >= t.epochs:
+        raise ConfigError(f"train.resume {t.resume}: the run is finished: it reached step {step} after {epoch} full "
+                          f"epoch(s) and train.epochs is {t.epochs}; raise train.epochs above {epoch} to train further "
+                          f"(e.g. train.epochs={epoch + 1})")
 
 
 def holds_run(run_dir: Path) -> bool:
