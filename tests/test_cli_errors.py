@@ -279,3 +279,9 @@ def test_no_traceback_reaches_the_user_of_the_command(trained, tmp_path):
     assert r.stderr.startswith(f"ember train: error: config file {bad}, line 2, column 1: YAML does not parse"), r.stderr
     r = _ember("eval", "--checkpoint", str(trained["export"]))
     assert r.returncode == 2 and "Traceback" not in r.stderr and "is an export" in r.stderr, r.stderr
+
+
+def test_an_export_given_to_resume_or_finetune_from_is_named(trained, tmp_path, capsys):
+    for key in ("train.resume", "train.init_from"):
+        err = _error(capsys, ["train", "--config", str(_config(tmp_path)), f"{key}={trained['export']}"])
+        assert f"{key} {trained['export']} is an export (written by ember export or train --export), not a checkpoint" in err

@@ -20,6 +20,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -69,17 +70,17 @@ def check_run(cfg: RunConfig, run_dir: Path, overwrite: bool = True, splits: tup
 
 
 def check_resume(cfg: RunConfig) -> None:
-    """ConfigError when ``train.resume`` names an offline run that is finished already: its
-    checkpoint reached ``train.max_steps`` or the end of epoch ``train.epochs`` (it would train no
-    step). The error names the step and epoch it ended at and the key to raise. Reads the
-    manifest only (the hashes are checked when the run loads it)."""
+    """ConfigError when ``train.resume`` or ``train.init_from`` names an export (it holds no
+    optimizer state or position: not a checkpoint), or ``train.resume`` an offline run that is
+    finished already: its checkpoint reached ``train.max_steps`` or the end of epoch
+    ``train.epochs`` (it would train no step). The error names the step and epoch it ended at
+    and the key to raise. Reads the manifest only (the hashes are checked when the run loads it)."""
     t = cfg.train
+    if t.init_from is not None:
+        _checkpoint_manifest("train.init_from", t.init_from)
     if t.resume is None or t.mode == "online":  # online: a resumed run reads whatever rows arrived since
         return
-    from ember.checkpoint.load import read_manifest, resolve_checkpoint
-
-    ckpt = resolve_checkpoint(t.resume)
-    manifest = read_manifest(ckpt)
+    manifest = _checkpoint_manifest("train.resume", t.resume)
     step, epoch = int(manifest["step"]), int(manifest["position"]["epoch"])
     if t.max_steps is not None and step >= t.max_steps:
         raise ConfigError(f"train.resume {t.resume}: the run is finished: it reached step {step} and train.max_steps is "
@@ -89,6 +90,23 @@ def check_resume(cfg: RunConfig) -> None:
         raise ConfigError(f"train.resume {t.resume}: the run is finished: it reached step {step} after {epoch} full "
                           f"epoch(s) and train.epochs is {t.epochs}; raise train.epochs above {epoch} to train further "
                           f"(e.g. train.epochs={epoch + 1})")
+
+
+def _checkpoint_manifest(key: str, given: str) -> dict:
+    """The manifest of the checkpoint ``key`` names (a run directory: its latest); ConfigError
+    when it is an export."""
+    from ember.checkpoint.load import read_manifest, resolve_checkpoint
+
+    ckpt = resolve_checkpoint(given)
+    try:
+        raw = json.loads((ckpt / "manifest.json").read_text())
+    except (OSError, ValueError):
+        raw = None  # read_manifest says what is wrong with it
+    if isinstance(raw, dict) and "features" in raw and "config" not in raw:
+        raise ConfigError(f"{key} {given} is an export (written by ember export or train --export), not a checkpoint: "
+                          "it holds no optimizer state or data position; give a training run directory or one of its "
+                          "checkpoints (<run>/checkpoints/step-N)")
+    return read_manifest(ckpt)
 
 
 def holds_run(run_dir: Path) -> bool:
