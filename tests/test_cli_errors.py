@@ -94,6 +94,8 @@ def test_a_missing_config_file_is_named(tmp_path, capsys):
     ("epochs", "must look like key.path=value"),
     ("train.epoch=2", "unknown key 'train.epoch' (did you mean 'epochs'?)"),
     ("schem={}", "unknown key 'schem' (did you mean 'schema'?)"),  # its YAML name, not the field's (schema_)
+    ("data=3", "'data': Input should be a valid dictionary"),
+    ("train.task_weights=[1, 2]", "train.task_weights gives 2 weight(s) [1.0, 2.0] for 1 task(s) (schema.labels: label)"),
 ])
 def test_overrides_that_do_not_parse_or_name_no_key(tmp_path, capsys, override, message):
     err = _error(capsys, ["train", "--config", str(_config(tmp_path, epochs=1)), override])
