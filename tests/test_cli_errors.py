@@ -219,11 +219,19 @@ def test_flags_and_overrides_in_any_order(tmp_path, capsys):
     assert err == "ember generate: error: unrecognized arguments: data.batch_size=3"  # generate takes no overrides
 
 
-def test_version(capsys):
-    from importlib.metadata import version
+def test_version(capsys, monkeypatch):
+    import importlib.metadata
 
     assert main(["--version"]) == 0
-    assert capsys.readouterr().out == f"ember {version('ember')}\n"
+    assert capsys.readouterr().out == f"ember {importlib.metadata.version('ember')}\n"
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)  # a source checkout: the package's own
+    monkeypatch.setattr(ember, "__version__", "9.9.9")
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out == "ember 9.9.9\n"
 
 
 @pytest.mark.parametrize("command", [[], ["train"], ["eval"], ["export"], ["towers"], ["serve"], ["predict"], ["plan"],
