@@ -1,7 +1,12 @@
 """Command line: ``ember train|eval|predict|export|generate|towers|serve|plan``, driven by a YAML run config.
 
-Every command takes ``--config run.yaml`` (where it needs one) and trailing ``key.path=value``
-overrides, e.g. ``ember train --config configs/demo.yaml train.epochs=2 data.batch_size=1024``.
+Every command takes ``--config run.yaml`` (where it needs one) and ``key.path=value`` overrides,
+before, after or between the flags, e.g.
+``ember train --config configs/demo.yaml train.epochs=2 data.batch_size=1024``.
+
+A mistake in the input (config, override, path, flag) ends with ``ember <command>: error: ...``
+and exit status 2, without a traceback; a system failure (disk, memory) with exit status 1; an
+error ember did not expect is reported as an internal error with its traceback, exit status 3.
 """
 
 from __future__ import annotations
@@ -284,12 +289,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ConfigError("--poll-s must be > 0 and --max-body-bytes >= 1")
     if args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
-    print(f"ember serve: serving {args.export} on http://{args.host}:{args.port} (POST /score, GET /health)",
-          file=sys.stderr, flush=True)
     import torch
 
     torch.set_num_threads(args.threads)  # per request; requests themselves run concurrently on a thread pool
-    serve(args.export, args.host, args.port, args.poll_s, args.max_body_bytes)
+
+    def ready(host: str, port: int) -> None:  # once the export is open and the port bound
+        print(f"ember serve: serving {args.export} on http://{host}:{port} (POST /score, GET /health)",
+              file=sys.stderr, flush=True)
+
+    serve(args.export, args.host, args.port, args.poll_s, args.max_body_bytes, on_ready=ready)
     return 0
 
 
@@ -409,8 +417,21 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+_DESCRIPTION = "Train, evaluate, export and serve sparse recommendation models, driven by a YAML run config."
+_EPILOG = """\
+Commands that read a run config take --config run.yaml and key.path=value overrides, before,
+after or between the flags, e.g.
+  ember train --config configs/demo.yaml train.epochs=2 data.batch_size=1024
+'ember COMMAND --help' lists a command's flags.
+
+Exit status: 0 done; 1 the system failed (disk, memory, a lost rank); 2 a problem with the
+input (config, paths, flags); 3 a bug in ember (reported with its traceback); 128+N a signal."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="ember", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="ember", description=_DESCRIPTION, epilog=_EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"ember {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
     t = sub.add_parser("train", help="train (resume with train.resume=DIR, finetune with train.init_from=DIR)")
@@ -420,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="replace an earlier run of the same train.run_name, and an earlier export at --export (else "
                    "refused; train.resume continues a run)")
     t.add_argument("overrides", nargs="*", help="key.path=value")
-    t.set_defaults(fn=cmd_train)
+    t.set_defaults(fn=cmd_train, parser=t)
 
     for name, fn, helptext in [("eval", cmd_eval, "AUC and logloss of a checkpoint on the eval data"),
                                ("export", cmd_export, "export a checkpoint for serving")]:
@@ -431,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
             e.add_argument("--out", required=True)
             e.add_argument("--overwrite", action="store_true", help="replace an earlier export at --out (nothing else)")
         e.add_argument("overrides", nargs="*")
-        e.set_defaults(fn=fn)
+        e.set_defaults(fn=fn, parser=e)
 
     tw = sub.add_parser("towers", help="propose DMT towers from a trained model's embedding interactions")
     tw.add_argument("--checkpoint", required=True, help="checkpoint or run directory")
@@ -441,7 +462,7 @@ def build_parser() -> argparse.ArgumentParser:
     tw.add_argument("--overwrite", action="store_true", help="replace a snippet written earlier at --out (nothing else)")
     tw.add_argument("--config", help="run config (default: the one stored in the checkpoint)")
     tw.add_argument("overrides", nargs="*")
-    tw.set_defaults(fn=cmd_towers)
+    tw.set_defaults(fn=cmd_towers, parser=tw)
 
     sv = sub.add_parser("serve", help="score JSON rows over HTTP, following the export as it is replaced")
     sv.add_argument("--export", required=True, help="export directory (re-read whenever its manifest changes), or a "
@@ -452,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger requests get 413")
     sv.add_argument("--threads", type=int, default=1, help="torch threads per request (small requests: 1 is fastest; "
                     "concurrent requests run on their own threads)")
-    sv.set_defaults(fn=cmd_serve)
+    sv.set_defaults(fn=cmd_serve, parser=sv)
 
     pr = sub.add_parser("predict", help="score raw rows with an exported model")
     pr.add_argument("--export", required=True, help="export directory")
@@ -463,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--format", choices=["csv", "tsv", "parquet", "orc"],
                     help="format of the input files (default: from their extensions; other extensions need this)")
     pr.add_argument("overrides", nargs="*", help="data.key.path=value, e.g. data.csv.delimiter=';'")
-    pr.set_defaults(fn=cmd_predict)
+    pr.set_defaults(fn=cmd_predict, parser=pr)
 
     pl = sub.add_parser("plan", help="print how a distributed run would shard the tables (no training)")
     pl.add_argument("--config", required=True)
@@ -471,7 +492,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--nodes", type=int, default=1, help="nodes (torchrun --nnodes) the ranks spread over, evenly: "
                     "what distributed.placement towers places the towers on (default 1)")
     pl.add_argument("overrides", nargs="*", help="key.path=value")
-    pl.set_defaults(fn=cmd_plan)
+    pl.set_defaults(fn=cmd_plan, parser=pl)
 
     g = sub.add_parser("generate", help="write synthetic Criteo-shaped data to files")
     g.add_argument("--out", required=True, help="file to write, its format from the extension: .csv/.tsv (.gz, .bz2, "
@@ -483,23 +504,28 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--split", choices=["train", "eval"], default="train")
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--options", help='synthetic options as JSON, e.g. \'{"vocab_size": 1000000}\'')
-    g.set_defaults(fn=cmd_generate)
+    g.set_defaults(fn=cmd_generate, parser=g)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; run as the process's own command (``argv`` None), it first re-runs itself
-    with the allocator tunables large batches need (``ember.allocator``)."""
+    with the allocator tunables large batches need (``ember.allocator``). Returns the exit status:
+    0 done, 1 a system failure, 2 a problem with the input, 3 a bug in ember, 128+N a signal."""
     if argv is None:
         from ember.allocator import reexec_tuned
 
         reexec_tuned(["-m", "ember", *sys.argv[1:]])
-    args = build_parser().parse_args(argv)
+    try:
+        args = _parse(build_parser(), argv)
+    except SystemExit as e:  # --help, --version, or a flag error argparse has printed
+        return e.code if isinstance(e.code, int) else int(e.code is not None)
     from ember.errors import EmberError, RunInterrupted
 
     _show_ember_logs()
 
     try:
+        _check_inputs(args)
         return int(args.fn(args))
     except BrokenPipeError:
         if not _stdout_closed():
@@ -511,12 +537,109 @@ def main(argv: list[str] | None = None) -> int:
     except EmberError as e:
         print(f"ember {args.command}: error: {_with_notes(e)}", file=sys.stderr)
         return int(getattr(e, "exit_code", 2))  # 2: bad input; RankLost: 1
+    except KeyboardInterrupt:  # (train saves and raises RunInterrupted; the other commands just stop)
+        print(f"ember {args.command}: interrupted", file=sys.stderr)
+        return 130
     except Exception as e:
-        if not any("ember pipeline stage" in n for n in getattr(e, "__notes__", [])):
-            raise
-        # a fault inside a pipeline stage (disk full, a kernel error): named, without a traceback
-        print(f"ember {args.command}: error: {type(e).__name__}: {_with_notes(e)}", file=sys.stderr)
-        return 1
+        if any("ember pipeline stage" in n for n in getattr(e, "__notes__", [])) or isinstance(e, (OSError, MemoryError)):
+            # the system failed (disk full, out of memory, a kernel error in a pipeline stage): named, no traceback
+            print(f"ember {args.command}: error: {type(e).__name__}: {_with_notes(e)}", file=sys.stderr)
+            return 1
+        import traceback
+
+        traceback.print_exc()
+        print(f"ember {args.command}: internal error (a bug in ember, please report it with the traceback above): "
+              f"{type(e).__name__}: {_with_notes(e)}", file=sys.stderr)
+        return 3
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """Flags and ``key=value`` overrides in any order: argparse gives a command's trailing
+    positionals only the first run of them, so later overrides come back unparsed and join
+    ``overrides`` here, in order; an unknown flag (or an override given to a command that takes
+    none) is the command's usage error."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        flags = [a for a in extra if a.startswith("-")]
+        if flags or not hasattr(args, "overrides"):
+            args.parser.error(f"unrecognized arguments: {' '.join(flags or extra)}")
+        args.overrides = [*args.overrides, *extra]
+    return args
+
+
+def _version() -> str:
+    """The installed distribution's version, else the package's own (a source checkout)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("ember")
+    except PackageNotFoundError:  # the package's own attribute (its facade, a layer above: read, not imported)
+        return str(sys.modules["ember"].__version__)
+
+
+def _check_inputs(args: argparse.Namespace) -> None:
+    """The paths a command reads exist and hold what it reads: a checkpoint for --checkpoint, an
+    export for --export, files for --input; else a ConfigError saying what was given and what
+    the command expects."""
+    from ember.errors import ConfigError
+
+    given = getattr(args, "checkpoint", None)
+    if given is not None:
+        path, kind = Path(given), _holds(Path(given))
+        if kind == "missing":
+            raise ConfigError(f"--checkpoint {given} does not exist; give a run directory (train.out_dir/train.run_name, "
+                              "whose latest checkpoint is read) or one checkpoint (<run>/checkpoints/step-N)")
+        if kind in ("export", "export series"):
+            raise ConfigError(f"--checkpoint {given} is {_A[kind]}, not a checkpoint; ember {args.command} reads a "
+                              "training checkpoint or run directory (train.out_dir/train.run_name)"
+                              + (f", e.g. {path.parent}" if _holds(path.parent) == "run" else "")
+                              + (f"; to score rows with an export use ember predict --export {given}" if kind == "export" else ""))
+    given = getattr(args, "export", None) if args.command in ("predict", "serve") else None
+    if given is not None:
+        path, kind = Path(given), _holds(Path(given))
+        if kind == "missing":
+            raise ConfigError(f"--export {given} does not exist; give an export directory, written by ember export --out "
+                              "DIR or ember train --export DIR" + (" (or a run's exports/ series)" if args.command == "serve" else ""))
+        if kind in ("run", "checkpoint"):
+            series = path / "exports" if kind == "run" and _holds(path / "exports") == "export series" else None
+            raise ConfigError(f"--export {given} is {_A[kind]}, not an export; export it first (ember export --checkpoint "
+                              f"{given} --out DIR) and give --export DIR"
+                              + (f", or serve the exports this run wrote while training: --export {series}" if series and
+                                 args.command == "serve" else ""))
+        if kind == "export series" and args.command == "predict":
+            full = sorted(path.glob("*-full"))
+            raise ConfigError(f"--export {given} is {_A[kind]}; ember predict reads one export: give one of its full "
+                              f"exports, e.g. --export {full[-1]}")
+    for item in getattr(args, "input", None) or []:
+        if not Path(item).exists() and not _OVERRIDE.match(item) and not any(c in item for c in "*?["):
+            raise ConfigError(f"--input {item} does not exist; give files (or directories, or glob patterns) of rows "
+                              "to score")
+
+
+_A = {"export": "an export (written by ember export or train --export)",
+      "export series": "a run's export series (full and delta exports, for ember serve)",
+      "run": "a training run directory", "checkpoint": "a training checkpoint"}
+
+
+def _holds(path: Path) -> str:
+    """What ``path`` holds, as far as its names and manifest tell: ``missing``, ``checkpoint``,
+    ``run`` (a run or its checkpoints/ directory), ``export``, ``export series`` or ``other``."""
+    if not path.exists():
+        return "missing"
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except (OSError, ValueError):
+        manifest = None
+    if isinstance(manifest, dict):
+        if "step" in manifest and "config" in manifest:
+            return "checkpoint"
+        if "features" in manifest:
+            return "export"
+    if (path / "checkpoints").is_dir() or (path / "LATEST").is_file():
+        return "run"
+    if path.is_dir() and any(path.glob("*-full")):
+        return "export series"
+    return "other"
 
 
 def _stdout_closed() -> bool:

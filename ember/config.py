@@ -174,7 +174,7 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
         raise ConfigError(f"a run config must be a mapping, got {type(raw).__name__}")
     raw = copy.deepcopy(raw)
     data = raw.get("data") or {}
-    preset = data.get("preset")
+    preset = data.get("preset") if isinstance(data, dict) else None  # (not a mapping: validation says so)
     if preset is not None:
         merged = _deep_merge(preset_data_defaults(preset), data)
         raw["data"] = merged
@@ -188,15 +188,15 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
         schema = preset_schema(cfg.data.preset, cfg.data)
         cfg = cfg.model_copy(update={"schema_": schema})
     cfg.schema  # raises when neither is given
-    _check_table_names(cfg)
+    _check_names(cfg)
     return cfg
 
 
-def _check_table_names(cfg: RunConfig) -> None:
+def _check_names(cfg: RunConfig) -> None:
     """Every ``tables:`` entry (and ``distributed.tables`` key) names a table some sparse feature
-    reads (a feature's ``table``, else its name), and every ``model.towers`` entry a sparse
-    feature: an entry naming none would configure nothing, and its settings would silently
-    never apply."""
+    reads (a feature's ``table``, else its name), every ``model.towers`` entry a sparse feature,
+    and ``train.task_weights`` gives one weight per label: an entry naming none would configure
+    nothing, and its settings would silently never apply (or, extra weights, scale the loss)."""
     read = list(dict.fromkeys(f.table_name for f in cfg.schema.sparse))
     for i, t in enumerate(cfg.tables):
         if t.name not in read:
@@ -221,6 +221,10 @@ def _check_table_names(cfg: RunConfig) -> None:
                 raise ConfigError(f"model.towers[{k}] names feature '{name}', which the schema does not have"
                                   + (f" (did you mean '{hint}'?)" if hint else "")
                                   + f"; the sparse features are {', '.join(features)}")
+    weights, labels = cfg.train.task_weights, cfg.schema.labels
+    if weights is not None and len(weights) != len(labels):
+        raise ConfigError(f"train.task_weights gives {len(weights)} weight(s) {weights} for {len(labels)} task(s) "
+                          f"(schema.labels: {', '.join(labels)}); give one weight per label, in that order")
 
 
 def load(path: str | Path, overrides: Sequence[str] = ()) -> RunConfig:

@@ -25,18 +25,20 @@ directory and swaps in each new export without a restart.
 """
 
 
+import errno
 import hashlib
 import json
 import logging
+import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ember.errors import ConfigError, DataError, EmberError, SchemaError
 from ember.featurize.canonical import BadValue
 from ember.serving.predictor import Predictor
 from ember.serving.source import PolledSource, Served
 
-__all__ = ["ModelSource", "Served", "make_app", "serve", "open_source"]
+__all__ = ["ModelSource", "Served", "make_app", "serve", "bind", "open_source"]
 
 log = logging.getLogger(__name__)
 
@@ -122,18 +124,62 @@ def make_app(source: ModelSource, max_body_bytes: int = 1 << 20) -> Any:
 
 
 def serve(export: str | Path, host: str = "127.0.0.1", port: int = 8000, poll_s: float = 2.0,
-          max_body_bytes: int = 1 << 20) -> None:
-    """Run the server until interrupted (``ember serve``)."""
+          max_body_bytes: int = 1 << 20, on_ready: Callable[[str, int], None] | None = None) -> None:
+    """Run the server until interrupted (``ember serve``).
+
+    The export is opened and the port bound before anything is served, so a bad export or a
+    busy port is a ConfigError at once; then ``on_ready(host, port)`` (the port bound: ``port``
+    0 picks a free one) announces it and requests are served on that socket.
+    """
     try:
         import uvicorn
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ConfigError("ember serve needs FastAPI and uvicorn: pip install 'ember[serve]'") from e
     source = open_source(export, poll_s)
-    source.start()
+    sock = bind(host, port)
     try:
-        uvicorn.run(make_app(source, max_body_bytes), host=host, port=port, log_level="warning")
+        source.start()
+        try:
+            if on_ready is not None:
+                on_ready(host, sock.getsockname()[1])
+            server = uvicorn.Server(uvicorn.Config(make_app(source, max_body_bytes), host=host, port=port,
+                                                   log_level="warning"))
+            server.run(sockets=[sock])
+        finally:
+            source.stop()
     finally:
-        source.stop()
+        sock.close()
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host:port`` and listening (as uvicorn binds one: SO_REUSEADDR,
+    inheritable, its backlog), so a client that connects once the server is announced waits in
+    the backlog instead of being refused; ConfigError naming the port when another process holds
+    it, or the host when it is not an address of this machine."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                             flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise ConfigError(f"--host {host} does not resolve to an address ({e.strerror}); give an address of this "
+                          "machine, e.g. 127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen(2048)  # uvicorn's default backlog
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} on {host} is in use; pick another with --port") from None
+        if e.errno == errno.EACCES:
+            raise ConfigError(f"port {port} on {host} needs privileges this process lacks (ports below 1024 do); "
+                              "pick another with --port, e.g. 8000") from None
+        if e.errno == errno.EADDRNOTAVAIL:
+            raise ConfigError(f"--host {host} is not an address of this machine; give one of its addresses, e.g. "
+                              "127.0.0.1 (this machine only) or 0.0.0.0 (every interface)") from None
+        raise
+    sock.set_inheritable(True)
+    return sock
 
 
 def open_source(export: str | Path, poll_s: float = 2.0) -> Any:

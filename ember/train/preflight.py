@@ -6,6 +6,7 @@ each file has the schema's columns and at least one row, read from its header or
 directory that already holds a run is replaced only when asked, one that holds anything else
 never (``check_run_dir``, the rule of ``ember.outputs``). ``check_disk`` (once the tables
 and model are built): the checkpoints ``train.keep_checkpoints`` keeps fit the free space.
+``check_resume`` (part of ``check_run``): ``train.resume`` names a run not finished already.
 ``no_steps_error`` names the train files of a run that trained no step.
 
 Example:
@@ -20,6 +21,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -39,7 +41,7 @@ from ember.train.builder import Components
 from ember.train.early_stop import EarlyStopping
 from ember.train.tensorboard import require_tensorboard
 
-__all__ = ["check_run", "check_run_dir", "check_disk", "check_data", "no_steps_error", "holds_run"]
+__all__ = ["check_run", "check_run_dir", "check_resume", "check_disk", "check_data", "no_steps_error", "holds_run"]
 
 log = logging.getLogger("ember")
 Split = Literal["train", "eval"]
@@ -50,6 +52,7 @@ def check_run(cfg: RunConfig, run_dir: Path, overwrite: bool = True, splits: tup
     directory, run name."""
     for split in splits:
         check_data(cfg.data, cfg.schema.columns, split)
+    check_resume(cfg)
     if cfg.train.resume is None:
         check_run_dir(run_dir, overwrite)
     init = cfg.train.init_from
@@ -82,6 +85,46 @@ def check_run_dir(run_dir: Path, overwrite: bool) -> None:
         raise ConfigError(
             f"run directory {run_dir} already holds a run (train.run_name '{run_dir.name}'); pick another "
             "train.run_name, resume it with train.resume=" f"{run_dir}, or pass --overwrite to replace it")
+
+
+def check_resume(cfg: RunConfig) -> None:
+    """ConfigError when ``train.resume`` or ``train.init_from`` names an export (it holds no
+    optimizer state or position: not a checkpoint), or ``train.resume`` an offline run that is
+    finished already: its checkpoint reached ``train.max_steps`` or the end of epoch
+    ``train.epochs`` (it would train no step). The error names the step and epoch it ended at
+    and the key to raise. Reads the manifest only (the hashes are checked when the run loads it)."""
+    t = cfg.train
+    if t.init_from is not None:
+        _checkpoint_manifest("train.init_from", t.init_from)
+    if t.resume is None or t.mode == "online":  # online: a resumed run reads whatever rows arrived since
+        return
+    manifest = _checkpoint_manifest("train.resume", t.resume)
+    step, epoch = int(manifest["step"]), int(manifest["position"]["epoch"])
+    if t.max_steps is not None and step >= t.max_steps:
+        raise ConfigError(f"train.resume {t.resume}: the run is finished: it reached step {step} and train.max_steps is "
+                          f"{t.max_steps}; raise train.max_steps above {step} to train further (e.g. "
+                          f"train.max_steps={max(2 * step, step + 1)})")
+    if epoch >= t.epochs:
+        raise ConfigError(f"train.resume {t.resume}: the run is finished: it reached step {step} after {epoch} full "
+                          f"epoch(s) and train.epochs is {t.epochs}; raise train.epochs above {epoch} to train further "
+                          f"(e.g. train.epochs={epoch + 1})")
+
+
+def _checkpoint_manifest(key: str, given: str) -> dict:
+    """The manifest of the checkpoint ``key`` names (a run directory: its latest); ConfigError
+    when it is an export."""
+    from ember.checkpoint.load import read_manifest, resolve_checkpoint
+
+    ckpt = resolve_checkpoint(given)
+    try:
+        raw = json.loads((ckpt / "manifest.json").read_text())
+    except (OSError, ValueError):
+        raw = None  # read_manifest says what is wrong with it
+    if isinstance(raw, dict) and "features" in raw and "config" not in raw:
+        raise ConfigError(f"{key} {given} is an export (written by ember export or train --export), not a checkpoint: "
+                          "it holds no optimizer state or data position; give a training run directory or one of its "
+                          "checkpoints (<run>/checkpoints/step-N)")
+    return read_manifest(ckpt)
 
 
 def holds_run(run_dir: Path) -> bool:
