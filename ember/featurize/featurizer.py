@@ -95,6 +95,30 @@ def _numbers(batch: pa.RecordBatch, column: str, file: str, role: str) -> tuple[
         raise _type_error(file, role, column, e) from None
 
 
+_TEXT_SHOWN = 5  # distinct text labels named in the error
+
+
+def _refuse_text_labels(column: pa.Array, name: str, file: str, first_row: int, missing: np.ndarray,
+                        bad: np.ndarray) -> None:
+    """Raise SchemaError when label column ``name`` holds words ("yes"/"no", "click"), not
+    numbers: at least two of the block's labels, and at least half of those present, are text.
+
+    Such a column is a layout problem, not a few bad rows: under ``on_bad_rows: skip`` its rows
+    would all be dropped (or its NaNs trained on), so it is refused under either policy, naming
+    the file, the column and the values seen. A stray word among numeric labels stays a bad row.
+    """
+    n_text = int(bad.sum())
+    if n_text < 2 or 2 * n_text < int((~missing).sum()):
+        return
+    words = pc.unique(column.filter(pa.array(bad))).to_pylist()
+    shown = ", ".join(repr(w) for w in words[:_TEXT_SHOWN]) + (", ..." if len(words) > _TEXT_SHOWN else "")
+    row = first_row + int(np.argmax(bad))
+    raise SchemaError(f"{file}: label column '{name}' holds text, not numbers: {shown} ({n_text} of the "
+                      f"{int((~missing).sum())} labels of rows {first_row}-{first_row + len(bad) - 1}, the first in "
+                      f"row {row}); a label must be a number in [0, 1]: write the labels as 0/1 (e.g. yes -> 1, "
+                      "no -> 0), or point schema.labels at a 0/1 column")
+
+
 class Featurizer:
     """Turns record batches into :class:`Rows` following ``schema``.
 
@@ -123,6 +147,7 @@ class Featurizer:
                 labels[:, j] = 0.0
                 continue
             x, missing, bad = _numbers(batch, name, file, "label")
+            _refuse_text_labels(batch.column(name), name, file, first_row, missing, bad)
             checks.add(name, "label is missing", missing)
             checks.add(name, "label is not a number", bad)
             checks.add(name, "label is not in [0, 1]", ~missing & ~bad & ((x < 0) | (x > 1)))

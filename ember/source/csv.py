@@ -35,11 +35,12 @@ from ember.errors import DataError
 from ember.source.bad_rows import BadRowReport, raise_bad_row
 from ember.source.base import RecordChunk, check_columns, damaged_file, is_damage
 
-__all__ = ["read_csv"]
+__all__ = ["read_csv", "header_fields", "check_unique", "BOM"]
 
 _FIELDS_REASON = "<row>: wrong number of fields"
 _UTF8_REASON = "<row>: not valid UTF-8 text"
 _PARSE_BLOCK = 1 << 20  # pyarrow's parse unit; grown for a block holding a longer line
+BOM = codecs.BOM_UTF8  # spreadsheet tools start UTF-8 CSV with it; it is not part of the first name
 
 
 def _line_blocks(path: str, block_bytes: int, consumed: list[int] | None = None) -> Iterator[bytes]:
@@ -82,14 +83,25 @@ def _codec(path: str) -> str | None:
         return None
 
 
-def _split_header(line: bytes, delimiter: str) -> list[str] | None:
-    """The names in a header line (quotes removed), or None when it is not UTF-8 text."""
+def header_fields(line: bytes, delimiter: str, errors: str = "strict") -> list[str] | None:
+    """The names in a file's first line (a UTF-8 byte order mark and quotes removed), or None
+    when it is not UTF-8 text (``errors="strict"``). ``preflight`` reads headers with it too."""
     try:
-        text = line.decode("utf-8")
+        text = line.removeprefix(BOM).decode("utf-8", errors)
     except UnicodeDecodeError:
         return None
     names = text.rstrip("\r\n").split(delimiter)
     return [n[1:-1] if len(n) >= 2 and n[0] == n[-1] == '"' else n for n in names]
+
+
+def check_unique(path: str, names: Sequence[str], columns: Sequence[str], where: str) -> None:
+    """Raise DataError when a column read (``columns``) is named twice in ``names``: which of
+    them holds the data would be a guess. A repeated name nothing reads is harmless."""
+    for c in columns:
+        at = [i + 1 for i, n in enumerate(names) if n == c]
+        if len(at) > 1:
+            raise DataError(f"{path}: {where} names column '{c}' {len(at)} times (fields {', '.join(map(str, at))}); "
+                            "rename the copies in the file, or set csv.column_names to name every column once")
 
 
 def read_csv(
@@ -122,16 +134,20 @@ def read_csv(
         raise ValueError(f"read_csv: header={header!r} needs column_names")
     blocks = _line_blocks(path, block_bytes, consumed)
     first = next(blocks, b"")
-    head, newline, body = first.partition(b"\n")
-    found = _split_header(head, delimiter)
-    line_no, offset = 1, 0  # 1-based number and byte offset of the next line to parse
+    bom = len(BOM) if first.startswith(BOM) else 0
+    head, newline, body = first[bom:].partition(b"\n")
+    found = header_fields(head, delimiter)
+    line_no, offset, first = 1, bom, first[bom:]  # 1-based number and byte offset of the next line to parse
     if header is True or (header == "auto" and found == names):
         if found is None:
             raise DataError(f"{path} row 1 (the header): not valid UTF-8 text; re-encode the file as UTF-8 "
                             "(e.g. iconv -f latin1 -t utf-8), or set csv.header: false and csv.column_names")
+        if not names:
+            check_unique(path, found, columns, "the header (row 1)")
         names = names or found
-        line_no, offset, first = 2, len(head) + len(newline), body
+        line_no, offset, first = 2, bom + len(head) + len(newline), body
     assert names is not None
+    check_unique(path, names, columns, "csv.column_names")
     check_columns(path, names, columns)
     parser = _BlockParser(path, names, columns, delimiter, report)
     for block in _chain(first, blocks):
