@@ -124,7 +124,8 @@ def file_chunks(data: DataConfig, schema: Schema, path: str, report: BadRowRepor
     cols = schema.columns
     if data.format in ("csv", "tsv"):
         return read_csv(path, cols, delimiter=data.delimiter, header=data.csv.header, consumed=consumed,
-                        column_names=data.csv.column_names, block_bytes=data.csv.block_bytes, report=report)
+                        column_names=data.csv.column_names, block_bytes=data.csv.block_bytes, report=report,
+                        newlines_in_values=data.csv.newlines_in_values)
     return read_parquet(path, cols, read_rows=data.read_rows) if data.format == "parquet" else \
         read_orc(path, cols, read_rows=data.read_rows)
 
@@ -289,7 +290,7 @@ class Loader:
             return _record_chunks(self.data, self.schema, self.split, rng, self.bad_rows, self.read, self.part)
 
         def parse(chunk: RecordChunk) -> list[Batch]:
-            return [rows.to_batch() for rows in batcher.push(featurize(chunk.batch, chunk.file, chunk.first_row))]
+            return [rows.to_batch() for rows in batcher.push(featurize(chunk.batch, chunk.file, chunk.row_numbers))]
 
         def finish() -> list[Batch]:
             return [rows.to_batch() for rows in batcher.finish()]

@@ -170,7 +170,7 @@ class StreamLoader:
 
         def parse(item: tuple[int, Any]) -> list[Batch]:
             index, chunk = item
-            rows = featurize(chunk.batch, chunk.file, chunk.first_row)
+            rows = featurize(chunk.batch, chunk.file, chunk.row_numbers)
             first = 0
             if skip[0] and chunk.file == self.start.file:
                 first = min(skip[0], len(rows))
