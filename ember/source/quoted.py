@@ -22,6 +22,8 @@ Example:
 from __future__ import annotations
 
 import bisect
+import functools
+import re
 from dataclasses import dataclass, field
 from typing import Iterator
 
@@ -45,10 +47,28 @@ class Scan:
     cut: int = 0
 
 
+@functools.lru_cache(maxsize=8)
+def _patterns(delimiter: bytes) -> tuple[re.Pattern[bytes], re.Pattern[bytes]]:
+    """A quoted value closed on its line, and a quote that starts a field (regexes, run in C)."""
+    d = re.escape(delimiter)
+    start = rb"(?<![^" + d + rb"\r\n])"
+    return re.compile(start + rb'"[^"\r\n]*(?:""[^"\r\n]*)*"'), re.compile(start + rb'"')
+
+
+def _no_value_spans_lines(block: bytes, delimiter: bytes) -> bool:
+    """Whether every quoted value of ``block`` closes on its line, holding no CR or LF (the common case, checked in
+    C): with those removed, no quote starts a field. Conservative: False sends ``scan`` on."""
+    closed, field_start = _patterns(delimiter)
+    return field_start.search(closed.sub(b"", block)) is None
+
+
 def scan(block: bytes, delimiter: bytes, final: bool) -> Scan:
     """Records of ``block`` (whole lines); ``final``: no text follows, so a value still open
     at the end is a stray quote (else it is left for the next block: ``cut`` before its record)."""
     out = Scan()
+    if _QUOTE not in block or _no_value_spans_lines(block, delimiter):
+        out.units, out.cut = [("ok", 0, len(block))] if block else [], len(block)
+        return out
     delim = delimiter[0]
     start = pos = 0  # start of the current "ok" run; where the quote search goes on
     while True:
@@ -64,7 +84,7 @@ def scan(block: bytes, delimiter: bytes, final: bool) -> Scan:
             if close < 0 or block[close + 1 : close + 2] != _QUOTE:
                 break
             close += 2  # "" is a quote inside the value
-        if close >= 0 and block.find(b"\n", q, close) < 0:
+        if close >= 0 and block.find(b"\n", q, close) < 0 and block.find(b"\r", q, close) < 0:
             pos = close + 1  # closed on its own line
             continue
         if close >= 0 and (close + 1 == len(block) or block[close + 1] in (delim, _NL, _CR)):
@@ -109,11 +129,14 @@ def _record_start(block: bytes, lo: int, at: int, spans: list[tuple[int, int]]) 
 def record_starts(block: bytes, start: int, end: int, spans: list[tuple[int, int]]) -> np.ndarray:
     """Start offsets of the records in ``block[start:end]`` (whole records): a record ends at
     a line end (LF, CRLF, or a lone CR, as pyarrow reads them) outside the quoted ``spans``."""
-    arr = np.frombuffer(block, dtype=np.uint8, count=end, offset=0)[start:]
-    lf = np.flatnonzero(arr == _NL)
+    arr = np.frombuffer(block, dtype=np.uint8, count=end)[start:]
+    ends = np.flatnonzero(arr == _NL)
     cr = np.flatnonzero(arr == _CR)
-    lone = cr[~np.isin(cr + 1, lf)]
-    ends = np.union1d(lf, lone) + start
+    if cr.size:  # a lone CR ends a record too
+        nxt = cr + 1
+        lone = cr[(nxt >= arr.size) | (arr[np.minimum(nxt, arr.size - 1)] != _NL)]
+        ends = np.sort(np.concatenate([ends, lone])) if lone.size else ends
+    ends = ends + start
     if spans:
         opens = np.array([s[0] for s in spans])
         closes = np.array([s[1] for s in spans])
