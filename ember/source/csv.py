@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import codecs
+import logging
 from typing import Any, Callable, Generator, Iterator, Literal, Sequence, overload
 
 import numpy as np
@@ -37,9 +38,11 @@ import pyarrow.csv as pacsv
 from ember.errors import DataError
 from ember.source.bad_rows import BadRowReport, raise_bad_row
 from ember.source.base import RecordChunk, check_columns, damaged_file, is_damage
-from ember.source.quoted import UNCLOSED, Scan, quoted_blocks, record_starts
+from ember.source.quoted import UNCLOSED, Scan, quoted_blocks, record_starts, scan
 
 __all__ = ["read_csv", "header_fields", "check_unique", "BOM"]
+
+log = logging.getLogger("ember")
 
 _FIELDS_REASON = "<row>: wrong number of fields"
 _UTF8_REASON = "<row>: not valid UTF-8 text"
@@ -177,6 +180,7 @@ class _BlockParser:
                  report: BadRowReport) -> None:
         self.path, self.names, self.columns = path, names, list(columns)
         self.delimiter, self.report = delimiter, report
+        self._hinted = False  # the newlines_in_values hint was logged for this file
 
     def chunks(self, block: bytes, line_no: int, offset: int) -> Generator[RecordChunk, None, int]:
         """Chunks of ``block`` (line ``line_no``, byte ``offset`` of the file): each run of
@@ -291,6 +295,8 @@ class _BlockParser:
             table, bad_at = self._read_each_line(lines)
             bad = [text for _, text in bad_at]
             first = bad_at[0] if bad_at else None
+            if bad_at and self.report.skip:
+                self._hint_multi_line_values(lines, line_no)
         if bad and not self.report.skip:
             assert first is not None
             idx, text = first
@@ -305,6 +311,19 @@ class _BlockParser:
         if table.num_rows:
             yield RecordChunk(_to_batch(table, self.columns), self.path, line_no)
         return n_lines
+
+    def _hint_multi_line_values(self, lines: bytes, line_no: int) -> None:
+        """Log once per file when lines skipped as bad hold quoted values that span lines the
+        way CSV writers write them (a spreadsheet export?): ``csv.newlines_in_values`` reads them."""
+        if self._hinted:
+            return
+        found = scan(lines, self.delimiter.encode("utf-8"), final=True)
+        if found.spans:
+            self._hinted = True
+            at = line_no + lines.count(b"\n", 0, found.spans[0][0])
+            log.warning("%s row %d: a quoted value spans lines; with csv.newlines_in_values: false (the default) "
+                        "its lines are skipped as bad rows. If the file's values hold line breaks (e.g. a "
+                        "spreadsheet export), set csv.newlines_in_values: true", self.path, at)
 
     def _read_each_line(self, lines: bytes) -> tuple[pa.Table, list[tuple[int, str]]]:
         """Each line parsed on its own (slow; only for blocks whose quotes span lines): the good

@@ -82,6 +82,20 @@ def test_a_data_worker_leaves_the_global_torch_generator_alone() -> None:
     assert [b.sparse.values.tolist() for b in in_worker] == [b.sparse.values.tolist() for b in in_line]
 
 
+def test_a_streams_data_worker_leaves_the_global_torch_generator_alone(tmp_path: Path) -> None:
+    """The same for a watched stream's worker (``StreamLoader``, train.mode: online)."""
+    from ember.featurize.schema import Schema
+    from ember.pipeline.stream import StreamLoader
+
+    (tmp_path / "part-0.csv").write_text("y,d,c\n" + "".join(f"{i % 2},{i},id{i}\n" for i in range(20)))
+    data = DataConfig(format="csv", train=str(tmp_path), batch_size=8, shuffle_buffer=0)
+    torch.manual_seed(0)
+    before = torch.get_rng_state()
+    schema = Schema(labels=["y"], dense=[{"name": "d"}], sparse=[{"name": "c"}])
+    assert sum(b.size for b in StreamLoader(data, schema, stop=lambda: True, workers=1)) == 16  # a stop keeps the partial batch
+    assert torch.equal(before, torch.get_rng_state())
+
+
 def test_dropout_run_is_the_same_with_a_data_worker_and_either_engine(tmp_path: Path) -> None:
     base = _run(tmp_path, MODELS["dlrm"], 0, "inline")
     assert_identical(base, _run(tmp_path, MODELS["dlrm"], 1, "inline"))

@@ -131,3 +131,16 @@ def test_the_featurizer_names_the_line_a_row_starts_on(tmp_path):
         list(make_batches(data, schema, "train"))
     (batch,) = list(make_batches(data.model_copy(update={"on_bad_rows": "skip"}), schema, "train"))
     assert batch.dense[:, 0].tolist() == [1.0, 2.0]
+
+
+def test_without_the_option_such_values_are_bad_lines_and_a_log_line_says_why(tmp_path, caplog):
+    p = tmp_path / "sheet.csv"
+    p.write_bytes(_written(RECORDS))
+    report = BadRowReport("skip")
+    with caplog.at_level("WARNING", logger="ember"):
+        chunks = list(read_csv(str(p), NAMES, report=report))
+    assert sum(c.batch.num_rows for c in chunks) == 3 and report.total == 4  # each line of the 2 two-line rows
+    hints = [r.getMessage() for r in caplog.records if "newlines_in_values" in r.getMessage()]
+    assert len(hints) == 1 and "sheet.csv row 3: a quoted value spans lines" in hints[0]
+    with pytest.raises(DataError, match="set csv.newlines_in_values: true if values hold line ends"):
+        list(read_csv(str(p), NAMES))
