@@ -153,11 +153,19 @@ def quoted_blocks(blocks: Iterator[bytes], delimiter: str, limit: int) -> Iterat
     bytes ends: its quote counts as stray."""
     delim = delimiter.encode("utf-8")
     carry = b""
+    pending: list[bytes] = []
+    pending_bytes = 0
     for data in blocks:
-        block = carry + data
+        pending.append(data)
+        pending_bytes += len(data)
+        if pending_bytes < len(carry):
+            continue  # a value is open: scan again once the text has doubled (linear in all)
+        block = carry + b"".join(pending)
+        pending, pending_bytes = [], 0
         found = scan(block, delim, final=len(block) > limit)
         carry = block[found.cut :]
         if found.cut:
             yield block[: found.cut], found
-    if carry:
-        yield carry, scan(carry, delim, final=True)
+    block = carry + b"".join(pending)
+    if block:
+        yield block, scan(block, delim, final=True)
