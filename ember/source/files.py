@@ -3,7 +3,8 @@
 A directory is read the way tools write one: only the files whose name ends in a suffix of
 the format (``.csv``, ``.csv.gz``, ``.csv.bz2``, ``.csv.zst``, ``.csv.lz4``; ``.tsv...``;
 ``.parquet``/``.pq``; ``.orc``) are data, so ``README.md``, ``_SUCCESS``, ``.part-0.csv.crc`` or
-a ``notes.txt`` beside the data are skipped, named in one log line. A ``.txt`` is read as
+a ``notes.txt`` beside the data are skipped, named in one log line, and hidden or ``_``
+directories (Spark's ``_temporary``) are not entered. A ``.txt`` is read as
 CSV/TSV only when asked: name it (the file itself, or a glob such as ``data/*.txt``). A glob
 takes every file it matches except hidden and marker files (a name starting with ``.`` or
 ``_``), unless the glob spells that ``.``/``_`` itself.
@@ -87,9 +88,21 @@ def _log_skipped(pat: str, skipped: list[str], format: str) -> None:
         _reported.add(key)
     names = [os.path.relpath(s, pat) if os.path.isdir(pat) else s for s in skipped]
     shown = ", ".join(names[:_SHOWN]) + (f", ... ({len(names)} in all)" if len(names) > _SHOWN else "")
-    log.info("data path '%s': skipped %d file(s) that are not %s data (%s); a file is read when its name ends "
-             "in %s, or when you name it (the file, or a glob such as '%s')", pat, len(skipped), format, shown,
-             "/".join(format_suffixes(format)), os.path.join(pat, "*.txt") if os.path.isdir(pat) else "dir/*.txt")
+    if os.path.isdir(pat):
+        how = (f"a file is read when its name ends in {'/'.join(format_suffixes(format))}, or when you name it "
+               f"(the file, or a glob such as '{_glob_hint(pat, skipped)}')")
+    else:
+        how = "a glob leaves out hidden and marker files (a name starting with '.' or '_') unless it spells them"
+    log.info("data path '%s': skipped %d file(s) that are not %s data (%s); %s", pat, len(skipped), format, shown, how)
+
+
+def _glob_hint(directory: str, skipped: list[str]) -> str:
+    """A glob naming the skipped files of ``directory`` by the extension of the first that has one."""
+    for s in skipped:
+        name = os.path.basename(s)
+        if not _hidden(name) and "." in name:
+            return os.path.join(directory, "*" + name[name.index("."):])
+    return os.path.join(directory, "*.txt")
 
 
 def expand_paths(patterns: Sequence[str], format: str) -> list[str]:
@@ -119,7 +132,7 @@ def expand_paths(patterns: Sequence[str], format: str) -> list[str]:
                 names = ", ".join(os.path.basename(s) for s in skipped[:_SHOWN])
                 held = (f" (it holds {len(skipped)} other file(s): {names}; a {format} file's name ends in "
                         f"{'/'.join(format_suffixes(format))}: to read others, name them, e.g. with a glob "
-                        f"'{os.path.join(pat, '*.txt')}')" if os.path.isdir(pat) else
+                        f"'{_glob_hint(pat, skipped)}')" if os.path.isdir(pat) else
                         f" (only hidden or marker files: {names})")
             raise ConfigError(f"data path '{pat}' matches no {format} file{held}; check the path (cwd: {os.getcwd()})")
         _log_skipped(pat, skipped, format)
