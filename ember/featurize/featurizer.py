@@ -49,7 +49,7 @@ class _Checks:
         if mask.any():
             self.items.append((column, problem, value_column or column, mask))
 
-    def resolve(self, report: BadRowReport, file: str, first_row: int) -> np.ndarray | None:
+    def resolve(self, report: BadRowReport, file: str, first_row: int | np.ndarray) -> np.ndarray | None:
         """Raise on the earliest bad row (error mode) or count and return the keep mask."""
         if not self.items:
             return None
@@ -58,7 +58,7 @@ class _Checks:
             k = int(np.argmin(firsts))
             column, problem, vcol, _ = self.items[k]
             row = firsts[k]
-            raise_bad_row(file, first_row + row, column, self.batch.column(vcol)[row].as_py(), problem)
+            raise_bad_row(file, row_number(first_row, row), column, self.batch.column(vcol)[row].as_py(), problem)
         taken = np.zeros(self.batch.num_rows, dtype=bool)
         for column, problem, _, mask in self.items:
             new = mask & ~taken
@@ -95,6 +95,35 @@ def _numbers(batch: pa.RecordBatch, column: str, file: str, role: str) -> tuple[
         raise _type_error(file, role, column, e) from None
 
 
+_TEXT_SHOWN = 5  # distinct text labels named in the error
+
+
+def row_number(first_row: int | np.ndarray, i: int) -> int:
+    """The file row of batch row ``i``: ``first_row + i``, or ``first_row[i]`` given each row's."""
+    return int(first_row) + i if np.ndim(first_row) == 0 else int(first_row[i])
+
+
+def _refuse_text_labels(column: pa.Array, name: str, file: str, first_row: int | np.ndarray, missing: np.ndarray,
+                        bad: np.ndarray) -> None:
+    """Raise SchemaError when label column ``name`` holds words ("yes"/"no", "click"), not
+    numbers: at least two of the block's labels, and at least half of those present, are text.
+
+    Such a column is a layout problem, not a few bad rows: under ``on_bad_rows: skip`` its rows
+    would all be dropped (or its NaNs trained on), so it is refused under either policy, naming
+    the file, the column and the values seen. A stray word among numeric labels stays a bad row.
+    """
+    n_text = int(bad.sum())
+    if n_text < 2 or 2 * n_text < int((~missing).sum()):
+        return
+    words = pc.unique(column.filter(pa.array(bad))).to_pylist()
+    shown = ", ".join(repr(w) for w in words[:_TEXT_SHOWN]) + (", ..." if len(words) > _TEXT_SHOWN else "")
+    row = row_number(first_row, int(np.argmax(bad)))
+    raise SchemaError(f"{file}: label column '{name}' holds text, not numbers: {shown} ({n_text} of the "
+                      f"{int((~missing).sum())} labels of rows {row_number(first_row, 0)}-{row_number(first_row, len(bad) - 1)}, the first in "
+                      f"row {row}); a label must be a number in [0, 1]: write the labels as 0/1 (e.g. yes -> 1, "
+                      "no -> 0), or point schema.labels at a 0/1 column")
+
+
 class Featurizer:
     """Turns record batches into :class:`Rows` following ``schema``.
 
@@ -107,8 +136,9 @@ class Featurizer:
         self.schema = schema
         self.report = report or BadRowReport()
 
-    def __call__(self, batch: pa.RecordBatch, file: str = "<batch>", first_row: int = 1) -> Rows:
-        """Featurize ``batch``; row 0 is row ``first_row`` of ``file`` (for messages)."""
+    def __call__(self, batch: pa.RecordBatch, file: str = "<batch>", first_row: int | np.ndarray = 1) -> Rows:
+        """Featurize ``batch``; row 0 is row ``first_row`` of ``file``, or row i row ``first_row[i]``
+        given an array (``RecordChunk.row_numbers``: CSV rows that span lines), for messages."""
         n = batch.num_rows
         names = batch.schema.names
         missing_cols = [c for c in self.schema.columns if c not in names]
@@ -123,6 +153,7 @@ class Featurizer:
                 labels[:, j] = 0.0
                 continue
             x, missing, bad = _numbers(batch, name, file, "label")
+            _refuse_text_labels(batch.column(name), name, file, first_row, missing, bad)
             checks.add(name, "label is missing", missing)
             checks.add(name, "label is not a number", bad)
             checks.add(name, "label is not in [0, 1]", ~missing & ~bad & ((x < 0) | (x > 1)))

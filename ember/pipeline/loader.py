@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
 
 import numpy as np
+import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from ember.batch import Batch
@@ -52,7 +53,7 @@ from ember.source.synthetic import split_rows, synthetic_records
 from ember.source.writer import write_synthetic
 
 __all__ = ["BatchList", "Loader", "ReadCounter", "make_batches", "write_synthetic", "shard_files", "empty_batch",
-           "RankSlice", "slice_bounds"]
+           "RankSlice", "slice_bounds", "worker_loader"]
 
 Split = Literal["train", "eval"]
 
@@ -123,7 +124,8 @@ def file_chunks(data: DataConfig, schema: Schema, path: str, report: BadRowRepor
     cols = schema.columns
     if data.format in ("csv", "tsv"):
         return read_csv(path, cols, delimiter=data.delimiter, header=data.csv.header, consumed=consumed,
-                        column_names=data.csv.column_names, block_bytes=data.csv.block_bytes, report=report)
+                        column_names=data.csv.column_names, block_bytes=data.csv.block_bytes, report=report,
+                        newlines_in_values=data.csv.newlines_in_values)
     return read_parquet(path, cols, read_rows=data.read_rows) if data.format == "parquet" else \
         read_orc(path, cols, read_rows=data.read_rows)
 
@@ -288,7 +290,7 @@ class Loader:
             return _record_chunks(self.data, self.schema, self.split, rng, self.bad_rows, self.read, self.part)
 
         def parse(chunk: RecordChunk) -> list[Batch]:
-            return [rows.to_batch() for rows in batcher.push(featurize(chunk.batch, chunk.file, chunk.first_row))]
+            return [rows.to_batch() for rows in batcher.push(featurize(chunk.batch, chunk.file, chunk.row_numbers))]
 
         def finish() -> list[Batch]:
             return [rows.to_batch() for rows in batcher.finish()]
@@ -301,8 +303,7 @@ class Loader:
         are added here at the end, its error is raised here (the same exception)."""
         job = _WorkerJob(self.data, self.schema, self.split, self.epoch, self.start_batch, self.depth, self.part,
                          self.rank_slice)
-        loader = DataLoader(job, batch_size=None, num_workers=1, prefetch_factor=self.depth.featurize,
-                            multiprocessing_context="spawn")
+        loader = worker_loader(job, self.depth.featurize, "spawn", (self.data.seed, self.epoch))
         yield from receive_batches(loader, self.bad_rows)
 
     def __iter__(self) -> Iterator[Batch]:
@@ -311,6 +312,21 @@ class Loader:
             for batch in run:
                 self._next += 1
                 yield batch
+
+
+def worker_loader(job: IterableDataset, prefetch: int, context: Any, seed: tuple[int, ...]) -> DataLoader:
+    """A DataLoader running ``job`` in one worker process, holding ``prefetch`` items ahead.
+
+    It draws its workers' base seed from a ``torch.Generator`` of its own, seeded from
+    ``seed`` (the config's), never from torch's global generator: DataLoader draws that seed
+    on the thread that starts it (the read stage's), so with the global generator a run with
+    ``pipeline.data_workers: 1`` took a number out of the stream dropout draws from, at a moment
+    that depends on thread timing, and a deterministic run changed with the worker setting.
+    """
+    generator = torch.Generator()
+    generator.manual_seed(int(np.random.SeedSequence(list(seed)).generate_state(1, np.uint64)[0] >> 1))
+    return DataLoader(job, batch_size=None, num_workers=1, prefetch_factor=prefetch,
+                      multiprocessing_context=context, generator=generator)
 
 
 class _WorkerJob(IterableDataset):

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from itertools import chain
 from typing import Any, Callable, Iterator
 
-from torch.utils.data import DataLoader, IterableDataset
+from torch.utils.data import IterableDataset
 
 from ember.batch import Batch
 from ember.errors import CheckpointError
@@ -49,7 +49,7 @@ from ember.featurize.featurizer import Featurizer
 from ember.featurize.rows import Rows
 from ember.featurize.schema import Schema
 from ember.pipeline.config import QueueDepths
-from ember.pipeline.loader import ReadCounter, file_chunks, receive_batches, send_batches
+from ember.pipeline.loader import ReadCounter, file_chunks, receive_batches, send_batches, worker_loader
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.source.bad_rows import BadRowReport
 from ember.source.config import DataConfig
@@ -170,7 +170,7 @@ class StreamLoader:
 
         def parse(item: tuple[int, Any]) -> list[Batch]:
             index, chunk = item
-            rows = featurize(chunk.batch, chunk.file, chunk.first_row)
+            rows = featurize(chunk.batch, chunk.file, chunk.row_numbers)
             first = 0
             if skip[0] and chunk.file == self.start.file:
                 first = min(skip[0], len(rows))
@@ -209,8 +209,7 @@ class StreamLoader:
 
         threading.Thread(target=relay, name="ember-stream-stop", daemon=True).start()
         job = _StreamJob(self.data, self.schema, self.start, self.start_batch, self.depth, stopped)
-        loader = DataLoader(job, batch_size=None, num_workers=1, prefetch_factor=self.depth.featurize,
-                            multiprocessing_context=ctx)
+        loader = worker_loader(job, self.depth.featurize, ctx, (self.data.seed, self.start_batch))
         try:
             for batch, taken, (k, index, rows) in receive_batches(loader, self.bad_rows):
                 with self._lock:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import pyarrow as pa
 
 from ember.errors import DataError, SchemaError
@@ -16,11 +17,18 @@ __all__ = ["RecordChunk", "check_columns", "is_damage", "damaged_file"]
 @dataclass(frozen=True)
 class RecordChunk:
     """``batch`` rows came from ``file``; row 0 is row ``first_row`` of the file (1-based,
-    a CSV header line counted), so messages can name the exact line."""
+    a CSV header line counted), so messages can name the exact line. ``lines``: where rows
+    may span lines (CSV values holding line ends), the line each row starts on."""
 
     batch: pa.RecordBatch
     file: str
     first_row: int
+    lines: np.ndarray | None = None
+
+    @property
+    def row_numbers(self) -> int | np.ndarray:
+        """What messages number rows by: ``first_row`` (rows follow one another), or ``lines``."""
+        return self.first_row if self.lines is None else self.lines
 
 
 def check_columns(file: str, available: Sequence[str], wanted: Sequence[str]) -> None:

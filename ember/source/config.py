@@ -27,8 +27,15 @@ CRITEO_COLUMNS: list[str] = ["label", *(f"I{i}" for i in range(1, 14)), *(f"C{i}
 
 
 class CsvOptions(ConfigModel):
-    """CSV/TSV layout. No quoted newlines: one line is one row (that is what makes row numbers
-    exact and lets a 10 GB file stream in ``block_bytes`` pieces). Text must be UTF-8.
+    """CSV/TSV layout. Text must be UTF-8 (a leading byte order mark is dropped).
+
+    ``newlines_in_values``: false (default), one line is one row: a quote that does not close
+    on its line makes that line a bad row, so a stray ``"`` never swallows the lines after it.
+    True (e.g. spreadsheet exports, whose cells may hold line breaks): a quoted value may hold
+    line ends when it is closed as CSV writers close it (its quote followed by the delimiter
+    or the line end); a row is numbered by the line it starts on, and a quote that opens such
+    a value but is never closed that way makes its line a bad row. Off by default because a
+    file with stray quotes reads differently under it (and it scans every quote, slower).
 
     ``header`` is decided per file: ``true``, every file's first line names its columns
     (``column_names``, when set, replace those names); ``false``, no file has a header
@@ -45,6 +52,7 @@ class CsvOptions(ConfigModel):
     header: bool | Literal["auto"] = True
     column_names: list[str] | None = None  # required when header is false or auto
     block_bytes: int = Field(8 << 20, ge=1 << 12)  # bytes parsed at a time: RAM vs per-call overhead
+    newlines_in_values: bool = False  # quoted values may hold line ends (see above)
 
 
 class SyntheticOptions(ConfigModel):

@@ -2,9 +2,12 @@
 
 The file is read ``block_bytes`` at a time and cut at the last newline, so memory stays at a
 few blocks however large the file, and the line number of every row is known (pyarrow's own
-streaming reader does not report line numbers of bad lines). Consequence: quoted values may
+streaming reader does not report line numbers of bad lines). By default quoted values may
 not contain newlines; a quote that does not close on its line makes that line a bad row (it
-would otherwise swallow the lines after it). A line may be of any length (a block grows to hold it). Every column is
+would otherwise swallow the lines after it). With ``newlines_in_values`` they may (blocks are
+then cut between records, see :mod:`ember.source.quoted`), and a row is numbered by the line
+it starts on. A UTF-8 byte order mark at the start is dropped (it is no part of the first
+name). A line may be of any length (a block grows to hold it). Every column is
 read as a string, an empty field as ``""`` (a CSV has no null): the featurizer decides what it
 means (a missing number; for a categorical column the category ``""`` unless the schema lists
 it in ``missing_values``) and converts numbers itself so it can name the row and value that
@@ -24,7 +27,8 @@ Example:
 from __future__ import annotations
 
 import codecs
-from typing import Generator, Iterator, Literal, Sequence
+import logging
+from typing import Any, Callable, Generator, Iterator, Literal, Sequence, overload
 
 import numpy as np
 import pyarrow as pa
@@ -34,12 +38,17 @@ import pyarrow.csv as pacsv
 from ember.errors import DataError
 from ember.source.bad_rows import BadRowReport, raise_bad_row
 from ember.source.base import RecordChunk, check_columns, damaged_file, is_damage
+from ember.source.quoted import UNCLOSED, Scan, quoted_blocks, record_starts, scan
 
-__all__ = ["read_csv"]
+__all__ = ["read_csv", "header_fields", "check_unique", "BOM"]
+
+log = logging.getLogger("ember")
 
 _FIELDS_REASON = "<row>: wrong number of fields"
 _UTF8_REASON = "<row>: not valid UTF-8 text"
 _PARSE_BLOCK = 1 << 20  # pyarrow's parse unit; grown for a block holding a longer line
+_CARRY_LIMIT = 64 << 20  # newlines_in_values: an open quoted value is carried this far, then it is stray
+BOM = codecs.BOM_UTF8  # spreadsheet tools start UTF-8 CSV with it; it is not part of the first name
 
 
 def _line_blocks(path: str, block_bytes: int, consumed: list[int] | None = None) -> Iterator[bytes]:
@@ -82,14 +91,25 @@ def _codec(path: str) -> str | None:
         return None
 
 
-def _split_header(line: bytes, delimiter: str) -> list[str] | None:
-    """The names in a header line (quotes removed), or None when it is not UTF-8 text."""
+def header_fields(line: bytes, delimiter: str, errors: str = "strict") -> list[str] | None:
+    """The names in a file's first line (a UTF-8 byte order mark and quotes removed), or None
+    when it is not UTF-8 text (``errors="strict"``). ``preflight`` reads headers with it too."""
     try:
-        text = line.decode("utf-8")
+        text = line.removeprefix(BOM).decode("utf-8", errors)
     except UnicodeDecodeError:
         return None
     names = text.rstrip("\r\n").split(delimiter)
     return [n[1:-1] if len(n) >= 2 and n[0] == n[-1] == '"' else n for n in names]
+
+
+def check_unique(path: str, names: Sequence[str], columns: Sequence[str], where: str) -> None:
+    """Raise DataError when a column read (``columns``) is named twice in ``names``: which of
+    them holds the data would be a guess. A repeated name nothing reads is harmless."""
+    for c in columns:
+        at = [i + 1 for i, n in enumerate(names) if n == c]
+        if len(at) > 1:
+            raise DataError(f"{path}: {where} names column '{c}' {len(at)} times (fields {', '.join(map(str, at))}); "
+                            "rename the copies in the file, or set csv.column_names to name every column once")
 
 
 def read_csv(
@@ -102,6 +122,7 @@ def read_csv(
     block_bytes: int = 8 << 20,
     report: BadRowReport | None = None,
     consumed: list[int] | None = None,
+    newlines_in_values: bool = False,
 ) -> Iterator[RecordChunk]:
     """Yield ``columns`` of ``path`` as string record batches, one per block of lines.
 
@@ -113,6 +134,10 @@ def read_csv(
     counted under ``"<row>: wrong number of fields"`` / ``"<row>: not valid UTF-8 text"``.
     ``consumed``: when given, ``consumed[0]`` is kept at the bytes of the file as stored
     (compressed bytes for a compressed file) read so far (progress estimates).
+    ``newlines_in_values``: a quoted value may hold line ends (:mod:`ember.source.quoted`); a
+    row is then numbered by the line it starts on (``RecordChunk.lines``), and a quote that
+    opens such a value but is never closed makes its line a bad row (``"<row>: quoted value
+    not closed"``).
     """
     report = report or BadRowReport()
     names = list(column_names) if column_names else None
@@ -122,18 +147,27 @@ def read_csv(
         raise ValueError(f"read_csv: header={header!r} needs column_names")
     blocks = _line_blocks(path, block_bytes, consumed)
     first = next(blocks, b"")
-    head, newline, body = first.partition(b"\n")
-    found = _split_header(head, delimiter)
-    line_no, offset = 1, 0  # 1-based number and byte offset of the next line to parse
+    bom = len(BOM) if first.startswith(BOM) else 0
+    head, newline, body = first[bom:].partition(b"\n")
+    found = header_fields(head, delimiter)
+    line_no, offset, first = 1, bom, first[bom:]  # 1-based number and byte offset of the next line to parse
     if header is True or (header == "auto" and found == names):
         if found is None:
             raise DataError(f"{path} row 1 (the header): not valid UTF-8 text; re-encode the file as UTF-8 "
                             "(e.g. iconv -f latin1 -t utf-8), or set csv.header: false and csv.column_names")
+        if not names:
+            check_unique(path, found, columns, "the header (row 1)")
         names = names or found
-        line_no, offset, first = 2, len(head) + len(newline), body
+        line_no, offset, first = 2, bom + len(head) + len(newline), body
     assert names is not None
+    check_unique(path, names, columns, "csv.column_names")
     check_columns(path, names, columns)
     parser = _BlockParser(path, names, columns, delimiter, report)
+    if newlines_in_values:
+        for block, found in quoted_blocks(_chain(first, blocks), delimiter, max(block_bytes, _CARRY_LIMIT)):
+            line_no += yield from parser.records(block, found, line_no, offset)
+            offset += len(block)
+        return
     for block in _chain(first, blocks):
         line_no += yield from parser.chunks(block, line_no, offset)
         offset += len(block)
@@ -146,6 +180,7 @@ class _BlockParser:
                  report: BadRowReport) -> None:
         self.path, self.names, self.columns = path, names, list(columns)
         self.delimiter, self.report = delimiter, report
+        self._hinted = False  # the newlines_in_values hint was logged for this file
 
     def chunks(self, block: bytes, line_no: int, offset: int) -> Generator[RecordChunk, None, int]:
         """Chunks of ``block`` (line ``line_no``, byte ``offset`` of the file): each run of
@@ -160,6 +195,77 @@ class _BlockParser:
             pos, line_no = end + 1, line_no + 1
         line_no += yield from self._parse(block[pos:], line_no)
         return line_no - first_line
+
+    def records(self, block: bytes, found: Scan, line_no: int, offset: int) -> Generator[RecordChunk, None, int]:
+        """Chunks of ``block``, whole records whose quoted values may hold line ends, scanned
+        as ``found`` (line ``line_no``, byte ``offset`` of the file). Each row is numbered by
+        the line it starts on. Returns the block's line count."""
+        newlines = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == ord("\n"))
+
+        def line_of(pos: np.ndarray | int) -> np.ndarray:
+            return line_no + np.searchsorted(newlines, pos)
+
+        for kind, start, end in found.units:
+            if kind == "stray":
+                if not self.report.skip:
+                    text = block[start:end].rstrip(b"\r\n").decode("utf-8", "replace")
+                    raise_bad_row(self.path, int(line_of(start)), "<row>", text[:200],
+                                  "a quoted value that runs past its line end is not closed (a closing quote "
+                                  "followed by the delimiter or the line end); close it, or remove the stray '\"'")
+                self.report.add(UNCLOSED)
+                continue
+            starts = record_starts(block, start, end, found.spans)
+            pos = start
+            for bad_start, bad_end, bad_at in _non_utf8_records(block, start, end, starts):
+                yield from self._parse_records(block, pos, bad_start, starts, line_of)
+                if not self.report.skip:
+                    self._raise_utf8(block[bad_start:bad_end], int(line_of(bad_start)), bad_at - bad_start,
+                                     offset + bad_at)
+                self.report.add(_UTF8_REASON)
+                pos = bad_end
+            yield from self._parse_records(block, pos, end, starts, line_of)
+        return len(newlines)
+
+    def _parse_records(self, block: bytes, start: int, end: int, all_starts: np.ndarray,
+                       line_of: Callable[[np.ndarray], np.ndarray]) -> Iterator[RecordChunk]:
+        """Chunks of the whole UTF-8 records in ``block[start:end]`` (``all_starts``: record
+        starts of the run holding them), each row with the line it starts on."""
+        if start >= end:
+            return
+        starts = all_starts[(all_starts >= start) & (all_starts < end)]
+        lengths = np.diff(np.append(starts, end))
+        table, bad = self._read(block[start:end], newlines=True, longest=int(lengths.max()))
+        numbers = [n for n, _ in bad]
+        if table.num_rows + len(bad) != len(starts) or any(n is None for n in numbers):  # pyarrow's records differ
+            table, bad = self._read_each_record(block, starts, end)
+            numbers = [n for n, _ in bad]
+        lines = line_of(starts)
+        keep = np.ones(len(starts), dtype=bool)
+        keep[np.asarray(numbers, dtype=np.int64) - 1] = False
+        if bad and not self.report.skip:
+            k = numbers[0] - 1  # rows before the bad one are good: they come first
+            if k:
+                yield RecordChunk(_to_batch(table.slice(0, k), self.columns), self.path, int(lines[0]), lines[:k])
+            raise_bad_row(self.path, int(lines[k]), "<row>", bad[0][1][:200], f"expected {len(self.names)} fields")
+        self.report.add(_FIELDS_REASON, len(bad))
+        if table.num_rows:
+            good = lines[keep]
+            yield RecordChunk(_to_batch(table, self.columns), self.path, int(good[0]), good)
+
+    def _read_each_record(self, block: bytes, starts: np.ndarray, end: int) -> tuple[pa.Table, list[tuple[int, str]]]:
+        """Each record parsed on its own (when pyarrow's records are not the scan's): the
+        good rows in order, and (1-based number, text) of each record that is not one row."""
+        parts: list[pa.Table] = []
+        bad: list[tuple[int, str]] = []
+        for i, (a, b) in enumerate(zip(starts, np.append(starts[1:], end))):
+            record = block[a:b]
+            table, wrong = self._read(record, newlines=True, longest=len(record))
+            if wrong or table.num_rows != 1:
+                bad.append((i + 1, record.rstrip(b"\r\n").decode("utf-8", "replace")))
+            else:
+                parts.append(table)
+        empty = pa.table({c: pa.array([], pa.string()) for c in self.columns})
+        return (pa.concat_tables(parts) if parts else empty), bad
 
     def _raise_utf8(self, line: bytes, line_no: int, at: int, file_offset: int) -> None:
         sep = self.delimiter.encode("utf-8")
@@ -189,6 +295,8 @@ class _BlockParser:
             table, bad_at = self._read_each_line(lines)
             bad = [text for _, text in bad_at]
             first = bad_at[0] if bad_at else None
+            if bad_at and self.report.skip:
+                self._hint_multi_line_values(lines, line_no)
         if bad and not self.report.skip:
             assert first is not None
             idx, text = first
@@ -196,12 +304,26 @@ class _BlockParser:
             # in them is reported before this line.
             if idx:
                 yield RecordChunk(_to_batch(table.slice(0, idx), self.columns), self.path, line_no)
-            hint = ("; a quoted value must end on its own line (quotes may not span lines)" if '"' in text else "")
+            hint = ("; a quoted value must end on its own line (quotes may not span lines; set "
+                    "csv.newlines_in_values: true if values hold line ends)" if '"' in text else "")
             raise_bad_row(self.path, line_no + idx, "<row>", text[:200], f"expected {len(self.names)} fields{hint}")
         self.report.add(_FIELDS_REASON, len(bad))
         if table.num_rows:
             yield RecordChunk(_to_batch(table, self.columns), self.path, line_no)
         return n_lines
+
+    def _hint_multi_line_values(self, lines: bytes, line_no: int) -> None:
+        """Log once per file when lines skipped as bad hold quoted values that span lines the
+        way CSV writers write them (a spreadsheet export?): ``csv.newlines_in_values`` reads them."""
+        if self._hinted:
+            return
+        found = scan(lines, self.delimiter.encode("utf-8"), final=True)
+        if found.spans:
+            self._hinted = True
+            at = line_no + lines.count(b"\n", 0, found.spans[0][0])
+            log.warning("%s row %d: a quoted value spans lines; with csv.newlines_in_values: false (the default) "
+                        "its lines are skipped as bad rows. If the file's values hold line breaks (e.g. a "
+                        "spreadsheet export), set csv.newlines_in_values: true", self.path, at)
 
     def _read_each_line(self, lines: bytes) -> tuple[pa.Table, list[tuple[int, str]]]:
         """Each line parsed on its own (slow; only for blocks whose quotes span lines): the good
@@ -221,22 +343,33 @@ class _BlockParser:
         table = pa.concat_tables(parts) if parts else empty
         return table, bad
 
-    def _read(self, lines: bytes) -> tuple[pa.Table, list[str]]:
-        """Parse whole lines with pyarrow; returns the table and the text of wrong-width lines."""
-        block_size = _PARSE_BLOCK
+    @overload
+    def _read(self, lines: bytes) -> tuple[pa.Table, list[str]]: ...
+
+    @overload
+    def _read(self, lines: bytes, newlines: Literal[True], longest: int) -> tuple[pa.Table, list[tuple[int, str]]]: ...
+
+    def _read(self, lines: bytes, newlines: bool = False, longest: int = 0) -> tuple[pa.Table, list[Any]]:
+        """Parse whole lines with pyarrow; returns the table and the text of wrong-width lines.
+        ``newlines``: quoted values may hold line ends (records up to ``longest`` bytes); each
+        wrong-width record comes as (its 1-based number, text)."""
+        block_size = max(_PARSE_BLOCK, longest + 2)
         while True:
-            bad: list[str] = []
+            bad: list[Any] = []
 
             def on_invalid(row: pacsv.InvalidRow) -> str:
-                bad.append(row.text)
+                bad.append((row.number, row.text) if newlines else row.text)
                 return "skip"
 
             try:
                 table = pacsv.read_csv(
                     pa.py_buffer(lines),
-                    read_options=pacsv.ReadOptions(column_names=self.names, block_size=block_size),
+                    # one thread when records are numbered: pyarrow numbers invalid rows only then
+                    read_options=pacsv.ReadOptions(column_names=self.names, block_size=block_size,
+                                                   use_threads=not newlines),
                     parse_options=pacsv.ParseOptions(
-                        delimiter=self.delimiter, invalid_row_handler=on_invalid, ignore_empty_lines=False
+                        delimiter=self.delimiter, invalid_row_handler=on_invalid, ignore_empty_lines=False,
+                        newlines_in_values=newlines,
                     ),
                     convert_options=pacsv.ConvertOptions(
                         include_columns=self.columns,
@@ -306,6 +439,23 @@ def _non_utf8_lines(block: bytes) -> Iterator[tuple[int, int, int]]:
         end = len(block) if end < 0 else end
         yield start, end, bad_at
         pos = end + 1
+
+
+def _non_utf8_records(block: bytes, start: int, end: int, starts: np.ndarray) -> Iterator[tuple[int, int, int]]:
+    """(record start, record end, first bad byte) of each record of ``block[start:end]``
+    (``starts``: record starts) that is not UTF-8, in order."""
+    view = memoryview(block)
+    pos = start
+    while pos < end:
+        try:
+            codecs.utf_8_decode(view[pos:end], "strict", True)
+            return
+        except UnicodeDecodeError as e:
+            bad_at = pos + e.start
+        i = int(np.searchsorted(starts, bad_at, side="right")) - 1
+        rec_end = int(starts[i + 1]) if i + 1 < len(starts) else end
+        yield int(starts[i]), rec_end, bad_at
+        pos = rec_end
 
 
 def _chain(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:

@@ -269,6 +269,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
     progress = Progress(cfg, step, held, enabled=parts.lead)  # total and ETA from the data (CSV: estimated as it reads)
     done = t.max_steps is not None and step >= t.max_steps  # e.g. resumed at the end already
     first_step, finished_already = step, done
+    first_epoch = epoch  # the run's first pass over the data (bad rows are counted in it)
     batch_idx = start_batch
     k = t.embedding_staleness
     engine_threads, why = engine_on_threads(pipe, parts.device.type == "cuda", k, dist is not None)
@@ -385,7 +386,8 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                 closing[0] = True
                 gate.stop()
                 run.close()
-            bad_rows = _merge(bad_rows, loader.bad_rows)
+            if epoch == first_epoch:  # a bad row counts once: every later epoch re-reads the same rows
+                bad_rows = _merge(bad_rows, loader.bad_rows)
             if parts.dist is None:
                 stopping = stop.signum  # also a signal during the last step
             if stopping is not None:

@@ -35,6 +35,7 @@ from ember.fileio import fmt_bytes, free_bytes, nearest_existing
 from ember.outputs import output_kind
 from ember.source.base import check_columns, damaged_file, is_damage
 from ember.source.config import DataConfig
+from ember.source.csv import header_fields
 from ember.source.files import expand_paths
 from ember.source.watch import check_watched
 from ember.train.builder import Components
@@ -159,8 +160,7 @@ def _header(data: DataConfig, path: str) -> tuple[list[str], int]:
             with pa.input_stream(path) as f:
                 head = f.read(1 << 16)
             lines = [ln for ln in head.split(b"\n") if ln.strip(b"\r")]
-            found = lines[0].decode("utf-8", "replace").rstrip("\r").split(data.delimiter) if lines else []
-            found = [n[1:-1] if len(n) >= 2 and n[0] == n[-1] == '"' else n for n in found]
+            found = header_fields(lines[0], data.delimiter, errors="replace") or [] if lines else []  # BOM removed
             names = data.csv.column_names or []
             has_header = data.csv.header is True or (data.csv.header == "auto" and found == names)
             if data.csv.header is True and not lines:
