@@ -666,12 +666,23 @@ def _with_notes(e: BaseException) -> str:
 
 
 def _show_ember_logs() -> None:
-    """ember's own informational lines (e.g. how tables were grouped) go to stderr, once."""
+    """ember's own informational lines (e.g. how tables were grouped) go to stderr, once: to
+    whatever ``sys.stderr`` is when a line is logged (a caller that redirects or closes an
+    earlier stderr, as notebooks and test runners do, never gets a logging error)."""
     import logging
+
+    class _CurrentStderr(logging.StreamHandler):
+        @property  # type: ignore[override]
+        def stream(self):  # noqa: D102
+            return sys.stderr
+
+        @stream.setter
+        def stream(self, value) -> None:  # StreamHandler.__init__ sets it; the property decides
+            pass
 
     log = logging.getLogger("ember")
     if not log.handlers:
-        handler = logging.StreamHandler()
+        handler = _CurrentStderr()
         handler.setFormatter(logging.Formatter("ember: %(message)s"))
         log.addHandler(handler)
         log.setLevel(logging.INFO)

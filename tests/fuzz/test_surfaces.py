@@ -48,12 +48,14 @@ def sandbox(tmp_path_factory):
     a file that ember did not write."""
     root = tmp_path_factory.mktemp("sandbox")
     write_config(root / "tiny.yaml", {**TINY, "train": {**TINY["train"], "out_dir": str(root), "run_name": "run"}})
-    assert run_cli(["train", "--config", str(root / "tiny.yaml")]).kind == "ok"
-    assert run_cli(["export", "--checkpoint", str(root / "run"), "--out", str(root / "export")]).kind == "ok"
-    assert run_cli(["generate", "--rows", "50", "--out", str(root / "data.parquet"),
-                    "--options", json.dumps({"num_sparse": 3, "num_dense": 2, "vocab_size": 50})]).kind == "ok"
-    assert run_cli(["predict", "--export", str(root / "export"), "--input", str(root / "data.parquet"),
-                    "--output", str(root / "preds.csv")]).kind == "ok"
+    for argv in (["train", "--config", str(root / "tiny.yaml")],
+                 ["export", "--checkpoint", str(root / "run"), "--out", str(root / "export")],
+                 ["generate", "--rows", "50", "--out", str(root / "data.parquet"),
+                  "--options", json.dumps({"num_sparse": 3, "num_dense": 2, "vocab_size": 50})],
+                 ["predict", "--export", str(root / "export"), "--input", str(root / "data.parquet"),
+                  "--output", str(root / "preds.csv")]):
+        out = run_cli(argv)
+        assert out.kind == "ok", f"{argv}: {out.detail}"
     (root / "mine").mkdir()
     (root / "mine" / "notes.txt").write_text("the user's own notes\n")
     (root / "mine.txt").write_text("the user's own file\n")
