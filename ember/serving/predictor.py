@@ -245,7 +245,7 @@ class Predictor:
         if fmt not in _FORMATS:
             exts = sorted({"".join(Path(p).suffixes[-2:]) or "(none)" for p in paths})
             raise ConfigError(f"predict: cannot tell the format of {list(paths)[:3]} (extensions {exts}); name the "
-                              f"files .csv/.tsv/.parquet/.orc (optionally .gz/.bz2) or give the format "
+                              f"files .csv/.tsv/.parquet/.orc (optionally .gz/.bz2/.zst/.lz4) or give the format "
                               f"(--format {'|'.join(_FORMATS)})")
         if fmt != data.get("format"):  # e.g. a model trained on synthetic data
             data["format"] = fmt
@@ -270,7 +270,7 @@ class Predictor:
 
 
 _FORMATS = ("csv", "tsv", "parquet", "orc")
-_COMPRESSED = (".gz", ".bz2")
+_COMPRESSED = (".gz", ".bz2", ".zst", ".lz4")  # as the training readers take them (ember.source)
 
 
 def _format_of(paths: list[str]) -> str | None:
