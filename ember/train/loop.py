@@ -1,15 +1,13 @@
 """The training loop, read top to bottom. ``train_step`` is one step in plain form (forward,
-loss, backward, dense step, sparse step). ``train`` runs the same work as a pipeline of stages
-(``ember.train.stages``: read -> featurize -> plan -> fetch -> [to device] -> compute -> update
--> metrics) on threads or in line, and logs, evaluates and checkpoints on a quiet engine.
+loss, backward, dense step, sparse step). ``train`` runs the same step (``ember.train.stages``)
+as a pipeline: read -> featurize -> plan -> fetch -> [to device] -> compute -> update ->
+metrics, on threads or in line; after each step the ranks agree on a stop
+(``ember.train.agreement``), and on a quiet engine the loop logs (``ember.train.reporter``),
+evaluates (``ember.train.evaluator``), checkpoints (``ember.train.checkpointer``) and exports.
+Where the run stands is a ``RunState`` (``ember.train.run_state``); each pass's data comes
+from ``open_train_loader`` (``ember.train.train_data``) whatever its source or shard mode.
 SIGINT / SIGTERM finish the batches already fetched, checkpoint, and raise ``RunInterrupted``.
-``train.mode: online`` makes one pass over a stream of files (``ember.pipeline.stream``; its
-checkpoints record the stream position) instead of epochs; ``eval.window_rows`` reports the
-training forward's scores of the most recent rows (``ember.train.window``).
-Distributed, the ranks agree each step (one tiny all-reduce) so that a signal to any rank stops
-them all after the same step, with one checkpoint; under ``data.shard: files`` the same
-all-reduce tells every rank the others' rows two steps ahead (``ember.train.shards``).
-Everything else (building parts, data, checkpoint files) lives elsewhere.
+``train.mode: online`` makes one pass over a stream of files instead of epochs.
 """
 
 from __future__ import annotations
@@ -33,7 +31,6 @@ from ember.config import RunConfig, to_yaml
 from ember.distributed.process_group import DistributedRun
 from ember.errors import RunInterrupted, WriteError
 from ember.fileio import write_bytes_atomic
-from ember.embedding.optimizer import SparseOptimizer
 from ember.pipeline.config import QueueDepths, engine_on_threads
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
@@ -49,7 +46,7 @@ from ember.train.preflight import check_disk, check_run, holds_run, no_steps_err
 from ember.train.progress import EpochRows, Progress
 from ember.train.reporter import Reporter, expire_tables
 from ember.train.run_state import RunState
-from ember.train.stages import TrainStages
+from ember.train.stages import TrainStages, compute_step, update_step
 from ember.train.train_data import TrainLoader, check_train_data, open_train_loader, shards_files, start_data
 
 log = logging.getLogger("ember.train")
@@ -68,12 +65,13 @@ class RunResult:
 
 
 def train_step(parts: Components, batch: Batch, task_weights: torch.Tensor | None = None) -> torch.Tensor:
-    """One step: forward, loss, backward, dense step, sparse step; returns the (detached) loss."""
-    logits = parts.forward(batch)  # every table group: plan (dedupe), fetch rows, pool
-    loss = parts.loss(batch, logits, task_weights)
+    """One step in plain form, the one the trainer's stages run (``ember.train.stages``):
+    forward, loss, backward and dense step (``compute_step``: every table group plans (dedupes),
+    fetches and pools the batch's rows here), then the sparse step (``update_step``: the
+    touched rows updated and written back). Returns the (detached) loss."""
     opt = parts.sparse_optimizer
-    ready = parts.backward(loss, opt.steps)  # dense grads + one summed gradient per unique ID; dense step
-    SparseOptimizer.apply(ready, opt.steps)  # update the touched rows and write them back to their tiers
+    _, loss, ready = compute_step(parts, batch, opt.steps, task_weights=task_weights)
+    update_step(ready, opt.steps)
     opt.steps += 1  # lr schedules read the count of steps taken
     return loss.detach()
 
@@ -150,27 +148,13 @@ def _clear_run(cfg: RunConfig, run_dir: Path, overwrite: bool, batches: Sequence
 
 def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
            batches: Sequence[Batch] | None = None) -> RunResult:
-    t, pipe = cfg.train, cfg.pipeline
-    advise(cfg.data.batch_size)
-    parts, run_dir = prepare_run(cfg, run_dir, dist)
-    if parts.lead:
-        check_disk(cfg, parts, run_dir)
-    history = History(run_dir, resume=t.resume is not None, tensorboard=t.tensorboard, write=parts.lead)
-    task_w = torch.tensor(t.task_weights, device=parts.device) if t.task_weights else None
+    t, pipe, k = cfg.train, cfg.pipeline, cfg.train.embedding_staleness
     check_train_data(cfg, dist, batches)
-    early = EarlyStopping.from_run(cfg)  # None unless train.early_stopping
-    checkpointer = Checkpointer(cfg, parts, run_dir, early)
-    evaluator = Evaluator(cfg, parts, history, checkpointer, early)
-    state = _start(cfg, parts, dist, run_dir, evaluator)  # fresh, resumed, or from init_from's weights
-    exporter = run_exporter(cfg.export, run_dir / "exports", parts, cfg.model_dump(mode="json", by_alias=True))
-    parts.train(True)
-    held = EpochRows(rows=sum(b.size for b in batches)) if batches is not None else EpochRows() if t.mode == "online" else None
-    progress = Progress(cfg, state.step, held, enabled=parts.lead)  # total and ETA from the data (CSV: estimated as it reads)
-    reporter = Reporter(cfg, parts, history, progress, state.step)
-    cadence = _Cadence(cfg, checkpointer, reporter, exporter)
+    r, state = _open_run(cfg, run_dir, dist, batches)  # parts (fresh, resumed or init_from) and collaborators
+    parts, checkpointer, reporter, evaluator = r.parts, r.checkpointer, r.reporter, r.evaluator
+    task_w = torch.tensor(t.task_weights, device=parts.device) if t.task_weights else None
     done = t.max_steps is not None and state.step >= t.max_steps  # e.g. resumed at the end already
     first_step, finished_already = state.step, done
-    k = t.embedding_staleness
     engine_threads, why = engine_on_threads(pipe, parts.device.type == "cuda", k, dist is not None)
     if parts.lead and pipe.enabled:
         log.info(why)
@@ -180,38 +164,28 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
         while state.epoch < t.epochs and not done:
             data = open_train_loader(cfg, state, dist, batches, stop=lambda: signals.signum is not None)
             checkpointer.follow(data)  # its data positions go into the checkpoints
-            progress.watch(data.loader)
+            reporter.start_pass(data.loader)
             base = state.step
-            gate = FetchGate(k, lambda b: cadence.barrier_after(base + b + 1), None if t.max_steps is None else t.max_steps - base)
+            gate = FetchGate(k, lambda b: r.cadence.barrier_after(base + b + 1), None if t.max_steps is None else t.max_steps - base)
             stages = TrainStages(parts, gate, WriteLog(k), task_w, first_step=base, window=reporter.window, shards=data.shards)
             agreement = StopAgreement(signals, parts.dist, checkpointer, gate, data.shards)
-            reporter.start_pass()
             run = Scheduler(*_pipeline(data, stages, pipe.depth, not engine_threads), threaded=pipe.enabled,
                             stop_timeout_s=pipe.stop_timeout_s)
             try:
-                for item in run:
+                for item in run:  # a batch planned and fetched ahead (threaded: while the last one computed)
                     if item.index == 0 and not agreement.first():
                         break  # file shards: no rank has a row (e.g. header-only files): no step
                     with run.timing("compute"):
                         stages.compute(item)  # forward, loss, backward, dense step on this thread
-                    run.hand_back(item)  # the sparse update and metrics run behind
+                    run.hand_back(item)  # the sparse update and the metrics run behind
                     state.step, state.batch = state.step + 1, state.batch + 1
-                    progress.advance(state.step)
+                    reporter.progress.advance(state.step)
                     agreement.after(item.index, state.step)  # a signal stops every rank after the same step
-                    if cadence.quiet_after(state.step):  # the engine drains: log, evaluate, checkpoint, export
-                        run.drain()
-                        step = state.step
-                        if reporter.log_due(step):
-                            expire_tables(parts)  # TTL sweep at log time: bounded work, rows expire within log_every steps
-                            reporter.train_record(state, stages, run)
-                        reporter.window_after(step)
-                        if t.eval_every and step % t.eval_every == 0:
-                            reporter.note(evaluator.evaluate(step, state))
-                            if step != t.max_steps and evaluator.stops(step):
-                                done = True
-                                break  # before gate.release(): nothing is fetched past the stop
-                        checkpointer.after_step(state)
-                        exporter.after_step(step)  # export.every_steps / every_s: full or delta export
+                    if r.cadence.quiet_after(state.step):
+                        run.drain()  # the engine is quiet: every fetched batch trained, every update written
+                        if _quiet(r, state, stages, run):
+                            done = True  # early stopping, before gate.release(): nothing is fetched past it
+                            break
                         gate.release()
                     if t.max_steps is not None and state.step >= t.max_steps:
                         done = True
@@ -224,7 +198,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             bad_rows = _merge(bad_rows, data.bad_rows)
             stopping = agreement.after_pass()
             if stopping is not None:
-                progress.close()
+                reporter.progress.close()
                 raise RunInterrupted(stopping, str(checkpointer.save(state)))
             if t.mode == "online":
                 done = True  # one pass: the stream ended (idle timeout, or the files listed at start)
@@ -233,25 +207,89 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                 if not t.eval_every:
                     reporter.note(evaluator.evaluate(state.step, state))
                     done = state.epoch < t.epochs and evaluator.stops(state.step)  # the next epoch would start at its batch 0
-    progress.close()
+    reporter.progress.close()
     if state.step == first_step and not finished_already and not (t.mode == "online" and t.resume):
         raise no_steps_error(cfg.data)  # e.g. header-only files (a resumed online run may find no new rows: it ends as it was)
+    return _finish(r, state, first_step, bad_rows, shards_files(cfg, dist))
+
+
+@dataclass
+class _Run:
+    """A run's parts and the collaborators of its loop (built by ``_open_run``)."""
+
+    cfg: RunConfig
+    run_dir: Path
+    parts: Components
+    history: History
+    checkpointer: Checkpointer
+    evaluator: Evaluator
+    reporter: Reporter
+    exporter: Any  # ember.checkpoint.delta's exporter (export.every_steps / every_s)
+    cadence: "_Cadence"
+
+
+def _open_run(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None,
+              batches: Sequence[Batch] | None) -> tuple[_Run, RunState]:
+    """Build the parts (seeded; restored from ``train.resume`` / ``init_from``), the run's
+    history, checkpointer, evaluator, reporter and exporter; and the state the run starts at."""
+    t = cfg.train
+    advise(cfg.data.batch_size)
+    parts, run_dir = prepare_run(cfg, run_dir, dist)
+    if parts.lead:
+        check_disk(cfg, parts, run_dir)
+    history = History(run_dir, resume=t.resume is not None, tensorboard=t.tensorboard, write=parts.lead)
+    early = EarlyStopping.from_run(cfg)  # None unless train.early_stopping
+    checkpointer = Checkpointer(cfg, parts, run_dir, early)
+    evaluator = Evaluator(cfg, parts, history, checkpointer, early)
+    state = _start(cfg, parts, dist, run_dir, evaluator)
+    exporter = run_exporter(cfg.export, run_dir / "exports", parts, cfg.model_dump(mode="json", by_alias=True))
+    parts.train(True)
+    held = EpochRows(rows=sum(b.size for b in batches)) if batches is not None else EpochRows() if t.mode == "online" else None
+    progress = Progress(cfg, state.step, held, enabled=parts.lead)  # total and ETA from the data (CSV: estimated as it reads)
+    reporter = Reporter(cfg, parts, history, progress, state.step)
+    cadence = _Cadence(cfg, checkpointer, reporter, exporter)
+    return _Run(cfg, run_dir, parts, history, checkpointer, evaluator, reporter, exporter, cadence), state
+
+
+def _quiet(r: _Run, state: RunState, stages: TrainStages, run: Scheduler) -> bool:
+    """On a quiet engine after ``state.step``: what is due of the TTL sweep and train record,
+    the window report, the eval, the checkpoint and the export. True: early stopping stops the
+    run here (after its eval; nothing else is done)."""
+    t, step = r.cfg.train, state.step
+    if r.reporter.log_due(step):
+        expire_tables(r.parts)  # TTL sweep at log time: bounded work, rows expire within log_every steps
+        r.reporter.train_record(state, stages, run)
+    r.reporter.window_after(step)
+    if t.eval_every and step % t.eval_every == 0:
+        r.reporter.note(r.evaluator.evaluate(step, state))
+        if step != t.max_steps and r.evaluator.stops(step):
+            return True
+    r.checkpointer.after_step(state)
+    r.exporter.after_step(step)  # export.every_steps / every_s: full or delta export
+    return False
+
+
+def _finish(r: _Run, state: RunState, first_step: int, bad_rows: dict[str, int], files: bool) -> RunResult:
+    """The end of a run: TTL sweep, last export and checkpoint, bad rows over every rank
+    (``files``: each rank counted its own), the window's and the final eval's records
+    (``restore_best``), plot and ``summary.json``."""
+    parts, history = r.parts, r.history
     expire_tables(parts)
-    exporter.finish(state.step)
-    final = checkpointer.save(state)
-    if shards_files(cfg, dist):  # each rank counted the bad rows of its own files
+    r.exporter.finish(state.step)
+    final = r.checkpointer.save(state)
+    if files:  # each rank counted the bad rows of its own files
         assert parts.dist is not None
         bad_rows = functools.reduce(_merge, parts.dist.all_gather(bad_rows), {})
-    reporter.finish(state.step, first_step)  # the window as the run ends
-    metrics = evaluator.finish(state.step)  # the final state's held-out eval; restore_best
+    r.reporter.finish(state.step, first_step)  # the window as the run ends
+    metrics = r.evaluator.finish(state.step)  # the final state's held-out eval; restore_best
     if parts.lead:
         history.plot()
     history.close()
-    summary = {"step": state.step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows, **reporter.summary(),
-               **evaluator.summary()}
+    summary = {"step": state.step, "checkpoint": str(final), **metrics, "bad_rows": bad_rows, **r.reporter.summary(),
+               **r.evaluator.summary()}
     if parts.lead:
-        write_bytes_atomic(run_dir / "summary.json", json.dumps(json_safe(summary), indent=1).encode(), WriteError)
-    return RunResult(run_dir, state.step, metrics, history.records, parts, bad_rows)
+        write_bytes_atomic(r.run_dir / "summary.json", json.dumps(json_safe(summary), indent=1).encode(), WriteError)
+    return RunResult(r.run_dir, state.step, metrics, history.records, parts, bad_rows)
 
 
 def _start(cfg: RunConfig, parts: Components, dist: DistributedRun | None, run_dir: Path, evaluator: Evaluator) -> RunState:

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from ember.config import RunConfig
+from ember.pipeline.loader import Loader
 from ember.pipeline.scheduler import Scheduler
 from ember.train import clock
 from ember.train.builder import Components
@@ -74,8 +75,10 @@ class Reporter:
         self._logged = step  # the step of the last train record (bytes are reported per step since)
         self._t0 = time.perf_counter()
 
-    def start_pass(self) -> None:
-        """A pass over the data starts: samples/s counts from here."""
+    def start_pass(self, loader: Loader) -> None:
+        """A pass over ``loader`` starts: samples/s counts from here; the progress bar watches
+        its reads (a CSV epoch's estimated total)."""
+        self.progress.watch(loader)
         self._t0 = time.perf_counter()
 
     def log_due(self, step: int) -> bool:
