@@ -6,6 +6,7 @@ position a checkpoint after any of its batches records.
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable, Iterator, Sequence
 
 from ember.batch import Batch
@@ -52,10 +53,10 @@ class TrainLoader:
     """One pass's loader (a ``Loader``) and, under ``data.shard: files``, the ranks' agreement
     on each other's rows (``shards``, whose ``shard`` stage follows the loader's stages)."""
 
-    def __init__(self, loader: Loader | None = None, shards: FileShards | None = None, shard_depth: int = 1) -> None:
-        self.loader: Loader = loader  # type: ignore[assignment]  # set at once by open_train_loader
-        self.shards, self._shard_depth = shards, shard_depth
-        self.closed = False  # the pass is over: a watched stream stops waiting for files
+    def __init__(self, loader: Loader, shards: FileShards | None = None, shard_depth: int = 1,
+                 closing: threading.Event | None = None) -> None:
+        self.loader, self.shards, self._shard_depth = loader, shards, shard_depth
+        self.closing = closing or threading.Event()  # set when the pass is over: a watched stream stops waiting
 
     @property
     def bad_rows(self) -> Any:
@@ -76,7 +77,8 @@ class TrainLoader:
         return iter(self.loader)
 
     def close(self) -> None:
-        self.closed = True
+        """The pass is over (an online stream ends now)."""
+        self.closing.set()
 
     def data_position(self, batch: int) -> DataPosition:
         """The data position once ``batch`` batches of the epoch are trained."""
@@ -101,10 +103,10 @@ def open_train_loader(cfg: RunConfig, state: RunState, dist: DistributedRun | No
         return TrainLoader(BatchList(batches, state.epoch, state.batch, pipe.depth))
     if cfg.train.mode == "online":
         assert isinstance(state.data, StreamPosition)
-        out = TrainLoader()
-        out.loader = StreamLoader(d, cfg.schema, state.data, state.batch, pipe.depth,
-                                  stop=lambda: stop() or out.closed, workers=pipe.data_workers)
-        return out
+        closing = threading.Event()
+        stream = StreamLoader(d, cfg.schema, state.data, state.batch, pipe.depth,
+                              stop=lambda: stop() or closing.is_set(), workers=pipe.data_workers)
+        return TrainLoader(stream, closing=closing)
     if shards_files(cfg, dist):
         assert isinstance(state.data, ShardPositions)
         starts = list(state.data.rank_batches)

@@ -46,6 +46,9 @@ def test_every_source_opens_as_a_loader(tmp_path):
     assert isinstance(stream.loader, StreamLoader)
     assert [b.size for b in stream] == [8, 8, 8, 8]
     assert stream.data_position(3) == StreamPosition((str(tmp_path / "a.csv"),), str(tmp_path / "b.csv"), 4)
+    assert not stream.loader.stop()
+    stream.close()  # the pass is over: a watched stream stops waiting for files
+    assert stream.loader.stop()
     for loader in (epoch, memory, stream, epoch.loader, memory.loader, stream.loader):
         _check_protocol(loader)
 
