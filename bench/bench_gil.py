@@ -9,7 +9,7 @@ parallel efficiency: the time of N items on one thread against 2N items on two t
 released, two free cores); 1.0: it is serialised (GIL held all along). Run it on a quiet
 machine: a busy core reads as a held GIL.
 
-Stages: read+featurize from Parquet and from CSV (``Loader``: pyarrow reads, then the
+Stages: read+featurize from Parquet and from CSV (``FileLoader``: pyarrow reads, then the
 featurizer parses, hashes and cuts batches), plan (dedupe), fetch (rows from host tables),
 update (row-wise Adagrad + write-back). Compute (torch) is the reference for "releases".
 

@@ -192,10 +192,10 @@ def _verified(path: str) -> tuple[Path, dict]:
 
 def _load_checkpoint(cfg, ckpt: Path, manifest: dict):
     """This process's parts (``Components``) for ``cfg`` holding every row of ``ckpt``, all its
-    parts (whatever world size saved it), and its dense model."""
-    from ember.checkpoint.load import load_dense, load_tables, restore_table_state
+    parts (whatever world size saved it), and its dense model (``ember.train.checkpointer.restore``)."""
     from ember.errors import CapacityError
     from ember.train.builder import build_components
+    from ember.train.checkpointer import restore
 
     try:
         parts = build_components(cfg, announce=False)
@@ -203,10 +203,7 @@ def _load_checkpoint(cfg, ckpt: Path, manifest: dict):
         e.add_note("(a command reading a checkpoint keeps disk tiers in a private temporary directory: set TMPDIR "
                    "to a larger volume)")
         raise
-    load_tables(ckpt, parts.collections(), manifest)
-    dense = load_dense(ckpt)
-    parts.model.load_state_dict(dense["model"])
-    restore_table_state(parts.collections(), dense)  # table steps: which TTL rows have expired
+    restore(parts, ckpt, exact=False, cfg=cfg, manifest=manifest)  # weights, every row, table counters
     return parts
 
 

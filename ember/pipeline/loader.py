@@ -1,8 +1,14 @@
-"""Loader: config + schema -> an iterator of :class:`~ember.batch.Batch`, resumable by index.
+"""Loaders: what the trainer reads batches from, and ``FileLoader``: config + schema -> an
+iterator of :class:`~ember.batch.Batch`, resumable by index.
+
+Every loader follows the ``Loader`` protocol: ``FileLoader`` (files or synthetic rows, by
+epoch), ``BatchList`` (batches already in memory) and ``ember.pipeline.stream.StreamLoader``
+(``train.mode: online``); the trainer opens the one a run needs with
+``ember.train.train_data.open_train_loader``.
 
 Stages: ``read`` record blocks (files) or generate rows (synthetic) -> ``featurize`` (parse,
 hash, shuffle buffer (train), cut into ``batch_size`` batches). The trainer runs them as the
-first two stages of its pipeline (``ember.pipeline.scheduler``); iterating a ``Loader`` runs
+first two stages of its pipeline (``ember.pipeline.scheduler``); iterating a ``FileLoader`` runs
 them alone, on threads when ``threaded``.
 
 - Determinism: the file order and the shuffle depend only on ``(data.seed, epoch)``, so
@@ -29,7 +35,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Literal, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -52,8 +58,8 @@ from ember.source.parquet import read_parquet
 from ember.source.synthetic import split_rows, synthetic_records
 from ember.source.writer import write_synthetic
 
-__all__ = ["BatchList", "Loader", "ReadCounter", "make_batches", "write_synthetic", "shard_files", "empty_batch",
-           "RankSlice", "slice_bounds", "worker_loader"]
+__all__ = ["BatchList", "FileLoader", "Loader", "ReadCounter", "make_batches", "write_synthetic", "shard_files",
+           "empty_batch", "RankSlice", "slice_bounds", "worker_loader"]
 
 Split = Literal["train", "eval"]
 
@@ -193,7 +199,7 @@ class _Batcher:
 
 @dataclass(frozen=True)
 class RankSlice:
-    """One rank's slice of a global batch, made by the loader itself (``Loader(rank_slice=...)``:
+    """One rank's slice of a global batch, made by the loader itself (``FileLoader(rank_slice=...)``:
     only the slice's rows were generated and featurized); ``rows``: the global batch's rows."""
 
     batch: Batch
@@ -206,7 +212,26 @@ def slice_bounds(rows: int, rank: int, world_size: int) -> tuple[int, int]:
     return rows * rank // world_size, rows * (rank + 1) // world_size
 
 
-class Loader:
+class Loader(Protocol):
+    """What the trainer reads batches from: ``stages()`` (the stages that read and featurize,
+    which the trainer chains with its own), or iterating them alone; ``position`` is ``(epoch,
+    index of the next batch)``; ``num_batches`` the epoch's batches when known (else None);
+    ``bad_rows`` the rows skipped under ``on_bad_rows: skip`` (complete once iteration ends)."""
+
+    bad_rows: BadRowReport
+
+    @property
+    def position(self) -> tuple[int, int]: ...
+
+    @property
+    def num_batches(self) -> int | None: ...
+
+    def stages(self) -> list[Stage]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class FileLoader:
     """Iterable of batches of one split and epoch, starting at batch ``start_batch``.
 
     Two stages (``stages()``): ``read`` (record blocks from files, or row ranges of the
@@ -235,7 +260,7 @@ class Loader:
         self.depth = depth or QueueDepths()
         self.part = part
         if rank_slice is not None and data.format != "synthetic":
-            raise ValueError("Loader: rank_slice is for synthetic data (files are cut into batches after featurizing)")
+            raise ValueError("FileLoader: rank_slice is for synthetic data (files are cut into batches after featurizing)")
         self.rank_slice = rank_slice
         self.batch_size = data.split_batch_size(split) // (part[1] if part else 1)
         self.bad_rows = BadRowReport(data.on_bad_rows)
@@ -341,7 +366,7 @@ class _WorkerJob(IterableDataset):
         self.depth, self.part, self.rank_slice = depth, part, rank_slice
 
     def __iter__(self) -> Iterator[tuple[str, object]]:
-        loader = Loader(*self.args, threaded=True, depth=self.depth, part=self.part, rank_slice=self.rank_slice)  # read and featurize overlap in the worker
+        loader = FileLoader(*self.args, threaded=True, depth=self.depth, part=self.part, rank_slice=self.rank_slice)  # read and featurize overlap in the worker
         return send_batches(iter(loader), lambda: loader.bad_rows.counts)
 
 
@@ -409,6 +434,6 @@ class BatchList:
 def make_batches(data: DataConfig, schema: Schema, split: Split = "train", epoch: int = 0,
                  start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
                  workers: int = 0, part: tuple[int, int] | None = None,
-                 rank_slice: tuple[int, int] | None = None) -> Loader:
-    """The batches of ``split`` for ``epoch`` from batch ``start_batch`` on (see :class:`Loader`)."""
-    return Loader(data, schema, split, epoch, start_batch, threaded, depth, workers, part, rank_slice)
+                 rank_slice: tuple[int, int] | None = None) -> FileLoader:
+    """The batches of ``split`` for ``epoch`` from batch ``start_batch`` on (see :class:`FileLoader`)."""
+    return FileLoader(data, schema, split, epoch, start_batch, threaded, depth, workers, part, rank_slice)

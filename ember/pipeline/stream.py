@@ -93,7 +93,7 @@ class StreamLoader:
     when watched) and ``featurize`` (parse, hash, cut into batches, recording each batch's
     stream position). ``stop()``: true when the stream must end now (a signal, the trainer
     closing): a watched stream stops waiting, and the rows of an unfinished batch are dropped
-    (the resumed run trains them). ``position`` is ``(0, next batch)`` like a ``Loader``'s.
+    (the resumed run trains them). ``position`` is ``(0, next batch)`` like a ``FileLoader``'s.
     ``workers=1``: both stages run in a worker process (``pipeline.data_workers``), which hands
     over each batch with its stream position; ``stop()`` reaches it through an event.
     """

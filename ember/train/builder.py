@@ -22,6 +22,7 @@ from ember.errors import ConfigError
 from ember.models.registry import ModelInputs, build_model
 from ember.optim.schedule import scheduled_lr
 from ember.train.config import DenseOptimizerConfig
+from ember.train.device import pick_device
 from ember.models.distill import DistillConfig, Distilled, distill_loss
 from ember.train.loss import multitask_bce
 from ember.train.precision import LossScaler, Precision, autocast
@@ -168,14 +169,6 @@ class Components:
         self.model.train(mode)
         for ec in self.collections():
             ec.train(mode)
-
-
-def pick_device(name: str) -> torch.device:
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("train.device is 'cuda' but no CUDA device is visible; use 'auto' or 'cpu'")
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
 
 
 def make_dense_optimizer(params, cfg: DenseOptimizerConfig) -> torch.optim.Optimizer:

@@ -21,7 +21,7 @@ from ember.distributed.process_group import DistributedRun, Topology, start
 from ember.distributed.sharding import ShardingPlan
 from ember.embedding.config import TableConfig
 from ember.errors import ConfigError
-from ember.train.builder import pick_device
+from ember.train.device import pick_device
 from ember.source.files import expand_paths
 from ember.train.shards import check_file_shards
 

@@ -12,13 +12,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-import torch
-
-from ember.checkpoint.load import load_dense, load_tables, restore_table_state, verify_checkpoint
 from ember.checkpoint.save import checkpoint_path, mark_best
 from ember.config import RunConfig
 from ember.errors import ConfigError
 from ember.train.builder import Components
+from ember.train.checkpointer import restore
 from ember.train.config import EarlyStoppingConfig
 
 __all__ = ["EarlyStopping", "watch_metric"]
@@ -132,16 +130,6 @@ class EarlyStopping:
 
 
 def restore_weights(parts: Components, ckpt: Path) -> None:
-    """Make ``parts`` exactly the state of checkpoint ``ckpt``: every table emptied then loaded
-    (IDs created after it are gone), the dense model, its optimizer and the table counters."""
-    manifest = verify_checkpoint(ckpt)
-    for ec in parts.collections():
-        for table in ec.tables.values():
-            ids = [i for i, _ in table.items()]
-            if ids:
-                table.tier.remove(torch.cat(ids))
-    load_tables(ckpt, parts.collections(), manifest)
-    dense = load_dense(ckpt)
-    parts.model.load_state_dict(dense["model"])
-    parts.dense_optimizer.load_state_dict(dense["optimizer"])
-    restore_table_state(parts.collections(), dense)
+    """Make ``parts`` exactly the state of checkpoint ``ckpt`` (``ember.train.checkpointer.restore``,
+    exact): IDs created after it are gone."""
+    restore(parts, ckpt, exact=True)

@@ -10,15 +10,15 @@ max over one slot per rank), so before any rank fetches step ``j`` every rank kn
 global rows of ``j`` (the loss's denominator) and whether any rank has rows there (else the
 pass ends before ``j`` on every rank, through the fetch gate).
 
-Position: each rank's batch index in its own files (``rank_batches`` in a checkpoint's
-position); a checkpoint taken mid-epoch resumes on the same world size only (at an epoch's
-start, any world size).
+Position: each rank's batch index in its own files (``ember.train.run_state.ShardPositions``,
+``rank_batches`` in a checkpoint's position); a checkpoint taken mid-epoch resumes on the same
+world size only (at an epoch's start, any world size: ``RunState.rank_starts``).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Iterator
+from typing import Iterator
 
 from ember.batch import Batch
 from ember.config import RunConfig
@@ -28,7 +28,7 @@ from ember.pipeline.loader import shard_files
 from ember.pipeline.scheduler import Stage
 from ember.source.files import expand_paths
 
-__all__ = ["FileShards", "check_file_shards", "shard_start", "AHEAD"]
+__all__ = ["FileShards", "check_file_shards", "AHEAD"]
 
 AHEAD = 2
 """Batches the ``shard`` stage holds back: after step i the ranks agree on step i + AHEAD's
@@ -45,34 +45,6 @@ def check_file_shards(cfg: RunConfig, world_size: int) -> None:
         raise ConfigError("data.shard: files is not supported with train.mode: online (the stream position is one "
                           "list of files for every rank); use data.shard: rows")
     shard_files(expand_paths(cfg.data.paths("train"), cfg.data.format), 0, world_size)  # fewer files than ranks: raises
-
-
-def shard_start(position: dict[str, Any], world_size: int, rank: int, files: bool) -> int:
-    """This rank's first batch of a resumed epoch, from a checkpoint's ``position``.
-
-    ``files``: this run shards files (distributed, ``data.shard: files``). At an epoch's start
-    (batch 0) any run resumes any checkpoint. Mid-epoch, a files-sharded checkpoint resumes
-    only with files sharding on as many ranks (each rank's position is in its own files), and
-    a checkpoint counted in global batches only without it; else ConfigError."""
-    batch = int(position["batch"])
-    saved = position.get("shard") == "files"
-    if batch == 0:
-        return 0
-    if saved and not files:
-        raise ConfigError(f"the checkpoint was written mid-epoch by a data.shard: files run on {position['world_size']} "
-                          f"ranks (each rank's position is in its own files); resume it with data.shard: files on "
-                          f"{position['world_size']} ranks, or resume from a checkpoint at an epoch's start")
-    if files and not saved:
-        raise ConfigError("the checkpoint's data position counts global batches (data.shard: rows), which do not map to "
-                          "each rank's own files; resume it with data.shard: rows, or switch to data.shard: files at an "
-                          "epoch's start")
-    if not files:
-        return batch
-    if int(position["world_size"]) != world_size:
-        raise ConfigError(f"the checkpoint was written mid-epoch by a data.shard: files run on {position['world_size']} "
-                          f"ranks; this run has {world_size}, whose ranks would read other files: resume it on "
-                          f"{position['world_size']} ranks, or from a checkpoint at an epoch's start (any world size)")
-    return int(position["rank_batches"][rank])
 
 
 class FileShards:

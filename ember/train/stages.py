@@ -1,6 +1,10 @@
 """The trainer's stages, each a function over one batch (a ``Step``) that knows nothing of its
 neighbours: plan -> fetch -> [to device] -> compute (the caller's thread) -> update -> metrics.
 
+One training step is ``compute_step`` (forward, loss, backward, dense step) then
+``update_step`` (sparse step): the ``compute`` and ``update`` stages run them, and so does
+``ember.train.loop.train_step``, the step in plain form.
+
 With the data stages in front (``Loader.stages``: read -> featurize) they form the pipeline the
 ``Scheduler`` runs on threads (``pipeline.enabled``) or in line. The tiers are touched only by
 ``fetch`` and ``update``, never at once (a lock), and in the order ``FetchGate`` allows.
@@ -28,7 +32,25 @@ from ember.train.builder import Components
 from ember.train.shards import FileShards
 from ember.train.window import RollingWindow
 
-__all__ = ["Step", "TrainStages"]
+__all__ = ["Step", "TrainStages", "compute_step", "update_step"]
+
+
+def compute_step(parts: Components, batch: Batch, step: int, lookups: list[Lookup] | None = None,
+                 task_weights: Tensor | None = None, rows: int | None = None) -> tuple[Tensor, Tensor, list[GroupLookup]]:
+    """The first half of training step ``step`` (global, 0-based: lr schedules read it):
+    forward (``lookups``: planned and fetched ahead, else every table group plans (dedupes),
+    fetches and pools here), loss, backward, dense optimizer step. Returns the logits, the loss
+    and the lookups whose rows ``update_step`` updates (one summed gradient per unique ID;
+    [] when an fp16 overflow skipped the step)."""
+    logits = parts.forward(batch, lookups)
+    loss = parts.loss(batch, logits, task_weights, rows)
+    return logits, loss, parts.backward(loss, step)
+
+
+def update_step(ready: list[GroupLookup], step: int) -> None:
+    """The second half of training step ``step``: each table's sparse optimizer updates the
+    touched rows and writes them back to their tiers."""
+    SparseOptimizer.apply(ready, step)
 
 
 @dataclass
@@ -134,9 +156,8 @@ class TrainStages:
         p = self.parts
         if self.shards is not None:  # agreed by now: two steps ahead
             step.rows = self.shards.global_rows(step.index)
-        logits = p.forward(batch, step.lookups)
-        loss = p.loss(batch, logits, self.task_weights, step.rows)
-        step.ready = p.backward(loss, self.first_step + step.index)  # [] when an fp16 overflow skipped the step
+        logits, loss, step.ready = compute_step(p, batch, self.first_step + step.index, step.lookups, self.task_weights,
+                                                step.rows)
         step.loss = loss.detach()
         if self.window is not None:
             step.probs = torch.sigmoid(logits.detach().float())
@@ -147,7 +168,7 @@ class TrainStages:
         optimizer, write the rows back; then the gate lets later fetches through."""
         with self._holding_tiers():
             self.log.refresh(step.index, step.fetched_after, step.ready)
-            SparseOptimizer.apply(step.ready, self.first_step + step.index)
+            update_step(step.ready, self.first_step + step.index)
             self.log.record(step.index, step.ready)
         self.gate.wrote(step.index)
         step.ready = []

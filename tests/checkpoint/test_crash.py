@@ -7,7 +7,7 @@ with exactly the model of a run that was never killed (one thread, CPU: bitwise 
 The child is this file run as a script (``python test_crash.py SPEC.json``). It wraps a few
 functions to make the kill land where the test wants it, without changing what is computed:
 
-- ``ember.train.loop.save_checkpoint`` touches ``begin-<step>`` / ``saved-<step>`` markers;
+- ``ember.train.checkpointer.save_checkpoint`` touches ``begin-<step>`` / ``saved-<step>`` markers;
 - ``hang_at``: the child stops forever at one point and touches ``hanging``, then the parent
   sends SIGKILL: ``training`` (in the loss of the second step after the save of ``hang_step``,
   i.e. between two checkpoints), or inside the save of step ``hang_step``: half-way through a
@@ -45,15 +45,16 @@ def _child(spec_path: str) -> None:
 
     import ember.checkpoint.atomic as atomic
     import ember.checkpoint.save as save_mod
-    import ember.train.loop as loop
     import ember.train.builder as builder
+    import ember.train.checkpointer as checkpointer
+    import ember.train.loop as loop
     from ember.config import from_dict
 
     def hang() -> None:
         (markers / "hanging").touch()
         time.sleep(600)  # until the parent's SIGKILL
 
-    orig_save = loop.save_checkpoint
+    orig_save = checkpointer.save_checkpoint
     saved: list[int] = []
 
     def save(root, step, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -63,7 +64,7 @@ def _child(spec_path: str) -> None:
         saved.append(step)
         return out
 
-    loop.save_checkpoint = save
+    checkpointer.save_checkpoint = save
 
     if spec.get("hang_at") == "training":  # the second training step after the save of hang_step
         orig_loss = builder.multitask_bce

@@ -263,10 +263,10 @@ def test_readme_online_example_validates():
 def test_time_based_window_reports_and_checkpoints_online(tmp_path, offline_pass, monkeypatch):
     """eval.window_every_s and train.checkpoint_every_s (a fake clock advancing 1 s per call):
     both fire by time alone, and the run still equals the offline pass."""
-    import ember.train.loop as loop
+    from ember.train import clock as run_clock
 
     clock = iter(range(0, 10**6))
-    monkeypatch.setattr(loop, "_clock", lambda: float(next(clock)))
+    monkeypatch.setattr(run_clock, "monotonic", lambda: float(next(clock)))
     folder, offline_steps, offline_state = offline_pass
     raw = _raw(tmp_path, "timed", folder, checkpoint_every_s=4.0, keep_checkpoints=50)
     raw["eval"] = {"window_rows": 100, "window_every_s": 3.0}

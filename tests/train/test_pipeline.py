@@ -350,23 +350,24 @@ def test_data_worker_process_trains_bit_identically_and_reports_bad_rows_and_err
 def test_checkpoint_every_s_saves_by_time_and_resumes_exactly(tmp_path, monkeypatch, enabled):
     """train.checkpoint_every_s: a checkpoint after the first step past the interval (a fake
     clock advancing 1 s per call), each one resumable to the uninterrupted run's state."""
-    import ember.train.loop as loop
+    import ember.train.checkpointer as checkpointer
+    from ember.train import clock as run_clock
 
     saved: list[int] = []
-    original = loop.save_checkpoint
+    original = checkpointer.save_checkpoint
 
     def counting(root, step, *a, **k):  # type: ignore[no-untyped-def]
         saved.append(step)
         return original(root, step, *a, **k)
 
-    monkeypatch.setattr(loop, "save_checkpoint", counting)
+    monkeypatch.setattr(checkpointer, "save_checkpoint", counting)
     clock = iter(range(0, 10**6, 1))
-    monkeypatch.setattr(loop, "_clock", lambda: float(next(clock)))
+    monkeypatch.setattr(run_clock, "monotonic", lambda: float(next(clock)))
     whole = train(_cfg(tmp_path, f"t{enabled}", enabled=enabled, checkpoint_every_s=5.0, keep_checkpoints=50))
     assert len(saved) >= 3 and saved[-1] == whole.step  # several by time, then the final state
     assert saved[:-1] == sorted(set(saved[:-1])) and all(0 < s < whole.step for s in saved[:-1])
     first = saved[0]
-    monkeypatch.setattr(loop, "save_checkpoint", original)
+    monkeypatch.setattr(checkpointer, "save_checkpoint", original)
     from ember.checkpoint.load import resolve_checkpoint
 
     ckpt = resolve_checkpoint(whole.run_dir / "checkpoints" / f"step-{first:08d}")

@@ -10,7 +10,7 @@ from ember.batch import Batch, SparseFeatures
 from ember.errors import ConfigError
 from ember.featurize.schema import Schema
 from ember.pipeline.loader import empty_batch
-from ember.train.shards import FileShards, shard_start
+from ember.train.shards import FileShards
 
 SCHEMA = Schema.parse({"labels": ["y"], "dense": [{"name": "d"}], "sparse": [{"name": "a", "weight_column": "w"}]})
 
@@ -54,19 +54,6 @@ def test_ranks_agree_on_global_rows_the_end_and_positions():
     assert rows == [(8, 8), (6, 6), (4, 4), (3, 3)] and a.end == b.end == 4
     assert a.positions(1) == [1, 1] and a.positions(3) == [3, 2] and a.positions(4) == [4, 2]
     assert empty_batch(SCHEMA).sparse.weights is not None  # laid out as a weighted feature's batches
-
-
-def test_shard_start_resumes_mid_epoch_only_on_the_same_world_size():
-    files = {"epoch": 0, "batch": 3, "shard": "files", "world_size": 2, "rank_batches": [3, 2]}
-    assert [shard_start(files, 2, r, True) for r in (0, 1)] == [3, 2]
-    assert shard_start({**files, "batch": 0}, 3, 2, True) == 0  # an epoch's start: any world size
-    assert shard_start({"epoch": 0, "batch": 5}, 3, 1, False) == 5
-    with pytest.raises(ConfigError, match="run on 2 ranks; this run has 3"):
-        shard_start(files, 3, 0, True)
-    with pytest.raises(ConfigError, match="resume it with data.shard: files on 2 ranks"):
-        shard_start(files, 1, 0, False)
-    with pytest.raises(ConfigError, match="counts global batches"):
-        shard_start({"epoch": 0, "batch": 5}, 2, 0, True)
 
 
 def test_ranks_that_see_other_training_files_are_a_config_error(tmp_path):
