@@ -130,15 +130,17 @@ class EarlyStopping:
 
 def restore_weights(parts: Components, ckpt: Path) -> None:
     """Make ``parts`` exactly the state of checkpoint ``ckpt``: every table emptied then loaded
-    (IDs created after it are gone), the dense model, its optimizer and the table counters."""
-    manifest = verify_checkpoint(ckpt)
+    (IDs created after it are gone), the dense model, its optimizer and the table counters.
+    Distributed, every rank calls it: each empties and loads its own shard of the tables (the
+    rows it owns, whatever world size wrote ``ckpt``) and the same dense state."""
+    manifest = verify_checkpoint(ckpt, parts.dist)  # distributed: the ranks share the hashing
     for ec in parts.collections():
         for table in ec.tables.values():
             ids = [i for i, _ in table.items()]
             if ids:
                 table.tier.remove(torch.cat(ids))
-    load_tables(ckpt, parts.collections(), manifest)
+    load_tables(ckpt, parts.collections(), manifest, parts.owned())
     dense = load_dense(ckpt)
     parts.model.load_state_dict(dense["model"])
     parts.dense_optimizer.load_state_dict(dense["optimizer"])
-    restore_table_state(parts.collections(), dense)
+    restore_table_state(parts.collections(), dense, parts.owned())
