@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import multiprocessing as mp
 import os
+import pickle
 import queue
 import traceback
 from typing import Any, Callable
@@ -33,7 +34,9 @@ def _main(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: t
                        "OMP_NUM_THREADS": "1"})
     torch.set_num_threads(1)
     try:
-        out.put((rank, True, fn(rank, world_size, *args)))
+        # plain pickle: the queue's own pickler would pass tensors as file descriptors of this
+        # process, gone once it exits
+        out.put((rank, True, pickle.dumps(fn(rank, world_size, *args))))
     except BaseException:  # the parent raises it, naming the rank
         out.put((rank, False, traceback.format_exc()))
     finally:
@@ -57,7 +60,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, args: tuple = (), tim
         for _ in procs:
             rank, ok, value = out.get(timeout=timeout)
             if ok:
-                results[rank] = value
+                results[rank] = pickle.loads(value)
             else:
                 failed.append(f"rank {rank}:\n{value}")
     except queue.Empty:
