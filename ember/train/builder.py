@@ -297,7 +297,7 @@ def _collection(tables: list[TableConfig], features: list[FeatureConfig], seed: 
         return EmbeddingCollection(tables, features, seed=seed)
     from ember.distributed.sharded import ShardContext, ShardedCollection
 
-    return ShardedCollection(tables, features, seed, ShardContext(plan, dist.rank, dist.exchange))
+    return ShardedCollection(tables, features, seed, ShardContext(plan, dist.rank, dist.exchange, dist.updates))
 
 
 def _announce_storage(tables: list[TableConfig]) -> None:
