@@ -45,6 +45,10 @@ def autocast(device: torch.device, precision: Precision) -> contextlib.AbstractC
 class LossScaler:
     """Dynamic loss scale for fp16 training (see the module docstring).
 
+    Args:
+        agree: distributed: ``agree(overflowed here)`` returns whether any rank overflowed (a
+            collective every rank calls at the same step); None: one process.
+
     Example:
         >>> s = LossScaler(init_scale=8.0, growth_interval=2)
         >>> g = torch.tensor([8.0, 16.0])
@@ -52,10 +56,6 @@ class LossScaler:
         (True, [1.0, 2.0], 8.0)
         >>> s.unscale_([torch.tensor([float("inf")])]), s.scale, s.skipped
         (False, 4.0, 1)
-
-    Args:
-        agree: distributed: ``agree(overflowed here)`` returns whether any rank overflowed (a
-            collective every rank calls at the same step); None: one process.
     """
 
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
