@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Any, Callable
 
 import torch
 from torch import Tensor
@@ -27,17 +28,33 @@ class Batch:
         return int(self.labels.shape[0])
 
     def slice_rows(self, start: int, stop: int) -> "Batch":
-        """Rows ``start .. stop-1`` of the batch (dense, sparse and labels)."""
-        return Batch(self.dense[start:stop], self.sparse.slice_rows(start, stop), self.labels[start:stop])
+        """Rows ``start .. stop-1`` of every field (a distributed rank's slice of the batch).
+
+        Built with ``dataclasses.replace`` from the fields' own slices, so a field added to
+        ``Batch`` can never be dropped here silently (``_map`` refuses a field it cannot map).
+        """
+        return self._map(lambda t: t[start:stop], lambda s: s.slice_rows(start, stop))
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
-        return Batch(
-            self.dense.to(device, non_blocking=non_blocking),
-            self.sparse.to(device, non_blocking=non_blocking),
-            self.labels.to(device, non_blocking=non_blocking),
-            None if self.teacher is None else self.teacher.to(device, non_blocking=non_blocking),
-        )
+        return self._map(lambda t: t.to(device, non_blocking=non_blocking),
+                         lambda s: s.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "Batch":
-        return Batch(self.dense.pin_memory(), self.sparse.pin_memory(), self.labels.pin_memory(),
-                     None if self.teacher is None else self.teacher.pin_memory())
+        return self._map(lambda t: t.pin_memory(), lambda s: s.pin_memory())
+
+    def _map(self, tensor: Callable[[Tensor], Tensor], sparse: Callable[[SparseFeatures], SparseFeatures]) -> "Batch":
+        """A copy with ``tensor`` applied to every tensor field, ``sparse`` to the sparse one
+        (None fields stay None)."""
+        changes: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                continue
+            if isinstance(value, SparseFeatures):
+                changes[f.name] = sparse(value)
+            elif isinstance(value, Tensor):
+                changes[f.name] = tensor(value)
+            else:
+                raise TypeError(f"Batch.{f.name}: a {type(value).__name__} field has no row-wise map; "
+                                "teach Batch._map about it")
+        return replace(self, **changes)

@@ -45,7 +45,7 @@ from torch import nn
 from ember.checkpoint.config import ExportConfig
 from ember.checkpoint.export import EXPORT_VERSION, RUN_CONFIG_KEYS, encode_weights, export_model, model_files, table_meta
 from ember.checkpoint.atomic import HashingWriter
-from ember.errors import CheckpointError, ConfigError
+from ember.errors import CheckpointError
 from ember.fileio import atomic_dir, fsync_dir
 
 __all__ = ["DeltaExporter", "SeriesEntry", "series_entries", "prune_series", "run_exporter", "CHUNK_ROWS"]
@@ -262,10 +262,7 @@ def _read_live(table: Any, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 
 def run_exporter(config: ExportConfig, root: Path, parts: Any, run_config: Mapping[str, Any]) -> DeltaExporter:
     """The exporter of a training run's parts (``ember.train.builder.Components``); with
-    ``export`` off it is never due and tracks nothing. Distributed runs are refused for now
-    (each rank holds a shard of the tables)."""
-    if config.enabled and getattr(parts, "dist", None) is not None:
-        raise ConfigError("export.every_steps / export.every_s are not supported with distributed training yet; "
-                          "export the checkpoints with `ember export` instead")
+    ``export`` off it is never due and tracks nothing. Distributed runs refuse ``export``
+    before they start (``ember.train.distributed.check_distributed``)."""
     return DeltaExporter(config, root, parts.model, parts.collections(), parts.embeddings.features,
                          parts.linear.features if parts.linear is not None else None, parts.task_names, run_config)

@@ -2,7 +2,8 @@
 
 Nothing here turns distribution on: a run is distributed when torchrun (or any launcher that
 sets ``RANK``/``WORLD_SIZE``) starts it with ``WORLD_SIZE > 1``. One process without torchrun
-ignores this section and runs exactly as before.
+ignores this section and runs exactly as before. What a distributed run refuses is checked in
+one place, ``ember.train.distributed.check_distributed`` (it needs the whole run config).
 """
 
 from __future__ import annotations
@@ -12,9 +13,8 @@ from typing import Literal
 from pydantic import Field
 
 from ember.config_base import ConfigModel
-from ember.errors import ConfigError
 
-__all__ = ["DistributedConfig", "ShardingKind", "check_compatible"]
+__all__ = ["DistributedConfig", "ShardingKind"]
 
 ShardingKind = Literal["row_wise", "table_wise"]
 
@@ -43,24 +43,3 @@ class DistributedConfig(ConfigModel):
     heartbeat_timeout_s: float = Field(15.0, gt=0, le=50)
     """A rank whose heartbeat (one a second, in the rendezvous store) has not moved for this long
     is lost: the others stop, naming it (``ember.distributed.watchdog``)."""
-
-
-def check_compatible(world_size: int, batch_size: int, staleness: int) -> None:
-    """Raise ConfigError for run settings this step of distributed training does not support.
-
-    The pipeline's stage threads are supported with ``staleness`` 0: the fetch gate then runs
-    every batch's fetch after the previous batch's update is written, so the embedding
-    exchange's all-to-alls (fetch, then update) come in one order on every rank, whichever
-    threads issue them; the dense all-reduces run on another process group."""
-    if batch_size % world_size:
-        raise ConfigError(
-            f"data.batch_size {batch_size} is the global batch and must be divisible by the world size "
-            f"{world_size} (each rank trains batch_size / world_size rows); use e.g. "
-            f"data.batch_size={batch_size - batch_size % world_size or world_size}"
-        )
-    if staleness:
-        raise ConfigError(
-            f"train.embedding_staleness={staleness} is not supported with distributed training yet "
-            "(stale rows would need a re-read on their owner rank, and the fetch and update all-to-alls of different "
-            "batches would overlap); set train.embedding_staleness=0"
-        )

@@ -10,7 +10,9 @@ direction, and separately the part that crosses nodes, until ``take_stats``.
 
 from __future__ import annotations
 
+import copy
 import math
+import threading
 from typing import Sequence
 
 import torch
@@ -47,12 +49,30 @@ class Exchange:
         self.nodes = list(nodes) if nodes is not None else [0] * world_size
         if len(self.nodes) != world_size:
             raise ValueError(f"Exchange: {len(self.nodes)} node numbers for {world_size} ranks")
-        self._zero()
+        # per kind: [sent, received, sent to other nodes, received from other nodes]; shared
+        # with the exchanges ``on_group`` makes, which count from other threads
+        self.traffic: dict[str, list[int]] = {k: [0, 0, 0, 0] for k in KINDS}
+        self._calls = [0]
+        self._lock = threading.Lock()
+
+    def on_group(self, group: dist.ProcessGroup) -> "Exchange":
+        """This exchange over another process group (the same ranks) with the same counters:
+        the collectives of each group come in one order on every rank however the threads that
+        issue them interleave (e.g. the fetches of a stage thread, the updates of another)."""
+        other = copy.copy(self)
+        other.group = group
+        return other
+
+    @property
+    def calls(self) -> int:
+        """All-to-all calls since the last ``take_stats`` (every group sharing the counters)."""
+        return self._calls[0]
 
     def _zero(self) -> None:
-        # per kind: [sent, received, sent to other nodes, received from other nodes]
-        self.traffic = {k: [0, 0, 0, 0] for k in KINDS}
-        self.calls = 0
+        with self._lock:
+            for v in self.traffic.values():
+                v[:] = [0, 0, 0, 0]
+            self._calls[0] = 0
 
     @property
     def bytes_sent(self) -> int:
@@ -65,11 +85,12 @@ class Exchange:
 
     def note(self, kind: str, sent: int, received: int, sent_cross: int = 0, received_cross: int = 0) -> None:
         """Count bytes of ``kind`` (one of ``KINDS``) that left and reached this rank."""
-        t = self.traffic[kind]
-        t[0] += sent
-        t[1] += received
-        t[2] += sent_cross
-        t[3] += received_cross
+        with self._lock:
+            t = self.traffic[kind]
+            t[0] += sent
+            t[1] += received
+            t[2] += sent_cross
+            t[3] += received_cross
 
     def counts(self, send: Tensor, kind: str = "counts") -> Tensor:
         """``send`` [N, k] int64 (row r: counts for rank r) -> [N, k] (row s: what rank s sends here)."""
@@ -98,7 +119,8 @@ class Exchange:
         away = [r for r in range(self.world_size) if self.nodes[r] != me]
         self.note(kind, row * (sum(send_splits) - send_splits[self.rank]), row * (sum(recv_splits) - recv_splits[self.rank]),
                   row * sum(send_splits[r] for r in away), row * sum(recv_splits[r] for r in away))
-        self.calls += 1
+        with self._lock:
+            self._calls[0] += 1
         return out.to(home)
 
     def any(self, flags: Sequence[bool]) -> list[bool]:
@@ -121,7 +143,9 @@ class Exchange:
         """
         out = {"dist.bytes_sent": float(self.bytes_sent), "dist.bytes_received": float(self.bytes_received),
                "dist.all_to_all_calls": float(self.calls)}
-        mine = torch.tensor([v for k in KINDS for v in self.traffic[k]], dtype=torch.float64, device=self.device)
+        with self._lock:
+            counted = [v for k in KINDS for v in self.traffic[k]]
+        mine = torch.tensor(counted, dtype=torch.float64, device=self.device)
         every = [torch.empty_like(mine) for _ in range(self.world_size)]
         dist.all_gather(every, mine, group=self.group)
         per_rank = torch.stack(every).cpu().view(self.world_size, len(KINDS), 4)  # [rank, kind, counter]

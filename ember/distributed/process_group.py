@@ -73,8 +73,12 @@ def pick_backend(cfg: DistributedConfig, device: torch.device) -> str:
 class DistributedRun:
     """A started process group: this rank's place, the embedding exchange, and helpers.
 
-    Embedding all-to-alls run on a group of their own (``exchange``), so the dense model's
-    all-reduces (DDP, on the default group) never interleave with them. ``watchdog`` (None
+    Embedding all-to-alls run on groups of their own, so the dense model's all-reduces (DDP,
+    on the default group) never interleave with them: ``exchange`` carries the fetches (IDs to
+    their owners, rows back; and evaluation's), ``updates`` the gradients to the owners. With
+    ``train.embedding_staleness`` k > 0 the fetch of batch t + k and the update of batch t run
+    on different pipeline threads at once; each group still sees its collectives in batch
+    order on every rank (both exchanges share the traffic counters). ``watchdog`` (None
     when not started) names a rank that stops (``ember.distributed.watchdog``).
     """
 
@@ -86,6 +90,7 @@ class DistributedRun:
         # torchrun numbers ranks node after node (RANK = GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK)
         nodes = [r // topology.local_world_size for r in range(self.world_size)]
         self.exchange = Exchange(self.rank, self.world_size, self.device, dist.new_group(backend=backend), nodes)
+        self.updates = self.exchange.on_group(dist.new_group(backend=backend))
 
     @property
     def lead(self) -> bool:

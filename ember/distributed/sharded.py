@@ -13,13 +13,22 @@ design leaves room for them:
   table's sparse optimizer once per ID;
 - write back: the owner stores its rows.
 
-Every rank calls every collective of every group in the same order (the trainer runs the
-phases in line), also when it has no ID to send.
+Every rank calls every collective of every group in the same order, also when it has no ID
+to send: fetches (counts, IDs, rows) on the ``exchange``'s process group, updates (gradients,
+the reached flags) on ``updates``', each issued in batch order by one thread (the pipeline's
+fetch and update stages). Under ``train.embedding_staleness`` k > 0 the two threads overlap
+(the fetch of batch t + k with the update of batch t), as in one process (Persia's hybrid
+training: stale reads, bounded by k; no gradient lost). The owner's tiers are touched under
+``ShardContext.tiers`` only, never held across a collective: a rank whose fetch waits in an
+all-to-all never blocks its own update, which another rank's fetch may be waiting on. Before
+an update the owner re-reads the rows written since its fetch (``refresh``), so every
+gradient lands on the current row.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -38,11 +47,15 @@ __all__ = ["ShardContext", "ShardedGroupLookup", "ShardedCollection"]
 
 @dataclass
 class ShardContext:
-    """What a sharded lookup needs: the placement, this rank, and the exchange."""
+    """What a sharded lookup needs: the placement, this rank, the exchange of fetches and that
+    of updates (another process group; None: the fetches'), and the lock of this rank's tiers
+    (its fetches and updates may run on two threads)."""
 
     plan: ShardingPlan
     rank: int
     exchange: Exchange
+    updates: Exchange | None = None
+    tiers: threading.Lock = field(default_factory=threading.Lock)
 
     @property
     def world_size(self) -> int:
@@ -95,7 +108,8 @@ class ShardedGroupLookup(GroupLookup):
         got_table = np.repeat(np.tile(np.arange(t), n), recv_counts.reshape(-1))
         by_table = np.argsort(got_table, kind="stable")
         owner = GroupLookup.of_ids(g, list(got[torch.from_numpy(by_table)].split(recv_counts.sum(0).tolist())), self.train)
-        owner.fetch()  # this rank's tiers: admission, TTL and fresh rows as in one process
+        with self.shard.tiers:
+            owner.fetch()  # this rank's tiers: admission, TTL and fresh rows as in one process
         to_row = torch.empty(got.numel(), dtype=torch.int64)
         to_row[torch.from_numpy(by_table)] = owner.inverse
         assert owner.records is not None
@@ -114,32 +128,38 @@ class ShardedGroupLookup(GroupLookup):
         sends zeros: its rows took no part."""
         if self.owner is None or self.route is None:
             raise RuntimeError("ShardedGroupLookup.update before fetch")
-        owner, route, ex = self.owner, self.route, self.shard.exchange
+        owner, route = self.owner, self.route
+        ex = self.shard.updates or self.shard.exchange
         assert owner.records is not None and self.records is not None
         mine = self.grad if self.grad is not None else self.records.new_zeros(self.ids.numel(), self.group.dim)
         grad = mine.index_select(0, torch.from_numpy(route.order).to(mine.device))
         got = ex.all_to_all(grad, route.send_splits, route.recv_splits, "grads")
         summed = torch.zeros(owner.ids.numel(), self.group.dim, dtype=got.dtype, device=owner.records.device)
         summed.index_add_(0, route.to_owner_row.to(summed.device), got.to(summed.device))
-        owner.backward(summed)
-        owner.reached = ex.any(self.reached)
-        owner.update(step)
+        reached = ex.any(self.reached)
+        with self.shard.tiers:  # the last collective is behind: the rows are this rank's alone
+            owner.backward(summed)
+            owner.reached = reached
+            owner.update(step)
         self.updated = owner.updated
 
     def write_back(self) -> None:
         """The owner stores the rows it updated."""
         if self.owner is None:
             raise RuntimeError("ShardedGroupLookup.write_back before fetch")
-        self.owner.write_back()
-        self.written = self.owner.written
-
-    def to_device(self, device: torch.device) -> None:
-        raise RuntimeError("ShardedGroupLookup.to_device: the pipeline's device stage is not used with distributed "
-                           "training (set pipeline.enabled=false)")
+        with self.shard.tiers:
+            self.owner.write_back()
+        self.written = self.owner.written  # what ``keys(written)`` names to later refreshes: the owner's rows
 
     def refresh(self, writes: Sequence[np.ndarray]) -> int:
-        raise RuntimeError("ShardedGroupLookup.refresh: train.embedding_staleness > 0 is not supported with "
-                           "distributed training; set it to 0")
+        """Under staleness k > 0, before ``update``: the owner re-reads the rows of its lookup
+        that later write-backs stored after its fetch (``writes``: the owner's written keys, as
+        ``GroupLookup.refresh``), so each rank's gradient lands on the current row. Local: no
+        collective."""
+        if self.owner is None:
+            raise RuntimeError("ShardedGroupLookup.refresh before fetch")
+        with self.shard.tiers:
+            return self.owner.refresh(writes)
 
 
 class ShardedCollection(EmbeddingCollection):

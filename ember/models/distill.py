@@ -93,13 +93,15 @@ class Distilled(nn.Module):
 
 
 def distill_loss(model: Distilled, logits: Tensor, labels: Tensor, teacher: Tensor | None, dense: Tensor,
-                 config: DistillConfig, task_weights: Tensor | None = None) -> Tensor:
+                 config: DistillConfig, task_weights: Tensor | None = None, rows: int | None = None) -> Tensor:
     """The student's training loss from ``logits`` (``model`` in training mode), the true
     ``labels`` [B, T] and the teacher's probabilities ``teacher`` [B, T].
 
     ``label_weight * BCE(serving, labels) + teacher_weight * BCE(aux or serving, target)``, summed
     over tasks (each weighted by ``task_weights``), where ``target`` is the teacher's score, or
     with an adapter its corrected score (detached); the adapter adds ``BCE(adapter, labels)``.
+    ``rows``: the means' denominator when the B rows are a rank's slice of a larger batch (as
+    in ``multitask_bce``): the ranks' losses then sum to the one-process loss.
     """
     if teacher is None:
         raise ValueError("model.distill needs the teacher's scores: set schema.teacher to their columns")
@@ -107,14 +109,18 @@ def distill_loss(model: Distilled, logits: Tensor, labels: Tensor, teacher: Tens
     serving = logits[:, :t]
     student = logits[:, t : 2 * t] if model.aux_head else serving
     target = teacher
-    per_task = config.label_weight * F.binary_cross_entropy_with_logits(serving, labels, reduction="none").mean(0)
+
+    def mean(per_row: Tensor) -> Tensor:
+        return per_row.mean(0) if rows is None or rows == per_row.shape[0] else per_row.sum(0) / rows
+
+    per_task = config.label_weight * mean(F.binary_cross_entropy_with_logits(serving, labels, reduction="none"))
     if model.adapter is not None:
         teacher_logit = torch.logit(teacher.clamp(_EPS, 1 - _EPS))
         corrected = model.adapter(teacher_logit, dense)
-        per_task = per_task + F.binary_cross_entropy_with_logits(corrected, labels, reduction="none").mean(0)
+        per_task = per_task + mean(F.binary_cross_entropy_with_logits(corrected, labels, reduction="none"))
         target = torch.sigmoid(corrected).detach()
-    per_task = per_task + config.teacher_weight * F.binary_cross_entropy_with_logits(
-        student, target, reduction="none").mean(0)
+    per_task = per_task + config.teacher_weight * mean(F.binary_cross_entropy_with_logits(
+        student, target, reduction="none"))
     if task_weights is not None:
         per_task = per_task * task_weights
     return per_task.sum()

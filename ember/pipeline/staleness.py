@@ -8,6 +8,11 @@ No update is ever lost: before batch ``b``'s update, the rows that batches fetch
 written-after wrote are re-read (``GroupLookup.refresh``), so each gradient lands on the
 current row; a read is at most ``k`` updates behind.
 
+Distributed (``lockstep``), every rank must fetch the same batches: a fetch is an all-to-all
+with the other ranks. A stop request (agreed by the ranks after batch ``c``'s compute) then
+ends the stream before batch ``c + 2 + k``, which no rank can have entered yet (its fetch needs
+batch ``c + 1``'s update), rather than wherever each rank's fetch thread happens to be.
+
 Barriers: the trainer checkpoints, evaluates and logs on a quiet engine. After a batch it marks
 as a barrier, no later batch is fetched until ``release()``; a fetch's side effects (admission
 counts, cache promotions) then never belong to a batch the checkpoint has not trained.
@@ -42,6 +47,8 @@ class FetchGate:
         self._written = 0  # batches whose update is written (in order: 0 .. written-1)
         self._held: int | None = None  # a barrier batch awaiting release
         self._stopped = False
+        self._computed = -1  # the last batch the trainer computed
+        self.lockstep = False  # distributed: stop every rank's fetches at the same batch
         self._cv = threading.Condition()
 
     @property
@@ -88,10 +95,24 @@ class FetchGate:
             self._held = None
             self._cv.notify_all()
 
-    def stop(self) -> None:
-        """Fetch no more batches (a stop request): ``enter`` returns False from now on."""
+    def computed(self, b: int) -> None:
+        """The trainer computed batch ``b`` (where a ``lockstep`` stop counts from)."""
         with self._cv:
-            self._stopped = True
+            self._computed = b
+
+    def stop(self) -> None:
+        """Fetch no more batches (a stop request): ``enter`` returns False from now on. In
+        ``lockstep`` (distributed) the stream ends before batch ``computed + 2 + staleness``
+        instead: the batches before it, which some rank may have begun to fetch, are fetched
+        everywhere; only where the trainer stands at the barrier batch itself (every rank's
+        fetches wait there for its ``release``) does it stop at once."""
+        with self._cv:
+            at_barrier = self._held is not None and self._held <= self._computed
+            if self.lockstep and not at_barrier and not self._stopped:
+                end = self._computed + 2 + self.staleness
+                self.limit = end if self.limit is None else min(self.limit, end)
+            else:
+                self._stopped = True
             self._cv.notify_all()
 
 

@@ -50,7 +50,7 @@ class Components:
     device: torch.device
     precision: Precision = "fp32"  # the model's compute type (train.precision); parameters stay fp32
     scaler: LossScaler | None = None  # fp16: dynamic loss scale over dense and embedding gradients
-    compiled: Callable[..., Tensor] | None = field(default=None, repr=False)  # train.compile: torch.compile(model)
+    compiled: Callable[..., Tensor] | None = field(default=None, repr=False)  # train.compile: torch.compile(model or ddp)
     distill: DistillConfig | None = None  # model.distill: the loss learns from the teacher's scores too
     dense_config: DenseOptimizerConfig | None = None  # its lr schedule is applied per step
     dist: DistributedRun | None = None  # set when torchrun started several processes
@@ -109,8 +109,8 @@ class Components:
         return logits.float()
 
     def _run_model(self, *inputs: Any) -> Tensor:
-        if self.ddp is not None and self.model.training and torch.is_grad_enabled():
-            return self.ddp(*inputs)  # distributed: gradients summed over ranks
+        # distributed: training runs DDP (gradients summed over ranks); ``compiled`` is then
+        # torch.compile of the DDP module, whose forward is the model's in evaluation too
         if self.compiled is not None:
             try:
                 return self.compiled(*inputs)
@@ -118,6 +118,8 @@ class Components:
                 log.warning("train.compile: torch.compile failed (%s: %s); the model runs uncompiled from "
                             "here on", type(e).__name__, str(e).splitlines()[0] if str(e) else "")
                 self.compiled = None
+        if self.ddp is not None and self.model.training and torch.is_grad_enabled():
+            return self.ddp(*inputs)
         return self.model(*inputs)
 
     def loss(self, batch: Batch, logits: Tensor, task_weights: Tensor | None = None, rows: int | None = None) -> Tensor:
@@ -127,7 +129,7 @@ class Components:
         if self.distill is None:
             return multitask_bce(logits, batch.labels, task_weights, rows)
         assert isinstance(self.model, Distilled)
-        return distill_loss(self.model, logits, batch.labels, batch.teacher, batch.dense, self.distill, task_weights)
+        return distill_loss(self.model, logits, batch.labels, batch.teacher, batch.dense, self.distill, task_weights, rows)
 
     def set_dense_lr(self, step: int) -> None:
         """Before the dense step of global step ``step`` (0-based): every param group's lr from the
@@ -230,23 +232,15 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
     opt = make_dense_optimizer(model.parameters(), cfg.train.dense_optimizer)
     sparse_opt = SparseOptimizer(ec, *([linear] if linear is not None else []))
     t = cfg.train
-    compiled = _compile(model) if t.compile else None
-    scaler = LossScaler() if t.precision == "fp16" else None
+    scaler = None
+    if t.precision == "fp16":  # distributed: every rank skips the steps any rank overflowed in
+        scaler = LossScaler(agree=None if dist is None else lambda bad: bool(dist.agree([int(bad)])[0]))
     distill = cfg.model.distill
     if distill is not None and not schema.teacher:
         raise ConfigError("model.distill needs the teacher's scores: set schema.teacher to their columns "
                           "(one per label, probabilities in [0, 1])")
     ddp, towers = None, None
     if dist is not None:
-        unsupported = [k for k, on in (("model.distill", distill is not None), ("train.precision: fp16", scaler is not None),
-                                       ("train.compile", t.compile),
-                                       ("train.mode: online", t.mode == "online"),
-                                       ("eval.window_rows", cfg.eval.window_rows is not None),
-                                       ("train.early_stopping.restore_best",
-                                        t.early_stopping is not None and t.early_stopping.restore_best)) if on]
-        if unsupported:
-            raise ConfigError(f"distributed training does not take {', '.join(unsupported)} yet; "
-                              "train on one process or leave them out")
         from ember.distributed.dense import wrap_model
 
         if cfg.distributed.placement == "towers":
@@ -255,6 +249,7 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
             towers = TowerPlacement(model, features, tower_node, dist, opt)  # type: ignore[arg-type]
         else:
             ddp = wrap_model(model, dist)
+    compiled = _compile(ddp if ddp is not None else model) if t.compile else None  # distributed: compile(DDP(model))
     return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, precision=t.precision,
                       scaler=scaler, compiled=compiled, distill=distill, dense_config=t.dense_optimizer, dist=dist, ddp=ddp,
                       towers=towers)
@@ -297,7 +292,7 @@ def _collection(tables: list[TableConfig], features: list[FeatureConfig], seed: 
         return EmbeddingCollection(tables, features, seed=seed)
     from ember.distributed.sharded import ShardContext, ShardedCollection
 
-    return ShardedCollection(tables, features, seed, ShardContext(plan, dist.rank, dist.exchange))
+    return ShardedCollection(tables, features, seed, ShardContext(plan, dist.rank, dist.exchange, dist.updates))
 
 
 def _announce_storage(tables: list[TableConfig], announce: bool = True) -> None:

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ember.config import RunConfig
-from ember.distributed.config import check_compatible
 from ember.distributed.planner import plan_sharding
 from ember.distributed.process_group import DistributedRun, Topology, start
 from ember.distributed.sharding import ShardingPlan
@@ -25,7 +24,7 @@ from ember.train.device import pick_device
 from ember.source.files import expand_paths
 from ember.train.shards import check_file_shards
 
-__all__ = ["start_run", "check_same_config", "check_same_files", "config_differences", "flat_config", "flatten",
+__all__ = ["start_run", "check_distributed", "check_same_config", "check_same_files", "config_differences", "flat_config", "flatten",
            "sharding_plan", "table_rows", "shard_storage", "lead_prepares_run", "check_shared_dir"]
 
 
@@ -35,12 +34,7 @@ def start_run(cfg: RunConfig, topology: Topology | None = None) -> DistributedRu
     topology = topology or Topology.from_env()
     if topology is None:
         return None
-    check_compatible(topology.world_size, cfg.data.batch_size, cfg.train.embedding_staleness)
-    check_file_shards(cfg, topology.world_size)
-    if cfg.distributed.placement == "towers" and cfg.pipeline.enabled:
-        raise ConfigError("distributed.placement=towers routes each batch's IDs to the towers' nodes while planning, which "
-                          "the pipeline runs on a thread of its own ahead of the updates; the runs would order their "
-                          "all-to-alls differently across ranks. Set pipeline.enabled=false with tower placement")
+    check_distributed(cfg, topology.world_size)
     dist = start(cfg.distributed, pick_device(cfg.train.device), topology)
     try:
         check_same_config(cfg, dist)
@@ -49,6 +43,44 @@ def start_run(cfg: RunConfig, topology: Topology | None = None) -> DistributedRu
         dist.close()
         raise
     return dist
+
+
+def check_distributed(cfg: RunConfig, world_size: int) -> None:
+    """Every refusal of a distributed run, in one place: raise ConfigError (on every rank alike,
+    before the process group starts) for settings distributed training does not take.
+
+    Refused for now: ``train.mode: online``, ``eval.window_rows`` and ``export.every_steps`` /
+    ``every_s`` (each rank would need the loop's online stream, window and exporter over its
+    shard); tower placement with the pipeline (its routing runs while planning, ahead of the
+    updates); ``train.embedding_staleness > 0`` with ``data.shard: files`` or
+    ``train.checkpoint_every_s`` (the ranks agree on where the files end and on a time-based
+    checkpoint two steps ahead, and a fetch k steps ahead may have passed it already). Every other
+    setting trains as in one process."""
+    t = cfg.train
+    if cfg.data.batch_size % world_size:
+        raise ConfigError(
+            f"data.batch_size {cfg.data.batch_size} is the global batch and must be divisible by the world size "
+            f"{world_size} (each rank trains batch_size / world_size rows); use e.g. "
+            f"data.batch_size={cfg.data.batch_size - cfg.data.batch_size % world_size or world_size}")
+    refused = [key for key, on in (("train.mode: online", t.mode == "online"),
+                                   ("eval.window_rows", cfg.eval.window_rows is not None),
+                                   ("export.every_steps / export.every_s", cfg.export.enabled)) if on]
+    if refused:
+        raise ConfigError(f"distributed training does not take {', '.join(refused)} yet; train on one process or "
+                          "leave them out (export the checkpoints with `ember export` instead of export.every_*)")
+    if cfg.distributed.placement == "towers" and cfg.pipeline.enabled:
+        raise ConfigError("distributed.placement=towers routes each batch's IDs to the towers' nodes while planning, which "
+                          "the pipeline runs on a thread of its own ahead of the updates; the runs would order their "
+                          "all-to-alls differently across ranks. Set pipeline.enabled=false with tower placement")
+    if t.embedding_staleness:
+        stale = [key for key, on in (("data.shard: files", cfg.data.shard == "files"),
+                                     ("train.checkpoint_every_s", t.checkpoint_every_s is not None)) if on]
+        if stale:
+            raise ConfigError(f"train.embedding_staleness={t.embedding_staleness} is not supported with "
+                              f"{' and '.join(stale)} in distributed training yet (the ranks agree on those two steps "
+                              "ahead, and the fetch may already run further ahead); set train.embedding_staleness=0, "
+                              "or use data.shard: rows and train.checkpoint_every")
+    check_file_shards(cfg, world_size)
 
 
 LOCAL_KEYS = ("train.threads", "train.progress")

@@ -131,5 +131,6 @@ class EarlyStopping:
 
 def restore_weights(parts: Components, ckpt: Path) -> None:
     """Make ``parts`` exactly the state of checkpoint ``ckpt`` (``ember.train.checkpointer.restore``,
-    exact): IDs created after it are gone."""
+    exact): IDs created after it are gone. Distributed, every rank calls it and loads its own
+    shard of the tables (the rows it owns, whatever world size wrote ``ckpt``) and the same dense state."""
     restore(parts, ckpt, exact=True)

@@ -12,13 +12,17 @@ optimizer sees them. A step whose gradients hold an inf or NaN is skipped whole 
 no row update) and the scale halves; after ``growth_interval`` clean steps it doubles. Unlike
 ``torch.amp.GradScaler``, which only knows the dense optimizer's parameters, this scaler checks
 and unscales the embedding gradients as well, so one overflow never updates half a model.
+
+Distributed, each rank sees only its own gradients before the exchange (the embedding
+gradients of its slice): the ranks agree on the overflow (``agree``: a MAX all-reduce of the
+flag) before the scaler decides, so every rank skips the same steps and keeps the same scale.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, Iterable, Literal
+from typing import Any, Callable, Iterable, Literal
 
 import torch
 from torch import Tensor
@@ -41,6 +45,10 @@ def autocast(device: torch.device, precision: Precision) -> contextlib.AbstractC
 class LossScaler:
     """Dynamic loss scale for fp16 training (see the module docstring).
 
+    Args:
+        agree: distributed: ``agree(overflowed here)`` returns whether any rank overflowed (a
+            collective every rank calls at the same step); None: one process.
+
     Example:
         >>> s = LossScaler(init_scale=8.0, growth_interval=2)
         >>> g = torch.tensor([8.0, 16.0])
@@ -51,11 +59,12 @@ class LossScaler:
     """
 
     def __init__(self, init_scale: float = 2.0**16, growth_factor: float = 2.0, backoff_factor: float = 0.5,
-                 growth_interval: int = 2000) -> None:
+                 growth_interval: int = 2000, agree: Callable[[bool], bool] | None = None) -> None:
         self.scale = float(init_scale)
         self.growth_factor, self.backoff_factor, self.growth_interval = growth_factor, backoff_factor, growth_interval
         self.clean_steps = 0  # consecutive steps without overflow
         self.skipped = 0  # steps skipped for an overflow, in total
+        self.agree = agree
 
     def scaled(self, loss: Tensor) -> Tensor:
         """``loss * scale``, to call backward on."""
@@ -63,7 +72,8 @@ class LossScaler:
 
     def unscale_(self, grads: Iterable[Tensor | None]) -> bool:
         """Divide ``grads`` by the scale in place and update the scale; False when any of them
-        holds an inf or NaN (the step must then be skipped)."""
+        holds an inf or NaN (the step must then be skipped); distributed, False on every rank
+        when any rank's do."""
         inv = 1.0 / self.scale
         flags = []
         for g in grads:
@@ -71,6 +81,8 @@ class LossScaler:
                 g.mul_(inv)
                 flags.append(torch.isfinite(g).all())
         finite = bool(torch.stack(flags).all()) if flags else True
+        if self.agree is not None:
+            finite = not self.agree(not finite)
         if finite:
             self.clean_steps += 1
             if self.clean_steps >= self.growth_interval:

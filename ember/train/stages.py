@@ -8,6 +8,10 @@ One training step is ``compute_step`` (forward, loss, backward, dense step) then
 With the data stages in front (``Loader.stages``: read -> featurize) they form the pipeline the
 ``Scheduler`` runs on threads (``pipeline.enabled``) or in line. The tiers are touched only by
 ``fetch`` and ``update``, never at once (a lock), and in the order ``FetchGate`` allows.
+Distributed, the sharded lookups take their own tiers' lock around their local work only (a
+fetch or update waits in all-to-alls with the other ranks, and must not hold the tiers
+meanwhile: ``ember.distributed.sharded``), and the gate stops every rank's fetches at the
+same batch (``FetchGate.lockstep``).
 """
 
 from __future__ import annotations
@@ -87,7 +91,11 @@ class TrainStages:
         self.first_step = first_step  # global steps before this pass: lr schedules read first_step + index
         self.device = parts.device
         self._count = itertools.count()
-        self._tiers = threading.Lock()  # fetch and update never touch the tiers at once
+        # fetch and update never touch the tiers at once; distributed, the sharded lookups lock
+        # their tiers themselves, never across a collective
+        self._tiers: threading.Lock | None = threading.Lock() if parts.dist is None else None
+        if parts.dist is not None:
+            gate.lockstep = True
         self._metrics = threading.Lock()
         self._loss_sum, self._seen = 0.0, 0
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -100,6 +108,9 @@ class TrainStages:
     @contextmanager
     def _holding_tiers(self) -> Iterator[None]:
         """The tiers to this stage alone; the wait for them is not the stage's work."""
+        if self._tiers is None:
+            yield
+            return
         with idle():
             self._tiers.acquire()
         try:
@@ -162,6 +173,7 @@ class TrainStages:
         if self.window is not None:
             step.probs = torch.sigmoid(logits.detach().float())
         step.lookups = []
+        self.gate.computed(step.index)
 
     def update(self, step: Step) -> Step:
         """Refresh rows written since the fetch (staleness > 0), run each table's sparse

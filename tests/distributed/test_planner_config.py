@@ -8,12 +8,12 @@ import yaml
 
 from ember.batch import Batch, SparseFeatures
 from ember.config import apply_overrides, from_dict
-from ember.distributed.config import DistributedConfig, check_compatible
+from ember.distributed.config import DistributedConfig
 from ember.distributed.planner import plan_sharding
 from ember.distributed.process_group import Topology, pick_backend
 from ember.embedding.config import TableConfig
 from ember.errors import ConfigError
-from ember.train.distributed import start_run, table_rows
+from ember.train.distributed import check_distributed, start_run, table_rows
 from tests.conftest import REPO
 
 
@@ -61,11 +61,18 @@ def test_distributed_section_validates():
 
 
 def test_unsupported_settings_are_errors_saying_what_to_do():
+    """check_distributed is the one place a distributed run refuses settings."""
     with pytest.raises(ConfigError, match="divisible by the world size 3.*data.batch_size=2046"):
-        check_compatible(3, 2048, 0)
-    with pytest.raises(ConfigError, match="embedding_staleness=0"):
-        check_compatible(2, 2048, 1)
-    check_compatible(2, 2048, 0)
+        check_distributed(_demo("data.batch_size=2048"), 3)
+    with pytest.raises(ConfigError, match="does not take eval.window_rows, export.every_steps / export.every_s yet"):
+        check_distributed(_demo("eval.window_rows=100", "export.every_steps=5"), 2)
+    with pytest.raises(ConfigError, match="pipeline.enabled=false with tower placement"):
+        check_distributed(_demo("distributed.placement=towers"), 2)
+    with pytest.raises(ConfigError, match="embedding_staleness=2 is not supported with train.checkpoint_every_s"):
+        check_distributed(_demo("train.embedding_staleness=2", "train.checkpoint_every_s=60"), 2)
+    # what distributed training now takes as one process does
+    check_distributed(_demo("data.batch_size=2048", "train.embedding_staleness=2", "train.precision=fp16",
+                            "train.compile=true", "train.early_stopping={metric: auc, restore_best: true}"), 2)
 
 
 def test_topology_from_env():

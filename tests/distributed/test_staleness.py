@@ -1,0 +1,123 @@
+"""``train.embedding_staleness`` k > 0 on 2 gloo ranks (Persia's hybrid training): the fetch
+of batch t + k overlaps the update of batch t on other threads and process groups, reads may
+be stale (by at most k updates), and no gradient is lost: each owner's final rows are exactly
+what applying every gradient every rank sent, to the current row, gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from ember.config import from_dict
+from ember.pipeline.staleness import FetchGate
+from ember.train.loop import train
+from tests.distributed.ranks import run_ranks
+
+
+LR = 0.1
+
+
+def _raw(root: Path, name: str, k: int) -> dict:
+    return {
+        "data": {"preset": "synthetic", "batch_size": 120,
+                 "synthetic": {"num_dense": 3, "num_sparse": 4, "rows": 2400, "eval_rows": 1200, "vocab_size": 150,
+                               "signal_features": 4, "multi_hot": {"C2": 3}}},
+        # SGD from zero rows: a row ends as -lr x the sum of the gradients applied to it
+        "embedding": {"dim": 4, "initializer": {"type": "zeros"}, "optimizer": {"type": "sgd", "lr": LR}},
+        "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},
+        "train": {"out_dir": str(root), "run_name": name, "progress": False, "threads": 1, "log_every": 5,
+                  "epochs": 2, "embedding_staleness": k, "dense_optimizer": {"type": "adam", "lr": 0.01}},
+        "pipeline": {"enabled": True, "engine": "threads"},
+        "distributed": {"sharding": "row_wise", "tables": {"C1": "table_wise"}},
+    }
+
+
+def _stale_rank(rank: int, world_size: int, raw: dict) -> dict[str, Any]:
+    """Train, recording every gradient this rank sends to the owners and the rows refreshed
+    (stale reads caught before an update); returns them with this rank's shard of the rows."""
+    from ember.distributed.sharded import ShardedGroupLookup
+
+    sent: dict[tuple[str, int], np.ndarray] = {}
+    refreshed = [0]
+    update, refresh = ShardedGroupLookup.update, ShardedGroupLookup.refresh
+
+    def recording_update(self, step=None):  # type: ignore[no-untyped-def]
+        if self.grad is not None:
+            names = np.repeat([t.name for t in self.group.tables], self.sizes)
+            for name, i, g in zip(names, self.ids.tolist(), self.grad.detach().double().numpy()):
+                sent[(name, i)] = sent.get((name, i), 0.0) + g
+        return update(self, step)
+
+    def counting_refresh(self, writes):  # type: ignore[no-untyped-def]
+        n = refresh(self, writes)
+        refreshed[0] += n
+        return n
+
+    ShardedGroupLookup.update, ShardedGroupLookup.refresh = recording_update, counting_refresh
+    result = train(from_dict(raw))
+    assert result.parts is not None
+    rows = {}
+    for name, table in result.parts.embeddings.tables.items():
+        for ids, rec in table.items():
+            for i, r in zip(ids.tolist(), rec[:, :4].double().numpy()):
+                rows[(name, i)] = r
+    return {"sent": sent, "rows": rows, "refreshed": refreshed[0], "metrics": result.metrics, "step": result.step}
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_stale_reads_lose_no_gradient_and_learn_as_k_0(tmp_path):
+    ranks = run_ranks(_stale_rank, 2, (_raw(tmp_path, "k2", 2),), timeout=300)
+    assert ranks[0]["step"] == ranks[1]["step"] == 40
+    assert ranks[0]["metrics"] == ranks[1]["metrics"]
+    assert sum(r["refreshed"] for r in ranks) > 0  # reads were stale: updates landed on re-read rows
+    total: dict[tuple[str, int], np.ndarray] = {}
+    for r in ranks:
+        for key, g in r["sent"].items():
+            total[key] = total.get(key, 0.0) + g
+    owned = {**ranks[0]["rows"], **ranks[1]["rows"]}
+    assert not set(ranks[0]["rows"]) & set(ranks[1]["rows"])  # each row on one owner
+    assert set(owned) == set(total)
+    keys = sorted(total)
+    np.testing.assert_allclose(np.stack([owned[k] for k in keys]), -LR * np.stack([total[k] for k in keys]),
+                               rtol=1e-4, atol=1e-8)
+    exact = train(from_dict(_raw(tmp_path, "k0", 0)))  # one process, synchronous
+    assert exact.metrics["auc/label"] > 0.58  # it learned
+    print("auc k=2 on 2 ranks", ranks[0]["metrics"]["auc/label"], "k=0 one process", exact.metrics["auc/label"],
+          "refreshed", [r["refreshed"] for r in ranks])
+    assert abs(ranks[0]["metrics"]["auc/label"] - exact.metrics["auc/label"]) < 0.02
+
+
+def _fetch_through(gate: FetchGate, last: int) -> None:
+    for b in range(last + 1):
+        assert gate.enter(b)
+        gate.fetched(b)
+
+
+def test_a_lockstep_stop_ends_every_rank_s_fetches_at_the_same_batch():
+    """Distributed, a stop agreed after batch c's compute ends the stream before c + 2 + k on
+    every rank, wherever its fetch thread is (one rank may have fetched c + 1 + k, another only
+    c + 1); at a barrier the trainer stands on, every rank stops at once."""
+    for fetched_up_to in (1, 3):  # two ranks' fetch threads at different batches
+        gate = FetchGate(2)
+        gate.lockstep = True
+        gate.wrote(0)  # batch 0 computed and written: batch 3 may be fetched
+        _fetch_through(gate, fetched_up_to)
+        gate.computed(0)
+        gate.stop()
+        gate.wrote(1)
+        assert [b for b in range(fetched_up_to + 1, 8) if gate.enter(b)] == list(range(fetched_up_to + 1, 4))
+    barrier = FetchGate(2, barrier=lambda b: b == 1)
+    barrier.lockstep = True
+    _fetch_through(barrier, 1)
+    barrier.computed(1)
+    barrier.stop()
+    assert not barrier.enter(2)
+    alone = FetchGate(2)  # one process: a stop ends the fetches at once
+    _fetch_through(alone, 1)
+    alone.stop()
+    assert not alone.enter(2)
