@@ -276,11 +276,12 @@ def test_sigkill_inside_a_checkpoint_write_keeps_the_previous_one(tmp_path, hang
 
 @pytest.mark.slow
 def test_sigkill_while_a_save_replaces_the_same_step(tmp_path):
-    """A run resumed at step 8 with max_steps=8 saves step 8 again. Killed after the old copy was
-    moved aside and before the new one is renamed in, the run directory still resolves to a
-    checkpoint that verifies."""
+    """A run resumed from its step-4 checkpoint with max_steps=8 saves step 8 again (a finished
+    run is not resumed: that is refused). Killed after the old copy was moved aside and before the
+    new one is renamed in, the run directory still resolves to a checkpoint that verifies."""
     first = _train(_config(tmp_path, "killed", max_steps=8, checkpoint_every=4))
-    cfg = _config(tmp_path, "killed", max_steps=8, checkpoint_every=4, resume=str(first.run_dir))
+    cfg = _config(tmp_path, "killed", max_steps=8, checkpoint_every=4,
+                  resume=str(first.run_dir / "checkpoints" / "step-00000004"))
     proc, markers = _spawn(tmp_path, cfg, hang_at="replace_same_step", hang_step=8)
     _wait_for(markers / "hanging", proc)
     _sigkill(proc)
