@@ -62,10 +62,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _metric(key: str, value: float) -> str:
     """A metric as printed: counts whole, an undefined AUC said so (the warning above says why)."""
-    if key in ("rows", "skipped_rows"):
+    if key in ("rows", "skipped_rows") or key.startswith(("rows/", "gauc_groups_skipped/")):
         return f"{value:.0f}"
     if math.isnan(value):
-        return "nan (undefined: the eval labels hold one class)" if key.startswith("auc/") else "nan"
+        return "nan (undefined: the eval labels hold one class)" if key.startswith("auc/") else \
+            "nan (undefined: see the warning above)"
     return f"{value:.4f}"
 
 
