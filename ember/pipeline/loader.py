@@ -52,7 +52,7 @@ from ember.source.synthetic import split_rows, synthetic_records
 from ember.source.writer import write_synthetic
 
 __all__ = ["BatchList", "Loader", "ReadCounter", "make_batches", "write_synthetic", "shard_files", "empty_batch",
-           "RankSlice", "slice_bounds"]
+           "RankSlice", "slice_bounds", "missing_keys_error"]
 
 Split = Literal["train", "eval"]
 
@@ -200,7 +200,7 @@ class RankSlice:
     rows: int
 
 
-def _keys_missing(error: MissingColumnsError, keys: Sequence[str], why: str) -> Exception:
+def missing_keys_error(error: MissingColumnsError, keys: Sequence[str], why: str) -> Exception:
     """The error for a read that lacked columns: a ConfigError naming ``why`` (what asked for
     them) when key columns are among them, else ``error`` itself (a schema column is missing)."""
     import difflib
@@ -215,11 +215,11 @@ def _keys_missing(error: MissingColumnsError, keys: Sequence[str], why: str) -> 
 
 
 def _keys_checked(chunks: Iterator[RecordChunk], keys: Sequence[str], why: str) -> Iterator[RecordChunk]:
-    """``chunks``, a file without a key column reported as ``_keys_missing`` says."""
+    """``chunks``, a file without a key column reported as ``missing_keys_error`` says."""
     try:
         yield from chunks
     except MissingColumnsError as e:
-        raise _keys_missing(e, keys, why) from None
+        raise missing_keys_error(e, keys, why) from None
 
 
 def slice_bounds(rows: int, rank: int, world_size: int) -> tuple[int, int]:
@@ -300,7 +300,7 @@ class Loader:
             try:
                 return featurize_all(*args)
             except MissingColumnsError as e:
-                raise _keys_missing(e, keys, why) from None
+                raise missing_keys_error(e, keys, why) from None
         if self.data.format == "synthetic":
             n, b = split_rows(self.data.synthetic, self.split), self.batch_size
 

@@ -78,7 +78,7 @@ def evaluate(parts: Components, batches: Iterable[Batch], max_batches: int | Non
     config = config or parts.eval_config or EvalConfig()
     columns = config.key_columns
     if columns and isinstance(batches, Loader):
-        batches.carry(columns, "eval.group_by / eval.slices")
+        batches.carry(columns, "eval.group_by / eval.slices")  # the message preflight's check gives too
     probs, labels, keys = predict_keyed(parts, batches, max_batches, columns)
     report = getattr(batches, "bad_rows", None)
     if not len(probs):  # AUC and logloss of nothing would be a silent NaN
