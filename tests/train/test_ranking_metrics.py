@@ -274,3 +274,29 @@ def test_eval_config_rejects_a_slice_listed_twice():
     with pytest.raises(ValueError, match="twice"):
         EvalConfig(slices=["country", "country"])
     assert EvalConfig(group_by="u", slices=["c", "u"]).key_columns == ["u", "c"]
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_two_ranks_gather_the_key_columns_and_report_what_one_process_does(tmp_path):
+    """Distributed eval scores each rank's slice of every eval batch; the key columns are
+    gathered with the predictions, so GAUC and slices are of all rows, as in one process."""
+    from ember.testing.distributed import torchrun_train
+
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump({
+        "data": {"preset": "synthetic", "batch_size": 24,
+                 "synthetic": {"num_dense": 2, "num_sparse": 3, "rows": 96, "eval_rows": 90, "vocab_size": 12}},
+        "embedding": {"dim": 4}, "model": {"type": "dlrm", "bottom_mlp": [4], "top_mlp": [4]},
+        "train": {"progress": False, "threads": 1, "out_dir": str(tmp_path / "runs")},
+        "pipeline": {"enabled": False},
+        "eval": {"group_by": "C1", "slices": ["C2"], "slice_top": 3},
+    }))
+    one = train(load(path, ["train.run_name=one"])).metrics
+    done = torchrun_train(path, 2, ["train.run_name=two"], timeout=240)
+    assert done.returncode == 0, f"torchrun exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    two = _strict((tmp_path / "runs" / "two" / "summary.json").read_text())
+    keys = [k for k in one if k.startswith(("gauc", "rows/", "auc/label/", "ece/label/"))]
+    assert len(keys) >= 10 and one["rows"] == two["rows"] == 90
+    for k in keys:
+        assert two[k] == pytest.approx(one[k], abs=1e-6), k
