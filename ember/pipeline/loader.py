@@ -208,8 +208,9 @@ def missing_keys_error(error: MissingColumnsError, keys: Sequence[str], why: str
     lost = [c for c in error.missing if c in keys]
     if not lost:
         return error
-    hints = {c: difflib.get_close_matches(c, error.available, n=1) for c in lost}
-    hint = "".join(f"; did you mean '{h[0]}' for '{c}'?" for c, h in hints.items() if h)
+    lower = {c.lower(): c for c in error.available}  # case ignored: ``ID`` finds ``id``
+    hints = {c: difflib.get_close_matches(c.lower(), list(lower), n=1) for c in lost}
+    hint = "".join(f"; did you mean '{lower[h[0]]}' for '{c}'?" for c, h in hints.items() if h)
     return ConfigError(f"{why} names column(s) {lost}, which the data does not have (its columns: "
                        f"{error.available}){hint}; name columns of the data (features or not), or add them to it")
 

@@ -9,9 +9,10 @@ IDs admission held back. So scores equal the trained model's eval scores on any 
 from __future__ import annotations
 
 import json
+import os
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -26,6 +27,9 @@ from ember.embedding.codec import RowDtype, from_bits, round_nearest
 from ember.embedding.init import InitializerConfig, init_rows
 from ember.errors import CheckpointError, ConfigError
 from ember.source.bad_rows import BadRowReport
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["Predictor"]
 
@@ -189,8 +193,13 @@ class Predictor:
         batch = Featurizer(schema)(pa.record_batch(cols), "<request>", 1).to_batch()
         return self.predict_batch(batch)
 
-    def predict_files(self, paths: list[str], format: str | None = None, **data_overrides: Any) -> np.ndarray:
-        """Probabilities [N, T] for raw rows in ``paths`` (order kept).
+    def predict_files(self, paths: list[str], format: str | None = None, *, keep: Sequence[str] = (),
+                      out: str | os.PathLike | None = None, **data_overrides: Any) -> np.ndarray:
+        """Probabilities [N, T] for raw rows in ``paths`` (order kept); with ``out``, also
+        written to that file (``ember.serving.predictions``: its format from the extension,
+        .csv (.gz, .bz2, .zst, .lz4), .tsv or .parquet; earlier predictions there are replaced,
+        any other file is refused), the input's columns ``keep`` (e.g. ``["id"]``) first, as
+        read, beside the ``p_<task>`` columns. ``keep`` without ``out``: use :meth:`predict_table`.
 
         The format comes from the extensions (csv, tsv, parquet, orc, optionally compressed:
         ``.csv.gz``) or from ``format``; other extensions are refused (ConfigError), so rows are
@@ -203,6 +212,33 @@ class Predictor:
         contract; with ``on_bad_rows="skip"`` passed here, the skipped rows are counted in
         ``self.bad_rows``.
         """
+        if keep and out is None:
+            raise ConfigError(f"predict_files: keep={list(keep)} names columns written beside the probabilities to "
+                              "out=; give out= (a .csv/.tsv/.parquet path), or call predict_table for them in memory")
+        if out is None:
+            return self._scored(paths, format, (), data_overrides)[0]
+        from ember.outputs import claim_output, output_format
+        from ember.serving.predictions import predictions_table, write_predictions
+
+        fmt, compression = output_format(out, None, ("csv", "tsv", "parquet"), "out")
+        claim_output(out, "predictions", "out", True, [self.root, *paths])  # an earlier predictions file, nothing else
+        probs, kept = self._scored(paths, format, keep, data_overrides)
+        write_predictions(out, predictions_table(probs, self.tasks, kept), fmt, compression)
+        return probs
+
+    def predict_table(self, paths: list[str], keep: Sequence[str] = (), format: str | None = None,
+                      **data_overrides: Any) -> "pa.Table":
+        """``predict_files`` as a pyarrow Table: the input's columns ``keep`` as read (e.g. an
+        ID to join the scores back on), then ``p_<task>`` per task, one row per input row. A
+        ``keep`` column the input lacks is a ConfigError naming it (with a did-you-mean)."""
+        from ember.serving.predictions import predictions_table
+
+        probs, kept = self._scored(paths, format, keep, data_overrides)
+        return predictions_table(probs, self.tasks, kept)
+
+    def _scored(self, paths: list[str], format: str | None, keep: Sequence[str], data_overrides: dict[str, Any]
+                ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Probabilities [N, T] of the rows in ``paths`` and their columns ``keep``, column -> [N]."""
         from ember.pipeline.loader import make_batches
         from ember.source.config import DataConfig
 
@@ -227,8 +263,16 @@ class Predictor:
         schema = self.score_schema
         cfg = _without_absent_labels(cfg, schema.labels, paths[0])
         batches = make_batches(cfg, schema, "eval")
+        keep = list(keep)
+        if keep:
+            batches.carry(keep, "--keep")
         self.bad_rows = batches.bad_rows
-        return self.predict_batches(batches)
+        probs, kept = [], []
+        for batch in batches:
+            probs.append(self.predict_batch(batch))
+            kept.append(batch.keys or {})
+        columns = {k: np.concatenate([part[k] for part in kept]) if kept else np.zeros(0, object) for k in keep}
+        return (np.concatenate(probs) if probs else np.zeros((0, len(self.tasks)))), columns
 
 
 _FORMATS = ("csv", "tsv", "parquet", "orc")
