@@ -192,7 +192,7 @@ def _strict(text: str):
 def test_run_reports_gauc_and_slices_in_its_files_and_ember_eval(tmp_path, capsys):
     path = _config(tmp_path, {"group_by": "user_id", "gauc_weight": "clicks", "slices": ["country"], "slice_top": 2,
                               "calibration_bins": 4})
-    cfg = load(path)
+    cfg = load(path, ["train.tensorboard=true"])
     result = train(cfg)
     m = result.metrics
     # the reference: the trained model's eval predictions, with the key columns read directly
@@ -215,6 +215,14 @@ def test_run_reports_gauc_and_slices_in_its_files_and_ember_eval(tmp_path, capsy
     assert f"ne/y/country={top[0]}" in evals[-1]
     summary = _strict((run / "summary.json").read_text())
     assert summary["calibration/y"] == pytest.approx(m["calibration/y"], abs=TOL)
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    assert {"eval/gauc/y", "eval/ne/y", f"eval/auc/y/country={top[0]}", f"eval/rows/country={top[0]}"} <= tags
+    assert acc.Scalars("eval/gauc/y")[-1].value == pytest.approx(m["gauc/y"], rel=1e-6)
 
     capsys.readouterr()
     assert main(["eval", "--config", str(path), "--checkpoint", str(run)]) == 0
@@ -300,3 +308,11 @@ def test_two_ranks_gather_the_key_columns_and_report_what_one_process_does(tmp_p
     assert len(keys) >= 10 and one["rows"] == two["rows"] == 90
     for k in keys:
         assert two[k] == pytest.approx(one[k], abs=1e-6), k
+
+
+def test_train_prints_counts_whole_and_undefined_metrics_said_so():
+    from ember.cli import _metric
+
+    assert _metric("gauc_groups_skipped/y", 3.0) == "3" and _metric("rows/country=US", 120.0) == "120"
+    assert _metric("gauc/y/country=US", 0.71234) == "0.7123"
+    assert _metric("ne/y", float("nan")) == "nan (undefined: see the warning above)"
