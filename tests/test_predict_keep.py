@@ -104,6 +104,7 @@ def test_python_predict_files_writes_out_with_keep_and_predict_table_keeps_value
     assert table["user"].to_pylist() == [i if i % 7 else None for i in range(50)]  # integers, nulls kept
     np.testing.assert_allclose(table["p_y"].to_numpy(), probs[:, 0])
     assert p.predict_table([inp], ["user"]).equals(table.select(["user", "p_y"]))
+    assert p.predict_table([inp], "user, c").equals(table)  # one string of names, as --keep takes them
     p.predict_files([inp], out=out)  # an earlier predictions file is replaced
     assert pq.read_table(out).column_names == ["p_y"]
     with pytest.raises(ConfigError, match="give out="):

@@ -193,7 +193,7 @@ class Predictor:
         batch = Featurizer(schema)(pa.record_batch(cols), "<request>", 1).to_batch()
         return self.predict_batch(batch)
 
-    def predict_files(self, paths: list[str], format: str | None = None, *, keep: Sequence[str] = (),
+    def predict_files(self, paths: list[str], format: str | None = None, *, keep: Sequence[str] | str = (),
                       out: str | os.PathLike | None = None, **data_overrides: Any) -> np.ndarray:
         """Probabilities [N, T] for raw rows in ``paths`` (order kept); with ``out``, also
         written to that file (``ember.serving.predictions``: its format from the extension,
@@ -212,6 +212,7 @@ class Predictor:
         contract; with ``on_bad_rows="skip"`` passed here, the skipped rows are counted in
         ``self.bad_rows``.
         """
+        keep = _columns(keep)
         if keep and out is None:
             raise ConfigError(f"predict_files: keep={list(keep)} names columns written beside the probabilities to "
                               "out=; give out= (a .csv/.tsv/.parquet path), or call predict_table for them in memory")
@@ -226,14 +227,14 @@ class Predictor:
         write_predictions(out, predictions_table(probs, self.tasks, kept), fmt, compression)
         return probs
 
-    def predict_table(self, paths: list[str], keep: Sequence[str] = (), format: str | None = None,
+    def predict_table(self, paths: list[str], keep: Sequence[str] | str = (), format: str | None = None,
                       **data_overrides: Any) -> "pa.Table":
         """``predict_files`` as a pyarrow Table: the input's columns ``keep`` as read (e.g. an
         ID to join the scores back on), then ``p_<task>`` per task, one row per input row. A
         ``keep`` column the input lacks is a ConfigError naming it (with a did-you-mean)."""
         from ember.serving.predictions import predictions_table
 
-        probs, kept = self._scored(paths, format, keep, data_overrides)
+        probs, kept = self._scored(paths, format, _columns(keep), data_overrides)
         return predictions_table(probs, self.tasks, kept)
 
     def _scored(self, paths: list[str], format: str | None, keep: Sequence[str], data_overrides: dict[str, Any]
@@ -273,6 +274,12 @@ class Predictor:
             kept.append(batch.keys or {})
         columns = {k: np.concatenate([part[k] for part in kept]) if kept else np.zeros(0, object) for k in keep}
         return (np.concatenate(probs) if probs else np.zeros((0, len(self.tasks)))), columns
+
+
+def _columns(keep: Sequence[str] | str) -> list[str]:
+    """Column names from a list, or from one string of them separated by commas (``"id,country"``)."""
+    names = keep.split(",") if isinstance(keep, str) else list(keep)
+    return [n.strip() for n in names if n.strip()]
 
 
 _FORMATS = ("csv", "tsv", "parquet", "orc")
