@@ -297,11 +297,13 @@ class Loader:
         keys, why = list(self.keys), self.keys_for
         featurize_all = Featurizer(self.schema, self.bad_rows, keys)
 
-        def featurize(*args: Any) -> Rows:
+        def featurize_keyed(*args: Any) -> Rows:  # data without a key column: say what asked for it
             try:
                 return featurize_all(*args)
             except MissingColumnsError as e:
                 raise missing_keys_error(e, keys, why) from None
+
+        featurize = featurize_keyed if keys else featurize_all
         if self.data.format == "synthetic":
             n, b = split_rows(self.data.synthetic, self.split), self.batch_size
 

@@ -104,4 +104,6 @@ def _to_device(batch: Batch, device: torch.device) -> Batch:
         return batch
     # pinned host buffers make the copies asynchronous, so they overlap the embedding lookups
     dense, labels = batch.dense.pin_memory(), batch.labels.pin_memory()
-    return replace(batch, dense=dense.to(device, non_blocking=True), labels=labels.to(device, non_blocking=True))
+    # the key columns stay with the batch, on the host; eval reads no teacher scores
+    return replace(batch, dense=dense.to(device, non_blocking=True), labels=labels.to(device, non_blocking=True),
+                   teacher=None)
