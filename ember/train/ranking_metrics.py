@@ -171,7 +171,8 @@ def _codes(values: np.ndarray) -> tuple[np.ndarray, list[str]]:
 
 def top_values(values: np.ndarray, top: int) -> list[tuple[str, np.ndarray]]:
     """``(value, row mask)`` of the ``top`` most frequent values of a slice column (ties by
-    name), then ``("other", mask)`` for every other value's rows, if any.
+    name), then ``("other", mask)`` for every other value's rows, if any. A name printed twice
+    (the value ``"other"`` beside the rest, ``"null"`` beside a missing value) gets ``#2``.
 
     Example:
         >>> [(v, m.tolist()) for v, m in top_values(np.array(["US", "DE", "US", "FR"]), 1)]
@@ -183,6 +184,11 @@ def top_values(values: np.ndarray, top: int) -> list[tuple[str, np.ndarray]]:
     out = [(names[c], codes == c) for c in ranked[:top]]
     if len(ranked) > top:
         out.append(("other", np.isin(codes, ranked[top:])))
+    seen: dict[str, int] = {}
+    for i, (name, mask) in enumerate(out):  # a value printed like another ("other", "null", 1 and "1"): numbered
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            out[i] = (f"{name}#{seen[name]}", mask)
     return out
 
 

@@ -115,6 +115,8 @@ def test_top_values_keep_the_most_frequent_and_pool_the_rest_as_other():
     assert [(v, int(m.sum())) for v, m in top_values(values, 10)] == [("US", 5), ("DE", 3), ("FR", 3), ("null", 2),
                                                                       ("JP", 1)]
     assert [v for v, _ in top_values(np.array([2.0, np.nan, 2.0]), 5)] == ["2.0", "null"]
+    clash = np.array(["other", "other", "a", "b"], dtype=object)
+    assert [(v, int(m.sum())) for v, m in top_values(clash, 1)] == [("other", 2), ("other#2", 2)]  # no key lost
 
 
 def test_report_gives_every_metric_per_slice_value_as_on_that_subset():
