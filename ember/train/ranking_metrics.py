@@ -38,7 +38,7 @@ import pyarrow.compute as pc
 from ember.train.metrics import auc, logloss
 
 __all__ = ["group_auc", "calibration", "expected_calibration_error", "normalized_entropy", "task_metrics",
-           "ranking_report", "top_values"]
+           "ranking_report", "top_values", "headline"]
 
 log = logging.getLogger("ember")
 _warned: set[tuple[str, str]] = set()  # (reason, key) pairs already warned about
@@ -225,6 +225,22 @@ def ranking_report(labels: np.ndarray, probs: np.ndarray, tasks: Sequence[str], 
     if undefined:
         _warn_undefined(undefined)
     return out
+
+
+def headline(metrics: Mapping[str, float]) -> str:
+    """The eval metrics one progress line shows: every task's (``auc/<task>=0.7312``), not the
+    per-slice ones (``metrics.jsonl`` and ``summary.json`` hold those), counts whole.
+
+    Example:
+        >>> headline({"auc/y": 0.73123, "gauc_groups_skipped/y": 4.0, "auc/y/country=US": 0.7, "rows": 9.0})
+        'auc/y=0.7312 gauc_groups_skipped/y=4'
+    """
+    shown = []
+    for k, v in metrics.items():
+        if k.count("/") != 1 or k.startswith("rows/"):
+            continue
+        shown.append(f"{k}={v:.0f}" if k.startswith("gauc_groups_skipped/") else f"{k}={v:.4f}")
+    return " ".join(shown)
 
 
 _WHY = {"auc": "labels of one class", "gauc": "no group with both classes", "calibration": "no positive label",
