@@ -231,6 +231,11 @@ def test_run_reports_gauc_and_slices_in_its_files_and_ember_eval(tmp_path, capsy
     out = _strict(capsys.readouterr().out)
     assert out["gauc/y"] == pytest.approx(m["gauc/y"], abs=1e-6)
     assert out[f"rows/country={top[0]}"] == m[f"rows/country={top[0]}"]
+    # a checkpoint scored another way: eval.* overrides on `ember eval`
+    assert main(["eval", "--checkpoint", str(run), "eval.gauc_weight=rows", "eval.slices=[]"]) == 0
+    out = _strict(capsys.readouterr().out)
+    assert out["gauc/y"] == pytest.approx(_ref_gauc(labels[:, 0], probs[:, 0], users, "rows")[0], abs=1e-6)
+    assert not any(k.startswith("rows/") for k in out)
 
 
 def test_a_named_column_the_eval_data_lacks_is_a_config_error_with_a_hint(tmp_path):
