@@ -67,10 +67,11 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _metric(key: str, value: float) -> str:
     """A metric as printed: counts whole, an undefined AUC said so (the warning above says why)."""
-    if key in ("rows", "skipped_rows"):
+    if key in ("rows", "skipped_rows") or key.startswith(("rows/", "gauc_groups_skipped/")):
         return f"{value:.0f}"
     if math.isnan(value):
-        return "nan (undefined: the eval labels hold one class)" if key.startswith("auc/") else "nan"
+        return "nan (undefined: the eval labels hold one class)" if key.startswith("auc/") else \
+            "nan (undefined: see the warning above)"
     return f"{value:.4f}"
 
 
@@ -299,9 +300,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    import numpy as np
-
     from ember.serving import Predictor
+    from ember.serving.predictions import csv_bytes, write_predictions
 
     from ember.config import apply_overrides
     from ember.errors import ConfigError
@@ -319,49 +319,23 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
         fmt, compression = output_format(args.output, None, ("csv", "tsv", "parquet"), "--output")
         claim_output(args.output, "predictions", "--output", args.overwrite, [args.export, *inputs])
+    keep = [c.strip() for c in (args.keep or "").split(",") if c.strip()]
+    if args.keep is not None and not keep:
+        raise ConfigError("--keep takes input column names separated by commas (e.g. --keep id,country); got none")
     p = Predictor.load(args.export)
-    probs = p.predict_files(inputs, format=args.format, **overrides.get("data", {}))
+    table = p.predict_table(inputs, keep, format=args.format, **overrides.get("data", {}))
     if p.bad_rows is not None and p.bad_rows.total:  # only with data.on_bad_rows=skip given here
         print(f"ember predict: {p.bad_rows}; the output has {p.bad_rows.total} line(s) fewer than the input has "
               "rows (predict with data.on_bad_rows=error to find them)", file=sys.stderr)
-    header = ",".join(f"p_{t}" for t in p.tasks)
     if args.output:
-        _write_predictions(Path(args.output), probs, [f"p_{t}" for t in p.tasks], fmt, compression)
-        print(f"wrote {len(probs)} predictions to {args.output}")
-    else:
-        print(header)
-        for row in probs:
-            print(",".join(f"{v:.6f}" for v in row))
+        write_predictions(args.output, table, fmt, compression)
+        print(f"wrote {table.num_rows} predictions to {args.output}")
+    else:  # CSV on stdout, a block of rows at a time
+        step = 1 << 14
+        for start in range(0, max(table.num_rows, 1), step):
+            sys.stdout.write(csv_bytes(table.slice(start, step), ",", header=start == 0).decode())
+        sys.stdout.flush()
     return 0
-
-
-def _write_predictions(path: Path, probs, names: list[str], fmt: str, compression: str | None) -> None:
-    """Probabilities [rows, tasks] to ``path`` as ``fmt`` (csv / tsv, ``compression`` optional:
-    six decimals, a ``p_<task>`` header; parquet: the values, marked as ember's predictions),
-    written whole or not at all; missing parent folders are created."""
-    import io
-
-    import numpy as np
-    import pyarrow as pa
-
-    from ember.errors import WriteError
-    from ember.fileio import atomic_file
-    from ember.outputs import OUTPUT_KEY
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # about 9 bytes per probability ("0.123456,"): the estimate a full disk's message names
-    with atomic_file(path, WriteError, len(names) * 8 + probs.size * 9) as tmp:
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
-
-            table = pa.table({n: probs[:, i] for i, n in enumerate(names)})
-            pq.write_table(table.replace_schema_metadata({OUTPUT_KEY: b"predictions"}), tmp)
-            return
-        sep = "\t" if fmt == "tsv" else ","
-        text = io.BytesIO()
-        np.savetxt(text, probs, delimiter=sep, header=sep.join(names), comments="", fmt="%.6f")
-        with (pa.CompressedOutputStream(str(tmp), compression) if compression else pa.OSFile(str(tmp), "wb")) as out:
-            out.write(text.getvalue())
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -478,6 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--output", help="file for the probabilities, its format from the extension: .csv (.gz, .bz2, "
                     ".zst), .tsv, .parquet (default: CSV on stdout)")
     pr.add_argument("--overwrite", action="store_true", help="replace earlier predictions at --output (nothing else)")
+    pr.add_argument("--keep", metavar="COLS", help="input columns to copy into the output beside the p_<task> "
+                    "columns, comma-separated (e.g. --keep id,country: a key to join the scores back on)")
     pr.add_argument("--format", choices=["csv", "tsv", "parquet", "orc"],
                     help="format of the input files (default: from their extensions; other extensions need this)")
     pr.add_argument("overrides", nargs="*", help="data.key.path=value, e.g. data.csv.delimiter=';'")

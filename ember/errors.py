@@ -6,6 +6,7 @@ __all__ = [
     "EmberError",
     "ConfigError",
     "SchemaError",
+    "MissingColumnsError",
     "DataError",
     "CapacityError",
     "TierIOError",
@@ -26,6 +27,15 @@ class ConfigError(EmberError, ValueError):
 
 class SchemaError(EmberError, ValueError):
     """The feature schema does not match the data (missing column, wrong type)."""
+
+
+class MissingColumnsError(SchemaError):
+    """Columns the reader was asked for are not in the data; ``missing`` names them and
+    ``available`` lists what the data has (so a caller that asked for them can say why)."""
+
+    def __init__(self, message: str, missing: list[str], available: list[str]) -> None:
+        super().__init__(message)
+        self.missing, self.available = missing, available
 
 
 class DataError(EmberError, ValueError):

@@ -13,7 +13,9 @@ How an output is recognised (``output_kind``):
   run directory); a run from before the marker: its ``checkpoints/`` or ``summary.json``;
 - an export: its ``manifest.json`` (format version, file hashes, ``model.pt``);
 - predictions: CSV/TSV whose header names only ``p_<task>`` columns over lines of
-  probabilities; Parquet with the ``ember.output: predictions`` schema metadata ember writes;
+  probabilities, or kept input columns then ``p_<task>`` columns over lines ending in as many
+  probabilities (``predict --keep``); Parquet with the ``ember.output: predictions`` schema
+  metadata ember writes;
 - generated data: CSV/TSV whose header is the generator's layout (``label, I1.., C1..``: real
   Criteo files have no header line); Parquet with ``ember.output: generate`` metadata. ORC files
   carry no metadata ember can set, so a generated ORC file is not recognised (remove it yourself);
@@ -124,9 +126,28 @@ def _file_kind(f: Path) -> Kind | None:
     if names and all(re.fullmatch(r"p_\w+", n) for n in names) and all(_probabilities(ln, sep, len(names))
                                                                         for ln in lines[1:-1]):
         return "predictions"
+    if _kept_predictions(head.decode("utf-8", "replace"), sep):
+        return "predictions"
     if re.fullmatch(r"label(,I\d+)*(,C\d+)*", ",".join(names)):
         return "generate"
     return None
+
+
+def _kept_predictions(head: str, sep: str) -> bool:
+    """Whether ``head`` (the start of a text file) is predictions with kept input columns
+    (``predict --keep``): a header of column names ending in ``p_<task>`` columns, each later
+    complete line of as many fields, those last ones numbers in [0, 1]."""
+    import csv
+    import io
+
+    rows = list(csv.reader(io.StringIO(head.rsplit("\n", 1)[0] if "\n" in head else head), delimiter=sep))
+    if len(rows) < 2 or not rows[0]:
+        return False
+    names = rows[0]
+    n = next((i for i, name in enumerate(reversed(names)) if not re.fullmatch(r"p_\w+", name)), len(names))
+    if n == 0 or n == len(names):  # no p_ column, or only p_ columns (the plain predictions checked above)
+        return False
+    return all(len(r) == len(names) and _probabilities(sep.join(r[-n:]), sep, n) for r in rows[1:])
 
 
 def _probabilities(line: str, sep: str, n: int) -> bool:

@@ -258,6 +258,7 @@ def test_eval_and_export_of_a_disk_tier_checkpoint_leave_the_run_untouched(run, 
 
 def test_a_checkpoint_pruned_while_read_falls_back_to_the_newest(run, tmp_path, capsys, monkeypatch):
     import ember.checkpoint.load as load
+    import ember.train.checkpointer as checkpointer  # the one restore path reads the dense state through it
 
     run_dir = tmp_path / "run"
     shutil.copytree(run[0], run_dir)
@@ -273,7 +274,7 @@ def test_a_checkpoint_pruned_while_read_falls_back_to_the_newest(run, tmp_path, 
             pruned.append(ckpt)
         return original(ckpt)
 
-    monkeypatch.setattr(load, "load_dense", pruning)
+    monkeypatch.setattr(checkpointer, "load_dense", pruning)
     assert main(["export", "--checkpoint", str(run_dir), "--out", str(tmp_path / "e")]) == 0
     out, err = capsys.readouterr()
     assert pruned and "step-00000002 was removed while being read" in err and "reading the newest" in err

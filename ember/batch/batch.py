@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -16,12 +17,16 @@ __all__ = ["Batch"]
 @dataclass(frozen=True)
 class Batch:
     """One mini-batch: ``dense`` [B, Dd] float32, ``sparse`` jagged IDs, ``labels`` [B, T] float32,
-    ``teacher`` [B, T] float32 a teacher's scores (``schema.teacher``) or None."""
+    ``teacher`` [B, T] float32 a teacher's scores (``schema.teacher``) or None; ``keys``: raw
+    columns carried beside the features, column -> [B] numpy values (what eval groups and
+    slices by, ``eval.group_by`` / ``eval.slices``, and ``predict --keep`` copies out), or None.
+    They stay on the host: the model never reads them."""
 
     dense: Tensor
     sparse: SparseFeatures
     labels: Tensor
     teacher: Tensor | None = None
+    keys: dict[str, np.ndarray] | None = None
 
     @property
     def size(self) -> int:
@@ -33,7 +38,8 @@ class Batch:
         Built with ``dataclasses.replace`` from the fields' own slices, so a field added to
         ``Batch`` can never be dropped here silently (``_map`` refuses a field it cannot map).
         """
-        return self._map(lambda t: t[start:stop], lambda s: s.slice_rows(start, stop))
+        return self._map(lambda t: t[start:stop], lambda s: s.slice_rows(start, stop),
+                         lambda keys: {k: v[start:stop] for k, v in keys.items()})
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> "Batch":
         return self._map(lambda t: t.to(device, non_blocking=non_blocking),
@@ -42,15 +48,18 @@ class Batch:
     def pin_memory(self) -> "Batch":
         return self._map(lambda t: t.pin_memory(), lambda s: s.pin_memory())
 
-    def _map(self, tensor: Callable[[Tensor], Tensor], sparse: Callable[[SparseFeatures], SparseFeatures]) -> "Batch":
-        """A copy with ``tensor`` applied to every tensor field, ``sparse`` to the sparse one
-        (None fields stay None)."""
+    def _map(self, tensor: Callable[[Tensor], Tensor], sparse: Callable[[SparseFeatures], SparseFeatures],
+             keys: Callable[[dict], dict] = lambda k: k) -> "Batch":
+        """A copy with ``tensor`` applied to every tensor field, ``sparse`` to the sparse one and
+        ``keys`` to the key columns (host arrays: they stay on the host); None fields stay None."""
         changes: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
             if value is None:
                 continue
-            if isinstance(value, SparseFeatures):
+            if f.name == "keys":
+                changes[f.name] = keys(value)
+            elif isinstance(value, SparseFeatures):
                 changes[f.name] = sparse(value)
             elif isinstance(value, Tensor):
                 changes[f.name] = tensor(value)

@@ -308,8 +308,11 @@ def _did_you_mean(name: str, known: Sequence[str]) -> str:
 
 
 def canonicalize(data: pa.RecordBatch | Sequence[Mapping[str, Any]], schema: Schema, types: Mapping[str, str],
-                 where: str = "<request>", first_row: int = 1, skip: Any = None) -> pa.RecordBatch:
-    """The columns ``schema`` reads, every value brought to its column's ``types`` entry.
+                 where: str = "<request>", first_row: int = 1, skip: Any = None,
+                 passthrough: Sequence[str] = ()) -> pa.RecordBatch:
+    """The columns ``schema`` reads, every value brought to its column's ``types`` entry, and
+    a record batch's ``passthrough`` columns that the schema does not read, as they are (e.g.
+    ``ember predict --keep``: an ID column to join the scores back on).
 
     ``data``: a file's record batch (row 0 is row ``first_row`` of file ``where``), or rows
     given as mappings of column -> value (e.g. parsed JSON; a request's rows are named by their
@@ -338,6 +341,9 @@ def canonicalize(data: pa.RecordBatch | Sequence[Mapping[str, Any]], schema: Sch
             value = data.column(c)[i].as_py()
             raise BadValue(f"{where} row {first_row + i}, column '{c}': {reason} (got {value!r}); fix the file, or "
                            "set data.on_bad_rows=skip to count and skip such rows", first_row + i, c, reason)
+        for c in passthrough:
+            if c not in out:
+                out[c] = data.column(c)
         batch = pa.record_batch(out)
         return batch.filter(pa.array(~bad_rows)) if bad_rows.any() else batch
     known = list(dict.fromkeys([*cols, *schema.labels, *schema.teacher]))

@@ -17,11 +17,13 @@ Example:
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ember.errors import SchemaError
+from ember.errors import ConfigError, MissingColumnsError, SchemaError
 from ember.featurize.hashing import hash_array
 from ember.featurize.rows import Rows
 from ember.featurize.schema import Schema, SparseFeature
@@ -79,6 +81,21 @@ def _jagged(arr: pa.Array, separator: str | None) -> tuple[pa.Array, np.ndarray]
     return arr, np.ones(len(arr), dtype=np.int64)
 
 
+def _key_values(arr: pa.Array | pa.ChunkedArray, file: str, column: str) -> np.ndarray:
+    """A carried column's values, one per row: numbers as a numeric array, text (and integers
+    with nulls) as objects, a null as None (NaN in a float column)."""
+    if isinstance(arr, pa.ChunkedArray):
+        arr = arr.combine_chunks()
+    if pa.types.is_dictionary(arr.type):
+        arr = arr.cast(arr.type.value_type)
+    if pa.types.is_nested(arr.type):
+        raise ConfigError(f"{file}: column '{column}' holds {arr.type} values; a key column (eval.group_by, "
+                          "eval.slices, predict --keep) needs one plain value per row: name another column")
+    if arr.null_count and pa.types.is_integer(arr.type):  # to_numpy would turn the integers into floats
+        return np.array(arr.to_pylist(), dtype=object)
+    return arr.to_numpy(zero_copy_only=False)
+
+
 def _type_error(file: str, role: str, column: str, error: TypeError) -> SchemaError:
     """The SchemaError for a column whose arrow type cannot hold what ``role`` needs (e.g. a
     list where a label is expected): a property of the file, so it names file and column."""
@@ -130,11 +147,14 @@ class Featurizer:
     Args:
         schema: the columns and their transforms.
         report: where skipped rows are counted; its ``policy`` decides error vs skip.
+        keys: raw columns carried into ``Rows.key_columns`` as they are (feature or not): what
+            eval groups and slices by, what ``predict --keep`` copies out.
     """
 
-    def __init__(self, schema: Schema, report: BadRowReport | None = None) -> None:
+    def __init__(self, schema: Schema, report: BadRowReport | None = None, keys: Sequence[str] = ()) -> None:
         self.schema = schema
         self.report = report or BadRowReport()
+        self.keys = list(keys)
 
     def __call__(self, batch: pa.RecordBatch, file: str = "<batch>", first_row: int | np.ndarray = 1) -> Rows:
         """Featurize ``batch``; row 0 is row ``first_row`` of ``file``, or row i row ``first_row[i]``
@@ -144,6 +164,10 @@ class Featurizer:
         missing_cols = [c for c in self.schema.columns if c not in names]
         if missing_cols:
             raise SchemaError(f"{file}: column(s) {missing_cols} not found; the data has {names}")
+        missing_keys = [c for c in self.keys if c not in names]
+        if missing_keys:
+            raise MissingColumnsError(f"{file}: column(s) {missing_keys} not found; the data has {names}",
+                                      missing_keys, list(names))
         checks = _Checks(batch)
         self.report.rows_read += n
 
@@ -182,7 +206,8 @@ class Featurizer:
             offsets.append(o)
             weights.append(w)
 
-        rows = Rows(dense, labels, self.schema.feature_names, values, offsets, weights, teacher)
+        key_columns = {c: _key_values(batch.column(c), file, c) for c in self.keys} if self.keys else None
+        rows = Rows(dense, labels, self.schema.feature_names, values, offsets, weights, teacher, key_columns)
         keep = checks.resolve(self.report, file, first_row)
         return rows if keep is None else rows.take(np.flatnonzero(keep))
 

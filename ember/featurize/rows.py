@@ -40,7 +40,8 @@ def _take_jagged(offsets: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, np.n
 class Rows:
     """``dense`` float32 [n, Dd], ``labels`` float32 [n, T]; per sparse key: ``values`` int64,
     ``offsets`` int64 [n + 1] (starting at 0), ``weights`` float32 or None; ``teacher`` float32
-    [n, T] (a teacher's scores) or None."""
+    [n, T] (a teacher's scores) or None; ``key_columns``: raw columns carried along, name -> [n]
+    values (``Batch.keys``), or None."""
 
     dense: np.ndarray
     labels: np.ndarray
@@ -49,6 +50,7 @@ class Rows:
     offsets: list[np.ndarray]
     weights: list[np.ndarray | None]
     teacher: np.ndarray | None = None
+    key_columns: dict[str, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -69,7 +71,8 @@ class Rows:
             offs.append(new_off)
             ws.append(None if w is None else w[elems])
         teacher = self.teacher[idx] if self.teacher is not None else None
-        return Rows(self.dense[idx], self.labels[idx], self.keys, vals, offs, ws, teacher)
+        kc = None if self.key_columns is None else {k: v[idx] for k, v in self.key_columns.items()}
+        return Rows(self.dense[idx], self.labels[idx], self.keys, vals, offs, ws, teacher, kc)
 
     def slice(self, start: int, stop: int) -> "Rows":
         """Rows ``start:stop`` (views where possible)."""
@@ -81,7 +84,8 @@ class Rows:
             offs.append(o[start : stop + 1] - a)
             ws.append(None if w is None else w[a:b])
         teacher = self.teacher[start:stop] if self.teacher is not None else None
-        return Rows(self.dense[start:stop], self.labels[start:stop], self.keys, vals, offs, ws, teacher)
+        kc = None if self.key_columns is None else {k: v[start:stop] for k, v in self.key_columns.items()}
+        return Rows(self.dense[start:stop], self.labels[start:stop], self.keys, vals, offs, ws, teacher, kc)
 
     @staticmethod
     def concat(parts: Sequence["Rows"]) -> "Rows":
@@ -104,7 +108,9 @@ class Rows:
         dense = np.concatenate([p.dense for p in parts])
         labels = np.concatenate([p.labels for p in parts])
         teacher = np.concatenate([p.teacher for p in parts]) if first.teacher is not None else None
-        return Rows(dense, labels, first.keys, vals, offs, ws, teacher)
+        kc = None if first.key_columns is None else \
+            {k: np.concatenate([p.key_columns[k] for p in parts]) for k in first.key_columns}  # type: ignore[index]  # same layout
+        return Rows(dense, labels, first.keys, vals, offs, ws, teacher, kc)
 
     def to_batch(self) -> Batch:
         """The :class:`~ember.batch.Batch` of these rows (may share memory: Rows are never mutated)."""
@@ -123,4 +129,4 @@ class Rows:
         dense = torch.from_numpy(np.ascontiguousarray(self.dense, dtype=np.float32))
         labels = torch.from_numpy(np.ascontiguousarray(self.labels, dtype=np.float32))
         teacher = torch.from_numpy(np.ascontiguousarray(self.teacher, dtype=np.float32)) if self.teacher is not None else None
-        return Batch(dense, sparse, labels, teacher)
+        return Batch(dense, sparse, labels, teacher, keys=self.key_columns)

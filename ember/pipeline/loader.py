@@ -47,7 +47,7 @@ from ember.featurize.rows import Rows
 from ember.featurize.schema import Schema
 from ember.pipeline.config import QueueDepths
 from ember.pipeline.scheduler import Scheduler, Stage
-from ember.errors import ConfigError
+from ember.errors import ConfigError, MissingColumnsError
 from ember.source.bad_rows import BadRowReport
 from ember.source.base import RecordChunk
 from ember.source.config import DataConfig
@@ -59,7 +59,7 @@ from ember.source.synthetic import split_rows, synthetic_records
 from ember.source.writer import write_synthetic
 
 __all__ = ["BatchList", "FileLoader", "Loader", "ReadCounter", "make_batches", "write_synthetic", "shard_files",
-           "empty_batch", "RankSlice", "slice_bounds", "worker_loader"]
+           "empty_batch", "RankSlice", "slice_bounds", "worker_loader", "missing_keys_error"]
 
 Split = Literal["train", "eval"]
 
@@ -78,7 +78,7 @@ class ReadCounter:
 
 def _record_chunks(data: DataConfig, schema: Schema, split: Split, rng: np.random.Generator,
                    report: BadRowReport, counter: ReadCounter | None = None,
-                   part: tuple[int, int] | None = None) -> Iterator[RecordChunk]:
+                   part: tuple[int, int] | None = None, keys: Sequence[str] = ()) -> Iterator[RecordChunk]:
     counter = counter or ReadCounter()
     files = expand_paths(data.paths(split), data.format)
     if not files:
@@ -90,7 +90,7 @@ def _record_chunks(data: DataConfig, schema: Schema, split: Split, rng: np.rando
     done = 0  # bytes of the files read completely
     for path in files:
         consumed = [0]
-        for chunk in file_chunks(data, schema, path, report, consumed):
+        for chunk in file_chunks(data, schema, path, report, consumed, keys):
             counter.rows, counter.bytes = counter.rows + chunk.batch.num_rows, done + consumed[0]
             yield chunk
         done += consumed[0]
@@ -125,9 +125,11 @@ def empty_batch(schema: Schema) -> Batch:
 
 
 def file_chunks(data: DataConfig, schema: Schema, path: str, report: BadRowReport,
-                consumed: list[int] | None = None) -> Iterator[RecordChunk]:
-    """The record blocks of one file in ``data.format``; ``consumed[0]``: CSV bytes read so far."""
+                consumed: list[int] | None = None, keys: Sequence[str] = ()) -> Iterator[RecordChunk]:
+    """The record blocks of one file in ``data.format`` (the schema's columns and ``keys``);
+    ``consumed[0]``: CSV bytes read so far."""
     cols = schema.columns
+    cols = cols + [k for k in keys if k not in cols]
     if data.format in ("csv", "tsv"):
         return read_csv(path, cols, delimiter=data.delimiter, header=data.csv.header, consumed=consumed,
                         column_names=data.csv.column_names, block_bytes=data.csv.block_bytes, report=report,
@@ -206,6 +208,29 @@ class RankSlice:
     rows: int
 
 
+def missing_keys_error(error: MissingColumnsError, keys: Sequence[str], why: str) -> Exception:
+    """The error for a read that lacked columns: a ConfigError naming ``why`` (what asked for
+    them) when key columns are among them, else ``error`` itself (a schema column is missing)."""
+    import difflib
+
+    lost = [c for c in error.missing if c in keys]
+    if not lost:
+        return error
+    lower = {c.lower(): c for c in error.available}  # case ignored: ``ID`` finds ``id``
+    hints = {c: difflib.get_close_matches(c.lower(), list(lower), n=1) for c in lost}
+    hint = "".join(f"; did you mean '{lower[h[0]]}' for '{c}'?" for c, h in hints.items() if h)
+    return ConfigError(f"{why} names column(s) {lost}, which the data does not have (its columns: "
+                       f"{error.available}){hint}; name columns of the data (features or not), or add them to it")
+
+
+def _keys_checked(chunks: Iterator[RecordChunk], keys: Sequence[str], why: str) -> Iterator[RecordChunk]:
+    """``chunks``, a file without a key column reported as ``missing_keys_error`` says."""
+    try:
+        yield from chunks
+    except MissingColumnsError as e:
+        raise missing_keys_error(e, keys, why) from None
+
+
 def slice_bounds(rows: int, rank: int, world_size: int) -> tuple[int, int]:
     """[start, stop) of rank ``rank``'s slice of a global batch of ``rows`` rows: slice r of N
     nearly equal slices, in order (``DistributedRun.local_rows``)."""
@@ -243,13 +268,14 @@ class FileLoader:
     ``data.shard: rows``): each global batch's slice r alone is generated and featurized,
     yielded as a :class:`RankSlice` (the same rows as slicing the whole batch, at 1/N the cost). ``bad_rows`` counts rows skipped under
     ``on_bad_rows: skip`` (complete once iteration ends); ``position`` is ``(epoch, index of
-    the next batch)``, what a checkpoint stores.
+    the next batch)``, what a checkpoint stores. ``keys``: raw columns each batch also carries,
+    as ``Batch.keys`` (see :meth:`carry`).
     """
 
     def __init__(self, data: DataConfig, schema: Schema, split: Split = "train", epoch: int = 0,
                  start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
                  workers: int = 0, part: tuple[int, int] | None = None,
-                 rank_slice: tuple[int, int] | None = None) -> None:
+                 rank_slice: tuple[int, int] | None = None, keys: Sequence[str] = ()) -> None:
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if start_batch < 0:
@@ -267,6 +293,15 @@ class FileLoader:
         self.read = ReadCounter()  # rows and bytes read so far this epoch (progress estimates)
         self.workers = workers  # 1: read and featurize in a worker process (``_in_worker``)
         self._next = start_batch
+        self.keys: list[str] = list(keys)
+        self.keys_for = "a key column request"  # what asked for ``keys``, for the error when the data lacks one
+
+    def carry(self, columns: Sequence[str], why: str) -> None:
+        """From the next iteration on, also carry the raw ``columns`` into each batch's ``keys``
+        (e.g. what eval groups by). ``why`` names what asked for them (``eval.group_by``): the
+        ConfigError when the data lacks one says so."""
+        self.keys = list(dict.fromkeys([*self.keys, *columns]))
+        self.keys_for = why
 
     @property
     def position(self) -> tuple[int, int]:
@@ -286,7 +321,16 @@ class FileLoader:
         ``workers``, one ``read`` stage handing out the batches a worker process made."""
         if self.workers:
             return [Stage("read", self._in_worker, self.depth.featurize, expand=True)]
-        featurize = Featurizer(self.schema, self.bad_rows)
+        keys, why = list(self.keys), self.keys_for
+        featurize_all = Featurizer(self.schema, self.bad_rows, keys)
+
+        def featurize_keyed(*args: Any) -> Rows:  # data without a key column: say what asked for it
+            try:
+                return featurize_all(*args)
+            except MissingColumnsError as e:
+                raise missing_keys_error(e, keys, why) from None
+
+        featurize = featurize_keyed if keys else featurize_all
         if self.data.format == "synthetic":
             n, b = split_rows(self.data.synthetic, self.split), self.batch_size
 
@@ -312,7 +356,8 @@ class FileLoader:
             # the file order is drawn here, before the first block, so the shuffle's draws from
             # the same generator (featurize stage) always come after it
             self.read = ReadCounter()
-            return _record_chunks(self.data, self.schema, self.split, rng, self.bad_rows, self.read, self.part)
+            chunks = _record_chunks(self.data, self.schema, self.split, rng, self.bad_rows, self.read, self.part, keys)
+            return _keys_checked(chunks, keys, why) if keys else chunks
 
         def parse(chunk: RecordChunk) -> list[Batch]:
             return [rows.to_batch() for rows in batcher.push(featurize(chunk.batch, chunk.file, chunk.row_numbers))]
@@ -327,7 +372,7 @@ class FileLoader:
         """This loader's batches, read and featurized by a worker process; its bad-row counts
         are added here at the end, its error is raised here (the same exception)."""
         job = _WorkerJob(self.data, self.schema, self.split, self.epoch, self.start_batch, self.depth, self.part,
-                         self.rank_slice)
+                         self.rank_slice, (tuple(self.keys), self.keys_for))
         loader = worker_loader(job, self.depth.featurize, "spawn", (self.data.seed, self.epoch))
         yield from receive_batches(loader, self.bad_rows)
 
@@ -361,12 +406,14 @@ class _WorkerJob(IterableDataset):
 
     def __init__(self, data: DataConfig, schema: Schema, split: Split, epoch: int, start_batch: int,
                  depth: QueueDepths, part: tuple[int, int] | None = None,
-                 rank_slice: tuple[int, int] | None = None) -> None:
+                 rank_slice: tuple[int, int] | None = None, keys: tuple[tuple[str, ...], str] = ((), "")) -> None:
         self.args = (data, schema, split, epoch, start_batch)
-        self.depth, self.part, self.rank_slice = depth, part, rank_slice
+        self.depth, self.part, self.rank_slice, self.keys = depth, part, rank_slice, keys
 
     def __iter__(self) -> Iterator[tuple[str, object]]:
         loader = FileLoader(*self.args, threaded=True, depth=self.depth, part=self.part, rank_slice=self.rank_slice)  # read and featurize overlap in the worker
+        if self.keys[0]:
+            loader.carry(*self.keys)
         return send_batches(iter(loader), lambda: loader.bad_rows.counts)
 
 
@@ -434,6 +481,6 @@ class BatchList:
 def make_batches(data: DataConfig, schema: Schema, split: Split = "train", epoch: int = 0,
                  start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
                  workers: int = 0, part: tuple[int, int] | None = None,
-                 rank_slice: tuple[int, int] | None = None) -> FileLoader:
+                 rank_slice: tuple[int, int] | None = None, keys: Sequence[str] = ()) -> FileLoader:
     """The batches of ``split`` for ``epoch`` from batch ``start_batch`` on (see :class:`FileLoader`)."""
-    return FileLoader(data, schema, split, epoch, start_batch, threaded, depth, workers, part, rank_slice)
+    return FileLoader(data, schema, split, epoch, start_batch, threaded, depth, workers, part, rank_slice, keys)

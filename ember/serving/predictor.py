@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -27,6 +28,9 @@ from ember.embedding.codec import RowDtype, from_bits, round_nearest
 from ember.embedding.init import InitializerConfig, init_rows
 from ember.errors import CheckpointError, ConfigError
 from ember.source.bad_rows import BadRowReport
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 __all__ = ["Predictor"]
 
@@ -212,8 +216,13 @@ class Predictor:
         batch = Featurizer(schema)(canonicalize(rows, schema, self.input_types), "<request>", 1).to_batch()
         return self.predict_batch(batch)
 
-    def predict_files(self, paths: list[str], format: str | None = None, **data_overrides: Any) -> np.ndarray:
-        """Probabilities [N, T] for raw rows in ``paths`` (order kept).
+    def predict_files(self, paths: list[str], format: str | None = None, *, keep: Sequence[str] | str = (),
+                      out: str | os.PathLike | None = None, **data_overrides: Any) -> np.ndarray:
+        """Probabilities [N, T] for raw rows in ``paths`` (order kept); with ``out``, also
+        written to that file (``ember.serving.predictions``: its format from the extension,
+        .csv (.gz, .bz2, .zst, .lz4), .tsv or .parquet; earlier predictions there are replaced,
+        any other file is refused), the input's columns ``keep`` (e.g. ``["id"]``) first, as
+        read, beside the ``p_<task>`` columns. ``keep`` without ``out``: use :meth:`predict_table`.
 
         The format comes from the extensions (csv, tsv, parquet, orc, optionally compressed:
         ``.csv.gz``) or from ``format``; other extensions are refused (ConfigError), so rows are
@@ -228,9 +237,38 @@ class Predictor:
         contract; with ``on_bad_rows="skip"`` passed here, the skipped rows are counted in
         ``self.bad_rows``.
         """
+        keep = _columns(keep)
+        if keep and out is None:
+            raise ConfigError(f"predict_files: keep={list(keep)} names columns written beside the probabilities to "
+                              "out=; give out= (a .csv/.tsv/.parquet path), or call predict_table for them in memory")
+        if out is None:
+            return self._scored(paths, format, (), data_overrides)[0]
+        from ember.outputs import claim_output, output_format
+        from ember.serving.predictions import predictions_table, write_predictions
+
+        fmt, compression = output_format(out, None, ("csv", "tsv", "parquet"), "out")
+        claim_output(out, "predictions", "out", True, [self.root, *paths])  # an earlier predictions file, nothing else
+        probs, kept = self._scored(paths, format, keep, data_overrides)
+        write_predictions(out, predictions_table(probs, self.tasks, kept), fmt, compression)
+        return probs
+
+    def predict_table(self, paths: list[str], keep: Sequence[str] | str = (), format: str | None = None,
+                      **data_overrides: Any) -> "pa.Table":
+        """``predict_files`` as a pyarrow Table: the input's columns ``keep`` as read (e.g. an
+        ID to join the scores back on), then ``p_<task>`` per task, one row per input row. A
+        ``keep`` column the input lacks is a ConfigError naming it (with a did-you-mean)."""
+        from ember.serving.predictions import predictions_table
+
+        probs, kept = self._scored(paths, format, _columns(keep), data_overrides)
+        return predictions_table(probs, self.tasks, kept)
+
+    def _scored(self, paths: list[str], format: str | None, keep: Sequence[str], data_overrides: dict[str, Any]
+                ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Probabilities [N, T] of the rows in ``paths`` and their columns ``keep``, column -> [N]."""
+        from ember.errors import MissingColumnsError
         from ember.featurize.canonical import canonicalize
         from ember.featurize.featurizer import Featurizer
-        from ember.pipeline.loader import file_chunks
+        from ember.pipeline.loader import file_chunks, missing_keys_error
         from ember.source.bad_rows import BadRowReport
         from ember.source.config import DataConfig
         from ember.source.files import expand_paths
@@ -257,16 +295,32 @@ class Predictor:
         cfg = _without_absent_labels(cfg, schema.labels, paths[0])
         report = BadRowReport(cfg.on_bad_rows)
         self.bad_rows = report
-        featurize, size = Featurizer(schema, report), cfg.split_batch_size("eval")
-        parts = []
+        keep = list(keep)
+        featurize, size = Featurizer(schema, report, keep), cfg.split_batch_size("eval")
+        parts, kept = [], []
         for path in expand_paths(cfg.paths("eval"), cfg.format):  # file order, then row order
-            for chunk in file_chunks(cfg, schema, path, report):
-                # each value to its column's type in training, as predict_records does (one rule)
+            try:
+                chunks = list(file_chunks(cfg, schema, path, report, keys=keep))
+            except MissingColumnsError as e:
+                raise missing_keys_error(e, keep, "--keep") from None
+            for chunk in chunks:
+                # each value to its column's type in training, as predict_records does (one rule);
+                # the kept columns ride along as read
                 canonical = canonicalize(chunk.batch, schema, self.input_types, chunk.file, chunk.first_row,
-                                         skip=report if report.skip else None)
+                                         skip=report if report.skip else None, passthrough=keep)
                 rows = featurize(canonical, chunk.file, chunk.first_row)
-                parts += [self.predict_batch(rows.slice(i, i + size).to_batch()) for i in range(0, len(rows), size)]
-        return np.concatenate(parts) if parts else np.zeros((0, len(self.tasks)))
+                for i in range(0, len(rows), size):
+                    batch = rows.slice(i, i + size).to_batch()
+                    parts.append(self.predict_batch(batch))
+                    kept.append(batch.keys or {})
+        columns = {k: np.concatenate([part[k] for part in kept]) if kept else np.zeros(0, object) for k in keep}
+        return (np.concatenate(parts) if parts else np.zeros((0, len(self.tasks)))), columns
+
+
+def _columns(keep: Sequence[str] | str) -> list[str]:
+    """Column names from a list, or from one string of them separated by commas (``"id,country"``)."""
+    names = keep.split(",") if isinstance(keep, str) else list(keep)
+    return [n.strip() for n in names if n.strip()]
 
 
 _FORMATS = ("csv", "tsv", "parquet", "orc")

@@ -9,7 +9,7 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from ember.errors import DataError, SchemaError
+from ember.errors import DataError, MissingColumnsError
 
 __all__ = ["RecordChunk", "check_columns", "is_damage", "damaged_file"]
 
@@ -32,12 +32,12 @@ class RecordChunk:
 
 
 def check_columns(file: str, available: Sequence[str], wanted: Sequence[str]) -> None:
-    """Raise SchemaError naming the missing columns and the ones the file has."""
+    """Raise MissingColumnsError (a SchemaError) naming the missing columns and the ones the file has."""
     missing = [c for c in wanted if c not in available]
     if missing:
-        raise SchemaError(
+        raise MissingColumnsError(
             f"{file}: column(s) {missing} not found; the file has {list(available)} "
-            "(fix the schema's column names, or csv.column_names / csv.header for CSV)"
+            "(fix the schema's column names, or csv.column_names / csv.header for CSV)", missing, list(available)
         )
 
 

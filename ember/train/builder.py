@@ -21,7 +21,7 @@ from ember.embedding.init import InitializerConfig
 from ember.errors import ConfigError
 from ember.models.registry import ModelInputs, build_model
 from ember.optim.schedule import scheduled_lr
-from ember.train.config import DenseOptimizerConfig
+from ember.train.config import DenseOptimizerConfig, EvalConfig
 from ember.train.device import pick_device
 from ember.models.distill import DistillConfig, Distilled, distill_loss
 from ember.train.loss import multitask_bce
@@ -56,6 +56,7 @@ class Components:
     dist: DistributedRun | None = None  # set when torchrun started several processes
     ddp: nn.Module | None = None  # ``model`` under DistributedDataParallel (same parameters)
     towers: TowerPlacement | None = None  # distributed.placement towers: the DMT's towers on their nodes
+    eval_config: EvalConfig | None = None  # eval: what ``evaluate`` reports beside AUC and logloss
 
     @property
     def lead(self) -> bool:
@@ -252,7 +253,7 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
     compiled = _compile(ddp if ddp is not None else model) if t.compile else None  # distributed: compile(DDP(model))
     return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, precision=t.precision,
                       scaler=scaler, compiled=compiled, distill=distill, dense_config=t.dense_optimizer, dist=dist, ddp=ddp,
-                      towers=towers)
+                      towers=towers, eval_config=cfg.eval)
 
 
 def tower_plan(cfg: RunConfig, tables: list[TableConfig], world_size: int,

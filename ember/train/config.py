@@ -98,11 +98,27 @@ class TrainConfig(ConfigModel):
 
 
 class EvalConfig(ConfigModel):
-    """``eval:``: the rolling window of progressive validation (``ember.train.window``): each
-    training batch is scored by the forward that trains on it, before its update, so its scores
-    are out-of-sample; the last ``window_rows`` (score, label) pairs give AUC and logloss every
-    ``window_every`` steps (or ``window_every_s`` seconds), with no extra forward. The held-out
-    evaluation on ``data.eval`` stays ``train.eval_every``'s."""
+    """``eval:``: what the held-out evaluation on ``data.eval`` reports beside AUC and logloss
+    (``ember.train.ranking_metrics``: calibration, ECE and NE always; GAUC with ``group_by``;
+    every metric per slice with ``slices``), and the rolling window of progressive validation
+    (``ember.train.window``): each training batch is scored by the forward that trains on it,
+    before its update, so its scores are out-of-sample; the last ``window_rows`` (score, label)
+    pairs give AUC and logloss every ``window_every`` steps (or ``window_every_s`` seconds), with
+    no extra forward. The held-out evaluation stays ``train.eval_every``'s."""
+
+    group_by: str | None = None
+    """A column of the eval data (a feature or not, e.g. ``user_id``): also report GAUC, the AUC
+    of each group's rows averaged (``gauc/<task>``); groups with one class are skipped and counted
+    (``gauc_groups_skipped/<task>``)."""
+    gauc_weight: Literal["rows", "clicks"] = "rows"
+    """GAUC's weight of a group: its rows (impressions), or its positive labels (clicks)."""
+    calibration_bins: int = Field(10, ge=1)
+    """Equal-mass bins (of the rows sorted by prediction) of the expected calibration error (``ece/<task>``)."""
+    slices: list[str] = []
+    """Columns of the eval data (e.g. ``country``): every metric also per value of each, as
+    ``auc/<task>/country=US``, with ``rows/country=US``."""
+    slice_top: int = Field(10, ge=1)
+    """Values per slice column reported on their own (the most frequent by rows); the rest together as ``other``."""
 
     window_rows: int | None = Field(None, ge=1)
     """Rows in the window (the most recent ones); None: no rolling evaluation."""
@@ -111,8 +127,15 @@ class EvalConfig(ConfigModel):
     window_every_s: float | None = Field(None, gt=0)
     """Seconds: also report after the first step ending this long after the last report."""
 
+    @property
+    def key_columns(self) -> list[str]:
+        """The raw columns the eval batches must carry: ``group_by`` and ``slices``."""
+        return list(dict.fromkeys([*([self.group_by] if self.group_by else []), *self.slices]))
+
     @model_validator(mode="after")
     def _check(self) -> "EvalConfig":
+        if len(set(self.slices)) != len(self.slices):
+            raise ValueError(f"slices lists a column twice: {self.slices}")
         if self.window_rows is None and (self.window_every is not None or self.window_every_s is not None):
             raise ValueError("window_every / window_every_s set the rolling window's interval: set window_rows too")
         return self

@@ -30,13 +30,15 @@ from typing import Literal
 import pyarrow as pa
 
 from ember.config import RunConfig
-from ember.errors import CapacityError, ConfigError, DataError
+from ember.errors import CapacityError, ConfigError, DataError, MissingColumnsError
 from ember.fileio import fmt_bytes, free_bytes, nearest_existing
 from ember.outputs import output_kind
+from ember.pipeline.loader import missing_keys_error
 from ember.source.base import check_columns, damaged_file, is_damage
 from ember.source.config import DataConfig
 from ember.source.csv import header_fields
 from ember.source.files import expand_paths
+from ember.source.synthetic import synthetic_columns
 from ember.source.watch import check_watched
 from ember.train.builder import Components
 from ember.train.early_stop import EarlyStopping
@@ -46,13 +48,26 @@ __all__ = ["check_run", "check_run_dir", "check_resume", "check_disk", "check_da
 
 log = logging.getLogger("ember")
 Split = Literal["train", "eval"]
+_EVAL_KEYS = "eval.group_by / eval.slices"
 
 
 def check_run(cfg: RunConfig, run_dir: Path, overwrite: bool = True, splits: tuple[Split, ...] = ("train", "eval")) -> None:
     """Every check that needs no built parts: data files and schema of ``splits``, output
     directory, run name."""
+    keys = cfg.eval.key_columns  # eval.group_by / eval.slices: the eval data must have them too
     for split in splits:
-        check_data(cfg.data, cfg.schema.columns, split)
+        columns = cfg.schema.columns
+        wanted = [k for k in keys if k not in columns] if split == "eval" else []
+        try:
+            check_data(cfg.data, columns + wanted, split)
+        except MissingColumnsError as e:
+            raise missing_keys_error(e, wanted, _EVAL_KEYS) from None
+    if keys and "eval" in splits and cfg.data.format == "synthetic":
+        dense, sparse = synthetic_columns(cfg.data.synthetic)
+        names = ["label", *dense, *sparse]
+        missing = [k for k in keys if k not in names]
+        if missing:
+            raise missing_keys_error(MissingColumnsError("", missing, names), missing, _EVAL_KEYS)
     check_resume(cfg)
     if cfg.train.resume is None:
         check_run_dir(run_dir, overwrite)

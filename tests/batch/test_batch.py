@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,7 +17,8 @@ def _full_batch(b: int = 4) -> Batch:
     sparse = SparseFeatures(["a"], torch.arange(b, dtype=torch.int64), torch.ones(b, dtype=torch.int64))
     values = {"dense": torch.arange(b * 2, dtype=torch.float32).view(b, 2), "sparse": sparse,
               "labels": torch.arange(b, dtype=torch.float32).view(b, 1) % 2,
-              "teacher": torch.arange(b, dtype=torch.float32).view(b, 1) / b}
+              "teacher": torch.arange(b, dtype=torch.float32).view(b, 1) / b,
+              "keys": {"user": np.arange(b) * 10}}
     missing = {f.name for f in dataclasses.fields(Batch)} - set(values)
     assert not missing, f"the test's batch does not set Batch fields {missing}: add them here"
     return Batch(**values)
@@ -30,6 +32,8 @@ def test_slice_rows_keeps_every_field():
         assert got is not None, f"Batch.slice_rows dropped '{f.name}'"
         if isinstance(whole, SparseFeatures):
             assert got.values.tolist() == [1, 2] and got.lengths.tolist() == [1, 1]
+        elif f.name == "keys":  # host arrays of raw columns, sliced alike
+            assert got["user"].tolist() == [10, 20]
         else:
             torch.testing.assert_close(got, whole[1:3])
     assert part.size == 2
