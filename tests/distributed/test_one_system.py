@@ -78,9 +78,9 @@ def _state(result: RunResult) -> dict[str, Any]:
 _COMPILED: list[tuple[str, int]] = []  # the compile spy: (compiled module's type, calls)
 
 
-def _spy_compile(broken: bool) -> None:
-    """Replace torch.compile by a spy that runs the module eagerly (counting calls), or
-    (``broken``) one whose first call fails as a compiler would."""
+def _spy_compile(broken: bool) -> Any:
+    """A torch.compile spy that runs the module eagerly (counting calls), or (``broken``) one
+    whose first call fails as a compiler would."""
     def compile(module: torch.nn.Module, **_: Any) -> Any:
         entry = [type(module).__name__, 0]
         _COMPILED.append(entry)  # type: ignore[arg-type]
@@ -92,11 +92,11 @@ def _spy_compile(broken: bool) -> None:
             return module(*inputs)
         return run
 
-    torch.compile = compile  # type: ignore[assignment]
+    return compile
 
 
-def _inject_overflow(here: bool, at_call: int) -> None:
-    """fp16: the loss scaler's ``at_call``-th unscale finds an inf in a gradient of this
+def _overflowing_scaler(here: bool, at_call: int) -> Any:
+    """fp16: a loss scaler whose ``at_call``-th unscale finds an inf in a gradient of this
     process (``here``) only, as an overflow on one rank would."""
     import ember.train.builder as builder
 
@@ -110,19 +110,40 @@ def _inject_overflow(here: bool, at_call: int) -> None:
                 next(g for g in grads if g is not None).view(-1)[0] = float("inf")
             return super().unscale_(grads)
 
-    builder.LossScaler = Injected  # type: ignore[misc]
+    return Injected
 
 
-def _train(rank: int, world_size: int, raw: dict, spy: str | None = None) -> dict[str, Any]:
+def _patches(here: bool, raw: dict, spy: str | None) -> list[tuple[Any, str, Any]]:
+    """(object, attribute, value) to set: the compile spy; under fp16 an overflow at the third
+    step on the last rank (``here``; one process: in its third step)."""
+    import ember.train.builder as builder
+
+    out: list[tuple[Any, str, Any]] = []
     if spy is not None:
-        _spy_compile(spy == "broken")
+        out.append((torch, "compile", _spy_compile(spy == "broken")))
     if raw["train"].get("precision") == "fp16":
-        _inject_overflow(rank == world_size - 1, at_call=3)
+        out.append((builder, "LossScaler", _overflowing_scaler(here, at_call=3)))
+    return out
+
+
+def _run(raw: dict) -> dict[str, Any]:
+    _COMPILED.clear()
     return _state(train(from_dict(raw)))
 
 
-def _one_and_two(raw_one: dict, raw_two: dict, spy: str | None = None) -> tuple[dict, list[dict]]:
-    one = run_ranks(_train, 1, (raw_one, spy))[0]  # a process of its own too: the spy stays there
+def _train(rank: int, world_size: int, raw: dict, spy: str | None = None) -> dict[str, Any]:
+    for obj, name, value in _patches(rank == world_size - 1, raw, spy):
+        setattr(obj, name, value)
+    return _run(raw)
+
+
+def _one_and_two(monkeypatch: pytest.MonkeyPatch, raw_one: dict, raw_two: dict,
+                 spy: str | None = None) -> tuple[dict, list[dict]]:
+    """One process (this one), then 2 spawned ranks."""
+    with monkeypatch.context() as m:
+        for obj, name, value in _patches(True, raw_one, spy):
+            m.setattr(obj, name, value)
+        one = _run(raw_one)
     return one, run_ranks(_train, 2, (raw_two, spy), timeout=240)
 
 
@@ -142,7 +163,7 @@ def _assert_same(one: dict, ranks: list[dict], atol: float = 1e-5) -> None:
         np.testing.assert_allclose(got_rec[order], rec[want], rtol=1e-4, atol=atol, err_msg=f"table {name}")
 
 
-def test_distill_restore_best_and_compile_train_as_one_process(root):
+def test_distill_restore_best_and_compile_train_as_one_process(root, monkeypatch):
     """model.distill (the teacher's scores reach every rank's slice), early stopping that
     restores the best checkpoint (each rank restores its shard and the dense state), and
     torch.compile (a spy: a real compile takes minutes on 2 cores) of the DDP module, through
@@ -150,8 +171,8 @@ def test_distill_restore_best_and_compile_train_as_one_process(root):
     es = {"metric": "logloss", "patience": 2, "restore_best": True}
     kw = {"epochs": 3, "eval_every": 2, "early_stopping": es, "compile": True}
     model = {**_raw(root, "x")["model"], "distill": {}}
-    one, ranks = _one_and_two(_raw(root, "one", **kw) | {"model": model}, _raw(root, "two", **kw) | {"model": model},
-                              "working")
+    one, ranks = _one_and_two(monkeypatch, _raw(root, "one", **kw) | {"model": model},
+                              _raw(root, "two", **kw) | {"model": model}, "working")
     summary = json.loads((root / "runs" / "two" / "summary.json").read_text())
     assert summary["early_stopping"]["restored_best"] and summary["early_stopping"]["best_step"] < summary["step"]
     assert [c[0] for c in one["compiled"]] == ["Distilled"]
@@ -160,11 +181,11 @@ def test_distill_restore_best_and_compile_train_as_one_process(root):
     _assert_same({**one, "compiled": None}, [{**r, "compiled": None} for r in ranks])
 
 
-def test_fp16_and_a_failed_compile_train_as_one_process(root):
+def test_fp16_and_a_failed_compile_train_as_one_process(root, monkeypatch):
     """fp16 loss scaling with an overflow at step 3 on the last rank only (one process: in its
     step 3): every rank skips that step and halves its scale, as one process does; and a
     compile that fails at its first call: every rank goes on uncompiled."""
-    one, ranks = _one_and_two(_raw(root, "fp16one", precision="fp16", max_steps=6, compile=True),
+    one, ranks = _one_and_two(monkeypatch, _raw(root, "fp16one", precision="fp16", max_steps=6, compile=True),
                               _raw(root, "fp16two", precision="fp16", max_steps=6, compile=True), "broken")
     assert one["scaler"] == {"scale": 2.0**15, "clean_steps": 3, "skipped": 1}
     _assert_same({**one, "compiled": None}, [{**r, "compiled": None} for r in ranks], atol=1e-3)
