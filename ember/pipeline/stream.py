@@ -134,6 +134,16 @@ class StreamLoader:
                 del self._after[k]  # earlier batches are never asked for again
             return StreamPosition(tuple(self._order[:done]), file, rows)
 
+    def cut_after(self, batches: int) -> tuple[str | None, int]:
+        """Where batch ``batches`` (counted from the stream's start) ended: (file, rows of it),
+        without forgetting earlier positions (``stream_position`` does); ``(None, 0)`` when
+        that batch was not cut (yet)."""
+        with self._lock:
+            if batches not in self._after:
+                return None, 0
+            _, file, rows = self._after[batches]
+            return file, rows
+
     def _files(self) -> Iterator[str]:
         """The resumed file first (if any), then the files not taken yet, in order."""
         data, start = self.data, self.start

@@ -171,7 +171,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             base = state.step
             gate = FetchGate(k, lambda b: r.cadence.barrier_after(base + b + 1), None if t.max_steps is None else t.max_steps - base)
             stages = TrainStages(parts, gate, WriteLog(k), task_w, first_step=base, window=reporter.window, shards=data.shards)
-            agreement = StopAgreement(signals, parts.dist, checkpointer, gate, data.shards)
+            agreement = StopAgreement(signals, parts.dist, checkpointer, gate, data.ahead, (r.exporter, reporter.windows))
             run = Scheduler(*_pipeline(data, stages, pipe.depth, not engine_threads), threaded=pipe.enabled,
                             stop_timeout_s=pipe.stop_timeout_s)
             try:
@@ -340,10 +340,12 @@ class _Cadence:
         """``quiet_after``, deciding the time-based reports when step ``s`` is fetched (so the
         fetch gate and the loop agree on them): a checkpoint is due once ``checkpoint_every_s``
         passed since the last save (one process: distributed, the ranks agree on it after
-        each step), and no other is marked before it is written."""
-        if self.one_process and self.checkpointer.time_due():
-            self.checkpointer.mark(s)
-        self.windows.decide(s)
+        each step, as on the window's ``window_every_s`` and the exporter's ``every_s``), and no
+        other is marked before it is written."""
+        if self.one_process:
+            if self.checkpointer.time_due():
+                self.checkpointer.mark(s)
+            self.windows.decide(s)
         return self.quiet_after(s)
 
 
