@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
 from ember.checkpoint.delta import series_entries
 from ember.checkpoint.load import resolve_checkpoint, verify_checkpoint
 from ember.config import from_dict
 from ember.serving.follow import SeriesSource
+from ember.testing.distributed import assert_states_close, checkpoint_state, finish, rank_pids, torchrun_start
 from ember.train.loop import train
 from tests.distributed.ranks import run_ranks
 
@@ -141,3 +145,40 @@ def test_online_window_and_exports_on_two_ranks_equal_one_process(root, runs):
     # ember serve follows the 2-rank series to its last export
     source = SeriesSource(root / "runs" / "two" / "exports")
     assert source.applied == series[1][-1].number
+
+
+def test_sigkill_of_rank_0_mid_stream_then_resume_trains_as_one_uninterrupted_process(tmp_path):
+    """torchrun, 2 ranks, on a directory whose files arrive while it trains: SIGKILL of rank 0
+    (which writes the checkpoints) after its first checkpoint, more files arrive, the run resumes
+    on 2 ranks: the final checkpoint (model, tables, optimizer, stream position) is that of one
+    process that saw every file from the start."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for k in range(3):
+        _write(folder, k, 100)
+    raw = _raw(tmp_path, "killed", checkpoint_every=4, keep_checkpoints=10)
+    del raw["export"], raw["eval"]
+    raw["data"].update({"train": str(folder), "batch_size": 32})
+    raw["data"]["watch"]["idle_timeout_s"] = 120  # waits for more files until killed
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    proc = torchrun_start(path, 2)
+    pids = rank_pids(proc, 2)
+    runs = tmp_path / "runs"
+    latest = runs / "killed" / "checkpoints" / "LATEST"
+    deadline = time.monotonic() + 120
+    while not latest.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, finish(proc, 5).stderr[-4000:]
+        time.sleep(0.05)
+    os.kill(pids[0], signal.SIGKILL)
+    assert finish(proc, 90).returncode != 0
+    killed_at = verify_checkpoint(resolve_checkpoint(runs / "killed"))["step"]
+    assert 4 <= killed_at < 9  # mid-stream: the first three files hold 9 full batches
+    for k in range(3, 6):
+        _write(folder, k, 100)
+    raw["data"]["watch"]["idle_timeout_s"] = 0.5
+    run_ranks(_train, 2, ({**raw, "train": {**raw["train"], "resume": str(runs / "killed")}},), timeout=120)
+    train(from_dict({**raw, "train": {**raw["train"], "run_name": "one"}}))  # one process, every file from the start
+    a, b = checkpoint_state(runs / "one"), checkpoint_state(runs / "killed")
+    assert a["step"] == 19  # 600 rows: 18 batches of 32, then 24 rows
+    assert_states_close(a, b)
