@@ -381,10 +381,11 @@ def _read_live(table: Any, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return live, rec
 
 
-def run_exporter(config: ExportConfig, root: Path, parts: Any, run_config: Mapping[str, Any]) -> DeltaExporter:
+def run_exporter(config: ExportConfig, root: Path, parts: Any, run_config: Mapping[str, Any],
+                 clock: Callable[[], float] = time.monotonic) -> DeltaExporter:
     """The exporter of a training run's parts (``ember.train.builder.Components``); with
     ``export`` off it is never due and tracks nothing. Distributed (``parts.dist``): rank 0
-    writes every rank's rows (see the module docstring)."""
+    writes every rank's rows (see the module docstring). ``clock``: seconds, for ``every_s``."""
     return DeltaExporter(config, root, parts.model, parts.collections(), parts.embeddings.features,
                          parts.linear.features if parts.linear is not None else None, parts.task_names, run_config,
-                         dist=parts.dist)
+                         clock=clock, dist=parts.dist)

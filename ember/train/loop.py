@@ -35,6 +35,7 @@ from ember.outputs import mark
 from ember.pipeline.config import QueueDepths, engine_on_threads
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
+from ember.train import clock
 from ember.train.agreement import SignalsHeld, StopAgreement, StopSignals
 from ember.train.builder import Components, build_components
 from ember.train.checkpointer import Checkpointer, restore
@@ -246,7 +247,8 @@ def _open_run(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None,
     checkpointer = Checkpointer(cfg, parts, run_dir, early)
     evaluator = Evaluator(cfg, parts, history, checkpointer, early)
     state = _start(cfg, parts, dist, run_dir, evaluator)
-    exporter = run_exporter(cfg.export, run_dir / "exports", parts, cfg.model_dump(mode="json", by_alias=True))
+    exporter = run_exporter(cfg.export, run_dir / "exports", parts, cfg.model_dump(mode="json", by_alias=True),
+                            clock=lambda: clock.now())  # the run's clock (tests replace it)
     parts.train(True)
     held = EpochRows(rows=sum(b.size for b in batches)) if batches is not None else EpochRows() if t.mode == "online" else None
     progress = Progress(cfg, state.step, held, enabled=parts.lead)  # total and ETA from the data (CSV: estimated as it reads)

@@ -147,6 +147,30 @@ def test_online_window_and_exports_on_two_ranks_equal_one_process(root, runs):
     assert source.applied == series[1][-1].number
 
 
+def _timed(rank: int, world_size: int, raw: dict) -> dict[str, Any]:
+    import ember.train.clock as clock
+
+    ticks = iter(range(10**6))
+    clock.now = lambda: 10.0 * next(ticks) if rank == 1 else 0.0  # only rank 1's clock says a report is due
+    out = _train(rank, world_size, raw)
+    return {"step": out["step"], "windows": [w["step"] for w in out["windows"]]}
+
+
+def test_time_based_exports_and_window_reports_fall_on_the_same_steps_on_every_rank(root):
+    """export.every_s and eval.window_every_s: the ranks agree after each step (the per-step
+    all-reduce), so a report due by one rank's clock is written by every rank after the same
+    step, two steps on (its batch not fetched yet)."""
+    raw = _raw(root, "timed")
+    raw["export"] = {"every_s": 5.0, "full_every": 2, "keep_full": 10}
+    raw["eval"] = {"window_rows": 100, "window_every_s": 5.0}
+    ranks = run_ranks(_timed, 2, (raw,), timeout=180)
+    assert ranks[0] == ranks[1] and ranks[0]["step"] == 11
+    steps = [json.loads((e.path / "manifest.json").read_text())["step"]
+             for e in series_entries(root / "runs" / "timed" / "exports")]
+    assert len(steps) >= 3 and steps[-1] == 11  # every time-based export, then the final one
+    assert set(ranks[0]["windows"]) >= set(steps[:-1]) and ranks[0]["windows"][0] >= 2
+
+
 def test_sigkill_of_rank_0_mid_stream_then_resume_trains_as_one_uninterrupted_process(tmp_path):
     """torchrun, 2 ranks, on a directory whose files arrive while it trains: SIGKILL of rank 0
     (which writes the checkpoints) after its first checkpoint, more files arrive, the run resumes
