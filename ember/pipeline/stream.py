@@ -16,6 +16,10 @@ do not depend on when files arrived; the rows of a last partial batch train when
 ends (idle timeout, unless ``data.drop_last``), not when a signal stops it (they stay for the
 resumed run).
 
+Distributed (``ember.train.stream_ranks``): every rank reads the whole stream and trains its
+slice of each batch; the ranks agree on each batch (``cut_after``: where it ended) and on where
+the stream ends, so the position is the same on every rank and rank 0 writes it.
+
 Example:
     >>> import tempfile, pathlib
     >>> from ember.source.config import DataConfig
