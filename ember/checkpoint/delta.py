@@ -21,6 +21,14 @@ Which rows changed comes from each table's ``ChangeLog`` (IDs its write-back sto
 loads and TTL sweeps noted); at export time those IDs' rows are read through the table's own
 read path (``Tier.get_into``: any tier layout, a cache's reads count as accesses), in chunks.
 
+Distributed (``dist``): every rank holds its shard of each table and the same dense model;
+rank 0 writes the series. A full export gathers every rank's rows to rank 0, a delta every
+rank's changed rows (each rank reads the IDs its own change log noted, through its own
+tiers): the export is the one a one-process run writes after the same global batches. The
+ranks call the exporter at the same steps (a time-based export is agreed on by the ranks
+after each step: ``time_due`` / ``mark``, ``ember.train.agreement``). Rank 0 must hold the
+largest table's rows (a full export) or its changed rows (a delta) in memory.
+
 Crash safety: each export is written into a temporary directory (every file fsynced, the
 manifest last, with the sha256 of every file), then renamed to its numbered name; a reader
 ignores names that are not ``NNNNNN-full`` / ``NNNNNN-delta`` or that hold no manifest.
@@ -37,8 +45,9 @@ import shutil
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -111,12 +120,14 @@ class DeltaExporter:
         model, collections, features, linear_features, task_names, run_config: as
             ``export_model`` takes them.
         clock: seconds, for ``every_s`` (tests replace it).
+        dist: a distributed run's process group (``DistributedRun``; see the module docstring).
     """
 
     def __init__(self, config: ExportConfig, root: str | Path, model: nn.Module, collections: Sequence[Any],
                  features: Sequence[Any], linear_features: Sequence[Any] | None, task_names: Sequence[str],
-                 run_config: Mapping[str, Any], clock: Callable[[], float] = time.monotonic) -> None:
-        self.config = config
+                 run_config: Mapping[str, Any], clock: Callable[[], float] = time.monotonic, dist: Any = None) -> None:
+        self.config, self.dist = config, dist
+        self.writes = dist is None or dist.lead  # rank 0 writes a distributed run's series
         self.root = Path(root)
         self.parts = (model, list(collections), list(features), linear_features, list(task_names))
         self.run_config = {k: run_config[k] for k in RUN_CONFIG_KEYS}
@@ -128,11 +139,14 @@ class DeltaExporter:
         self.records: list[dict[str, Any]] = []  # per export: number, kind, step, seconds, bytes, rows, removed
         if not config.enabled:  # off: never due, nothing tracked or written
             return
-        self.root.mkdir(parents=True, exist_ok=True)
-        for leftover in self.root.glob(".*"):  # temporaries of a run killed mid-export
-            shutil.rmtree(leftover, ignore_errors=True)
-        done = series_entries(self.root)
-        self.number = done[-1].number if done else 0
+        if self.writes:
+            self.root.mkdir(parents=True, exist_ok=True)
+            for leftover in self.root.glob(".*"):  # temporaries of a run killed mid-export
+                shutil.rmtree(leftover, ignore_errors=True)
+            done = series_entries(self.root)
+            self.number = done[-1].number if done else 0
+        if dist is not None:
+            self.number = dist.broadcast(self.number)
         for t in self.tables():
             t.track_changes()
 
@@ -148,10 +162,20 @@ class DeltaExporter:
             return False
         if step in self._due or (c.every_steps is not None and step % c.every_steps == 0):
             return True
-        if c.every_s is not None and not self._due and self.clock() - self.last >= c.every_s:
+        if self.dist is None and self.time_due():  # distributed: the ranks agree (``mark``)
             self._due.add(step)
             return True
         return False
+
+    def time_due(self) -> bool:
+        """Whether ``every_s`` passed since the last export, with none marked yet."""
+        c = self.config
+        return c.enabled and c.every_s is not None and not self._due and self.clock() - self.last >= c.every_s
+
+    def mark(self, step: int) -> None:
+        """Make an export due after ``step`` (distributed: agreed on by every rank)."""
+        if self.config.enabled:
+            self._due.add(step)
 
     def after_step(self, step: int) -> Path | None:
         """Export after ``step`` when it is due (call on a quiet engine); returns the export."""
@@ -178,20 +202,31 @@ class DeltaExporter:
                 t.changes.take()  # a full export holds every row: the changes so far are in it
             path = self.root / f"{n:06d}-full"
             model, collections, features, linear, tasks = self.parts
-            export_model(model, collections, features, linear, tasks, self.run_config, path,
-                         extra={"step": step, "series": {"kind": "full", "number": n, "base": n}})
-            rows, removed = sum(len(t) for t in self.tables()), 0
+            collections = self._gathered(collections)  # distributed: every rank's rows, on rank 0
+            if self.writes:
+                export_model(model, collections, features, linear, tasks, self.run_config, path,
+                             extra={"step": step, "series": {"kind": "full", "number": n, "base": n}})
+            rows, removed = sum(len(t) for ec in collections for t in ec.tables.values()), 0
             self.base, self.since_full = n, 0
         else:
             path = self.root / f"{n:06d}-delta"
             try:
-                with atomic_dir(path, CheckpointError, None, "the previous exports are kept") as tmp:
-                    rows, removed = self._write_delta(tmp, n, step)
+                if self.writes:
+                    with atomic_dir(path, CheckpointError, None, "the previous exports are kept") as tmp:
+                        rows, removed = self._write_delta(tmp, n, step)
+                else:  # another rank: its changed rows go to rank 0
+                    rows = removed = 0
+                    for ec in self.parts[1]:
+                        for name, table in ec.tables.items():
+                            for _ in self._changed(ec, name, table):
+                                pass
             except BaseException:
                 self.base = None  # the change logs were taken: only a full export is complete next time
                 raise
             self.since_full += 1
         self.number, self.exported_step, self.last = n, step, self.clock()
+        if not self.writes:
+            return path
         nbytes = sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
         self.records.append({"number": n, "kind": "full" if full else "delta", "step": step, "rows": rows,
                              "removed": removed, "bytes": nbytes, "seconds": time.perf_counter() - t0})
@@ -207,20 +242,16 @@ class DeltaExporter:
         entries, total_rows, total_removed = [], 0, 0
         for ec in collections:
             for name, table in ec.tables.items():
-                ids = table.changes.take()
                 suffixes = ["ids", "weights", "removed"] + (["seen"] if table.ttl else [])
                 out = {s: HashingWriter(tmp / "tables" / f"{name}.{s}") for s in suffixes}
                 rows = removed = 0
                 try:
-                    for s in range(0, ids.size, CHUNK_ROWS):
-                        chunk = torch.from_numpy(ids[s : s + CHUNK_ROWS])
-                        live, rec = _read_live(table, chunk)
-                        keep = live.numpy()
-                        out["ids"].write(chunk.numpy()[keep].astype("<i8").tobytes())
-                        out["weights"].write(encode_weights(rec[keep, : table.dim].numpy(), table.config.dtype).tobytes())
-                        if table.ttl:
-                            out["seen"].write(rec[keep, -1].numpy().astype("<f4").tobytes())
-                        out["removed"].write(chunk.numpy()[~keep].astype("<i8").tobytes())
+                    for ids, keep, weights, seen in self._changed(ec, name, table):
+                        out["ids"].write(ids[keep].astype("<i8").tobytes())
+                        out["weights"].write(encode_weights(weights[keep], table.config.dtype).tobytes())
+                        if seen is not None:
+                            out["seen"].write(seen[keep].astype("<f4").tobytes())
+                        out["removed"].write(ids[~keep].astype("<i8").tobytes())
                         rows += int(keep.sum())
                         removed += int((~keep).sum())
                 finally:
@@ -248,6 +279,96 @@ class DeltaExporter:
         return total_rows, total_removed
 
 
+    def _changed(self, ec: Any, name: str, table: Any) -> Iterator[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]]:
+        """The rows ``table`` changed since the last export, in chunks of ``CHUNK_ROWS`` IDs
+        (sorted): (IDs, live mask, weights [n, dim], TTL last-seen steps or None). Distributed:
+        every rank's (those it owns), gathered into one chunk on rank 0 (none elsewhere)."""
+        ids = table.changes.take()
+        if self.dist is None:
+            for s in range(0, ids.size, CHUNK_ROWS):
+                yield _changed_rows(table, ids[s : s + CHUNK_ROWS])
+            return
+        ids = ids[_owned(ec, name, ids, self.dist)]
+        parts = self.dist.gather_to_lead(_changed_rows(table, ids))
+        if parts is not None:
+            whole = _cat(parts, table)
+            order = np.argsort(whole[0], kind="stable")
+            yield tuple(x[order] if x is not None else None for x in whole)  # type: ignore[misc]
+
+    def _gathered(self, collections: list[Any]) -> list[Any]:
+        """``collections`` as a full export reads them: distributed, every rank's rows of each
+        table on rank 0 (``_Gathered``; empty elsewhere)."""
+        if self.dist is None:
+            return collections
+        out = []
+        for ec in collections:
+            tables = {}
+            for name, table in ec.tables.items():
+                ttl = bool(getattr(table.config, "ttl_steps", None))
+                chunks = list(table.items_with_seen() if ttl else ((i, r, None) for i, r in table.items()))
+                ids = torch.cat([c[0] for c in chunks]).numpy() if chunks else np.empty(0, np.int64)
+                w = torch.cat([c[1][:, : table.dim] for c in chunks]).numpy() if chunks else np.empty((0, table.dim), np.float32)
+                seen = torch.cat([c[2] for c in chunks]).numpy() if ttl and chunks else np.empty(0, np.float32) if ttl else None
+                own = _owned(ec, name, ids, self.dist)
+                parts = self.dist.gather_to_lead((ids[own], w[own], seen[own] if seen is not None else None))
+                if parts is None:
+                    tables[name] = _Gathered(table, np.empty(0, np.int64), np.empty((0, table.dim), np.float32), None)
+                    continue
+                seen_all = np.concatenate([p[2] for p in parts]) if ttl else None
+                tables[name] = _Gathered(table, np.concatenate([p[0] for p in parts]),
+                                         np.concatenate([p[1] for p in parts]), seen_all)
+            out.append(_GatheredCollection(tables))
+        return out
+
+
+class _Gathered:
+    """A table's rows gathered from every rank, read as ``export_model`` reads a table (its
+    other attributes are the local table's: every rank has the same config, seed and step)."""
+
+    def __init__(self, table: Any, ids: np.ndarray, weights: np.ndarray, seen: np.ndarray | None) -> None:
+        self._table, self._ids, self._weights, self._seen = table, ids, weights, seen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._table, name)
+
+    def __len__(self) -> int:
+        return int(self._ids.size)
+
+    def items(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        yield torch.from_numpy(self._ids), torch.from_numpy(self._weights)
+
+    def items_with_seen(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]]:
+        seen = torch.from_numpy(self._seen) if self._seen is not None else None
+        yield torch.from_numpy(self._ids), torch.from_numpy(self._weights), seen
+
+
+@dataclass
+class _GatheredCollection:
+    tables: dict[str, Any]
+
+
+def _owned(ec: Any, name: str, ids: np.ndarray, dist: Any) -> np.ndarray:
+    """Mask of the ``ids`` of table ``name`` whose rows this rank contributes: those it owns
+    (a sharded collection), or all of them on rank 0 alone (a table every rank holds whole)."""
+    owned = getattr(ec, "owned", None)
+    if owned is None:
+        return np.full(ids.size, bool(dist.lead))
+    return owned(name, torch.from_numpy(ids)).numpy().astype(bool)
+
+
+def _changed_rows(table: Any, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    """(IDs, live mask, weights [n, dim], TTL last-seen steps or None) of ``ids`` now."""
+    live, rec = _read_live(table, torch.from_numpy(ids))
+    return ids, live.numpy(), rec[:, : table.dim].numpy(), rec[:, -1].numpy() if table.ttl else None
+
+
+def _cat(parts: Sequence[tuple[Any, ...]], table: Any) -> tuple[Any, ...]:
+    """Chunks of ``_changed_rows`` as one (a TTL table's last-seen steps too)."""
+    return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+            np.concatenate([p[2] for p in parts]).reshape(-1, table.dim),
+            np.concatenate([p[3] for p in parts]) if table.ttl else None)
+
+
 def _read_live(table: Any, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(live mask [N], decoded records [N, stored_dim] on the CPU) of ``ids`` read through the
     table's tiers; an absent ID, or a TTL row older than ``ttl_steps``, is not live."""
@@ -260,9 +381,11 @@ def _read_live(table: Any, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return live, rec
 
 
-def run_exporter(config: ExportConfig, root: Path, parts: Any, run_config: Mapping[str, Any]) -> DeltaExporter:
+def run_exporter(config: ExportConfig, root: Path, parts: Any, run_config: Mapping[str, Any],
+                 clock: Callable[[], float] = time.monotonic) -> DeltaExporter:
     """The exporter of a training run's parts (``ember.train.builder.Components``); with
-    ``export`` off it is never due and tracks nothing. Distributed runs refuse ``export``
-    before they start (``ember.train.distributed.check_distributed``)."""
+    ``export`` off it is never due and tracks nothing. Distributed (``parts.dist``): rank 0
+    writes every rank's rows (see the module docstring). ``clock``: seconds, for ``every_s``."""
     return DeltaExporter(config, root, parts.model, parts.collections(), parts.embeddings.features,
-                         parts.linear.features if parts.linear is not None else None, parts.task_names, run_config)
+                         parts.linear.features if parts.linear is not None else None, parts.task_names, run_config,
+                         clock=clock, dist=parts.dist)

@@ -16,6 +16,10 @@ do not depend on when files arrived; the rows of a last partial batch train when
 ends (idle timeout, unless ``data.drop_last``), not when a signal stops it (they stay for the
 resumed run).
 
+Distributed (``ember.train.stream_ranks``): every rank reads the whole stream and trains its
+slice of each batch; the ranks agree on each batch (``cut_after``: where it ended) and on where
+the stream ends, so the position is the same on every rank and rank 0 writes it.
+
 Example:
     >>> import tempfile, pathlib
     >>> from ember.source.config import DataConfig
@@ -133,6 +137,16 @@ class StreamLoader:
             for k in [k for k in self._after if k < batches]:
                 del self._after[k]  # earlier batches are never asked for again
             return StreamPosition(tuple(self._order[:done]), file, rows)
+
+    def cut_after(self, batches: int) -> tuple[str | None, int]:
+        """Where batch ``batches`` (counted from the stream's start) ended: (file, rows of it),
+        without forgetting earlier positions (``stream_position`` does); ``(None, 0)`` when
+        that batch was not cut (yet)."""
+        with self._lock:
+            if batches not in self._after:
+                return None, 0
+            _, file, rows = self._after[batches]
+            return file, rows
 
     def _files(self) -> Iterator[str]:
         """The resumed file first (if any), then the files not taken yet, in order."""

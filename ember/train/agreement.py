@@ -2,22 +2,43 @@
 one checkpoint. Distributed, the ranks agree after every step (one tiny all-reduce,
 ``DistributedRun.agree``) so that a signal to any rank stops them all after the same step, and
 a time-based checkpoint (``train.checkpoint_every_s``) falls on the same step on every rank;
+a time-based export (``export.every_s``) and window report (``eval.window_every_s``) likewise;
 under ``data.shard: files`` the same all-reduce tells every rank the others' rows two steps
-ahead (``ember.train.shards``).
+ahead (``ember.train.shards``), online the others' stream batches (``ember.train.stream_ranks``).
 """
 
 from __future__ import annotations
 
 import signal
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 from ember.distributed.process_group import DistributedRun
 from ember.pipeline.staleness import FetchGate
 from ember.train.checkpointer import Checkpointer
-from ember.train.shards import FileShards
 
-__all__ = ["StopSignals", "SignalsHeld", "StopAgreement"]
+__all__ = ["StopSignals", "SignalsHeld", "StopAgreement", "Ahead", "Timed"]
+
+
+class Ahead(Protocol):
+    """What the ranks agree on two steps ahead (``FileShards``, ``StreamRanks``)."""
+
+    end: int | None
+
+    def start(self, dist: DistributedRun) -> None: ...
+
+    def ask(self, step: int) -> list[int]: ...
+
+    def hear(self, step: int, agreed: list[int]) -> None: ...
+
+
+class Timed(Protocol):
+    """A report due by the clock (a checkpoint, an export, a window report): ``time_due()`` on
+    this rank; ``mark(step)``: due after ``step`` on every rank."""
+
+    def time_due(self) -> bool: ...
+
+    def mark(self, step: int) -> None: ...
 
 
 class StopSignals:
@@ -63,16 +84,20 @@ class SignalsHeld:
 class StopAgreement:
     """One pass's agreement after each step (see the module docstring): ``stopping`` is the
     signal that stops the run (distributed: agreed on by every rank), None while it goes on.
-    ``gate``: the pass's fetch gate, told where the pass ends; ``shards``: ``data.shard: files``."""
+    ``gate``: the pass's fetch gate, told where the pass ends; ``shards``: what the ranks agree
+    on ahead (``data.shard: files``, an online stream); ``timed``: reports due by the clock
+    besides the checkpoint (an export, a window report)."""
 
     def __init__(self, signals: StopSignals, dist: DistributedRun | None, checkpointer: Checkpointer,
-                 gate: FetchGate, shards: FileShards | None = None) -> None:
+                 gate: FetchGate, shards: Ahead | None = None, timed: tuple[Timed, ...] = ()) -> None:
         self.signals, self.dist, self.checkpointer, self.gate, self.shards = signals, dist, checkpointer, gate, shards
+        self.timed: tuple[Timed, ...] = (checkpointer, *timed)
         self.stopping: int | None = None
 
     def first(self) -> bool:
-        """Before the pass's first step: under file shards, agree on the rows of its first steps;
-        False when no rank has a row (e.g. header-only files): the pass takes no step."""
+        """Before the pass's first step: under file shards (online), agree on the rows (batches)
+        of its first steps; False when the pass has no step (no rank has a row, e.g. header-only
+        files; online: some rank's stream has no batch)."""
         if self.shards is None:
             return True
         assert self.dist is not None
@@ -90,16 +115,17 @@ class StopAgreement:
             self.stopping = self.signals.signum
         else:  # one tiny all-reduce: every rank stops after the same step, and checkpoints it
             shards = self.shards  # (files: and learns every rank's rows two steps ahead; the pass ends where none has any)
-            agreed = self.dist.agree([self.signals.signum or 0, int(self.checkpointer.time_due())]
+            n = 1 + len(self.timed)
+            agreed = self.dist.agree([self.signals.signum or 0] + [int(t.time_due()) for t in self.timed]
                                      + (shards.ask(index) if shards is not None else []))
-            signum, time_due = agreed[:2]
             if shards is not None:
-                shards.hear(index, agreed[2:])
+                shards.hear(index, agreed[n:])
                 if shards.end is not None:
                     self.gate.end_at(shards.end)
-            self.stopping = signum or None
-            if time_due:  # at step + 2: its batch is not fetched yet (the pipeline's fetch
-                self.checkpointer.mark(step + 2)  # of step + 1 may be), so the fetch gate holds after it
+            self.stopping = agreed[0] or None
+            for timed, due in zip(self.timed, agreed[1:n]):
+                if due:  # at step + 2: its batch is not fetched yet (the pipeline's fetch
+                    timed.mark(step + 2)  # of step + 1 may be), so the fetch gate holds after it
         if self.stopping is not None:
             self.gate.stop()  # no more fetches; the batches already fetched still train
         return self.stopping

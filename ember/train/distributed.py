@@ -49,37 +49,37 @@ def check_distributed(cfg: RunConfig, world_size: int) -> None:
     """Every refusal of a distributed run, in one place: raise ConfigError (on every rank alike,
     before the process group starts) for settings distributed training does not take.
 
-    Refused for now: ``train.mode: online``, ``eval.window_rows`` and ``export.every_steps`` /
-    ``every_s`` (each rank would need the loop's online stream, window and exporter over its
-    shard); tower placement with the pipeline (its routing runs while planning, ahead of the
-    updates); ``train.embedding_staleness > 0`` with ``data.shard: files`` or
-    ``train.checkpoint_every_s`` (the ranks agree on where the files end and on a time-based
-    checkpoint two steps ahead, and a fetch k steps ahead may have passed it already). Every other
-    setting trains as in one process."""
+    Refused: tower placement with the pipeline (its routing runs while planning, ahead of the
+    updates); ``train.embedding_staleness > 0`` with what the ranks agree on two steps ahead,
+    after each step, while a fetch k steps ahead may have passed it already: ``data.shard:
+    files`` (each rank's rows), ``train.mode: online`` (the stream's batches and its end), and
+    the time-based ``train.checkpoint_every_s``, ``export.every_s`` and ``eval.window_every_s``;
+    ``data.shard: files`` with ``train.mode: online`` (``check_file_shards``: every rank reads
+    the whole stream, whose position is one list of files). Every other setting trains as in
+    one process (online streams, rolling windows and exports included)."""
     t = cfg.train
     if cfg.data.batch_size % world_size:
         raise ConfigError(
             f"data.batch_size {cfg.data.batch_size} is the global batch and must be divisible by the world size "
             f"{world_size} (each rank trains batch_size / world_size rows); use e.g. "
             f"data.batch_size={cfg.data.batch_size - cfg.data.batch_size % world_size or world_size}")
-    refused = [key for key, on in (("train.mode: online", t.mode == "online"),
-                                   ("eval.window_rows", cfg.eval.window_rows is not None),
-                                   ("export.every_steps / export.every_s", cfg.export.enabled)) if on]
-    if refused:
-        raise ConfigError(f"distributed training does not take {', '.join(refused)} yet; train on one process or "
-                          "leave them out (export the checkpoints with `ember export` instead of export.every_*)")
     if cfg.distributed.placement == "towers" and cfg.pipeline.enabled:
         raise ConfigError("distributed.placement=towers routes each batch's IDs to the towers' nodes while planning, which "
                           "the pipeline runs on a thread of its own ahead of the updates; the runs would order their "
                           "all-to-alls differently across ranks. Set pipeline.enabled=false with tower placement")
     if t.embedding_staleness:
         stale = [key for key, on in (("data.shard: files", cfg.data.shard == "files"),
-                                     ("train.checkpoint_every_s", t.checkpoint_every_s is not None)) if on]
+                                     ("train.mode: online", t.mode == "online"),
+                                     ("train.checkpoint_every_s", t.checkpoint_every_s is not None),
+                                     ("export.every_s", cfg.export.enabled and cfg.export.every_s is not None),
+                                     ("eval.window_every_s", cfg.eval.window_rows is not None
+                                      and cfg.eval.window_every_s is not None)) if on]
         if stale:
             raise ConfigError(f"train.embedding_staleness={t.embedding_staleness} is not supported with "
                               f"{' and '.join(stale)} in distributed training yet (the ranks agree on those two steps "
                               "ahead, and the fetch may already run further ahead); set train.embedding_staleness=0, "
-                              "or use data.shard: rows and train.checkpoint_every")
+                              "or use data.shard: rows and the step-based train.checkpoint_every, export.every_steps, "
+                              "eval.window_every")
     check_file_shards(cfg, world_size)
 
 

@@ -35,6 +35,7 @@ from ember.outputs import mark
 from ember.pipeline.config import QueueDepths, engine_on_threads
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
+from ember.train import clock
 from ember.train.agreement import SignalsHeld, StopAgreement, StopSignals
 from ember.train.builder import Components, build_components
 from ember.train.checkpointer import Checkpointer, restore
@@ -171,7 +172,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             base = state.step
             gate = FetchGate(k, lambda b: r.cadence.barrier_after(base + b + 1), None if t.max_steps is None else t.max_steps - base)
             stages = TrainStages(parts, gate, WriteLog(k), task_w, first_step=base, window=reporter.window, shards=data.shards)
-            agreement = StopAgreement(signals, parts.dist, checkpointer, gate, data.shards)
+            agreement = StopAgreement(signals, parts.dist, checkpointer, gate, data.ahead, (r.exporter, reporter.windows))
             run = Scheduler(*_pipeline(data, stages, pipe.depth, not engine_threads), threaded=pipe.enabled,
                             stop_timeout_s=pipe.stop_timeout_s)
             try:
@@ -246,7 +247,8 @@ def _open_run(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None,
     checkpointer = Checkpointer(cfg, parts, run_dir, early)
     evaluator = Evaluator(cfg, parts, history, checkpointer, early)
     state = _start(cfg, parts, dist, run_dir, evaluator)
-    exporter = run_exporter(cfg.export, run_dir / "exports", parts, cfg.model_dump(mode="json", by_alias=True))
+    exporter = run_exporter(cfg.export, run_dir / "exports", parts, cfg.model_dump(mode="json", by_alias=True),
+                            clock=lambda: clock.now())  # the run's clock (tests replace it)
     parts.train(True)
     held = EpochRows(rows=sum(b.size for b in batches)) if batches is not None else EpochRows() if t.mode == "online" else None
     progress = Progress(cfg, state.step, held, enabled=parts.lead)  # total and ETA from the data (CSV: estimated as it reads)
@@ -340,10 +342,12 @@ class _Cadence:
         """``quiet_after``, deciding the time-based reports when step ``s`` is fetched (so the
         fetch gate and the loop agree on them): a checkpoint is due once ``checkpoint_every_s``
         passed since the last save (one process: distributed, the ranks agree on it after
-        each step), and no other is marked before it is written."""
-        if self.one_process and self.checkpointer.time_due():
-            self.checkpointer.mark(s)
-        self.windows.decide(s)
+        each step, as on the window's ``window_every_s`` and the exporter's ``every_s``), and no
+        other is marked before it is written."""
+        if self.one_process:
+            if self.checkpointer.time_due():
+                self.checkpointer.mark(s)
+            self.windows.decide(s)
         return self.quiet_after(s)
 
 

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from ember.config import RunConfig
+from ember.distributed.process_group import DistributedRun
 from ember.pipeline.loader import Loader
 from ember.pipeline.scheduler import Scheduler
 from ember.train import clock
@@ -21,7 +22,7 @@ from ember.train.progress import Progress
 from ember.train.run_state import RunState
 from ember.train.schedule import lr_record
 from ember.train.stages import TrainStages
-from ember.train.window import RollingWindow
+from ember.train.window import RollingWindow, merged
 
 __all__ = ["Reporter", "WindowReports", "expire_tables", "table_stats", "fmt_metrics"]
 
@@ -30,33 +31,50 @@ class WindowReports:
     """When the rolling window is reported: every ``eval.window_every`` steps (default
     ``train.log_every``), and, with ``eval.window_every_s``, after the first step whose batch
     is fetched that long after the last report (decided at the fetch, like time-based
-    checkpoints, so the fetch gate and the loop agree)."""
+    checkpoints, so the fetch gate and the loop agree; distributed, the ranks agree on it after
+    each step: ``time_due`` / ``mark``). Distributed (``dist``), the window reported is every
+    rank's together (``ember.train.window.merged``: one gather per report, on every rank)."""
 
-    def __init__(self, window: RollingWindow | None, every: int | None, every_s: float | None) -> None:
-        self.window, self.every, self.every_s = window, every, every_s
+    def __init__(self, window: RollingWindow | None, every: int | None, every_s: float | None,
+                 dist: DistributedRun | None = None) -> None:
+        self.window, self.every, self.every_s, self.dist = window, every, every_s, dist
         self.due: set[int] = set()
         self.last = -1  # the step last reported
         self._at = clock.now() if window is not None and every_s is not None else 0.0  # when it was
 
     @classmethod
-    def of_run(cls, cfg: RunConfig, tasks: list[str]) -> "WindowReports":
+    def of_run(cls, cfg: RunConfig, tasks: list[str], dist: DistributedRun | None = None) -> "WindowReports":
         """``eval.window_rows``' window (``window``: None when unset) and when to report it."""
         e = cfg.eval
         window = RollingWindow(e.window_rows, tasks) if e.window_rows is not None else None
         every = e.window_every or (cfg.train.log_every if e.window_every_s is None else None)
-        return cls(window, every, e.window_every_s)
+        return cls(window, every, e.window_every_s, dist)
+
+    def time_due(self) -> bool:
+        """Whether ``window_every_s`` passed since the last report, with none marked yet."""
+        return self.window is not None and self.every_s is not None and not self.due and clock.now() - self._at >= self.every_s
+
+    def mark(self, s: int) -> None:
+        if self.window is not None:
+            self.due.add(s)
 
     def decide(self, s: int) -> None:
-        if self.window is not None and self.every_s is not None and not self.due and clock.now() - self._at >= self.every_s:
-            self.due.add(s)
+        if self.time_due():
+            self.mark(s)
+
+    def metrics(self) -> dict[str, Any]:
+        """The window's metrics (distributed: every rank's window together; call on every rank)."""
+        assert self.window is not None
+        if self.dist is None:
+            return self.window.metrics()
+        return merged(self.dist.all_gather(self.window.tagged()), self.window.rows, self.window.tasks)
 
     def after(self, s: int) -> bool:
         return self.window is not None and (bool(self.every and s % self.every == 0) or s in self.due)
 
     def log(self, step: int, history: History) -> None:
         """One ``eval`` record of the window (``window_rows``: the pairs it held) at ``step``."""
-        assert self.window is not None
-        m = self.window.metrics()
+        m = self.metrics()
         if m:
             history.log({"kind": "eval", "step": step, **m})
         self.due.discard(step)
@@ -70,8 +88,9 @@ class Reporter:
 
     def __init__(self, cfg: RunConfig, parts: Components, history: History, progress: Progress, step: int) -> None:
         self.cfg, self.parts, self.history, self.progress = cfg, parts, history, progress
-        self.windows = WindowReports.of_run(cfg, parts.task_names)
+        self.windows = WindowReports.of_run(cfg, parts.task_names, parts.dist)
         self.window = self.windows.window
+        self._final: dict[str, Any] = {}
         self._logged = step  # the step of the last train record (bytes are reported per step since)
         self._t0 = time.perf_counter()
 
@@ -111,13 +130,15 @@ class Reporter:
         self.progress.note(fmt_metrics(metrics))
 
     def finish(self, step: int, first_step: int) -> None:
-        """As the run ends: report the window unless this step's is."""
+        """As the run ends: report the window unless this step's is; keep its metrics for the
+        summary (on every rank)."""
         if self.window is not None and self.windows.last != step and step > first_step:
             self.windows.log(step, self.history)
+        self._final = self.windows.metrics() if self.window is not None else {}
 
     def summary(self) -> dict[str, Any]:
-        """``summary.json``'s window entry (empty without a window)."""
-        return {"window": json_safe(self.window.metrics())} if self.window is not None else {}
+        """``summary.json``'s window entry (empty without a window), as ``finish`` found it."""
+        return {"window": json_safe(self._final)} if self.window is not None else {}
 
 
 def expire_tables(parts: Components) -> None:

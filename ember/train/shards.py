@@ -42,8 +42,10 @@ def check_file_shards(cfg: RunConfig, world_size: int) -> None:
     if cfg.data.shard != "files":
         return
     if cfg.train.mode == "online":
-        raise ConfigError("data.shard: files is not supported with train.mode: online (the stream position is one "
-                          "list of files for every rank); use data.shard: rows")
+        raise ConfigError("data.shard: files is not supported with train.mode: online: every rank reads the whole "
+                          "stream and trains its slice of each batch (data.shard: rows), so that the ranks cut the "
+                          "same batches as one process and the stream position stays one list of files; dealing "
+                          "files that arrive to ranks would need the ranks to agree on each file first. Use data.shard: rows")
     shard_files(expand_paths(cfg.data.paths("train"), cfg.data.format), 0, world_size)  # fewer files than ranks: raises
 
 

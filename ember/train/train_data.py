@@ -18,6 +18,7 @@ from ember.pipeline.scheduler import Stage
 from ember.pipeline.stream import StreamLoader, StreamPosition
 from ember.train.run_state import DataPosition, RunState, ShardPositions
 from ember.train.shards import FileShards
+from ember.train.stream_ranks import StreamRanks
 
 __all__ = ["TrainLoader", "open_train_loader", "check_train_data", "start_data", "shards_files"]
 
@@ -50,12 +51,14 @@ def start_data(cfg: RunConfig, dist: DistributedRun | None) -> DataPosition:
 
 
 class TrainLoader:
-    """One pass's loader (a ``Loader``) and, under ``data.shard: files``, the ranks' agreement
-    on each other's rows (``shards``, whose ``shard`` stage follows the loader's stages)."""
+    """One pass's loader (a ``Loader``) and, distributed, the ranks' agreement on each other's
+    batches two steps ahead (``ahead``, whose stage follows the loader's stages): under
+    ``data.shard: files`` their rows (``shards``), online the stream's batches (``StreamRanks``)."""
 
     def __init__(self, loader: Loader, shards: FileShards | None = None, shard_depth: int = 1,
-                 closing: threading.Event | None = None) -> None:
+                 closing: threading.Event | None = None, stream_ranks: StreamRanks | None = None) -> None:
         self.loader, self.shards, self._shard_depth = loader, shards, shard_depth
+        self.ahead: FileShards | StreamRanks | None = shards if shards is not None else stream_ranks
         self.closing = closing or threading.Event()  # set when the pass is over: a watched stream stops waiting
 
     @property
@@ -71,7 +74,7 @@ class TrainLoader:
         return self.loader.num_batches
 
     def stages(self) -> list[Stage]:
-        return self.loader.stages() + ([self.shards.stage(self._shard_depth)] if self.shards is not None else [])
+        return self.loader.stages() + ([self.ahead.stage(self._shard_depth)] if self.ahead is not None else [])
 
     def __iter__(self) -> Iterator[Any]:
         return iter(self.loader)
@@ -96,7 +99,8 @@ def open_train_loader(cfg: RunConfig, state: RunState, dist: DistributedRun | No
     """The loader of the pass that starts at ``state`` (its epoch, batch and data position):
     ``batches`` held in memory, an online stream (``stop``: true when it must end now), this
     rank's own files (``data.shard: files``), or the epoch's global batches (distributed
-    synthetic data: this rank's slice of each, generated alone)."""
+    synthetic data: this rank's slice of each, generated alone). Distributed online: every
+    rank reads the whole stream and the ranks agree on its batches (``StreamRanks``)."""
     pipe, d = cfg.pipeline, cfg.data
     rank, world = (0, 1) if dist is None else (dist.rank, dist.world_size)
     if batches is not None:
@@ -106,7 +110,8 @@ def open_train_loader(cfg: RunConfig, state: RunState, dist: DistributedRun | No
         closing = threading.Event()
         stream = StreamLoader(d, cfg.schema, state.data, state.batch, pipe.depth,
                               stop=lambda: stop() or closing.is_set(), workers=pipe.data_workers)
-        return TrainLoader(stream, closing=closing)
+        ranks = StreamRanks(stream, state.batch) if dist is not None else None
+        return TrainLoader(stream, shard_depth=pipe.depth.featurize, closing=closing, stream_ranks=ranks)
     if shards_files(cfg, dist):
         assert isinstance(state.data, ShardPositions)
         starts = list(state.data.rank_batches)

@@ -206,9 +206,9 @@ def test_rolling_window_reports_the_last_rows_scored_before_their_update(tmp_pat
     seen: list[tuple[np.ndarray, np.ndarray]] = []
     original = stages_mod.RollingWindow.add
 
-    def spy(self, probs, labels):  # type: ignore[no-untyped-def]
+    def spy(self, probs, labels, step=0):  # type: ignore[no-untyped-def]
         seen.append((np.asarray(probs).copy(), np.asarray(labels).copy()))
-        return original(self, probs, labels)
+        return original(self, probs, labels, step)
 
     monkeypatch.setattr(stages_mod.RollingWindow, "add", spy)
     folder = tmp_path / "in"
