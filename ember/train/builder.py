@@ -97,6 +97,8 @@ class Components:
             routed = lookups[0] if lookups else self.towers.plan(self.embeddings, batch.sparse, train)
             with autocast(self.device, self.precision):
                 logits = self.towers.forward(self.embeddings, batch.dense, routed, train)
+            if isinstance(self.model, Distilled) and self.model.aux_head and not self.model.training:
+                logits = logits[:, : self.model.num_tasks]  # distillation's serving head, as Distilled.forward
             return logits.float()
         lk = lookups or [None] * len(self.collections())
         emb = self.embeddings(batch.sparse, lk[0])
@@ -247,7 +249,8 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
         if cfg.distributed.placement == "towers":
             from ember.distributed.towers import TowerPlacement
 
-            towers = TowerPlacement(model, features, tower_node, dist, opt)  # type: ignore[arg-type]
+            body = model.body if isinstance(model, Distilled) else model  # the DMT whose towers are placed
+            towers = TowerPlacement(body, features, tower_node, dist, opt)  # type: ignore[arg-type]
         else:
             ddp = wrap_model(model, dist)
     compiled = _compile(ddp if ddp is not None else model) if t.compile else None  # distributed: compile(DDP(model))

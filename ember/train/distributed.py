@@ -67,6 +67,11 @@ def check_distributed(cfg: RunConfig, world_size: int) -> None:
         raise ConfigError("distributed.placement=towers routes each batch's IDs to the towers' nodes while planning, which "
                           "the pipeline runs on a thread of its own ahead of the updates; the runs would order their "
                           "all-to-alls differently across ranks. Set pipeline.enabled=false with tower placement")
+    distill = getattr(cfg.model, "distill", None)
+    if cfg.distributed.placement == "towers" and distill is not None and distill.adapter:
+        raise ConfigError("model.distill.adapter with distributed.placement=towers: the adapter sits beside the DMT, "
+                          "outside both the towers (reduced per node) and the head (reduced by DDP), so the ranks' "
+                          "adapters would drift apart; set model.distill.adapter=false with tower placement")
     if t.embedding_staleness:
         stale = [key for key, on in (("data.shard: files", cfg.data.shard == "files"),
                                      ("train.mode: online", t.mode == "online"),
