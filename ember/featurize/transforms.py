@@ -53,6 +53,10 @@ def parse_floats(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             x = pc.cast(pc.if_else(pa.array(ok), s, pa.scalar(None, s.type)), pa.float64())
             values = np.array(x.to_numpy(zero_copy_only=False), dtype=np.float64)  # writable copy
             missing |= np.isnan(values) & ok
+    elif pa.types.is_integer(arr.type) and not arr.null_count:  # the common case: no NaN, no inf to look for
+        values = np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.float64)
+        zeros = np.zeros(len(values), dtype=bool)
+        return values, zeros, zeros.copy()
     elif (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type)
           or pa.types.is_decimal(arr.type)):
         values = arr.cast(pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64, copy=True)
@@ -70,6 +74,9 @@ def parse_ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(arr.type.value_type)
     if pa.types.is_integer(arr.type):
+        if not arr.null_count:  # no fill, and int64 without a copy
+            zeros = np.zeros(len(arr), dtype=bool)
+            return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64), zeros, zeros.copy()
         missing = np.asarray(arr.is_null(), dtype=bool)
         return arr.fill_null(0).cast(pa.int64()).to_numpy(zero_copy_only=False), missing, np.zeros_like(missing)
     if not _is_stringy(arr.type):
@@ -200,7 +207,14 @@ def row_of(lengths: np.ndarray) -> np.ndarray:
 
 
 def filter_jagged(lengths: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    """New row lengths after dropping the elements where ``keep`` is false."""
+    """New row lengths after dropping the elements where ``keep`` is false.
+
+    Example:
+        >>> filter_jagged(np.array([2, 0, 1]), np.array([True, False, True])).tolist()
+        [1, 0, 1]
+    """
+    if keep.size == lengths.size and (lengths == 1).all():  # one value per row (no separator)
+        return keep.astype(np.int64)
     return np.bincount(row_of(lengths)[keep], minlength=lengths.size).astype(np.int64)
 
 

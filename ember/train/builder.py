@@ -24,7 +24,7 @@ from ember.optim.schedule import scheduled_lr
 from ember.train.config import DenseOptimizerConfig
 from ember.models.distill import DistillConfig, Distilled, distill_loss
 from ember.train.loss import multitask_bce
-from ember.train.precision import LossScaler, Precision, autocast
+from ember.train.precision import LossScaler, Precision, autocast, resolve
 
 if TYPE_CHECKING:
     from ember.distributed.towers import TowerPlacement
@@ -262,7 +262,7 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
             towers = TowerPlacement(model, features, tower_node, dist, opt)  # type: ignore[arg-type]
         else:
             ddp = wrap_model(model, dist)
-    return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, precision=t.precision,
+    return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, precision=resolve(t.precision, device),
                       scaler=scaler, compiled=compiled, distill=distill, dense_config=t.dense_optimizer, dist=dist, ddp=ddp,
                       towers=towers)
 
