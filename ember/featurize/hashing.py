@@ -114,7 +114,8 @@ def hash_strings(values: pa.Array | pa.ChunkedArray, salt: str) -> np.ndarray:
     return hash_utf8_buffers(offsets, data, salt_key(salt))
 
 
-_STRINGS = {pa.string(): 4, pa.binary(): 4, pa.large_string(): 8, pa.large_binary(): 8}  # offset widths
+# offset width of each string type, by type id (hashing a DataType costs more than the hash below)
+_STRINGS = {t.id: w for t, w in ((pa.string(), 4), (pa.binary(), 4), (pa.large_string(), 8), (pa.large_binary(), 8))}
 
 
 def hash_array(values: pa.Array | pa.ChunkedArray, salt: str) -> tuple[np.ndarray, np.ndarray]:
@@ -135,7 +136,7 @@ def hash_array(values: pa.Array | pa.ChunkedArray, salt: str) -> tuple[np.ndarra
         values = values.cast(t.value_type)
         t = values.type
     n = len(values)
-    width = _STRINGS.get(t)
+    width = _STRINGS.get(t.id)
     if width is None and not pa.types.is_integer(t):
         return hash_array_reference(values, salt)  # booleans; other types raise there
     ids, valid = np.empty(n, np.int64), np.empty(n, np.bool_)

@@ -107,3 +107,20 @@ def test_the_kernel_and_its_fallback_agree_and_reject_short_buffers(kernel):
             fn(*short, key, np.empty(250, np.int64), np.empty(250, np.bool_))
     np.testing.assert_array_equal(results[0][1], results[1][1])
     np.testing.assert_array_equal(results[0][0], results[1][0])
+
+
+@pytest.mark.parametrize("typ", STRING_TYPES, ids=str)
+@pytest.mark.parametrize("listed", [[""], ["", "a"], ["a", "7"]])
+def test_listed_values_found_from_the_offsets_as_by_is_in(typ, listed):
+    import pyarrow.compute as pc
+
+    from ember.featurize.transforms import is_listed
+
+    rng = np.random.default_rng(3)
+    binary = pa.types.is_binary(typ) or pa.types.is_large_binary(typ)
+    vals = [v if v is None or not binary else v.encode() for v in _strings(rng, 200) + ["a", "7"]]
+    arr = pa.array(vals, typ)
+    for a in (arr, arr.slice(13, 101), arr.slice(0, 0)):
+        value_set = pa.array([v.encode() if binary else v for v in listed], typ)
+        expect = np.asarray(pc.fill_null(pc.is_in(a, value_set=value_set), False), dtype=bool)
+        np.testing.assert_array_equal(is_listed(a, listed), expect)
