@@ -41,7 +41,7 @@ import torch
 from ember.mix import mix64
 
 __all__ = [
-    "arrow_hash_ints", "arrow_hash_strings", "chunks", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
+    "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
     "bf16_pack_sr", "gather_rows", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
@@ -800,6 +800,47 @@ def _arrow_hash_ints_py(values: object, validity: object, off: int, n: int, widt
     out[:] = mix64(v.view(np.uint64) ^ np.uint64(salt)).view(np.int64)
     out_valid[:] = present
     return int(n - present.sum())
+
+
+_INT_TOKEN = r"^-?\d{1,19}$"
+
+
+def arrow_parse_ints(offsets: object, data: object, validity: object, off: int, n: int, width: int, out: np.ndarray,
+                     state: np.ndarray) -> int:
+    """Decimal integer IDs from an Arrow string array's buffers (as ``arrow_hash_strings`` takes
+    them) into ``out`` (int64 [n]), with ``state`` (uint8 [n]) 0 for an ID (``-?`` and 1-19
+    digits, within int64), 1 for a missing value (null or empty), 2 for a bad one (``out`` 0
+    then). Returns the number of bad values, or -1 when a present value holds a byte other than
+    a digit or ``-`` (blanks, ``+``, ...): the caller then parses the column its general way."""
+    if out.dtype != np.int64 or out.shape != (n,) or state.dtype != np.uint8 or state.shape != (n,):
+        raise ValueError("arrow_parse_ints: out must be int64 [n] and state uint8 [n]")
+    if _core is None:
+        return _arrow_parse_ints_py(offsets, data, validity, off, n, width, out, state)
+    return _core.arrow_parse_ints(offsets, data, validity, off, n, width, out, state)
+
+
+def _arrow_parse_ints_py(offsets: object, data: object, validity: object, off: int, n: int, width: int, out: np.ndarray,
+                         state: np.ndarray) -> int:
+    if width not in (4, 8):
+        raise ValueError("arrow_parse_ints: width must be 4 (int32 offsets) or 8 (int64)")
+    present = _present(validity, off, n)
+    arr = pa.Array.from_buffers(pa.large_binary() if width == 8 else pa.binary(), n,
+                                [None, pa.py_buffer(offsets), pa.py_buffer(data)], offset=off)
+    try:
+        arr.validate(full=True)
+    except pa.ArrowInvalid as e:
+        raise ValueError(f"arrow_parse_ints: offsets out of the data's range ({e})") from None
+    plain = np.asarray(pc.match_substring_regex(arr, r"^[-0-9]*$"), dtype=bool)
+    if (present & ~plain).any():
+        return -1
+    missing = ~present | (np.asarray(pc.binary_length(arr), dtype=np.int64) == 0)
+    ok = np.asarray(pc.match_substring_regex(arr, _INT_TOKEN), dtype=bool) & ~missing
+    for i in np.flatnonzero(ok & (np.asarray(pc.binary_length(arr), dtype=np.int64) >= 19)):
+        ok[i] = -(2**63) <= int(arr[int(i)].as_py()) < 2**63  # 19 digits may pass int64's range
+    text = pc.if_else(pa.array(ok), arr, pa.scalar(b"0", arr.type)).cast(pa.large_string() if width == 8 else pa.string())
+    out[:] = np.asarray(pc.cast(text, pa.int64()), dtype=np.int64)
+    state[:] = np.where(missing, 1, np.where(ok, 0, 2))
+    return int((state == 2).sum())
 
 
 # ---- row initialisers (ember.embedding.init) ---------------------------------------------------

@@ -1007,6 +1007,77 @@ done:
     return res;
 }
 
+/* Decimal integer IDs from an Arrow string array's buffers (ember.featurize.transforms.parse_ints
+ * on a CSV column): a value is missing (state 1) when null or empty, an ID (state 0) when it is
+ * -?[0-9]{1,19} within int64, else bad (state 2); out = the ID, 0 otherwise. A byte other than
+ * a digit or '-' anywhere returns -1 at once: blanks, '+' and the rest are the reference's to
+ * judge (Unicode whitespace trimming, the regex). Else returns the number of bad values. */
+static PyObject *arrow_parse_ints(PyObject *self, PyObject *args) {
+    Py_buffer offs, data, valid, out, state;
+    Py_ssize_t off, n, width;
+    if (!PyArg_ParseTuple(args, "y*y*y*nnnw*w*", &offs, &data, &valid, &off, &n, &width, &out, &state)) return NULL;
+    PyObject *res = NULL;
+    if (off < 0 || n < 0 || (valid.len != 0 && valid.len * 8 < off + n) || out.len != n * 8 || state.len != n ||
+        (width != 4 && width != 8) || offs.len < (off + n + 1) * width) {
+        PyErr_SetString(PyExc_ValueError, "ember native arrow_parse_ints: offsets int32/int64 (width 4/8) of off + n + 1 "
+                                          "entries, validity covering off + n bits (or empty), out int64[n], state uint8[n]");
+        goto done;
+    }
+    {
+        const uint8_t *d = data.buf, *vb = valid.buf;
+        const int32_t *o4 = offs.buf;
+        const int64_t *o8 = offs.buf;
+        int64_t *x = out.buf;
+        uint8_t *st = state.buf;
+        Py_ssize_t bad = 0, range_err = -1, dlen = data.len;
+        int foreign = 0, has_valid = valid.len != 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t j = off + i;
+            int64_t a = width == 4 ? (int64_t)o4[j] : o8[j];
+            int64_t b = width == 4 ? (int64_t)o4[j + 1] : o8[j + 1];
+            x[i] = 0;
+            if (has_valid && !((vb[j >> 3] >> (j & 7)) & 1)) { st[i] = 1; continue; }
+            if (a < 0 || b < a || b > dlen) { range_err = i; break; }
+            if (a == b) { st[i] = 1; continue; }
+            const uint8_t *p = d + a, *e = d + b;
+            int neg = *p == '-';
+            if (neg) p++;
+            uint64_t v = 0;
+            int digits = 0, ok = p < e;
+            for (; p < e; p++) {
+                unsigned c = *p;
+                if (c - '0' <= 9u) {
+                    if (++digits <= 19) v = v * 10 + (c - '0');  /* 19 digits < 2^64: no wrap */
+                } else if (c == '-') {
+                    ok = 0;  /* a '-' not in front: bad, as the regex says */
+                } else {
+                    foreign = 1;
+                    break;
+                }
+            }
+            if (foreign) break;
+            ok = ok && digits >= 1 && digits <= 19 && v <= (neg ? 9223372036854775808ULL : 9223372036854775807ULL);
+            if (ok) {
+                x[i] = neg ? (int64_t)(0 - v) : (int64_t)v;
+                st[i] = 0;
+            } else {
+                st[i] = 2;
+                bad++;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        if (range_err >= 0) {
+            PyErr_Format(PyExc_ValueError, "ember native arrow_parse_ints: offsets of value %zd out of the data's range", range_err);
+            goto done;
+        }
+        res = PyLong_FromSsize_t(foreign ? -1 : bad);
+    }
+done:
+    PyBuffer_Release(&offs); PyBuffer_Release(&data); PyBuffer_Release(&valid); PyBuffer_Release(&out); PyBuffer_Release(&state);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     /* "name(arguments) -> result": ember/_ember_native.pyi and tests/native/test_stub.py rely on
      * these (names and count of arguments, "=" for optional ones, as PyArg_ParseTuple parses) */
@@ -1014,6 +1085,8 @@ static PyMethodDef methods[] = {
      "arrow_hash_strings(offsets, data, validity, off, n, width, salt, out, out_valid) -> nulls"},
     {"arrow_hash_ints", arrow_hash_ints, METH_VARARGS,
      "arrow_hash_ints(values, validity, off, n, width, signed, salt, out, out_valid) -> nulls"},
+    {"arrow_parse_ints", arrow_parse_ints, METH_VARARGS,
+     "arrow_parse_ints(offsets, data, validity, off, n, width, out, state) -> bad or -1"},
     {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r) -> found"},
     {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, r) -> inserted"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim) -> None"},

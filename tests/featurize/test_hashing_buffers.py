@@ -124,3 +124,55 @@ def test_listed_values_found_from_the_offsets_as_by_is_in(typ, listed):
         value_set = pa.array([v.encode() if binary else v for v in listed], typ)
         expect = np.asarray(pc.fill_null(pc.is_in(a, value_set=value_set), False), dtype=bool)
         np.testing.assert_array_equal(is_listed(a, listed), expect)
+
+
+def _id_tokens(rng: np.random.Generator, n: int) -> list[str | None]:
+    pool = ["", "-", "0", "-0", "0007", "5-", "--1", "9223372036854775807", "-9223372036854775808",
+            "9223372036854775808", "-9223372036854775809", "9999999999999999999", "12345678901234567890", "1.5", " 3",
+            "+4", "x"]
+    out: list[str | None] = []
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.1:
+            out.append(None)
+        elif r < 0.3:
+            out.append(str(rng.choice(pool)))
+        else:
+            out.append(str(int(rng.integers(-(2**63), 2**63 - 1))))
+    return out
+
+
+@pytest.mark.parametrize("typ", [pa.string(), pa.large_string()], ids=str)
+@pytest.mark.parametrize("seed", range(8))
+def test_integer_ids_parsed_from_the_buffers_as_by_the_general_path(typ, seed, monkeypatch):
+    from ember.featurize import transforms
+
+    rng = np.random.default_rng(seed)
+    tokens = _id_tokens(rng, int(rng.integers(1, 200)))
+    if seed % 2:  # only digits and '-': the buffer path decides alone
+        tokens = [t if t is None or set(t) <= set("-0123456789") else "" for t in tokens]
+    arr = pa.array(tokens, typ)
+    for a in (arr, arr.slice(len(arr) // 3)):
+        got = transforms.parse_ints(a)
+        with monkeypatch.context() as m:
+            m.setattr(transforms, "_buffer_ints", lambda _: None)
+            ref = transforms.parse_ints(a)
+        for g, r in zip(got, ref):
+            np.testing.assert_array_equal(g, r)
+
+
+def test_the_parse_kernel_and_its_fallback_agree():
+    rng = np.random.default_rng(5)
+    tokens = [t if t is None or set(t) <= set("-0123456789") else "7" for t in _id_tokens(rng, 300)]
+    arr = pa.array(tokens)
+    bufs = arr.buffers()
+    results = []
+    for fn in (_native.arrow_parse_ints, _native._arrow_parse_ints_py):
+        out, state = np.empty(290, np.int64), np.empty(290, np.uint8)
+        bad = fn(bufs[1], bufs[2], bufs[0], 10, 290, 4, out, state)
+        assert bad == int((state == 2).sum()) >= 0
+        results.append((out, state))
+        foreign = pa.array(["1", " 2"]).buffers()
+        assert fn(foreign[1], foreign[2], b"", 0, 2, 4, np.empty(2, np.int64), np.empty(2, np.uint8)) == -1
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
