@@ -13,8 +13,8 @@ Two workloads, each written once as Parquet and as CSV (``--rows`` rows, into ``
 Each variant reads the file with ember's own readers (``ember.pipeline.loader.file_chunks``:
 Parquet ``read_rows`` 4,096, CSV blocks of about 4,096 rows) and featurizes every block with
 ``Featurizer``; the reference variant has the featurizer call the reference functions
-(``hash_array_reference``, Arrow's cast for string IDs and the transforms' general
-paths). Both variants run in this one
+(``hash_array_reference``, Arrow's casts for string IDs and counts, and the transforms'
+general paths). Both variants run in this one
 process on the same blocks, step by step, the first of each step alternating; per block, time =
 its read + its featurize, scaled to 4,096 rows (a block under 2,048 rows, a file's
 last, is left out). Reported: the median over blocks and rounds,
@@ -78,16 +78,18 @@ REFERENCE = {"hash_array": hash_array_reference, "parse_ints": _parse_ints_refer
 def reference_paths() -> Iterator[None]:
     """The featurizer module calling the reference functions instead of the buffer paths."""
     saved = {k: getattr(featurizer_module, k) for k in REFERENCE}
-    buffer_ints = transforms_module._buffer_ints
+    buffer_paths = {k: getattr(transforms_module, k) for k in ("_buffer_ints", "_buffer_int_floats")}
     for k, fn in REFERENCE.items():
         setattr(featurizer_module, k, fn)
-    transforms_module._buffer_ints = lambda arr: None  # string IDs: the general path (Arrow's cast)
+    for k in buffer_paths:  # string columns: the general paths (Arrow's casts)
+        setattr(transforms_module, k, lambda arr: None)
     try:
         yield
     finally:
         for k, fn in saved.items():
             setattr(featurizer_module, k, fn)
-        transforms_module._buffer_ints = buffer_ints
+        for k, fn in buffer_paths.items():
+            setattr(transforms_module, k, fn)
 
 
 def write_hex(ids_parquet: Path, out_dir: Path) -> dict[str, Path]:

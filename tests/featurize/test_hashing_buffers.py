@@ -176,3 +176,35 @@ def test_the_parse_kernel_and_its_fallback_agree():
         assert fn(foreign[1], foreign[2], b"", 0, 2, 4, np.empty(2, np.int64), np.empty(2, np.uint8)) == -1
     np.testing.assert_array_equal(results[0][0], results[1][0])
     np.testing.assert_array_equal(results[0][1], results[1][1])
+
+
+@pytest.mark.parametrize("typ", [pa.string(), pa.large_string()], ids=str)
+@pytest.mark.parametrize("seed", range(8))
+def test_integer_counts_parsed_as_floats_from_the_buffers_as_by_the_general_path(typ, seed, monkeypatch):
+    from ember.featurize import transforms
+
+    rng = np.random.default_rng(100 + seed)
+    tokens = _id_tokens(rng, int(rng.integers(1, 200))) + ["-0", "0", "", "-00"][: seed % 5]
+    if seed % 2:  # plain integers and empty fields only: the buffer path decides alone
+        tokens = [t if t is None or (set(t) <= set("0123456789") and len(t) < 19) else "" for t in tokens]
+    arr = pa.array(tokens, typ)
+    for a in (arr, arr.slice(len(arr) // 3)):
+        got = transforms.parse_floats(a)
+        with monkeypatch.context() as m:
+            m.setattr(transforms, "_buffer_int_floats", lambda _: None)
+            ref = transforms.parse_floats(a)
+        for g, r in zip(got, ref):
+            assert g.dtype == r.dtype
+            np.testing.assert_array_equal(g, r)
+        assert np.array_equal(np.signbit(got[0]), np.signbit(ref[0]))  # -0.0 stays -0.0
+
+
+def test_the_float_buffer_path_takes_plain_counts_and_leaves_minus_zero_to_arrow():
+    from ember.featurize import transforms
+
+    assert transforms._buffer_int_floats(pa.array(["-0", "5", ""])) is None
+    values, missing, bad = transforms.parse_floats(pa.array(["-0", "5", ""]))
+    assert np.signbit(values[0]) and missing.tolist() == [False, False, True] and not bad.any()
+    values, missing, bad = transforms._buffer_int_floats(pa.array(["0", "-5", "", None, "9007199254740993"]))
+    assert values[:2].tolist() == [0.0, -5.0] and values[4] == float("9007199254740993")
+    assert missing.tolist() == [False, False, True, True, False] and not bad.any()
