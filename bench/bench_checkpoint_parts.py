@@ -16,7 +16,6 @@ and the save's wall time (s).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
@@ -119,7 +118,8 @@ def main() -> None:
                                  "save_grew_mib": round(peak.peak - before, 1), "save_s": round(seconds, 3)})
     if run.lead:
         size = sum(f.stat().st_size for f in root.rglob("*") if f.is_file())
-        print(json.dumps({"variant": args.variant, "world_size": run.world_size, "rows_per_rank": args.rows,
+        from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+        print(json_line({"variant": args.variant, "world_size": run.world_size, "rows_per_rank": args.rows,
                           "checkpoint_mib": round(size / 2**20, 1), "ranks": report}))
         shutil.rmtree(root, ignore_errors=True)
     run.close()

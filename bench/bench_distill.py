@@ -32,7 +32,6 @@ parameter counts and the per-seed values.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import tempfile
@@ -222,7 +221,8 @@ def main() -> None:
                              [[k.removesuffix("_auc"), f"{mean[k]:.4f}", " ".join(f"{r[k]:.4f}" for r in runs)]
                               for k in mean])
         summary[name] = {**mean, "per_seed": runs}
-    print(json.dumps(summary))
+    from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+    print(json_line(summary))
 
 
 if __name__ == "__main__":

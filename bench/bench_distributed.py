@@ -138,7 +138,8 @@ def main() -> None:
         towers = measure_towers(out)
     if args.out is None:
         shutil.rmtree(out, ignore_errors=True)
-    print(json.dumps({"bytes_per_step": measured, "predicted_bytes_per_step": predicted,
+    from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+    print(json_line({"bytes_per_step": measured, "predicted_bytes_per_step": predicted,
                       "samples_per_s_per_gpu": gpu, "batch_size": args.batch, **towers}))
 
 

@@ -32,7 +32,6 @@ bf16_vs_fused, ...
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass, field
 import resource
 import statistics
@@ -349,7 +348,8 @@ def main() -> None:
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     print(f"ember rows: {rows}, index bytes/row: {per_row:.1f} (target <= 32), record bytes/row: {(D + 1) * 4}")
     print(f"peak RSS (whole process, all variants): {rss_mb:.0f} MB")
-    print(json.dumps({
+    from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+    print(json_line({
         "bench": "dlrm26", "batch": args.batch, "steps": args.steps,
         "samples_per_s": {k: args.batch / v for k, v in med.items()},
         "ember_vs_dense": r_dense, "ember_vs_plain": r_plain, "mixed_init_cost": mixed_cost, "plain_vs_dense": r_plain_dense,

@@ -14,7 +14,6 @@ processes); ends with a JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import tempfile
@@ -110,7 +109,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for how in ("kill", "hang"):
             out[f"{how}_s"] = [round(one(Path(tmp), how, args.heartbeat_timeout_s, n), 2) for n in range(args.repeats)]
-    print(json.dumps(out))
+    from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+    print(json_line(out))
 
 
 if __name__ == "__main__":

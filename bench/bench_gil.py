@@ -21,7 +21,6 @@ The last line is one JSON object: efficiency per stage.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import threading
 import time
@@ -150,7 +149,8 @@ def main() -> None:
     benchkit.print_table(["stage", "1 thread s", "2 threads s", "efficiency"],
                          [[k, f"{v['one_thread_s']:.2f}", f"{v['two_threads_s']:.2f}", f"{v['efficiency']:.2f}"]
                           for k, v in results.items()])
-    print(json.dumps({"bench": "gil", "efficiency": {k: v["efficiency"] for k, v in results.items()},
+    from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+    print(json_line({"bench": "gil", "efficiency": {k: v["efficiency"] for k, v in results.items()},
                       "detail": results, "rows": args.rows, "batch": args.batch, "items": n}))
 
 

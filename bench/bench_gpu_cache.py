@@ -16,7 +16,6 @@ Needs CUDA.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 
@@ -130,7 +129,8 @@ def main() -> None:
     print(f"ember-cache vs ember-host speed: {out['cache_vs_host']:.3f}x; vs plain-gpu: {out['cache_vs_plain_gpu']:.3f}x")
     print(f"cache hit rate {out['cache_hit_rate']:.3f}; host<->device {out['transfer_mb_per_step']:.2f} MiB/step = "
           f"{out['transfer_vs_misses_evictions']:.3f} x (misses + evictions) x record bytes")
-    print(json.dumps(out))
+    from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+    print(json_line(out))
 
 
 if __name__ == "__main__":

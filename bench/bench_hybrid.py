@@ -135,7 +135,8 @@ def main() -> None:
             stale = run(link, cfg, out, args.staleness, args.timeout)
     except PermissionError as e:
         print(f"bench_hybrid: cannot create network namespaces here ({e}); skipped")
-        print(json.dumps({"skipped": str(e)}))
+        from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+        print(json_line({"skipped": str(e)}))
         return
     finally:
         shutil.rmtree(out, ignore_errors=True)
@@ -146,7 +147,8 @@ def main() -> None:
     print(f"  staleness {args.staleness}: {stale['samples_per_s']:9.0f} samples/s  AUC {stale['auc']:.4f}")
     print(f"  bytes sent per step and rank: {base['bytes_per_step'] or 0:,.0f} (k = 0)")
     print(f"  speedup {speedup:.2f}x (target >= 1.3), AUC delta {delta:+.4f} (target within 0.002)")
-    print(json.dumps({"hybrid_speedup": round(speedup, 3), "hybrid_auc_delta": round(delta, 5),
+    from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+    print(json_line({"hybrid_speedup": round(speedup, 3), "hybrid_auc_delta": round(delta, 5),
                       "samples_per_s_k0": round(base["samples_per_s"]), f"samples_per_s_k{args.staleness}":
                       round(stale["samples_per_s"]), "auc_k0": base["auc"], f"auc_k{args.staleness}": stale["auc"],
                       "rate": args.rate, "batch": args.batch, "steps": args.steps}))

@@ -26,7 +26,6 @@ or why nothing ran: the sample is not at ``--data``/criteo).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -156,7 +155,8 @@ def main() -> None:
     if missing:
         reason = f"the Criteo sample is not at {criteo} (missing {missing}; set --data or EMBER_DATA_DIR)"
         print(f"skipped: {reason}")
-        print(json.dumps({**summary("ember", None), **summary("torch", None), **summary("ember_torch_init", None),
+        from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+        print(json_line({**summary("ember", None), **summary("torch", None), **summary("ember_torch_init", None),
                           "skipped": reason}))
         return
     torch.set_num_threads(args.threads)
@@ -172,7 +172,8 @@ def main() -> None:
         out.update(summary(name, aucs))
         print(f"{name:<17} AUC mean {out[f'{name}_auc_mean']:.4f}  std {out[f'{name}_auc_std']:.4f}")
     print(f"{args.seeds} seeds in {time.perf_counter() - t0:.0f} s")
-    print(json.dumps({**out, "seeds": args.seeds, "skipped": None}))
+    from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+    print(json_line({**out, "seeds": args.seeds, "skipped": None}))
 
 
 if __name__ == "__main__":

@@ -407,7 +407,8 @@ def main() -> None:
     width = max(map(len, res))
     for k, v in res.items():
         print(f"{k.ljust(width)}  {v}")
-    print(json.dumps(res))
+    from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+    print(json_line(res))
 
 
 if __name__ == "__main__":

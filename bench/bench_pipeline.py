@@ -427,7 +427,8 @@ def main() -> None:
             print(f"round {r + 1}/{args.rounds}  {run.key:<26} {out['samples_per_s']:>9,.0f} samples/s  "
                   f"(process {out['process_s']:.1f} s{extra})", flush=True)
     shutil.rmtree(args.data_dir / "runs", ignore_errors=True)
-    print(json.dumps(report(args, results, time.perf_counter() - t0)))
+    from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+    print(json_line(report(args, results, time.perf_counter() - t0)))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ ratios, not the seconds.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -62,7 +61,8 @@ def main() -> None:
            "ratio_slice_rank0_vs_all": med["synthetic_slice_rank0_of_2"] / med["synthetic_all"]}
     for k, v in med.items():
         print(f"{k:30s} {v:7.3f} s")
-    print(json.dumps(out))
+    from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+    print(json_line(out))
 
 
 if __name__ == "__main__":

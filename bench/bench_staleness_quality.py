@@ -31,7 +31,6 @@ criteo_ and avazu_ (null when skipped), per-seed values and the planted score's 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
@@ -45,13 +44,6 @@ from ember.source.synthetic import synthetic_records, synthetic_score
 from ember.train.metrics import auc
 
 TOLERANCE = 0.002
-AVAZU_COLUMNS = [
-    "id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id", "app_domain",
-    "app_category", "device_id", "device_ip", "device_model", "device_type", "device_conn_type",
-    "C14", "C15", "C16", "C17", "C18", "C19", "C20", "C21",
-]
-AVAZU_FEATURES = [c for c in AVAZU_COLUMNS if c not in ("id", "click", "hour")]  # id: unique; hour: constant here
-
 ConfigFn = Callable[[int, int], dict[str, Any]]  # (seed, k) -> raw run config
 
 
@@ -74,26 +66,14 @@ def synthetic_config(args: argparse.Namespace) -> ConfigFn:
 
 
 def criteo_config(root: Path) -> ConfigFn:
-    """configs/criteo.yaml with the sample's files under ``root`` (train.tsv; dev.tsv + test.tsv)."""
-    base = benchkit.yaml_config("criteo.yaml")
-    data = {**base["data"], "train": str(root / "train.tsv"), "eval": [str(root / "dev.tsv"), str(root / "test.tsv")]}
-    return lambda seed, k: with_run({**base, "data": data}, seed, k)
+    """configs/criteo.yaml on the shared Criteo sample under ``root``."""
+    raw = benchkit.criteo_sample_config(root)
+    return lambda seed, k: with_run(raw, seed, k)
 
 
 def avazu_config(root: Path) -> ConfigFn:
-    """configs/criteo.yaml's model and training on the Avazu sample under ``root``: every
-    categorical column hashed into its own table (``min_count`` 2), label ``click``."""
-    base = benchkit.yaml_config("criteo.yaml")
-    data = {
-        "format": "csv", "train": str(root / "train.csv"), "eval": [str(root / "dev.csv"), str(root / "test.csv")],
-        "csv": {"header": False, "column_names": AVAZU_COLUMNS}, "on_bad_rows": "skip",
-        **{k: base["data"][k] for k in ("batch_size", "eval_batch_size", "shuffle_buffer")},
-    }
-    raw = {
-        **base, "data": data,
-        "schema": {"labels": ["click"], "sparse": [{"name": f} for f in AVAZU_FEATURES]},
-        "tables": [{"name": f, "min_count": 2} for f in AVAZU_FEATURES],
-    }
+    """configs/criteo.yaml's model and training on the shared Avazu sample under ``root``."""
+    raw = benchkit.avazu_sample_config(root)
     return lambda seed, k: with_run(raw, seed, k)
 
 
@@ -182,7 +162,7 @@ def main() -> None:
     out["synthetic_planted_auc"] = statistics.fmean(planted)
     out["per_seed"] = {name: ({f"k{k}": v for k, v in aucs.items()} if aucs else None) for name, aucs in results.items()}
     out["rows"], out["eval_rows"], out["seconds"] = args.rows, args.eval_rows, time.perf_counter() - t0
-    print(json.dumps(out))
+    print(benchkit.json_line(out))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ window, and one report (AUC sorts the window) over it.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import tempfile
@@ -84,7 +83,8 @@ def main() -> None:
     for k, v in med.items():
         print(f"{k:<16}{v:>20,.0f}")
     print(f"window add (4096 rows): {add_us:.0f} us; report over 1,000,000 rows: {report_ms:.0f} ms")
-    print(json.dumps({"samples_per_s": {k: round(v) for k, v in med.items()},
+    from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+    print(json_line({"samples_per_s": {k: round(v) for k, v in med.items()},
                       "online_over_offline": round(med["online"] / med["offline"], 3),
                       "window_over_online": round(med["online+window"] / med["online"], 3),
                       "window_add_us": round(add_us), "window_report_ms_1m_rows": round(report_ms)}))

@@ -413,7 +413,8 @@ def bench_capacity(args) -> dict:
         "ram_index_gib": round(disk.ram_bytes / 2**30, 2), "rss_mib": rss_mib(),
         "max_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
-    print(json.dumps(res, indent=1))
+    from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+    print(json_line(res, indent=1))
     if not args.keep:
         shutil.rmtree(root, ignore_errors=True)
     else:
@@ -453,7 +454,8 @@ def main() -> None:
         a2 = argparse.Namespace(**{**vars(args), "rows": args.rows or 625_000_000, "batch": args.batch or 65536,
                                    "steps": args.steps or 2000})
         out["capacity"] = bench_capacity(a2)
-    print(json.dumps(out))
+    from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+    print(json_line(out))
 
 
 if __name__ == "__main__":

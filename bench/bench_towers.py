@@ -86,7 +86,8 @@ def main() -> None:
     ap.add_argument("--nproc-per-node", type=int, default=2)
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench_towers-") as out:
-        print(json.dumps(measure_towers(Path(out), args.batch, args.steps, args.nproc_per_node)))
+        from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+        print(json_line(measure_towers(Path(out), args.batch, args.steps, args.nproc_per_node)))
 
 
 if __name__ == "__main__":

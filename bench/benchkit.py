@@ -5,7 +5,11 @@
   and reused while its parameters stay the same;
 - ``run_training``: ``ember.train.loop.train`` on a raw config in a scratch run directory;
 - ``yaml_config``: a config file of ``configs/`` as a raw dict, to modify before validating;
-- ``shared_data_dir``, ``spread``, ``print_table``: the real data samples, summaries, output.
+- ``shared_data_dir``, ``criteo_sample_config``, ``avazu_sample_config``: the real data samples
+  and configs/criteo.yaml's model on each;
+- ``spread``, ``print_table``: summaries and output;
+- ``machine``, ``json_line``: the CPU model and its bf16 support, which every benchmark's final
+  JSON line records (figures from different CPUs are never one comparison).
 
 The scripts import this module as a sibling (``python bench/bench_x.py`` puts ``bench/`` first on
 ``sys.path``), after ``import ember`` so that ember's OpenMP setting precedes torch.
@@ -28,13 +32,41 @@ import ember  # noqa: F401  # before torch: ember shortens libgomp's spin-wait (
 from ember.batch import Batch
 from ember.config import from_dict
 from ember.train.loop import RunResult, train
+from ember.train.precision import cpu_bf16, cpu_model
 
 __all__ = [
     "REPO", "dlrm_config", "ensure_synthetic_files", "run_training", "shared_data_dir", "spread",
-    "print_table", "criteo_synthetic_options", "yaml_config",
+    "print_table", "criteo_synthetic_options", "yaml_config", "machine", "json_line", "criteo_sample_config",
+    "avazu_sample_config", "AVAZU_COLUMNS", "AVAZU_FEATURES",
 ]
 
 REPO = Path(__file__).resolve().parents[1]
+AVAZU_COLUMNS = [
+    "id", "click", "hour", "C1", "banner_pos", "site_id", "site_domain", "site_category", "app_id", "app_domain",
+    "app_category", "device_id", "device_ip", "device_model", "device_type", "device_conn_type",
+    "C14", "C15", "C16", "C17", "C18", "C19", "C20", "C21",
+]
+AVAZU_FEATURES = [c for c in AVAZU_COLUMNS if c not in ("id", "click", "hour")]  # id: unique; hour: constant here
+
+
+def machine() -> dict[str, Any]:
+    """Where a figure was measured: the CPU model, its logical CPUs, its native-bf16 features
+    (``amx_bf16`` / ``avx512_bf16``; bf16 matmuls are emulated and slow without them) and
+    torch's SIMD level.
+
+    Example:
+        >>> sorted(machine())
+        ['bf16', 'cpu', 'cpu_capability', 'cpus']
+    """
+    import torch
+
+    return {"cpu": cpu_model(), "cpus": os.cpu_count(), "bf16": cpu_bf16(),
+            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def json_line(record: dict[str, Any], **dumps: Any) -> str:
+    """A benchmark's final JSON line: ``record`` with ``machine()`` under the key ``machine``."""
+    return json.dumps({**record, "machine": machine()}, **dumps)
 
 
 def shared_data_dir() -> Path:
@@ -126,6 +158,31 @@ def run_training(raw: dict[str, Any], out_dir: Path, name: str, keep: bool = Fal
     if not keep:
         shutil.rmtree(result.run_dir, ignore_errors=True)
     return result
+
+
+def criteo_sample_config(root: Path) -> dict[str, Any]:
+    """configs/criteo.yaml on the shared Criteo sample under ``root`` (train.tsv; eval on dev.tsv
+    + test.tsv)."""
+    base = yaml_config("criteo.yaml")
+    data = {**base["data"], "train": str(root / "train.tsv"), "eval": [str(root / "dev.tsv"), str(root / "test.tsv")]}
+    return {**base, "data": data}
+
+
+def avazu_sample_config(root: Path) -> dict[str, Any]:
+    """configs/criteo.yaml's model and training on the shared Avazu sample under ``root``: every
+    categorical column hashed into its own table (``min_count`` 2), label ``click``; the header
+    line of train.csv is read as a bad row and skipped, since dev/test have none."""
+    base = yaml_config("criteo.yaml")
+    data = {
+        "format": "csv", "train": str(root / "train.csv"), "eval": [str(root / "dev.csv"), str(root / "test.csv")],
+        "csv": {"header": False, "column_names": AVAZU_COLUMNS}, "on_bad_rows": "skip",
+        **{k: base["data"][k] for k in ("batch_size", "eval_batch_size", "shuffle_buffer")},
+    }
+    return {
+        **base, "data": data,
+        "schema": {"labels": ["click"], "sparse": [{"name": f} for f in AVAZU_FEATURES]},
+        "tables": [{"name": f, "min_count": 2} for f in AVAZU_FEATURES],
+    }
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:

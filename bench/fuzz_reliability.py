@@ -109,7 +109,8 @@ def main() -> None:
     unguarded = sum(1 for r in results if r["outcome"] == "undetected_change"
                     and (r.get("format") == "orc" or not r.get("checksummed", True)))
     surfaces = _surfaces(args.seed, args.surfaces) if args.surfaces else {}
-    print(json.dumps({
+    from benchkit import json_line  # the machine (CPU model, bf16) in the final line
+    print(json_line({
         **surfaces,
         "seed": args.seed, "inputs": totals["inputs"], "clear_errors": totals["clear_error"],
         "counted_skips": totals["counted_skip"], "clean_reads": totals["clean_read"],

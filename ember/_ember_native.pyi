@@ -93,3 +93,17 @@ def rowwise_adagrad(
     eps: float,
     /,
 ) -> None: ...
+
+# categorical hashing straight from an Arrow array's buffers (any bytes-like object: pyarrow
+# Buffers as they are): validity bitmap or b"" (no nulls), string offsets int32 (width 4) or
+# int64 (width 8) and their bytes, or integers of width 1/2/4/8 bytes; n values from element
+# off; out int64 [n], out_valid bool [n]; returns the number of nulls
+def arrow_hash_strings(offsets: object, data: object, validity: object, off: int, n: int, width: int, salt: int,
+                       out: np.ndarray, out_valid: np.ndarray, /) -> int: ...
+def arrow_hash_ints(values: object, validity: object, off: int, n: int, width: int, signed: bool, salt: int,
+                    out: np.ndarray, out_valid: np.ndarray, /) -> int: ...
+
+# decimal integer IDs from a string array's buffers (as arrow_hash_strings): out int64 [n], state
+# uint8 [n] (0 ID, 1 missing, 2 bad); returns the bad count, or -1 for a byte other than 0-9 or -
+def arrow_parse_ints(offsets: object, data: object, validity: object, off: int, n: int, width: int, out: np.ndarray,
+                     state: np.ndarray, /) -> int: ...

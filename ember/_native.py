@@ -34,12 +34,14 @@ from types import ModuleType
 from typing import Callable, Sequence, TypeVar
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 from ember.mix import mix64
 
 __all__ = [
-    "chunks", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
+    "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
     "bf16_pack_sr", "gather_rows", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
@@ -648,9 +650,200 @@ def _unique_segments_py(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray
     return cat(uniqs), cat(inverses), np.asarray(counts, dtype=np.int64)
 
 
-# ---- row initialisers (ember.embedding.init) ---------------------------------------------------
+# ---- hashing categorical values from Arrow buffers (ember.featurize.hashing) ------------------
+# An Arrow array's buffers as they are (pyarrow.Buffer, or any bytes-like object): validity a
+# bitmap (bit off+i set = value i present; b"" = no nulls), string offsets int32 (width 4) or
+# int64 (width 8) and their bytes, or fixed-width integers. Nothing passes through Python
+# objects. A null is hashed as 0 / "" and flagged in out_valid; the hash is hashing.py's.
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_MASK64 = (1 << 64) - 1
+_LONG_BYTES = 4096  # strings longer than this are hashed one by one (see hash_utf8_buffers)
+
+
+def _mix64_int(z: int) -> int:
+    """``mix64`` of one Python int (for the word loop of a single long string)."""
+    z ^= z >> 30
+    z = (z * 0xBF58476D1CE4E5B9) & _MASK64
+    z ^= z >> 27
+    z = (z * 0x94D049BB133111EB) & _MASK64
+    return z ^ (z >> 31)
+
+
+def hash_utf8_buffers(offsets: np.ndarray, data: np.ndarray, salt: np.uint64, long_bytes: int = _LONG_BYTES) -> np.ndarray:
+    """Hash each string ``data[offsets[i]:offsets[i+1]]`` with numpy: ``h = mix64(salt ^
+    (len+1)*golden)``, then ``h = mix64(h ^ word)`` over its little-endian 8-byte words (the last
+    zero-padded). The reference of the string kernel (and ``hash_strings``'s own path).
+
+    Strings are hashed side by side, one numpy step per word position, so the steps number the
+    longest string's words. A string over ``long_bytes`` (a 2 MiB token in a CSV line) would make
+    that hundreds of thousands of steps for one value: those are hashed one by one with Python
+    ints instead (same result, about 1 s per 4 MiB), and the shared steps stop at ``long_bytes``.
+    """
+    starts = offsets[:-1].astype(np.int64)
+    lens = (offsets[1:] - offsets[:-1]).astype(np.int64)
+    h = mix64(salt ^ ((lens.astype(np.uint64) + np.uint64(1)) * _GOLDEN))
+    if lens.size == 0:
+        return h.view(np.int64)
+    long = lens > long_bytes
+    nwords = np.where(long, 0, (lens + 7) // 8)
+    padded = np.concatenate([data, np.zeros(8, dtype=np.uint8)])
+    # words[i] is the little-endian uint64 made of bytes i..i+7: an unaligned strided view, so
+    # gathering one word per string is a single fancy-index.
+    words = np.ndarray((padded.size - 7,), dtype="<u8", buffer=padded, strides=(1,))
+    for j in range(int(nwords.max())):
+        active = np.flatnonzero(nwords > j) if j else np.flatnonzero(nwords > 0)
+        word = words[starts[active] + 8 * j].astype(np.uint64)
+        remaining = lens[active] - 8 * j
+        short = remaining < 8  # bytes past the end of the string belong to the next one
+        if short.any():
+            keep = (np.uint64(1) << (remaining[short].astype(np.uint64) * np.uint64(8))) - np.uint64(1)
+            word[short] &= keep
+        h[active] = mix64(h[active] ^ word)
+    for i in np.flatnonzero(long):
+        a, n = int(starts[i]), int(lens[i])
+        chunk = np.zeros(-(-n // 8) * 8, dtype=np.uint8)
+        chunk[:n] = data[a : a + n]
+        z = int(h[i])
+        for w in chunk.view("<u8").tolist():
+            z = _mix64_int(z ^ w)
+        h[i] = np.uint64(z)
+    return h.view(np.int64)
+
+
+def _present(validity: object, off: int, n: int) -> np.ndarray:
+    """bool [n]: the validity bitmap's bits off..off+n-1 (all True for an empty bitmap)."""
+    bits = np.frombuffer(validity, np.uint8)  # type: ignore[call-overload]
+    if bits.size == 0:
+        return np.ones(n, dtype=bool)
+    if bits.size * 8 < off + n:
+        raise ValueError("arrow hash: the validity bitmap is shorter than off + n bits")
+    return np.unpackbits(bits, count=off + n, bitorder="little")[off:].astype(bool)
+
+
+def _check_out(n: int, out: np.ndarray, out_valid: np.ndarray) -> None:
+    if out.dtype != np.int64 or out.shape != (n,) or out_valid.dtype != np.bool_ or out_valid.shape != (n,):
+        raise ValueError("arrow hash: out must be int64 [n] and out_valid bool [n]")
+
+
+def arrow_hash_strings(offsets: object, data: object, validity: object, off: int, n: int, width: int, salt: int,
+                       out: np.ndarray, out_valid: np.ndarray) -> int:
+    """Hash the n strings of an Arrow (large_)string or binary array from its buffers into
+    ``out`` (int64 [n]) and flag its present values in ``out_valid`` (bool [n]); returns the
+    number of nulls. ``offsets``: int32 (``width`` 4) or int64 (8) offsets, from element ``off``;
+    ``data``: the bytes (b"" when there are none); ``validity``: the bitmap or b"".
+    Runs on several threads when the call is large enough."""
+    _check_out(n, out, out_valid)
+    core = _core
+    if core is None:
+        return _arrow_hash_strings_py(offsets, data, validity, off, n, width, salt, out, out_valid)
+
+    def part(lo: int, hi: int) -> int:
+        return core.arrow_hash_strings(offsets, data, validity, off + lo, hi - lo, width, salt, out[lo:hi], out_valid[lo:hi])
+
+    return sum(run_chunks(part, chunks(np.ones(n, np.int8)) if n >= 2 * MIN_PARALLEL_ROWS else [(0, n)]))
+
+
+def _arrow_hash_strings_py(offsets: object, data: object, validity: object, off: int, n: int, width: int, salt: int,
+                           out: np.ndarray, out_valid: np.ndarray) -> int:
+    # the reference: each distinct value hashed once (dictionary encoding), with numpy
+    _check_out(n, out, out_valid)
+    if width not in (4, 8):
+        raise ValueError("arrow_hash_strings: width must be 4 (int32 offsets) or 8 (int64)")
+    present = _present(validity, off, n)
+    arr = pa.Array.from_buffers(pa.large_binary() if width == 8 else pa.binary(), n,
+                                [None, pa.py_buffer(offsets), pa.py_buffer(data)], offset=off)
+    try:
+        arr.validate(full=True)
+    except pa.ArrowInvalid as e:
+        raise ValueError(f"arrow_hash_strings: offsets out of the data's range ({e})") from None
+    key = np.uint64(salt)
+    if not present.all():  # a null is hashed as ""
+        arr = pc.if_else(pa.array(present), arr, pa.scalar(b"", arr.type))
+    enc = pc.dictionary_encode(arr)
+    dic = enc.dictionary
+    bufs = dic.buffers()
+    doffs = np.frombuffer(bufs[1], np.int64 if width == 8 else np.int32)[dic.offset : dic.offset + len(dic) + 1].astype(np.int64)
+    ddata = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
+    if len(dic):
+        ddata, doffs = ddata[int(doffs[0]) : int(doffs[-1])], doffs - doffs[0]
+    ids = hash_utf8_buffers(doffs, ddata, key)
+    out[:] = ids[enc.indices.to_numpy(zero_copy_only=False)] if n else 0
+    out_valid[:] = present
+    return int(n - present.sum())
+
+
+def arrow_hash_ints(values: object, validity: object, off: int, n: int, width: int, signed: bool, salt: int,
+                    out: np.ndarray, out_valid: np.ndarray) -> int:
+    """Hash the n integers of an Arrow integer array (``width`` 1, 2, 4 or 8 bytes, ``signed``
+    or not; sign- or zero-extended to 64 bits) from its buffers: ``mix64(v ^ salt)`` into
+    ``out`` (int64 [n]), present values flagged in ``out_valid``; returns the number of nulls."""
+    _check_out(n, out, out_valid)
+    core = _core
+    if core is None:
+        return _arrow_hash_ints_py(values, validity, off, n, width, signed, salt, out, out_valid)
+
+    def part(lo: int, hi: int) -> int:
+        return core.arrow_hash_ints(values, validity, off + lo, hi - lo, width, signed, salt, out[lo:hi], out_valid[lo:hi])
+
+    return sum(run_chunks(part, chunks(np.ones(n, np.int8)) if n >= 2 * MIN_PARALLEL_ROWS else [(0, n)]))
+
+
+def _arrow_hash_ints_py(values: object, validity: object, off: int, n: int, width: int, signed: bool, salt: int,
+                        out: np.ndarray, out_valid: np.ndarray) -> int:
+    _check_out(n, out, out_valid)
+    if width not in (1, 2, 4, 8):
+        raise ValueError("arrow_hash_ints: width must be 1, 2, 4 or 8 bytes")
+    present = _present(validity, off, n)
+    v = np.frombuffer(values, np.dtype(f"{'i' if signed else 'u'}{width}"), count=off + n)[off:]  # type: ignore[call-overload]
+    v = np.where(present, v.astype(np.int64), 0)  # sign- or zero-extended; uint64 keeps its bits
+    out[:] = mix64(v.view(np.uint64) ^ np.uint64(salt)).view(np.int64)
+    out_valid[:] = present
+    return int(n - present.sum())
+
+
+_INT_TOKEN = r"^-?\d{1,19}$"
+
+
+def arrow_parse_ints(offsets: object, data: object, validity: object, off: int, n: int, width: int, out: np.ndarray,
+                     state: np.ndarray) -> int:
+    """Decimal integer IDs from an Arrow string array's buffers (as ``arrow_hash_strings`` takes
+    them) into ``out`` (int64 [n]), with ``state`` (uint8 [n]) 0 for an ID (``-?`` and 1-19
+    digits, within int64), 1 for a missing value (null or empty), 2 for a bad one (``out`` 0
+    then). Returns the number of bad values, or -1 when a present value holds a byte other than
+    a digit or ``-`` (blanks, ``+``, ...): the caller then parses the column its general way."""
+    if out.dtype != np.int64 or out.shape != (n,) or state.dtype != np.uint8 or state.shape != (n,):
+        raise ValueError("arrow_parse_ints: out must be int64 [n] and state uint8 [n]")
+    if _core is None:
+        return _arrow_parse_ints_py(offsets, data, validity, off, n, width, out, state)
+    return _core.arrow_parse_ints(offsets, data, validity, off, n, width, out, state)
+
+
+def _arrow_parse_ints_py(offsets: object, data: object, validity: object, off: int, n: int, width: int, out: np.ndarray,
+                         state: np.ndarray) -> int:
+    if width not in (4, 8):
+        raise ValueError("arrow_parse_ints: width must be 4 (int32 offsets) or 8 (int64)")
+    present = _present(validity, off, n)
+    arr = pa.Array.from_buffers(pa.large_binary() if width == 8 else pa.binary(), n,
+                                [None, pa.py_buffer(offsets), pa.py_buffer(data)], offset=off)
+    try:
+        arr.validate(full=True)
+    except pa.ArrowInvalid as e:
+        raise ValueError(f"arrow_parse_ints: offsets out of the data's range ({e})") from None
+    plain = np.asarray(pc.match_substring_regex(arr, r"^[-0-9]*$"), dtype=bool)
+    if (present & ~plain).any():
+        return -1
+    missing = ~present | (np.asarray(pc.binary_length(arr), dtype=np.int64) == 0)
+    ok = np.asarray(pc.match_substring_regex(arr, _INT_TOKEN), dtype=bool) & ~missing
+    for i in np.flatnonzero(ok & (np.asarray(pc.binary_length(arr), dtype=np.int64) >= 19)):
+        ok[i] = -(2**63) <= int(arr[int(i)].as_py()) < 2**63  # 19 digits may pass int64's range
+    text = pc.if_else(pa.array(ok), arr, pa.scalar(b"0", arr.type)).cast(pa.large_string() if width == 8 else pa.string())
+    out[:] = np.asarray(pc.cast(text, pa.int64()), dtype=np.int64)
+    state[:] = np.where(missing, 1, np.where(ok, 0, 2))
+    return int((state == 2).sum())
+
+
+# ---- row initialisers (ember.embedding.init) ---------------------------------------------------
 
 
 def uniform01(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float | np.ndarray = 1.0,

@@ -886,9 +886,207 @@ done:
     return res;
 }
 
+/* ---- hashing categorical values straight from Arrow's buffers (ember.featurize.hashing) ------
+ * An Arrow array of n values starting at element `off` of its buffers: validity a bitmap (bit
+ * off+i set = value i present; an empty buffer = no nulls), then the values. The hash is
+ * ember.featurize.hashing's exactly: an integer v (sign- or zero-extended to 64 bits) gets
+ * mix64(v ^ salt); a string of len bytes h = mix64(salt ^ (len + 1) * GOLDEN), then
+ * h = mix64(h ^ w) over its little-endian 8-byte words (the last zero-padded). A null is hashed
+ * as 0 or "" and flagged in out_valid (0); the return value is the number of nulls. */
+
+static inline uint64_t load_le64(const uint8_t *p) {
+    uint64_t w;
+    memcpy(&w, p, 8);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    w = __builtin_bswap64(w);
+#endif
+    return w;
+}
+
+static int check_validity(Py_buffer *valid, Py_ssize_t off, Py_ssize_t n, Py_buffer *out, Py_buffer *ok) {
+    if (off < 0 || n < 0 || (valid->len != 0 && valid->len * 8 < off + n) || out->len != n * 8 || ok->len != n) {
+        PyErr_SetString(PyExc_ValueError, "ember native arrow hash: validity must cover off + n bits (or be empty), "
+                                          "out int64[n], out_valid bool[n]");
+        return 0;
+    }
+    return 1;
+}
+
+static PyObject *arrow_hash_strings(PyObject *self, PyObject *args) {
+    Py_buffer offs, data, valid, out, ok;
+    Py_ssize_t off, n, width;
+    unsigned long long salt;
+    if (!PyArg_ParseTuple(args, "y*y*y*nnnKw*w*", &offs, &data, &valid, &off, &n, &width, &salt, &out, &ok)) return NULL;
+    PyObject *res = NULL;
+    if (!check_validity(&valid, off, n, &out, &ok)) goto done;
+    if ((width != 4 && width != 8) || offs.len < (off + n + 1) * width) {
+        PyErr_SetString(PyExc_ValueError, "ember native arrow_hash_strings: offsets int32 or int64 (width 4 or 8) of at least off + n + 1 entries");
+        goto done;
+    }
+    {
+        const uint8_t *d = data.buf, *vb = valid.buf;
+        const int32_t *o4 = offs.buf;
+        const int64_t *o8 = offs.buf;
+        int64_t *h = out.buf;
+        uint8_t *okp = ok.buf;
+        Py_ssize_t nulls = 0, bad = -1, dlen = data.len;
+        int has_valid = valid.len != 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t j = off + i;
+            int present = !has_valid || ((vb[j >> 3] >> (j & 7)) & 1);
+            int64_t a = width == 4 ? (int64_t)o4[j] : o8[j];
+            int64_t b = width == 4 ? (int64_t)o4[j + 1] : o8[j + 1];
+            if (!present) { b = a; nulls++; }
+            if (a < 0 || b < a || b > dlen) { bad = i; break; }
+            uint64_t len = (uint64_t)(b - a), z = mix64(salt ^ ((len + 1) * 0x9E3779B97F4A7C15ULL));
+            const uint8_t *p = d + a;
+            uint64_t k = 0;
+            for (; k + 8 <= len; k += 8) z = mix64(z ^ load_le64(p + k));
+            if (k < len) {
+                uint64_t w = 0;
+                for (uint64_t c = 0; k + c < len; c++) w |= (uint64_t)p[k + c] << (8 * c);
+                z = mix64(z ^ w);
+            }
+            h[i] = (int64_t)z;
+            okp[i] = (uint8_t)present;
+        }
+        Py_END_ALLOW_THREADS
+        if (bad >= 0) {
+            PyErr_Format(PyExc_ValueError, "ember native arrow_hash_strings: offsets of value %zd out of the data's range", bad);
+            goto done;
+        }
+        res = PyLong_FromSsize_t(nulls);
+    }
+done:
+    PyBuffer_Release(&offs); PyBuffer_Release(&data); PyBuffer_Release(&valid); PyBuffer_Release(&out); PyBuffer_Release(&ok);
+    return res;
+}
+
+static PyObject *arrow_hash_ints(PyObject *self, PyObject *args) {
+    Py_buffer vals, valid, out, ok;
+    Py_ssize_t off, n, width;
+    int is_signed;
+    unsigned long long salt;
+    if (!PyArg_ParseTuple(args, "y*y*nnnpKw*w*", &vals, &valid, &off, &n, &width, &is_signed, &salt, &out, &ok)) return NULL;
+    PyObject *res = NULL;
+    if (!check_validity(&valid, off, n, &out, &ok)) goto done;
+    if ((width != 1 && width != 2 && width != 4 && width != 8) || vals.len < (off + n) * width) {
+        PyErr_SetString(PyExc_ValueError, "ember native arrow_hash_ints: values of width 1, 2, 4 or 8 bytes, at least off + n of them");
+        goto done;
+    }
+    {
+        const uint8_t *vb = valid.buf, *raw = vals.buf;
+        int64_t *h = out.buf;
+        uint8_t *okp = ok.buf;
+        Py_ssize_t nulls = 0;
+        int has_valid = valid.len != 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t j = off + i;
+            int present = !has_valid || ((vb[j >> 3] >> (j & 7)) & 1);
+            uint64_t v = 0;
+            if (present) {
+                switch (width) {
+                case 1: v = is_signed ? (uint64_t)(int64_t)((const int8_t *)raw)[j] : ((const uint8_t *)raw)[j]; break;
+                case 2: v = is_signed ? (uint64_t)(int64_t)((const int16_t *)raw)[j] : ((const uint16_t *)raw)[j]; break;
+                case 4: v = is_signed ? (uint64_t)(int64_t)((const int32_t *)raw)[j] : ((const uint32_t *)raw)[j]; break;
+                default: v = ((const uint64_t *)raw)[j]; break;
+                }
+            } else {
+                nulls++;
+            }
+            h[i] = (int64_t)mix64(v ^ salt);
+            okp[i] = (uint8_t)present;
+        }
+        Py_END_ALLOW_THREADS
+        res = PyLong_FromSsize_t(nulls);
+    }
+done:
+    PyBuffer_Release(&vals); PyBuffer_Release(&valid); PyBuffer_Release(&out); PyBuffer_Release(&ok);
+    return res;
+}
+
+/* Decimal integer IDs from an Arrow string array's buffers (ember.featurize.transforms.parse_ints
+ * on a CSV column): a value is missing (state 1) when null or empty, an ID (state 0) when it is
+ * -?[0-9]{1,19} within int64, else bad (state 2); out = the ID, 0 otherwise. A byte other than
+ * a digit or '-' anywhere returns -1 at once: blanks, '+' and the rest are the reference's to
+ * judge (Unicode whitespace trimming, the regex). Else returns the number of bad values. */
+static PyObject *arrow_parse_ints(PyObject *self, PyObject *args) {
+    Py_buffer offs, data, valid, out, state;
+    Py_ssize_t off, n, width;
+    if (!PyArg_ParseTuple(args, "y*y*y*nnnw*w*", &offs, &data, &valid, &off, &n, &width, &out, &state)) return NULL;
+    PyObject *res = NULL;
+    if (off < 0 || n < 0 || (valid.len != 0 && valid.len * 8 < off + n) || out.len != n * 8 || state.len != n ||
+        (width != 4 && width != 8) || offs.len < (off + n + 1) * width) {
+        PyErr_SetString(PyExc_ValueError, "ember native arrow_parse_ints: offsets int32/int64 (width 4/8) of off + n + 1 "
+                                          "entries, validity covering off + n bits (or empty), out int64[n], state uint8[n]");
+        goto done;
+    }
+    {
+        const uint8_t *d = data.buf, *vb = valid.buf;
+        const int32_t *o4 = offs.buf;
+        const int64_t *o8 = offs.buf;
+        int64_t *x = out.buf;
+        uint8_t *st = state.buf;
+        Py_ssize_t bad = 0, range_err = -1, dlen = data.len;
+        int foreign = 0, has_valid = valid.len != 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t j = off + i;
+            int64_t a = width == 4 ? (int64_t)o4[j] : o8[j];
+            int64_t b = width == 4 ? (int64_t)o4[j + 1] : o8[j + 1];
+            x[i] = 0;
+            if (has_valid && !((vb[j >> 3] >> (j & 7)) & 1)) { st[i] = 1; continue; }
+            if (a < 0 || b < a || b > dlen) { range_err = i; break; }
+            if (a == b) { st[i] = 1; continue; }
+            const uint8_t *p = d + a, *e = d + b;
+            int neg = *p == '-';
+            if (neg) p++;
+            uint64_t v = 0;
+            int digits = 0, ok = p < e;
+            for (; p < e; p++) {
+                unsigned c = *p;
+                if (c - '0' <= 9u) {
+                    if (++digits <= 19) v = v * 10 + (c - '0');  /* 19 digits < 2^64: no wrap */
+                } else if (c == '-') {
+                    ok = 0;  /* a '-' not in front: bad, as the regex says */
+                } else {
+                    foreign = 1;
+                    break;
+                }
+            }
+            if (foreign) break;
+            ok = ok && digits >= 1 && digits <= 19 && v <= (neg ? 9223372036854775808ULL : 9223372036854775807ULL);
+            if (ok) {
+                x[i] = neg ? (int64_t)(0 - v) : (int64_t)v;
+                st[i] = 0;
+            } else {
+                st[i] = 2;
+                bad++;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        if (range_err >= 0) {
+            PyErr_Format(PyExc_ValueError, "ember native arrow_parse_ints: offsets of value %zd out of the data's range", range_err);
+            goto done;
+        }
+        res = PyLong_FromSsize_t(foreign ? -1 : bad);
+    }
+done:
+    PyBuffer_Release(&offs); PyBuffer_Release(&data); PyBuffer_Release(&valid); PyBuffer_Release(&out); PyBuffer_Release(&state);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     /* "name(arguments) -> result": ember/_ember_native.pyi and tests/native/test_stub.py rely on
      * these (names and count of arguments, "=" for optional ones, as PyArg_ParseTuple parses) */
+    {"arrow_hash_strings", arrow_hash_strings, METH_VARARGS,
+     "arrow_hash_strings(offsets, data, validity, off, n, width, salt, out, out_valid) -> nulls"},
+    {"arrow_hash_ints", arrow_hash_ints, METH_VARARGS,
+     "arrow_hash_ints(values, validity, off, n, width, signed, salt, out, out_valid) -> nulls"},
+    {"arrow_parse_ints", arrow_parse_ints, METH_VARARGS,
+     "arrow_parse_ints(offsets, data, validity, off, n, width, out, state) -> bad or -1"},
     {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r) -> found"},
     {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, r) -> inserted"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim) -> None"},

@@ -13,10 +13,14 @@ finaliser, :func:`ember.source.mix.mix64`, identical to ``ember.tiers.key_index.
   then for each 8-byte word ``w_j`` of ``b`` (little-endian, the last word zero-padded):
   ``h = mix64(h ^ w_j)``. The result is viewed as int64.
 
-Strings are hashed over the *distinct* values of a batch only (``pyarrow.compute
-.dictionary_encode``, then a take by indices), eight bytes per vectorised numpy step, so a batch
-of 8-hex-digit Criteo values costs two passes over its dictionary. Integers are hashed directly:
-the mix is cheaper than finding the distinct values. Note that the integer 7 and the string "7"
+:func:`hash_array` hashes straight from the Arrow array's buffers (validity bitmap, offsets and
+bytes, or fixed-width integers) in the native core (``ember._native.arrow_hash_strings`` /
+``arrow_hash_ints``): no Python objects, no copies, one pass. Without the native core
+(``EMBER_NATIVE=0`` or not built) the same wrappers run the reference: strings hashed over the
+*distinct* values of a batch only (``pyarrow.compute.dictionary_encode``, then a take by
+indices), eight bytes per vectorised numpy step; integers mixed with numpy.
+:func:`hash_array_reference` is the earlier, array-level path, kept as the slow reference the
+fast one is tested against. Note that the integer 7 and the string "7"
 get different IDs: a column keeps its kind across files of one dataset (CSV columns are strings).
 
 Missing values (nulls) get no ID at all: :func:`hash_array` returns them as a mask, and the
@@ -33,19 +37,21 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ember import _native
+from ember._native import hash_utf8_buffers
 from ember.mix import mix64
 
-__all__ = ["salt_key", "hash_ints", "hash_strings", "hash_array"]
-
-_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+__all__ = ["salt_key", "hash_ints", "hash_strings", "hash_array", "hash_array_reference"]
 
 
+@functools.lru_cache(maxsize=4096)
 def salt_key(salt: str) -> np.uint64:
     """The 64-bit key of a salt (first 8 bytes of its blake2b digest, little-endian).
 
@@ -67,60 +73,6 @@ def hash_ints(values: np.ndarray, salt: str) -> np.ndarray:
     """
     v = np.ascontiguousarray(values).astype(np.int64, copy=False).view(np.uint64)
     return mix64(v ^ salt_key(salt)).view(np.int64)
-
-
-_MASK64 = (1 << 64) - 1
-_LONG_BYTES = 4096  # strings longer than this are hashed one by one (see _hash_utf8_buffers)
-
-
-def _mix64_int(z: int) -> int:
-    """``mix64`` of one Python int (for the word loop of a single long string)."""
-    z ^= z >> 30
-    z = (z * 0xBF58476D1CE4E5B9) & _MASK64
-    z ^= z >> 27
-    z = (z * 0x94D049BB133111EB) & _MASK64
-    return z ^ (z >> 31)
-
-
-def _hash_utf8_buffers(offsets: np.ndarray, data: np.ndarray, salt: np.uint64,
-                       long_bytes: int = _LONG_BYTES) -> np.ndarray:
-    """Hash each string ``data[offsets[i]:offsets[i+1]]``: ``h = mix64(salt ^ (len+1)*golden)``,
-    then ``h = mix64(h ^ word)`` over its little-endian 8-byte words (the last zero-padded).
-
-    Strings are hashed side by side, one numpy step per word position, so the steps number the
-    longest string's words. A string over ``long_bytes`` (a 2 MiB token in a CSV line) would make
-    that hundreds of thousands of steps for one value: those are hashed one by one with Python
-    ints instead (same result, about 1 s per 4 MiB), and the shared steps stop at ``long_bytes``.
-    """
-    starts = offsets[:-1].astype(np.int64)
-    lens = (offsets[1:] - offsets[:-1]).astype(np.int64)
-    h = mix64(salt ^ ((lens.astype(np.uint64) + np.uint64(1)) * _GOLDEN))
-    if lens.size == 0:
-        return h.view(np.int64)
-    long = lens > long_bytes
-    nwords = np.where(long, 0, (lens + 7) // 8)
-    padded = np.concatenate([data, np.zeros(8, dtype=np.uint8)])
-    # words[i] is the little-endian uint64 made of bytes i..i+7: an unaligned strided view, so
-    # gathering one word per string is a single fancy-index.
-    words = np.ndarray((padded.size - 7,), dtype="<u8", buffer=padded, strides=(1,))
-    for j in range(int(nwords.max())):
-        active = np.flatnonzero(nwords > j) if j else np.flatnonzero(nwords > 0)
-        word = words[starts[active] + 8 * j].astype(np.uint64)
-        remaining = lens[active] - 8 * j
-        short = remaining < 8  # bytes past the end of the string belong to the next one
-        if short.any():
-            keep = (np.uint64(1) << (remaining[short].astype(np.uint64) * np.uint64(8))) - np.uint64(1)
-            word[short] &= keep
-        h[active] = mix64(h[active] ^ word)
-    for i in np.flatnonzero(long):
-        a, n = int(starts[i]), int(lens[i])
-        chunk = np.zeros(-(-n // 8) * 8, dtype=np.uint8)
-        chunk[:n] = data[a : a + n]
-        z = int(h[i])
-        for w in chunk.view("<u8").tolist():
-            z = _mix64_int(z ^ w)
-        h[i] = np.uint64(z)
-    return h.view(np.int64)
 
 
 def hash_strings(values: pa.Array | pa.ChunkedArray, salt: str) -> np.ndarray:
@@ -159,18 +111,52 @@ def hash_strings(values: pa.Array | pa.ChunkedArray, salt: str) -> np.ndarray:
         offsets = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(lens, out=offsets[1:])
         data = data[np.repeat(starts - offsets[:-1], lens) + np.arange(int(offsets[-1]))]
-    return _hash_utf8_buffers(offsets, data, salt_key(salt))
+    return hash_utf8_buffers(offsets, data, salt_key(salt))
+
+
+# offset width of each string type, by type id (hashing a DataType costs more than the hash below)
+_STRINGS = {t.id: w for t, w in ((pa.string(), 4), (pa.binary(), 4), (pa.large_string(), 8), (pa.large_binary(), 8))}
 
 
 def hash_array(values: pa.Array | pa.ChunkedArray, salt: str) -> tuple[np.ndarray, np.ndarray]:
     """Hash a flat arrow array of strings or integers to ``(ids int64 [N], valid bool [N])``.
 
-    Strings are dictionary-encoded first so each distinct value is hashed once. Null entries
-    get ``valid=False`` (and an arbitrary ID the caller drops). Sliced and chunked arrays hash
-    exactly like the equivalent plain array.
+    Hashed from the array's buffers (see the module docstring). Null entries get
+    ``valid=False`` (and an arbitrary ID the caller drops). Sliced and chunked arrays hash
+    exactly like the equivalent plain array; the IDs of present values equal
+    :func:`hash_array_reference`'s.
     """
     if isinstance(values, pa.ChunkedArray):  # chunk by chunk: no copy, no 2 GiB offset limit
         parts = [hash_array(c, salt) for c in values.chunks]
+        if not parts:
+            return np.zeros(0, np.int64), np.zeros(0, bool)
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    t = values.type
+    if pa.types.is_dictionary(t):
+        values = values.cast(t.value_type)
+        t = values.type
+    n = len(values)
+    width = _STRINGS.get(t.id)
+    if width is None and not pa.types.is_integer(t):
+        return hash_array_reference(values, salt)  # booleans; other types raise there
+    ids, valid = np.empty(n, np.int64), np.empty(n, np.bool_)
+    bufs = values.buffers()
+    validity = bufs[0] if bufs[0] is not None and values.null_count else b""
+    key = int(salt_key(salt))
+    if width is not None:
+        _native.arrow_hash_strings(bufs[1], bufs[2] if bufs[2] is not None else b"", validity, values.offset, n, width, key,
+                                   ids, valid)
+    else:
+        _native.arrow_hash_ints(bufs[1], validity, values.offset, n, t.bit_width // 8, pa.types.is_signed_integer(t), key,
+                                ids, valid)
+    return ids, valid
+
+
+def hash_array_reference(values: pa.Array | pa.ChunkedArray, salt: str) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`hash_array` at the array level, the reference the buffer path is tested against:
+    strings are dictionary-encoded first so each distinct value is hashed once, with numpy."""
+    if isinstance(values, pa.ChunkedArray):  # chunk by chunk: no copy, no 2 GiB offset limit
+        parts = [hash_array_reference(c, salt) for c in values.chunks]
         if not parts:
             return np.zeros(0, np.int64), np.zeros(0, bool)
         return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])

@@ -19,6 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ember import _native
+
 __all__ = ["parse_floats", "parse_ints", "is_listed", "dense_transform", "signed_log1p", "row_of", "filter_jagged", "truncate_jagged"]
 
 _NUMBER = r"^[-+]?((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|(?i:nan|inf|infinity))$"
@@ -40,6 +42,9 @@ def parse_floats(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(arr.type.value_type)
     if _is_stringy(arr.type):
+        fast = _buffer_int_floats(arr)
+        if fast is not None:
+            return fast
         arr = pc.if_else(pc.equal(arr, ""), pa.scalar(None, arr.type), arr)  # CSV's empty field: missing
         try:  # fast path: every value parses (nulls stay null)
             values = np.array(pc.cast(arr, pa.float64()).to_numpy(zero_copy_only=False), dtype=np.float64)
@@ -53,6 +58,10 @@ def parse_floats(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             x = pc.cast(pc.if_else(pa.array(ok), s, pa.scalar(None, s.type)), pa.float64())
             values = np.array(x.to_numpy(zero_copy_only=False), dtype=np.float64)  # writable copy
             missing |= np.isnan(values) & ok
+    elif pa.types.is_integer(arr.type) and not arr.null_count:  # the common case: no NaN, no inf to look for
+        values = np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.float64)
+        zeros = np.zeros(len(values), dtype=bool)
+        return values, zeros, zeros.copy()
     elif (pa.types.is_integer(arr.type) or pa.types.is_floating(arr.type) or pa.types.is_boolean(arr.type)
           or pa.types.is_decimal(arr.type)):
         values = arr.cast(pa.float64()).to_numpy(zero_copy_only=False).astype(np.float64, copy=True)
@@ -70,10 +79,16 @@ def parse_ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(arr.type.value_type)
     if pa.types.is_integer(arr.type):
+        if not arr.null_count:  # no fill, and int64 without a copy
+            zeros = np.zeros(len(arr), dtype=bool)
+            return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=np.int64), zeros, zeros.copy()
         missing = np.asarray(arr.is_null(), dtype=bool)
         return arr.fill_null(0).cast(pa.int64()).to_numpy(zero_copy_only=False), missing, np.zeros_like(missing)
     if not _is_stringy(arr.type):
         raise TypeError(f"expected an integer or string column of IDs, got {arr.type}")
+    fast = _buffer_ints(arr)
+    if fast is not None:
+        return fast
     fast = _plain_ints(arr)
     if fast is not None:
         return fast
@@ -90,6 +105,41 @@ def parse_ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         x = pc.cast(pc.if_else(pa.array(ok), s, pa.scalar("0", s.type)), pa.int64())
     bad = ~missing & ~ok
     return x.to_numpy(zero_copy_only=False), missing, bad
+
+
+def _buffer_ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``parse_ints`` of a string column in one pass over its Arrow buffers
+    (``ember._native.arrow_parse_ints``); None when a value holds a byte other than a digit or
+    ``-`` (blanks, signs, text), which the general path judges."""
+    n = len(arr)
+    bufs = arr.buffers()
+    wide = pa.types.is_large_string(arr.type)
+    out, state = np.empty(n, np.int64), np.empty(n, np.uint8)
+    validity = bufs[0] if bufs[0] is not None and arr.null_count else b""
+    if _native.arrow_parse_ints(bufs[1], bufs[2] if bufs[2] is not None else b"", validity, arr.offset, n,
+                                8 if wide else 4, out, state) < 0:
+        return None
+    return out, state == 1, state == 2
+
+
+def _buffer_int_floats(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """``parse_floats`` of a string column of plain integers and empty fields (Criteo's counts)
+    from one pass over its buffers (``_buffer_ints``): int64 -> float64 rounds as Arrow's
+    decimal cast does. None for anything else (decimals, blanks, a "-0" whose sign a float
+    keeps), which the general path parses."""
+    parsed = _buffer_ints(arr)
+    if parsed is None or parsed[2].any():
+        return None
+    x, missing, bad = parsed
+    zeros = np.flatnonzero((x == 0) & ~missing)
+    if zeros.size:  # "-0" is -0.0 to Arrow's cast
+        wide = pa.types.is_large_string(arr.type)
+        offsets = np.frombuffer(arr.buffers()[1], np.int64 if wide else np.int32, count=arr.offset + len(arr) + 1)
+        if (np.frombuffer(arr.buffers()[2], np.uint8)[offsets[arr.offset + zeros]] == ord("-")).any():
+            return None
+    values = x.astype(np.float64)
+    values[missing] = np.nan
+    return values, missing, bad
 
 
 def _plain_ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
@@ -137,6 +187,11 @@ def is_listed(arr: pa.Array, values: list[str]) -> np.ndarray:
     """
     if not values:
         return np.zeros(len(arr), dtype=bool)
+    if "" in values and (_is_stringy(arr.type) or pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)):
+        # the empty value (CSV's empty field) from the offsets alone: no hashing of every value
+        empty = _empty_strings(arr)
+        rest = [v for v in values if v != ""]
+        return empty | is_listed(arr, rest) if rest else empty
     if pa.types.is_integer(arr.type):
         info = np.iinfo(arr.type.to_pandas_dtype())
         ints = [int(v) for v in values if re.fullmatch(_INTEGER, v.strip()) and info.min <= int(v) <= info.max]
@@ -150,6 +205,19 @@ def is_listed(arr: pa.Array, values: list[str]) -> np.ndarray:
     else:
         raise TypeError(f"missing_values: expected a string or integer column, got {arr.type}")
     return np.asarray(pc.fill_null(pc.is_in(arr, value_set=value_set), False), dtype=bool)
+
+
+def _empty_strings(arr: pa.Array) -> np.ndarray:
+    """Mask of the present values of a (large_)string or binary array that are empty."""
+    n = len(arr)
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    wide = pa.types.is_large_string(arr.type) or pa.types.is_large_binary(arr.type)
+    offsets = np.frombuffer(arr.buffers()[1], np.int64 if wide else np.int32, count=arr.offset + n + 1)[arr.offset:]
+    empty = offsets[1:] == offsets[:-1]
+    if arr.null_count:
+        empty &= ~np.asarray(arr.is_null(), dtype=bool)
+    return empty
 
 
 def signed_log1p(x: np.ndarray) -> np.ndarray:
@@ -200,7 +268,14 @@ def row_of(lengths: np.ndarray) -> np.ndarray:
 
 
 def filter_jagged(lengths: np.ndarray, keep: np.ndarray) -> np.ndarray:
-    """New row lengths after dropping the elements where ``keep`` is false."""
+    """New row lengths after dropping the elements where ``keep`` is false.
+
+    Example:
+        >>> filter_jagged(np.array([2, 0, 1]), np.array([True, False, True])).tolist()
+        [1, 0, 1]
+    """
+    if keep.size == lengths.size and (lengths == 1).all():  # one value per row (no separator)
+        return keep.astype(np.int64)
     return np.bincount(row_of(lengths)[keep], minlength=lengths.size).astype(np.int64)
 
 

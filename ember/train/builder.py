@@ -25,7 +25,7 @@ from ember.train.config import DenseOptimizerConfig, EvalConfig
 from ember.train.device import pick_device
 from ember.models.distill import DistillConfig, Distilled, distill_loss
 from ember.train.loss import multitask_bce
-from ember.train.precision import LossScaler, Precision, autocast
+from ember.train.precision import LossScaler, Precision, autocast, resolve
 
 if TYPE_CHECKING:
     from ember.distributed.towers import TowerPlacement
@@ -254,7 +254,7 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
         else:
             ddp = wrap_model(model, dist)
     compiled = _compile(ddp if ddp is not None else model) if t.compile else None  # distributed: compile(DDP(model))
-    return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, precision=t.precision,
+    return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, precision=resolve(t.precision, device),
                       scaler=scaler, compiled=compiled, distill=distill, dense_config=t.dense_optimizer, dist=dist, ddp=ddp,
                       towers=towers, eval_config=cfg.eval)
 

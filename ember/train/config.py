@@ -78,10 +78,11 @@ class TrainConfig(ConfigModel):
     resume: str | None = None  # checkpoint to continue exactly (model, optimizers, data position)
     init_from: str | None = None  # checkpoint whose weights start a finetune (fresh data position)
     progress: bool = True
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "fp32"
     """The model's compute type: bf16 / fp16 run its matmuls under torch.autocast with fp32 master
     weights (fp16 with a dynamic loss scale over dense and embedding gradients); embedding rows,
-    optimizer state and the loss stay fp32."""
+    optimizer state and the loss stay fp32. auto: bf16 where the device computes it natively (CPU
+    AMX-BF16 / AVX512-BF16, a bf16 GPU), else fp32; the choice and its reason are logged."""
     compile: bool = False
     """torch.compile the dense model; a failure to compile is logged and the run goes on uncompiled."""
     early_stopping: EarlyStoppingConfig | None = None  # stop when an eval metric stops improving

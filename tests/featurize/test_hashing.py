@@ -135,9 +135,9 @@ def test_long_strings_hash_one_by_one_to_the_same_ids_quickly():
                    + ["x" * 4097, "y" * 4096, ""])
     off = np.frombuffer(arr.buffers()[1], np.int32).astype(np.int64)
     data = np.frombuffer(arr.buffers()[2], np.uint8)
-    side_by_side = hashing._hash_utf8_buffers(off, data, hashing.salt_key("f"), long_bytes=1 << 40)
+    side_by_side = hashing.hash_utf8_buffers(off, data, hashing.salt_key("f"), long_bytes=1 << 40)
     for long_bytes in (0, 7, 8, 4096):
-        assert (hashing._hash_utf8_buffers(off, data, hashing.salt_key("f"), long_bytes) == side_by_side).all()
+        assert (hashing.hash_utf8_buffers(off, data, hashing.salt_key("f"), long_bytes) == side_by_side).all()
     t = time.perf_counter()
     hashing.hash_strings(pa.array(["h" * (2 << 20)]), "f")
     assert time.perf_counter() - t < 5.0  # was ~20 s

@@ -125,3 +125,41 @@ def test_compile_trains_like_eager(tmp_path):
     assert compiled.parts.compiled is not None  # it compiled, no fallback
     for k, v in eager.parts.model.state_dict().items():
         torch.testing.assert_close(compiled.parts.model.state_dict()[k], v, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("flags, expect", [(["avx512_bf16"], "bf16"), (["amx_bf16", "avx512_bf16"], "bf16"), ([], "fp32")])
+def test_auto_picks_bf16_only_where_the_cpu_computes_it_and_logs_why_once(monkeypatch, caplog, flags, expect):
+    from ember.train import precision
+
+    line = "flags\t\t: fpu sse2 avx2 avx512f " + " ".join(flags) + "\nmodel name\t: Test CPU 9000\n"
+    monkeypatch.setattr(precision, "_cpuinfo", lambda: line)
+    for cached in (precision.cpu_bf16, precision.cpu_model, precision._resolve_logged):
+        cached.cache_clear()
+    try:
+        with caplog.at_level(logging.INFO, logger="ember.train.precision"):
+            assert [precision.resolve("auto", torch.device("cpu")) for _ in range(3)] == [expect] * 3
+            assert precision.resolve("fp32", torch.device("cpu")) == "fp32"  # an explicit setting is kept
+            assert precision.resolve("bf16", torch.device("cpu")) == "bf16"
+        logged = [r.getMessage() for r in caplog.records if "train.precision auto" in r.getMessage()]
+        assert len(logged) == 1 and f"auto: {expect} on cpu" in logged[0] and "Test CPU 9000" in logged[0]
+        assert ("AVX512_BF16" in logged[0]) if flags else ("neither AMX-BF16 nor AVX512-BF16" in logged[0])
+        with precision.autocast(torch.device("cpu"), "auto"):
+            out = torch.nn.Linear(4, 4)(torch.randn(2, 4))
+        assert out.dtype == precision.DTYPES[expect]
+    finally:
+        for cached in (precision.cpu_bf16, precision.cpu_model, precision._resolve_logged):
+            cached.cache_clear()
+
+
+def test_auto_is_a_setting_the_run_resolves(tmp_path, monkeypatch):
+    from ember.train import precision
+
+    monkeypatch.setattr(precision, "_auto", lambda device: ("fp32", "test"))
+    precision._resolve_logged.cache_clear()
+    try:
+        cfg = from_dict(_raw(tmp_path, "auto", precision="auto", max_steps=2))
+        assert cfg.train.precision == "auto"
+        assert train(cfg).parts.precision == "fp32"
+        assert from_dict(_raw(tmp_path, "default")).train.precision == "fp32"  # the default stays fp32
+    finally:
+        precision._resolve_logged.cache_clear()
