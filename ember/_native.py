@@ -744,19 +744,26 @@ def arrow_hash_strings(offsets: object, data: object, validity: object, off: int
     return sum(run_chunks(part, chunks(np.ones(n, np.int8)) if n >= 2 * MIN_PARALLEL_ROWS else [(0, n)]))
 
 
-def _arrow_hash_strings_py(offsets: object, data: object, validity: object, off: int, n: int, width: int, salt: int,
-                           out: np.ndarray, out_valid: np.ndarray) -> int:
-    # the reference: each distinct value hashed once (dictionary encoding), with numpy
-    _check_out(n, out, out_valid)
+def _binary_from_buffers(fn: str, offsets: object, data: object, off: int, n: int, width: int) -> "pa.Array":
+    """The (large_)binary Arrow array of a string column's offsets and data buffers, checked
+    (the fallbacks' view of what the native kernels read in place)."""
     if width not in (4, 8):
-        raise ValueError("arrow_hash_strings: width must be 4 (int32 offsets) or 8 (int64)")
-    present = _present(validity, off, n)
+        raise ValueError(f"{fn}: width must be 4 (int32 offsets) or 8 (int64)")
     arr = pa.Array.from_buffers(pa.large_binary() if width == 8 else pa.binary(), n,
                                 [None, pa.py_buffer(offsets), pa.py_buffer(data)], offset=off)
     try:
         arr.validate(full=True)
     except pa.ArrowInvalid as e:
-        raise ValueError(f"arrow_hash_strings: offsets out of the data's range ({e})") from None
+        raise ValueError(f"{fn}: offsets out of the data's range ({e})") from None
+    return arr
+
+
+def _arrow_hash_strings_py(offsets: object, data: object, validity: object, off: int, n: int, width: int, salt: int,
+                           out: np.ndarray, out_valid: np.ndarray) -> int:
+    # the reference: each distinct value hashed once (dictionary encoding), with numpy
+    _check_out(n, out, out_valid)
+    present = _present(validity, off, n)
+    arr = _binary_from_buffers("arrow_hash_strings", offsets, data, off, n, width)
     key = np.uint64(salt)
     if not present.all():  # a null is hashed as ""
         arr = pc.if_else(pa.array(present), arr, pa.scalar(b"", arr.type))
@@ -821,15 +828,8 @@ def arrow_parse_ints(offsets: object, data: object, validity: object, off: int, 
 
 def _arrow_parse_ints_py(offsets: object, data: object, validity: object, off: int, n: int, width: int, out: np.ndarray,
                          state: np.ndarray) -> int:
-    if width not in (4, 8):
-        raise ValueError("arrow_parse_ints: width must be 4 (int32 offsets) or 8 (int64)")
     present = _present(validity, off, n)
-    arr = pa.Array.from_buffers(pa.large_binary() if width == 8 else pa.binary(), n,
-                                [None, pa.py_buffer(offsets), pa.py_buffer(data)], offset=off)
-    try:
-        arr.validate(full=True)
-    except pa.ArrowInvalid as e:
-        raise ValueError(f"arrow_parse_ints: offsets out of the data's range ({e})") from None
+    arr = _binary_from_buffers("arrow_parse_ints", offsets, data, off, n, width)
     plain = np.asarray(pc.match_substring_regex(arr, r"^[-0-9]*$"), dtype=bool)
     if (present & ~plain).any():
         return -1
