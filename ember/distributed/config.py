@@ -30,7 +30,9 @@ class DistributedConfig(ConfigModel):
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     """``auto``: NCCL when the model runs on CUDA, else gloo."""
     sharding: Literal["auto", "row_wise", "table_wise"] = "auto"
+    """The planner's policy: `auto` (its cost model picks per table), `row_wise` or `table_wise` for every table."""
     tables: dict[str, ShardingKind] = {}
+    """Per-table sharding kind, wins over `sharding`, e.g. `{user_id: row_wise, country: table_wise}`."""
     table_wise_max_rows: int = Field(100_000, ge=0)
     """``auto``: a table whose estimated rows are at most this many lives whole on one rank."""
     placement: Literal["tables", "towers"] = "tables"

@@ -66,6 +66,7 @@ class ModelConfigBase(ConfigModel):
     ``ember.models.distill``; None: no teacher)."""
 
     distill: DistillConfig | None = None
+    """Learn from a teacher model's scores (`schema.teacher` columns); unset: no teacher."""
 
 
 def require_equal_dims(model: str, dims: Sequence[int], expected: int, remedy: str) -> None:
@@ -139,7 +140,9 @@ class DenseInit(ConfigModel):
     """
 
     type: Literal["zeros", "normal", "torch"] = "zeros"
-    std: float | None = Field(None, gt=0)  # type normal only; None: NORMAL_STD
+    """`zeros` (w = 0, b = 0), `normal` (w ~ N(0, std^2), b = 0) or `torch` (nn.Linear's default)."""
+    std: float | None = Field(None, gt=0)
+    """Standard deviation for `normal` only; unset: 0.01."""
 
     @model_validator(mode="before")
     @classmethod

@@ -49,7 +49,9 @@ class PipelineConfig(ConfigModel):
     """
 
     enabled: bool = True
+    """Run the stages on threads with bounded queues; false: the same stages in line (the reference)."""
     depth: QueueDepths = QueueDepths()
+    """Queue depth after each stage: more absorbs bursts, costs RAM."""
     data_workers: int = Field(0, ge=0, le=1)
     """1: read and featurize the training data in a worker process (``torch.utils.data``'s
     DataLoader), batches handed over in shared memory, so the parsing and hashing, which hold

@@ -64,15 +64,25 @@ class StorageConfig(ConfigModel):
     """
 
     device_rows: int | None = Field(None, gt=0)
+    """Device cache size in rows (on the GPU when present, else a host-memory cache)."""
     device_bytes: int | str | None = None
+    """Device cache size in bytes, e.g. `256MiB`; give rows or bytes, not both."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
+    """Where the device cache lives: `auto`, `cuda` or `cpu`."""
     host_rows: int | None = Field(None, gt=0)
+    """Host-memory rows: with a disk tier a cache in front of it, without one a hard cap; unset: unbounded."""
     host_bytes: int | str | None = None
+    """Host-memory budget in bytes, e.g. `8GiB`; give rows or bytes, not both."""
     disk_path: str | None = None
+    """Enables the disk tier; its files go to `<disk_path>/<table name>/`."""
     disk_rows: int = Field(1 << 20, gt=0)
+    """Rows the disk file is sized for; beyond, it grows by rewriting."""
     disk_max_load: float = Field(0.85, ge=0.5, le=0.95)
+    """Slot occupancy before the disk file grows (0.5 to 0.95)."""
     policy: Policy = "lfu"
+    """What a cache evicts: `lru` (oldest access) or `lfu` (fewest accesses)."""
     admit_after: int = Field(2, ge=1)
+    """Misses before an ID is promoted into a faster tier."""
 
     @field_validator("device_bytes", "host_bytes")
     @classmethod
