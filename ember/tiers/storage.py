@@ -37,7 +37,7 @@ _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6,
 def parse_bytes(value: int | str) -> int:
     """``4096``, ``"512MiB"``, ``"1.5 GB"`` -> bytes.
 
-    Example:
+    Examples:
         >>> parse_bytes("2KiB"), parse_bytes("1.5 GB"), parse_bytes(10)
         (2048, 1500000000, 10)
     """
@@ -57,7 +57,7 @@ class StorageConfig(ConfigModel):
     tier holds every row (unbounded unless given a budget, which then caps the table); with a
     disk tier the host tier, if budgeted, caches the disk.
 
-    Example:
+    Examples:
         >>> s = StorageConfig(device_rows=1000, host_bytes="64MiB", disk_path="/tmp/ember-disk")
         >>> [t for t, _, _ in plan_storage(s, record_dim=17).tiers]
         ['device', 'host', 'disk']
@@ -269,7 +269,7 @@ def plan_storage(storage: StorageConfig, record_dim: int, name: str = "table") -
 def build_tier(storage: StorageConfig, record_dim: int, name: str = "table") -> Tier:
     """Check the plan (CapacityError up front), then build the table's chain of tiers.
 
-    Example:
+    Examples:
         >>> t = build_tier(StorageConfig(device_rows=4, device="cpu"), record_dim=3)
         >>> type(t).__name__, t.fast.capacity
         ('CachedTier', 4)
