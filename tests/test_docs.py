@@ -71,7 +71,7 @@ def test_every_block_is_runnable_or_says_why_not():
         if b.not_run is None:
             assert b.lang in RUNNABLE | {"text"}, f"{b}: unknown language; mark it <!-- not-run: REASON -->"
     marked = [b for b in ALL if b.not_run]
-    assert len(marked) <= 10, f"keep not-run blocks few: {[str(b) for b in marked]}"
+    assert len(marked) <= 12, f"keep not-run blocks few: {[str(b) for b in marked]}"
 
 
 def test_shell_blocks_are_the_walkthrough():
