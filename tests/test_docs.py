@@ -53,8 +53,11 @@ def test_help_is_plain_words_with_an_example():
 
 
 def test_generated_references_are_current():
+    """The pages kept in docs/reference/ are what the code generates (spacing aside: argparse
+    wraps help a little differently from one Python version to the next)."""
     for rel, make in gen_reference.REFERENCES.items():
-        assert (REPO / "docs" / rel).read_text() == make(), f"docs/{rel} is stale: run python docs/gen_reference.py"
+        kept, now = ((REPO / "docs" / rel).read_text(), make())
+        assert kept.split() == now.split(), f"docs/{rel} is stale: run python docs/gen_reference.py"
 
 
 def test_config_reference_names_every_section():
