@@ -8,17 +8,23 @@ The docs build runs this through ``docs/hooks.py``; ``python docs/gen_reference.
 from __future__ import annotations
 
 import argparse
+import inspect
 import re
 import types
 import typing
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import sys
+
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-from ember.cli import build_parser
-from ember.config import RunConfig
+# This checkout's ember, not an installed one: the references describe the code beside them.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ember.cli import build_parser  # noqa: E402
+from ember.config import RunConfig  # noqa: E402
 
 __all__ = ["config_reference", "cli_reference", "undocumented_fields", "options_without_help", "write_references",
            "REFERENCES"]
@@ -127,7 +133,7 @@ def config_reference() -> str:
     for path, model in _walk(RunConfig, ""):
         title = f"`{path}`" if path else "Top level"
         lines += [f"## {title}", ""]
-        doc = (model.__doc__ or "").strip().split("\n\n")[0]
+        doc = re.split(r"\n\s*Examples?:", inspect.cleandoc(model.__doc__ or ""))[0].strip()
         if doc and path:
             lines += [_markdown(doc), ""]
         lines += ["| key | type | default | meaning |", "|---|---|---|---|"]

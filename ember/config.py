@@ -46,13 +46,16 @@ class RunConfig(ConfigModel):
     data: DataConfig
     """Where the rows come from and how they are batched, shuffled and checked."""
     schema_: Schema | None = Field(None, alias="schema")
-    """Which columns are labels, dense and sparse features (optional with a `data.preset`). Written `schema:` in YAML."""
+    """Which columns are labels, dense and sparse features (optional with a `data.preset`). Written `schema:` in
+    YAML."""
     embedding: EmbeddingDefaults = EmbeddingDefaults()
     """Defaults of every table: any key of `tables[]` but `name`."""
     tables: list[TableConfig] = []
-    """Tables that differ from the `embedding` defaults; a table a feature names but this list leaves out uses the defaults whole."""
+    """Tables that differ from the `embedding` defaults; a table a feature names but this list leaves out uses
+    the defaults whole."""
     model: ModelConfig
-    """The model: `type` picks it (dlrm, deepfm, wdl, dcn, mmoe, shared_bottom, lr, dmt); the other keys are its own."""
+    """The model: `type` picks it (dlrm, deepfm, wdl, dcn, mmoe, shared_bottom, lr, dmt); the other keys are its
+    own."""
     train: TrainConfig = TrainConfig()
     """How long to train, the dense optimizer, evaluation and checkpoint cadence, where the run is written."""
     pipeline: PipelineConfig = PipelineConfig()
@@ -60,9 +63,11 @@ class RunConfig(ConfigModel):
     distributed: DistributedConfig = DistributedConfig()
     """Sharding and fault detection under torchrun; one process ignores it."""
     export: ExportConfig = ExportConfig()
-    """Exports written while training, for `ember serve` to follow (full, then deltas); off unless `every_steps` or `every_s` is set."""
+    """Exports written while training, for `ember serve` to follow (full, then deltas); off unless `every_steps`
+    or `every_s` is set."""
     eval: EvalConfig = EvalConfig()
-    """The rolling window of progressive validation over the training stream (held-out evaluation is `train.eval_every`)."""
+    """The rolling window of progressive validation over the training stream (held-out evaluation is
+    `train.eval_every`)."""
 
     model_config = {**ConfigModel.model_config, "populate_by_name": True, "protected_namespaces": ()}
 

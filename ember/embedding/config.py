@@ -25,17 +25,22 @@ class TableOptions(ConfigModel):
     initializer: InitializerConfig = InitializerConfig()
     """How a new ID's row starts: a pure function of (table seed, ID)."""
     optimizer: SparseOptimizerConfig = Field(default_factory=lambda: RowWiseAdagrad(lr=0.05))
-    """The sparse optimizer (`type`: sgd, adagrad, rowwise_adagrad, adam, ftrl); it updates only the rows a batch touched."""
+    """The sparse optimizer (`type`: sgd, adagrad, rowwise_adagrad, adam, ftrl); it updates only the rows a batch
+    touched."""
     seed: int | None = None
-    """Seed of the table's initial rows; unset: derived from `train.seed` and the table name."""
+    """Seed of the table's initial rows; unset, it is derived from `train.seed` and the table name (tables
+    differ; changing `train.seed` changes every table's init)."""
     storage: StorageConfig = StorageConfig()
     """Where the rows live (device cache, host memory, disk); unset: all in host memory."""
     min_count: int = Field(1, ge=1)
-    """An ID gets its own row after this many sightings; before, it reads a shared all-zero row and gets no update."""
+    """An ID gets its own row after this many sightings; before, it reads a shared all-zero row and gets no
+    update."""
     ttl_steps: int | None = Field(None, gt=0)
-    """A row not looked up for more than this many training steps is dropped; its ID comes back freshly initialised."""
+    """A row not looked up for more than this many training steps is dropped; its ID comes back freshly
+    initialised."""
     dtype: RowDtype = "fp32"
-    """How weights are stored in every tier, checkpoint and export: `fp32`, `bf16` or `fp16` (optimizer state stays fp32)."""
+    """How the weights are stored in every tier, checkpoint and export: `fp32`, `bf16` or `fp16` (optimizer state
+    stays fp32) (see Capacity planning, "Row storage dtype")."""
 
 
 class TableConfig(TableOptions):
@@ -93,7 +98,8 @@ class FeatureConfig(ConfigModel):
     table: str | None = None
     """The table it looks up; unset: `name`. Several features may share one table."""
     pooling: PoolingMode = "sum"
-    """`sum`, `mean`, `sqrtn` (weighted when the batch carries weights), or `sequence`: a padded `[B, L, D]` tensor plus mask."""
+    """`sum`, `mean`, `sqrtn` (weighted when the batch carries weights), or `sequence`: a padded `[B, L, D]`
+    tensor plus mask."""
     max_length: int | None = Field(None, gt=0)
     """Keep the first `max_length` IDs of a row (`L` for `sequence`)."""
 

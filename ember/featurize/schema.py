@@ -43,7 +43,8 @@ class DenseFeature(ConfigModel):
     log1p: bool = False
     """Apply `log(1 + max(x, 0))` (after `fill` and `clip`)."""
     sign_log1p: bool = False
-    """Apply `sign(x) * log(1 + |x|)`: log1p for columns whose negative values mean something; not with `log1p`."""
+    """`sign(x) · log(1 + |x|)`: log1p's compression for columns with meaningful negative values (they keep sign
+    and order); not with `log1p`."""
     clip: tuple[float | None, float | None] | None = None
     """`[lo, hi]` to clamp to; either side may be null (unbounded)."""
     standardize: tuple[float, float] | None = None
@@ -96,14 +97,18 @@ class SparseFeature(ConfigModel):
     table: str | None = None
     """The table it looks up; unset: `name`. Several features may share one table."""
     pooling: PoolingMode = "sum"
-    """`sum`, `mean`, `sqrtn` (weighted with a `weight_column`), or `sequence`: a padded `[B, L, D]` tensor plus mask, for your own models."""
+    """`sum`, `mean`, `sqrtn` (weighted when the feature has weights: `Σw·e`, `Σw·e / max(Σ|w|, 1e-6)`, `Σw·e /
+    max(√Σw², 1e-6)`; a bag whose weights are all zero pools to zero, and a weighted mean never exceeds the
+    bag's largest row, whatever the weights' signs), or `sequence`: a padded `[B, L, D]` tensor plus mask, for
+    your own models (the built-in ones take pooled features)."""
     max_length: int | None = Field(None, gt=0)
     """Keep the first `max_length` values of a row (`L` for `sequence`)."""
     # the data side
     column: str | None = None
     """Source column; unset: `name`."""
     separator: str | None = None
-    """Multi-hot values joined in one string column (`"a|b|c"`; empty tokens are no value); list columns (Parquet, ORC) are multi-hot without it."""
+    """Multi-hot values joined in one string column (`"a|b|c"`; empty tokens are no value); list columns
+    (Parquet, ORC) are multi-hot without it."""
     weight_column: str | None = None
     """Column of per-value weights, the same shape as the values."""
     salt: str | None = None
@@ -111,7 +116,10 @@ class SparseFeature(ConfigModel):
     hash_ids: bool = True
     """`false`: integer values are the IDs, unchanged (string columns are parsed as decimal int64)."""
     missing_values: list[str] | None = None
-    """Values that mean "no value" (no ID), e.g. `["", "-1"]`; unset: the schema's `missing_values`. Null is always missing."""
+    """Values that mean "no value" (no ID; a bag of only these is empty), e.g. `["", "-1"]`. Anything else is a
+    category, `""` included (an empty field often predicts the label; list it to make it missing). Null is
+    always missing; empty tokens of a `separator` column are no value; with `hash_ids: false` an empty field
+    is no ID and integer entries match integer columns."""
 
     @model_validator(mode="after")
     def _check_sep(self) -> "SparseFeature":
@@ -146,7 +154,9 @@ class Schema(ConfigModel):
     sparse: list[SparseFeature] = Field(min_length=1)
     """Sparse (categorical) features, at least one, in model input order."""
     missing_values: list[str] = Field(default_factory=list)
-    """Categorical values every sparse feature takes as missing unless it sets its own, e.g. `[""]`; by default `""` is a category and only null is missing."""
+    """Categorical values every sparse feature takes as missing unless it sets its own, e.g. `[""]`; by default
+    the empty string (an empty CSV field) is a category and only null is missing. The `criteo` preset sets
+    `[""]`: that dataset defines an empty field as missing."""
     teacher: list[str] = Field(default_factory=list)
     """Columns of a teacher model's probabilities, one per label in ``labels`` order, for
     ``model.distill`` (empty: no teacher). Not read when scoring."""

@@ -44,11 +44,14 @@ class ScheduleConfig(ConfigModel):
     """
 
     warmup_steps: int = Field(0, ge=0)
-    """Steps `s < warmup_steps` use `lr * (s + 1) / warmup_steps`."""
+    """Steps `s < warmup_steps` use `lr · (s + 1) / warmup_steps` (the first step already moves)."""
     decay: Literal["constant", "linear", "cosine", "step", "exponential"] = "constant"
-    """After warmup: `constant`, `linear`, `cosine`, `step` or `exponential`."""
+    """After warmup, with `p = s - warmup_steps`: `constant`; `linear` (1 → `final_ratio` over `decay_steps`,
+    then flat); `cosine` (`final_ratio + (1 - final_ratio)(1 + cos(π·min(p/decay_steps, 1)))/2`); `step`
+    (`gamma^floor(p/decay_steps)`); `exponential` (`gamma^(p/decay_steps)`)."""
     decay_steps: int | None = Field(None, ge=1)
-    """Steps of the decay (`linear`, `cosine`) or between drops (`step`, `exponential`); required but for `constant`."""
+    """Steps of the decay (`linear`, `cosine`) or between drops (`step`, `exponential`); required but for
+    `constant`."""
     final_ratio: float | None = Field(None, ge=0, le=1)
     """`linear`, `cosine`: the final lr as a fraction of `lr`; unset: 0."""
     gamma: float | None = Field(None, gt=0, le=1)
