@@ -116,6 +116,35 @@ def _walk(model: type[BaseModel], path: str, seen: set | None = None) -> Iterato
             yield from _walk(m, f"{path}.{key}{'[]' if many else ''}{tag}".lstrip("."), seen)
 
 
+def _paths(model: type[BaseModel], path: str, acc: dict, stack: tuple = ()) -> dict[type, list[str]]:
+    """Every path at which each model class appears (``(type: ...)`` tags dropped), in order."""
+    if model in stack:
+        return acc
+    plain = re.sub(r" \(type: [^)]*\)", "", path)
+    if plain not in acc.setdefault(model, []):
+        acc[model].append(plain)
+    for name, field in model.model_fields.items():
+        if _removed(field):
+            continue
+        many = typing.get_origin(field.annotation) is list or any(
+            typing.get_origin(a) is list for a in typing.get_args(field.annotation))
+        for m in _models_in(field.annotation):
+            _paths(m, f"{path}.{_key(name, field)}{'[]' if many else ''}".lstrip("."), acc, (*stack, model))
+    return acc
+
+
+def _title(path: str, model: type[BaseModel], where: list[str]) -> str:
+    """A section's heading: its path, or for a section used in several places its own name."""
+    if not path:
+        return "Top level"
+    if len(where) == 1:
+        return f"`{where[0]}`" + (f" ({m.group(1)})" if (m := re.search(r"\((type: [^)]*)\)$", path)) else "")
+    lasts = {w.rsplit(".", 1)[-1] for w in where}
+    name = f"`{lasts.pop()}`" if len(lasts) == 1 else model.__name__.removesuffix("Config")
+    tag = re.search(r"\((type: [^)]*)\)$", path)
+    return name + (f" ({tag.group(1)})" if tag else "")
+
+
 def config_reference() -> str:
     """Markdown: one table per config section, every key with its type, default and doc."""
     lines = [
@@ -125,14 +154,15 @@ def config_reference() -> str:
         "`docs/gen_reference.py` each time the docs are built (never edit it by hand): what you read here is the schema",
         "ember validates against. Every key can be set in the YAML file or on the command line as",
         "`key.path=value`. Unknown keys and bad values are errors that name the key.",
-        "A section that appears in several places is shown once, where it first appears (the",
-        "keys of `tables[]` and its `optimizer`, `storage` and `initializer` are those shown under",
-        "`embedding`; every MLP has the keys of the first one shown).",
+        "A section used in several places (an optimizer, a `schedule`, `storage`, an MLP) is shown",
+        "once, with the places it is used at.",
         "",
     ]
+    where = _paths(RunConfig, "", {})
     for path, model in _walk(RunConfig, ""):
-        title = f"`{path}`" if path else "Top level"
-        lines += [f"## {title}", ""]
+        lines += [f"## {_title(path, model, where[model])}", ""]
+        if len(where[model]) > 1:
+            lines += ["Used at " + ", ".join(f"`{w}`" for w in where[model]) + ".", ""]
         doc = re.split(r"\n\s*Examples?:", inspect.cleandoc(model.__doc__ or ""))[0].strip()
         if doc and path:
             lines += [_markdown(doc), ""]

@@ -62,7 +62,7 @@ def test_generated_references_are_current():
 
 def test_config_reference_names_every_section():
     text = gen_reference.config_reference()
-    for heading in ["## `data`", "## `data.csv`", "## `schema.sparse[]`", "## `embedding.storage`", "## `train`",
+    for heading in ["## `data`", "## `data.csv`", "## `schema.sparse[]`", "## `storage`", "## `schedule`", "## `train`",
                     "## `train.early_stopping`", "## `pipeline.depth`", "## `distributed`", "## `export`", "## `eval`"]:
         assert heading in text
     assert "| `checkpoint_every` |" in text and "| `schema` |" in text and "schema_" not in text
