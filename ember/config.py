@@ -143,6 +143,10 @@ def apply_overrides(raw: dict, overrides: Sequence[str]) -> dict:
     ConfigError, naming the override, for one without ``=``, with no key or an empty part of
     its key path (``=3``, ``train..x=1``), a value that is not YAML (``train.epochs=[1``), or
     a path through a key that is not a section.
+
+    Examples:
+        >>> apply_overrides({"train": {"epochs": 1}}, ["train.epochs=2", "data.eval=[a.csv, b.csv]"])
+        {'train': {'epochs': 2}, 'data': {'eval': ['a.csv', 'b.csv']}}
     """
     out = copy.deepcopy(raw)
     for item in overrides:
@@ -182,7 +186,13 @@ def _override_value(item: str, value: str) -> Any:
 
 
 def from_dict(raw: dict[str, Any]) -> RunConfig:
-    """Validate a raw dict (after overrides), filling the data preset's defaults and schema."""
+    """Validate a raw dict (after overrides), filling the data preset's defaults and schema.
+
+    Examples:
+        >>> cfg = from_dict({"data": {"preset": "synthetic"}, "model": {"type": "lr"}})
+        >>> cfg.model.type, len(cfg.schema.sparse), cfg.schema.labels
+        ('lr', 26, ['label'])
+    """
     from ember.featurize.presets import preset_data_defaults, preset_schema
 
     if not isinstance(raw, dict):

@@ -15,7 +15,14 @@ __all__ = ["Batch"]
 @dataclass(frozen=True)
 class Batch:
     """One mini-batch: ``dense`` [B, Dd] float32, ``sparse`` jagged IDs, ``labels`` [B, T] float32,
-    ``teacher`` [B, T] float32 a teacher's scores (``schema.teacher``) or None."""
+    ``teacher`` [B, T] float32 a teacher's scores (``schema.teacher``) or None.
+
+    Examples:
+        >>> sparse = SparseFeatures(["a"], torch.tensor([3, 4, 5]), torch.tensor([2, 1]))
+        >>> b = Batch(torch.zeros(2, 1), sparse, torch.tensor([[1.0], [0.0]]))
+        >>> b.size, b.slice_rows(1, 2).labels.tolist()
+        (2, [[0.0]])
+    """
 
     dense: Tensor
     sparse: SparseFeatures

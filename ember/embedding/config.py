@@ -91,6 +91,10 @@ class FeatureConfig(ConfigModel):
     weights: sum w*e, sum w*e / sum |w|, sum w*e / sqrt(sum w^2), each norm floored at
     ``pooling.WEIGHT_EPS``, so an all-zero-weight bag pools to zero); ``sequence`` keeps every
     position: a [B, L, D] tensor padded with zeros plus a [B, L] mask (L = ``max_length``).
+
+    Examples:
+        >>> FeatureConfig(name="history", table="item", pooling="mean").table_name
+        'item'
     """
 
     name: str = Field(min_length=1)

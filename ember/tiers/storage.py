@@ -232,7 +232,14 @@ def _device(storage: StorageConfig) -> torch.device:
 
 
 def plan_storage(storage: StorageConfig, record_dim: int, name: str = "table") -> StoragePlan:
-    """The memory and disk ``build_tier`` will use for this table, without allocating anything."""
+    """The memory and disk ``build_tier`` will use for this table, without allocating anything.
+
+    Examples:
+        >>> print(plan_storage(StorageConfig(host_rows=1000), record_dim=17, name="t").describe())
+        table 't' (record 17 words = 68 B):
+          host           1,000 rows  host store (caps the table), 110.91 KiB
+          total: host 110.91 KiB, device 0 B, disk 0 B
+    """
     plan = StoragePlan(name=name, record_dim=record_dim, disk_path=storage.disk_path)
     dev_rows = _rows_for(storage.device_bytes, storage.device_rows, record_dim)
     host_rows = _rows_for(storage.host_bytes, storage.host_rows, record_dim)
