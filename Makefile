@@ -2,7 +2,7 @@
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 
-.PHONY: install demo test bench clean
+.PHONY: install demo test docs bench clean
 
 # torch comes first and pinned: on our CPU boxes `torch==2.13.0` is a local CPU wheel, and
 # installing it before ember means ember's loose `torch>=2.4` never pulls a CUDA build.
@@ -19,8 +19,15 @@ test: install
 	$(PYTHON) -m pytest -q
 	EMBER_NATIVE=0 $(PYTHON) -m pytest -q tests/embedding tests/tiers tests/optim tests/checkpoint
 
+# The docs site (docs/, mkdocs.yml): regenerates the config and CLI references from the code,
+# then builds with every warning an error. Offline: no plugin fetches anything. Output: site/.
+docs:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[docs]"
+	$(PYTHON) -m mkdocs build --strict
+
 bench: install
 	$(PYTHON) bench/bench_dlrm.py
 
 clean:
-	rm -rf runs .pytest_cache build *.egg-info
+	rm -rf runs site .pytest_cache build *.egg-info

@@ -1,7 +1,7 @@
 """Communication of distributed training (issue 10 item 8): bytes per step and rank on 1, 2 and
 4 processes (torchrun, gloo, CPU), split into split counts, IDs, rows, embedding gradients and
 the dense all-reduce, against the communication model's prediction (``ember.distributed.traffic``,
-README "Communication model"); on a machine with GPUs also samples/s per GPU with NCCL.
+docs/distributed.md "Communication model"); on a machine with GPUs also samples/s per GPU with NCCL.
 
 Workload: a Criteo-shaped DLRM (13 dense, 26 single-hot sparse features of 100,000 IDs each,
 Zipf 1.1, dim 16, bottom 13-64-16, top 128-64), synthetic data, global batch ``--batch``,
@@ -75,7 +75,7 @@ def per_step(rec: dict[str, Any]) -> dict[str, float]:
 
 
 def print_scaling_model() -> None:
-    """The README's prediction for 8 GPUs x M nodes (Criteo-like: B = 65,536, 26 single-hot
+    """The docs' prediction for 8 GPUs x M nodes (Criteo-like: B = 65,536, 26 single-hot
     tables of dim 128, no dedupe, 2.6 M dense parameters; ``Network()``'s bandwidths)."""
     batch, feats, dim, params = 65_536, 26, 128, 2_600_000
     rows = []
@@ -87,7 +87,7 @@ def print_scaling_model() -> None:
         rows.append([m, n, f"{a2a / 1e6:.1f}", f"{b['dense'] / 1e6:.1f}", f"{cross_node_fraction(n, 8):.3f}",
                      f"{t['all_to_all'] * 1e3:.2f}", f"{t['all_reduce'] * 1e3:.2f}", f"{t['latency'] * 1e3:.2f}",
                      f"{t['total'] * 1e3:.2f}"])
-    print("predicted communication per step, 8 GPUs x M nodes (model only, README 'Communication model'):")
+    print("predicted communication per step, 8 GPUs x M nodes (model only, docs/distributed.md 'Communication model'):")
     print_table(["M", "N", "a2a MB/rank", "dense MB/rank", "cross share", "a2a ms", "all-reduce ms", "latency ms",
                  "total ms"], rows)
 

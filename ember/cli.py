@@ -399,54 +399,74 @@ Exit status: 0 done; 1 the system failed (disk, memory, a lost rank); 2 a proble
 input (config, paths, flags); 3 a bug in ember (reported with its traceback); 128+N a signal."""
 
 
+# One example per command, shown at the end of its --help.
+_EXAMPLES = {
+    "train": "ember train --config configs/demo.yaml --export runs/demo/export train.epochs=2",
+    "eval": "ember eval --checkpoint runs/demo",
+    "export": "ember export --checkpoint runs/demo --out exports/demo",
+    "towers": "ember towers --checkpoint runs/demo --towers 4 --out towers.yaml",
+    "serve": "ember serve --export runs/demo/export --port 8000\n"
+             "  curl -s localhost:8000/score -d '{\"rows\": [{\"C1\": \"a\", \"I1\": 3}]}'",
+    "predict": "ember predict --export runs/demo/export --input new_rows.csv --output scores.csv",
+    "plan": "ember plan --config configs/demo.yaml --world-size 4 --nodes 2",
+    "generate": "ember generate --out data/train.parquet --rows 1000000 --options '{\"vocab_size\": 1000000}'",
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ember", description=_DESCRIPTION, epilog=_EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--version", action="version", version=f"ember {_version()}")
     sub = p.add_subparsers(dest="command", required=True)
 
-    t = sub.add_parser("train", help="train (resume with train.resume=DIR, finetune with train.init_from=DIR)")
-    t.add_argument("--config", required=True)
+    def command(name: str, helptext: str) -> argparse.ArgumentParser:
+        """A command's parser: its one-line help is also its description, its example the epilog."""
+        return sub.add_parser(name, help=helptext, description=helptext[0].upper() + helptext[1:] + ".",
+                              epilog="Example:\n  " + _EXAMPLES[name],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+
+    t = command("train", "train a model (resume with train.resume=DIR, finetune with train.init_from=DIR)")
+    t.add_argument("--config", required=True, help="the run config (YAML)")
     t.add_argument("--export", help="also export the final model to this directory")
     t.add_argument("--overwrite", action="store_true",
                    help="replace an earlier run of the same train.run_name, and an earlier export at --export (else "
                    "refused; train.resume continues a run)")
-    t.add_argument("overrides", nargs="*", help="key.path=value")
+    t.add_argument("overrides", nargs="*", help="config overrides, key.path=value (the value is read as YAML)")
     t.set_defaults(fn=cmd_train, parser=t)
 
     for name, fn, helptext in [("eval", cmd_eval, "AUC and logloss of a checkpoint on the eval data"),
                                ("export", cmd_export, "export a checkpoint for serving")]:
-        e = sub.add_parser(name, help=helptext)
+        e = command(name, helptext)
         e.add_argument("--checkpoint", required=True, help="checkpoint or run directory")
         e.add_argument("--config", help="run config (default: the one stored in the checkpoint)")
         if name == "export":
-            e.add_argument("--out", required=True)
+            e.add_argument("--out", required=True, help="directory to write the export to (a new path)")
             e.add_argument("--overwrite", action="store_true", help="replace an earlier export at --out (nothing else)")
-        e.add_argument("overrides", nargs="*")
+        e.add_argument("overrides", nargs="*", help="config overrides, key.path=value (e.g. data.eval=dev.csv)")
         e.set_defaults(fn=fn, parser=e)
 
-    tw = sub.add_parser("towers", help="propose DMT towers from a trained model's embedding interactions")
+    tw = command("towers", "propose DMT towers from a trained model's embedding interactions")
     tw.add_argument("--checkpoint", required=True, help="checkpoint or run directory")
     tw.add_argument("--towers", type=int, required=True, help="K, the number of towers")
     tw.add_argument("--rows", type=int, default=20_000, help="sample rows to measure interactions on (eval data)")
     tw.add_argument("--out", help="also write the config snippet to this YAML file")
     tw.add_argument("--overwrite", action="store_true", help="replace a snippet written earlier at --out (nothing else)")
     tw.add_argument("--config", help="run config (default: the one stored in the checkpoint)")
-    tw.add_argument("overrides", nargs="*")
+    tw.add_argument("overrides", nargs="*", help="config overrides, key.path=value")
     tw.set_defaults(fn=cmd_towers, parser=tw)
 
-    sv = sub.add_parser("serve", help="score JSON rows over HTTP, following the export as it is replaced")
+    sv = command("serve", "score JSON rows over HTTP, following the export as it is replaced")
     sv.add_argument("--export", required=True, help="export directory (re-read whenever its manifest changes), or a "
                     "run's exports/ directory of full and delta exports (follow mode: each new delta is applied)")
-    sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one and prints it)")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     sv.add_argument("--poll-s", type=float, default=2.0, help="seconds between checks for a new export")
     sv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger requests get 413")
     sv.add_argument("--threads", type=int, default=1, help="torch threads per request (small requests: 1 is fastest; "
                     "concurrent requests run on their own threads)")
     sv.set_defaults(fn=cmd_serve, parser=sv)
 
-    pr = sub.add_parser("predict", help="score raw rows with an exported model")
+    pr = command("predict", "score raw rows with an exported model")
     pr.add_argument("--export", required=True, help="export directory")
     pr.add_argument("--input", nargs="+", required=True, help="files in the export's data format")
     pr.add_argument("--output", help="file for the probabilities, its format from the extension: .csv (.gz, .bz2, "
@@ -459,23 +479,24 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("overrides", nargs="*", help="data.key.path=value, e.g. data.csv.delimiter=';'")
     pr.set_defaults(fn=cmd_predict, parser=pr)
 
-    pl = sub.add_parser("plan", help="print how a distributed run would shard the tables (no training)")
-    pl.add_argument("--config", required=True)
+    pl = command("plan", "print how a distributed run would shard the tables (no training)")
+    pl.add_argument("--config", required=True, help="the run config (YAML)")
     pl.add_argument("--world-size", type=int, required=True, help="number of ranks (torchrun processes in all)")
     pl.add_argument("--nodes", type=int, default=1, help="nodes (torchrun --nnodes) the ranks spread over, evenly: "
                     "what distributed.placement towers places the towers on (default 1)")
-    pl.add_argument("overrides", nargs="*", help="key.path=value")
+    pl.add_argument("overrides", nargs="*", help="config overrides, key.path=value")
     pl.set_defaults(fn=cmd_plan, parser=pl)
 
-    g = sub.add_parser("generate", help="write synthetic Criteo-shaped data to files")
+    g = command("generate", "write synthetic Criteo-shaped data to files")
     g.add_argument("--out", required=True, help="file to write, its format from the extension: .csv/.tsv (.gz, .bz2, "
                    ".zst), .parquet, .orc")
     g.add_argument("--format", choices=["csv", "tsv", "parquet", "orc"],
                    help="needed only for other extensions; must agree with a known one")
     g.add_argument("--overwrite", action="store_true", help="replace data generated earlier at --out (nothing else)")
-    g.add_argument("--rows", type=int, default=100_000)
-    g.add_argument("--split", choices=["train", "eval"], default="train")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--rows", type=int, default=100_000, help="rows to write (default 100000)")
+    g.add_argument("--split", choices=["train", "eval"], default="train",
+                   help="which split of the generator to write (default train)")
+    g.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
     g.add_argument("--options", help='synthetic options as JSON, e.g. \'{"vocab_size": 1000000}\'')
     g.set_defaults(fn=cmd_generate, parser=g)
     return p

@@ -19,7 +19,7 @@ import yaml
 from pydantic import Field, model_validator
 
 from ember.checkpoint.config import ExportConfig
-from ember.config_base import ConfigModel
+from ember.config_base import ConfigModel, deep_merge
 from ember.distributed.config import DistributedConfig
 from ember.embedding.config import FeatureConfig, TableConfig, TableOptions
 from ember.errors import ConfigError
@@ -44,15 +44,30 @@ class RunConfig(ConfigModel):
     """Everything a run needs; ``schema`` defaults to the data preset's schema."""
 
     data: DataConfig
+    """Where the rows come from and how they are batched, shuffled and checked."""
     schema_: Schema | None = Field(None, alias="schema")
+    """Which columns are labels, dense and sparse features (optional with a `data.preset`). Written `schema:` in
+    YAML."""
     embedding: EmbeddingDefaults = EmbeddingDefaults()
+    """Defaults of every table: any key of `tables[]` but `name`."""
     tables: list[TableConfig] = []
+    """Tables that differ from the `embedding` defaults; a table a feature names but this list leaves out uses
+    the defaults whole."""
     model: ModelConfig
+    """The model: `type` picks it (dlrm, deepfm, wdl, dcn, mmoe, shared_bottom, lr, dmt); the other keys are its
+    own."""
     train: TrainConfig = TrainConfig()
+    """How long to train, the dense optimizer, evaluation and checkpoint cadence, where the run is written."""
     pipeline: PipelineConfig = PipelineConfig()
+    """The staged pipeline: which stages run on threads, and the queue depth between them."""
     distributed: DistributedConfig = DistributedConfig()
-    export: ExportConfig = ExportConfig()  # exports while training: full, then deltas (ember.checkpoint.delta)
+    """Sharding and fault detection under torchrun; one process ignores it."""
+    export: ExportConfig = ExportConfig()
+    """Exports written while training, for `ember serve` to follow (full, then deltas); off unless `every_steps`
+    or `every_s` is set."""
     eval: EvalConfig = EvalConfig()
+    """The rolling window of progressive validation over the training stream (held-out evaluation is
+    `train.eval_every`)."""
 
     model_config = {**ConfigModel.model_config, "populate_by_name": True, "protected_namespaces": ()}
 
@@ -128,6 +143,10 @@ def apply_overrides(raw: dict, overrides: Sequence[str]) -> dict:
     ConfigError, naming the override, for one without ``=``, with no key or an empty part of
     its key path (``=3``, ``train..x=1``), a value that is not YAML (``train.epochs=[1``), or
     a path through a key that is not a section.
+
+    Examples:
+        >>> apply_overrides({"train": {"epochs": 1}}, ["train.epochs=2", "data.eval=[a.csv, b.csv]"])
+        {'train': {'epochs': 2}, 'data': {'eval': ['a.csv', 'b.csv']}}
     """
     out = copy.deepcopy(raw)
     for item in overrides:
@@ -167,7 +186,13 @@ def _override_value(item: str, value: str) -> Any:
 
 
 def from_dict(raw: dict[str, Any]) -> RunConfig:
-    """Validate a raw dict (after overrides), filling the data preset's defaults and schema."""
+    """Validate a raw dict (after overrides), filling the data preset's defaults and schema.
+
+    Examples:
+        >>> cfg = from_dict({"data": {"preset": "synthetic"}, "model": {"type": "lr"}})
+        >>> cfg.model.type, len(cfg.schema.sparse), cfg.schema.labels
+        ('lr', 26, ['label'])
+    """
     from ember.featurize.presets import preset_data_defaults, preset_schema
 
     if not isinstance(raw, dict):
@@ -176,7 +201,7 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
     data = raw.get("data") or {}
     preset = data.get("preset") if isinstance(data, dict) else None  # (not a mapping: validation says so)
     if preset is not None:
-        merged = _deep_merge(preset_data_defaults(preset), data)
+        merged = deep_merge(preset_data_defaults(preset), data)
         raw["data"] = merged
     defaults = raw.get("embedding") or {}
     if isinstance(raw.get("tables"), list) and isinstance(defaults, dict):
@@ -275,9 +300,3 @@ def to_yaml(cfg: RunConfig) -> str:
     """The fully resolved config, as YAML (written into every run directory)."""
     return yaml.safe_dump(cfg.model_dump(mode="json", by_alias=True), sort_keys=False)
 
-
-def _deep_merge(base: dict, top: dict) -> dict:
-    out = dict(base)
-    for k, v in top.items():
-        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out

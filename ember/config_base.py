@@ -9,13 +9,17 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from ember.errors import ConfigError
 
-__all__ = ["ConfigModel", "format_validation_error", "removed_key"]
+__all__ = ["ConfigModel", "deep_merge", "format_validation_error", "removed_key"]
 
 
 class ConfigModel(BaseModel):
-    """Frozen pydantic model; YAML is only its serialisation."""
+    """Frozen pydantic model; YAML is only its serialisation.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Every field carries its doc as an attribute docstring (the line under it): pydantic reads it
+    into the field's ``description``, and the configuration reference is generated from there.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     @classmethod
     def parse(cls, data: Any, where: str = "") -> Any:
@@ -24,6 +28,20 @@ class ConfigModel(BaseModel):
             return cls.model_validate(data)
         except ValidationError as e:
             raise ConfigError(format_validation_error(e, cls, where)) from None
+
+
+def deep_merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``base`` with ``top`` laid over it: nested dicts merge key by key, anything else in ``top``
+    replaces. Neither argument is changed. The one merge of config layers (presets, defaults,
+    overrides).
+
+    >>> deep_merge({"csv": {"header": False, "delimiter": ","}, "format": "csv"}, {"csv": {"delimiter": ";"}})
+    {'csv': {'header': False, 'delimiter': ';'}, 'format': 'csv'}
+    """
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def removed_key(name: str, message: str) -> Any:

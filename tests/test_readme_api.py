@@ -1,4 +1,4 @@
-"""The README's own-loop Python example runs as written and trains the embeddings."""
+"""The docs' own-loop Python example (docs/api.md) runs as written and trains the embeddings."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 
 from ember.batch import Batch, SparseFeatures
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 
 
 def _own_loop_example() -> str:

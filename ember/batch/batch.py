@@ -20,7 +20,14 @@ class Batch:
     ``teacher`` [B, T] float32 a teacher's scores (``schema.teacher``) or None; ``keys``: raw
     columns carried beside the features, column -> [B] numpy values (what eval groups and
     slices by, ``eval.group_by`` / ``eval.slices``, and ``predict --keep`` copies out), or None.
-    They stay on the host: the model never reads them."""
+    They stay on the host: the model never reads them.
+
+    Examples:
+        >>> sparse = SparseFeatures(["a"], torch.tensor([3, 4, 5]), torch.tensor([2, 1]))
+        >>> b = Batch(torch.zeros(2, 1), sparse, torch.tensor([[1.0], [0.0]]))
+        >>> b.size, b.slice_rows(1, 2).labels.tolist()
+        (2, [[0.0]])
+    """
 
     dense: Tensor
     sparse: SparseFeatures

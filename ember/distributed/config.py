@@ -28,9 +28,11 @@ class DistributedConfig(ConfigModel):
     """
 
     backend: Literal["auto", "gloo", "nccl"] = "auto"
-    """``auto``: NCCL when the model runs on CUDA, else gloo."""
+    """`auto` (NCCL when the model runs on CUDA, else gloo), `gloo`, `nccl`; an unavailable backend is an error."""
     sharding: Literal["auto", "row_wise", "table_wise"] = "auto"
+    """The planner's policy: `auto` (its cost model picks per table), `row_wise` or `table_wise` for every table."""
     tables: dict[str, ShardingKind] = {}
+    """Per-table sharding kind, wins over `sharding`, e.g. `{user_id: row_wise, country: table_wise}`."""
     table_wise_max_rows: int = Field(100_000, ge=0)
     """``auto``: a table whose estimated rows are at most this many lives whole on one rank."""
     placement: Literal["tables", "towers"] = "tables"
@@ -38,8 +40,8 @@ class DistributedConfig(ConfigModel):
     ranks; only its compressed outputs (and their gradients) and the IDs routed to it cross
     nodes (``ember.distributed.towers``). ``tables``: every table placed by ``sharding``."""
     timeout_s: float = Field(300.0, gt=0)
-    """How long a collective (all-to-all, all-reduce, barrier) may wait for the other ranks, and
-    the rendezvous for all ranks to join."""
+    """How long a collective (all-to-all, all-reduce, barrier) waits for the other ranks, and the rendezvous for
+    every rank to join (then a ConfigError naming the address)."""
     heartbeat_timeout_s: float = Field(15.0, gt=0, le=50)
     """A rank whose heartbeat (one a second, in the rendezvous store) has not moved for this long
     is lost: the others stop, naming it (``ember.distributed.watchdog``)."""

@@ -1,5 +1,5 @@
 """A model of a distributed step's communication: bytes per rank from the batch and the tables,
-and step time from those bytes and a network's bandwidth and latency (README, "Communication
+and step time from those bytes and a network's bandwidth and latency (docs/distributed.md, "Communication
 model"). ``bench/bench_distributed.py`` and ``tests/distributed/test_traffic.py`` check its byte
 predictions against what ``Exchange`` measured.
 

@@ -85,7 +85,7 @@ class EmbeddingCollection(nn.Module):
         features: one FeatureConfig per sparse feature; several may share a table.
         seed: the run's seed; a table without its own ``seed`` derives one from it and its name.
 
-    Example:
+    Examples:
         >>> ec = EmbeddingCollection([TableConfig(name="t", dim=4)],
         ...                          [FeatureConfig(name="a", table="t"), FeatureConfig(name="b", table="t")])
         >>> sf = SparseFeatures(["a", "b"], torch.tensor([1, 2, 3, 1]), torch.tensor([2, 1, 1, 0]))

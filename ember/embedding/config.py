@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
 
 from pydantic import Field
 
 from ember.config_base import ConfigModel
 from ember.embedding.codec import RowDtype, packed_words
 from ember.embedding.init import InitializerConfig
+from ember.featurize.schema import PoolingMode
 from ember.optim import RowWiseAdagrad, SparseOptimizerConfig
 from ember.tiers.storage import StorageConfig
 
@@ -21,13 +21,26 @@ class TableOptions(ConfigModel):
     each key does)."""
 
     dim: int = Field(16, gt=0)
+    """Embedding width D."""
     initializer: InitializerConfig = InitializerConfig()
+    """How a new ID's row starts: a pure function of (table seed, ID)."""
     optimizer: SparseOptimizerConfig = Field(default_factory=lambda: RowWiseAdagrad(lr=0.05))
-    seed: int | None = None  # None: derived from the run's seed and the table name (table_seed)
+    """The sparse optimizer (`type`: sgd, adagrad, rowwise_adagrad, adam, ftrl); it updates only the rows a batch
+    touched."""
+    seed: int | None = None
+    """Seed of the table's initial rows; unset, it is derived from `train.seed` and the table name (tables
+    differ; changing `train.seed` changes every table's init)."""
     storage: StorageConfig = StorageConfig()
+    """Where the rows live (device cache, host memory, disk); unset: all in host memory."""
     min_count: int = Field(1, ge=1)
+    """An ID gets its own row after this many sightings; before, it reads a shared all-zero row and gets no
+    update."""
     ttl_steps: int | None = Field(None, gt=0)
+    """A row not looked up for more than this many training steps is dropped; its ID comes back freshly
+    initialised."""
     dtype: RowDtype = "fp32"
+    """How the weights are stored in every tier, checkpoint and export: `fp32`, `bf16` or `fp16` (optimizer state
+    stays fp32) (see Capacity planning, "Row storage dtype")."""
 
 
 class TableConfig(TableOptions):
@@ -51,6 +64,7 @@ class TableConfig(TableOptions):
     """
 
     name: str = Field(min_length=1)
+    """The name features refer to (`schema.sparse[].table`)."""
 
     @property
     def record_dim(self) -> int:
@@ -69,8 +83,6 @@ class TableConfig(TableOptions):
         return packed_words(self.dtype, self.dim, self.stored_dim)
 
 
-PoolingMode = Literal["sum", "mean", "sqrtn", "sequence"]
-
 
 class FeatureConfig(ConfigModel):
     """How one sparse feature is embedded: which table, and how its IDs are pooled per sample.
@@ -79,12 +91,21 @@ class FeatureConfig(ConfigModel):
     weights: sum w*e, sum w*e / sum |w|, sum w*e / sqrt(sum w^2), each norm floored at
     ``pooling.WEIGHT_EPS``, so an all-zero-weight bag pools to zero); ``sequence`` keeps every
     position: a [B, L, D] tensor padded with zeros plus a [B, L] mask (L = ``max_length``).
+
+    Examples:
+        >>> FeatureConfig(name="history", table="item", pooling="mean").table_name
+        'item'
     """
 
     name: str = Field(min_length=1)
-    table: str | None = None  # defaults to the feature's own name
+    """Feature name (its key in `SparseFeatures`)."""
+    table: str | None = None
+    """The table it looks up; unset: `name`. Several features may share one table."""
     pooling: PoolingMode = "sum"
+    """`sum`, `mean`, `sqrtn` (weighted when the batch carries weights), or `sequence`: a padded `[B, L, D]`
+    tensor plus mask."""
     max_length: int | None = Field(None, gt=0)
+    """Keep the first `max_length` IDs of a row (`L` for `sequence`)."""
 
     @property
     def table_name(self) -> str:

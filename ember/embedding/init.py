@@ -29,8 +29,11 @@ class InitializerConfig(ConfigModel):
     """
 
     type: Literal["uniform", "normal", "zeros"] = "uniform"
+    """`uniform`: U(-scale, scale); `normal`: N(0, std²); `zeros` (e.g. a wide part)."""
     scale: float | None = Field(None, gt=0)
+    """Bound of `uniform`; unset: 1/sqrt(dim)."""
     std: float | None = Field(None, gt=0)
+    """Standard deviation of `normal`; unset: 1/sqrt(dim)."""
 
 
 def table_seed(base: int, name: str) -> int:

@@ -17,8 +17,8 @@ from ember.config_base import ConfigModel
 
 __all__ = ["DenseFeature", "SparseFeature", "Schema", "PoolingMode", "as_recorded"]
 
-# The pooling modes ember.embedding implements (its PoolingMode; tests keep the two equal). The
-# schema names them itself because featurize sits below embedding and must not import it.
+# How a sparse feature's bag of rows becomes one vector: the one definition, here because
+# featurize sits below embedding (which implements the modes and imports this name).
 PoolingMode = Literal["sum", "mean", "sqrtn", "sequence"]
 
 
@@ -35,12 +35,20 @@ class DenseFeature(ConfigModel):
     """
 
     name: str = Field(min_length=1)
-    column: str | None = None  # defaults to name
+    """Feature name."""
+    column: str | None = None
+    """Source column; unset: `name`."""
     fill: float = 0.0
+    """Value of a missing field (null or empty)."""
     log1p: bool = False
+    """Apply `log(1 + max(x, 0))` (after `fill` and `clip`)."""
     sign_log1p: bool = False
-    clip: tuple[float | None, float | None] | None = None  # a None side is unbounded
+    """`sign(x) · log(1 + |x|)`: log1p's compression for columns with meaningful negative values (they keep sign
+    and order); not with `log1p`."""
+    clip: tuple[float | None, float | None] | None = None
+    """`[lo, hi]` to clamp to; either side may be null (unbounded)."""
     standardize: tuple[float, float] | None = None
+    """`[mean, std]`: the value becomes `(x - mean) / std`, last of the transforms."""
 
     @model_validator(mode="after")
     def _check(self) -> "DenseFeature":
@@ -85,16 +93,33 @@ class SparseFeature(ConfigModel):
 
     # the embedding side (same keys as ember.embedding.FeatureConfig)
     name: str = Field(min_length=1)
-    table: str | None = None  # defaults to the feature's own name
+    """Feature name (its key in `Batch.sparse`)."""
+    table: str | None = None
+    """The table it looks up; unset: `name`. Several features may share one table."""
     pooling: PoolingMode = "sum"
+    """`sum`, `mean`, `sqrtn` (weighted when the feature has weights: `Σw·e`, `Σw·e / max(Σ|w|, 1e-6)`, `Σw·e /
+    max(√Σw², 1e-6)`; a bag whose weights are all zero pools to zero, and a weighted mean never exceeds the
+    bag's largest row, whatever the weights' signs), or `sequence`: a padded `[B, L, D]` tensor plus mask, for
+    your own models (the built-in ones take pooled features)."""
     max_length: int | None = Field(None, gt=0)
+    """Keep the first `max_length` values of a row (`L` for `sequence`)."""
     # the data side
     column: str | None = None
+    """Source column; unset: `name`."""
     separator: str | None = None
+    """Multi-hot values joined in one string column (`"a|b|c"`; empty tokens are no value); list columns
+    (Parquet, ORC) are multi-hot without it."""
     weight_column: str | None = None
+    """Column of per-value weights, the same shape as the values."""
     salt: str | None = None
+    """Hash salt; unset: `name`, so equal values in two features get different IDs unless both set the same salt."""
     hash_ids: bool = True
-    missing_values: list[str] | None = None  # None: the schema's missing_values
+    """`false`: integer values are the IDs, unchanged (string columns are parsed as decimal int64)."""
+    missing_values: list[str] | None = None
+    """Values that mean "no value" (no ID; a bag of only these is empty), e.g. `["", "-1"]`. Anything else is a
+    category, `""` included (an empty field often predicts the label; list it to make it missing). Null is
+    always missing; empty tokens of a `separator` column are no value; with `hash_ids: false` an empty field
+    is no ID and integer entries match integer columns."""
 
     @model_validator(mode="after")
     def _check_sep(self) -> "SparseFeature":
@@ -123,14 +148,21 @@ class Schema(ConfigModel):
     """
 
     labels: list[str] = Field(min_length=1)
+    """Label column(s): one logit each, several labels make a multi-task model."""
     dense: list[DenseFeature] = Field(default_factory=list)
+    """Dense (float) features, in model input order."""
     sparse: list[SparseFeature] = Field(min_length=1)
+    """Sparse (categorical) features, at least one, in model input order."""
     missing_values: list[str] = Field(default_factory=list)
+    """Categorical values every sparse feature takes as missing unless it sets its own, e.g. `[""]`; by default
+    the empty string (an empty CSV field) is a category and only null is missing. The `criteo` preset sets
+    `[""]`: that dataset defines an empty field as missing."""
     teacher: list[str] = Field(default_factory=list)
     """Columns of a teacher model's probabilities, one per label in ``labels`` order, for
     ``model.distill`` (empty: no teacher). Not read when scoring."""
     # scoring: label columns are not read (they may be absent) and labels come out as 0
     score_only: bool = False
+    """Set by the scorer, not in configs: label and teacher columns are not read (they may be absent)."""
 
     @model_validator(mode="before")
     @classmethod

@@ -28,10 +28,15 @@ class DCNConfig(ModelConfigBase):
     """
 
     type: Literal["dcn"] = "dcn"
+    """`dcn`: DCNv2, cross layers plus a deep MLP."""
     num_cross_layers: int = Field(3, ge=1)
+    """Cross layers."""
     low_rank: int | None = Field(None, ge=1)
+    """Rank of each cross matrix; unset: full D x D matrices."""
     structure: Literal["stacked", "parallel"] = "stacked"
+    """`stacked` (cross then deep) or `parallel` (side by side)."""
     deep_mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(sizes=[512, 256]))
+    """The deep part's MLP."""
 
 
 class DCN(nn.Module):

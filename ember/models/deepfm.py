@@ -38,9 +38,13 @@ class DeepFMConfig(ModelConfigBase):
     """
 
     type: Literal["deepfm"] = "deepfm"
+    """`deepfm`: first-order terms, an FM interaction and a deep MLP."""
     deep_mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(sizes=[400, 400, 400]))
+    """MLP over the concatenated embeddings and dense features."""
     dense_init: DenseInit = DenseInit()
+    """How the first-order weights over the dense features start."""
     dense_field: bool = True
+    """The dense vector is one more FM field."""
 
 
 class DeepFM(nn.Module):

@@ -29,9 +29,13 @@ class DLRMConfig(ModelConfigBase):
     """
 
     type: Literal["dlrm"] = "dlrm"
+    """`dlrm`: bottom MLP over dense features, dot interaction with the embeddings, top MLP."""
     bottom_mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(sizes=[512, 256, 16]))
+    """MLP over the dense features; must end in the embedding dim."""
     top_mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(sizes=[512, 256]))
+    """MLP over the interaction output (the logit layer is added)."""
     bottom_final_activation: Literal["identity", "leaky_relu", "relu"] = "identity"
+    """Activation of the bottom MLP's last layer: `identity`, `relu` or `leaky_relu`."""
 
 
 class DLRM(nn.Module):

@@ -43,12 +43,19 @@ class DMTConfig(ModelConfigBase):
     """
 
     type: Literal["dmt"] = "dmt"
+    """`dmt`: Disaggregated Multi-Tower, DLRM whose interaction runs over compressed tower outputs."""
     towers: list[list[str]] | None = None
+    """Lists of sparse feature names, each feature in exactly one tower."""
     num_towers: int | None = Field(None, ge=1)
+    """K towers cut in schema order, when `towers` is not given (default 4)."""
     tower_mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(sizes=[128]))
+    """MLP of each tower over its features' concatenation and pairwise dots."""
     tower_vectors: int = Field(2, ge=1)
+    """Vectors of the embedding dim each tower outputs."""
     bottom_mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(sizes=[512, 256, 16]))
+    """MLP over the dense features; must end in the embedding dim."""
     top_mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(sizes=[512, 256]))
+    """MLP over the interaction output."""
 
     @model_validator(mode="after")
     def _one_way(self) -> "DMTConfig":

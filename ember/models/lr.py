@@ -29,7 +29,9 @@ class LRConfig(ModelConfigBase):
     """
 
     type: Literal["lr"] = "lr"
+    """`lr`: logistic regression, one weight per ID plus a linear layer on the dense features."""
     dense_init: DenseInit = DenseInit()
+    """How the weights over the dense features start."""
 
 
 class LR(nn.Module):

@@ -24,9 +24,13 @@ class MMoEConfig(ModelConfigBase):
     """
 
     type: Literal["mmoe"] = "mmoe"
+    """`mmoe`: multi-gate mixture of experts, one gate and tower per label."""
     num_experts: int = Field(4, ge=1)
+    """Experts shared by the tasks."""
     expert_mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(sizes=[256, 128]))
+    """Each expert's MLP."""
     tower_mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(sizes=[64]))
+    """Each task tower's MLP."""
 
 
 class MMoE(nn.Module):
@@ -69,8 +73,11 @@ class SharedBottomConfig(ModelConfigBase):
     """
 
     type: Literal["shared_bottom"] = "shared_bottom"
+    """`shared_bottom`: one shared MLP, one tower per label."""
     bottom_mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(sizes=[256, 128]))
+    """The shared MLP."""
     tower_mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(sizes=[64]))
+    """Each task tower's MLP."""
 
 
 class SharedBottom(nn.Module):

@@ -23,8 +23,11 @@ class WDLConfig(ModelConfigBase):
     """
 
     type: Literal["wdl"] = "wdl"
+    """`wdl`: Wide & Deep, first-order (wide) terms plus a deep MLP."""
     deep_mlp: MLPConfig = Field(default_factory=lambda: MLPConfig(sizes=[400, 400, 400]))
+    """MLP over the concatenated embeddings and dense features."""
     dense_init: DenseInit = DenseInit()
+    """How the wide part's weights over the dense features start."""
 
 
 class WDL(nn.Module):

@@ -18,9 +18,13 @@ class _AdagradFamily(ConfigModel):
     """The settings both Adagrads share: step size, epsilon, the accumulator's start."""
 
     lr: float = Field(0.01, gt=0)
+    """Learning rate."""
     eps: float = Field(1e-10, ge=0)
+    """Added to the root of the accumulator before dividing."""
     initial_accumulator_value: float = Field(0.0, ge=0)
-    schedule: ScheduleConfig | None = None  # lr warmup / decay over the global step (ember.optim.schedule)
+    """Starting value of the squared-gradient accumulator."""
+    schedule: ScheduleConfig | None = None
+    """Learning-rate warmup and decay over the global step."""
 
 
 class Adagrad(_AdagradFamily):
@@ -34,6 +38,7 @@ class Adagrad(_AdagradFamily):
     """
 
     type: Literal["adagrad"] = "adagrad"
+    """`adagrad`: one accumulator per weight (D state floats per row)."""
 
     def state_dim(self, dim: int) -> int:
         return dim
@@ -60,6 +65,7 @@ class RowWiseAdagrad(_AdagradFamily):
     """
 
     type: Literal["rowwise_adagrad"] = "rowwise_adagrad"
+    """`rowwise_adagrad`: one accumulator per row (1 state float per row)."""
 
     def state_dim(self, dim: int) -> int:
         return 1

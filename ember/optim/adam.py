@@ -27,11 +27,17 @@ class Adam(ConfigModel):
     """
 
     type: Literal["adam"] = "adam"
+    """`adam`: lazy Adam with a per-row step count (2D + 1 state floats per row)."""
     lr: float = Field(1e-3, gt=0)
+    """Learning rate."""
     beta1: float = Field(0.9, ge=0, lt=1)
+    """Decay of the first-moment estimate."""
     beta2: float = Field(0.999, ge=0, lt=1)
+    """Decay of the second-moment estimate."""
     eps: float = Field(1e-8, ge=0)
-    schedule: ScheduleConfig | None = None  # lr warmup / decay over the global step (ember.optim.schedule)
+    """Added to the root of the second moment before dividing."""
+    schedule: ScheduleConfig | None = None
+    """Learning-rate warmup and decay over the global step."""
 
     def state_dim(self, dim: int) -> int:
         return 2 * dim + 1

@@ -27,13 +27,19 @@ class FTRL(ConfigModel):
     """
 
     type: Literal["ftrl"] = "ftrl"
+    """`ftrl`: FTRL-proximal (2D state floats per row)."""
     alpha: float = Field(0.05, gt=0)
+    """Learning-rate scale of the per-coordinate rate."""
     beta: float = Field(1.0, ge=0)
+    """Smoothing term of the per-coordinate rate."""
     l1: float = Field(0.0, ge=0)
+    """L1 regularisation strength (drives weights to exactly zero)."""
     l2: float = Field(0.0, ge=0)
+    """L2 regularisation strength."""
     # FTRL's per-coordinate rate (alpha / sqrt(n)) is folded into z; changing alpha mid-run would
     # break that invariant, so a schedule is refused rather than silently ignored
     schedule: None = None
+    """Not available: FTRL's per-coordinate rate already decays; setting one is an error."""
 
     _no_schedule = removed_key("schedule", "ftrl takes no lr schedule: its per-coordinate rate alpha / (beta + sqrt(n)) "
                                "already decays; use sgd, adagrad, rowwise_adagrad or adam for a scheduled lr")

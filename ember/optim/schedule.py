@@ -44,10 +44,18 @@ class ScheduleConfig(ConfigModel):
     """
 
     warmup_steps: int = Field(0, ge=0)
+    """Steps `s < warmup_steps` use `lr · (s + 1) / warmup_steps` (the first step already moves)."""
     decay: Literal["constant", "linear", "cosine", "step", "exponential"] = "constant"
+    """After warmup, with `p = s - warmup_steps`: `constant`; `linear` (1 → `final_ratio` over `decay_steps`,
+    then flat); `cosine` (`final_ratio + (1 - final_ratio)(1 + cos(π·min(p/decay_steps, 1)))/2`); `step`
+    (`gamma^floor(p/decay_steps)`); `exponential` (`gamma^(p/decay_steps)`)."""
     decay_steps: int | None = Field(None, ge=1)
-    final_ratio: float | None = Field(None, ge=0, le=1)  # linear / cosine; default 0
-    gamma: float | None = Field(None, gt=0, le=1)  # step / exponential; default 0.1
+    """Steps of the decay (`linear`, `cosine`) or between drops (`step`, `exponential`); required but for
+    `constant`."""
+    final_ratio: float | None = Field(None, ge=0, le=1)
+    """`linear`, `cosine`: the final lr as a fraction of `lr`; unset: 0."""
+    gamma: float | None = Field(None, gt=0, le=1)
+    """`step`, `exponential`: the factor per `decay_steps`; unset: 0.1."""
 
     @model_validator(mode="after")
     def _keys_fit_decay(self) -> "ScheduleConfig":

@@ -23,8 +23,11 @@ class SGD(ConfigModel):
     """
 
     type: Literal["sgd"] = "sgd"
+    """`sgd`: plain stochastic gradient descent, no state."""
     lr: float = Field(0.01, gt=0)
-    schedule: ScheduleConfig | None = None  # lr warmup / decay over the global step (ember.optim.schedule)
+    """Learning rate."""
+    schedule: ScheduleConfig | None = None
+    """Learning-rate warmup and decay over the global step."""
 
     def state_dim(self, dim: int) -> int:
         return 0

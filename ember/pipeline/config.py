@@ -29,8 +29,8 @@ class QueueDepths(ConfigModel):
     plan: int = Field(2, ge=1)
     """Planned batches (IDs deduplicated per table) awaiting their rows: small (IDs only)."""
     fetch: int = Field(1, ge=1)
-    """Batches whose rows were fetched from the tiers awaiting the dense step (or, on a GPU, the
-    copy): each holds [unique IDs, record width] floats, the largest per-batch buffer."""
+    """Batches with fetched rows waiting for the dense step: each holds [unique IDs × record width] floats, the
+    largest buffer; how far fetches run ahead of updates is `train.embedding_staleness`."""
     device: int = Field(1, ge=1)
     """GPU only: batches copied to the device (own CUDA stream, pinned host memory) awaiting
     the dense step; each holds its batch and rows in device memory."""
@@ -49,7 +49,9 @@ class PipelineConfig(ConfigModel):
     """
 
     enabled: bool = True
+    """Stages on threads with bounded queues; false: the same stages in line (the reference, see "The pipeline")."""
     depth: QueueDepths = QueueDepths()
+    """Queue depth after each stage: more absorbs bursts, costs RAM."""
     data_workers: int = Field(0, ge=0, le=1)
     """1: read and featurize the training data in a worker process (``torch.utils.data``'s
     DataLoader), batches handed over in shared memory, so the parsing and hashing, which hold

@@ -27,6 +27,7 @@ from ember.embedding.config import FeatureConfig
 from ember.embedding.codec import RowDtype, from_bits, round_nearest
 from ember.embedding.init import InitializerConfig, init_rows
 from ember.errors import CheckpointError, ConfigError
+from ember.config_base import deep_merge
 from ember.source.bad_rows import BadRowReport
 
 if TYPE_CHECKING:
@@ -289,7 +290,7 @@ class Predictor:
             data["format"] = fmt
             if fmt in ("csv", "tsv") and data.get("preset") != "criteo":
                 data["csv"] = {**data.get("csv", {}), "delimiter": None, "header": True}
-        data = _merge(data, data_overrides)
+        data = deep_merge(data, data_overrides)
         cfg = DataConfig.parse(data, where="data")
         schema = self.score_schema
         cfg = _without_absent_labels(cfg, schema.labels, paths[0])
@@ -339,13 +340,6 @@ def _format_of(paths: list[str]) -> str | None:
     if len(exts) == 1 and (ext := exts.pop()) in _FORMATS:
         return ext
     return None
-
-
-def _merge(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in top.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 def _without_absent_labels(cfg: Any, labels: list[str], first_file: str) -> Any:

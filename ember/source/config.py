@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from ember.config_base import ConfigModel, removed_key
+from ember.config_base import ConfigModel, deep_merge, removed_key
 from ember.source.watch import WatchOptions
 
 __all__ = ["CsvOptions", "SyntheticOptions", "DataConfig", "PRESET_DATA_DEFAULTS", "CRITEO_COLUMNS", "SHUFFLE_BUFFER_ROWS"]
@@ -48,25 +48,42 @@ class CsvOptions(ConfigModel):
         'auto'
     """
 
-    delimiter: str | None = Field(None, min_length=1, max_length=1)  # default "," (csv) / tab (tsv)
+    delimiter: str | None = Field(None, min_length=1, max_length=1)
+    """One character; unset: `,` for csv, tab for tsv."""
     header: bool | Literal["auto"] = True
-    column_names: list[str] | None = None  # required when header is false or auto
-    block_bytes: int = Field(8 << 20, ge=1 << 12)  # bytes parsed at a time: RAM vs per-call overhead
-    newlines_in_values: bool = False  # quoted values may hold line ends (see above)
+    """`true`: each file's first line names the columns; `false`: no header line; `auto`: per file, the first
+    line is a header exactly when it equals `column_names` (e.g. a train file with a header, eval files
+    without)."""
+    column_names: list[str] | None = None
+    """Required when `header` is false or `auto` (the `criteo` preset sets them); with `header: true` they
+    replace the header's names."""
+    block_bytes: int = Field(8 << 20, ge=1 << 12)
+    """Bytes parsed at a time: more RAM against less per-call overhead."""
+    newlines_in_values: bool = False
+    """Quoted values may hold delimiters and line breaks (spreadsheet exports); off, such a line is a bad row."""
 
 
 class SyntheticOptions(ConfigModel):
     """The built-in Criteo-shaped generator (see :mod:`ember.source.synthetic`)."""
 
     num_dense: int = Field(13, ge=0)
+    """Dense columns `I1..`."""
     num_sparse: int = Field(26, ge=1)
+    """Sparse columns `C1..`."""
     rows: int = Field(1_000_000, ge=1)
+    """Training rows."""
     eval_rows: int = Field(100_000, ge=1)
-    vocab_size: int | list[int] = 100_000  # per sparse feature: one for all, or one each
+    """Evaluation rows."""
+    vocab_size: int | list[int] = 100_000
+    """Distinct IDs per sparse feature: one value for all, or a list with one each."""
     zipf: float = Field(1.1, gt=0.0)
-    multi_hot: dict[str, int] = Field(default_factory=dict)  # feature name -> max bag length
-    signal_features: int = Field(8, ge=0)  # sparse features that carry a hidden per-ID effect
+    """Exponent of the Zipf distribution the IDs are drawn from."""
+    multi_hot: dict[str, int] = Field(default_factory=dict)
+    """Feature name to maximum bag length, e.g. `{C1: 5}`; the others are single-hot."""
+    signal_features: int = Field(8, ge=0)
+    """Sparse features that carry a hidden per-ID effect on the label."""
     seed: int = 0
+    """Generator seed: batch k depends only on (seed, split, k)."""
 
     @model_validator(mode="after")
     def _check(self) -> "SyntheticOptions":
@@ -94,13 +111,6 @@ PRESET_DATA_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 class DataConfig(ConfigModel):
     """Data source, batching, shuffling and bad-row policy. A ``preset`` fills defaults that
     explicit keys override (see :mod:`ember.featurize.presets` for its schema).
@@ -118,33 +128,51 @@ class DataConfig(ConfigModel):
     """
 
     preset: Literal["criteo", "synthetic"] | None = None
+    """`criteo` (Kaggle TSV layout) or `synthetic`: fills `format`, the CSV layout and the schema; explicit keys
+    win."""
     format: Literal["synthetic", "csv", "tsv", "parquet", "orc"] = "synthetic"
+    """`synthetic` (the built-in generator), `csv`, `tsv`, `parquet` or `orc`."""
     train: list[str] | str | None = None
+    """Training data: a path, glob or directory, or a list of them (read in sorted order)."""
     eval: list[str] | str | None = None
+    """Evaluation data, as `train`; always read in file order."""
     batch_size: int = Field(4096, ge=1)
+    """Training rows per batch (the global batch under distributed training)."""
     eval_batch_size: int | None = Field(None, ge=1)
-    drop_last: bool = False  # train only: drop a final partial batch
-    shuffle_buffer: int = Field(SHUFFLE_BUFFER_ROWS, ge=0)  # train rows held for shuffling; 0 = file order
+    """Rows per evaluation batch; unset: `batch_size`."""
+    drop_last: bool = False
+    """Drop a final partial training batch."""
+    shuffle_buffer: int = Field(SHUFFLE_BUFFER_ROWS, ge=0)
+    """Training rows held for shuffling (the file order is shuffled too); 0 = file order. On by default since
+    files are often sorted (by time, by user). RAM: ~3.3 KB per buffered Criteo-shaped row at the peak (pool
+    of up to 2× the buffer plus the reshuffle's copies: 3.3 GB at the default, measured), more with more IDs
+    per row; the first batch waits for the pool to fill. Evaluation always reads in file order."""
     seed: int = 0
+    """Shuffle seed (reshuffled per epoch)."""
     on_bad_rows: Literal["error", "skip"] = "error"
+    """`error`: stop, naming file, row, column and value; `skip`: drop the row and count it per reason."""
     shard: Literal["rows", "files"] = "rows"
-    """How a distributed run's ranks split the training data. ``rows``: every rank reads every
-    global batch and trains its slice r (results and data position do not depend on the world
-    size). ``files``: rank r reads only training files r, r + N, r + 2N, ... (after expansion and
-    the file-order shuffle) in batches of ``batch_size / N`` rows of its own: less reading and
-    featurizing per rank, but the batches (and so the results) depend on the world size."""
-    read_rows: int = Field(65536, ge=1)  # rows per record batch read from Parquet/ORC/synthetic
-    # removed: the staged pipeline (``pipeline:`` section) reads ahead
+    """How the ranks of a distributed run split the training data. `rows`: every rank reads each global batch and
+    trains its slice (results do not depend on the world size). `files`: rank r reads only training files r,
+    r+N, r+2N, ... in batches of `batch_size / N` rows of its own: each rank reads and featurizes only its
+    files (faster), but the batches, and so the results, depend on the world size. Needs files (not
+    `synthetic`), at least N of them, and `train.mode: offline`; one process ignores it."""
+    read_rows: int = Field(65536, ge=1)
+    """Rows per record batch read from Parquet, ORC or the generator."""
     prefetch: None = None
+    """Removed: reading ahead is the pipeline's job (`pipeline.depth.read`); setting it is an error that says so."""
     csv: CsvOptions = CsvOptions()
+    """How CSV / TSV files are laid out."""
     synthetic: SyntheticOptions = SyntheticOptions()
-    watch: WatchOptions | None = None  # data.train is watched for new files (train.mode: online)
+    """The built-in generator (`format: synthetic`): Criteo-shaped rows, nothing of vocabulary size allocated."""
+    watch: WatchOptions | None = None
+    """Watch `data.train` for new files and train on them as they appear (needs `train.mode: online`)."""
 
     @model_validator(mode="before")
     @classmethod
     def _apply_preset(cls, data: Any) -> Any:
         if isinstance(data, dict) and data.get("preset") in PRESET_DATA_DEFAULTS:
-            return _merge(PRESET_DATA_DEFAULTS[data["preset"]], data)
+            return deep_merge(PRESET_DATA_DEFAULTS[data["preset"]], data)
         return data
 
     _no_prefetch = removed_key("prefetch", "data.prefetch was removed: reading ahead is the pipeline's job; use "

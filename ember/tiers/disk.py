@@ -1,6 +1,6 @@
 """Disk tier: the file *is* an open-addressing hash table of fixed-size record slots.
 
-Layout (chosen by measurement, see the README, "The disk tier"): ``slots.bin`` holds ``n_slots`` slots of
+Layout (chosen by measurement, see docs/capacity.md, "The disk tier"): ``slots.bin`` holds ``n_slots`` slots of
 ``8 + 4*R`` bytes, ``[id (int64) | record (R float32)]``, memory-mapped. An ID's home slot is a
 hash of the ID; collisions probe linearly. RAM holds only a 2-byte *tag* per slot (0 empty,
 1 deleted, else 16 hash bits of the ID living there), so finding an ID costs a few vectorised

@@ -37,7 +37,7 @@ _UNITS = {"": 1, "b": 1, "k": 1e3, "kb": 1e3, "kib": 2**10, "m": 1e6, "mb": 1e6,
 def parse_bytes(value: int | str) -> int:
     """``4096``, ``"512MiB"``, ``"1.5 GB"`` -> bytes.
 
-    Example:
+    Examples:
         >>> parse_bytes("2KiB"), parse_bytes("1.5 GB"), parse_bytes(10)
         (2048, 1500000000, 10)
     """
@@ -57,22 +57,32 @@ class StorageConfig(ConfigModel):
     tier holds every row (unbounded unless given a budget, which then caps the table); with a
     disk tier the host tier, if budgeted, caches the disk.
 
-    Example:
+    Examples:
         >>> s = StorageConfig(device_rows=1000, host_bytes="64MiB", disk_path="/tmp/ember-disk")
         >>> [t for t, _, _ in plan_storage(s, record_dim=17).tiers]
         ['device', 'host', 'disk']
     """
 
     device_rows: int | None = Field(None, gt=0)
+    """Device cache size in rows (on the GPU when present, else a host-memory cache)."""
     device_bytes: int | str | None = None
+    """Device cache size in bytes, e.g. `256MiB`; give rows or bytes, not both."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
+    """Where the device cache lives: `auto`, `cuda` or `cpu`."""
     host_rows: int | None = Field(None, gt=0)
+    """Host-memory rows: with a disk tier a cache in front of it, without one a hard cap; unset: unbounded."""
     host_bytes: int | str | None = None
+    """Host-memory budget in bytes, e.g. `8GiB`; give rows or bytes, not both."""
     disk_path: str | None = None
+    """Enables the disk tier; its files go to `<disk_path>/<table name>/`."""
     disk_rows: int = Field(1 << 20, gt=0)
+    """Rows the disk file is sized for; beyond, it grows by rewriting."""
     disk_max_load: float = Field(0.85, ge=0.5, le=0.95)
+    """Slot occupancy before the disk file grows (0.5 to 0.95)."""
     policy: Policy = "lfu"
+    """What a cache evicts: `lru` (oldest access) or `lfu` (fewest accesses)."""
     admit_after: int = Field(2, ge=1)
+    """Misses before an ID is promoted into a faster tier."""
 
     @field_validator("device_bytes", "host_bytes")
     @classmethod
@@ -222,7 +232,14 @@ def _device(storage: StorageConfig) -> torch.device:
 
 
 def plan_storage(storage: StorageConfig, record_dim: int, name: str = "table") -> StoragePlan:
-    """The memory and disk ``build_tier`` will use for this table, without allocating anything."""
+    """The memory and disk ``build_tier`` will use for this table, without allocating anything.
+
+    Examples:
+        >>> print(plan_storage(StorageConfig(host_rows=1000), record_dim=17, name="t").describe())
+        table 't' (record 17 words = 68 B):
+          host           1,000 rows  host store (caps the table), 110.91 KiB
+          total: host 110.91 KiB, device 0 B, disk 0 B
+    """
     plan = StoragePlan(name=name, record_dim=record_dim, disk_path=storage.disk_path)
     dev_rows = _rows_for(storage.device_bytes, storage.device_rows, record_dim)
     host_rows = _rows_for(storage.host_bytes, storage.host_rows, record_dim)
@@ -259,7 +276,7 @@ def plan_storage(storage: StorageConfig, record_dim: int, name: str = "table") -
 def build_tier(storage: StorageConfig, record_dim: int, name: str = "table") -> Tier:
     """Check the plan (CapacityError up front), then build the table's chain of tiers.
 
-    Example:
+    Examples:
         >>> t = build_tier(StorageConfig(device_rows=4, device="cpu"), record_dim=3)
         >>> type(t).__name__, t.fast.capacity
         ('CachedTier', 4)

@@ -16,10 +16,15 @@ class DenseOptimizerConfig(ConfigModel):
     """The torch optimizer of the dense (MLP) parameters."""
 
     type: Literal["adagrad", "adam", "adamw", "sgd"] = "adagrad"
+    """`adagrad`, `adam`, `adamw` or `sgd` (torch.optim)."""
     lr: float = Field(0.01, gt=0)
+    """Learning rate."""
     weight_decay: float = Field(0.0, ge=0)
+    """Weight decay (L2 for adagrad, adam, sgd; decoupled for adamw)."""
     eps: float | None = Field(None, gt=0)
-    schedule: ScheduleConfig | None = None  # lr warmup / decay over the global step (ember.optim.schedule)
+    """The optimizer's eps; unset: torch's default."""
+    schedule: ScheduleConfig | None = None
+    """Learning-rate warmup and decay over the global step."""
 
 
 class EarlyStoppingConfig(ConfigModel):
@@ -28,11 +33,16 @@ class EarlyStoppingConfig(ConfigModel):
 
     metric: str = "auc"
     """``auc`` or ``logloss`` (the mean over tasks), or one task's: ``auc/<label>``, ``logloss/<label>``."""
-    mode: Literal["max", "min"] | None = None  # None: max for auc, min for logloss
-    patience: int = Field(3, ge=1)  # evaluations without improvement before stopping
-    min_delta: float = Field(0.0, ge=0)  # an improvement smaller than this does not count
-    save_best: bool = True  # checkpoint each improving eval (kept beside keep_checkpoints; checkpoints/BEST names it)
-    restore_best: bool = False  # at the end, the run's model (result, --export, summary metrics) is the best one
+    mode: Literal["max", "min"] | None = None
+    """`max` or `min`: which direction is better; unset: max for auc, min for logloss."""
+    patience: int = Field(3, ge=1)
+    """Evaluations without improvement before stopping."""
+    min_delta: float = Field(0.0, ge=0)
+    """An improvement smaller than this does not count."""
+    save_best: bool = True
+    """Checkpoint each improving evaluation and keep it (`checkpoints/BEST`); false: only record the best step."""
+    restore_best: bool = False
+    """At the end, the run's model (result, --export, summary metrics) is the best one."""
 
     @model_validator(mode="after")
     def _check(self) -> "EarlyStoppingConfig":
@@ -58,41 +68,69 @@ class TrainConfig(ConfigModel):
     until ``max_steps``, the end of the files (``data.watch.idle_timeout_s``) or a signal; the
     checkpoint records the files finished and the rows trained of the current one."""
     epochs: int = Field(1, ge=1)
+    """Passes over the training data (offline mode)."""
     max_steps: int | None = Field(None, ge=1)
+    """Stop after this many steps (one step per batch)."""
     dense_optimizer: DenseOptimizerConfig = DenseOptimizerConfig()
+    """The torch optimizer of the model's dense parameters: `type` (`adagrad`, `adam`, `adamw`, `sgd`), `lr`,
+    `weight_decay` (0), `eps` (torch's default), `schedule` (none; see Learning-rate schedules)."""
     task_weights: list[float] | None = None
+    """One loss weight per label; unset: all 1."""
     log_every: int = Field(50, ge=1)
-    eval_every: int | None = Field(None, ge=1)  # steps; None: after each epoch
+    """Steps between training log records in `metrics.jsonl`."""
+    eval_every: int | None = Field(None, ge=1)
+    """Steps between evaluations on `data.eval`; unset: after each epoch."""
     eval_max_batches: int | None = Field(None, ge=1)
-    checkpoint_every: int | None = Field(None, ge=1)  # steps; the final state is always saved
+    """Cap on evaluation batches; unset: the whole eval set."""
+    checkpoint_every: int | None = Field(None, ge=1)
+    """Steps between checkpoints; the final state is always saved."""
     checkpoint_every_s: float | None = Field(None, gt=0)
-    """Seconds: also checkpoint after the first step that ends this long after the last save
-    (long or online runs); decided when that step's batch is fetched."""
+    """Seconds: also checkpoint after the first step ending at least this long after the last save (for long and
+    online runs; distributed, the ranks decide it together each step)."""
     keep_checkpoints: int = Field(2, ge=1)
+    """Checkpoints kept (the newest; early stopping's best, named by `checkpoints/BEST`, is kept on top of them)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the model and batches run: `auto` (CUDA when present), `cuda` or `cpu`; tables stay where their
+    `storage` puts them."""
     threads: int | None = Field(None, ge=1)
+    """`torch.set_num_threads`; the native kernels use as many. Unset: torch's default."""
     seed: int = 0
+    """Seed of the model's initialisation, and of every table without its own `seed`."""
     deterministic: bool = False
+    """Use torch's deterministic algorithms: a resumed run is then bit-identical to an uninterrupted one."""
     out_dir: str = "runs"
+    """Parent directory of runs."""
     run_name: str | None = None
-    resume: str | None = None  # checkpoint to continue exactly (model, optimizers, data position)
-    init_from: str | None = None  # checkpoint whose weights start a finetune (fresh data position)
+    """The run directory is `out_dir/run_name`; unset: `run-<date>-<time>`."""
+    resume: str | None = None
+    """A run or checkpoint directory to continue exactly (model, optimizers, data position, RNG)."""
+    init_from: str | None = None
+    """A run or checkpoint directory whose weights start a finetune (fresh data position)."""
     progress: bool = True
+    """Progress bar on stderr: steps done of the total with an ETA, loss, samples/s, the busiest stage, hit
+    rates."""
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "fp32"
-    """The model's compute type: bf16 / fp16 run its matmuls under torch.autocast with fp32 master
-    weights (fp16 with a dynamic loss scale over dense and embedding gradients); embedding rows,
-    optimizer state and the loss stay fp32. auto: bf16 where the device computes it natively (CPU
-    AMX-BF16 / AVX512-BF16, a bf16 GPU), else fp32; the choice and its reason are logged."""
+    """The dense model's compute type: `bf16` or `fp16` run its matmuls under `torch.autocast` on fp32 master
+    weights; `fp16` adds a dynamic loss scale that also covers the embedding gradients (a step that overflows
+    is skipped whole: no dense step, no row update; the scale is checkpointed). Rows, optimizer state and the
+    loss stay fp32. `auto`: bf16 where the device computes it natively (a CPU with AMX-BF16 or AVX512-BF16, a
+    bf16-capable GPU), else fp32; the choice and its reason are logged. Elsewhere bf16/fp16 are slower."""
     compile: bool = False
-    """torch.compile the dense model; a failure to compile is logged and the run goes on uncompiled."""
-    early_stopping: EarlyStoppingConfig | None = None  # stop when an eval metric stops improving
-    tensorboard: bool = False  # also write every metrics.jsonl record as TensorBoard scalars (run_dir/tensorboard)
+    """`torch.compile` the dense model (the first steps pay for compilation); if compiling fails, a warning names
+    the error and the run goes on uncompiled."""
+    early_stopping: EarlyStoppingConfig | None = None
+    """Stop when an eval metric stops improving."""
+    tensorboard: bool = False
+    """Also write every `metrics.jsonl` record as TensorBoard scalars to `<run>/tensorboard` (needs `pip install
+    'ember[tensorboard]'`; without it the run stops up front naming that command)."""
     embedding_staleness: int = Field(0, ge=0)
     """Steps the embedding fetch may run ahead of the sparse update: 0 = exact synchronous
     training; k > 0 lets batch t+k read rows before batch t's update is written (no update is
     lost: an update lands on the current row; a read is at most k updates behind)."""
     # removed: the staged pipeline schedules the lookup phases ahead (``pipeline:`` section)
     prefetch: None = None
+    """Removed: the staged pipeline fetches rows ahead (`pipeline.enabled`, `train.embedding_staleness`); setting
+    it is an error that says so."""
 
     _no_prefetch = removed_key("prefetch", "train.prefetch was removed: the staged pipeline fetches rows ahead; use "
                                "pipeline.enabled and train.embedding_staleness (how many steps the fetch may run ahead)")
@@ -122,7 +160,11 @@ class EvalConfig(ConfigModel):
     """Values per slice column reported on their own (the most frequent by rows); the rest together as ``other``."""
 
     window_rows: int | None = Field(None, ge=1)
-    """Rows in the window (the most recent ones); None: no rolling evaluation."""
+    """Keep the last this many (score, label) pairs of the training forward (each batch scored before its own
+    update: out-of-sample) and report AUC and logloss over them as `eval` records with a `window_rows` field
+    (offline too, but from a second epoch on its rows were trained on before: no longer out-of-sample); 8
+    bytes per row and label; a report sorts the window (~1.4 s per million rows on a loaded 2-core box,
+    training paused)."""
     window_every: int | None = Field(None, ge=1)
     """Steps between window reports; default ``train.log_every`` (unless ``window_every_s`` is set)."""
     window_every_s: float | None = Field(None, gt=0)

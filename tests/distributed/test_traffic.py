@@ -1,4 +1,4 @@
-"""The communication model (``ember.distributed.traffic``, README "Communication model")
+"""The communication model (``ember.distributed.traffic``, docs/distributed.md "Communication model")
 predicts the bytes a 2-rank run measures (``Exchange.take_stats`` in ``metrics.jsonl``): split
 counts and the dense all-reduce exactly, IDs, rows and gradients within 10 % (the model takes
 the expected share (N-1)/N of IDs owned elsewhere; the hash's actual share on this data

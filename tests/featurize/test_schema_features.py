@@ -2,19 +2,13 @@
 
 from __future__ import annotations
 
-import typing
 
 import pytest
 
 from ember.config import RunConfig, feature_config, from_dict
-from ember.embedding.config import FeatureConfig, PoolingMode
+from ember.embedding.config import FeatureConfig
 from ember.errors import ConfigError
-from ember.featurize.schema import PoolingMode as SchemaPoolingMode
 from ember.featurize.schema import Schema, SparseFeature
-
-
-def test_schema_pooling_modes_are_embeddings():
-    assert typing.get_args(SchemaPoolingMode) == typing.get_args(PoolingMode)
 
 
 def test_embedding_keys_keep_their_meaning():

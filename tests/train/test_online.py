@@ -244,14 +244,14 @@ def test_rolling_window_reports_the_last_rows_scored_before_their_update(tmp_pat
     np.testing.assert_allclose(p0, seen[0][0], rtol=1e-6, atol=1e-7)
 
 
-def test_readme_online_example_validates():
+def test_docs_online_example_validates():
     import re
 
     import yaml
 
     from tests.conftest import REPO
 
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "online-serving.md").read_text()
     block = [b for b in re.findall(r"```yaml\n(.*?)```", text, re.S) if "mode: online" in b]
     assert len(block) == 1
     raw = yaml.safe_load(block[0])

@@ -47,9 +47,13 @@ class MLPConfig(ConfigModel):
     """
 
     sizes: list[int] = Field(min_length=1)
+    """Output size of each layer."""
     activation: Activation = "relu"
+    """Activation after each layer: relu, leaky_relu, gelu, silu, tanh, sigmoid or identity."""
     dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Dropout probability after each activation."""
     batchnorm: bool = False
+    """BatchNorm after each linear layer (not under distributed training)."""
 
     @model_validator(mode="before")
     @classmethod
