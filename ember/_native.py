@@ -744,20 +744,6 @@ def arrow_hash_strings(offsets: object, data: object, validity: object, off: int
     return sum(run_chunks(part, chunks(np.ones(n, np.int8)) if n >= 2 * MIN_PARALLEL_ROWS else [(0, n)]))
 
 
-def _binary_from_buffers(fn: str, offsets: object, data: object, off: int, n: int, width: int) -> "pa.Array":
-    """The (large_)binary Arrow array of a string column's offsets and data buffers, checked
-    (the fallbacks' view of what the native kernels read in place)."""
-    if width not in (4, 8):
-        raise ValueError(f"{fn}: width must be 4 (int32 offsets) or 8 (int64)")
-    arr = pa.Array.from_buffers(pa.large_binary() if width == 8 else pa.binary(), n,
-                                [None, pa.py_buffer(offsets), pa.py_buffer(data)], offset=off)
-    try:
-        arr.validate(full=True)
-    except pa.ArrowInvalid as e:
-        raise ValueError(f"{fn}: offsets out of the data's range ({e})") from None
-    return arr
-
-
 def _arrow_hash_strings_py(offsets: object, data: object, validity: object, off: int, n: int, width: int, salt: int,
                            out: np.ndarray, out_valid: np.ndarray) -> int:
     # the reference: each distinct value hashed once (dictionary encoding), with numpy
@@ -844,6 +830,21 @@ def _arrow_parse_ints_py(offsets: object, data: object, validity: object, off: i
 
 
 # ---- row initialisers (ember.embedding.init) ---------------------------------------------------
+
+
+def _binary_from_buffers(fn: str, offsets: object, data: object, off: int, n: int, width: int) -> "pa.Array":
+    """The (large_)binary Arrow array of a string column's offsets and data buffers, checked
+    (the fallbacks' view of what the native kernels read in place)."""
+    if width not in (4, 8):
+        raise ValueError(f"{fn}: width must be 4 (int32 offsets) or 8 (int64)")
+    arr = pa.Array.from_buffers(pa.large_binary() if width == 8 else pa.binary(), n,
+                                [None, pa.py_buffer(offsets), pa.py_buffer(data)], offset=off)
+    try:
+        arr.validate(full=True)
+    except pa.ArrowInvalid as e:
+        raise ValueError(f"{fn}: offsets out of the data's range ({e})") from None
+    return arr
+
 
 
 def uniform01(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float | np.ndarray = 1.0,
