@@ -60,6 +60,6 @@ def preset_schema(name: str, options: SyntheticOptions | DataConfig | None = Non
 
 def preset_data_defaults(name: str) -> dict[str, Any]:
     """DataConfig keys preset ``name`` sets (explicit keys in the config win)."""
-    if name not in PRESET_DATA_DEFAULTS:
-        raise ConfigError(f"unknown data preset '{name}'; presets are {list(PRESETS)}")
+    if not isinstance(name, str) or name not in PRESET_DATA_DEFAULTS:
+        raise ConfigError(f"data.preset: unknown data preset {name!r}; presets are {list(PRESETS)}")
     return copy.deepcopy(PRESET_DATA_DEFAULTS[name])

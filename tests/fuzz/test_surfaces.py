@@ -2,7 +2,10 @@
 overrides generated from the config schema, command lines in any order, output paths that
 already hold something, and the scoring API (schemathesis over the server's own OpenAPI
 document, and arbitrary JSON bodies). The promise: zero tracebacks, zero 5xx answers, zero
-files lost; every mistake ends in ``ember <command>: error: ...`` with exit 2."""
+files lost; every mistake ends in ``ember <command>: error: ...`` with exit 2.
+
+The examples are derandomized (the same every run, so the suite is reproducible);
+``bench/fuzz_reliability.py --surfaces N --seed S`` explores new ones."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from ember.testing.surfaces import (
 )
 from tests.fuzz.conftest import fuzz_scale
 
-FAST = settings(max_examples=60 * fuzz_scale(), deadline=None, database=None,
+FAST = settings(max_examples=60 * fuzz_scale(), deadline=None, database=None, derandomize=True,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
