@@ -73,23 +73,26 @@ def _commands(tmp: Path, runs: int, train_runs: int) -> list[tuple[list[str], st
     ``train_runs`` times, the others ``runs`` times (eval and predict only when ``runs``)."""
     f = _data(tmp)
     ember = [sys.executable, "-m", "ember"]
+    # each run its own run_name: two runs of one name at once race for its directory (not what is tested)
     cmds = [
-        ([*ember, "train", "--config", _config(tmp, "csv", "csv", f["bad.csv"], f["good.csv"])], "expected 3 fields"),
-    ] * train_runs + [
-        ([*ember, "train", "--config", _config(tmp, "flip", "parquet", f["flipped.parquet"], f["good.parquet"])],
-         "flipped.parquet row group 3"),
-    ] * max(runs, 1)
+        ([*ember, "train", "--config", _config(tmp, f"csv{i}", "csv", f["bad.csv"], f["good.csv"])], "expected 3 fields")
+        for i in range(train_runs)
+    ] + [
+        ([*ember, "train", "--config", _config(tmp, f"flip{i}", "parquet", f["flipped.parquet"], f["good.parquet"])],
+         "flipped.parquet row group 3") for i in range(max(runs, 1))
+    ]
     if runs:
         # a trained run and export for eval / predict (in process: this one succeeds)
         ok = _config(tmp, "ok", "csv", f["good.csv"], f["good.csv"])
         assert main(["train", "--config", ok, "--export", str(tmp / "export"), "train.max_steps=3"]) == 0
-        cmds += [
-            ([*ember, "train", "--config", _config(tmp, "num", "parquet", f["badnum.parquet"], f["good.parquet"])],
-             "row 1701, column 'I1'"),
-            ([*ember, "eval", "--checkpoint", str(tmp / "runs" / "ok"), f"data.eval=[{f['bad.csv']}]"],
-             "expected 3 fields"),
-            ([*ember, "predict", "--export", str(tmp / "export"), "--input", f["badnum.parquet"]], "row 1701"),
-        ] * runs
+        for i in range(runs):
+            cmds += [
+                ([*ember, "train", "--config", _config(tmp, f"num{i}", "parquet", f["badnum.parquet"],
+                                                       f["good.parquet"])], "row 1701, column 'I1'"),
+                ([*ember, "eval", "--checkpoint", str(tmp / "runs" / "ok"), f"data.eval=[{f['bad.csv']}]"],
+                 "expected 3 fields"),
+                ([*ember, "predict", "--export", str(tmp / "export"), "--input", f["badnum.parquet"]], "row 1701"),
+            ]
     return cmds
 
 
