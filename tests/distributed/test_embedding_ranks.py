@@ -1,0 +1,142 @@
+"""Dedicated embedding ranks (``distributed.placement: embedding_ranks``): 3 gloo ranks, the
+last one holding every table and running no dense model, 2 dense ranks: the run equals one
+process on the same global batches (rows, dense model, optimizer state, losses, eval figures),
+from scratch and resumed from a one-process checkpoint; the embedding rank's checkpoint part
+holds every row, the dense ranks' none."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from ember.config import from_dict
+from ember.distributed.embedding_ranks import embedding_rank_ids, on_ranks
+from ember.distributed.planner import plan_sharding
+from ember.distributed.config import DistributedConfig
+from ember.embedding.config import TableConfig
+from ember.errors import ConfigError
+from ember.testing.distributed import assert_states_close, checkpoint_state
+from ember.train.distributed import check_distributed, sharding_plan
+from ember.train.loop import train
+from tests.distributed.ranks import run_ranks
+
+CONFIG = {
+    # 94 rows: 3 batches of 30, then 4 rows (2 a dense rank)
+    "data": {"preset": "synthetic", "batch_size": 30,
+             "synthetic": {"num_dense": 3, "num_sparse": 4, "rows": 94, "eval_rows": 60, "vocab_size": 40,
+                           "signal_features": 3, "multi_hot": {"C2": 3}}},
+    "embedding": {"dim": 4},
+    "tables": [
+        {"name": "C1", "optimizer": {"type": "sgd", "lr": 0.1}},
+        {"name": "C2", "optimizer": {"type": "adagrad", "lr": 0.1}},
+        {"name": "C3", "optimizer": {"type": "rowwise_adagrad", "lr": 0.1}, "min_count": 2},
+        {"name": "C4", "optimizer": {"type": "adam", "lr": 0.01}, "ttl_steps": 3},
+    ],
+    "model": {"type": "deepfm", "deep_mlp": [8]},  # a second, dim-1 collection too
+    "train": {"epochs": 2, "log_every": 2, "progress": False, "threads": 1, "checkpoint_every": 2,
+              "keep_checkpoints": 10, "dense_optimizer": {"type": "adam", "lr": 0.01}},
+    "pipeline": {"enabled": False},
+    "distributed": {"placement": "embedding_ranks", "embedding_ranks": 1, "sharding": "row_wise",
+                    "tables": {"C1": "table_wise"}},
+}
+
+
+def _raw(root: Path, name: str, **train: Any) -> dict:
+    return {**CONFIG, "train": {**CONFIG["train"], "out_dir": str(root), "run_name": name, **train}}
+
+
+def _rank(rank: int, world_size: int, raw: dict) -> dict[str, Any]:
+    """Train; this rank's row count per table and whether it ran the dense model."""
+    result = train(from_dict(raw))
+    assert result.parts is not None
+    rows = {name: sum(int(i.numel()) for i, _ in t.items()) for name, t in result.parts.embeddings.tables.items()}
+    return {"rows": rows, "embedding_rank": result.parts.embedding_rank, "ddp": result.parts.ddp is not None,
+            "metrics": dict(result.metrics), "step": result.step}
+
+
+def test_embedding_ranks_are_the_last_and_hold_every_table():
+    assert embedding_rank_ids(5, 2) == (3, 4)
+    with pytest.raises(ConfigError, match="fewer than the world size 2"):
+        embedding_rank_ids(2, 2)
+    tables = [TableConfig(name=n, dim=4) for n in ("big", "s1", "s2")]
+    plan = on_ranks(plan_sharding(tables, 2, DistributedConfig(), {"big": 10**7, "s1": 10, "s2": 20}), (2, 3), 4)
+    ids = np.arange(4000)
+    assert set(plan.owners("big", ids)) == {2, 3}
+    assert {plan.spec("s1").rank, plan.spec("s2").rank} == {2, 3}
+    assert plan.bytes_per_rank()[:2] == [0.0, 0.0]
+    cfg = from_dict({**CONFIG, "distributed": {**CONFIG["distributed"], "embedding_ranks": 2}})
+    plan = sharding_plan(cfg, cfg.table_configs(), 4)
+    assert plan.spec("C1").rank in (2, 3) and plan.spec("C2").ranks == (2, 3)
+
+
+def test_check_distributed_names_what_embedding_ranks_refuse():
+    check_distributed(from_dict(CONFIG), 3)  # 30 rows over 2 dense ranks
+    with pytest.raises(ConfigError, match="divisible by the 4 dense ranks.*data.batch_size=28"):
+        check_distributed(from_dict(CONFIG), 5)
+    with pytest.raises(ConfigError, match="fewer than the world size 3"):
+        check_distributed(from_dict({**CONFIG, "distributed": {**CONFIG["distributed"], "embedding_ranks": 3}}), 3)
+    cfg = from_dict(CONFIG)  # (synthetic data refuses data.shard: files itself)
+    files = cfg.model_copy(update={"data": cfg.data.model_copy(update={"shard": "files"})})
+    with pytest.raises(ConfigError, match="data.shard: rows with embedding ranks"):
+        check_distributed(files, 3)
+    with pytest.raises(ConfigError, match="set distributed.placement=embedding_ranks"):
+        check_distributed(from_dict({**CONFIG, "distributed": {"embedding_ranks": 1}}), 3)
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory) -> tuple[Path, Any]:
+    """The one-process reference: both epochs (8 steps), a checkpoint every 2 steps, all kept."""
+    root = tmp_path_factory.mktemp("emb")
+    return root, train(from_dict(_raw(root, "one")))
+
+
+def _ckpt(run: Path, step: int) -> Path:
+    return run / "checkpoints" / f"step-{step:08d}"
+
+
+def _same_losses(run: Path, ref: Path) -> None:
+    mine = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    want = {r["step"]: r for r in map(json.loads, (ref / "metrics.jsonl").read_text().splitlines()) if r["kind"] == "train"}
+    trains = [r for r in mine if r["kind"] == "train"]
+    assert trains and [r["loss"] for r in trains] == pytest.approx([want[r["step"]]["loss"] for r in trains], abs=1e-6)
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_one_embedding_rank_and_two_dense_ranks_train_as_one_process(one):
+    """From scratch: every checkpoint and the end equal one process's; the embedding rank
+    holds every row and runs no dense model, the dense ranks hold no row and run DDP."""
+    root, ref = one
+    ranks = run_ranks(_rank, 3, (_raw(root, "emb"),), timeout=180)
+    assert [r["embedding_rank"] for r in ranks] == [False, False, True]
+    assert [r["ddp"] for r in ranks] == [True, True, False]
+    assert all(r["step"] == ref.step == 8 for r in ranks)
+    assert all(sum(r["rows"].values()) == 0 for r in ranks[:2]) and sum(ranks[2]["rows"].values()) > 0
+    for r in ranks:
+        assert r["metrics"]["auc/label"] == pytest.approx(ref.metrics["auc/label"], abs=1e-6)
+        assert r["metrics"]["logloss/label"] == pytest.approx(ref.metrics["logloss/label"], abs=1e-6)
+    for step in (2, 4, 6, 8):
+        assert_states_close(checkpoint_state(_ckpt(root / "one", step)), checkpoint_state(_ckpt(root / "emb", step)))
+    _same_losses(root / "emb", root / "one")
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_embedding_ranks_resume_a_one_process_checkpoint_and_one_process_resumes_theirs(one):
+    """One process's step-2 checkpoint resumed on 1 embedding + 2 dense ranks to step 5 (with
+    the pipeline's threads), then one process resumes that to the end: equal to one process
+    throughout."""
+    root, ref = one
+    raw = _raw(root, "resumed", resume=str(_ckpt(root / "one", 2)), max_steps=5) | {"pipeline": {"enabled": True}}
+    run_ranks(_rank, 3, (raw,), timeout=180)
+    assert_states_close(checkpoint_state(_ckpt(root / "one", 4)), checkpoint_state(_ckpt(root / "resumed", 4)))
+    back = train(from_dict(_raw(root, "back", resume=str(root / "resumed"))))
+    assert back.step == ref.step == 8
+    assert_states_close(checkpoint_state(_ckpt(root / "one", 8)), checkpoint_state(_ckpt(root / "back", 8)))
+    assert back.metrics["auc/label"] == pytest.approx(ref.metrics["auc/label"], abs=1e-6)
+    _same_losses(root / "resumed", root / "one")
