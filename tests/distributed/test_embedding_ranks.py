@@ -140,3 +140,31 @@ def test_embedding_ranks_resume_a_one_process_checkpoint_and_one_process_resumes
     assert_states_close(checkpoint_state(_ckpt(root / "one", 8)), checkpoint_state(_ckpt(root / "back", 8)))
     assert back.metrics["auc/label"] == pytest.approx(ref.metrics["auc/label"], abs=1e-6)
     _same_losses(root / "resumed", root / "one")
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_embedding_ranks_run_k_batches_ahead_and_lose_no_gradient(tmp_path):
+    """``train.embedding_staleness`` 2: the embedding rank answers fetches up to 2 batches ahead
+    of the updates (some reads are stale and re-read before the update) and no gradient is
+    lost: each row (SGD from zero) is -lr x the sum of every gradient the dense ranks sent."""
+    from tests.distributed.test_staleness import LR, _raw as stale_raw, _stale_rank
+
+    raw = stale_raw(tmp_path, "k2", 2)
+    raw["data"]["synthetic"] = {**raw["data"]["synthetic"], "rows": 960, "eval_rows": 240}
+    raw["train"]["epochs"] = 1
+    raw["distributed"] = {**raw["distributed"], "placement": "embedding_ranks", "embedding_ranks": 1}
+    ranks = run_ranks(_stale_rank, 3, (raw,), timeout=180)
+    assert [r["step"] for r in ranks] == [8] * 3
+    assert ranks[0]["metrics"] == ranks[1]["metrics"] == ranks[2]["metrics"]
+    assert not ranks[0]["rows"] and not ranks[1]["rows"] and not ranks[2]["sent"]  # the tables live on rank 2 alone
+    assert ranks[2]["refreshed"] > 0  # reads were stale: updates landed on re-read rows
+    total: dict[tuple[str, int], np.ndarray] = {}
+    for r in ranks[:2]:
+        for key, g in r["sent"].items():
+            total[key] = total.get(key, 0.0) + g
+    owned = ranks[2]["rows"]
+    assert set(owned) == set(total)
+    keys = sorted(total)
+    np.testing.assert_allclose(np.stack([owned[k] for k in keys]), -LR * np.stack([total[k] for k in keys]),
+                               rtol=1e-4, atol=1e-8)
