@@ -74,6 +74,20 @@ def test_embedding_ranks_are_the_last_and_hold_every_table():
     assert plan.spec("C1").rank in (2, 3) and plan.spec("C2").ranks == (2, 3)
 
 
+def test_plan_command_prints_the_embedding_ranks(tmp_path, capsys):
+    from ember.cli import main
+
+    path = tmp_path / "cfg.json"
+    path.write_text(json.dumps(CONFIG | {"distributed": {**CONFIG["distributed"], "embedding_ranks": 2}}))
+    assert main(["plan", "--config", str(path), "--world-size", "4"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line.split() for line in out.splitlines() if line.strip().startswith("C")}
+    assert lines["C1"][1] == "table_wise" and lines["C1"][2] in ("2", "3") and lines["C2"][1:3] == ["row_wise", "2-3"]
+    assert "embedding ranks (tables only, no dense model): 2-3; dense ranks" in out
+    assert main(["plan", "--config", str(path), "--world-size", "2"]) == 2
+    assert "fewer than the world size 2" in capsys.readouterr().err
+
+
 def test_check_distributed_names_what_embedding_ranks_refuse():
     check_distributed(from_dict(CONFIG), 3)  # 30 rows over 2 dense ranks
     with pytest.raises(ConfigError, match="divisible by the 4 dense ranks.*data.batch_size=28"):
