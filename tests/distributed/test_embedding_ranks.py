@@ -182,3 +182,45 @@ def test_embedding_ranks_run_k_batches_ahead_and_lose_no_gradient(tmp_path):
     keys = sorted(total)
     np.testing.assert_allclose(np.stack([owned[k] for k in keys]), -LR * np.stack([total[k] for k in keys]),
                                rtol=1e-4, atol=1e-8)
+
+
+def _stopped_rank(rank: int, world_size: int, raw: dict) -> tuple[str, int] | None:
+    """Train; SIGTERM reaches the embedding rank alone, in its 9th sharded update. Returns the
+    checkpoint the stop saved and the exit code (None: the run was not stopped)."""
+    import os
+    import signal
+
+    from ember.distributed.sharded import ShardedGroupLookup
+    from ember.errors import RunInterrupted
+
+    if rank == world_size - 1:
+        update, calls = ShardedGroupLookup.update, [0]
+
+        def signalling_update(self, step=None):  # type: ignore[no-untyped-def]
+            calls[0] += 1
+            if calls[0] == 9:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return update(self, step)
+
+        ShardedGroupLookup.update = signalling_update
+    try:
+        train(from_dict(raw))
+    except RunInterrupted as e:
+        return e.checkpoint, e.exit_code
+    return None
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_sigterm_to_the_embedding_rank_stops_every_rank_at_one_step_with_one_checkpoint(one):
+    """The stop agreement takes the embedding rank's signal: every rank stops at one step with
+    one checkpoint, which equals one process trained to that step."""
+    root, _ = one
+    ranks = run_ranks(_stopped_rank, 3, (_raw(root, "stopped", checkpoint_every=None),), timeout=180)
+    assert all(r is not None and r == ranks[0] for r in ranks), ranks
+    ckpt, code = ranks[0]
+    assert code == 143
+    state = checkpoint_state(Path(ckpt))
+    assert 2 <= state["step"] < 8
+    train(from_dict(_raw(root, "one_stop", checkpoint_every=None, max_steps=state["step"])))
+    assert_states_close(checkpoint_state(root / "one_stop"), state)
