@@ -224,3 +224,49 @@ def test_sigterm_to_the_embedding_rank_stops_every_rank_at_one_step_with_one_che
     assert 2 <= state["step"] < 8
     train(from_dict(_raw(root, "one_stop", checkpoint_every=None, max_steps=state["step"])))
     assert_states_close(checkpoint_state(root / "one_stop"), state)
+
+
+def _fp16_rank(rank: int, world_size: int, raw: dict, spy: str) -> dict[str, Any]:
+    """``test_one_system``'s training with an overflow at the 3rd unscale of the last dense rank
+    (one process: its own 3rd), plus whether this rank ran the dense model."""
+    from tests.distributed import test_one_system as one_system
+
+    one_system._spy_compile(spy == "broken")
+    dense = world_size - raw["distributed"].get("embedding_ranks", 0)
+    one_system._inject_overflow(rank == dense - 1, at_call=3)
+    return one_system._state(train(from_dict(raw)))
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_fp16_distill_and_compile_on_embedding_ranks_train_as_one_process(tmp_path):
+    """fp16 (an overflow on a dense rank skips the step on every rank, the embedding rank
+    included), model.distill and a compiled DDP module on the dense ranks (none on the
+    embedding rank, which runs no dense model): the dense ranks end with one process's model
+    and eval figures, the embedding rank with its rows."""
+    from tests.distributed.test_one_system import _raw as one_raw, _with_teacher
+
+    _with_teacher(tmp_path, "train", 800)
+    _with_teacher(tmp_path, "eval", 300)
+    kw = {"precision": "fp16", "max_steps": 6, "compile": True}
+    model = {**one_raw(tmp_path, "x")["model"], "distill": {}}
+    raw_one = one_raw(tmp_path, "one", **kw) | {"model": model}
+    raw_emb = one_raw(tmp_path, "emb", **kw) | {"model": model, "distributed": {
+        "sharding": "row_wise", "placement": "embedding_ranks", "embedding_ranks": 1}}
+    one = run_ranks(_fp16_rank, 1, (raw_one, "working"))[0]
+    ranks = run_ranks(_fp16_rank, 3, (raw_emb, "working"), timeout=180)
+    assert one["scaler"] == {"scale": 2.0**15, "clean_steps": 3, "skipped": 1}
+    assert [[c[0] for c in r["compiled"]] for r in ranks] == [["DistributedDataParallel"]] * 2 + [[]]
+    assert all(r["compiled"][0][1] == one["compiled"][0][1] for r in ranks[:2])
+    for r in ranks:
+        assert r["step"] == one["step"] and r["scaler"] == one["scaler"]
+        assert r["metrics"] == pytest.approx(one["metrics"], abs=1e-3)
+    for r in ranks[:2]:
+        for k, v in one["model"].items():
+            torch.testing.assert_close(r["model"][k], v, rtol=1e-4, atol=1e-3, msg=lambda m: f"model {k}: {m}")
+    for name, (ids, rec) in one["tables"].items():
+        assert ranks[0]["tables"][name][0].size == ranks[1]["tables"][name][0].size == 0
+        got_ids, got_rec = ranks[2]["tables"][name]
+        order, want = np.argsort(got_ids), np.argsort(ids)
+        np.testing.assert_array_equal(got_ids[order], ids[want], err_msg=f"table {name}: IDs differ")
+        np.testing.assert_allclose(got_rec[order], rec[want], rtol=1e-4, atol=1e-3, err_msg=f"table {name}")
