@@ -2,7 +2,8 @@
 last one holding every table and running no dense model, 2 dense ranks: the run equals one
 process on the same global batches (rows, dense model, optimizer state, losses, eval figures),
 from scratch and resumed from a one-process checkpoint; the embedding rank's checkpoint part
-holds every row, the dense ranks' none."""
+holds every row, the dense ranks' none. Also: staleness k = 2 (no gradient lost), fp16 /
+distill / compile, and SIGTERM to one of 2 embedding ranks beside 2 dense ranks (4 ranks)."""
 
 from __future__ import annotations
 
@@ -212,14 +213,22 @@ def _stopped_rank(rank: int, world_size: int, raw: dict) -> tuple[str, int] | No
 
 @pytest.mark.dist
 @pytest.mark.slow
-def test_sigterm_to_the_embedding_rank_stops_every_rank_at_one_step_with_one_checkpoint(one):
-    """The stop agreement takes the embedding rank's signal: every rank stops at one step with
-    one checkpoint, which equals one process trained to that step."""
+def test_sigterm_to_an_embedding_rank_stops_every_rank_at_one_step_with_one_checkpoint(one):
+    """2 embedding ranks beside 2 dense ranks; the stop agreement takes the last embedding
+    rank's signal: every rank stops at one step with one checkpoint (both embedding ranks'
+    rows in it, none of the dense ranks'), which equals one process trained to that step."""
     root, _ = one
-    ranks = run_ranks(_stopped_rank, 3, (_raw(root, "stopped", checkpoint_every=None),), timeout=180)
+    raw = _raw(root, "stopped", checkpoint_every=None)
+    raw["distributed"] = {**raw["distributed"], "embedding_ranks": 2}
+    ranks = run_ranks(_stopped_rank, 4, (raw,), timeout=180)
     assert all(r is not None and r == ranks[0] for r in ranks), ranks
     ckpt, code = ranks[0]
     assert code == 143
+    manifest = json.loads((Path(ckpt) / "manifest.json").read_text())
+    parts = {m["name"]: m["part_rows"] for m in manifest["tables"]}  # rows each rank saved
+    assert all(p[0] == p[1] == 0 and len(p) == 4 for p in parts.values()), parts
+    assert sorted(n > 0 for n in parts["C1"][2:]) == [False, True]  # table-wise: one embedding rank
+    assert all(p[2] > 0 and p[3] > 0 for name, p in parts.items() if name in ("C2", "C4")), parts  # row-wise: both
     state = checkpoint_state(Path(ckpt))
     assert 2 <= state["step"] < 8
     train(from_dict(_raw(root, "one_stop", checkpoint_every=None, max_steps=state["step"])))
