@@ -121,13 +121,21 @@ def _same_losses(run: Path, ref: Path) -> None:
     assert trains and [r["loss"] for r in trains] == pytest.approx([want[r["step"]]["loss"] for r in trains], abs=1e-6)
 
 
+@pytest.fixture(scope="module")
+def emb(one) -> list[dict[str, Any]]:
+    """1 embedding rank + 2 dense ranks, from scratch, as the reference run (run "emb")."""
+    root, _ = one
+    return run_ranks(_rank, 3, (_raw(root, "emb"),), timeout=180)
+
+
 @pytest.mark.dist
 @pytest.mark.slow
-def test_one_embedding_rank_and_two_dense_ranks_train_as_one_process(one):
-    """From scratch: every checkpoint and the end equal one process's; the embedding rank
-    holds every row and runs no dense model, the dense ranks hold no row and run DDP."""
+def test_one_embedding_rank_and_two_dense_ranks_train_as_one_process(one, emb):
+    """From scratch: every checkpoint and the end equal one process's (float tolerance: the
+    dense ranks sum their slices' gradients); the embedding rank holds every row and runs no
+    dense model, the dense ranks hold no row and run DDP."""
     root, ref = one
-    ranks = run_ranks(_rank, 3, (_raw(root, "emb"),), timeout=180)
+    ranks = emb
     assert [r["embedding_rank"] for r in ranks] == [False, False, True]
     assert [r["ddp"] for r in ranks] == [True, True, False]
     assert all(r["step"] == ref.step == 8 for r in ranks)
@@ -138,6 +146,21 @@ def test_one_embedding_rank_and_two_dense_ranks_train_as_one_process(one):
     for step in (2, 4, 6, 8):
         assert_states_close(checkpoint_state(_ckpt(root / "one", step)), checkpoint_state(_ckpt(root / "emb", step)))
     _same_losses(root / "emb", root / "one")
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_embedding_ranks_are_bit_identical_to_the_same_slices_on_placement_tables(one, emb):
+    """The placement moves the rows, not the numbers: 2 ranks of placement: tables (the same 2
+    slices of each batch, the rows on those ranks) end with bit-identical rows and model."""
+    root, _ = one
+    raw = _raw(root, "tables")
+    raw["distributed"] = {k: v for k, v in raw["distributed"].items() if k not in ("placement", "embedding_ranks")}
+    run_ranks(_rank, 2, (raw,), timeout=180)
+    a, b = checkpoint_state(root / "emb"), checkpoint_state(root / "tables")
+    for name, (ids, rec) in a["tables"].items():
+        assert np.array_equal(ids, b["tables"][name][0]) and np.array_equal(rec, b["tables"][name][1]), name
+    assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
 
 
 @pytest.mark.dist
