@@ -163,10 +163,10 @@ class DistributedRun:
         dist.gather_object(obj, out, dst=0)
         return out
 
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank."""
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` on every rank."""
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=src)
         return box[0]
 
     def failure(self, error: BaseException) -> BaseException:

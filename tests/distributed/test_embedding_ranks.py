@@ -146,6 +146,10 @@ def test_one_embedding_rank_and_two_dense_ranks_train_as_one_process(one, emb):
     for step in (2, 4, 6, 8):
         assert_states_close(checkpoint_state(_ckpt(root / "one", step)), checkpoint_state(_ckpt(root / "emb", step)))
     _same_losses(root / "emb", root / "one")
+    # the train records' table figures are the embedding rank's (here: every row, as one process's)
+    records = [[json.loads(line) for line in (root / run / "metrics.jsonl").read_text().splitlines()] for run in ("one", "emb")]
+    rows = [{r["step"]: (r["C1/rows"], r["C3/pending_ids"]) for r in recs if r["kind"] == "train"} for recs in records]
+    assert rows[1] == rows[0] and all(n > 0 for n, _ in rows[1].values())
 
 
 @pytest.mark.dist
