@@ -382,9 +382,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         return 0
     print(sharding_plan(cfg, cfg.table_configs(), args.world_size).describe())
     if cfg.distributed.placement == "embedding_ranks":
-        e = cfg.distributed.embedding_ranks
-        print(f"  embedding ranks (tables only, no dense model): {args.world_size - e}-{args.world_size - 1}; "
-              f"dense ranks (the model on batch_size / {args.world_size - e} rows each): 0-{args.world_size - e - 1}")
+        from ember.distributed.embedding_ranks import describe_ranks
+
+        print(describe_ranks(args.world_size, cfg.distributed.embedding_ranks))
     print("  (the dim-1 first-order tables of deepfm, wdl and lr are placed like the table they belong to)")
     return 0
 

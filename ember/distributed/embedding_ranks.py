@@ -29,7 +29,7 @@ from __future__ import annotations
 from ember.distributed.sharding import ShardingPlan, TableSharding
 from ember.errors import ConfigError
 
-__all__ = ["embedding_rank_ids", "on_ranks"]
+__all__ = ["embedding_rank_ids", "on_ranks", "describe_ranks"]
 
 
 def embedding_rank_ids(world_size: int, count: int) -> tuple[int, ...]:
@@ -66,3 +66,19 @@ def on_ranks(plan: ShardingPlan, ranks: tuple[int, ...], world_size: int) -> Sha
             over = ranks if t.ranks is None else tuple(ranks[r] for r in t.ranks)
             specs[name] = TableSharding(name, "row_wise", rows=t.rows, record_bytes=t.record_bytes, ranks=over)
     return ShardingPlan(world_size, specs)
+
+
+def describe_ranks(world_size: int, count: int) -> str:
+    """The line under a sharding plan naming the embedding and the dense ranks.
+
+    Example:
+        >>> describe_ranks(4, 1)
+        '  embedding ranks (tables only, no dense model): 3; dense ranks (the model on batch_size / 3 rows each): 0-2'
+    """
+    emb, dense = embedding_rank_ids(world_size, count), world_size - count
+
+    def span(a: int, b: int) -> str:
+        return str(a) if a == b else f"{a}-{b}"
+
+    return (f"  embedding ranks (tables only, no dense model): {span(emb[0], emb[-1])}; "
+            f"dense ranks (the model on batch_size / {dense} rows each): {span(0, dense - 1)}")

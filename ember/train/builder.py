@@ -227,6 +227,10 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
             plan = sharding_plan(cfg, tables, dist.world_size)
         if dist.lead:
             print(plan.describe(), flush=True)
+            if dist.embedding_ranks:
+                from ember.distributed.embedding_ranks import describe_ranks
+
+                print(describe_ranks(dist.world_size, len(dist.embedding_ranks)), flush=True)
     _announce_storage(tables, announce)
     ec = _collection(tables, features, cfg.train.seed, dist, plan).to(device)
     dims = {t.name: t.dim for t in tables}
