@@ -12,7 +12,7 @@ hybrid_auc_delta (AUC at k minus AUC at 0; target |.| <= 0.002), the rates and A
 Without the rights to create namespaces (``ip netns add`` fails) it says so and skips (exit 0,
 ``"skipped"`` in the JSON line).
 
-Usage: python bench/bench_hybrid.py [--rate 100mbit] [--steps 120] [--staleness 2] [--batch 4096]
+Usage: python bench/bench_hybrid.py [--rate 100mbit] [--steps 120] [--staleness 2] [--batch 4096] [--eval-rows 100000]
 """
 
 from __future__ import annotations
@@ -69,10 +69,10 @@ class Link:
             sh("ip", "netns", "del", ns)
 
 
-def config(out: Path, batch: int, steps: int) -> dict:
+def config(out: Path, batch: int, steps: int, eval_rows: int = 100_000) -> dict:
     return {
         "data": {"preset": "synthetic", "batch_size": batch,
-                 "synthetic": {"rows": batch * steps, "eval_rows": 40_000, "vocab_size": 200_000, "zipf": 1.1}},
+                 "synthetic": {"rows": batch * steps, "eval_rows": eval_rows, "vocab_size": 200_000, "zipf": 1.1}},
         "embedding": {"dim": 32, "optimizer": {"type": "rowwise_adagrad", "lr": 0.05}},
         "model": {"type": "dlrm", "bottom_mlp": [64, 32], "top_mlp": [256, 128]},
         "train": {"epochs": 1, "dense_optimizer": {"type": "adam", "lr": 0.001}, "log_every": 10,
@@ -124,13 +124,14 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--staleness", type=int, default=2)
+    p.add_argument("--eval-rows", type=int, default=100_000, help="synthetic eval rows (AUC's noise ~ 1/sqrt of it)")
     p.add_argument("--timeout", type=float, default=900)
     args = p.parse_args()
     out = Path(tempfile.mkdtemp(prefix="ember-hybrid-"))
     try:
         with Link(args.rate) as link:
             cfg = out / "hybrid.json"
-            cfg.write_text(json.dumps(config(out, args.batch, args.steps)))
+            cfg.write_text(json.dumps(config(out, args.batch, args.steps, args.eval_rows)))
             base = run(link, cfg, out, 0, args.timeout)
             stale = run(link, cfg, out, args.staleness, args.timeout)
     except PermissionError as e:

@@ -355,6 +355,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         print(f"  tower placement over {args.nodes} node(s): tower k on node {tower_node} (towers in model order)")
         return 0
     print(sharding_plan(cfg, cfg.table_configs(), args.world_size).describe())
+    if cfg.distributed.placement == "embedding_ranks":
+        from ember.distributed.embedding_ranks import describe_ranks
+
+        print(describe_ranks(args.world_size, cfg.distributed.embedding_ranks))
     print("  (the dim-1 first-order tables of deepfm, wdl and lr are placed like the table they belong to)")
     return 0
 

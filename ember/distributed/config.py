@@ -35,10 +35,17 @@ class DistributedConfig(ConfigModel):
     """Per-table sharding kind, wins over `sharding`, e.g. `{user_id: row_wise, country: table_wise}`."""
     table_wise_max_rows: int = Field(100_000, ge=0)
     """``auto``: a table whose estimated rows are at most this many lives whole on one rank."""
-    placement: Literal["tables", "towers"] = "tables"
+    placement: Literal["tables", "towers", "embedding_ranks"] = "tables"
     """``towers`` (a ``dmt`` model): each tower's tables and tower module live on one node's
     ranks; only its compressed outputs (and their gradients) and the IDs routed to it cross
-    nodes (``ember.distributed.towers``). ``tables``: every table placed by ``sharding``."""
+    nodes (``ember.distributed.towers``). ``embedding_ranks``: the last
+    ``distributed.embedding_ranks`` ranks hold every table (placed among themselves by
+    ``sharding``) and run only the embedding phases; the others run the dense model on their
+    slices of each global batch (``ember.distributed.embedding_ranks``). ``tables``: every
+    table placed by ``sharding`` over every rank."""
+    embedding_ranks: int = Field(0, ge=0)
+    """With ``placement: embedding_ranks``: how many ranks (the last ones) hold the tables; at
+    least 1 and fewer than the world size. Ignored by the other placements."""
     timeout_s: float = Field(300.0, gt=0)
     """How long a collective (all-to-all, all-reduce, barrier) waits for the other ranks, and the rendezvous for
     every rank to join (then a ConfigError naming the address)."""

@@ -50,7 +50,8 @@ def allreduce_sum_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP ch
 
 
 def wrap_model(model: nn.Module, run: DistributedRun) -> nn.Module:
-    """``model`` under DDP (parameters broadcast from rank 0, gradients summed over ranks).
+    """``model`` under DDP (parameters broadcast from rank 0, gradients summed over ranks; with
+    embedding ranks, over the dense ranks only: ``run.dense_group``). Call it on dense ranks.
 
     BatchNorm is refused: its batch statistics would be each rank's slice's, not the global
     batch's, so results would depend on the world size.
@@ -60,6 +61,7 @@ def wrap_model(model: nn.Module, run: DistributedRun) -> nn.Module:
         raise ConfigError(f"the model has BatchNorm layers {bn[:3]}, which distributed training does not support yet "
                           "(their statistics would be per rank); set batchnorm: false in the model's MLPs")
     ids = [run.model_device.index] if run.model_device.type == "cuda" else None
-    ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    ddp.register_comm_hook(SumHookState(None, run.exchange, run.world_size), allreduce_sum_hook)
+    group = run.dense_group
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, process_group=group)
+    ddp.register_comm_hook(SumHookState(group, run.exchange, len(run.dense_ranks)), allreduce_sum_hook)
     return ddp

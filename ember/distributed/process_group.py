@@ -80,10 +80,15 @@ class DistributedRun:
     on different pipeline threads at once; each group still sees its collectives in batch
     order on every rank (both exchanges share the traffic counters). ``watchdog`` (None
     when not started) names a rank that stops (``ember.distributed.watchdog``).
+
+    ``embedding_ranks`` (``distributed.placement: embedding_ranks``): the ranks that hold the
+    tables and run no dense model; the others (``dense_ranks``) split each global batch among
+    themselves and sum their dense gradients over ``dense_group`` (None: every rank is dense,
+    the default group). See ``ember.distributed.embedding_ranks``.
     """
 
     def __init__(self, topology: Topology, backend: str, model_device: torch.device,
-                 watchdog: Watchdog | None = None) -> None:
+                 watchdog: Watchdog | None = None, embedding_ranks: tuple[int, ...] = ()) -> None:
         self.topology, self.backend, self.model_device, self.watchdog = topology, backend, model_device, watchdog
         self.device = model_device if backend == "nccl" else torch.device("cpu")  # where collectives run
         self.rank, self.world_size = topology.rank, topology.world_size
@@ -91,6 +96,23 @@ class DistributedRun:
         nodes = [r // topology.local_world_size for r in range(self.world_size)]
         self.exchange = Exchange(self.rank, self.world_size, self.device, dist.new_group(backend=backend), nodes)
         self.updates = self.exchange.on_group(dist.new_group(backend=backend))
+        self.embedding_ranks = tuple(embedding_ranks)
+        self.dense_ranks = tuple(r for r in range(self.world_size) if r not in self.embedding_ranks)
+        # every rank creates the group, members or not
+        self.dense_group = dist.new_group(list(self.dense_ranks), backend=backend) if self.embedding_ranks else None
+
+    @property
+    def embedding_only(self) -> bool:
+        """Whether this rank is an embedding rank (holds tables, runs no dense model)."""
+        return self.rank in self.embedding_ranks
+
+    @property
+    def data_slice(self) -> tuple[int, int] | None:
+        """(slice index, slices) of this rank's part of each global batch: (rank, world size),
+        or among the dense ranks only; None for an embedding rank (its slice has no rows)."""
+        if self.embedding_only:
+            return None
+        return self.dense_ranks.index(self.rank), len(self.dense_ranks)
 
     @property
     def lead(self) -> bool:
@@ -99,8 +121,13 @@ class DistributedRun:
 
     def local_rows(self, rows: int) -> tuple[int, int]:
         """[start, stop) of this rank's slice of a global batch of ``rows`` rows: slice r of N
-        nearly equal slices, in order (a partial last batch leaves the last ranks one row fewer)."""
-        return rows * self.rank // self.world_size, rows * (self.rank + 1) // self.world_size
+        nearly equal slices, in order (a partial last batch leaves the last ranks one row fewer);
+        N and r count the dense ranks only (``data_slice``), an embedding rank's slice is empty."""
+        part = self.data_slice
+        if part is None:
+            return rows, rows
+        r, n = part
+        return rows * r // n, rows * (r + 1) // n
 
     def barrier(self) -> None:
         dist.barrier(device_ids=[self.device.index] if self.backend == "nccl" and self.device.index is not None else None)
@@ -136,10 +163,10 @@ class DistributedRun:
         dist.gather_object(obj, out, dst=0)
         return out
 
-    def broadcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank."""
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``obj`` on every rank."""
         box = [obj]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=src)
         return box[0]
 
     def failure(self, error: BaseException) -> BaseException:
@@ -172,7 +199,8 @@ class DistributedRun:
 def start(cfg: DistributedConfig, device: torch.device, topology: Topology | None = None) -> DistributedRun | None:
     """Initialise the default process group from the environment (torchrun's), or return None
     for a single process. ``device``: the model's device type; on CUDA each rank takes the
-    GPU of its ``LOCAL_RANK``."""
+    GPU of its ``LOCAL_RANK``. ``placement: embedding_ranks``: the last
+    ``cfg.embedding_ranks`` ranks are embedding ranks."""
     topology = topology or Topology.from_env()
     if topology is None:
         return None
@@ -198,7 +226,12 @@ def start(cfg: DistributedConfig, device: torch.device, topology: Topology | Non
     watchdog = Watchdog(connect(addr, port, run_id, cfg.heartbeat_timeout_s), topology.rank, topology.world_size,
                         cfg.heartbeat_timeout_s, where)
     watchdog.start()
-    return DistributedRun(topology, backend, device, watchdog)
+    emb: tuple[int, ...] = ()
+    if cfg.placement == "embedding_ranks":
+        from ember.distributed.embedding_ranks import embedding_rank_ids
+
+        emb = embedding_rank_ids(topology.world_size, cfg.embedding_ranks)
+    return DistributedRun(topology, backend, device, watchdog, emb)
 
 
 def _rendezvous_error(where: str, topology: Topology, timeout_s: float, error: Exception) -> ConfigError:

@@ -57,6 +57,7 @@ class Components:
     ddp: nn.Module | None = None  # ``model`` under DistributedDataParallel (same parameters)
     towers: TowerPlacement | None = None  # distributed.placement towers: the DMT's towers on their nodes
     eval_config: EvalConfig | None = None  # eval: what ``evaluate`` reports beside AUC and logloss
+    embedding_rank: bool = False  # distributed.placement embedding_ranks: this rank holds tables, runs no dense model
 
     @property
     def lead(self) -> bool:
@@ -91,7 +92,13 @@ class Components:
     def forward(self, batch: Batch, lookups: list[Lookup] | None = None) -> Tensor:
         """Logits [B, T] for a batch whose dense part and labels are already on ``device``;
         ``lookups``: one per collection (``collections()`` order), planned and maybe fetched
-        ahead (e.g. by the pipeline), else each collection plans and fetches its own."""
+        ahead (e.g. by the pipeline), else each collection plans and fetches its own. On an
+        embedding rank (whose slice has no rows) the collections answer the other ranks'
+        fetches and pool nothing; the logits are [0, T] and no dense model runs."""
+        if self.embedding_rank:
+            for ec, lk in zip(self.collections(), lookups or [None] * len(self.collections())):
+                ec(batch.sparse, lk)  # fetch collectives; in training, opens the lookups for their updates
+            return torch.zeros(batch.size, len(self.task_names), device=self.device)
         if self.towers is not None:  # the towers run where their tables live; the head under DDP
             train = self.model.training and torch.is_grad_enabled()
             routed = lookups[0] if lookups else self.towers.plan(self.embeddings, batch.sparse, train)
@@ -128,7 +135,10 @@ class Components:
     def loss(self, batch: Batch, logits: Tensor, task_weights: Tensor | None = None, rows: int | None = None) -> Tensor:
         """The training loss of ``logits`` (from ``forward`` in training mode): BCE on the labels,
         plus the teacher's part under ``model.distill`` (``ember.models.distill``). ``rows``: the
-        global batch's rows when ``batch`` is one rank's slice of it (see ``multitask_bce``)."""
+        global batch's rows when ``batch`` is one rank's slice of it (see ``multitask_bce``).
+        An embedding rank's loss is 0 (it has no rows)."""
+        if self.embedding_rank:
+            return torch.zeros((), device=self.device)
         if self.distill is None:
             return multitask_bce(logits, batch.labels, task_weights, rows)
         assert isinstance(self.model, Distilled)
@@ -148,7 +158,14 @@ class Components:
         """Backward (loss-scaled under fp16) and the dense optimizer step of global step ``step``
         (its scheduled lr); returns the lookups whose rows are due for their update
         (``SparseOptimizer.apply``). An fp16 step whose gradients overflowed is skipped whole: no
-        dense step and no lookups."""
+        dense step and no lookups. An embedding rank has no backward and no dense step: its
+        lookups (every rank's IDs it owns) await the dense ranks' gradients in their update."""
+        if self.embedding_rank:
+            self.sparse_optimizer.zero_grad()
+            ready = self.sparse_optimizer.take()
+            if self.scaler is not None and not self.scaler.unscale_([]):  # the ranks agree on the overflow
+                return []
+            return ready
         self.dense_optimizer.zero_grad(set_to_none=True)
         self.sparse_optimizer.zero_grad()
         (loss if self.scaler is None else self.scaler.scaled(loss)).backward()
@@ -213,6 +230,10 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
             plan = sharding_plan(cfg, tables, dist.world_size)
         if dist.lead:
             print(plan.describe(), flush=True)
+            if dist.embedding_ranks:
+                from ember.distributed.embedding_ranks import describe_ranks
+
+                print(describe_ranks(dist.world_size, len(dist.embedding_ranks)), flush=True)
     _announce_storage(tables, announce)
     ec = _collection(tables, features, cfg.train.seed, dist, plan).to(device)
     dims = {t.name: t.dim for t in tables}
@@ -243,6 +264,7 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
         raise ConfigError("model.distill needs the teacher's scores: set schema.teacher to their columns "
                           "(one per label, probabilities in [0, 1])")
     ddp, towers = None, None
+    embedding_rank = dist is not None and dist.embedding_only  # runs no dense model: no DDP, no compile
     if dist is not None:
         from ember.distributed.dense import wrap_model
 
@@ -251,12 +273,14 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
 
             body = model.body if isinstance(model, Distilled) else model  # the DMT whose towers are placed
             towers = TowerPlacement(body, features, tower_node, dist, opt)  # type: ignore[arg-type]
-        else:
+        elif not embedding_rank:
             ddp = wrap_model(model, dist)
-    compiled = _compile(ddp if ddp is not None else model) if t.compile else None  # distributed: compile(DDP(model))
+    compiled = None
+    if t.compile and not embedding_rank:
+        compiled = _compile(ddp if ddp is not None else model)  # distributed: compile(DDP(model))
     return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, precision=resolve(t.precision, device),
                       scaler=scaler, compiled=compiled, distill=distill, dense_config=t.dense_optimizer, dist=dist, ddp=ddp,
-                      towers=towers, eval_config=cfg.eval)
+                      towers=towers, eval_config=cfg.eval, embedding_rank=embedding_rank)
 
 
 def tower_plan(cfg: RunConfig, tables: list[TableConfig], world_size: int,

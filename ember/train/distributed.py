@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ember.config import RunConfig
+from ember.distributed.embedding_ranks import embedding_rank_ids, on_ranks
 from ember.distributed.planner import plan_sharding
 from ember.distributed.process_group import DistributedRun, Topology, start
 from ember.distributed.sharding import ShardingPlan
@@ -55,14 +56,27 @@ def check_distributed(cfg: RunConfig, world_size: int) -> None:
     files`` (each rank's rows), ``train.mode: online`` (the stream's batches and its end), and
     the time-based ``train.checkpoint_every_s``, ``export.every_s`` and ``eval.window_every_s``;
     ``data.shard: files`` with ``train.mode: online`` (``check_file_shards``: every rank reads
-    the whole stream, whose position is one list of files). Every other setting trains as in
-    one process (online streams, rolling windows and exports included)."""
-    t = cfg.train
-    if cfg.data.batch_size % world_size:
+    the whole stream, whose position is one list of files); ``placement: embedding_ranks`` with
+    ``data.shard: files`` (each batch is cut among the dense ranks) or with an ``embedding_ranks``
+    count that leaves no dense rank. Every other setting trains as in one process (online
+    streams, rolling windows and exports included)."""
+    t, d = cfg.train, cfg.distributed
+    slices, who = world_size, f"the world size {world_size}"
+    if d.placement == "embedding_ranks":  # the last E ranks hold the tables, the others split each batch
+        embedding_rank_ids(world_size, d.embedding_ranks)
+        slices, who = world_size - d.embedding_ranks, f"the {world_size - d.embedding_ranks} dense ranks"
+        if cfg.data.shard == "files":
+            raise ConfigError("distributed.placement=embedding_ranks cuts each global batch among the dense ranks; "
+                              "data.shard: files would give the embedding ranks files of their own to train. Use "
+                              "data.shard: rows with embedding ranks")
+    elif d.embedding_ranks:
+        raise ConfigError(f"distributed.embedding_ranks={d.embedding_ranks} is set but distributed.placement is "
+                          f"{d.placement}; set distributed.placement=embedding_ranks, or leave embedding_ranks out")
+    if cfg.data.batch_size % slices:
         raise ConfigError(
-            f"data.batch_size {cfg.data.batch_size} is the global batch and must be divisible by the world size "
-            f"{world_size} (each rank trains batch_size / world_size rows); use e.g. "
-            f"data.batch_size={cfg.data.batch_size - cfg.data.batch_size % world_size or world_size}")
+            f"data.batch_size {cfg.data.batch_size} is the global batch and must be divisible by {who} "
+            f"(each trains batch_size / {slices} rows); use e.g. "
+            f"data.batch_size={cfg.data.batch_size - cfg.data.batch_size % slices or slices}")
     if cfg.distributed.placement == "towers" and cfg.pipeline.enabled:
         raise ConfigError("distributed.placement=towers routes each batch's IDs to the towers' nodes while planning, which "
                           "the pipeline runs on a thread of its own ahead of the updates; the runs would order their "
@@ -183,8 +197,14 @@ def table_rows(cfg: RunConfig) -> dict[str, int | None]:
 
 
 def sharding_plan(cfg: RunConfig, tables: list[TableConfig], world_size: int) -> ShardingPlan:
-    """The planner's placement of ``tables`` for ``cfg`` over ``world_size`` ranks."""
-    return plan_sharding(tables, world_size, cfg.distributed, table_rows(cfg))
+    """The planner's placement of ``tables`` for ``cfg`` over ``world_size`` ranks; with
+    ``distributed.placement: embedding_ranks``, over the embedding ranks only (the planner's
+    policy among them, ``ember.distributed.embedding_ranks``)."""
+    d = cfg.distributed
+    if d.placement == "embedding_ranks":
+        ranks = embedding_rank_ids(world_size, d.embedding_ranks)
+        return on_ranks(plan_sharding(tables, len(ranks), d, table_rows(cfg)), ranks, world_size)
+    return plan_sharding(tables, world_size, d, table_rows(cfg))
 
 
 def shard_storage(tables: list[TableConfig], rank: int) -> list[TableConfig]:

@@ -111,7 +111,10 @@ class Reporter:
         rec: dict[str, Any] = {"kind": "train", "step": step, "epoch": state.epoch, "loss": loss_sum / max(seen, 1),
                                "samples_per_s": seen / (now - self._t0)}
         rec.update(lr_record(parts, step))
-        rec.update(table_stats(parts))
+        stats = table_stats(parts)
+        if parts.dist is not None and parts.dist.embedding_ranks:  # rank 0 holds no rows: the first embedding rank's
+            stats = parts.dist.broadcast(stats, src=parts.dist.embedding_ranks[0])
+        rec.update(stats)
         if parts.dist is not None:  # this rank's tables; bytes exchanged per step
             rec.update(parts.dist.exchange.take_stats(step - self._logged))
             self._logged = step

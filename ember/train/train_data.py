@@ -119,6 +119,7 @@ def open_train_loader(cfg: RunConfig, state: RunState, dist: DistributedRun | No
         loader = make_batches(d, cfg.schema, "train", epoch=state.epoch, start_batch=starts[rank], depth=pipe.depth,
                               workers=pipe.data_workers, part=(rank, world))
         return TrainLoader(loader, shards, pipe.depth.featurize)
-    mine = (rank, world) if dist is not None and d.format == "synthetic" else None
+    # embedding ranks (no rows of their own) and their dense ranks: dist.data_slice
+    mine = dist.data_slice if dist is not None and d.format == "synthetic" else None
     return TrainLoader(make_batches(d, cfg.schema, "train", epoch=state.epoch, start_batch=state.batch, depth=pipe.depth,
                                     workers=pipe.data_workers, rank_slice=mine))
