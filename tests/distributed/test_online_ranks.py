@@ -206,3 +206,32 @@ def test_sigkill_of_rank_0_mid_stream_then_resume_trains_as_one_uninterrupted_pr
     a, b = checkpoint_state(runs / "one"), checkpoint_state(runs / "killed")
     assert a["step"] == 19  # 600 rows: 18 batches of 32, then 24 rows
     assert_states_close(a, b)
+
+
+def test_online_window_and_exports_with_an_embedding_rank_equal_one_process(root, runs):
+    """Online training, the rolling window and the export series with 1 embedding rank (every
+    table) beside 2 dense ranks: the same model, rows, window reports and exports as one process."""
+    one, _ = runs
+    raw = _raw(root, "emb")
+    raw["distributed"] = {"sharding": "row_wise", "placement": "embedding_ranks", "embedding_ranks": 1}
+    three = run_ranks(_train, 3, (raw,), timeout=240)
+    assert all(r["step"] == one["step"] for r in three)
+    for r in three[:2]:  # the dense ranks (the embedding rank runs no dense model)
+        for k, v in one["model"].items():
+            torch.testing.assert_close(r["model"][k], v, rtol=1e-4, atol=1e-5, msg=lambda m: f"model {k}: {m}")
+    assert all(three[0]["tables"][n][0].size == 0 for n in three[0]["tables"])  # the dense ranks hold no rows
+    want, got = _tables([one]), _tables(three)
+    for name, (ids, rec) in want.items():
+        np.testing.assert_array_equal(got[name][0], ids, err_msg=f"table {name}: IDs differ")
+        np.testing.assert_allclose(got[name][1], rec, rtol=1e-4, atol=1e-5, err_msg=f"table {name}")
+    assert [w["step"] for w in three[0]["windows"]] == [w["step"] for w in one["windows"]]
+    for a, b in zip(three[0]["windows"], one["windows"]):
+        assert {k: v for k, v in a.items() if k != "t"} == pytest.approx({k: v for k, v in b.items() if k != "t"},
+                                                                        abs=1e-5)
+    series = [series_entries(root / "runs" / n / "exports") for n in ("one", "emb")]
+    assert [(e.number, e.kind) for e in series[1]] == [(e.number, e.kind) for e in series[0]]
+    for a, b in zip(*series):
+        ea, eb = _export(a.path), _export(b.path)
+        assert eb["manifest"] == ea["manifest"], a.path.name
+        for f, arr in ea["files"].items():
+            np.testing.assert_allclose(eb["files"][f], arr, rtol=1e-4, atol=1e-5, err_msg=f"{a.path.name} {f}")
