@@ -12,7 +12,7 @@ hybrid_auc_delta (AUC at k minus AUC at 0; target |.| <= 0.002), the rates and A
 Without the rights to create namespaces (``ip netns add`` fails) it says so and skips (exit 0,
 ``"skipped"`` in the JSON line).
 
-Usage: python bench/bench_hybrid.py [--rate 100mbit] [--steps 120] [--staleness 2] [--batch 4096] [--eval-rows 100000]
+Usage: python bench/bench_hybrid.py [--rate 100mbit] [--steps 300] [--staleness 2] [--batch 4096] [--eval-rows 100000]
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ def run(link: Link, cfg_path: Path, out: Path, k: int, timeout: float) -> dict:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rate", default="100mbit", help="tbf rate of each end of the link")
-    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--steps", type=int, default=300, help="training steps per run (300: ~11 min for both runs on 2 vCPUs)")
     p.add_argument("--batch", type=int, default=4096)
     p.add_argument("--staleness", type=int, default=2)
     p.add_argument("--eval-rows", type=int, default=100_000, help="synthetic eval rows (AUC's noise ~ 1/sqrt of it)")
