@@ -129,9 +129,19 @@ def _refuse_text_labels(column: pa.Array, name: str, file: str, first_row: int |
     would all be dropped (or its NaNs trained on), so it is refused under either policy, naming
     the file, the column and the values seen. A stray word among numeric labels stays a bad row.
     """
-    n_text = int(bad.sum())
+    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)) or int(bad.sum()) < 2:
+        return  # numbers out of range (inf, 2.5) are bad rows, not a column of words
+    text = bad.copy()
+    for i in np.flatnonzero(bad):  # "inf", "1e999", "nan" are numbers (bad ones), not words
+        try:
+            float(column[int(i)].as_py())
+            text[i] = False
+        except (TypeError, ValueError):
+            pass
+    n_text = int(text.sum())
     if n_text < 2 or 2 * n_text < int((~missing).sum()):
         return
+    bad = text
     words = pc.unique(column.filter(pa.array(bad))).to_pylist()
     shown = ", ".join(repr(w) for w in words[:_TEXT_SHOWN]) + (", ..." if len(words) > _TEXT_SHOWN else "")
     row = row_number(first_row, int(np.argmax(bad)))

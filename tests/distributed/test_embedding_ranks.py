@@ -267,10 +267,10 @@ def _fp16_rank(rank: int, world_size: int, raw: dict, spy: str) -> dict[str, Any
     (one process: its own 3rd), plus whether this rank ran the dense model."""
     from tests.distributed import test_one_system as one_system
 
-    one_system._spy_compile(spy == "broken")
     dense = world_size - raw["distributed"].get("embedding_ranks", 0)
-    one_system._inject_overflow(rank == dense - 1, at_call=3)
-    return one_system._state(train(from_dict(raw)))
+    for obj, name, value in one_system._patches(rank == dense - 1, raw, spy):  # compile spy, overflow at the 3rd
+        setattr(obj, name, value)
+    return one_system._run(raw)
 
 
 @pytest.mark.dist

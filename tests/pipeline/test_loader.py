@@ -187,6 +187,6 @@ def test_rank_slice_generates_and_featurizes_only_the_ranks_slice():
         assert all(isinstance(m, RankSlice) for m in mine)
         assert [m.rows for m in mine] == [b.size for b in full] == [15, 15, 2]
         for m, b in zip(mine, full):
-            want = b.slice_rows(*DistributedRun.local_rows(SimpleNamespace(rank=r, world_size=3), b.size))
+            want = b.slice_rows(*DistributedRun.local_rows(SimpleNamespace(data_slice=(r, 3)), b.size))
             assert _same(_flat([m.batch]), _flat([want]))
     assert [m.batch.size for m in make_batches(data, schema, "train", rank_slice=(0, 3))] == [5, 5, 5, 0]
