@@ -14,10 +14,10 @@ demo: install
 	$(PYTHON) -m ember train --config configs/demo.yaml --overwrite
 
 # The second run turns the native core off (EMBER_NATIVE=0): the numpy/torch fallbacks of every
-# kernel (ember/_native.py) must pass the same embedding, tier, optimizer and checkpoint tests.
+# kernel (ember/_native.py) must pass the same embedding, tier, optimizer, checkpoint, featurize and native tests.
 test: install
 	$(PYTHON) -m pytest -q
-	EMBER_NATIVE=0 $(PYTHON) -m pytest -q tests/embedding tests/tiers tests/optim tests/checkpoint
+	EMBER_NATIVE=0 $(PYTHON) -m pytest -q tests/embedding tests/tiers tests/optim tests/checkpoint tests/featurize tests/native
 
 # The docs site (docs/, mkdocs.yml): regenerates the config and CLI references from the code,
 # then builds with every warning an error. Offline: no plugin fetches anything. Output: site/.
