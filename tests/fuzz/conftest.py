@@ -10,3 +10,10 @@ import os
 def fuzz_scale() -> int:
     """``EMBER_FUZZ_SCALE`` (default 1), read at call time."""
     return max(1, int(os.environ.get("EMBER_FUZZ_SCALE", "1")))
+
+
+def fuzz_derandomize() -> bool:
+    """Whether the property tests draw the same examples every run (the default, so that the
+    suite is reproducible: a new failure never appears by chance in CI); ``EMBER_FUZZ_RANDOM=1``
+    draws new ones each run, for a hunt (with ``EMBER_FUZZ_SCALE`` for more of them)."""
+    return os.environ.get("EMBER_FUZZ_RANDOM", "") != "1"

@@ -31,10 +31,10 @@ from ember.featurize.transforms import parse_floats
 from ember.source.bad_rows import BadRowReport
 from ember.source.csv import read_csv
 from ember.source.parquet import read_parquet
-from tests.fuzz.conftest import fuzz_scale
+from tests.fuzz.conftest import fuzz_derandomize, fuzz_scale
 
-FAST = settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-SLOW = settings(max_examples=200 * fuzz_scale(), deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(max_examples=40, deadline=None, database=None, derandomize=fuzz_derandomize(), suppress_health_check=[HealthCheck.too_slow])
+SLOW = settings(max_examples=200 * fuzz_scale(), deadline=None, database=None, derandomize=fuzz_derandomize(), suppress_health_check=[HealthCheck.too_slow])
 
 NAMES = ["y", "a", "b"]
 # field text: anything but the delimiters, quotes and line ends (a BOM only inside a value)

@@ -15,10 +15,10 @@ from hypothesis import strategies as st
 from ember.errors import DataError
 from ember.source.bad_rows import BadRowReport
 from ember.source.csv import read_csv
-from tests.fuzz.conftest import fuzz_scale
+from tests.fuzz.conftest import fuzz_derandomize, fuzz_scale
 
-FAST = settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-SLOW = settings(max_examples=200 * fuzz_scale(), deadline=None, database=None,
+FAST = settings(max_examples=40, deadline=None, database=None, derandomize=fuzz_derandomize(), suppress_health_check=[HealthCheck.too_slow])
+SLOW = settings(max_examples=200 * fuzz_scale(), deadline=None, database=None, derandomize=fuzz_derandomize(),
                 suppress_health_check=[HealthCheck.too_slow])
 
 NAMES = ["y", "a", "b"]

@@ -4,8 +4,9 @@ already hold something, and the scoring API (schemathesis over the server's own 
 document, and arbitrary JSON bodies). The promise: zero tracebacks, zero 5xx answers, zero
 files lost; every mistake ends in ``ember <command>: error: ...`` with exit 2.
 
-The examples are derandomized (the same every run, so the suite is reproducible);
-``bench/fuzz_reliability.py --surfaces N --seed S`` explores new ones."""
+The examples are derandomized (the same every run, so the suite is reproducible;
+``EMBER_FUZZ_RANDOM=1`` draws new ones), and ``bench/fuzz_reliability.py --surfaces N --seed S``
+explores more."""
 
 from __future__ import annotations
 
@@ -21,9 +22,9 @@ from hypothesis import strategies as st
 from ember.testing.surfaces import (
     TINY, config_cases, lost_files, run_cli, schema_leaves, snapshot, write_config,
 )
-from tests.fuzz.conftest import fuzz_scale
+from tests.fuzz.conftest import fuzz_derandomize, fuzz_scale
 
-FAST = settings(max_examples=60 * fuzz_scale(), deadline=None, database=None, derandomize=True,
+FAST = settings(max_examples=60 * fuzz_scale(), deadline=None, database=None, derandomize=fuzz_derandomize(),
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 
 
