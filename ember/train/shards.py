@@ -28,7 +28,7 @@ from ember.pipeline.loader import shard_files
 from ember.pipeline.scheduler import Stage
 from ember.source.files import expand_paths
 
-__all__ = ["FileShards", "check_file_shards", "AHEAD"]
+__all__ = ["FileShards", "LookAhead", "check_file_shards", "AHEAD"]
 
 AHEAD = 2
 """Batches the ``shard`` stage holds back: after step i the ranks agree on step i + AHEAD's
@@ -49,7 +49,70 @@ def check_file_shards(cfg: RunConfig, world_size: int) -> None:
     shard_files(expand_paths(cfg.data.paths("train"), cfg.data.format), 0, world_size)  # fewer files than ranks: raises
 
 
-class FileShards:
+class LookAhead:
+    """What ``FileShards`` and the online ``StreamRanks`` share: a stage that notes each batch
+    (``_record``) and holds ``AHEAD`` batches back, so that after step i every rank can tell
+    the others about its batch of step i + AHEAD through the loop's per-step agreement (a max
+    over ranks of ``width`` slots: ``ask`` / ``hear``, and ``start`` for the pass's first
+    steps). Subclasses say what a batch's record is, its slots, and what an agreement means."""
+
+    width: int  # slots per step in the agreement
+
+    def __init__(self) -> None:
+        self._records: list = []  # per step of the pass, what the stage noted (its thread appends)
+        self._read_through = False  # the stage saw the pass's last batch
+
+    def _record(self, batch: Batch) -> object:
+        raise NotImplementedError
+
+    def _slots(self, step: int) -> list[int]:
+        raise NotImplementedError
+
+    def _note(self, step: int, agreed: list[int]) -> None:
+        raise NotImplementedError
+
+    def _recorded(self, step: int, what: str) -> object | None:
+        """The record of ``step``; None past the pass's last batch."""
+        if step < len(self._records):
+            return self._records[step]
+        assert self._read_through, f"{what} of step {step} asked before the stage saw it"
+        return None
+
+    def _stage(self, name: str, depth: int, tail: Batch | None = None) -> Stage:
+        """The holding stage; at the end it yields the held batches, then ``tail`` without end
+        when given (the fetch gate ends the pass)."""
+        held: deque[Batch] = deque()
+
+        def hold(batch: Batch) -> list[Batch]:
+            self._records.append(self._record(batch))
+            held.append(batch)
+            return [held.popleft()] if len(held) > AHEAD else []
+
+        def finish() -> Iterator[Batch]:
+            self._read_through = True
+            while held:
+                yield held.popleft()
+            while tail is not None:
+                yield tail
+
+        return Stage(name, hold, depth, expand=True, finish=finish)
+
+    def start(self, dist: DistributedRun) -> None:
+        """At the pass's first step (before it trains): agree on steps 0 .. AHEAD-1."""
+        agreed = dist.agree([v for s in range(AHEAD) for v in self._slots(s)])
+        for s in range(AHEAD):
+            self._note(s, agreed[s * self.width:(s + 1) * self.width])
+
+    def ask(self, step: int) -> list[int]:
+        """This rank's values for the agreement after ``step``: its batch of step + AHEAD."""
+        return self._slots(step + AHEAD)
+
+    def hear(self, step: int, agreed: list[int]) -> None:
+        """The agreement after ``step`` (``ask``'s slots, maxed over ranks)."""
+        self._note(step + AHEAD, agreed)
+
+
+class FileShards(LookAhead):
     """One pass over a files-sharded epoch (from its start, or the rest of it after a resume)
     on one rank: the ``shard`` stage that follows the loader's stages, and what the ranks
     agreed on (see the module docstring).
@@ -62,10 +125,10 @@ class FileShards:
     """
 
     def __init__(self, rank: int, world_size: int, empty: Batch, starts: list[int], first_batch: int = 0) -> None:
+        super().__init__()  # records: the rows of this rank's batches of the pass
         self.rank, self.world_size, self.empty, self.starts = rank, world_size, empty, list(starts)
+        self.width = world_size
         self.first_batch = first_batch
-        self._sizes: list[int] = []  # rows of this rank's batches of the pass (the stage's thread appends)
-        self._read_through = False
         self._rows: dict[int, list[int]] = {}  # step of the pass -> each rank's rows, agreed
         self._ended: list[int | None] = [None] * world_size  # first step where a rank had no rows
         self.end: int | None = None  # the first step where no rank has rows: the pass ends before it
@@ -74,27 +137,13 @@ class FileShards:
         """The ``shard`` stage: notes each batch's rows, holds ``AHEAD`` batches back (so the
         rows of step i + AHEAD are known when step i trains), then yields empty batches
         without end (the fetch gate ends the pass)."""
-        held: deque[Batch] = deque()
+        return self._stage("shard", depth, tail=self.empty)
 
-        def hold(batch: Batch) -> list[Batch]:
-            self._sizes.append(batch.size)
-            held.append(batch)
-            return [held.popleft()] if len(held) > AHEAD else []
-
-        def finish() -> Iterator[Batch]:
-            self._read_through = True
-            while held:
-                yield held.popleft()
-            while True:
-                yield self.empty
-
-        return Stage("shard", hold, depth, expand=True, finish=finish)
+    def _record(self, batch: Batch) -> int:
+        return batch.size
 
     def _mine(self, step: int) -> int:
-        if step < len(self._sizes):
-            return self._sizes[step]
-        assert self._read_through, f"rows of step {step} asked before the shard stage saw them"
-        return 0
+        return self._recorded(step, "rows") or 0  # type: ignore[return-value]
 
     def _slots(self, step: int) -> list[int]:
         out = [0] * self.world_size
@@ -108,20 +157,6 @@ class FileShards:
                 self._ended[r] = step
         if not any(rows) and self.end is None:
             self.end = step
-
-    def start(self, dist: DistributedRun) -> None:
-        """At the pass's first step (before it trains): agree on the rows of steps 0 .. AHEAD-1."""
-        agreed = dist.agree([v for s in range(AHEAD) for v in self._slots(s)])
-        for s in range(AHEAD):
-            self._note(s, agreed[s * self.world_size:(s + 1) * self.world_size])
-
-    def ask(self, step: int) -> list[int]:
-        """This rank's values for the agreement after ``step``: its rows of step + AHEAD."""
-        return self._slots(step + AHEAD)
-
-    def hear(self, step: int, agreed: list[int]) -> None:
-        """The agreement after ``step`` (``ask``'s slots, maxed over ranks)."""
-        self._note(step + AHEAD, agreed)
 
     def global_rows(self, step: int) -> int:
         """Rows of step ``step``'s global batch (every rank's together)."""

@@ -22,22 +22,19 @@ The cost: a batch trains once the stream has cut the ``AHEAD`` batches after it 
 from __future__ import annotations
 
 import zlib
-from collections import deque
-from typing import Iterator
 
 from ember.batch import Batch
-from ember.distributed.process_group import DistributedRun
 from ember.errors import DataError
 from ember.pipeline.scheduler import Stage
 from ember.pipeline.stream import StreamLoader
-from ember.train.shards import AHEAD
+from ember.train.shards import LookAhead
 
 __all__ = ["StreamRanks"]
 
 _SLOTS = 4  # size, -size, fingerprint, -fingerprint
 
 
-class StreamRanks:
+class StreamRanks(LookAhead):
     """One online pass on one rank of a distributed run (see the module docstring): the
     ``agree`` stage that follows the stream's stages, and what the ranks agreed on.
 
@@ -47,36 +44,22 @@ class StreamRanks:
     """
 
     def __init__(self, stream: StreamLoader, first_batch: int) -> None:
+        super().__init__()  # records: per step of the pass, (rows, fingerprint of where the batch ended)
         self.stream, self.first_batch = stream, first_batch
-        self._marks: list[tuple[int, int]] = []  # per step of the pass: (rows, fingerprint); the stage appends
-        self._read_through = False
+        self.width = _SLOTS
         self.end: int | None = None  # the first step some rank lacks: the pass ends before it
 
     def stage(self, depth: int) -> Stage:
         """The ``agree`` stage: notes each batch's size and where it ended, and holds ``AHEAD``
         batches back (so step i + AHEAD is known when step i trains)."""
-        held: deque[Batch] = deque()
+        return self._stage("agree", depth)
 
-        def hold(batch: Batch) -> list[Batch]:
-            file, rows = self.stream.cut_after(self.first_batch + len(self._marks) + 1)
-            mark = zlib.crc32(f"{file}\0{rows}\0{batch.size}".encode()) + 1  # > 0: 0 is "no batch"
-            self._marks.append((batch.size, mark))
-            held.append(batch)
-            return [held.popleft()] if len(held) > AHEAD else []
-
-        def finish() -> Iterator[Batch]:
-            self._read_through = True
-            while held:
-                yield held.popleft()
-
-        return Stage("agree", hold, depth, expand=True, finish=finish)
+    def _record(self, batch: Batch) -> tuple[int, int]:
+        file, rows = self.stream.cut_after(self.first_batch + len(self._records) + 1)
+        return batch.size, zlib.crc32(f"{file}\0{rows}\0{batch.size}".encode()) + 1  # > 0: 0 is "no batch"
 
     def _slots(self, step: int) -> list[int]:
-        if step < len(self._marks):
-            rows, mark = self._marks[step]
-        else:
-            assert self._read_through, f"batch of step {step} asked before the agree stage saw it"
-            rows, mark = 0, 0
+        rows, mark = self._recorded(step, "batch") or (0, 0)  # type: ignore[misc]
         return [rows, -rows, mark, -mark]
 
     def _note(self, step: int, agreed: list[int]) -> None:
@@ -92,17 +75,3 @@ class StreamRanks:
                             "them in different orders. Make files appear complete in the order they are to be read "
                             "(write under a hidden name and rename into place, data.watch.order: mtime), then resume "
                             "from the last checkpoint (train.resume)")
-
-    def start(self, dist: DistributedRun) -> None:
-        """At the pass's first step (before it trains): agree on steps 0 .. AHEAD-1."""
-        agreed = dist.agree([v for s in range(AHEAD) for v in self._slots(s)])
-        for s in range(AHEAD):
-            self._note(s, agreed[s * _SLOTS:(s + 1) * _SLOTS])
-
-    def ask(self, step: int) -> list[int]:
-        """This rank's values for the agreement after ``step``: its batch of step + AHEAD."""
-        return self._slots(step + AHEAD)
-
-    def hear(self, step: int, agreed: list[int]) -> None:
-        """The agreement after ``step`` (``ask``'s slots, maxed over ranks)."""
-        self._note(step + AHEAD, agreed)
