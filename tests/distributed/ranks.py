@@ -15,12 +15,14 @@ import queue
 import traceback
 from typing import Any, Callable
 
+import numpy as np
+
 import torch
 import torch.distributed as dist
 
 from ember.testing.distributed import free_port
 
-__all__ = ["run_ranks", "init"]
+__all__ = ["run_ranks", "init", "table_rows", "merge_tables"]
 
 
 def init() -> None:
@@ -74,3 +76,27 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, args: tuple = (), tim
     if failed:
         raise AssertionError("\n".join(failed))
     return [results[r] for r in range(world_size)]
+
+
+def table_rows(collection: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each table's (IDs, records) of this process (a rank's shard), in the tier's order."""
+    out = {}
+    for name, table in collection.tables.items():
+        chunks = list(table.items())
+        ids = torch.cat([i for i, _ in chunks]).numpy() if chunks else np.empty(0, np.int64)
+        rec = torch.cat([r for _, r in chunks]).numpy() if chunks else np.empty((0, 0), np.float32)
+        out[name] = (ids, rec)
+    return out
+
+
+def merge_tables(tables: list[dict[str, tuple[np.ndarray, np.ndarray]]]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Every rank's ``table_rows`` together, sorted by ID; an ID held by two ranks fails."""
+    out = {}
+    for name in tables[0]:
+        ids = np.concatenate([t[name][0] for t in tables])
+        held = [t[name][1] for t in tables if t[name][0].size]
+        rec = np.concatenate(held) if held else np.empty((0, 0), np.float32)
+        assert np.unique(ids).size == ids.size, f"table {name}: an ID on two ranks"
+        order = np.argsort(ids)
+        out[name] = (ids[order], rec[order])
+    return out

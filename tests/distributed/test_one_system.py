@@ -19,7 +19,7 @@ from ember.config import from_dict
 from ember.source.config import DataConfig
 from ember.source.writer import write_synthetic
 from ember.train.loop import RunResult, train
-from tests.distributed.ranks import run_ranks
+from tests.distributed.ranks import merge_tables, run_ranks, table_rows
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -64,12 +64,7 @@ def _state(result: RunResult) -> dict[str, Any]:
     """What must not depend on the world size: the dense model, this process's rows (a rank's
     shard), the eval figures, the loss scaler's state and what the compile spy saw."""
     assert result.parts is not None
-    tables = {}
-    for name, table in result.parts.embeddings.tables.items():
-        chunks = list(table.items())
-        ids = torch.cat([i for i, _ in chunks]).numpy() if chunks else np.empty(0, np.int64)
-        rec = torch.cat([r for _, r in chunks]).numpy() if chunks else np.empty((0, 0), np.float32)
-        tables[name] = (ids, rec)
+    tables = table_rows(result.parts.embeddings)
     scaler = result.parts.scaler.state_dict() if result.parts.scaler is not None else None
     return {"model": {k: v.clone() for k, v in result.parts.model.state_dict().items()}, "tables": tables,
             "metrics": dict(result.metrics), "step": result.step, "scaler": scaler, "compiled": list(_COMPILED)}
@@ -154,13 +149,10 @@ def _assert_same(one: dict, ranks: list[dict], atol: float = 1e-5) -> None:
         assert r["scaler"] == one["scaler"]
         for k, v in one["model"].items():
             torch.testing.assert_close(r["model"][k], v, rtol=1e-4, atol=atol, msg=lambda m: f"model {k}: {m}")
-    for name, (ids, rec) in one["tables"].items():
-        got_ids = np.concatenate([r["tables"][name][0] for r in ranks])
-        got_rec = np.concatenate([r["tables"][name][1] for r in ranks if r["tables"][name][0].size])
-        assert np.unique(got_ids).size == got_ids.size, f"table {name}: an ID on two ranks"
-        order, want = np.argsort(got_ids), np.argsort(ids)
-        np.testing.assert_array_equal(got_ids[order], ids[want], err_msg=f"table {name}: IDs differ")
-        np.testing.assert_allclose(got_rec[order], rec[want], rtol=1e-4, atol=atol, err_msg=f"table {name}")
+    got = merge_tables([r["tables"] for r in ranks])
+    for name, (ids, rec) in merge_tables([one["tables"]]).items():
+        np.testing.assert_array_equal(got[name][0], ids, err_msg=f"table {name}: IDs differ")
+        np.testing.assert_allclose(got[name][1], rec, rtol=1e-4, atol=atol, err_msg=f"table {name}")
 
 
 def test_distill_restore_best_and_compile_train_as_one_process(root, monkeypatch):

@@ -23,7 +23,7 @@ from ember.config import from_dict
 from ember.serving.follow import SeriesSource
 from ember.testing.distributed import assert_states_close, checkpoint_state, finish, rank_pids, torchrun_start
 from ember.train.loop import train
-from tests.distributed.ranks import run_ranks
+from tests.distributed.ranks import merge_tables, run_ranks, table_rows
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -68,26 +68,14 @@ def root(tmp_path_factory) -> Path:
 def _train(rank: int, world_size: int, raw: dict) -> dict[str, Any]:
     result = train(from_dict(raw))
     assert result.parts is not None
-    tables = {}
-    for name, table in result.parts.embeddings.tables.items():
-        chunks = list(table.items())
-        ids = torch.cat([i for i, _ in chunks]).numpy() if chunks else np.empty(0, np.int64)
-        rec = torch.cat([r for _, r in chunks]).numpy() if chunks else np.empty((0, 0), np.float32)
-        tables[name] = (ids, rec)
+    tables = table_rows(result.parts.embeddings)
     windows = [r for r in result.history if r.get("kind") == "eval" and "window_rows" in r]
     return {"step": result.step, "model": {k: v.clone() for k, v in result.parts.model.state_dict().items()},
             "tables": tables, "windows": windows}
 
 
 def _tables(ranks: list[dict]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
-    out = {}
-    for name in ranks[0]["tables"]:
-        ids = np.concatenate([r["tables"][name][0] for r in ranks])
-        rec = np.concatenate([r["tables"][name][1] for r in ranks if r["tables"][name][0].size])
-        assert np.unique(ids).size == ids.size, f"table {name}: an ID on two ranks"
-        order = np.argsort(ids)
-        out[name] = (ids[order], rec[order])
-    return out
+    return merge_tables([r["tables"] for r in ranks])
 
 
 def _export(path: Path) -> dict[str, Any]:
