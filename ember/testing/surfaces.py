@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 __all__ = ["Outcome", "run_cli", "schema_leaves", "config_cases", "argv_cases", "snapshot", "lost_files",
-           "TINY", "write_config"]
+           "TINY", "write_config", "study"]
 
 TINY: dict[str, Any] = {
     "data": {"preset": "synthetic", "synthetic": {"rows": 256, "eval_rows": 64, "num_sparse": 3, "num_dense": 2,
@@ -261,6 +261,8 @@ def study(count: int, workdir: Path, seed: int = 0) -> dict[str, Any]:
     import signal
 
     from hypothesis import HealthCheck, given, seed as hseed, settings
+
+    from ember.testing.server import LocalServer
     from hypothesis import strategies as st
 
     tally: dict[str, dict[str, int]] = {}
@@ -343,7 +345,7 @@ def study(count: int, workdir: Path, seed: int = 0) -> dict[str, Any]:
     command_lines()
 
     try:
-        server = LocalServer(box / "export")
+        server = LocalServer.for_export(box / "export", log_level="critical")
     except ImportError:
         tally["scoring_api"] = {"skipped (no fastapi/uvicorn)": 1}
     else:
@@ -367,50 +369,3 @@ def study(count: int, workdir: Path, seed: int = 0) -> dict[str, Any]:
             scoring()
     return {"tally": tally, "examples": examples}
 
-
-class LocalServer:
-    """``ember serve``'s application on 127.0.0.1 (a free port), in a thread, for the with-block."""
-
-    def __init__(self, export: Path) -> None:
-        import uvicorn
-
-        from ember.serving.server import make_app, open_source
-
-        self.source = open_source(export, poll_s=3600)
-        self._uvicorn = uvicorn
-        self._app = make_app(self.source)
-        self.url = ""
-
-    def __enter__(self) -> "LocalServer":
-        import socket
-        import threading
-        import time
-
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        self.server = self._uvicorn.Server(self._uvicorn.Config(self._app, host="127.0.0.1", port=port,
-                                                                log_level="critical"))
-        self.thread = threading.Thread(target=self.server.run, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 30
-        while not self.server.started and time.time() < deadline:
-            time.sleep(0.05)
-        self.url = f"http://127.0.0.1:{port}"
-        return self
-
-    def post(self, path: str, body: bytes) -> tuple[int, str]:
-        """POST ``body`` as JSON; the status and the answer's text."""
-        import urllib.error
-        import urllib.request
-
-        req = urllib.request.Request(self.url + path, data=body, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=60) as r:
-                return r.status, r.read().decode(errors="replace")
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode(errors="replace")
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=10)

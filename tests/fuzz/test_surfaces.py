@@ -139,9 +139,9 @@ def test_any_command_line_ends_ok_or_with_a_clear_error(sandbox, data):
 def server(sandbox):
     pytest.importorskip("fastapi")
     pytest.importorskip("uvicorn")
-    from ember.testing.surfaces import LocalServer
+    from ember.testing.server import LocalServer
 
-    with LocalServer(sandbox / "export") as srv:
+    with LocalServer.for_export(sandbox / "export") as srv:
         yield srv
 
 

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
-import threading
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -31,6 +28,8 @@ from ember.errors import DataError  # noqa: E402
 from ember.featurize.canonical import canonical_array, canonical_value  # noqa: E402
 from ember.serving import Predictor  # noqa: E402
 from ember.serving.server import ModelSource, make_app  # noqa: E402
+from ember.testing.server import LocalServer  # noqa: E402
+from ember.testing.server import LocalServer  # noqa: E402
 
 VOCAB = 30  # IDs 0..VOCAB-1 are trained; the property draws a few beyond (unseen IDs)
 
@@ -70,20 +69,9 @@ def trained(tmp_path_factory):
     cfg = load(str(cfg_path))
     parts = _load_checkpoint(cfg, *_verified(str(tmp / "run")))
     predictor = Predictor.load(export)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(make_app(ModelSource(export)), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    yield {"tmp": tmp, "export": export, "cfg": cfg, "parts": parts, "predictor": predictor,
-           "url": f"http://127.0.0.1:{port}/score"}
-    server.should_exit = True
-    thread.join(timeout=10)
+    with LocalServer(make_app(ModelSource(export))) as server:
+        yield {"tmp": tmp, "export": export, "cfg": cfg, "parts": parts, "predictor": predictor,
+               "url": f"{server.url}/score"}
 
 
 def _eval_scores(trained, table: pa.Table, path: Path) -> np.ndarray:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +21,7 @@ uvicorn = pytest.importorskip("uvicorn")
 from ember.cli import main  # noqa: E402
 from ember.serving import Predictor  # noqa: E402
 from ember.serving.server import ModelSource, make_app  # noqa: E402
+from ember.testing.server import LocalServer  # noqa: E402
 
 SMALL = {"num_sparse": 4, "num_dense": 2, "vocab_size": 300}
 
@@ -52,20 +51,9 @@ def served(tmp_path_factory):
     rows = pq.read_table(rows_file).drop(["label"]).to_pylist()
     source = ModelSource(live, poll_s=0.1)
     source.start()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(make_app(source, max_body_bytes=200_000), host="127.0.0.1", port=port,
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.time() + 30
-    while not server.started and time.time() < deadline:
-        time.sleep(0.05)
-    yield {"url": f"http://127.0.0.1:{port}", "live": live, "first": first, "second": second, "rows": rows,
-           "rows_file": rows_file, "source": source}
-    server.should_exit = True
-    thread.join(timeout=10)
+    with LocalServer(make_app(source, max_body_bytes=200_000)) as server:
+        yield {"url": server.url, "live": live, "first": first, "second": second, "rows": rows,
+               "rows_file": rows_file, "source": source}
     source.stop()
 
 
