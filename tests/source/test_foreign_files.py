@@ -20,17 +20,10 @@ from ember.source.config import DataConfig
 from ember.source.csv import read_csv
 from ember.source.files import expand_paths
 from ember.train.preflight import check_data
+from tests.source.test_csv_hardening import _rows  # a file's chunks as columns of Python values
 
 SCHEMA = Schema.parse({"labels": ["label"], "dense": [{"name": "n"}], "sparse": [{"name": "id"}]})
 TEXT = "label,n,id\n1,0.5,a\n0,2,b\n1,,c\n"
-
-
-def _rows(chunks) -> dict[str, list]:
-    out: dict[str, list] = {}
-    for c in chunks:
-        for k, v in c.batch.to_pydict().items():
-            out.setdefault(k, []).extend(v)
-    return out
 
 
 def _loaded(data: DataConfig) -> tuple[list[float], list[float]]:
