@@ -1,8 +1,6 @@
 """``python -m ember``: the command line (``train``, ``eval``, ``export``, ``predict``, ``generate``)."""
 
-import sys
-
-from ember.cli import main
+from ember.cli import run
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

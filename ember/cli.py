@@ -16,6 +16,7 @@ import json
 import math
 import re
 import sys
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -521,6 +522,7 @@ def main(argv: list[str] | None = None) -> int:
     from ember.errors import EmberError, RunInterrupted
 
     _show_ember_logs()
+    _stacks_on_sigusr1()
 
     try:
         _check_inputs(args)
@@ -663,6 +665,19 @@ def _with_notes(e: BaseException) -> str:
     return " ".join([str(e), *getattr(e, "__notes__", [])])
 
 
+def _stacks_on_sigusr1() -> None:
+    """``kill -USR1 <pid>`` prints every thread's Python stack to stderr and the command goes on:
+    what a run that seems stuck is doing (the test launchers ask it of a rank before killing it)."""
+    import faulthandler
+    import signal
+
+    if hasattr(signal, "SIGUSR1") and threading.current_thread() is threading.main_thread():
+        try:
+            faulthandler.register(signal.SIGUSR1, all_threads=True, chain=False)
+        except (ValueError, OSError, RuntimeError):  # no usable stderr (a closed or odd descriptor)
+            pass
+
+
 def _show_ember_logs() -> None:
     """ember's own informational lines (e.g. how tables were grouped) go to stderr, once: to
     whatever ``sys.stderr`` is when a line is logged (a caller that redirects or closes an
@@ -686,5 +701,13 @@ def _show_ember_logs() -> None:
         log.setLevel(logging.INFO)
 
 
+def run() -> None:
+    """The ``ember`` command: ``main`` on this process's arguments, then the process ends with its
+    status (``ember.process_exit``: no interpreter teardown for native threads to abort in)."""
+    from ember.process_exit import end_process
+
+    end_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -40,11 +40,21 @@ def torchrun_nodes(config: Path, nnodes: int, nproc_per_node: int, overrides: Se
             for _, p, _, _ in procs:
                 p.wait(timeout=max(deadline - time.monotonic(), 1))
         except subprocess.TimeoutExpired:
+            for _, p, _, _ in procs:  # every rank prints its threads' stacks (SIGUSR1), then all end
+                for rank in _children(p.pid):
+                    _signal(rank, signal.SIGUSR1)
+            time.sleep(3)
             for _, p, _, _ in procs:
                 if p.poll() is None:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
-            raise AssertionError(f"torchrun nodes did not finish in {timeout} s (killed)") from None
+            for _, _, o, e in procs:
+                o.close()
+                e.close()
+            tails = "\n".join(f"--- node {i} stderr (last 6000 characters) ---\n"
+                              + (Path(logs) / f"{i}.err").read_text(errors="replace")[-6000:] for i in range(nnodes))
+            raise AssertionError(f"torchrun nodes did not finish in {timeout} s (killed); "
+                                 f"each rank's stacks at the end are in its node's stderr:\n{tails}") from None
         finally:
             for _, _, o, e in procs:
                 o.close()
@@ -52,3 +62,18 @@ def torchrun_nodes(config: Path, nnodes: int, nproc_per_node: int, overrides: Se
         return [subprocess.CompletedProcess(cmd, p.returncode, (Path(logs) / f"{i}.out").read_text(),
                                             (Path(logs) / f"{i}.err").read_text())
                 for i, (cmd, p, _, _) in enumerate(procs)]
+
+
+def _children(pid: int) -> list[int]:
+    """The processes ``pid`` started (torchrun's ranks), as far as /proc tells."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        pass  # already gone
