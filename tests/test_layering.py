@@ -28,7 +28,7 @@ ROOT = PACKAGE.parent
 # placed here on purpose).
 LAYERS: list[tuple[str, ...]] = [
     ("ember.errors", "ember.config_base", "ember._native", "ember._ember_native", "ember.mix", "ember.fileio",
-     "ember.allocator", "ember.outputs"),
+     "ember.allocator", "ember.outputs", "ember.process_exit"),
     ("ember.batch",),
     ("ember.source",),
     ("ember.featurize",),
