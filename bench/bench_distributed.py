@@ -49,7 +49,8 @@ def run_config(args: argparse.Namespace, out: Path, device: str = "cpu") -> dict
     synth = {**criteo_synthetic_options(), "rows": args.batch * args.steps, "eval_rows": args.batch}
     raw = dlrm_config({"synthetic": synth}, batch_size=args.batch, bottom_mlp=(64, 16), top_mlp=(128, 64))
     raw["train"].update({"max_steps": args.steps, "log_every": args.steps // 2, "progress": False, "threads": 1,
-                         "out_dir": str(out), "eval_max_batches": 1, "device": device})
+                         "out_dir": str(out), "device": device})
+    raw["eval"] = {"max_batches": 1}
     raw["pipeline"] = {"enabled": False}
     raw["distributed"] = {"sharding": "row_wise"}
     return raw

@@ -32,7 +32,8 @@ CONFIG = {
              "synthetic": {"num_dense": 3, "num_sparse": 3, "rows": 96000, "eval_rows": 48, "vocab_size": 40}},
     "embedding": {"dim": 4},
     "model": {"type": "deepfm", "deep_mlp": [8]},
-    "train": {"epochs": 1, "log_every": 50, "progress": False, "threads": 1, "checkpoint_every": 4},
+    "train": {"epochs": 1, "log_every": 50, "progress": False, "threads": 1},
+    "checkpoint": {"every": 4},
     "pipeline": {"enabled": False},
 }
 

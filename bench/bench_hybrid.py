@@ -4,7 +4,7 @@ embeddings up to k batches stale) hides the embedding exchange behind the dense 
 The bench makes its own two network namespaces joined by a veth pair, each end shaped with tc's
 ``tbf`` qdisc (``--rate``, default 100 Mbit/s each way), runs one torchrun "node" in each (one rank
 per node, gloo over the veth), and trains the same DLRM on the same synthetic data with
-``train.embedding_staleness`` 0 and ``--staleness`` (default 2). Reported: samples/s (median of
+``pipeline.embedding_staleness`` 0 and ``--staleness`` (default 2). Reported: samples/s (median of
 the train records after warm-up) and eval AUC of both.
 
 Last line, one JSON object: hybrid_speedup (samples/s at k over k = 0; target >= 1.3),
@@ -91,7 +91,7 @@ def run(link: Link, cfg_path: Path, out: Path, k: int, timeout: float) -> dict:
         cmd = ["ip", "netns", "exec", link.ns[node], sys.executable, "-m", "torch.distributed.run", "--nnodes=2",
                f"--node-rank={node}", f"--master-addr={ADDR[0]}", f"--master-port={port}", "--nproc-per-node=1",
                "-m", "ember", "train", "--config", str(cfg_path), "--overwrite",
-               f"train.embedding_staleness={k}", f"train.run_name=k{k}"]
+               f"pipeline.embedding_staleness={k}", f"train.run_name=k{k}"]
         log = open(out / f"k{k}-node{node}.log", "w")
         logs.append(log)
         procs.append(subprocess.Popen(cmd, env={**env, "GLOO_SOCKET_IFNAME": link.dev[node]}, stdout=log,

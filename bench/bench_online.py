@@ -176,8 +176,9 @@ def training_config(args: argparse.Namespace, work: Path, inputs: Path) -> dict[
         "embedding": {"dim": 16, "optimizer": {"type": "rowwise_adagrad", "lr": 0.05}},
         "model": {"type": "dlrm", "bottom_mlp": [64, 16], "top_mlp": [64]},
         "train": {"out_dir": str(work), "run_name": "online", "progress": False, "max_steps": args.train_steps,
-                  "epochs": 100, "log_every": args.export_every, "checkpoint_every": args.export_every,
-                  "keep_checkpoints": args.train_steps // args.export_every + 2, "threads": 1, "dense_optimizer": {"type": "adam", "lr": 0.001}},
+                  "epochs": 100, "log_every": args.export_every, "threads": 1,
+                  "dense_optimizer": {"type": "adam", "lr": 0.001}},
+        "checkpoint": {"every": args.export_every, "keep": args.train_steps // args.export_every + 2},
         "pipeline": {"enabled": False},
         "export": {"every_steps": args.export_every, "full_every": args.full_every, "keep_full": 2},
     }

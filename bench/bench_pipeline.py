@@ -22,7 +22,7 @@ steps after ``--warmup`` steps:
                            sparse update): the ceiling of the model on this machine
   (e) disk, staleness k/0  (a) on Parquet with table C1 on a disk tier (its file holds every C1
                            ID of the data; no cache in front) whose pages are evicted from the
-                           page cache right before the run, with ``train.embedding_staleness``
+                           page cache right before the run, with ``pipeline.embedding_staleness``
                            = k and = 0
 
 The data are streamed in file order (``data.shuffle_buffer: 0``): with the default buffer of a
@@ -128,8 +128,8 @@ def run_config(args: argparse.Namespace, run: Run) -> dict[str, Any]:
             "synthetic": benchkit.criteo_synthetic_options(args.big_vocab)}
     raw = benchkit.dlrm_config(data, batch_size=args.batch)
     raw["train"].update(max_steps=total, epochs=math.ceil(total / per_epoch), log_every=math.gcd(args.warmup, args.steps),
-                        embedding_staleness=run.staleness, seed=0)
-    raw["pipeline"] = {"enabled": run.pipeline,
+                        seed=0)
+    raw["pipeline"] = {"enabled": run.pipeline, "embedding_staleness": run.staleness,
                        **({"data_workers": args.data_workers, "engine": args.engine} if run.pipeline else {})}
     if run.variant == "disk":
         raw["tables"] = [{"name": t, "storage": {"disk_path": str(disk_root(args)),
@@ -389,7 +389,7 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--data-dir", type=Path, default=Path(tempfile.gettempdir()) / "ember-bench-pipeline",
                     help="data files, disk table and scratch runs (reused while their parameters match)")
-    ap.add_argument("--staleness", type=int, default=2, help="train.embedding_staleness compared with 0")
+    ap.add_argument("--staleness", type=int, default=2, help="pipeline.embedding_staleness compared with 0")
     ap.add_argument("--big-vocab", type=int, default=10_000_000, help="IDs of C1, the table put on disk")
     ap.add_argument("--disk-rows", type=int, default=4_000_000,
                     help="rows C1's disk file is sized for (spreads its rows over more pages)")

@@ -1,5 +1,5 @@
 """What embedding staleness costs in model quality (issue 11): eval AUC with
-``train.embedding_staleness`` k = 1, 2, 4 against k = 0 (exact synchronous training), mean over
+``pipeline.embedding_staleness`` k = 1, 2, 4 against k = 0 (exact synchronous training), mean over
 seeds, with the staged pipeline on.
 
 - synthetic: configs/demo.yaml (DLRM bottom 13-64-16, top 128-64-1, dim 16, batch 2048, row-wise
@@ -49,8 +49,9 @@ ConfigFn = Callable[[int, int], dict[str, Any]]  # (seed, k) -> raw run config
 
 def with_run(raw: dict[str, Any], seed: int, k: int) -> dict[str, Any]:
     """``raw`` with seed ``seed`` (data order, model, tables), staleness ``k``, the pipeline on."""
-    out = {**raw, "data": {**raw["data"], "seed": seed}, "pipeline": {**raw.get("pipeline", {}), "enabled": True}}
-    out["train"] = {**raw.get("train", {}), "seed": seed, "embedding_staleness": k, "log_every": 1000}
+    out = {**raw, "data": {**raw["data"], "seed": seed},
+           "pipeline": {**raw.get("pipeline", {}), "enabled": True, "embedding_staleness": k}}
+    out["train"] = {**raw.get("train", {}), "seed": seed, "log_every": 1000}
     return out
 
 

@@ -41,8 +41,9 @@ def dmt_config(out: Path, batch: int, steps: int) -> dict[str, Any]:
         "embedding": {"dim": 16, "optimizer": {"type": "rowwise_adagrad", "lr": 0.05}},
         "model": {"type": "dmt", "num_towers": 4, "tower_mlp": [64], "tower_vectors": 2, "bottom_mlp": [64, 16],
                   "top_mlp": [128, 64]},
-        "train": {"max_steps": steps, "log_every": steps // 2, "progress": False, "threads": 1, "eval_max_batches": 1,
+        "train": {"max_steps": steps, "log_every": steps // 2, "progress": False, "threads": 1,
                   "out_dir": str(out), "dense_optimizer": {"type": "adagrad", "lr": 0.01}},
+        "eval": {"max_batches": 1},
         "pipeline": {"enabled": False},
         "distributed": {"sharding": "row_wise"},
     }

@@ -24,7 +24,7 @@ from pydantic_core import PydanticUndefined
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ember.cli import build_parser  # noqa: E402
-from ember.config import RunConfig  # noqa: E402
+from ember.config import MOVED_KEYS, RunConfig  # noqa: E402
 
 __all__ = ["config_reference", "cli_reference", "undocumented_fields", "options_without_help", "write_references",
            "REFERENCES"]
@@ -173,6 +173,12 @@ def config_reference() -> str:
             desc = _markdown(field.description or "")
             lines.append(f"| `{_key(name, field)}` | {_type_name(field.annotation)} | {_default(field)} | {desc} |")
         lines.append("")
+    lines += ["## Keys that moved", "",
+              "Keys now live in the section of their concern. A config (or a checkpoint's recorded config) that uses an",
+              "old name still works: the run logs once what to write instead. Setting both names to different values",
+              "is an error.", "", "| old name | write instead |", "|---|---|"]
+    lines += [f"| `{old}` | `{new}` |" for old, new in MOVED_KEYS.items()]
+    lines.append("")
     return "\n".join(lines)
 
 

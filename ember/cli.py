@@ -97,7 +97,7 @@ def _restore(args: argparse.Namespace, scratch: Path | None = None):
     Reading writes nothing under the training run's paths: the disk tiers the tables need go to
     ``scratch`` (a private temporary directory; None: one removed at exit), not to the run's
     ``storage.disk_path``, which a running training run is using. A checkpoint that a training
-    run still running prunes (``train.keep_checkpoints``) while it is read: read through a run
+    run still running prunes (``checkpoint.keep``) while it is read: read through a run
     directory, the newest checkpoint is read instead, said in one line; named itself, an error."""
     from ember.checkpoint.load import resolve_checkpoint
     from ember.errors import CheckpointError
@@ -116,7 +116,7 @@ def _restore(args: argparse.Namespace, scratch: Path | None = None):
                 raise  # not pruned: damaged, unreadable
             if ckpt.resolve() == Path(args.checkpoint).resolve():
                 raise CheckpointError(f"checkpoint {ckpt} was removed while being read (a training run still running "
-                                      "prunes old checkpoints, train.keep_checkpoints); give its run directory to read "
+                                      "prunes old checkpoints, checkpoint.keep); give its run directory to read "
                                       "the newest checkpoint, or copy the checkpoint elsewhere first") from e
             if attempt == _PRUNED_RETRIES:
                 raise CheckpointError(f"{args.checkpoint}: {attempt + 1} checkpoints in a row were removed while being "

@@ -12,25 +12,40 @@ from __future__ import annotations
 
 import copy
 import difflib
+import logging
 from pathlib import Path
 from typing import Any, Sequence
 
 import yaml
 from pydantic import Field, model_validator
 
-from ember.checkpoint.config import ExportConfig
+from ember.checkpoint.config import CheckpointConfig, ExportConfig
 from ember.config_base import ConfigModel, deep_merge
 from ember.distributed.config import DistributedConfig
 from ember.embedding.config import FeatureConfig, TableConfig, TableOptions
 from ember.errors import ConfigError
-from ember.featurize.schema import Schema, SparseFeature
+from ember.featurize.schema import Schema
 from ember.models.registry import ModelConfig
 from ember.pipeline.config import PipelineConfig
 from ember.source.config import DataConfig
 from ember.train.config import EvalConfig, TrainConfig
 
-__all__ = ["RunConfig", "EmbeddingDefaults", "feature_config", "load", "read_yaml", "from_dict", "apply_overrides",
-           "to_yaml"]
+__all__ = ["RunConfig", "EmbeddingDefaults", "MOVED_KEYS", "migrate", "check_sections", "load", "read_yaml", "from_dict",
+           "apply_overrides", "to_yaml"]
+
+log = logging.getLogger("ember")
+
+# Keys that moved to the section of their concern: old dotted path -> new one. A config that uses
+# an old name still works (``migrate`` moves it and says once what to write instead).
+MOVED_KEYS: dict[str, str] = {
+    "train.eval_every": "eval.every",
+    "train.eval_max_batches": "eval.max_batches",
+    "train.checkpoint_every": "checkpoint.every",
+    "train.checkpoint_every_s": "checkpoint.every_s",
+    "train.keep_checkpoints": "checkpoint.keep",
+    "train.embedding_staleness": "pipeline.embedding_staleness",
+}
+_told: set[str] = set()  # old names already warned about in this process
 
 
 class EmbeddingDefaults(TableOptions):
@@ -57,17 +72,20 @@ class RunConfig(ConfigModel):
     """The model: `type` picks it (dlrm, deepfm, wdl, dcn, mmoe, shared_bottom, lr, dmt); the other keys are its
     own."""
     train: TrainConfig = TrainConfig()
-    """How long to train, the dense optimizer, evaluation and checkpoint cadence, where the run is written."""
+    """How long to train, the dense optimizer, precision, where the run is written."""
+    eval: EvalConfig = EvalConfig()
+    """Held-out evaluation on `data.eval`: when (`every`), how much (`max_batches`), what it reports (GAUC,
+    calibration, NE, slices); and the rolling window of progressive validation over the training stream."""
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    """When checkpoints are written (`every` steps, `every_s` seconds) and how many are kept (`keep`)."""
     pipeline: PipelineConfig = PipelineConfig()
-    """The staged pipeline: which stages run on threads, and the queue depth between them."""
+    """The staged pipeline: which stages run on threads, the queue depth between them, and how far the embedding
+    fetch may run ahead of the update (`embedding_staleness`)."""
     distributed: DistributedConfig = DistributedConfig()
     """Sharding and fault detection under torchrun; one process ignores it."""
     export: ExportConfig = ExportConfig()
     """Exports written while training, for `ember serve` to follow (full, then deltas); off unless `every_steps`
     or `every_s` is set."""
-    eval: EvalConfig = EvalConfig()
-    """The rolling window of progressive validation over the training stream (held-out evaluation is
-    `train.eval_every`)."""
 
     model_config = {**ConfigModel.model_config, "populate_by_name": True, "protected_namespaces": ()}
 
@@ -117,8 +135,8 @@ class RunConfig(ConfigModel):
         return out
 
     def features(self) -> list[FeatureConfig]:
-        """The schema's sparse features as embedding FeatureConfigs (name, table, pooling, ...)."""
-        return [feature_config(f) for f in self.schema.sparse]
+        """The schema's sparse features as the embedding side takes them (``SparseFeature.embedding_feature``)."""
+        return [f.embedding_feature() for f in self.schema.sparse]
 
 
 def _closest(name: str, choices: Sequence[str]) -> str | None:
@@ -126,15 +144,6 @@ def _closest(name: str, choices: Sequence[str]) -> str | None:
     lower = {c.lower(): c for c in choices}
     hint = difflib.get_close_matches(name.lower(), list(lower), n=1)
     return lower[hint[0]] if hint else None
-
-
-def feature_config(feature: SparseFeature) -> FeatureConfig:
-    """The embedding FeatureConfig of a schema feature: every key the two share, table resolved.
-
-    The schema (featurize) sits below embedding and so cannot build FeatureConfigs itself.
-    """
-    shared = {k: getattr(feature, k) for k in FeatureConfig.model_fields if k in SparseFeature.model_fields}
-    return FeatureConfig(**{**shared, "table": feature.table_name})
 
 
 def apply_overrides(raw: dict, overrides: Sequence[str]) -> dict:
@@ -197,7 +206,7 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
 
     if not isinstance(raw, dict):
         raise ConfigError(f"a run config must be a mapping, got {type(raw).__name__}")
-    raw = copy.deepcopy(raw)
+    raw = migrate(raw)
     data = raw.get("data") or {}
     preset = data.get("preset") if isinstance(data, dict) else None  # (not a mapping: validation says so)
     if preset is not None:
@@ -213,15 +222,63 @@ def from_dict(raw: dict[str, Any]) -> RunConfig:
         schema = preset_schema(cfg.data.preset, cfg.data)
         cfg = cfg.model_copy(update={"schema_": schema})
     cfg.schema  # raises when neither is given
-    _check_names(cfg)
+    check_sections(cfg)
     return cfg
 
 
-def _check_names(cfg: RunConfig) -> None:
-    """Every ``tables:`` entry (and ``distributed.tables`` key) names a table some sparse feature
-    reads (a feature's ``table``, else its name), every ``model.towers`` entry a sparse feature,
-    and ``train.task_weights`` gives one weight per label: an entry naming none would configure
-    nothing, and its settings would silently never apply (or, extra weights, scale the loss)."""
+def migrate(raw: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a raw config with every key of ``MOVED_KEYS`` under its new name; each old name
+    found is logged once per process, saying what to write instead. Both names set to different
+    values is a ConfigError naming both (which one was meant cannot be told).
+
+    >>> migrate({"train": {"eval_every": 5, "epochs": 2}})
+    {'train': {'epochs': 2}, 'eval': {'every': 5}}
+    """
+    out = copy.deepcopy(raw)
+    for old, new in MOVED_KEYS.items():
+        (osec, okey), (nsec, nkey) = old.split("."), new.split(".")
+        section = out.get(osec)
+        if not isinstance(section, dict) or okey not in section:
+            continue
+        value = section.pop(okey)
+        target = out.get(nsec)
+        if target is None:
+            target = out[nsec] = {}
+        elif not isinstance(target, dict):
+            continue  # (validation names the section that is not a mapping)
+        if nkey in target and target[nkey] != value:
+            raise ConfigError(f"{old} ({value!r}) and {new} ({target[nkey]!r}) are both set: {old} is the old name of "
+                              f"{new}; keep only {new}")
+        target[nkey] = value
+        if old not in _told:
+            _told.add(old)
+            log.warning("config: %s is now %s; write that instead (the old name still works)", old, new)
+    return out
+
+
+def check_sections(cfg: RunConfig) -> None:
+    """The rules that tie two sections of a run config together, in one place (a rule within one
+    section is that section's validator; what needs the launch, such as the world size, is
+    ``ember.train.distributed.check_distributed``'s):
+
+    - every ``tables:`` entry (and ``distributed.tables`` key) names a table some sparse feature
+      reads (a feature's ``table``, else its name), every ``model.towers`` entry a sparse feature,
+      and ``train.task_weights`` gives one weight per label: an entry naming none would configure
+      nothing, and its settings would silently never apply (or, extra weights, scale the loss);
+    - the built-in models take pooled features only (``schema.sparse[].pooling``);
+    - ``model.distill`` needs the teacher's scores (``schema.teacher``);
+    - ``distributed.placement: towers`` needs a model of towers (``model.type: dmt``).
+    (``train.mode: online`` against ``data`` is ``RunConfig``'s own validator: it needs no schema.)"""
+    sequence = [f.name for f in cfg.schema.sparse if f.pooling == "sequence"]
+    if sequence:
+        raise ConfigError(f"sparse features {sequence} use pooling 'sequence', which the built-in models do not take; "
+                          "use sum/mean/sqrtn for them or call EmbeddingCollection from your own model")
+    if cfg.model.distill is not None and not cfg.schema.teacher:
+        raise ConfigError("model.distill needs the teacher's scores: set schema.teacher to their columns "
+                          "(one per label, probabilities in [0, 1])")
+    if cfg.distributed.placement == "towers" and cfg.model.type != "dmt":
+        raise ConfigError(f"distributed.placement towers needs a model of type dmt (towers of features); this run's "
+                          f"model is {cfg.model.type}: use distributed.placement=tables")
     read = list(dict.fromkeys(f.table_name for f in cfg.schema.sparse))
     for i, t in enumerate(cfg.tables):
         if t.name not in read:

@@ -63,9 +63,10 @@ def test_generated_references_are_current():
 def test_config_reference_names_every_section():
     text = gen_reference.config_reference()
     for heading in ["## `data`", "## `data.csv`", "## `schema.sparse[]`", "## `storage`", "## `schedule`", "## `train`",
-                    "## `train.early_stopping`", "## `pipeline.depth`", "## `distributed`", "## `export`", "## `eval`"]:
+                    "## `train.early_stopping`", "## `pipeline.depth`", "## `distributed`", "## `export`", "## `eval`",
+                    "## `checkpoint`"]:
         assert heading in text
-    assert "| `checkpoint_every` |" in text and "| `schema` |" in text and "schema_" not in text
+    assert "| `every_s` |" in text and "| `train.eval_every` | `eval.every` |" in text and "| `schema` |" in text and "schema_" not in text
 
 
 def test_every_block_is_runnable_or_says_why_not():

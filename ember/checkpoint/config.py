@@ -1,5 +1,5 @@
-"""ExportConfig: the run config's ``export:`` section, exports written while training
-(``ember.checkpoint.delta``)."""
+"""The run config's ``checkpoint:`` section (when checkpoints are written, how many are kept) and
+its ``export:`` section (exports written while training, ``ember.checkpoint.delta``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,21 @@ from pydantic import Field
 
 from ember.config_base import ConfigModel
 
-__all__ = ["ExportConfig"]
+__all__ = ["CheckpointConfig", "ExportConfig"]
+
+
+class CheckpointConfig(ConfigModel):
+    """When a training run writes a checkpoint to ``<run>/checkpoints/`` and how many it keeps.
+    The state the run ends with is always saved; a checkpoint is written to a temporary directory,
+    fsynced and renamed, so a crash never damages the last good one."""
+
+    every: int | None = Field(None, ge=1)
+    """Steps between checkpoints; unset: only the final state (and SIGINT / SIGTERM) is saved."""
+    every_s: float | None = Field(None, gt=0)
+    """Seconds: also checkpoint after the first step ending at least this long after the last save (for long and
+    online runs; distributed, the ranks decide it together each step)."""
+    keep: int = Field(2, ge=1)
+    """Checkpoints kept (the newest; early stopping's best, named by `checkpoints/BEST`, is kept on top of them)."""
 
 
 class ExportConfig(ConfigModel):
@@ -19,7 +33,7 @@ class ExportConfig(ConfigModel):
     """Export after every this many steps (on a quiet engine, like a checkpoint)."""
     every_s: float | None = Field(None, gt=0)
     """Seconds: also export after the first step ending this long after the last export
-    (decided when that step's batch is fetched, as ``train.checkpoint_every_s``)."""
+    (decided when that step's batch is fetched, as ``checkpoint.every_s``)."""
     full_every: int = Field(10, ge=1)
     """Delta exports between two full ones (the run's first export is full)."""
     keep_full: int = Field(2, ge=1)

@@ -200,7 +200,7 @@ def _attempt(fn: Callable[[], _T], final: Path, needed: Callable[[], int] | None
         return fn(), None
     except BaseException as e:
         if isinstance(e, OSError) and is_no_space(e):
-            hint = f"{_KEPT} (lower train.keep_checkpoints or move train.out_dir to a larger volume)"
+            hint = f"{_KEPT} (lower checkpoint.keep or move train.out_dir to a larger volume)"
             err = no_space_error(CheckpointError, final, needed, e, hint)
             err.__cause__ = e
             return None, err

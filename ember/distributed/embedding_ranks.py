@@ -19,7 +19,7 @@ the stop agreement, checkpoints, eval, metrics) is called by every rank in the s
   receives their gradients, sums them per unique ID and runs the sparse optimizer and the
   write-back; it never runs the dense model (``Components.embedding_rank``).
 
-With ``train.embedding_staleness`` k > 0 the fetch of batch t + k runs beside the update of
+With ``pipeline.embedding_staleness`` k > 0 the fetch of batch t + k runs beside the update of
 batch t as in ``placement: tables``: the embedding ranks answer fetches up to k batches ahead
 of the dense ranks' updates.
 """

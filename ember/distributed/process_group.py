@@ -76,7 +76,7 @@ class DistributedRun:
     Embedding all-to-alls run on groups of their own, so the dense model's all-reduces (DDP,
     on the default group) never interleave with them: ``exchange`` carries the fetches (IDs to
     their owners, rows back; and evaluation's), ``updates`` the gradients to the owners. With
-    ``train.embedding_staleness`` k > 0 the fetch of batch t + k and the update of batch t run
+    ``pipeline.embedding_staleness`` k > 0 the fetch of batch t + k and the update of batch t run
     on different pipeline threads at once; each group still sees its collectives in batch
     order on every rank (both exchanges share the traffic counters). ``watchdog`` (None
     when not started) names a rank that stops (``ember.distributed.watchdog``).

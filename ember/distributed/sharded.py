@@ -16,7 +16,7 @@ design leaves room for them:
 Every rank calls every collective of every group in the same order, also when it has no ID
 to send: fetches (counts, IDs, rows) on the ``exchange``'s process group, updates (gradients,
 the reached flags) on ``updates``', each issued in batch order by one thread (the pipeline's
-fetch and update stages). Under ``train.embedding_staleness`` k > 0 the two threads overlap
+fetch and update stages). Under ``pipeline.embedding_staleness`` k > 0 the two threads overlap
 (the fetch of batch t + k with the update of batch t), as in one process (Persia's hybrid
 training: stale reads, bounded by k; no gradient lost). The owner's tiers are touched under
 ``ShardContext.tiers`` only, never held across a collective: a rank whose fetch waits in an

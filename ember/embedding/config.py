@@ -8,7 +8,7 @@ from pydantic import Field
 from ember.config_base import ConfigModel
 from ember.embedding.codec import RowDtype, packed_words
 from ember.embedding.init import InitializerConfig
-from ember.featurize.schema import PoolingMode
+from ember.featurize.schema import FeatureConfig, PoolingMode
 from ember.optim import RowWiseAdagrad, SparseOptimizerConfig
 from ember.tiers.storage import StorageConfig
 
@@ -81,32 +81,3 @@ class TableConfig(TableOptions):
         """4-byte words per record in the tiers: ``stored_dim`` packed at ``dtype`` (16-bit weights
         two to a word, the rest fp32), what capacity plans and tier files are sized by."""
         return packed_words(self.dtype, self.dim, self.stored_dim)
-
-
-
-class FeatureConfig(ConfigModel):
-    """How one sparse feature is embedded: which table, and how its IDs are pooled per sample.
-
-    ``sum`` / ``mean`` / ``sqrtn`` pool the bag of IDs (weighted when the batch carries per-ID
-    weights: sum w*e, sum w*e / sum |w|, sum w*e / sqrt(sum w^2), each norm floored at
-    ``pooling.WEIGHT_EPS``, so an all-zero-weight bag pools to zero); ``sequence`` keeps every
-    position: a [B, L, D] tensor padded with zeros plus a [B, L] mask (L = ``max_length``).
-
-    Examples:
-        >>> FeatureConfig(name="history", table="item", pooling="mean").table_name
-        'item'
-    """
-
-    name: str = Field(min_length=1)
-    """Feature name (its key in `SparseFeatures`)."""
-    table: str | None = None
-    """The table it looks up; unset: `name`. Several features may share one table."""
-    pooling: PoolingMode = "sum"
-    """`sum`, `mean`, `sqrtn` (weighted when the batch carries weights), or `sequence`: a padded `[B, L, D]`
-    tensor plus mask."""
-    max_length: int | None = Field(None, gt=0)
-    """Keep the first `max_length` IDs of a row (`L` for `sequence`)."""
-
-    @property
-    def table_name(self) -> str:
-        return self.table or self.name

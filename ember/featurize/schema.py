@@ -15,11 +15,44 @@ from pydantic import Field, model_validator
 
 from ember.config_base import ConfigModel
 
-__all__ = ["DenseFeature", "SparseFeature", "Schema", "PoolingMode", "as_recorded"]
+__all__ = ["DenseFeature", "FeatureConfig", "SparseFeature", "Schema", "PoolingMode", "as_recorded"]
 
 # How a sparse feature's bag of rows becomes one vector: the one definition, here because
 # featurize sits below embedding (which implements the modes and imports this name).
 PoolingMode = Literal["sum", "mean", "sqrtn", "sequence"]
+
+
+class FeatureConfig(ConfigModel):
+    """How one sparse feature is embedded: which table, and how its IDs are pooled per sample. The
+    one definition: the schema's ``SparseFeature`` extends it with where its values come from, and
+    ``ember.embedding`` (which implements the pooling) takes it as is. It lives here, below
+    embedding, so that the data side can extend it.
+
+    ``sum`` / ``mean`` / ``sqrtn`` pool the bag of IDs (weighted when the batch carries per-ID
+    weights: sum w*e, sum w*e / sum |w|, sum w*e / sqrt(sum w^2), each norm floored at
+    ``ember.embedding.pooling.WEIGHT_EPS``, so an all-zero-weight bag pools to zero); ``sequence`` keeps every
+    position: a [B, L, D] tensor padded with zeros plus a [B, L] mask (L = ``max_length``).
+
+    Examples:
+        >>> FeatureConfig(name="history", table="item", pooling="mean").table_name
+        'item'
+    """
+
+    name: str = Field(min_length=1)
+    """Feature name (its key in `SparseFeatures`)."""
+    table: str | None = None
+    """The table it looks up; unset: `name`. Several features may share one table."""
+    pooling: PoolingMode = "sum"
+    """`sum`, `mean`, `sqrtn` (weighted when the feature has weights: `Σw·e`, `Σw·e / max(Σ|w|, 1e-6)`, `Σw·e /
+    max(√Σw², 1e-6)`; a bag whose weights are all zero pools to zero, and a weighted mean never exceeds the
+    bag's largest row, whatever the weights' signs), or `sequence`: a padded `[B, L, D]` tensor plus mask, for
+    your own models (the built-in ones take pooled features)."""
+    max_length: int | None = Field(None, gt=0)
+    """Keep the first `max_length` values of a row (`L` for `sequence`)."""
+
+    @property
+    def table_name(self) -> str:
+        return self.table or self.name
 
 
 class DenseFeature(ConfigModel):
@@ -65,7 +98,7 @@ class DenseFeature(ConfigModel):
         return self.column or self.name
 
 
-class SparseFeature(ConfigModel):
+class SparseFeature(FeatureConfig):
     """A categorical column hashed to int64 IDs (see :mod:`ember.featurize.hashing`).
 
     - ``table``: the embedding table it looks up (defaults to ``name``; features may share one).
@@ -88,21 +121,10 @@ class SparseFeature(ConfigModel):
     - ``hash_ids``: ``False`` takes integer values as IDs unchanged (the column already holds
       IDs; string columns are parsed as decimal int64).
 
-    The run config turns each into an embedding ``FeatureConfig`` (``RunConfig.features()``).
+    The embedding keys (``name``, ``table``, ``pooling``, ``max_length``) are ``FeatureConfig``'s,
+    which this extends; ``embedding_feature`` is the feature as the embedding side sees it.
     """
 
-    # the embedding side (same keys as ember.embedding.FeatureConfig)
-    name: str = Field(min_length=1)
-    """Feature name (its key in `Batch.sparse`)."""
-    table: str | None = None
-    """The table it looks up; unset: `name`. Several features may share one table."""
-    pooling: PoolingMode = "sum"
-    """`sum`, `mean`, `sqrtn` (weighted when the feature has weights: `Σw·e`, `Σw·e / max(Σ|w|, 1e-6)`, `Σw·e /
-    max(√Σw², 1e-6)`; a bag whose weights are all zero pools to zero, and a weighted mean never exceeds the
-    bag's largest row, whatever the weights' signs), or `sequence`: a padded `[B, L, D]` tensor plus mask, for
-    your own models (the built-in ones take pooled features)."""
-    max_length: int | None = Field(None, gt=0)
-    """Keep the first `max_length` values of a row (`L` for `sequence`)."""
     # the data side
     column: str | None = None
     """Source column; unset: `name`."""
@@ -120,6 +142,10 @@ class SparseFeature(ConfigModel):
     category, `""` included (an empty field often predicts the label; list it to make it missing). Null is
     always missing; empty tokens of a `separator` column are no value; with `hash_ids: false` an empty field
     is no ID and integer entries match integer columns."""
+
+    def embedding_feature(self) -> FeatureConfig:
+        """This feature as the embedding side takes it: the ``FeatureConfig`` keys, table resolved."""
+        return FeatureConfig(name=self.name, table=self.table_name, pooling=self.pooling, max_length=self.max_length)
 
     @model_validator(mode="after")
     def _check_sep(self) -> "SparseFeature":

@@ -4,7 +4,7 @@ Every queue depth trades memory for smoothing: a deeper queue absorbs a slower i
 file block, a cold disk read) without stalling the stage after it, and holds that many more
 items in memory. Depth 1 already overlaps two neighbours; beyond 2-4 there is rarely more to
 gain, since the slowest stage sets the pace. How far the embedding fetch may run ahead of the
-sparse update is not a queue depth but ``train.embedding_staleness`` (0: never).
+sparse update is not a queue depth but ``embedding_staleness`` (0: never).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ class QueueDepths(ConfigModel):
     """Planned batches (IDs deduplicated per table) awaiting their rows: small (IDs only)."""
     fetch: int = Field(1, ge=1)
     """Batches with fetched rows waiting for the dense step: each holds [unique IDs × record width] floats, the
-    largest buffer; how far fetches run ahead of updates is `train.embedding_staleness`."""
+    largest buffer; how far fetches run ahead of updates is `pipeline.embedding_staleness`."""
     device: int = Field(1, ge=1)
     """GPU only: batches copied to the device (own CUDA stream, pinned host memory) awaiting
     the dense step; each holds its batch and rows in device memory."""
@@ -62,7 +62,7 @@ class PipelineConfig(ConfigModel):
     """Where the embedding stages (plan, fetch, the GPU copy, the sparse update, metrics) run
     when ``enabled``; reading and featurizing are on threads either way. ``threads``: each on
     its own thread, overlapping the dense step. That pays when the dense step leaves the CPU
-    free (it runs on a GPU) or a fetch waits on a disk (``train.embedding_staleness`` > 0 lets
+    free (it runs on a GPU) or a fetch waits on a disk (``embedding_staleness`` > 0 lets
     it run ahead). ``inline``: on the training thread, between dense steps. A dense step on the
     CPU already uses every core it is given (``train.threads``), so a stage thread can only take
     cores from it (and the GIL): on 2 cores the threaded stages ran at 0.91x of inline ones
@@ -70,6 +70,12 @@ class PipelineConfig(ConfigModel):
     training (the ID exchange waits on the network); ``inline`` otherwise. The choice is logged."""
     stop_timeout_s: float = Field(10.0, gt=0)
     """How long a stopping pipeline waits for each stage thread to finish its current item."""
+    embedding_staleness: int = Field(0, ge=0)
+    """Steps the embedding fetch may run ahead of the sparse update: 0 = exact synchronous
+    training; k > 0 lets batch t+k read rows before batch t's update is written (no update is
+    lost: an update lands on the current row; a read is at most k updates behind). Hybrid
+    training as in Persia: with distributed training the ID and row exchanges of later batches
+    overlap the dense step."""
 
 
 def engine_on_threads(pipe: PipelineConfig, cuda: bool, staleness: int, distributed: bool) -> tuple[bool, str]:
@@ -78,7 +84,7 @@ def engine_on_threads(pipe: PipelineConfig, cuda: bool, staleness: int, distribu
         return False, "pipeline.enabled is false: every stage runs in line"
     if pipe.engine != "auto":
         return pipe.engine == "threads", f"pipeline.engine: {pipe.engine}"
-    why = ("the dense step runs on a GPU" if cuda else f"train.embedding_staleness is {staleness}" if staleness
+    why = ("the dense step runs on a GPU" if cuda else f"pipeline.embedding_staleness is {staleness}" if staleness
            else "distributed training exchanges IDs over the network" if distributed else None)
     if why is not None:
         return True, f"pipeline.engine: auto chose threads ({why})"

@@ -27,7 +27,8 @@ def train_with_exports(tmp: Path, name: str, steps: int, export: dict[str, Any],
                                               "disk_path": str(tmp / f"{name}-disk"), "disk_rows": 1024}}],
         "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},
         "train": {"out_dir": str(tmp), "run_name": name, "progress": False, "threads": 1, "max_steps": steps,
-                  "checkpoint_every": checkpoint_every, "keep_checkpoints": 100, "log_every": 5},
+                  "log_every": 5},
+        "checkpoint": {"every": checkpoint_every, "keep": 100},
         "export": export}))
     if main(["train", "--config", str(cfg), "--overwrite"]) != 0:
         raise RuntimeError(f"training {cfg} failed")

@@ -1,7 +1,7 @@
 """When a run stops: SIGINT / SIGTERM ask it to stop after the batches already fetched, with
 one checkpoint. Distributed, the ranks agree after every step (one tiny all-reduce,
 ``DistributedRun.agree``) so that a signal to any rank stops them all after the same step, and
-a time-based checkpoint (``train.checkpoint_every_s``) falls on the same step on every rank;
+a time-based checkpoint (``checkpoint.every_s``) falls on the same step on every rank;
 a time-based export (``export.every_s``) and window report (``eval.window_every_s``) likewise;
 under ``data.shard: files`` the same all-reduce tells every rank the others' rows two steps
 ahead (``ember.train.shards``), online the others' stream batches (``ember.train.stream_ranks``).

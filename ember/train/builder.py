@@ -210,14 +210,7 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
     device = pick_device(cfg.train.device) if dist is None else dist.model_device
     schema = cfg.schema
     tables = cfg.table_configs()
-    features = [FeatureConfig(name=f.name, table=f.table_name, pooling=f.pooling, max_length=f.max_length) for f in schema.sparse]
-    pooled = [f for f in features if f.pooling != "sequence"]
-    if len(pooled) != len(features):
-        names = [f.name for f in features if f.pooling == "sequence"]
-        raise ConfigError(
-            f"sparse features {names} use pooling 'sequence', which the built-in models do not take; "
-            "use sum/mean/sqrtn for them or call EmbeddingCollection from your own model"
-        )
+    features = cfg.features()  # (pooled: ember.config.check_sections)
     plan = None
     tower_node: list[int] = []
     if dist is not None:
@@ -249,7 +242,8 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
                         seed=t.seed, min_count=t.min_count, ttl_steps=t.ttl_steps)
             for t in tables
         ]
-        lin_features = [FeatureConfig(name=f.name, table=f.table_name + LINEAR_SUFFIX, pooling=f.pooling) for f in features]
+        # (the first-order twin reads every ID of a row: max_length applies to the embedding, as it always has)
+        lin_features = [f.model_copy(update={"table": f.table_name + LINEAR_SUFFIX, "max_length": None}) for f in features]
         if plan is not None:
             plan = plan.with_aliases({lt.name: t.name for lt, t in zip(lin_tables, tables)})
         linear = _collection(lin_tables, lin_features, cfg.train.seed, dist, plan).to(device)
@@ -259,10 +253,7 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
     scaler = None
     if t.precision == "fp16":  # distributed: every rank skips the steps any rank overflowed in
         scaler = LossScaler(agree=None if dist is None else lambda bad: bool(dist.agree([int(bad)])[0]))
-    distill = cfg.model.distill
-    if distill is not None and not schema.teacher:
-        raise ConfigError("model.distill needs the teacher's scores: set schema.teacher to their columns "
-                          "(one per label, probabilities in [0, 1])")
+    distill = cfg.model.distill  # (with schema.teacher: ember.config.check_sections)
     ddp, towers = None, None
     embedding_rank = dist is not None and dist.embedding_only  # runs no dense model: no DDP, no compile
     if dist is not None:
@@ -291,13 +282,13 @@ def tower_plan(cfg: RunConfig, tables: list[TableConfig], world_size: int,
     from ember.models.dmt import DMTConfig, tower_indices
     from ember.train.distributed import table_rows
 
-    if not isinstance(cfg.model, DMTConfig):
-        raise ConfigError(f"distributed.placement towers needs a model of type dmt (towers of features); this run's "
-                          f"model is {cfg.model.type}: use distributed.placement=tables")
+    if not isinstance(cfg.model, DMTConfig):  # (from_dict refuses it for placement towers: check_sections)
+        raise ConfigError(f"tower placement needs a model of type dmt (towers of features); this run's model is "
+                          f"{cfg.model.type}: use distributed.placement=tables")
     if local_world_size < 1 or world_size % local_world_size:
         raise ConfigError(f"distributed.placement towers needs the same number of ranks on every node; world size "
                           f"{world_size} is not a multiple of {local_world_size} ranks per node")
-    features = [FeatureConfig(name=f.name, table=f.table_name) for f in cfg.schema.sparse]
+    features = cfg.features()
     towers = tower_indices(cfg.model, [f.name for f in features])
     tower_node = place_towers(towers, world_size // local_world_size)
     return plan_towers(tables, features, towers, tower_node, world_size, local_world_size, table_rows(cfg)), tower_node

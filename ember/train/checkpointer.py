@@ -4,8 +4,8 @@ restores one into a run's parts.
 ``Checkpointer.save(state)`` writes the parts at a ``RunState`` (``ember.train.run_state``):
 tables, dense model and optimizer, loss scale, early-stopping state, and the position (with
 the data position of the loader it follows). The same state is written once: a second save
-of it returns the first one's path. A save is due after every ``train.checkpoint_every``-th
-step and after a step marked by ``train.checkpoint_every_s`` (``mark``: decided when that
+of it returns the first one's path. A save is due after every ``checkpoint.every``-th
+step and after a step marked by ``checkpoint.every_s`` (``mark``: decided when that
 step's batch is fetched, so the fetch gate holds after it).
 
 ``restore(parts, ckpt, exact)`` is how every caller loads a checkpoint: resume and
@@ -50,8 +50,8 @@ class Checkpointer:
 
     def __init__(self, cfg: RunConfig, parts: Components, run_dir: Path, early: EarlyStopping | None = None) -> None:
         self.cfg, self.parts, self.root, self.early = cfg, parts, run_dir / "checkpoints", early
-        self.every, self.every_s = cfg.train.checkpoint_every, cfg.train.checkpoint_every_s
-        self.marked: set[int] = set()  # steps after which checkpoint_every_s asked for a checkpoint
+        self.every, self.every_s = cfg.checkpoint.every, cfg.checkpoint.every_s
+        self.marked: set[int] = set()  # steps after which checkpoint.every_s asked for a checkpoint
         self.last_save = clock.now()  # when the last checkpoint was written
         self._saved: dict[tuple[int, int, int], Path] = {}
         self._loader: _Follows | None = None
@@ -74,17 +74,17 @@ class Checkpointer:
         at = RunState(state.step, state.epoch, state.batch, data)
         # distributed: every rank writes its own part of every table, rank 0 the manifest last
         path = save_checkpoint(self.root, at.step, p.collections(), dense, at.position(),
-                               self.cfg.model_dump(mode="json", by_alias=True), self.cfg.train.keep_checkpoints, p.dist)
+                               self.cfg.model_dump(mode="json", by_alias=True), self.cfg.checkpoint.keep, p.dist)
         self._saved[key] = path
         self.last_save = clock.now()
         return path
 
     def due(self, step: int) -> bool:
-        """Whether a checkpoint is due after ``step`` (every ``checkpoint_every`` steps, or marked)."""
+        """Whether a checkpoint is due after ``step`` (every ``checkpoint.every`` steps, or marked)."""
         return bool(self.every and step % self.every == 0) or step in self.marked
 
     def time_due(self) -> bool:
-        """Whether ``checkpoint_every_s`` passed since the last save, with no save marked yet."""
+        """Whether ``checkpoint.every_s`` passed since the last save, with no save marked yet."""
         return self.every_s is not None and not self.marked and clock.now() - self.last_save >= self.every_s
 
     def mark(self, step: int) -> None:

@@ -1,4 +1,4 @@
-"""The clock of a run's time-based cadences (``train.checkpoint_every_s``,
+"""The clock of a run's time-based cadences (``checkpoint.every_s``,
 ``eval.window_every_s``): one name, so that tests replace it for every cadence at once."""
 
 from __future__ import annotations

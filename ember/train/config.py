@@ -1,4 +1,5 @@
-"""TrainConfig: how long, how to optimise the dense part, where to write, when to evaluate."""
+"""The run config's ``train:`` section (how long, how to optimise the dense part, where the run is
+written) and its ``eval:`` section (when and how much to evaluate, and what to report)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ class DenseOptimizerConfig(ConfigModel):
 
 
 class EarlyStoppingConfig(ConfigModel):
-    """Stop when an eval metric has not improved for ``patience`` evaluations (``train.eval_every``
+    """Stop when an eval metric has not improved for ``patience`` evaluations (``eval.every``
     steps, or each epoch's end); see ``ember.train.early_stop``."""
 
     metric: str = "auc"
@@ -78,17 +79,6 @@ class TrainConfig(ConfigModel):
     """One loss weight per label; unset: all 1."""
     log_every: int = Field(50, ge=1)
     """Steps between training log records in `metrics.jsonl`."""
-    eval_every: int | None = Field(None, ge=1)
-    """Steps between evaluations on `data.eval`; unset: after each epoch."""
-    eval_max_batches: int | None = Field(None, ge=1)
-    """Cap on evaluation batches; unset: the whole eval set."""
-    checkpoint_every: int | None = Field(None, ge=1)
-    """Steps between checkpoints; the final state is always saved."""
-    checkpoint_every_s: float | None = Field(None, gt=0)
-    """Seconds: also checkpoint after the first step ending at least this long after the last save (for long and
-    online runs; distributed, the ranks decide it together each step)."""
-    keep_checkpoints: int = Field(2, ge=1)
-    """Checkpoints kept (the newest; early stopping's best, named by `checkpoints/BEST`, is kept on top of them)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the model and batches run: `auto` (CUDA when present), `cuda` or `cpu`; tables stay where their
     `storage` puts them."""
@@ -123,28 +113,29 @@ class TrainConfig(ConfigModel):
     tensorboard: bool = False
     """Also write every `metrics.jsonl` record as TensorBoard scalars to `<run>/tensorboard` (needs `pip install
     'ember[tensorboard]'`; without it the run stops up front naming that command)."""
-    embedding_staleness: int = Field(0, ge=0)
-    """Steps the embedding fetch may run ahead of the sparse update: 0 = exact synchronous
-    training; k > 0 lets batch t+k read rows before batch t's update is written (no update is
-    lost: an update lands on the current row; a read is at most k updates behind)."""
     # removed: the staged pipeline schedules the lookup phases ahead (``pipeline:`` section)
     prefetch: None = None
-    """Removed: the staged pipeline fetches rows ahead (`pipeline.enabled`, `train.embedding_staleness`); setting
-    it is an error that says so."""
+    """Removed: the staged pipeline fetches rows ahead (`pipeline.enabled`, `pipeline.embedding_staleness`);
+    setting it is an error that says so."""
 
     _no_prefetch = removed_key("prefetch", "train.prefetch was removed: the staged pipeline fetches rows ahead; use "
-                               "pipeline.enabled and train.embedding_staleness (how many steps the fetch may run ahead)")
+                               "pipeline.enabled and pipeline.embedding_staleness (how many steps the fetch may run ahead)")
 
 
 class EvalConfig(ConfigModel):
-    """``eval:``: what the held-out evaluation on ``data.eval`` reports beside AUC and logloss
+    """``eval:``: when the held-out evaluation on ``data.eval`` runs (``every``, ``max_batches``),
+    what it reports beside AUC and logloss
     (``ember.train.ranking_metrics``: calibration, ECE and NE always; GAUC with ``group_by``;
     every metric per slice with ``slices``), and the rolling window of progressive validation
     (``ember.train.window``): each training batch is scored by the forward that trains on it,
     before its update, so its scores are out-of-sample; the last ``window_rows`` (score, label)
     pairs give AUC and logloss every ``window_every`` steps (or ``window_every_s`` seconds), with
-    no extra forward. The held-out evaluation stays ``train.eval_every``'s."""
+    no extra forward."""
 
+    every: int | None = Field(None, ge=1)
+    """Steps between evaluations on `data.eval`; unset: after each epoch (offline) or at the end (online)."""
+    max_batches: int | None = Field(None, ge=1)
+    """Cap on evaluation batches; unset: the whole eval set."""
     group_by: str | None = None
     """A column of the eval data (a feature or not, e.g. ``user_id``): also report GAUC, the AUC
     of each group's rows averaged (``gauc/<task>``); groups with one class are skipped and counted

@@ -44,7 +44,7 @@ class Evaluator:
         if cfg.data.eval is None and cfg.data.format != "synthetic":
             return {}
         batches = make_batches(cfg.data, cfg.schema, "eval", threaded=cfg.pipeline.enabled, depth=cfg.pipeline.depth)
-        m = evaluate(self.parts, batches, cfg.train.eval_max_batches)
+        m = evaluate(self.parts, batches, cfg.eval.max_batches)
         watched = {}
         if self.early is not None and state is not None:
             watched = self.early.observe(step, m, lambda: self.checkpointer.save(state))

@@ -151,7 +151,7 @@ def _clear_run(cfg: RunConfig, run_dir: Path, overwrite: bool, batches: Sequence
 
 def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
            batches: Sequence[Batch] | None = None) -> RunResult:
-    t, pipe, k = cfg.train, cfg.pipeline, cfg.train.embedding_staleness
+    t, pipe, k = cfg.train, cfg.pipeline, cfg.pipeline.embedding_staleness
     check_train_data(cfg, dist, batches)
     r, state = _open_run(cfg, run_dir, dist, batches)  # parts (fresh, resumed or init_from) and collaborators
     parts, checkpointer, reporter, evaluator = r.parts, r.checkpointer, r.reporter, r.evaluator
@@ -209,7 +209,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                 done = True  # one pass: the stream ended (idle timeout, or the files listed at start)
             if not done:
                 state.next_epoch()
-                if not t.eval_every:
+                if not cfg.eval.every:
                     reporter.note(evaluator.evaluate(state.step, state))
                     done = state.epoch < t.epochs and evaluator.stops(state.step)  # the next epoch would start at its batch 0
     reporter.progress.close()
@@ -261,14 +261,14 @@ def _quiet(r: _Run, state: RunState, stages: TrainStages, run: Scheduler) -> boo
     """On a quiet engine after ``state.step``: what is due of the TTL sweep and train record,
     the window report, the eval, the checkpoint and the export. True: early stopping stops the
     run here (after its eval; nothing else is done)."""
-    t, step = r.cfg.train, state.step
+    every_eval, step = r.cfg.eval.every, state.step
     if r.reporter.log_due(step):
         expire_tables(r.parts)  # TTL sweep at log time: bounded work, rows expire within log_every steps
         r.reporter.train_record(state, stages, run)
     r.reporter.window_after(step)
-    if t.eval_every and step % t.eval_every == 0:
+    if every_eval and step % every_eval == 0:
         r.reporter.note(r.evaluator.evaluate(step, state))
-        if step != t.max_steps and r.evaluator.stops(step):
+        if step != r.cfg.train.max_steps and r.evaluator.stops(step):
             return True
     r.checkpointer.after_step(state)
     r.exporter.after_step(step)  # export.every_steps / every_s: full or delta export
@@ -331,16 +331,17 @@ class _Cadence:
 
     def __init__(self, cfg: RunConfig, checkpointer: Checkpointer, reporter: Reporter, exporter: Any) -> None:
         self.t, self.checkpointer, self.windows, self.exporter = cfg.train, checkpointer, reporter.windows, exporter
+        self.every_eval = cfg.eval.every
         self.one_process = checkpointer.parts.dist is None
 
     def quiet_after(self, s: int) -> bool:
         t = self.t
-        return s % t.log_every == 0 or bool(t.eval_every and s % t.eval_every == 0) or self.checkpointer.due(s) \
+        return s % t.log_every == 0 or bool(self.every_eval and s % self.every_eval == 0) or self.checkpointer.due(s) \
             or self.exporter.due(s) or self.windows.after(s)
 
     def barrier_after(self, s: int) -> bool:
         """``quiet_after``, deciding the time-based reports when step ``s`` is fetched (so the
-        fetch gate and the loop agree on them): a checkpoint is due once ``checkpoint_every_s``
+        fetch gate and the loop agree on them): a checkpoint is due once ``checkpoint.every_s``
         passed since the last save (one process: distributed, the ranks agree on it after
         each step, as on the window's ``window_every_s`` and the exporter's ``every_s``), and no
         other is marked before it is written."""

@@ -5,7 +5,7 @@ each file has the schema's columns and at least one row, read from its header or
 (CSV: the first lines; Parquet/ORC: the metadata); the output directory is writable; and a run
 directory that already holds a run is replaced only when asked, one that holds anything else
 never (``check_run_dir``, the rule of ``ember.outputs``). ``check_disk`` (once the tables
-and model are built): the checkpoints ``train.keep_checkpoints`` keeps fit the free space.
+and model are built): the checkpoints ``checkpoint.keep`` keeps fit the free space.
 ``check_resume`` (part of ``check_run``): ``train.resume`` names a run not finished already.
 ``no_steps_error`` names the train files of a run that trained no step.
 
@@ -218,7 +218,7 @@ def no_steps_error(data: DataConfig) -> DataError:
 
 
 def check_disk(cfg: RunConfig, parts: Components, run_dir: Path) -> int:
-    """Estimated bytes of the checkpoints a run keeps (``keep_checkpoints`` + one being written,
+    """Estimated bytes of the checkpoints a run keeps (``checkpoint.keep`` + one being written,
     + early stopping's best);
     CapacityError when even the dense part cannot fit, a warning when the estimate does not."""
     dense = sum(p.numel() * p.element_size() for p in parts.model.parameters()) * 3  # weights + 2 Adam moments
@@ -228,16 +228,16 @@ def check_disk(cfg: RunConfig, parts: Components, run_dir: Path) -> int:
             features = [f.name for f in ec.features if f.table_name == t.name]
             table += _rows_bound(cfg, features) * (8 + 4 * t.config.stored_words)  # rows packed at the table's dtype
     es = cfg.train.early_stopping
-    copies = cfg.train.keep_checkpoints + 1 + (1 if es is not None and es.save_best else 0)  # + early stopping's best
+    copies = cfg.checkpoint.keep + 1 + (1 if es is not None and es.save_best else 0)  # + early stopping's best
     free = free_bytes(run_dir)
     if dense * copies > free:
         raise CapacityError(f"{run_dir}: {copies} checkpoints of the dense model alone take {fmt_bytes(dense * copies)} "
                             f"but {fmt_bytes(free)} is free; free space, set train.out_dir on a larger volume or "
-                            "lower train.keep_checkpoints")
+                            "lower checkpoint.keep")
     need = (dense + table) * copies
     if need > free:
         log.warning("checkpoints may need up to %s at %s (%d kept + 1 being written, tables at their largest) but %s "
-                    "is free; free space or lower train.keep_checkpoints if a save fails", fmt_bytes(need), run_dir,
+                    "is free; free space or lower checkpoint.keep if a save fails", fmt_bytes(need), run_dir,
                     copies - 1, fmt_bytes(free))
     return need
 

@@ -75,7 +75,7 @@ class Step:
 class TrainStages:
     """The stage functions of one training pass over ``parts``.
 
-    ``gate`` orders fetches against written updates (``train.embedding_staleness``); ``log``
+    ``gate`` orders fetches against written updates (``pipeline.embedding_staleness``); ``log``
     lets an update re-read rows written after its fetch. Loss and samples accumulate until
     ``take_metrics``; with a ``window`` (``eval.window_rows``), each batch's scores and labels
     enter it (progressive validation: scored by the forward before its own update).

@@ -187,7 +187,7 @@ def test_embedding_ranks_resume_a_one_process_checkpoint_and_one_process_resumes
 @pytest.mark.dist
 @pytest.mark.slow
 def test_embedding_ranks_run_k_batches_ahead_and_lose_no_gradient(tmp_path):
-    """``train.embedding_staleness`` 2: the embedding rank answers fetches up to 2 batches ahead
+    """``pipeline.embedding_staleness`` 2: the embedding rank answers fetches up to 2 batches ahead
     of the updates (some reads are stale and re-read before the update) and no gradient is
     lost: each row (SGD from zero) is -lr x the sum of every gradient the dense ranks sent."""
     from tests.distributed.test_staleness import LR, _raw as stale_raw, _stale_rank

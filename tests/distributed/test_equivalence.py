@@ -59,7 +59,7 @@ def setup(tmp_path_factory):
     cfg = {**CONFIG, "train": {**CONFIG["train"], "out_dir": str(root / "runs")}}
     path = root / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    full = train(load(path, ["train.run_name=one", "train.checkpoint_every=2", "train.keep_checkpoints=10"]))
+    full = train(load(path, ["train.run_name=one", "checkpoint.every=2", "checkpoint.keep=10"]))
     return path, root / "runs", full
 
 
@@ -137,7 +137,7 @@ def test_a_rank_out_of_disk_stops_every_rank_and_the_previous_checkpoint_resumes
     step 2, which equals one process's step 2 (and the losses logged up to step 4 its losses)
     and resumes to one process's step 4."""
     path, runs, _ = setup
-    done = torchrun_train(path, 2, ["train.run_name=full_disk", "train.checkpoint_every=2", "train.max_steps=4"],
+    done = torchrun_train(path, 2, ["train.run_name=full_disk", "checkpoint.every=2", "train.max_steps=4"],
                           timeout=120, entry=[str(FAIL_SAVE), "1", "4"])
     assert done.returncode != 0, done.stdout[-3000:]
     # both ranks' messages (they share torchrun's stderr, and may land on one line)

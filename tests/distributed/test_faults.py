@@ -85,7 +85,7 @@ def test_two_torchrun_nodes_train_like_one_process_and_a_hung_node_stops_the_oth
     complete checkpoint on one process ends as an uninterrupted run does."""
     path, runs = setup
     port = free_port()
-    nodes = [torchrun_start(path, 1, ["train.run_name=nodes", "train.checkpoint_every=4", "distributed.heartbeat_timeout_s=3"],
+    nodes = [torchrun_start(path, 1, ["train.run_name=nodes", "checkpoint.every=4", "distributed.heartbeat_timeout_s=3"],
                             ["--nnodes=2", f"--node-rank={r}", "--master-addr=127.0.0.1", f"--master-port={port}"])
              for r in (0, 1)]
     (rank0,), (rank1,) = rank_pids(nodes[0], 1).values(), rank_pids(nodes[1], 1).values()
@@ -119,7 +119,7 @@ def test_a_killed_rank_under_one_torchrun_is_named_though_the_agent_terminates_t
     """One torchrun, 2 ranks: when rank 1 dies its agent sends SIGTERM to rank 0 at once; rank
     0 still names rank 1 (no traceback) before it exits."""
     path, runs = setup
-    proc = torchrun_start(path, 2, ["train.run_name=agent", "train.checkpoint_every=4"])
+    proc = torchrun_start(path, 2, ["train.run_name=agent", "checkpoint.every=4"])
     pids = rank_pids(proc, 2)
     _wait_for(runs / "agent" / "checkpoints" / "LATEST", proc)
     os.kill(pids[1], signal.SIGKILL)
@@ -137,7 +137,7 @@ def test_sigterm_to_one_rank_stops_every_rank_at_one_step_with_one_checkpoint(se
     alone. Time-based checkpoints (decided together each step) run meanwhile."""
     path, runs = setup
     port = free_port()
-    ranks = [ember_start(path, r, 2, port, ["train.run_name=stopped", "train.checkpoint_every_s=0.3"]) for r in (0, 1)]
+    ranks = [ember_start(path, r, 2, port, ["train.run_name=stopped", "checkpoint.every_s=0.3"]) for r in (0, 1)]
     _wait_for(runs / "stopped" / "checkpoints" / "LATEST", ranks[0])
     ranks[1].send_signal(signal.SIGTERM)
     done = [finish(p, 90) for p in ranks]

@@ -1,4 +1,4 @@
-"""``train.embedding_staleness`` k > 0 on 2 gloo ranks (Persia's hybrid training): the fetch
+"""``pipeline.embedding_staleness`` k > 0 on 2 gloo ranks (Persia's hybrid training): the fetch
 of batch t + k overlaps the update of batch t on other threads and process groups, reads may
 be stale (by at most k updates), and no gradient is lost: each owner's final rows are exactly
 what applying every gradient every rank sent, to the current row, gives."""

@@ -51,8 +51,11 @@ def test_plan_puts_a_towers_tables_on_its_nodes_ranks():
 
 
 def test_tower_placement_needs_a_dmt_and_even_nodes():
-    cfg = from_dict({**CONFIG, "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [16]}})
-    with pytest.raises(ConfigError, match="needs a model of type dmt"):
+    dlrm = {**CONFIG, "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [16]}}
+    with pytest.raises(ConfigError, match="distributed.placement towers needs a model of type dmt"):
+        from_dict(dlrm)
+    cfg = from_dict({**dlrm, "distributed": {**CONFIG["distributed"], "placement": "tables"}})
+    with pytest.raises(ConfigError, match="tower placement needs a model of type dmt"):
         tower_plan(cfg, cfg.table_configs(), 2, 1)
     with pytest.raises(ConfigError, match="world size 3 is not a multiple of 2 ranks per node"):
         tower_plan(from_dict(CONFIG), from_dict(CONFIG).table_configs(), 3, 2)

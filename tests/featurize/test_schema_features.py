@@ -1,21 +1,27 @@
-"""The schema's SparseFeature stands alone (featurize is below embedding) yet maps onto FeatureConfig."""
+"""One FeatureConfig: the schema's SparseFeature extends it with the data side, and the run config
+hands the embedding side the FeatureConfig view of each feature."""
 
 from __future__ import annotations
 
 
 import pytest
 
-from ember.config import RunConfig, feature_config, from_dict
+from ember.config import RunConfig, from_dict
 from ember.embedding.config import FeatureConfig
 from ember.errors import ConfigError
 from ember.featurize.schema import Schema, SparseFeature
 
 
-def test_embedding_keys_keep_their_meaning():
-    assert not issubclass(SparseFeature, FeatureConfig)
+def test_sparse_feature_extends_the_one_feature_config():
+    import ember.embedding
+    import ember.featurize.schema
+
+    assert issubclass(SparseFeature, FeatureConfig)
+    assert ember.embedding.FeatureConfig is FeatureConfig is ember.featurize.schema.FeatureConfig
     for key in ("name", "table", "pooling", "max_length"):
         ours, theirs = SparseFeature.model_fields[key], FeatureConfig.model_fields[key]
-        assert (ours.annotation, ours.default, ours.metadata) == (theirs.annotation, theirs.default, theirs.metadata), key
+        assert (ours.annotation, ours.default, ours.metadata, ours.description) == \
+            (theirs.annotation, theirs.default, theirs.metadata, theirs.description), key
     f = SparseFeature(name="tags", separator="|", pooling="mean", max_length=3)
     assert (f.table_name, f.source_column, f.salt_value) == ("tags", "tags", "tags")
     assert SparseFeature(name="b", table="a").table_name == "a"
@@ -40,5 +46,5 @@ def test_run_config_features_are_embedding_feature_configs():
     feats = cfg.features()
     assert all(type(f) is FeatureConfig for f in feats)
     assert [(f.name, f.table, f.pooling, f.max_length) for f in feats] == [("a", "a", "mean", 4), ("b", "a", "sum", None)]
-    assert feature_config(cfg.schema.sparse[1]) == feats[1]
+    assert cfg.schema.sparse[1].embedding_feature() == feats[1]
     assert [t.name for t in cfg.table_configs()] == ["a"]

@@ -121,10 +121,8 @@ def test_the_adapter_learns_to_undo_a_biased_teacher(tmp_path):
 def test_teacher_config_and_data_errors_name_the_problem(tmp_path):
     raw = _raw(tmp_path, "x", {})
     raw["schema"]["teacher"] = []
-    from ember.train.builder import build_components
-
     with pytest.raises(ConfigError, match="model.distill needs the teacher's scores"):
-        build_components(from_dict(raw))
+        from_dict(raw)
     raw["schema"]["teacher"] = ["teacher", "teacher2"]
     with pytest.raises(ConfigError, match="one teacher score column per label"):
         from_dict(raw)

@@ -261,7 +261,7 @@ def test_docs_online_example_validates():
 
 
 def test_time_based_window_reports_and_checkpoints_online(tmp_path, offline_pass, monkeypatch):
-    """eval.window_every_s and train.checkpoint_every_s (a fake clock advancing 1 s per call):
+    """eval.window_every_s and checkpoint.every_s (a fake clock advancing 1 s per call):
     both fire by time alone, and the run still equals the offline pass."""
     from ember.train import clock as run_clock
 

@@ -348,7 +348,7 @@ def test_data_worker_process_trains_bit_identically_and_reports_bad_rows_and_err
 
 @pytest.mark.parametrize("enabled", [True, False])
 def test_checkpoint_every_s_saves_by_time_and_resumes_exactly(tmp_path, monkeypatch, enabled):
-    """train.checkpoint_every_s: a checkpoint after the first step past the interval (a fake
+    """checkpoint.every_s: a checkpoint after the first step past the interval (a fake
     clock advancing 1 s per call), each one resumable to the uninterrupted run's state."""
     import ember.train.checkpointer as checkpointer
     from ember.train import clock as run_clock

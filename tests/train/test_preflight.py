@@ -105,7 +105,7 @@ def test_unwritable_output_directory_fails_before_training(tmp_path, monkeypatch
 def test_disk_estimate_errors_when_nothing_fits_and_warns_when_tables_may_not(tmp_path, monkeypatch, caplog):
     cfg = _cfg(tmp_path, _csv(tmp_path / "t.csv", 40), None)
     monkeypatch.setattr(preflight, "free_bytes", lambda path: 10)
-    with pytest.raises(CapacityError, match="keep_checkpoints"):
+    with pytest.raises(CapacityError, match="lower checkpoint.keep"):
         train(cfg)
     assert not (tmp_path / "runs" / "r").exists()  # failed before its first checkpoint: nothing left
     # room for the dense part, not for tables at their largest: a warning, and the run goes on
