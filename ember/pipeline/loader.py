@@ -208,6 +208,10 @@ class RankSlice:
     rows: int
 
 
+# what asks the training stream for key columns: the rolling window's GAUC and slices
+WINDOW_KEYS = "eval.group_by / eval.slices (with eval.window_rows, over the training rows too)"
+
+
 def missing_keys_error(error: MissingColumnsError, keys: Sequence[str], why: str) -> Exception:
     """The error for a read that lacked columns: a ConfigError naming ``why`` (what asked for
     them) when key columns are among them, else ``error`` itself (a schema column is missing)."""

@@ -43,17 +43,18 @@ import os
 import threading
 from dataclasses import dataclass
 from itertools import chain
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from torch.utils.data import IterableDataset
 
 from ember.batch import Batch
-from ember.errors import CheckpointError
+from ember.errors import CheckpointError, MissingColumnsError
 from ember.featurize.featurizer import Featurizer
 from ember.featurize.rows import Rows
 from ember.featurize.schema import Schema
 from ember.pipeline.config import QueueDepths
-from ember.pipeline.loader import ReadCounter, file_chunks, receive_batches, send_batches, worker_loader
+from ember.pipeline.loader import (WINDOW_KEYS, ReadCounter, file_chunks, missing_keys_error, receive_batches,
+                                   send_batches, worker_loader)
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.source.bad_rows import BadRowReport
 from ember.source.config import DataConfig
@@ -104,10 +105,11 @@ class StreamLoader:
 
     def __init__(self, data: DataConfig, schema: Schema, start: StreamPosition = StreamPosition(),
                  start_batch: int = 0, depth: QueueDepths | None = None,
-                 stop: Callable[[], bool] = lambda: False, workers: int = 0) -> None:
+                 stop: Callable[[], bool] = lambda: False, workers: int = 0, keys: Sequence[str] = ()) -> None:
         if start_batch < 0:
             raise ValueError(f"start_batch must be >= 0, got {start_batch}")
         self.data, self.schema, self.start, self.start_batch = data, schema, start, start_batch
+        self.keys = list(keys)  # raw columns each batch also carries (``Batch.keys``)
         self.depth = depth or QueueDepths()
         self.stop, self.workers = stop, workers
         self.bad_rows = BadRowReport(data.on_bad_rows)
@@ -167,7 +169,7 @@ class StreamLoader:
         stage handing out the batches a worker process made."""
         if self.workers:
             return [Stage("read", self._in_worker, self.depth.featurize, expand=True)]
-        featurize = Featurizer(self.schema, self.bad_rows)
+        featurize = Featurizer(self.schema, self.bad_rows, self.keys)
         cutter = _Cutter(self.data.batch_size, self.start_batch, self._record)
         skip = [self.start.rows]  # rows of the resumed file already trained
 
@@ -184,7 +186,10 @@ class StreamLoader:
 
         def parse(item: tuple[int, Any]) -> list[Batch]:
             index, chunk = item
-            rows = featurize(chunk.batch, chunk.file, chunk.row_numbers)
+            try:
+                rows = featurize(chunk.batch, chunk.file, chunk.row_numbers)
+            except MissingColumnsError as e:  # a key column the window asked for: say so
+                raise missing_keys_error(e, self.keys, WINDOW_KEYS) from None
             first = 0
             if skip[0] and chunk.file == self.start.file:
                 first = min(skip[0], len(rows))
@@ -222,7 +227,7 @@ class StreamLoader:
                     return
 
         threading.Thread(target=relay, name="ember-stream-stop", daemon=True).start()
-        job = _StreamJob(self.data, self.schema, self.start, self.start_batch, self.depth, stopped)
+        job = _StreamJob(self.data, self.schema, self.start, self.start_batch, self.depth, stopped, self.keys)
         loader = worker_loader(job, self.depth.featurize, ctx, (self.data.seed, self.start_batch))
         try:
             for batch, taken, (k, index, rows) in receive_batches(loader, self.bad_rows):
@@ -248,12 +253,12 @@ class _StreamJob(IterableDataset):
     or ``("error", exception)`` (raised by the trainer itself, message intact)."""
 
     def __init__(self, data: DataConfig, schema: Schema, start: StreamPosition, start_batch: int,
-                 depth: QueueDepths, stopped: Any) -> None:
+                 depth: QueueDepths, stopped: Any, keys: Sequence[str] = ()) -> None:
         self.args = (data, schema, start, start_batch, depth)
-        self.stopped = stopped
+        self.stopped, self.keys = stopped, list(keys)
 
     def __iter__(self) -> Iterator[tuple[str, object]]:
-        loader = StreamLoader(*self.args, stop=self.stopped.is_set)
+        loader = StreamLoader(*self.args, stop=self.stopped.is_set, keys=self.keys)
 
         def batches() -> Iterator[tuple[Batch, list[str], tuple[int, int, int]]]:
             sent = len(loader._order)

@@ -129,8 +129,8 @@ class EvalConfig(ConfigModel):
     every metric per slice with ``slices``), and the rolling window of progressive validation
     (``ember.train.window``): each training batch is scored by the forward that trains on it,
     before its update, so its scores are out-of-sample; the last ``window_rows`` (score, label)
-    pairs give AUC and logloss every ``window_every`` steps (or ``window_every_s`` seconds), with
-    no extra forward."""
+    pairs give every metric above every ``window_every`` steps (or ``window_every_s`` seconds),
+    with no extra forward."""
 
     every: int | None = Field(None, ge=1)
     """Steps between evaluations on `data.eval`; unset: after each epoch (offline) or at the end (online)."""
@@ -152,7 +152,9 @@ class EvalConfig(ConfigModel):
 
     window_rows: int | None = Field(None, ge=1)
     """Keep the last this many (score, label) pairs of the training forward (each batch scored before its own
-    update: out-of-sample) and report AUC and logloss over them as `eval` records with a `window_rows` field
+    update: out-of-sample) and report over them what eval reports (AUC, logloss, calibration, ECE, NE; GAUC with
+    `group_by` and per slice with `slices`, whose columns the training rows then carry too) as `eval` records with a
+    `window_rows` field
     (offline too, but from a second epoch on its rows were trained on before: no longer out-of-sample); 8
     bytes per row and label; a report sorts the window (~1.4 s per million rows on a loaded 2-core box,
     training paused)."""

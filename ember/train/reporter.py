@@ -46,7 +46,7 @@ class WindowReports:
     def of_run(cls, cfg: RunConfig, tasks: list[str], dist: DistributedRun | None = None) -> "WindowReports":
         """``eval.window_rows``' window (``window``: None when unset) and when to report it."""
         e = cfg.eval
-        window = RollingWindow(e.window_rows, tasks) if e.window_rows is not None else None
+        window = RollingWindow(e.window_rows, tasks, e) if e.window_rows is not None else None
         every = e.window_every or (cfg.train.log_every if e.window_every_s is None else None)
         return cls(window, every, e.window_every_s, dist)
 
@@ -67,7 +67,7 @@ class WindowReports:
         assert self.window is not None
         if self.dist is None:
             return self.window.metrics()
-        return merged(self.dist.all_gather(self.window.tagged()), self.window.rows, self.window.tasks)
+        return merged(self.dist.all_gather(self.window.tagged()), self.window.rows, self.window.tasks, self.window.config)
 
     def after(self, s: int) -> bool:
         return self.window is not None and (bool(self.every and s % self.every == 0) or s in self.due)

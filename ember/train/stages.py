@@ -194,7 +194,7 @@ class TrainStages:
         value = float(step.loss) * step.rows  # the sum of this batch's (slice's) row losses
         if self.window is not None and step.probs is not None:
             self.window.add(step.probs.cpu().numpy(), step.batch.labels.float().cpu().numpy(),
-                            self.first_step + step.index)
+                            self.first_step + step.index, step.batch.keys)
             step.probs = None
         with self._metrics:
             self._loss_sum += value

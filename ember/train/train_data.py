@@ -13,14 +13,14 @@ from ember.batch import Batch
 from ember.config import RunConfig
 from ember.distributed.process_group import DistributedRun
 from ember.errors import ConfigError
-from ember.pipeline.loader import BatchList, Loader, empty_batch, make_batches
+from ember.pipeline.loader import WINDOW_KEYS, BatchList, Loader, empty_batch, make_batches
 from ember.pipeline.scheduler import Stage
 from ember.pipeline.stream import StreamLoader, StreamPosition
 from ember.train.run_state import DataPosition, RunState, ShardPositions
 from ember.train.shards import FileShards
 from ember.train.stream_ranks import StreamRanks
 
-__all__ = ["TrainLoader", "open_train_loader", "check_train_data", "start_data", "shards_files"]
+__all__ = ["TrainLoader", "open_train_loader", "check_train_data", "start_data", "shards_files", "window_keys"]
 
 
 def shards_files(cfg: RunConfig, dist: DistributedRun | None) -> bool:
@@ -103,13 +103,14 @@ def open_train_loader(cfg: RunConfig, state: RunState, dist: DistributedRun | No
     rank reads the whole stream and the ranks agree on its batches (``StreamRanks``)."""
     pipe, d = cfg.pipeline, cfg.data
     rank, world = (0, 1) if dist is None else (dist.rank, dist.world_size)
+    keys = window_keys(cfg)
     if batches is not None:
         return TrainLoader(BatchList(batches, state.epoch, state.batch, pipe.depth))
     if cfg.train.mode == "online":
         assert isinstance(state.data, StreamPosition)
         closing = threading.Event()
         stream = StreamLoader(d, cfg.schema, state.data, state.batch, pipe.depth,
-                              stop=lambda: stop() or closing.is_set(), workers=pipe.data_workers)
+                              stop=lambda: stop() or closing.is_set(), workers=pipe.data_workers, keys=keys)
         ranks = StreamRanks(stream, state.batch) if dist is not None else None
         return TrainLoader(stream, shard_depth=pipe.depth.featurize, closing=closing, stream_ranks=ranks)
     if shards_files(cfg, dist):
@@ -118,8 +119,19 @@ def open_train_loader(cfg: RunConfig, state: RunState, dist: DistributedRun | No
         shards = FileShards(rank, world, empty_batch(cfg.schema), starts, state.batch)
         loader = make_batches(d, cfg.schema, "train", epoch=state.epoch, start_batch=starts[rank], depth=pipe.depth,
                               workers=pipe.data_workers, part=(rank, world))
+        if keys:
+            loader.carry(keys, WINDOW_KEYS)
         return TrainLoader(loader, shards, pipe.depth.featurize)
     # embedding ranks (no rows of their own) and their dense ranks: dist.data_slice
     mine = dist.data_slice if dist is not None and d.format == "synthetic" else None
-    return TrainLoader(make_batches(d, cfg.schema, "train", epoch=state.epoch, start_batch=state.batch, depth=pipe.depth,
-                                    workers=pipe.data_workers, rank_slice=mine))
+    loader = make_batches(d, cfg.schema, "train", epoch=state.epoch, start_batch=state.batch, depth=pipe.depth,
+                          workers=pipe.data_workers, rank_slice=mine)
+    if keys:
+        loader.carry(keys, WINDOW_KEYS)
+    return TrainLoader(loader)
+
+
+def window_keys(cfg: RunConfig) -> list[str]:
+    """The raw columns the training batches carry for the rolling window (``eval.window_rows``):
+    its GAUC groups by ``eval.group_by`` and it reports per ``eval.slices`` value, as eval does."""
+    return cfg.eval.key_columns if cfg.eval.window_rows is not None else []

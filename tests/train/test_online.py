@@ -21,7 +21,7 @@ import torch
 
 from ember.checkpoint.load import resolve_checkpoint, verify_checkpoint
 from ember.config import from_dict
-from ember.errors import DataError, RunInterrupted
+from ember.errors import ConfigError, DataError, RunInterrupted
 from ember.train.loop import train
 from ember.train.metrics import evaluate_predictions
 from ember.testing import assert_identical, run_state
@@ -206,9 +206,9 @@ def test_rolling_window_reports_the_last_rows_scored_before_their_update(tmp_pat
     seen: list[tuple[np.ndarray, np.ndarray]] = []
     original = stages_mod.RollingWindow.add
 
-    def spy(self, probs, labels, step=0):  # type: ignore[no-untyped-def]
+    def spy(self, probs, labels, step=0, keys=None):  # type: ignore[no-untyped-def]
         seen.append((np.asarray(probs).copy(), np.asarray(labels).copy()))
-        return original(self, probs, labels, step)
+        return original(self, probs, labels, step, keys)
 
     monkeypatch.setattr(stages_mod.RollingWindow, "add", spy)
     folder = tmp_path / "in"
@@ -276,3 +276,65 @@ def test_time_based_window_reports_and_checkpoints_online(tmp_path, offline_pass
     saved = sorted(p.name for p in (result.run_dir / "checkpoints").glob("step-*"))
     assert len(saved) >= 3  # by time, then the final state
     assert_identical(offline_state, run_state(result))
+
+
+def test_the_window_reports_gauc_calibration_ne_and_slices_over_the_training_rows(tmp_path, monkeypatch):
+    """With eval.group_by / eval.slices the training stream carries those columns and each window
+    report holds every ranking metric of the last window_rows rows: GAUC against scikit-learn's
+    roc_auc_score per group, calibration and NE by their formulas, slices as eval reports them."""
+    from sklearn.metrics import roc_auc_score
+
+    import ember.train.stages as stages_mod
+    from ember.train.ranking_metrics import ranking_report
+
+    seen: list[tuple[np.ndarray, np.ndarray, dict]] = []
+    original = stages_mod.RollingWindow.add
+
+    def spy(self, probs, labels, step=0, keys=None):  # type: ignore[no-untyped-def]
+        seen.append((np.asarray(probs).copy(), np.asarray(labels).copy(), {k: v.copy() for k, v in keys.items()}))
+        return original(self, probs, labels, step, keys)
+
+    monkeypatch.setattr(stages_mod.RollingWindow, "add", spy)
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for k in range(3):
+        _write(folder, k)
+    raw = _raw(tmp_path, "gwin", folder)
+    raw["eval"] = {"window_rows": 256, "window_every": 4, "group_by": "c2", "slices": ["c1"], "slice_top": 2}
+    result = train(from_dict(raw))
+    reports = [r for r in result.history if r["kind"] == "eval" and "window_rows" in r]
+    assert [r["step"] for r in reports] == [4, 8, 10]
+    probs = np.concatenate([p for p, _, _ in seen])[:, 0]
+    labels = np.concatenate([y for _, y, _ in seen])[:, 0]
+    groups = np.concatenate([k["c2"] for _, _, k in seen])
+    slices = np.concatenate([k["c1"] for _, _, k in seen])
+    for r in reports:
+        n = min(r["step"] * 64, len(probs))
+        p, y, g, c = probs[n - 256:n], labels[n - 256:n], groups[n - 256:n], slices[n - 256:n]
+        aucs, weights = [], []
+        for value in np.unique(g):
+            m = g == value
+            if 0 < y[m].sum() < m.sum():
+                aucs.append(roc_auc_score(y[m], p[m]))
+                weights.append(m.sum())
+        assert r["gauc/label"] == pytest.approx(np.average(aucs, weights=weights), abs=1e-9)
+        assert r["calibration/label"] == pytest.approx(p.astype(np.float64).mean() / y.mean(), rel=1e-6)
+        base = y.mean()
+        entropy = -(base * np.log(base) + (1 - base) * np.log(1 - base))
+        assert r["ne/label"] == pytest.approx(r["logloss/label"] / entropy, rel=1e-6)  # (logloss is float32 sums)
+        want = ranking_report(y[:, None], p[:, None], ["label"], {"c2": g, "c1": c}, "c2", slices=["c1"], slice_top=2)
+        for key, value in want.items():
+            assert r[key] == pytest.approx(value, abs=1e-9, nan_ok=True), key
+        assert sum(v for k, v in r.items() if k.startswith("rows/c1=")) == 256
+    summary = json.loads((tmp_path / "gwin" / "summary.json").read_text())
+    assert summary["window"]["gauc/label"] == pytest.approx(reports[-1]["gauc/label"])
+
+
+def test_a_window_grouping_by_a_column_the_data_lacks_names_it(tmp_path):
+    folder = tmp_path / "in"
+    folder.mkdir()
+    _write(folder, 0)
+    raw = _raw(tmp_path, "nokey", folder)
+    raw["eval"] = {"window_rows": 64, "group_by": "user_id"}
+    with pytest.raises(ConfigError, match=r"eval.group_by / eval.slices \(with eval.window_rows.*\['user_id'\]"):
+        train(from_dict(raw))
