@@ -624,17 +624,13 @@ _A = {"export": "an export (written by ember export or train --export)",
 def _holds(path: Path) -> str:
     """What ``path`` holds, as far as its names and manifest tell: ``missing``, ``checkpoint``,
     ``run`` (a run or its checkpoints/ directory), ``export``, ``export series`` or ``other``."""
+    from ember.outputs import manifest_kind
+
     if not path.exists():
         return "missing"
-    try:
-        manifest = json.loads((path / "manifest.json").read_text())
-    except (OSError, ValueError):
-        manifest = None
-    if isinstance(manifest, dict):
-        if "step" in manifest and "config" in manifest:
-            return "checkpoint"
-        if "features" in manifest:
-            return "export"
+    kind = manifest_kind(path)
+    if kind is not None:
+        return kind
     if (path / "checkpoints").is_dir() or (path / "LATEST").is_file():
         return "run"
     if path.is_dir() and any(path.glob("*-full")):

@@ -47,7 +47,8 @@ from typing import Literal, Sequence
 from ember.errors import ConfigError, WriteError
 from ember.fileio import write_bytes_atomic
 
-__all__ = ["Kind", "MARKER", "mark", "output_kind", "claim_output", "check_apart", "output_format", "OUTPUT_KEY"]
+__all__ = ["Kind", "MARKER", "mark", "output_kind", "manifest_kind", "claim_output", "check_apart", "output_format",
+           "OUTPUT_KEY"]
 
 Kind = Literal["run", "export", "predictions", "generate", "towers"]
 MARKER = ".ember-output.json"
@@ -77,6 +78,24 @@ def output_kind(path: str | os.PathLike) -> Kind | None:
     return None
 
 
+def manifest_kind(d: str | os.PathLike) -> Literal["checkpoint", "export"] | None:
+    """What the ``manifest.json`` in directory ``d`` says it is: a ``checkpoint`` (it records the
+    run ``config`` and its ``step``), an ``export`` (full or delta: the ``features`` a server
+    needs and a ``format_version``, no run config), or None (no manifest, or neither). The one
+    rule every command uses to tell them apart."""
+    try:
+        manifest = json.loads((Path(d) / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict):
+        return None
+    if "config" in manifest and "step" in manifest:
+        return "checkpoint"
+    if "features" in manifest and "format_version" in manifest:
+        return "export"
+    return None
+
+
 def _dir_kind(d: Path) -> Kind | None:
     try:
         recorded = json.loads((d / MARKER).read_text()).get("kind")
@@ -86,13 +105,7 @@ def _dir_kind(d: Path) -> Kind | None:
         pass
     if (d / "checkpoints").is_dir() or (d / "summary.json").is_file():
         return "run"  # a run from before the marker
-    try:
-        manifest = json.loads((d / "manifest.json").read_text())
-        if isinstance(manifest, dict) and "format_version" in manifest and "model.pt" in manifest.get("files", {}):
-            return "export"
-    except (OSError, ValueError):
-        pass
-    return None
+    return "export" if manifest_kind(d) == "export" else None
 
 
 def _file_kind(f: Path) -> Kind | None:

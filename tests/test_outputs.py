@@ -299,3 +299,29 @@ def test_towers_replaces_only_its_own_snippet(run, tmp_path, capsys):
     out.write_text(edited)
     assert main([*args, str(out), "--overwrite"]) == 2
     assert "ember did not write" in capsys.readouterr().err and out.read_text() == edited
+
+
+def test_one_rule_tells_checkpoints_exports_and_runs_apart_for_every_command(tmp_path):
+    """``manifest_kind`` decides for the output rules (--overwrite), the commands' input checks
+    and the preflight of train.resume / init_from: a full and a delta export are exports, a
+    checkpoint is a checkpoint, a manifest of anything else is neither."""
+    from ember.cli import _holds
+    from ember.errors import ConfigError
+    from ember.outputs import _dir_kind, manifest_kind
+    from ember.testing.exports import train_with_exports
+    from ember.train.preflight import _checkpoint_manifest
+
+    run = train_with_exports(tmp_path, "r", 6, {"every_steps": 2, "full_every": 3}, checkpoint_every=2)
+    full = sorted((run / "exports").glob("*-full"))[0]
+    delta = sorted((run / "exports").glob("*-delta"))[0]
+    ckpt = sorted((run / "checkpoints").glob("step-*"))[0]
+    junk = tmp_path / "junk"
+    junk.mkdir()
+    (junk / "manifest.json").write_text('{"files": {"model.pt": "x"}, "format_version": 5}')
+    assert [manifest_kind(p) for p in (full, delta, ckpt, junk, run)] == ["export", "export", "checkpoint", None, None]
+    assert [_holds(p) for p in (full, delta, ckpt, run)] == ["export", "export", "checkpoint", "run"]
+    assert [_dir_kind(p) for p in (full, delta, junk)] == ["export", "export", None]
+    for export in (full, delta):
+        with pytest.raises(ConfigError, match="is an export"):
+            _checkpoint_manifest("train.resume", str(export))
+    assert _checkpoint_manifest("train.resume", str(ckpt))["step"] == int(ckpt.name.split("-")[1])

@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -130,13 +129,10 @@ def _checkpoint_manifest(key: str, given: str) -> dict:
     """The manifest of the checkpoint ``key`` names (a run directory: its latest); ConfigError
     when it is an export."""
     from ember.checkpoint.load import read_manifest, resolve_checkpoint
+    from ember.outputs import manifest_kind
 
     ckpt = resolve_checkpoint(given)
-    try:
-        raw = json.loads((ckpt / "manifest.json").read_text())
-    except (OSError, ValueError):
-        raw = None  # read_manifest says what is wrong with it
-    if isinstance(raw, dict) and "features" in raw and "config" not in raw:
+    if manifest_kind(ckpt) == "export":  # (anything else: read_manifest says what is wrong with it)
         raise ConfigError(f"{key} {given} is an export (written by ember export or train --export), not a checkpoint: "
                           "it holds no optimizer state or data position; give a training run directory or one of its "
                           "checkpoints (<run>/checkpoints/step-N)")
