@@ -17,8 +17,9 @@ Checkpoints: every row (ID + record) plus the dense model and its two Adam momen
 checkpoints kept.
 
 Caveats, said in the output: a profile of the first N rows counts those rows' IDs only (more
-data holds more IDs); a run counts an ID's sightings once per batch, the profile once per
-occurrence, so ``min_count`` rows are an upper bound when an ID repeats within a batch.
+data holds more IDs); with a shuffle buffer a run counts an ID's sightings once per shuffled batch,
+the profile once per occurrence, so ``min_count`` rows are an upper bound when an ID repeats
+within a batch (without one, the profile counts per batch, as the run does).
 """
 
 from __future__ import annotations
@@ -257,7 +258,7 @@ def plan_capacity(cfg: RunConfig, world_size: int, profile: dict[str, Any] | Non
             continue
         share = _rank_rows(sharding, t.name, e.rows)
         seen = _rank_rows(sharding, t.name, e.distinct) if e.distinct is not None else {}
-        pairs = [t]
+        pairs = [t] if getattr(model, "reads_embeddings", True) else []  # lr: only its first-order tables fill
         if linear:  # the dim-1 first-order table beside it, placed alike, as many rows
             pairs.append(TableConfig(name=t.name + LINEAR_SUFFIX, dim=1, optimizer=t.optimizer, min_count=t.min_count,
                                      ttl_steps=t.ttl_steps))
@@ -272,11 +273,14 @@ def plan_capacity(cfg: RunConfig, world_size: int, profile: dict[str, Any] | Non
     if profile is not None and not profile["data"]["complete"]:
         notes.append(f"the profile read the first {profile['data']['rows_read']:,} rows only; the whole data holds "
                      "more IDs: profile more rows (or all) for the full-size plan")
-    if profile is not None and any(t.min_count > 1 for t in tables):
-        notes.append("est. rows with min_count > 1 are an upper bound: the run counts an ID's sightings once per batch, "
-                     "the profile once per occurrence")
+    if profile is not None and any(t.min_count > 1 for t in tables) and cfg.data.format != "synthetic" \
+            and cfg.data.shuffle_buffer > 0:
+        notes.append("est. rows with min_count > 1 are an upper bound: the run counts an ID's sightings once per "
+                     "(shuffled) batch, the profile once per occurrence")
     if linear:
-        notes.append(f"model {cfg.model.type} adds a dim-1 first-order table per table ({LINEAR_SUFFIX}), counted above")
+        notes.append(f"model {cfg.model.type} adds a dim-1 first-order table per table ({LINEAR_SUFFIX}), counted above"
+                     + ("" if getattr(model, "reads_embeddings", True) else "; its D-wide tables are never read and "
+                        "stay empty"))
     es = cfg.train.early_stopping
     kept = cfg.train.keep_checkpoints + 1 + (1 if es is not None and es.save_best else 0)
     return CapacityPlan(world_size, estimates, sharding, uses, checkpoint, kept, source, {t.name: t for t in tables}, notes)

@@ -12,7 +12,9 @@ up to a bound, then an estimate with its standard error: ``ember.train.sketches`
 frequent values (their raw text, count and error), the share of rows without a value, values
 per row. Per dense feature (raw values, before transforms): min / max / mean, missing and
 quantiles. Per table (the union of its features' IDs): distinct IDs and how often each was
-seen, which ``ember plan`` turns into rows with ``min_count`` and the run's epochs; with
+seen (sightings: once per batch, as a run counts them, when its batches are the rows in file
+order, ``data.shuffle_buffer: 0`` or synthetic data; else once per occurrence, an upper bound),
+which ``ember plan`` turns into rows with ``min_count`` and the run's epochs; with
 ``ttl_steps``, the most distinct IDs in a window of ``2 * ttl_steps * batch_size`` rows.
 
 ``write_profile`` writes ``profile.json`` (``FORMAT``, version ``VERSION``), ``profile.txt``
@@ -80,8 +82,7 @@ class _Sparse:
         self.values = 0
 
     def add(self, ids: np.ndarray, lengths: np.ndarray, raw: pa.Array) -> None:
-        if self.counter is not None:
-            self.counter.add(ids)
+        self.counter.add(ids)
         self.hitters.add(ids)
         self.values += ids.size
         counts = np.bincount(lengths)
@@ -105,12 +106,12 @@ class _Sparse:
         for i, v in zip(hashed[hit].tolist(), distinct.filter(pa.array(hit)).to_pylist()):
             self.names.setdefault(int(i), str(v))
 
-    def summary(self, rows: int, top: int, exact_counter: DistinctCounter) -> dict[str, Any]:
+    def summary(self, rows: int, top: int) -> dict[str, Any]:
         lengths = self.lengths
         ranks = np.cumsum(lengths)
         def length_q(q: float) -> int:
             return int(np.searchsorted(ranks, q * max(rows - 1, 0), side="right")) if rows else 0
-        c = exact_counter
+        c = self.counter
         if c.exact:  # every ID's count is held: the exact top
             held, error = [(int(i), int(n)) for i, n in zip(*c.top(top))], 0
         else:
@@ -163,13 +164,15 @@ def profile_data(cfg: RunConfig, rows: int | None = None, exact_bound: int = 1 <
     for j, f in enumerate(schema.sparse):
         by_table.setdefault(f.table_name, []).append(j)
     table_counters = {name: DistinctCounter(exact_bound) for name in by_table}
-    sparse = [_Sparse(f, DistinctCounter(exact_bound) if len(by_table[f.table_name]) > 1 else None, top)
-              for f in schema.sparse]
+    sparse = [_Sparse(f, DistinctCounter(exact_bound), top) for f in schema.sparse]  # occurrences; tables: sightings
     window_rows = {name: 2 * tables[name].ttl_steps * cfg.data.batch_size for name in by_table
                    if tables[name].ttl_steps is not None}
     windows = {name: (DistinctCounter(exact_bound), [0], [0.0]) for name in window_rows}  # counter, rows in it, max
     dense = [(f, BottomK(seed=j), {"present": 0, "missing": 0, "sum": 0.0, "min": math.inf, "max": -math.inf})
              for j, f in enumerate(schema.dense)]
+    # without a shuffle buffer (or with synthetic rows) a run's batches are the rows in file order
+    in_order = cfg.data.format == "synthetic" or cfg.data.shuffle_buffer == 0
+    batch_size = cfg.data.batch_size
     label_sums = np.zeros(len(schema.labels))
     read = kept_rows = 0
     complete = True
@@ -194,7 +197,11 @@ def profile_data(cfg: RunConfig, rows: int | None = None, exact_bound: int = 1 <
             s.add(ids, np.diff(offsets), taken.column(s.f.source_column))
         for name, js in by_table.items():
             ids = np.concatenate([out.values[j] for j in js]) if len(js) > 1 else out.values[js[0]]
-            table_counters[name].add(ids)
+            if in_order:  # training's batches are these rows in order: count an ID once per batch, as the run does
+                rows_of = np.concatenate([np.repeat(np.arange(kept.size), np.diff(out.offsets[j])) for j in js])
+                table_counters[name].add(_once_per_batch(ids, (kept_rows - kept.size + rows_of) // batch_size))
+            else:
+                table_counters[name].add(ids)
             if name in windows:
                 counter, in_window, peak = windows[name]
                 counter.add(ids)
@@ -229,7 +236,7 @@ def profile_data(cfg: RunConfig, rows: int | None = None, exact_bound: int = 1 <
                      "first_file": first_bad},
         "labels": {name: {"rate": float(label_sums[j] / kept_rows) if kept_rows else None,
                           "positives": float(label_sums[j]), "rows": kept_rows} for j, name in enumerate(schema.labels)},
-        "sparse": {s.f.name: s.summary(kept_rows, top, s.counter or table_counters[s.f.table_name]) for s in sparse},
+        "sparse": {s.f.name: s.summary(kept_rows, top) for s in sparse},
         "dense": {f.name: _dense_summary(f.source_column, sample, st, kept_rows) for f, sample, st in dense},
         "tables": {name: {"features": [schema.sparse[j].name for j in js], "distinct": _distinct(table_counters[name], 1),
                           "sample_rate": table_counters[name].rate,
@@ -239,6 +246,20 @@ def profile_data(cfg: RunConfig, rows: int | None = None, exact_bound: int = 1 <
                              if name in windows else {})}
                    for name, js in by_table.items()},
     }
+
+
+def _once_per_batch(ids: np.ndarray, batch: np.ndarray) -> np.ndarray:
+    """``ids`` with repeats within one batch (same ``batch`` number) removed.
+
+    Example:
+        >>> _once_per_batch(np.array([5, 5, 6, 5]), np.array([0, 0, 0, 1])).tolist()
+        [5, 6, 5]
+    """
+    order = np.lexsort((ids, batch))
+    ids, batch = ids[order], batch[order]
+    first = np.ones(ids.size, dtype=bool)
+    first[1:] = (ids[1:] != ids[:-1]) | (batch[1:] != batch[:-1])
+    return ids[first]
 
 
 def _at_end(cfg: RunConfig, rows: int) -> bool:
