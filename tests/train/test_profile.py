@@ -261,5 +261,6 @@ def test_real_criteo_sample_profile(tmp_path):
         present = [v for v in col if v not in (None, "")]
         assert p["sparse"][c]["distinct"]["value"] == len(set(present)), c
         assert p["sparse"][c]["missing_rows"] == len(col) - len(present), c
+        assert [(t["value"], t["count"]) for t in p["sparse"][c]["top"][:3]] == Counter(present).most_common(3), c
     i5 = np.array([float(v) for v in t["I5"].to_pylist() if v not in (None, "")])
     assert p["dense"]["I5"]["max"] == i5.max() and p["dense"]["I5"]["mean"] == pytest.approx(i5.mean())
