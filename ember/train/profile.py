@@ -80,10 +80,13 @@ class _Sparse:
         self.names: dict[int, str] = {}  # raw text of held heavy hitters
         self.lengths = np.zeros(1, np.int64)  # rows by number of values
         self.values = 0
+        self.block: tuple[np.ndarray, np.ndarray] = (np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     def add(self, ids: np.ndarray, lengths: np.ndarray, raw: pa.Array) -> None:
-        self.counter.add(ids)
-        self.hitters.add(ids)
+        uniq, counts = np.unique(ids, return_counts=True)  # one sort for every summary
+        self.block = (uniq, counts)  # the table's counter takes them too (its only feature, occurrences counted)
+        self.counter.add(uniq, counts, unique=True)
+        self.hitters.add(uniq, counts, unique=True)
         self.values += ids.size
         counts = np.bincount(lengths)
         if counts.size > self.lengths.size:
@@ -200,6 +203,8 @@ def profile_data(cfg: RunConfig, rows: int | None = None, exact_bound: int = 1 <
             if in_order:  # training's batches are these rows in order: count an ID once per batch, as the run does
                 rows_of = np.concatenate([np.repeat(np.arange(kept.size), np.diff(out.offsets[j])) for j in js])
                 table_counters[name].add(_once_per_batch(ids, (kept_rows - kept.size + rows_of) // batch_size))
+            elif len(js) == 1:
+                table_counters[name].add(*sparse[js[0]].block, unique=True)
             else:
                 table_counters[name].add(ids)
             if name in windows:

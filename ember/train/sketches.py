@@ -36,6 +36,18 @@ def _sum_by_id(ids: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndar
     return uniq, np.bincount(inverse, weights=counts, minlength=uniq.size).astype(np.int64)
 
 
+def _merge(held: np.ndarray, held_counts: np.ndarray, ids: np.ndarray,
+           counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique ``held`` IDs (with counts) plus sorted unique ``ids`` (with counts): sorted
+    unique IDs with the counts added. A stable sort (timsort) of two sorted runs is a linear merge."""
+    all_ids = np.concatenate([held, ids])
+    order = np.argsort(all_ids, kind="stable")
+    all_ids, all_counts = all_ids[order], np.concatenate([held_counts, counts])[order]
+    start = np.ones(all_ids.size, dtype=bool)
+    start[1:] = all_ids[1:] != all_ids[:-1]
+    return all_ids[start], np.add.reduceat(all_counts, np.flatnonzero(start)) if all_ids.size else all_counts
+
+
 class DistinctCounter:
     """Distinct int64 IDs and their counts, exact up to ``bound`` IDs, then a hash sample.
 
@@ -74,16 +86,19 @@ class DistinctCounter:
         h = splitmix64(ids.astype(np.int64, copy=False).view(np.uint64)) & _LOW_BITS
         return (h & np.uint64((1 << level) - 1)) == 0
 
-    def add(self, ids: np.ndarray, counts: np.ndarray | None = None) -> None:
-        """Count ``ids`` (each once, or ``counts[i]`` times)."""
+    def add(self, ids: np.ndarray, counts: np.ndarray | None = None, unique: bool = False) -> None:
+        """Count ``ids`` (each once, or ``counts[i]`` times); ``unique``: ``ids`` are already sorted
+        and unique (``np.unique(..., return_counts=True)``: one sort shared by several summaries)."""
         ids = np.asarray(ids, dtype=np.int64)
         counts = np.ones(ids.size, np.int64) if counts is None else np.asarray(counts, np.int64)
+        if not unique:
+            ids, counts = _sum_by_id(ids, counts)
         if self.level:
             keep = self._kept(ids, self.level)
             ids, counts = ids[keep], counts[keep]
         if ids.size == 0:
             return
-        self.ids, self.counts = _sum_by_id(np.concatenate([self.ids, ids]), np.concatenate([self.counts, counts]))
+        self.ids, self.counts = _merge(self.ids, self.counts, ids, counts)
         while self.ids.size > self.bound and self.level < 32:
             self.level += 1
             keep = self._kept(self.ids, self.level)
@@ -95,7 +110,7 @@ class DistinctCounter:
             self.level = other.level
             keep = self._kept(self.ids, self.level)
             self.ids, self.counts = self.ids[keep], self.counts[keep]
-        self.add(other.ids, other.counts)
+        self.add(other.ids, other.counts, unique=True)
 
     def distinct(self, min_count: int = 1) -> float:
         """Estimated distinct IDs seen at least ``min_count`` times (exact while ``exact``)."""
@@ -138,10 +153,13 @@ class HeavyHitters:
         self.counts = np.zeros(0, np.int64)
         self.error = 0  # the most any held count is below the truth
 
-    def add(self, ids: np.ndarray, counts: np.ndarray | None = None) -> None:
+    def add(self, ids: np.ndarray, counts: np.ndarray | None = None, unique: bool = False) -> None:
+        """Count ``ids`` (each once, or ``counts[i]`` times); ``unique`` as in ``DistinctCounter.add``."""
         ids = np.asarray(ids, dtype=np.int64)
         counts = np.ones(ids.size, np.int64) if counts is None else np.asarray(counts, np.int64)
-        ids, counts = _sum_by_id(np.concatenate([self.ids, ids]), np.concatenate([self.counts, counts]))
+        if not unique:
+            ids, counts = _sum_by_id(ids, counts)
+        ids, counts = _merge(self.ids, self.counts, ids, counts)
         if ids.size > self.capacity:  # subtract the (capacity+1)-th largest count from all, drop the rest
             cut = int(np.partition(counts, ids.size - self.capacity - 1)[ids.size - self.capacity - 1])
             keep = counts > cut
