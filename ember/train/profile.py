@@ -15,7 +15,8 @@ quantiles. Per table (the union of its features' IDs): distinct IDs and how ofte
 seen (sightings: once per batch, as a run counts them, when its batches are the rows in file
 order, ``data.shuffle_buffer: 0`` or synthetic data; else once per occurrence, an upper bound),
 which ``ember plan`` turns into rows with ``min_count`` and the run's epochs; with
-``ttl_steps``, the most distinct IDs in a window of ``2 * ttl_steps * batch_size`` rows.
+``ttl_steps``, the most distinct IDs in a window of ``2 * ttl_steps * batch_size`` rows (windows aligned
+at multiples of that size: the peak of a sliding window may be a little higher).
 
 ``write_profile`` writes ``profile.json`` (``FORMAT``, version ``VERSION``), ``profile.txt``
 (the table ``describe`` prints) and ``profile.png`` (the distributions) into one directory.
@@ -170,7 +171,7 @@ def profile_data(cfg: RunConfig, rows: int | None = None, exact_bound: int = 1 <
     sparse = [_Sparse(f, DistinctCounter(exact_bound), top) for f in schema.sparse]  # occurrences; tables: sightings
     window_rows = {name: 2 * tables[name].ttl_steps * cfg.data.batch_size for name in by_table
                    if tables[name].ttl_steps is not None}
-    windows = {name: (DistinctCounter(exact_bound), [0], [0.0]) for name in window_rows}  # counter, rows in it, max
+    windows = {name: (DistinctCounter(exact_bound), [0.0]) for name in window_rows}  # this window's IDs, the most
     dense = [(f, BottomK(seed=j), {"present": 0, "missing": 0, "sum": 0.0, "min": math.inf, "max": -math.inf})
              for j, f in enumerate(schema.dense)]
     # without a shuffle buffer (or with synthetic rows) a run's batches are the rows in file order
@@ -207,13 +208,16 @@ def profile_data(cfg: RunConfig, rows: int | None = None, exact_bound: int = 1 <
                 table_counters[name].add(*sparse[js[0]].block, unique=True)
             else:
                 table_counters[name].add(ids)
-            if name in windows:
-                counter, in_window, peak = windows[name]
-                counter.add(ids)
-                in_window[0] += kept.size
-                if in_window[0] >= window_rows[name]:
-                    peak[0] = max(peak[0], counter.distinct())
-                    windows[name] = (DistinctCounter(exact_bound), [0], peak)
+            if name in windows:  # distinct IDs per aligned window of rows, the largest kept
+                size = window_rows[name]
+                rows_of = np.concatenate([np.repeat(np.arange(kept.size), np.diff(out.offsets[j])) for j in js])
+                window_of = (kept_rows - kept.size + rows_of) // size
+                for w in range((kept_rows - kept.size) // size, (kept_rows - 1) // size + 1 if kept_rows else 0):
+                    counter, peak = windows[name]
+                    counter.add(ids[window_of == w])
+                    if (w + 1) * size <= kept_rows:  # this window is complete
+                        peak[0] = max(peak[0], counter.distinct())
+                        windows[name] = (DistinctCounter(exact_bound), peak)
         for f, sample, st in dense:
             x, missing, _ = parse_floats(taken.column(f.source_column))
             present = x[~missing & np.isfinite(x)]
@@ -227,7 +231,7 @@ def profile_data(cfg: RunConfig, rows: int | None = None, exact_bound: int = 1 <
         if rows is not None and read >= rows:
             complete = read == rows and _at_end(cfg, rows)
             break
-    for name, (counter, _, peak) in windows.items():
+    for name, (counter, peak) in windows.items():
         peak[0] = max(peak[0], counter.distinct())
     if cfg.data.format != "synthetic" and read == 0:
         raise ConfigError("data.train holds no rows; ember profile needs rows to count")
@@ -247,7 +251,7 @@ def profile_data(cfg: RunConfig, rows: int | None = None, exact_bound: int = 1 <
                           "sample_rate": table_counters[name].rate,
                           "frequencies": {str(k): v for k, v in table_counters[name].frequencies(_FREQ_CAP).items()},
                           "frequency_cap": _FREQ_CAP,
-                          **({"ttl_window_rows": window_rows[name], "ttl_window_distinct": round(windows[name][2][0])}
+                          **({"ttl_window_rows": window_rows[name], "ttl_window_distinct": round(windows[name][1][0])}
                              if name in windows else {})}
                    for name, js in by_table.items()},
     }

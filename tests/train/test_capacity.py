@@ -211,3 +211,27 @@ def test_cli_plan_mistakes(tmp_path, capsys, monkeypatch, extra, says):
     assert main(["plan", "--config", str(cfg), "--world-size", "1", *extra]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("ember plan: error: ") and says in err
+
+
+def test_ttl_rows_against_a_trained_run(tmp_path):
+    """IDs that drift (each in 50 consecutive rows): with ttl_steps 2 at 100 rows a batch a row
+    lives at most about 2 x 2 x 100 rows, so the plan caps the table at the most distinct IDs of
+    such a window, and the trained table holds no more."""
+    n = 4000
+    rng = np.random.default_rng(4)
+    path = tmp_path / "drift.parquet"
+    pq.write_table(pa.table({"label": (rng.random(n) < 0.3).astype(np.int64), "x": rng.random(n),
+                             "user": np.arange(n) // 50, "item": rng.integers(0, 30, n)}), path)
+    raw = _run_cfg(tmp_path, path, "ttl")
+    raw["data"]["batch_size"] = 100
+    raw["embedding"]["ttl_steps"] = 2
+    cfg = from_dict(raw)
+    profile = profile_data(cfg)
+    assert profile["tables"]["user"]["ttl_window_rows"] == 400
+    assert profile["tables"]["user"]["ttl_window_distinct"] == 8  # rows 0-399, 400-799, ...: 8 IDs each
+    plan = plan_capacity(cfg, 1, profile)
+    planned = {u.table: u.rows for u in plan.uses}
+    assert planned["user__linear"] == 8 and planned["item__linear"] == 30  # 80 users seen in all, 30 items
+    result = train(cfg)
+    actual = {name: len(t) for name, t in result.parts.linear.tables.items()}
+    assert 0 < actual["user__linear"] <= planned["user__linear"] and actual["item__linear"] == 30
