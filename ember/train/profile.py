@@ -42,6 +42,7 @@ from ember.featurize.transforms import parse_floats, parse_ints
 from ember.fileio import write_bytes_atomic
 from ember.pipeline.loader import file_chunks
 from ember.source.bad_rows import BadRowReport
+from ember.source.files import expand_paths
 from ember.source.synthetic import split_rows, synthetic_records
 from ember.train.preflight import check_data
 from ember.train.sketches import BottomK, DistinctCounter, HeavyHitters
@@ -67,7 +68,10 @@ def _blocks(cfg: RunConfig, report: BadRowReport) -> Iterator[tuple[pa.RecordBat
         return
     if not data.paths("train"):
         raise ConfigError("data.train is not set; ember profile reads the training data: give data.train files")
-    for path in check_data(data, cfg.schema.columns, "train"):  # paths, columns, rows: checked before reading
+    # paths, columns, rows checked before reading; a watched data.train: the files there now
+    files = expand_paths(data.paths("train"), data.format) if data.watch is not None else \
+        check_data(data, cfg.schema.columns, "train")
+    for path in files:
         for chunk in file_chunks(data, cfg.schema, path, report):
             yield chunk.batch, chunk.file, chunk.row_numbers
 

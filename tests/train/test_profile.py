@@ -264,3 +264,13 @@ def test_real_criteo_sample_profile(tmp_path):
         assert [(t["value"], t["count"]) for t in p["sparse"][c]["top"][:3]] == Counter(present).most_common(3), c
     i5 = np.array([float(v) for v in t["I5"].to_pylist() if v not in (None, "")])
     assert p["dense"]["I5"]["max"] == i5.max() and p["dense"]["I5"]["mean"] == pytest.approx(i5.mean())
+
+
+def test_a_watched_directory_is_profiled_as_it_is_now(tmp_path):
+    (tmp_path / "incoming").mkdir()
+    _data(tmp_path / "incoming")  # the directory an online run watches
+    raw = _config(tmp_path, tmp_path / "incoming")
+    raw["data"]["watch"] = {}
+    raw["train"]["mode"] = "online"
+    p = profile_data(from_dict(raw))
+    assert p["data"]["rows_read"] == N and p["bad_rows"]["total"] == 3
