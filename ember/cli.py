@@ -1,4 +1,4 @@
-"""Command line: ``ember train|eval|predict|export|generate|towers|serve|plan``, driven by a YAML run config.
+"""Command line: ``ember train|eval|predict|export|generate|towers|serve|profile|plan``, driven by a YAML run config.
 
 Every command takes ``--config run.yaml`` (where it needs one) and ``key.path=value`` overrides,
 before, after or between the flags, e.g.
@@ -339,23 +339,54 @@ def cmd_predict(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    from ember.errors import ConfigError
+    from ember.outputs import claim_output
+    from ember.source.files import expand_paths
+    from ember.train.profile import describe, profile_data, write_profile
+
+    if args.top < 1:
+        raise ConfigError(f"--top must be >= 1, got {args.top}")
+    cfg = _config(args)
+    out = args.out or str(Path("profiles") / Path(args.config).stem)
+    data = [] if cfg.data.format == "synthetic" else expand_paths(cfg.data.paths("train"), cfg.data.format)
+    claim_output(out, "profile", "--out", args.overwrite, [args.config, *data])  # before the reading
+    profile = profile_data(cfg, args.rows, top=args.top, config_path=args.config)
+    print(describe(profile))
+    paths = write_profile(profile, out)
+    print(f"wrote {', '.join(str(p) for p in paths)}")
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     from ember.errors import ConfigError
-    from ember.train.distributed import sharding_plan
+    from ember.train.capacity import plan_capacity
 
     if args.world_size < 1:
         raise ConfigError(f"--world-size must be >= 1, got {args.world_size}")
     if args.nodes < 1 or args.world_size % args.nodes:
         raise ConfigError(f"--nodes {args.nodes} must be >= 1 and divide --world-size {args.world_size}")
+    if args.profile is not None and args.rows is not None:
+        raise ConfigError("give --profile (a profile written earlier) or --rows N (profile N rows now), not both")
     cfg = _config(args)
+    profile, source = None, "from the config alone: give --profile or --rows N to count the data's IDs"
+    if args.profile is not None:
+        from ember.train.profile import read_profile
+
+        profile, source = read_profile(args.profile), f"from the profile {args.profile}"
+    elif args.rows is not None:
+        from ember.train.profile import profile_data
+
+        profile = profile_data(cfg, args.rows)
+        source = f"from the first {profile['data']['rows_read']:,} rows of data.train"
+    plan = plan_capacity(cfg, args.world_size, profile, source, args.world_size // args.nodes)
+    print(plan.describe())
     if cfg.distributed.placement == "towers":
         from ember.train.builder import tower_plan
 
-        plan, tower_node = tower_plan(cfg, cfg.table_configs(), args.world_size, args.world_size // args.nodes)
-        print(plan.describe())
+        _, tower_node = tower_plan(cfg, cfg.table_configs(), args.world_size, args.world_size // args.nodes)
         print(f"  tower placement over {args.nodes} node(s): tower k on node {tower_node} (towers in model order)")
         return 0
-    print(sharding_plan(cfg, cfg.table_configs(), args.world_size).describe())
     if cfg.distributed.placement == "embedding_ranks":
         from ember.distributed.embedding_ranks import describe_ranks
 
@@ -413,7 +444,8 @@ _EXAMPLES = {
     "serve": "ember serve --export runs/demo/export --port 8000\n"
              "  curl -s localhost:8000/score -d '{\"rows\": [{\"C1\": \"a\", \"I1\": 3}]}'",
     "predict": "ember predict --export runs/demo/export --input new_rows.csv --output scores.csv",
-    "plan": "ember plan --config configs/demo.yaml --world-size 4 --nodes 2",
+    "profile": "ember profile --config configs/criteo.yaml --rows 100000 --out profiles/criteo",
+    "plan": "ember plan --config configs/criteo.yaml --world-size 4 --profile profiles/criteo/profile.json",
     "generate": "ember generate --out data/train.parquet --rows 1000000 --options '{\"vocab_size\": 1000000}'",
 }
 
@@ -484,8 +516,22 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("overrides", nargs="*", help="data.key.path=value, e.g. data.csv.delimiter=';'")
     pr.set_defaults(fn=cmd_predict, parser=pr)
 
-    pl = command("plan", "print how a distributed run would shard the tables (no training)")
+    pf = command("profile", "profile the training data as training reads it: labels, features, bad rows")
+    pf.add_argument("--config", required=True, help="the run config (YAML): its data.train, schema and tables")
+    pf.add_argument("--rows", type=int, help="read only the first N rows of data.train (default: all)")
+    pf.add_argument("--out", help="directory for profile.json, profile.txt and profile.png (default: "
+                    "profiles/<config name>)")
+    pf.add_argument("--overwrite", action="store_true", help="replace a profile written earlier at --out (nothing else)")
+    pf.add_argument("--top", type=int, default=10, help="most frequent values listed per sparse feature (default 10)")
+    pf.add_argument("overrides", nargs="*", help="config overrides, key.path=value")
+    pf.set_defaults(fn=cmd_profile, parser=pf)
+
+    pl = command("plan", "print each table's rows and bytes per tier and rank, the sharding, and the RAM / disk a run "
+                 "needs (no training)")
     pl.add_argument("--config", required=True, help="the run config (YAML)")
+    pl.add_argument("--profile", help="a data profile (profile.json or its directory, from ember profile) to take "
+                    "each table's rows from")
+    pl.add_argument("--rows", type=int, help="profile the first N rows of data.train now and take the rows from them")
     pl.add_argument("--world-size", type=int, required=True, help="number of ranks (torchrun processes in all)")
     pl.add_argument("--nodes", type=int, default=1, help="nodes (torchrun --nnodes) the ranks spread over, evenly: "
                     "what distributed.placement towers places the towers on (default 1)")

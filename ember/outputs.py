@@ -19,6 +19,7 @@ How an output is recognised (``output_kind``):
 - generated data: CSV/TSV whose header is the generator's layout (``label, I1.., C1..``: real
   Criteo files have no header line); Parquet with ``ember.output: generate`` metadata. ORC files
   carry no metadata ember can set, so a generated ORC file is not recognised (remove it yourself);
+- a data profile: a directory with the marker, ``kind: profile`` (``ember profile --out``);
 - a towers snippet: a YAML file holding exactly the ``model: {type: dmt, towers: ...}`` lines
   ``ember towers`` writes (a config the user edited is no longer replaced).
 
@@ -50,13 +51,13 @@ from ember.fileio import write_bytes_atomic
 __all__ = ["Kind", "MARKER", "mark", "output_kind", "manifest_kind", "claim_output", "check_apart", "output_format",
            "OUTPUT_KEY"]
 
-Kind = Literal["run", "export", "predictions", "generate", "towers"]
+Kind = Literal["run", "export", "predictions", "generate", "towers", "profile"]
 MARKER = ".ember-output.json"
 OUTPUT_KEY = b"ember.output"  # Parquet schema metadata key: which command wrote the file
 
 _DESCRIBED = {"run": "a training run (ember train)", "export": "an export (ember export / train --export)",
               "predictions": "predictions (ember predict)", "generate": "generated data (ember generate)",
-              "towers": "a towers snippet (ember towers)"}
+              "towers": "a towers snippet (ember towers)", "profile": "a data profile (ember profile)"}
 # what ``ember towers --out`` writes, whole: the model section of a DMT config
 _TOWERS = re.compile(r"model:\n  type: dmt\n  towers:\n(    - \[[^\n\]]*\]\n)+")
 _COMPRESSED = {".gz": "gzip", ".bz2": "bz2", ".zst": "zstd", ".lz4": "lz4"}

@@ -234,7 +234,7 @@ def test_version(capsys, monkeypatch):
     assert capsys.readouterr().out == "ember 9.9.9\n"
 
 
-@pytest.mark.parametrize("command", [[], ["train"], ["eval"], ["export"], ["towers"], ["serve"], ["predict"], ["plan"],
+@pytest.mark.parametrize("command", [[], ["train"], ["eval"], ["export"], ["towers"], ["serve"], ["predict"], ["plan"], ["profile"],
                                      ["generate"]])
 def test_help_is_plain_text(command, capsys):
     assert main([*command, "--help"]) == 0

@@ -49,6 +49,7 @@ class LR(nn.Module):
     """
 
     wants_linear = True
+    reads_embeddings = False  # its D-wide tables are never looked up in training: they stay empty (ember plan)
     __jit_ignored_attributes__ = ("config",)
 
     def __init__(self, config: LRConfig, inputs: ModelInputs) -> None:

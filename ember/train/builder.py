@@ -274,10 +274,11 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
                       towers=towers, eval_config=cfg.eval, embedding_rank=embedding_rank)
 
 
-def tower_plan(cfg: RunConfig, tables: list[TableConfig], world_size: int,
-               local_world_size: int) -> tuple[ShardingPlan, list[int]]:
+def tower_plan(cfg: RunConfig, tables: list[TableConfig], world_size: int, local_world_size: int,
+               rows: dict[str, int | None] | None = None) -> tuple[ShardingPlan, list[int]]:
     """``distributed.placement: towers``: each DMT tower's tables on one node's ranks (nodes of
-    ``local_world_size`` ranks), and the node of each tower (``ember.distributed.towers``)."""
+    ``local_world_size`` ranks), and the node of each tower (``ember.distributed.towers``).
+    ``rows``: estimated rows per table (default ``table_rows(cfg)``)."""
     from ember.distributed.towers import place_towers, plan_towers
     from ember.models.dmt import DMTConfig, tower_indices
     from ember.train.distributed import table_rows
@@ -291,7 +292,8 @@ def tower_plan(cfg: RunConfig, tables: list[TableConfig], world_size: int,
     features = cfg.features()
     towers = tower_indices(cfg.model, [f.name for f in features])
     tower_node = place_towers(towers, world_size // local_world_size)
-    return plan_towers(tables, features, towers, tower_node, world_size, local_world_size, table_rows(cfg)), tower_node
+    rows = table_rows(cfg) if rows is None else rows
+    return plan_towers(tables, features, towers, tower_node, world_size, local_world_size, rows), tower_node
 
 
 def _compile(model: nn.Module) -> Callable[..., Tensor] | None:

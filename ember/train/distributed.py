@@ -196,15 +196,18 @@ def table_rows(cfg: RunConfig) -> dict[str, int | None]:
     return out
 
 
-def sharding_plan(cfg: RunConfig, tables: list[TableConfig], world_size: int) -> ShardingPlan:
+def sharding_plan(cfg: RunConfig, tables: list[TableConfig], world_size: int,
+                  rows: dict[str, int | None] | None = None) -> ShardingPlan:
     """The planner's placement of ``tables`` for ``cfg`` over ``world_size`` ranks; with
     ``distributed.placement: embedding_ranks``, over the embedding ranks only (the planner's
-    policy among them, ``ember.distributed.embedding_ranks``)."""
+    policy among them, ``ember.distributed.embedding_ranks``). ``rows``: estimated rows per
+    table (``ember plan`` from a data profile); default ``table_rows(cfg)``."""
     d = cfg.distributed
+    rows = table_rows(cfg) if rows is None else rows
     if d.placement == "embedding_ranks":
         ranks = embedding_rank_ids(world_size, d.embedding_ranks)
-        return on_ranks(plan_sharding(tables, len(ranks), d, table_rows(cfg)), ranks, world_size)
-    return plan_sharding(tables, world_size, d, table_rows(cfg))
+        return on_ranks(plan_sharding(tables, len(ranks), d, rows), ranks, world_size)
+    return plan_sharding(tables, world_size, d, rows)
 
 
 def shard_storage(tables: list[TableConfig], rank: int) -> list[TableConfig]:
