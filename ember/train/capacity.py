@@ -119,7 +119,7 @@ class CapacityPlan:
                          f"disk {fmt_bytes(need['disk'])} (tier files)")
         lines.append(f"  checkpoints: {fmt_bytes(self.checkpoint_bytes)} each, up to "
                      f"{fmt_bytes(self.checkpoint_bytes * self.checkpoints_kept)} at train.out_dir "
-                     f"({self.checkpoints_kept} at once: train.keep_checkpoints + 1 being written)")
+                     f"({self.checkpoints_kept} at once: checkpoint.keep + 1 being written)")
         lines.extend(f"  note: {n}" for n in self.notes)
         return "\n".join(lines)
 
@@ -282,5 +282,5 @@ def plan_capacity(cfg: RunConfig, world_size: int, profile: dict[str, Any] | Non
                      + ("" if getattr(model, "reads_embeddings", True) else "; its D-wide tables are never read and "
                         "stay empty"))
     es = cfg.train.early_stopping
-    kept = cfg.train.keep_checkpoints + 1 + (1 if es is not None and es.save_best else 0)
+    kept = cfg.checkpoint.keep + 1 + (1 if es is not None and es.save_best else 0)
     return CapacityPlan(world_size, estimates, sharding, uses, checkpoint, kept, source, {t.name: t for t in tables}, notes)
