@@ -7,11 +7,15 @@ With M nodes of L ranks (torchrun numbers ranks node after node), tower k lives 
 over that node's L ranks only. Rank r (node a, local rank l) works with one *partner* per node,
 the rank of local rank l there (itself on its own node). Per step:
 
-1. plan: r sends each partner the IDs (lengths and values) of its slice's features of that
-   partner's node's towers (``tower_ids``); each rank then holds, for the towers of its node, the
-   features of the samples of every rank whose partner it is, and plans the embedding lookup of
-   those samples (their tables' owners are on its own node: no ID crosses nodes from here on);
-2. forward: the lookup fetches and pools as usual; the rank runs its node's tower modules on
+1. fetch (routing): r sends each partner the IDs (lengths, values and per-value weights) of its
+   slice's features of that partner's node's towers (``tower_ids``); each rank then holds, for
+   the towers of its node, the features of the samples of every rank whose partner it is, plans
+   the embedding lookup of those samples (their tables' owners are on its own node: no ID
+   crosses nodes from here on) and fetches its rows. The routing is part of the fetch, not of
+   the plan: the fetch is what the pipeline's gate orders (``FetchGate``: never past a batch
+   after which the trainer evaluates or checkpoints), so under ``pipeline.enabled`` it runs on
+   the fetch thread in batch order on the fetch exchange, as every sharded fetch does;
+2. forward: the lookup pools as usual; the rank runs its node's tower modules on
    those samples and returns each sender its samples' outputs [B_r, V, D] per tower
    (``tower_out``, an all-to-all with autograd); r runs the head (bottom MLP, global interaction,
    top: ``DMTHead``) under DDP over every rank;
@@ -19,6 +23,11 @@ the rank of local rank l there (itself on its own node). Per step:
    modules and the embeddings; each node sums its towers' parameter gradients over its own
    ranks (a process group per node: ``reduce_tower_grads``); the embedding gradients go to
    their owners as in any sharded lookup.
+
+The forward's and backward's all-to-alls and the head's DDP all-reduce run on a process group
+of their own (``TowerPlacement.ex``): they are the training thread's, while the fetch thread
+routes later batches on the fetch exchange and the update thread sends gradients on the
+updates' (``DistributedRun``): no group is used by two threads.
 
 Every rank holds every tower module (one seed, identical initial weights); only its node's
 towers are used and stepped there (the others get no gradient, so optimizers skip them).
@@ -104,29 +113,42 @@ class _AllToAll(torch.autograd.Function):
 
 @dataclass
 class TowerLookup:
-    """One step's routed features: the lookup of the samples this rank runs its towers for
-    (``sparse``: every sender's samples, sender after sender), how many samples each rank sent
-    here (``got_rows``) and this rank's own slice's rows (``rows``)."""
+    """One step's features for the towers. Planned: this rank's slice (``local``, its ``rows``);
+    fetched (``fetch``: the routing collective, then the lookup): the lookup of the samples this
+    rank runs its towers for (``sparse``: every sender's samples, sender after sender) and how
+    many samples each rank sent here (``got_rows``)."""
 
-    lookup: Lookup
-    sparse: SparseFeatures
-    got_rows: list[int]
+    placement: "TowerPlacement"
+    embeddings: EmbeddingCollection
+    local: SparseFeatures
     rows: int
+    training: bool
+    lookup: Lookup | None = None
+    sparse: SparseFeatures | None = None
+    got_rows: list[int] | None = None
 
     @property
     def fetched(self) -> bool:
-        return self.lookup.fetched
+        return self.lookup is not None and self.lookup.fetched
 
     @property
     def train(self) -> bool:
-        return self.lookup.train
+        return self.training
 
     def fetch(self) -> "TowerLookup":
+        """Route the slice's features to the towers' ranks and fetch the rows of what came here
+        (collective: every rank fetches every batch, in batch order)."""
+        if self.lookup is None:
+            self.sparse, self.got_rows = self.placement.route(self.local, self.training)
+            self.lookup = self.embeddings.plan(self.sparse, self.training)
         self.lookup.fetch()
         return self
 
     def to_device(self, device: torch.device) -> None:
-        raise RuntimeError("tower placement runs in line: set pipeline.enabled=false")
+        """After ``fetch``: the routed features and fetched rows to ``device`` (the pipeline's copy)."""
+        assert self.lookup is not None and self.sparse is not None, "fetch before to_device"
+        self.lookup.to_device(device)
+        self.sparse = self.sparse.to(device, non_blocking=True)
 
 
 class TowerPlacement:
@@ -149,7 +171,8 @@ class TowerPlacement:
             raise ConfigError(f"distributed.placement towers needs the same ranks on every node; world size "
                               f"{run.world_size} is not a multiple of LOCAL_WORLD_SIZE {self.L}")
         self.M = run.world_size // self.L
-        self.model, self.run, self.ex = model, run, run.exchange
+        # the training thread's all-to-alls and DDP all-reduce: a group of their own (module docstring)
+        self.model, self.run, self.ex = model, run, run.exchange.on_group(dist.new_group(backend=run.backend))
         self.names = [f.name for f in features]
         self.node, self.local = run.rank // self.L, run.rank % self.L
         self.tower_node = list(tower_node)
@@ -175,53 +198,81 @@ class TowerPlacement:
         return node * self.L + self.local
 
     def plan(self, embeddings: EmbeddingCollection, sparse: SparseFeatures, train: bool) -> TowerLookup:
-        """Send each partner this slice's features of its node's towers; plan the lookup of
-        what the partners sent here (collective: every rank calls it once per batch)."""
-        if sparse.weights is not None:
-            raise ConfigError("distributed.placement towers does not route weighted sparse features yet")
+        """This slice's lookup for the towers: no collective yet (``TowerLookup.fetch`` routes)."""
+        return TowerLookup(self, embeddings, sparse, sparse.batch_size, train)
+
+    def route(self, sparse: SparseFeatures, train: bool) -> tuple[SparseFeatures, list[int]]:
+        """Send each partner this slice's features of its node's towers (IDs, and weights when the
+        batch has them); returns what the partners sent here (every feature of the model, those
+        of other nodes' towers empty) and how many samples each rank sent. Collective on the
+        fetch exchange: every rank calls it once per batch, in batch order."""
+        ex = self.run.exchange
+        weighted = sparse.weights is not None
         n, B = self.run.world_size, sparse.batch_size
         counts = torch.zeros(n, 2, dtype=torch.int64)
-        lens, vals = [], []
+        lens, vals, wts = [], [], []
         for m in range(self.M):
             if not self.node_feats[m]:
                 continue
             jag = [sparse[self.names[i]] for i in self.node_feats[m]]
             lens += [j.lengths.to(torch.int32) for j in jag]  # a bag's length fits 32 bits: half the bytes
             vals += [j.values for j in jag]
+            if weighted:
+                wts += [j.weights for j in jag]
             counts[self.partner(m)] = torch.tensor([len(jag) * B, sum(j.values.numel() for j in jag)])
         kind = "tower_ids" if train else "eval"
-        got = self.ex.counts(counts, kind)
+        got = ex.counts(counts, kind)
         empty = torch.empty(0, dtype=torch.int64)
-        lengths = self.ex.all_to_all(torch.cat(lens) if lens else empty.int(), counts[:, 0].tolist(), got[:, 0].tolist(),
-                                     kind).long()
-        values = self.ex.all_to_all(torch.cat(vals) if vals else empty, counts[:, 1].tolist(), got[:, 1].tolist(), kind)
+        lengths = ex.all_to_all(torch.cat(lens) if lens else empty.int(), counts[:, 0].tolist(), got[:, 0].tolist(),
+                                kind).long()
+        values = ex.all_to_all(torch.cat(vals) if vals else empty, counts[:, 1].tolist(), got[:, 1].tolist(), kind)
+        weights = None
+        if weighted:  # (every rank's batch has weights or none: one schema)
+            weights = ex.all_to_all(torch.cat(wts) if wts else torch.empty(0, dtype=sparse.weights.dtype),
+                                    counts[:, 1].tolist(), got[:, 1].tolist(), kind)
         feats = self.node_feats[self.node]
         f = len(feats)
         got_rows = [int(c) // f if f else 0 for c in got[:, 0].tolist()]
         total = sum(got_rows)
         per_len: list[list[Tensor]] = [[] for _ in feats]
         per_val: list[list[Tensor]] = [[] for _ in feats]
-        for src_len, src_val, b in zip(lengths.split(got[:, 0].tolist()), values.split(got[:, 1].tolist()), got_rows):
+        per_wt: list[list[Tensor]] = [[] for _ in feats]
+        sizes = got[:, 1].tolist()
+        src_wts = weights.split(sizes) if weights is not None else [None] * n
+        for src_len, src_val, src_wt, b in zip(lengths.split(got[:, 0].tolist()), values.split(sizes), src_wts, got_rows):
             if not b:
                 continue
             block = src_len.view(f, b)
-            for j, part in enumerate(src_val.split(block.sum(1).tolist())):
+            bags = block.sum(1).tolist()
+            for j, part in enumerate(src_val.split(bags)):
                 per_len[j].append(block[j])
                 per_val[j].append(part)
+            if src_wt is not None:
+                for j, part in enumerate(src_wt.split(bags)):
+                    per_wt[j].append(part)
         mine = {i: j for j, i in enumerate(feats)}
-        all_len, all_val = [], []
+        all_len, all_val, all_wt = [], [], []
         for i in range(len(self.names)):
             if i in mine and total:
                 all_len.append(torch.cat(per_len[mine[i]]))
                 all_val.append(torch.cat(per_val[mine[i]]))
+                if weights is not None:
+                    all_wt.append(torch.cat(per_wt[mine[i]]))
             else:
                 all_len.append(torch.zeros(total, dtype=torch.int64))
-        routed = SparseFeatures(self.names, torch.cat(all_val) if all_val else empty, torch.cat(all_len))
-        return TowerLookup(embeddings.plan(routed, train), routed, got_rows, B)
+        routed_weights = None
+        if weights is not None:
+            routed_weights = torch.cat(all_wt) if all_wt else torch.empty(0, dtype=weights.dtype)
+        routed = SparseFeatures(self.names, torch.cat(all_val) if all_val else empty, torch.cat(all_len), routed_weights)
+        return routed, got_rows
 
     def forward(self, embeddings: EmbeddingCollection, dense: Tensor, lookup: TowerLookup, train: bool) -> Tensor:
-        """Logits [B_r, T] of this rank's slice: pool the routed samples, run this node's towers
-        on them, send each sender its outputs, run the head (under DDP when ``train``)."""
+        """Logits [B_r, T] of this rank's slice: pool the routed samples (routed and fetched
+        here when no pipeline did it ahead), run this node's towers on them, send each sender its
+        outputs, run the head (under DDP when ``train``)."""
+        if not lookup.fetched:
+            lookup.fetch()
+        assert lookup.sparse is not None and lookup.got_rows is not None
         pooled = embeddings(lookup.sparse, lookup.lookup)
         x = torch.stack([pooled[name] for name in self.names], dim=1)  # type: ignore[misc]  # [B', F, D]
         d, v = x.shape[2], self.vectors

@@ -50,8 +50,7 @@ def check_distributed(cfg: RunConfig, world_size: int) -> None:
     """Every refusal of a distributed run, in one place: raise ConfigError (on every rank alike,
     before the process group starts) for settings distributed training does not take.
 
-    Refused: tower placement with the pipeline (its routing runs while planning, ahead of the
-    updates); ``pipeline.embedding_staleness > 0`` with what the ranks agree on two steps ahead,
+    Refused: ``pipeline.embedding_staleness > 0`` with what the ranks agree on two steps ahead,
     after each step, while a fetch k steps ahead may have passed it already: ``data.shard:
     files`` (each rank's rows), ``train.mode: online`` (the stream's batches and its end), and
     the time-based ``checkpoint.every_s``, ``export.every_s`` and ``eval.window_every_s``;
@@ -77,10 +76,6 @@ def check_distributed(cfg: RunConfig, world_size: int) -> None:
             f"data.batch_size {cfg.data.batch_size} is the global batch and must be divisible by {who} "
             f"(each trains batch_size / {slices} rows); use e.g. "
             f"data.batch_size={cfg.data.batch_size - cfg.data.batch_size % slices or slices}")
-    if cfg.distributed.placement == "towers" and cfg.pipeline.enabled:
-        raise ConfigError("distributed.placement=towers routes each batch's IDs to the towers' nodes while planning, which "
-                          "the pipeline runs on a thread of its own ahead of the updates; the runs would order their "
-                          "all-to-alls differently across ranks. Set pipeline.enabled=false with tower placement")
     distill = getattr(cfg.model, "distill", None)
     if cfg.distributed.placement == "towers" and distill is not None and distill.adapter:
         raise ConfigError("model.distill.adapter with distributed.placement=towers: the adapter sits beside the DMT, "

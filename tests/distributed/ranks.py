@@ -30,9 +30,11 @@ def init() -> None:
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=60))
 
 
-def _main(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple, out: Any) -> None:
-    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
-                       "LOCAL_WORLD_SIZE": str(world_size), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+def _main(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple, out: Any,
+          local_world_size: int | None = None) -> None:
+    local = local_world_size or world_size  # ranks per "node" (torchrun numbers ranks node after node)
+    os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank % local),
+                       "LOCAL_WORLD_SIZE": str(local), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                        "OMP_NUM_THREADS": "1"})
     torch.set_num_threads(1)
     try:
@@ -46,14 +48,17 @@ def _main(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: t
             dist.destroy_process_group()
 
 
-def run_ranks(fn: Callable[..., Any], world_size: int = 2, args: tuple = (), timeout: float = 120) -> list[Any]:
+def run_ranks(fn: Callable[..., Any], world_size: int = 2, args: tuple = (), timeout: float = 120,
+              local_world_size: int | None = None) -> list[Any]:
     """``[fn(r, world_size, *args) for r in ranks]``, each on its own spawned process (``fn``
     and ``args`` must pickle: a module-level function); AssertionError with the traceback of
-    every rank that raised, or when a rank does not finish within ``timeout`` seconds."""
+    every rank that raised, or when a rank does not finish within ``timeout`` seconds.
+    ``local_world_size``: ranks per "node" as torchrun would say (default: all on one node)."""
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_main, args=(fn, r, world_size, port, args, out), daemon=True) for r in range(world_size)]
+    procs = [ctx.Process(target=_main, args=(fn, r, world_size, port, args, out, local_world_size), daemon=True)
+             for r in range(world_size)]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}

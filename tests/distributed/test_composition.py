@@ -80,9 +80,9 @@ def _raw(root: Path, cell: dict[str, Any], name: str, **train_kw: Any) -> dict:
                  "batch_size": 100, "shuffle_buffer": 0},
         "schema": schema, "embedding": embedding, "model": model,
         "train": {"out_dir": str(root / "runs"), "run_name": name, "progress": False, "threads": 1, "log_every": 2,
-                  "dense_optimizer": {"type": "adam", "lr": 0.05}, "embedding_staleness": cell["staleness"],
-                  "deterministic": True, "checkpoint_every": 4, "keep_checkpoints": 10, **train_kw},
-        "pipeline": {"enabled": cell["placement"] != "towers"},  # tower placement plans without the pipeline
+                  "dense_optimizer": {"type": "adam", "lr": 0.05}, "deterministic": True, **train_kw},
+        "checkpoint": {"every": 4, "keep": 10},
+        "pipeline": {"enabled": True, "embedding_staleness": cell["staleness"]},
         "distributed": {"sharding": "row_wise", "placement": "towers" if cell["placement"] == "towers" else "tables"},
     }
 

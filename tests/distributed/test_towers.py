@@ -103,3 +103,72 @@ def test_two_nodes_with_tower_placement_match_one_process(tmp_path):
     assert last["dist.ids.sent_per_step"] == last["dist.rows.sent_per_step"] == last["dist.grads.sent_per_step"] == 0
     assert last["dist.tower_out.received_per_step"] == last["dist.tower_grads.sent_per_step"] == 32 * 2 * 4 * 4
     assert last["dist.cross_node.sent_per_step"] == last["dist.sent_per_step"] - last["dist.dense.sent_per_step"]
+
+
+def _weighted_data(root) -> dict:
+    """CSV train/eval files with a weighted multi-hot feature (``c1``, weights in ``w1``) beside
+    single-hot ones, and the config of a two-tower DMT over them."""
+    rng = np.random.default_rng(7)
+
+    def rows(n: int) -> str:
+        out = ["y,d1,d2,c1,w1,c2,c3,c4"]
+        for _ in range(n):
+            k = int(rng.integers(0, 4))  # 0-3 values in the bag (an empty bag too)
+            bag = rng.integers(0, 40, k)
+            w = rng.uniform(0.1, 2.0, k).round(3)
+            c2, c3, c4 = rng.integers(0, 30, 3)
+            y = int(rng.random() < 0.3 + 0.4 * (c2 % 2))
+            out.append(f"{y},{rng.normal():.4f},{rng.random():.4f},{'|'.join(map(str, bag))},"
+                       f"{'|'.join(map(str, w))},b{c2},c{c3},d{c4}")
+        return "\n".join(out) + "\n"
+
+    (root / "train.csv").write_text(rows(256))
+    (root / "eval.csv").write_text(rows(64))
+    return {
+        "data": {"format": "csv", "train": str(root / "train.csv"), "eval": str(root / "eval.csv"), "batch_size": 32,
+                 "shuffle_buffer": 0},
+        "schema": {"labels": ["y"], "dense": [{"name": "d1"}, {"name": "d2"}],
+                   "sparse": [{"name": "c1", "separator": "|", "weight_column": "w1", "pooling": "mean"},
+                              {"name": "c2"}, {"name": "c3"}, {"name": "c4"}]},
+        "embedding": {"dim": 4, "optimizer": {"type": "adagrad", "lr": 0.05}},
+        "model": {"type": "dmt", "towers": [["c1", "c2"], ["c3", "c4"]], "tower_mlp": [8], "tower_vectors": 2,
+                  "bottom_mlp": [8, 4], "top_mlp": [8]},
+        "train": {"epochs": 2, "log_every": 4, "progress": False, "threads": 1, "deterministic": True,
+                  "out_dir": str(root / "runs"), "dense_optimizer": {"type": "adam", "lr": 0.01}},
+        "eval": {"every": 4},
+        "checkpoint": {"every": 4, "keep": 10},
+    }
+
+
+def _train_ranked(rank: int, world_size: int, raw: dict) -> dict:
+    from ember.train.loop import train as train_run
+
+    result = train_run(from_dict(raw))
+    return {"metrics": result.metrics, "step": result.step}
+
+
+def test_towers_with_the_pipeline_and_weighted_features_match_one_process(tmp_path):
+    """Two "nodes" of one rank each (the in-process harness, LOCAL_WORLD_SIZE 1) with tower
+    placement, the pipeline's stages on threads (the routing in the fetch stage, gated like every
+    fetch), a weighted multi-hot feature routed with its weights, and evaluations during the run:
+    the same checkpoints and eval figures as one process without the pipeline."""
+    from tests.distributed.ranks import run_ranks
+
+    raw = _weighted_data(tmp_path)
+    one = train(from_dict({**raw, "train": {**raw["train"], "run_name": "one"}, "pipeline": {"enabled": False}}))
+    placed = {**raw, "train": {**raw["train"], "run_name": "placed"}, "pipeline": {"enabled": True, "engine": "threads"},
+              "distributed": {"placement": "towers"}}
+    ranks = run_ranks(_train_ranked, 2, (placed,), timeout=240, local_world_size=1)
+    runs = tmp_path / "runs"
+    for step in (4, 8, 12, 16):
+        assert_states_close(checkpoint_state(runs / "one" / "checkpoints" / f"step-{step:08d}"),
+                            checkpoint_state(runs / "placed" / "checkpoints" / f"step-{step:08d}"))
+    assert ranks[0]["step"] == one.step == 16
+    for r in ranks:
+        assert r["metrics"]["auc/y"] == pytest.approx(one.metrics["auc/y"], abs=1e-6)
+    evals = [json.loads(line) for line in (runs / "placed" / "metrics.jsonl").read_text().splitlines()]
+    ref = [json.loads(line) for line in (runs / "one" / "metrics.jsonl").read_text().splitlines()]
+    got = [(r["step"], r["auc/y"]) for r in evals if r["kind"] == "eval"]
+    want = [(r["step"], r["auc/y"]) for r in ref if r["kind"] == "eval"]
+    assert [s for s, _ in got] == [s for s, _ in want] == [4, 8, 12, 16]
+    assert [a for _, a in got] == pytest.approx([a for _, a in want], abs=1e-6)
