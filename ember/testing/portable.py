@@ -59,6 +59,7 @@ def _row(rng: np.random.Generator, vocab: int) -> dict[str, str]:
         "tag_w": "|".join(weights),
         "hist": ";".join(hist),
         "uid": "" if rng.random() < 0.1 else str(int(rng.integers(-50, 200))),
+        "buy": str(int(rng.random() < 0.1)),
         "teacher_p": f"{rng.random():.3f}",
     }
 
@@ -90,6 +91,8 @@ def train_and_export(tmp: Path, name: str, model: dict[str, Any], steps: int = 6
         write_rows(data / "train.csv", 400, seed=1)
         write_rows(data / "eval.csv", 100, seed=2, vocab=80)
     schema = {**SCHEMA, "teacher": ["teacher_p"]} if model.get("distill") else SCHEMA
+    if model["type"] in ("mmoe", "shared_bottom"):  # multi-task models: two labels, two probabilities per row
+        schema = {**schema, "labels": ["click", "buy"]}
     cfg = {
         "data": {"format": "csv", "train": str(data / "train.csv"), "eval": str(data / "eval.csv"), "batch_size": 64},
         "schema": schema,
