@@ -15,7 +15,7 @@ linear part (DeepFM, Wide&Deep, LR), ``linear_<i>`` float32 [B, 1], and giving `
 5. the ONNX graph.
 
 Nothing here imports torch or ember's training code, so it runs in a small serving image
-(``pip install numpy onnxruntime``, plus this package or its four files).
+(``pip install numpy onnxruntime``, plus this package, whose modules import nothing else of ember).
 
 Example (after ``ember export --checkpoint runs/x --out exports/x --format onnx``)::
 
@@ -197,8 +197,11 @@ class PortableModel:
 
     def inputs(self, rows: Sequence[Mapping[str, Any]]) -> dict[str, np.ndarray]:
         """The ONNX graph's inputs for ``rows`` (name -> float32 array): what to send to an
-        inference server that serves ``model.onnx`` alone (e.g. Triton's onnxruntime backend)."""
-        return self._feeds(self._record_columns(rows), len(rows), "<request>", None)
+        inference server that serves ``model.onnx`` alone (e.g. Triton's onnxruntime backend,
+        ``ember.portable.triton``). Only the graph's inputs: one no output reads (LR's pooled
+        embeddings) is not in the graph."""
+        feeds = self._feeds(self._record_columns(rows), len(rows), "<request>", None)
+        return {k: v for k, v in feeds.items() if k in self._graph_inputs}
 
     # ---- columns from records / files ----------------------------------------------------
 
@@ -270,13 +273,28 @@ class PortableModel:
             if rows:
                 yield self._csv_columns(rows, take, len(names), path, line), len(rows), line
 
-    @staticmethod
-    def _csv_columns(rows: list[list[str]], take: list[tuple[str, int]], width: int, path: Path, line: int
+    def _csv_columns(self, rows: list[list[str]], take: list[tuple[str, int]], width: int, path: Path, line: int
                      ) -> dict[str, list[Any]]:
+        """A chunk's columns: text, as the training data's CSV reader gives it, except in columns
+        whose training type is not text (a model trained on Parquet or synthetic data: integer
+        IDs; list columns), whose values are brought to that type as the Predictor does."""
         for k, r in enumerate(rows):
             if len(r) != width:
                 raise BadInput(f"{path} line {line + k}: {len(r)} fields, the header has {width}")
-        return {c: [r[j] for r in rows] for c, j in take}
+        seps = {f.column: f.separator for f in self.sparse.values()}
+        missing = {f.column: f.missing for f in self.sparse.values()}
+        out: dict[str, list[Any]] = {}
+        for c, j in take:
+            values: list[Any] = [r[j] for r in rows]
+            type_ = self.types.get(c, "unknown")
+            if type_ not in ("string", "unknown", "float"):
+                for k, v in enumerate(values):
+                    try:
+                        values[k] = canonical_value(v, type_, missing.get(c, ()), seps.get(c))
+                    except ValueError as e:
+                        raise BadInput(f"{path} line {line + k}, column '{c}': {e} (got {v!r})") from None
+            out[c] = values
+        return out
 
     # ---- featurize -----------------------------------------------------------------------
 

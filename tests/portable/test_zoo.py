@@ -95,3 +95,49 @@ def test_bad_rows_are_refused_as_the_predictor_refuses_them(work):
     (copy / "model.onnx").write_bytes((copy / "model.onnx").read_bytes()[:-1] + b"\0")
     with pytest.raises(ValueError, match="model.onnx is damaged"):
         PortableModel.load(copy)
+
+
+def test_a_model_trained_on_typed_columns(work):
+    """Synthetic training data has integer ID columns (as Parquet would): CSV text and JSON
+    numbers or strings are brought to integers before hashing, by both runtimes."""
+    from ember.cli import main
+
+    run = work / "typed"
+    assert main(["train", "--config", str(Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"),
+                 "data.synthetic.rows=3000", "data.synthetic.eval_rows=100", "data.batch_size=256", "train.max_steps=3",
+                 "train.progress=false", f"train.out_dir={run}", "--overwrite"]) == 0
+    export = work / "exports" / "typed"
+    assert main(["export", "--checkpoint", str(run / "demo"), "--out", str(export), "--format", "onnx"]) == 0
+    assert main(["generate", "--out", str(work / "typed.csv"), "--rows", "100", "--split", "eval"]) == 0
+    predictor, portable = Predictor.load(export), PortableModel.load(export)
+    csv = work / "typed.csv"
+    np.testing.assert_allclose(portable.predict_csv(csv), predictor.predict_files([str(csv)]), rtol=0, atol=TOL)
+    rows = [{"C1": 5, "C2": "5", "C3": 5.0, "C4": " 12 ", "I1": "3", "I2": 1.5}, {"C1": None, "C5": -7}, {}]
+    np.testing.assert_allclose(portable.predict_records(rows), predictor.predict_records(rows), rtol=0, atol=TOL)
+    same = portable.predict_records([{"C1": 5}, {"C1": "5"}, {"C1": 5.0}, {"C1": " 5 "}])
+    assert (same == same[0]).all()  # one integer ID, however it was written
+    with pytest.raises(BadInput, match="column 'C1'"):
+        portable.predict_records([{"C1": 4.5}])
+
+
+def test_triton_entry_lists_the_graph_inputs(work, tmp_path):
+    """LR reads no pooled embeddings: its graph has no such inputs, nor has its Triton config,
+    nor the inputs sent; the v2 request body runs the graph to the same scores."""
+    from ember.portable import v2_request, write_triton_model
+
+    export = work / "exports" / "lr"
+    if not export.exists():
+        train_and_export(work, "lr", ZOO["lr"], steps=2)
+    model = PortableModel.load(export)
+    entry = write_triton_model(model, tmp_path / "repo", "ctr")
+    config = (entry / "config.pbtxt").read_text()
+    assert 'platform: "onnxruntime_onnx"' in config and "pooled_0" not in config and 'name: "linear_0"' in config
+    assert (entry / "1" / "model.onnx").read_bytes() == (export / "model.onnx").read_bytes()
+    rows = probe_records()
+    feeds = model.inputs(rows)
+    assert not [k for k in feeds if k.startswith("pooled")] and f'"{next(iter(feeds))}"' in config
+    body = v2_request(feeds)
+    again = {i["name"]: np.asarray(i["data"], np.float32).reshape(i["shape"]) for i in body["inputs"]}
+    np.testing.assert_array_equal(model.run(again), model.predict_records(rows))
+    with pytest.raises(FileExistsError):
+        write_triton_model(model, tmp_path / "repo", "ctr")
