@@ -288,11 +288,14 @@ class PortableModel:
             values: list[Any] = [r[j] for r in rows]
             type_ = self.types.get(c, "unknown")
             if type_ not in ("string", "unknown", "float"):
+                done: dict[str, Any] = {}  # each distinct text once
                 for k, v in enumerate(values):
-                    try:
-                        values[k] = canonical_value(v, type_, missing.get(c, ()), seps.get(c))
-                    except ValueError as e:
-                        raise BadInput(f"{path} line {line + k}, column '{c}': {e} (got {v!r})") from None
+                    if v not in done:
+                        try:
+                            done[v] = canonical_value(v, type_, missing.get(c, ()), seps.get(c))
+                        except ValueError as e:
+                            raise BadInput(f"{path} line {line + k}, column '{c}': {e} (got {v!r})") from None
+                    values[k] = done[v]
             out[c] = values
         return out
 
@@ -332,21 +335,46 @@ class PortableModel:
             return []  # a missing joined list: no values
         return [v]
 
+    @staticmethod
+    def _classify(f: _Feature, e: Any, strs: dict[str, int], ints: dict[int, int]) -> int:
+        """One element of feature ``f`` as a code: -1 no value (missing, listed, an empty token),
+        else 2·k for the distinct string ``k`` to hash, or 2·k + 1 for the integer ``k``; raises
+        ValueError for a value that is no ID."""
+        if f.hash_ids:
+            if isinstance(e, str):
+                if (f.separator is not None and e == "") or e in f.missing_set:
+                    return -1
+                return 2 * strs.setdefault(e, len(strs))
+            if isinstance(e, bool):
+                e = int(e)
+            elif not isinstance(e, int):
+                raise ValueError(f"{e!r} cannot be hashed to an ID (strings and integers can)")
+            elif e in f.missing_ints:
+                return -1
+            return 2 * ints.setdefault(e, len(ints)) + 1
+        if (isinstance(e, str) and e in f.missing_set) or (isinstance(e, int) and e in f.missing_ints):
+            return -1
+        try:
+            p = parse_int(e)
+        except ValueError:
+            raise ValueError(f"not an integer ID (got {e!r})") from None
+        return -1 if p is None else 2 * ints.setdefault(p, len(ints)) + 1
+
     def _bags(self, f: _Feature, cols: Mapping[str, list[Any]], n: int, place: Any
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """(ids int64, offsets int64 [n + 1], weights float32 or None) of feature ``f``."""
+        """(ids int64, offsets int64 [n + 1], weights float32 or None) of feature ``f``; each
+        distinct value is judged and hashed once."""
         type_ = self.types.get(f.column, "unknown")
-        strs: list[str] = []
-        ints: list[int] = []
-        kinds: list[int] = []  # per valid element: 0 a string (strs[index]), 1 an integer (ints[index])
-        index: list[int] = []
+        strs: dict[str, int] = {}
+        ints: dict[int, int] = {}
+        seen: dict[tuple[type, Any], int] = {}  # element (with its type: True is not 1) -> code
+        codes: list[int] = []
         row_of: list[int] = []
-        lengths = np.zeros(n, dtype=np.int64)
         weights: list[float] | None = [] if f.weight_column else None
         wtype = self.types.get(f.weight_column, "float") if f.weight_column else "float"
+        simple = f.separator is None and not type_.startswith("list<")  # one element per row: the value
         for i, v in enumerate(cols[f.column]):
-            elems = self._elements(v, type_, f.separator)
-            lengths[i] = len(elems)
+            elems = [v] if simple else self._elements(v, type_, f.separator)
             ws: list[float] = []
             if f.weight_column is not None:
                 wv = self._elements(cols[f.weight_column][i], wtype, f.separator)
@@ -362,48 +390,27 @@ class PortableModel:
             for k, e in enumerate(elems):
                 if e is None:
                     continue
-                if f.hash_ids:
-                    if isinstance(e, str):
-                        if (f.separator is not None and e == "") or e in f.missing_set:
-                            continue
-                        kinds.append(0)
-                        index.append(len(strs))
-                        strs.append(e)
-                    elif isinstance(e, bool):
-                        kinds.append(1)
-                        index.append(len(ints))
-                        ints.append(int(e))
-                    elif isinstance(e, int):
-                        if e in f.missing_ints:
-                            continue
-                        kinds.append(1)
-                        index.append(len(ints))
-                        ints.append(e)
-                    else:
-                        raise BadInput(f"{place(i)}, column '{f.column}': {e!r} cannot be hashed to an ID "
-                                       "(strings and integers can)")
-                else:
-                    if (isinstance(e, str) and e in f.missing_set) or (isinstance(e, int) and e in f.missing_ints):
-                        continue
+                key = (e.__class__, e)
+                code = seen.get(key)
+                if code is None:
                     try:
-                        p = parse_int(e)
-                    except ValueError:
-                        raise BadInput(f"{place(i)}, column '{f.column}': not an integer ID (got {e!r})") from None
-                    if p is None:
-                        continue
-                    kinds.append(1)
-                    index.append(len(ints))
-                    ints.append(p)
+                        code = seen[key] = self._classify(f, e, strs, ints)
+                    except ValueError as err:
+                        raise BadInput(f"{place(i)}, column '{f.column}': {err}") from None
+                if code < 0:
+                    continue
+                codes.append(code)
                 row_of.append(i)
                 if weights is not None:
                     weights.append(ws[k])
-        hashed_s = hash_strings(strs, f.salt) if strs else np.zeros(0, np.int64)
-        int_arr = np.array(ints, dtype=np.int64) if ints else np.zeros(0, np.int64)
-        hashed_i = hash_ints(int_arr, f.salt) if f.hash_ids and ints else int_arr
-        ids = np.empty(len(kinds), dtype=np.int64)
-        kind, at = np.array(kinds, dtype=np.int8), np.array(index, dtype=np.int64)
-        ids[kind == 0] = hashed_s[at[kind == 0]]
-        ids[kind != 0] = hashed_i[at[kind != 0]]
+        hashed_s = hash_strings(list(strs), f.salt) if strs else np.zeros(0, np.int64)
+        int_arr = np.fromiter(ints, dtype=np.int64, count=len(ints))
+        hashed_i = hash_ints(int_arr, f.salt) if f.hash_ids else int_arr
+        code = np.array(codes, dtype=np.int64)
+        is_int = (code & 1).astype(bool)
+        ids = np.empty(code.size, dtype=np.int64)
+        ids[~is_int] = hashed_s[code[~is_int] >> 1]
+        ids[is_int] = hashed_i[code[is_int] >> 1]
         rows = np.array(row_of, dtype=np.int64)
         w = np.array(weights, dtype=np.float32) if weights is not None else None
         counts = np.bincount(rows, minlength=n).astype(np.int64)
