@@ -17,7 +17,7 @@ from ember.embedding.codec import from_bits, round_nearest, to_bits
 from ember.embedding.init import InitializerConfig, init_rows
 from ember.embedding.pooling import pool_feature
 from ember.featurize.canonical import canonical_value as ember_canonical
-from ember.featurize.hashing import hash_array
+from ember.featurize.hashing import hash_array, hash_array_reference
 from ember.portable import hashing as ph
 from ember.portable import tables as pt
 from ember.portable.values import canonical_value, parse_float, parse_int
@@ -28,8 +28,9 @@ texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=4
 @settings(max_examples=200, deadline=None)
 @given(st.lists(texts, max_size=30), st.text(max_size=8))
 def test_string_hash_equals_embers(values, salt):
-    want, _ = hash_array(pa.array(values, pa.string()), salt)
+    want, _ = hash_array(pa.array(values, pa.string()), salt)  # the native kernel where built
     assert ph.hash_strings(values, salt).tolist() == want.tolist()
+    assert hash_array_reference(pa.array(values, pa.string()), salt)[0].tolist() == want.tolist()
 
 
 @settings(max_examples=200, deadline=None)
@@ -37,6 +38,7 @@ def test_string_hash_equals_embers(values, salt):
 def test_integer_hash_equals_embers(values, salt):
     want, _ = hash_array(pa.array(values, pa.int64()), salt)
     assert ph.hash_ints(np.array(values, dtype=np.int64), salt).tolist() == want.tolist()
+    assert hash_array_reference(pa.array(values, pa.int64()), salt)[0].tolist() == want.tolist()
 
 
 def test_long_strings_booleans_and_the_documented_value():
