@@ -11,8 +11,9 @@ and gives ``logits`` and ``probabilities`` (their sigmoid), float32 [B, T]. The 
 ember's table files beside it: a lookup into a table of a billion int64 IDs is no graph
 operation, and ``ember.portable`` (numpy + onnxruntime) does it, with the featurization.
 
-Exported with torch's TorchScript-based exporter (``dynamo=False``: no ``onnxscript``, works
-offline), opset 17. Every built-in model type can be expressed (they are fixed compositions of
+Exported with torch's TorchScript-based exporter (``dynamo=False``: it needs the ``onnx``
+package but not ``onnxscript``, and no network), opset 17. torch has deprecated TorchScript; when
+that exporter goes, ``dynamo=True`` (with ``onnxscript``) is the replacement to try. Every built-in model type can be expressed (they are fixed compositions of
 linear layers, activations, concatenations, products and sums); what cannot, the export refuses
 (ConfigError, exit 2): features pooled as ``sequence`` (a padded [B, L, D] input, which no
 built-in model takes), a model the exporter cannot trace, or a graph whose outputs differ from
