@@ -76,14 +76,15 @@ def _metric(key: str, value: float) -> str:
     return f"{value:.4f}"
 
 
-def _export(parts, cfg, out_dir: str) -> Path:
-    """Export a run's trained parts (``Components``) with its ``RunConfig`` for serving."""
+def _export(parts, cfg, out_dir: str, onnx: bool = False) -> Path:
+    """Export a run's trained parts (``Components``) with its ``RunConfig`` for serving; ``onnx``:
+    with the dense model as an ONNX graph too (``ember export --format onnx``)."""
     from ember.checkpoint.export import export_model
 
     return export_model(
         parts.model, parts.collections(), parts.embeddings.features,
         parts.linear.features if parts.linear is not None else None,
-        parts.task_names, cfg.model_dump(mode="json", by_alias=True), out_dir,
+        parts.task_names, cfg.model_dump(mode="json", by_alias=True), out_dir, onnx=onnx,
     )
 
 
@@ -232,10 +233,16 @@ def _eval(args: argparse.Namespace, scratch: Path) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from ember.outputs import claim_output
 
+    onnx = getattr(args, "format", "ember") == "onnx"
+    if onnx:  # a missing package is said before the checkpoint is read
+        from ember.checkpoint.onnx import require_onnx
+
+        require_onnx()
     claim_output(args.out, "export", "--out", args.overwrite, _reading(args.checkpoint))  # before the work
     with _scratch() as scratch:
         cfg, parts, source = _restore(args, scratch)
-        print(f"exported checkpoint {source['checkpoint']} (step {source['step']}) to {_export(parts, cfg, args.out)}")
+        print(f"exported checkpoint {source['checkpoint']} (step {source['step']}) to "
+              f"{_export(parts, cfg, args.out, onnx=onnx)}" + (" (with model.onnx)" if onnx else ""))
     return 0
 
 
@@ -439,7 +446,8 @@ input (config, paths, flags); 3 a bug in ember (reported with its traceback); 12
 _EXAMPLES = {
     "train": "ember train --config configs/demo.yaml --export runs/demo/export train.epochs=2",
     "eval": "ember eval --checkpoint runs/demo",
-    "export": "ember export --checkpoint runs/demo --out exports/demo",
+    "export": "ember export --checkpoint runs/demo --out exports/demo\n"
+              "  ember export --checkpoint runs/demo --out exports/demo-onnx --format onnx",
     "towers": "ember towers --checkpoint runs/demo --towers 4 --out towers.yaml",
     "serve": "ember serve --export runs/demo/export --port 8000\n"
              "  curl -s localhost:8000/score -d '{\"rows\": [{\"C1\": \"a\", \"I1\": 3}]}'",
@@ -479,6 +487,10 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "export":
             e.add_argument("--out", required=True, help="directory to write the export to (a new path)")
             e.add_argument("--overwrite", action="store_true", help="replace an earlier export at --out (nothing else)")
+            e.add_argument("--format", choices=("ember", "onnx"), default="ember",
+                           help="ember: ember's own export (ember predict, ember serve); onnx: the same plus the dense "
+                                "model as a standard ONNX graph (model.onnx) for ember.portable and inference servers "
+                                "(needs pip install 'ember[portable]')")
         e.add_argument("overrides", nargs="*", help="config overrides, key.path=value (e.g. data.eval=dev.csv)")
         e.set_defaults(fn=fn, parser=e)
 

@@ -28,7 +28,8 @@ ROOT = PACKAGE.parent
 # placed here on purpose).
 LAYERS: list[tuple[str, ...]] = [
     ("ember.errors", "ember.config_base", "ember._native", "ember._ember_native", "ember.mix", "ember.fileio",
-     "ember.allocator", "ember.outputs", "ember.process_exit"),
+     "ember.allocator", "ember.outputs", "ember.process_exit",
+     "ember.portable"),  # the portable runtime: numpy + onnxruntime, no other part of ember (test_portable_is_alone)
     ("ember.batch",),
     ("ember.source",),
     ("ember.featurize",),
@@ -141,6 +142,15 @@ def test_forbidden_imports():
             for line, target in _imports(path):
                 if any(target == b or target.startswith(b + ".") for b in banned):
                     bad.append(f"{path.relative_to(ROOT)}:{line}: {me} imports {target} ({owner} must not import {banned})")
+    assert not bad, "\n".join(bad)
+
+
+def test_portable_is_alone():
+    """ember.portable runs in a serving image without torch or ember's training code: it imports
+    only itself (the no-torch run is tests/portable/test_no_torch.py)."""
+    bad = [f"{path.relative_to(ROOT)}:{line}: imports {target}" for path in _sources()
+           if _module_name(path).startswith("ember.portable")
+           for line, target in _imports(path) if not target.startswith("ember.portable")]
     assert not bad, "\n".join(bad)
 
 

@@ -7,6 +7,9 @@ Layout::
     dense.pt               the dense model's state_dict (format 5 on): tensors only, read with
                            torch's weights-only unpickler; ``Predictor`` builds the model with
                            ember's own code from the manifest's ``model`` and ``model_inputs``
+    model.onnx             (``ember export --format onnx``) the dense model as an ONNX graph, for
+                           ``ember.portable`` and standard inference servers (``ember.checkpoint.onnx``);
+                           the manifest's ``onnx`` entry names its inputs and outputs
     model.pt               the dense model as TorchScript: (dense, pooled, linear) -> logits, for
                            other runtimes. TorchScript is a program (a crafted one runs what it
                            likes): ember loads it only for what nothing else describes (an export
@@ -39,7 +42,7 @@ from torch import nn
 from ember.checkpoint.atomic import HashingWriter, sha256_file
 from ember.checkpoint.safe_torch import read_torch_file
 from ember.embedding.codec import to_bits
-from ember.errors import CheckpointError
+from ember.errors import CheckpointError, ConfigError
 from ember.fileio import atomic_dir, fsync_dir
 from ember.outputs import output_kind
 
@@ -85,6 +88,8 @@ def export_model(
     run_config: Mapping[str, Any],
     out_dir: str | Path,
     extra: Mapping[str, Any] | None = None,
+    *,
+    onnx: bool = False,
 ) -> Path:
     """Write a trained model to ``out_dir`` (an earlier export there is replaced atomically; any
     other non-empty path is refused, CheckpointError: ember never deletes what it did not write) for serving. A
@@ -104,12 +109,22 @@ def export_model(
     - ``run_config``: the run config as JSON, e.g. ``cfg.model_dump(mode="json", by_alias=True)``;
       its ``data``, ``schema`` and ``model`` sections are recorded;
     - ``extra``: more top-level manifest entries (e.g. ``step``, or ``series`` for the full
-      exports of a delta series, ``ember.checkpoint.delta``).
+      exports of a delta series, ``ember.checkpoint.delta``);
+    - ``onnx``: also write the dense model as ``model.onnx`` (``ember.checkpoint.onnx``); a model
+      ONNX cannot express is refused (ConfigError) before anything is written.
     """
     missing = [k for k in RUN_CONFIG_KEYS if run_config.get(k) is None]
     if missing:
         raise ValueError(f"export_model: run_config lacks {missing}; pass the resolved run config as JSON, "
                          "e.g. cfg.model_dump(mode='json', by_alias=True)")
+    if onnx:
+        from ember.checkpoint.onnx import onnx_refusal, require_onnx
+
+        require_onnx()
+        why = onnx_refusal(features, linear_features)
+        if why:
+            raise ConfigError(f"--format onnx: the {run_config['model'].get('type')!r} model cannot be served from an "
+                              f"ONNX graph: {why}; export with --format ember (the default) and serve with ember serve")
     out = Path(out_dir)
     if output_kind(out) != "export" and out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise CheckpointError(f"export_model: {out} exists and is not an earlier export ({_what(out)}); an export "
@@ -121,7 +136,7 @@ def export_model(
             for ids, _ in t.items())
 
     with atomic_dir(out, CheckpointError, needed, "the previous export, if any, is kept") as tmp:
-        _write(tmp, model, collections, features, linear_features, task_names, run_config, extra or {})
+        _write(tmp, model, collections, features, linear_features, task_names, run_config, extra or {}, onnx)
     return out
 
 
@@ -132,10 +147,17 @@ def _what(path: Path) -> str:
 
 def _write(tmp: Path, model: nn.Module, collections: Sequence[_Collection], features: Sequence[_Dumpable],
            linear_features: Sequence[_Dumpable] | None, task_names: Sequence[str],
-           run_config: Mapping[str, Any], extra: Mapping[str, Any]) -> None:
+           run_config: Mapping[str, Any], extra: Mapping[str, Any], onnx: bool = False) -> None:
     """Every file of the export into the directory ``tmp``, fsynced."""
     (tmp / "tables").mkdir()
     files, model_inputs = model_files(model, tmp, collections, features, task_names, run_config)
+    if onnx:
+        from ember.checkpoint.onnx import ONNX_FILE, onnx_graph
+
+        graph, onnx_entry = onnx_graph(model, model_inputs, len(linear_features) if linear_features is not None else None,
+                                       str(run_config["model"].get("type")))
+        files[ONNX_FILE] = write_array(tmp / ONNX_FILE, [graph])
+        extra = {**extra, "onnx": onnx_entry}
     tables = []
     for ec in collections:
         for name, table in ec.tables.items():
