@@ -46,8 +46,6 @@ Example:
 from __future__ import annotations
 
 import difflib
-import math
-import re
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -56,7 +54,8 @@ import pyarrow.compute as pc
 
 from ember.errors import DataError
 from ember.featurize.schema import Schema
-from ember.featurize.transforms import _NUMBER, parse_ints
+from ember.featurize.transforms import parse_ints
+from ember.portable.values import canonical_value  # the one definition: the portable runtime scores with it too
 
 __all__ = ["BadValue", "canonical_value", "canonical_array", "canonicalize", "column_roles", "training_types",
            "COLUMN_TYPES"]
@@ -64,9 +63,6 @@ __all__ = ["BadValue", "canonical_value", "canonical_array", "canonicalize", "co
 COLUMN_TYPES = ("int", "string", "bool", "float", "list<int>", "list<string>", "list<bool>", "list<float>", "unknown")
 
 _ARROW = {"int": pa.int64(), "string": pa.string(), "bool": pa.bool_(), "float": pa.float64()}
-_EXACT = 2**53  # floats are exact integers up to here
-_INT_TEXT = re.compile(r"[-+]?[0-9]+")
-_NUMBER_TEXT = re.compile(_NUMBER, re.ASCII)  # ASCII digits only, as the CSV reader's parser
 
 
 class BadValue(DataError):
@@ -76,80 +72,6 @@ class BadValue(DataError):
     def __init__(self, message: str, row: int, column: str, reason: str) -> None:
         super().__init__(message)
         self.row, self.column, self.reason = row, column, reason
-
-
-def _kind(v: Any) -> str:
-    return "a boolean" if isinstance(v, (bool, np.bool_)) else "a list" if isinstance(v, (list, tuple)) \
-        else "an object" if isinstance(v, dict) else type(v).__name__
-
-
-def canonical_value(v: Any, type: str, missing: Sequence[str] = (), separator: str | None = None) -> Any:
-    """``v`` (a JSON / Python scalar) as a column of ``type`` holds it (see the module
-    docstring); None when it is missing. Raises ValueError with the reason otherwise. In a
-    list column of a feature with a ``separator``, text is the joined list (``"1|2"``).
-
-    Example:
-        >>> canonical_value(True, "int")
-        Traceback (most recent call last):
-        ...
-        ValueError: a boolean where an integer ID belongs
-    """
-    if v is None:
-        return None
-    if type.startswith("list<"):
-        if isinstance(v, str) and separator is not None:
-            v = v.split(separator)
-        if not isinstance(v, (list, tuple)):
-            raise ValueError(f"{_kind(v)} where a list belongs (the column was a list column in training)")
-        return [canonical_value(e, type[5:-1], missing) for e in v]
-    if isinstance(v, np.generic):
-        v = v.item()
-    what = {"int": "an integer ID", "string": "a string ID", "bool": "a boolean", "float": "a number",
-            "unknown": "a value"}[type]
-    if isinstance(v, bool) != (type == "bool") or isinstance(v, (list, tuple, dict)) or not isinstance(v, (bool, int, float, str)):
-        raise ValueError(f"{_kind(v)} where {what} belongs")
-    if isinstance(v, str) and v in missing:
-        return None
-    if type == "bool" or type == "unknown":
-        return v if type == "bool" else str(v)
-    if type == "string":
-        return v if isinstance(v, str) else _decimal(v)
-    if isinstance(v, str):  # int / float: read the text as the CSV reader reads a number
-        s = v.strip()
-        if not s:
-            return None
-        if type == "int" and _INT_TEXT.fullmatch(s):
-            v = int(s)
-        elif _NUMBER_TEXT.fullmatch(s):
-            v = float(s)
-        else:
-            raise ValueError(f"{v!r} is not {what}")
-    if type == "float":
-        if math.isinf(v):
-            raise ValueError(f"{v!r} is not a finite number")
-        return float(v)
-    if isinstance(v, float):
-        if math.isnan(v):
-            return None  # the CSV reader's "nan": missing
-        if not math.isfinite(v) or v != int(v):
-            raise ValueError(f"{v!r} is not an integer, and this column holds integer IDs")
-        if abs(v) > _EXACT:
-            raise ValueError(f"{v!r} is beyond 2**53, where a float is not exactly one integer; send the ID as an "
-                             "integer or a string")
-        v = int(v)
-    if not -(2**63) <= v < 2**63:
-        raise ValueError(f"{v} is outside the int64 range of integer IDs")
-    return v
-
-
-def _decimal(v: int | float) -> str:
-    """The text of a number in a string-ID column: integer digits for integers and integral
-    floats up to 2**53, else the shortest round-trip decimal."""
-    if isinstance(v, int):
-        return str(v)
-    if not math.isfinite(v):
-        raise ValueError(f"{v!r} is not a finite number, and cannot be a string ID")
-    return str(int(v)) if v == int(v) and abs(v) <= _EXACT else repr(v)
 
 
 def _is_text(t: pa.DataType) -> bool:

@@ -1,6 +1,8 @@
-"""Input values as ember's training read them: the canonical value rules of
-``ember.featurize.canonical`` and the number / integer syntax of ``ember.featurize.transforms``,
-in plain Python (no pyarrow, no torch).
+"""Input values as ember's training read them, in plain Python (no pyarrow, no torch): the
+canonical value rules (``canonical_value``: the one definition, which ``ember.featurize.canonical``
+serves ember's own server and ``ember predict`` with) and the number / integer syntax of
+``ember.featurize.transforms`` (``parse_float``, ``parse_int``: per value, where the featurizer
+parses Arrow arrays; tested equal).
 
 A value sent at scoring time is first brought to its column's type in training (the export's
 ``input_types``): ``"int"`` (4, 4.0, "4", " 4.0 " are the ID 4), ``"string"`` (a number becomes
@@ -37,7 +39,7 @@ class BadInput(ValueError):
 
 
 def _kind(v: Any) -> str:
-    return "a boolean" if isinstance(v, bool) else "a list" if isinstance(v, (list, tuple)) \
+    return "a boolean" if isinstance(v, bool) or type(v).__name__ == "bool_" else "a list" if isinstance(v, (list, tuple)) \
         else "an object" if isinstance(v, dict) else type(v).__name__
 
 

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from ember.embedding.codec import from_bits, round_nearest, to_bits
 from ember.embedding.init import InitializerConfig, init_rows
 from ember.embedding.pooling import pool_feature
-from ember.featurize.canonical import canonical_value as ember_canonical
+import ember.featurize.canonical as ember_canonical_module
 from ember.featurize.hashing import hash_array, hash_array_reference
 from ember.portable import hashing as ph
 from ember.portable import tables as pt
@@ -47,26 +47,10 @@ def test_long_strings_booleans_and_the_documented_value():
     assert ph.hash_strings([b"\xff\x00raw"], "s").tolist() == hash_array(pa.array([b"\xff\x00raw"]), "s")[0].tolist()
 
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**70), 2**70), texts,
-                    st.floats(allow_nan=True, allow_infinity=True),
-                    st.sampled_from(["4", " 4.0 ", "-1", "", "  ", "1e3", "nan", "inf", "0x10", "4.5", "١٢"]))
-
-
-def _outcome(fn, *args):
-    try:
-        v = fn(*args)
-    except ValueError as e:
-        return ("error", str(e))
-    return ("ok", type(v).__name__, repr(v))  # repr: NaN equals NaN, 4 differs from 4.0
-
-
-@settings(max_examples=400, deadline=None)
-@given(st.one_of(scalars, st.lists(scalars, max_size=4)),
-       st.sampled_from(["int", "string", "bool", "float", "unknown", "list<int>", "list<string>", "list<float>"]),
-       st.sampled_from([(), ("",), ("", "-1")]), st.sampled_from([None, "|"]))
-def test_canonical_values_equal_embers(value, type_, missing, separator):
-    assert _outcome(canonical_value, value, type_, missing, separator) == \
-        _outcome(ember_canonical, value, type_, missing, separator)
+def test_serving_and_the_portable_runtime_share_one_canonical_value():
+    # one definition (ember.portable.values), so the two can never disagree; canonical_array, the
+    # Arrow path of files, is tested against it in tests/serving/test_canonical_values.py
+    assert ember_canonical_module.canonical_value is canonical_value
 
 
 def _parsed(fn, v):
