@@ -197,20 +197,27 @@ def test_online_without_any_file_stops_at_the_idle_timeout_naming_it(tmp_path):
     assert not (tmp_path / "none").exists()  # a run that failed before its first checkpoint leaves nothing
 
 
+def _spy_window(monkeypatch) -> list[tuple[np.ndarray, np.ndarray, dict]]:
+    """What the training stream adds to the rolling window, batch after batch: (probs, labels,
+    key columns), copies."""
+    import ember.train.stages as stages_mod
+
+    seen: list[tuple[np.ndarray, np.ndarray, dict]] = []
+    original = stages_mod.RollingWindow.add
+
+    def spy(self, probs, labels, step=0, keys=None):  # type: ignore[no-untyped-def]
+        seen.append((np.asarray(probs).copy(), np.asarray(labels).copy(), {k: v.copy() for k, v in (keys or {}).items()}))
+        return original(self, probs, labels, step, keys)
+
+    monkeypatch.setattr(stages_mod.RollingWindow, "add", spy)
+    return seen
+
+
 def test_rolling_window_reports_the_last_rows_scored_before_their_update(tmp_path, monkeypatch):
     """eval.window_rows: each report's AUC / logloss equal the reference metrics on the last
     window_rows (score, label) pairs of the training forward; the first batch's scores are the
     initial model's (scored before its update)."""
-    import ember.train.stages as stages_mod
-
-    seen: list[tuple[np.ndarray, np.ndarray]] = []
-    original = stages_mod.RollingWindow.add
-
-    def spy(self, probs, labels, step=0, keys=None):  # type: ignore[no-untyped-def]
-        seen.append((np.asarray(probs).copy(), np.asarray(labels).copy()))
-        return original(self, probs, labels, step, keys)
-
-    monkeypatch.setattr(stages_mod.RollingWindow, "add", spy)
+    seen = _spy_window(monkeypatch)
     folder = tmp_path / "in"
     folder.mkdir()
     for k in range(3):
@@ -222,8 +229,8 @@ def test_rolling_window_reports_the_last_rows_scored_before_their_update(tmp_pat
     result = train(from_dict(raw))
     reports = [r for r in result.history if r["kind"] == "eval" and "window_rows" in r]
     assert [r["step"] for r in reports] == [3, 6, 9, 10]  # every 3 steps, and at the end
-    probs = np.concatenate([p for p, _ in seen])
-    labels = np.concatenate([y for _, y in seen])
+    probs = np.concatenate([p for p, _, _ in seen])
+    labels = np.concatenate([y for _, y, _ in seen])
     assert len(probs) == 600
     for r in reports:
         n = min(r["step"] * 64, 600)
@@ -284,17 +291,9 @@ def test_the_window_reports_gauc_calibration_ne_and_slices_over_the_training_row
     roc_auc_score per group, calibration and NE by their formulas, slices as eval reports them."""
     from sklearn.metrics import roc_auc_score
 
-    import ember.train.stages as stages_mod
     from ember.train.ranking_metrics import ranking_report
 
-    seen: list[tuple[np.ndarray, np.ndarray, dict]] = []
-    original = stages_mod.RollingWindow.add
-
-    def spy(self, probs, labels, step=0, keys=None):  # type: ignore[no-untyped-def]
-        seen.append((np.asarray(probs).copy(), np.asarray(labels).copy(), {k: v.copy() for k, v in keys.items()}))
-        return original(self, probs, labels, step, keys)
-
-    monkeypatch.setattr(stages_mod.RollingWindow, "add", spy)
+    seen = _spy_window(monkeypatch)
     folder = tmp_path / "in"
     folder.mkdir()
     for k in range(3):
