@@ -69,16 +69,17 @@ class _Checks:
         return ~taken
 
 
-def _jagged(arr: pa.Array, separator: str | None) -> tuple[pa.Array, np.ndarray]:
-    """Flat values and per-row lengths: list columns as is, strings split on ``separator``."""
+def _jagged(arr: pa.Array, separator: str | None) -> tuple[pa.Array, np.ndarray, bool]:
+    """Flat values, per-row lengths, and whether the column holds one value per row (neither a
+    list column nor strings split on ``separator``: its lengths are all 1)."""
     if pa.types.is_dictionary(arr.type):
         arr = arr.cast(arr.type.value_type)
     if separator is not None and (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
         arr = pc.split_pattern(arr, separator)
     if pa.types.is_list(arr.type) or pa.types.is_large_list(arr.type) or pa.types.is_fixed_size_list(arr.type):
         lengths = pc.fill_null(pc.list_value_length(arr), 0).to_numpy(zero_copy_only=False).astype(np.int64)
-        return pc.list_flatten(arr), lengths
-    return arr, np.ones(len(arr), dtype=np.int64)
+        return pc.list_flatten(arr), lengths, False
+    return arr, np.ones(len(arr), dtype=np.int64), True
 
 
 def _key_values(arr: pa.Array | pa.ChunkedArray, file: str, column: str) -> np.ndarray:
@@ -225,10 +226,12 @@ class Featurizer:
         self, f: SparseFeature, batch: pa.RecordBatch, checks: _Checks, file: str
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         col = f.source_column
-        flat, lengths = _jagged(batch.column(col), f.separator)
+        flat, lengths, single = _jagged(batch.column(col), f.separator)
         if isinstance(flat, pa.ChunkedArray):
             flat = flat.combine_chunks()
-        elem_row = np.repeat(np.arange(batch.num_rows), lengths)
+        # one value per row: element i is row i (no element -> row map to build), and a row's
+        # length is whether its value is kept (the same result as the general path, less work)
+        elem_row = np.arange(batch.num_rows) if single else np.repeat(np.arange(batch.num_rows), lengths)
         is_str = pa.types.is_string(flat.type) or pa.types.is_large_string(flat.type)
         if f.hash_ids:
             try:
@@ -248,12 +251,13 @@ class Featurizer:
                 raise SchemaError(f"{file}: sparse feature '{f.name}' (column '{col}', hash_ids: false): {e}") from None
             missing |= is_listed(flat, self.schema.missing_values_of(f))
             bad &= ~missing
-            checks.add(col, "not an integer ID", np.bincount(elem_row[bad], minlength=batch.num_rows) > 0)
+            if bad.any():
+                checks.add(col, "not an integer ID", np.bincount(elem_row[bad], minlength=batch.num_rows) > 0)
             valid = ~missing & ~bad
 
         w = None
         if f.weight_column is not None:
-            wflat, wlen = _jagged(batch.column(f.weight_column), f.separator)
+            wflat, wlen, _ = _jagged(batch.column(f.weight_column), f.separator)
             if isinstance(wflat, pa.ChunkedArray):
                 wflat = wflat.combine_chunks()
             mismatch = wlen != lengths
@@ -273,9 +277,13 @@ class Featurizer:
                 full[~mismatch[elem_row]] = w
                 w = full
 
-        new_len = filter_jagged(lengths, valid)
-        ids = ids[valid]
-        w = None if w is None else w[valid]
+        if single:
+            new_len = valid.astype(np.int64)
+        else:
+            new_len = filter_jagged(lengths, valid)
+        if not valid.all():
+            ids = ids[valid]
+            w = None if w is None else w[valid]
         if f.max_length is not None and new_len.size and new_len.max() > f.max_length:
             keep = truncate_jagged(new_len, f.max_length)
             ids = ids[keep]

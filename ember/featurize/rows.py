@@ -114,7 +114,10 @@ class Rows:
 
     def to_batch(self) -> Batch:
         """The :class:`~ember.batch.Batch` of these rows (may share memory: Rows are never mutated)."""
-        lengths = np.concatenate([np.diff(o) for o in self.offsets])
+        n = len(self.dense)
+        # every feature's offsets hold n + 1 entries: one diff over them all
+        lengths = np.diff(np.stack(self.offsets), axis=1).reshape(-1) if self.offsets else np.zeros(0, np.int64)
+        assert lengths.size == n * len(self.offsets)
         weights = None
         if any(w is not None for w in self.weights):
             weights = torch.from_numpy(np.concatenate([

@@ -105,7 +105,7 @@ class _Sparse:
 
     def _name(self, ids: np.ndarray, raw: pa.Array) -> None:
         """The raw text of ``ids`` from this block's column (hashed as the featurizer does)."""
-        flat, _ = _jagged(raw, self.f.separator)
+        flat, _, _ = _jagged(raw, self.f.separator)
         if isinstance(flat, pa.ChunkedArray):
             flat = flat.combine_chunks()
         distinct = pc.unique(flat.drop_null())
