@@ -669,6 +669,8 @@ def _check_inputs(args: argparse.Namespace) -> None:
             raise ConfigError(f"--export {given} is {_A[kind]}; ember predict reads one export: give one of its full "
                               f"exports, e.g. --export {full[-1]}")
     for item in getattr(args, "input", None) or []:
+        if "://" in item:  # a URI (s3://...): listed, and a missing bucket or object named, when read
+            continue
         if not Path(item).exists() and not _OVERRIDE.match(item) and not any(c in item for c in "*?["):
             raise ConfigError(f"--input {item} does not exist; give files (or directories, or glob patterns) of rows "
                               "to score")
