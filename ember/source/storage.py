@@ -298,8 +298,9 @@ def walk(uri: str, options: StorageOptions | None = None) -> list[Entry]:
 
     def get() -> list[Entry]:
         infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
-        return sorted((Entry(prefix + i.path, i.size or 0, _mtime_ns(i)) for i in infos if i.type == pafs.FileType.File),
-                      key=lambda e: e.uri)
+        lead = 1 if not path.startswith("/") else 0  # fsspec's memory:// answers "/b/k" for "b/k": keep the URI's form
+        return sorted((Entry(prefix + (i.path[lead:] if lead and i.path.startswith("/") else i.path), i.size or 0,
+                             _mtime_ns(i)) for i in infos if i.type == pafs.FileType.File), key=lambda e: e.uri)
 
     return _retrying(uri, "listing", options, get)
 

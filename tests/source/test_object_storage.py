@@ -184,3 +184,22 @@ def test_a_watched_prefix_hands_out_objects_as_they_arrive(s3):
     assert marked.poll() == []
     s3.put("bkt/parts/d=1/_SUCCESS", b"")
     assert marked.poll() == ["s3://bkt/parts/d=1/x.csv"]
+
+
+def test_a_scheme_only_fsspec_knows_goes_through_the_same_code():
+    """``memory://`` (fsspec's in-memory filesystem; pyarrow has none): listed by the same rules,
+    read as a stream; an unknown scheme is a ConfigError saying what to install."""
+    fsspec = pytest.importorskip("fsspec", reason="fsspec is not installed")
+    mem = fsspec.filesystem("memory")
+    mem.pipe("/ember-test/d/b.csv", b"y,c\n0,z\n")
+    mem.pipe("/ember-test/d/a.csv", b"y,c\n1,x\n")
+    mem.pipe("/ember-test/d/_SUCCESS", b"")
+    try:
+        files = expand_paths(["memory://ember-test/d/"], "csv")
+        assert files == expand_paths(["memory://ember-test/d/*.csv"], "csv") == \
+            ["memory://ember-test/d/a.csv", "memory://ember-test/d/b.csv"]
+        assert [c.batch.to_pydict() for f in files for c in read_csv(f, ["c"])] == [{"c": ["x"]}, {"c": ["z"]}]
+    finally:
+        mem.rm("/ember-test", recursive=True)
+    with pytest.raises(ConfigError, match="neither pyarrow nor fsspec can open 'nosuchscheme://'"):
+        expand_paths(["nosuchscheme://b/d/"], "csv")
