@@ -203,3 +203,18 @@ def test_ember_predict_reads_its_input_from_s3(s3, files, tmp_path, capsys):
                  "--output", str(remote), f"data.storage_options={options}"]) == 0
     capsys.readouterr()
     assert remote.read_text() == local.read_text() and len(remote.read_text().splitlines()) == 1 + 163
+
+
+def test_ember_profile_reads_s3_as_it_reads_local_files(s3, files, tmp_path, capsys):
+    """The profile of s3://data/csv/ is the profile of the same local directory (paths aside)."""
+    out = {}
+    for name, path, options in (("local", str(files / "csv"), None), ("s3", "s3://data/csv/", s3.options())):
+        raw = _cfg(tmp_path, name, path, None)
+        if options:
+            raw["data"]["storage_options"] = options
+        (tmp_path / f"{name}.json").write_text(json.dumps(raw))
+        assert main(["profile", "--config", str(tmp_path / f"{name}.json"), "--out", str(tmp_path / name)]) == 0
+        out[name] = sorted(p.name for p in (tmp_path / name).iterdir())
+        out[name + "_printed"] = capsys.readouterr().out.split("wrote")[0]
+    assert out["local"] == out["s3"]
+    assert out["s3_printed"] == out["local_printed"].replace(str(files / "csv") + "/", "s3://data/csv/")
