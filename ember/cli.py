@@ -356,7 +356,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise ConfigError(f"--top must be >= 1, got {args.top}")
     cfg = _config(args)
     out = args.out or str(Path("profiles") / Path(args.config).stem)
-    data = [] if cfg.data.format == "synthetic" else expand_paths(cfg.data.paths("train"), cfg.data.format)
+    data = [] if cfg.data.format == "synthetic" else expand_paths(cfg.data.paths("train"), cfg.data.format,
+                                                                  cfg.data.storage_options)
     claim_output(out, "profile", "--out", args.overwrite, [args.config, *data])  # before the reading
     profile = profile_data(cfg, args.rows, top=args.top, config_path=args.config)
     print(describe(profile))
@@ -669,6 +670,8 @@ def _check_inputs(args: argparse.Namespace) -> None:
             raise ConfigError(f"--export {given} is {_A[kind]}; ember predict reads one export: give one of its full "
                               f"exports, e.g. --export {full[-1]}")
     for item in getattr(args, "input", None) or []:
+        if "://" in item:  # a URI (s3://...): listed, and a missing bucket or object named, when read
+            continue
         if not Path(item).exists() and not _OVERRIDE.match(item) and not any(c in item for c in "*?["):
             raise ConfigError(f"--input {item} does not exist; give files (or directories, or glob patterns) of rows "
                               "to score")

@@ -46,6 +46,7 @@ Example:
 from __future__ import annotations
 
 import difflib
+from contextlib import nullcontext
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -204,21 +205,24 @@ def training_types(schema: Schema, data: Mapping[str, Any], read_files: bool = T
 
 def _stored_types(data: Mapping[str, Any], fmt: str | None) -> tuple[str | None, dict[str, pa.DataType]]:
     """The first training file's path and column types (Parquet / ORC footers), or (None, {})."""
+    from ember.source import storage
     from ember.source.files import expand_paths
 
     train = data.get("train") or []
     try:
-        files = expand_paths([train] if isinstance(train, str) else list(train), str(fmt))
+        options = storage.StorageOptions.model_validate(data.get("storage_options") or {})
+        files = expand_paths([train] if isinstance(train, str) else list(train), str(fmt), options)
         if not files:
             return None, {}
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
+        with (storage.open_file(files[0], options) if storage.is_remote(files[0]) else nullcontext(files[0])) as source:
+            if fmt == "parquet":
+                import pyarrow.parquet as pq
 
-            schema = pq.read_schema(files[0])
-        else:
-            import pyarrow.orc as orc
+                schema = pq.read_schema(source)
+            else:
+                import pyarrow.orc as orc
 
-            schema = orc.ORCFile(files[0]).schema
+                schema = orc.ORCFile(source).schema
     except (OSError, ValueError, pa.ArrowException):  # gone, moved or unreadable: the types stay unknown
         return None, {}
     return files[0], {f.name: f.type for f in schema}

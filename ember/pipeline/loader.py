@@ -80,7 +80,7 @@ def _record_chunks(data: DataConfig, schema: Schema, split: Split, rng: np.rando
                    report: BadRowReport, counter: ReadCounter | None = None,
                    part: tuple[int, int] | None = None, keys: Sequence[str] = ()) -> Iterator[RecordChunk]:
     counter = counter or ReadCounter()
-    files = expand_paths(data.paths(split), data.format)
+    files = expand_paths(data.paths(split), data.format, data.storage_options)
     if not files:
         raise ValueError(f"data.{split} is not set; give the {split} files (format {data.format})")
     if split == "train" and data.shuffle_buffer > 0:
@@ -133,9 +133,10 @@ def file_chunks(data: DataConfig, schema: Schema, path: str, report: BadRowRepor
     if data.format in ("csv", "tsv"):
         return read_csv(path, cols, delimiter=data.delimiter, header=data.csv.header, consumed=consumed,
                         column_names=data.csv.column_names, block_bytes=data.csv.block_bytes, report=report,
-                        newlines_in_values=data.csv.newlines_in_values)
-    return read_parquet(path, cols, read_rows=data.read_rows) if data.format == "parquet" else \
-        read_orc(path, cols, read_rows=data.read_rows)
+                        newlines_in_values=data.csv.newlines_in_values, storage_options=data.storage_options)
+    if data.format == "parquet":
+        return read_parquet(path, cols, read_rows=data.read_rows, storage_options=data.storage_options)
+    return read_orc(path, cols, read_rows=data.read_rows, storage_options=data.storage_options)
 
 
 class _Batcher:

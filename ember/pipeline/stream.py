@@ -39,7 +39,6 @@ Example:
 from __future__ import annotations
 
 import multiprocessing
-import os
 import threading
 from dataclasses import dataclass
 from itertools import chain
@@ -59,6 +58,7 @@ from ember.pipeline.scheduler import Scheduler, Stage
 from ember.source.bad_rows import BadRowReport
 from ember.source.config import DataConfig
 from ember.source.files import expand_paths
+from ember.source.storage import is_file
 from ember.source.watch import FileWatcher
 
 __all__ = ["StreamLoader", "StreamPosition"]
@@ -154,14 +154,15 @@ class StreamLoader:
         """The resumed file first (if any), then the files not taken yet, in order."""
         data, start = self.data, self.start
         taken = set(start.done) | ({start.file} if start.file is not None else set())
-        if start.file is not None and not os.path.isfile(start.file):
+        if start.file is not None and not is_file(start.file, data.storage_options):
             raise CheckpointError(f"the checkpoint's stream position is row {start.rows} of {start.file}, which no longer "
                                   "exists; restore the file, or start a new run from the checkpoint's weights "
                                   "(train.init_from)")
         if data.watch is not None:
-            rest: Iterator[str] = FileWatcher(data.paths("train"), data.format, data.watch, taken).files(self.stop)
+            rest: Iterator[str] = FileWatcher(data.paths("train"), data.format, data.watch, taken,
+                                              storage_options=data.storage_options).files(self.stop)
         else:
-            rest = (f for f in expand_paths(data.paths("train"), data.format) if f not in taken)
+            rest = (f for f in expand_paths(data.paths("train"), data.format, data.storage_options) if f not in taken)
         return chain([start.file] if start.file is not None else [], rest)
 
     def stages(self) -> list[Stage]:

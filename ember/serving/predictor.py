@@ -299,7 +299,7 @@ class Predictor:
         keep = list(keep)
         featurize, size = Featurizer(schema, report, keep), cfg.split_batch_size("eval")
         parts, kept = [], []
-        for path in expand_paths(cfg.paths("eval"), cfg.format):  # file order, then row order
+        for path in expand_paths(cfg.paths("eval"), cfg.format, cfg.storage_options):  # file order, then row order
             try:
                 chunks = list(file_chunks(cfg, schema, path, report, keys=keep))
             except MissingColumnsError as e:
@@ -348,10 +348,9 @@ def _without_absent_labels(cfg: Any, labels: list[str], first_file: str) -> Any:
     names = cfg.csv.column_names
     if cfg.format not in ("csv", "tsv") or cfg.csv.header is True or not names or not set(labels) <= set(names):
         return cfg
-    import pyarrow as pa
+    from ember.source.csv import read_head
 
-    with pa.input_stream(first_file) as f:
-        line = f.read(1 << 16).split(b"\n", 1)[0].rstrip(b"\r")
+    line = read_head(first_file, 1 << 16, cfg.storage_options).split(b"\n", 1)[0].rstrip(b"\r")
     fields = line.decode("utf-8", "replace").split(cfg.delimiter)
     if fields == names or len(fields) != len(names) - len(labels):  # a header line, or labels present
         return cfg

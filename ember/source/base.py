@@ -9,9 +9,10 @@ from typing import Sequence
 import numpy as np
 import pyarrow as pa
 
-from ember.errors import DataError, MissingColumnsError
+from ember.errors import ConfigError, DataError, MissingColumnsError
+from ember.source.storage import StorageOptions, is_remote, is_storage_error, storage_error
 
-__all__ = ["RecordChunk", "check_columns", "is_damage", "damaged_file"]
+__all__ = ["RecordChunk", "check_columns", "is_damage", "damaged_file", "read_failed"]
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,7 @@ def check_columns(file: str, available: Sequence[str], wanted: Sequence[str]) ->
 def is_damage(error: BaseException) -> bool:
     """Whether pyarrow's ``error`` says a file's bytes are bad (truncated, garbage, checksum
     mismatch), as opposed to a file that is missing or not readable by this user."""
-    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)):
+    if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)) or is_storage_error(error):
         return False
     return isinstance(error, (pa.ArrowException, OSError))
 
@@ -56,3 +57,13 @@ def damaged_file(file: str, where: str, error: BaseException) -> DataError:
         f"{file}{where}: cannot be read, the file is truncated, damaged or not in the configured format "
         f"({error}); restore or re-create the file, or remove it from data.train / data.eval"
     )
+
+
+def read_failed(file: str, where: str, error: BaseException,
+                storage_options: StorageOptions | None = None) -> ConfigError | DataError | None:
+    """The error to raise for ``error`` while reading ``file``: the remote store's failure named
+    (denied, missing, unreachable: ``ember.source.storage``), a damaged file's DataError, or
+    None (raise ``error`` itself)."""
+    if is_remote(file) and (is_storage_error(error) or isinstance(error, (FileNotFoundError, PermissionError))):
+        return storage_error(file, "reading", error, storage_options)
+    return damaged_file(file, where, error) if is_damage(error) else None

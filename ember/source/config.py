@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from ember.config_base import ConfigModel, deep_merge, removed_key
+from ember.source.storage import StorageOptions
 from ember.source.watch import WatchOptions
 
 __all__ = ["CsvOptions", "SyntheticOptions", "DataConfig", "PRESET_DATA_DEFAULTS", "CRITEO_COLUMNS", "SHUFFLE_BUFFER_ROWS"]
@@ -133,9 +134,14 @@ class DataConfig(ConfigModel):
     format: Literal["synthetic", "csv", "tsv", "parquet", "orc"] = "synthetic"
     """`synthetic` (the built-in generator), `csv`, `tsv`, `parquet` or `orc`."""
     train: list[str] | str | None = None
-    """Training data: a path, glob or directory, or a list of them (read in sorted order)."""
+    """Training data: a path, glob or directory, or a list of them (read in sorted order); each may be a URI of
+    object storage (`s3://bucket/prefix/`, `s3://bucket/day=*/*.parquet`; `gs://`, `hdfs://`, `abfs://`),
+    reached with `storage_options`."""
     eval: list[str] | str | None = None
     """Evaluation data, as `train`; always read in file order."""
+    storage_options: StorageOptions = StorageOptions()
+    """How to reach data paths given as URIs (`s3://...`): endpoint, credentials, region, retries; unset keys come
+    from the standard environment variables (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `AWS_REGION`, ...)."""
     batch_size: int = Field(4096, ge=1)
     """Training rows per batch (the global batch under distributed training)."""
     eval_batch_size: int | None = Field(None, ge=1)

@@ -11,7 +11,9 @@ name). A line may be of any length (a block grows to hold it). Every column is
 read as a string, an empty field as ``""`` (a CSV has no null): the featurizer decides what it
 means (a missing number; for a categorical column the category ``""`` unless the schema lists
 it in ``missing_values``) and converts numbers itself so it can name the row and value that
-fail. Compressed files (``.gz``, ``.bz2``, ...) are decompressed on the fly.
+fail. Compressed files (``.gz``, ``.bz2``, ...) are decompressed on the fly. A URI
+(``s3://...``) is read as a stream of ranged requests (:mod:`ember.source.storage`), never
+downloaded whole first.
 
 The text must be UTF-8: a line that is not is a bad row (``on_bad_rows``: an error naming file,
 row, column and byte offset, or skipped and counted under ``"<row>: not valid UTF-8 text"``).
@@ -37,10 +39,12 @@ import pyarrow.csv as pacsv
 
 from ember.errors import DataError
 from ember.source.bad_rows import BadRowReport, raise_bad_row
-from ember.source.base import RecordChunk, check_columns, damaged_file, is_damage
+from ember.source import storage
+from ember.source.base import RecordChunk, check_columns, read_failed
 from ember.source.quoted import UNCLOSED, Scan, quoted_blocks, record_starts, scan
+from ember.source.storage import StorageOptions
 
-__all__ = ["read_csv", "header_fields", "check_unique", "BOM"]
+__all__ = ["read_csv", "header_fields", "check_unique", "read_head", "BOM"]
 
 log = logging.getLogger("ember")
 
@@ -51,19 +55,24 @@ _CARRY_LIMIT = 64 << 20  # newlines_in_values: an open quoted value is carried t
 BOM = codecs.BOM_UTF8  # spreadsheet tools start UTF-8 CSV with it; it is not part of the first name
 
 
-def _line_blocks(path: str, block_bytes: int, consumed: list[int] | None = None) -> Iterator[bytes]:
+def _line_blocks(path: str, block_bytes: int, consumed: list[int] | None = None,
+                 storage_options: StorageOptions | None = None) -> Iterator[bytes]:
     """Blocks of whole lines, each ending with a newline (one is added to a last line without);
     ``consumed[0]`` follows the bytes of the file as stored (compressed or not) read so far."""
     codec = _codec(path)
-    with pa.OSFile(path) as raw, (pa.CompressedInputStream(raw, codec) if codec else raw) as f:
+    raw = storage.open_file(path, storage_options) if storage.is_remote(path) else pa.OSFile(path)
+    # an object: read ahead in ranged requests of a few MiB (raw.tell(): bytes fetched so far)
+    src = pa.BufferedInputStream(raw, storage.STREAM_BUFFER) if storage.is_remote(path) else raw
+    with raw, src, (pa.CompressedInputStream(src, codec) if codec else src) as f:
         rest = b""
         read = 0
         while True:
             try:
                 data = f.read(block_bytes)
             except Exception as e:  # e.g. a truncated .gz
-                if is_damage(e):
-                    raise damaged_file(path, f" (after byte {read} of its text)", e) from e
+                failed = read_failed(path, f" (after byte {read} of its text)", e, storage_options)
+                if failed is not None:
+                    raise failed from e
                 raise
             if consumed is not None:
                 consumed[0] = raw.tell()
@@ -89,6 +98,18 @@ def _codec(path: str) -> str | None:
         return pa.Codec.detect(path).name
     except (ValueError, TypeError):
         return None
+
+
+def read_head(path: str, size: int, storage_options: StorageOptions | None = None) -> bytes:
+    """The first ``size`` bytes of ``path``'s text (decompressed by its extension; local or a
+    URI), for checks that look at the header and a few lines only."""
+    if not storage.is_remote(path):
+        with pa.input_stream(path) as f:
+            return f.read(size)
+    codec = _codec(path)
+    with storage.open_stream(path, storage_options) as raw, \
+            (pa.CompressedInputStream(raw, codec) if codec else raw) as f:
+        return f.read(size)
 
 
 def header_fields(line: bytes, delimiter: str, errors: str = "strict") -> list[str] | None:
@@ -123,6 +144,7 @@ def read_csv(
     report: BadRowReport | None = None,
     consumed: list[int] | None = None,
     newlines_in_values: bool = False,
+    storage_options: StorageOptions | None = None,
 ) -> Iterator[RecordChunk]:
     """Yield ``columns`` of ``path`` as string record batches, one per block of lines.
 
@@ -137,7 +159,7 @@ def read_csv(
     ``newlines_in_values``: a quoted value may hold line ends (:mod:`ember.source.quoted`); a
     row is then numbered by the line it starts on (``RecordChunk.lines``), and a quote that
     opens such a value but is never closed makes its line a bad row (``"<row>: quoted value
-    not closed"``).
+    not closed"``). ``storage_options``: how to reach ``path`` when it is a URI.
     """
     report = report or BadRowReport()
     names = list(column_names) if column_names else None
@@ -145,7 +167,7 @@ def read_csv(
         raise ValueError(f"read_csv: header must be true, false or 'auto', got {header!r}")
     if header is not True and names is None:
         raise ValueError(f"read_csv: header={header!r} needs column_names")
-    blocks = _line_blocks(path, block_bytes, consumed)
+    blocks = _line_blocks(path, block_bytes, consumed, storage_options)
     first = next(blocks, b"")
     bom = len(BOM) if first.startswith(BOM) else 0
     head, newline, body = first[bom:].partition(b"\n")

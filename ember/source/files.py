@@ -19,6 +19,8 @@ import threading
 from typing import Sequence
 
 from ember.errors import ConfigError
+from ember.source import storage
+from ember.source.storage import StorageOptions
 
 __all__ = ["expand_paths", "format_suffixes"]
 
@@ -79,16 +81,29 @@ def _depth(pat: str) -> int:
     return len(parts) - first if "**" not in pat else 64
 
 
-def _log_skipped(pat: str, skipped: list[str], format: str) -> None:
+def _held(pat: str, skipped: list[str], format: str, is_dir: bool) -> str:
+    """What a pattern that matched nothing holds instead, for its error."""
+    if not skipped:
+        return ""
+    names = ", ".join(s.rsplit("/", 1)[-1] for s in skipped[:_SHOWN])
+    if is_dir:
+        return (f" (it holds {len(skipped)} other file(s): {names}; a {format} file's name ends in "
+                f"{'/'.join(format_suffixes(format))}: to read others, name them, e.g. with a glob "
+                f"'{_glob_hint(pat, skipped)}')")
+    return f" (only hidden or marker files: {names})"
+
+
+def _log_skipped(pat: str, skipped: list[str], format: str, is_dir: bool) -> None:
     """One log line per pattern naming the files it holds that were not read."""
     key = (pat, tuple(skipped))
     with _reported_lock:
         if not skipped or key in _reported:
             return
         _reported.add(key)
-    names = [os.path.relpath(s, pat) if os.path.isdir(pat) else s for s in skipped]
+    names = [(s[len(pat.rstrip("/")) + 1:] if storage.is_remote(pat) else os.path.relpath(s, pat)) if is_dir else s
+             for s in skipped]
     shown = ", ".join(names[:_SHOWN]) + (f", ... ({len(names)} in all)" if len(names) > _SHOWN else "")
-    if os.path.isdir(pat):
+    if is_dir:
         how = (f"a file is read when its name ends in {'/'.join(format_suffixes(format))}, or when you name it "
                f"(the file, or a glob such as '{_glob_hint(pat, skipped)}')")
     else:
@@ -105,12 +120,46 @@ def _glob_hint(directory: str, skipped: list[str]) -> str:
     return os.path.join(directory, "*.txt")
 
 
-def expand_paths(patterns: Sequence[str], format: str) -> list[str]:
+def _remote(pat: str, format: str, options: StorageOptions | None) -> tuple[list[str], list[str], bool]:
+    """``_in_directory`` / ``_in_glob`` / a file, for a URI: (found, skipped, is a directory)."""
+    pat = pat.rstrip("/") if not pat.endswith("://") else pat
+    scheme, rest = storage.split_uri(pat)
+    if not glob.has_magic(rest):
+        kind = storage.stat(pat, options)
+        if kind == "file":
+            return [pat], [], False
+        if kind is None:
+            return [], [], False
+        found, skipped = [], []
+        for e in storage.walk(pat, options):
+            parts = e.uri[len(pat):].lstrip("/").split("/")
+            if any(_hidden(d) for d in parts[:-1]):  # a hidden or marker directory is not entered
+                continue
+            ok = parts[-1].lower().endswith(format_suffixes(format)) and not _hidden(parts[-1])
+            (found if ok else skipped).append(e.uri)
+        return found, skipped, True
+    parts = rest.split("/")
+    first = next(i for i, part in enumerate(parts) if glob.has_magic(part))
+    root = f"{scheme}://" + "/".join(parts[:first])
+    depth = len(parts) - first if "**" not in rest else 64
+    spelled = {part[0] for part in parts if part and part[0] in "._"}
+    found, skipped = [], []
+    for e in storage.walk(root, options):
+        got = storage.split_uri(e.uri)[1].split("/")
+        if not storage.match_glob(parts, got):
+            continue
+        hidden = any(_hidden(part) and part[0] not in spelled for part in got[-depth:])
+        (skipped if hidden else found).append(e.uri)
+    return found, skipped, False
+
+
+def expand_paths(patterns: Sequence[str], format: str, storage_options: StorageOptions | None = None) -> list[str]:
     """Files matched by ``patterns``, in order: each pattern's matches sorted by name.
 
     A directory contributes the files in it (recursively) whose suffix fits ``format``; a glob
     its sorted matches but hidden and marker files; a file itself. Files left out are named in
-    one log line. A pattern that matches nothing raises ConfigError.
+    one log line. A pattern that matches nothing raises ConfigError. A URI (``s3://...``) is
+    listed through its filesystem, reached with ``storage_options``.
 
     Example:
         >>> expand_paths([], "csv")
@@ -118,8 +167,23 @@ def expand_paths(patterns: Sequence[str], format: str) -> list[str]:
     """
     out: list[str] = []
     for pat in patterns:
+        if storage.is_remote(pat):
+            found, skipped, is_dir = _remote(pat, format, storage_options)
+            if not found:
+                scheme, rest = storage.split_uri(pat)
+                storage.stat(f"{scheme}://{rest.split('/', 1)[0]}", storage_options)  # a missing bucket raises
+                if not is_dir and not skipped and not glob.has_magic(rest):
+                    raise ConfigError(f"data path '{pat}': no such object (nor a prefix holding objects) in bucket "
+                                      f"'{rest.split('/', 1)[0]}'; check the key (a directory is a prefix: "
+                                      f"'{pat.rstrip('/').rsplit('/', 1)[0]}/' lists what is there)")
+                raise ConfigError(f"data path '{pat}' matches no {format} file{_held(pat, skipped, format, is_dir)}; "
+                                  "check the path (objects are listed by key prefix: a directory is a prefix "
+                                  "ending in '/')")
+            _log_skipped(pat, skipped, format, is_dir)
+            out.extend(f for f in found if f not in out)
+            continue
         pat = os.path.expanduser(pat)
-        skipped: list[str] = []
+        skipped = []
         if os.path.isdir(pat):
             found, skipped = _in_directory(pat, format)
         elif glob.has_magic(pat):
@@ -127,14 +191,8 @@ def expand_paths(patterns: Sequence[str], format: str) -> list[str]:
         else:
             found = [pat] if os.path.isfile(pat) else []
         if not found:
-            held = ""
-            if skipped:
-                names = ", ".join(os.path.basename(s) for s in skipped[:_SHOWN])
-                held = (f" (it holds {len(skipped)} other file(s): {names}; a {format} file's name ends in "
-                        f"{'/'.join(format_suffixes(format))}: to read others, name them, e.g. with a glob "
-                        f"'{_glob_hint(pat, skipped)}')" if os.path.isdir(pat) else
-                        f" (only hidden or marker files: {names})")
+            held = _held(pat, skipped, format, os.path.isdir(pat))
             raise ConfigError(f"data path '{pat}' matches no {format} file{held}; check the path (cwd: {os.getcwd()})")
-        _log_skipped(pat, skipped, format)
+        _log_skipped(pat, skipped, format, os.path.isdir(pat))
         out.extend(f for f in found if f not in out)
     return out

@@ -2,6 +2,7 @@
 
 RAM holds one stripe of the selected columns (ORC writers default to 64 MB stripes). A file
 that cannot be decoded (truncated, garbage) raises DataError naming the file and the stripe.
+A URI (``s3://...``) is read by ranged requests (footer, then stripe by stripe).
 
 Example:
     >>> import tempfile, os, pyarrow as pa, pyarrow.orc as orc
@@ -17,19 +18,24 @@ from typing import Iterator, Sequence
 
 import pyarrow.orc as orc
 
-from ember.source.base import RecordChunk, check_columns, damaged_file, is_damage
+from ember.source import storage
+from ember.source.base import RecordChunk, check_columns, damaged_file, read_failed
+from ember.source.storage import StorageOptions
 
 __all__ = ["read_orc"]
 
 
-def read_orc(path: str, columns: Sequence[str], *, read_rows: int = 65536) -> Iterator[RecordChunk]:
-    """Yield ``columns`` of ``path`` in file order; ``first_row`` is 1-based."""
+def read_orc(path: str, columns: Sequence[str], *, read_rows: int = 65536,
+             storage_options: StorageOptions | None = None) -> Iterator[RecordChunk]:
+    """Yield ``columns`` of ``path`` in file order; ``first_row`` is 1-based. ``storage_options``:
+    how to reach ``path`` when it is a URI."""
     try:
-        f = orc.ORCFile(path)
+        f = orc.ORCFile(storage.open_file(path, storage_options) if storage.is_remote(path) else path)
         names = f.schema.names
     except Exception as e:
-        if is_damage(e):
-            raise damaged_file(path, " (footer)", e) from e
+        failed = read_failed(path, " (footer)", e, storage_options)
+        if failed is not None:
+            raise failed from e
         raise
     check_columns(path, names, columns)
     row = 1
@@ -37,8 +43,9 @@ def read_orc(path: str, columns: Sequence[str], *, read_rows: int = 65536) -> It
         try:
             stripe = f.read_stripe(i, columns=list(columns))
         except Exception as e:
-            if is_damage(e):
-                raise damaged_file(path, f" stripe {i} (from row {row})", e) from e
+            failed = read_failed(path, f" stripe {i} (from row {row})", e, storage_options)
+            if failed is not None:
+                raise failed from e
             raise
         for start in range(0, stripe.num_rows, read_rows):
             batch = stripe.slice(start, read_rows)

@@ -3,7 +3,8 @@
 Page checksums (CRC-32, written by ember's own writers) are verified when a file has them, so
 a flipped bit on disk is an error, not a silently different value. A file that cannot be
 decoded (truncated, garbage, checksum mismatch) raises DataError naming the file, the row
-group, its rows and its byte offset.
+group, its rows and its byte offset. A URI (``s3://...``) is read by ranged requests (the
+footer, then each row group's column chunks, coalesced), never downloaded whole.
 
 Example:
     >>> import tempfile, os, pyarrow as pa, pyarrow.parquet as pq
@@ -15,24 +16,35 @@ Example:
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Iterator, Sequence
 
 import pyarrow.parquet as pq
 
-from ember.source.base import RecordChunk, check_columns, damaged_file, is_damage
+from ember.source import storage
+from ember.source.base import RecordChunk, check_columns, damaged_file, is_damage, read_failed
+from ember.source.storage import StorageOptions
 
 __all__ = ["read_parquet"]
 
 
-def read_parquet(path: str, columns: Sequence[str], *, read_rows: int = 65536) -> Iterator[RecordChunk]:
-    """Yield ``columns`` of ``path`` in file order, row group by row group; ``first_row`` is 1-based."""
+def read_parquet(path: str, columns: Sequence[str], *, read_rows: int = 65536,
+                 storage_options: StorageOptions | None = None) -> Iterator[RecordChunk]:
+    """Yield ``columns`` of ``path`` in file order, row group by row group; ``first_row`` is
+    1-based. ``storage_options``: how to reach ``path`` when it is a URI."""
+    remote = storage.is_remote(path)
+    source = storage.open_file(path, storage_options) if remote else path
     try:
-        pf = pq.ParquetFile(path, page_checksum_verification=True)
+        # remote: a row group's column chunks in a few coalesced ranged reads, not one per page
+        pf = pq.ParquetFile(source, page_checksum_verification=True, pre_buffer=remote)
     except Exception as e:
-        if is_damage(e):
-            raise damaged_file(path, " (footer)", e) from e
+        if remote:
+            source.close()
+        failed = read_failed(path, " (footer)", e, storage_options)
+        if failed is not None:
+            raise failed from e
         raise
-    with pf:
+    with pf, (source if remote else nullcontext()):  # a local path: pyarrow opened the file, it closes it
         check_columns(path, pf.schema_arrow.names, columns)
         meta = pf.metadata
         row = 1
@@ -40,19 +52,22 @@ def read_parquet(path: str, columns: Sequence[str], *, read_rows: int = 65536) -
             start, group_rows = row, meta.row_group(g).num_rows
             batches = pf.iter_batches(batch_size=read_rows, row_groups=[g], columns=list(columns), use_threads=True)
             try:
-                yield from _group(path, meta, g, start, group_rows, batches)
+                yield from _group(path, meta, g, start, group_rows, batches, storage_options)
             finally:  # no pyarrow reader outlives this one (an error downstream, the reader abandoned)
                 batches.close()
             row += group_rows
 
 
-def _group(path: str, meta: pq.FileMetaData, g: int, start: int, group_rows: int, batches: Iterator) -> Iterator[RecordChunk]:
+def _group(path: str, meta: pq.FileMetaData, g: int, start: int, group_rows: int, batches: Iterator,
+           options: StorageOptions | None = None) -> Iterator[RecordChunk]:
     """The chunks of row group ``g`` (rows ``start`` on); damage raises DataError naming it."""
     row = start
     while True:
         try:
             batch = next(batches, None)
         except Exception as e:
+            if storage.is_remote(path) and (storage.is_storage_error(e) or isinstance(e, FileNotFoundError)):
+                raise storage.storage_error(path, f"reading row group {g}", e, options) from e
             if not is_damage(e):
                 raise
             where = (f" row group {g} (rows {start}-{start + group_rows - 1}, "
@@ -78,3 +93,4 @@ def _row_group_offset(meta: pq.FileMetaData, group: int) -> int:
         if col.has_dictionary_page:
             offsets.append(col.dictionary_page_offset)
     return min(offsets) if offsets else 0
+

@@ -17,6 +17,10 @@ as they appear and are complete (``data.watch``; ``train.mode: online`` trains o
 - End: after ``idle_timeout_s`` with no new file (None: never), or when the caller's ``stop()``
   says so (a signal, the trainer closing the pipeline).
 
+A pattern may be a URI of object storage (``s3://bucket/incoming/``, a glob of keys): each poll
+lists the prefix (one listing request per 1,000 keys) and an object's modification time is its
+upload's. An object appears only once its upload completed, so ``settle_s: 0`` is safe there.
+
 Which files were taken is the caller's to record (``ember.pipeline.stream``: the checkpoint's
 stream position), so a resumed run is seeded with them (``taken``) and takes each file once.
 
@@ -42,7 +46,9 @@ from pydantic import Field
 
 from ember.config_base import ConfigModel
 from ember.errors import ConfigError
+from ember.source import storage
 from ember.source.files import format_suffixes
+from ember.source.storage import StorageOptions
 
 __all__ = ["WatchOptions", "FileWatcher", "check_watched"]
 
@@ -71,12 +77,14 @@ class WatchOptions(ConfigModel):
 class FileWatcher:
     """The ready files of ``patterns`` not taken yet, in order (``poll``), or as a stream that
     waits for them (``files``). ``taken``: files a previous run already took (never taken again).
-    ``clock``: wall-clock seconds, compared with file mtimes (tests replace it)."""
+    ``clock``: wall-clock seconds, compared with file mtimes (tests replace it).
+    ``storage_options``: how to reach patterns given as URIs."""
 
     def __init__(self, patterns: Sequence[str], format: str, options: WatchOptions, taken: Iterable[str] = (),
-                 clock: Callable[[], float] = time.time) -> None:
-        self.patterns = [os.path.expanduser(p) for p in patterns]
+                 clock: Callable[[], float] = time.time, storage_options: StorageOptions | None = None) -> None:
+        self.patterns = [p if storage.is_remote(p) else os.path.expanduser(p) for p in patterns]
         self.format, self.options, self.clock = format, options, clock
+        self.storage_options = storage_options
         self._taken = set(taken)
 
     def poll(self) -> list[str]:
@@ -86,23 +94,22 @@ class FileWatcher:
         now = self.clock()
         found: list[tuple[float, str]] = []
         marked: dict[str, bool] = {}
-        for path in self._listing():
+        listed: dict[str, int] = {}  # URIs listed with their mtimes: no request per object
+        for path, mtime_ns in self._entries(listed):
             if path in self._taken:
                 continue
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:  # renamed or removed since the listing
-                continue
             if o.ready == "settled":
-                if now - st.st_mtime < o.settle_s:
+                if now - mtime_ns / 1e9 < o.settle_s:
                     continue
             else:
-                folder = os.path.dirname(path)
+                folder = path.rsplit("/", 1)[0] if storage.is_remote(path) else os.path.dirname(path)
                 if folder not in marked:
-                    marked[folder] = os.path.exists(os.path.join(folder, o.marker))
+                    marker = f"{folder}/{o.marker}"
+                    marked[folder] = marker in listed or storage.is_file(marker, self.storage_options) \
+                        if storage.is_remote(path) else os.path.exists(os.path.join(folder, o.marker))
                 if not marked[folder]:
                     continue
-            found.append((st.st_mtime_ns if o.order == "mtime" else 0, path))
+            found.append((mtime_ns if o.order == "mtime" else 0, path))
         found.sort()
         out = [p for _, p in found]
         self._taken.update(out)
@@ -136,10 +143,49 @@ class FileWatcher:
                 slept += nap
             idle += slept
 
-    def _listing(self) -> Iterator[str]:
+    def _entries(self, listed: dict[str, int]) -> Iterator[tuple[str, int]]:
+        """(path, mtime in ns) of each listed file; ``listed`` collects every object a remote
+        listing saw (markers included)."""
+        for path in self._listing(listed):
+            if storage.is_remote(path):
+                yield path, listed[path]
+                continue
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:  # renamed or removed since the listing
+                continue
+            yield path, st.st_mtime_ns
+
+    def _remote(self, pat: str, listed: dict[str, int]) -> Iterator[str]:
+        """A URI pattern's objects, as ``_listing`` takes local files."""
+        suffixes = format_suffixes(self.format)
+        scheme, rest = storage.split_uri(pat)
+        magic = glob.has_magic(rest)
+        parts = rest.rstrip("/").split("/")
+        first = next((i for i, p in enumerate(parts) if glob.has_magic(p)), len(parts))
+        root = f"{scheme}://" + "/".join(parts[:first])
+        kind = None if magic else storage.stat(pat, self.storage_options)
+        if kind == "file":
+            entries = [e for e in storage.walk(root.rsplit("/", 1)[0], self.storage_options) if e.uri == root]
+        else:
+            entries = storage.walk(root, self.storage_options)
+        for e in entries:
+            listed[e.uri] = e.mtime_ns
+            below = e.uri[len(root):].lstrip("/").split("/")
+            if any(part.startswith((".", "_")) for part in below if part):
+                continue
+            if magic:
+                if storage.match_glob(parts, storage.split_uri(e.uri)[1].split("/")):
+                    yield e.uri
+            elif kind == "file" or e.uri.rsplit("/", 1)[-1].lower().endswith(suffixes):
+                yield e.uri
+
+    def _listing(self, listed: dict[str, int]) -> Iterator[str]:
         suffixes = format_suffixes(self.format)
         for pat in self.patterns:
-            if os.path.isdir(pat):
+            if storage.is_remote(pat):
+                yield from self._remote(pat, listed)
+            elif os.path.isdir(pat):
                 for root, dirs, names in os.walk(pat):
                     dirs[:] = [d for d in dirs if not d.startswith((".", "_"))]
                     for name in names:
@@ -162,11 +208,17 @@ def _fixed_prefix(pattern: str) -> str:
     return os.sep.join(parts[:first]) or ("/" if pattern.startswith(os.sep) else ".")
 
 
-def check_watched(patterns: Sequence[str]) -> None:
+def check_watched(patterns: Sequence[str], storage_options: StorageOptions | None = None) -> None:
     """Up-front check of watched patterns: a plain path must be an existing directory or file,
-    a glob's fixed leading directory must exist (it may match nothing yet). Raises ConfigError
-    naming the path."""
+    a glob's fixed leading directory must exist (it may match nothing yet); a URI's bucket must
+    exist and be readable (its prefix may hold nothing yet). Raises ConfigError naming the path."""
     for pat in patterns:
+        if storage.is_remote(pat):
+            scheme, rest = storage.split_uri(pat)
+            fixed = rest.split("/")
+            first = next((i for i, p in enumerate(fixed) if glob.has_magic(p)), len(fixed))
+            storage.stat(f"{scheme}://" + "/".join(fixed[:first]), storage_options)  # a missing bucket, a denial: raises
+            continue
         p = os.path.expanduser(pat)
         where = _fixed_prefix(p) if glob.has_magic(p) else p
         if not os.path.exists(where):

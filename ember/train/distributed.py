@@ -165,7 +165,7 @@ def check_same_files(cfg: RunConfig, dist: DistributedRun) -> None:
     online run's stream lists files as they arrive)."""
     if cfg.data.format == "synthetic" or cfg.train.mode == "online" or not cfg.data.paths("train"):
         return
-    files = expand_paths(cfg.data.paths("train"), cfg.data.format)
+    files = expand_paths(cfg.data.paths("train"), cfg.data.format, cfg.data.storage_options)
     seen = dist.all_gather(hashlib.sha256("\n".join(files).encode()).hexdigest())
     odd = [r for r, digest in enumerate(seen) if digest != seen[0]]
     if odd:

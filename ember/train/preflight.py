@@ -23,20 +23,22 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import nullcontext
 from pathlib import Path
-from typing import Literal
+from typing import Any, ContextManager, Literal
 
-import pyarrow as pa
 
 from ember.config import RunConfig
 from ember.errors import CapacityError, ConfigError, DataError, MissingColumnsError
 from ember.fileio import fmt_bytes, free_bytes, nearest_existing
 from ember.outputs import output_kind
 from ember.pipeline.loader import missing_keys_error
-from ember.source.base import check_columns, damaged_file, is_damage
+from ember.source import storage
+from ember.source.base import check_columns, read_failed
 from ember.source.config import DataConfig
-from ember.source.csv import header_fields
+from ember.source.csv import header_fields, read_head
 from ember.source.files import expand_paths
+from ember.source.storage import file_size
 from ember.source.synthetic import synthetic_columns
 from ember.source.watch import check_watched
 from ember.train.builder import Components
@@ -150,9 +152,9 @@ def check_data(data: DataConfig, columns: list[str], split: Split) -> list[str]:
     if data.format == "synthetic" or not data.paths(split):
         return []
     if split == "train" and data.watch is not None:  # files appear later: each is checked as it is read
-        check_watched(data.paths(split))
+        check_watched(data.paths(split), data.storage_options)
         return []
-    files = expand_paths(data.paths(split), data.format)
+    files = expand_paths(data.paths(split), data.format, data.storage_options)
     rows = 0
     for path in files:
         names, has_rows = _header(data, path)
@@ -168,8 +170,7 @@ def _header(data: DataConfig, path: str) -> tuple[list[str], int]:
     """Column names of ``path`` and its row count (CSV: 1 when a data line follows the header)."""
     try:
         if data.format in ("csv", "tsv"):
-            with pa.input_stream(path) as f:
-                head = f.read(1 << 16)
+            head = read_head(path, 1 << 16, data.storage_options)
             lines = [ln for ln in head.split(b"\n") if ln.strip(b"\r")]
             found = header_fields(lines[0], data.delimiter, errors="replace") or [] if lines else []  # BOM removed
             names = data.csv.column_names or []
@@ -181,18 +182,26 @@ def _header(data: DataConfig, path: str) -> tuple[list[str], int]:
         if data.format == "parquet":
             import pyarrow.parquet as pq
 
-            meta = pq.read_metadata(path)
+            with _opened(data, path) as source:
+                meta = pq.read_metadata(source)
             return list(meta.schema.to_arrow_schema().names), meta.num_rows
         import pyarrow.orc as orc
 
-        f = orc.ORCFile(path)
-        return list(f.schema.names), f.nrows
-    except DataError:
+        with _opened(data, path) as source:
+            f = orc.ORCFile(source)
+            return list(f.schema.names), f.nrows
+    except (ConfigError, DataError):
         raise
     except Exception as e:
-        if is_damage(e):
-            raise damaged_file(path, " (header/footer)", e) from e
+        failed = read_failed(path, " (header/footer)", e, data.storage_options)
+        if failed is not None:
+            raise failed from e
         raise
+
+
+def _opened(data: DataConfig, path: str) -> ContextManager[Any]:
+    """``path`` itself (local: pyarrow opens it), or a URI opened for ranged reads."""
+    return storage.open_file(path, data.storage_options) if storage.is_remote(path) else nullcontext(path)
 
 
 def _names(files: list[str]) -> str:
@@ -207,7 +216,8 @@ def no_steps_error(data: DataConfig) -> DataError:
                          f"within data.watch.idle_timeout_s ({data.watch.idle_timeout_s} s); check that files of "
                          f"format {data.format} appear there and become ready (data.watch.ready: {data.watch.ready}), "
                          "or raise the timeout")
-    where = "the synthetic generator" if data.format == "synthetic" else _names(expand_paths(data.paths("train"), data.format))
+    where = "the synthetic generator" if data.format == "synthetic" else _names(expand_paths(data.paths("train"), data.format,
+                                                                                         data.storage_options))
     return DataError(f"training ran 0 steps: data.train ({where}) gave no batch; check that the files hold rows, "
                      "that data.on_bad_rows: skip did not skip them all, and data.drop_last with fewer rows than "
                      "data.batch_size")
@@ -248,11 +258,11 @@ def _rows_bound(cfg: RunConfig, features: list[str]) -> int:
         return sum(data.synthetic.vocab(index[f]) for f in features if index.get(f, data.synthetic.num_sparse)
                    < data.synthetic.num_sparse)
     rows = 0
-    for path in expand_paths(data.paths("train"), data.format) if data.train and data.watch is None else []:
+    for path in expand_paths(data.paths("train"), data.format, data.storage_options) \
+            if data.train and data.watch is None else []:
         if data.format in ("parquet", "orc"):
             rows += _header(data, path)[1]
         else:
-            with pa.input_stream(path) as f:
-                head = f.read(1 << 16)
-            rows += head.count(b"\n") * max(os.path.getsize(path), len(head)) // max(len(head), 1)
+            head = read_head(path, 1 << 16, data.storage_options)
+            rows += head.count(b"\n") * max(file_size(path, data.storage_options), len(head)) // max(len(head), 1)
     return rows * len(features)

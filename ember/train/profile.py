@@ -69,7 +69,7 @@ def _blocks(cfg: RunConfig, report: BadRowReport) -> Iterator[tuple[pa.RecordBat
     if not data.paths("train"):
         raise ConfigError("data.train is not set; ember profile reads the training data: give data.train files")
     # paths, columns, rows checked before reading; a watched data.train: the files there now
-    files = expand_paths(data.paths("train"), data.format) if data.watch is not None else \
+    files = expand_paths(data.paths("train"), data.format, data.storage_options) if data.watch is not None else \
         check_data(data, cfg.schema.columns, "train")
     for path in files:
         for chunk in file_chunks(data, cfg.schema, path, report):

@@ -10,13 +10,13 @@ moves every step, so short runs show it too; loss and the rest are refreshed at 
 from __future__ import annotations
 
 import math
-import os
 from typing import Any
 
 from ember.config import RunConfig
 from ember.pipeline.loader import Loader, ReadCounter
 from ember.source.config import DataConfig
 from ember.source.files import expand_paths
+from ember.source.storage import file_size, footer_rows
 from ember.source.synthetic import split_rows
 
 __all__ = ["Progress", "EpochRows", "epoch_rows", "estimate_rows", "planned_steps"]
@@ -38,16 +38,10 @@ def epoch_rows(data: DataConfig) -> EpochRows:
     only, no data read); for CSV / TSV the files' total size, to estimate from."""
     if data.format == "synthetic":
         return EpochRows(rows=split_rows(data.synthetic, "train"))
-    files = expand_paths(data.paths("train"), data.format)
-    if data.format == "parquet":
-        import pyarrow.parquet as pq
-
-        return EpochRows(rows=sum(pq.read_metadata(f).num_rows for f in files))
-    if data.format == "orc":
-        import pyarrow.orc as po
-
-        return EpochRows(rows=sum(po.ORCFile(f).nrows for f in files))
-    return EpochRows(total_bytes=sum(os.path.getsize(f) for f in files))
+    files = expand_paths(data.paths("train"), data.format, data.storage_options)
+    if data.format in ("parquet", "orc"):
+        return EpochRows(rows=sum(footer_rows(f, data.format, data.storage_options) for f in files))
+    return EpochRows(total_bytes=sum(file_size(f, data.storage_options) for f in files))
 
 
 def estimate_rows(total_bytes: int, bytes_read: int, rows_read: int) -> int | None:

@@ -46,7 +46,7 @@ def check_file_shards(cfg: RunConfig, world_size: int) -> None:
                           "stream and trains its slice of each batch (data.shard: rows), so that the ranks cut the "
                           "same batches as one process and the stream position stays one list of files; dealing "
                           "files that arrive to ranks would need the ranks to agree on each file first. Use data.shard: rows")
-    shard_files(expand_paths(cfg.data.paths("train"), cfg.data.format), 0, world_size)  # fewer files than ranks: raises
+    shard_files(expand_paths(cfg.data.paths("train"), cfg.data.format, cfg.data.storage_options), 0, world_size)  # fewer files than ranks: raises
 
 
 class LookAhead:
