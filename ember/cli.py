@@ -303,7 +303,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"ember serve: serving {args.export} on http://{host}:{port} (POST /score, GET /health)",
               file=sys.stderr, flush=True)
 
-    serve(args.export, args.host, args.port, args.poll_s, args.max_body_bytes, on_ready=ready)
+    serve(args.export, args.host, args.port, args.poll_s, args.max_body_bytes, on_ready=ready,
+          trust_torchscript=args.trust_torchscript)
     return 0
 
 
@@ -330,7 +331,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     keep = [c.strip() for c in (args.keep or "").split(",") if c.strip()]
     if args.keep is not None and not keep:
         raise ConfigError("--keep takes input column names separated by commas (e.g. --keep id,country); got none")
-    p = Predictor.load(args.export)
+    p = Predictor.load(args.export, trust_torchscript=args.trust_torchscript)
     table = p.predict_table(inputs, keep, format=args.format, **overrides.get("data", {}))
     if p.bad_rows is not None and p.bad_rows.total:  # only with data.on_bad_rows=skip given here
         print(f"ember predict: {p.bad_rows}; the output has {p.bad_rows.total} line(s) fewer than the input has "
@@ -509,6 +510,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--export", required=True, help="export directory (re-read whenever its manifest changes), or a "
                     "run's exports/ directory of full and delta exports (follow mode: each new delta is applied)")
     sv.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0 picks a free one and prints it)")
+    sv.add_argument("--trust-torchscript", action="store_true", help="load an export whose dense model only its TorchScript model.pt gives (one written before format 5, or "
+                    "of a model of your own): TorchScript is a program, so only for exports from a source you trust")
     sv.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1: this machine only)")
     sv.add_argument("--poll-s", type=float, default=2.0, help="seconds between checks for a new export")
     sv.add_argument("--max-body-bytes", type=int, default=1 << 20, help="larger requests get 413")
@@ -519,6 +522,8 @@ def build_parser() -> argparse.ArgumentParser:
     pr = command("predict", "score raw rows with an exported model")
     pr.add_argument("--export", required=True, help="export directory")
     pr.add_argument("--input", nargs="+", required=True, help="files in the export's data format")
+    pr.add_argument("--trust-torchscript", action="store_true", help="load an export whose dense model only its TorchScript model.pt gives (one written before format 5, or "
+                    "of a model of your own): TorchScript is a program, so only for exports from a source you trust")
     pr.add_argument("--output", help="file for the probabilities, its format from the extension: .csv (.gz, .bz2, "
                     ".zst), .tsv, .parquet (default: CSV on stdout)")
     pr.add_argument("--overwrite", action="store_true", help="replace earlier predictions at --output (nothing else)")

@@ -14,7 +14,7 @@ Layout::
                            other runtimes. TorchScript is a program (a crafted one runs what it
                            likes): ember loads it only for what nothing else describes (an export
                            before format 5, a model of no built-in type) and only when trusted
-                           explicitly (``EMBER_TRUST_TORCHSCRIPT=1``; ``load_export_model``)
+                           explicitly (``trust_torchscript``, ``--trust-torchscript``; ``load_export_model``)
     tables/<name>.ids      int64 IDs, sorted (looked up with a binary search)
     tables/<name>.weights  [rows, dim] weights only (optimizer state is dropped), at the table's
                            dtype: float32, or the 16-bit patterns of bf16 / fp16 (format 3 on)
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Protocol, Sequence
 
@@ -55,7 +54,6 @@ __all__ = ["export_model", "EXPORT_VERSION", "encode_weights", "write_array", "t
 # serving builds the model itself and never loads TorchScript
 EXPORT_VERSION = 5
 # =1: serve an export whose model only its TorchScript gives (before format 5, or a custom model)
-TRUST_TORCHSCRIPT = "EMBER_TRUST_TORCHSCRIPT"
 
 # keys of the run config's JSON form that the export records (Predictor reads data and schema)
 RUN_CONFIG_KEYS = ("data", "schema", "model")
@@ -260,7 +258,7 @@ def model_files(model: nn.Module, tmp: Path, collections: Sequence[_Collection],
     return files, inputs
 
 
-def load_export_model(root: Path, manifest: Mapping[str, Any]) -> nn.Module:
+def load_export_model(root: Path, manifest: Mapping[str, Any], trust_torchscript: bool = False) -> nn.Module:
     """The dense model of the export (or delta export) at ``root``, in eval mode, loading no
     code from it: built by ember's model code from the manifest's ``model`` config and
     ``model_inputs``, its weights read from ``dense.pt`` by torch's weights-only unpickler (a
@@ -269,7 +267,8 @@ def load_export_model(root: Path, manifest: Mapping[str, Any]) -> nn.Module:
     Only TorchScript (``model.pt``) can give the model of an export before format 5, or of a
     model that is not one of ember's built-in types (``export_model`` of your own module), and
     TorchScript is a program: those are refused (CheckpointError saying why) unless
-    ``EMBER_TRUST_TORCHSCRIPT=1`` says the export comes from a source you trust.
+    ``trust_torchscript`` (``ember serve`` / ``ember predict --trust-torchscript``) says the
+    export comes from a source you trust.
     """
     from ember.models.base import ModelInputs
     from ember.models.registry import MODEL_TYPES, build_model
@@ -280,12 +279,12 @@ def load_export_model(root: Path, manifest: Mapping[str, Any]) -> nn.Module:
            else f"holds a model of type {kind!r}, not one of ember's ({', '.join(MODEL_TYPES)})" if kind not in MODEL_TYPES
            else "")
     if why:
-        if os.environ.get(TRUST_TORCHSCRIPT) != "1":
+        if not trust_torchscript:
             raise CheckpointError(
                 f"export {root} {why}: only its TorchScript ({root / 'model.pt'}) gives its dense model, and TorchScript "
                 "is a program: loading it could run arbitrary code, so ember does not. Export the checkpoint again "
-                f"with this ember and a built-in model type, or, if you trust where the export came from, set "
-                f"{TRUST_TORCHSCRIPT}=1")
+                "with this ember and a built-in model type, or, if you trust where the export came from, give "
+                "--trust-torchscript (ember serve / ember predict; Predictor.load(..., trust_torchscript=True))")
         try:
             return torch.jit.load(str(root / "model.pt"), map_location="cpu").eval()
         except RuntimeError as e:

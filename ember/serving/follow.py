@@ -47,8 +47,8 @@ class SeriesSource(PolledSource):
 
     thread_name = "ember-serve-follow"
 
-    def __init__(self, root: str | Path, poll_s: float = 2.0) -> None:
-        super().__init__(root, poll_s)
+    def __init__(self, root: str | Path, poll_s: float = 2.0, trust_torchscript: bool = False) -> None:
+        super().__init__(root, poll_s, trust_torchscript)
         self.current: Any = None
         self.base: int | None = None  # number of the full export served
         self.applied: int | None = None  # number of the newest export applied (full or delta)
@@ -98,7 +98,7 @@ class SeriesSource(PolledSource):
     def _load_full(self, entry: SeriesEntry) -> bool:
         t0 = time.perf_counter()
         try:
-            p = Predictor.load(entry.path)
+            p = Predictor.load(entry.path, trust_torchscript=self.trust_torchscript)
             p.tables = {name: OverlayTable(t) for name, t in p.tables.items()}
         except (OSError, ValueError, EmberError) as e:
             if entry.path.exists():
@@ -147,7 +147,7 @@ class SeriesSource(PolledSource):
                                            old.ttl is not None)
             removed = read_removed(root, meta)
             tables[meta["name"]] = old.with_delta(ids, weights, seen, removed, meta.get("step"))
-        return Predictor(root, manifest, tables=tables)
+        return Predictor(root, manifest, tables=tables, trust_torchscript=self.trust_torchscript)
 
     def info(self) -> dict[str, Any]:
         """Health details: the full export served, the newest export applied, overlay size."""

@@ -117,17 +117,20 @@ class Predictor:
         probs = p.predict_files(["new_rows.parquet"])   # [N, T] click probabilities
     """
 
-    def __init__(self, root: Path, manifest: dict[str, Any], tables: dict[str, Any] | None = None) -> None:
+    def __init__(self, root: Path, manifest: dict[str, Any], tables: dict[str, Any] | None = None,
+                 trust_torchscript: bool = False) -> None:
         """``tables``: the tables to score with (anything with ``rows(ids) -> [N, dim]``, e.g. a
         served export with delta exports applied: ``ember.serving.overlay``) instead of the
-        export's own; the dense model is ``root``'s."""
+        export's own; the dense model is ``root``'s. ``trust_torchscript``: an export whose model
+        only its TorchScript gives (an old format, a model of your own) is loaded from it
+        (``load_export_model``); off, it is refused."""
         self.root = root
         self.manifest = manifest
         version = manifest.get("format_version")
         if not isinstance(version, int) or not 1 <= version <= EXPORT_VERSION:
             raise CheckpointError(f"export {root}: format_version {version!r} is not one this ember reads "
                                   f"(1..{EXPORT_VERSION}); export it again with this version of ember")
-        self.model = load_export_model(root, manifest)  # ember's model code and the weights: no code from the export
+        self.model = load_export_model(root, manifest, trust_torchscript)  # ember's model code: no code from the export
         if tables is None and manifest.get("series", {}).get("kind") == "delta":
             raise CheckpointError(f"export {root} is a delta export (only the rows changed since the previous "
                                   f"export): load a full export, or serve the series with "
@@ -143,7 +146,7 @@ class Predictor:
         self.bad_rows: BadRowReport | None = None  # rows the last predict_files skipped (data.on_bad_rows=skip)
 
     @classmethod
-    def load(cls, path: str | Path, verify: bool = True) -> "Predictor":
+    def load(cls, path: str | Path, verify: bool = True, trust_torchscript: bool = False) -> "Predictor":
         root = Path(path)
         mf = root / "manifest.json"
         if not mf.exists():
@@ -153,7 +156,7 @@ class Predictor:
             for rel, digest in manifest["files"].items():
                 if sha256_file(root / rel) != digest:
                     raise CheckpointError(f"export {root}: {rel} is damaged (sha256 mismatch); export again")
-        return cls(root, manifest)
+        return cls(root, manifest, trust_torchscript=trust_torchscript)
 
     def _pooled(self, sparse: SparseFeatures, features: list[FeatureConfig]) -> list[Tensor]:
         out = []

@@ -53,9 +53,9 @@ def _version(root: Path) -> str:
 class ModelSource(PolledSource):
     """The export being served, swapped atomically when its manifest changes."""
 
-    def __init__(self, export: str | Path, poll_s: float = 2.0) -> None:
-        super().__init__(export, poll_s)
-        self.current = Served(Predictor.load(self.root), _version(self.root))
+    def __init__(self, export: str | Path, poll_s: float = 2.0, trust_torchscript: bool = False) -> None:
+        super().__init__(export, poll_s, trust_torchscript)
+        self.current = Served(Predictor.load(self.root, trust_torchscript=trust_torchscript), _version(self.root))
 
     def refresh(self) -> bool:
         """Load the export again if its manifest changed; True when a new model is served."""
@@ -63,7 +63,7 @@ class ModelSource(PolledSource):
             version = _version(self.root)
             if version == self.current.version:
                 return False
-            fresh = Served(Predictor.load(self.root), version)  # complete and verified before it is served
+            fresh = Served(Predictor.load(self.root, trust_torchscript=self.trust_torchscript), version)  # verified first
         except (OSError, ValueError, EmberError) as e:  # half-written or damaged: keep serving the old one
             log.warning("ember serve: export %s could not be loaded (%s); still serving version %s",
                         self.root, e, self.current.version)
@@ -124,18 +124,20 @@ def make_app(source: ModelSource, max_body_bytes: int = 1 << 20) -> Any:
 
 
 def serve(export: str | Path, host: str = "127.0.0.1", port: int = 8000, poll_s: float = 2.0,
-          max_body_bytes: int = 1 << 20, on_ready: Callable[[str, int], None] | None = None) -> None:
+          max_body_bytes: int = 1 << 20, on_ready: Callable[[str, int], None] | None = None,
+          trust_torchscript: bool = False) -> None:
     """Run the server until interrupted (``ember serve``).
 
     The export is opened and the port bound before anything is served, so a bad export or a
     busy port is a ConfigError at once; then ``on_ready(host, port)`` (the port bound: ``port``
     0 picks a free one) announces it and requests are served on that socket.
+    ``trust_torchscript``: see ``Predictor``.
     """
     try:
         import uvicorn
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ConfigError("ember serve needs FastAPI and uvicorn: pip install 'ember[serve]'") from e
-    source = open_source(export, poll_s)
+    source = open_source(export, poll_s, trust_torchscript)
     sock = bind(host, port)
     try:
         source.start()
@@ -182,14 +184,14 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def open_source(export: str | Path, poll_s: float = 2.0) -> Any:
+def open_source(export: str | Path, poll_s: float = 2.0, trust_torchscript: bool = False) -> Any:
     """What ``--export`` names: an export directory (``ModelSource``), or a training run's
     export series of full and delta exports (``SeriesSource``, follow mode)."""
     root = Path(export)
     if (root / "manifest.json").exists():
-        return ModelSource(root, poll_s)
+        return ModelSource(root, poll_s, trust_torchscript)
     if not root.is_dir():
         raise ConfigError(f"--export {root}: no such directory; give an export directory or a run's exports/ directory")
     from ember.serving.follow import SeriesSource
 
-    return SeriesSource(root, poll_s)
+    return SeriesSource(root, poll_s, trust_torchscript)

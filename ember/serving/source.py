@@ -38,9 +38,10 @@ class PolledSource:
     current: Served
     thread_name = "ember-serve-poll"
 
-    def __init__(self, root: str | Path, poll_s: float) -> None:
+    def __init__(self, root: str | Path, poll_s: float, trust_torchscript: bool = False) -> None:
         self.root = Path(root)
         self.poll_s = poll_s
+        self.trust_torchscript = trust_torchscript  # every export it loads (``Predictor``)
         self.served = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

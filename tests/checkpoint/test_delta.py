@@ -129,11 +129,10 @@ class _Sum(torch.nn.Module):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_full_plus_delta_served_equals_a_full_export_of_the_same_state(tmp_path, dtype, monkeypatch):
+def test_full_plus_delta_served_equals_a_full_export_of_the_same_state(tmp_path, dtype):
     """Through the lookup phases (fetch, update, write back) without a trainer: the delta holds
     exactly the written rows, and the served full + delta reads every row as a full export of
     the final state does (bf16: the exact 16-bit weights)."""
-    monkeypatch.setenv("EMBER_TRUST_TORCHSCRIPT", "1")  # _Sum is no built-in model: served through its TorchScript
     from ember.checkpoint.export import export_model
     from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
     from ember.embedding.group import GroupLookup
@@ -160,7 +159,9 @@ def test_full_plus_delta_served_equals_a_full_export_of_the_same_state(tmp_path,
     delta = exporter.export(2)
     assert delta.name == "000002-delta"
     assert np.fromfile(delta / "tables" / "t.ids", dtype="<i8").tolist() == list(range(40, 80))
-    full = Predictor.load(export_model(_Sum(), [ec], features, None, ["y"], run_config, tmp_path / "full"))
-    served = SeriesSource(tmp_path / "ex").current.predictor.tables["t"]
+    # _Sum is no built-in model: served through its TorchScript, trusted explicitly
+    full = Predictor.load(export_model(_Sum(), [ec], features, None, ["y"], run_config, tmp_path / "full"),
+                          trust_torchscript=True)
+    served = SeriesSource(tmp_path / "ex", trust_torchscript=True).current.predictor.tables["t"]
     ids = torch.arange(-5, 100)
     torch.testing.assert_close(served.rows(ids), full.tables["t"].rows(ids), rtol=0, atol=0)

@@ -50,7 +50,7 @@ def _run_config() -> dict:
             "model": {"type": "custom"}, "train": {"epochs": 1}}
 
 
-def test_export_writes_tables_manifest_and_scores(tmp_path, monkeypatch):
+def test_export_writes_tables_manifest_and_scores(tmp_path):
     tables = {"a": _Table([7, 3], dim=2, seed=1), "b": _Table([5], dim=2, seed=2, effective_seed=99)}
     collection = SimpleNamespace(tables=tables)
     features = [FeatureConfig(name="a"), FeatureConfig(name="b")]
@@ -66,11 +66,10 @@ def test_export_writes_tables_manifest_and_scores(tmp_path, monkeypatch):
     assert model.training  # put back as it was
 
     # a model of no built-in type has only its TorchScript, a program: served only when trusted explicitly
-    with pytest.raises(CheckpointError, match=r"type 'custom', not one of ember's.*EMBER_TRUST_TORCHSCRIPT=1"):
+    with pytest.raises(CheckpointError, match=r"type 'custom', not one of ember's.*--trust-torchscript"):
         Predictor.load(out)
-    monkeypatch.setenv("EMBER_TRUST_TORCHSCRIPT", "1")
     # the Predictor serves it: known IDs read their weights, unseen ones their initial row (seeded per table)
-    p = Predictor.load(out)
+    p = Predictor.load(out, trust_torchscript=True)
     sparse = SparseFeatures(["a", "b"], torch.tensor([3, 42, 5, 5]), torch.tensor([1, 1, 1, 1]))
     batch = Batch(dense=torch.zeros(2, 0), sparse=sparse, labels=torch.zeros(2, 1))
     unseen = init_rows(torch.tensor([42]), 2, InitializerConfig(), 1)[0]
@@ -84,10 +83,9 @@ def test_export_needs_the_run_config_sections(tmp_path):
     assert not (tmp_path / "exp").exists()
 
 
-def test_predictor_reads_an_empty_field_as_the_export_recorded_it(tmp_path, monkeypatch):
+def test_predictor_reads_an_empty_field_as_the_export_recorded_it(tmp_path):
     from ember.featurize.hashing import hash_array
 
-    monkeypatch.setenv("EMBER_TRUST_TORCHSCRIPT", "1")  # a custom model: served through its TorchScript
 
     run_config = {**_run_config(), "data": DataConfig(format="csv", eval="unused.csv").model_dump(mode="json")}
     tables = {"a": _Table([7], dim=2, seed=1), "b": _Table([5], dim=2, seed=2)}
@@ -99,11 +97,42 @@ def test_predictor_reads_an_empty_field_as_the_export_recorded_it(tmp_path, monk
     b_row = float(init_rows(torch.from_numpy(x_id), 2, InitializerConfig(), 2).sum())
     a_row = float(init_rows(torch.from_numpy(empty_id), 2, InitializerConfig(), 1).sum())
     # now: "" is a category (the schema's missing_values is [] by default): an unseen ID, its initial row
-    got = Predictor.load(out).predict_files([str(rows)])[:, 0]
+    got = Predictor.load(out, trust_torchscript=True).predict_files([str(rows)])[:, 0]  # a custom model
     np.testing.assert_allclose(got, torch.sigmoid(torch.tensor([0.5 * (a_row + b_row)])).numpy(), rtol=1e-6)
     # an export written before missing_values existed took "" as missing: it still does
     manifest = json.loads((out / "manifest.json").read_text())
     del manifest["schema"]["missing_values"]
     (out / "manifest.json").write_text(json.dumps(manifest))
-    got = Predictor.load(out).predict_files([str(rows)])[:, 0]
+    got = Predictor.load(out, trust_torchscript=True).predict_files([str(rows)])[:, 0]  # a custom model
     np.testing.assert_allclose(got, torch.sigmoid(torch.tensor([0.5 * b_row])).numpy(), rtol=1e-6)
+
+
+def test_trust_torchscript_is_a_flag_of_the_commands_that_load_exports(tmp_path, monkeypatch):
+    """``--trust-torchscript`` (never an environment variable) reaches the Predictor of ``ember
+    predict`` and every export ``ember serve`` loads; without it nothing is trusted."""
+    from ember.cli import main
+    from ember.serving import predictor as predictor_mod
+    from ember.serving.server import open_source
+
+    run_config = {**_run_config(), "data": DataConfig(format="csv", eval="unused.csv").model_dump(mode="json")}
+    tables = {"a": _Table([7], dim=2, seed=1), "b": _Table([5], dim=2, seed=2)}
+    out = export_model(_SumModel(), [SimpleNamespace(tables=tables)], [FeatureConfig(name="a"), FeatureConfig(name="b")],
+                       None, ["y"], run_config, tmp_path / "exp")
+    rows = tmp_path / "rows.csv"
+    rows.write_text("a,b\n7,5\n")
+    assert main(["predict", "--export", str(out), "--input", str(rows), "--output", str(tmp_path / "p.csv")]) == 2
+    assert main(["predict", "--export", str(out), "--input", str(rows), "--output", str(tmp_path / "p.csv"),
+                 "--trust-torchscript"]) == 0
+    assert (tmp_path / "p.csv").read_text().splitlines()[0] == "p_y"
+    with pytest.raises(CheckpointError, match="--trust-torchscript"):
+        open_source(out)
+    assert open_source(out, trust_torchscript=True).trust_torchscript
+    seen = []
+
+    def load(cls, path, verify=True, trust_torchscript=False):  # what ember serve asks for, then stop it there
+        seen.append(trust_torchscript)
+        raise CheckpointError("stopped here")
+
+    monkeypatch.setattr(predictor_mod.Predictor, "load", classmethod(load))
+    assert main(["serve", "--export", str(out), "--port", "0", "--trust-torchscript"]) == 2
+    assert seen == [True]

@@ -192,12 +192,11 @@ def test_an_export_is_served_without_loading_its_torchscript(run, tmp_path, monk
     manifest = json.loads((out / "manifest.json").read_text())
     (out / "manifest.json").write_text(json.dumps({**manifest, "format_version": 4}))
     with pytest.raises(CheckpointError, match=r"before format 5 .*model\.pt\) gives its dense model, and "
-                                              r"TorchScript is a program.*EMBER_TRUST_TORCHSCRIPT=1"):
+                                              r"TorchScript is a program.*--trust-torchscript"):
         Predictor.load(out)
     monkeypatch.undo()
-    monkeypatch.setenv("EMBER_TRUST_TORCHSCRIPT", "1")  # trusted: TorchScript, which never unpickles Python objects
     with pytest.raises(CheckpointError, match=r"model\.pt is not a TorchScript model"):
-        Predictor.load(out)
+        Predictor.load(out, trust_torchscript=True)  # trusted: TorchScript, which never unpickles Python objects
     assert not marker.exists() and not RAN
 
 
