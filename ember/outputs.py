@@ -192,6 +192,12 @@ def claim_output(path: str | os.PathLike, kind: Kind, flag: str, overwrite: bool
         return False
     found = output_kind(p)
     what = _DESCRIBED[kind].split(" (")[0]
+    writing = sorted(p.glob(f".{MARKER}.tmp-*")) if found is None and p.is_dir() else []
+    if writing:  # (ember.fileio.atomic_file's temporary name: the marker of another process, mid-write)
+        pid = writing[0].name.rsplit("-", 1)[-1]
+        raise ConfigError(f"{flag} {p} is being created by another ember command right now (process {pid} is writing "
+                          f"its marker): two commands writing one output at once would mix their files; wait for it "
+                          f"to finish, or choose another path (for train: another train.run_name)")
     if found != kind:
         holds = f"holds {_DESCRIBED[found]}, not {what}" if found is not None else \
             f"holds files ember did not write (not {what})" if p.is_dir() else f"is a file ember did not write (not {what})"

@@ -325,3 +325,20 @@ def test_one_rule_tells_checkpoints_exports_and_runs_apart_for_every_command(tmp
         with pytest.raises(ConfigError, match="is an export"):
             _checkpoint_manifest("train.resume", str(export))
     assert _checkpoint_manifest("train.resume", str(ckpt))["step"] == int(ckpt.name.split("-")[1])
+
+
+def test_an_output_another_command_is_creating_right_now_is_named_as_such(tmp_path):
+    """Two runs of one run_name started together: the second finds the first's marker mid-write
+    (its temporary name) and says so, instead of "files ember did not write"."""
+    from ember.errors import ConfigError
+    from ember.outputs import MARKER, claim_output
+
+    run = tmp_path / "runs" / "x"
+    run.mkdir(parents=True)
+    (run / f".{MARKER}.tmp-4242").write_text("{")
+    with pytest.raises(ConfigError, match=r"being created by another ember command right now \(process 4242"):
+        claim_output(run, "run", "train.run_name", overwrite=True)
+    (run / f".{MARKER}.tmp-4242").unlink()
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(ConfigError, match="holds files ember did not write"):
+        claim_output(run, "run", "train.run_name", overwrite=True)
