@@ -21,7 +21,7 @@ def test_python_m_ember_help():
     for module in ("ember", "ember.cli"):
         r = _ember("--help", module=module)
         assert r.returncode == 0, r.stderr
-        assert "usage: ember" in r.stdout and "{train,eval,export,towers,serve,predict,plan,generate}" in r.stdout
+        assert "usage: ember" in r.stdout and "{train,eval,export,towers,serve,predict,profile,plan,generate}" in r.stdout
 
 
 def test_python_m_ember_trains_the_demo_config(tmp_path):
