@@ -21,7 +21,7 @@ __all__ = ["StopSignals", "SignalsHeld", "StopAgreement", "Ahead", "Timed"]
 
 
 class Ahead(Protocol):
-    """What the ranks agree on two steps ahead (``FileShards``, ``StreamRanks``)."""
+    """What the ranks agree on ahead (``FileShards``, ``StreamRanks``: ``ahead`` steps)."""
 
     end: int | None
 
@@ -86,11 +86,14 @@ class StopAgreement:
     signal that stops the run (distributed: agreed on by every rank), None while it goes on.
     ``gate``: the pass's fetch gate, told where the pass ends; ``shards``: what the ranks agree
     on ahead (``data.shard: files``, an online stream); ``timed``: reports due by the clock
-    besides the checkpoint (an export, a window report)."""
+    besides the checkpoint (an export, a window report); ``ahead``: how many steps ahead a report
+    due by the clock is marked (``ember.train.shards.ahead_of`` the run's staleness: past the
+    furthest step any rank's fetch may have reached)."""
 
     def __init__(self, signals: StopSignals, dist: DistributedRun | None, checkpointer: Checkpointer,
-                 gate: FetchGate, shards: Ahead | None = None, timed: tuple[Timed, ...] = ()) -> None:
+                 gate: FetchGate, shards: Ahead | None = None, timed: tuple[Timed, ...] = (), ahead: int = 2) -> None:
         self.signals, self.dist, self.checkpointer, self.gate, self.shards = signals, dist, checkpointer, gate, shards
+        self.ahead = ahead
         self.timed: tuple[Timed, ...] = (checkpointer, *timed)
         self.stopping: int | None = None
 
@@ -124,8 +127,8 @@ class StopAgreement:
                     self.gate.end_at(shards.end)
             self.stopping = agreed[0] or None
             for timed, due in zip(self.timed, agreed[1:n]):
-                if due:  # at step + 2: its batch is not fetched yet (the pipeline's fetch
-                    timed.mark(step + 2)  # of step + 1 may be), so the fetch gate holds after it
+                if due:  # at step + ahead: its batch is not fetched yet on any rank (the
+                    timed.mark(step + self.ahead)  # fetch may be at step + ahead - 1), so the gate holds after it
         if self.stopping is not None:
             self.gate.stop()  # no more fetches; the batches already fetched still train
         return self.stopping

@@ -50,16 +50,12 @@ def check_distributed(cfg: RunConfig, world_size: int) -> None:
     """Every refusal of a distributed run, in one place: raise ConfigError (on every rank alike,
     before the process group starts) for settings distributed training does not take.
 
-    Refused: ``pipeline.embedding_staleness > 0`` with what the ranks agree on two steps ahead,
-    after each step, while a fetch k steps ahead may have passed it already: ``data.shard:
-    files`` (each rank's rows), ``train.mode: online`` (the stream's batches and its end), and
-    the time-based ``checkpoint.every_s``, ``export.every_s`` and ``eval.window_every_s``;
-    ``data.shard: files`` with ``train.mode: online`` (``check_file_shards``: every rank reads
+    Refused: ``data.shard: files`` with ``train.mode: online`` (``check_file_shards``: every rank reads
     the whole stream, whose position is one list of files); ``placement: embedding_ranks`` with
     ``data.shard: files`` (each batch is cut among the dense ranks) or with an ``embedding_ranks``
     count that leaves no dense rank. Every other setting trains as in one process (online
     streams, rolling windows and exports included)."""
-    t, d = cfg.train, cfg.distributed
+    d = cfg.distributed
     slices, who = world_size, f"the world size {world_size}"
     if d.placement == "embedding_ranks":  # the last E ranks hold the tables, the others split each batch
         embedding_rank_ids(world_size, d.embedding_ranks)
@@ -81,19 +77,6 @@ def check_distributed(cfg: RunConfig, world_size: int) -> None:
         raise ConfigError("model.distill.adapter with distributed.placement=towers: the adapter sits beside the DMT, "
                           "outside both the towers (reduced per node) and the head (reduced by DDP), so the ranks' "
                           "adapters would drift apart; set model.distill.adapter=false with tower placement")
-    if cfg.pipeline.embedding_staleness:
-        stale = [key for key, on in (("data.shard: files", cfg.data.shard == "files"),
-                                     ("train.mode: online", t.mode == "online"),
-                                     ("checkpoint.every_s", cfg.checkpoint.every_s is not None),
-                                     ("export.every_s", cfg.export.enabled and cfg.export.every_s is not None),
-                                     ("eval.window_every_s", cfg.eval.window_rows is not None
-                                      and cfg.eval.window_every_s is not None)) if on]
-        if stale:
-            raise ConfigError(f"pipeline.embedding_staleness={cfg.pipeline.embedding_staleness} is not supported with "
-                              f"{' and '.join(stale)} in distributed training yet (the ranks agree on those two steps "
-                              "ahead, and the fetch may already run further ahead); set pipeline.embedding_staleness=0, "
-                              "or use data.shard: rows and the step-based checkpoint.every, export.every_steps, "
-                              "eval.window_every")
     check_file_shards(cfg, world_size)
 
 

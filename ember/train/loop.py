@@ -45,6 +45,7 @@ from ember.train.evaluator import Evaluator
 from ember.train.history import History
 from ember.train.metrics import json_safe
 from ember.train.preflight import check_disk, check_run, holds_run, no_steps_error
+from ember.train.shards import ahead_of
 from ember.train.progress import EpochRows, Progress
 from ember.train.reporter import Reporter, expire_tables
 from ember.train.run_state import RunState
@@ -172,7 +173,8 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             base = state.step
             gate = FetchGate(k, lambda b: r.cadence.barrier_after(base + b + 1), None if t.max_steps is None else t.max_steps - base)
             stages = TrainStages(parts, gate, WriteLog(k), task_w, first_step=base, window=reporter.window, shards=data.shards)
-            agreement = StopAgreement(signals, parts.dist, checkpointer, gate, data.ahead, (r.exporter, reporter.windows))
+            agreement = StopAgreement(signals, parts.dist, checkpointer, gate, data.ahead, (r.exporter, reporter.windows),
+                                      ahead_of(k))
             run = Scheduler(*_pipeline(data, stages, pipe.depth, not engine_threads), threaded=pipe.enabled,
                             stop_timeout_s=pipe.stop_timeout_s)
             try:

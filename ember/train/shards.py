@@ -28,12 +28,20 @@ from ember.pipeline.loader import shard_files
 from ember.pipeline.scheduler import Stage
 from ember.source.files import expand_paths
 
-__all__ = ["FileShards", "LookAhead", "check_file_shards", "AHEAD"]
+__all__ = ["FileShards", "LookAhead", "check_file_shards", "AHEAD", "ahead_of"]
 
 AHEAD = 2
-"""Batches the ``shard`` stage holds back: after step i the ranks agree on step i + AHEAD's
-rows, and no rank fetches step i + 2 before its update of step i + 1, which follows that
-agreement (the fetch gate)."""
+"""Batches the ``shard`` stage holds back at staleness 0: after step i the ranks agree on step
+i + AHEAD's rows, and no rank fetches step i + 2 before its update of step i + 1, which follows
+that agreement (the fetch gate)."""
+
+
+def ahead_of(staleness: int) -> int:
+    """How many steps ahead the ranks must agree (on rows, stream batches, time-based reports)
+    with ``pipeline.embedding_staleness`` k: the fetch of step b waits for the update of step
+    b - k - 1, which follows the compute of that step, which follows the agreement after step
+    b - k - 2; so the agreement after step i must settle step i + k + 2 (``AHEAD`` at k = 0)."""
+    return AHEAD + staleness
 
 
 def check_file_shards(cfg: RunConfig, world_size: int) -> None:
@@ -58,7 +66,8 @@ class LookAhead:
 
     width: int  # slots per step in the agreement
 
-    def __init__(self) -> None:
+    def __init__(self, ahead: int = AHEAD) -> None:
+        self.ahead = ahead  # steps held back and agreed on ahead (``ahead_of``)
         self._records: list = []  # per step of the pass, what the stage noted (its thread appends)
         self._read_through = False  # the stage saw the pass's last batch
 
@@ -86,7 +95,7 @@ class LookAhead:
         def hold(batch: Batch) -> list[Batch]:
             self._records.append(self._record(batch))
             held.append(batch)
-            return [held.popleft()] if len(held) > AHEAD else []
+            return [held.popleft()] if len(held) > self.ahead else []
 
         def finish() -> Iterator[Batch]:
             self._read_through = True
@@ -98,18 +107,18 @@ class LookAhead:
         return Stage(name, hold, depth, expand=True, finish=finish)
 
     def start(self, dist: DistributedRun) -> None:
-        """At the pass's first step (before it trains): agree on steps 0 .. AHEAD-1."""
-        agreed = dist.agree([v for s in range(AHEAD) for v in self._slots(s)])
-        for s in range(AHEAD):
+        """At the pass's first step (before it trains): agree on steps 0 .. ahead-1."""
+        agreed = dist.agree([v for s in range(self.ahead) for v in self._slots(s)])
+        for s in range(self.ahead):
             self._note(s, agreed[s * self.width:(s + 1) * self.width])
 
     def ask(self, step: int) -> list[int]:
-        """This rank's values for the agreement after ``step``: its batch of step + AHEAD."""
-        return self._slots(step + AHEAD)
+        """This rank's values for the agreement after ``step``: its batch of step + ahead."""
+        return self._slots(step + self.ahead)
 
     def hear(self, step: int, agreed: list[int]) -> None:
         """The agreement after ``step`` (``ask``'s slots, maxed over ranks)."""
-        self._note(step + AHEAD, agreed)
+        self._note(step + self.ahead, agreed)
 
 
 class FileShards(LookAhead):
@@ -122,10 +131,12 @@ class FileShards(LookAhead):
         empty: the batch of no rows a rank trains once its files are read through.
         starts: each rank's batch index in its own files where the pass starts.
         first_batch: the pass's first step in the epoch (what a checkpoint's ``batch`` counts).
+        ahead: steps agreed on ahead (``ahead_of`` the run's staleness).
     """
 
-    def __init__(self, rank: int, world_size: int, empty: Batch, starts: list[int], first_batch: int = 0) -> None:
-        super().__init__()  # records: the rows of this rank's batches of the pass
+    def __init__(self, rank: int, world_size: int, empty: Batch, starts: list[int], first_batch: int = 0,
+                 ahead: int = AHEAD) -> None:
+        super().__init__(ahead)  # records: the rows of this rank's batches of the pass
         self.rank, self.world_size, self.empty, self.starts = rank, world_size, empty, list(starts)
         self.width = world_size
         self.first_batch = first_batch
@@ -134,8 +145,8 @@ class FileShards(LookAhead):
         self.end: int | None = None  # the first step where no rank has rows: the pass ends before it
 
     def stage(self, depth: int) -> Stage:
-        """The ``shard`` stage: notes each batch's rows, holds ``AHEAD`` batches back (so the
-        rows of step i + AHEAD are known when step i trains), then yields empty batches
+        """The ``shard`` stage: notes each batch's rows, holds ``ahead`` batches back (so the
+        rows of step i + ahead are known when step i trains), then yields empty batches
         without end (the fetch gate ends the pass)."""
         return self._stage("shard", depth, tail=self.empty)
 

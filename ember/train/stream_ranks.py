@@ -27,7 +27,7 @@ from ember.batch import Batch
 from ember.errors import DataError
 from ember.pipeline.scheduler import Stage
 from ember.pipeline.stream import StreamLoader
-from ember.train.shards import LookAhead
+from ember.train.shards import AHEAD, LookAhead
 
 __all__ = ["StreamRanks"]
 
@@ -41,17 +41,18 @@ class StreamRanks(LookAhead):
     Args:
         stream: this rank's stream (every rank reads all of it).
         first_batch: the stream's batch number where the pass starts (a resumed run's ``batch``).
+        ahead: steps agreed on ahead (``ember.train.shards.ahead_of`` the run's staleness).
     """
 
-    def __init__(self, stream: StreamLoader, first_batch: int) -> None:
-        super().__init__()  # records: per step of the pass, (rows, fingerprint of where the batch ended)
+    def __init__(self, stream: StreamLoader, first_batch: int, ahead: int = AHEAD) -> None:
+        super().__init__(ahead)  # records: per step of the pass, (rows, fingerprint of where the batch ended)
         self.stream, self.first_batch = stream, first_batch
         self.width = _SLOTS
         self.end: int | None = None  # the first step some rank lacks: the pass ends before it
 
     def stage(self, depth: int) -> Stage:
-        """The ``agree`` stage: notes each batch's size and where it ended, and holds ``AHEAD``
-        batches back (so step i + AHEAD is known when step i trains)."""
+        """The ``agree`` stage: notes each batch's size and where it ended, and holds ``ahead``
+        batches back (so step i + ahead is known when step i trains)."""
         return self._stage("agree", depth)
 
     def _record(self, batch: Batch) -> tuple[int, int]:

@@ -17,7 +17,7 @@ from ember.pipeline.loader import WINDOW_KEYS, BatchList, Loader, empty_batch, m
 from ember.pipeline.scheduler import Stage
 from ember.pipeline.stream import StreamLoader, StreamPosition
 from ember.train.run_state import DataPosition, RunState, ShardPositions
-from ember.train.shards import FileShards
+from ember.train.shards import FileShards, ahead_of
 from ember.train.stream_ranks import StreamRanks
 
 __all__ = ["TrainLoader", "open_train_loader", "check_train_data", "start_data", "shards_files", "window_keys"]
@@ -111,12 +111,12 @@ def open_train_loader(cfg: RunConfig, state: RunState, dist: DistributedRun | No
         closing = threading.Event()
         stream = StreamLoader(d, cfg.schema, state.data, state.batch, pipe.depth,
                               stop=lambda: stop() or closing.is_set(), workers=pipe.data_workers, keys=keys)
-        ranks = StreamRanks(stream, state.batch) if dist is not None else None
+        ranks = StreamRanks(stream, state.batch, ahead_of(pipe.embedding_staleness)) if dist is not None else None
         return TrainLoader(stream, shard_depth=pipe.depth.featurize, closing=closing, stream_ranks=ranks)
     if shards_files(cfg, dist):
         assert isinstance(state.data, ShardPositions)
         starts = list(state.data.rank_batches)
-        shards = FileShards(rank, world, empty_batch(cfg.schema), starts, state.batch)
+        shards = FileShards(rank, world, empty_batch(cfg.schema), starts, state.batch, ahead_of(pipe.embedding_staleness))
         loader = make_batches(d, cfg.schema, "train", epoch=state.epoch, start_batch=starts[rank], depth=pipe.depth,
                               workers=pipe.data_workers, part=(rank, world))
         if keys:
