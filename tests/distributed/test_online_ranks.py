@@ -223,3 +223,21 @@ def test_online_window_and_exports_with_an_embedding_rank_equal_one_process(root
         assert eb["manifest"] == ea["manifest"], a.path.name
         for f, arr in ea["files"].items():
             np.testing.assert_allclose(eb["files"][f], arr, rtol=1e-4, atol=1e-5, err_msg=f"{a.path.name} {f}")
+
+
+def test_online_with_staleness_agrees_k_plus_2_steps_ahead(root):
+    """pipeline.embedding_staleness 2 on an online stream with exports and window reports due by
+    one rank's clock: the ranks agree on the stream's batches and on the reports k + 2 = 4 steps
+    ahead (the fetch may be 3 steps ahead of the last computed step), so both ranks train the
+    same 11 steps and report after the same steps."""
+    raw = _raw(root, "stale")
+    raw["export"] = {"every_s": 5.0, "full_every": 2, "keep_full": 10}
+    raw["eval"] = {"window_rows": 100, "window_every_s": 5.0}
+    raw["pipeline"] = {"enabled": True, "engine": "threads", "embedding_staleness": 2}
+    raw["train"] = {**raw["train"], "deterministic": False}
+    ranks = run_ranks(_timed, 2, (raw,), timeout=180)
+    assert ranks[0] == ranks[1] and ranks[0]["step"] == 11
+    assert ranks[0]["windows"][0] >= 4  # marked 4 steps on from the first agreement
+    steps = [json.loads((e.path / "manifest.json").read_text())["step"]
+             for e in series_entries(root / "runs" / "stale" / "exports")]
+    assert len(steps) >= 2 and steps[-1] == 11
