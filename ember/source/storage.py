@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import fnmatch
 import functools
+import json
 import logging
 import os
 import re
@@ -37,7 +38,7 @@ from typing import Any, Callable, Literal, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
-from pydantic import Field, model_validator
+from pydantic import Field, field_serializer, model_validator
 
 from ember.config_base import ConfigModel
 from ember.errors import ConfigError, DataError
@@ -57,8 +58,10 @@ T = TypeVar("T")
 class StorageOptions(ConfigModel):
     """``data.storage_options``: how to reach data paths given as URIs (``s3://bucket/prefix/``).
     Unset keys fall back to the standard environment variables, then the AWS SDK's own chain.
-    Keys set here are stored with the run's config (``config.yaml``, checkpoints, exports):
-    give secrets through the environment rather than the config file where that matters.
+    The credentials (``access_key``, ``secret_key``, ``session_token``) are never written out:
+    the config a run records (``config.yaml``, checkpoints, exports) holds them as null, so a
+    command that reads a run later (``ember eval``, ``ember predict``) takes them from the
+    environment, or from a config you give it again.
 
     Example:
         >>> StorageOptions(endpoint_override="127.0.0.1:9000", scheme="http").scheme
@@ -90,6 +93,16 @@ class StorageOptions(ConfigModel):
     extra: dict[str, Any] = Field(default_factory=dict)
     """Other schemes: keyword arguments of their filesystem (`gs://`: `pyarrow.fs.GcsFileSystem`; a scheme only
     fsspec knows: `fsspec.filesystem(scheme, **extra)`); `hdfs://` and `abfs://` take theirs in the URI."""
+
+    def key(self) -> str:
+        """Every field, credentials included, as JSON: this process's cache key of a filesystem
+        (never written anywhere; ``model_dump`` leaves the credentials out)."""
+        return json.dumps({name: getattr(self, name) for name in type(self).model_fields}, sort_keys=True)
+
+    @field_serializer("access_key", "secret_key", "session_token")
+    def _never_written(self, value: str | None) -> None:
+        """Credentials stay in memory: a recorded config holds them as null (class docstring)."""
+        return None
 
     @model_validator(mode="after")
     def _check(self) -> "StorageOptions":
@@ -158,10 +171,10 @@ def _endpoint(options: StorageOptions) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _filesystem(scheme: str, authority: str, options_json: str, env: tuple[str | None, ...]) -> tuple[pafs.FileSystem, str]:
+def _filesystem(scheme: str, authority: str, options_key: str, env: tuple[str | None, ...]) -> tuple[pafs.FileSystem, str]:
     """The filesystem for URIs ``scheme://authority/...`` and the prefix that turns a path on
     it back into a URI; one per (scheme, authority, options, environment) and process."""
-    options = StorageOptions.model_validate_json(options_json)
+    options = StorageOptions.model_validate(json.loads(options_key))
     if scheme in ("s3", "s3a"):
         return pafs.S3FileSystem(**_s3_kwargs(options)), f"{scheme}://"
     uri = f"{scheme}://{authority}/"
@@ -195,7 +208,7 @@ def resolve(uri: str, options: StorageOptions | None = None) -> tuple[pafs.FileS
     env = tuple(os.environ.get(k) for k in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION",
                                              "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID"))
     fs, prefix = _filesystem(scheme, authority if scheme not in ("s3", "s3a") else "",
-                             (options or _DEFAULT).model_dump_json(), env)
+                             (options or _DEFAULT).key(), env)
     return fs, uri[len(prefix):].rstrip("/") if uri.startswith(prefix) else rest.rstrip("/"), prefix
 
 

@@ -203,3 +203,24 @@ def test_a_scheme_only_fsspec_knows_goes_through_the_same_code():
         mem.rm("/ember-test", recursive=True)
     with pytest.raises(ConfigError, match="neither pyarrow nor fsspec can open 'nosuchscheme://'"):
         expand_paths(["nosuchscheme://b/d/"], "csv")
+
+
+def test_credentials_in_the_config_are_never_written_out(tmp_path):
+    """A run records its config (config.yaml, checkpoints, exports): the storage credentials are
+    null there, so no secret lands on disk; the config in memory keeps them."""
+    import yaml
+
+    from ember.config import from_dict, to_yaml
+
+    raw = {"data": {"format": "csv", "train": "s3://b/train.csv", "storage_options": {
+        "endpoint_override": "127.0.0.1:9", "scheme": "http", "access_key": "AKIA-ID", "secret_key": "s3cr3t",
+        "session_token": "tok-9f3a"}}, "schema": {"labels": ["y"], "sparse": [{"name": "a"}]}, "model": {"type": "lr"}}
+    cfg = from_dict(raw)
+    assert (cfg.data.storage_options.access_key, cfg.data.storage_options.secret_key) == ("AKIA-ID", "s3cr3t")
+    text = to_yaml(cfg)
+    assert "s3cr3t" not in text and "AKIA-ID" not in text and "tok-9f3a" not in text
+    recorded = yaml.safe_load(text)
+    assert recorded["data"]["storage_options"]["endpoint_override"] == "127.0.0.1:9"
+    again = from_dict(recorded)  # a recorded config loads: the credentials come from the environment then
+    assert again.data.storage_options.secret_key is None
+    assert "s3cr3t" not in cfg.model_dump_json()
