@@ -313,6 +313,23 @@ class TowerPlacement:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
 
+    def sum_grads(self, params: Sequence[nn.Parameter]) -> None:
+        """Sum ``params``' gradients over every rank (collective, after backward): for a module
+        outside both the towers and the DDP head, e.g. distillation's adapter, whose loss each
+        rank computes on its own slice (a parameter without a gradient adds zeros)."""
+        params = list(params)
+        if not params:
+            return
+        flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        flat = flat.to(self.run.device)
+        dist.all_reduce(flat)
+        n = self.run.world_size
+        wire = int(round(2 * (n - 1) / n * flat.numel() * flat.element_size()))
+        self.ex.note("dense", wire, wire)
+        flat = flat.to(params[0].device)
+        for p, g in zip(params, flat.split([p.numel() for p in params])):
+            p.grad = g.view_as(p).clone()
+
     def sync_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Every tower's dense optimizer state (e.g. Adam's moments) from its node's first rank
         to every rank (collective; the others never step that tower, so theirs is stale)."""

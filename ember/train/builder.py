@@ -171,6 +171,9 @@ class Components:
         (loss if self.scaler is None else self.scaler.scaled(loss)).backward()
         if self.towers is not None:
             self.towers.reduce_tower_grads()  # summed over the tower's node only
+            adapter = getattr(self.model, "adapter", None)  # distillation's: beside the towers and the DDP head
+            if adapter is not None:
+                self.towers.sum_grads(list(adapter.parameters()))
         ready = self.sparse_optimizer.take()
         if self.scaler is not None:
             grads = [p.grad for p in self.model.parameters()] + [lk.grad for lk in ready]

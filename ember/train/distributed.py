@@ -72,11 +72,6 @@ def check_distributed(cfg: RunConfig, world_size: int) -> None:
             f"data.batch_size {cfg.data.batch_size} is the global batch and must be divisible by {who} "
             f"(each trains batch_size / {slices} rows); use e.g. "
             f"data.batch_size={cfg.data.batch_size - cfg.data.batch_size % slices or slices}")
-    distill = getattr(cfg.model, "distill", None)
-    if cfg.distributed.placement == "towers" and distill is not None and distill.adapter:
-        raise ConfigError("model.distill.adapter with distributed.placement=towers: the adapter sits beside the DMT, "
-                          "outside both the towers (reduced per node) and the head (reduced by DDP), so the ranks' "
-                          "adapters would drift apart; set model.distill.adapter=false with tower placement")
     check_file_shards(cfg, world_size)
 
 

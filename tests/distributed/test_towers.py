@@ -172,3 +172,27 @@ def test_towers_with_the_pipeline_and_weighted_features_match_one_process(tmp_pa
     want = [(r["step"], r["auc/y"]) for r in ref if r["kind"] == "eval"]
     assert [s for s, _ in got] == [s for s, _ in want] == [4, 8, 12, 16]
     assert [a for _, a in got] == pytest.approx([a for _, a in want], abs=1e-6)
+
+
+def test_towers_with_a_distillation_adapter_match_one_process(tmp_path):
+    """model.distill with its adapter (beside both the towers and the DDP head: its gradients
+    are summed over every rank after backward) on two "nodes" equals one process."""
+    from tests.distributed.ranks import run_ranks
+
+    raw = _weighted_data(tmp_path)
+    rng = np.random.default_rng(3)
+    for name in ("train.csv", "eval.csv"):  # a teacher column: a noisy, biased score
+        lines = (tmp_path / name).read_text().splitlines()
+        out = [lines[0] + ",teacher"] + [f"{line},{min(max(0.2 + 0.5 * rng.random(), 0.01), 0.99):.3f}"
+                                         for line in lines[1:]]
+        (tmp_path / name).write_text("\n".join(out) + "\n")
+    raw["schema"] = {**raw["schema"], "teacher": ["teacher"]}
+    raw["model"] = {**raw["model"], "distill": {"adapter": True}}
+    raw["train"] = {**raw["train"], "epochs": 1}
+    one = train(from_dict({**raw, "train": {**raw["train"], "run_name": "one"}, "pipeline": {"enabled": False}}))
+    placed = {**raw, "train": {**raw["train"], "run_name": "placed"}, "distributed": {"placement": "towers"}}
+    run_ranks(_train_ranked, 2, (placed,), timeout=240, local_world_size=1)
+    runs = tmp_path / "runs"
+    a, b = checkpoint_state(runs / "one"), checkpoint_state(runs / "placed")
+    assert any("adapter" in key for key in a["model"])
+    assert_states_close(a, b)
