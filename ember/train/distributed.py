@@ -51,19 +51,14 @@ def check_distributed(cfg: RunConfig, world_size: int) -> None:
     before the process group starts) for settings distributed training does not take.
 
     Refused: ``data.shard: files`` with ``train.mode: online`` (``check_file_shards``: every rank reads
-    the whole stream, whose position is one list of files); ``placement: embedding_ranks`` with
-    ``data.shard: files`` (each batch is cut among the dense ranks) or with an ``embedding_ranks``
-    count that leaves no dense rank. Every other setting trains as in one process (online
+    the whole stream, whose position is one list of files); an ``embedding_ranks`` count that
+    leaves no dense rank. Every other setting trains as in one process (online
     streams, rolling windows and exports included)."""
     d = cfg.distributed
     slices, who = world_size, f"the world size {world_size}"
     if d.placement == "embedding_ranks":  # the last E ranks hold the tables, the others split each batch
         embedding_rank_ids(world_size, d.embedding_ranks)
         slices, who = world_size - d.embedding_ranks, f"the {world_size - d.embedding_ranks} dense ranks"
-        if cfg.data.shard == "files":
-            raise ConfigError("distributed.placement=embedding_ranks cuts each global batch among the dense ranks; "
-                              "data.shard: files would give the embedding ranks files of their own to train. Use "
-                              "data.shard: rows with embedding ranks")
     elif d.embedding_ranks:
         raise ConfigError(f"distributed.embedding_ranks={d.embedding_ranks} is set but distributed.placement is "
                           f"{d.placement}; set distributed.placement=embedding_ranks, or leave embedding_ranks out")
@@ -72,7 +67,7 @@ def check_distributed(cfg: RunConfig, world_size: int) -> None:
             f"data.batch_size {cfg.data.batch_size} is the global batch and must be divisible by {who} "
             f"(each trains batch_size / {slices} rows); use e.g. "
             f"data.batch_size={cfg.data.batch_size - cfg.data.batch_size % slices or slices}")
-    check_file_shards(cfg, world_size)
+    check_file_shards(cfg, slices)  # (the dense ranks share the files; embedding ranks read none)
 
 
 LOCAL_KEYS = ("train.threads", "train.progress")

@@ -46,7 +46,8 @@ def ahead_of(staleness: int) -> int:
 
 def check_file_shards(cfg: RunConfig, world_size: int) -> None:
     """Raise ConfigError (on every rank alike) for a ``data.shard: files`` run that cannot
-    shard its files: an online stream, or fewer training files than ranks."""
+    shard its files among ``world_size`` ranks (the dense ranks: embedding ranks read none): an
+    online stream, or fewer training files than ranks."""
     if cfg.data.shard != "files":
         return
     if cfg.train.mode == "online":

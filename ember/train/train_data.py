@@ -117,8 +117,11 @@ def open_train_loader(cfg: RunConfig, state: RunState, dist: DistributedRun | No
         assert isinstance(state.data, ShardPositions)
         starts = list(state.data.rank_batches)
         shards = FileShards(rank, world, empty_batch(cfg.schema), starts, state.batch, ahead_of(pipe.embedding_staleness))
+        part = dist.data_slice  # (this dense rank among the dense ranks, how many); None: an embedding rank
+        if part is None:  # it reads no file: the shard stage hands it empty batches until the pass ends
+            return TrainLoader(BatchList([], state.epoch, 0, pipe.depth), shards, pipe.depth.featurize)
         loader = make_batches(d, cfg.schema, "train", epoch=state.epoch, start_batch=starts[rank], depth=pipe.depth,
-                              workers=pipe.data_workers, part=(rank, world))
+                              workers=pipe.data_workers, part=part)
         if keys:
             loader.carry(keys, WINDOW_KEYS)
         return TrainLoader(loader, shards, pipe.depth.featurize)

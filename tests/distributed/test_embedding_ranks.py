@@ -95,10 +95,6 @@ def test_check_distributed_names_what_embedding_ranks_refuse():
         check_distributed(from_dict(CONFIG), 5)
     with pytest.raises(ConfigError, match="fewer than the world size 3"):
         check_distributed(from_dict({**CONFIG, "distributed": {**CONFIG["distributed"], "embedding_ranks": 3}}), 3)
-    cfg = from_dict(CONFIG)  # (synthetic data refuses data.shard: files itself)
-    files = cfg.model_copy(update={"data": cfg.data.model_copy(update={"shard": "files"})})
-    with pytest.raises(ConfigError, match="data.shard: rows with embedding ranks"):
-        check_distributed(files, 3)
     with pytest.raises(ConfigError, match="set distributed.placement=embedding_ranks"):
         check_distributed(from_dict({**CONFIG, "distributed": {"embedding_ranks": 1}}), 3)
 
@@ -306,3 +302,48 @@ def test_fp16_distill_and_compile_on_embedding_ranks_train_as_one_process(tmp_pa
         order, want = np.argsort(got_ids), np.argsort(ids)
         np.testing.assert_array_equal(got_ids[order], ids[want], err_msg=f"table {name}: IDs differ")
         np.testing.assert_allclose(got_rec[order], rec[want], rtol=1e-4, atol=1e-3, err_msg=f"table {name}")
+
+
+def _file_shards_raw(root: Path, name: str, placement: dict) -> dict:
+    """Five CSV files of uneven sizes under data.shard: files (the dense ranks share them)."""
+    data = root / "files"
+    if not data.exists():
+        data.mkdir()
+        rng = np.random.default_rng(5)
+        for f, rows in enumerate([90, 50, 70, 30, 40]):
+            lines = ["label,I1,C1,C2"] + [f"{int(rng.random() < 0.4)},{rng.normal():.3f},a{rng.integers(0, 30)},"
+                                          f"b{rng.integers(0, 20)}" for _ in range(rows)]
+            (data / f"part-{f}.csv").write_text("\n".join(lines) + "\n")
+    return {
+        "data": {"format": "csv", "train": str(data / "part-*.csv"), "eval": str(data / "part-0.csv"), "batch_size": 20,
+                 "shuffle_buffer": 0, "shard": "files"},
+        "schema": {"labels": ["label"], "dense": [{"name": "I1"}], "sparse": [{"name": "C1"}, {"name": "C2"}]},
+        "embedding": {"dim": 4, "optimizer": {"type": "adagrad", "lr": 0.05}},
+        "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},
+        "train": {"epochs": 2, "log_every": 2, "progress": False, "threads": 1, "deterministic": True,
+                  "out_dir": str(root), "run_name": name, "dense_optimizer": {"type": "adam", "lr": 0.01}},
+        "checkpoint": {"every": 4, "keep": 20},
+        "distributed": {"sharding": "row_wise", **placement},
+    }
+
+
+def test_file_shards_with_an_embedding_rank_equal_the_dense_ranks_alone(tmp_path):
+    """data.shard: files with 1 embedding rank + 2 dense ranks: the dense ranks share the files
+    (the embedding rank reads none and answers their lookups), bit-identical to the same 2 ranks
+    sharding the files with placement tables; and it resumes from a mid-run checkpoint."""
+    emb = run_ranks(_rank, 3, (_file_shards_raw(tmp_path, "emb", {"placement": "embedding_ranks",
+                                                                    "embedding_ranks": 1}),), timeout=180)
+    ref = run_ranks(_rank, 2, (_file_shards_raw(tmp_path, "ref", {}),), timeout=180)
+    assert [r["embedding_rank"] for r in emb] == [False, False, True]
+    assert emb[0]["step"] == ref[0]["step"] > 4 and emb[0]["metrics"] == ref[0]["metrics"]
+    a, b = checkpoint_state(tmp_path / "emb"), checkpoint_state(tmp_path / "ref")
+    assert a["tables"].keys() == b["tables"].keys()
+    for name, (ids, rec) in a["tables"].items():
+        np.testing.assert_array_equal(ids, b["tables"][name][0])
+        np.testing.assert_array_equal(rec, b["tables"][name][1])
+    for key, value in a["model"].items():
+        assert torch.equal(value, b["model"][key]), key
+    resumed = _file_shards_raw(tmp_path, "again", {"placement": "embedding_ranks", "embedding_ranks": 1})
+    resumed["train"]["resume"] = str(_ckpt(tmp_path / "emb", 4))
+    again = run_ranks(_rank, 3, (resumed,), timeout=180)
+    assert again[0]["step"] == emb[0]["step"] and again[0]["metrics"] == emb[0]["metrics"]
