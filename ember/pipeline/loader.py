@@ -64,6 +64,7 @@ __all__ = ["BatchList", "FileLoader", "Loader", "ReadCounter", "make_batches", "
            "empty_batch", "RankSlice", "slice_bounds", "worker_loader", "missing_keys_error"]
 
 Split = Literal["train", "eval"]
+_KEEP_SQL_KEYS = 4096  # last keys of batches cut but not yet checkpointed (far more than the pipeline holds)
 
 
 @dataclass
@@ -450,6 +451,8 @@ class FileLoader:
         def note(batch: Any) -> Any:
             cut[0] += 1
             self._sql_keys[cut[0]] = plain_key(batch.keys[key][-1])
+            while len(self._sql_keys) > _KEEP_SQL_KEYS:  # no checkpoint for a long while: forget the oldest
+                del self._sql_keys[next(iter(self._sql_keys))]
             if drop:
                 rest = {k: v for k, v in batch.keys.items() if k != key}
                 batch = dataclasses.replace(batch, keys=rest or None)
