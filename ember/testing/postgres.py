@@ -19,9 +19,9 @@ import socket
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-__all__ = ["PostgresServer", "missing"]
+__all__ = ["PostgresServer", "missing", "server_or_skip"]
 
 
 def _bin_dir() -> Path | None:
@@ -45,6 +45,27 @@ def missing() -> str | None:
     return None
 
 
+def server_or_skip() -> Iterator["PostgresServer"]:
+    """A pytest fixture's body: a started server for the fixture's scope, stopped after it; the
+    test skips, saying what is missing or why the server did not start, when it cannot start.
+
+    Use as ``postgres = pytest.fixture(scope="module")(server_or_skip)``.
+    """
+    import pytest
+
+    why = missing()
+    if why:
+        pytest.skip(why)
+    try:
+        server = PostgresServer().__enter__()
+    except Exception as e:  # noqa: BLE001  # any failure to start is a skip that says why
+        pytest.skip(f"the PostgreSQL test server did not start: {e}")
+    try:
+        yield server
+    finally:
+        server.__exit__(None, None, None)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -54,6 +75,8 @@ def _free_port() -> int:
 class PostgresServer:
     """A fresh PostgreSQL cluster for the with-block, reachable at ``uri`` (a Unix socket in a
     temporary directory; database ``ember``, user ``postgres``, trust authentication)."""
+
+    driver = "postgresql"  # data.sql.driver for it
 
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="ember-pg-"))

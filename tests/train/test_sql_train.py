@@ -8,7 +8,7 @@ no traceback) for a bad driver, an unreachable server, bad SQL and a missing key
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -20,7 +20,7 @@ from ember.checkpoint.load import resolve_checkpoint, verify_checkpoint
 from ember.cli import main
 from ember.config import from_dict
 from ember.testing import assert_identical, run_state
-from ember.testing.postgres import PostgresServer, missing
+from ember.testing.postgres import server_or_skip
 from ember.train.loop import train
 
 pytest.importorskip("adbc_driver_sqlite", reason="the SQL tests need adbc-driver-sqlite: pip install 'ember[sql]'")
@@ -57,18 +57,7 @@ class Sqlite:
             conn.commit()
 
 
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[PostgresServer]:
-    why = missing()
-    if why:
-        pytest.skip(why)
-    try:
-        server = PostgresServer().__enter__()
-    except Exception as e:  # noqa: BLE001  # a skip that says why
-        pytest.skip(f"the PostgreSQL test server did not start: {e}")
-    server.driver = "postgresql"  # type: ignore[attr-defined]
-    yield server
-    server.__exit__(None, None, None)
+postgres = pytest.fixture(scope="module")(server_or_skip)  # a private server; skips saying why it cannot start
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
