@@ -135,7 +135,7 @@ def connect(sql: SqlOptions) -> Any:
             raise ConfigError(f"{where}: no such SQLite file; check data.sql.uri (a path to an existing database)")
     try:
         module = importlib.import_module(f"adbc_driver_{sql.driver}.dbapi")
-    except ImportError as e:
+    except (ImportError, ValueError, TypeError) as e:  # not installed, or a name no module can have
         module = None
         if sql.driver in ("postgresql", "sqlite"):
             raise ConfigError(f"data.sql.driver '{sql.driver}' needs the package adbc-driver-{sql.driver} ({e}); "
