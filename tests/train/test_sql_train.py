@@ -150,6 +150,19 @@ def test_rows_appended_after_the_checkpoint_are_trained_on_resume_once(db, tmp_p
     assert_identical(run_state(whole), run_state(resumed))
 
 
+def test_shuffled_epoch_is_the_rows_there_when_it_began(db, tmp_path):
+    """Shuffled, an epoch reads the keys up to the largest when it began: rows appended after a
+    mid-epoch checkpoint wait for the next epoch, so the resumed epoch equals the uninterrupted
+    one over the original rows (none twice, none lost to a reshuffle)."""
+    data = {**_sql(db), "shuffle_buffer": 150}
+    whole = train(from_dict(_raw(tmp_path, "whole", data)))
+    part = train(from_dict(_raw(tmp_path, "part", data, max_steps=4)))
+    db.load("clicks", rows(7, 150, 10 + 3 * ROWS), mode="append")
+    resumed = train(from_dict(_raw(tmp_path, "part", data, resume=str(part.run_dir))))
+    assert resumed.step == whole.step == -(-ROWS // 64)
+    assert_identical(run_state(whole), run_state(resumed))
+
+
 def test_eval_query_and_bad_rows_count_as_for_files(db, tmp_path):
     """Rows whose label is no number are skipped and counted under on_bad_rows: skip; the eval
     query's metrics equal those of the same rows in a file."""
