@@ -8,9 +8,10 @@ same featurizer as a file's blocks.
 Position: the training query is read ordered by ``data.sql.key`` (a unique column the user
 names). Read in that order (``data.shuffle_buffer: 0``), the rows trained after a batch are
 exactly those with a key up to the batch's last, so a resumed run reads
-``SELECT * FROM (<query>) AS q WHERE key > :last ORDER BY key`` (the key bound as a parameter,
-never formatted into the SQL): no row twice, none lost, and rows appended since (keys above
-the last) are read too. Shuffled, the rows trained are no key range; an epoch is then the
+``SELECT * FROM (<query>) AS q WHERE key > :last ORDER BY key`` (the key bound, never
+formatted into the SQL; for PostgreSQL in a statement of its own, see ``_bind``, so that the
+result still streams): no row twice, none lost, and rows appended since (keys above the last)
+are read too. Shuffled, the rows trained are no key range; an epoch is then the
 rows with a key up to the largest at its start (``key <= :max``), re-read from its start on
 resume with the batches trained dropped, as files are.
 
@@ -39,7 +40,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
-from contextlib import closing
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator, Literal, Sequence
 
@@ -50,7 +51,7 @@ from pydantic import Field, model_validator
 from ember.config_base import ConfigModel
 from ember.errors import ConfigError, DataError
 
-__all__ = ["SqlOptions", "SqlKey", "SqlPosition", "plain_key", "sql_check_columns", "connect", "sql_chunks", "sql_columns", "sql_count", "sql_max_key",
+__all__ = ["SqlOptions", "SqlKey", "SqlPosition", "plain_key", "sql_check_columns", "sql_reader", "connect", "sql_chunks", "sql_columns", "sql_count", "sql_max_key",
            "query_label"]
 
 Split = Literal["train", "eval"]
@@ -65,9 +66,8 @@ class SqlOptions(ConfigModel):
     training query ordered by ``key`` and an optional evaluation query.
 
     Example:
-        >>> SqlOptions(driver="postgresql", uri="postgresql://u@db/clicks", query="SELECT * FROM t",
-        ...            key="id").placeholder_for()
-        '$1'
+        >>> SqlOptions(driver="sqlite", uri="clicks.db", query="SELECT * FROM t", key="id").placeholder_for()
+        '?'
     """
 
     driver: str = Field(min_length=1)
@@ -86,7 +86,9 @@ class SqlOptions(ConfigModel):
     key, an event id, a timestamp in microseconds): the training order and the checkpoint's position (the last key
     trained). Required with `query`."""
     placeholder: str | None = None
-    """How the driver writes a bound parameter in SQL; unset: `$1` for postgresql, `?` for the others."""
+    """How the driver writes a bound parameter in SQL; unset: `?` (postgresql: the key is bound in a statement of its
+    own, `set_config`, since its driver streams only queries without parameters; setting `$1` binds it in the
+    query, whose whole result the driver then holds in memory)."""
     db_kwargs: dict[str, str] = Field(default_factory=dict)
     """More database options handed to the driver as they are (e.g. `adbc.postgresql.batch_size_hint_bytes`)."""
 
@@ -178,21 +180,40 @@ def _body(query: str) -> str:
     return query.strip().rstrip(";").rstrip()
 
 
-def _wrapped(sql: SqlOptions, split: Split, after: SqlKey | None, upto: SqlKey | None) -> tuple[str, tuple]:
-    """The SQL that reads ``split``'s rows and its bound parameters: the training query in key
-    order, from after ``after`` or up to ``upto``; the eval query as it is."""
+Statement = tuple[str, tuple]  # SQL text and its bound parameters
+
+
+def _wrapped(sql: SqlOptions, split: Split, after: SqlKey | None, upto: SqlKey | None) -> list[Statement]:
+    """The statements that read ``split``'s rows, the last one giving them: the training query
+    in key order, from after ``after`` or up to ``upto``; the eval query as it is."""
     query = sql.query_of(split)
     if query is None:
         raise ConfigError(f"{query_label(split)} is not set; give the {split} rows' SELECT")
     if split == "eval":
-        return _body(query), ()
-    key, mark = _quoted(sql.key or ""), sql.placeholder_for()
-    where, params = "", ()
-    if after is not None:
-        where, params = f" WHERE {key} > {mark}", (after,)
-    elif upto is not None:
-        where, params = f" WHERE {key} <= {mark}", (upto,)
-    return f"SELECT * FROM ({_body(query)}) AS q{where} ORDER BY {key}", params
+        return [(_body(query), ())]
+    key = _quoted(sql.key or "")
+    bound, op = (after, ">") if after is not None else (upto, "<=")
+    if bound is None:
+        return [(f"SELECT * FROM ({_body(query)}) AS q ORDER BY {key}", ())]
+    before, mark, params = _bind(sql, bound)
+    return [*before, (f"SELECT * FROM ({_body(query)}) AS q WHERE {key} {op} {mark} ORDER BY {key}", params)]
+
+
+def _bind(sql: SqlOptions, value: SqlKey) -> tuple[list[Statement], str, tuple]:
+    """How the streaming query takes the key ``value``, bound, never formatted into SQL:
+    statements to run first, the SQL expression standing for it, and its parameters.
+
+    PostgreSQL's ADBC driver streams a result (COPY) only for a statement without parameters;
+    with one it holds the whole result in memory. So for PostgreSQL the value is bound in a
+    statement of its own (``set_config``, a session setting) and the query reads it back with
+    ``current_setting``, as a bigint or text. Other drivers (SQLite's streams either way) take
+    it as a parameter (``data.sql.placeholder``; setting it for PostgreSQL does the same there).
+    """
+    if sql.driver == "postgresql" and sql.placeholder is None:
+        kind = "bigint" if isinstance(value, int) else "text"
+        return ([("SELECT set_config('ember.sql_key', $1, false)", (str(value),))],
+                f"CAST(current_setting('ember.sql_key') AS {kind})", ())
+    return [], sql.placeholder_for(), (value,)
 
 
 def _execute(cursor: Any, sql: SqlOptions, split: Split, text: str, params: tuple) -> None:
@@ -240,11 +261,8 @@ def sql_chunks(sql: SqlOptions, split: Split, read_rows: int = 65536, after: Sql
     batch by batch from the driver."""
     from ember.source.base import RecordChunk
 
-    text, params = _wrapped(sql, split, after, upto)
     label = query_label(split)
-    with closing(connect(sql)) as conn, closing(conn.cursor()) as cur:
-        _execute(cur, sql, split, text, params)
-        reader = cur.fetch_record_batch()
+    with sql_reader(sql, split, after, upto) as reader:
         order = _KeyOrder(sql.key, after) if split == "train" and sql.key else None
         if order is not None and sql.key not in reader.schema.names:
             raise ConfigError(f"data.sql.key '{sql.key}' is not a column of data.sql.query (its columns: "
@@ -255,6 +273,19 @@ def sql_chunks(sql: SqlOptions, split: Split, read_rows: int = 65536, after: Sql
                 order.check(batch, row)
             yield RecordChunk(batch, label, row)
             row += batch.num_rows
+
+
+@contextmanager
+def sql_reader(sql: SqlOptions, split: Split, after: SqlKey | None = None,
+               upto: SqlKey | None = None) -> Iterator[pa.RecordBatchReader]:
+    """The driver's stream of ``split``'s rows (its own batch sizes) for the with-block, on a
+    connection of its own: the training query in key order, after ``after`` or up to ``upto``."""
+    with closing(connect(sql)) as conn, closing(conn.cursor()) as cur:
+        *before, (text, params) = _wrapped(sql, split, after, upto)
+        for pre, pre_params in before:
+            _execute(cur, sql, split, pre, pre_params)
+        _execute(cur, sql, split, text, params)
+        yield cur.fetch_record_batch()
 
 
 def _rechunked(reader: pa.RecordBatchReader, rows: int) -> Iterator[pa.RecordBatch]:

@@ -20,6 +20,7 @@ from ember.checkpoint.load import resolve_checkpoint, verify_checkpoint
 from ember.cli import main
 from ember.config import from_dict
 from ember.testing import assert_identical, run_state
+from ember.source.sql import SqlOptions, sql_chunks, sql_reader
 from ember.testing.postgres import server_or_skip
 from ember.train.loop import train
 
@@ -161,6 +162,28 @@ def test_shuffled_epoch_is_the_rows_there_when_it_began(db, tmp_path):
     resumed = train(from_dict(_raw(tmp_path, "part", data, resume=str(part.run_dir))))
     assert resumed.step == whole.step == -(-ROWS // 64)
     assert_identical(run_state(whole), run_state(resumed))
+
+
+def test_the_resume_query_streams(db):
+    """After a key, the rows still come as the driver streams them, several batches, never the
+    whole result in one (PostgreSQL's driver streams only statements without parameters: the
+    key is bound in a statement of its own)."""
+    n = 200_000  # ~22 MB: more than one of PostgreSQL's 16 MB batches, many of SQLite's 1,024 rows
+    db.load("wide", pa.table({"id": np.arange(n, dtype=np.int64), "pad": pa.array(["x" * 100] * n)}), mode="replace")
+    sql = SqlOptions(driver=db.driver, uri=db.uri, query="SELECT * FROM wide", key="id")
+    for after in (None, 10):
+        with sql_reader(sql, "train", after=after) as reader:
+            sizes = [b.num_rows for b in reader]
+        assert len(sizes) > 1 and sum(sizes) == n - (0 if after is None else 11), (after, sizes[:3])
+
+
+def test_a_text_key_with_a_quote_resumes_after_it(db):
+    """A text key is bound, never formatted: a value holding a quote resumes exactly after it."""
+    keys = ["a", "b'; DROP TABLE texts; --", "c", "d"]
+    db.load("texts", pa.table({"k": keys[::-1], "y": [1, 0, 1, 0]}), mode="replace")
+    sql = SqlOptions(driver=db.driver, uri=db.uri, query="SELECT * FROM texts", key="k")
+    assert [c.batch.column("k").to_pylist() for c in sql_chunks(sql, "train", after=keys[1])] == [["c", "d"]]
+    assert [c.batch.column("k").to_pylist() for c in sql_chunks(sql, "train", upto="b")] == [["a"]]
 
 
 def test_eval_query_and_bad_rows_count_as_for_files(db, tmp_path):
