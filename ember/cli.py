@@ -271,7 +271,7 @@ def _towers(args: argparse.Namespace, scratch: Path) -> int:
     n = len(parts.embeddings.features)
     if args.towers > n:
         raise ConfigError(f"--towers {args.towers}: the model has {n} sparse features; ask for at most {n}")
-    split = "eval" if cfg.data.eval is not None or cfg.data.format == "synthetic" else "train"
+    split = "eval" if cfg.data.holds("eval") else "train"
     proposal = propose_towers(parts, make_batches(cfg.data, cfg.schema, split), args.towers, args.rows)
     print(f"ember towers: {args.towers} towers for {n} features from checkpoint {source['checkpoint']} "
           f"({proposal.rows} {split} rows); {proposal.inside_share:.1%} of the interaction strength stays inside "

@@ -106,6 +106,9 @@ class RunConfig(ConfigModel):
                              "train.mode: online (or remove data.watch to train offline on the files there now)")
         if t.mode != "online":
             return self
+        if d.format == "sql":
+            raise ValueError("train.mode: online streams files (data.train, data.watch); data.format: sql reads a query "
+                             "in epochs: use train.mode: offline (a resumed run reads the rows added since, by key)")
         if d.format == "synthetic" or d.train is None:
             raise ValueError("train.mode: online streams data.train files (csv, tsv, parquet, orc): set data.format "
                              "and data.train (a directory or glob, with data.watch to follow new files)")

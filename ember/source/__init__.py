@@ -1,5 +1,5 @@
-"""Raw records in: CSV/TSV, Parquet, ORC readers (streamed arrow record batches) and the
-built-in synthetic generator. Nothing here knows about features; see ``ember.featurize``."""
+"""Raw records in: CSV/TSV, Parquet, ORC readers and SQL queries through ADBC (streamed arrow
+record batches) and the built-in synthetic generator. Nothing here knows about features; see ``ember.featurize``."""
 
 from ember.source.bad_rows import BadRowReport
 from ember.source.base import RecordChunk
@@ -8,6 +8,7 @@ from ember.source.csv import read_csv
 from ember.source.files import expand_paths
 from ember.source.orc import read_orc
 from ember.source.parquet import read_parquet
+from ember.source.sql import SqlOptions, sql_chunks
 from ember.source.synthetic import synthetic_records, synthetic_score
 from ember.source.writer import write_synthetic
 
@@ -20,6 +21,8 @@ __all__ = [
     "read_csv",
     "read_parquet",
     "read_orc",
+    "SqlOptions",
+    "sql_chunks",
     "expand_paths",
     "synthetic_records",
     "synthetic_score",

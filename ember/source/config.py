@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from ember.config_base import ConfigModel, deep_merge, removed_key
+from ember.source.sql import SqlOptions
 from ember.source.storage import StorageOptions
 from ember.source.watch import WatchOptions
 
@@ -131,8 +132,8 @@ class DataConfig(ConfigModel):
     preset: Literal["criteo", "synthetic"] | None = None
     """`criteo` (Kaggle TSV layout) or `synthetic`: fills `format`, the CSV layout and the schema; explicit keys
     win."""
-    format: Literal["synthetic", "csv", "tsv", "parquet", "orc"] = "synthetic"
-    """`synthetic` (the built-in generator), `csv`, `tsv`, `parquet` or `orc`."""
+    format: Literal["synthetic", "csv", "tsv", "parquet", "orc", "sql"] = "synthetic"
+    """`synthetic` (the built-in generator), `csv`, `tsv`, `parquet`, `orc`, or `sql` (a database query: `sql`)."""
     train: list[str] | str | None = None
     """Training data: a path, glob or directory, or a list of them (read in sorted order); each may be a URI of
     object storage (`s3://bucket/prefix/`, `s3://bucket/day=*/*.parquet`; `gs://`, `hdfs://`, `abfs://`),
@@ -169,6 +170,9 @@ class DataConfig(ConfigModel):
     """Removed: reading ahead is the pipeline's job (`pipeline.depth.read`); setting it is an error that says so."""
     csv: CsvOptions = CsvOptions()
     """How CSV / TSV files are laid out."""
+    sql: SqlOptions | None = None
+    """`format: sql`: the database (ADBC driver and URI), the training query, its key column and the evaluation
+    query; in place of `train` / `eval`."""
     synthetic: SyntheticOptions = SyntheticOptions()
     """The built-in generator (`format: synthetic`): Criteo-shaped rows, nothing of vocabulary size allocated."""
     watch: WatchOptions | None = None
@@ -186,6 +190,8 @@ class DataConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _check(self) -> "DataConfig":
+        if self.format == "sql" or self.sql is not None:
+            return self._check_sql()
         if self.format != "synthetic" and self.train is None and self.eval is None:
             raise ValueError(f"format '{self.format}' needs data.train and/or data.eval paths")
         if self.watch is not None and (self.format == "synthetic" or self.train is None):
@@ -198,6 +204,31 @@ class DataConfig(ConfigModel):
             raise ValueError(f"csv.header is {str(self.csv.header).lower()}: set csv.column_names "
                              "(or preset: criteo)")
         return self
+
+    def _check_sql(self) -> "DataConfig":
+        if self.format != "sql":
+            raise ValueError(f"data.sql is set but data.format is '{self.format}': set data.format: sql, or remove data.sql")
+        if self.sql is None:
+            raise ValueError("data.format: sql needs data.sql: {driver: postgresql | sqlite | <ADBC driver>, uri: ..., "
+                             "query: 'SELECT ...', key: <unique column>}")
+        if self.train is not None or self.eval is not None:
+            raise ValueError("data.format: sql reads data.sql.query and data.sql.eval_query; remove data.train / "
+                             "data.eval (they name files)")
+        if self.watch is not None:
+            raise ValueError("data.watch follows new files; data.format: sql reads a query (rows added later with keys "
+                             "above the last trained are read by a resumed run): remove data.watch")
+        if self.shard == "files":
+            raise ValueError("data.shard: files gives each rank its own files; a SQL query is one stream: use "
+                             "data.shard: rows")
+        return self
+
+    def holds(self, split: Literal["train", "eval"]) -> bool:
+        """Whether ``split`` has rows configured (paths, a SQL query, or the synthetic generator)."""
+        if self.format == "synthetic":
+            return True
+        if self.format == "sql":
+            return self.sql is not None and self.sql.query_of(split) is not None
+        return bool(self.paths(split))
 
     @property
     def delimiter(self) -> str:

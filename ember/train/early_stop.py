@@ -59,9 +59,9 @@ class EarlyStopping:
         es = cfg.train.early_stopping
         if es is None:
             return None
-        if cfg.data.eval is None and cfg.data.format != "synthetic":
+        if not cfg.data.holds("eval"):
             raise ConfigError("train.early_stopping watches an eval metric, but data.eval is not set: give eval files "
-                              "or remove train.early_stopping")
+                              "(or data.sql.eval_query) or remove train.early_stopping")
         return cls(es, list(cfg.schema.labels))
 
     def _improves(self, value: float) -> bool:

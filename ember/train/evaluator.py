@@ -41,7 +41,7 @@ class Evaluator:
         """Evaluate at ``step`` and log; during training (``state``: where the run stands) early
         stopping watches it and may save ``state``. No eval data: {}."""
         cfg = self.cfg
-        if cfg.data.eval is None and cfg.data.format != "synthetic":
+        if not cfg.data.holds("eval"):
             return {}
         batches = make_batches(cfg.data, cfg.schema, "eval", threaded=cfg.pipeline.enabled, depth=cfg.pipeline.depth)
         m = evaluate(self.parts, batches, cfg.eval.max_batches)

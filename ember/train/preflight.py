@@ -38,6 +38,7 @@ from ember.source.base import check_columns, read_failed
 from ember.source.config import DataConfig
 from ember.source.csv import header_fields, read_head
 from ember.source.files import expand_paths
+from ember.source.sql import sql_check_columns
 from ember.source.storage import file_size
 from ember.source.synthetic import synthetic_columns
 from ember.source.watch import check_watched
@@ -149,6 +150,10 @@ def holds_run(run_dir: Path) -> bool:
 def check_data(data: DataConfig, columns: list[str], split: Split) -> list[str]:
     """The files of ``split`` (none for synthetic data or an unset split); raises when a path
     matches nothing, a file lacks a column, or the split holds no row. Reads headers/footers only."""
+    if data.format == "sql":  # the query runs (LIMIT 1), has the columns, the key fits, a row exists
+        if data.sql is not None and data.sql.query_of(split) is not None:
+            sql_check_columns(data.sql, split, columns)
+        return []
     if data.format == "synthetic" or not data.paths(split):
         return []
     if split == "train" and data.watch is not None:  # files appear later: each is checked as it is read
@@ -216,6 +221,10 @@ def no_steps_error(data: DataConfig) -> DataError:
                          f"within data.watch.idle_timeout_s ({data.watch.idle_timeout_s} s); check that files of "
                          f"format {data.format} appear there and become ready (data.watch.ready: {data.watch.ready}), "
                          "or raise the timeout")
+    if data.format == "sql":
+        return DataError("training ran 0 steps: data.sql.query gave no batch; check that it returns rows, that "
+                         "data.on_bad_rows: skip did not skip them all, and data.drop_last with fewer rows than "
+                         "data.batch_size")
     where = "the synthetic generator" if data.format == "synthetic" else _names(expand_paths(data.paths("train"), data.format,
                                                                                          data.storage_options))
     return DataError(f"training ran 0 steps: data.train ({where}) gave no batch; check that the files hold rows, "

@@ -43,6 +43,7 @@ from ember.fileio import write_bytes_atomic
 from ember.pipeline.loader import file_chunks
 from ember.source.bad_rows import BadRowReport
 from ember.source.files import expand_paths
+from ember.source.sql import sql_chunks
 from ember.source.synthetic import split_rows, synthetic_records
 from ember.train.preflight import check_data
 from ember.train.sketches import BottomK, DistinctCounter, HeavyHitters
@@ -65,6 +66,12 @@ def _blocks(cfg: RunConfig, report: BadRowReport) -> Iterator[tuple[pa.RecordBat
         for start in range(0, n, _SYNTHETIC_BLOCK):
             yield synthetic_records(data.synthetic, "train", start, min(n, start + _SYNTHETIC_BLOCK)), \
                 "<synthetic train>", start + 1
+        return
+    if data.format == "sql":  # the training query in key order, as training reads it (checked first)
+        check_data(data, cfg.schema.columns, "train")
+        assert data.sql is not None  # DataConfig checks it
+        for chunk in sql_chunks(data.sql, "train", data.read_rows):
+            yield chunk.batch, chunk.file, chunk.row_numbers
         return
     if not data.paths("train"):
         raise ConfigError("data.train is not set; ember profile reads the training data: give data.train files")

@@ -16,6 +16,7 @@ from ember.config import RunConfig
 from ember.pipeline.loader import Loader, ReadCounter
 from ember.source.config import DataConfig
 from ember.source.files import expand_paths
+from ember.source.sql import sql_count
 from ember.source.storage import file_size, footer_rows
 from ember.source.synthetic import split_rows
 
@@ -38,6 +39,8 @@ def epoch_rows(data: DataConfig) -> EpochRows:
     only, no data read); for CSV / TSV the files' total size, to estimate from."""
     if data.format == "synthetic":
         return EpochRows(rows=split_rows(data.synthetic, "train"))
+    if data.format == "sql" and data.sql is not None:  # the database counts the query's rows
+        return EpochRows(rows=sql_count(data.sql, "train"))
     files = expand_paths(data.paths("train"), data.format, data.storage_options)
     if data.format in ("parquet", "orc"):
         return EpochRows(rows=sum(footer_rows(f, data.format, data.storage_options) for f in files))

@@ -6,11 +6,13 @@ The data position says where the next batch comes from beyond ``epoch`` and ``ba
 - ``train.mode: online``: a ``StreamPosition`` (``ember.pipeline.stream``: files done, the
   file being read and its rows trained);
 - distributed ``data.shard: files``: ``ShardPositions``, each rank's batch index in its own
-  files (``ember.train.shards``).
+  files (``ember.train.shards``);
+- ``data.format: sql``: a ``SqlPosition`` (``ember.source.sql``: the last key trained, or a
+  shuffled epoch's key bound).
 
 On disk the position is one flat dict, ``{"epoch", "batch"}`` plus the data position's keys
 (``files_done``, ``file``, ``file_rows``; or ``shard: files``, ``world_size``,
-``rank_batches``), so checkpoints written before this type existed parse unchanged.
+``rank_batches``; ``sql_key``, ``sql_key_max``), so checkpoints written before this type existed parse unchanged.
 
 Example:
     >>> s = RunState.from_dict({"step": 7, "position": {"epoch": 1, "batch": 3}})
@@ -27,6 +29,7 @@ from typing import Any, Union
 
 from ember.errors import CheckpointError, ConfigError
 from ember.pipeline.stream import StreamPosition
+from ember.source.sql import SqlPosition
 
 __all__ = ["RunState", "ShardPositions", "DataPosition", "data_position"]
 
@@ -52,7 +55,7 @@ class ShardPositions:
         return {"shard": "files", "world_size": self.world_size, "rank_batches": list(self.rank_batches)}
 
 
-DataPosition = Union[StreamPosition, ShardPositions, None]
+DataPosition = Union[StreamPosition, ShardPositions, SqlPosition, None]
 """What a data source adds to ``epoch`` and ``batch`` (see the module docstring)."""
 
 
@@ -62,6 +65,8 @@ def data_position(position: dict[str, Any]) -> DataPosition:
         return StreamPosition.from_position(position, "the checkpoint")
     if position.get("shard") == "files":
         return ShardPositions(tuple(int(b) for b in position["rank_batches"]))
+    if "sql_key" in position or "sql_key_max" in position:
+        return SqlPosition.from_position(position)
     return None
 
 
@@ -94,6 +99,8 @@ class RunState:
         self.epoch, self.batch = self.epoch + 1, 0
         if isinstance(self.data, ShardPositions):
             self.data = ShardPositions.start(self.data.world_size)
+        elif isinstance(self.data, SqlPosition):
+            self.data = None  # a new epoch reads the query from its start
 
     def stream_start(self, where: str) -> StreamPosition:
         """Where an online run resumed from this state starts its stream; CheckpointError naming
@@ -117,6 +124,8 @@ class RunState:
                                   "files); resume it with train.mode: online, or start an offline run from its weights "
                                   f"with train.init_from={where}")
         starts = self.rank_starts(world_size, files)
+        if isinstance(self.data, SqlPosition):  # a query's position: the same on every rank (each reads it whole)
+            return RunState(self.step, self.epoch, self.batch, self.data if self.batch else None)
         return RunState(self.step, self.epoch, self.batch, ShardPositions(tuple(starts)) if files else None)
 
     def rank_starts(self, world_size: int, files: bool) -> list[int]:

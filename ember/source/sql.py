@@ -1,0 +1,395 @@
+"""Rows from a SQL database through ADBC (Arrow Database Connectivity): ``data.format: sql``.
+
+A query's result streams as Arrow record batches (``cursor.fetch_record_batch()``: never the
+whole result at once), cut into pieces of ``data.read_rows`` rows (so the pieces, and a shuffled
+run's batches, do not depend on how the driver happens to batch its answer), and goes into the
+same featurizer as a file's blocks.
+
+Position: the training query is read ordered by ``data.sql.key`` (a unique column the user
+names). Read in that order (``data.shuffle_buffer: 0``), the rows trained after a batch are
+exactly those with a key up to the batch's last, so a resumed run reads
+``SELECT * FROM (<query>) AS q WHERE key > :last ORDER BY key`` (the key bound, never
+formatted into the SQL; for PostgreSQL in a statement of its own, see ``_bind``, so that the
+result still streams): no row twice, none lost, and rows appended since (keys above the last)
+are read too. Shuffled, the rows trained are no key range; an epoch is then the
+rows with a key up to the largest at its start (``key <= :max``), re-read from its start on
+resume with the batches trained dropped, as files are.
+
+Drivers: ``postgresql`` and ``sqlite`` (``adbc-driver-postgresql``, ``adbc-driver-sqlite``), or
+any other ADBC driver by name: the Python package ``adbc_driver_<name>`` when installed (e.g.
+``flightsql``, ``snowflake``), else the name as the driver manager resolves it (a shared
+library such as ``libadbc_driver_duckdb.so``, or a driver manifest).
+
+Example:
+    >>> import tempfile, os, pyarrow as pa
+    >>> db = os.path.join(tempfile.mkdtemp(), "clicks.db")
+    >>> import adbc_driver_sqlite.dbapi
+    >>> with adbc_driver_sqlite.dbapi.connect(db) as conn:
+    ...     conn.cursor().adbc_ingest("clicks", pa.table({"id": [3, 1, 2], "y": [1, 0, 1]}))
+    ...     conn.commit()
+    3
+    >>> sql = SqlOptions(driver="sqlite", uri=db, query="SELECT * FROM clicks", key="id")
+    >>> [c.batch.column("id").to_pylist() for c in sql_chunks(sql, "train", read_rows=2)]
+    [[1, 2], [3]]
+    >>> [c.batch.column("id").to_pylist() for c in sql_chunks(sql, "train", read_rows=2, after=1)]
+    [[2, 3]]
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+from contextlib import closing, contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Literal, Sequence
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field, model_validator
+
+from ember.config_base import ConfigModel
+from ember.errors import ConfigError, DataError
+
+__all__ = ["SqlOptions", "SqlKey", "SqlPosition", "plain_key", "sql_check_columns", "sql_reader", "connect", "sql_chunks", "sql_columns", "sql_count", "sql_max_key",
+           "query_label"]
+
+Split = Literal["train", "eval"]
+SqlKey = int | str
+"""A key value as a checkpoint stores it: the key column holds integers or text."""
+
+_PLACEHOLDERS = {"postgresql": "$1"}  # how a driver writes bound parameter 1; the rest use '?'
+
+
+class SqlOptions(ConfigModel):
+    """Where ``data.format: sql`` reads its rows: an ADBC driver, the database's URI, the
+    training query ordered by ``key`` and an optional evaluation query.
+
+    Example:
+        >>> SqlOptions(driver="sqlite", uri="clicks.db", query="SELECT * FROM t", key="id").placeholder_for()
+        '?'
+    """
+
+    driver: str = Field(min_length=1)
+    """ADBC driver: `postgresql` or `sqlite` (`pip install ember[sql]`), or another ADBC driver by name (the Python
+    package `adbc_driver_<name>` when installed, else a name or path the ADBC driver manager loads)."""
+    uri: str = Field(min_length=1)
+    """The database, as the driver takes it: `postgresql://user@host:5432/db` (a password is best left to
+    `PGPASSWORD` or `~/.pgpass`), or a SQLite file path."""
+    query: str | None = None
+    """The training rows: one `SELECT` (no trailing `;` needed). It is read ordered by `key`, wrapped as
+    `SELECT * FROM (<query>) AS q ... ORDER BY key`; a resumed run reads only the rows after the last key trained."""
+    eval_query: str | None = None
+    """The evaluation rows: one `SELECT`, read as it is (its own order)."""
+    key: str | None = None
+    """Column of the training query whose values are unique and orderable (integers or text, no NULL: a primary
+    key, an event id, a timestamp in microseconds): the training order and the checkpoint's position (the last key
+    trained). Required with `query`."""
+    placeholder: str | None = None
+    """How the driver writes a bound parameter in SQL; unset: `?` (postgresql: the key is bound in a statement of its
+    own, `set_config`, since its driver streams only queries without parameters; setting `$1` binds it in the
+    query, whose whole result the driver then holds in memory)."""
+    db_kwargs: dict[str, str] = Field(default_factory=dict)
+    """More database options handed to the driver as they are (e.g. `adbc.postgresql.batch_size_hint_bytes`)."""
+
+    @model_validator(mode="after")
+    def _check(self) -> "SqlOptions":
+        if self.query is None and self.eval_query is None:
+            raise ValueError("give data.sql.query (training rows) and/or data.sql.eval_query (evaluation rows)")
+        if self.query is not None and not self.key:
+            raise ValueError("data.sql.query needs data.sql.key: a unique, orderable column of its rows (e.g. the "
+                             "table's primary key) that orders training and marks how far a checkpoint got")
+        return self
+
+    def placeholder_for(self) -> str:
+        """The SQL text of bound parameter 1 for this driver."""
+        return self.placeholder or _PLACEHOLDERS.get(self.driver, "?")
+
+    def query_of(self, split: Split) -> str | None:
+        return self.query if split == "train" else self.eval_query
+
+
+def query_label(split: Split) -> str:
+    """What messages call a split's rows (in place of a file name)."""
+    return "data.sql.query" if split == "train" else "data.sql.eval_query"
+
+
+def _redacted(uri: str) -> str:
+    """``uri`` without the password of ``user:password@`` (messages and logs never show it)."""
+    return re.sub(r"(//[^:/@]+:)[^@/]*@", r"\1***@", uri)
+
+
+def _sqlite_path(uri: str) -> str | None:
+    """The file a SQLite URI names, when it is a plain path (None for ``file:`` URIs and memory)."""
+    if uri.startswith("file:") or uri == ":memory:" or "mode=memory" in uri:
+        return None
+    return uri
+
+
+def connect(sql: SqlOptions) -> Any:
+    """A DB-API connection (``adbc_driver_manager.dbapi.Connection``) to ``sql.uri`` through
+    ``sql.driver``; ConfigError naming the driver and URI when the driver is not installed or
+    the database cannot be reached (with what to check)."""
+    where = f"data.sql: {sql.driver} database {_redacted(sql.uri)}"
+    if sql.driver == "sqlite":  # the driver would create a missing file (and then find no table)
+        path = _sqlite_path(sql.uri)
+        if path is not None and not os.path.isfile(path):
+            raise ConfigError(f"{where}: no such SQLite file; check data.sql.uri (a path to an existing database)")
+    try:
+        module = importlib.import_module(f"adbc_driver_{sql.driver}.dbapi")
+    except (ImportError, ValueError, TypeError) as e:  # not installed, or a name no module can have
+        module = None
+        if sql.driver in ("postgresql", "sqlite"):
+            raise ConfigError(f"data.sql.driver '{sql.driver}' needs the package adbc-driver-{sql.driver} ({e}); "
+                              "pip install 'ember[sql]'") from None
+    try:
+        if module is not None:
+            kw = {"db_kwargs": dict(sql.db_kwargs)} if sql.db_kwargs else {}
+            return module.connect(sql.uri, **kw)
+    except Exception as e:  # noqa: BLE001  # the driver's own error types: named below
+        raise ConfigError(f"{where}: cannot connect ({_first_line(e)}); check data.sql.uri, that the server is "
+                          "running and reachable from here, and the user's rights") from None
+    try:
+        from adbc_driver_manager import dbapi
+    except ImportError as e:
+        raise ConfigError(f"data.sql.driver '{sql.driver}': the ADBC driver manager is not installed ({e}); "
+                          "pip install 'ember[sql]' (and the driver's package)") from None
+    try:
+        return dbapi.connect(driver=sql.driver, db_kwargs={"uri": sql.uri, **sql.db_kwargs})
+    except Exception as e:  # noqa: BLE001
+        text = _first_line(e)
+        if "load" in text.lower() or "not found" in text.lower() or "manifest" in text.lower():
+            raise ConfigError(f"data.sql.driver '{sql.driver}': no such ADBC driver (no package adbc_driver_"
+                              f"{sql.driver}, and the driver manager could not load it: {text}); give postgresql or "
+                              f"sqlite, or install the driver (e.g. pip install adbc-driver-{sql.driver})") from None
+        raise ConfigError(f"{where}: cannot connect ({text}); check data.sql.uri, that the server is running and "
+                          "reachable from here, and the user's rights") from None
+
+
+def _first_line(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    return " ".join(lines[:2]) if lines else type(e).__name__
+
+
+def _quoted(column: str) -> str:
+    """``column`` as a SQL identifier (ANSI double quotes: the name exactly as the result has it)."""
+    return '"' + column.replace('"', '""') + '"'
+
+
+def _body(query: str) -> str:
+    return query.strip().rstrip(";").rstrip()
+
+
+Statement = tuple[str, tuple]  # SQL text and its bound parameters
+
+
+def _wrapped(sql: SqlOptions, split: Split, after: SqlKey | None, upto: SqlKey | None) -> list[Statement]:
+    """The statements that read ``split``'s rows, the last one giving them: the training query
+    in key order, from after ``after`` or up to ``upto``; the eval query as it is."""
+    query = sql.query_of(split)
+    if query is None:
+        raise ConfigError(f"{query_label(split)} is not set; give the {split} rows' SELECT")
+    if split == "eval":
+        return [(_body(query), ())]
+    key = _quoted(sql.key or "")
+    bound, op = (after, ">") if after is not None else (upto, "<=")
+    if bound is None:
+        return [(f"SELECT * FROM ({_body(query)}) AS q ORDER BY {key}", ())]
+    before, mark, params = _bind(sql, bound)
+    return [*before, (f"SELECT * FROM ({_body(query)}) AS q WHERE {key} {op} {mark} ORDER BY {key}", params)]
+
+
+def _bind(sql: SqlOptions, value: SqlKey) -> tuple[list[Statement], str, tuple]:
+    """How the streaming query takes the key ``value``, bound, never formatted into SQL:
+    statements to run first, the SQL expression standing for it, and its parameters.
+
+    PostgreSQL's ADBC driver streams a result (COPY) only for a statement without parameters;
+    with one it holds the whole result in memory. So for PostgreSQL the value is bound in a
+    statement of its own (``set_config``, a session setting) and the query reads it back with
+    ``current_setting``, as a bigint or text. Other drivers (SQLite's streams either way) take
+    it as a parameter (``data.sql.placeholder``; setting it for PostgreSQL does the same there).
+    """
+    if sql.driver == "postgresql" and sql.placeholder is None:
+        kind = "bigint" if isinstance(value, int) else "text"
+        return ([("SELECT set_config('ember.sql_key', $1, false)", (str(value),))],
+                f"CAST(current_setting('ember.sql_key') AS {kind})", ())
+    return [], sql.placeholder_for(), (value,)
+
+
+def _execute(cursor: Any, sql: SqlOptions, split: Split, text: str, params: tuple) -> None:
+    """Run ``text``; ConfigError quoting the database's answer when it refuses the query."""
+    try:
+        cursor.execute(text, params or None)
+    except Exception as e:  # noqa: BLE001  # the driver's error types vary: all named as the query's fault
+        raise ConfigError(f"{query_label(split)}: the {sql.driver} database refused the query ({_first_line(e)}); "
+                          f"fix the SQL (it ran as: {text})") from None
+
+
+class _KeyOrder:
+    """Checks that the key column read in key order never repeats (and, for integers, only
+    rises) and holds no NULL: a repeated key would make 'after the last key' lose rows."""
+
+    def __init__(self, key: str, after: SqlKey | None) -> None:
+        self.key, self.last = key, after
+
+    def check(self, batch: pa.RecordBatch, first_row: int) -> None:
+        col = batch.column(self.key)
+        if col.null_count:
+            raise DataError(f"data.sql.key '{self.key}' is NULL in {col.null_count} row(s) of the training query; "
+                            "NULL keys cannot be ordered or resumed after: name a column without NULLs (a primary "
+                            "key) as data.sql.key, or filter them out in data.sql.query")
+        values = col.to_numpy(zero_copy_only=False)
+        if not len(values):
+            return
+        whole = values if self.last is None else np.concatenate([np.array([self.last], dtype=values.dtype), values])
+        same = whole[1:] == whole[:-1]
+        if pa.types.is_integer(col.type):
+            same |= whole[1:] < whole[:-1]  # text order is the database's collation; numbers' is ours too
+        if same.any():
+            i = int(np.flatnonzero(same)[0]) + 1  # index in ``whole`` of the offending value
+            row = first_row + i - int(self.last is not None)
+            raise DataError(f"data.sql.key '{self.key}': the value {plain_key(whole[i])!r} (row {row} of "
+                            "the training query in key order) repeats or breaks the order; the key must be unique: "
+                            "name a unique column (a primary key) as data.sql.key")
+        self.last = values[-1].item() if hasattr(values[-1], "item") else values[-1]
+
+
+def sql_chunks(sql: SqlOptions, split: Split, read_rows: int = 65536, after: SqlKey | None = None,
+               upto: SqlKey | None = None) -> Iterator[Any]:
+    """The ``RecordChunk`` s of ``split``'s rows, ``read_rows`` rows each (the last fewer): the
+    training query in key order, after key ``after`` or up to key ``upto`` when given; streamed
+    batch by batch from the driver."""
+    from ember.source.base import RecordChunk
+
+    label = query_label(split)
+    with sql_reader(sql, split, after, upto) as reader:
+        order = _KeyOrder(sql.key, after) if split == "train" and sql.key else None
+        if order is not None and sql.key not in reader.schema.names:
+            raise ConfigError(f"data.sql.key '{sql.key}' is not a column of data.sql.query (its columns: "
+                              f"{reader.schema.names}); name one of them")
+        row = 1
+        for batch in _rechunked(reader, read_rows):
+            if order is not None:
+                order.check(batch, row)
+            yield RecordChunk(batch, label, row)
+            row += batch.num_rows
+
+
+@contextmanager
+def sql_reader(sql: SqlOptions, split: Split, after: SqlKey | None = None,
+               upto: SqlKey | None = None) -> Iterator[pa.RecordBatchReader]:
+    """The driver's stream of ``split``'s rows (its own batch sizes) for the with-block, on a
+    connection of its own: the training query in key order, after ``after`` or up to ``upto``."""
+    with closing(connect(sql)) as conn, closing(conn.cursor()) as cur:
+        *before, (text, params) = _wrapped(sql, split, after, upto)
+        for pre, pre_params in before:
+            _execute(cur, sql, split, pre, pre_params)
+        _execute(cur, sql, split, text, params)
+        yield cur.fetch_record_batch()
+
+
+def _rechunked(reader: pa.RecordBatchReader, rows: int) -> Iterator[pa.RecordBatch]:
+    """``reader``'s rows in record batches of ``rows`` rows (the last fewer), whatever the
+    driver's batches were (they follow its byte budget, not a row count)."""
+    held: pa.Table | None = None
+    for b in reader:
+        if not b.num_rows:
+            continue
+        t = pa.Table.from_batches([b])
+        held = t if held is None else pa.concat_tables([held, t])
+        while held.num_rows >= rows:
+            yield _one_batch(held.slice(0, rows))
+            held = held.slice(rows)
+    if held is not None and held.num_rows:
+        yield _one_batch(held)
+
+
+def _one_batch(t: pa.Table) -> pa.RecordBatch:
+    return t.combine_chunks().to_batches()[0]
+
+
+def _scalar(sql: SqlOptions, split: Split, text: str) -> Any:
+    with closing(connect(sql)) as conn, closing(conn.cursor()) as cur:
+        _execute(cur, sql, split, text, ())
+        row = cur.fetchone()
+        return None if row is None else row[0]
+
+
+def sql_max_key(sql: SqlOptions) -> SqlKey | None:
+    """The largest key of the training query now (None: no rows): a shuffled epoch's bound."""
+    value = _scalar(sql, "train", f"SELECT MAX({_quoted(sql.key or '')}) FROM ({_body(sql.query or '')}) AS q")
+    return value.item() if hasattr(value, "item") else value
+
+
+def sql_count(sql: SqlOptions, split: Split) -> int:
+    """Rows of ``split``'s query now (the progress bar's total; the database counts them)."""
+    return int(_scalar(sql, split, f"SELECT COUNT(*) FROM ({_body(sql.query_of(split) or '')}) AS q") or 0)
+
+
+def sql_columns(sql: SqlOptions, split: Split) -> tuple[list[str], bool]:
+    """The columns of ``split``'s query and whether it has a row, asked of the database without
+    reading the rows (preflight). For training, ConfigError when the key is not a column or not
+    of integers or text."""
+    body = _body(sql.query_of(split) or "")
+    with closing(connect(sql)) as conn, closing(conn.cursor()) as cur:
+        _execute(cur, sql, split, f"SELECT * FROM ({body}) AS q LIMIT 1", ())
+        table = cur.fetch_arrow_table()
+    names = list(table.schema.names)
+    if split == "train" and sql.key:
+        if sql.key not in names:
+            import difflib
+
+            hint = difflib.get_close_matches(sql.key, names, n=1)
+            raise ConfigError(f"data.sql.key '{sql.key}' is not a column of data.sql.query (its columns: {names})"
+                              + (f"; did you mean '{hint[0]}'?" if hint else "; name one of them"))
+        kind = table.schema.field(sql.key).type
+        if not (pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+            raise ConfigError(f"data.sql.key '{sql.key}' holds {kind} values; the key must be integers or text (unique, "
+                              "no NULL): name such a column, or select one in data.sql.query (e.g. a timestamp as "
+                              "microseconds since the epoch)")
+    return names, table.num_rows > 0
+
+
+def sql_check_columns(sql: SqlOptions, split: Split, wanted: Sequence[str]) -> None:
+    """Preflight: ``split``'s query runs, has the ``wanted`` columns (MissingColumnsError), the
+    training key fits, and it has at least one row (DataError)."""
+    from ember.source.base import check_columns
+
+    names, has_rows = sql_columns(sql, split)
+    check_columns(query_label(split), names, wanted)
+    if not has_rows:
+        raise DataError(f"{query_label(split)} returns no rows; check its WHERE clause and the table")
+
+
+@dataclass(frozen=True)
+class SqlPosition:
+    """Where a SQL training epoch stands (a checkpoint's data position): ``after``, the last key
+    trained (rows read in key order: a resumed run reads the keys above it), or ``upto``, the
+    largest key when a shuffled epoch began (its rows; a resumed run re-reads them and drops
+    the batches trained). Stored as ``sql_key`` / ``sql_key_max`` in the checkpoint's position.
+
+    Example:
+        >>> p = SqlPosition(after=41)
+        >>> p.to_dict(), SqlPosition.from_position(p.to_dict()) == p
+        ({'sql_key': 41, 'sql_key_max': None}, True)
+    """
+
+    after: SqlKey | None = None
+    upto: SqlKey | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The checkpoint's fields (merged into its ``position``)."""
+        return {"sql_key": self.after, "sql_key_max": self.upto}
+
+    @classmethod
+    def from_position(cls, position: dict[str, Any]) -> "SqlPosition":
+        """From a checkpoint's ``position`` dict."""
+        return cls(position.get("sql_key"), position.get("sql_key_max"))
+
+
+def plain_key(value: Any) -> SqlKey:
+    """A key value read from the data as a plain int or str (what JSON and the driver take)."""
+    value = value.item() if hasattr(value, "item") else value
+    if isinstance(value, bytes):
+        value = value.decode()
+    return value

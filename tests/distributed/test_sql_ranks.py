@@ -1,0 +1,41 @@
+"""``data.format: sql`` on 2 ranks under ``data.shard: rows``: every rank runs the query and
+trains its slice of each global batch; stopped mid-epoch and resumed by key, the 2-rank run
+ends where one process trained on the same query does (within float tolerance: the ranks sum
+in another order), with the same position (the last key trained)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ember.checkpoint.load import read_manifest, resolve_checkpoint
+from ember.config import from_dict
+from ember.testing.distributed import assert_states_close, checkpoint_state
+from ember.train.loop import train
+from tests.distributed.ranks import run_ranks
+from tests.train.test_sql_train import ROWS, Sqlite, _raw, _sql, rows
+
+pytest.importorskip("adbc_driver_sqlite", reason="needs adbc-driver-sqlite: pip install 'ember[sql]'")
+
+
+def _train_rank(rank: int, world: int, raw: dict) -> int:
+    return train(from_dict(raw)).step
+
+
+@pytest.mark.dist
+@pytest.mark.slow
+def test_two_ranks_resume_by_key_and_match_one_process(tmp_path: Path) -> None:
+    db = Sqlite(tmp_path / "clicks.db")
+    db.load("clicks", rows(0, ROWS, 10))
+    data = _sql(db)
+    steps = -(-ROWS // 64)
+    one = train(from_dict(_raw(tmp_path, "one", data)))
+    assert one.step == steps
+    assert run_ranks(_train_rank, 2, (_raw(tmp_path, "two", data, max_steps=4),), timeout=240) == [4, 4]
+    cut = read_manifest(resolve_checkpoint(tmp_path / "two"))["position"]
+    assert cut == {"epoch": 0, "batch": 4, "sql_key": sorted(rows(0, ROWS, 10).column("id").to_pylist())[255],
+                   "sql_key_max": None}
+    resumed = _raw(tmp_path, "two", data, resume=str(tmp_path / "two"))
+    assert run_ranks(_train_rank, 2, (resumed,), timeout=240) == [steps, steps]
+    assert_states_close(checkpoint_state(tmp_path / "one"), checkpoint_state(tmp_path / "two"))

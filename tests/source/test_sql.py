@@ -1,0 +1,138 @@
+"""The SQL source (``ember.source.sql``) on SQLite files: pieces of ``read_rows`` rows whatever
+the driver's batches, key order and the resume query (a text key with a quote in it is bound,
+not formatted), the key checks (repeated, NULL, wrong type), the config's refusals, the
+progress total and ``ember profile`` on a query."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from ember.config import from_dict
+from ember.errors import ConfigError, DataError
+from ember.featurize.schema import Schema
+from ember.pipeline.loader import make_batches
+from ember.source.config import DataConfig
+from ember.source.sql import SqlOptions, SqlPosition, sql_chunks, sql_columns, sql_count, sql_max_key
+from ember.train.progress import epoch_rows
+
+sqlite = pytest.importorskip("adbc_driver_sqlite.dbapi", reason="needs adbc-driver-sqlite: pip install 'ember[sql]'")
+
+
+def _db(tmp_path: Path, **tables: pa.Table) -> str:
+    path = str(tmp_path / "t.db")
+    with sqlite.connect(path) as conn, conn.cursor() as cur:
+        for name, t in tables.items():
+            cur.adbc_ingest(name, t)
+        conn.commit()
+    return path
+
+
+def _opts(uri: str, query: str = "SELECT * FROM t", key: str = "k", **kw) -> SqlOptions:
+    return SqlOptions(driver="sqlite", uri=uri, query=query, key=key, **kw)
+
+
+def test_rows_come_in_key_order_in_pieces_of_read_rows(tmp_path):
+    """2,500 rows inserted backwards; the SQLite driver answers in its own batch sizes; ember
+    yields 700-row pieces in key order, numbered by row of the result, after a key when asked."""
+    n = 2500
+    uri = _db(tmp_path, t=pa.table({"k": list(range(n, 0, -1)), "y": [i % 2 for i in range(n)]}))
+    chunks = list(sql_chunks(_opts(uri), "train", read_rows=700))
+    assert [c.batch.num_rows for c in chunks] == [700, 700, 700, 400]
+    assert [c.first_row for c in chunks] == [1, 701, 1401, 2101]
+    assert pa.concat_arrays([c.batch.column("k") for c in chunks]).to_pylist() == list(range(1, n + 1))
+    assert chunks[0].file == "data.sql.query"
+    after = list(sql_chunks(_opts(uri), "train", read_rows=700, after=2000))
+    assert pa.concat_arrays([c.batch.column("k") for c in after]).to_pylist() == list(range(2001, n + 1))
+    upto = list(sql_chunks(_opts(uri), "train", read_rows=700, upto=10))
+    assert pa.concat_arrays([c.batch.column("k") for c in upto]).to_pylist() == list(range(1, 11))
+    assert sql_count(_opts(uri), "train") == n and sql_max_key(_opts(uri)) == n
+
+
+def test_a_text_key_is_bound_as_a_parameter_never_formatted(tmp_path):
+    """A key value holding a quote resumes exactly after it (it would break formatted SQL)."""
+    keys = ["a", "b'; DROP TABLE t; --", "c", "d"]
+    uri = _db(tmp_path, t=pa.table({"k": keys[::-1], "y": [1, 0, 1, 0]}))
+    got = [c.batch.column("k").to_pylist() for c in sql_chunks(_opts(uri), "train", after=keys[1])]
+    assert got == [["c", "d"]]
+    assert sql_count(_opts(uri), "train") == 4  # the table is still there
+
+
+def test_repeated_and_null_keys_are_refused_naming_the_value(tmp_path):
+    uri = _db(tmp_path, t=pa.table({"k": [1, 2, 2, 3], "y": [1, 0, 1, 0]}),
+              n=pa.table({"k": pa.array([1, None, 3], pa.int64()), "y": [1, 0, 1]}))
+    with pytest.raises(DataError, match=r"data.sql.key 'k': the value 2 \(row 3 of the training query"):
+        list(sql_chunks(_opts(uri), "train", read_rows=2))
+    with pytest.raises(DataError, match="data.sql.key 'k' is NULL in 1 row"):
+        list(sql_chunks(_opts(uri, "SELECT * FROM n"), "train"))
+
+
+def test_preflight_names_the_key_and_its_type(tmp_path):
+    uri = _db(tmp_path, t=pa.table({"k": [1.5, 2.5], "y": [1, 0], "key_id": [1, 2]}))
+    assert sql_columns(_opts(uri, key="key_id"), "train") == (["k", "y", "key_id"], True)
+    with pytest.raises(ConfigError, match="holds double values; the key must be integers or text"):
+        sql_columns(_opts(uri), "train")
+    with pytest.raises(ConfigError, match="data.sql.key 'keyid' is not a column .* did you mean 'key_id'"):
+        sql_columns(_opts(uri, key="keyid"), "train")
+
+
+@pytest.mark.parametrize("data, message", [
+    ({"format": "sql"}, "data.format: sql needs data.sql"),
+    ({"format": "csv", "train": "x.csv", "sql": {"driver": "sqlite", "uri": "x", "eval_query": "SELECT 1"}},
+     "data.sql is set but data.format is 'csv'"),
+    ({"format": "sql", "sql": {"driver": "sqlite", "uri": "x", "query": "SELECT 1"}}, "needs data.sql.key"),
+    ({"format": "sql", "sql": {"driver": "sqlite", "uri": "x"}}, "give data.sql.query"),
+    ({"format": "sql", "train": "a.csv", "sql": {"driver": "sqlite", "uri": "x", "eval_query": "SELECT 1"}},
+     "remove data.train / data.eval"),
+    ({"format": "sql", "shard": "files", "sql": {"driver": "sqlite", "uri": "x", "eval_query": "SELECT 1"}},
+     "a SQL query is one stream"),
+])
+def test_config_refusals(data, message):
+    with pytest.raises(ValueError, match=message):
+        DataConfig.parse(data, where="data")
+
+
+def test_online_mode_is_refused_for_sql():
+    raw = {"data": {"format": "sql", "sql": {"driver": "sqlite", "uri": "x", "query": "SELECT 1", "key": "k"}},
+           "schema": {"labels": ["y"], "sparse": [{"name": "c"}]}, "model": {"type": "lr"},
+           "train": {"mode": "online"}}
+    with pytest.raises(ConfigError, match="data.format: sql reads a query in epochs"):
+        from_dict(raw)
+
+
+def test_loader_positions_and_key_resume(tmp_path):
+    """A FileLoader over a query notes each batch's last key (the position) and, given one,
+    starts after it; the batches carry no key column nobody asked for."""
+    uri = _db(tmp_path, t=pa.table({"k": [10, 20, 30, 40, 50], "y": [1, 0, 1, 0, 1], "c": list("abcde")}))
+    data = DataConfig(format="sql", sql=_opts(uri).model_dump(), batch_size=2, shuffle_buffer=0)
+    schema = Schema(labels=["y"], sparse=[{"name": "c"}])
+    loader = make_batches(data, schema)
+    batches = list(loader)
+    assert [b.size for b in batches] == [2, 2, 1] and all(b.keys is None for b in batches)
+    assert [loader.sql_position(i) for i in (0, 1, 2, 3)] == [None, SqlPosition(after=20), SqlPosition(after=40),
+                                                             SqlPosition(after=50)]
+    resumed = make_batches(data, schema, start_batch=1, sql_at=SqlPosition(after=20))
+    assert [b.size for b in resumed] == [2, 1] and resumed.sql_position(3) == SqlPosition(after=50)
+    shuffled = make_batches(data.model_copy(update={"shuffle_buffer": 4}), schema, start_batch=1,
+                            sql_at=SqlPosition(after=20))
+    with pytest.raises(ConfigError, match="written mid-epoch in key order"):
+        list(shuffled)
+    assert epoch_rows(data).rows == 5
+
+
+def test_ember_profile_reads_the_training_query(tmp_path, capsys):
+    import yaml
+
+    from ember.cli import main
+
+    uri = _db(tmp_path, t=pa.table({"k": list(range(50)), "y": [i % 2 for i in range(50)],
+                                    "c": [f"v{i % 7}" for i in range(50)]}))
+    cfg = {"data": {"format": "sql", "sql": {"driver": "sqlite", "uri": uri, "query": "SELECT * FROM t", "key": "k"}},
+           "schema": {"labels": ["y"], "sparse": [{"name": "c"}]}, "model": {"type": "lr"}}
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["profile", "--config", str(path), "--out", str(tmp_path / "prof")]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "50" in out and "c" in out
