@@ -24,7 +24,7 @@ import socket
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["S3Server", "missing"]
+__all__ = ["S3Server", "missing", "server_or_skip"]
 
 
 def missing() -> str | None:
@@ -113,6 +113,26 @@ class S3Server:
         access, secret = self.keys[user]
         return {**os.environ, "AWS_ENDPOINT_URL": self.url, "AWS_ACCESS_KEY_ID": access,
                 "AWS_SECRET_ACCESS_KEY": secret, "AWS_REGION": "us-east-1"}
+
+
+def server_or_skip(*buckets: str) -> Iterator[S3Server]:
+    """A started server holding ``buckets``, for a pytest fixture to ``yield from``; the test
+    skips, saying what is missing, when the server cannot start."""
+    import pytest
+
+    why = missing()
+    if why:
+        pytest.skip(why)
+    try:
+        server = S3Server().__enter__()
+    except Exception as e:  # a port, a broken install: say what
+        pytest.skip(f"the moto S3 server did not start: {e}")
+    try:
+        for bucket in buckets:
+            server.bucket(bucket)
+        yield server
+    finally:
+        server.__exit__(None, None, None)
 
 
 def _free_port() -> int:

@@ -6,7 +6,6 @@ missing object, a denied request and an unreachable endpoint each raise their ow
 from __future__ import annotations
 
 import gzip
-import io
 import threading
 import time
 from pathlib import Path
@@ -22,21 +21,12 @@ from ember.source.files import expand_paths
 from ember.source.parquet import read_parquet
 from ember.source.storage import StorageOptions
 from ember.source.watch import FileWatcher, WatchOptions, check_watched
-from ember.testing.s3 import S3Server, missing
+from ember.testing.s3 import S3Server, server_or_skip
 
 
 @pytest.fixture(scope="module")
 def s3():
-    why = missing()
-    if why:
-        pytest.skip(why)
-    try:
-        server = S3Server().__enter__()
-    except Exception as e:  # a port, a broken install: say what
-        pytest.skip(f"the moto S3 server did not start: {e}")
-    server.bucket("bkt")
-    yield server
-    server.__exit__(None, None, None)
+    yield from server_or_skip("bkt")
 
 
 def _tree(root: Path) -> None:

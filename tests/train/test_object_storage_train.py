@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.parquet as pq
 import pytest
@@ -26,7 +25,7 @@ from ember.checkpoint.load import resolve_checkpoint, verify_checkpoint
 from ember.cli import main
 from ember.config import from_dict
 from ember.testing import assert_identical, run_state
-from ember.testing.s3 import S3Server, missing
+from ember.testing.s3 import S3Server, server_or_skip
 from ember.train.loop import train
 from tests.train.test_online import _lines, _raw
 
@@ -35,16 +34,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def s3():
-    why = missing()
-    if why:
-        pytest.skip(why)
-    try:
-        server = S3Server().__enter__()
-    except Exception as e:
-        pytest.skip(f"the moto S3 server did not start: {e}")
-    server.bucket("data")
-    yield server
-    server.__exit__(None, None, None)
+    yield from server_or_skip("data")
 
 
 @pytest.fixture(scope="module")
