@@ -83,14 +83,19 @@ def test_export_needs_the_run_config_sections(tmp_path):
     assert not (tmp_path / "exp").exists()
 
 
+def _csv_sum_export(out):
+    """A custom model's export (only its TorchScript gives the model) of tables a (ID 7) and b
+    (ID 5), whose data is CSV."""
+    run_config = {**_run_config(), "data": DataConfig(format="csv", eval="unused.csv").model_dump(mode="json")}
+    tables = {"a": _Table([7], dim=2, seed=1), "b": _Table([5], dim=2, seed=2)}
+    return export_model(_SumModel(), [SimpleNamespace(tables=tables)], [FeatureConfig(name="a"), FeatureConfig(name="b")],
+                        None, ["y"], run_config, out)
+
+
 def test_predictor_reads_an_empty_field_as_the_export_recorded_it(tmp_path):
     from ember.featurize.hashing import hash_array
 
-
-    run_config = {**_run_config(), "data": DataConfig(format="csv", eval="unused.csv").model_dump(mode="json")}
-    tables = {"a": _Table([7], dim=2, seed=1), "b": _Table([5], dim=2, seed=2)}
-    out = export_model(_SumModel(), [SimpleNamespace(tables=tables)], [FeatureConfig(name="a"), FeatureConfig(name="b")],
-                       None, ["y"], run_config, tmp_path / "exp")
+    out = _csv_sum_export(tmp_path / "exp")
     rows = tmp_path / "rows.csv"
     rows.write_text("a,b\n,x\n")
     empty_id, x_id = hash_array(pa.array([""]), "a")[0], hash_array(pa.array(["x"]), "b")[0]
@@ -114,10 +119,7 @@ def test_trust_torchscript_is_a_flag_of_the_commands_that_load_exports(tmp_path,
     from ember.serving import predictor as predictor_mod
     from ember.serving.server import open_source
 
-    run_config = {**_run_config(), "data": DataConfig(format="csv", eval="unused.csv").model_dump(mode="json")}
-    tables = {"a": _Table([7], dim=2, seed=1), "b": _Table([5], dim=2, seed=2)}
-    out = export_model(_SumModel(), [SimpleNamespace(tables=tables)], [FeatureConfig(name="a"), FeatureConfig(name="b")],
-                       None, ["y"], run_config, tmp_path / "exp")
+    out = _csv_sum_export(tmp_path / "exp")
     rows = tmp_path / "rows.csv"
     rows.write_text("a,b\n7,5\n")
     assert main(["predict", "--export", str(out), "--input", str(rows), "--output", str(tmp_path / "p.csv")]) == 2
