@@ -103,6 +103,21 @@ def cpu_topology() -> dict[str, int]:
             "physical_cores": max(min(sockets * cps, cpus // tpc), 1)}
 
 
+def rss_mib() -> dict[str, float]:
+    """This process's resident memory now (anonymous, file-backed: the disk tiers' mappings) and
+    its peak, MiB (``/proc/self/status``; empty elsewhere)."""
+    out: dict[str, float] = {}
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith(("VmHWM", "RssAnon", "RssFile")):
+                    key, value = line.split(":")
+                    out[key] = int(value.split()[0]) / 1024
+    except OSError:
+        pass
+    return out
+
+
 def zipf_ranks(rng: np.random.Generator, n: int, cdf: np.ndarray) -> np.ndarray:
     """``n`` ranks 0..V-1 with P(r) ~ (r+1)^-s, by inverse CDF of the exact finite law."""
     return np.minimum(np.searchsorted(cdf, rng.random(n)), cdf.size - 1)
@@ -325,9 +340,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                 times[v.name].append(took[v.name])
             elif i == args.warmup - 1 and isinstance(v, Ember):
                 v.reset_tier_stats()  # hit rates over the timed steps
+        mem = rss_mib()
         print(f"  step {i + 1}/{n}{' (warmup)' if i < args.warmup else ''}: "
               + ", ".join(f"{v.name} {took[v.name] * 1e3:.0f} ms" for v in variants)
-              + f"; {time.perf_counter() - t_start:.0f}s elapsed", flush=True)
+              + f"; {time.perf_counter() - t_start:.0f}s elapsed; RSS anon {mem.get('RssAnon', 0):.0f} MiB, "
+              f"file {mem.get('RssFile', 0):.0f} MiB", flush=True)
     ember32, ember16 = variants[0], variants[1]
     for v in (ember32, ember16):
         for key in v.split:
@@ -357,6 +374,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     tiers = {v.name: v.tier_stats() for v in (ember32, ember16)}
     print(f"ember tiers: {tiers}")
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    rss_end = rss_mib()
     wall = time.perf_counter() - t_start
     print(f"peak RSS {rss_mb:.0f} MB; wall {wall:.0f}s")
     for v in (ember32, ember16):
@@ -378,7 +396,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         "ember_split_ms": {"fp32": split, "bf16": split16}, "tiers": tiers,
         "workload": {"max_rows": args.max_rows, "table_rows": sum(vocab), "ram_gib": args.ram_gib, "zipf_s": ZIPF_S,
                      "optimizer": f"sgd (sparse lr {LR_SPARSE}, dense lr {LR_DENSE})"},
-        "torch_threads": torch.get_num_threads(), "peak_rss_mb": rss_mb, "wall_s": wall,
+        "torch_threads": torch.get_num_threads(), "peak_rss_mb": rss_mb, "rss_end_mib": rss_end, "wall_s": wall,
     }))
 
 
