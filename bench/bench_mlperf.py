@@ -5,7 +5,10 @@ one table each, dim 128, bottom MLP 13-512-256-128 (ReLU throughout, as the refe
 interaction, top MLP 1024-1024-512-256-1; plain SGD on the embeddings and on the MLPs (as the
 reference and Intel's submission; lr 0.05 here, since the labels are random). IDs follow Zipf(1.1)
 over each table's MLPerf size (the Criteo 1TB tables with the reference's 40 M cap), capped at
-``--max-rows``; the hot ranks are scattered over the vocabulary. Batch 32,768, MLPerf's and Intel's.
+``--max-rows``; the hot ranks are scattered over the vocabulary. Batch 32,768, MLPerf's and Intel's:
+it fits a 24 GiB machine with the default cap (peak RSS 16-20 GB for all four variants over the
+default 14 steps: plain's 6.7 GB of fixed tables, the activations, and ~0.45 GB per step that ember's
+embedding path does not free, see bench/RESULTS.md 2026-11-26), so no smaller batch is needed.
 
 ember's tables are sized by a RAM budget (``--ram-gib``, for ember's rows): the smallest tables,
 whole, while they fit; every larger one gets a host cache (LFU, an equal share of the rest of the
@@ -21,7 +24,8 @@ order (../shared/BENCHMARKING.md):
   plain       the strongest plain-PyTorch baseline here (``--baseline``): ``fused``, FBGEMM's
               table-batched approach written out (one ``[sum V, 128]`` weight, the batch's IDs
               deduplicated by one sort, SGD applied in place on the unique rows), or ``bags``
-              (one ``nn.EmbeddingBag(sparse=True)`` per table + ``torch.optim.SGD``); same model
+              (one ``nn.EmbeddingBag(sparse=True)`` per table + ``torch.optim.SGD``, slower:
+              ember / bags 1.23x where ember / fused was 1.06x at batch 8,192); the same model
               class, so the same MLPs and dot interaction;
   plain-bf16  plain with the dense model under bf16 autocast; it trains plain's fp32 tables (one
               copy in RAM; a step does the same work whichever variant last wrote the rows).
@@ -39,7 +43,7 @@ but marked as no target (``bf16_is_target``), since bf16 matmuls are emulated th
     python bench/bench_mlperf.py [--batch 32768] [--steps 12] [--warmup 2] [--max-rows 2000000]
                                  [--ram-gib 2] [--disk DIR] [--baseline fused|bags]
 
-The default run takes about 10 minutes on 2 vCPUs (AMD EPYC); the last line printed is one JSON
+The default run takes about 7 minutes on 2 shared vCPUs (AMD EPYC; 415 s measured); the last line printed is one JSON
 object with the headline figures (samples_per_s_fp32, samples_per_s_bf16, per_core_fp32,
 per_core_bf16, per_core_vs_intel, ember_vs_plain, batch, physical_cores, machine, ...).
 """
@@ -61,7 +65,7 @@ from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's ember, not an installed one
 
-import ember  # noqa: E402  # first: before torch loads, it shortens libgomp's spin-wait (see ember/__init__.py)
+import ember  # noqa: E402,F401  # first: before torch loads, it shortens libgomp's spin-wait (see ember/__init__.py)
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
