@@ -150,7 +150,6 @@ class GroupLookup:
         self.records: Tensor | None = None  # fetch: [U, width] on the group's device
         self.filtered: dict[int, Tensor] = {}  # fetch: table -> rows below min_count (no row, no update)
         self.on_device: Tensor | None = None  # to_device: the rows pool reads [U, dim], copied ahead
-        self.weights: Tensor | None = None  # pool: leaf [U, dim] on the model device
         self.reached = [False] * len(group.tables)  # backward: tables whose features reached the loss
         self.grad: Tensor | None = None  # backward: [U, dim], one summed gradient per unique ID
         self.updated: list[int] = []  # update: tables stepped
@@ -223,8 +222,11 @@ class GroupLookup:
             self._count_moved(self.sizes, g.dim)
         w = w.to(device, non_blocking=True, memory_format=torch.contiguous_format)  # gathers from contiguous rows are ~1.5x faster
         if self.train:
+            # the leaf is not kept on the lookup: its hook below holds the lookup, and a lookup
+            # holding its leaf back would be a cycle through the tensor's hooks, which the garbage
+            # collector cannot see (every step's rows leaked). The graph keeps the leaf (and so
+            # the hook and the lookup) alive until backward has run.
             w = w.detach().requires_grad_()
-            self.weights = w
 
             def done(leaf: Tensor) -> None:
                 self.grad = leaf.grad

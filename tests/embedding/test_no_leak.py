@@ -40,3 +40,33 @@ def test_a_trained_lookup_is_freed_without_the_garbage_collector(monkeypatch):
         assert made and all(ref() is None for ref in made), "a lookup outlived its step"
     finally:
         gc.enable()
+
+
+def test_lookups_do_not_pile_up_over_a_training_run(monkeypatch, tmp_path):
+    """Through the trainer (pipeline on, stages on threads): at any step at most the pipeline's
+    lookups in flight are alive, however long the run, with the garbage collector off."""
+    from ember.config import from_dict
+    from ember.train.loop import train
+
+    made: list[weakref.ref] = []
+    alive_max = [0]
+    pool = GroupLookup.pool
+
+    def tracked(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        made.append(weakref.ref(self))
+        alive_max[0] = max(alive_max[0], sum(r() is not None for r in made))
+        return pool(self, *args, **kwargs)
+
+    monkeypatch.setattr(GroupLookup, "pool", tracked)
+    cfg = from_dict({"data": {"preset": "synthetic", "batch_size": 64,
+                              "synthetic": {"num_dense": 2, "num_sparse": 3, "rows": 64 * 40, "eval_rows": 64}},
+                     "embedding": {"dim": 4}, "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},
+                     "train": {"out_dir": str(tmp_path), "run_name": "r", "progress": False, "threads": 1},
+                     "pipeline": {"enabled": True, "engine": "threads"}})
+    gc.disable()
+    try:
+        train(cfg)
+    finally:
+        gc.enable()
+    assert len(made) >= 40
+    assert alive_max[0] <= 8, f"{alive_max[0]} lookups alive at once"  # the few in flight, not one per step
