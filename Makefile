@@ -16,7 +16,7 @@ demo: install
 # The second run turns the native core off (EMBER_NATIVE=0): the numpy/torch fallbacks of every
 # kernel (ember/_native.py) must pass the same embedding, tier, optimizer, checkpoint, featurize and native tests.
 test: install
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q --durations=25
 	EMBER_NATIVE=0 $(PYTHON) -m pytest -q tests/embedding tests/tiers tests/optim tests/checkpoint tests/featurize tests/native
 
 # The docs site (docs/, mkdocs.yml): regenerates the config and CLI references from the code,
