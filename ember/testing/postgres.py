@@ -15,11 +15,12 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator
+
+from ember.testing.distributed import free_port
 
 __all__ = ["PostgresServer", "missing", "server_or_skip"]
 
@@ -66,11 +67,6 @@ def server_or_skip() -> Iterator["PostgresServer"]:
         server.__exit__(None, None, None)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 class PostgresServer:
     """A fresh PostgreSQL cluster for the with-block, reachable at ``uri`` (a Unix socket in a
@@ -81,7 +77,7 @@ class PostgresServer:
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="ember-pg-"))
         self.data = self.root / "data"
-        self.port = _free_port()  # names the socket file (.s.PGSQL.<port>); no TCP listener
+        self.port = free_port()  # names the socket file (.s.PGSQL.<port>); no TCP listener
         self.uri = f"postgresql://postgres@/ember?host={self.root}&port={self.port}"
         self._bin = _bin_dir()
 

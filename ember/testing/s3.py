@@ -20,9 +20,10 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 from pathlib import Path
 from typing import Any, Iterator
+
+from ember.testing.distributed import free_port
 
 __all__ = ["S3Server", "missing", "server_or_skip"]
 
@@ -42,7 +43,7 @@ class S3Server:
     ``port``: a fixed port (a test that starts the server late)."""
 
     def __init__(self, port: int | None = None) -> None:
-        self.port = port or _free_port()
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.keys: dict[str, tuple[str, str]] = {}
 
@@ -133,9 +134,3 @@ def server_or_skip(*buckets: str) -> Iterator[S3Server]:
         yield server
     finally:
         server.__exit__(None, None, None)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
