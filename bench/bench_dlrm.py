@@ -55,6 +55,8 @@ from ember.models.base import ModelInputs
 from ember.mix import mix64
 from ember.optim import RowWiseAdagrad
 
+from benchkit import timed_ember_step  # (after ember: benchkit imports it first too)
+
 F, V, D, DENSE = 26, 200_000, 16, 13
 # Criteo-Kaggle's per-feature cardinalities (--kaggle-sizes, capped by --cap)
 KAGGLE = [1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194, 27, 14992, 5461306,
@@ -121,7 +123,7 @@ class Ember:
     def __init__(self, mixed_init: bool = False, disk: str | None = None, bf16: bool = False,
                  bf16_dense: bool = False) -> None:
         self.name = "ember-mixed-init" if mixed_init else "ember-bf16" if bf16 else "ember"
-        self.bf16 = bf16_dense  # the dense model under bf16 autocast (rows: dtype bf16 when ``bf16``)
+        self.precision = "bf16" if bf16_dense else "fp32"  # the dense model's autocast (rows: dtype bf16 when ``bf16``)
         names = [f"C{i + 1}" for i in range(F)]
         self.keys = names
         opt = RowWiseAdagrad(lr=0.05)
@@ -154,23 +156,7 @@ class Ember:
         return SparseFeatures(self.keys, ids.reshape(-1), self.lengths)
 
     def step(self, ids, dense, labels) -> float:
-        sf = self.features(ids)
-        t0 = time.perf_counter()
-        lookup = self.ec.plan(sf).fetch()
-        t1 = time.perf_counter()
-        emb = self.ec(sf, lookup)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=self.bf16):
-            logits = self.model(dense, [emb[k] for k in self.keys])
-        loss = nn.functional.binary_cross_entropy_with_logits(logits.float(), labels)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        t2 = time.perf_counter()
-        self.sparse_opt.step()
-        t3 = time.perf_counter()
-        for k, v in zip(self.split, [t1 - t0, t2 - t1, t3 - t2]):
-            self.split[k].append(v)
-        return float(loss.detach())
+        return timed_ember_step(self, self.features(ids), dense, labels)
 
     def index_bytes_per_row(self) -> float:
         rows = sum(len(t) for t in self.ec.tables.values())

@@ -64,6 +64,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # this checkout's ember, not an installed one
+sys.path.insert(1, str(Path(__file__).resolve().parent))  # benchkit, also when run as a module
 
 import ember  # noqa: E402,F401  # first: before torch loads, it shortens libgomp's spin-wait (see ember/__init__.py)
 
@@ -78,6 +79,8 @@ from ember.models.base import ModelInputs  # noqa: E402
 from ember.models.dlrm import DLRM, DLRMConfig  # noqa: E402
 from ember.optim import SGD  # noqa: E402
 from ember.train.precision import autocast, cpu_bf16  # noqa: E402
+
+from benchkit import timed_ember_step  # noqa: E402
 
 # MLPerf DLRM's Criteo 1TB table sizes (the reference's day_fea_count with --max-ind-range 40,000,000)
 MLPERF_ROWS = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546, 403346, 10, 2208, 11938,
@@ -204,23 +207,7 @@ class Ember:
     def step(self, ids: torch.Tensor, dense: torch.Tensor, labels: torch.Tensor) -> float:
         if self.lengths is None or self.lengths.numel() != ids.numel():
             self.lengths = torch.ones(ids.numel(), dtype=torch.int64)
-        sf = SparseFeatures(FEATURES, ids.reshape(-1), self.lengths)
-        t0 = time.perf_counter()
-        lookup = self.ec.plan(sf).fetch()
-        t1 = time.perf_counter()
-        emb = self.ec(sf, lookup)
-        with autocast(torch.device("cpu"), self.precision):
-            logits = self.model(dense, [emb[k] for k in FEATURES])
-        loss = nn.functional.binary_cross_entropy_with_logits(logits.float(), labels)
-        self.opt.zero_grad(set_to_none=True)
-        loss.backward()
-        self.opt.step()
-        t2 = time.perf_counter()
-        self.sparse_opt.step()
-        t3 = time.perf_counter()
-        for k, v in zip(self.split, (t1 - t0, t2 - t1, t3 - t2)):
-            self.split[k].append(v)
-        return float(loss.detach())
+        return timed_ember_step(self, SparseFeatures(FEATURES, ids.reshape(-1), self.lengths), dense, labels)
 
     def reset_tier_stats(self) -> None:
         """Zero every table's tier counters (after the warm-up steps)."""
@@ -403,5 +390,4 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchkit, also when run as a module
     main()

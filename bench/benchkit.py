@@ -32,7 +32,7 @@ import ember  # noqa: F401  # before torch: ember shortens libgomp's spin-wait (
 from ember.batch import Batch
 from ember.config import from_dict
 from ember.train.loop import RunResult, train
-from ember.train.precision import cpu_bf16, cpu_model
+from ember.train.precision import autocast, cpu_bf16, cpu_model
 
 __all__ = [
     "REPO", "dlrm_config", "ensure_synthetic_files", "run_training", "shared_data_dir", "spread",
@@ -47,6 +47,36 @@ AVAZU_COLUMNS = [
     "C14", "C15", "C16", "C17", "C18", "C19", "C20", "C21",
 ]
 AVAZU_FEATURES = [c for c in AVAZU_COLUMNS if c not in ("id", "click", "hour")]  # id: unique; hour: constant here
+
+
+def timed_ember_step(runner: Any, sf: Any, dense: Any, labels: Any) -> float:
+    """ember's training step as the benches time it, each part's seconds appended to
+    ``runner.split`` (``plan+fetch``, ``fwd/bwd+dense``, ``sparse step``): plan + fetch of the
+    batch's rows, pooling + the model's forward (under ``runner.precision``'s autocast) +
+    backward + the dense optimizer's step, then the sparse step (update + write back). ``runner``
+    holds ``ec`` (the EmbeddingCollection), ``sparse_opt``, ``model`` (taking the features in
+    ``sf.keys`` order), ``opt``, ``precision`` and ``split``; returns the loss."""
+    import time
+
+    import torch
+    from torch import nn
+
+    t0 = time.perf_counter()
+    lookup = runner.ec.plan(sf).fetch()
+    t1 = time.perf_counter()
+    emb = runner.ec(sf, lookup)
+    with autocast(torch.device("cpu"), runner.precision):
+        logits = runner.model(dense, [emb[k] for k in sf.keys])
+    loss = nn.functional.binary_cross_entropy_with_logits(logits.float(), labels)
+    runner.opt.zero_grad(set_to_none=True)
+    loss.backward()
+    runner.opt.step()
+    t2 = time.perf_counter()
+    runner.sparse_opt.step()
+    t3 = time.perf_counter()
+    for k, v in zip(runner.split, (t1 - t0, t2 - t1, t3 - t2)):
+        runner.split[k].append(v)
+    return float(loss.detach())
 
 
 def machine() -> dict[str, Any]:
