@@ -46,7 +46,6 @@ Example:
 from __future__ import annotations
 
 import difflib
-from contextlib import nullcontext
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -214,7 +213,7 @@ def _stored_types(data: Mapping[str, Any], fmt: str | None) -> tuple[str | None,
         files = expand_paths([train] if isinstance(train, str) else list(train), str(fmt), options)
         if not files:
             return None, {}
-        with (storage.open_file(files[0], options) if storage.is_remote(files[0]) else nullcontext(files[0])) as source:
+        with storage.opened(files[0], options) as source:
             if fmt == "parquet":
                 import pyarrow.parquet as pq
 

@@ -29,27 +29,28 @@ def read_orc(path: str, columns: Sequence[str], *, read_rows: int = 65536,
              storage_options: StorageOptions | None = None) -> Iterator[RecordChunk]:
     """Yield ``columns`` of ``path`` in file order; ``first_row`` is 1-based. ``storage_options``:
     how to reach ``path`` when it is a URI."""
-    try:
-        f = orc.ORCFile(storage.open_file(path, storage_options) if storage.is_remote(path) else path)
-        names = f.schema.names
-    except Exception as e:
-        failed = read_failed(path, " (footer)", e, storage_options)
-        if failed is not None:
-            raise failed from e
-        raise
-    check_columns(path, names, columns)
-    row = 1
-    for i in range(f.nstripes):
+    with storage.opened(path, storage_options) as source:
         try:
-            stripe = f.read_stripe(i, columns=list(columns))
+            f = orc.ORCFile(source)
+            names = f.schema.names
         except Exception as e:
-            failed = read_failed(path, f" stripe {i} (from row {row})", e, storage_options)
+            failed = read_failed(path, " (footer)", e, storage_options)
             if failed is not None:
                 raise failed from e
             raise
-        for start in range(0, stripe.num_rows, read_rows):
-            batch = stripe.slice(start, read_rows)
-            yield RecordChunk(batch, path, row)
-            row += batch.num_rows
-    if row - 1 != f.nrows:  # stripes that decode but hold other than the rows the footer lists
-        raise damaged_file(path, "", ValueError(f"its stripes hold {row - 1} rows, the footer lists {f.nrows}"))
+        check_columns(path, names, columns)
+        row = 1
+        for i in range(f.nstripes):
+            try:
+                stripe = f.read_stripe(i, columns=list(columns))
+            except Exception as e:
+                failed = read_failed(path, f" stripe {i} (from row {row})", e, storage_options)
+                if failed is not None:
+                    raise failed from e
+                raise
+            for start in range(0, stripe.num_rows, read_rows):
+                batch = stripe.slice(start, read_rows)
+                yield RecordChunk(batch, path, row)
+                row += batch.num_rows
+        if row - 1 != f.nrows:  # stripes that decode but hold other than the rows the footer lists
+            raise damaged_file(path, "", ValueError(f"its stripes hold {row - 1} rows, the footer lists {f.nrows}"))

@@ -16,7 +16,6 @@ Example:
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Iterator, Sequence
 
 import pyarrow.parquet as pq
@@ -32,30 +31,27 @@ def read_parquet(path: str, columns: Sequence[str], *, read_rows: int = 65536,
                  storage_options: StorageOptions | None = None) -> Iterator[RecordChunk]:
     """Yield ``columns`` of ``path`` in file order, row group by row group; ``first_row`` is
     1-based. ``storage_options``: how to reach ``path`` when it is a URI."""
-    remote = storage.is_remote(path)
-    source = storage.open_file(path, storage_options) if remote else path
-    try:
-        # remote: a row group's column chunks in a few coalesced ranged reads, not one per page
-        pf = pq.ParquetFile(source, page_checksum_verification=True, pre_buffer=remote)
-    except Exception as e:
-        if remote:
-            source.close()
-        failed = read_failed(path, " (footer)", e, storage_options)
-        if failed is not None:
-            raise failed from e
-        raise
-    with pf, (source if remote else nullcontext()):  # a local path: pyarrow opened the file, it closes it
-        check_columns(path, pf.schema_arrow.names, columns)
-        meta = pf.metadata
-        row = 1
-        for g in range(pf.num_row_groups):
-            start, group_rows = row, meta.row_group(g).num_rows
-            batches = pf.iter_batches(batch_size=read_rows, row_groups=[g], columns=list(columns), use_threads=True)
-            try:
-                yield from _group(path, meta, g, start, group_rows, batches, storage_options)
-            finally:  # no pyarrow reader outlives this one (an error downstream, the reader abandoned)
-                batches.close()
-            row += group_rows
+    with storage.opened(path, storage_options) as source:
+        try:
+            # remote: a row group's column chunks in a few coalesced ranged reads, not one per page
+            pf = pq.ParquetFile(source, page_checksum_verification=True, pre_buffer=storage.is_remote(path))
+        except Exception as e:
+            failed = read_failed(path, " (footer)", e, storage_options)
+            if failed is not None:
+                raise failed from e
+            raise
+        with pf:
+            check_columns(path, pf.schema_arrow.names, columns)
+            meta = pf.metadata
+            row = 1
+            for g in range(pf.num_row_groups):
+                start, group_rows = row, meta.row_group(g).num_rows
+                batches = pf.iter_batches(batch_size=read_rows, row_groups=[g], columns=list(columns), use_threads=True)
+                try:
+                    yield from _group(path, meta, g, start, group_rows, batches, storage_options)
+                finally:  # no pyarrow reader outlives this one (an error downstream, the reader abandoned)
+                    batches.close()
+                row += group_rows
 
 
 def _group(path: str, meta: pq.FileMetaData, g: int, start: int, group_rows: int, batches: Iterator,

@@ -34,7 +34,8 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, TypeVar
+from contextlib import nullcontext
+from typing import Any, Callable, ContextManager, Literal, TypeVar
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -43,7 +44,7 @@ from pydantic import Field, field_serializer, model_validator
 from ember.config_base import ConfigModel
 from ember.errors import ConfigError, DataError
 
-__all__ = ["StorageOptions", "Entry", "is_remote", "split_uri", "walk", "stat", "open_stream", "open_file",
+__all__ = ["StorageOptions", "Entry", "is_remote", "split_uri", "walk", "stat", "open_stream", "open_file", "opened",
            "file_size", "is_file", "footer_rows", "storage_error", "is_storage_error", "match_glob"]
 
 log = logging.getLogger("ember")
@@ -341,6 +342,12 @@ def file_size(path: str, options: StorageOptions | None = None) -> int:
     return int(info.size or 0)
 
 
+def opened(path: str, options: StorageOptions | None = None) -> ContextManager[Any]:
+    """What pyarrow's readers take for ``path``: a local path as it is (the reader opens and
+    closes the file), or a URI opened for ranged reads (``open_file``), closed on leaving."""
+    return open_file(path, options) if is_remote(path) else nullcontext(path)
+
+
 def footer_rows(path: str, format: str, options: StorageOptions | None = None) -> int:
     """Rows of a Parquet or ORC file (local or a URI) from its footer alone."""
     import pyarrow.orc as orc
@@ -349,10 +356,8 @@ def footer_rows(path: str, format: str, options: StorageOptions | None = None) -
     def rows(source: Any) -> int:
         return int(pq.read_metadata(source).num_rows if format == "parquet" else orc.ORCFile(source).nrows)
 
-    if not is_remote(path):
-        return rows(path)
-    with open_file(path, options) as f:
-        return rows(f)
+    with opened(path, options) as source:
+        return rows(source)
 
 
 def open_stream(uri: str, options: StorageOptions | None = None) -> pa.NativeFile:

@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import logging
 import os
-from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, ContextManager, Literal
+from typing import Literal
 
 
 from ember.config import RunConfig
@@ -187,12 +186,12 @@ def _header(data: DataConfig, path: str) -> tuple[list[str], int]:
         if data.format == "parquet":
             import pyarrow.parquet as pq
 
-            with _opened(data, path) as source:
+            with storage.opened(path, data.storage_options) as source:
                 meta = pq.read_metadata(source)
             return list(meta.schema.to_arrow_schema().names), meta.num_rows
         import pyarrow.orc as orc
 
-        with _opened(data, path) as source:
+        with storage.opened(path, data.storage_options) as source:
             f = orc.ORCFile(source)
             return list(f.schema.names), f.nrows
     except (ConfigError, DataError):
@@ -202,11 +201,6 @@ def _header(data: DataConfig, path: str) -> tuple[list[str], int]:
         if failed is not None:
             raise failed from e
         raise
-
-
-def _opened(data: DataConfig, path: str) -> ContextManager[Any]:
-    """``path`` itself (local: pyarrow opens it), or a URI opened for ranged reads."""
-    return storage.open_file(path, data.storage_options) if storage.is_remote(path) else nullcontext(path)
 
 
 def _names(files: list[str]) -> str:
