@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One prepared GPU session on a lent device machine (ember's device tool): installs the few Python
+# packages its image lacks (carried as wheels in .whl/), builds the native core for its Python,
+# then runs the steps named in $STEPS (default: all) with their output under $OUT.
+#   STEPS="tests cache dlrm pipeline nccl" bash bench/gpu/session.sh
+set -u
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/ember-gpu-out}; mkdir -p "$OUT"
+STEPS=${STEPS:-"tests cache dlrm pipeline nccl"}
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+nvidia-smi -L; nproc
+python3 setup.py -q build_ext --inplace 2>&1 | tail -2
+python3 -c "import torch, ember._native as n; print('torch', torch.__version__, torch.cuda.get_device_name(), 'native', n.is_available())"
+t0=$(date +%s)
+el() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
+for s in $STEPS; do
+  case $s in
+    tests) el tests
+      timeout ${TESTS_S:-170} python3 -m pytest -q -x -n 12 -p no:cacheprovider -m "not dist" --timeout 120 ${TEST_PATHS:-tests} 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
+    cache) el bench_gpu_cache
+      (cd bench && timeout 120 python3 bench_gpu_cache.py ${CACHE_ARGS:-}) 2>&1 | tee "$OUT/gpu_cache.log" | tail -15 ;;
+    dlrm) el bench_dlrm
+      timeout 120 python3 bench/bench_dlrm.py --steps 20 2>&1 | tee "$OUT/dlrm.log" | tail -8 ;;
+    pipeline) el bench_pipeline
+      timeout 150 python3 bench/bench_pipeline.py --rows 300000 --steps 20 --rounds 1 --only files 2>&1 | tee "$OUT/pipeline.log" | tail -12 ;;
+    nccl) el torchrun nccl
+      timeout 90 torchrun --standalone --nproc_per_node 1 -m ember train --config configs/demo.yaml --overwrite 2>&1 | tee "$OUT/nccl.log" | tail -12 ;;
+  esac
+done
+el done
