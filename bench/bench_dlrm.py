@@ -86,12 +86,12 @@ def zipf_cdf(vocab: int, s: float = 1.1) -> np.ndarray:
     return np.cumsum(w) / w.sum()
 
 
-def make_batches(n_batches: int, batch: int, seed: int = 0):
+def make_batches(n_batches: int, batch: int, seed: int = 0, zipf: float = 1.1):
     """Batches of ``(ids [F, B*hot], dense [B, 13], labels [B, 1])``; feature f's IDs are the B
-    samples' bags one after another."""
+    samples' bags one after another, Zipf(``zipf``) over each table's vocabulary."""
     rng = np.random.default_rng(seed)
     perm = [rng.permutation(v) for v in W.vocab]  # hot IDs scattered over the vocabulary
-    cdfs = {v: zipf_cdf(v) for v in set(W.vocab)}
+    cdfs = {v: zipf_cdf(v, zipf) for v in set(W.vocab)}
     out = []
     for _ in range(n_batches):
         ids = np.stack([perm[f][zipf_ids(rng, batch * W.hot, cdfs[v])] for f, v in enumerate(W.vocab)])

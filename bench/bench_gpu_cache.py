@@ -1,16 +1,30 @@
-"""DLRM-26 on a GPU: ember with a device-resident cache vs ember with rows in host memory vs plain
-PyTorch with every table in GPU memory, side by side in one process (paired, interleaved steps).
+"""DLRM-26 with a device cache: what one step costs the device (ops launched per table group, and
+device->host syncs), and with CUDA the speed against rows in host memory and rows all on the GPU.
 
-Workload as bench_dlrm.py (26 single-hot Zipf(1.1) features over 200 k IDs, dim 16, batch 4096,
-row-wise Adagrad 0.05), model on the GPU. Variants:
-  ember-cache  each table: a GPU cache of --cache-frac of its IDs (LFU, admit after 1) in front
-               of host memory: hits are gathered, pooled and updated on the GPU
-  ember-host   each table all in host memory (rows cross to the GPU and gradients back)
-  plain-gpu    nn.EmbeddingBag(sparse=True) per table on the GPU + torch.optim.Adagrad
-Also reports the cache's host<->device row traffic against (misses + evictions) x record bytes.
-Needs CUDA.
+Workload as bench_dlrm.py but Zipf(1.05): 26 single-hot features over 200 k IDs each, dim 16,
+row-wise Adagrad 0.05, batch 4096 (CPU: --cpu-batch 1024). ember variants (one table group of 26):
+  ember-cache-1/4   each table: a device cache of 1/4 of its IDs (LFU, admit after 1) in front of
+  ember-cache-1/16  host memory (1/16 of its IDs): hits gathered, pooled and updated on the device
+  ember-all-device  a device cache of every ID (every row in device memory)
+  ember-host        every row in host memory (rows cross to the device and gradients back)
+  plain-gpu         nn.EmbeddingBag(sparse=True) per table on the GPU + torch.optim.Adagrad (CUDA only)
 
-    python bench/bench_gpu_cache.py [--steps 60] [--warmup 20] [--cache-frac 0.25]
+Budgets (CPU and CUDA; on a CPU the "device" is an arena in host memory, marked for
+ember.tiers.device_budget): after warm-up, K steps of the embedding path of each cache variant
+run under ``DeviceBudget``, one table group at a time (plan, fetch, pool + backward with fixed
+cotangents, update, write back): device ops per step per group (max over groups and steps),
+syncs per step (max over steps), and the split by phase.
+
+With CUDA also, interleaved in one process on the same batches: ms/step of a full training step
+(paired, rotating order), IDs/s of the embedding path alone (IDs in the batch / its wall time),
+the cache's hit rate, and its host<->device bytes per step against (misses + evictions) x
+record bytes. Targets on one H100: the 1/4 cache >= 2x the speed of ember-host and >= 0.9x of
+ember-all-device (``cache_vs_host``, ``cache_vs_all_device``).
+
+    python bench/bench_gpu_cache.py [--steps 40] [--warmup 10] [--budget-steps 3] [--cpu-batch 1024]
+
+The last line is one JSON object: device_ops_per_step_per_group, syncs_per_step, budget, and with
+CUDA cache_vs_host, cache_vs_all_device, ms_per_step, embedding_ids_per_s, cache_hit_rate, transfer.
 """
 
 from __future__ import annotations
@@ -18,66 +32,233 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any
 
 import ember  # noqa: F401  # first: before torch loads (GOMP_SPINCOUNT)
 
 import torch
 from torch import nn
 
+import bench_dlrm
 from bench_dlrm import D, F, V, make_batches, make_model
 from ember.batch import SparseFeatures
 from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig
+from ember.tiers.device_budget import DeviceBudget
+
+ZIPF = 1.05
+PHASES = ("plan", "fetch", "pool+backward", "update", "write_back")
+CACHES = {"ember-cache-1/4": 4, "ember-cache-1/16": 16, "ember-all-device": 1}  # name -> 1/fraction of IDs cached
 
 
-class EmberGPU:
-    def __init__(self, name: str, cache_rows: int | None) -> None:
-        self.name = name
-        storage = {} if cache_rows is None else {"storage": {"device_rows": cache_rows, "device": "cuda", "admit_after": 1}}
-        names = [f"C{i + 1}" for i in range(F)]
-        tables = [TableConfig(name=n, dim=D, optimizer={"type": "rowwise_adagrad", "lr": 0.05}, **storage) for n in names]
-        self.ec = EmbeddingCollection(tables, [FeatureConfig(name=n) for n in names]).to("cuda")
-        self.keys = names
-        self.model = make_model(0).cuda()
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+class EmberVariant:
+    """ember on ``dev``: a device cache of ``cache_rows`` per table (None: rows in host memory)."""
+
+    def __init__(self, name: str, cache_rows: int | None, dev: torch.device) -> None:
+        self.name, self.dev = name, dev
+        storage = {} if cache_rows is None else {"storage": {"device_rows": cache_rows, "device": dev.type, "admit_after": 1}}
+        self.keys = [f"C{i + 1}" for i in range(F)]
+        tables = [TableConfig(name=n, dim=D, optimizer={"type": "rowwise_adagrad", "lr": 0.05}, **storage) for n in self.keys]
+        self.ec = EmbeddingCollection(tables, [FeatureConfig(name=n) for n in self.keys]).to(dev)
+        self.model = make_model(0).to(dev)
         self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
         self.sparse_opt = SparseOptimizer(self.ec)
-        self.moved, self.expected, self.hits, self.requests = [], [], 0.0, 0.0
+        self.step_no = 0
+        self.moved: list[float] = []
+        self.expected: list[float] = []
+        self.hits = self.requests = 0.0
+        self._lengths: torch.Tensor | None = None
 
-    def step(self, ids, dense, labels) -> None:
-        sf = SparseFeatures(self.keys, ids.reshape(-1), torch.ones(ids.numel(), dtype=torch.int64))
+    def features(self, ids: torch.Tensor) -> SparseFeatures:
+        """The batch's IDs [F, B] (host memory) as single-hot sparse features."""
+        if self._lengths is None or self._lengths.numel() != ids.numel():
+            self._lengths = torch.ones(ids.numel(), dtype=torch.int64)
+        return SparseFeatures(self.keys, ids.reshape(-1), self._lengths)
+
+    def step(self, sf: SparseFeatures, dense: torch.Tensor, labels: torch.Tensor) -> None:
+        """One full training step (embeddings, model, both optimizers)."""
         emb = self.ec(sf)
         loss = nn.functional.binary_cross_entropy_with_logits(self.model(dense, [emb[k] for k in self.keys]), labels)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
         self.sparse_opt.step()
-        torch.cuda.synchronize()
+        self.step_no += 1
+        _sync(self.dev)
+
+    def embedding_path(self, sf: SparseFeatures, cot: dict[str, torch.Tensor],
+                       budget: "StepBudget | None" = None) -> None:
+        """The embedding path of one step, group by group: plan, fetch, pool, backward with the
+        fixed cotangents ``cot``, update, write back; under ``budget`` when given."""
+        for gi, g in enumerate(self.ec.groups):
+            b = budget.start(gi, g, cot) if budget is not None else None
+            lk = g.plan(sf, True)
+            if b is not None:
+                b.phase("plan")
+            lk.fetch()
+            if b is not None:
+                b.fetched(lk)
+                b.phase("fetch")
+            out = lk.pool(self.dev)
+            names = [f.name for f in g.features]
+            torch.autograd.backward([out[n] for n in names], [cot[n] for n in names])
+            if b is not None:
+                b.phase("pool+backward")
+            lk.update(self.step_no)
+            if b is not None:
+                b.phase("update")
+            lk.write_back()
+            if b is not None:
+                b.phase("write_back")
+                b.stop()
+        self.step_no += 1
+        _sync(self.dev)
 
     def account(self) -> None:
+        """This step's host<->device bytes and (misses + evictions) x record bytes; resets the tables' step stats."""
         moved = expected = 0.0
         for t in self.ec.tables.values():
             s = t.stats()
-            moved += s["transfer_bytes"]
-            if "tier.device.requests" in s:
-                miss = s["tier.device.requests"] - s["tier.device.hits"]
-                expected += (miss + s["tier.device.demotions"] + s["tier.device.bypasses"]) * 4 * t.config.stored_words
-                self.hits += s["tier.device.hits"]
-                self.requests += s["tier.device.requests"]
+            moved += s.get("transfer_bytes", 0.0)
+            req = s.get("tier.device.requests", 0.0)
+            if req:
+                miss = req - s.get("tier.device.hits", 0.0)
+                evicted = s.get("tier.device.demotions", 0.0) + s.get("tier.device.bypasses", 0.0)
+                expected += (miss + evicted) * 4 * t.config.stored_words
+                self.hits += s.get("tier.device.hits", 0.0)
+                self.requests += req
             t.reset_step_stats()
         self.moved.append(moved)
         self.expected.append(expected)
 
 
+class StepBudget:
+    """Per-group, per-phase device ops and syncs of one step's embedding path (``DeviceBudget``)."""
+
+    def __init__(self, dev: torch.device) -> None:
+        self.dev = dev
+        self.groups: list[dict[str, tuple[int, int]]] = []  # per group: phase -> (ops, syncs)
+        self.top: dict[str, int] = {}
+        self.sync_names: dict[str, int] = {}
+        self._mode: DeviceBudget | None = None
+
+    def start(self, gi: int, group: Any, cot: dict[str, torch.Tensor]) -> "StepBudget":
+        self._mode = DeviceBudget(self.dev).__enter__()
+        self._mode.mark(*_arenas(group, self.dev), *cot.values())  # what lives on a CPU "device"
+        self._last = (0, 0)
+        self.groups.append({})
+        return self
+
+    def fetched(self, lk: Any) -> None:
+        """fetch leaves the rows ``records`` on the group's (fast tier's) device."""
+        if lk.records is not None and lk.records.device.type == self.dev.type:
+            self._mode.mark(lk.records)
+
+    def phase(self, name: str) -> None:
+        m = self._mode
+        self.groups[-1][name] = (m.ops - self._last[0], m.syncs - self._last[1])
+        self._last = (m.ops, m.syncs)
+
+    def stop(self) -> None:
+        m, self._mode = self._mode, None
+        m.__exit__(None, None, None)
+        for k, c in m.op_names.items():
+            self.top[k] = self.top.get(k, 0) + c
+        for k, c in m.sync_names.items():
+            self.sync_names[k] = self.sync_names.get(k, 0) + c
+
+
+def _arenas(group: Any, dev: torch.device) -> list[torch.Tensor]:
+    """The device arenas of a group's tiers (a cached chain's fast tier, recursively)."""
+    out, todo = [], list(group.tiers)
+    while todo:
+        t = todo.pop()
+        arena = getattr(t, "_arena", None)
+        if isinstance(arena, torch.Tensor) and getattr(t, "name", "") == "device" and arena.device.type == dev.type:
+            out.append(arena)
+        todo.extend(x for x in (getattr(t, "fast", None), getattr(t, "slow", None)) if x is not None)
+    return out
+
+
+def cotangents(keys: list[str], batch: int, dev: torch.device) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return {k: (torch.randn(batch, D, generator=g) * 1e-3).to(dev) for k in keys}
+
+
+def measure_budgets(dev: torch.device, batches: list, vocab: int, warmup: int, steps: int,
+                    caches: dict[str, int] = CACHES, log: bool = True) -> dict[str, Any]:
+    """For each cache variant: ``warmup`` full steps, then ``steps`` embedding-path steps under
+    ``DeviceBudget``. Returns {variant: {ops_per_step_per_group, syncs_per_step (both the max
+    over steps and groups), phases (mean per step and group), top_ops, sync_names}}."""
+    if len(batches) < warmup + steps:
+        raise ValueError(f"measure_budgets: {len(batches)} batches for {warmup} warm-up + {steps} measured steps")
+    out: dict[str, Any] = {}
+    for name, frac in caches.items():
+        v = EmberVariant(name, max(vocab // frac, 1), dev)
+        for ids, dense, labels in batches[:warmup]:
+            v.step(v.features(ids), dense.to(dev), labels.to(dev))
+        cot = cotangents(v.keys, batches[0][0].shape[1], dev)
+        per_step_ops, per_step_syncs, phases = [], [], {p: [0, 0] for p in PHASES}
+        top: dict[str, int] = {}
+        sync_names: dict[str, int] = {}
+        for ids, _, _ in batches[warmup : warmup + steps]:
+            sb = StepBudget(dev)
+            v.embedding_path(v.features(ids), cot, sb)
+            per_step_ops.append(max(sum(o for o, _ in g.values()) for g in sb.groups))
+            per_step_syncs.append(sum(s for g in sb.groups for _, s in g.values()))
+            for g in sb.groups:
+                for p, (o, s) in g.items():
+                    phases[p][0] += o
+                    phases[p][1] += s
+            for k, c in sb.top.items():
+                top[k] = top.get(k, 0) + c
+            for k, c in sb.sync_names.items():
+                sync_names[k] = sync_names.get(k, 0) + c
+        n = steps * len(v.ec.groups)
+        res = {
+            "groups": len(v.ec.groups), "ops_per_step_per_group": max(per_step_ops), "syncs_per_step": max(per_step_syncs),
+            "phases": {p: {"ops": o / n, "syncs": s / n} for p, (o, s) in phases.items()},
+            "top_ops": dict(sorted(top.items(), key=lambda kv: -kv[1])[:8]), "sync_names": sync_names,
+        }
+        out[name] = res
+        v.ec.close()
+        if log:
+            split = ", ".join(f"{p} {d['ops']:.0f}/{d['syncs']:.0f}" for p, d in res["phases"].items())
+            print(f"{name:<17} {res['ops_per_step_per_group']:>6} device ops/step/group, {res['syncs_per_step']:>5} syncs/step "
+                  f"({res['groups']} group(s)); per phase ops/syncs: {split}")
+            print(f"{'':<17} top ops: {', '.join(f'{k} x{c}' for k, c in list(res['top_ops'].items())[:6]) or '-'}; "
+                  f"syncs: {', '.join(f'{k} x{c}' for k, c in sync_names.items()) or '-'}")
+    return out
+
+
+def budget_summary(budgets: dict[str, Any]) -> dict[str, Any]:
+    """The JSON headline of the budgets: the worst cache variant's figures, and each variant's."""
+    return {
+        "device_ops_per_step_per_group": max(b["ops_per_step_per_group"] for b in budgets.values()),
+        "syncs_per_step": max(b["syncs_per_step"] for b in budgets.values()),
+        "budget": budgets,
+    }
+
+
 class PlainGPU:
+    """nn.EmbeddingBag(sparse=True) per table on the GPU + torch.optim.Adagrad."""
+
     name = "plain-gpu"
 
-    def __init__(self) -> None:
+    def __init__(self, dev: torch.device) -> None:
         torch.manual_seed(1)
-        self.bags = nn.ModuleList([nn.EmbeddingBag(V, D, mode="sum", sparse=True) for _ in range(F)]).cuda()
-        self.model = make_model(0).cuda()
+        self.dev = dev
+        self.bags = nn.ModuleList([nn.EmbeddingBag(V, D, mode="sum", sparse=True) for _ in range(F)]).to(dev)
+        self.model = make_model(0).to(dev)
         self.sparse_opt = torch.optim.Adagrad(list(self.bags.parameters()), lr=0.05)
         self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
+        self.keys = [f"C{i + 1}" for i in range(F)]
 
-    def step(self, ids, dense, labels) -> None:
+    def step(self, ids: torch.Tensor, dense: torch.Tensor, labels: torch.Tensor) -> None:
         emb = [bag(ids[f].unsqueeze(1)) for f, bag in enumerate(self.bags)]
         loss = nn.functional.binary_cross_entropy_with_logits(self.model(dense, emb), labels)
         self.opt.zero_grad(set_to_none=True)
@@ -85,50 +266,100 @@ class PlainGPU:
         loss.backward()
         self.opt.step()
         self.sparse_opt.step()
-        torch.cuda.synchronize()
+        _sync(self.dev)
+
+    def embedding_path(self, ids: torch.Tensor, cot: dict[str, torch.Tensor]) -> None:
+        emb = [bag(ids[f].unsqueeze(1)) for f, bag in enumerate(self.bags)]
+        self.sparse_opt.zero_grad(set_to_none=True)
+        torch.autograd.backward(emb, [cot[k] for k in self.keys])
+        self.sparse_opt.step()
+        _sync(self.dev)
+
+
+def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) -> dict[str, Any]:
+    """Full steps and embedding-path steps of every variant, interleaved (rotating order) on the
+    same batches: ms/step, embedding IDs/s, the 1/4 cache's hit rate and transfer."""
+    host_batches = batches
+    dev_batches = [(i.to(dev), d.to(dev), lab.to(dev)) for i, d, lab in batches]
+    ember_vs = [EmberVariant(n, max(vocab // f, 1), dev) for n, f in CACHES.items()] + [EmberVariant("ember-host", None, dev)]
+    variants: list[Any] = [*ember_vs, PlainGPU(dev)]
+    cot = cotangents(ember_vs[0].keys, batches[0][0].shape[1], dev)
+    times: dict[str, list[float]] = {v.name: [] for v in variants}
+    emb_times: dict[str, list[float]] = {v.name: [] for v in variants}
+    for i, ((ids_h, _, _), (ids_d, dense, labels)) in enumerate(zip(host_batches, dev_batches)):
+        k = i % len(variants)
+        for v in variants[k:] + variants[:k]:
+            ember_v = isinstance(v, EmberVariant)
+            sf = v.features(ids_h) if ember_v else None  # ember plans on the host (IDs from the data loader)
+            s = time.perf_counter()
+            v.step(sf, dense, labels) if ember_v else v.step(ids_d, dense, labels)
+            e = time.perf_counter() - s
+            if ember_v:
+                v.account()
+            s = time.perf_counter()
+            v.embedding_path(sf, cot) if ember_v else v.embedding_path(ids_d, cot)
+            e2 = time.perf_counter() - s
+            if ember_v:
+                v.account()
+            if i >= warmup:
+                times[v.name].append(e)
+                emb_times[v.name].append(e2)
+    ratio = lambda ref, var: statistics.median(r / x for r, x in zip(times[ref], times[var]))  # noqa: E731
+    n_ids = batches[0][0].numel()
+    out: dict[str, Any] = {
+        "ms_per_step": {k: statistics.median(t) * 1e3 for k, t in times.items()},
+        "embedding_ids_per_s": {k: n_ids / statistics.median(t) for k, t in emb_times.items()},
+        "cache_vs_host": ratio("ember-host", "ember-cache-1/4"),
+        "cache_vs_all_device": ratio("ember-all-device", "ember-cache-1/4"),
+        "cache_vs_plain_gpu": ratio("plain-gpu", "ember-cache-1/4"),
+        "cache_hit_rate": {}, "transfer_mb_per_step": {}, "transfer_vs_misses_evictions": {},
+    }
+    w = 2 * warmup  # two accounted steps per batch (full step, embedding path)
+    for v in ember_vs:
+        moved, expected = sum(v.moved[w:]), sum(v.expected[w:])
+        out["cache_hit_rate"][v.name] = v.hits / v.requests if v.requests else None
+        out["transfer_mb_per_step"][v.name] = moved / max(len(v.moved) - w, 1) / 2**20
+        out["transfer_vs_misses_evictions"][v.name] = moved / expected if expected else None
+    for k in times:
+        print(f"{k:<17} {out['ms_per_step'][k]:8.2f} ms/step  embedding path {out['embedding_ids_per_s'][k] / 1e6:8.2f} M IDs/s")
+    print(f"ember-cache-1/4 speed vs ember-host: {out['cache_vs_host']:.3f}x (target >= 2); vs ember-all-device: "
+          f"{out['cache_vs_all_device']:.3f}x (target >= 0.9); vs plain-gpu: {out['cache_vs_plain_gpu']:.3f}x")
+    for v in ember_vs:
+        hr, tr = out["cache_hit_rate"][v.name], out["transfer_vs_misses_evictions"][v.name]
+        print(f"{v.name:<17} hit rate {'-' if hr is None else f'{hr:.3f}'}; host<->device "
+              f"{out['transfer_mb_per_step'][v.name]:.2f} MiB/step"
+              + ("" if tr is None else f" = {tr:.3f} x (misses + evictions) x record bytes"))
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=60)
-    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=40, help="timed steps (CUDA)")
+    ap.add_argument("--warmup", type=int, default=10, help="steps before timing and before the budgets")
+    ap.add_argument("--budget-steps", type=int, default=3, help="steps measured under DeviceBudget per variant")
     ap.add_argument("--batch", type=int, default=4096)
-    ap.add_argument("--cache-frac", type=float, default=0.25)
+    ap.add_argument("--cpu-batch", type=int, default=1024, help="batch on a CPU (budgets only)")
+    ap.add_argument("--cpu-warmup", type=int, default=3, help="warm-up steps on a CPU")
+    ap.add_argument("--vocab", type=int, default=V, help="IDs per table")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_gpu_cache.py needs CUDA")
-    n = args.steps + args.warmup
-    batches = [(i.cuda(), d.cuda(), l.cuda()) for i, d, l in make_batches(n, args.batch)]
-    cache = EmberGPU("ember-cache", int(V * args.cache_frac))
-    variants = [cache, EmberGPU("ember-host", None), PlainGPU()]
-    times = {v.name: [] for v in variants}
-    for i, (ids, dense, labels) in enumerate(batches):
-        k = i % len(variants)
-        for v in variants[k:] + variants[:k]:
-            s = time.perf_counter()
-            v.step(ids.cpu() if isinstance(v, EmberGPU) else ids, dense, labels)
-            e = time.perf_counter() - s
-            if isinstance(v, EmberGPU):
-                v.account()
-            if i >= args.warmup:
-                times[v.name].append(e)
-    ratio = lambda ref, var: statistics.median(r / x for r, x in zip(times[ref], times[var]))  # noqa: E731
-    w = args.warmup
-    moved, expected = sum(cache.moved[w:]), sum(cache.expected[w:])
-    print(f"{torch.cuda.get_device_name()}; {F} tables x {V} IDs, cache {int(V * args.cache_frac)} rows/table")
-    for k, v in times.items():
-        print(f"{k:<12} {statistics.median(v) * 1e3:8.2f} ms/step  ({args.batch / statistics.median(v):,.0f} samples/s)")
-    out = {
-        "bench": "gpu_cache", "device": torch.cuda.get_device_name(), "batch": args.batch, "steps": args.steps,
-        "ms_per_step": {k: statistics.median(v) * 1e3 for k, v in times.items()},
-        "cache_vs_host": ratio("ember-host", "ember-cache"), "cache_vs_plain_gpu": ratio("plain-gpu", "ember-cache"),
-        "cache_hit_rate": cache.hits / max(cache.requests, 1),
-        "transfer_mb_per_step": moved / args.steps / 2**20,
-        "transfer_vs_misses_evictions": moved / expected if expected else float("nan"),
-    }
-    print(f"ember-cache vs ember-host speed: {out['cache_vs_host']:.3f}x; vs plain-gpu: {out['cache_vs_plain_gpu']:.3f}x")
-    print(f"cache hit rate {out['cache_hit_rate']:.3f}; host<->device {out['transfer_mb_per_step']:.2f} MiB/step = "
-          f"{out['transfer_vs_misses_evictions']:.3f} x (misses + evictions) x record bytes")
+    cuda = torch.cuda.is_available()
+    dev = torch.device("cuda" if cuda else "cpu")
+    bench_dlrm.W = bench_dlrm.Workload([args.vocab] * F)
+    batch = args.batch if cuda else args.cpu_batch
+    warmup = args.warmup if cuda else args.cpu_warmup
+    n = max(args.steps if cuda else 0, args.budget_steps) + warmup
+    batches = make_batches(n, batch, zipf=ZIPF)
+    where = torch.cuda.get_device_name() if cuda else "CPU (device arena in host memory)"
+    print(f"{where}; {F} tables x {args.vocab} IDs, Zipf {ZIPF}, batch {batch}; budgets over {args.budget_steps} steps "
+          f"after {warmup} warm-up steps")
+    out: dict[str, Any] = {"bench": "gpu_cache", "device": where, "batch": batch, "vocab": args.vocab, "zipf": ZIPF}
+    out.update(budget_summary(measure_budgets(dev, batches, args.vocab, warmup, args.budget_steps)))
+    if cuda:
+        out["steps"] = args.steps
+        out.update(compare_on_gpu(dev, batches, args.vocab, warmup))
+    else:
+        print("no CUDA: the timing comparison (ms/step, IDs/s, hit rate, transfer vs ember-host, all-device and "
+              "plain PyTorch) runs only on a GPU; budgets above are the CPU check")
     from benchkit import json_line  # the machine (CPU model, bf16) in the final line
     print(json_line(out))
 

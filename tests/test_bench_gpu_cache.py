@@ -1,0 +1,51 @@
+"""Smoke test of bench/bench_gpu_cache.py's budget measurement on a CPU (the "device" arena in host
+memory), with tiny sizes so that the script cannot rot. Only the JSON keys and that the figures
+are counts are checked, not the budget targets (the per-table caches of today miss them)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO
+
+
+@pytest.fixture
+def bench(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.syspath_prepend(str(REPO / "bench"))  # the bench imports its siblings (bench_dlrm, benchkit)
+    for name in ("bench_gpu_cache", "bench_dlrm"):
+        sys.modules.pop(name, None)
+    mod = importlib.import_module("bench_gpu_cache")
+    yield mod
+    for name in ("bench_gpu_cache", "bench_dlrm"):
+        sys.modules.pop(name, None)
+
+
+def test_budgets_on_cpu(bench) -> None:
+    vocab = 400
+    bench.bench_dlrm.W = bench.bench_dlrm.Workload([vocab] * bench.F)
+    batches = bench.make_batches(3, 32, zipf=bench.ZIPF)
+    budgets = bench.measure_budgets(torch.device("cpu"), batches, vocab, warmup=1, steps=2, log=False)
+    assert set(budgets) == set(bench.CACHES)
+    from benchkit import json_line  # the bench's last line
+
+    record = json.loads(json_line(bench.budget_summary(budgets)))
+    for key in ("device_ops_per_step_per_group", "syncs_per_step", "budget"):
+        assert key in record, key
+    assert isinstance(record["syncs_per_step"], int) and record["syncs_per_step"] >= 0
+    assert isinstance(record["device_ops_per_step_per_group"], int) and record["device_ops_per_step_per_group"] > 0
+    for name, b in record["budget"].items():
+        assert set(b["phases"]) == set(bench.PHASES), name
+        assert b["groups"] == 1  # the 26 tables form one group
+        assert b["ops_per_step_per_group"] >= sum(p["ops"] for p in b["phases"].values()) - 1e-9  # max >= mean
+
+
+def test_make_batches_zipf_default_unchanged(bench) -> None:
+    a = bench.make_batches(1, 16)[0][0]
+    b = bench.make_batches(1, 16, zipf=1.1)[0][0]
+    c = bench.make_batches(1, 16, zipf=1.05)[0][0]
+    assert torch.equal(a, b) and not torch.equal(a, c)
