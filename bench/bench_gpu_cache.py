@@ -68,9 +68,10 @@ class EmberVariant:
         self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
         self.sparse_opt = SparseOptimizer(self.ec)
         self.step_no = 0
-        self.moved: list[float] = []
-        self.expected: list[float] = []
-        self.hits = self.requests = 0.0
+        self.moved: list[float] = []  # per accounted step: host<->device bytes
+        self.expected: list[float] = []  # (misses + evictions) x record bytes
+        self.hits: list[float] = []  # device-tier hits and requests
+        self.requests: list[float] = []
         self._lengths: torch.Tensor | None = None
 
     def features(self, ids: torch.Tensor) -> SparseFeatures:
@@ -94,8 +95,8 @@ class EmberVariant:
                        budget: "StepBudget | None" = None) -> None:
         """The embedding path of one step, group by group: plan, fetch, pool, backward with the
         fixed cotangents ``cot``, update, write back; under ``budget`` when given."""
-        for gi, g in enumerate(self.ec.groups):
-            b = budget.start(gi, g, cot) if budget is not None else None
+        for g in self.ec.groups:
+            b = budget.start(g, cot) if budget is not None else None
             lk = g.plan(sf, True)
             if b is not None:
                 b.phase("plan")
@@ -120,7 +121,7 @@ class EmberVariant:
 
     def account(self) -> None:
         """This step's host<->device bytes and (misses + evictions) x record bytes; resets the tables' step stats."""
-        moved = expected = 0.0
+        moved = expected = hits = requests = 0.0
         for t in self.ec.tables.values():
             s = t.stats()
             moved += s.get("transfer_bytes", 0.0)
@@ -129,11 +130,13 @@ class EmberVariant:
                 miss = req - s.get("tier.device.hits", 0.0)
                 evicted = s.get("tier.device.demotions", 0.0) + s.get("tier.device.bypasses", 0.0)
                 expected += (miss + evicted) * 4 * t.config.stored_words
-                self.hits += s.get("tier.device.hits", 0.0)
-                self.requests += req
+                hits += s.get("tier.device.hits", 0.0)
+                requests += req
             t.reset_step_stats()
         self.moved.append(moved)
         self.expected.append(expected)
+        self.hits.append(hits)
+        self.requests.append(requests)
 
 
 class StepBudget:
@@ -146,7 +149,8 @@ class StepBudget:
         self.sync_names: dict[str, int] = {}
         self._mode: DeviceBudget | None = None
 
-    def start(self, gi: int, group: Any, cot: dict[str, torch.Tensor]) -> "StepBudget":
+    def start(self, group: Any, cot: dict[str, torch.Tensor]) -> "StepBudget":
+        """Enter a DeviceBudget for one group's phases, its arenas and the cotangents marked."""
         self._mode = DeviceBudget(self.dev).__enter__()
         self._mode.mark(*_arenas(group, self.dev), *cot.values())  # what lives on a CPU "device"
         self._last = (0, 0)
@@ -249,10 +253,10 @@ class PlainGPU:
 
     name = "plain-gpu"
 
-    def __init__(self, dev: torch.device) -> None:
+    def __init__(self, dev: torch.device, vocab: int = V) -> None:
         torch.manual_seed(1)
         self.dev = dev
-        self.bags = nn.ModuleList([nn.EmbeddingBag(V, D, mode="sum", sparse=True) for _ in range(F)]).to(dev)
+        self.bags = nn.ModuleList([nn.EmbeddingBag(vocab, D, mode="sum", sparse=True) for _ in range(F)]).to(dev)
         self.model = make_model(0).to(dev)
         self.sparse_opt = torch.optim.Adagrad(list(self.bags.parameters()), lr=0.05)
         self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
@@ -282,7 +286,7 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
     host_batches = batches
     dev_batches = [(i.to(dev), d.to(dev), lab.to(dev)) for i, d, lab in batches]
     ember_vs = [EmberVariant(n, max(vocab // f, 1), dev) for n, f in CACHES.items()] + [EmberVariant("ember-host", None, dev)]
-    variants: list[Any] = [*ember_vs, PlainGPU(dev)]
+    variants: list[Any] = [*ember_vs, PlainGPU(dev, vocab)]
     cot = cotangents(ember_vs[0].keys, batches[0][0].shape[1], dev)
     times: dict[str, list[float]] = {v.name: [] for v in variants}
     emb_times: dict[str, list[float]] = {v.name: [] for v in variants}
@@ -316,8 +320,8 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
     }
     w = 2 * warmup  # two accounted steps per batch (full step, embedding path)
     for v in ember_vs:
-        moved, expected = sum(v.moved[w:]), sum(v.expected[w:])
-        out["cache_hit_rate"][v.name] = v.hits / v.requests if v.requests else None
+        moved, expected, requests = sum(v.moved[w:]), sum(v.expected[w:]), sum(v.requests[w:])
+        out["cache_hit_rate"][v.name] = sum(v.hits[w:]) / requests if requests else None  # after warm-up
         out["transfer_mb_per_step"][v.name] = moved / max(len(v.moved) - w, 1) / 2**20
         out["transfer_vs_misses_evictions"][v.name] = moved / expected if expected else None
     for k in times:

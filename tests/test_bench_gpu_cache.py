@@ -49,3 +49,15 @@ def test_make_batches_zipf_default_unchanged(bench) -> None:
     b = bench.make_batches(1, 16, zipf=1.1)[0][0]
     c = bench.make_batches(1, 16, zipf=1.05)[0][0]
     assert torch.equal(a, b) and not torch.equal(a, c)
+
+
+def test_comparison_runs_on_cpu(bench) -> None:
+    """The CUDA-only comparison's bookkeeping, run on a CPU "device" with tiny tables."""
+    vocab = 300
+    bench.bench_dlrm.W = bench.bench_dlrm.Workload([vocab] * bench.F)
+    batches = bench.make_batches(3, 16, zipf=bench.ZIPF)
+    out = bench.compare_on_gpu(torch.device("cpu"), batches, vocab, warmup=1)
+    names = {*bench.CACHES, "ember-host", "plain-gpu"}
+    assert set(out["ms_per_step"]) == names and set(out["embedding_ids_per_s"]) == names
+    assert out["cache_vs_host"] > 0 and out["cache_vs_all_device"] > 0
+    assert 0 <= out["cache_hit_rate"]["ember-cache-1/4"] <= 1 and out["cache_hit_rate"]["ember-host"] is None
