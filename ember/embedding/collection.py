@@ -75,6 +75,8 @@ class Lookup:
         for g in self.groups:
             if g.updated:
                 g.write_back()
+            else:
+                g.discard()
 
 
 class EmbeddingCollection(nn.Module):

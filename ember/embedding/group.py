@@ -18,7 +18,10 @@ outlives a batch.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Sequence
+
+import logging
 
 import numpy as np
 import torch
@@ -31,9 +34,15 @@ from ember.embedding.init import uniform_scale
 from ember.embedding.pooling import GroupPool, SequenceEmbedding, pool_feature
 from ember.embedding.table import EmbeddingTable, fresh_records
 from ember.optim import rule_lr
+from ember.tiers.cached import CachedTier
+from ember.tiers.device_budget import to_device
+from ember.tiers.device import DeviceTier
+from ember.tiers.group_cache import CacheTicket, GroupCache, GroupCacheView
 from ember.tiers.segments import read_segments, write_segments
 
 __all__ = ["TableGroup", "GroupLookup"]
+
+log = logging.getLogger("ember.embedding")
 
 
 class TableGroup:
@@ -58,6 +67,8 @@ class TableGroup:
                                  "(dim, record width, dtype, device)")
         self.features = [f for t in self.tables for f in features[t.name]]
         self.owner = [j for j, t in enumerate(self.tables) for _ in features[t.name]]  # table of each feature
+        self.cache = _group_cache(self.tables, self.codec.identity)
+        self.device = self.tables[0].tier.device
         self.tiers = [t.tier for t in self.tables]
         # runs of adjacent tables with one optimizer config: one update call each
         self.runs: list[tuple[int, int]] = []
@@ -154,6 +165,9 @@ class GroupLookup:
         self.grad: Tensor | None = None  # backward: [U, dim], one summed gradient per unique ID
         self.updated: list[int] = []  # update: tables stepped
         self.written: list[Tensor] = []  # write_back: IDs stored, per table
+        self.ticket: CacheTicket | None = None  # fetch through a group cache: what it decided, for write_back
+        self.inverse_dev: Tensor | None = None  # fetch through a group cache: ``inverse`` copied with the rows
+        self._bags: list[_Bags] | None = None  # fetch through a group cache: the grouped pooling's plan, copied too
 
     def _count_moved(self, rows_per_table: Sequence[int], width: int) -> None:
         """Note, per table, rows of ``width`` floats that crossed between host and device."""
@@ -166,30 +180,80 @@ class GroupLookup:
         device; absent IDs get fresh rows (one init call per distinct initializer), ``min_count``
         and TTL tables complete their rows (writes ``records``, ``filtered``). Stores nothing."""
         g = self.group
+        owner = np.repeat(np.arange(len(g.tables)), self.sizes)
+        if g.cache is not None:
+            self._fetch_cached(owner)
+            return self
         packed = torch.empty(self.ids.numel(), g.codec.words, device=g.device)
         found = read_segments(g.tiers, self.table_ids, packed)
         rec = g.codec.decode(packed)  # fp32 [U, width]; rows of absent IDs are overwritten below
         found_np = found.numpy()
-        owner = np.repeat(np.arange(len(g.tables)), self.sizes)
         miss = np.flatnonzero(~found_np & ~g.special[owner])
         if miss.size:
-            combo = g.combo[owner[miss]]
-            for k, (init, opt) in enumerate(g.combos):
-                rows = miss if len(g.combos) == 1 else miss[combo == k]
-                if rows.size:
-                    scale = g.scale[owner[rows]] if g.mixed_scale[k] else None
-                    fresh = fresh_records(self.ids[torch.from_numpy(rows)], g.seeds[owner[rows]], g.dim, init, opt,
-                                          scale, g.dtype)
-                    rec.index_copy_(0, torch.from_numpy(rows).to(rec.device), fresh.to(rec.device))
+            fresh = torch.empty(miss.size, g.width)
+            self._fresh_into(fresh, miss, owner)
+            rec.index_copy_(0, torch.from_numpy(miss).to(rec.device), fresh.to(rec.device))
             if rec.device.type != "cpu":  # fresh rows are made on the host
                 self._count_moved(np.bincount(owner[miss], minlength=len(g.tables)), g.width)
+        self._complete(rec, found)
+        return self
+
+    def _fresh_into(self, out: Tensor, rows: np.ndarray, owner: np.ndarray) -> None:
+        """Fresh records of the IDs at positions ``rows`` (of ``ids``; tables ``owner[rows]``)
+        into ``out`` [len(rows), width]: one init call per distinct initializer."""
+        g = self.group
+        combo = g.combo[owner[rows]]
+        for k, (init, opt) in enumerate(g.combos):
+            sel = np.arange(rows.size) if len(g.combos) == 1 else np.flatnonzero(combo == k)
+            if sel.size:
+                r = rows[sel]
+                scale = g.scale[owner[r]] if g.mixed_scale[k] else None
+                fresh = fresh_records(self.ids[torch.from_numpy(r)], g.seeds[owner[r]], g.dim, init, opt, scale, g.dtype)
+                if sel.size == rows.size:
+                    out.copy_(fresh)
+                else:
+                    out.index_copy_(0, torch.from_numpy(sel), fresh)
+
+    def _fetch_cached(self, owner: np.ndarray) -> None:
+        """fetch through the group's device cache: decisions and staging on the host, then a
+        fixed few device operations (``GroupCache``)."""
+        g = self.group
+        cache = g.cache
+        assert cache is not None
+        plan = cache.fetch(self.table_ids, self.train)
+        miss, found_np, staged = plan.miss, plan.found, plan.staged
+        if miss.size:
+            fresh = np.flatnonzero(~found_np[miss] & ~g.special[owner[miss]])  # indices into miss
+            if fresh.size == miss.size:
+                self._fresh_into(staged, miss, owner)
+            elif fresh.size:
+                buf = staged.new_empty(fresh.size, staged.shape[1])
+                self._fresh_into(buf, miss[fresh], owner)
+                staged[torch.from_numpy(fresh)] = buf
+        bags = self._grouped()
+        extra = [self.inverse] if self.sparse is not None else []
+        for bg in bags:
+            extra += [x for x in (bg.inv, None if bg.layout is None else bg.layout[0]) if x is not None]
+        rec, dev = cache.load(plan, extra)
+        if extra:
+            self.inverse_dev, rest = dev[0], iter(dev[1:])
+            for bg in bags:
+                bg.inv_dev = None if bg.inv is None else next(rest)
+                bg.layout_dev = None if bg.layout is None else _bag_views(next(rest), *bg.layout[1:])
+                bg.on = rec.device
+            self._bags = bags
+        self.ticket = plan.ticket
+        self._complete(rec, torch.from_numpy(found_np))
+
+    def _complete(self, rec: Tensor, found: Tensor) -> None:
+        """``min_count`` and TTL tables finish their rows; ``records`` is set."""
+        g = self.group
         for j in np.flatnonzero(g.special).tolist():
             a, b = int(self.starts[j]), int(self.starts[j + 1])
             filt = g.tables[j].complete(self.ids[a:b], rec[a:b], found[a:b], self.train)
             if filt is not None and bool(filt.any()):
                 self.filtered[j] = filt
         self.records = rec
-        return self
 
     def to_device(self, device: torch.device) -> None:
         """Between fetch and pool (optional): copy the rows pool reads [U, dim] to ``device``
@@ -238,7 +302,8 @@ class GroupLookup:
         if sparse is None:
             raise RuntimeError("GroupLookup.pool: this lookup was made of IDs (of_ids), it has no features to pool")
         b = sparse.batch_size
-        inverse = self.inverse.to(device, non_blocking=True)
+        inverse = self.inverse_dev if self.inverse_dev is not None and _same_device(self.inverse_dev.device, device) else (
+            to_device(self.inverse, device))
         starts = np.concatenate([[0], np.cumsum(self.counts)]).tolist()
         weighted = sparse.weights is not None
         out: dict[str, Tensor | SequenceEmbedding] = {}
@@ -249,31 +314,57 @@ class GroupLookup:
                 continue
             jf = sparse[f.name]
             idx = inverse[starts[k] : starts[k + 1]]
-            wts = None if jf.weights is None else jf.weights.to(device, non_blocking=True)
-            res = pool_feature(w, idx, jf.offsets.to(device, non_blocking=True), wts, f.pooling, f.max_length)
+            wts = None if jf.weights is None else to_device(jf.weights, device)
+            res = pool_feature(w, idx, to_device(jf.offsets, device), wts, f.pooling, f.max_length)
             out[f.name] = res
             t = res.values if isinstance(res, SequenceEmbedding) else res
             if self.train and t.requires_grad:
                 t.register_hook(self._reach_hook(g.owner[k]))
-        if bags:
-            key_pos = {key: i for i, key in enumerate(sparse.keys)}
-            lengths = sparse.lengths.view(len(sparse.keys), b)
-            for mode, ks in bags.items():
-                if len(ks) == len(g.features):
-                    inv = inverse
-                else:
-                    inv = torch.cat([inverse[starts[k] : starts[k + 1]] for k in ks])
-                rows = [key_pos[g.features[k].name] for k in ks]
-                lens = lengths if rows == list(range(len(sparse.keys))) else lengths[torch.tensor(rows)]
-                offsets = None  # single-hot (one value per bag, none empty): a gather
-                if inv.numel() != len(ks) * b or (b and int(lens.min()) < 1):
-                    offsets = torch.zeros(len(ks) * b, dtype=torch.int64)
-                    torch.cumsum(lens.reshape(-1)[:-1], 0, out=offsets[1:])
-                    offsets = offsets.to(device, non_blocking=True)
-                owner = [g.owner[k] for k in ks]
-                outs = GroupPool.apply(w, inv, offsets, mode, owner, self._reach_local(owner))
-                out.update({g.features[k].name: o for k, o in zip(ks, outs)})
+        for bg in self._grouped_on(device) if bags else []:
+            inv = inverse if bg.inv_dev is None else bg.inv_dev
+            owner = [g.owner[k] for k in bg.ks]
+            outs = GroupPool.apply(w, inv, bg.layout_dev, bg.mode, owner, self._reach_local(owner))
+            out.update({g.features[k].name: o for k, o in zip(bg.ks, outs)})
         return out
+
+    def _grouped(self) -> list["_Bags"]:
+        """The grouped pooling's plan, on the host: per mode (unweighted ``sum`` / ``mean``) its
+        features, the rows of their values when not all of the group's, and the multi-hot
+        layout (None: single-hot, a gather)."""
+        sparse, g = self.sparse, self.group
+        if sparse is None or sparse.weights is not None:
+            return []
+        modes: dict[str, list[int]] = {}
+        for k, f in enumerate(g.features):
+            if f.pooling in ("sum", "mean"):
+                modes.setdefault(f.pooling, []).append(k)
+        b = sparse.batch_size
+        starts = np.concatenate([[0], np.cumsum(self.counts)]).tolist()
+        key_pos = {key: i for i, key in enumerate(sparse.keys)}
+        lengths = sparse.lengths.view(len(sparse.keys), b)
+        out = []
+        for mode, ks in modes.items():
+            inv = None if len(ks) == len(g.features) else torch.cat([self.inverse[starts[k] : starts[k + 1]] for k in ks])
+            rows = [key_pos[g.features[k].name] for k in ks]
+            lens = lengths if rows == list(range(len(sparse.keys))) else lengths[torch.tensor(rows)]
+            values = self.inverse.numel() if inv is None else inv.numel()
+            layout = None
+            if values != len(ks) * b or (b and int(lens.min()) < 1):
+                layout = _bag_host(lens.reshape(-1))
+            out.append(_Bags(mode, ks, inv, layout))
+        return out
+
+    def _grouped_on(self, device: torch.device) -> list["_Bags"]:
+        """``_grouped`` with its tensors on ``device`` (copied with the rows by a group cache's
+        fetch, else now)."""
+        if self._bags is not None and all(bg.on is not None and _same_device(bg.on, device) for bg in self._bags):
+            return self._bags
+        bags = self._grouped()
+        for bg in bags:
+            bg.inv_dev = None if bg.inv is None else to_device(bg.inv, device)
+            bg.layout_dev = None if bg.layout is None else _bag_views(to_device(bg.layout[0], device), *bg.layout[1:])
+            bg.on = device
+        return bags
 
     def backward(self, grad: Tensor) -> None:
         """Hand the lookup its gradient directly, [U, dim] summed per unique ID (what autograd
@@ -384,6 +475,24 @@ class GroupLookup:
                 j = k
 
     # ---- phase 5 ------------------------------------------------------------------------
+    def discard(self) -> None:
+        """A training lookup that will not be written back (no table reached the loss, a
+        skipped step) lets its group cache evict the rows it held."""
+        if self.group.cache is not None:
+            self.group.cache.release(self.ticket)
+            self.ticket = None
+
+    def _write_back_cached(self) -> None:
+        g, rec = self.group, self.records
+        assert g.cache is not None and self.ticket is not None and rec is not None
+        keep = _keep_mask(self)
+        g.cache.write_back(self.ticket, self.table_ids, rec, keep)
+        self.ticket = None
+        self.written = [i[torch.from_numpy(keep[a:b])] if not keep[a:b].all() else i
+                        for i, a, b in zip(self.table_ids, self.starts[:-1], self.starts[1:])]
+        for j in self.updated:
+            g.tables[j].after_write(self.written[j])
+
     def write_back(self) -> None:
         """Store the updated tables' rows in their tiers (rows below ``min_count`` get none),
         then each table's bookkeeping (admission counts, TTL sweep). Reads ``records``,
@@ -393,6 +502,9 @@ class GroupLookup:
             raise RuntimeError("GroupLookup.write_back before fetch")
         g, rec = self.group, self.records
         ids = self.table_ids
+        if g.cache is not None and self.ticket is not None:
+            self._write_back_cached()
+            return
         if len(self.updated) == len(g.tables) and not self.filtered:
             if not g.codec.identity:
                 owner = torch.from_numpy(np.repeat(np.arange(len(g.tables)), self.sizes))
@@ -419,6 +531,92 @@ class GroupLookup:
         self.written = list(written)
         for j in self.updated:
             g.tables[j].after_write(written[j])
+
+
+@dataclass
+class _Bags:
+    """Features of one group pooled together (unweighted ``sum`` or ``mean``), see ``_grouped``."""
+
+    mode: str
+    ks: list[int]  # the features (indices into the group's)
+    inv: Tensor | None  # host: rows of their values (None: ``inverse`` itself)
+    layout: tuple[Tensor, int, int] | None  # host: multi-hot layout (``_bag_host``), None: single-hot
+    inv_dev: Tensor | None = None
+    layout_dev: tuple[Tensor, Tensor, Tensor] | None = None
+    on: torch.device | None = None  # where ``inv_dev`` and ``layout_dev`` are
+
+
+def _bag_host(lengths: Tensor) -> tuple[Tensor, int, int]:
+    """Multi-hot bags of values with ``lengths`` [n] (host), packed in one int64 tensor for one
+    copy to the device: offsets [n], the bag of every value [N], and 1 / length as float32 bits
+    (a mean's scale; 1 for an empty bag). Returns (packed, n, N); ``_bag_views`` unpacks."""
+    n = lengths.numel()
+    offsets = torch.zeros(n, dtype=torch.int64)
+    torch.cumsum(lengths[:-1], 0, out=offsets[1:])
+    bag_of = torch.repeat_interleave(torch.arange(n), lengths)
+    scale = torch.zeros((n + 1) // 2, dtype=torch.int64)  # two float32 per int64 word
+    scale.view(torch.float32)[:n] = 1.0 / lengths.clamp(min=1).to(torch.float32)
+    return torch.cat([offsets, bag_of, scale]), n, bag_of.numel()
+
+
+def _bag_views(packed: Tensor, n: int, values: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(offsets, bag of each value, 1 / length) of a ``_bag_host`` layout, wherever it is."""
+    return packed[:n], packed[n : n + values], packed[n + values :].view(torch.float32)[:n]
+
+
+def _keep_mask(lookup: "GroupLookup") -> np.ndarray:
+    """bool [U]: the rows ``write_back`` stores (updated tables, less rows below ``min_count``)."""
+    keep = np.zeros(lookup.ids.numel(), dtype=bool)
+    for j in lookup.updated:
+        a, b = int(lookup.starts[j]), int(lookup.starts[j + 1])
+        keep[a:b] = True if j not in lookup.filtered else ~lookup.filtered[j].numpy()
+    return keep
+
+
+def _group_cache(tables: Sequence[EmbeddingTable], identity: bool) -> GroupCache | None:
+    """One ``GroupCache`` for ``tables`` when each has a device cache (their tiers become its
+    views), else None (each table keeps its own chain). Says once why a group cannot have one."""
+    names = [t.name for t in tables]
+    views = [t.tier for t in tables if isinstance(t.tier, GroupCacheView)]
+    if views:  # a group over these tables was made before (e.g. ember.testing's lookups): the same cache
+        cache = views[0].cache
+        if len(views) == len(tables) == len(cache.views) and [v.j for v in views] == list(range(len(tables))) and all(
+                v.cache is cache for v in views):
+            return cache
+        _log_once(f"table group {names}: its tables' device caches belong to another group; rows are read and "
+                  "written through that group's cache one table at a time")
+        return None
+    cached = [isinstance(t.tier, CachedTier) and isinstance(t.tier.fast, DeviceTier) for t in tables]
+    if not any(cached):
+        return None
+    if not all(cached) or not identity:
+        why = "some of its tables have no device cache" if not all(cached) else "its rows are not float32"
+        _log_once(f"table group {names}: one device cache per table ({why}; a group cache needs a device cache "
+                  "on every table of the group and float32 rows)")
+        return None
+    tiers = [t.tier for t in tables]
+    first = tiers[0]
+    assert isinstance(first, CachedTier)
+    if len({(c.policy, c.admit_after) for c in tiers}) > 1:  # type: ignore[attr-defined]
+        _log_once(f"table group {names}: its tables' cache policies differ; the group's cache uses "
+                  f"'{first.policy}', admit_after {first.admit_after} (those of '{names[0]}')")
+    capacity = sum(int(c.fast.capacity) for c in tiers)  # type: ignore[attr-defined]
+    cache = GroupCache([c.slow for c in tiers], capacity, first.record_dim, first.device,  # type: ignore[attr-defined]
+                       first.policy or "lfu", first.admit_after, names)
+    for t, old, view in zip(tables, tiers, cache.views):
+        for ids, rows in old.items():  # rows stored before the group existed (none in a new table)
+            view.put(ids, rows)
+        t.tier = view
+    return cache
+
+
+_logged: set[str] = set()
+
+
+def _log_once(msg: str) -> None:
+    if msg not in _logged:
+        _logged.add(msg)
+        log.info("%s", msg)
 
 
 def _members(ids: np.ndarray, among: list[np.ndarray]) -> np.ndarray:

@@ -87,19 +87,21 @@ class GroupPool(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, w: Tensor, inverse: Tensor, offsets: Tensor | None, mode: str, owner: Sequence[int],  # type: ignore[override]
-                reached: Callable[[int], None]):
-        single = offsets is None  # bag i is value i
-        lengths = inverse.new_empty(0) if single else torch.diff(offsets, append=offsets.new_tensor([inverse.numel()]))
+    def forward(ctx, w: Tensor, inverse: Tensor, bags: tuple[Tensor, Tensor, Tensor] | None, mode: str,  # type: ignore[override]
+                owner: Sequence[int], reached: Callable[[int], None]):
+        single = bags is None  # bag i is value i
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(inverse, lengths)
+        if single:
+            ctx.save_for_backward(inverse)
+        else:  # (offsets, bag of each value, 1 / length), on w's device
+            ctx.save_for_backward(inverse, bags[1], bags[2])
         ctx.mode, ctx.rows, ctx.single, ctx.owner, ctx.reached = mode, w.shape[0], single, owner, reached
-        pooled = w.index_select(0, inverse) if single else F.embedding_bag(inverse, w, offsets, mode=mode)
+        pooled = w.index_select(0, inverse) if single else F.embedding_bag(inverse, w, bags[0], mode=mode)
         return tuple(pooled.view(len(owner), -1, w.shape[1]).unbind(0))
 
     @staticmethod
     def backward(ctx, *grads: Tensor | None):  # type: ignore[override]
-        inverse, lengths = ctx.saved_tensors
+        inverse = ctx.saved_tensors[0]
         for k, g in enumerate(grads):
             if g is not None:
                 ctx.reached(k)
@@ -108,8 +110,9 @@ class GroupPool(torch.autograd.Function):
         none = (None,) * 5
         if ctx.single:  # each feature's gradient where it lies, none stacked
             return (_native.index_add_features(gw, inverse, list(grads), ctx.owner),) + none
+        bag_of, scale = ctx.saved_tensors[1:]
         grad = torch.cat([g if g is not None else torch.zeros_like(like) for g in grads])
         if ctx.mode == "mean":
-            grad = grad / lengths.clamp(min=1).unsqueeze(1).to(grad.dtype)
-        per_value = grad.index_select(0, torch.repeat_interleave(lengths))
+            grad = grad * scale.unsqueeze(1).to(grad.dtype)
+        per_value = grad.index_select(0, bag_of)
         return (_native.index_add_rows(gw, inverse, per_value),) + none

@@ -13,6 +13,16 @@ from ember.optim.schedule import ScheduleConfig
 
 __all__ = ["Adam"]
 
+_BETAS: dict[tuple[float, float, torch.device], Tensor] = {}
+
+
+def _betas(b1: float, b2: float, device: torch.device) -> Tensor:
+    """The tensor [b1, b2] on ``device``, made once (not a copy to the device every step)."""
+    key = (b1, b2, device)
+    if key not in _BETAS:
+        _BETAS[key] = torch.tensor([b1, b2], device=device)
+    return _BETAS[key]
+
 
 class Adam(ConfigModel):
     """Adam with a per-row step count ``t`` (stored in the row's state), as torch.optim.Adam per row.
@@ -49,12 +59,13 @@ class Adam(ConfigModel):
         lr = self.lr if lr is None else lr  # the scheduled rate of this step, when there is a schedule
         d = rows.shape[1]
         m, v, t = state[:, :d], state[:, d : 2 * d], state[:, 2 * d :]
+        # 11 tensor operations whatever the rows (a GPU step's budget: ember.tiers.device_budget)
         t.add_(1.0)
-        m.mul_(self.beta1).add_(grads, alpha=1 - self.beta1)
+        m.lerp_(grads, 1 - self.beta1)  # b1*m + (1-b1)*g
         v.mul_(self.beta2).addcmul_(grads, grads, value=1 - self.beta2)
-        # t is a float count; exact for t < 2**24, i.e. 16 M touches of one row.
-        bc1 = 1 - torch.pow(self.beta1, t)
-        bc2_sqrt = (1 - torch.pow(self.beta2, t)).sqrt()
-        denom = (v.sqrt() / bc2_sqrt).add_(self.eps)
-        rows.sub_(lr * m / (bc1 * denom))
+        # both bias corrections in one power: [1 - b1^t, 1 - b2^t]; t is a float count, exact
+        # for t < 2**24, i.e. 16 M touches of one row
+        c = torch.rsub(torch.pow(_betas(self.beta1, self.beta2, rows.device), t), 1.0)
+        denom = v.div(c[:, 1:]).sqrt_().add_(self.eps)  # sqrt(v / (1 - b2^t)) + eps
+        rows.addcdiv_(m, denom.mul_(c[:, :1]), value=-lr)
         return rows, state

@@ -56,11 +56,14 @@ class FTRL(ConfigModel):
         assert lr is None, "ftrl has no lr to schedule"
         d = rows.shape[1]
         z, n = state[:, :d], state[:, d:]
-        n_new = n + grads * grads
-        sigma = (n_new.sqrt() - n.sqrt()) / self.alpha
-        z.add_(grads - sigma * rows)
-        n.copy_(n_new)
-        shrunk = z - torch.sign(z) * self.l1
-        w = -shrunk / ((self.beta + n.sqrt()) / self.alpha + self.l2)
-        rows.copy_(torch.where(z.abs() <= self.l1, torch.zeros_like(w), w))
+        # at most 10 tensor operations whatever the rows (a GPU step's budget: ember.tiers.device_budget)
+        root = n.sqrt()
+        n.addcmul_(grads, grads)
+        new_root = n.sqrt()
+        z.add_(grads).addcmul_(new_root - root, rows, value=-1.0 / self.alpha)  # z + g - sigma * w
+        # -((beta + sqrt(n)) / alpha + l2): the weight is shrunk / denom, its sign folded in here
+        denom = new_root.mul_(-1.0 / self.alpha).sub_(self.beta / self.alpha + self.l2)
+        # z - sign(z) * l1 where |z| > l1, exactly 0 elsewhere: z minus z clamped to [-l1, l1]
+        shrunk = z - z.clamp(-self.l1, self.l1) if self.l1 else z
+        torch.div(shrunk, denom, out=rows)
         return rows, state

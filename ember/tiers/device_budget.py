@@ -41,7 +41,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["DeviceBudget", "mark_device", "active"]
+__all__ = ["to_device", "DeviceBudget", "mark_device", "active"]
 
 # views and metadata-only ops (no kernel; views share the input's storage, so stay marked)
 _METADATA = frozenset({
@@ -114,6 +114,18 @@ def mark_device(*tensors: torch.Tensor) -> None:
     if _innermost is not None:
         for b in _stack:  # outer budgets see the same device memory
             b.mark(*tensors)
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t.to(device, non_blocking=True)``, the one way library code copies host data to the
+    device a step computes on. With a CPU device under an active ``DeviceBudget`` the copy is
+    made (and marked) rather than skipped, so the check on a CPU machine sees every upload a
+    GPU would run; otherwise it is ``Tensor.to``."""
+    if _innermost is not None and device.type == "cpu" and t.device.type == "cpu":
+        out = torch.empty_like(t)
+        mark_device(out)
+        return out.copy_(t)
+    return t.to(device, non_blocking=True)
 
 
 def _patched(name: str) -> Callable:

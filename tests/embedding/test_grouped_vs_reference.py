@@ -12,6 +12,7 @@ import torch
 from ember.batch import SparseFeatures
 from ember.embedding import EmbeddingCollection, FeatureConfig, SequenceEmbedding, SparseOptimizer, TableConfig
 from ember.testing.reference import ReferenceCollection
+from ember.tiers.group_cache import GroupCacheView
 
 D, B = 4, 6
 OPTIMIZERS = [
@@ -196,7 +197,11 @@ def test_tier_layouts_equal_reference(layout, tmp_path):
         opt.step()
         ref.step()
     tier = ec.tables["t0"].tier
-    assert len(tier.fast) > 0 and len(tier.slow) > 0  # rows really live in both tiers
+    if layout == "cache":  # the group's tables share one device cache (ember.tiers.group_cache)
+        assert isinstance(tier, GroupCacheView) and tier.cache is ec.tables["t1"].tier.cache
+        assert len(tier.index) > 0 and len(tier.slow) > 0  # rows really live in both tiers
+    else:
+        assert len(tier.fast) > 0 and len(tier.slow) > 0
     assert_tables_equal(ec, ref)
 
 

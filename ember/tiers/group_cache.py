@@ -1,0 +1,602 @@
+"""One device cache for a whole table group: one arena, decisions on the host, a fixed device sequence.
+
+A table group whose tables each have a device cache (``storage.device_rows``) gets one
+``GroupCache`` instead of one cache per table: a single arena of records ``[weights |
+optimizer state]`` on the device for all of the group's tables, one host index per table from
+ID to arena slot, one admission sketch and one eviction policy (LFU / LRU) over the group.
+Each table's ``tier`` becomes a ``GroupCacheView``, a ``Tier`` over its share (checkpoints,
+exports, serving and TTL sweeps read and write through it, unchanged).
+
+A training lookup of the group takes the fast path (``fetch`` / ``write_back``):
+
+- fetch (host first): probe the indexes; read the misses from the slower tiers (host memory,
+  disk) into one pinned staging buffer; the group fills fresh rows for IDs seen first. Then the
+  device: one copy of the index vector and one of the staged rows to the device, one gather of
+  the batch's rows from the arena, one scatter of the staged rows into them.
+- write_back (host first): which misses to admit (seen ``admit_after`` times; with LFU only if
+  more often than the coldest rows they displace) and which rows they displace. Then the
+  device: one copy of the index vector, one gather + one non-blocking copy to pinned host
+  memory of the displaced rows, one gather + one scatter of the updated rows into the arena,
+  one gather + one non-blocking copy of the rows not cached (to their slower tier).
+
+Nothing in either waits on the device: rows on their way to the host are "pending" until a
+CUDA event says they arrived; a later read of such an ID waits for that event alone. The
+number of device operations does not depend on the number of tables, and no operation reads
+device data back to the host inside a step (``ember.tiers.device_budget`` counts both).
+
+The chain stays exclusive: an ID lives in the arena or in its table's slower tier, never both.
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from ember.tiers.base import Tier, TierCounters
+from ember.tiers.device_budget import mark_device
+from ember.tiers.key_index import KeyIndex
+from ember.tiers.policy import CountMinSketch, Policy, smallest, victim_score
+from ember.tiers.segments import read_segments
+
+__all__ = ["GroupCache", "GroupCacheView", "CachePlan", "CacheTicket"]
+
+_NEVER = np.iinfo(np.int64).max  # eviction score of a slot that may not be evicted (free or held)
+_MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+@dataclass
+class CacheTicket:
+    """What a training lookup's fetch decided, for its write_back.
+
+    ``slots``: the arena slot each row is written to (a hit's, or the one reserved for an
+    admitted miss; -1: a miss not admitted, stored in its slower tier). ``new``: positions of
+    the admitted misses (they enter the index at write_back, and leave their slower tier then).
+    ``held``: slots no other lookup may take until write_back. ``dev``: the write-back's index
+    vector, already on the device (valid while every row is kept and nothing was re-placed).
+    """
+
+    slots: np.ndarray
+    new: np.ndarray
+    bypass: np.ndarray
+    held: np.ndarray
+    dev: tuple[Tensor, Tensor] | None = None  # (each row's slot, or the trash row; bypass positions), on the device
+    released: bool = False
+    _finalizer: weakref.finalize | None = field(default=None, repr=False)
+
+
+@dataclass
+class CachePlan:
+    """One lookup's read through a ``GroupCache``, decided on the host (``GroupCache.fetch``)."""
+
+    sizes: list[int]
+    miss: np.ndarray  # positions of the rows not in the arena
+    found: np.ndarray  # bool [U]: in the arena or a slower tier (the others are fresh)
+    gather: np.ndarray  # int64 [U]: arena slot to gather for each row (0 for misses: overwritten)
+    staged: Tensor  # [M, R] host rows of the misses (fresh ones filled by the caller)
+    victims: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    ticket: CacheTicket | None = None
+
+
+@dataclass
+class _Pending:
+    """Rows copied (non-blocking) from the arena to host memory, bound for the slower tiers."""
+
+    ids: list[np.ndarray]  # per table
+    rows: Tensor  # [N, R] host (pinned when the arena is on a GPU), table after table
+    event: "torch.cuda.Event | None"
+
+
+class GroupCache:
+    """The device cache of a table group (see the module docstring).
+
+    Args:
+        slow: each table's slower tier (the rest of its chain: host memory, disk, ...).
+        capacity: arena rows for the whole group.
+        record_dim: 4-byte words per record (all tables of a group share it).
+        device: where the arena lives (a GPU, or host memory: the same logic, tested on CPU).
+        policy: what to evict: ``lfu`` or ``lru``.
+        admit_after: misses before an ID is admitted.
+        names: the tables' names (error messages and stats).
+    """
+
+    def __init__(self, slow: Sequence[Tier], capacity: int, record_dim: int, device: torch.device,
+                 policy: Policy = "lfu", admit_after: int = 1, names: Sequence[str] | None = None) -> None:
+        if capacity <= 0:
+            raise ValueError(f"GroupCache: capacity must be > 0 rows, got {capacity}")
+        self.slow = list(slow)
+        self.names = list(names) if names is not None else [f"t{j}" for j in range(len(self.slow))]
+        self.capacity = capacity
+        self.record_dim = record_dim
+        self.device = torch.device(device)
+        self.policy: Policy = policy
+        self.admit_after = admit_after
+        # one row more than the slots: the write-back scatters every row of a lookup at once, the
+        # rows without a slot into this last one, which nothing reads (one operation, not two)
+        self.arena = torch.zeros(capacity + 1, record_dim, device=self.device)
+        self.trash = capacity
+        self.index = [KeyIndex(max(1024, capacity // max(len(self.slow), 1))) for _ in self.slow]
+        self.owner = np.full(capacity, -1, dtype=np.int32)  # table of each slot (-1: free)
+        self.slot_id = np.zeros(capacity, dtype=np.int64)
+        self.count = np.zeros(capacity, dtype=np.int64)  # accesses (LFU)
+        self.last = np.zeros(capacity, dtype=np.int64)  # last access (LRU, LFU ties)
+        self.held = np.zeros(capacity, dtype=np.int32)  # in-flight training lookups using the slot
+        self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # a stack: slot 0 first
+        self._nfree = capacity
+        self.clock = 0
+        self.sketch = CountMinSketch(8 * capacity)
+        self.decay_every = 16 * self.sketch.width
+        self.evict_slack = max(1, capacity // 64)  # rows demoted beyond need: amortises the O(capacity) victim scan
+        self.pending: list[_Pending] = []
+        self._evicted: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._mix = (np.arange(1, len(self.slow) + 1, dtype=np.uint64) * _MIX).view(np.int64)
+        self.cuda = self.device.type == "cuda"
+        self.views = [GroupCacheView(self, j) for j in range(len(self.slow))]
+
+    # ---- host helpers ------------------------------------------------------------------
+    def _keys(self, ids: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
+        return ids ^ np.repeat(self._mix, sizes)
+
+    def _host(self, rows: int, cols: int, dtype: torch.dtype = torch.float32) -> Tensor:
+        return torch.empty(rows, cols, dtype=dtype, pin_memory=self.cuda)
+
+    def _upload(self, host: Tensor) -> Tensor:
+        """One host->device copy (non-blocking from pinned memory)."""
+        if self.cuda and not host.is_pinned():
+            host = host.pin_memory()
+        dst = torch.empty(host.shape, dtype=host.dtype, device=self.device)
+        mark_device(dst)
+        dst.copy_(host, non_blocking=True)
+        return dst
+
+    def _download(self, rows: Tensor, ids: list[np.ndarray]) -> None:
+        """One non-blocking device->host copy of ``rows``, bound for the slower tiers."""
+        if rows.shape[0] == 0:
+            return
+        host = self._host(rows.shape[0], self.record_dim)
+        host.copy_(rows, non_blocking=True)
+        event = None
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record()
+        self.pending.append(_Pending(ids, host, event))
+        if not self.cuda:
+            self.drain()
+
+    def _moved(self, rows_per_table: np.ndarray) -> None:
+        """Count records that crossed between host and device memory, per table (none when
+        the arena is in host memory)."""
+        if self.device.type != "cpu":
+            for v, n in zip(self.views, rows_per_table.tolist()):
+                v.transfer_bytes += 4 * self.record_dim * n
+
+    def _mark(self) -> None:
+        mark_device(self.arena)
+
+    def drain(self, wait: bool = True, needed: Sequence[np.ndarray] | None = None) -> None:
+        """Store arrived pending rows in their slower tiers. ``wait``: wait for every copy;
+        else only for copies holding an ID of ``needed`` (per table), the rest when done."""
+        if not self.pending:
+            return
+        keep: list[_Pending] = []
+        for p in self.pending:
+            done = p.event is None or p.event.query()
+            if not done and (wait or (needed is not None and _overlaps(p.ids, needed))):
+                p.event.synchronize()  # type: ignore[union-attr]
+                done = True
+            if not done:
+                keep.append(p)
+                continue
+            start = 0
+            for j, ids in enumerate(p.ids):
+                if ids.size:
+                    self.slow[j].put(torch.from_numpy(ids), p.rows[start : start + ids.size])
+                    start += ids.size
+        self.pending = keep
+
+    def _probe(self, table_ids: Sequence[Tensor]) -> np.ndarray:
+        """Arena slot of every ID (-1 where absent), table after table, int64."""
+        parts = [self.index[j].lookup(t.numpy()) for j, t in enumerate(table_ids)]
+        return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
+
+    def _free_slots(self, slots: np.ndarray) -> None:
+        self.owner[slots] = -1
+        self.count[slots] = 0
+        self._free[self._nfree : self._nfree + slots.size] = slots[::-1]
+        self._nfree += slots.size
+
+    def _take_free(self, n: int) -> np.ndarray:
+        out = self._free[self._nfree - n : self._nfree][::-1].copy()
+        self._nfree -= n
+        return out
+
+    def _victims(self, n: int) -> np.ndarray:
+        """The ``n`` best victims among occupied, unheld slots (fewer if not that many)."""
+        score = victim_score(self.policy, self.last, self.count)
+        score[(self.owner < 0) | (self.held > 0)] = _NEVER
+        pick = smallest(score, n)
+        return pick[score[pick] != _NEVER]
+
+    def _count(self, keys: np.ndarray) -> np.ndarray:
+        est = self.sketch.add(keys)
+        if self.sketch.added >= self.decay_every:
+            self.sketch.halve()
+            self.count >>= 1
+            est >>= 1
+        return est
+
+    # ---- the fast path -----------------------------------------------------------------
+    def fetch(self, table_ids: Sequence[Tensor], train: bool) -> "CachePlan":
+        """The host half of a lookup's read: probe, read the misses from the slower tiers into
+        a pinned staging buffer and (training) decide admissions and victims. The caller fills
+        the fresh rows of misses not ``found`` into ``plan.staged``, then calls ``load``."""
+        sizes = [t.numel() for t in table_ids]
+        self.drain(wait=False)
+        slots = self._probe(table_ids)
+        hit = slots >= 0
+        miss = np.flatnonzero(~hit)
+        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        owner = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+        plan = CachePlan(sizes=sizes, miss=miss, found=hit.copy(), gather=np.where(hit, slots, 0),
+                         staged=self._host(miss.size, self.record_dim))
+        if miss.size:
+            cut = np.searchsorted(owner[miss], np.arange(1, len(sizes)))
+            per_table = [table_ids[j][torch.from_numpy(q - starts[j])] for j, q in enumerate(np.split(miss, cut))]
+            if self.pending:
+                self.drain(wait=False, needed=[t.numpy() for t in per_table])
+            plan.found[miss] = read_segments(self.slow, per_table, plan.staged).numpy()
+            self._moved(np.bincount(owner[miss], minlength=len(sizes)))
+        self.clock += 1
+        hs = slots[hit]
+        for j, (a, b) in enumerate(zip(starts[:-1], starts[1:])):
+            v = self.views[j]
+            v.requests += int(b - a)
+            v.hits += int(np.count_nonzero(hit[a:b]))
+        if not train:
+            return plan
+        if self.policy == "lfu":
+            self.count[hs] += 1
+        self.last[hs] = self.clock
+        self.held[hs] += 1  # until write_back: not a victim for anyone
+        est = np.empty(0, np.int64)
+        if miss.size:
+            ids = torch.cat(list(table_ids)).numpy()
+            est = self._count(self._keys(ids, sizes)[miss])
+        admitted, plan.victims = self._admit(est)
+        new = miss[admitted]
+        w_slots = np.where(hit, slots, -1)
+        if new.size:
+            reserved = self._take_free(new.size)
+            self.owner[reserved] = owner[new]
+            self.count[reserved] = est[admitted]
+            self.last[reserved] = self.clock
+            self.held[reserved] += 1
+            w_slots[new] = reserved
+        bypass = np.setdiff1d(miss, new, assume_unique=True)
+        plan.ticket = CacheTicket(w_slots, new, bypass, w_slots[w_slots >= 0])
+        plan.ticket._finalizer = weakref.finalize(plan.ticket, _release, weakref.ref(self), plan.ticket.held)
+        return plan
+
+    def load(self, plan: "CachePlan", extra: Sequence[Tensor] = ()) -> tuple[Tensor, list[Tensor]]:
+        """The device half of a lookup's read, a fixed few operations: one host->device copy
+        (indexes, staged rows and ``inverse`` in one buffer), the displaced rows gathered and
+        copied (non-blocking) towards the host, the rows gathered from the arena and the staged
+        ones put in place. ``extra``: int64 host tensors the step needs on the device (the
+        lookup's pooling indexes), copied in the same piece. Returns the rows [U, R] and
+        ``extra`` on the device."""
+        t = plan.ticket
+        n, m = plan.gather.size, plan.miss.size
+        ints = [plan.gather, plan.miss, plan.victims] + [x.numpy() for x in extra]
+        if t is not None:
+            ints += [np.where(t.slots >= 0, t.slots, self.trash), t.bypass]
+        lens = [x.size for x in ints]
+        buf = self._host(1, 8 * sum(lens) + 4 * m * self.record_dim, torch.uint8).view(-1)
+        head = buf[: 8 * sum(lens)].view(torch.int64)
+        head.copy_(torch.from_numpy(np.concatenate(ints).astype(np.int64, copy=False)))
+        if m:
+            buf[8 * sum(lens) :].view(torch.float32).copy_(plan.staged.view(-1))
+        self._mark()
+        dev = self._upload(buf)
+        dint = dev[: 8 * sum(lens)].view(torch.int64).split(lens)
+        if plan.victims.size:  # read before anything reuses their slots (one stream: in order)
+            tables, ids = self.evicted_of(plan)
+            self._download(self.arena.index_select(0, dint[2]), _split_by_table(ids, tables, len(plan.sizes)))
+        rows = self.arena.index_select(0, dint[0])
+        if m:
+            rows.index_copy_(0, dint[1], dev[8 * sum(lens) :].view(torch.float32).view(m, self.record_dim))
+        k = 3 + len(extra)
+        if t is not None:
+            t.dev = (dint[k], dint[k + 1])
+        return rows, list(dint[3:k])
+
+    def write_back(self, ticket: CacheTicket, table_ids: Sequence[Tensor], rows: Tensor, keep: np.ndarray) -> None:
+        """Store the rows of positions ``keep`` (bool [U]; the rest are dropped: tables not
+        updated, IDs below ``min_count``): into the arena where they have a slot, the others
+        (non-blocking) towards their slower tier. Admitted rows enter the index now."""
+        sizes = [t.numel() for t in table_ids]
+        ids = torch.cat(list(table_ids)).numpy() if table_ids else np.empty(0, np.int64)
+        owner = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+        slots = ticket.slots.copy()
+        changed = not keep.all()
+        new = ticket.new
+        if new.size:
+            again = np.concatenate([self.index[j].lookup(ids[new[owner[new] == j]]) for j in range(len(sizes))]).astype(np.int64)
+            dup = (again >= 0) | ~keep[new]  # admitted meanwhile by another lookup, or not stored at all
+            if dup.any():
+                changed = True
+                self.held[slots[new[dup]]] -= 1
+                self._free_slots(slots[new[dup]])
+                ticket.held = ticket.held[~np.isin(ticket.held, slots[new[dup]])]
+                slots[new[dup]] = again[dup]
+            ok = new[~dup]
+            for j in np.unique(owner[ok]).tolist():
+                sel = ok[owner[ok] == j]
+                self.index[j].insert(ids[sel], slots[sel])
+                self.slot_id[slots[sel]] = ids[sel]
+                self.slow[j].remove(torch.from_numpy(ids[sel]))  # exclusive: it now lives in the arena
+                self.views[j].promotions += int(sel.size)
+        bypass = ticket.bypass[keep[ticket.bypass]]
+        self._mark()
+        if changed or ticket.dev is None:
+            w_slots = np.where(keep & (slots >= 0), slots, self.trash)
+            dev = self._upload(torch.from_numpy(np.concatenate([w_slots, bypass]).astype(np.int64))).split([slots.size, bypass.size])
+            c_slots, b_pos = dev[0], dev[1]
+        else:
+            c_slots, b_pos = ticket.dev
+        if c_slots.numel():
+            self.arena.index_copy_(0, c_slots, rows)
+        if bypass.size:
+            self._download(rows.index_select(0, b_pos), _split_by_table(ids[bypass], owner[bypass], len(sizes)))
+            n = np.bincount(owner[bypass], minlength=len(sizes))
+            for j, c in enumerate(n.tolist()):
+                self.views[j].bypasses += c
+            self._moved(n)
+        self._release(ticket)
+
+    def _admit(self, est: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which candidates (indices into ``est``) get a slot, most frequent first, and the
+        slots emptied for them (their IDs leave the index now; ``load`` sends their rows on):
+        free slots go to candidates seen ``admit_after`` times; beyond them a candidate must
+        (LFU) be seen more often than the resident it displaces. Emptying makes room for
+        ``evict_slack`` more rows than needed, so the O(capacity) victim scan runs once per
+        several batches."""
+        none = np.empty(0, np.int64)
+        ok = np.flatnonzero(est >= self.admit_after)
+        if ok.size == 0:
+            return ok, none
+        ok = ok[np.argsort(-est[ok], kind="stable")][: self.capacity]
+        free = self._nfree
+        if ok.size <= free:
+            return ok, none
+        rest = ok.size - free
+        victims = self._victims(rest + self.evict_slack)
+        m = min(rest, victims.size)
+        if self.policy == "lfu":
+            beats = est[ok[free : free + m]] > self.count[victims[:m]]
+            n_beat = m if beats.all() else int(np.argmin(beats))
+        else:
+            n_beat = m
+        if n_beat == 0:
+            return ok[:free], none
+        victims = victims[: n_beat + self.evict_slack]
+        victims = victims[np.argsort(self.owner[victims], kind="stable")]  # table after table, as the pending rows
+        tables, ids = self.owner[victims].astype(np.int64), self.slot_id[victims].copy()
+        for j in np.unique(tables).tolist():
+            self.index[j].remove(ids[tables == j])
+            self.views[j].demotions += int(np.count_nonzero(tables == j))
+        self._moved(np.bincount(tables, minlength=len(self.slow)))
+        self._evicted[id(victims)] = (tables, ids)
+        self._free_slots(victims)
+        return ok[: free + n_beat], victims
+
+    def evicted_of(self, plan: "CachePlan") -> tuple[np.ndarray, np.ndarray]:
+        """(tables, IDs) of the rows ``plan`` displaced, table after table."""
+        return self._evicted.pop(id(plan.victims))
+
+    def _release(self, ticket: CacheTicket) -> None:
+        if ticket.released:
+            return
+        ticket.released = True
+        if ticket._finalizer is not None:
+            ticket._finalizer.detach()
+        self.held[ticket.held] -= 1
+
+    def release(self, ticket: CacheTicket | None) -> None:
+        """A training lookup that will not write back (no table of it reached the loss, a
+        skipped step) gives its slots back for eviction."""
+        if ticket is not None:
+            self._release(ticket)
+
+    # ---- one table's rows, for everything but the fast path --------------------------------
+    def table_rows(self, j: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, slots) of table ``j``'s rows in the arena."""
+        return self.index[j].items()
+
+
+def _release(ref: "weakref.ref[GroupCache]", held: np.ndarray) -> None:
+    cache = ref()
+    if cache is not None:
+        cache.held[held] -= 1
+
+
+def _overlaps(a: list[np.ndarray], b: Sequence[np.ndarray]) -> bool:
+    return any(x.size and y.size and np.isin(x, y).any() for x, y in zip(a, b))
+
+
+def _split_by_table(ids: np.ndarray, owner: np.ndarray, n: int) -> list[np.ndarray]:
+    """``ids`` (sorted by ``owner`` or not) as one array per table, in table order; the rows
+    they go with must be in the same order: callers pass rows ordered table after table."""
+    return [ids[owner == j] for j in range(n)]
+
+
+class GroupCacheView(TierCounters, Tier):
+    """Table ``j``'s rows of a ``GroupCache`` as a ``Tier`` (its arena share + its slower tier)."""
+
+    name = "device"
+
+    def __init__(self, cache: GroupCache, j: int) -> None:
+        self.cache = cache
+        self.j = j
+        self.record_dim = cache.record_dim
+        self.device = cache.device
+        self.policy = cache.policy
+        self.reset_step_stats()
+
+    @property
+    def slow(self) -> Tier:
+        return self.cache.slow[self.j]
+
+    @property
+    def capacity(self) -> int | None:  # type: ignore[override]
+        return self.slow.capacity
+
+    @property
+    def index(self) -> KeyIndex:
+        return self.cache.index[self.j]
+
+    def __len__(self) -> int:
+        self.cache.drain()
+        return len(self.index) + len(self.slow)
+
+    @property
+    def nbytes(self) -> int:
+        c = self.cache
+        share = c.arena.numel() * 4 // max(len(c.slow), 1)
+        return share + self.index.nbytes + self.slow.nbytes
+
+    def _slots(self, ids: Tensor) -> np.ndarray:
+        return self.index.lookup(ids.numpy()).astype(np.int64)
+
+    def contains(self, ids: Tensor) -> Tensor:
+        self.cache.drain()
+        inc = torch.from_numpy(self._slots(ids) >= 0)
+        if bool(inc.all()):
+            return inc
+        rest = ~inc
+        inc[rest] = self.slow.contains(ids[rest])
+        return inc
+
+    def get_into(self, ids: Tensor, out: Tensor) -> Tensor:
+        """Records of found ``ids`` into ``out`` (no admission: the fast path admits)."""
+        self.cache.drain()
+        slots = self._slots(ids)
+        hit = slots >= 0
+        found = torch.from_numpy(hit.copy())
+        if hit.any():
+            pos = torch.from_numpy(np.flatnonzero(hit)).to(out.device)
+            rows = self.cache.arena.index_select(0, torch.from_numpy(slots[hit]).to(self.device))
+            out.index_copy_(0, pos, rows.to(out.device))
+        if not hit.all():
+            rest = np.flatnonzero(~hit)
+            buf = out.new_empty(rest.size, self.record_dim)
+            f = self.slow.get_into(ids[torch.from_numpy(rest)], buf)
+            keep = torch.from_numpy(rest[f.numpy()])
+            out.index_copy_(0, keep.to(out.device), buf[f.to(buf.device)])
+            found[keep] = True
+        return found
+
+    def put(self, ids: Tensor, records: Tensor, counts: np.ndarray | None = None) -> None:
+        """Overwrite rows where they live; new IDs go to the slower tier (the fast path admits)."""
+        self.cache.drain()
+        slots = self._slots(ids)
+        hit = slots >= 0
+        if hit.any():
+            pos = torch.from_numpy(np.flatnonzero(hit))
+            self.cache.arena.index_copy_(0, torch.from_numpy(slots[hit]).to(self.device),
+                                         records.index_select(0, pos.to(records.device)).to(self.device))
+        if not hit.all():
+            rest = torch.from_numpy(np.flatnonzero(~hit))
+            self.slow.put(ids[rest], records.index_select(0, rest.to(records.device)))
+
+    def remove(self, ids: Tensor) -> Tensor:
+        self.cache.drain()
+        slots = self.index.remove(ids.numpy()).astype(np.int64)
+        hit = slots >= 0
+        if hit.any():
+            self.cache._free_slots(slots[hit])
+        found = torch.from_numpy(hit.copy())
+        if not hit.all():
+            rest = torch.from_numpy(np.flatnonzero(~hit))
+            found[rest] = self.slow.remove(ids[rest])
+        return found
+
+    def evict(self, n: int) -> tuple[Tensor, Tensor]:
+        """Up to ``n`` rows out of the chain, from the slower tier first."""
+        self.cache.drain()
+        ids, rows = self.slow.evict(n)
+        if ids.numel() < n:
+            a_ids, slots = self.index.items()
+            take = min(n - ids.numel(), a_ids.size)
+            if take:
+                a_ids, slots = a_ids[:take], slots[:take].astype(np.int64)
+                self.index.remove(a_ids)
+                recs = self.cache.arena.index_select(0, torch.from_numpy(slots).to(self.device)).cpu()
+                self.cache._free_slots(slots)
+                ids, rows = torch.cat([ids, torch.from_numpy(a_ids)]), torch.cat([rows, recs.to(rows.device)])
+        return ids, rows
+
+    def items(self, chunk_rows: int = 1 << 20) -> Iterator[tuple[Tensor, Tensor]]:
+        """Every (ids, records) of the table once: its arena rows, then its slower tier's."""
+        self.cache.drain()
+        ids, slots = self.index.items()
+        for a in range(0, ids.size, chunk_rows):
+            s = torch.from_numpy(slots[a : a + chunk_rows].astype(np.int64)).to(self.device)
+            yield torch.from_numpy(ids[a : a + chunk_rows]), self.cache.arena.index_select(0, s).cpu()
+        yield from self.slow.items(chunk_rows)
+
+    def warm_start(self, ids: Tensor, counts: Tensor) -> int:
+        """Seed the group's admission counts with a data sample's ID frequencies (rows enter
+        the arena as training first reads them)."""
+        keys = ids.numpy() ^ self.cache._mix[self.j]
+        self.cache.sketch.add(keys, counts.to(torch.int64).numpy())
+        return self.slow.warm_start(ids, counts)
+
+    def flush(self) -> None:
+        self.cache.drain()
+        self.slow.flush()
+
+    def close(self) -> None:
+        """Move this table's arena rows to its slower tier, then close that (a disk tier
+        reopened later holds every row)."""
+        self.cache.drain()
+        ids, slots = self.index.items()
+        if ids.size:
+            s = slots.astype(np.int64)
+            recs = self.cache.arena.index_select(0, torch.from_numpy(s).to(self.device)).cpu()
+            self.index.remove(ids)
+            self.cache._free_slots(s)
+            self.slow.put(torch.from_numpy(ids), recs)
+        self.slow.close()
+
+    def reset_step_stats(self) -> None:
+        super().reset_step_stats()
+        self.promotions = 0
+        self.demotions = 0
+        self.bypasses = 0
+        if hasattr(self, "cache"):
+            self.slow.reset_step_stats()
+
+    def extra_stats(self) -> dict[str, float]:
+        return {"promotions": self.promotions, "demotions": self.demotions, "bypasses": self.bypasses,
+                "group_tables": len(self.cache.slow), "group_rows": self.cache.capacity}
+
+    def stats(self) -> dict[str, float]:
+        """``tier.device.*`` counters of this table's share (waits for no copy), then its slower tier's."""
+        p = f"tier.{self.name}."
+        out = {
+            p + "hit_rate": self.hits / self.requests if self.requests else float("nan"),
+            p + "requests": float(self.requests),
+            p + "hits": float(self.hits),
+            p + "rows": float(len(self.index)),
+            p + "bytes": float(self.nbytes),
+            p + "inserts": float(self.promotions),
+            p + "evictions": float(self.demotions),
+            p + "transfer_bytes": float(self.transfer_bytes),
+        }
+        out.update({p + k: float(v) for k, v in self.extra_stats().items()})
+        out.update(self.slow.stats())
+        return out
