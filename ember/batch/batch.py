@@ -53,7 +53,8 @@ class Batch:
                          lambda s: s.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> "Batch":
-        return self._map(lambda t: t.pin_memory(), lambda s: s.pin_memory())
+        """A copy whose host tensors are in pinned memory (tensors already on a device stay)."""
+        return self._map(_pinned, lambda s: s.pin_memory())
 
     def _map(self, tensor: Callable[[Tensor], Tensor], sparse: Callable[[SparseFeatures], SparseFeatures],
              keys: Callable[[dict], dict] = lambda k: k) -> "Batch":
@@ -74,3 +75,9 @@ class Batch:
                 raise TypeError(f"Batch.{f.name}: a {type(value).__name__} field has no row-wise map; "
                                 "teach Batch._map about it")
         return replace(self, **changes)
+
+
+def _pinned(t: Tensor) -> Tensor:
+    """``t`` in pinned host memory; a tensor on a device as it is (a batch handed over already
+    on the GPU: nothing to pin)."""
+    return t.pin_memory() if t.device.type == "cpu" else t

@@ -139,8 +139,12 @@ class SparseFeatures:
         )
 
     def pin_memory(self) -> "SparseFeatures":
-        w = None if self.weights is None else self.weights.pin_memory()
-        return SparseFeatures(self.keys, self.values.pin_memory(), self.lengths.pin_memory(), w)
+        """A copy in pinned host memory (tensors already on a device stay where they are)."""
+        def pin(t: Tensor) -> Tensor:
+            return t.pin_memory() if t.device.type == "cpu" else t
+
+        w = None if self.weights is None else pin(self.weights)
+        return SparseFeatures(self.keys, pin(self.values), pin(self.lengths), w)
 
     def validate(self) -> None:
         """Check invariants (used in tests and debug mode); raises ValueError on the first breach."""

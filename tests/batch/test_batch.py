@@ -51,3 +51,14 @@ def test_a_field_without_a_row_map_is_refused():
     odd = dataclasses.replace(_full_batch(), teacher="not a tensor")  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Batch.teacher"):
         odd.slice_rows(0, 1)
+
+
+@pytest.mark.gpu
+def test_pin_memory_leaves_a_batch_already_on_the_gpu_as_it_is():
+    # train(cfg, batches=...) with batches already moved to the GPU: the device stage pins first
+    batch = _full_batch().to("cuda")
+    pinned = batch.pin_memory()
+    assert pinned.dense.data_ptr() == batch.dense.data_ptr()
+    assert pinned.sparse.values.data_ptr() == batch.sparse.values.data_ptr()
+    host = _full_batch().pin_memory()
+    assert host.dense.is_pinned() and host.sparse.values.is_pinned()
