@@ -357,6 +357,10 @@ def main() -> None:
     print(f"{where}; {F} tables x {args.vocab} IDs, Zipf {ZIPF}, batch {batch}; budgets over {args.budget_steps} steps "
           f"after {warmup} warm-up steps")
     out: dict[str, Any] = {"bench": "gpu_cache", "device": where, "batch": batch, "vocab": args.vocab, "zipf": ZIPF}
+    if not cuda:  # the torch paths a GPU runs: the C core serves CPU tensors only, through .numpy()
+        from ember import _native
+        _native._core = None
+        print("budgets with the native core off (the torch paths a GPU step takes)")
     out.update(budget_summary(measure_budgets(dev, batches, args.vocab, warmup, args.budget_steps)))
     if cuda:
         out["steps"] = args.steps

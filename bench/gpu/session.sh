@@ -21,9 +21,10 @@ el() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
 for s in $STEPS; do
   case $s in
     tests) el tests
-      timeout ${TESTS_S:-170} python3 -m pytest -q -x -n 12 -p no:cacheprovider -m "not dist" --timeout 120 ${TEST_PATHS:-tests} 2>&1 | tee "$OUT/tests.log" | tail -40 ;;
+      timeout ${TESTS_S:-170} python3 -m pytest -q -rf --tb=short -n 12 -p no:cacheprovider -m "not dist" --timeout 120 \
+        --junitxml="$OUT/tests.xml" ${TEST_PATHS:-tests} 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|passed|failed|error" | tail -30 ;;
     cache) el bench_gpu_cache
-      (cd bench && timeout 120 python3 bench_gpu_cache.py ${CACHE_ARGS:-}) 2>&1 | tee "$OUT/gpu_cache.log" | tail -15 ;;
+      (cd bench && timeout ${CACHE_S:-150} python3 bench_gpu_cache.py ${CACHE_ARGS:-}) 2>&1 | tee "$OUT/gpu_cache.log" | tail -25 ;;
     dlrm) el bench_dlrm
       timeout 120 python3 bench/bench_dlrm.py --steps 20 2>&1 | tee "$OUT/dlrm.log" | tail -8 ;;
     pipeline) el bench_pipeline

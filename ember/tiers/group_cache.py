@@ -119,7 +119,11 @@ class GroupCache:
         # rows without a slot into this last one, which nothing reads (one operation, not two)
         self.arena = torch.zeros(capacity + 1, record_dim, device=self.device)
         self.trash = capacity
-        self.index = [KeyIndex(max(1024, capacity // max(len(self.slow), 1))) for _ in self.slow]
+        # one index for the group: key = ID ^ a per-table constant; a hit is checked against the
+        # slot's (table, ID), so two pairs that share a key never mix (the second is not cached)
+        self.index = KeyIndex(capacity)
+        self.live = np.zeros(capacity, dtype=bool)  # slot is in the index (not free, not only reserved)
+        self.rows_of = np.zeros(len(self.slow), dtype=np.int64)  # arena rows per table
         self.owner = np.full(capacity, -1, dtype=np.int32)  # table of each slot (-1: free)
         self.slot_id = np.zeros(capacity, dtype=np.int64)
         self.count = np.zeros(capacity, dtype=np.int64)  # accesses (LFU)
@@ -133,6 +137,7 @@ class GroupCache:
         self.evict_slack = max(1, capacity // 64)  # rows demoted beyond need: amortises the O(capacity) victim scan
         self.pending: list[_Pending] = []
         self._evicted: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._queue: tuple[np.ndarray, np.ndarray] | None = None  # victims ranked by the last scan
         self._mix = (np.arange(1, len(self.slow) + 1, dtype=np.uint64) * _MIX).view(np.int64)
         self.cuda = self.device.type == "cuda"
         self.views = [GroupCacheView(self, j) for j in range(len(self.slow))]
@@ -198,10 +203,32 @@ class GroupCache:
                     start += ids.size
         self.pending = keep
 
-    def _probe(self, table_ids: Sequence[Tensor]) -> np.ndarray:
-        """Arena slot of every ID (-1 where absent), table after table, int64."""
-        parts = [self.index[j].lookup(t.numpy()) for j, t in enumerate(table_ids)]
-        return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
+    def find(self, tables: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Arena slot of each (table, ID) (-1 where absent), int64, and whether its key is taken
+        by another pair (a collision: that pair is not cached)."""
+        raw = self.index.lookup(ids ^ self._mix[tables]).astype(np.int64)
+        # the key matched: the pair did too iff the ID did (equal keys and IDs give equal tables)
+        ok = (raw >= 0) & (self.slot_id[np.maximum(raw, 0)] == ids)
+        return np.where(ok, raw, -1), (raw >= 0) & ~ok
+
+    def _insert(self, tables: np.ndarray, ids: np.ndarray, slots: np.ndarray) -> None:
+        self.index.insert(ids ^ self._mix[tables], slots.astype(np.int32))
+        self.slot_id[slots] = ids
+        self.owner[slots] = tables
+        self.live[slots] = True
+        self.rows_of += np.bincount(tables, minlength=len(self.slow))
+
+    def remove_slots(self, slots: np.ndarray) -> None:
+        """Take live ``slots`` out of the index and free them (their rows are the caller's)."""
+        tables = self.owner[slots].astype(np.int64)
+        self.index.remove(self.slot_id[slots] ^ self._mix[tables])
+        self.live[slots] = False
+        self.rows_of -= np.bincount(tables, minlength=len(self.slow))
+        self._free_slots(slots)
+
+    def table_slots(self, j: int) -> np.ndarray:
+        """The live slots of table ``j`` (a scan of the slot arrays: for checkpoints, not steps)."""
+        return np.flatnonzero(self.live & (self.owner == j))
 
     def _free_slots(self, slots: np.ndarray) -> None:
         self.owner[slots] = -1
@@ -215,11 +242,27 @@ class GroupCache:
         return out
 
     def _victims(self, n: int) -> np.ndarray:
-        """The ``n`` best victims among occupied, unheld slots (fewer if not that many)."""
+        """The ``n`` best victims among live, unheld slots (fewer if not that many), best first.
+
+        A scan of every slot ranks 4x more than asked and keeps the rest in a queue; later
+        calls take from the queue the entries whose score has not changed since (still live,
+        unheld, not accessed), and scan again only when it runs short."""
+        out = np.empty(0, np.int64)
+        if self._queue is not None:
+            q_slots, q_score = self._queue
+            now = victim_score(self.policy, self.last[q_slots], self.count[q_slots])
+            still = (now == q_score) & self.live[q_slots] & (self.held[q_slots] == 0)
+            q_slots, q_score = q_slots[still], q_score[still]
+            if q_slots.size >= n:
+                self._queue = (q_slots[n:], q_score[n:])
+                return q_slots[:n]
         score = victim_score(self.policy, self.last, self.count)
-        score[(self.owner < 0) | (self.held > 0)] = _NEVER
-        pick = smallest(score, n)
-        return pick[score[pick] != _NEVER]
+        score[~self.live | (self.held > 0)] = _NEVER
+        pick = smallest(score, 4 * n)
+        pick = pick[score[pick] != _NEVER]
+        out = pick[:n]
+        self._queue = (pick[n:], score[pick[n:]])
+        return out
 
     def _count(self, keys: np.ndarray) -> np.ndarray:
         est = self.sketch.add(keys)
@@ -236,11 +279,12 @@ class GroupCache:
         the fresh rows of misses not ``found`` into ``plan.staged``, then calls ``load``."""
         sizes = [t.numel() for t in table_ids]
         self.drain(wait=False)
-        slots = self._probe(table_ids)
-        hit = slots >= 0
-        miss = np.flatnonzero(~hit)
         starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         owner = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
+        ids = torch.cat(list(table_ids)).numpy() if table_ids else np.empty(0, np.int64)
+        slots, taken = self.find(owner, ids)
+        hit = slots >= 0
+        miss = np.flatnonzero(~hit)
         plan = CachePlan(sizes=sizes, miss=miss, found=hit.copy(), gather=np.where(hit, slots, 0),
                          staged=self._host(miss.size, self.record_dim))
         if miss.size:
@@ -252,10 +296,9 @@ class GroupCache:
             self._moved(np.bincount(owner[miss], minlength=len(sizes)))
         self.clock += 1
         hs = slots[hit]
-        for j, (a, b) in enumerate(zip(starts[:-1], starts[1:])):
-            v = self.views[j]
-            v.requests += int(b - a)
-            v.hits += int(np.count_nonzero(hit[a:b]))
+        for v, n, h in zip(self.views, sizes, np.bincount(owner[hit], minlength=len(sizes)).tolist()):
+            v.requests += n
+            v.hits += h
         if not train:
             return plan
         if self.policy == "lfu":
@@ -264,8 +307,8 @@ class GroupCache:
         self.held[hs] += 1  # until write_back: not a victim for anyone
         est = np.empty(0, np.int64)
         if miss.size:
-            ids = torch.cat(list(table_ids)).numpy()
-            est = self._count(self._keys(ids, sizes)[miss])
+            est = self._count(ids[miss] ^ self._mix[owner[miss]])
+            est[taken[miss]] = 0  # its key belongs to another (table, ID): it stays in its slower tier
         admitted, plan.victims = self._admit(est)
         new = miss[admitted]
         w_slots = np.where(hit, slots, -1)
@@ -276,7 +319,9 @@ class GroupCache:
             self.last[reserved] = self.clock
             self.held[reserved] += 1
             w_slots[new] = reserved
-        bypass = np.setdiff1d(miss, new, assume_unique=True)
+        not_new = np.ones(miss.size, dtype=bool)
+        not_new[admitted] = False
+        bypass = miss[not_new]
         plan.ticket = CacheTicket(w_slots, new, bypass, w_slots[w_slots >= 0])
         plan.ticket._finalizer = weakref.finalize(plan.ticket, _release, weakref.ref(self), plan.ticket.held)
         return plan
@@ -323,23 +368,29 @@ class GroupCache:
         slots = ticket.slots.copy()
         changed = not keep.all()
         new = ticket.new
+        bypass = ticket.bypass[keep[ticket.bypass]]
         if new.size:
-            again = np.concatenate([self.index[j].lookup(ids[new[owner[new] == j]]) for j in range(len(sizes))]).astype(np.int64)
-            dup = (again >= 0) | ~keep[new]  # admitted meanwhile by another lookup, or not stored at all
+            # admitted meanwhile by another lookup (or its key taken by another pair), or not stored at all
+            again, taken = self.find(owner[new], ids[new])
+            dup = (again >= 0) | taken | ~keep[new]
             if dup.any():
                 changed = True
-                self.held[slots[new[dup]]] -= 1
-                self._free_slots(slots[new[dup]])
-                ticket.held = ticket.held[~np.isin(ticket.held, slots[new[dup]])]
+                gone = slots[new[dup]]
+                self.held[gone] -= 1
+                self._free_slots(gone)
+                ticket.held = ticket.held[~np.isin(ticket.held, gone)]
                 slots[new[dup]] = again[dup]
+                clash = new[taken & keep[new]]  # kept, but no slot to go to: to its slower tier
+                if clash.size:
+                    bypass = np.sort(np.concatenate([bypass, clash]))
             ok = new[~dup]
-            for j in np.unique(owner[ok]).tolist():
-                sel = ok[owner[ok] == j]
-                self.index[j].insert(ids[sel], slots[sel])
-                self.slot_id[slots[sel]] = ids[sel]
-                self.slow[j].remove(torch.from_numpy(ids[sel]))  # exclusive: it now lives in the arena
-                self.views[j].promotions += int(sel.size)
-        bypass = ticket.bypass[keep[ticket.bypass]]
+            if ok.size:
+                self._insert(owner[ok], ids[ok], slots[ok])
+                cut = np.searchsorted(owner[ok], np.arange(1, len(sizes)))
+                for j, sel in enumerate(np.split(ok, cut)):
+                    if sel.size:  # exclusive: it now lives in the arena
+                        self.slow[j].remove(torch.from_numpy(ids[sel]))
+                        self.views[j].promotions += int(sel.size)
         self._mark()
         if changed or ticket.dev is None:
             w_slots = np.where(keep & (slots >= 0), slots, self.trash)
@@ -385,12 +436,12 @@ class GroupCache:
         victims = victims[: n_beat + self.evict_slack]
         victims = victims[np.argsort(self.owner[victims], kind="stable")]  # table after table, as the pending rows
         tables, ids = self.owner[victims].astype(np.int64), self.slot_id[victims].copy()
-        for j in np.unique(tables).tolist():
-            self.index[j].remove(ids[tables == j])
-            self.views[j].demotions += int(np.count_nonzero(tables == j))
-        self._moved(np.bincount(tables, minlength=len(self.slow)))
+        per_table = np.bincount(tables, minlength=len(self.slow))
+        for v, n in zip(self.views, per_table.tolist()):
+            v.demotions += n
+        self._moved(per_table)
         self._evicted[id(victims)] = (tables, ids)
-        self._free_slots(victims)
+        self.remove_slots(victims)
         return ok[: free + n_beat], victims
 
     def evicted_of(self, plan: "CachePlan") -> tuple[np.ndarray, np.ndarray]:
@@ -410,11 +461,6 @@ class GroupCache:
         skipped step) gives its slots back for eviction."""
         if ticket is not None:
             self._release(ticket)
-
-    # ---- one table's rows, for everything but the fast path --------------------------------
-    def table_rows(self, j: int) -> tuple[np.ndarray, np.ndarray]:
-        """(ids, slots) of table ``j``'s rows in the arena."""
-        return self.index[j].items()
 
 
 def _release(ref: "weakref.ref[GroupCache]", held: np.ndarray) -> None:
@@ -455,22 +501,30 @@ class GroupCacheView(TierCounters, Tier):
         return self.slow.capacity
 
     @property
-    def index(self) -> KeyIndex:
-        return self.cache.index[self.j]
+    def arena_rows(self) -> int:
+        """This table's rows in the group's arena."""
+        return int(self.cache.rows_of[self.j])
 
     def __len__(self) -> int:
         self.cache.drain()
-        return len(self.index) + len(self.slow)
+        return self.arena_rows + len(self.slow)
 
     @property
     def nbytes(self) -> int:
         c = self.cache
-        share = c.arena.numel() * 4 // max(len(c.slow), 1)
-        return share + self.index.nbytes + self.slow.nbytes
+        n = max(len(c.slow), 1)
+        return (c.arena.numel() * 4 + c.index.nbytes) // n + self.slow.nbytes
 
     def _slots(self, ids: Tensor) -> np.ndarray:
-        return self.index.lookup(ids.numpy()).astype(np.int64)
+        ids_np = ids.numpy()
+        return self.cache.find(np.full(ids_np.size, self.j, dtype=np.int64), ids_np)[0]
 
+    def _table_rows(self, take: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        slots = self.cache.table_slots(self.j)[:take]
+        return self.cache.slot_id[slots].copy(), slots
+
+    def _gather(self, slots: np.ndarray) -> Tensor:
+        return self.cache.arena.index_select(0, torch.from_numpy(slots).to(self.device)).cpu()
     def contains(self, ids: Tensor) -> Tensor:
         self.cache.drain()
         inc = torch.from_numpy(self._slots(ids) >= 0)
@@ -514,10 +568,10 @@ class GroupCacheView(TierCounters, Tier):
 
     def remove(self, ids: Tensor) -> Tensor:
         self.cache.drain()
-        slots = self.index.remove(ids.numpy()).astype(np.int64)
+        slots = self._slots(ids)
         hit = slots >= 0
         if hit.any():
-            self.cache._free_slots(slots[hit])
+            self.cache.remove_slots(slots[hit])
         found = torch.from_numpy(hit.copy())
         if not hit.all():
             rest = torch.from_numpy(np.flatnonzero(~hit))
@@ -529,23 +583,19 @@ class GroupCacheView(TierCounters, Tier):
         self.cache.drain()
         ids, rows = self.slow.evict(n)
         if ids.numel() < n:
-            a_ids, slots = self.index.items()
-            take = min(n - ids.numel(), a_ids.size)
-            if take:
-                a_ids, slots = a_ids[:take], slots[:take].astype(np.int64)
-                self.index.remove(a_ids)
-                recs = self.cache.arena.index_select(0, torch.from_numpy(slots).to(self.device)).cpu()
-                self.cache._free_slots(slots)
+            a_ids, slots = self._table_rows(n - ids.numel())
+            if slots.size:
+                recs = self._gather(slots)
+                self.cache.remove_slots(slots)
                 ids, rows = torch.cat([ids, torch.from_numpy(a_ids)]), torch.cat([rows, recs.to(rows.device)])
         return ids, rows
 
     def items(self, chunk_rows: int = 1 << 20) -> Iterator[tuple[Tensor, Tensor]]:
         """Every (ids, records) of the table once: its arena rows, then its slower tier's."""
         self.cache.drain()
-        ids, slots = self.index.items()
+        ids, slots = self._table_rows()
         for a in range(0, ids.size, chunk_rows):
-            s = torch.from_numpy(slots[a : a + chunk_rows].astype(np.int64)).to(self.device)
-            yield torch.from_numpy(ids[a : a + chunk_rows]), self.cache.arena.index_select(0, s).cpu()
+            yield torch.from_numpy(ids[a : a + chunk_rows]), self._gather(slots[a : a + chunk_rows])
         yield from self.slow.items(chunk_rows)
 
     def warm_start(self, ids: Tensor, counts: Tensor) -> int:
@@ -563,12 +613,10 @@ class GroupCacheView(TierCounters, Tier):
         """Move this table's arena rows to its slower tier, then close that (a disk tier
         reopened later holds every row)."""
         self.cache.drain()
-        ids, slots = self.index.items()
+        ids, slots = self._table_rows()
         if ids.size:
-            s = slots.astype(np.int64)
-            recs = self.cache.arena.index_select(0, torch.from_numpy(s).to(self.device)).cpu()
-            self.index.remove(ids)
-            self.cache._free_slots(s)
+            recs = self._gather(slots)
+            self.cache.remove_slots(slots)
             self.slow.put(torch.from_numpy(ids), recs)
         self.slow.close()
 
@@ -591,7 +639,7 @@ class GroupCacheView(TierCounters, Tier):
             p + "hit_rate": self.hits / self.requests if self.requests else float("nan"),
             p + "requests": float(self.requests),
             p + "hits": float(self.hits),
-            p + "rows": float(len(self.index)),
+            p + "rows": float(self.arena_rows),
             p + "bytes": float(self.nbytes),
             p + "inserts": float(self.promotions),
             p + "evictions": float(self.demotions),
