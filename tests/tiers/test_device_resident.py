@@ -62,7 +62,7 @@ def test_gpu_cache_moves_only_misses_and_evictions(policy):
     batches = _batches(12)
     ec, moved, expected = _train("cuda", batches, policy)
     tier = ec.tables["t0"].tier
-    assert tier.cache.arena.is_cuda and len(tier.index) > 0 and len(tier.slow) > 0  # one group cache
+    assert tier.cache.arena.is_cuda and tier.arena_rows > 0 and len(tier.slow) > 0  # one group cache
     assert 0 < moved <= 1.1 * expected, (moved, expected)
     # and the rows equal the per-table reference trained on the CPU
     feats = [FeatureConfig(name=f"f{i}", table=f"t{i}") for i in range(F)]
