@@ -383,7 +383,7 @@ class GroupCache:
                 clash = new[taken & keep[new]]  # kept, but no slot to go to: to its slower tier
                 if clash.size:
                     bypass = np.sort(np.concatenate([bypass, clash]))
-            ok = new[~dup]
+            ok = np.sort(new[~dup])  # positions, table after table (admission ranked them by frequency)
             if ok.size:
                 self._insert(owner[ok], ids[ok], slots[ok])
                 cut = np.searchsorted(owner[ok], np.arange(1, len(sizes)))
