@@ -136,5 +136,6 @@ def test_trust_torchscript_is_a_flag_of_the_commands_that_load_exports(tmp_path,
         raise CheckpointError("stopped here")
 
     monkeypatch.setattr(predictor_mod.Predictor, "load", classmethod(load))
+    pytest.importorskip("fastapi")  # ember serve's own dependency (the serve extra)
     assert main(["serve", "--export", str(out), "--port", "0", "--trust-torchscript"]) == 2
     assert seen == [True]

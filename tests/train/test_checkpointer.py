@@ -27,7 +27,7 @@ def _cfg(tmp_path, **train):
         "embedding": {"dim": 4, "optimizer": {"type": "adam", "lr": 0.01}},
         "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},
         "train": {"dense_optimizer": {"type": "adam", "lr": 0.01}, "out_dir": str(tmp_path), "run_name": "r",
-                  "progress": False, "keep_checkpoints": 10, **train},
+                  "progress": False, "keep_checkpoints": 10, "device": "cpu", **train},
     })
 
 

@@ -303,7 +303,7 @@ def test_engine_auto_runs_the_embedding_stages_in_line_on_a_cpu_and_says_so(tmp_
     assert engine_on_threads(PipelineConfig(engine="inline"), cuda=True, staleness=2, distributed=True)[0] is False
     assert engine_on_threads(PipelineConfig(enabled=False, engine="threads"), cuda=True, staleness=0, distributed=False)[0] is False
     with caplog.at_level("INFO", logger="ember.train"):
-        result = train(_cfg(tmp_path, "auto", engine="auto", max_steps=5))
+        result = train(_cfg(tmp_path, "auto", engine="auto", max_steps=5, device="cpu"))  # a GPU would choose threads
     assert "pipeline.engine: auto runs the embedding stages in line" in caplog.text
     rec = [r for r in result.history if r["kind"] == "train"][-1]
     assert "pipeline.queue.featurize.fill" in rec and "pipeline.queue.fetch.fill" not in rec

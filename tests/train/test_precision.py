@@ -22,7 +22,7 @@ def _raw(tmp_path: Path, name: str, **train_kw) -> dict:
         "embedding": {"dim": 8},
         "model": {"type": "dlrm", "bottom_mlp": [32, 8], "top_mlp": [32]},
         "train": {"out_dir": str(tmp_path), "run_name": name, "progress": False, "threads": 1, "log_every": 10,
-                  **train_kw},
+                  "device": "cpu", **train_kw},
     }
 
 

@@ -21,7 +21,7 @@ def _cfg(tmp_path, name: str, enabled: bool):
         "model": {"type": "dlrm", "bottom_mlp": [16, 8], "top_mlp": [16]},
         "pipeline": {"enabled": enabled},
         "train": {"dense_optimizer": {"type": "adam", "lr": 0.003, "schedule": {"warmup_steps": 5}}, "out_dir": str(tmp_path),
-                  "run_name": name, "progress": False, "log_every": 4, "epochs": 2},
+                  "run_name": name, "progress": False, "log_every": 4, "epochs": 2, "device": "cpu"},
     })
 
 
