@@ -13,6 +13,10 @@ import numpy as np
 # probe: ids int64 [n]; out_bucket int64 [n], out_slot int32 [n] (-1 absent); returns IDs found
 def probe(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, out_bucket: np.ndarray, out_slot: np.ndarray, /) -> int: ...
 
+# count-min sketch: table uint16 [depth * width], ids int64 [n], counts int64 [n] (or empty: estimate
+# only), seeds uint64 [depth]; adds (saturating), then writes each ID's estimate to out int64 [n]
+def cms(table: np.ndarray, ids: np.ndarray, counts: np.ndarray, seeds: np.ndarray, width: int, out: np.ndarray, /) -> None: ...
+
 # place: ids int64 [n] (absent, unique), new_slots int32 [n]; returns empty buckets used
 def place(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, new_slots: np.ndarray, /) -> int: ...
 

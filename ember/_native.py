@@ -42,7 +42,7 @@ from ember.mix import mix64
 
 __all__ = [
     "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
-    "bf16_pack_sr", "gather_rows", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
+    "bf16_pack_sr", "cms", "gather_rows", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
 
@@ -845,6 +845,38 @@ def _binary_from_buffers(fn: str, offsets: object, data: object, off: int, n: in
         raise ValueError(f"{fn}: offsets out of the data's range ({e})") from None
     return arr
 
+
+
+def cms(table: np.ndarray, ids: np.ndarray, counts: np.ndarray | None, seeds: np.ndarray, out: np.ndarray) -> None:
+    """Count-min sketch ``table`` (uint16 [depth, width], width a power of two): with ``counts``
+    (int64 [n], >= 0) add ``counts[i]`` to every row's cell of ``ids[i]`` (saturating at 65,535),
+    all IDs first; then ``out[i]`` = the estimate of ``ids[i]`` (the minimum over the rows). Row
+    r's cell is ``mix64(id ^ seeds[r]) & (width - 1)``. One pass in C; ``_cms_py`` otherwise."""
+    core = _core
+    if core is None:
+        return _cms_py(table, ids, counts, seeds, out)
+    c = np.empty(0, dtype=np.int64) if counts is None else np.ascontiguousarray(counts, dtype=np.int64)
+    core.cms(table.reshape(-1), np.ascontiguousarray(ids, dtype=np.int64), c,
+             np.ascontiguousarray(seeds, dtype=np.uint64), table.shape[1], out)
+
+
+def _cms_py(table: np.ndarray, ids: np.ndarray, counts: np.ndarray | None, seeds: np.ndarray, out: np.ndarray) -> None:
+    x = np.ascontiguousarray(ids, dtype=np.int64).view(np.uint64)
+    mask = np.uint64(table.shape[1] - 1)
+    cells = [(mix64(x ^ sd) & mask).astype(np.int64) for sd in seeds]
+    if counts is not None:
+        c = np.asarray(counts, dtype=np.int64)
+        for row, cell in zip(table, cells):
+            if int(row.take(cell).max(initial=0)) + int(c.sum()) <= 65535:  # cannot saturate: add in place
+                np.add.at(row, cell, c.astype(np.uint16))
+                continue
+            at, inv = np.unique(cell, return_inverse=True)  # near the ceiling: per-cell sums, saturated
+            inc = np.bincount(inv, weights=c, minlength=at.size).astype(np.int64)
+            row[at] = np.minimum(row[at].astype(np.int64) + inc, 65535).astype(np.uint16)
+    est = table[0].take(cells[0]).astype(np.int64)
+    for row, cell in zip(table[1:], cells[1:]):
+        np.minimum(est, row.take(cell), out=est)
+    out[:] = est
 
 
 def uniform01(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float | np.ndarray = 1.0,

@@ -92,6 +92,54 @@ done:
     return res;
 }
 
+/* cms(table uint16[depth * width], ids int64[n], counts int64[n] or empty, seeds uint64[depth],
+ * width, out int64[n]) -> None. A count-min sketch (ember.tiers.policy.CountMinSketch): row r's
+ * cell of an ID is mix64(id ^ seeds[r]) & (width - 1). With counts, first adds counts[i] to every
+ * row's cell of ids[i] (saturating at 65535), all IDs, then writes each ID's estimate (the
+ * minimum over the rows) to out; without, only the estimates. */
+static PyObject *cms(PyObject *self, PyObject *args) {
+    Py_buffer tb, ib, cb, sb, ob;
+    Py_ssize_t width;
+    if (!PyArg_ParseTuple(args, "w*y*y*y*nw*", &tb, &ib, &cb, &sb, &width, &ob)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t n = ib.len / 8, depth = sb.len / 8;
+    if (width <= 0 || (width & (width - 1)) != 0 || depth < 1 || tb.len != depth * width * 2 || ob.len != n * 8
+            || (cb.len != 0 && cb.len != n * 8)) {
+        PyErr_SetString(PyExc_ValueError, "ember native cms: table must be uint16 [depth * width] (width a power of "
+                        "two), counts int64 [n] or empty, out int64 [n]");
+        goto done;
+    }
+    {
+        uint16_t *t = tb.buf;
+        const int64_t *id = ib.buf, *c = cb.buf;
+        const uint64_t *seed = sb.buf;
+        int64_t *out = ob.buf;
+        uint64_t mask = (uint64_t)width - 1;
+        Py_BEGIN_ALLOW_THREADS
+        if (cb.len)
+            for (Py_ssize_t i = 0; i < n; i++)
+                for (Py_ssize_t r = 0; r < depth; r++) {
+                    uint16_t *cell = t + r * width + (mix64((uint64_t)id[i] ^ seed[r]) & mask);
+                    int64_t v = (int64_t)*cell + c[i];
+                    *cell = (uint16_t)(v > 65535 ? 65535 : (v < 0 ? 0 : v));
+                }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t est = 65535;
+            for (Py_ssize_t r = 0; r < depth; r++) {
+                int64_t v = t[r * width + (mix64((uint64_t)id[i] ^ seed[r]) & mask)];
+                if (v < est) est = v;
+            }
+            out[i] = est;
+        }
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
+done:
+    PyBuffer_Release(&tb); PyBuffer_Release(&ib); PyBuffer_Release(&cb); PyBuffer_Release(&sb); PyBuffer_Release(&ob);
+    return res;
+}
+
 /* place(keys, slots, ids, new_slots int32[n]) -> empty buckets consumed.
  * The IDs must be absent and unique; the caller keeps the load below 1 (a full table raises
  * RuntimeError after placing the IDs before the first that found no bucket). */
@@ -1100,6 +1148,7 @@ static PyMethodDef methods[] = {
     {"tag_claim", tag_claim, METH_VARARGS, "tag_claim(tags, pos, tag, out) -> empty slots used"},
     {"uniform01", uniform01, METH_VARARGS, "uniform01(ids, keys, dim, out, mul=1, add=0) -> None"},
     {"probe", probe, METH_VARARGS, "probe(keys, slots, ids, out_bucket, out_slot) -> found"},
+    {"cms", cms, METH_VARARGS, "cms(table, ids, counts, seeds, width, out) -> None"},
     {"place", place, METH_VARARGS, "place(keys, slots, ids, new_slots) -> empty buckets used"},
     {"unique_segments", unique_segments, METH_VARARGS,
      "unique_segments(ids, bounds, out_uniq, out_inverse, out_counts) -> total unique"},

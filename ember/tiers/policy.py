@@ -12,7 +12,7 @@ from typing import Literal
 
 import numpy as np
 
-from ember.mix import mix64
+from ember import _native
 from ember.tiers.key_index import KeyIndex
 
 __all__ = ["Policy", "CountMinSketch", "IdCounter", "smallest", "victim_order", "victim_score"]
@@ -79,42 +79,23 @@ class CountMinSketch:
     def nbytes(self) -> int:
         return self.table.nbytes
 
-    def _cells(self, ids: np.ndarray) -> np.ndarray:
-        x = np.ascontiguousarray(ids, dtype=np.int64).view(np.uint64)
-        mask = np.uint64(self.width - 1)
-        return np.stack([(mix64(x ^ s) & mask).astype(np.int64) for s in _SEEDS[: self.depth]])
-
     def add(self, ids: np.ndarray, counts: np.ndarray | int = 1) -> np.ndarray:
         """Count each ID ``counts`` more times (IDs may repeat); returns the estimates after
         adding (int64 [N], what ``estimate`` would return, without hashing the IDs again)."""
+        est = np.empty(ids.size, dtype=np.int64)
         if ids.size == 0:
-            return np.empty(0, dtype=np.int64)
-        cells = self._cells(ids)
+            return est
         c = np.broadcast_to(np.asarray(counts, dtype=np.int64), ids.shape)
-        total = int(c.sum())
-        for r in range(self.depth):
-            row = self.table[r]
-            if int(row.take(cells[r]).max()) + total <= _COUNT_MAX:  # cannot overflow: add in place
-                np.add.at(row, cells[r], c.astype(np.uint16))
-                continue
-            # near the ceiling: sum the increments per cell, then add with saturation
-            cell, inv = np.unique(cells[r], return_inverse=True)
-            inc = np.bincount(inv, weights=c, minlength=cell.size).astype(np.int64)
-            row[cell] = np.minimum(row[cell].astype(np.int64) + inc, _COUNT_MAX).astype(np.uint16)
-        self.added += total
-        return self._min_over_rows(cells)
+        _native.cms(self.table, ids, c, _SEEDS[: self.depth], est)
+        self.added += int(c.sum())
+        return est
 
     def estimate(self, ids: np.ndarray) -> np.ndarray:
         """Estimated count of each ID (int64 [N])."""
-        if ids.size == 0:
-            return np.empty(0, dtype=np.int64)
-        return self._min_over_rows(self._cells(ids))
-
-    def _min_over_rows(self, cells: np.ndarray) -> np.ndarray:
-        est = self.table[0].take(cells[0])
-        for r in range(1, self.depth):
-            est = np.minimum(est, self.table[r].take(cells[r]))
-        return est.astype(np.int64)
+        est = np.empty(ids.size, dtype=np.int64)
+        if ids.size:
+            _native.cms(self.table, ids, None, _SEEDS[: self.depth], est)
+        return est
 
     def halve(self) -> None:
         self.table >>= 1
