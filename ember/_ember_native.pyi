@@ -17,6 +17,10 @@ def probe(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, out_bucket: np.n
 # only), seeds uint64 [depth]; adds (saturating), then writes each ID's estimate to out int64 [n]
 def cms(table: np.ndarray, ids: np.ndarray, counts: np.ndarray, seeds: np.ndarray, width: int, out: np.ndarray, /) -> None: ...
 
+# group cache probe: key ids[i] ^ salt[i] (int64 [n]); out int64 [n] = slot (slot_id[slot] == id),
+# -2 (the key is another pair's) or -1; count/last int64 [m], held int32 [m] (or empty) updated per hit
+def pair_find(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, salt: np.ndarray, slot_id: np.ndarray, count: np.ndarray, last: np.ndarray, held: np.ndarray, clock: int, out: np.ndarray, /) -> int: ...
+
 # place: ids int64 [n] (absent, unique), new_slots int32 [n]; returns empty buckets used
 def place(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, new_slots: np.ndarray, /) -> int: ...
 

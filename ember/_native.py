@@ -42,7 +42,7 @@ from ember.mix import mix64
 
 __all__ = [
     "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
-    "bf16_pack_sr", "cms", "gather_rows", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
+    "bf16_pack_sr", "cms", "gather_rows", "pair_find", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
 
@@ -877,6 +877,40 @@ def _cms_py(table: np.ndarray, ids: np.ndarray, counts: np.ndarray | None, seeds
     for row, cell in zip(table[1:], cells[1:]):
         np.minimum(est, row.take(cell), out=est)
     out[:] = est
+
+
+def pair_find(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, salt: np.ndarray, slot_id: np.ndarray,
+              count: np.ndarray | None, last: np.ndarray | None, held: np.ndarray | None, clock: int,
+              out: np.ndarray) -> int:
+    """A group cache's probe of unique (table, ID) pairs: ``out[i]`` = the slot of key
+    ``ids[i] ^ salt[i]`` in the index (``keys``/``slots``) when ``slot_id[slot] == ids[i]``, -2
+    when the key is another pair's, -1 when absent; for each hit ``count[slot] += 1``,
+    ``last[slot] = clock``, ``held[slot] += 1`` (each when given). Returns the hits."""
+    core = _core
+    if core is None:
+        return _pair_find_py(keys, slots, ids, salt, slot_id, count, last, held, clock, out)
+    empty64, empty32 = np.empty(0, np.int64), np.empty(0, np.int32)
+    return core.pair_find(keys, slots, ids, salt, slot_id, empty64 if count is None else count,
+                          empty64 if last is None else last, empty32 if held is None else held, int(clock), out)
+
+
+def _pair_find_py(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, salt: np.ndarray, slot_id: np.ndarray,
+                  count: np.ndarray | None, last: np.ndarray | None, held: np.ndarray | None, clock: int,
+                  out: np.ndarray) -> int:
+    bucket = np.empty(ids.size, np.int64)
+    raw32 = np.empty(ids.size, np.int32)
+    probe(keys, slots, ids ^ salt, bucket, raw32)
+    raw = raw32.astype(np.int64)
+    ok = (raw >= 0) & (slot_id[np.maximum(raw, 0)] == ids)
+    out[:] = np.where(ok, raw, np.where(raw >= 0, -2, -1))
+    hs = raw[ok]
+    if count is not None:
+        count[hs] += 1
+    if last is not None:
+        last[hs] = clock
+    if held is not None:
+        held[hs] += 1
+    return int(hs.size)
 
 
 def uniform01(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float | np.ndarray = 1.0,

@@ -140,6 +140,59 @@ done:
     return res;
 }
 
+/* pair_find(keys, slots, ids int64[n], salt int64[n], slot_id int64[m], count int64[m] or empty,
+ * last int64[m] or empty, held int32[m] or empty, clock, out int64[n]) -> hits.
+ * A group cache's probe (ember.tiers.group_cache): the key of (table, ID) is ids[i] ^ salt[i]; a
+ * key found at slot v is a hit only if slot_id[v] == ids[i] (out = v), else the key belongs to
+ * another pair (out = -2); absent: -1. For each hit, when given: count[v] += 1, last[v] = clock,
+ * held[v] += 1 (the IDs of one call are unique, so no slot is touched twice). */
+static PyObject *pair_find(PyObject *self, PyObject *args) {
+    Py_buffer keys, slots, ib, sb, idb, cb, lb, hb, ob;
+    long long clock;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*w*w*w*Lw*", &keys, &slots, &ib, &sb, &idb, &cb, &lb, &hb, &clock, &ob))
+        return NULL;
+    PyObject *res = NULL;
+    uint64_t mask;
+    Py_ssize_t n = ib.len / 8, m = idb.len / 8;
+    if (check_table(&keys, &slots, &mask) < 0) goto done;
+    if (sb.len != n * 8 || ob.len != n * 8 || (cb.len && cb.len != m * 8) || (lb.len && lb.len != m * 8)
+            || (hb.len && hb.len != m * 4)) {
+        PyErr_SetString(PyExc_ValueError, "ember native pair_find: salt/out must match ids; count/last/held the slot arrays");
+        goto done;
+    }
+    {
+        const int64_t *k = keys.buf, *id = ib.buf, *salt = sb.buf, *sid = idb.buf;
+        const int32_t *s = slots.buf;
+        int64_t *cnt = cb.len ? cb.buf : NULL, *last = lb.len ? lb.buf : NULL, *out = ob.buf;
+        int32_t *held = hb.len ? hb.buf : NULL;
+        Py_ssize_t hits = 0, bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t at = 0;
+            int64_t key = id[i] ^ salt[i];
+            int64_t v = find_slot(k, s, mask, key, mix64((uint64_t)key) & mask, &at);
+            if (v < 0) { out[i] = -1; continue; }
+            if (v >= m) { bad = 1; out[i] = -1; continue; }
+            if (sid[v] != id[i]) { out[i] = -2; continue; }
+            out[i] = v;
+            hits++;
+            if (cnt) cnt[v] += 1;
+            if (last) last[v] = clock;
+            if (held) held[v] += 1;
+        }
+        Py_END_ALLOW_THREADS
+        if (bad) {
+            PyErr_SetString(PyExc_ValueError, "ember native pair_find: the index holds a slot beyond slot_id");
+            goto done;
+        }
+        res = PyLong_FromSsize_t(hits);
+    }
+done:
+    PyBuffer_Release(&keys); PyBuffer_Release(&slots); PyBuffer_Release(&ib); PyBuffer_Release(&sb);
+    PyBuffer_Release(&idb); PyBuffer_Release(&cb); PyBuffer_Release(&lb); PyBuffer_Release(&hb); PyBuffer_Release(&ob);
+    return res;
+}
+
 /* place(keys, slots, ids, new_slots int32[n]) -> empty buckets consumed.
  * The IDs must be absent and unique; the caller keeps the load below 1 (a full table raises
  * RuntimeError after placing the IDs before the first that found no bucket). */
@@ -1149,6 +1202,8 @@ static PyMethodDef methods[] = {
     {"uniform01", uniform01, METH_VARARGS, "uniform01(ids, keys, dim, out, mul=1, add=0) -> None"},
     {"probe", probe, METH_VARARGS, "probe(keys, slots, ids, out_bucket, out_slot) -> found"},
     {"cms", cms, METH_VARARGS, "cms(table, ids, counts, seeds, width, out) -> None"},
+    {"pair_find", pair_find, METH_VARARGS,
+     "pair_find(keys, slots, ids, salt, slot_id, count, last, held, clock, out) -> hits"},
     {"place", place, METH_VARARGS, "place(keys, slots, ids, new_slots) -> empty buckets used"},
     {"unique_segments", unique_segments, METH_VARARGS,
      "unique_segments(ids, bounds, out_uniq, out_inverse, out_counts) -> total unique"},

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from ember import _native
 from ember.tiers.base import Tier, TierCounters
 from ember.tiers.device_budget import mark_device
 from ember.tiers.key_index import KeyIndex
@@ -203,13 +204,18 @@ class GroupCache:
                     start += ids.size
         self.pending = keep
 
-    def find(self, tables: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Arena slot of each (table, ID) (-1 where absent), int64, and whether its key is taken
-        by another pair (a collision: that pair is not cached)."""
-        raw = self.index.lookup(ids ^ self._mix[tables]).astype(np.int64)
-        # the key matched: the pair did too iff the ID did (equal keys and IDs give equal tables)
-        ok = (raw >= 0) & (self.slot_id[np.maximum(raw, 0)] == ids)
-        return np.where(ok, raw, -1), (raw >= 0) & ~ok
+    def find(self, tables: np.ndarray, ids: np.ndarray, touch: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Arena slot of each unique (table, ID) (-1 where absent), int64, and whether its key is
+        taken by another pair (a collision: that pair is not cached). ``touch``: count an access
+        of each hit (LFU count, LRU time) and hold its slot for the caller's write_back. One
+        native pass (``_native.pair_find``)."""
+        out = np.empty(ids.size, dtype=np.int64)
+        _native.pair_find(self.index.keys, self.index.slots, ids, self._mix[tables], self.slot_id,
+                          self.count if touch and self.policy == "lfu" else None, self.last if touch else None,
+                          self.held if touch else None, self.clock, out)
+        taken = out == -2
+        out[taken] = -1
+        return out, taken
 
     def _insert(self, tables: np.ndarray, ids: np.ndarray, slots: np.ndarray) -> None:
         self.index.insert(ids ^ self._mix[tables], slots.astype(np.int32))
@@ -282,7 +288,8 @@ class GroupCache:
         starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         owner = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
         ids = torch.cat(list(table_ids)).numpy() if table_ids else np.empty(0, np.int64)
-        slots, taken = self.find(owner, ids)
+        self.clock += 1
+        slots, taken = self.find(owner, ids, touch=train)
         hit = slots >= 0
         miss = np.flatnonzero(~hit)
         plan = CachePlan(sizes=sizes, miss=miss, found=hit.copy(), gather=np.where(hit, slots, 0),
@@ -294,17 +301,13 @@ class GroupCache:
                 self.drain(wait=False, needed=[t.numpy() for t in per_table])
             plan.found[miss] = read_segments(self.slow, per_table, plan.staged).numpy()
             self._moved(np.bincount(owner[miss], minlength=len(sizes)))
-        self.clock += 1
         hs = slots[hit]
         for v, n, h in zip(self.views, sizes, np.bincount(owner[hit], minlength=len(sizes)).tolist()):
             v.requests += n
             v.hits += h
         if not train:
             return plan
-        if self.policy == "lfu":
-            self.count[hs] += 1
-        self.last[hs] = self.clock
-        self.held[hs] += 1  # until write_back: not a victim for anyone
+        # (find counted the hits' accesses and holds their slots until write_back: no one's victims)
         est = np.empty(0, np.int64)
         if miss.size:
             est = self._count(ids[miss] ^ self._mix[owner[miss]])
