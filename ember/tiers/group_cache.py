@@ -139,6 +139,7 @@ class GroupCache:
         self.pending: list[_Pending] = []
         self._evicted: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._queue: tuple[np.ndarray, np.ndarray] | None = None  # victims ranked by the last scan
+        self.orphans: list[np.ndarray] = []  # slots held by tickets dropped without a write_back
         self._mix = (np.arange(1, len(self.slow) + 1, dtype=np.uint64) * _MIX).view(np.int64)
         self.cuda = self.device.type == "cuda"
         self.views = [GroupCacheView(self, j) for j in range(len(self.slow))]
@@ -284,6 +285,7 @@ class GroupCache:
         a pinned staging buffer and (training) decide admissions and victims. The caller fills
         the fresh rows of misses not ``found`` into ``plan.staged``, then calls ``load``."""
         sizes = [t.numel() for t in table_ids]
+        self._adopt_orphans()
         self.drain(wait=False)
         starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         owner = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
@@ -451,6 +453,10 @@ class GroupCache:
         """(tables, IDs) of the rows ``plan`` displaced, table after table."""
         return self._evicted.pop(id(plan.victims))
 
+    def _adopt_orphans(self) -> None:
+        while self.orphans:
+            self.held[self.orphans.pop()] -= 1
+
     def _release(self, ticket: CacheTicket) -> None:
         if ticket.released:
             return
@@ -467,9 +473,12 @@ class GroupCache:
 
 
 def _release(ref: "weakref.ref[GroupCache]", held: np.ndarray) -> None:
+    """A ticket dropped without its write_back (its lookup garbage-collected, on whatever thread
+    that happens): its slots are given back by the cache's next fetch or write_back, which run
+    under the trainer's tiers lock (``list.append`` is atomic; the slot arrays are not)."""
     cache = ref()
     if cache is not None:
-        cache.held[held] -= 1
+        cache.orphans.append(held)
 
 
 def _overlaps(a: list[np.ndarray], b: Sequence[np.ndarray]) -> bool:

@@ -37,3 +37,20 @@ def test_admitted_rows_leave_their_own_tables_slower_tier():
         assert got.keys() == want.keys()
         assert all(torch.equal(got[i], want[i]) for i in want)
     assert sum(t.tier.arena_rows for t in cached.tables.values()) > 0
+
+
+def test_a_lookup_dropped_without_write_back_gives_its_slots_back():
+    import gc
+
+    ec = _collection({"device_rows": 40, "device": "cpu", "admit_after": 1})
+    sf = SparseFeatures([f"f{i}" for i in range(F)], torch.arange(F * 8) % 11, torch.ones(F * 8, dtype=torch.int64))
+    sum(v.sum() for v in ec(sf).values()).backward()
+    SparseOptimizer(ec).step()  # rows admitted
+    cache = ec.groups[0].cache
+    lk = ec.groups[0].plan(sf, True)
+    lk.fetch()  # holds every row of the batch (all hits now)
+    assert cache.held.sum() > 0
+    del lk
+    gc.collect()
+    ec.groups[0].plan(sf, False).fetch()  # the next fetch adopts the orphaned slots
+    assert cache.held.sum() == 0 and not cache.orphans
