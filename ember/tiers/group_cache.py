@@ -66,6 +66,7 @@ class CacheTicket:
     bypass: np.ndarray
     held: np.ndarray
     dev: tuple[Tensor, Tensor] | None = None  # (each row's slot, or the trash row; bypass positions), on the device
+    inserts: int = 0  # the cache's admitting write-backs at this fetch
     released: bool = False
     _finalizer: weakref.finalize | None = field(default=None, repr=False)
 
@@ -140,6 +141,7 @@ class GroupCache:
         self._evicted: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._queue: tuple[np.ndarray, np.ndarray] | None = None  # victims ranked by the last scan
         self.orphans: list[np.ndarray] = []  # slots held by tickets dropped without a write_back
+        self.inserts = 0  # write-backs that admitted rows (a lookup fetched before one re-checks its misses)
         self._mix = (np.arange(1, len(self.slow) + 1, dtype=np.uint64) * _MIX).view(np.int64)
         self.cuda = self.device.type == "cuda"
         self.views = [GroupCacheView(self, j) for j in range(len(self.slow))]
@@ -185,25 +187,27 @@ class GroupCache:
         mark_device(self.arena)
 
     def drain(self, wait: bool = True, needed: Sequence[np.ndarray] | None = None) -> None:
-        """Store arrived pending rows in their slower tiers. ``wait``: wait for every copy;
-        else only for copies holding an ID of ``needed`` (per table), the rest when done."""
+        """Store arrived pending rows in their slower tiers, oldest first. ``wait``: wait for
+        every copy; else for the copies up to the last one holding an ID of ``needed`` (per
+        table), and the rest as far as they have arrived (in order: a later copy of an ID
+        must land after an earlier one)."""
         if not self.pending:
             return
-        keep: list[_Pending] = []
-        for p in self.pending:
-            done = p.event is None or p.event.query()
-            if not done and (wait or (needed is not None and _overlaps(p.ids, needed))):
-                p.event.synchronize()  # type: ignore[union-attr]
-                done = True
-            if not done:
-                keep.append(p)
-                continue
+        last = len(self.pending) - 1 if wait else max(
+            (i for i, p in enumerate(self.pending) if needed is not None and _overlaps(p.ids, needed)), default=-1)
+        done = 0
+        for i, p in enumerate(self.pending):
+            if p.event is not None and not p.event.query():
+                if i > last:
+                    break
+                p.event.synchronize()
             start = 0
             for j, ids in enumerate(p.ids):
                 if ids.size:
                     self.slow[j].put(torch.from_numpy(ids), p.rows[start : start + ids.size])
                     start += ids.size
-        self.pending = keep
+            done = i + 1
+        del self.pending[:done]
 
     def find(self, tables: np.ndarray, ids: np.ndarray, touch: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Arena slot of each unique (table, ID) (-1 where absent), int64, and whether its key is
@@ -329,6 +333,7 @@ class GroupCache:
         bypass = miss[not_new]
         plan.ticket = CacheTicket(w_slots, new, bypass, w_slots[w_slots >= 0])
         plan.ticket._finalizer = weakref.finalize(plan.ticket, _release, weakref.ref(self), plan.ticket.held)
+        plan.ticket.inserts = self.inserts
         return plan
 
     def load(self, plan: "CachePlan", extra: Sequence[Tensor] = ()) -> tuple[Tensor, list[Tensor]]:
@@ -374,9 +379,18 @@ class GroupCache:
         changed = not keep.all()
         new = ticket.new
         bypass = ticket.bypass[keep[ticket.bypass]]
+        self._adopt_orphans()
+        others = self.inserts != ticket.inserts  # another lookup admitted rows since this one's fetch: maybe our misses
+        if others and bypass.size:  # admitted by another lookup meanwhile: its row is in the arena now
+            again_b, _ = self.find(owner[bypass], ids[bypass])
+            moved = again_b >= 0
+            if moved.any():
+                changed = True
+                slots[bypass[moved]] = again_b[moved]
+                bypass = bypass[~moved]
         if new.size:
             # admitted meanwhile by another lookup (or its key taken by another pair), or not stored at all
-            again, taken = self.find(owner[new], ids[new])
+            again, taken = self.find(owner[new], ids[new]) if others else (np.full(new.size, -1, np.int64), np.zeros(new.size, bool))
             dup = (again >= 0) | taken | ~keep[new]
             if dup.any():
                 changed = True
@@ -391,7 +405,10 @@ class GroupCache:
             ok = np.sort(new[~dup])  # positions, table after table (admission ranked them by frequency)
             if ok.size:
                 self._insert(owner[ok], ids[ok], slots[ok])
+                self.inserts += 1
                 cut = np.searchsorted(owner[ok], np.arange(1, len(sizes)))
+                if self.pending:  # an older copy of one of them on its way to the slower tier lands first
+                    self.drain(wait=False, needed=[ids[sel] for sel in np.split(ok, cut)])
                 for j, sel in enumerate(np.split(ok, cut)):
                     if sel.size:  # exclusive: it now lives in the arena
                         self.slow[j].remove(torch.from_numpy(ids[sel]))

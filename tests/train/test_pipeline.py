@@ -98,12 +98,13 @@ def test_staleness_0_bit_identical_with_tiers_admission_and_ttl(tmp_path):
 # ---- no update lost under staleness ----------------------------------------------------------
 
 
-def _stale_run(k: int, refresh: bool, steps: int = 12) -> tuple[torch.Tensor, int, WriteLog]:
+def _stale_run(k: int, refresh: bool, steps: int = 12, storage: dict | None = None) -> tuple[torch.Tensor, int, WriteLog]:
     """SGD (lr 1) on loss = sum of pooled rows: every occurrence of an ID adds -1 to each of its
     weights whatever the row's value, so the final rows are exact whatever the staleness, as
     long as no update is lost. The fetch runs ``k`` batches ahead (the update is slowed)."""
+    extra = {} if storage is None else {"storage": storage}
     ec = EmbeddingCollection([TableConfig(name="t", dim=2, initializer={"type": "zeros"},
-                                          optimizer={"type": "sgd", "lr": 1.0})],
+                                          optimizer={"type": "sgd", "lr": 1.0}, **extra)],
                              [FeatureConfig(name="a", table="t")])
     opt = SparseOptimizer(ec)
     gate, log = FetchGate(k), WriteLog(k if refresh else 0)
@@ -152,6 +153,16 @@ def test_staleness_k_never_loses_an_update(k):
     assert torch.equal(rows, -counts[:, None].expand(3, 2))
     assert 0 < most_stale <= k  # reads did run ahead, and never more than k batches
     assert log.refreshed_rows > 0
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_staleness_k_never_loses_an_update_through_a_group_cache(k):
+    # a device cache of 2 rows for 3 hot IDs: rows are admitted, displaced and sent back to the
+    # host between a batch's fetch and its update, while later batches fetch ahead
+    rows, most_stale, _ = _stale_run(k, refresh=True, storage={"device_rows": 2, "device": "cpu", "admit_after": 1})
+    counts = torch.tensor([12 + 4, 12 + 4, 12 + 4], dtype=torch.float32)
+    assert torch.equal(rows, -counts[:, None].expand(3, 2))
+    assert 0 < most_stale <= k
 
 
 def test_without_refresh_stale_updates_would_be_lost():
