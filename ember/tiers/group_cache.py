@@ -147,9 +147,6 @@ class GroupCache:
         self.views = [GroupCacheView(self, j) for j in range(len(self.slow))]
 
     # ---- host helpers ------------------------------------------------------------------
-    def _keys(self, ids: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
-        return ids ^ np.repeat(self._mix, sizes)
-
     def _host(self, rows: int, cols: int, dtype: torch.dtype = torch.float32) -> Tensor:
         return torch.empty(rows, cols, dtype=dtype, pin_memory=self.cuda)
 
