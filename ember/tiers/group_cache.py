@@ -288,7 +288,6 @@ class GroupCache:
         sizes = [t.numel() for t in table_ids]
         self._adopt_orphans()
         self.drain(wait=False)
-        starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         owner = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
         ids = torch.cat(list(table_ids)).numpy() if table_ids else np.empty(0, np.int64)
         self.clock += 1
@@ -299,7 +298,7 @@ class GroupCache:
                          staged=self._host(miss.size, self.record_dim))
         if miss.size:
             cut = np.searchsorted(owner[miss], np.arange(1, len(sizes)))
-            per_table = [table_ids[j][torch.from_numpy(q - starts[j])] for j, q in enumerate(np.split(miss, cut))]
+            per_table = [torch.from_numpy(x) for x in np.split(ids[miss], cut)]  # (positions ascend: table after table)
             if self.pending:
                 self.drain(wait=False, needed=[t.numpy() for t in per_table])
             plan.found[miss] = read_segments(self.slow, per_table, plan.staged).numpy()
