@@ -6,7 +6,16 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["apply", "lookup", "read", "rows", "run_state", "assert_identical"]
+__all__ = ["apply", "lookup", "read", "rows", "run_state", "assert_identical", "SPARSE_OPTIMIZERS"]
+
+# one config of every sparse optimizer type (tests/optim checks that none is missing)
+SPARSE_OPTIMIZERS: list[dict] = [
+    {"type": "sgd", "lr": 0.05},
+    {"type": "adagrad", "lr": 0.05},
+    {"type": "rowwise_adagrad", "lr": 0.05},
+    {"type": "adam", "lr": 0.01},
+    {"type": "ftrl", "alpha": 0.05, "l1": 0.001, "l2": 0.001},
+]
 
 
 def read(tier, ids: Tensor) -> tuple[Tensor, Tensor]:

@@ -139,6 +139,10 @@ class TierCounters:
     def extra_stats(self) -> dict[str, float]:
         return {}
 
+    def stat_rows(self) -> int:
+        """The ``rows`` stat: rows this tier holds."""
+        return len(self)  # type: ignore[arg-type]  # the tier defines __len__
+
     def stats(self) -> dict[str, float]:
         """Counters since the last ``reset_step_stats`` plus current size, as ``tier.<name>.*``."""
         p = f"tier.{self.name}."
@@ -146,7 +150,7 @@ class TierCounters:
             p + "hit_rate": self.hits / self.requests if self.requests else float("nan"),
             p + "requests": float(self.requests),
             p + "hits": float(self.hits),
-            p + "rows": float(len(self)),  # type: ignore[arg-type]  # the tier defines __len__
+            p + "rows": float(self.stat_rows()),
             p + "bytes": float(self.nbytes),  # type: ignore[attr-defined]  # and nbytes
             p + "inserts": float(self.inserts),
             p + "evictions": float(self.evictions),

@@ -657,19 +657,13 @@ class GroupCacheView(TierCounters, Tier):
         return {"promotions": self.promotions, "demotions": self.demotions, "bypasses": self.bypasses,
                 "group_tables": len(self.cache.slow), "group_rows": self.cache.capacity}
 
+    def stat_rows(self) -> int:
+        return self.arena_rows  # (len() would wait for the copies on their way to the slower tier)
+
     def stats(self) -> dict[str, float]:
-        """``tier.device.*`` counters of this table's share (waits for no copy), then its slower tier's."""
-        p = f"tier.{self.name}."
-        out = {
-            p + "hit_rate": self.hits / self.requests if self.requests else float("nan"),
-            p + "requests": float(self.requests),
-            p + "hits": float(self.hits),
-            p + "rows": float(self.arena_rows),
-            p + "bytes": float(self.nbytes),
-            p + "inserts": float(self.promotions),
-            p + "evictions": float(self.demotions),
-            p + "transfer_bytes": float(self.transfer_bytes),
-        }
-        out.update({p + k: float(v) for k, v in self.extra_stats().items()})
+        """``tier.device.*`` counters of this table's share (inserts: rows admitted, evictions:
+        rows displaced), then its slower tier's."""
+        self.inserts, self.evictions = self.promotions, self.demotions
+        out = super().stats()
         out.update(self.slow.stats())
         return out

@@ -18,18 +18,13 @@ from ember.batch import SparseFeatures
 from ember.config import from_dict
 from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
 from ember.models import MODEL_TYPES
+from ember.testing import SPARSE_OPTIMIZERS
 from ember.tiers.device_budget import DeviceBudget
 from ember.tiers.group_cache import GroupCacheView
 from ember.train.builder import build_components
 
 OPS_PER_GROUP = 25  # the budget per table group and step
-OPTIMIZERS = [
-    {"type": "sgd", "lr": 0.05},
-    {"type": "adagrad", "lr": 0.05},
-    {"type": "rowwise_adagrad", "lr": 0.05},
-    {"type": "adam", "lr": 0.01},
-    {"type": "ftrl", "alpha": 0.05, "l1": 0.01, "l2": 0.01},
-]
+OPTIMIZERS = SPARSE_OPTIMIZERS
 CPU = torch.device("cpu")
 
 

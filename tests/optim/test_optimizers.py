@@ -178,3 +178,14 @@ def test_a_forgotten_step_or_backward_is_a_clear_error():
     with torch.no_grad():
         _embed(ec, ids)  # evaluation forwards need no step
     assert ec.tables["t"].step == 1
+
+
+def test_the_shared_test_configs_cover_every_sparse_optimizer():
+    """ember.testing.SPARSE_OPTIMIZERS is what 'every sparse optimizer' means in the tests."""
+    import typing
+
+    from ember.optim import SparseOptimizerConfig
+    from ember.testing import SPARSE_OPTIMIZERS
+
+    union = typing.get_args(typing.get_args(SparseOptimizerConfig)[0])
+    assert {c.model_fields["type"].default for c in union} == {o["type"] for o in SPARSE_OPTIMIZERS}

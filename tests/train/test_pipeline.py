@@ -27,15 +27,9 @@ from ember.errors import DataError
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.loop import train
-from ember.testing import assert_identical, run_state
+from ember.testing import SPARSE_OPTIMIZERS, assert_identical, run_state
 
-OPTIMIZERS = [
-    {"type": "sgd", "lr": 0.05},
-    {"type": "adagrad", "lr": 0.05},
-    {"type": "rowwise_adagrad", "lr": 0.05},
-    {"type": "adam", "lr": 0.01},
-    {"type": "ftrl", "alpha": 0.05, "l1": 0.001, "l2": 0.001},
-]
+OPTIMIZERS = SPARSE_OPTIMIZERS
 
 
 def _cfg(tmp_path: Path, name: str, *, enabled: bool = True, k: int = 0, optimizer: dict | None = None,
