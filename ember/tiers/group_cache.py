@@ -144,6 +144,7 @@ class GroupCache:
         self.inserts = 0  # write-backs that admitted rows (a lookup fetched before one re-checks its misses)
         self._mix = (np.arange(1, len(self.slow) + 1, dtype=np.uint64) * _MIX).view(np.int64)
         self.cuda = self.device.type == "cuda"
+        self._copies = torch.cuda.Stream(self.device) if self.cuda else None  # host<->device copies
         self.views = [GroupCacheView(self, j) for j in range(len(self.slow))]
 
     # ---- host helpers ------------------------------------------------------------------
@@ -151,27 +152,41 @@ class GroupCache:
         return torch.empty(rows, cols, dtype=dtype, pin_memory=self.cuda)
 
     def _upload(self, host: Tensor) -> Tensor:
-        """One host->device copy (non-blocking from pinned memory)."""
-        if self.cuda and not host.is_pinned():
+        """One host->device copy (non-blocking from pinned memory). On a GPU it runs on the
+        cache's copy stream: it may overlap work queued before it (the step a pipeline computes
+        while this batch is fetched); what is queued after it waits for it."""
+        if not self.cuda:
+            dst = torch.empty(host.shape, dtype=host.dtype, device=self.device)
+            mark_device(dst)
+            return dst.copy_(host)
+        if not host.is_pinned():
             host = host.pin_memory()
-        dst = torch.empty(host.shape, dtype=host.dtype, device=self.device)
-        mark_device(dst)
-        dst.copy_(host, non_blocking=True)
+        current = torch.cuda.current_stream(self.device)
+        with torch.cuda.stream(self._copies):
+            dst = torch.empty(host.shape, dtype=host.dtype, device=self.device)
+            dst.copy_(host, non_blocking=True)
+        current.wait_stream(self._copies)
+        dst.record_stream(current)
         return dst
 
     def _download(self, rows: Tensor, ids: list[np.ndarray]) -> None:
-        """One non-blocking device->host copy of ``rows``, bound for the slower tiers."""
+        """One non-blocking device->host copy of ``rows``, bound for the slower tiers (on a GPU
+        on the copy stream, after the work that made ``rows``; an event says when it landed)."""
         if rows.shape[0] == 0:
             return
         host = self._host(rows.shape[0], self.record_dim)
-        host.copy_(rows, non_blocking=True)
-        event = None
-        if self.cuda:
-            event = torch.cuda.Event()
-            event.record()
-        self.pending.append(_Pending(ids, host, event))
         if not self.cuda:
+            host.copy_(rows, non_blocking=True)  # (the same call as on a GPU: a download, not a wait)
+            self.pending.append(_Pending(ids, host, None))
             self.drain()
+            return
+        self._copies.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self._copies):
+            host.copy_(rows, non_blocking=True)
+            event = torch.cuda.Event()
+            event.record(self._copies)
+        rows.record_stream(self._copies)
+        self.pending.append(_Pending(ids, host, event))
 
     def _moved(self, rows_per_table: np.ndarray) -> None:
         """Count records that crossed between host and device memory, per table (none when
