@@ -10,7 +10,7 @@ Two workloads, each written once as Parquet and as CSV (``--rows`` rows, into ``
   8-hex-digit string (3 % of them empty: missing), read with the ``criteo`` preset's schema
   (hashed, ``missing_values: [""]``), and the label and I columns as in the ``ids`` files.
 
-Each variant reads the file with ember's own readers (``ember.pipeline.loader.file_chunks``:
+Each variant reads the file with ember's own readers (``Source.open`` of ``ember.source.protocol``:
 Parquet ``read_rows`` 4,096, CSV blocks of about 4,096 rows) and featurizes every block with
 ``Featurizer``; the reference variant has the featurizer call the reference functions
 (``hash_array_reference``, Arrow's casts for string IDs and counts, and the transforms'
@@ -49,7 +49,7 @@ from ember.config import from_dict
 from ember.featurize.featurizer import Featurizer
 from ember.featurize.hashing import hash_array_reference
 from ember.featurize.transforms import parse_floats, parse_ints, row_of
-from ember.pipeline.loader import file_chunks
+from ember.source.protocol import Unit, source_for
 from ember.source.bad_rows import BadRowReport
 
 BATCH = 4096
@@ -138,7 +138,7 @@ def timed_blocks(raw: dict[str, Any], reference: bool) -> Iterator[tuple[float, 
     cfg = from_dict(raw)
     featurize = Featurizer(cfg.schema, BadRowReport())
     path = cfg.data.train[0] if isinstance(cfg.data.train, list) else cfg.data.train
-    it = file_chunks(cfg.data, cfg.schema, path, BadRowReport())
+    it = source_for(cfg.data).open(Unit(path), cfg.schema.columns, BadRowReport())
     while True:
         with reference_paths() if reference else contextlib.nullcontext():
             t0 = time.perf_counter()

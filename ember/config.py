@@ -109,9 +109,10 @@ class RunConfig(ConfigModel):
         if d.format == "sql":
             raise ValueError("train.mode: online streams files (data.train, data.watch); data.format: sql reads a query "
                              "in epochs: use train.mode: offline (a resumed run reads the rows added since, by key)")
-        if d.format == "synthetic" or d.train is None:
-            raise ValueError("train.mode: online streams data.train files (csv, tsv, parquet, orc): set data.format "
-                             "and data.train (a directory or glob, with data.watch to follow new files)")
+        if not d.streams():
+            raise ValueError("train.mode: online streams data.train files (csv, tsv, parquet, orc) or an Iceberg table's "
+                             "appended data files: set data.format and data.train (a directory or glob, with data.watch "
+                             "to follow new files), or data.format: iceberg with data.iceberg.table")
         if t.epochs != 1:  # (1, the default, is what a recorded config holds)
             raise ValueError(f"train.epochs ({t.epochs}) does not apply to train.mode: online (one pass over the stream, no "
                              "epochs): remove it; bound the run with train.max_steps or data.watch.idle_timeout_s")

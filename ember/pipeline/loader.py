@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Literal, Protocol, Sequence
+from typing import Any, Callable, Iterable, Iterator, Literal, Protocol, Sequence, TypeVar
 
 import numpy as np
 import torch
@@ -52,19 +52,17 @@ from ember.errors import ConfigError, MissingColumnsError
 from ember.source.bad_rows import BadRowReport
 from ember.source.base import RecordChunk
 from ember.source.config import DataConfig
-from ember.source.csv import read_csv
-from ember.source.files import expand_paths
-from ember.source.orc import read_orc
-from ember.source.parquet import read_parquet
-from ember.source.sql import SqlPosition, plain_key, sql_chunks, sql_max_key
+from ember.source.protocol import Source, source_for
 from ember.source.synthetic import split_rows, synthetic_records
 from ember.source.writer import write_synthetic
 
 __all__ = ["BatchList", "FileLoader", "Loader", "ReadCounter", "make_batches", "write_synthetic", "shard_files",
+           
            "empty_batch", "RankSlice", "slice_bounds", "worker_loader", "missing_keys_error"]
 
 Split = Literal["train", "eval"]
-_KEEP_SQL_KEYS = 4096  # last keys of batches cut but not yet checkpointed (far more than the pipeline holds)
+T = TypeVar("T")
+_KEEP_KEYS = 4096  # positions of batches cut but not yet checkpointed (far more than the pipeline holds)
 
 
 @dataclass
@@ -79,21 +77,23 @@ class ReadCounter:
     finished: bool = False  # every file of the epoch read through
 
 
-def _record_chunks(data: DataConfig, schema: Schema, split: Split, rng: np.random.Generator,
+def _record_chunks(source: Source, data: DataConfig, schema: Schema, split: Split, rng: np.random.Generator,
                    report: BadRowReport, counter: ReadCounter | None = None,
-                   part: tuple[int, int] | None = None, keys: Sequence[str] = ()) -> Iterator[RecordChunk]:
+                   part: tuple[int, int] | None = None, keys: Sequence[str] = (), at: Any = None) -> Iterator[RecordChunk]:
+    """The record blocks of ``split``'s units as an epoch reads them: in the units' order, shuffled
+    when training with a shuffle buffer, rank ``part[0]``'s units alone under ``part``."""
     counter = counter or ReadCounter()
-    files = expand_paths(data.paths(split), data.format, data.storage_options)
-    if not files:
-        raise ValueError(f"data.{split} is not set; give the {split} files (format {data.format})")
+    units = source.units(split, at)
     if split == "train" and data.shuffle_buffer > 0:
-        files = [files[i] for i in rng.permutation(len(files))]
+        units = [units[i] for i in rng.permutation(len(units))]
     if part is not None:
-        files = shard_files(files, *part)
-    done = 0  # bytes of the files read completely
-    for path in files:
+        units = shard_files(units, *part)
+    cols = schema.columns
+    cols = cols + [k for k in keys if k not in cols]
+    done = 0  # bytes of the units read completely
+    for unit in units:
         consumed = [0]
-        for chunk in file_chunks(data, schema, path, report, consumed, keys):
+        for chunk in source.open(unit, cols, report, at, consumed):
             counter.rows, counter.bytes = counter.rows + chunk.batch.num_rows, done + consumed[0]
             yield chunk
         done += consumed[0]
@@ -101,7 +101,7 @@ def _record_chunks(data: DataConfig, schema: Schema, split: Split, rng: np.rando
     counter.finished = True
 
 
-def shard_files(files: Sequence[str], rank: int, world_size: int) -> list[str]:
+def shard_files(files: Sequence[T], rank: int, world_size: int) -> list[T]:
     """Rank ``rank``'s files under ``data.shard: files``: files ``rank, rank + N, ...`` of the
     epoch's ordered list. Raises ConfigError when there are fewer files than ranks.
 
@@ -125,21 +125,6 @@ def empty_batch(schema: Schema) -> Batch:
                 [None if f.weight_column is None else np.zeros(0, np.float32) for f in schema.sparse],
                 np.zeros((0, len(schema.teacher)), np.float32) if schema.teacher and not schema.score_only else None)
     return rows.to_batch()
-
-
-def file_chunks(data: DataConfig, schema: Schema, path: str, report: BadRowReport,
-                consumed: list[int] | None = None, keys: Sequence[str] = ()) -> Iterator[RecordChunk]:
-    """The record blocks of one file in ``data.format`` (the schema's columns and ``keys``);
-    ``consumed[0]``: CSV bytes read so far."""
-    cols = schema.columns
-    cols = cols + [k for k in keys if k not in cols]
-    if data.format in ("csv", "tsv"):
-        return read_csv(path, cols, delimiter=data.delimiter, header=data.csv.header, consumed=consumed,
-                        column_names=data.csv.column_names, block_bytes=data.csv.block_bytes, report=report,
-                        newlines_in_values=data.csv.newlines_in_values, storage_options=data.storage_options)
-    if data.format == "parquet":
-        return read_parquet(path, cols, read_rows=data.read_rows, storage_options=data.storage_options)
-    return read_orc(path, cols, read_rows=data.read_rows, storage_options=data.storage_options)
 
 
 class _Batcher:
@@ -284,7 +269,7 @@ class FileLoader:
                  start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
                  workers: int = 0, part: tuple[int, int] | None = None,
                  rank_slice: tuple[int, int] | None = None, keys: Sequence[str] = (),
-                 sql_at: SqlPosition | None = None) -> None:
+                 at: Any = None) -> None:
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if start_batch < 0:
@@ -304,8 +289,9 @@ class FileLoader:
         self._next = start_batch
         self.keys: list[str] = list(keys)
         self.keys_for = "a key column request"  # what asked for ``keys``, for the error when the data lacks one
-        self.sql_at = sql_at or SqlPosition()  # data.format: sql: where this epoch's query starts (see sql_position)
-        self._sql_keys: dict[int, Any] = {start_batch: self.sql_at.after}  # batches cut -> last key (key order)
+        self.source = source_for(data)
+        self.at = at  # the epoch's position as its source pinned it (``Source.start``), or a checkpoint's
+        self._after: dict[int, Any] = {start_batch: at}  # batches cut -> the position after them (keyed sources)
 
     def carry(self, columns: Sequence[str], why: str) -> None:
         """From the next iteration on, also carry the raw ``columns`` into each batch's ``keys``
@@ -319,22 +305,23 @@ class FileLoader:
         return (self.epoch, self._next)
 
     @property
-    def _sql_ordered(self) -> bool:
-        """Training rows of a SQL query read in key order (no shuffle buffer): positions are keys."""
-        return self.data.format == "sql" and self.split == "train" and not self.data.shuffle_buffer
+    def _ordered(self) -> bool:
+        """Rows read in the source's order: evaluation, or training without a shuffle buffer."""
+        return self.split != "train" or not self.data.shuffle_buffer
 
-    def sql_position(self, batch: int) -> SqlPosition | None:
-        """``data.format: sql``: the position once ``batch`` batches of this epoch are trained (the
-        last key trained, or a shuffled epoch's key bound); None at the epoch's start."""
+    def source_position(self, batch: int) -> Any:
+        """The source's position once ``batch`` batches of this epoch are trained (a SQL query's
+        last key trained, or what the epoch pinned: a shuffled query's key bound, an Iceberg
+        snapshot); None at the epoch's start or for sources whose batch index is the position."""
         if not batch:
             return None
-        if not self._sql_ordered:
-            return SqlPosition(upto=self.sql_at.upto)
-        if batch not in self._sql_keys:
-            raise RuntimeError(f"FileLoader: no SQL key recorded after batch {batch}")  # internal invariant
-        for k in [k for k in self._sql_keys if k < batch]:
-            del self._sql_keys[k]  # earlier batches are never asked for again
-        return SqlPosition(after=self._sql_keys[batch])
+        if self.source.key(self.split, self._ordered) is None:
+            return self.at
+        if batch not in self._after:
+            raise RuntimeError(f"FileLoader: no position recorded after batch {batch}")  # internal invariant
+        for k in [k for k in self._after if k < batch]:
+            del self._after[k]  # earlier batches are never asked for again
+        return self._after[batch]
 
     @property
     def num_batches(self) -> int | None:
@@ -348,12 +335,12 @@ class FileLoader:
     def stages(self) -> list[Stage]:
         """The ``read`` and ``featurize`` stages of this epoch (fresh state each call); with
         ``workers``, one ``read`` stage handing out the batches a worker process made."""
-        sql_key = self._sql_start()
+        key = self._start()
         if self.workers:
-            return self._sql_recorded([Stage("read", self._in_worker, self.depth.featurize, expand=True)], sql_key)
+            return self._recorded([Stage("read", self._in_worker, self.depth.featurize, expand=True)], key)
         keys, why = list(self.keys), self.keys_for
-        if sql_key is not None and sql_key not in keys:
-            keys.append(sql_key)  # each batch's last key is its position (dropped again in _sql_recorded)
+        if key is not None and key not in keys:
+            keys.append(key)  # each batch's last key is its position (dropped again in _recorded)
         featurize_all = Featurizer(self.schema, self.bad_rows, keys)
 
         def featurize_keyed(*args: Any) -> Rows:  # data without a key column: say what asked for it
@@ -382,17 +369,15 @@ class FileLoader:
         rng = np.random.default_rng([self.data.seed, self.epoch, 0 if self.split == "train" else 1])
         shuffle = self.data.shuffle_buffer if self.split == "train" else 0
         drop_last = self.data.drop_last and self.split == "train"
-        skip = 0 if sql_key is not None else self.start_batch  # by key, the query starts after the batches trained
+        skip = 0 if key is not None else self.start_batch  # by key, the source starts after the batches trained
         batcher = _Batcher(self.batch_size, shuffle, rng, drop_last, skip)
 
         def read(_: None) -> Iterator[RecordChunk]:
             # the file order is drawn here, before the first block, so the shuffle's draws from
             # the same generator (featurize stage) always come after it
             self.read = ReadCounter()
-            if self.data.format == "sql":
-                chunks = self._sql_chunks(rng)
-            else:
-                chunks = _record_chunks(self.data, self.schema, self.split, rng, self.bad_rows, self.read, self.part, keys)
+            chunks = _record_chunks(self.source, self.data, self.schema, self.split, rng, self.bad_rows, self.read,
+                                    self.part, keys, self.at)
             return _keys_checked(chunks, keys, why) if keys else chunks
 
         def parse(chunk: RecordChunk) -> list[Batch]:
@@ -401,47 +386,19 @@ class FileLoader:
         def finish() -> list[Batch]:
             return [rows.to_batch() for rows in batcher.finish()]
 
-        return self._sql_recorded([Stage("read", read, self.depth.read, expand=True),
-                                   Stage("featurize", parse, self.depth.featurize, expand=True, finish=finish)], sql_key)
+        return self._recorded([Stage("read", read, self.depth.read, expand=True),
+                               Stage("featurize", parse, self.depth.featurize, expand=True, finish=finish)], key)
 
-    def _sql_start(self) -> str | None:
-        """``data.format: sql`` training: settle where this epoch's query starts (a shuffled
-        epoch's key bound is taken here, in the trainer's process, so a worker reads the same
-        rows) and return the key column whose last value per batch is the position (rows in key
-        order), or None. ConfigError for a mid-epoch checkpoint of the other order."""
-        if self.data.format != "sql" or self.split != "train":
-            return None
-        at, ordered = self.sql_at, self._sql_ordered
-        if self.start_batch and (at.after is None if ordered else at.upto is None):
-            written = "in key order (data.shuffle_buffer: 0)" if at.after is not None else \
-                "shuffled (data.shuffle_buffer > 0)" if at.upto is not None else "without a SQL position"
-            raise ConfigError(f"the checkpoint was written mid-epoch {written}, and this run reads the query "
-                              f"{'in key order' if ordered else 'shuffled'}: resume with the data.shuffle_buffer it "
-                              "was written with, or from a checkpoint at an epoch's start")
-        if ordered:
-            return self.data.sql.key if self.data.sql is not None else None
-        if at.upto is None:  # a new epoch: the rows there now (keys appended later wait for the next)
-            assert self.data.sql is not None
-            self.sql_at = SqlPosition(upto=sql_max_key(self.data.sql))
-        return None
+    def _start(self) -> str | None:
+        """Settle where this epoch reads from (``Source.start``: what it pins, e.g. a shuffled
+        query's key bound or an Iceberg snapshot, is taken here, in the trainer's process, so a
+        worker reads the same rows) and return the column whose last value per batch is the
+        position (``Source.key``), or None."""
+        self.at = self.source.start(self.split, self.at, self._ordered, self.start_batch > 0)
+        self._after[self.start_batch] = self.at
+        return self.source.key(self.split, self._ordered)
 
-    def _sql_chunks(self, rng: np.random.Generator) -> Iterator[RecordChunk]:
-        """The record blocks of a SQL query: training rows in key order from the position,
-        evaluation rows as the query gives them."""
-        sql = self.data.sql
-        assert sql is not None  # DataConfig checks it
-        if self.split == "train" and self.data.shuffle_buffer > 0:
-            rng.permutation(1)  # the one "file": the same draws as a run over one file of the same rows
-        if self.split == "train" and self.sql_at.upto is None and not self._sql_ordered:
-            return  # an empty table: no key bound
-        ordered = self._sql_ordered
-        for chunk in sql_chunks(sql, self.split, self.data.read_rows, self.sql_at.after if ordered else None,
-                                None if ordered else self.sql_at.upto):
-            self.read.rows += chunk.batch.num_rows
-            yield chunk
-        self.read.finished = True
-
-    def _sql_recorded(self, stages: list[Stage], key: str | None) -> list[Stage]:
+    def _recorded(self, stages: list[Stage], key: str | None) -> list[Stage]:
         """``stages`` with the last one noting each batch's last ``key`` value (the position
         after it) and dropping that column from the batch unless asked for by ``carry``."""
         if key is None:
@@ -450,9 +407,9 @@ class FileLoader:
 
         def note(batch: Any) -> Any:
             cut[0] += 1
-            self._sql_keys[cut[0]] = plain_key(batch.keys[key][-1])
-            while len(self._sql_keys) > _KEEP_SQL_KEYS:  # no checkpoint for a long while: forget the oldest
-                del self._sql_keys[next(iter(self._sql_keys))]
+            self._after[cut[0]] = self.source.after(self.at, batch.keys[key][-1])
+            while len(self._after) > _KEEP_KEYS:  # no checkpoint for a long while: forget the oldest
+                del self._after[next(iter(self._after))]
             if drop:
                 rest = {k: v for k, v in batch.keys.items() if k != key}
                 batch = dataclasses.replace(batch, keys=rest or None)
@@ -468,10 +425,10 @@ class FileLoader:
     def _in_worker(self, _: None) -> Iterator[Batch]:
         """This loader's batches, read and featurized by a worker process; its bad-row counts
         are added here at the end, its error is raised here (the same exception)."""
-        key = self.data.sql.key if self._sql_ordered and self.data.sql is not None else None
-        sql_key = (key,) if key is not None and key not in self.keys else ()  # kept by the worker: positions are noted here
+        key = self.source.key(self.split, self._ordered)
+        more = (key,) if key is not None and key not in self.keys else ()  # kept by the worker: positions are noted here
         job = _WorkerJob(self.data, self.schema, self.split, self.epoch, self.start_batch, self.depth, self.part,
-                         self.rank_slice, (tuple(self.keys) + sql_key, self.keys_for), self.sql_at)
+                         self.rank_slice, (tuple(self.keys) + more, self.keys_for), self.at)
         loader = worker_loader(job, self.depth.featurize, "spawn", (self.data.seed, self.epoch))
         yield from receive_batches(loader, self.bad_rows)
 
@@ -506,13 +463,13 @@ class _WorkerJob(IterableDataset):
     def __init__(self, data: DataConfig, schema: Schema, split: Split, epoch: int, start_batch: int,
                  depth: QueueDepths, part: tuple[int, int] | None = None,
                  rank_slice: tuple[int, int] | None = None, keys: tuple[tuple[str, ...], str] = ((), ""),
-                 sql_at: SqlPosition | None = None) -> None:
+                 at: Any = None) -> None:
         self.args = (data, schema, split, epoch, start_batch)
-        self.depth, self.part, self.rank_slice, self.keys, self.sql_at = depth, part, rank_slice, keys, sql_at
+        self.depth, self.part, self.rank_slice, self.keys, self.at = depth, part, rank_slice, keys, at
 
     def __iter__(self) -> Iterator[tuple[str, object]]:
         loader = FileLoader(*self.args, threaded=True, depth=self.depth, part=self.part, rank_slice=self.rank_slice,
-                            sql_at=self.sql_at)  # read and featurize overlap in the worker
+                            at=self.at)  # read and featurize overlap in the worker
         if self.keys[0]:
             loader.carry(*self.keys)
         return send_batches(iter(loader), lambda: loader.bad_rows.counts)
@@ -583,7 +540,7 @@ def make_batches(data: DataConfig, schema: Schema, split: Split = "train", epoch
                  start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
                  workers: int = 0, part: tuple[int, int] | None = None,
                  rank_slice: tuple[int, int] | None = None, keys: Sequence[str] = (),
-                 sql_at: SqlPosition | None = None) -> FileLoader:
+                 at: Any = None) -> FileLoader:
     """The batches of ``split`` for ``epoch`` from batch ``start_batch`` on (see :class:`FileLoader`);
-    ``sql_at``: where a SQL query's epoch resumes (a checkpoint's ``SqlPosition``)."""
-    return FileLoader(data, schema, split, epoch, start_batch, threaded, depth, workers, part, rank_slice, keys, sql_at)
+    ``at``: where the source's epoch resumes (a checkpoint's position, e.g. a ``SqlPosition``)."""
+    return FileLoader(data, schema, split, epoch, start_batch, threaded, depth, workers, part, rank_slice, keys, at)

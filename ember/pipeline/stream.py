@@ -41,7 +41,6 @@ from __future__ import annotations
 import multiprocessing
 import threading
 from dataclasses import dataclass
-from itertools import chain
 from typing import Any, Callable, Iterator, Sequence
 
 from torch.utils.data import IterableDataset
@@ -52,14 +51,12 @@ from ember.featurize.featurizer import Featurizer
 from ember.featurize.rows import Rows
 from ember.featurize.schema import Schema
 from ember.pipeline.config import QueueDepths
-from ember.pipeline.loader import (WINDOW_KEYS, ReadCounter, file_chunks, missing_keys_error, receive_batches,
-                                   send_batches, worker_loader)
+from ember.pipeline.loader import (WINDOW_KEYS, ReadCounter, missing_keys_error, receive_batches, send_batches,
+                                   worker_loader)
 from ember.pipeline.scheduler import Scheduler, Stage
 from ember.source.bad_rows import BadRowReport
 from ember.source.config import DataConfig
-from ember.source.files import expand_paths
-from ember.source.storage import is_file
-from ember.source.watch import FileWatcher
+from ember.source.protocol import Unit, source_for
 
 __all__ = ["StreamLoader", "StreamPosition"]
 
@@ -113,6 +110,7 @@ class StreamLoader:
         self.depth = depth or QueueDepths()
         self.stop, self.workers = stop, workers
         self.bad_rows = BadRowReport(data.on_bad_rows)
+        self.source = source_for(data)
         self.read = ReadCounter()  # rows read so far (progress)
         self.epoch = 0
         self._order: list[str] = list(start.done)  # every file taken, in the order read
@@ -150,20 +148,11 @@ class StreamLoader:
             _, file, rows = self._after[batches]
             return file, rows
 
-    def _files(self) -> Iterator[str]:
-        """The resumed file first (if any), then the files not taken yet, in order."""
-        data, start = self.data, self.start
+    def _units(self) -> Iterator[Unit]:
+        """The resumed unit first (if any), then the units not taken yet, in order (``Source.follow``)."""
+        start = self.start
         taken = set(start.done) | ({start.file} if start.file is not None else set())
-        if start.file is not None and not is_file(start.file, data.storage_options):
-            raise CheckpointError(f"the checkpoint's stream position is row {start.rows} of {start.file}, which no longer "
-                                  "exists; restore the file, or start a new run from the checkpoint's weights "
-                                  "(train.init_from)")
-        if data.watch is not None:
-            rest: Iterator[str] = FileWatcher(data.paths("train"), data.format, data.watch, taken,
-                                              storage_options=data.storage_options).files(self.stop)
-        else:
-            rest = (f for f in expand_paths(data.paths("train"), data.format, data.storage_options) if f not in taken)
-        return chain([start.file] if start.file is not None else [], rest)
+        return self.source.follow(start.file, taken, self.stop)
 
     def stages(self) -> list[Stage]:
         """The ``read`` and ``featurize`` stages of this pass; with ``workers``, one ``read``
@@ -171,16 +160,17 @@ class StreamLoader:
         if self.workers:
             return [Stage("read", self._in_worker, self.depth.featurize, expand=True)]
         featurize = Featurizer(self.schema, self.bad_rows, self.keys)
+        columns = self.schema.columns
         cutter = _Cutter(self.data.batch_size, self.start_batch, self._record)
         skip = [self.start.rows]  # rows of the resumed file already trained
 
         def read(_: None) -> Iterator[tuple[int, Any]]:
             self.read = ReadCounter()
-            for path in self._files():
+            for unit in self._units():
                 with self._lock:
                     index = len(self._order)
-                    self._order.append(path)
-                for chunk in file_chunks(self.data, self.schema, path, self.bad_rows):
+                    self._order.append(unit.name)
+                for chunk in self.source.open(unit, columns, self.bad_rows):
                     self.read.rows += chunk.batch.num_rows
                     yield index, chunk
             self.read.finished = True

@@ -272,10 +272,11 @@ class Predictor:
         from ember.errors import MissingColumnsError
         from ember.featurize.canonical import canonicalize
         from ember.featurize.featurizer import Featurizer
-        from ember.pipeline.loader import file_chunks, missing_keys_error
+        from ember.pipeline.loader import missing_keys_error
         from ember.source.bad_rows import BadRowReport
         from ember.source.config import DataConfig
         from ember.source.files import expand_paths
+        from ember.source.protocol import Unit, source_for
 
         if not paths:
             raise ConfigError("predict: no input files given")
@@ -283,6 +284,8 @@ class Predictor:
         # probability against its input row (the training run's own policy does not carry over)
         data = {**self.manifest["data"], "eval": list(paths), "shuffle_buffer": 0, "on_bad_rows": "error"}
         data.pop("train", None)
+        data.pop("sql", None)  # the inputs are files, whatever the model was trained from
+        data.pop("iceberg", None)
         fmt = format or _format_of(paths)
         if fmt not in _FORMATS:
             exts = sorted({"".join(Path(p).suffixes[-2:]) or "(none)" for p in paths})
@@ -304,7 +307,8 @@ class Predictor:
         parts, kept = [], []
         for path in expand_paths(cfg.paths("eval"), cfg.format, cfg.storage_options):  # file order, then row order
             try:
-                chunks = list(file_chunks(cfg, schema, path, report, keys=keep))
+                chunks = list(source_for(cfg).open(Unit(path), schema.columns + [k for k in keep if k not in schema.columns],
+                                                   report))
             except MissingColumnsError as e:
                 raise missing_keys_error(e, keep, "--keep") from None
             for chunk in chunks:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from ember.config_base import ConfigModel, deep_merge, removed_key
+from ember.source.iceberg import IcebergOptions
 from ember.source.sql import SqlOptions
 from ember.source.storage import StorageOptions
 from ember.source.watch import WatchOptions
@@ -132,8 +133,9 @@ class DataConfig(ConfigModel):
     preset: Literal["criteo", "synthetic"] | None = None
     """`criteo` (Kaggle TSV layout) or `synthetic`: fills `format`, the CSV layout and the schema; explicit keys
     win."""
-    format: Literal["synthetic", "csv", "tsv", "parquet", "orc", "sql"] = "synthetic"
-    """`synthetic` (the built-in generator), `csv`, `tsv`, `parquet`, `orc`, or `sql` (a database query: `sql`)."""
+    format: Literal["synthetic", "csv", "tsv", "parquet", "orc", "sql", "iceberg"] = "synthetic"
+    """`synthetic` (the built-in generator), `csv`, `tsv`, `parquet`, `orc`, `sql` (a database query: `sql`) or
+    `iceberg` (an Apache Iceberg table: `iceberg`)."""
     train: list[str] | str | None = None
     """Training data: a path, glob or directory, or a list of them (read in sorted order); each may be a URI of
     object storage (`s3://bucket/prefix/`, `s3://bucket/day=*/*.parquet`; `gs://`, `hdfs://`, `abfs://`),
@@ -173,10 +175,14 @@ class DataConfig(ConfigModel):
     sql: SqlOptions | None = None
     """`format: sql`: the database (ADBC driver and URI), the training query, its key column and the evaluation
     query; in place of `train` / `eval`."""
+    iceberg: IcebergOptions | None = None
+    """`format: iceberg`: the catalog, the training and evaluation tables, row filters and snapshots; in place of
+    `train` / `eval`. With `data.watch` (and `train.mode: online`), each data file new snapshots append trains once."""
     synthetic: SyntheticOptions = SyntheticOptions()
     """The built-in generator (`format: synthetic`): Criteo-shaped rows, nothing of vocabulary size allocated."""
     watch: WatchOptions | None = None
-    """Watch `data.train` for new files and train on them as they appear (needs `train.mode: online`)."""
+    """Watch `data.train` for new files (or, `format: iceberg`, the table for new snapshots) and train on them as
+    they appear (needs `train.mode: online`)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -192,6 +198,8 @@ class DataConfig(ConfigModel):
     def _check(self) -> "DataConfig":
         if self.format == "sql" or self.sql is not None:
             return self._check_sql()
+        if self.format == "iceberg" or self.iceberg is not None:
+            return self._check_iceberg()
         if self.format != "synthetic" and self.train is None and self.eval is None:
             raise ValueError(f"format '{self.format}' needs data.train and/or data.eval paths")
         if self.watch is not None and (self.format == "synthetic" or self.train is None):
@@ -222,13 +230,34 @@ class DataConfig(ConfigModel):
                              "data.shard: rows")
         return self
 
+    def _check_iceberg(self) -> "DataConfig":
+        if self.format != "iceberg":
+            raise ValueError(f"data.iceberg is set but data.format is '{self.format}': set data.format: iceberg, or "
+                             "remove data.iceberg")
+        if self.iceberg is None:
+            raise ValueError("data.format: iceberg needs data.iceberg: {catalog: {type: sql | rest | hive, uri: ...}, "
+                             "table: namespace.table}")
+        if self.train is not None or self.eval is not None:
+            raise ValueError("data.format: iceberg reads data.iceberg.table and data.iceberg.eval_table; remove "
+                             "data.train / data.eval (they name files)")
+        if self.watch is not None and self.iceberg.table is None:
+            raise ValueError("data.watch follows data.iceberg.table's new snapshots: set data.iceberg.table")
+        return self
+
     def holds(self, split: Literal["train", "eval"]) -> bool:
-        """Whether ``split`` has rows configured (paths, a SQL query, or the synthetic generator)."""
+        """Whether ``split`` has rows configured (paths, a SQL query, a table, or the synthetic generator)."""
         if self.format == "synthetic":
             return True
         if self.format == "sql":
             return self.sql is not None and self.sql.query_of(split) is not None
+        if self.format == "iceberg":
+            return self.iceberg is not None and self.iceberg.table_of(split) is not None
         return bool(self.paths(split))
+
+    def streams(self) -> bool:
+        """Whether the training data can be read as an online stream (files, or an Iceberg table's appends)."""
+        return self.format in ("csv", "tsv", "parquet", "orc") and self.train is not None or \
+            self.format == "iceberg" and self.iceberg is not None and self.iceberg.table is not None
 
     @property
     def delimiter(self) -> str:

@@ -51,7 +51,7 @@ from pydantic import Field, model_validator
 from ember.config_base import ConfigModel
 from ember.errors import ConfigError, DataError
 
-__all__ = ["SqlOptions", "SqlKey", "SqlPosition", "plain_key", "sql_check_columns", "sql_reader", "connect", "sql_chunks", "sql_columns", "sql_count", "sql_max_key",
+__all__ = ["SqlOptions", "SqlSource", "SqlKey", "SqlPosition", "plain_key", "sql_check_columns", "sql_reader", "connect", "sql_chunks", "sql_columns", "sql_count", "sql_max_key",
            "query_label"]
 
 Split = Literal["train", "eval"]
@@ -393,3 +393,64 @@ def plain_key(value: Any) -> SqlKey:
     if isinstance(value, bytes):
         value = value.decode()
     return value
+
+
+class SqlSource:
+    """A SQL query as a source (``data.format: sql``, see the module docstring): one unit per
+    split (the query's result, streamed); the training query's position is its last key trained
+    (read in key order) or, shuffled, the largest key when the epoch began (``SqlPosition``)."""
+
+    def __init__(self, data: Any) -> None:
+        if data.sql is None:  # DataConfig checks it
+            raise ConfigError("data.format: sql needs data.sql")
+        self.data, self.sql = data, data.sql
+
+    def units(self, split: Split, at: Any = None) -> list[Any]:
+        from ember.source.protocol import Unit
+
+        if self.sql.query_of(split) is None:
+            raise ConfigError(f"{query_label(split)} is not set; give the {split} rows' SELECT")
+        return [Unit(query_label(split))]
+
+    def open(self, unit: Any, columns: Sequence[str], report: Any = None, at: Any = None,
+             consumed: list[int] | None = None) -> Iterator[Any]:
+        split: Split = "train" if unit.name == query_label("train") else "eval"
+        at = at if isinstance(at, SqlPosition) and split == "train" else SqlPosition()
+        return sql_chunks(self.sql, split, self.data.read_rows, at.after, at.upto)
+
+    def check(self, split: Split, columns: Sequence[str]) -> list[Any]:
+        if self.sql.query_of(split) is None:
+            return []
+        sql_check_columns(self.sql, split, columns)
+        return self.units(split)
+
+    def count(self, split: Split, estimate: bool = False) -> Any:
+        from ember.source.protocol import RowCount
+
+        return RowCount(rows=sql_count(self.sql, split) if self.sql.query_of(split) is not None else 0)
+
+    def start(self, split: Split, at: Any, ordered: bool, resumed: bool) -> Any:
+        if split != "train":
+            return None
+        at = at if isinstance(at, SqlPosition) else SqlPosition()
+        if resumed and (at.after is None if ordered else at.upto is None):
+            written = "in key order (data.shuffle_buffer: 0)" if at.after is not None else \
+                "shuffled (data.shuffle_buffer > 0)" if at.upto is not None else "without a SQL position"
+            raise ConfigError(f"the checkpoint was written mid-epoch {written}, and this run reads the query "
+                              f"{'in key order' if ordered else 'shuffled'}: resume with the data.shuffle_buffer it "
+                              "was written with, or from a checkpoint at an epoch's start")
+        if ordered:
+            return at
+        if at.upto is None:  # a new epoch: the rows there now (keys appended later wait for the next)
+            return SqlPosition(upto=sql_max_key(self.sql))  # None: an empty table (rows arriving now are read too)
+        return at
+
+    def key(self, split: Split, ordered: bool) -> str | None:
+        return self.sql.key if split == "train" and ordered else None
+
+    def after(self, at: Any, value: Any) -> Any:
+        return SqlPosition(after=plain_key(value))
+
+    def follow(self, resume: str | None, taken: set[str], stop: Any) -> Iterator[Any]:
+        raise ConfigError("train.mode: online streams files or an Iceberg table's snapshots; data.format: sql reads "
+                          "a query in epochs: use train.mode: offline")

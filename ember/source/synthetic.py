@@ -29,7 +29,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Callable, Iterator, Literal, Sequence
 
 import hashlib
 
@@ -39,7 +39,7 @@ import pyarrow as pa
 from ember.source.config import SyntheticOptions
 from ember.mix import mix64
 
-__all__ = ["synthetic_records", "synthetic_score", "synthetic_columns", "split_rows"]
+__all__ = ["synthetic_records", "synthetic_score", "synthetic_columns", "split_rows", "SyntheticSource"]
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _TWO53 = 1.0 / float(1 << 53)
@@ -144,3 +144,49 @@ def synthetic_records(
 def synthetic_score(options: SyntheticOptions, split: Literal["train", "eval"], start: int, stop: int) -> np.ndarray:
     """The true logit of rows ``[start, stop)`` (for tests: its AUC is the best achievable)."""
     return _generate(options, split, start, stop)[1]
+
+
+class SyntheticSource:
+    """The generator as a source (``data.format: synthetic``): one unit per split, its rows in
+    blocks of ``data.read_rows``. (The training loader jumps straight to a batch's rows instead,
+    and slices them per rank: ``ember.pipeline.loader``.)"""
+
+    def __init__(self, data: Any) -> None:
+        self.data, self.options = data, data.synthetic
+
+    def units(self, split: Literal["train", "eval"], at: Any = None) -> list[Any]:
+        from ember.source.protocol import Unit
+
+        return [Unit(f"<synthetic {split}>", rows=split_rows(self.options, split))]
+
+    def open(self, unit: Any, columns: Sequence[str], report: Any = None, at: Any = None,
+             consumed: list[int] | None = None) -> Iterator[Any]:
+        from ember.source.base import RecordChunk
+
+        split: Literal["train", "eval"] = "train" if unit.name == "<synthetic train>" else "eval"
+        n, step = split_rows(self.options, split), self.data.read_rows
+        for start in range(0, n, step):
+            yield RecordChunk(synthetic_records(self.options, split, start, min(n, start + step)), unit.name, start + 1)
+
+    def check(self, split: Literal["train", "eval"], columns: Sequence[str]) -> list[Any]:
+        return []  # the generator has every column the presets name, and rows (no units to name)
+
+    def count(self, split: Literal["train", "eval"], estimate: bool = False) -> Any:
+        from ember.source.protocol import RowCount
+
+        return RowCount(rows=split_rows(self.options, split))
+
+    def start(self, split: Literal["train", "eval"], at: Any, ordered: bool, resumed: bool) -> Any:
+        return None
+
+    def key(self, split: Literal["train", "eval"], ordered: bool) -> str | None:
+        return None
+
+    def after(self, at: Any, value: Any) -> Any:
+        return None
+
+    def follow(self, resume: str | None, taken: set[str], stop: Callable[[], bool]) -> Iterator[Any]:
+        from ember.errors import ConfigError
+
+        raise ConfigError("train.mode: online streams data.train files or an Iceberg table; synthetic data has no "
+                          "stream: use train.mode: offline")

@@ -40,7 +40,7 @@ import glob
 import logging
 import os
 import time
-from typing import Callable, Iterable, Iterator, Literal, Sequence
+from typing import Callable, Iterable, Iterator, Literal, Sequence, TypeVar
 
 from pydantic import Field
 
@@ -50,7 +50,9 @@ from ember.source import storage
 from ember.source.files import format_suffixes
 from ember.source.storage import StorageOptions
 
-__all__ = ["WatchOptions", "FileWatcher", "check_watched"]
+__all__ = ["WatchOptions", "FileWatcher", "check_watched", "polled"]
+
+T = TypeVar("T")
 
 log = logging.getLogger("ember")
 
@@ -72,6 +74,36 @@ class WatchOptions(ConfigModel):
     """``marker``: the file name that marks a directory's files complete."""
     order: Literal["mtime", "name"] = "mtime"
     """Order of the files found ready by one poll: modification time then name, or name."""
+
+
+def polled(poll: Callable[[], list[T]], o: WatchOptions, stop: Callable[[], bool] = lambda: False,
+           sleep: Callable[[float], None] = time.sleep, what: str = "ready file") -> Iterator[T]:
+    """What ``poll()`` finds, as it appears: while it finds nothing, poll again every
+    ``o.poll_s``; end after ``o.idle_timeout_s`` of waiting (counted from when the caller asked
+    for the next, with a last poll at the timeout) or as soon as ``stop()`` (seen within 0.1 s).
+    ``what`` names one item in the log lines (a watched table's sources use it too)."""
+    idle = 0.0  # seconds waited since the last item was handed out
+    said = False
+    while not stop():
+        found = poll()
+        if found:
+            idle = 0.0
+            yield from found
+            continue
+        if idle == 0.0 and not said:
+            said = True  # once: a stream that keeps up waits after every item
+            log.info("data.train: every %s taken; waiting for new ones (listing every %g s%s)", what, o.poll_s,
+                     "" if o.idle_timeout_s is None else f", ending after {o.idle_timeout_s:g} s without one")
+        wait = o.poll_s if o.idle_timeout_s is None else min(o.poll_s, o.idle_timeout_s - idle)
+        if wait <= 0:
+            log.info("data.train: no new %s for %g s (data.watch.idle_timeout_s): the stream ends", what, idle)
+            return
+        slept = 0.0
+        while slept < wait and not stop():  # short naps: a signal or a closing trainer is seen at once
+            nap = min(0.1, wait - slept)
+            sleep(nap)
+            slept += nap
+        idle += slept
 
 
 class FileWatcher:
@@ -119,29 +151,7 @@ class FileWatcher:
         """Ready files as they appear: while none is ready, list again every ``poll_s``; end
         after ``idle_timeout_s`` of waiting (counted from when the caller asked for the next
         file, with a last listing at the timeout) or as soon as ``stop()`` (seen within 0.1 s)."""
-        o = self.options
-        idle = 0.0  # seconds waited since the last file was handed out
-        said = False
-        while not stop():
-            found = self.poll()
-            if found:
-                idle = 0.0
-                yield from found
-                continue
-            if idle == 0.0 and not said:
-                said = True  # once: a stream that keeps up waits after every file
-                log.info("data.train: every ready file taken; waiting for new ones (listing every %g s%s)", o.poll_s,
-                         "" if o.idle_timeout_s is None else f", ending after {o.idle_timeout_s:g} s without one")
-            wait = o.poll_s if o.idle_timeout_s is None else min(o.poll_s, o.idle_timeout_s - idle)
-            if wait <= 0:
-                log.info("data.train: no new file for %g s (data.watch.idle_timeout_s): the stream ends", idle)
-                return
-            slept = 0.0
-            while slept < wait and not stop():  # short naps: a signal or a closing trainer is seen at once
-                nap = min(0.1, wait - slept)
-                sleep(nap)
-                slept += nap
-            idle += slept
+        return polled(self.poll, self.options, stop, sleep, "ready file")
 
     def _entries(self, listed: dict[str, int]) -> Iterator[tuple[str, int]]:
         """(path, mtime in ns) of each listed file; ``listed`` collects every object a remote

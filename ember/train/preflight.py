@@ -32,15 +32,11 @@ from ember.errors import CapacityError, ConfigError, DataError, MissingColumnsEr
 from ember.fileio import fmt_bytes, free_bytes, nearest_existing
 from ember.outputs import output_kind
 from ember.pipeline.loader import missing_keys_error
-from ember.source import storage
-from ember.source.base import check_columns, read_failed
 from ember.source.config import DataConfig
-from ember.source.csv import header_fields, read_head
+from ember.source.file_source import names
 from ember.source.files import expand_paths
-from ember.source.sql import sql_check_columns
-from ember.source.storage import file_size
+from ember.source.protocol import source_for
 from ember.source.synthetic import synthetic_columns
-from ember.source.watch import check_watched
 from ember.train.builder import Components
 from ember.train.early_stop import EarlyStopping
 from ember.train.tensorboard import require_tensorboard
@@ -147,65 +143,13 @@ def holds_run(run_dir: Path) -> bool:
 
 
 def check_data(data: DataConfig, columns: list[str], split: Split) -> list[str]:
-    """The files of ``split`` (none for synthetic data or an unset split); raises when a path
-    matches nothing, a file lacks a column, or the split holds no row. Reads headers/footers only."""
-    if data.format == "sql":  # the query runs (LIMIT 1), has the columns, the key fits, a row exists
-        if data.sql is not None and data.sql.query_of(split) is not None:
-            sql_check_columns(data.sql, split, columns)
+    """The units of ``split`` checked (file paths, a query's label, a table's data files; none
+    for synthetic data, an unset split or a watched one); raises when a path matches nothing, a
+    unit lacks a column, or the split holds no row (``Source.check``: headers, footers, metadata
+    or ``LIMIT 1`` only)."""
+    if not data.holds(split):
         return []
-    if data.format == "synthetic" or not data.paths(split):
-        return []
-    if split == "train" and data.watch is not None:  # files appear later: each is checked as it is read
-        check_watched(data.paths(split), data.storage_options)
-        return []
-    files = expand_paths(data.paths(split), data.format, data.storage_options)
-    rows = 0
-    for path in files:
-        names, has_rows = _header(data, path)
-        check_columns(path, names, columns)
-        rows += has_rows
-    if not rows:
-        raise DataError(f"data.{split}: {_names(files)} hold no data rows (header or metadata only); "
-                        f"give data.{split} files with rows")
-    return files
-
-
-def _header(data: DataConfig, path: str) -> tuple[list[str], int]:
-    """Column names of ``path`` and its row count (CSV: 1 when a data line follows the header)."""
-    try:
-        if data.format in ("csv", "tsv"):
-            head = read_head(path, 1 << 16, data.storage_options)
-            lines = [ln for ln in head.split(b"\n") if ln.strip(b"\r")]
-            found = header_fields(lines[0], data.delimiter, errors="replace") or [] if lines else []  # BOM removed
-            names = data.csv.column_names or []
-            has_header = data.csv.header is True or (data.csv.header == "auto" and found == names)
-            if data.csv.header is True and not lines:
-                raise DataError(f"{path}: the file is empty (csv.header is true: a header line is expected); "
-                                "remove it from the data paths")
-            return (names or found if has_header else names), int(len(lines) > int(has_header))
-        if data.format == "parquet":
-            import pyarrow.parquet as pq
-
-            with storage.opened(path, data.storage_options) as source:
-                meta = pq.read_metadata(source)
-            return list(meta.schema.to_arrow_schema().names), meta.num_rows
-        import pyarrow.orc as orc
-
-        with storage.opened(path, data.storage_options) as source:
-            f = orc.ORCFile(source)
-            return list(f.schema.names), f.nrows
-    except (ConfigError, DataError):
-        raise
-    except Exception as e:
-        failed = read_failed(path, " (header/footer)", e, data.storage_options)
-        if failed is not None:
-            raise failed from e
-        raise
-
-
-def _names(files: list[str]) -> str:
-    shown = ", ".join(files[:5])
-    return f"{len(files)} file(s) ({shown}{', ...' if len(files) > 5 else ''})"
+    return [u.name for u in source_for(data).check(split, columns)]
 
 
 def no_steps_error(data: DataConfig) -> DataError:
@@ -219,8 +163,12 @@ def no_steps_error(data: DataConfig) -> DataError:
         return DataError("training ran 0 steps: data.sql.query gave no batch; check that it returns rows, that "
                          "data.on_bad_rows: skip did not skip them all, and data.drop_last with fewer rows than "
                          "data.batch_size")
-    where = "the synthetic generator" if data.format == "synthetic" else _names(expand_paths(data.paths("train"), data.format,
-                                                                                         data.storage_options))
+    if data.format == "iceberg" and data.iceberg is not None:
+        return DataError(f"training ran 0 steps: data.iceberg.table '{data.iceberg.table}' gave no batch; check that "
+                         "its snapshot holds rows the row filter keeps, that data.on_bad_rows: skip did not skip them "
+                         "all, and data.drop_last with fewer rows than data.batch_size")
+    where = "the synthetic generator" if data.format == "synthetic" else names(expand_paths(data.paths("train"), data.format,
+                                                                                        data.storage_options))
     return DataError(f"training ran 0 steps: data.train ({where}) gave no batch; check that the files hold rows, "
                      "that data.on_bad_rows: skip did not skip them all, and data.drop_last with fewer rows than "
                      "data.batch_size")
@@ -260,12 +208,7 @@ def _rows_bound(cfg: RunConfig, features: list[str]) -> int:
         index = {s.name: i for i, s in enumerate(cfg.schema.sparse)}
         return sum(data.synthetic.vocab(index[f]) for f in features if index.get(f, data.synthetic.num_sparse)
                    < data.synthetic.num_sparse)
-    rows = 0
-    for path in expand_paths(data.paths("train"), data.format, data.storage_options) \
-            if data.train and data.watch is None else []:
-        if data.format in ("parquet", "orc"):
-            rows += _header(data, path)[1]
-        else:
-            head = read_head(path, 1 << 16, data.storage_options)
-            rows += head.count(b"\n") * max(file_size(path, data.storage_options), len(head)) // max(len(head), 1)
+    if not data.holds("train") or data.watch is not None:
+        return 0  # a stream: no bound known up front
+    rows = source_for(data).count("train", estimate=True).rows or 0
     return rows * len(features)

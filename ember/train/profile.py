@@ -40,11 +40,9 @@ from ember.featurize.hashing import hash_array
 from ember.featurize.schema import SparseFeature
 from ember.featurize.transforms import parse_floats, parse_ints
 from ember.fileio import write_bytes_atomic
-from ember.pipeline.loader import file_chunks
 from ember.source.bad_rows import BadRowReport
-from ember.source.files import expand_paths
-from ember.source.sql import sql_chunks
-from ember.source.synthetic import split_rows, synthetic_records
+from ember.source.protocol import source_for
+from ember.source.synthetic import split_rows
 from ember.train.preflight import check_data
 from ember.train.sketches import BottomK, DistinctCounter, HeavyHitters
 
@@ -54,32 +52,20 @@ FORMAT = "ember-profile"
 VERSION = 1
 QUANTILES = [0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0]
 _ROW = "__ember_profile_row"  # a column added to each block: which rows the featurizer kept
-_SYNTHETIC_BLOCK = 65_536
 _FREQ_CAP = 64  # sighting counts kept per table, for min_count up to this (times the epochs)
 
 
 def _blocks(cfg: RunConfig, report: BadRowReport) -> Iterator[tuple[pa.RecordBatch, str, Any]]:
-    """The training split's record blocks as training reads them: ``(block, file, first_row)``."""
+    """The training split's record blocks as training reads them, in the source's order (a
+    query in key order; a watched ``data.train``: the units there now): ``(block, unit, first_row)``."""
     data = cfg.data
-    if data.format == "synthetic":
-        n = split_rows(data.synthetic, "train")
-        for start in range(0, n, _SYNTHETIC_BLOCK):
-            yield synthetic_records(data.synthetic, "train", start, min(n, start + _SYNTHETIC_BLOCK)), \
-                "<synthetic train>", start + 1
-        return
-    if data.format == "sql":  # the training query in key order, as training reads it (checked first)
-        check_data(data, cfg.schema.columns, "train")
-        assert data.sql is not None  # DataConfig checks it
-        for chunk in sql_chunks(data.sql, "train", data.read_rows):
-            yield chunk.batch, chunk.file, chunk.row_numbers
-        return
-    if not data.paths("train"):
+    if not data.holds("train"):
         raise ConfigError("data.train is not set; ember profile reads the training data: give data.train files")
-    # paths, columns, rows checked before reading; a watched data.train: the files there now
-    files = expand_paths(data.paths("train"), data.format, data.storage_options) if data.watch is not None else \
-        check_data(data, cfg.schema.columns, "train")
-    for path in files:
-        for chunk in file_chunks(data, cfg.schema, path, report):
+    check_data(data, cfg.schema.columns, "train")  # paths, columns, rows checked before reading
+    source = source_for(data)
+    at = source.start("train", None, True, False)
+    for unit in source.units("train", at):
+        for chunk in source.open(unit, cfg.schema.columns, report, at):
             yield chunk.batch, chunk.file, chunk.row_numbers
 
 

@@ -1,7 +1,8 @@
 """The training progress bar: steps done of a total, ETA, loss, samples/s, the busiest stage.
 
-The total comes from the data: the synthetic split's rows, Parquet / ORC row counts from the
-files' metadata (footers only), or, for CSV, an estimate refined as the file is read: total
+The total comes from the data's source (``Source.count``): the synthetic split's rows, Parquet /
+ORC row counts from the files' metadata (footers only), a query's count, an Iceberg table's
+manifests, or, for CSV, an estimate refined as the file is read: total
 bytes x rows read / bytes read, marked ``~`` until the epoch's files are read through (then
 the count is exact, also for the epochs after it). The bar
 moves every step, so short runs show it too; loss and the rest are refreshed at each log record.
@@ -15,10 +16,7 @@ from typing import Any
 from ember.config import RunConfig
 from ember.pipeline.loader import Loader, ReadCounter
 from ember.source.config import DataConfig
-from ember.source.files import expand_paths
-from ember.source.sql import sql_count
-from ember.source.storage import file_size, footer_rows
-from ember.source.synthetic import split_rows
+from ember.source.protocol import source_for
 
 __all__ = ["Progress", "EpochRows", "epoch_rows", "estimate_rows", "planned_steps"]
 
@@ -35,16 +33,11 @@ class EpochRows:
 
 
 def epoch_rows(data: DataConfig) -> EpochRows:
-    """The train split's rows per epoch: exact for synthetic data, Parquet and ORC (metadata
-    only, no data read); for CSV / TSV the files' total size, to estimate from."""
-    if data.format == "synthetic":
-        return EpochRows(rows=split_rows(data.synthetic, "train"))
-    if data.format == "sql" and data.sql is not None:  # the database counts the query's rows
-        return EpochRows(rows=sql_count(data.sql, "train"))
-    files = expand_paths(data.paths("train"), data.format, data.storage_options)
-    if data.format in ("parquet", "orc"):
-        return EpochRows(rows=sum(footer_rows(f, data.format, data.storage_options) for f in files))
-    return EpochRows(total_bytes=sum(file_size(f, data.storage_options) for f in files))
+    """The train split's rows per epoch as its source counts them without reading rows
+    (``Source.count``): exact for synthetic data, Parquet and ORC footers, a query's COUNT, an
+    Iceberg table's manifests; for CSV / TSV the files' total size, to estimate from."""
+    count = source_for(data).count("train")
+    return EpochRows(rows=count.rows, total_bytes=count.bytes)
 
 
 def estimate_rows(total_bytes: int, bytes_read: int, rows_read: int) -> int | None:

@@ -8,11 +8,13 @@ The data position says where the next batch comes from beyond ``epoch`` and ``ba
 - distributed ``data.shard: files``: ``ShardPositions``, each rank's batch index in its own
   files (``ember.train.shards``);
 - ``data.format: sql``: a ``SqlPosition`` (``ember.source.sql``: the last key trained, or a
-  shuffled epoch's key bound).
+  shuffled epoch's key bound);
+- ``data.format: iceberg``: an ``IcebergPosition`` (``ember.source.iceberg``: the snapshot the
+  epoch reads).
 
 On disk the position is one flat dict, ``{"epoch", "batch"}`` plus the data position's keys
 (``files_done``, ``file``, ``file_rows``; or ``shard: files``, ``world_size``,
-``rank_batches``; ``sql_key``, ``sql_key_max``), so checkpoints written before this type existed parse unchanged.
+``rank_batches``; ``sql_key``, ``sql_key_max``; ``iceberg_snapshot``), so checkpoints written before this type existed parse unchanged.
 
 Example:
     >>> s = RunState.from_dict({"step": 7, "position": {"epoch": 1, "batch": 3}})
@@ -29,9 +31,10 @@ from typing import Any, Union
 
 from ember.errors import CheckpointError, ConfigError
 from ember.pipeline.stream import StreamPosition
+from ember.source.iceberg import IcebergPosition
 from ember.source.sql import SqlPosition
 
-__all__ = ["RunState", "ShardPositions", "DataPosition", "data_position"]
+__all__ = ["RunState", "ShardPositions", "DataPosition", "SOURCE_POSITIONS", "data_position"]
 
 
 @dataclass(frozen=True)
@@ -55,8 +58,10 @@ class ShardPositions:
         return {"shard": "files", "world_size": self.world_size, "rank_batches": list(self.rank_batches)}
 
 
-DataPosition = Union[StreamPosition, ShardPositions, SqlPosition, None]
+DataPosition = Union[StreamPosition, ShardPositions, SqlPosition, IcebergPosition, None]
 """What a data source adds to ``epoch`` and ``batch`` (see the module docstring)."""
+SOURCE_POSITIONS = (SqlPosition, IcebergPosition)
+"""Positions a source pins for one epoch (``Source.start``): the same on every rank, dropped at a new epoch."""
 
 
 def data_position(position: dict[str, Any]) -> DataPosition:
@@ -67,6 +72,8 @@ def data_position(position: dict[str, Any]) -> DataPosition:
         return ShardPositions(tuple(int(b) for b in position["rank_batches"]))
     if "sql_key" in position or "sql_key_max" in position:
         return SqlPosition.from_position(position)
+    if "iceberg_snapshot" in position:
+        return IcebergPosition.from_position(position)
     return None
 
 
@@ -99,8 +106,8 @@ class RunState:
         self.epoch, self.batch = self.epoch + 1, 0
         if isinstance(self.data, ShardPositions):
             self.data = ShardPositions.start(self.data.world_size)
-        elif isinstance(self.data, SqlPosition):
-            self.data = None  # a new epoch reads the query from its start
+        elif isinstance(self.data, SOURCE_POSITIONS):
+            self.data = None  # a new epoch reads the query (the table's newest snapshot) from its start
 
     def stream_start(self, where: str) -> StreamPosition:
         """Where an online run resumed from this state starts its stream; CheckpointError naming
@@ -124,7 +131,7 @@ class RunState:
                                   "files); resume it with train.mode: online, or start an offline run from its weights "
                                   f"with train.init_from={where}")
         starts = self.rank_starts(world_size, files)
-        if isinstance(self.data, SqlPosition):  # a query's position: the same on every rank (each reads it whole)
+        if isinstance(self.data, SOURCE_POSITIONS):  # a query's or snapshot's position: the same on every rank
             return RunState(self.step, self.epoch, self.batch, self.data if self.batch else None)
         return RunState(self.step, self.epoch, self.batch, ShardPositions(tuple(starts)) if files else None)
 

@@ -26,7 +26,7 @@ from ember.distributed.process_group import DistributedRun
 from ember.errors import ConfigError
 from ember.pipeline.loader import shard_files
 from ember.pipeline.scheduler import Stage
-from ember.source.files import expand_paths
+from ember.source.protocol import source_for
 
 __all__ = ["FileShards", "LookAhead", "check_file_shards", "AHEAD", "ahead_of"]
 
@@ -55,7 +55,7 @@ def check_file_shards(cfg: RunConfig, world_size: int) -> None:
                           "stream and trains its slice of each batch (data.shard: rows), so that the ranks cut the "
                           "same batches as one process and the stream position stays one list of files; dealing "
                           "files that arrive to ranks would need the ranks to agree on each file first. Use data.shard: rows")
-    shard_files(expand_paths(cfg.data.paths("train"), cfg.data.format, cfg.data.storage_options), 0, world_size)  # fewer files than ranks: raises
+    shard_files(source_for(cfg.data).units("train"), 0, world_size)  # fewer units (files, data files) than ranks: raises
 
 
 class LookAhead:

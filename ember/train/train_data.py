@@ -16,8 +16,7 @@ from ember.errors import ConfigError
 from ember.pipeline.loader import WINDOW_KEYS, BatchList, FileLoader, Loader, empty_batch, make_batches
 from ember.pipeline.scheduler import Stage
 from ember.pipeline.stream import StreamLoader, StreamPosition
-from ember.source.sql import SqlPosition
-from ember.train.run_state import DataPosition, RunState, ShardPositions
+from ember.train.run_state import SOURCE_POSITIONS, DataPosition, RunState, ShardPositions
 from ember.train.shards import FileShards, ahead_of
 from ember.train.stream_ranks import StreamRanks
 
@@ -92,8 +91,8 @@ class TrainLoader:
             if not batch:
                 return ShardPositions.start(self.shards.world_size)
             return ShardPositions(tuple(self.shards.positions(batch - self.shards.first_batch)))
-        if isinstance(self.loader, FileLoader) and self.loader.data.format == "sql" and self.loader.split == "train":
-            return self.loader.sql_position(batch)  # the last key trained (or a shuffled epoch's key bound)
+        if isinstance(self.loader, FileLoader) and self.loader.split == "train":
+            return self.loader.source_position(batch)  # e.g. a query's last key trained, an Iceberg snapshot
         return None
 
 
@@ -130,9 +129,9 @@ def open_train_loader(cfg: RunConfig, state: RunState, dist: DistributedRun | No
         return TrainLoader(loader, shards, pipe.depth.featurize)
     # embedding ranks (no rows of their own) and their dense ranks: dist.data_slice
     mine = dist.data_slice if dist is not None and d.format == "synthetic" else None
-    sql_at = state.data if isinstance(state.data, SqlPosition) else None  # a query's epoch resumes there
+    at = state.data if isinstance(state.data, SOURCE_POSITIONS) else None  # a query's or table's epoch resumes there
     loader = make_batches(d, cfg.schema, "train", epoch=state.epoch, start_batch=state.batch, depth=pipe.depth,
-                          workers=pipe.data_workers, rank_slice=mine, sql_at=sql_at)
+                          workers=pipe.data_workers, rank_slice=mine, at=at)
     if keys:
         loader.carry(keys, WINDOW_KEYS)
     return TrainLoader(loader)

@@ -111,12 +111,12 @@ def test_loader_positions_and_key_resume(tmp_path):
     loader = make_batches(data, schema)
     batches = list(loader)
     assert [b.size for b in batches] == [2, 2, 1] and all(b.keys is None for b in batches)
-    assert [loader.sql_position(i) for i in (0, 1, 2, 3)] == [None, SqlPosition(after=20), SqlPosition(after=40),
+    assert [loader.source_position(i) for i in (0, 1, 2, 3)] == [None, SqlPosition(after=20), SqlPosition(after=40),
                                                              SqlPosition(after=50)]
-    resumed = make_batches(data, schema, start_batch=1, sql_at=SqlPosition(after=20))
-    assert [b.size for b in resumed] == [2, 1] and resumed.sql_position(3) == SqlPosition(after=50)
+    resumed = make_batches(data, schema, start_batch=1, at=SqlPosition(after=20))
+    assert [b.size for b in resumed] == [2, 1] and resumed.source_position(3) == SqlPosition(after=50)
     shuffled = make_batches(data.model_copy(update={"shuffle_buffer": 4}), schema, start_batch=1,
-                            sql_at=SqlPosition(after=20))
+                            at=SqlPosition(after=20))
     with pytest.raises(ConfigError, match="written mid-epoch in key order"):
         list(shuffled)
     assert epoch_rows(data).rows == 5
