@@ -67,6 +67,8 @@ class CacheTicket:
     held: np.ndarray
     dev: tuple[Tensor, Tensor] | None = None  # (each row's slot, or the trash row; bypass positions), on the device
     inserts: int = 0  # the cache's admitting write-backs at this fetch
+    writes: int = 0  # and its write-backs
+    new_in_slow: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))  # per ``new``: read from a slower tier
     released: bool = False
     _finalizer: weakref.finalize | None = field(default=None, repr=False)
 
@@ -142,6 +144,7 @@ class GroupCache:
         self._queue: tuple[np.ndarray, np.ndarray] | None = None  # victims ranked by the last scan
         self.orphans: list[np.ndarray] = []  # slots held by tickets dropped without a write_back
         self.inserts = 0  # write-backs that admitted rows (a lookup fetched before one re-checks its misses)
+        self.writes = 0  # write-backs
         self._mix = (np.arange(1, len(self.slow) + 1, dtype=np.uint64) * _MIX).view(np.int64)
         self.cuda = self.device.type == "cuda"
         self._copies = torch.cuda.Stream(self.device) if self.cuda else None  # host<->device copies
@@ -344,7 +347,8 @@ class GroupCache:
         bypass = miss[not_new]
         plan.ticket = CacheTicket(w_slots, new, bypass, w_slots[w_slots >= 0])
         plan.ticket._finalizer = weakref.finalize(plan.ticket, _release, weakref.ref(self), plan.ticket.held)
-        plan.ticket.inserts = self.inserts
+        plan.ticket.inserts, plan.ticket.writes = self.inserts, self.writes
+        plan.ticket.new_in_slow = plan.found[new]  # the others were first sightings: in no slower tier
         return plan
 
     def load(self, plan: "CachePlan", extra: Sequence[Tensor] = ()) -> tuple[Tensor, list[Tensor]]:
@@ -420,9 +424,15 @@ class GroupCache:
                 cut = np.searchsorted(owner[ok], np.arange(1, len(sizes)))
                 if self.pending:  # an older copy of one of them on its way to the slower tier lands first
                     self.drain(wait=False, needed=[ids[sel] for sel in np.split(ok, cut)])
+                # exclusive: it now lives in the arena. A first sighting is in no slower tier unless
+                # another lookup wrote it there since this one's fetch
+                in_slow = np.zeros(slots.size, dtype=bool)
+                in_slow[new] = ticket.new_in_slow
                 for j, sel in enumerate(np.split(ok, cut)):
-                    if sel.size:  # exclusive: it now lives in the arena
-                        self.slow[j].remove(torch.from_numpy(ids[sel]))
+                    if sel.size:
+                        there = sel if self.writes != ticket.writes else sel[in_slow[sel]]
+                        if there.size:
+                            self.slow[j].remove(torch.from_numpy(ids[there]))
                         self.views[j].promotions += int(sel.size)
         self._mark()
         if changed or ticket.dev is None:
@@ -440,6 +450,7 @@ class GroupCache:
                 self.views[j].bypasses += c
             self._moved(n)
         self._release(ticket)
+        self.writes += 1
 
     def _admit(self, est: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Which candidates (indices into ``est``) get a slot, most frequent first, and the
