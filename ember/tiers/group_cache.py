@@ -136,7 +136,9 @@ class GroupCache:
         self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)  # a stack: slot 0 first
         self._nfree = capacity
         self.clock = 0
-        self.sketch = CountMinSketch(8 * capacity)
+        # 8 counters per slot as a per-table cache has, up to 4 M per row (32 MiB in all): a whole
+        # group's sketch sized like that would be touched at random by every miss of every step
+        self.sketch = CountMinSketch(min(8 * capacity, 1 << 22))
         self.decay_every = 16 * self.sketch.width
         self.evict_slack = max(1, capacity // 64)  # rows demoted beyond need: amortises the O(capacity) victim scan
         self.pending: list[_Pending] = []
@@ -329,7 +331,11 @@ class GroupCache:
             return plan
         # (find counted the hits' accesses and holds their slots until write_back: no one's victims)
         est = np.empty(0, np.int64)
-        if miss.size:
+        if miss.size and self.admit_after == 1 and miss.size <= self._nfree:
+            # room for every miss, admitted at first sight: no count decides anything yet
+            est = np.ones(miss.size, dtype=np.int64)
+            est[taken[miss]] = 0
+        elif miss.size:
             est = self._count(ids[miss] ^ self._mix[owner[miss]])
             est[taken[miss]] = 0  # its key belongs to another (table, ID): it stays in its slower tier
         admitted, plan.victims = self._admit(est)
