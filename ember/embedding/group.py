@@ -220,7 +220,11 @@ class GroupLookup:
         g = self.group
         cache = g.cache
         assert cache is not None
-        plan = cache.fetch(self.table_ids, self.train)
+        bags = self._grouped()
+        extra = [self.inverse] if self.sparse is not None else []
+        for bg in bags:
+            extra += [x for x in (bg.inv, None if bg.layout is None else bg.layout[0]) if x is not None]
+        plan = cache.fetch(self.table_ids, self.train, extra)
         miss, found_np, staged = plan.miss, plan.found, plan.staged
         if miss.size:
             fresh = np.flatnonzero(~found_np[miss] & ~g.special[owner[miss]])  # indices into miss
@@ -230,11 +234,7 @@ class GroupLookup:
                 buf = staged.new_empty(fresh.size, staged.shape[1])
                 self._fresh_into(buf, miss[fresh], owner)
                 staged[torch.from_numpy(fresh)] = buf
-        bags = self._grouped()
-        extra = [self.inverse] if self.sparse is not None else []
-        for bg in bags:
-            extra += [x for x in (bg.inv, None if bg.layout is None else bg.layout[0]) if x is not None]
-        rec, dev = cache.load(plan, extra)
+        rec, dev = cache.load(plan)
         if extra:
             self.inverse_dev, rest = dev[0], iter(dev[1:])
             for bg in bags:

@@ -80,10 +80,12 @@ class CachePlan:
     sizes: list[int]
     miss: np.ndarray  # positions of the rows not in the arena
     found: np.ndarray  # bool [U]: in the arena or a slower tier (the others are fresh)
-    gather: np.ndarray  # int64 [U]: arena slot to gather for each row (0 for misses: overwritten)
-    staged: Tensor  # [M, R] host rows of the misses (fresh ones filled by the caller)
-    victims: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
-    ticket: CacheTicket | None = None
+    staged: Tensor  # [M, R] host rows of the misses (fresh ones filled by the caller), a view of ``buf``
+    buf: Tensor  # the pinned bytes load copies to the device: the int64 indexes, then the staged rows
+    lens: list[int]  # the indexes' lengths: gather slots, miss positions, victims, extra..., write slots, bypass
+    n_extra: int
+    victims: np.ndarray
+    ticket: CacheTicket | None
 
 
 @dataclass
@@ -301,10 +303,12 @@ class GroupCache:
         return est
 
     # ---- the fast path -----------------------------------------------------------------
-    def fetch(self, table_ids: Sequence[Tensor], train: bool) -> "CachePlan":
-        """The host half of a lookup's read: probe, read the misses from the slower tiers into
-        a pinned staging buffer and (training) decide admissions and victims. The caller fills
-        the fresh rows of misses not ``found`` into ``plan.staged``, then calls ``load``."""
+    def fetch(self, table_ids: Sequence[Tensor], train: bool, extra: Sequence[Tensor] = ()) -> "CachePlan":
+        """The host half of a lookup's read: probe, (training) decide admissions and victims,
+        and read the misses from the slower tiers straight into the pinned buffer ``load``
+        copies to the device (with the indexes and ``extra``: int64 host tensors the step needs
+        there, the lookup's pooling indexes). The caller fills the fresh rows of misses not
+        ``found`` into ``plan.staged``, then calls ``load``."""
         sizes = [t.numel() for t in table_ids]
         self._adopt_orphans()
         self.drain(wait=False)
@@ -314,22 +318,39 @@ class GroupCache:
         slots, taken = self.find(owner, ids, touch=train)
         hit = slots >= 0
         miss = np.flatnonzero(~hit)
-        plan = CachePlan(sizes=sizes, miss=miss, found=hit.copy(), gather=np.where(hit, slots, 0),
-                         staged=self._host(miss.size, self.record_dim))
+        for v, n, h in zip(self.views, sizes, np.bincount(owner[hit], minlength=len(sizes)).tolist()):
+            v.requests += n
+            v.hits += h
+        ticket, victims = None, np.empty(0, np.int64)
+        if train:  # (find counted the hits' accesses and holds their slots until write_back: no one's victims)
+            ticket, victims = self._plan_admission(ids, owner, slots, taken, miss)
+        # one pinned buffer for the upload: the indexes (int64, aligned first), then the staged rows
+        ints = [np.where(hit, slots, 0), miss, victims] + [x.numpy() for x in extra]
+        if ticket is not None:
+            ints += [np.where(ticket.slots >= 0, ticket.slots, self.trash), ticket.bypass]
+        lens = [x.size for x in ints]
+        floats = miss.size * self.record_dim
+        head = 8 * sum(lens)
+        buf = self._host(1, head + 4 * floats, torch.uint8).view(-1)
+        np.concatenate(ints, out=buf[:head].view(torch.int64).numpy())
+        staged = buf[head:].view(torch.float32).view(miss.size, self.record_dim)
+        found = hit.copy()
         if miss.size:
             cut = np.searchsorted(owner[miss], np.arange(1, len(sizes)))
             per_table = [torch.from_numpy(x) for x in np.split(ids[miss], cut)]  # (positions ascend: table after table)
             if self.pending:
                 self.drain(wait=False, needed=[t.numpy() for t in per_table])
-            plan.found[miss] = read_segments(self.slow, per_table, plan.staged).numpy()
+            found[miss] = read_segments(self.slow, per_table, staged).numpy()
             self._moved(np.bincount(owner[miss], minlength=len(sizes)))
-        hs = slots[hit]
-        for v, n, h in zip(self.views, sizes, np.bincount(owner[hit], minlength=len(sizes)).tolist()):
-            v.requests += n
-            v.hits += h
-        if not train:
-            return plan
-        # (find counted the hits' accesses and holds their slots until write_back: no one's victims)
+        if ticket is not None:
+            ticket.new_in_slow = found[ticket.new]  # the others were first sightings: in no slower tier
+        return CachePlan(sizes=sizes, miss=miss, found=found, staged=staged, buf=buf, lens=lens, n_extra=len(extra),
+                         victims=victims, ticket=ticket)
+
+    def _plan_admission(self, ids: np.ndarray, owner: np.ndarray, slots: np.ndarray, taken: np.ndarray,
+                        miss: np.ndarray) -> tuple[CacheTicket, np.ndarray]:
+        """A training lookup's misses: which are admitted (a reserved slot each) and which rows
+        they displace; the ticket its write_back takes."""
         est = np.empty(0, np.int64)
         if miss.size and self.admit_after == 1 and miss.size <= self._nfree:
             # room for every miss, admitted at first sight: no count decides anything yet
@@ -338,9 +359,9 @@ class GroupCache:
         elif miss.size:
             est = self._count(ids[miss] ^ self._mix[owner[miss]])
             est[taken[miss]] = 0  # its key belongs to another (table, ID): it stays in its slower tier
-        admitted, plan.victims = self._admit(est)
+        admitted, victims = self._admit(est)
         new = miss[admitted]
-        w_slots = np.where(hit, slots, -1)
+        w_slots = np.where(slots >= 0, slots, -1)
         if new.size:
             reserved = self._take_free(new.size)
             self.owner[reserved] = owner[new]
@@ -350,41 +371,28 @@ class GroupCache:
             w_slots[new] = reserved
         not_new = np.ones(miss.size, dtype=bool)
         not_new[admitted] = False
-        bypass = miss[not_new]
-        plan.ticket = CacheTicket(w_slots, new, bypass, w_slots[w_slots >= 0])
-        plan.ticket._finalizer = weakref.finalize(plan.ticket, _release, weakref.ref(self), plan.ticket.held)
-        plan.ticket.inserts, plan.ticket.writes = self.inserts, self.writes
-        plan.ticket.new_in_slow = plan.found[new]  # the others were first sightings: in no slower tier
-        return plan
+        ticket = CacheTicket(w_slots, new, miss[not_new], w_slots[w_slots >= 0])
+        ticket._finalizer = weakref.finalize(ticket, _release, weakref.ref(self), ticket.held)
+        ticket.inserts, ticket.writes = self.inserts, self.writes
+        return ticket, victims
 
-    def load(self, plan: "CachePlan", extra: Sequence[Tensor] = ()) -> tuple[Tensor, list[Tensor]]:
+    def load(self, plan: "CachePlan") -> tuple[Tensor, list[Tensor]]:
         """The device half of a lookup's read, a fixed few operations: one host->device copy
-        (indexes, staged rows and ``inverse`` in one buffer), the displaced rows gathered and
-        copied (non-blocking) towards the host, the rows gathered from the arena and the staged
-        ones put in place. ``extra``: int64 host tensors the step needs on the device (the
-        lookup's pooling indexes), copied in the same piece. Returns the rows [U, R] and
-        ``extra`` on the device."""
-        t = plan.ticket
-        n, m = plan.gather.size, plan.miss.size
-        ints = [plan.gather, plan.miss, plan.victims] + [x.numpy() for x in extra]
-        if t is not None:
-            ints += [np.where(t.slots >= 0, t.slots, self.trash), t.bypass]
-        lens = [x.size for x in ints]
-        buf = self._host(1, 8 * sum(lens) + 4 * m * self.record_dim, torch.uint8).view(-1)
-        head = buf[: 8 * sum(lens)].view(torch.int64)
-        head.copy_(torch.from_numpy(np.concatenate(ints).astype(np.int64, copy=False)))
-        if m:
-            buf[8 * sum(lens) :].view(torch.float32).copy_(plan.staged.view(-1))
+        (staged rows, indexes and the ``extra`` tensors in one buffer), the displaced rows
+        gathered and copied (non-blocking) towards the host, the rows gathered from the arena
+        and the staged ones put in place. Returns the rows [U, R] and ``extra`` on the device."""
+        t, lens, m = plan.ticket, plan.lens, plan.miss.size
+        head = 8 * sum(lens)
         self._mark()
-        dev = self._upload(buf)
-        dint = dev[: 8 * sum(lens)].view(torch.int64).split(lens)
+        dev = self._upload(plan.buf)
+        dint = dev[:head].view(torch.int64).split(lens)
         if plan.victims.size:  # read before anything reuses their slots (one stream: in order)
             tables, ids = self.evicted_of(plan)
             self._download(self.arena.index_select(0, dint[2]), _split_by_table(ids, tables, len(plan.sizes)))
         rows = self.arena.index_select(0, dint[0])
         if m:
-            rows.index_copy_(0, dint[1], dev[8 * sum(lens) :].view(torch.float32).view(m, self.record_dim))
-        k = 3 + len(extra)
+            rows.index_copy_(0, dint[1], dev[head:].view(torch.float32).view(m, self.record_dim))
+        k = 3 + plan.n_extra
         if t is not None:
             t.dev = (dint[k], dint[k + 1])
         return rows, list(dint[3:k])
