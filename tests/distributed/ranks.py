@@ -33,7 +33,7 @@ __all__ = ["run_ranks", "init", "train_config", "table_rows", "merge_tables"]
 
 # what the forkserver imports once; a rank forked from it imports only what ``fn`` needs beyond
 _PRELOAD = ["torch", "torch.distributed", "numpy", "ember.config", "ember.train.loop", "ember.cli",
-            "ember.testing.distributed", "tests.distributed.ranks"]
+            "ember.testing.distributed", "tests.distributed.ranks", "tests.distributed._preload"]
 # variables read at import time (torch's and ember's): the forkserver's values must be this process's
 _IMPORT_ENV = ("EMBER_", "OMP_", "MKL_", "GLIBC_TUNABLES", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHON", "TORCH_",
                "CUDA_VISIBLE_DEVICES")
