@@ -72,9 +72,32 @@ def train_config(rank: int, world_size: int, path: Any, overrides: tuple[str, ..
     return train(load(path, list(overrides)), overwrite=True).step
 
 
+class _StdFds:
+    """The caller's stdout and stderr for a rank forked from the forkserver (which holds those of
+    the test that started it): sent with the rank, as a spawned rank inherits them (under
+    pytest, the current test's capture)."""
+
+    def __reduce__(self) -> tuple:
+        from multiprocessing import reduction
+
+        return (_Inherited, (reduction.DupFd(1), reduction.DupFd(2)))  # while the rank is pickled
+
+
+class _Inherited:
+    def __init__(self, out: Any, err: Any) -> None:
+        self.fds = (out.detach(), err.detach())
+
+    def install(self) -> None:
+        for stream, fd in ((1, self.fds[0]), (2, self.fds[1])):
+            os.dup2(fd, stream)
+            os.close(fd)
+
+
 def _main(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple, out: Any,
-          local_world_size: int | None = None, env: dict[str, str] | None = None) -> None:
+          local_world_size: int | None = None, env: dict[str, str] | None = None, std: Any = None) -> None:
     local = local_world_size or world_size  # ranks per "node" (torchrun numbers ranks node after node)
+    if std is not None:
+        std.install()
     if env is not None:  # forked from the forkserver: the caller's environment, as a spawned rank has it
         os.environ.clear()
         os.environ.update(env)
@@ -103,8 +126,9 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, args: tuple = (), tim
     ctx = _context()
     out = ctx.Queue()
     port = free_port()
-    env = dict(os.environ) if ctx.get_start_method() == "forkserver" else None
-    procs = [ctx.Process(target=_main, args=(fn, r, world_size, port, args, out, local_world_size, env), daemon=True)
+    forked = ctx.get_start_method() == "forkserver"
+    env, std = (dict(os.environ), _StdFds()) if forked else (None, None)
+    procs = [ctx.Process(target=_main, args=(fn, r, world_size, port, args, out, local_world_size, env, std), daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()
