@@ -1,5 +1,5 @@
 """An in-process multi-rank harness: ``run_ranks(fn, world_size)`` runs ``fn(rank, world_size,
-*args)`` on ``world_size`` spawned processes from the calling (pytest) process, with the
+*args)`` on ``world_size`` processes started from the calling (pytest) process, with the
 environment torchrun would set (RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT),
 and returns their results in rank order. Cheaper than torchrun (no launcher and agent
 processes); ``fn`` may call ``ember.train.loop.train`` (which starts the process group from
