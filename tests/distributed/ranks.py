@@ -1,9 +1,16 @@
 """An in-process multi-rank harness: ``run_ranks(fn, world_size)`` runs ``fn(rank, world_size,
-*args)`` on ``world_size`` spawned processes from the calling (pytest) process, with the
+*args)`` on ``world_size`` processes started from the calling (pytest) process, with the
 environment torchrun would set (RANK, WORLD_SIZE, MASTER_ADDR=127.0.0.1, a free MASTER_PORT),
 and returns their results in rank order. Cheaper than torchrun (no launcher and agent
 processes); ``fn`` may call ``ember.train.loop.train`` (which starts the process group from
-that environment) or ``init()`` for a bare gloo group."""
+that environment) or ``init()`` for a bare gloo group.
+
+The ranks are forked from a forkserver that imported torch and ember once per pytest session
+(every rank is still a fresh process: nothing of an earlier call's ranks carries over), so a
+call costs the training, not an interpreter and a torch import per rank (~2-4 s each on 2 cores).
+Each rank takes this process's environment as it is at the call. Where a variable that is read
+when torch or ember is imported (``_IMPORT_ENV``) differs from the forkserver's, or with
+``EMBER_TEST_SPAWN=1``, the ranks are spawned (a new interpreter each) as before."""
 
 from __future__ import annotations
 
@@ -22,7 +29,33 @@ import torch.distributed as dist
 
 from ember.testing.distributed import free_port
 
-__all__ = ["run_ranks", "init", "table_rows", "merge_tables"]
+__all__ = ["run_ranks", "init", "train_config", "table_rows", "merge_tables"]
+
+# what the forkserver imports once; a rank forked from it imports only what ``fn`` needs beyond
+_PRELOAD = ["torch", "torch.distributed", "numpy", "ember.config", "ember.train.loop", "ember.cli",
+            "ember.testing.distributed", "tests.distributed.ranks", "tests.distributed._preload"]
+# variables read at import time (torch's and ember's): the forkserver's values must be this process's
+_IMPORT_ENV = ("EMBER_", "OMP_", "MKL_", "GLIBC_TUNABLES", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHON", "TORCH_",
+               "CUDA_VISIBLE_DEVICES")
+_server_env: dict[str, str] | None = None  # the import-time variables the forkserver started with
+
+
+def _import_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(_IMPORT_ENV)}
+
+
+def _context() -> Any:
+    """The forkserver context while the import-time environment is the one it started with,
+    else (or with EMBER_TEST_SPAWN=1) spawn."""
+    global _server_env
+    if os.environ.get("EMBER_TEST_SPAWN") == "1" or "forkserver" not in mp.get_all_start_methods():
+        return mp.get_context("spawn")
+    if _server_env is None:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(_PRELOAD)
+        _server_env = _import_env()  # the forkserver starts with the first rank, from this environment
+        return ctx
+    return mp.get_context("forkserver") if _import_env() == _server_env else mp.get_context("spawn")
 
 
 def init() -> None:
@@ -30,9 +63,45 @@ def init() -> None:
     dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=60))
 
 
+def train_config(rank: int, world_size: int, path: Any, overrides: tuple[str, ...] | list[str] = ()) -> int:
+    """A rank of ``ember train --config path --overwrite overrides...`` as ``run_ranks`` runs it
+    (what a torchrun launch of the command line trains, without the launcher): its last step."""
+    from ember.config import load
+    from ember.train.loop import train
+
+    return train(load(path, list(overrides)), overwrite=True).step
+
+
+class _StdFds:
+    """The caller's stdout and stderr for a rank forked from the forkserver (which holds those of
+    the test that started it): sent with the rank, as a spawned rank inherits them (under
+    pytest, the current test's capture)."""
+
+    def __reduce__(self) -> tuple:
+        from multiprocessing import reduction
+
+        return (_Inherited, (reduction.DupFd(1), reduction.DupFd(2)))  # while the rank is pickled
+
+
+class _Inherited:
+    def __init__(self, out: Any, err: Any) -> None:
+        self.fds = (out.detach(), err.detach())
+
+    def install(self) -> None:
+        for stream, fd in ((1, self.fds[0]), (2, self.fds[1])):
+            os.dup2(fd, stream)
+            os.close(fd)
+
+
 def _main(fn: Callable[..., Any], rank: int, world_size: int, port: int, args: tuple, out: Any,
-          local_world_size: int | None = None) -> None:
+          local_world_size: int | None = None, env: dict[str, str] | None = None, std: Any = None) -> None:
     local = local_world_size or world_size  # ranks per "node" (torchrun numbers ranks node after node)
+    if std is not None:
+        std.install()
+    if env is not None:  # forked from the forkserver: the caller's environment, as a spawned rank has it
+        os.environ.clear()
+        os.environ.update(env)
+    np.random.seed()  # a forked rank would otherwise share the forkserver's global numpy state
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank % local),
                        "LOCAL_WORLD_SIZE": str(local), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
                        "OMP_NUM_THREADS": "1"})
@@ -54,10 +123,12 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, args: tuple = (), tim
     and ``args`` must pickle: a module-level function); AssertionError with the traceback of
     every rank that raised, or when a rank does not finish within ``timeout`` seconds.
     ``local_world_size``: ranks per "node" as torchrun would say (default: all on one node)."""
-    ctx = mp.get_context("spawn")
+    ctx = _context()
     out = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_main, args=(fn, r, world_size, port, args, out, local_world_size), daemon=True)
+    forked = ctx.get_start_method() == "forkserver"
+    env, std = (dict(os.environ), _StdFds()) if forked else (None, None)
+    procs = [ctx.Process(target=_main, args=(fn, r, world_size, port, args, out, local_world_size, env, std), daemon=True)
              for r in range(world_size)]
     for p in procs:
         p.start()

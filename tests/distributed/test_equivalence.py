@@ -1,5 +1,5 @@
-"""Distributed training equals one process: 2 and 3 ranks (gloo, CPU, launched by torchrun)
-end with the same rows, optimizer state, dense weights and eval figures as one process on the
+"""Distributed training equals one process: 2 and 3 ranks (gloo, CPU; spawned from this process
+by ``tests.distributed.ranks``, or launched by torchrun where the command line is tested) end with the same rows, optimizer state, dense weights and eval figures as one process on the
 same global batches, for every sparse optimizer (one table each), with table- and row-wise
 tables, ``min_count`` and a TTL.
 
@@ -24,6 +24,7 @@ from ember.cli import main as ember_main
 from ember.config import load
 from ember.testing.distributed import assert_states_close, checkpoint_state, torchrun_train
 from ember.train.loop import train
+from tests.distributed.ranks import run_ranks, train_config
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
 
@@ -116,10 +117,14 @@ def test_checkpoints_move_between_world_sizes(setup, tmp_path):
     2-rank checkpoint equals the one-process one's, and so does ``ember train --export`` of the
     3-rank run."""
     path, runs, full = setup
+    # the first two hops run as ranks spawned from this process (the maths, not the launch);
+    # the last is `ember train --export` under torchrun.
     # this hop trains with the pipeline's stage threads: the same states as in line
-    _launch(path, 3, "train.run_name=to3", f"train.resume={_reference(runs, 4)}", "train.max_steps=6", "pipeline.enabled=true")
+    run_ranks(train_config, 3, (path, ["train.run_name=to3", f"train.resume={_reference(runs, 4)}", "train.max_steps=6",
+                                       "pipeline.enabled=true"]), timeout=300)
     _check_run(runs / "to3", _reference(runs, 6), runs / "one")
-    _launch(path, 2, "train.run_name=to2", f"train.resume={runs / 'to3'}", "train.max_steps=8")
+    run_ranks(train_config, 2, (path, ["train.run_name=to2", f"train.resume={runs / 'to3'}", "train.max_steps=8"]),
+              timeout=300)
     _check_run(runs / "to2", _reference(runs, 8), runs / "one")
     assert verify_checkpoint(resolve_checkpoint(runs / "to2"))["parts"] == 2
     _launch(path, 3, "train.run_name=back3", f"train.resume={runs / 'to2'}", "--export", str(tmp_path / "exp3"))

@@ -6,6 +6,8 @@ The run stops at step 3 (in line), its checkpoint records each rank's position i
 files, and a resume (pipeline threads) finishes the epoch: the end state equals one process
 trained on the global batches the ranks formed (rank 0's batch s with rank 1's batch s), so
 every row trained exactly once, in that order, with the loss over each step's true rows.
+The ranks are spawned from this process (``tests.distributed.ranks``; the launch is not what
+is tested here).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from ember.errors import ConfigError
 from ember.featurize.schema import Schema
 from ember.pipeline.loader import make_batches
 from ember.source.config import DataConfig
-from ember.testing.distributed import assert_states_close, checkpoint_state, torchrun_train
+from ember.testing.distributed import assert_states_close, checkpoint_state
 from ember.train.loop import train
+from tests.distributed.ranks import run_ranks, train_config
 
 SCHEMA = {"labels": ["y"], "dense": [{"name": "d"}], "sparse": [{"name": "a"}, {"name": "b"}]}
 
@@ -100,8 +103,7 @@ def test_two_ranks_train_every_row_of_their_files_once_and_resume(tmp_path):
     runs = tmp_path / "runs"
     for args in (["train.run_name=files", "train.max_steps=3"],
                  ["train.run_name=files2", f"train.resume={runs / 'files'}", "pipeline.enabled=true"]):
-        done = torchrun_train(path, 2, args, timeout=240)
-        assert done.returncode == 0, f"torchrun exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+        run_ranks(train_config, 2, (path, args), timeout=240)
     # the stop at step 3: rank 0 trained 3 of its batches, rank 1 both of its own (then empty batches)
     position = read_manifest(resolve_checkpoint(runs / "files"))["position"]
     assert position == {"epoch": 0, "batch": 3, "shard": "files", "world_size": 2, "rank_batches": [3, 2]}

@@ -1,5 +1,6 @@
 """Tower placement (``distributed.placement: towers``, issue 15 item 4): the placement rules,
-and a DMT trained on two torchrun "nodes" on 127.0.0.1 (one rank each) ends with the same
+and a DMT trained on two "nodes" on 127.0.0.1 (one rank each, spawned from this process with
+torchrun's per-node environment) ends with the same
 rows and dense weights, losses and eval figures as one process, with no ID, row or embedding
 gradient crossing nodes: only the routed IDs and the tower outputs and their gradients."""
 
@@ -16,7 +17,6 @@ from ember.distributed.towers import place_towers, plan_towers
 from ember.embedding.config import FeatureConfig, TableConfig
 from ember.errors import ConfigError
 from ember.testing.distributed import assert_states_close, checkpoint_state
-from ember.testing.nodes import torchrun_nodes
 from ember.train.builder import tower_plan
 from ember.train.loop import train
 
@@ -78,16 +78,19 @@ def test_ember_plan_prints_the_tower_placement(tmp_path, capsys):
 def test_two_nodes_with_tower_placement_match_one_process(tmp_path):
     """One process trains 2 steps; two nodes with tower placement resume its checkpoint to step
     4 and end where one process does after 4 steps (their checkpoint holds every tower's
-    weights and dense optimizer state, copied from the towers' nodes)."""
+    weights and dense optimizer state, copied from the towers' nodes). The nodes are ranks of
+    the in-process harness (LOCAL_WORLD_SIZE 1, as torchrun sets it for one rank per node);
+    the launch of two torchrun nodes is tested in test_faults.py."""
+    from tests.distributed.ranks import run_ranks, train_config
+
     cfg = {**CONFIG, "train": {**CONFIG["train"], "out_dir": str(tmp_path / "runs")}}
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     runs = tmp_path / "runs"
     one = train(load(path, ["train.run_name=one"]))
     train(load(path, ["train.run_name=towers", "train.max_steps=2"]))
-    done = torchrun_nodes(path, nnodes=2, nproc_per_node=1,
-                          overrides=["train.run_name=towers", f"train.resume={runs / 'towers'}"], timeout=300)
-    assert [d.returncode for d in done] == [0, 0], "\n".join(d.stderr[-4000:] for d in done)
+    run_ranks(train_config, 2, (path, ["train.run_name=towers", f"train.resume={runs / 'towers'}"]), timeout=300,
+              local_world_size=1)
     assert_states_close(checkpoint_state(runs / "one"), checkpoint_state(runs / "towers"))
     summary = json.loads((runs / "towers" / "summary.json").read_text())
     assert summary["auc/label"] == pytest.approx(one.metrics["auc/label"], abs=1e-6)

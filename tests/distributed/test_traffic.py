@@ -2,7 +2,9 @@
 predicts the bytes a 2-rank run measures (``Exchange.take_stats`` in ``metrics.jsonl``): split
 counts and the dense all-reduce exactly, IDs, rows and gradients within 10 % (the model takes
 the expected share (N-1)/N of IDs owned elsewhere; the hash's actual share on this data
-differs by a few per cent)."""
+differs by a few per cent). The ranks are spawned from this process (``tests.distributed.ranks``):
+what is measured is the exchange, not the launch (torchrun's is tested in test_faults.py and
+test_equivalence.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +15,8 @@ import yaml
 
 from ember.config import from_dict
 from ember.distributed.traffic import TableLoad, predict_bytes
-from ember.testing.distributed import torchrun_train
 from ember.train.traffic import predicted_bytes
+from tests.distributed.ranks import run_ranks, train_config
 
 CONFIG = {
     "data": {"preset": "synthetic", "batch_size": 512,
@@ -44,8 +46,7 @@ def test_two_rank_bytes_match_the_model(tmp_path):
     cfg = {**CONFIG, "train": {**CONFIG["train"], "out_dir": str(tmp_path / "runs"), "run_name": "two"}}
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
-    done = torchrun_train(path, 2, timeout=300)
-    assert done.returncode == 0, done.stderr[-6000:]
+    assert run_ranks(train_config, 2, (path,), timeout=300) == [4, 4]
     recs = [json.loads(line) for line in (tmp_path / "runs" / "two" / "metrics.jsonl").read_text().splitlines()]
     last = [r for r in recs if r["kind"] == "train"][-1]  # steps 3 and 4
     assert last["step"] == 4

@@ -296,7 +296,7 @@ def test_eval_config_rejects_a_slice_listed_twice():
 def test_two_ranks_gather_the_key_columns_and_report_what_one_process_does(tmp_path):
     """Distributed eval scores each rank's slice of every eval batch; the key columns are
     gathered with the predictions, so GAUC and slices are of all rows, as in one process."""
-    from ember.testing.distributed import torchrun_train
+    from tests.distributed.ranks import run_ranks, train_config  # spawned ranks: the launch is not under test
 
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump({
@@ -308,8 +308,7 @@ def test_two_ranks_gather_the_key_columns_and_report_what_one_process_does(tmp_p
         "eval": {"group_by": "C1", "slices": ["C2"], "slice_top": 3},
     }))
     one = train(load(path, ["train.run_name=one"])).metrics
-    done = torchrun_train(path, 2, ["train.run_name=two"], timeout=240)
-    assert done.returncode == 0, f"torchrun exited {done.returncode}:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    run_ranks(train_config, 2, (path, ["train.run_name=two"]), timeout=240)
     two = _strict((tmp_path / "runs" / "two" / "summary.json").read_text())
     keys = [k for k in one if k.startswith(("gauc", "rows/", "auc/label/", "ece/label/"))]
     assert len(keys) >= 10 and one["rows"] == two["rows"] == 90
