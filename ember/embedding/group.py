@@ -301,7 +301,6 @@ class GroupLookup:
         sparse = self.sparse
         if sparse is None:
             raise RuntimeError("GroupLookup.pool: this lookup was made of IDs (of_ids), it has no features to pool")
-        b = sparse.batch_size
         inverse = self.inverse_dev if self.inverse_dev is not None and _same_device(self.inverse_dev.device, device) else (
             to_device(self.inverse, device))
         starts = np.concatenate([[0], np.cumsum(self.counts)]).tolist()

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
@@ -24,20 +23,14 @@ from ember.pipeline.loader import make_batches
 from ember.source.config import DataConfig
 from ember.source.protocol import source_for
 from ember.testing import assert_identical, run_state
+from ember.testing.clicks import SCHEMA, clicks, clicks_run
 from ember.train.loop import train
 
 pytest.importorskip("pyiceberg", reason="the Iceberg tests need pyiceberg: pip install 'ember[iceberg]'")
 pytest.importorskip("sqlalchemy", reason="the Iceberg tests' SQL catalog needs sqlalchemy: pip install 'ember[iceberg]'")
 
-SCHEMA = {"labels": ["label"], "dense": [{"name": "d1"}], "sparse": [{"name": "c1"}, {"name": "c2"}]}
-
-
-def rows(seed: int, n: int, first_id: int) -> pa.Table:
-    rng = np.random.default_rng(seed)
-    c1 = rng.integers(0, 60, n)
-    label = (rng.random(n) < np.where(c1 < 20, 0.7, 0.15)).astype(np.int64)
-    return pa.table({"id": first_id + np.arange(n, dtype=np.int64), "label": label, "d1": rng.integers(0, 9, n),
-                     "c1": [f"a{c}" for c in c1], "c2": [f"b{v}" for v in rng.integers(0, 20, n)]})
+rows = clicks
+_raw = clicks_run
 
 
 class Lake:
@@ -62,14 +55,6 @@ class Lake:
 
     def data(self, **kw: Any) -> dict:
         return {"format": "iceberg", "iceberg": {"catalog": self.props, "table": "db.clicks", **kw}}
-
-
-def _raw(tmp_path: Path, name: str, data: dict, **train_kw: Any) -> dict:
-    t = {"out_dir": str(tmp_path), "run_name": name, "progress": False, "deterministic": True, "threads": 1,
-         "log_every": 4, **train_kw}
-    return {"data": {"batch_size": 64, "shuffle_buffer": 0, "read_rows": 100, **data}, "schema": SCHEMA,
-            "embedding": {"dim": 4, "optimizer": {"type": "adagrad", "lr": 0.05}},
-            "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]}, "train": t}
 
 
 PARTS = [rows(0, 211, 0), rows(1, 190, 1000), rows(2, 157, 2000)]

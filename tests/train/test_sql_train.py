@@ -20,26 +20,22 @@ from ember.checkpoint.load import resolve_checkpoint, verify_checkpoint
 from ember.cli import main
 from ember.config import from_dict
 from ember.testing import assert_identical, run_state
+from ember.testing.clicks import clicks, clicks_run
 from ember.source.sql import SqlOptions, sql_chunks, sql_reader
 from ember.testing.postgres import server_or_skip
 from ember.train.loop import train
 
 pytest.importorskip("adbc_driver_sqlite", reason="the SQL tests need adbc-driver-sqlite: pip install 'ember[sql]'")
 
-SCHEMA = {"labels": ["label"], "dense": [{"name": "d1"}], "sparse": [{"name": "c1"}, {"name": "c2"}]}
 ROWS = 613  # not a multiple of the batch size: the last batch is partial
 
 
 def rows(seed: int, n: int, first_id: int) -> pa.Table:
-    """``n`` rows with ids ``first_id, first_id + 3, ...`` (gaps, as real keys have), in a
-    scrambled order (the query's ORDER BY must put them right)."""
-    rng = np.random.default_rng(seed)
-    c1 = rng.integers(0, 60, n)
-    label = (rng.random(n) < np.where(c1 < 20, 0.7, 0.15)).astype(np.int64)
-    ids = first_id + 3 * np.arange(n, dtype=np.int64)
-    t = pa.table({"id": ids, "label": label, "d1": rng.integers(0, 9, n), "c1": [f"a{c}" for c in c1],
-                  "c2": [f"b{v}" for v in rng.integers(0, 20, n)]})
-    return t.take(rng.permutation(n))
+    """ids with gaps (as real keys have), scrambled (the query's ORDER BY must put them right)."""
+    return clicks(seed, n, first_id, id_step=3, scrambled=True)
+
+
+_raw = clicks_run
 
 
 class Sqlite:
@@ -71,14 +67,6 @@ def db(request, tmp_path_factory) -> Any:
     d.load("clicks", rows(0, ROWS, 10), mode="replace")
     d.load("held_out", rows(1, 200, 5), mode="replace")
     return d
-
-
-def _raw(tmp_path: Path, name: str, data: dict, **train_kw: Any) -> dict:
-    t = {"out_dir": str(tmp_path), "run_name": name, "progress": False, "deterministic": True, "threads": 1,
-         "log_every": 4, **train_kw}
-    return {"data": {"batch_size": 64, "shuffle_buffer": 0, "read_rows": 100, **data}, "schema": SCHEMA,
-            "embedding": {"dim": 4, "optimizer": {"type": "adagrad", "lr": 0.05}},
-            "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]}, "train": t}
 
 
 def _sql(db: Any, query: str = "SELECT * FROM clicks", **kw: Any) -> dict:
