@@ -18,10 +18,9 @@ outlives a batch.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, Sequence
-
-import logging
 
 import numpy as np
 import torch
@@ -67,8 +66,7 @@ class TableGroup:
                                  "(dim, record width, dtype, device)")
         self.features = [f for t in self.tables for f in features[t.name]]
         self.owner = [j for j, t in enumerate(self.tables) for _ in features[t.name]]  # table of each feature
-        self.cache = _group_cache(self.tables, self.codec.identity)
-        self.device = self.tables[0].tier.device
+        self.cache = _group_cache(self.tables, self.codec.identity)  # (a view's device is the tier's it replaced)
         self.tiers = [t.tier for t in self.tables]
         # runs of adjacent tables with one optimizer config: one update call each
         self.runs: list[tuple[int, int]] = []
@@ -304,12 +302,11 @@ class GroupLookup:
         inverse = self.inverse_dev if self.inverse_dev is not None and _same_device(self.inverse_dev.device, device) else (
             to_device(self.inverse, device))
         starts = np.concatenate([[0], np.cumsum(self.counts)]).tolist()
-        weighted = sparse.weights is not None
         out: dict[str, Tensor | SequenceEmbedding] = {}
-        bags: dict[str, list[int]] = {}  # unweighted sum / mean features: grouped pooling
+        grouped = self._grouped_on(device)  # unweighted sum / mean features: pooled together
+        together = {k for bg in grouped for k in bg.ks}
         for k, f in enumerate(g.features):
-            if not weighted and f.pooling in ("sum", "mean"):
-                bags.setdefault(f.pooling, []).append(k)
+            if k in together:
                 continue
             jf = sparse[f.name]
             idx = inverse[starts[k] : starts[k + 1]]
@@ -319,7 +316,7 @@ class GroupLookup:
             t = res.values if isinstance(res, SequenceEmbedding) else res
             if self.train and t.requires_grad:
                 t.register_hook(self._reach_hook(g.owner[k]))
-        for bg in self._grouped_on(device) if bags else []:
+        for bg in grouped:
             inv = inverse if bg.inv_dev is None else bg.inv_dev
             owner = [g.owner[k] for k in bg.ks]
             outs = GroupPool.apply(w, inv, bg.layout_dev, bg.mode, owner, self._reach_local(owner))

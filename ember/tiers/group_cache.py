@@ -84,7 +84,8 @@ class CachePlan:
     buf: Tensor  # the pinned bytes load copies to the device: the int64 indexes, then the staged rows
     lens: list[int]  # the indexes' lengths: gather slots, miss positions, victims, extra..., write slots, bypass
     n_extra: int
-    victims: np.ndarray
+    victims: np.ndarray  # arena slots of the rows it displaced
+    evicted: tuple[np.ndarray, np.ndarray]  # their (tables, IDs), table after table
     ticket: CacheTicket | None
 
 
@@ -144,7 +145,6 @@ class GroupCache:
         self.decay_every = 16 * self.sketch.width
         self.evict_slack = max(1, capacity // 64)  # rows demoted beyond need: amortises the O(capacity) victim scan
         self.pending: list[_Pending] = []
-        self._evicted: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._queue: tuple[np.ndarray, np.ndarray] | None = None  # victims ranked by the last scan
         self.orphans: list[np.ndarray] = []  # slots held by tickets dropped without a write_back
         self.inserts = 0  # write-backs that admitted rows (a lookup fetched before one re-checks its misses)
@@ -277,7 +277,6 @@ class GroupCache:
         A scan of every slot ranks 4x more than asked and keeps the rest in a queue; later
         calls take from the queue the entries whose score has not changed since (still live,
         unheld, not accessed), and scan again only when it runs short."""
-        out = np.empty(0, np.int64)
         if self._queue is not None:
             q_slots, q_score = self._queue
             now = victim_score(self.policy, self.last[q_slots], self.count[q_slots])
@@ -290,9 +289,8 @@ class GroupCache:
         score[~self.live | (self.held > 0)] = _NEVER
         pick = smallest(score, 4 * n)
         pick = pick[score[pick] != _NEVER]
-        out = pick[:n]
         self._queue = (pick[n:], score[pick[n:]])
-        return out
+        return pick[:n]
 
     def _count(self, keys: np.ndarray) -> np.ndarray:
         est = self.sketch.add(keys)
@@ -321,9 +319,10 @@ class GroupCache:
         for v, n, h in zip(self.views, sizes, np.bincount(owner[hit], minlength=len(sizes)).tolist()):
             v.requests += n
             v.hits += h
-        ticket, victims = None, np.empty(0, np.int64)
+        none = np.empty(0, np.int64)
+        ticket, victims, evicted = None, none, (none, none)
         if train:  # (find counted the hits' accesses and holds their slots until write_back: no one's victims)
-            ticket, victims = self._plan_admission(ids, owner, slots, taken, miss)
+            ticket, victims, evicted = self._plan_admission(ids, owner, slots, taken, miss)
         # one pinned buffer for the upload: the indexes (int64, aligned first), then the staged rows
         ints = [np.where(hit, slots, 0), miss, victims] + [x.numpy() for x in extra]
         if ticket is not None:
@@ -345,12 +344,12 @@ class GroupCache:
         if ticket is not None:
             ticket.new_in_slow = found[ticket.new]  # the others were first sightings: in no slower tier
         return CachePlan(sizes=sizes, miss=miss, found=found, staged=staged, buf=buf, lens=lens, n_extra=len(extra),
-                         victims=victims, ticket=ticket)
+                         victims=victims, evicted=evicted, ticket=ticket)
 
     def _plan_admission(self, ids: np.ndarray, owner: np.ndarray, slots: np.ndarray, taken: np.ndarray,
-                        miss: np.ndarray) -> tuple[CacheTicket, np.ndarray]:
+                        miss: np.ndarray) -> tuple[CacheTicket, np.ndarray, tuple[np.ndarray, np.ndarray]]:
         """A training lookup's misses: which are admitted (a reserved slot each) and which rows
-        they displace; the ticket its write_back takes."""
+        they displace (their slots, and their (tables, IDs)); the ticket its write_back takes."""
         est = np.empty(0, np.int64)
         if miss.size and self.admit_after == 1 and miss.size <= self._nfree:
             # room for every miss, admitted at first sight: no count decides anything yet
@@ -359,7 +358,7 @@ class GroupCache:
         elif miss.size:
             est = self._count(ids[miss] ^ self._mix[owner[miss]])
             est[taken[miss]] = 0  # its key belongs to another (table, ID): it stays in its slower tier
-        admitted, victims = self._admit(est)
+        admitted, victims, evicted = self._admit(est)
         new = miss[admitted]
         w_slots = np.where(slots >= 0, slots, -1)
         if new.size:
@@ -372,9 +371,9 @@ class GroupCache:
         not_new = np.ones(miss.size, dtype=bool)
         not_new[admitted] = False
         ticket = CacheTicket(w_slots, new, miss[not_new], w_slots[w_slots >= 0])
-        ticket._finalizer = weakref.finalize(ticket, _release, weakref.ref(self), ticket.held)
+        ticket._finalizer = weakref.finalize(ticket, _orphaned, weakref.ref(self), ticket.held)
         ticket.inserts, ticket.writes = self.inserts, self.writes
-        return ticket, victims
+        return ticket, victims, evicted
 
     def load(self, plan: "CachePlan") -> tuple[Tensor, list[Tensor]]:
         """The device half of a lookup's read, a fixed few operations: one host->device copy
@@ -387,7 +386,7 @@ class GroupCache:
         dev = self._upload(plan.buf)
         dint = dev[:head].view(torch.int64).split(lens)
         if plan.victims.size:  # read before anything reuses their slots (one stream: in order)
-            tables, ids = self.evicted_of(plan)
+            tables, ids = plan.evicted
             self._download(self.arena.index_select(0, dint[2]), _split_by_table(ids, tables, len(plan.sizes)))
         rows = self.arena.index_select(0, dint[0])
         if m:
@@ -466,9 +465,10 @@ class GroupCache:
         self._release(ticket)
         self.writes += 1
 
-    def _admit(self, est: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _admit(self, est: np.ndarray) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
         """Which candidates (indices into ``est``) get a slot, most frequent first, and the
-        slots emptied for them (their IDs leave the index now; ``load`` sends their rows on):
+        slots emptied for them with their (tables, IDs), table after table (their IDs leave the
+        index now; ``load`` sends their rows on):
         free slots go to candidates seen ``admit_after`` times; beyond them a candidate must
         (LFU) be seen more often than the resident it displaces. Emptying makes room for
         ``evict_slack`` more rows than needed, so the O(capacity) victim scan runs once per
@@ -476,11 +476,11 @@ class GroupCache:
         none = np.empty(0, np.int64)
         ok = np.flatnonzero(est >= self.admit_after)
         if ok.size == 0:
-            return ok, none
+            return ok, none, (none, none)
         ok = ok[np.argsort(-est[ok], kind="stable")][: self.capacity]
         free = self._nfree
         if ok.size <= free:
-            return ok, none
+            return ok, none, (none, none)
         rest = ok.size - free
         victims = self._victims(rest + self.evict_slack)
         m = min(rest, victims.size)
@@ -490,7 +490,7 @@ class GroupCache:
         else:
             n_beat = m
         if n_beat == 0:
-            return ok[:free], none
+            return ok[:free], none, (none, none)
         victims = victims[: n_beat + self.evict_slack]
         victims = victims[np.argsort(self.owner[victims], kind="stable")]  # table after table, as the pending rows
         tables, ids = self.owner[victims].astype(np.int64), self.slot_id[victims].copy()
@@ -498,13 +498,8 @@ class GroupCache:
         for v, n in zip(self.views, per_table.tolist()):
             v.demotions += n
         self._moved(per_table)
-        self._evicted[id(victims)] = (tables, ids)
         self.remove_slots(victims)
-        return ok[: free + n_beat], victims
-
-    def evicted_of(self, plan: "CachePlan") -> tuple[np.ndarray, np.ndarray]:
-        """(tables, IDs) of the rows ``plan`` displaced, table after table."""
-        return self._evicted.pop(id(plan.victims))
+        return ok[: free + n_beat], victims, (tables, ids)
 
     def _adopt_orphans(self) -> None:
         while self.orphans:
@@ -525,7 +520,7 @@ class GroupCache:
             self._release(ticket)
 
 
-def _release(ref: "weakref.ref[GroupCache]", held: np.ndarray) -> None:
+def _orphaned(ref: "weakref.ref[GroupCache]", held: np.ndarray) -> None:
     """A ticket dropped without its write_back (its lookup garbage-collected, on whatever thread
     that happens): its slots are given back by the cache's next fetch or write_back, which run
     under the trainer's tiers lock (``list.append`` is atomic; the slot arrays are not)."""
