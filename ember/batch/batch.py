@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ember.batch.sparse import SparseFeatures
+from ember.batch.sparse import SparseFeatures, pinned
 
 __all__ = ["Batch"]
 
@@ -54,7 +54,7 @@ class Batch:
 
     def pin_memory(self) -> "Batch":
         """A copy whose host tensors are in pinned memory (tensors already on a device stay)."""
-        return self._map(_pinned, lambda s: s.pin_memory())
+        return self._map(pinned, lambda s: s.pin_memory())
 
     def _map(self, tensor: Callable[[Tensor], Tensor], sparse: Callable[[SparseFeatures], SparseFeatures],
              keys: Callable[[dict], dict] = lambda k: k) -> "Batch":
@@ -75,9 +75,3 @@ class Batch:
                 raise TypeError(f"Batch.{f.name}: a {type(value).__name__} field has no row-wise map; "
                                 "teach Batch._map about it")
         return replace(self, **changes)
-
-
-def _pinned(t: Tensor) -> Tensor:
-    """``t`` in pinned host memory; a tensor on a device as it is (a batch handed over already
-    on the GPU: nothing to pin)."""
-    return t.pin_memory() if t.device.type == "cpu" else t

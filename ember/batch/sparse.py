@@ -8,7 +8,7 @@ from typing import Mapping, Sequence
 import torch
 from torch import Tensor
 
-__all__ = ["SparseFeatures", "JaggedFeature"]
+__all__ = ["SparseFeatures", "JaggedFeature", "pinned"]
 
 
 @dataclass(frozen=True)
@@ -140,11 +140,8 @@ class SparseFeatures:
 
     def pin_memory(self) -> "SparseFeatures":
         """A copy in pinned host memory (tensors already on a device stay where they are)."""
-        def pin(t: Tensor) -> Tensor:
-            return t.pin_memory() if t.device.type == "cpu" else t
-
-        w = None if self.weights is None else pin(self.weights)
-        return SparseFeatures(self.keys, pin(self.values), pin(self.lengths), w)
+        w = None if self.weights is None else pinned(self.weights)
+        return SparseFeatures(self.keys, pinned(self.values), pinned(self.lengths), w)
 
     def validate(self) -> None:
         """Check invariants (used in tests and debug mode); raises ValueError on the first breach."""
@@ -160,3 +157,9 @@ class SparseFeatures:
             raise ValueError(
                 f"SparseFeatures: weights shape {tuple(self.weights.shape)} != values shape {tuple(self.values.shape)}"
             )
+
+
+def pinned(t: Tensor) -> Tensor:
+    """``t`` in pinned host memory; a tensor on a device as it is (a batch handed over already
+    on the GPU: nothing to pin)."""
+    return t.pin_memory() if t.device.type == "cpu" else t

@@ -446,7 +446,7 @@ class GroupCache:
                         there = sel if self.writes != ticket.writes else sel[in_slow[sel]]
                         if there.size:
                             self.slow[j].remove(torch.from_numpy(ids[there]))
-                        self.views[j].promotions += int(sel.size)
+                        self.views[j].inserts += int(sel.size)
         self._mark()
         if changed or ticket.dev is None:
             w_slots = np.where(keep & (slots >= 0), slots, self.trash)
@@ -496,7 +496,7 @@ class GroupCache:
         tables, ids = self.owner[victims].astype(np.int64), self.slot_id[victims].copy()
         per_table = np.bincount(tables, minlength=len(self.slow))
         for v, n in zip(self.views, per_table.tolist()):
-            v.demotions += n
+            v.evictions += n
         self._moved(per_table)
         self.remove_slots(victims)
         return ok[: free + n_beat], victims, (tables, ids)
@@ -682,23 +682,21 @@ class GroupCacheView(TierCounters, Tier):
 
     def reset_step_stats(self) -> None:
         super().reset_step_stats()
-        self.promotions = 0
-        self.demotions = 0
         self.bypasses = 0
         if hasattr(self, "cache"):
             self.slow.reset_step_stats()
 
     def extra_stats(self) -> dict[str, float]:
-        return {"promotions": self.promotions, "demotions": self.demotions, "bypasses": self.bypasses,
+        """A cache's names for its inserts and evictions (rows admitted, rows displaced), as a
+        per-table cache reports them, and the rows sent past it."""
+        return {"promotions": self.inserts, "demotions": self.evictions, "bypasses": self.bypasses,
                 "group_tables": len(self.cache.slow), "group_rows": self.cache.capacity}
 
     def stat_rows(self) -> int:
         return self.arena_rows  # (len() would wait for the copies on their way to the slower tier)
 
     def stats(self) -> dict[str, float]:
-        """``tier.device.*`` counters of this table's share (inserts: rows admitted, evictions:
-        rows displaced), then its slower tier's."""
-        self.inserts, self.evictions = self.promotions, self.demotions
+        """``tier.device.*`` counters of this table's share, then its slower tier's."""
         out = super().stats()
         out.update(self.slow.stats())
         return out
