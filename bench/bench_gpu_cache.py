@@ -239,6 +239,67 @@ def measure_budgets(dev: torch.device, batches: list, vocab: int, warmup: int, s
     return out
 
 
+class PhaseTimer:
+    """Wall time of each phase of one step's embedding path, the device synchronised at each phase
+    end (``EmberVariant.embedding_path``'s ``budget`` hook): where a step's time goes."""
+
+    def __init__(self, dev: torch.device) -> None:
+        self.dev = dev
+        self.ms: dict[str, float] = {p: 0.0 for p in PHASES}
+
+    def start(self, group: Any, cot: dict[str, torch.Tensor]) -> "PhaseTimer":
+        _sync(self.dev)
+        self._t = time.perf_counter()
+        return self
+
+    def fetched(self, lk: Any) -> None:
+        pass
+
+    def phase(self, name: str) -> None:
+        _sync(self.dev)
+        t = time.perf_counter()
+        self.ms[name] += (t - self._t) * 1e3
+        self._t = t
+
+    def stop(self) -> None:
+        pass
+
+
+def profile_phases(dev: torch.device, batches: list, vocab: int, warmup: int, steps: int,
+                   caches: dict[str, int | None], top: int = 0) -> dict[str, dict[str, float]]:
+    """Median ms per phase of the embedding path for each variant (None: rows in host memory);
+    with ``top`` > 0 also cProfile's ``top`` functions by own time for the first variant."""
+    import cProfile
+    import pstats
+
+    out: dict[str, dict[str, float]] = {}
+    for i, (name, frac) in enumerate(caches.items()):
+        v = EmberVariant(name, None if frac is None else max(vocab // frac, 1), dev)
+        for ids, dense, labels in batches[:warmup]:
+            v.step(v.features(ids), dense.to(dev), labels.to(dev))
+        cot = cotangents(v.keys, batches[0][0].shape[1], dev)
+        per: dict[str, list[float]] = {p: [] for p in PHASES}
+        prof = cProfile.Profile() if top and i == 0 else None
+        for ids, _, _ in batches[warmup : warmup + steps]:
+            pt = PhaseTimer(dev)
+            sf = v.features(ids)
+            if prof is not None:
+                prof.enable()
+            v.embedding_path(sf, cot, pt)
+            if prof is not None:
+                prof.disable()
+            for p, ms in pt.ms.items():
+                per[p].append(ms)
+        out[name] = {p: statistics.median(x) for p, x in per.items()}
+        print(f"{name:<17} ms per phase (median of {steps}): " + ", ".join(f"{p} {m:.2f}" for p, m in out[name].items())
+              + f"; sum {sum(out[name].values()):.2f}")
+        if prof is not None:
+            print(f"cProfile of {name}'s embedding path over {steps} steps, top {top} by own time:")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+        v.ec.close()
+    return out
+
+
 def budget_summary(budgets: dict[str, Any]) -> dict[str, Any]:
     """The JSON headline of the budgets: the worst cache variant's figures, and each variant's."""
     return {
@@ -345,18 +406,23 @@ def main() -> None:
     ap.add_argument("--cpu-batch", type=int, default=1024, help="batch on a CPU (budgets only)")
     ap.add_argument("--cpu-warmup", type=int, default=3, help="warm-up steps on a CPU")
     ap.add_argument("--vocab", type=int, default=V, help="IDs per table")
+    ap.add_argument("--phases", type=int, default=0, help="also time each phase of the embedding path over this many steps")
+    ap.add_argument("--profile-top", type=int, default=0, help="with --phases: cProfile's top functions of the 1/4 cache")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
     bench_dlrm.W = bench_dlrm.Workload([args.vocab] * F)
     batch = args.batch if cuda else args.cpu_batch
     warmup = args.warmup if cuda else args.cpu_warmup
-    n = max(args.steps if cuda else 0, args.budget_steps) + warmup
+    n = max(args.steps if cuda else 0, args.budget_steps, args.phases) + warmup
     batches = make_batches(n, batch, zipf=ZIPF)
     where = torch.cuda.get_device_name() if cuda else "CPU (device arena in host memory)"
     print(f"{where}; {F} tables x {args.vocab} IDs, Zipf {ZIPF}, batch {batch}; budgets over {args.budget_steps} steps "
           f"after {warmup} warm-up steps")
     out: dict[str, Any] = {"bench": "gpu_cache", "device": where, "batch": batch, "vocab": args.vocab, "zipf": ZIPF}
+    if args.phases:
+        out["phase_ms"] = profile_phases(dev, batches, args.vocab, warmup, args.phases,
+                                         {"ember-cache-1/4": 4, "ember-all-device": 1, "ember-host": None}, args.profile_top)
     if not cuda:  # the torch paths a GPU runs: the C core serves CPU tensors only, through .numpy()
         from ember import _native
         _native._core = None

@@ -2,11 +2,11 @@
 # One prepared GPU session on a lent device machine (ember's device tool): installs the few Python
 # packages its image lacks (carried as wheels in .whl/), builds the native core for its Python,
 # then runs the steps named in $STEPS (default: all) with their output under $OUT.
-#   STEPS="tests cache dlrm pipeline nccl" bash bench/gpu/session.sh
+#   STEPS="gpu tests cache dlrm pipeline nccl" bash bench/gpu/session.sh
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/ember-gpu-out}; mkdir -p "$OUT"
-STEPS=${STEPS:-"tests cache dlrm pipeline nccl"}
+STEPS=${STEPS:-"gpu tests cache dlrm pipeline nccl"}
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
   export PYTHONPATH=/tmp/site:$PWD
@@ -20,8 +20,11 @@ t0=$(date +%s)
 el() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
 for s in $STEPS; do
   case $s in
+    gpu) el "gpu tests (-m gpu)"
+      timeout ${GPU_S:-240} python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m gpu --timeout 200 \
+        --junitxml="$OUT/gpu_tests.xml" tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -30 ;;
     tests) el tests
-      timeout ${TESTS_S:-170} python3 -m pytest -q -rf --tb=short -n 12 -p no:cacheprovider -m "not dist" --timeout 120 \
+      timeout ${TESTS_S:-170} python3 -m pytest -q -rf --tb=short -n 12 -p no:cacheprovider -m "${TESTS_M:-not dist}" --timeout 120 \
         --junitxml="$OUT/tests.xml" ${TEST_PATHS:-tests} 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|passed|failed|error" | tail -30 ;;
     cache) el bench_gpu_cache
       (cd bench && timeout ${CACHE_S:-150} python3 bench_gpu_cache.py ${CACHE_ARGS:-}) 2>&1 | tee "$OUT/gpu_cache.log" | tail -25 ;;
