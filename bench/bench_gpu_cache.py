@@ -30,8 +30,11 @@ CUDA cache_vs_host, cache_vs_all_device, ms_per_step, embedding_ids_per_s, cache
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import ember  # noqa: F401  # first: before torch loads (GOMP_SPINCOUNT)
@@ -41,7 +44,7 @@ from torch import nn
 
 import bench_dlrm
 from bench_dlrm import D, F, V, make_batches, make_model
-from ember.batch import SparseFeatures
+from ember.batch import Batch, SparseFeatures
 from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig
 from ember.tiers.device_budget import DeviceBudget
 
@@ -397,6 +400,55 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
     return out
 
 
+def trainer_batches(batches: list) -> list[Batch]:
+    """The bench's batches as the trainer's ``Batch`` (host memory, single-hot features C1..C26)."""
+    keys = [f"C{i + 1}" for i in range(F)]
+    out = []
+    for ids, dense, labels in batches:
+        n = ids.numel()
+        out.append(Batch(dense, SparseFeatures(keys, torch.as_tensor(ids).reshape(-1), torch.ones(n, dtype=torch.int64)), labels))
+    return out
+
+
+def compare_trainer(dev: torch.device, batches: list, vocab: int, warmup: int, rounds: int,
+                    staleness: tuple[int, ...] = (0, 1)) -> dict[str, Any]:
+    """ember's pipelined trainer (``train(cfg, batches=...)``: plan and fetch of later batches on
+    the pipeline's threads) on the same batches, rows in a 1/4 group cache or in host memory,
+    at each embedding staleness: samples/s after ``warmup`` steps, variants alternating over
+    ``rounds``; the paired ratio cache / host per staleness."""
+    import benchkit
+    from bench_pipeline import timed_rate
+
+    tb = trainer_batches(batches)
+    steps = len(tb) - warmup
+    log_every = math.gcd(warmup, steps)
+    storages = {"cache-1/4": {"device_rows": max(vocab // 4, 1), "device": dev.type, "admit_after": 1}, "host": {}}
+    names = [(f"trainer-{n}-k{k}", st, k) for k in staleness for n, st in storages.items()]
+    rates: dict[str, list[float]] = {n: [] for n, _, _ in names}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            order = names if r % 2 == 0 else names[::-1]
+            for name, storage, k in order:
+                raw = benchkit.dlrm_config({"synthetic": {"num_sparse": F, "vocab_size": vocab, "eval_rows": 1024}},
+                                           batch_size=tb[0].size)
+                raw["embedding"]["storage"] = storage
+                raw["train"].update(device=dev.type, max_steps=len(tb), epochs=1, log_every=log_every, seed=0)
+                raw["pipeline"] = {"embedding_staleness": k}
+                res = benchkit.run_training(raw, Path(tmp), name.replace("/", "-"), batches=tb)
+                rates[name].append(timed_rate(res.history, warmup)[0])
+                res.parts.embeddings.close()
+    med = {n: statistics.median(x) for n, x in rates.items()}
+    out: dict[str, Any] = {"trainer_samples_per_s": med, "trainer_steps": steps}
+    for k in staleness:
+        c, h = rates[f"trainer-cache-1/4-k{k}"], rates[f"trainer-host-k{k}"]
+        out[f"trainer_cache_vs_host_k{k}"] = statistics.median(a / b for a, b in zip(c, h))
+    for n, v in med.items():
+        print(f"{n:<24} {v:10.0f} samples/s (median of {rounds}, {steps} timed steps after {warmup})")
+    print("trainer, 1/4 cache vs host rows: " + ", ".join(f"staleness {k}: {out[f'trainer_cache_vs_host_k{k}']:.3f}x"
+                                                         for k in staleness))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=40, help="timed steps (CUDA)")
@@ -406,6 +458,10 @@ def main() -> None:
     ap.add_argument("--cpu-batch", type=int, default=1024, help="batch on a CPU (budgets only)")
     ap.add_argument("--cpu-warmup", type=int, default=3, help="warm-up steps on a CPU")
     ap.add_argument("--vocab", type=int, default=V, help="IDs per table")
+    ap.add_argument("--trainer", type=int, default=0, help="also run the pipelined trainer this many timed steps "
+                    "(1/4 cache vs host rows, staleness 0 and 1)")
+    ap.add_argument("--trainer-warmup", type=int, default=60, help="trainer steps before timing (the cache fills)")
+    ap.add_argument("--trainer-rounds", type=int, default=2)
     ap.add_argument("--phases", type=int, default=0, help="also time each phase of the embedding path over this many steps")
     ap.add_argument("--profile-top", type=int, default=0, help="with --phases: cProfile's top functions of the 1/4 cache")
     args = ap.parse_args()
@@ -434,6 +490,9 @@ def main() -> None:
     else:
         print("no CUDA: the timing comparison (ms/step, IDs/s, hit rate, transfer vs ember-host, all-device and "
               "plain PyTorch) runs only on a GPU; budgets above are the CPU check")
+    if args.trainer:
+        tb = make_batches(args.trainer_warmup + args.trainer, batch, seed=1, zipf=ZIPF)
+        out.update(compare_trainer(dev, tb, args.vocab, args.trainer_warmup, args.trainer_rounds))
     from benchkit import json_line  # the machine (CPU model, bf16) in the final line
     print(json_line(out))
 

@@ -61,3 +61,18 @@ def test_comparison_runs_on_cpu(bench) -> None:
     assert set(out["ms_per_step"]) == names and set(out["embedding_ids_per_s"]) == names
     assert out["cache_vs_host"] > 0 and out["cache_vs_all_device"] > 0
     assert 0 <= out["cache_hit_rate"]["ember-cache-1/4"] <= 1 and out["cache_hit_rate"]["ember-host"] is None
+
+
+def test_phase_timing_and_trainer_comparison_on_cpu(bench) -> None:
+    """--phases and --trainer run on a CPU (tiny sizes): every phase timed, every trainer
+    variant's samples/s and the cache / host ratio per staleness reported."""
+    vocab = 400
+    bench.bench_dlrm.W = bench.bench_dlrm.Workload([vocab] * bench.F)
+    batches = bench.make_batches(4, 32, zipf=bench.ZIPF)
+    phases = bench.profile_phases(torch.device("cpu"), batches, vocab, warmup=1, steps=2, caches={"c": 4, "h": None})
+    assert set(phases) == {"c", "h"} and all(set(p) == set(bench.PHASES) for p in phases.values())
+    assert all(ms >= 0 for p in phases.values() for ms in p.values())
+    out = bench.compare_trainer(torch.device("cpu"), batches, vocab, warmup=2, rounds=1, staleness=(1,))
+    assert set(out["trainer_samples_per_s"]) == {"trainer-cache-1/4-k1", "trainer-host-k1"}
+    assert all(v > 0 for v in out["trainer_samples_per_s"].values())
+    assert out["trainer_cache_vs_host_k1"] > 0

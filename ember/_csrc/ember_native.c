@@ -167,18 +167,38 @@ static PyObject *pair_find(PyObject *self, PyObject *args) {
         int32_t *held = hb.len ? hb.buf : NULL;
         Py_ssize_t hits = 0, bad = 0;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            uint64_t at = 0;
-            int64_t key = id[i] ^ salt[i];
-            int64_t v = find_slot(k, s, mask, key, mix64((uint64_t)key) & mask, &at);
-            if (v < 0) { out[i] = -1; continue; }
-            if (v >= m) { bad = 1; out[i] = -1; continue; }
-            if (sid[v] != id[i]) { out[i] = -2; continue; }
-            out[i] = v;
-            hits++;
-            if (cnt) cnt[v] += 1;
-            if (last) last[v] = clock;
-            if (held) held[v] += 1;
+        /* blocks of BLOCK keys, three passes each so that their random reads overlap: prefetch the
+         * home buckets; probe, prefetching each found slot's records; verify and touch */
+        for (Py_ssize_t i0 = 0; i0 < n; i0 += BLOCK) {
+            Py_ssize_t i1 = i0 + BLOCK < n ? i0 + BLOCK : n;
+            uint64_t hb[BLOCK];
+            for (Py_ssize_t i = i0; i < i1; i++) {
+                uint64_t h = mix64((uint64_t)(id[i] ^ salt[i])) & mask;
+                hb[i - i0] = h;
+                __builtin_prefetch(s + h);
+                __builtin_prefetch(k + h);
+            }
+            for (Py_ssize_t i = i0; i < i1; i++) {
+                uint64_t at = 0;
+                int64_t v = find_slot(k, s, mask, id[i] ^ salt[i], hb[i - i0], &at);
+                out[i] = v;
+                if (v >= 0 && v < m) {
+                    __builtin_prefetch(sid + v);
+                    if (cnt) __builtin_prefetch(cnt + v, 1);
+                    if (last) __builtin_prefetch(last + v, 1);
+                    if (held) __builtin_prefetch(held + v, 1);
+                }
+            }
+            for (Py_ssize_t i = i0; i < i1; i++) {
+                int64_t v = out[i];
+                if (v < 0) { out[i] = -1; continue; }
+                if (v >= m) { bad = 1; out[i] = -1; continue; }
+                if (sid[v] != id[i]) { out[i] = -2; continue; }
+                hits++;
+                if (cnt) cnt[v] += 1;
+                if (last) last[v] = clock;
+                if (held) held[v] += 1;
+            }
         }
         Py_END_ALLOW_THREADS
         if (bad) {
