@@ -21,7 +21,11 @@ the cache's hit rate, and its host<->device bytes per step against (misses + evi
 record bytes. Targets on one H100: the 1/4 cache >= 2x the speed of ember-host and >= 0.9x of
 ember-all-device (``cache_vs_host``, ``cache_vs_all_device``).
 
-    python bench/bench_gpu_cache.py [--steps 40] [--warmup 10] [--budget-steps 3] [--cpu-batch 1024]
+Timing starts once the 1/4 cache is full and evicting (``--warmup`` 80: it fills at step ~66;
+figures before 2026-11-26's third session timed its filling, with free slots and no victims).
+
+    python bench/bench_gpu_cache.py [--steps 40] [--warmup 80] [--budget-steps 3] [--cpu-batch 1024]
+        [--phases N [--profile-top K]] [--trainer N [--trainer-warmup 80]]
 
 The last line is one JSON object: device_ops_per_step_per_group, syncs_per_step, budget, and with
 CUDA cache_vs_host, cache_vs_all_device, ms_per_step, embedding_ids_per_s, cache_hit_rate, transfer.
@@ -452,7 +456,8 @@ def compare_trainer(dev: torch.device, batches: list, vocab: int, warmup: int, r
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=40, help="timed steps (CUDA)")
-    ap.add_argument("--warmup", type=int, default=10, help="steps before timing and before the budgets")
+    ap.add_argument("--warmup", type=int, default=80, help="steps before timing and before the budgets (CUDA; the "
+                    "1/4 cache is full and evicting from step ~66 on)")
     ap.add_argument("--budget-steps", type=int, default=3, help="steps measured under DeviceBudget per variant")
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--cpu-batch", type=int, default=1024, help="batch on a CPU (budgets only)")
@@ -460,7 +465,7 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=V, help="IDs per table")
     ap.add_argument("--trainer", type=int, default=0, help="also run the pipelined trainer this many timed steps "
                     "(1/4 cache vs host rows, staleness 0 and 1)")
-    ap.add_argument("--trainer-warmup", type=int, default=60, help="trainer steps before timing (the cache fills)")
+    ap.add_argument("--trainer-warmup", type=int, default=80, help="trainer steps before timing (the cache fills)")
     ap.add_argument("--trainer-rounds", type=int, default=2)
     ap.add_argument("--phases", type=int, default=0, help="also time each phase of the embedding path over this many steps")
     ap.add_argument("--profile-top", type=int, default=0, help="with --phases: cProfile's top functions of the 1/4 cache")

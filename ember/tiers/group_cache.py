@@ -128,7 +128,10 @@ class GroupCache:
         self.trash = capacity
         # one index for the group: key = ID ^ a per-table constant; a hit is checked against the
         # slot's (table, ID), so two pairs that share a key never mix (the second is not cached)
-        self.index = KeyIndex(capacity)
+        # ... sized for twice the slots it can hold: every eviction leaves a deleted bucket, and
+        # at a load of <= 0.375 the rehash that clears them runs once per ~capacity admissions,
+        # not every few batches (a steady-state cache admits and evicts thousands per batch)
+        self.index = KeyIndex(2 * capacity)
         self.live = np.zeros(capacity, dtype=bool)  # slot is in the index (not free, not only reserved)
         self.rows_of = np.zeros(len(self.slow), dtype=np.int64)  # arena rows per table
         self.owner = np.full(capacity, -1, dtype=np.int32)  # table of each slot (-1: free)
@@ -146,6 +149,8 @@ class GroupCache:
         self.evict_slack = max(1, capacity // 64)  # rows demoted beyond need: amortises the O(capacity) victim scan
         self.pending: list[_Pending] = []
         self._queue: tuple[np.ndarray, np.ndarray] | None = None  # victims ranked by the last scan
+        self._score: np.ndarray | None = None  # _scan_scores' buffers (allocated at the first scan)
+        self._low: np.ndarray | None = None
         self.orphans: list[np.ndarray] = []  # slots held by tickets dropped without a write_back
         self.inserts = 0  # write-backs that admitted rows (a lookup fetched before one re-checks its misses)
         self.writes = 0  # write-backs
@@ -213,7 +218,7 @@ class GroupCache:
         if not self.pending:
             return
         last = len(self.pending) - 1 if wait else max(
-            (i for i, p in enumerate(self.pending) if needed is not None and _overlaps(p.ids, needed)), default=-1)
+            (i for i, p in enumerate(self.pending) if needed is not None and _overlaps(p.ids, needed, self._mix)), default=-1)
         done = 0
         for i, p in enumerate(self.pending):
             if p.event is not None and not p.event.query():
@@ -285,12 +290,28 @@ class GroupCache:
             if q_slots.size >= n:
                 self._queue = (q_slots[n:], q_score[n:])
                 return q_slots[:n]
-        score = victim_score(self.policy, self.last, self.count)
-        score[~self.live | (self.held > 0)] = _NEVER
+        score = self._scan_scores()
         pick = smallest(score, 4 * n)
         pick = pick[score[pick] != _NEVER]
         self._queue = (pick[n:], score[pick[n:]])
         return pick[:n]
+
+    def _scan_scores(self) -> np.ndarray:
+        """``victim_score`` of every slot, _NEVER where not live or held: computed in place in
+        two buffers kept for it (the scan's temporaries were a third of its time)."""
+        if self._score is None:
+            self._score = np.empty(self.capacity, dtype=np.int64)
+            self._low = np.empty(self.capacity, dtype=np.int64) if self.policy == "lfu" else None
+        sc = self._score
+        if self._low is not None:  # as victim_score: count << 32 | the low 32 bits of last
+            np.left_shift(self.count, 32, out=sc)
+            np.bitwise_and(self.last, 0xFFFFFFFF, out=self._low)
+            np.bitwise_or(sc, self._low, out=sc)
+        else:
+            np.copyto(sc, self.last)
+        np.putmask(sc, ~self.live, _NEVER)
+        np.putmask(sc, self.held > 0, _NEVER)
+        return sc
 
     def _count(self, keys: np.ndarray) -> np.ndarray:
         est = self.sketch.add(keys)
@@ -529,8 +550,17 @@ def _orphaned(ref: "weakref.ref[GroupCache]", held: np.ndarray) -> None:
         cache.orphans.append(held)
 
 
-def _overlaps(a: list[np.ndarray], b: Sequence[np.ndarray]) -> bool:
-    return any(x.size and y.size and np.isin(x, y).any() for x, y in zip(a, b))
+def _overlaps(a: list[np.ndarray], b: Sequence[np.ndarray], mix: np.ndarray) -> bool:
+    """Whether table j's IDs ``a[j]`` and ``b[j]`` share one, for some j: one sorted search over
+    every table, each ID salted by its table's ``mix`` (two pairs that share a key answer yes:
+    at worst a wait that was not needed, never a missed one)."""
+    x = np.concatenate([ids ^ mix[j] for j, ids in enumerate(a) if ids.size] or [np.empty(0, np.int64)])
+    y = np.concatenate([ids ^ mix[j] for j, ids in enumerate(b[: len(a)]) if ids.size] or [np.empty(0, np.int64)])
+    if x.size == 0 or y.size == 0:
+        return False
+    x.sort()
+    at = np.minimum(np.searchsorted(x, y), x.size - 1)
+    return bool((x[at] == y).any())
 
 
 def _split_by_table(ids: np.ndarray, owner: np.ndarray, n: int) -> list[np.ndarray]:

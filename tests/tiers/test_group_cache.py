@@ -54,3 +54,16 @@ def test_a_lookup_dropped_without_write_back_gives_its_slots_back():
     gc.collect()
     ec.groups[0].plan(sf, False).fetch()  # the next fetch adopts the orphaned slots
     assert cache.held.sum() == 0 and not cache.orphans
+
+
+def test_overlaps_finds_a_shared_id_of_the_same_table_only():
+    """drain's question (does a pending copy hold an ID a fetch needs?), answered for all tables
+    in one search: a shared ID of one table is found; the same ID in two tables is not a match."""
+    from ember.tiers.group_cache import _overlaps
+
+    mix = (np.arange(1, 4, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)
+    pending = [np.array([1, 2, 3]), np.empty(0, np.int64), np.array([7])]
+    assert _overlaps(pending, [np.array([9]), np.array([1]), np.array([7])], mix)
+    assert _overlaps(pending, [np.array([3])], mix)  # fewer tables asked about
+    assert not _overlaps(pending, [np.array([9]), np.array([1, 2, 3]), np.array([8])], mix)
+    assert not _overlaps(pending, [np.empty(0, np.int64)] * 3, mix)
