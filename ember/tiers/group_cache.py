@@ -42,7 +42,7 @@ from ember.tiers.base import Tier, TierCounters
 from ember.tiers.device_budget import mark_device
 from ember.tiers.key_index import KeyIndex
 from ember.tiers.policy import CountMinSketch, Policy, smallest, victim_score
-from ember.tiers.segments import read_segments
+from ember.tiers.segments import read_segments, write_segments
 
 __all__ = ["GroupCache", "GroupCacheView", "CachePlan", "CacheTicket"]
 
@@ -225,11 +225,7 @@ class GroupCache:
                 if i > last:
                     break
                 p.event.synchronize()
-            start = 0
-            for j, ids in enumerate(p.ids):
-                if ids.size:
-                    self.slow[j].put(torch.from_numpy(ids), p.rows[start : start + ids.size])
-                    start += ids.size
+            write_segments(self.slow, [torch.from_numpy(ids) for ids in p.ids], p.rows)  # one native pass
             done = i + 1
         del self.pending[:done]
 
