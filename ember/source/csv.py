@@ -342,7 +342,7 @@ class _BlockParser:
         their line count."""
         if not lines:
             return 0
-        n_lines = lines.count(b"\n") + (0 if lines.endswith(b"\n") else 1)
+        n_lines = _count_newlines(lines) + (0 if lines.endswith(b"\n") else 1)
         if self.types:
             typed = self._read_typed(lines, line_no, n_lines)
             if typed is not None:
@@ -524,9 +524,16 @@ def _longest_line(lines: bytes) -> int:
     return int(np.diff(bounds).max())
 
 
+def _count_newlines(data: bytes) -> int:
+    """``data.count(b"\\n")``, a few times faster (bytes.count has no fast path for one byte)."""
+    return int(np.count_nonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n")))
+
+
 def _non_utf8_lines(block: bytes) -> Iterator[tuple[int, int, int]]:
     """(line start, line end (its newline or the block's end), first bad byte) of each line
     of ``block`` that is not UTF-8, in order; nothing (after one fast check) for clean text."""
+    if block.isascii():  # ASCII is UTF-8: no decode (and no string of the block) needed
+        return
     view = memoryview(block)
     pos = 0
     while pos < len(block):
