@@ -156,30 +156,30 @@ def _refuse_text_labels(column: pa.Array, name: str, file: str, first_row: int |
 
 def read_types(schema: Schema, text: Sequence[str] = ()) -> dict[str, pa.DataType]:
     """The columns a text source may read typed, and as what, so that the featurizer turns them
-    into exactly what it makes of their text (``ember.source.csv``'s typed reads): dense features
-    and weights without a ``separator`` as float64; integer IDs (``hash_ids: false``, no
-    ``separator``) as int64, unless ``missing_values`` lists an integer (``"-1"`` is missing as
-    text, but ``"-01"`` is not, and int64 cannot tell them apart). Labels and teacher scores stay
-    text: their bad rows (missing, not in [0, 1]) are named by the text of the value. So are a
-    column in two roles that differ, a hashed or separated one, and any of ``text`` (key columns
-    carried as read).
+    into exactly what it makes of their text (``ember.source.csv``'s typed reads): integer IDs
+    (``hash_ids: false``, no ``separator``) as int64, unless ``missing_values`` lists an integer
+    (``"-1"`` is missing as text, but ``"-01"`` is not, and int64 cannot tell them apart).
+    Numbers stay text: pyarrow's float64 conversion measured slower than the featurizer's own
+    parse of integer counts (bench_featurize, hex/csv: 0.97x), and a bad label is named by its
+    text. So do a column in two roles that differ, a hashed or separated one, and any of
+    ``text`` (key columns carried as read).
 
     Example:
         >>> s = Schema.parse({"labels": ["y"], "dense": [{"name": "n"}],
         ...                   "sparse": [{"name": "c", "hash_ids": False}, {"name": "h"}]})
         >>> {c: str(t) for c, t in read_types(s).items()}
-        {'n': 'double', 'c': 'int64'}
+        {'c': 'int64'}
     """
     wanted: list[tuple[str, pa.DataType | None]] = []
     if not schema.score_only:
         wanted += [(c, None) for c in [*schema.labels, *schema.teacher]]
-    wanted += [(d.source_column, pa.float64()) for d in schema.dense]
+    wanted += [(d.source_column, None) for d in schema.dense]
     for f in schema.sparse:
         listed_int = any(re.fullmatch(INTEGER, v.strip()) for v in schema.missing_values_of(f))
         plain = f.separator is None
         wanted.append((f.source_column, pa.int64() if plain and not f.hash_ids and not listed_int else None))
         if f.weight_column:
-            wanted.append((f.weight_column, pa.float64() if plain else None))
+            wanted.append((f.weight_column, None))
     types: dict[str, pa.DataType | None] = {}
     for column, t in wanted:
         types[column] = t if types.get(column, t) == t else None  # two roles, two types: text

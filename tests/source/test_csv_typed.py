@@ -96,7 +96,7 @@ def test_typed_reads_give_the_text_paths_batches(tmp_path, sep):
     _assert_same(text, typed)
     assert text_bad == typed_bad == {}
     assert typed_read_fallbacks() == before  # every block was typed
-    assert all(t["C0"] == pa.int64() and t["I0"] == pa.float64() and t["C7"] == pa.string() for t in typed_types)
+    assert all(t["C0"] == pa.int64() and t["I0"] == pa.string() and t["C7"] == pa.string() for t in typed_types)
     assert all(set(t.values()) == {pa.string()} for t in text_types)
 
 
@@ -172,21 +172,21 @@ def test_a_fallback_is_counted_and_logged_once(tmp_path, caplog):
 
 def test_hazardous_text_reads_only_those_columns_as_text(tmp_path):
     """An 'x' anywhere in a block (a hex value in a hashed column) makes that block's integer
-    columns text; its number columns stay typed, and the batches are the text path's."""
+    columns text, and the batches are the text path's."""
     rows = _criteo_text(100, ",", seed=6)
     rows[40][COLUMNS.index("C8")] = "0x12"
     path = _write(tmp_path, rows)
     text = _featurized(path, _schema(), typed=False, block_bytes=1 << 20)
     typed = _featurized(path, _schema(), typed=True, block_bytes=1 << 20)
     _assert_same(text[0], typed[0])
-    assert typed[2][0]["C0"] == pa.string() and typed[2][0]["I0"] == pa.float64()
+    assert typed[2][0]["C0"] == pa.string()
 
 
 def test_read_types():
     s = _schema()
     types = read_types(s)
-    assert "label" not in types  # a bad label is named by its text
-    assert types["I0"] == pa.float64() and types["C0"] == pa.int64()
+    assert "label" not in types and "I0" not in types  # numbers: text (faster; a bad label is named by its text)
+    assert types["C0"] == pa.int64()
     assert "C7" not in types  # hashed: its text is what is hashed
     assert "C0" not in read_types(s, text=["C0"])  # a key column is carried as read
     listed = Schema.parse({"labels": ["y"], "sparse": [{"name": "c", "hash_ids": False, "missing_values": ["-1"]},
@@ -197,3 +197,30 @@ def test_read_types():
     assert read_types(two_roles) == {}
     scoring = Schema.parse({"labels": ["y"], "sparse": [{"name": "c", "hash_ids": False}], "score_only": True})
     assert read_types(scoring) == {"c": pa.int64()}
+
+
+@pytest.mark.parametrize("policy", ["error", "skip"])
+@pytest.mark.parametrize("value", ["inf", "-inf", "1e999", "nan(1)", "nan", "-0", " 2 ", "", "abc"])
+def test_a_float64_column_read_typed_gives_the_text_paths_result(tmp_path, policy, value):
+    """read_csv takes any types: a dense column read as float64 (no read_types default) still
+    gives what its text gives, bad values included."""
+    rows = _criteo_text(50, ",", seed=8)
+    rows[20][COLUMNS.index("I2")] = value
+    rows[30][COLUMNS.index("I2")] = " 4"  # the text path's regex path, where nan(1) is no number
+    path = _write(tmp_path, rows)
+    schema = _schema()
+    outcome = []
+    for types in (None, {**read_types(schema), "I2": pa.float64()}):
+        report = BadRowReport(policy)  # type: ignore[arg-type]
+        featurize = Featurizer(schema, report)
+        try:
+            batches = [featurize(c.batch, c.file, c.row_numbers).to_batch()
+                       for c in read_csv(path, schema.columns, report=report, types=types)]
+            outcome.append((batches, report.counts))
+        except DataError as e:
+            outcome.append(str(e))
+    if isinstance(outcome[0], str):
+        assert outcome[1] == outcome[0]
+    else:
+        _assert_same(outcome[0][0], outcome[1][0])
+        assert outcome[0][1] == outcome[1][1]
