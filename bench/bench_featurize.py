@@ -14,11 +14,14 @@ Each variant reads the file with ember's own readers (``Source.open`` of ``ember
 Parquet ``read_rows`` 4,096, CSV blocks of about 4,096 rows) and featurizes every block with
 ``Featurizer``; the reference variant has the featurizer call the reference functions
 (``hash_array_reference``, Arrow's casts for string IDs and counts, and the transforms'
-general paths). Both variants run in this one
-process on the same blocks, step by step, the first of each step alternating; per block, time =
+general paths) on CSV read as text. The buffer path reads CSV with typed columns
+(``featurizer.read_types``, as the loader does); for CSV a third variant, ``text``, is the buffer
+path on CSV read as text (every column a string: the reader before typed reads). The variants
+run in this one process on the same blocks, step by step, the first of each step rotating; per block, time =
 its read + its featurize, scaled to 4,096 rows (a block under 2,048 rows, a file's
 last, is left out). Reported: the median over blocks and rounds,
-min-max, and the median of the per-block ratio reference / buffer path.
+min-max, the median of the per-block ratio reference / buffer path, and for CSV of text / buffer
+path (``typed_speedup``).
 
     python bench/bench_featurize.py [--rows 40960] [--rounds 3] [--data-dir DIR]
 
@@ -46,7 +49,7 @@ import pyarrow.parquet as pq
 import ember.featurize.featurizer as featurizer_module
 import ember.featurize.transforms as transforms_module
 from ember.config import from_dict
-from ember.featurize.featurizer import Featurizer
+from ember.featurize.featurizer import Featurizer, read_types
 from ember.featurize.hashing import hash_array_reference
 from ember.featurize.transforms import parse_floats, parse_ints, row_of
 from ember.source.protocol import Unit, source_for
@@ -133,12 +136,14 @@ def configs(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     }
 
 
-def timed_blocks(raw: dict[str, Any], reference: bool) -> Iterator[tuple[float, float, int]]:
+def timed_blocks(raw: dict[str, Any], variant: str) -> Iterator[tuple[float, float, int]]:
     """(read s, featurize s, rows) of each block of the file, the featurizer on the chosen path."""
     cfg = from_dict(raw)
+    reference = variant == "reference"
     featurize = Featurizer(cfg.schema, BadRowReport())
     path = cfg.data.train[0] if isinstance(cfg.data.train, list) else cfg.data.train
-    it = source_for(cfg.data).open(Unit(path), cfg.schema.columns, BadRowReport())
+    types = read_types(cfg.schema) if variant == "buffers" else None
+    it = source_for(cfg.data).open(Unit(path), cfg.schema.columns, BadRowReport(), types=types)
     while True:
         with reference_paths() if reference else contextlib.nullcontext():
             t0 = time.perf_counter()
@@ -153,14 +158,16 @@ def timed_blocks(raw: dict[str, Any], reference: bool) -> Iterator[tuple[float, 
 
 
 def measure(raw: dict[str, Any], rounds: int) -> dict[str, Any]:
-    """Both variants step by step over the file's blocks, alternating which goes first."""
-    times: dict[str, dict[str, list[float]]] = {v: {"total": [], "read": [], "featurize": []} for v in ("reference", "buffers")}
+    """The variants step by step over the file's blocks, rotating which goes first."""
+    variants = ["reference", "buffers"] + (["text"] if raw["data"]["format"] in ("csv", "tsv") else [])
+    times: dict[str, dict[str, list[float]]] = {v: {"total": [], "read": [], "featurize": []} for v in variants}
     ratios: list[float] = []
+    typed_ratios: list[float] = []
     step = 0
     for _ in range(rounds):
-        its = {"reference": timed_blocks(raw, True), "buffers": timed_blocks(raw, False)}
+        its = {v: timed_blocks(raw, v) for v in variants}
         while True:
-            order = ["reference", "buffers"] if step % 2 == 0 else ["buffers", "reference"]
+            order = variants[step % len(variants):] + variants[:step % len(variants)]
             got = {v: next(its[v], None) for v in order}
             step += 1
             if any(g is None for g in got.values()):
@@ -175,8 +182,12 @@ def measure(raw: dict[str, Any], rounds: int) -> dict[str, Any]:
                 times[v]["total"].append((r + f) * scale)
                 per[v] = r + f
             ratios.append(per["reference"] / per["buffers"])
+            if "text" in per:
+                typed_ratios.append(per["text"] / per["buffers"])
     out: dict[str, Any] = {v: {part: benchkit.spread(x) for part, x in t.items()} for v, t in times.items()}
     out["speedup"] = statistics.median(ratios)
+    if typed_ratios:
+        out["typed_speedup"] = statistics.median(typed_ratios)
     out["blocks"] = len(ratios)
     return out
 
@@ -190,15 +201,18 @@ def main() -> None:
     results = {key: measure(raw, args.rounds) for key, raw in configs(args).items()}
     rows = []
     for key, r in results.items():
-        for v in ("reference", "buffers"):
+        for v in ("reference", "text", "buffers"):
+            if v not in r:
+                continue
             t = r[v]
+            gain = f"{r['speedup']:.2f}x" + (f" ({r['typed_speedup']:.2f}x vs text)" if "typed_speedup" in r else "")
             rows.append([f"{key} {v}", f"{t['total']['median']:.2f}", f"{t['total']['min']:.2f}-{t['total']['max']:.2f}",
-                         f"{t['read']['median']:.2f}", f"{t['featurize']['median']:.2f}",
-                         f"{r['speedup']:.2f}x" if v == "buffers" else ""])
+                         f"{t['read']['median']:.2f}", f"{t['featurize']['median']:.2f}", gain if v == "buffers" else ""])
     print(f"ms per {BATCH:,} rows (median over {args.rounds} rounds of the file's blocks; paired speed-up):")
     benchkit.print_table(["workload/format variant", "read+featurize", "min-max", "read", "featurize", "speed-up"], rows)
     print(benchkit.json_line({"bench": "featurize", "rows": args.rows, "rounds": args.rounds, **{
-        key: {"ms_per_4096": {v: r[v] for v in ("reference", "buffers")}, "speedup": r["speedup"], "blocks": r["blocks"]}
+        key: {"ms_per_4096": {v: r[v] for v in ("reference", "text", "buffers") if v in r}, "speedup": r["speedup"],
+              **({"typed_speedup": r["typed_speedup"]} if "typed_speedup" in r else {}), "blocks": r["blocks"]}
         for key, r in results.items()}}))
 
 

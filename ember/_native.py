@@ -41,7 +41,7 @@ import torch
 from ember.mix import mix64
 
 __all__ = [
-    "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
+    "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_hazards", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
     "bf16_pack_sr", "cms", "gather_rows", "pair_find", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
@@ -827,6 +827,31 @@ def _arrow_parse_ints_py(offsets: object, data: object, validity: object, off: i
     out[:] = np.asarray(pc.cast(text, pa.int64()), dtype=np.int64)
     state[:] = np.where(missing, 1, np.where(ok, 0, 2))
     return int((state == 2).sum())
+
+
+CSV_HEX, CSV_PAREN, CSV_LONG_DIGITS = 1, 2, 4  # csv_hazards' flags
+
+
+def csv_hazards(data: bytes) -> int:
+    """What in a block of CSV text pyarrow's typed CSV read would take differently from ember's
+    text path (``ember.source.csv``), as flags: ``CSV_HEX`` an ``x`` or ``X`` byte (Arrow reads
+    ``0x1f`` as an integer, the text path as no integer), ``CSV_PAREN`` a ``(`` (Arrow reads
+    ``nan(1)`` as NaN even beside a blank-padded number, the text path then as no number),
+    ``CSV_LONG_DIGITS`` a run of 20 or more ASCII digits (Arrow reads zero-padded integers of any
+    length, the text path at most 19 digits). One pass over the bytes."""
+    if _core is None:
+        return _csv_hazards_py(data)
+    return int(_core.csv_hazards(data))
+
+
+def _csv_hazards_py(data: bytes) -> int:
+    flags = (CSV_HEX if b"x" in data or b"X" in data else 0) | (CSV_PAREN if b"(" in data else 0)
+    b = np.frombuffer(data, dtype=np.uint8)
+    other = np.flatnonzero((b - np.uint8(ord("0"))) > 9)  # uint8 wraps: every byte but a digit
+    bounds = np.concatenate([[-1], other, [b.size]])
+    if b.size and int(np.diff(bounds).max()) - 1 >= 20:
+        flags |= CSV_LONG_DIGITS
+    return flags
 
 
 # ---- row initialisers (ember.embedding.init) ---------------------------------------------------

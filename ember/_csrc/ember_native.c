@@ -1199,6 +1199,53 @@ done:
     return res;
 }
 
+/* csv_hazards(data) -> flags: what in a block of CSV text a typed read (pyarrow's CSV number
+ * parsers) would take differently from ember's text path (ember.source.csv): 1 = an 'x' or 'X'
+ * byte (Arrow reads "0x1f" as an integer), 2 = a '(' (Arrow reads "nan(1)" as NaN), 4 = a run
+ * of 20 or more ASCII digits (Arrow reads zero-padded integers of any length). One pass: memchr
+ * for the bytes, 8 bytes a step for the digit runs. */
+static PyObject *csv_hazards(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    if (!PyArg_ParseTuple(args, "y*", &buf)) return NULL;
+    const uint8_t *d = buf.buf;
+    Py_ssize_t n = buf.len;
+    long flags = 0;
+    Py_BEGIN_ALLOW_THREADS
+    if (memchr(d, 'x', n) || memchr(d, 'X', n)) flags |= 1;
+    if (memchr(d, '(', n)) flags |= 2;
+    Py_ssize_t run = 0, i = 0;
+#if defined(__GNUC__) && defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+    const uint64_t hi = 0x8080808080808080ULL;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, d + i, 8);
+        /* per byte: high bit set iff the byte is an ASCII digit ('0' <= b <= '9', b < 0x80) */
+        uint64_t ge0 = (w | hi) - 0x3030303030303030ULL;
+        uint64_t gt9 = (w & ~hi) + 0x4646464646464646ULL;
+        uint64_t other = ~(ge0 & ~gt9 & ~w) & hi;  /* high bit of each byte that is not a digit */
+        if (!other) {
+            if ((run += 8) >= 20) { flags |= 4; break; }
+            continue;
+        }
+        if (run + (__builtin_ctzll(other) >> 3) >= 20) { flags |= 4; break; }
+        run = __builtin_clzll(other) >> 3;  /* digits at the word's end (a run inside it is < 8) */
+    }
+#endif
+    if (!(flags & 4)) {
+        for (; i < n; i++) {
+            if ((unsigned)(d[i] - '0') <= 9u) {
+                if (++run >= 20) { flags |= 4; break; }
+            } else {
+                run = 0;
+            }
+        }
+        if (run >= 20) flags |= 4;
+    }
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&buf);
+    return PyLong_FromLong(flags);
+}
+
 static PyMethodDef methods[] = {
     /* "name(arguments) -> result": ember/_ember_native.pyi and tests/native/test_stub.py rely on
      * these (names and count of arguments, "=" for optional ones, as PyArg_ParseTuple parses) */
@@ -1208,6 +1255,7 @@ static PyMethodDef methods[] = {
      "arrow_hash_ints(values, validity, off, n, width, signed, salt, out, out_valid) -> nulls"},
     {"arrow_parse_ints", arrow_parse_ints, METH_VARARGS,
      "arrow_parse_ints(offsets, data, validity, off, n, width, out, state) -> bad or -1"},
+    {"csv_hazards", csv_hazards, METH_VARARGS, "csv_hazards(data) -> flags"},
     {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r) -> found"},
     {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, r) -> inserted"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim) -> None"},

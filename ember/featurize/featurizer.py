@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 import numpy as np
@@ -28,6 +29,7 @@ from ember.featurize.hashing import hash_array
 from ember.featurize.rows import Rows
 from ember.featurize.schema import Schema, SparseFeature
 from ember.featurize.transforms import (
+    INTEGER,
     dense_transform,
     filter_jagged,
     is_listed,
@@ -37,7 +39,7 @@ from ember.featurize.transforms import (
 )
 from ember.source.bad_rows import BadRowReport, raise_bad_row
 
-__all__ = ["Featurizer"]
+__all__ = ["Featurizer", "read_types"]
 
 
 class _Checks:
@@ -150,6 +152,38 @@ def _refuse_text_labels(column: pa.Array, name: str, file: str, first_row: int |
                       f"{int((~missing).sum())} labels of rows {row_number(first_row, 0)}-{row_number(first_row, len(bad) - 1)}, the first in "
                       f"row {row}); a label must be a number in [0, 1]: write the labels as 0/1 (e.g. yes -> 1, "
                       "no -> 0), or point schema.labels at a 0/1 column")
+
+
+def read_types(schema: Schema, text: Sequence[str] = ()) -> dict[str, pa.DataType]:
+    """The columns a text source may read typed, and as what, so that the featurizer turns them
+    into exactly what it makes of their text (``ember.source.csv``'s typed reads): integer IDs
+    (``hash_ids: false``, no ``separator``) as int64, unless ``missing_values`` lists an integer
+    (``"-1"`` is missing as text, but ``"-01"`` is not, and int64 cannot tell them apart).
+    Numbers stay text: pyarrow's float64 conversion measured slower than the featurizer's own
+    parse of integer counts (bench_featurize, hex/csv: 0.97x), and a bad label is named by its
+    text. So do a column in two roles that differ, a hashed or separated one, and any of
+    ``text`` (key columns carried as read).
+
+    Example:
+        >>> s = Schema.parse({"labels": ["y"], "dense": [{"name": "n"}],
+        ...                   "sparse": [{"name": "c", "hash_ids": False}, {"name": "h"}]})
+        >>> {c: str(t) for c, t in read_types(s).items()}
+        {'c': 'int64'}
+    """
+    wanted: list[tuple[str, pa.DataType | None]] = []
+    if not schema.score_only:
+        wanted += [(c, None) for c in [*schema.labels, *schema.teacher]]
+    wanted += [(d.source_column, None) for d in schema.dense]
+    for f in schema.sparse:
+        listed_int = any(re.fullmatch(INTEGER, v.strip()) for v in schema.missing_values_of(f))
+        plain = f.separator is None
+        wanted.append((f.source_column, pa.int64() if plain and not f.hash_ids and not listed_int else None))
+        if f.weight_column:
+            wanted.append((f.weight_column, None))
+    types: dict[str, pa.DataType | None] = {}
+    for column, t in wanted:
+        types[column] = t if types.get(column, t) == t else None  # two roles, two types: text
+    return {c: t for c, t in types.items() if t is not None and c not in text}
 
 
 class Featurizer:

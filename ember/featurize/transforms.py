@@ -21,10 +21,10 @@ import pyarrow.compute as pc
 
 from ember import _native
 
-__all__ = ["parse_floats", "parse_ints", "is_listed", "dense_transform", "signed_log1p", "row_of", "filter_jagged", "truncate_jagged"]
+__all__ = ["INTEGER", "parse_floats", "parse_ints", "is_listed", "dense_transform", "signed_log1p", "row_of", "filter_jagged", "truncate_jagged"]
 
 _NUMBER = r"^[-+]?((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|(?i:nan|inf|infinity))$"
-_INTEGER = r"^-?\d{1,19}$"
+INTEGER = r"^-?\d{1,19}$"  # an integer ID as text (parse_ints)
 
 
 def _is_stringy(t: pa.DataType) -> bool:
@@ -94,7 +94,7 @@ def parse_ints(arr: pa.Array) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         return fast
     s = pc.utf8_trim_whitespace(arr)
     missing = np.asarray(pc.fill_null(pc.equal(s, ""), True), dtype=bool)
-    ok = np.array(pc.fill_null(pc.match_substring_regex(s, _INTEGER), False), dtype=bool)
+    ok = np.array(pc.fill_null(pc.match_substring_regex(s, INTEGER), False), dtype=bool)
     try:  # one vectorised cast; it fails only when a 19+-digit token overflows int64
         x = pc.cast(pc.if_else(pa.array(ok), s, pa.scalar("0", s.type)), pa.int64())
     except pa.ArrowInvalid:  # find those few tokens one by one (rare: full-range IDs fit)
@@ -194,7 +194,7 @@ def is_listed(arr: pa.Array, values: list[str]) -> np.ndarray:
         return empty | is_listed(arr, rest) if rest else empty
     if pa.types.is_integer(arr.type):
         info = np.iinfo(arr.type.to_pandas_dtype())
-        ints = [int(v) for v in values if re.fullmatch(_INTEGER, v.strip()) and info.min <= int(v) <= info.max]
+        ints = [int(v) for v in values if re.fullmatch(INTEGER, v.strip()) and info.min <= int(v) <= info.max]
         value_set = pa.array(ints, arr.type)
     elif _is_stringy(arr.type):
         value_set = pa.array(values, arr.type)

@@ -43,7 +43,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from ember.batch import Batch
-from ember.featurize.featurizer import Featurizer
+from ember.featurize.featurizer import Featurizer, read_types
 from ember.featurize.rows import Rows
 from ember.featurize.schema import Schema
 from ember.pipeline.config import QueueDepths
@@ -90,10 +90,11 @@ def _record_chunks(source: Source, data: DataConfig, schema: Schema, split: Spli
         units = shard_files(units, *part)
     cols = schema.columns
     cols = cols + [k for k in keys if k not in cols]
+    types = read_types(schema, text=keys)  # key columns are carried as read
     done = 0  # bytes of the units read completely
     for unit in units:
         consumed = [0]
-        for chunk in source.open(unit, cols, report, at, consumed):
+        for chunk in source.open(unit, cols, report, at, consumed, types=types):
             counter.rows, counter.bytes = counter.rows + chunk.batch.num_rows, done + consumed[0]
             yield chunk
         done += consumed[0]

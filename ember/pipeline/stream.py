@@ -47,7 +47,7 @@ from torch.utils.data import IterableDataset
 
 from ember.batch import Batch
 from ember.errors import CheckpointError, MissingColumnsError
-from ember.featurize.featurizer import Featurizer
+from ember.featurize.featurizer import Featurizer, read_types
 from ember.featurize.rows import Rows
 from ember.featurize.schema import Schema
 from ember.pipeline.config import QueueDepths
@@ -161,6 +161,7 @@ class StreamLoader:
             return [Stage("read", self._in_worker, self.depth.featurize, expand=True)]
         featurize = Featurizer(self.schema, self.bad_rows, self.keys)
         columns = self.schema.columns
+        types = read_types(self.schema, text=self.keys)  # key columns are carried as read
         cutter = _Cutter(self.data.batch_size, self.start_batch, self._record)
         skip = [self.start.rows]  # rows of the resumed file already trained
 
@@ -170,7 +171,7 @@ class StreamLoader:
                 with self._lock:
                     index = len(self._order)
                     self._order.append(unit.name)
-                for chunk in self.source.open(unit, columns, self.bad_rows):
+                for chunk in self.source.open(unit, columns, self.bad_rows, types=types):
                     self.read.rows += chunk.batch.num_rows
                     yield index, chunk
             self.read.finished = True

@@ -11,7 +11,19 @@ name). A line may be of any length (a block grows to hold it). Every column is
 read as a string, an empty field as ``""`` (a CSV has no null): the featurizer decides what it
 means (a missing number; for a categorical column the category ``""`` unless the schema lists
 it in ``missing_values``) and converts numbers itself so it can name the row and value that
-fail. Compressed files (``.gz``, ``.bz2``, ...) are decompressed on the fly. A URI
+fail.
+
+Typed reads (``types``: the arrow type the reader's consumer turns a column into, e.g. float64
+for a dense count, int64 for integer IDs; :func:`ember.featurize.featurizer.read_types`): a block
+is first read with pyarrow parsing those columns as numbers (an empty field null), which the
+featurizer takes as it would have taken their text. That is only a faster way to the same
+result, so a block takes the text path instead (the reference; every bad-row rule lives there)
+whenever the two could differ: a value pyarrow cannot convert, a line with the wrong number of
+fields, a quoted value holding a line end, an infinite number (a bad value, which an error
+names by its text), or text the number parsers read more loosely than
+the featurizer (``0x1f``, ``nan(1)``, 20 or more digits in a row: those columns of that block are
+read as text; ``ember._native.csv_hazards``). Each such reason is logged once per process and
+counted (:func:`typed_read_fallbacks`). With ``newlines_in_values`` every column is text. Compressed files (``.gz``, ``.bz2``, ...) are decompressed on the fly. A URI
 (``s3://...``) is read as a stream of ranged requests (:mod:`ember.source.storage`), never
 downloaded whole first.
 
@@ -30,13 +42,16 @@ from __future__ import annotations
 
 import codecs
 import logging
-from typing import Any, Callable, Generator, Iterator, Literal, Sequence, overload
+import threading
+from collections import Counter
+from typing import Any, Callable, Generator, Iterator, Literal, Mapping, Sequence, overload
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
 
+from ember import _native
 from ember.errors import DataError
 from ember.source.bad_rows import BadRowReport, raise_bad_row
 from ember.source import storage
@@ -44,7 +59,7 @@ from ember.source.base import RecordChunk, check_columns, read_failed
 from ember.source.quoted import UNCLOSED, Scan, quoted_blocks, record_starts, scan
 from ember.source.storage import StorageOptions
 
-__all__ = ["read_csv", "header_fields", "check_unique", "read_head", "BOM"]
+__all__ = ["read_csv", "header_fields", "check_unique", "read_head", "BOM", "typed_read_fallbacks"]
 
 log = logging.getLogger("ember")
 
@@ -53,6 +68,25 @@ _UTF8_REASON = "<row>: not valid UTF-8 text"
 _PARSE_BLOCK = 1 << 20  # pyarrow's parse unit; grown for a block holding a longer line
 _CARRY_LIMIT = 64 << 20  # newlines_in_values: an open quoted value is carried this far, then it is stray
 BOM = codecs.BOM_UTF8  # spreadsheet tools start UTF-8 CSV with it; it is not part of the first name
+
+_fallbacks: Counter[str] = Counter()  # blocks (or some of their columns) read as text, not typed, per reason
+_fallbacks_lock = threading.Lock()
+
+
+def typed_read_fallbacks() -> dict[str, int]:
+    """Blocks of this process's CSV reads that asked for typed columns and read (some of) them
+    as text instead, per reason (see the module docstring); each reason is also logged once."""
+    with _fallbacks_lock:
+        return dict(_fallbacks)
+
+
+def _fell_back(path: str, line_no: int, reason: str) -> None:
+    with _fallbacks_lock:
+        first = reason not in _fallbacks
+        _fallbacks[reason] += 1
+    if first:
+        log.info("%s row %d: block read as text, not with typed columns (%s); the same result, slower. Logged "
+                 "once per reason; ember.source.csv.typed_read_fallbacks() counts them", path, line_no, reason)
 
 
 def _line_blocks(path: str, block_bytes: int, consumed: list[int] | None = None,
@@ -145,6 +179,7 @@ def read_csv(
     consumed: list[int] | None = None,
     newlines_in_values: bool = False,
     storage_options: StorageOptions | None = None,
+    types: Mapping[str, pa.DataType] | None = None,
 ) -> Iterator[RecordChunk]:
     """Yield ``columns`` of ``path`` as string record batches, one per block of lines.
 
@@ -160,6 +195,8 @@ def read_csv(
     row is then numbered by the line it starts on (``RecordChunk.lines``), and a quote that
     opens such a value but is never closed makes its line a bad row (``"<row>: quoted value
     not closed"``). ``storage_options``: how to reach ``path`` when it is a URI.
+    ``types``: columns to read as these arrow types where that gives what their text gives (see
+    the module docstring; the others, and all with ``newlines_in_values``, are strings).
     """
     report = report or BadRowReport()
     names = list(column_names) if column_names else None
@@ -184,7 +221,7 @@ def read_csv(
     assert names is not None
     check_unique(path, names, columns, "csv.column_names")
     check_columns(path, names, columns)
-    parser = _BlockParser(path, names, columns, delimiter, report)
+    parser = _BlockParser(path, names, columns, delimiter, report, {} if newlines_in_values else types)
     if newlines_in_values:
         for block, found in quoted_blocks(_chain(first, blocks), delimiter, max(block_bytes, _CARRY_LIMIT)):
             line_no += yield from parser.records(block, found, line_no, offset)
@@ -199,9 +236,10 @@ class _BlockParser:
     """Parses blocks of whole lines of one file into record chunks, applying the bad-row policy."""
 
     def __init__(self, path: str, names: list[str], columns: Sequence[str], delimiter: str,
-                 report: BadRowReport) -> None:
+                 report: BadRowReport, types: Mapping[str, pa.DataType] | None = None) -> None:
         self.path, self.names, self.columns = path, names, list(columns)
         self.delimiter, self.report = delimiter, report
+        self.types = {c: t for c, t in (types or {}).items() if c in self.columns}
         self._hinted = False  # the newlines_in_values hint was logged for this file
 
     def chunks(self, block: bytes, line_no: int, offset: int) -> Generator[RecordChunk, None, int]:
@@ -304,8 +342,13 @@ class _BlockParser:
         their line count."""
         if not lines:
             return 0
+        n_lines = _count_newlines(lines) + (0 if lines.endswith(b"\n") else 1)
+        if self.types:
+            typed = self._read_typed(lines, line_no, n_lines)
+            if typed is not None:
+                yield RecordChunk(_to_batch(typed, self.columns), self.path, line_no)
+                return n_lines
         table, bad = self._read(lines)
-        n_lines = lines.count(b"\n") + (0 if lines.endswith(b"\n") else 1)
         first = None  # (index in ``lines``, text) of the first bad line, when needed
         if table.num_rows + len(bad) == n_lines and bad and not self.report.skip:
             first = _first_bad_line(lines, bad[0])
@@ -333,6 +376,36 @@ class _BlockParser:
         if table.num_rows:
             yield RecordChunk(_to_batch(table, self.columns), self.path, line_no)
         return n_lines
+
+    def _read_typed(self, lines: bytes, line_no: int, n_lines: int) -> pa.Table | None:
+        """``lines`` read with the typed columns, or None (counted and logged) when the text path
+        must read them: a value of a typed column does not convert, or the block is not one good
+        row per line. Columns whose text the number parsers would read more loosely than the
+        featurizer (``_native.csv_hazards``) are read as text in this block."""
+        hazards = _native.csv_hazards(lines)
+        types = self.types
+        if hazards:
+            loose_int = hazards & (_native.CSV_HEX | _native.CSV_LONG_DIGITS)
+            types = {c: t for c, t in types.items() if not (pa.types.is_integer(t) and loose_int)
+                     and not (pa.types.is_floating(t) and hazards & _native.CSV_PAREN)}
+            if len(types) < len(self.types):
+                _fell_back(self.path, line_no, "integer columns: the block holds an 'x' or 20+ digits in a row"
+                           if loose_int else "number columns: the block holds a '('")
+            if not types:
+                return None
+        try:
+            table, bad = self._read(lines, types=types)
+        except pa.ArrowInvalid:  # a value that is no number of its type: the featurizer names it
+            _fell_back(self.path, line_no, "a value does not convert to its column's type")
+            return None
+        if bad or table.num_rows != n_lines or _may_span_lines(lines, table, bad):
+            _fell_back(self.path, line_no, "a line is not one row of the expected fields")
+            return None
+        if any(pa.types.is_floating(t) and pc.any(pc.is_inf(table.column(c))).as_py() for c, t in types.items()):
+            # a bad number (the featurizer's error quotes the value: as the text it was)
+            _fell_back(self.path, line_no, "a number column holds an infinite value")
+            return None
+        return table
 
     def _hint_multi_line_values(self, lines: bytes, line_no: int) -> None:
         """Log once per file when lines skipped as bad hold quoted values that span lines the
@@ -366,15 +439,19 @@ class _BlockParser:
         return table, bad
 
     @overload
-    def _read(self, lines: bytes) -> tuple[pa.Table, list[str]]: ...
+    def _read(self, lines: bytes, *, types: Mapping[str, pa.DataType] = ...) -> tuple[pa.Table, list[str]]: ...
 
     @overload
     def _read(self, lines: bytes, newlines: Literal[True], longest: int) -> tuple[pa.Table, list[tuple[int, str]]]: ...
 
-    def _read(self, lines: bytes, newlines: bool = False, longest: int = 0) -> tuple[pa.Table, list[Any]]:
+    def _read(self, lines: bytes, newlines: bool = False, longest: int = 0,
+              types: Mapping[str, pa.DataType] | None = None) -> tuple[pa.Table, list[Any]]:
         """Parse whole lines with pyarrow; returns the table and the text of wrong-width lines.
         ``newlines``: quoted values may hold line ends (records up to ``longest`` bytes); each
-        wrong-width record comes as (its 1-based number, text)."""
+        wrong-width record comes as (its 1-based number, text). ``types``: columns read as these
+        types (an empty field null; ArrowInvalid for a value that does not convert), the others
+        as strings."""
+        column_types = {c: (types or {}).get(c, pa.string()) for c in self.columns}
         block_size = max(_PARSE_BLOCK, longest + 2)
         while True:
             bad: list[Any] = []
@@ -395,7 +472,8 @@ class _BlockParser:
                     ),
                     convert_options=pacsv.ConvertOptions(
                         include_columns=self.columns,
-                        column_types={c: pa.string() for c in self.columns},
+                        column_types=column_types,
+                        null_values=[""],  # a typed column's empty field; "NA", "nan" are the featurizer's
                         strings_can_be_null=False,  # an empty field is the string "", never null
                     ),
                 )
@@ -427,7 +505,8 @@ def _may_span_lines(lines: bytes, table: pa.Table, bad: list[str]) -> bool:
 
 def _spans_lines(table: pa.Table) -> bool:
     """Whether a value holds a line end: a quoted value that was not closed on its line."""
-    return any(pc.any(pc.match_substring(col, "\n")).as_py() for col in table.columns if len(col))
+    return any(pc.any(pc.match_substring(col, "\n")).as_py() for col in table.columns
+               if len(col) and pa.types.is_string(col.type))  # a typed column holds numbers
 
 
 def _first_bad_line(lines: bytes, text: str) -> tuple[int, str] | None:
@@ -445,9 +524,16 @@ def _longest_line(lines: bytes) -> int:
     return int(np.diff(bounds).max())
 
 
+def _count_newlines(data: bytes) -> int:
+    """``data.count(b"\\n")``, a few times faster (bytes.count has no fast path for one byte)."""
+    return int(np.count_nonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n")))
+
+
 def _non_utf8_lines(block: bytes) -> Iterator[tuple[int, int, int]]:
     """(line start, line end (its newline or the block's end), first bad byte) of each line
     of ``block`` that is not UTF-8, in order; nothing (after one fast check) for clean text."""
+    if block.isascii():  # ASCII is UTF-8: no decode (and no string of the block) needed
+        return
     view = memoryview(block)
     pos = 0
     while pos < len(block):

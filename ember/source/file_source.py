@@ -15,7 +15,7 @@ Example:
 from __future__ import annotations
 
 from itertools import chain
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from ember.errors import CheckpointError, ConfigError, DataError
 from ember.source import storage
@@ -54,12 +54,13 @@ class FileSource:
         return [Unit(f) for f in self._files(split)]
 
     def open(self, unit: Unit, columns: Sequence[str], report: BadRowReport | None = None, at: Any = None,
-             consumed: list[int] | None = None) -> Iterator[RecordChunk]:
+             consumed: list[int] | None = None, types: Mapping[str, Any] | None = None) -> Iterator[RecordChunk]:
         data, path = self.data, unit.name
         if data.format in ("csv", "tsv"):
             return read_csv(path, columns, delimiter=data.delimiter, header=data.csv.header, consumed=consumed,
                             column_names=data.csv.column_names, block_bytes=data.csv.block_bytes, report=report,
-                            newlines_in_values=data.csv.newlines_in_values, storage_options=data.storage_options)
+                            newlines_in_values=data.csv.newlines_in_values, storage_options=data.storage_options,
+                            types=types)
         if data.format == "parquet":
             return read_parquet(path, columns, read_rows=data.read_rows, storage_options=data.storage_options)
         return read_orc(path, columns, read_rows=data.read_rows, storage_options=data.storage_options)

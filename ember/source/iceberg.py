@@ -223,7 +223,7 @@ class IcebergSource:
                 for t in tasks]
 
     def open(self, unit: Unit, columns: Sequence[str], report: Any = None, at: Any = None,
-             consumed: list[int] | None = None) -> Iterator[RecordChunk]:
+             consumed: list[int] | None = None, types: Any = None) -> Iterator[RecordChunk]:  # types: a hint for text (CSV)
         from pyiceberg.io.pyarrow import ArrowScan
         from pyiceberg.table import FileScanTask
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Protocol, Sequence
 
 from ember.errors import ConfigError
 from ember.source.bad_rows import BadRowReport
@@ -77,10 +77,12 @@ class Source(Protocol):
         ...
 
     def open(self, unit: Unit, columns: Sequence[str], report: BadRowReport | None = None, at: Any = None,
-             consumed: list[int] | None = None) -> Iterator[RecordChunk]:
+             consumed: list[int] | None = None, types: Mapping[str, Any] | None = None) -> Iterator[RecordChunk]:
         """``columns`` of ``unit``'s rows as record batches, from position ``at`` (None: the
         start); ``report`` counts rows skipped as bad while decoding; ``consumed[0]``: bytes
-        of the unit read so far (CSV; progress)."""
+        of the unit read so far (CSV; progress); ``types``: a hint, arrow types a column may be
+        read as where the source otherwise reads text (CSV; ``featurizer.read_types``): a
+        source with typed columns ignores it."""
         ...
 
     def check(self, split: Split, columns: Sequence[str]) -> list[Unit]:

@@ -413,7 +413,7 @@ class SqlSource:
         return [Unit(query_label(split))]
 
     def open(self, unit: Any, columns: Sequence[str], report: Any = None, at: Any = None,
-             consumed: list[int] | None = None) -> Iterator[Any]:
+             consumed: list[int] | None = None, types: Any = None) -> Iterator[Any]:  # types: a hint for text (CSV)
         split: Split = "train" if unit.name == query_label("train") else "eval"
         at = at if isinstance(at, SqlPosition) and split == "train" else SqlPosition()
         return sql_chunks(self.sql, split, self.data.read_rows, at.after, at.upto)

@@ -160,7 +160,7 @@ class SyntheticSource:
         return [Unit(f"<synthetic {split}>", rows=split_rows(self.options, split))]
 
     def open(self, unit: Any, columns: Sequence[str], report: Any = None, at: Any = None,
-             consumed: list[int] | None = None) -> Iterator[Any]:
+             consumed: list[int] | None = None, types: Any = None) -> Iterator[Any]:  # types: a hint for text (CSV)
         from ember.source.base import RecordChunk
 
         split: Literal["train", "eval"] = "train" if unit.name == "<synthetic train>" else "eval"

@@ -309,3 +309,35 @@ def test_uniform01_per_row_scales_equal_one_call_per_scale():
         _native.uniform01(ids[rows], keys[rows], 8, one, float(np.float32(2 * s)), -float(np.float32(s)))
         np.testing.assert_array_equal(got[rows], one)  # bit for bit
     np.testing.assert_array_equal(got, ref)
+
+
+def _csv_text_cases() -> list[bytes]:
+    """Blocks of CSV-like text with and without each hazard, runs of digits of 19 and 20 at every
+    alignment (the kernel reads 8 bytes a step), and random bytes."""
+    rng = np.random.default_rng(7)
+    cases = [b"", b"1", b"a,b\n", b"0x1f\n", b"X", b"nan(1)\n", b"9" * 19, b"9" * 20, b"-" + b"9" * 19 + b"\n"]
+    for pad in range(9):
+        for run in (19, 20, 27):
+            cases.append(b"a" * pad + b"1" * run + b",\n")
+            cases.append(b"1,2\t" * pad + b"5" * run)
+    for _ in range(200):
+        n = int(rng.integers(1, 300))
+        alphabet = np.frombuffer(b"0123456789,\t\n-.ab \"", dtype=np.uint8)
+        cases.append(rng.choice(alphabet, size=n).tobytes())
+        cases.append(rng.integers(0, 256, size=n, dtype=np.uint8).tobytes())
+    return cases
+
+
+@native
+def test_csv_hazards_matches_its_fallback():
+    for case in _csv_text_cases():
+        assert _native.csv_hazards(case) == _native._csv_hazards_py(case), case
+
+
+def test_csv_hazards_flags():
+    for fn in (_native.csv_hazards, _native._csv_hazards_py):
+        assert fn(b"1,22,-9223372036854775808,a\n") == 0  # 19 digits are the text path's own
+        assert fn(b"1,0x1f\n") == _native.CSV_HEX
+        assert fn(b"nan(1),2\n") == _native.CSV_PAREN
+        assert fn(b"7," + b"0" * 20 + b"\n") == _native.CSV_LONG_DIGITS
+        assert fn(b"X(" + b"1" * 25) == _native.CSV_HEX | _native.CSV_PAREN | _native.CSV_LONG_DIGITS
