@@ -42,7 +42,7 @@ def scatter_rows(dst: np.ndarray, slots: np.ndarray, rows: np.ndarray, w: int, /
 def willneed(table: np.ndarray, slots: np.ndarray, w: int, /) -> int: ...
 
 # memory tiers of a table group: tables[j] = (keys, slots, arena float32 [rows, r], last int64,
-# count int32) for read_rows, + (slot_ids int64, held bool) for write_rows; ids int64 [n],
+# count int32) for read_rows, + (slot_ids int64, held bool, free int32) for write_rows; ids int64 [n],
 # bounds int64 [T+1]; out / records float32 [n, r]; out_slot / slot int64 [n]; per tier int64 [T];
 # read_rows returns IDs found, write_rows rows inserted
 def read_rows(
@@ -58,7 +58,7 @@ def read_rows(
 ) -> int: ...
 
 def write_rows(
-    tables: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
+    tables: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
     ids: np.ndarray,
     bounds: np.ndarray,
     slot: np.ndarray,
@@ -66,6 +66,7 @@ def write_rows(
     next: np.ndarray,
     clocks: np.ndarray,
     used: np.ndarray,
+    free_at: np.ndarray,
     r: int,
     /,
 ) -> int: ...

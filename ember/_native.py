@@ -523,56 +523,68 @@ def _read_rows_py(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bou
 
 
 def write_rows(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds: np.ndarray, slot: np.ndarray,
-               records: np.ndarray, next: np.ndarray, clocks: np.ndarray, used: np.ndarray, r: int) -> int:
+               records: np.ndarray, next: np.ndarray, clocks: np.ndarray, used: np.ndarray, free_at: np.ndarray,
+               r: int) -> int:
     """A memory tier's put for every tier j over its segment of ``ids`` (int64 [n]; ``bounds``
     int64 [T+1] from 0 to n): rows with ``slot[i] >= 0`` (int64 [n]) are overwritten; rows with
-    ``slot[i] < 0`` (absent, unique IDs) get the slot ``next[j]`` (then ``next[j] += 1``; written
-    back to ``slot[i]``), an index bucket (``place``), ``slot_ids = ID``, ``held = 1``,
+    ``slot[i] < 0`` (absent, unique IDs) get the slot ``free[free_at[j]]`` (then ``free_at[j]
+    += 1``) while tier j's free list lasts (int32: slots of removed rows, taken from its front as
+    ``HostTier._allocate`` takes them), then ``next[j]`` (then ``next[j] += 1``; written back to
+    ``slot[i]``), an index bucket (``place``), ``slot_ids = ID``, ``held = 1``,
     ``last = clocks[j]``, ``count = 1``; then ``arena[slot[i]] = records[i]`` (float32 [n, r]).
     ``used[j]`` (int64 [T]) = empty index buckets consumed; returns the rows inserted in all.
-    ``tables[j] = (keys, slots, arena, last, count, slot_ids, held)``.
+    ``tables[j] = (keys, slots, arena, last, count, slot_ids, held, free)``.
 
-    The caller reserved room (``next[j]`` + new rows <= arena rows, index load below 1); else
-    ValueError before anything is written. Runs on several threads (runs of whole tiers) when
-    the call is large enough. The fallback places new IDs as ``_place_py`` does: the same
-    buckets are taken, either implementation reads the other's tables."""
+    The caller reserved room (``next[j]`` + new rows beyond the free list <= arena rows, index
+    load below 1); else ValueError before anything is written. Runs on several threads (runs
+    of whole tiers) when the call is large enough. The fallback places new IDs as ``_place_py``
+    does: the same buckets are taken, either implementation reads the other's tables."""
     if _core is not None:
         return _split_tiers(_core.write_rows, tables, ids, bounds, (slot, _rows_of(records, ids.size, r, "records")),
-                            (next, clocks, used), r)
-    return _write_rows_py(tables, ids, bounds, slot, records, next, clocks, used, r)
+                            (next, clocks, used, free_at), r)
+    return _write_rows_py(tables, ids, bounds, slot, records, next, clocks, used, free_at, r)
 
 
 def _write_rows_py(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds: np.ndarray, slot: np.ndarray,
-                   records: np.ndarray, next: np.ndarray, clocks: np.ndarray, used: np.ndarray, r: int) -> int:
+                   records: np.ndarray, next: np.ndarray, clocks: np.ndarray, used: np.ndarray, free_at: np.ndarray,
+                   r: int) -> int:
     t, n = len(tables), ids.size
     try:
-        if r <= 0 or slot.size != n or next.size != t or clocks.size != t or used.size != t:
+        if r <= 0 or slot.size != n or next.size != t or clocks.size != t or used.size != t or free_at.size != t:
             raise ValueError
         _check_segments(t, ids, bounds)
         recs = _rows_of(records, n, r, "records")
     except ValueError:
-        raise ValueError("ember native write_rows: bounds [T+1] over ids, slot [n], records [n, R], next/clocks/used [T]") from None
+        raise ValueError("ember native write_rows: bounds [T+1] over ids, slot [n], records [n, R], "
+                         "next/clocks/used/free_at [T]") from None
     for j, tb in enumerate(tables):  # room and sizes, before writing anything
-        if not isinstance(tb, tuple) or len(tb) != 7:
-            raise ValueError(f"ember native: tables[{j}] must be a tuple of 7 arrays")
-        keys, slots, arena, last, count, slot_ids, held = tb
+        if not isinstance(tb, tuple) or len(tb) != 8:
+            raise ValueError(f"ember native: tables[{j}] must be a tuple of 8 arrays")
+        keys, slots, arena, last, count, slot_ids, held, free = tb
         _check_table(keys, slots)
         nrows = arena.size // r
         seg = slot[bounds[j] : bounds[j + 1]]
         if seg.size and int(seg.max()) >= nrows:
             raise IndexError("ember native write_rows: a slot lies outside the arena")
         fresh = int(np.count_nonzero(seg < 0))
+        if free_at[j] < 0 or free_at[j] > free.size:
+            raise ValueError(f"ember native write_rows: tier {j}'s free_at lies outside its free list")
+        reuse = free[int(free_at[j]) : int(free_at[j]) + fresh]
+        if reuse.size and (int(reuse.min()) < 0 or int(reuse.max()) >= nrows):
+            raise IndexError("ember native write_rows: a free slot lies outside the arena")
+        beyond = fresh - reuse.size
         if (arena.size % r or min(last.size, count.size, slot_ids.size, held.size) < nrows
-                or next[j] < 0 or next[j] + fresh > nrows):
+                or next[j] < 0 or next[j] + beyond > nrows):
             raise ValueError(f"ember native write_rows: tier {j} has no room for {fresh} new rows")
     inserted = 0
-    for j, (keys, slots, arena, last, count, slot_ids, held) in enumerate(tables):
+    for j, (keys, slots, arena, last, count, slot_ids, held, free) in enumerate(tables):
         a, b = int(bounds[j]), int(bounds[j + 1])
         seg = slot[a:b]  # a view: new slots are written back
         new = np.flatnonzero(seg < 0)
         used[j] = 0
         if new.size:
-            v = int(next[j]) + np.arange(new.size, dtype=np.int64)
+            reuse = free[int(free_at[j]) : int(free_at[j]) + new.size].astype(np.int64)
+            v = np.concatenate([reuse, int(next[j]) + np.arange(new.size - reuse.size, dtype=np.int64)])
             x = ids[a:b].take(new)
             used[j] = _place_py(keys, slots, x, v.astype(np.int32))
             slot_ids[v] = x
@@ -580,7 +592,8 @@ def _write_rows_py(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bo
             last[v] = clocks[j]
             count[v] = 1
             seg[new] = v
-            next[j] += new.size
+            free_at[j] += reuse.size
+            next[j] += new.size - reuse.size
             inserted += new.size
         _rows_of(arena, arena.size // r, r, "arena")[seg] = recs[a:b]
     return inserted

@@ -740,36 +740,41 @@ done:
     return res;
 }
 
-/* write_rows(tables [(keys, slots, arena, last, count, slot_ids, held)] * T, ids int64[n],
+/* write_rows(tables [(keys, slots, arena, last, count, slot_ids, held, free)] * T, ids int64[n],
  *            bounds int64[T+1], slot int64[n], records float32[n*R], next int64[T],
- *            clocks int64[T], used int64[T], R) -> inserted
+ *            clocks int64[T], used int64[T], free_at int64[T], R) -> inserted
  * A memory tier's put for every tier j over its segment: rows with slot[i] >= 0 are
- * overwritten; rows with slot[i] < 0 (absent, unique IDs) get slot next[j]++ (written back to
- * slot[i]), an index bucket (linear probing, as place), slot_ids = ID, held = 1,
+ * overwritten; rows with slot[i] < 0 (absent, unique IDs) get the slot free[free_at[j]++]
+ * while tier j's free list (int32, slots of removed rows) lasts, then next[j]++ (written back
+ * to slot[i]), an index bucket (linear probing, as place), slot_ids = ID, held = 1,
  * last = clocks[j], count = 1; then arena[slot[i]] = records[i]. used[j] = empty buckets
- * consumed. The caller reserved room: next[j] + new rows <= arena rows, index load < 1. */
+ * consumed. The caller reserved room: next[j] + new rows beyond the free list <= arena rows,
+ * index load < 1. */
 static PyObject *write_rows(PyObject *self, PyObject *args) {
     PyObject *tables;
-    Py_buffer ids, bounds, sl, rec, nx, clocks, used;
+    Py_buffer ids, bounds, sl, rec, nx, clocks, used, fa;
     Py_ssize_t r;
-    if (!PyArg_ParseTuple(args, "Oy*y*w*y*w*y*w*n", &tables, &ids, &bounds, &sl, &rec, &nx, &clocks, &used, &r)) return NULL;
+    if (!PyArg_ParseTuple(args, "Oy*y*w*y*w*y*w*w*n", &tables, &ids, &bounds, &sl, &rec, &nx, &clocks, &used, &fa, &r))
+        return NULL;
     PyObject *res = NULL;
     Py_buffer *tb = NULL;
     Py_ssize_t n = ids.len / 8, t = PySequence_Size(tables);
-    static const int flags[7] = {1, 1, 1, 1, 1, 1, 1};
+    static const int flags[8] = {1, 1, 1, 1, 1, 1, 1, 0};
     if (t < 0) goto done;
     if (r <= 0 || check_segments(&bounds, t, n) < 0 || sl.len != n * 8 || rec.len != n * r * 4 || nx.len != t * 8
-        || clocks.len != t * 8 || used.len != t * 8) {
-        PyErr_SetString(PyExc_ValueError, "ember native write_rows: bounds [T+1] over ids, slot [n], records [n, R], next/clocks/used [T]");
+        || clocks.len != t * 8 || used.len != t * 8 || fa.len != t * 8) {
+        PyErr_SetString(PyExc_ValueError, "ember native write_rows: bounds [T+1] over ids, slot [n], records [n, R], "
+                        "next/clocks/used/free_at [T]");
         goto done;
     }
-    if (!(tb = acquire_tables(tables, t, 7, flags))) goto done;
+    if (!(tb = acquire_tables(tables, t, 8, flags))) goto done;
     {
-        const int64_t *bd = bounds.buf, *nxt = nx.buf, *sv = sl.buf;
+        const int64_t *bd = bounds.buf, *nxt = nx.buf, *sv = sl.buf, *fat = fa.buf;
         for (Py_ssize_t j = 0; j < t; j++) {  /* room and sizes, before writing anything */
             uint64_t mask;
-            Py_buffer *b = tb + j * 7;
-            Py_ssize_t rows = b[2].len / 4 / r, fresh = 0;
+            Py_buffer *b = tb + j * 8;
+            Py_ssize_t rows = b[2].len / 4 / r, fresh = 0, nfree = b[7].len / 4;
+            const int32_t *fr = b[7].buf;
             if (check_table(&b[0], &b[1], &mask) < 0) goto done;
             for (int64_t i = bd[j]; i < bd[j + 1]; i++) {
                 if (sv[i] >= rows) {
@@ -778,8 +783,19 @@ static PyObject *write_rows(PyObject *self, PyObject *args) {
                 }
                 fresh += sv[i] < 0;
             }
+            if (fat[j] < 0 || fat[j] > nfree) {
+                PyErr_Format(PyExc_ValueError, "ember native write_rows: tier %zd's free_at lies outside its free list", j);
+                goto done;
+            }
+            for (Py_ssize_t f = fat[j]; f < nfree && f < fat[j] + fresh; f++)
+                if (fr[f] < 0 || fr[f] >= rows) {
+                    PyErr_SetString(PyExc_IndexError, "ember native write_rows: a free slot lies outside the arena");
+                    goto done;
+                }
+            Py_ssize_t beyond = fresh - (nfree - fat[j]);  /* new rows past the free list: at next */
+            if (beyond < 0) beyond = 0;
             if (b[2].len != rows * r * 4 || b[3].len < rows * 8 || b[4].len < rows * 4 || b[5].len < rows * 8
-                || b[6].len < rows || nxt[j] < 0 || nxt[j] + fresh > rows) {
+                || b[6].len < rows || nxt[j] < 0 || nxt[j] + beyond > rows) {
                 PyErr_Format(PyExc_ValueError, "ember native write_rows: tier %zd has no room for %zd new rows", j, fresh);
                 goto done;
             }
@@ -787,14 +803,16 @@ static PyObject *write_rows(PyObject *self, PyObject *args) {
     }
     {
         const int64_t *id = ids.buf, *bd = bounds.buf, *clk = clocks.buf;
-        int64_t *slot = sl.buf, *nxt = nx.buf, *us = used.buf;
+        int64_t *slot = sl.buf, *nxt = nx.buf, *us = used.buf, *fat = fa.buf;
         const float *src = rec.buf;
         Py_ssize_t inserted = 0, full = 0;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t j = 0; j < t && !full; j++) {
-            Py_buffer *b = tb + j * 7;
+            Py_buffer *b = tb + j * 8;
             int64_t *k = b[0].buf, *la = b[3].buf, *ids_of = b[5].buf;
             int32_t *s = b[1].buf, *cn = b[4].buf;
+            const int32_t *fr = b[7].buf;
+            Py_ssize_t nfree = b[7].len / 4;
             float *a = b[2].buf;
             uint8_t *held = b[6].buf;
             uint64_t mask = (uint64_t)(b[0].len / 8) - 1;
@@ -812,7 +830,7 @@ static PyObject *write_rows(PyObject *self, PyObject *args) {
                     }
                 }
                 if (slot[i] < 0) {
-                    int64_t x = id[i], v = nxt[j]++;
+                    int64_t x = id[i], v = fat[j] < nfree ? (int64_t)fr[fat[j]++] : nxt[j]++;
                     uint64_t h = mix64((uint64_t)x) & mask, step = 0;
                     while (s[h] >= 0 && step++ <= mask) h = (h + 1) & mask;
                     if (s[h] >= 0) { full = 1; break; }  /* the caller's load check failed */
@@ -836,7 +854,7 @@ static PyObject *write_rows(PyObject *self, PyObject *args) {
 done:
     if (tb) release_tables(tb, t * 7);
     PyBuffer_Release(&ids); PyBuffer_Release(&bounds); PyBuffer_Release(&sl); PyBuffer_Release(&rec);
-    PyBuffer_Release(&nx); PyBuffer_Release(&clocks); PyBuffer_Release(&used);
+    PyBuffer_Release(&nx); PyBuffer_Release(&clocks); PyBuffer_Release(&used); PyBuffer_Release(&fa);
     return res;
 }
 
@@ -1257,7 +1275,7 @@ static PyMethodDef methods[] = {
      "arrow_parse_ints(offsets, data, validity, off, n, width, out, state) -> bad or -1"},
     {"csv_hazards", csv_hazards, METH_VARARGS, "csv_hazards(data) -> flags"},
     {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r) -> found"},
-    {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, r) -> inserted"},
+    {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, free_at, r) -> inserted"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim) -> None"},
     {"rowwise_adagrad", rowwise_adagrad, METH_VARARGS, "rowwise_adagrad(rows, state, grads, n, dim, rs, ss, gs, lr, eps) -> None"},
     {"bf16_pack_sr", bf16_pack_sr, METH_VARARGS, "bf16_pack_sr(records, ids, seeds, steps, out, dim, width) -> None"},

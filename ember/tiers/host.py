@@ -157,12 +157,13 @@ class HostTier(TierCounters, Tier):
 
     def writes_natively(self, ids: Tensor, records: Tensor) -> bool:
         """Whether the C core can write these rows in one pass: CPU float32 arena and records, and
-        new IDs need neither a freed slot nor a capacity check (else ``put`` runs in numpy)."""
+        new IDs within the capacity (else ``put`` runs in numpy and raises the capacity error);
+        new IDs take freed slots first, as ``_allocate`` gives them."""
         if not (self._native_cpu and records.is_contiguous() and records.dtype == torch.float32
                 and records.device.type == "cpu"):
             return False
         fresh = int(np.count_nonzero(self.slots_of(ids).numpy() < 0))
-        return fresh == 0 or (self._free.size == 0 and (self.capacity is None or len(self) + fresh <= self.capacity))
+        return fresh == 0 or self.capacity is None or len(self) + fresh <= self.capacity
 
     @staticmethod
     def read_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor], out: Tensor) -> Tensor:
@@ -201,16 +202,18 @@ class HostTier(TierCounters, Tier):
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         for t, m in zip(tiers, fresh):
             if m:
-                t._reserve(t._next + m)
+                t._reserve(t._next + max(m - t._free.size, 0))  # freed slots are taken first
                 t._index.reserve(m)
         flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False) if ids else np.empty(0, np.int64)
         nxt = np.array([t._next for t in tiers], dtype=np.int64)
         clocks = np.array([t.clock for t in tiers], dtype=np.int64)
         used = np.zeros(len(tiers), dtype=np.int64)
+        free_at = np.zeros(len(tiers), dtype=np.int64)
         _native.write_rows([t.buffers(writes=True) for t in tiers], flat, bounds, slot, records.numpy(), nxt, clocks,
-                           used, records.shape[1])
+                           used, free_at, records.shape[1])
         for j, (t, m) in enumerate(zip(tiers, fresh)):
             if m:
+                t._free = t._free[int(free_at[j]) :]
                 t._next = int(nxt[j])
                 t._index.placed(m, int(used[j]))
                 t.inserts += m
@@ -218,9 +221,10 @@ class HostTier(TierCounters, Tier):
 
     def buffers(self, writes: bool) -> tuple[np.ndarray, ...]:
         """The arrays the native read (``writes`` False) or write kernel works on, explicitly:
-        index keys and slots, arena, last access, access count (+ slot IDs and held flags)."""
+        index keys and slots, arena, last access, access count (+ slot IDs, held flags and the
+        free list)."""
         base = (self._index.keys, self._index.slots, self._arena.numpy(), self._last, self._count)
-        return base + (self._ids, self._held) if writes else base
+        return base + (self._ids, self._held, np.ascontiguousarray(self._free, dtype=np.int32)) if writes else base
 
     def put(self, ids: Tensor, records: Tensor, counts: np.ndarray | None = None) -> None:
         """Insert or overwrite the records of unique ``ids``.

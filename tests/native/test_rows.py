@@ -24,8 +24,8 @@ def _lookup(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray) -> np.ndarray:
 
 def _group(seed: int, tiers: int = 5, cap: int = 2048) -> dict:
     """The memory tiers of a table group as HostTier holds them (index, arena [rows, R], last,
-    count, slot -> ID, held), each with rows already in and some deleted (tombstones in the
-    index) and room reserved for the new ones; a write batch (per tier unique IDs: present,
+    count, slot -> ID, held, free list), each with rows already in and some deleted (tombstones
+    in the index, some of their slots free) and room reserved for the new ones; a write batch (per tier unique IDs: present,
     deleted and new, tier 1 empty) with the slots a probe gives; a read query over present,
     deleted and never-seen IDs with repeats; clocks, -1 ("keep no statistics") for tier 2."""
     rng = np.random.default_rng(seed)
@@ -48,7 +48,10 @@ def _group(seed: int, tiers: int = 5, cap: int = 2048) -> dict:
         _native._probe_py(keys, slots, gone, bucket, np.empty(gone.size, dtype=np.int32))
         slots[bucket] = -2
         held[: n0 // 5] = False
-        tables.append((keys, slots, arena, last, count, slot_ids, held))
+        # the free list: the deleted rows' slots, shuffled, some of them (fewer or more than the
+        # new rows: new rows take them first, then slots from next)
+        free = rng.permutation(np.arange(n0 // 5, dtype=np.int32))[: int(rng.integers(0, n0 // 5 + 1))]
+        tables.append((keys, slots, arena, last, count, slot_ids, held, free))
         nexts.append(n0)
         fresh = np.setdiff1d(rng.integers(-(2**62), 2**62, size=int(rng.integers(0, 300))), held_ids)
         ids = np.concatenate([rng.choice(present, size=present.size // 2, replace=False), gone[: gone.size // 2], fresh])
@@ -72,8 +75,9 @@ def _group(seed: int, tiers: int = 5, cap: int = 2048) -> dict:
 
 def _write(fn, g: dict, tables: list) -> tuple:
     slot, nxt, used = g["slot"].copy(), g["next"].copy(), np.full(len(tables), -9, dtype=np.int64)
-    inserted = fn(tables, g["ids"], g["bounds"], slot, g["records"], nxt, g["clocks"], used, R)
-    return inserted, slot, nxt, used
+    free_at = np.zeros(len(tables), dtype=np.int64)
+    inserted = fn(tables, g["ids"], g["bounds"], slot, g["records"], nxt, g["clocks"], used, free_at, R)
+    return inserted, slot, nxt, used, free_at
 
 
 def _read(fn, g: dict, tables: list) -> tuple:
@@ -105,17 +109,21 @@ def test_write_rows_matches_its_fallback(seed, cap):
         _same_index(ta, tb)
         for x, y in zip(ta[2:], tb[2:]):  # arena, last, count, slot_ids, held
             np.testing.assert_array_equal(x, y)
-    inserted, slot, nxt, used = want
+    inserted, slot, nxt, used, free_at = want
+    assert any(0 < free_at[j] < int((g["slot"][g["bounds"][j] : g["bounds"][j + 1]] < 0).sum()) for j in range(len(b)))
     for j, t in enumerate(b):  # the semantics, spelt out
         lo, hi = g["bounds"][j], g["bounds"][j + 1]
         new = g["slot"][lo:hi] < 0
         np.testing.assert_array_equal(slot[lo:hi][~new], g["slot"][lo:hi][~new])
-        np.testing.assert_array_equal(slot[lo:hi][new], g["next"][j] + np.arange(new.sum()))
+        free = g["tables"][j][7]
+        k = min(int(new.sum()), free.size)  # freed slots first, in their order, then next
+        assert free_at[j] == k
+        np.testing.assert_array_equal(slot[lo:hi][new], np.concatenate([free[:k], g["next"][j] + np.arange(new.sum() - k)]))
         np.testing.assert_array_equal(t[2][slot[lo:hi]], g["records"][lo:hi])
         np.testing.assert_array_equal(_lookup(t[0], t[1], g["ids"][lo:hi]), slot[lo:hi])
         s = slot[lo:hi][new]
         assert (t[5][s] == g["ids"][lo:hi][new]).all() and t[6][s].all() and (t[4][s] == 1).all() and (t[3][s] == g["clocks"][j]).all()
-        assert nxt[j] == g["next"][j] + new.sum() and used[j] == np.count_nonzero((g["tables"][j][1] == -1) & (t[1] >= 0))
+        assert nxt[j] == g["next"][j] + new.sum() - k and used[j] == np.count_nonzero((g["tables"][j][1] == -1) & (t[1] >= 0))
 
 
 @native
@@ -144,7 +152,7 @@ def test_read_rows_matches_its_fallback_on_tables_either_wrote(seed):
         s = slot[lo:hi]
         np.testing.assert_array_equal(s, _lookup(t[0], t[1], g["query"][lo:hi]))
         np.testing.assert_array_equal(out[lo:hi][s >= 0], t[2][s[s >= 0]])
-        last, count = meta[5 * j + 1], meta[5 * j + 2]  # after the read
+        last, count = meta[6 * j + 1], meta[6 * j + 2]  # after the read (6 arrays per tier from the arena on)
         if g["clocks"][j] < 0:  # a tier that keeps no statistics
             np.testing.assert_array_equal(last, t[3])
             np.testing.assert_array_equal(count, t[4])
@@ -181,13 +189,23 @@ def test_bad_calls_raise_the_same_errors():
         bad = dict(g, bounds=g["bounds"][::-1].copy())
         with pytest.raises(ValueError, match="bounds"):
             _write(write, bad, _copy(g["tables"]))
-        with pytest.raises(ValueError, match="no room"):
-            _write(write, dict(g, next=g["next"] + 400), _copy(g["tables"]))
+        with pytest.raises(ValueError, match="no room"):  # (no free slots: every new row at next)
+            _write(write, dict(g, next=g["next"] + 400), [t[:7] + (np.empty(0, np.int32),) for t in _copy(g["tables"])])
+        with pytest.raises(ValueError, match="free_at"):
+            tables = _copy(g["tables"])
+            free_at = np.full(len(tables), 10**6, dtype=np.int64)
+            write(tables, g["ids"], g["bounds"], g["slot"].copy(), g["records"], g["next"].copy(), g["clocks"],
+                  np.zeros(len(tables), dtype=np.int64), free_at, R)
+        with pytest.raises(IndexError, match="free slot lies outside"):
+            tables = _copy(g["tables"])
+            for t in tables:
+                t[7][:] = 10**6
+            _write(write, g, tables)
         outside = g["slot"].copy()
         outside[0] = 10**6
         with pytest.raises(IndexError, match="outside the arena"):
             _write(write, dict(g, slot=outside), _copy(g["tables"]))
-        with pytest.raises(ValueError, match="tuple of 7"):
+        with pytest.raises(ValueError, match="tuple of 8"):
             _write(write, g, [t[:5] for t in _copy(g["tables"])])
     for read in _kernels("read_rows"):
         with pytest.raises(ValueError, match="bounds"):
