@@ -49,6 +49,15 @@ def allreduce_sum_hook(state, bucket):  # type: ignore[no-untyped-def]  # DDP ch
     return fut.then(lambda f: f.value()[0])
 
 
+def has_state_buffers(model: nn.Module) -> bool:
+    """Whether ``model`` holds persistent buffers (state a forward may change, e.g. running
+    statistics), which DDP must broadcast before each forward. ember's models hold only
+    non-persistent ones, index tensors built from the config and equal on every rank: a
+    broadcast of those each step would only add a collective's latency to the step (on a slow
+    link, the wait behind the embedding exchange's traffic)."""
+    return any(name not in m._non_persistent_buffers_set for m in model.modules() for name in m._buffers)
+
+
 def wrap_model(model: nn.Module, run: DistributedRun) -> nn.Module:
     """``model`` under DDP (parameters broadcast from rank 0, gradients summed over ranks; with
     embedding ranks, over the dense ranks only: ``run.dense_group``). Call it on dense ranks.
@@ -62,6 +71,7 @@ def wrap_model(model: nn.Module, run: DistributedRun) -> nn.Module:
                           "(their statistics would be per rank); set batchnorm: false in the model's MLPs")
     ids = [run.model_device.index] if run.model_device.type == "cuda" else None
     group = run.dense_group
-    ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, process_group=group)
+    ddp = nn.parallel.DistributedDataParallel(model, device_ids=ids, process_group=group,
+                                              broadcast_buffers=has_state_buffers(model))
     ddp.register_comm_hook(SumHookState(group, run.exchange, len(run.dense_ranks)), allreduce_sum_hook)
     return ddp

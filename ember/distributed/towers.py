@@ -46,7 +46,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from ember.batch.sparse import SparseFeatures
-from ember.distributed.dense import SumHookState, allreduce_sum_hook
+from ember.distributed.dense import SumHookState, allreduce_sum_hook, has_state_buffers
 from ember.distributed.exchange import Exchange
 from ember.distributed.process_group import DistributedRun
 from ember.distributed.sharding import ShardingPlan, TableSharding
@@ -187,7 +187,7 @@ class TowerPlacement:
         head = DMTHead(model)
         ids = [run.model_device.index] if run.model_device.type == "cuda" else None
         self.head = head
-        self.ddp_head = nn.parallel.DistributedDataParallel(head, device_ids=ids)
+        self.ddp_head = nn.parallel.DistributedDataParallel(head, device_ids=ids, broadcast_buffers=has_state_buffers(head))
         self.ddp_head.register_comm_hook(SumHookState(None, run.exchange, run.world_size), allreduce_sum_hook)
         model.register_state_dict_pre_hook(lambda *_: self.sync_towers())
         if optimizer is not None:
