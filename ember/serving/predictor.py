@@ -286,6 +286,7 @@ class Predictor:
         data.pop("train", None)
         data.pop("sql", None)  # the inputs are files, whatever the model was trained from
         data.pop("iceberg", None)
+        data.pop("watch", None)  # an online run's watched training stream, not these inputs (which it would refuse)
         fmt = format or _format_of(paths)
         if fmt not in _FORMATS:
             exts = sorted({"".join(Path(p).suffixes[-2:]) or "(none)" for p in paths})

@@ -337,3 +337,27 @@ def test_a_window_grouping_by_a_column_the_data_lacks_names_it(tmp_path):
     raw["eval"] = {"window_rows": 64, "group_by": "user_id"}
     with pytest.raises(ConfigError, match=r"eval.group_by / eval.slices \(with eval.window_rows.*\['user_id'\]"):
         train(from_dict(raw))
+
+
+def test_an_online_runs_export_scores_files_as_its_eval_does(tmp_path):
+    """``Predictor.predict_files`` (``ember predict``) on the export of an online run: the run's
+    ``data.watch`` describes its training stream, not the files to score (it was carried into
+    the scoring config, which then refused it: "data.watch watches the data.train directories");
+    the scores give the AUC the run's eval gave."""
+    from ember.cli import main
+    from ember.serving import Predictor
+    from ember.train.metrics import auc
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for k in range(2):
+        _write(folder, k)
+    held_out = tmp_path / "eval.csv"
+    held_out.write_text("\n".join(_lines(9, 300)) + "\n")
+    raw = _raw(tmp_path, "online", folder)
+    raw["data"]["eval"] = str(held_out)
+    result = train(from_dict(raw))
+    assert main(["export", "--checkpoint", str(result.run_dir), "--out", str(tmp_path / "export")]) == 0
+    scores = Predictor.load(tmp_path / "export").predict_files([str(held_out)])[:, 0]
+    labels = np.array([int(line.split(",")[0]) for line in _lines(9, 300)[1:]])
+    assert auc(labels, scores) == pytest.approx(result.metrics["auc/label"], abs=1e-6)
