@@ -264,8 +264,12 @@ class Featurizer:
         if isinstance(flat, pa.ChunkedArray):
             flat = flat.combine_chunks()
         # one value per row: element i is row i (no element -> row map to build), and a row's
-        # length is whether its value is kept (the same result as the general path, less work)
-        elem_row = np.arange(batch.num_rows) if single else np.repeat(np.arange(batch.num_rows), lengths)
+        # length is whether its value is kept (the same result as the general path, less work);
+        # the map is built only for what needs it (bad values, weights)
+        n = batch.num_rows
+        def elem_row() -> np.ndarray:
+            return np.arange(n) if single else np.repeat(np.arange(n), lengths)
+
         is_str = pa.types.is_string(flat.type) or pa.types.is_large_string(flat.type)
         if f.hash_ids:
             try:
@@ -286,31 +290,34 @@ class Featurizer:
             missing |= is_listed(flat, self.schema.missing_values_of(f))
             bad &= ~missing
             if bad.any():
-                checks.add(col, "not an integer ID", np.bincount(elem_row[bad], minlength=batch.num_rows) > 0)
+                checks.add(col, "not an integer ID", bad.copy() if single else np.bincount(elem_row()[bad], minlength=n) > 0)
             valid = ~missing & ~bad
 
         w = None
         if f.weight_column is not None:
+            rows_of = elem_row()
             wflat, wlen, _ = _jagged(batch.column(f.weight_column), f.separator)
             if isinstance(wflat, pa.ChunkedArray):
                 wflat = wflat.combine_chunks()
             mismatch = wlen != lengths
             checks.add(f.weight_column, f"weights do not match the values of '{col}'", mismatch)
             if mismatch.any():  # those rows are dropped or raise; give them no values
-                valid &= ~mismatch[elem_row]
+                valid &= ~mismatch[rows_of]
                 wflat = wflat.filter(pa.array(~mismatch[np.repeat(np.arange(len(wlen)), wlen)]))
             try:
                 wx, wmissing, wbad = parse_floats(wflat)
             except TypeError as e:
                 raise _type_error(file, f"weight column of sparse feature '{f.name}'", f.weight_column, e) from None
             checks.add(f.weight_column, "weight is not a number",
-                       np.bincount(elem_row[~mismatch[elem_row]][wbad], minlength=batch.num_rows) > 0)
+                       np.bincount(rows_of[~mismatch[rows_of]][wbad], minlength=batch.num_rows) > 0)
             w = np.where(wmissing | wbad, 1.0, wx).astype(np.float32)  # a missing weight counts as 1
             if mismatch.any():
                 full = np.ones(ids.size, np.float32)
-                full[~mismatch[elem_row]] = w
+                full[~mismatch[rows_of]] = w
                 w = full
 
+        if single and w is None and valid.all():  # every row one value: offsets 0..n
+            return ids.astype(np.int64, copy=False), np.arange(n + 1, dtype=np.int64), None
         if single:
             new_len = valid.astype(np.int64)
         else:
