@@ -92,6 +92,13 @@ class Exchange:
             t[2] += sent_cross
             t[3] += received_cross
 
+    def _note_splits(self, kind: str, row: int, send_splits: Sequence[int], recv_splits: Sequence[int]) -> None:
+        """Count an all-to-all's rows of ``row`` bytes, those to and from other ranks (and nodes)."""
+        me = self.nodes[self.rank]
+        away = [r for r in range(self.world_size) if self.nodes[r] != me]
+        self.note(kind, row * (sum(send_splits) - send_splits[self.rank]), row * (sum(recv_splits) - recv_splits[self.rank]),
+                  row * sum(send_splits[r] for r in away), row * sum(recv_splits[r] for r in away))
+
     def counts(self, send: Tensor, kind: str = "counts") -> Tensor:
         """``send`` [N, k] int64 (row r: counts for rank r) -> [N, k] (row s: what rank s sends here)."""
         if send.shape[0] != self.world_size:
@@ -101,10 +108,11 @@ class Exchange:
         return out.reshape(self.world_size, k)
 
     def all_to_all(self, payload: Tensor, send_splits: Sequence[int], recv_splits: Sequence[int],
-                   kind: str = "rows") -> Tensor:
+                   kind: str = "rows", tail: tuple[int, str] | None = None) -> Tensor:
         """Rows ``payload[send offsets of r]`` go to rank r; returns the rows every rank sent here,
         source rank after source rank ([sum(recv_splits), *payload.shape[1:]]). ``kind`` (one of
-        ``KINDS``) is the counter its bytes go to."""
+        ``KINDS``) is the counter its bytes go to; ``tail = (k, kind2)``: the last k rows of every
+        rank's block are control data riding along, counted under ``kind2``."""
         send_splits, recv_splits = [int(s) for s in send_splits], [int(s) for s in recv_splits]
         if sum(send_splits) != payload.shape[0]:
             raise ValueError(f"Exchange.all_to_all: splits sum to {sum(send_splits)}, payload has {payload.shape[0]} rows")
@@ -115,19 +123,13 @@ class Exchange:
         out = src.new_empty((sum(recv_splits), *payload.shape[1:]))
         dist.all_to_all_single(out, src, recv_splits, send_splits, group=self.group)
         row = math.prod(payload.shape[1:]) * src.element_size()
-        me = self.nodes[self.rank]
-        away = [r for r in range(self.world_size) if self.nodes[r] != me]
-        self.note(kind, row * (sum(send_splits) - send_splits[self.rank]), row * (sum(recv_splits) - recv_splits[self.rank]),
-                  row * sum(send_splits[r] for r in away), row * sum(recv_splits[r] for r in away))
+        k, tail_kind = tail if tail is not None else (0, kind)
+        self._note_splits(kind, row, [s - k for s in send_splits], [s - k for s in recv_splits])
+        if k:
+            self._note_splits(tail_kind, row, [k] * self.world_size, [k] * self.world_size)
         with self._lock:
             self._calls[0] += 1
         return out.to(home)
-
-    def any(self, flags: Sequence[bool]) -> list[bool]:
-        """Elementwise OR of ``flags`` over ranks (e.g. which tables reached the loss anywhere)."""
-        t = torch.tensor([int(f) for f in flags], dtype=torch.int32, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        return [bool(v) for v in t.cpu().tolist()]
 
     def take_stats(self, steps: int = 1) -> dict[str, float]:
         """Traffic since the last call (then reset), for the metrics record. Every rank calls it

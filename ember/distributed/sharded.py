@@ -15,7 +15,7 @@ design leaves room for them:
 
 Every rank calls every collective of every group in the same order, also when it has no ID
 to send: fetches (counts, IDs, rows) on the ``exchange``'s process group, updates (gradients,
-the reached flags) on ``updates``', each issued in batch order by one thread (the pipeline's
+with the reached flags riding along) on ``updates``', each issued in batch order by one thread (the pipeline's
 fetch and update stages). Under ``pipeline.embedding_staleness`` k > 0 the two threads overlap
 (the fetch of batch t + k with the update of batch t), as in one process (Persia's hybrid
 training: stale reads, bounded by k; no gradient lost). The owner's tiers are touched under
@@ -70,6 +70,27 @@ class _Route:
     send_splits: list[int]  # IDs sent to each rank
     recv_splits: list[int]  # IDs received from each rank
     to_owner_row: Tensor  # for each received ID (source rank order): its row in the owner lookup
+
+
+def _grads_and_reached(ex: Exchange, grad: Tensor, route: "_Route", reached: Sequence[bool]) -> tuple[Tensor, list[bool]]:
+    """The gradients to their owners in one all-to-all, each rank's reached flags riding along
+    (a block of rows after the gradients for each destination: 1.0 where its features reached
+    the loss), so no second collective per step waits on a slow link for a few flags. Returns
+    the gradients received (source after source, as ``route.recv_splits``) and, per table,
+    whether it reached the loss on any rank (the OR of every rank's flags)."""
+    n, dim, t = len(route.send_splits), grad.shape[1], len(reached)
+    fr = -(-t // dim) if t else 0  # rows of flags per destination
+    flags = grad.new_zeros(fr * dim)
+    flags[:t] = torch.tensor([float(r) for r in reached], dtype=grad.dtype)
+    block = flags.view(fr, dim)
+    parts = grad.split(route.send_splits)
+    payload = torch.cat([x for p in parts for x in (p, block)]) if n else grad
+    got = ex.all_to_all(payload, [s + fr for s in route.send_splits], [s + fr for s in route.recv_splits], "grads",
+                        tail=(fr, "counts"))  # the flags are control data, as the split sizes
+    chunks = got.split([s + fr for s in route.recv_splits])
+    grads = torch.cat([c[: c.shape[0] - fr] for c in chunks]) if chunks else got
+    anywhere = torch.stack([c[c.shape[0] - fr :].reshape(-1)[:t] for c in chunks]).amax(0) if chunks else flags[:t]
+    return grads, [bool(v) for v in (anywhere > 0.5).tolist()]
 
 
 class ShardedGroupLookup(GroupLookup):
@@ -133,10 +154,9 @@ class ShardedGroupLookup(GroupLookup):
         assert owner.records is not None and self.records is not None
         mine = self.grad if self.grad is not None else self.records.new_zeros(self.ids.numel(), self.group.dim)
         grad = mine.index_select(0, torch.from_numpy(route.order).to(mine.device))
-        got = ex.all_to_all(grad, route.send_splits, route.recv_splits, "grads")
+        got, reached = _grads_and_reached(ex, grad, route, self.reached)
         summed = torch.zeros(owner.ids.numel(), self.group.dim, dtype=got.dtype, device=owner.records.device)
         summed.index_add_(0, route.to_owner_row.to(summed.device), got.to(summed.device))
-        reached = ex.any(self.reached)
         with self.shard.tiers:  # the last collective is behind: the rows are this rank's alone
             owner.backward(summed)
             owner.reached = reached
