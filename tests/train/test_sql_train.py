@@ -239,3 +239,15 @@ def test_bad_driver_and_unreachable_servers_are_named(tmp_path, capsys, postgres
         assert code == 2 and "Traceback" not in err and "s3cret" not in err, err
         for text in expected:
             assert text in err, err
+
+
+def test_a_run_counts_the_query_rows_once(db, tmp_path, monkeypatch):
+    """Preflight's checkpoint-size estimate counts the training rows once per run, not once per
+    embedding table (each count is a query, and a connection, of its own)."""
+    import ember.source.sql as sql_module
+
+    calls: list[str] = []
+    count = sql_module.sql_count
+    monkeypatch.setattr(sql_module, "sql_count", lambda sql, split: calls.append(split) or count(sql, split))
+    train(from_dict(_raw(tmp_path, "once", _sql(db))))
+    assert calls == ["train"]
