@@ -180,10 +180,11 @@ def check_disk(cfg: RunConfig, parts: Components, run_dir: Path) -> int:
     CapacityError when even the dense part cannot fit, a warning when the estimate does not."""
     dense = sum(p.numel() * p.element_size() for p in parts.model.parameters()) * 3  # weights + 2 Adam moments
     table = 0
+    train_rows = _train_rows(cfg)  # once: a SQL source counts with a query, object storage reads footers
     for ec in parts.collections():
         for t in ec.tables.values():
             features = [f.name for f in ec.features if f.table_name == t.name]
-            table += _rows_bound(cfg, features) * (8 + 4 * t.config.stored_words)  # rows packed at the table's dtype
+            table += _rows_bound(cfg, features, train_rows) * (8 + 4 * t.config.stored_words)  # rows packed at the table's dtype
     es = cfg.train.early_stopping
     copies = cfg.checkpoint.keep + 1 + (1 if es is not None and es.save_best else 0)  # + early stopping's best
     free = free_bytes(run_dir)
@@ -199,16 +200,23 @@ def check_disk(cfg: RunConfig, parts: Components, run_dir: Path) -> int:
     return need
 
 
-def _rows_bound(cfg: RunConfig, features: list[str]) -> int:
+def _train_rows(cfg: RunConfig) -> int:
+    """Training rows as the source counts them without reading them (files: Parquet/ORC row
+    counts, CSV extrapolated from the lines in its first 64 KiB; SQL: ``COUNT(*)``); 0 for
+    synthetic data and streams (no bound known up front)."""
+    data = cfg.data
+    if data.format == "synthetic" or not data.holds("train") or data.watch is not None:
+        return 0
+    return source_for(data).count("train", estimate=True).rows or 0
+
+
+def _rows_bound(cfg: RunConfig, features: list[str], train_rows: int) -> int:
     """The most rows a table read by ``features`` can reach: each feature adds its vocabulary
-    (synthetic) or one ID per train row (files: Parquet/ORC row counts, CSV extrapolated from
-    the lines in its first 64 KiB; multi-hot features may add more)."""
+    (synthetic) or one ID per train row (``train_rows``, see ``_train_rows``; multi-hot
+    features may add more)."""
     data = cfg.data
     if data.format == "synthetic":
         index = {s.name: i for i, s in enumerate(cfg.schema.sparse)}
         return sum(data.synthetic.vocab(index[f]) for f in features if index.get(f, data.synthetic.num_sparse)
                    < data.synthetic.num_sparse)
-    if not data.holds("train") or data.watch is not None:
-        return 0  # a stream: no bound known up front
-    rows = source_for(data).count("train", estimate=True).rows or 0
-    return rows * len(features)
+    return train_rows * len(features)

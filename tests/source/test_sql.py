@@ -136,3 +136,58 @@ def test_ember_profile_reads_the_training_query(tmp_path, capsys):
     assert main(["profile", "--config", str(path), "--out", str(tmp_path / "prof")]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "50" in out and "c" in out
+
+
+@pytest.mark.parametrize("sizes", [[7], [3, 4], [1, 1, 1, 1, 1, 1, 1], [0, 2, 0, 5], [6, 1]])
+def test_pieces_do_not_depend_on_the_drivers_batches_and_slices_are_not_copied(sizes):
+    """``_rechunked`` cuts any batching of the same rows into the same 3-row pieces; a piece
+    inside one driver batch shares that batch's memory (a slice), one across batches is joined."""
+    from ember.source.sql import _rechunked
+
+    whole = pa.record_batch({"k": list(range(7)), "v": [float(i) for i in range(7)]})
+    batches, start = [], 0
+    for n in sizes:
+        batches.append(whole.slice(start, n))
+        start += n
+    pieces = list(_rechunked(iter(batches), 3))
+    assert [p.to_pydict() for p in pieces] == [whole.slice(s, 3).to_pydict() for s in (0, 3, 6)]
+    sources = {b.column("k").buffers()[1].address for b in batches if b.num_rows}  # all the same buffer here
+    for p, s in zip(pieces, (0, 3, 6)):
+        inside = any(b.num_rows and sum(sizes[:i]) <= s and s + min(3, 7 - s) <= sum(sizes[:i + 1])
+                     for i, b in enumerate(batches))
+        assert (p.column("k").buffers()[1].address in sources) == inside, (sizes, s)
+
+
+def test_the_training_query_reads_only_the_columns_used_and_the_key(tmp_path):
+    """Given the columns a schema uses, the query selects them and the key (as a Parquet file
+    reads only its used columns); names the query lacks are left to the featurizer to name; the
+    rows, their order and the resume after a key are unchanged; eval reads its query as is."""
+    uri = _db(tmp_path, t=pa.table({"k": [3, 1, 2], "y": [1, 0, 1], "c": list("xyz"), "pad": ["-" * 50] * 3}))
+    sql = _opts(uri, eval_query="SELECT * FROM t")
+    chunks = list(sql_chunks(sql, "train", columns=["y", "c", "missing"]))
+    assert chunks[0].batch.schema.names == ["k", "y", "c"]
+    assert chunks[0].batch.column("k").to_pylist() == [1, 2, 3]
+    assert [c.batch.to_pydict() for c in sql_chunks(sql, "train", after=1, columns=["c"])] == [{"k": [2, 3],
+                                                                                               "c": ["z", "x"]}]
+    assert list(sql_chunks(sql, "eval", columns=["c"]))[0].batch.schema.names == ["k", "y", "c", "pad"]
+    data = DataConfig(format="sql", sql=sql.model_dump(), batch_size=2, shuffle_buffer=0)
+    with pytest.raises(Exception, match="missing"):  # the featurizer names the column, as for a file
+        list(make_batches(data, Schema(labels=["y"], sparse=[{"name": "missing"}])))
+
+
+def test_statement_options_reach_the_driver_and_a_refused_one_is_named(tmp_path):
+    """``data.sql.statement_kwargs`` are set on every query's statement (SQLite's batch_rows
+    changes the driver's batches); an option the driver does not take stops the read naming
+    it; database options, which SQLite's package does not take, name ``data.sql.db_kwargs``."""
+    from ember.source.sql import sql_reader
+
+    uri = _db(tmp_path, t=pa.table({"k": list(range(100)), "y": [0] * 100}))
+    with sql_reader(_opts(uri, statement_kwargs={"adbc.sqlite.query.batch_rows": "10"}), "train") as reader:
+        assert [b.num_rows for b in reader] == [10] * 10
+    bad = _opts(uri, statement_kwargs={"adbc.sqlite.no_such_option": "1"})
+    for read in (lambda: list(sql_chunks(bad, "train")), lambda: sql_count(bad, "train"),
+                 lambda: sql_columns(bad, "train")):
+        with pytest.raises(ConfigError, match=r"statement_kwargs: the sqlite driver refuses adbc.sqlite.no_such_option"):
+            read()
+    with pytest.raises(ConfigError, match="data.sql.db_kwargs: the sqlite driver's package .* takes no database options"):
+        sql_count(_opts(uri, db_kwargs={"adbc.sqlite.no_such_option": "1"}), "train")

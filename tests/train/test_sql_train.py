@@ -239,3 +239,35 @@ def test_bad_driver_and_unreachable_servers_are_named(tmp_path, capsys, postgres
         assert code == 2 and "Traceback" not in err and "s3cret" not in err, err
         for text in expected:
             assert text in err, err
+
+
+def test_a_run_counts_the_query_rows_once(db, tmp_path, monkeypatch):
+    """Preflight's checkpoint-size estimate counts the training rows once per run, not once per
+    embedding table (each count is a query, and a connection, of its own)."""
+    import ember.source.sql as sql_module
+
+    calls: list[str] = []
+    count = sql_module.sql_count
+    monkeypatch.setattr(sql_module, "sql_count", lambda sql, split: calls.append(split) or count(sql, split))
+    train(from_dict(_raw(tmp_path, "once", _sql(db))))
+    assert calls == ["train"]
+
+
+def test_postgresql_takes_statement_options_and_names_a_refused_database_option(postgres):
+    """``adbc.postgresql.batch_size_hint_bytes`` (a statement option) reaches the driver: ~1 MiB
+    batches instead of one 16 MiB batch; given as a database option, the driver refuses it and
+    the message names ``data.sql.db_kwargs``, not the server."""
+    from ember.errors import ConfigError
+
+    n = 50_000  # ~5 MB as PostgreSQL's driver holds it
+    postgres.load("hint", pa.table({"id": np.arange(n, dtype=np.int64), "pad": pa.array(["x" * 80] * n)}),
+                  mode="replace")
+    base = {"driver": "postgresql", "uri": postgres.uri, "query": "SELECT * FROM hint", "key": "id"}
+    hint = {"adbc.postgresql.batch_size_hint_bytes": str(1 << 20)}
+    with sql_reader(SqlOptions(**base), "train", after=10) as reader:
+        default = [b.num_rows for b in reader]
+    with sql_reader(SqlOptions(**base, statement_kwargs=hint), "train", after=10) as reader:
+        small = [b.num_rows for b in reader]
+    assert len(default) == 1 and len(small) > 3 and sum(small) == n - 11
+    with pytest.raises(ConfigError, match="data.sql.db_kwargs: the postgresql driver refuses a database option"):
+        list(sql_chunks(SqlOptions(**base, db_kwargs=hint), "train"))
