@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -135,9 +135,19 @@ class DistributedRun:
     def agree(self, values: list[int]) -> list[int]:
         """Elementwise maximum of ``values`` over ranks: one tiny all-reduce through which the
         ranks agree each step on a stop request (its signal number, 0: none) and the like."""
+        return self.agree_later(values)()
+
+    def agree_later(self, values: list[int]) -> Callable[[], list[int]]:
+        """``agree`` started now, its answer read later: the returned function waits for it
+        (the all-reduce runs meanwhile, e.g. across the next step's compute)."""
         t = torch.tensor(values, dtype=torch.int64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return [int(v) for v in t.cpu().tolist()]
+        work = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
+
+        def answer() -> list[int]:
+            work.wait()
+            return [int(v) for v in t.cpu().tolist()]
+
+        return answer
 
     def all_gather(self, obj: Any) -> list[Any]:
         """Every rank's ``obj`` in rank order, on every rank."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from ember.distributed.process_group import DistributedRun
 from ember.pipeline.staleness import FetchGate
@@ -96,6 +96,7 @@ class StopAgreement:
         self.ahead = ahead
         self.timed: tuple[Timed, ...] = (checkpointer, *timed)
         self.stopping: int | None = None
+        self._pending: Callable[[], list[int]] | None = None  # the last step's agreement, read after the next
 
     def first(self) -> bool:
         """Before the pass's first step: under file shards (online), agree on the rows (batches)
@@ -113,28 +114,50 @@ class StopAgreement:
 
     def after(self, index: int, step: int) -> int | None:
         """After step ``step`` (the pass's ``index``-th): the stopping signal, if any; a stop
-        lets the batches already fetched train, but fetches no more."""
+        lets the batches already fetched train, but fetches no more.
+
+        Distributed without ``shards``, the all-reduce is read one step late: the one asked after
+        step t runs across step t + 1's compute and is read after it, so that no rank waits for
+        a round trip of the network on every step (on a slow link, behind the embedding
+        exchange's traffic). Every rank reads the same answer after the same step, so a signal
+        still stops them all after one step, and a report due by the clock falls on one step
+        (marked ``ahead`` past the step it is read after, as when read at once). With
+        ``shards`` the answer is read at once: it carries the rows of the next steps."""
         if self.dist is None:
             self.stopping = self.signals.signum
         else:  # one tiny all-reduce: every rank stops after the same step, and checkpoints it
             shards = self.shards  # (files: and learns every rank's rows two steps ahead; the pass ends where none has any)
-            n = 1 + len(self.timed)
-            agreed = self.dist.agree([self.signals.signum or 0] + [int(t.time_due()) for t in self.timed]
-                                     + (shards.ask(index) if shards is not None else []))
+            ask = [self.signals.signum or 0] + [int(t.time_due()) for t in self.timed] + (
+                shards.ask(index) if shards is not None else [])
             if shards is not None:
-                shards.hear(index, agreed[n:])
-                if shards.end is not None:
-                    self.gate.end_at(shards.end)
-            self.stopping = agreed[0] or None
-            for timed, due in zip(self.timed, agreed[1:n]):
-                if due:  # at step + ahead: its batch is not fetched yet on any rank (the
-                    timed.mark(step + self.ahead)  # fetch may be at step + ahead - 1), so the gate holds after it
+                self._hear(self.dist.agree(ask), index, step)
+            else:
+                earlier, self._pending = self._pending, self.dist.agree_later(ask)
+                if earlier is not None:
+                    self._hear(earlier(), index, step)
         if self.stopping is not None:
             self.gate.stop()  # no more fetches; the batches already fetched still train
         return self.stopping
 
+    def _hear(self, agreed: list[int], index: int, step: int) -> None:
+        """Act on an agreement read after step ``step``."""
+        n = 1 + len(self.timed)
+        if self.shards is not None:
+            self.shards.hear(index, agreed[n:])
+            if self.shards.end is not None:
+                self.gate.end_at(self.shards.end)
+        self.stopping = self.stopping or agreed[0] or None
+        for timed, due in zip(self.timed, agreed[1:n]):
+            if due:  # at step + ahead: its batch is not fetched yet on any rank (the
+                timed.mark(step + self.ahead)  # fetch may be at step + ahead - 1), so the gate holds after it
+
     def after_pass(self) -> int | None:
-        """Once the pass is over: the stopping signal (one process: also one during the last step)."""
+        """Once the pass is over: the stopping signal (one process: also one during the last step;
+        distributed: the answer of the last step's agreement, if not read yet)."""
         if self.dist is None:
             self.stopping = self.signals.signum
+        elif self._pending is not None:
+            pending, self._pending = self._pending, None
+            agreed = pending()
+            self.stopping = self.stopping or agreed[0] or None
         return self.stopping

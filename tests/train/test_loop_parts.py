@@ -106,3 +106,67 @@ def test_a_signal_stops_after_the_step_and_no_more_is_fetched(tmp_path):
         signals.signum = signal.SIGTERM
         assert agreement.after(1, 2) == signal.SIGTERM and agreement.after_pass() == signal.SIGTERM
         assert not gate.enter(1)  # the batches already fetched still train; no later one is fetched
+
+
+class _TwoRanks:
+    """A DistributedRun's agreement for two ranks in one process: the other rank's values are
+    set by the test; ``agree_later`` answers when read (the max of both), as the all-reduce."""
+
+    def __init__(self) -> None:
+        self.other: list[int] | None = None
+        self.asked: list[list[int]] = []
+        self.read = 0
+
+    def agree_later(self, values: list[int]):
+        other = self.other or [0] * len(values)
+        self.asked.append(values)
+
+        def answer() -> list[int]:
+            self.read += 1
+            return [max(a, b) for a, b in zip(values, other)]
+
+        return answer
+
+    def agree(self, values: list[int]) -> list[int]:
+        return self.agree_later(values)()
+
+
+class _Timed:
+    def __init__(self) -> None:
+        self.marks: list[int] = []
+
+    def time_due(self) -> bool:
+        return False
+
+    def mark(self, step: int) -> None:
+        self.marks.append(step)
+
+
+def test_distributed_agreement_is_read_one_step_late_and_the_last_after_the_pass(tmp_path):
+    """Distributed (no file shards), the all-reduce asked after step t is read after step t + 1:
+    another rank's signal at step 1 stops this one after step 2, and a report due by the clock
+    is marked ``ahead`` past the step it is read after; the last step's answer is read by
+    after_pass."""
+    cfg = _cfg(tmp_path)
+    parts = build_components(cfg)
+    gate, dist, timed = FetchGate(2), _TwoRanks(), _Timed()
+    with StopSignals() as signals:
+        agreement = StopAgreement(signals, dist, Checkpointer(cfg, parts, tmp_path), gate, timed=(timed,), ahead=2)
+        assert agreement.after(0, 1) is None and dist.read == 0  # asked, not read: no wait on the network
+        dist.other = [signal.SIGTERM, 0, 1]  # the other rank: a signal, and its export due by the clock
+        assert agreement.after(1, 2) is None and dist.read == 1  # step 1's answer (nothing yet)
+        assert agreement.after(2, 3) == signal.SIGTERM and timed.marks == [3 + 2]  # step 2's: after step 3
+        assert not gate.enter(5)
+        assert agreement.after_pass() == signal.SIGTERM and dist.read == 3  # the last answer read
+
+
+def test_a_signal_in_the_last_step_is_heard_by_after_pass(tmp_path):
+    cfg = _cfg(tmp_path)
+    parts = build_components(cfg)
+    dist = _TwoRanks()
+    with StopSignals() as signals:
+        agreement = StopAgreement(signals, dist, Checkpointer(cfg, parts, tmp_path), FetchGate(0))
+        assert agreement.after(0, 1) is None
+        signals.signum = signal.SIGINT
+        assert agreement.after(1, 2) is None  # asked after step 2, not read yet
+        assert agreement.after_pass() == signal.SIGINT
