@@ -149,8 +149,7 @@ class GroupCache:
         self.evict_slack = max(1, capacity // 64)  # rows demoted beyond need: amortises the O(capacity) victim scan
         self.pending: list[_Pending] = []
         self._queue: tuple[np.ndarray, np.ndarray] | None = None  # victims ranked by the last scan
-        self._score: np.ndarray | None = None  # _scan_scores' buffers (allocated at the first scan)
-        self._low: np.ndarray | None = None
+        self._score: np.ndarray | None = None  # _scan_scores' buffer (allocated at the first scan)
         self.orphans: list[np.ndarray] = []  # slots held by tickets dropped without a write_back
         self.inserts = 0  # write-backs that admitted rows (a lookup fetched before one re-checks its misses)
         self.writes = 0  # write-backs
@@ -293,18 +292,11 @@ class GroupCache:
         return pick[:n]
 
     def _scan_scores(self) -> np.ndarray:
-        """``victim_score`` of every slot, _NEVER where not live or held: computed in place in
-        two buffers kept for it (the scan's temporaries were a third of its time)."""
+        """``victim_score`` of every slot, _NEVER where not live or held: computed in place in a
+        buffer kept for it (the scan's temporaries were a third of its time)."""
         if self._score is None:
             self._score = np.empty(self.capacity, dtype=np.int64)
-            self._low = np.empty(self.capacity, dtype=np.int64) if self.policy == "lfu" else None
-        sc = self._score
-        if self._low is not None:  # as victim_score: count << 32 | the low 32 bits of last
-            np.left_shift(self.count, 32, out=sc)
-            np.bitwise_and(self.last, 0xFFFFFFFF, out=self._low)
-            np.bitwise_or(sc, self._low, out=sc)
-        else:
-            np.copyto(sc, self.last)
+        sc = victim_score(self.policy, self.last, self.count, out=self._score)
         np.putmask(sc, ~self.live, _NEVER)
         np.putmask(sc, self.held > 0, _NEVER)
         return sc

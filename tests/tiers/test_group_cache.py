@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from ember.batch import SparseFeatures
@@ -67,3 +68,19 @@ def test_overlaps_finds_a_shared_id_of_the_same_table_only():
     assert _overlaps(pending, [np.array([3])], mix)  # fewer tables asked about
     assert not _overlaps(pending, [np.array([9]), np.array([1, 2, 3]), np.array([8])], mix)
     assert not _overlaps(pending, [np.empty(0, np.int64)] * 3, mix)
+
+
+@pytest.mark.parametrize("policy", ["lfu", "lru"])
+@pytest.mark.parametrize("count_dtype", [np.int64, np.int32])
+def test_victim_score_in_place_equals_the_allocating_one(policy, count_dtype):
+    """The group cache's scan writes the scores into a buffer it keeps (``out``): the same
+    scores as without it, for a host tier's int32 counts as for the cache's int64 ones."""
+    from ember.tiers.policy import victim_score
+
+    rng = np.random.default_rng(3)
+    count = rng.integers(0, 1 << 20, 500).astype(count_dtype)
+    last = rng.integers(0, 1 << 40, 500)
+    out = np.full(500, -7, dtype=np.int64)
+    got = victim_score(policy, last, count, out=out)
+    assert got is out
+    np.testing.assert_array_equal(got, victim_score(policy, last, count))
