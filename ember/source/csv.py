@@ -13,17 +13,19 @@ means (a missing number; for a categorical column the category ``""`` unless the
 it in ``missing_values``) and converts numbers itself so it can name the row and value that
 fail.
 
-Typed reads (``types``: the arrow type the reader's consumer turns a column into, e.g. float64
-for a dense count, int64 for integer IDs; :func:`ember.featurize.featurizer.read_types`): a block
-is first read with pyarrow parsing those columns as numbers (an empty field null), which the
-featurizer takes as it would have taken their text. That is only a faster way to the same
+Typed reads (``types``: the arrow type the reader's consumer turns a column into, e.g. int64
+for integer IDs, :func:`ember.featurize.featurizer.read_types`; float64 columns are handled too):
+a block is first read with pyarrow parsing those columns as numbers (an empty field null), which
+the featurizer takes as it would have taken their text. That is only a faster way to the same
 result, so a block takes the text path instead (the reference; every bad-row rule lives there)
 whenever the two could differ: a value pyarrow cannot convert, a line with the wrong number of
 fields, a quoted value holding a line end, an infinite number (a bad value, which an error
-names by its text), or text the number parsers read more loosely than
-the featurizer (``0x1f``, ``nan(1)``, 20 or more digits in a row: those columns of that block are
-read as text; ``ember._native.csv_hazards``). Each such reason is logged once per process and
-counted (:func:`typed_read_fallbacks`). With ``newlines_in_values`` every column is text. Compressed files (``.gz``, ``.bz2``, ...) are decompressed on the fly. A URI
+names by its text), or text the number parsers read more loosely than the featurizer
+(``0x1f``, ``nan(1)``, 20 or more digits in a row: those columns of that block are read as
+text; ``ember._native.csv_hazards``). Each such reason is logged once per process and counted
+(:func:`typed_read_fallbacks`). With ``newlines_in_values`` every column is text.
+
+Compressed files (``.gz``, ``.bz2``, ...) are decompressed on the fly. A URI
 (``s3://...``) is read as a stream of ranged requests (:mod:`ember.source.storage`), never
 downloaded whole first.
 
