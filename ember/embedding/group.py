@@ -222,7 +222,7 @@ class GroupLookup:
         extra = [self.inverse] if self.sparse is not None else []
         for bg in bags:
             extra += [x for x in (bg.inv, None if bg.layout is None else bg.layout[0]) if x is not None]
-        plan = cache.fetch(self.table_ids, self.train, extra)
+        plan = cache.fetch(self.ids.numpy(), self.sizes, self.train, extra)
         miss, found_np, staged = plan.miss, plan.found, plan.staged
         if miss.size:
             fresh = np.flatnonzero(~found_np[miss] & ~g.special[owner[miss]])  # indices into miss
@@ -482,7 +482,7 @@ class GroupLookup:
         g, rec = self.group, self.records
         assert g.cache is not None and self.ticket is not None and rec is not None
         keep = _keep_mask(self)
-        g.cache.write_back(self.ticket, self.table_ids, rec, keep)
+        g.cache.write_back(self.ticket, self.ids.numpy(), self.sizes, rec, keep)
         self.ticket = None
         self.written = [i[torch.from_numpy(keep[a:b])] if not keep[a:b].all() else i
                         for i, a, b in zip(self.table_ids, self.starts[:-1], self.starts[1:])]

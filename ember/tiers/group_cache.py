@@ -310,17 +310,17 @@ class GroupCache:
         return est
 
     # ---- the fast path -----------------------------------------------------------------
-    def fetch(self, table_ids: Sequence[Tensor], train: bool, extra: Sequence[Tensor] = ()) -> "CachePlan":
-        """The host half of a lookup's read: probe, (training) decide admissions and victims,
-        and read the misses from the slower tiers straight into the pinned buffer ``load``
-        copies to the device (with the indexes and ``extra``: int64 host tensors the step needs
-        there, the lookup's pooling indexes). The caller fills the fresh rows of misses not
-        ``found`` into ``plan.staged``, then calls ``load``."""
-        sizes = [t.numel() for t in table_ids]
+    def fetch(self, ids: np.ndarray, sizes: Sequence[int], train: bool, extra: Sequence[Tensor] = ()) -> "CachePlan":
+        """The host half of a lookup's read of ``ids`` (int64: each table's unique IDs, table
+        after table, ``sizes`` of them): probe, (training) decide admissions and victims, and
+        read the misses from the slower tiers straight into the pinned buffer ``load`` copies to
+        the device (with the indexes and ``extra``: int64 host tensors the step needs there, the
+        lookup's pooling indexes). The caller fills the fresh rows of misses not ``found`` into
+        ``plan.staged``, then calls ``load``."""
+        sizes = list(sizes)
         self._adopt_orphans()
         self.drain(wait=False)
         owner = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
-        ids = torch.cat(list(table_ids)).numpy() if table_ids else np.empty(0, np.int64)
         self.clock += 1
         slots, taken = self.find(owner, ids, touch=train)
         hit = slots >= 0
@@ -405,12 +405,13 @@ class GroupCache:
             t.dev = (dint[k], dint[k + 1])
         return rows, list(dint[3:k])
 
-    def write_back(self, ticket: CacheTicket, table_ids: Sequence[Tensor], rows: Tensor, keep: np.ndarray) -> None:
+    def write_back(self, ticket: CacheTicket, ids: np.ndarray, sizes: Sequence[int], rows: Tensor,
+                   keep: np.ndarray) -> None:
         """Store the rows of positions ``keep`` (bool [U]; the rest are dropped: tables not
-        updated, IDs below ``min_count``): into the arena where they have a slot, the others
-        (non-blocking) towards their slower tier. Admitted rows enter the index now."""
-        sizes = [t.numel() for t in table_ids]
-        ids = torch.cat(list(table_ids)).numpy() if table_ids else np.empty(0, np.int64)
+        updated, IDs below ``min_count``) of the lookup's ``ids`` (as ``fetch`` had them): into
+        the arena where they have a slot, the others (non-blocking) towards their slower tier.
+        Admitted rows enter the index now."""
+        sizes = list(sizes)
         owner = np.repeat(np.arange(len(sizes), dtype=np.int64), sizes)
         slots = ticket.slots.copy()
         changed = not keep.all()
