@@ -14,11 +14,13 @@ when torch or ember is imported (``_IMPORT_ENV``) differs from the forkserver's,
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import multiprocessing as mp
 import os
 import pickle
 import queue
+import signal
 import traceback
 from typing import Any, Callable
 
@@ -29,7 +31,7 @@ import torch.distributed as dist
 
 from ember.testing.distributed import free_port
 
-__all__ = ["run_ranks", "init", "train_config", "table_rows", "merge_tables"]
+__all__ = ["run_ranks", "run_ranks_killed", "init", "train_config", "table_rows", "merge_tables"]
 
 # what the forkserver imports once; a rank forked from it imports only what ``fn`` needs beyond
 _PRELOAD = ["torch", "torch.distributed", "numpy", "ember.config", "ember.train.loop", "ember.cli",
@@ -123,15 +125,7 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, args: tuple = (), tim
     and ``args`` must pickle: a module-level function); AssertionError with the traceback of
     every rank that raised, or when a rank does not finish within ``timeout`` seconds.
     ``local_world_size``: ranks per "node" as torchrun would say (default: all on one node)."""
-    ctx = _context()
-    out = ctx.Queue()
-    port = free_port()
-    forked = ctx.get_start_method() == "forkserver"
-    env, std = (dict(os.environ), _StdFds()) if forked else (None, None)
-    procs = [ctx.Process(target=_main, args=(fn, r, world_size, port, args, out, local_world_size, env, std), daemon=True)
-             for r in range(world_size)]
-    for p in procs:
-        p.start()
+    procs, out = _start(fn, world_size, args, local_world_size)
     results: dict[int, Any] = {}
     failed: list[str] = []
     try:
@@ -144,14 +138,56 @@ def run_ranks(fn: Callable[..., Any], world_size: int = 2, args: tuple = (), tim
     except queue.Empty:
         failed.append(f"ranks {sorted(set(range(world_size)) - set(results))} did not finish within {timeout} s")
     finally:
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        _reap(procs)
     if failed:
         raise AssertionError("\n".join(failed))
     return [results[r] for r in range(world_size)]
+
+
+def run_ranks_killed(fn: Callable[..., Any], world_size: int = 2, args: tuple = (), timeout: float = 120,
+                     local_world_size: int | None = None) -> None:
+    """Run ``fn`` on ``world_size`` ranks as ``run_ranks`` does, where ``fn`` has every rank
+    killed by SIGKILL (e.g. one rank kills them all at some step): AssertionError naming each
+    rank that ended otherwise (returned, raised (with its traceback), another signal, or still
+    running after ``timeout`` seconds)."""
+    procs, out = _start(fn, world_size, args, local_world_size)
+    try:
+        for p in procs:
+            p.join(timeout)
+            timeout = 1.0  # the first rank's wait was the budget; the others end with it
+        codes = [p.exitcode for p in procs]
+    finally:
+        _reap(procs)
+    told = {}
+    with contextlib.suppress(queue.Empty):
+        while True:
+            rank, ok, value = out.get(timeout=0.1)
+            told[rank] = "returned" if ok else f"raised:\n{value}"
+    wrong = [f"rank {r}: exit code {c}" + (f", {told[r]}" if r in told else "") for r, c in enumerate(codes)
+             if c != -signal.SIGKILL]
+    if wrong:
+        raise AssertionError("ranks not killed by SIGKILL:\n" + "\n".join(wrong))
+
+
+def _start(fn: Callable[..., Any], world_size: int, args: tuple, local_world_size: int | None) -> tuple[list[Any], Any]:
+    ctx = _context()
+    out = ctx.Queue()
+    port = free_port()
+    forked = ctx.get_start_method() == "forkserver"
+    env, std = (dict(os.environ), _StdFds()) if forked else (None, None)
+    procs = [ctx.Process(target=_main, args=(fn, r, world_size, port, args, out, local_world_size, env, std), daemon=True)
+             for r in range(world_size)]
+    for p in procs:
+        p.start()
+    return procs, out
+
+
+def _reap(procs: list[Any]) -> None:
+    for p in procs:
+        p.join(5)
+        if p.is_alive():
+            p.kill()
+            p.join()
 
 
 def table_rows(collection: Any) -> dict[str, tuple[np.ndarray, np.ndarray]]:

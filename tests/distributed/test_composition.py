@@ -16,26 +16,29 @@ with 1 embedding rank beside 1 dense rank.
 One pair has no meaning and is not generated (``EXCLUDED``, which says why): 1 process with
 embedding ranks. Every other pair of levels appears in some cell (test_the_table_covers_every_pair).
 
-Each cell trains to step 4 (checkpoint), resumes to step 8 from that checkpoint, and is also
-trained to step 8 without the stop; it is exported, and the export's scores of the eval file
+Each cell trains with a checkpoint every 4 steps and is SIGKILLed, every rank of it, after step 5
+(the update of step 5 and, at staleness 2, the fetches of steps 6-7 in flight), resumes to step 8
+from the step-4 checkpoint, and is also trained to step 8 without the kill; it is exported, and the export's scores of the eval file
 give the AUC that eval gives the checkpoint. A cell whose steps are deterministic (staleness 0)
 resumes to the uninterrupted run's exact state, and a multi-rank one equals the one-process run
 of the same configuration within float tolerance. Online, "resume" and "equal" mean: the stream
-position (files finished, rows of the current file) is in the checkpoint; the stopped run's
-step-4 position is the uninterrupted run's step-4 position (400 rows: file 0 and all 200 rows of
+position (files finished, rows of the current file) is in the checkpoint; the killed run's
+step-4 checkpoint's position is the uninterrupted run's step-4 position (400 rows: file 0 and all 200 rows of
 file 1); the resumed run ends at step 8 with the uninterrupted run's final position (files 0-2
 and all of file 3: 800 rows), so it trained every row exactly once (800 rows in 8 batches of
 100: a file read twice or skipped would change the step count or the position); deterministic
 online cells then hold the uninterrupted run's exact model, rows and optimizer state, and the
-stale ones the same position and step. (SIGKILL during a save and during training is
-covered by tests/checkpoint/test_crash.py, tests/distributed/test_faults.py and
-tests/train/test_online.py; here the stop is a clean one, so the table stays fast.)
+stale ones the same position and step. (SIGKILL during a save is covered by
+tests/checkpoint/test_crash.py; a rank that dies alone, with the others left to notice, by
+tests/distributed/test_faults.py.)
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +50,7 @@ from ember.config import from_dict
 from ember.testing.distributed import assert_states_close, checkpoint_state
 from ember.testing.nodes import torchrun_nodes
 from ember.train.loop import train
-from tests.distributed.ranks import run_ranks
+from tests.distributed.ranks import run_ranks, run_ranks_killed
 from tests.distributed.test_one_system import _with_teacher
 
 pytestmark = [pytest.mark.dist, pytest.mark.slow]
@@ -148,6 +151,43 @@ def _train_rank(rank: int, world: int, raw: dict) -> int:
     return train(from_dict(raw)).step
 
 
+KILL_AT = 5  # the job is SIGKILLed after step 5: the step-4 checkpoint is the last, step 5's update and later fetches in flight
+
+
+def _train_killed_rank(rank: int, world: int, raw: dict, pids: str) -> None:
+    """A rank of a run that is SIGKILLed, every rank of it, once rank 0 has handed back step
+    ``KILL_AT`` (its update, and at staleness k the fetches of the next k batches, in flight):
+    as when a job's machines are lost. The ranks tell rank 0 their process IDs in ``pids``."""
+    from ember.train.progress import Progress
+
+    Path(pids, str(rank)).write_text(str(os.getpid()))
+    if rank == 0:
+        advance = Progress.advance
+
+        def advance_then_kill(self: Progress, step: int) -> None:
+            advance(self, step)
+            if step == KILL_AT:
+                for f in Path(pids).iterdir():
+                    if int(f.read_text()) != os.getpid():
+                        os.kill(int(f.read_text()), signal.SIGKILL)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        Progress.advance = advance_then_kill  # type: ignore[method-assign]
+    train(from_dict(raw))
+    raise AssertionError(f"rank {rank} ended its run instead of being killed at step {KILL_AT}")
+
+
+def _train_killed(raw: dict, world: int | str) -> None:
+    """Train ``raw`` (1 process, 2 ranks or 2 nodes, each rank its own process) until every
+    rank is SIGKILLed after step ``KILL_AT``; the run's last checkpoint is then step 4's."""
+    pids = Path(raw["train"]["out_dir"]).parent / "pids" / raw["train"]["run_name"]
+    pids.mkdir(parents=True)
+    run_ranks_killed(_train_killed_rank, 1 if world == 1 else 2, (raw, str(pids)), timeout=240,
+                     local_world_size=1 if world == "nodes" else None)
+    run = Path(raw["train"]["out_dir"]) / raw["train"]["run_name"]
+    assert resolve_checkpoint(run).name == "step-00000004", resolve_checkpoint(run)
+
+
 def _train(raw: dict, world: int | str, launch: bool = False) -> None:
     """Train ``raw`` on 1 process, 2 ranks or 2 nodes (``launch``: 2 torchrun launches, one a
     node, else the harness with one rank a node); every rank ends at the same step."""
@@ -200,7 +240,7 @@ def test_every_cell_trains_resumes_exports_and_matches(root, row):
     # offline: 8 steps of the 8-batch file; online: to the end of the stream (the idle timeout)
     to_end = {} if online else {"max_steps": 8}
     _train(_raw(root, cell, f"{name}-full", **to_end), world)
-    _train(_raw(root, cell, f"{name}-cut", max_steps=4), world)
+    _train_killed(_raw(root, cell, f"{name}-cut", **to_end), world)
     _train(_raw(root, cell, f"{name}-cut", resume=str(runs / f"{name}-cut"), **to_end), world, launch=world == "nodes")
     full, resumed = checkpoint_state(runs / f"{name}-full"), checkpoint_state(runs / f"{name}-cut")
     assert full["step"] == resumed["step"] == 8

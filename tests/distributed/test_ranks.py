@@ -6,11 +6,12 @@ current test's capture, not that of the test that started the forkserver)."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 import pytest
 
-from tests.distributed.ranks import init, run_ranks
+from tests.distributed.ranks import init, run_ranks, run_ranks_killed
 
 pytestmark = [pytest.mark.dist]
 
@@ -41,3 +42,15 @@ def test_ranks_see_the_callers_environment_and_output(call, monkeypatch, capfd):
     assert all(r["forked"] for r in ranks) or os.environ.get("EMBER_TEST_SPAWN") == "1"
     out, err = capfd.readouterr()
     assert all(f"{call}: out of rank {r}" in out and f"{call}: err of rank {r}" in err for r in (0, 1)), (out, err)
+
+
+def _die_unless(rank: int, world_size: int, survivor: int) -> int:
+    if rank != survivor:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return rank
+
+
+def test_killed_ranks_pass_and_a_rank_that_was_not_killed_is_named():
+    run_ranks_killed(_die_unless, 2, (2,), timeout=60)  # no survivor: every rank SIGKILLed, as expected
+    with pytest.raises(AssertionError, match=r"rank 1: exit code 0, returned"):
+        run_ranks_killed(_die_unless, 2, (1,), timeout=60)
