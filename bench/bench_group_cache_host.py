@@ -4,7 +4,7 @@ DLRM-26 as bench_gpu_cache.py (26 tables x 200 k IDs, dim 16, row-wise Adagrad, 
 batch 4096), one table group with a cache of 1/4 of each table's IDs in front of host memory,
 the arena in host memory (on a CPU the "device" is an arena in host memory; the host half is
 the same code a GPU runs). Two collections train on the same batches in one process: one with
-the group cache's native passes (``ember._native.gc_scan`` / ``gc_requeue`` / ``gc_insert`` / ``gc_release``),
+the group cache's native passes (``ember._native.gc_scan``, ``gc_requeue``, ``gc_reserve``, ``gc_insert``, ``gc_release``),
 one with their numpy fallbacks (the reference); per step, in alternating order, the wall ms of
 each one's fetch (all host work: probe, admission, victims, staging) and write_back (its host
 bookkeeping plus one scatter of the rows into the arena). At the end the two caches' slot
@@ -37,7 +37,7 @@ from bench_gpu_cache import ZIPF, EmberVariant, cotangents
 from ember import _native
 
 # the group cache's native passes and their numpy references (what "fallback" swaps in)
-PASSES = ("gc_scan", "gc_requeue", "gc_insert", "gc_release")
+PASSES = ("gc_scan", "gc_requeue", "gc_reserve", "gc_insert", "gc_release")
 
 
 @contextmanager

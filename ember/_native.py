@@ -43,7 +43,7 @@ from ember.mix import mix64
 
 __all__ = [
     "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_hazards", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
-    "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_scan", "pair_find", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
+    "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
 
@@ -1040,6 +1040,31 @@ def _gc_requeue_py(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: 
     q_slot[:kept] = q_slot[still]
     q_score[:kept] = q_score[still]
     return kept
+
+
+def gc_reserve(free: np.ndarray, nfree: int, new: np.ndarray, tables: np.ndarray, est: np.ndarray, clock: int,
+               owner: np.ndarray, count: np.ndarray, last: np.ndarray, held: np.ndarray, w_slots: np.ndarray) -> None:
+    """A group cache's admitted misses (positions ``new`` of the lookup, int64 [n]) reserve the
+    top n slots of its free stack ``free[:nfree]`` (the i-th takes ``free[nfree - 1 - i]``):
+    ``owner`` (int32) = ``tables``, ``count`` = ``est``, ``last`` = ``clock``, ``held`` (int32)
+    += 1, and ``w_slots[new]`` = the slots. The caller pops them off the stack. In C;
+    ``_gc_reserve_py`` otherwise."""
+    core = _core
+    if core is None:
+        _fallback_once("gc_reserve")
+        return _gc_reserve_py(free, nfree, new, tables, est, clock, owner, count, last, held, w_slots)
+    i64 = [np.ascontiguousarray(x, dtype=np.int64) for x in (new, tables, est)]
+    core.gc_reserve(free, int(nfree), *i64, int(clock), owner, count, last, held, w_slots)
+
+
+def _gc_reserve_py(free: np.ndarray, nfree: int, new: np.ndarray, tables: np.ndarray, est: np.ndarray, clock: int,
+                   owner: np.ndarray, count: np.ndarray, last: np.ndarray, held: np.ndarray, w_slots: np.ndarray) -> None:
+    reserved = free[nfree - new.size : nfree][::-1]
+    owner[reserved] = tables
+    count[reserved] = est
+    last[reserved] = clock
+    held[reserved] += 1
+    w_slots[new] = reserved
 
 
 def gc_insert(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, tables: np.ndarray, at: np.ndarray,

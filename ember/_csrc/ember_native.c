@@ -405,6 +405,52 @@ done:
     return res;
 }
 
+/* gc_reserve(free int64[c], nfree, new int64[n], tables int64[n], est int64[n], clock, owner, count,
+ * last, held, w_slots int64[U]) -> None. Admitted misses reserve slots: the i-th takes
+ * r = free[nfree - 1 - i] (the top of the free stack), owner[r] = tables[i], count[r] = est[i],
+ * last[r] = clock, held[r] += 1, and w_slots[new[i]] = r (the caller pops n off the stack). */
+static PyObject *gc_reserve(PyObject *self, PyObject *args) {
+    Py_buffer fb, nb, tb, eb, ob, cb, lb, hb, wb;
+    Py_ssize_t nfree;
+    long long clock;
+    if (!PyArg_ParseTuple(args, "y*ny*y*y*Lw*w*w*w*w*", &fb, &nfree, &nb, &tb, &eb, &clock, &ob, &cb, &lb, &hb, &wb))
+        return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t n = nb.len / 8, m = ob.len / 4, u = wb.len / 8;
+    if (tb.len != n * 8 || eb.len != n * 8 || cb.len != m * 8 || lb.len != m * 8 || hb.len != m * 4
+            || nfree < n || nfree > fb.len / 8) {
+        PyErr_SetString(PyExc_ValueError, "ember native gc_reserve: tables/est must match new, count/last/held owner; "
+                        "n <= nfree <= len(free)");
+        goto done;
+    }
+    {
+        const int64_t *fr = fb.buf, *nw = nb.buf, *tab = tb.buf, *est = eb.buf;
+        int32_t *owner = ob.buf, *held = hb.buf;
+        int64_t *cnt = cb.buf, *last = lb.buf, *w = wb.buf;
+        Py_ssize_t bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t r = fr[nfree - 1 - i];
+            if (r < 0 || r >= m || nw[i] < 0 || nw[i] >= u) { bad = 1; break; }
+        }
+        for (Py_ssize_t i = 0; i < n && !bad; i++) {
+            int64_t r = fr[nfree - 1 - i];
+            owner[r] = (int32_t)tab[i];
+            cnt[r] = est[i];
+            last[r] = clock;
+            held[r] += 1;
+            w[nw[i]] = r;
+        }
+        Py_END_ALLOW_THREADS
+        if (bad) PyErr_SetString(PyExc_ValueError, "ember native gc_reserve: a slot or position is out of range");
+        else { Py_INCREF(Py_None); res = Py_None; }
+    }
+done:
+    PyBuffer_Release(&fb); PyBuffer_Release(&nb); PyBuffer_Release(&tb); PyBuffer_Release(&eb); PyBuffer_Release(&ob);
+    PyBuffer_Release(&cb); PyBuffer_Release(&lb); PyBuffer_Release(&hb); PyBuffer_Release(&wb);
+    return res;
+}
+
 /* gc_insert(keys, slots, ids int64[n], tables int64[n], at int64[n], mix int64[T], slot_id, owner,
  * live, rows_of int64[T]) -> empty buckets used. Admitted rows enter the group's index: key
  * ids[i] ^ mix[tables[i]] -> slot at[i] (absent, unique; the caller reserved room), and the slot
@@ -1559,6 +1605,8 @@ static PyMethodDef methods[] = {
      "pair_find(keys, slots, ids, salt, slot_id, count, last, held, clock, out) -> hits"},
     {"gc_scan", gc_scan, METH_VARARGS, "gc_scan(last, count, live, held, lru, score, out_slot, out_score) -> found"},
     {"gc_requeue", gc_requeue, METH_VARARGS, "gc_requeue(last, count, live, held, lru, q_slot, q_score) -> kept"},
+    {"gc_reserve", gc_reserve, METH_VARARGS,
+     "gc_reserve(free, nfree, new, tables, est, clock, owner, count, last, held, w_slots) -> None"},
     {"gc_insert", gc_insert, METH_VARARGS,
      "gc_insert(keys, slots, ids, tables, at, mix, slot_id, owner, live, rows_of) -> empty buckets used"},
     {"gc_release", gc_release, METH_VARARGS, "gc_release(held, at) -> None"},

@@ -266,11 +266,6 @@ class GroupCache:
         self._free[self._nfree : self._nfree + slots.size] = slots[::-1]
         self._nfree += slots.size
 
-    def _take_free(self, n: int) -> np.ndarray:
-        out = self._free[self._nfree - n : self._nfree][::-1].copy()
-        self._nfree -= n
-        return out
-
     def _victims(self, n: int) -> np.ndarray:
         """The ``n`` best victims among live, unheld slots (fewer if not that many), best first.
 
@@ -364,13 +359,10 @@ class GroupCache:
         admitted, victims, evicted = self._admit(est)
         new = miss[admitted]
         w_slots = np.where(slots >= 0, slots, -1)
-        if new.size:
-            reserved = self._take_free(new.size)
-            self.owner[reserved] = owner[new]
-            self.count[reserved] = est[admitted]
-            self.last[reserved] = self.clock
-            self.held[reserved] += 1
-            w_slots[new] = reserved
+        if new.size:  # slots off the free stack, held for the write_back (one pass: _native.gc_reserve)
+            _native.gc_reserve(self._free, self._nfree, new, owner[new], est[admitted], self.clock, self.owner,
+                               self.count, self.last, self.held, w_slots)
+            self._nfree -= new.size
         not_new = np.ones(miss.size, dtype=bool)
         not_new[admitted] = False
         ticket = CacheTicket(w_slots, new, miss[not_new], w_slots[w_slots >= 0])

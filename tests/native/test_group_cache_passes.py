@@ -1,4 +1,4 @@
-"""The group cache's native passes (_native.gc_scan / gc_requeue / gc_insert / gc_release) equal
+"""The group cache's native passes (_native.gc_scan / gc_requeue / gc_reserve / gc_insert / gc_release) equal
 their numpy fallbacks on random slot arrays: the same victims in the same order, the same queue,
 the same index buckets and slot arrays."""
 
@@ -66,6 +66,27 @@ def test_native_gc_requeue_equals_the_numpy_one(lru):
     (k, a, b), (k2, a2, b2) = got
     assert k == k2 and 0 < k < n
     assert np.array_equal(a[:k], a2[:k]) and np.array_equal(b[:k], b2[:k])
+
+
+@native
+def test_native_gc_reserve_equals_the_numpy_one():
+    rng = np.random.default_rng(5)
+    m, u, n = 2000, 600, 150
+    free = rng.permutation(m).astype(np.int64)
+    new = np.sort(rng.choice(u, n, replace=False)).astype(np.int64)
+    tables, est = rng.integers(0, 7, n).astype(np.int64), rng.integers(1, 50, n).astype(np.int64)
+    count0, held0 = rng.integers(0, 9, m).astype(np.int64), rng.integers(0, 2, m).astype(np.int32)
+    states = []
+    for fn in (_native.gc_reserve, _native._gc_reserve_py):
+        owner, count, last, held = np.full(m, -1, np.int32), count0.copy(), np.zeros(m, np.int64), held0.copy()
+        w = np.full(u, -1, np.int64)
+        fn(free, 1500, new, tables, est, 42, owner, count, last, held, w)
+        states.append((owner, count, last, held, w))
+    for a, b in zip(*states):
+        assert np.array_equal(a, b)
+    assert np.array_equal(states[0][4][new], free[1500 - n : 1500][::-1])
+    with pytest.raises(ValueError, match="nfree"):
+        _native.gc_reserve(free, n - 1, new, tables, est, 1, *states[0])
 
 
 @native
