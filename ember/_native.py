@@ -27,6 +27,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -42,7 +43,7 @@ from ember.mix import mix64
 
 __all__ = [
     "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_hazards", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
-    "bf16_pack_sr", "cms", "gather_rows", "pair_find", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
+    "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
 
@@ -949,6 +950,161 @@ def _pair_find_py(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, salt: np
     if held is not None:
         held[hs] += 1
     return int(hs.size)
+
+
+# ---- a group cache's bookkeeping passes (ember.tiers.group_cache) ------------------------
+# The host half of a training lookup runs on two pipeline threads that share the GIL; these
+# passes over its slot arrays run in C with the GIL released. Without the core, each says once
+# in the log that its numpy reference runs instead.
+
+_NEVER = np.iinfo(np.int64).max
+
+
+def _fallback_once(name: str) -> None:
+    """Log once per kernel that its numpy fallback runs (the core is off or not built)."""
+    if name not in _fell_back:
+        _fell_back.add(name)
+        why = "EMBER_NATIVE=0" if _DISABLED else f"the native core is not available: {_import_error}"
+        logging.getLogger("ember").info("ember._native.%s runs its numpy fallback (%s)", name, why)
+
+
+_fell_back: set[str] = set()
+
+
+def _victim_keys(last: np.ndarray, count: np.ndarray, lru: bool, out: np.ndarray | None = None) -> np.ndarray:
+    """``ember.tiers.policy.victim_score`` (kept here: _native imports nothing of the tiers)."""
+    if lru and out is None:
+        return last.astype(np.int64)
+    if lru:
+        np.copyto(out, last)
+        return out
+    if out is None:
+        return (count.astype(np.int64) << 32) | (last.astype(np.int64) & 0xFFFFFFFF)
+    np.left_shift(count, 32, out=out)
+    out |= last & 0xFFFFFFFF
+    return out
+
+
+def gc_scan(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: np.ndarray, lru: bool,
+            score: np.ndarray, out_slot: np.ndarray, out_score: np.ndarray) -> int:
+    """A group cache's victim scan: ``score[v]`` = slot v's eviction score (LRU: ``last[v]``;
+    LFU: ``count[v] << 32 | last[v] & 0xFFFFFFFF``), int64 max where not ``live`` or ``held``;
+    then the ``k = len(out_slot)`` lowest (score, slot) pairs in ascending order into
+    ``out_slot`` / ``out_score`` (ties: the lower slot first). Returns how many were found
+    (fewer than k when fewer slots qualify). last/count/score int64 [m], live bool [m], held
+    int32 [m]. One radix select in C; ``_gc_scan_py`` otherwise."""
+    core = _core
+    if core is None:
+        _fallback_once("gc_scan")
+        return _gc_scan_py(last, count, live, held, lru, score, out_slot, out_score)
+    return core.gc_scan(last, count, live, held, bool(lru), score, out_slot, out_score)
+
+
+def _gc_scan_py(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: np.ndarray, lru: bool,
+                score: np.ndarray, out_slot: np.ndarray, out_score: np.ndarray) -> int:
+    sc = _victim_keys(last, count, lru, out=score)
+    np.putmask(sc, ~live, _NEVER)
+    np.putmask(sc, held > 0, _NEVER)
+    valid = sc.size - int(np.count_nonzero(sc == _NEVER))
+    k = min(out_slot.size, valid)
+    if k <= 0:
+        return 0
+    if k < valid:  # the k-th lowest score t: every slot below it, and the lowest slots scoring t
+        t = sc[np.argpartition(sc, k - 1)[k - 1]]
+        below = np.flatnonzero(sc < t)
+        sel = np.sort(np.concatenate([below, np.flatnonzero(sc == t)[: k - below.size]]))
+    else:
+        sel = np.flatnonzero(sc != _NEVER)
+    sel = sel[np.argsort(sc[sel], kind="stable")]
+    out_slot[:k] = sel
+    out_score[:k] = sc[sel]
+    return k
+
+
+def gc_requeue(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: np.ndarray, lru: bool,
+               q_slot: np.ndarray, q_score: np.ndarray) -> int:
+    """The victims queued by a group cache's last scan (``q_slot``, with the scores they had,
+    int64 [n]) that still qualify (live, not held, score unchanged): moved, in order, to the
+    front of ``q_slot`` / ``q_score``. Returns how many. In C; ``_gc_requeue_py`` otherwise."""
+    core = _core
+    if core is None:
+        _fallback_once("gc_requeue")
+        return _gc_requeue_py(last, count, live, held, lru, q_slot, q_score)
+    return core.gc_requeue(last, count, live, held, bool(lru), q_slot, q_score)
+
+
+def _gc_requeue_py(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: np.ndarray, lru: bool,
+                   q_slot: np.ndarray, q_score: np.ndarray) -> int:
+    still = (_victim_keys(last[q_slot], count[q_slot], lru) == q_score) & live[q_slot] & (held[q_slot] <= 0)
+    kept = int(np.count_nonzero(still))
+    q_slot[:kept] = q_slot[still]
+    q_score[:kept] = q_score[still]
+    return kept
+
+
+def gc_reserve(free: np.ndarray, nfree: int, new: np.ndarray, tables: np.ndarray, est: np.ndarray, clock: int,
+               owner: np.ndarray, count: np.ndarray, last: np.ndarray, held: np.ndarray, w_slots: np.ndarray) -> None:
+    """A group cache's admitted misses (positions ``new`` of the lookup, int64 [n]) reserve the
+    top n slots of its free stack ``free[:nfree]`` (the i-th takes ``free[nfree - 1 - i]``):
+    ``owner`` (int32) = ``tables``, ``count`` = ``est``, ``last`` = ``clock``, ``held`` (int32)
+    += 1, and ``w_slots[new]`` = the slots. The caller pops them off the stack. In C;
+    ``_gc_reserve_py`` otherwise."""
+    core = _core
+    if core is None:
+        _fallback_once("gc_reserve")
+        return _gc_reserve_py(free, nfree, new, tables, est, clock, owner, count, last, held, w_slots)
+    i64 = [np.ascontiguousarray(x, dtype=np.int64) for x in (new, tables, est)]
+    core.gc_reserve(free, int(nfree), *i64, int(clock), owner, count, last, held, w_slots)
+
+
+def _gc_reserve_py(free: np.ndarray, nfree: int, new: np.ndarray, tables: np.ndarray, est: np.ndarray, clock: int,
+                   owner: np.ndarray, count: np.ndarray, last: np.ndarray, held: np.ndarray, w_slots: np.ndarray) -> None:
+    reserved = free[nfree - new.size : nfree][::-1]
+    owner[reserved] = tables
+    count[reserved] = est
+    last[reserved] = clock
+    held[reserved] += 1
+    w_slots[new] = reserved
+
+
+def gc_insert(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, tables: np.ndarray, at: np.ndarray,
+              mix: np.ndarray, slot_id: np.ndarray, owner: np.ndarray, live: np.ndarray, rows_of: np.ndarray) -> int:
+    """Admitted rows enter a group cache: key ``ids[i] ^ mix[tables[i]]`` -> slot ``at[i]`` into
+    the index (``keys``/``slots``; absent and unique, room reserved by the caller), and
+    ``slot_id[at] = ids``, ``owner[at] = tables``, ``live[at] = True``, ``rows_of[tables] += 1``.
+    Returns the empty buckets used (``KeyIndex.placed``). ids/tables/at int64 [n], mix/rows_of
+    int64 [T], slot_id int64 [m], owner int32 [m], live bool [m]. In C; ``_gc_insert_py``
+    otherwise (the same buckets: ``place``)."""
+    core = _core
+    if core is None:
+        _fallback_once("gc_insert")
+        return _gc_insert_py(keys, slots, ids, tables, at, mix, slot_id, owner, live, rows_of)
+    i64 = [np.ascontiguousarray(x, dtype=np.int64) for x in (ids, tables, at)]
+    return core.gc_insert(keys, slots, *i64, mix, slot_id, owner, live, rows_of)
+
+
+def _gc_insert_py(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, tables: np.ndarray, at: np.ndarray,
+                  mix: np.ndarray, slot_id: np.ndarray, owner: np.ndarray, live: np.ndarray, rows_of: np.ndarray) -> int:
+    used = place(keys, slots, ids ^ mix[tables], at.astype(np.int32))
+    slot_id[at] = ids
+    owner[at] = tables
+    live[at] = True
+    rows_of += np.bincount(tables, minlength=rows_of.size)
+    return used
+
+
+def gc_release(held: np.ndarray, at: np.ndarray) -> None:
+    """``held[at] -= 1`` (int32 [m]; ``at`` int64 [n], unique slots): a group cache's lookup
+    gives back the slots it held. In C; ``_gc_release_py`` otherwise."""
+    core = _core
+    if core is None:
+        _fallback_once("gc_release")
+        return _gc_release_py(held, at)
+    core.gc_release(held, np.ascontiguousarray(at, dtype=np.int64))
+
+
+def _gc_release_py(held: np.ndarray, at: np.ndarray) -> None:
+    held[at] -= 1
 
 
 def uniform01(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float | np.ndarray = 1.0,

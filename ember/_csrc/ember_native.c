@@ -213,6 +213,319 @@ done:
     return res;
 }
 
+/* ---- a group cache's bookkeeping passes (ember.tiers.group_cache) --------------------------
+ * The host half of a training lookup runs on two pipeline threads (fetch, update) that share the
+ * GIL: its whole-arena and per-row passes run here, the GIL released. The slot arrays are the
+ * cache's: last / count / slot_id int64 [m], held / owner int32 [m], live bool [m]. */
+
+#define NEVER INT64_MAX
+#define RADIX_BITS 16
+#define RADIX (1 << RADIX_BITS)
+
+/* ember.tiers.policy.victim_score of one slot: LRU its last access, LFU count << 32 | the low 32
+ * bits of its last access (two's complement wrap, as numpy's int64 shift) */
+static inline int64_t victim_key(int lru, int64_t last, int64_t count) {
+    return lru ? last : (int64_t)(((uint64_t)count << 32) | ((uint64_t)last & 0xFFFFFFFFULL));
+}
+
+/* Sorts n (score, slot) pairs by score, stably (LSD radix on score - lo, 16 bits a pass); the
+ * scores lie in [lo, hi]. tmp_s / tmp_v: n each. Returns 0, or -1 when out of memory. */
+static int radix_pairs(int64_t *s, int64_t *v, int64_t *tmp_s, int64_t *tmp_v, Py_ssize_t n, int64_t lo, int64_t hi) {
+    uint64_t span = (uint64_t)hi - (uint64_t)lo;
+    Py_ssize_t *cnt = malloc(sizeof(Py_ssize_t) * RADIX);
+    if (!cnt) return -1;
+    for (int shift = 0; shift < 64 && (span >> shift) != 0; shift += RADIX_BITS) {
+        memset(cnt, 0, sizeof(Py_ssize_t) * RADIX);
+        for (Py_ssize_t i = 0; i < n; i++) cnt[(((uint64_t)s[i] - (uint64_t)lo) >> shift) & (RADIX - 1)]++;
+        Py_ssize_t at = 0;
+        for (int b = 0; b < RADIX; b++) { Py_ssize_t c = cnt[b]; cnt[b] = at; at += c; }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            Py_ssize_t d = cnt[(((uint64_t)s[i] - (uint64_t)lo) >> shift) & (RADIX - 1)]++;
+            tmp_s[d] = s[i];
+            tmp_v[d] = v[i];
+        }
+        memcpy(s, tmp_s, sizeof(int64_t) * n);
+        memcpy(v, tmp_v, sizeof(int64_t) * n);
+    }
+    free(cnt);
+    return 0;
+}
+
+/* gc_scan(last, count, live, held, lru, score int64[m], out_slot int64[k], out_score int64[k]) -> found.
+ * The victim scan: score[v] = victim_key of slot v, NEVER where not live or held; then the k
+ * lowest (score, slot) pairs (fewer when fewer slots qualify), ascending, into out_*. Ties go to
+ * the lower slot, so the choice is one and the same in C and numpy. A radix select: one pass for
+ * the scores, one histogram of their top bits, histograms of the shrinking candidate set until
+ * the k-th score is known, one pass to collect, one radix sort of the k. */
+static PyObject *gc_scan(PyObject *self, PyObject *args) {
+    Py_buffer lb, cb, vb, hb, sb, osb, oscb;
+    int lru;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*pw*w*w*", &lb, &cb, &vb, &hb, &lru, &sb, &osb, &oscb)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t m = lb.len / 8, k = osb.len / 8;
+    if (cb.len != m * 8 || vb.len != m || hb.len != m * 4 || sb.len != m * 8 || oscb.len != k * 8) {
+        PyErr_SetString(PyExc_ValueError, "ember native gc_scan: last/count/score int64, live bool, held int32 of one "
+                        "length; out_slot/out_score int64 of one length");
+        goto done;
+    }
+    {
+        const int64_t *last = lb.buf, *count = cb.buf;
+        const uint8_t *live = vb.buf;
+        const int32_t *held = hb.buf;
+        int64_t *score = sb.buf, *out_v = osb.buf, *out_s = oscb.buf;
+        Py_ssize_t found = 0;
+        int oom = 0;
+        Py_BEGIN_ALLOW_THREADS
+        int64_t lo = NEVER, hi = INT64_MIN;
+        Py_ssize_t valid = 0;
+        for (Py_ssize_t v = 0; v < m; v++) {
+            int64_t s = (live[v] && held[v] <= 0) ? victim_key(lru, last[v], count[v]) : NEVER;
+            score[v] = s;
+            if (s != NEVER) {
+                valid++;
+                if (s < lo) lo = s;
+                if (s > hi) hi = s;
+            }
+        }
+        Py_ssize_t want = k < valid ? k : valid;
+        /* the k-th lowest score t, and how many slots scoring t are taken (the lowest ones) */
+        int64_t t = hi;
+        Py_ssize_t need = 0;
+        int64_t *cand = NULL;
+        Py_ssize_t *hist = NULL;
+        if (want > 0 && want < valid) {
+            hist = malloc(sizeof(Py_ssize_t) * (RADIX + 1));  /* + 1: scores out of range (no branch) */
+            if (!hist) oom = 1;
+            const int64_t *src = score;  /* the candidates: all scores first, then one bin's */
+            Py_ssize_t n_src = m, rest = want;
+            int64_t a = lo, b = hi;
+            while (!oom) {
+                uint64_t span = (uint64_t)b - (uint64_t)a;
+                if (span == 0) { t = a; need = rest; break; }
+                int shift = 0;
+                while ((span >> shift) >= RADIX) shift++;
+                memset(hist, 0, sizeof(Py_ssize_t) * (RADIX + 1));
+                for (Py_ssize_t i = 0; i < n_src; i++) {
+                    uint64_t d = (uint64_t)src[i] - (uint64_t)a;
+                    hist[d <= span ? d >> shift : RADIX]++;
+                }
+                Py_ssize_t before = 0;
+                int bin = 0;
+                while (before + hist[bin] < rest) before += hist[bin++];
+                rest -= before;
+                int64_t a2 = (int64_t)((uint64_t)a + ((uint64_t)bin << shift));
+                uint64_t top = ((uint64_t)1 << shift) - 1;
+                int64_t b2 = (uint64_t)b - (uint64_t)a2 < top ? b : (int64_t)((uint64_t)a2 + top);
+                if (shift == 0) { t = a2; need = rest; break; }
+                Py_ssize_t nb = hist[bin];
+                int64_t *next = malloc(sizeof(int64_t) * (nb ? nb : 1));
+                if (!next) { oom = 1; break; }
+                Py_ssize_t j = 0;
+                uint64_t span2 = (uint64_t)b2 - (uint64_t)a2;
+                for (Py_ssize_t i = 0; i < n_src && j < nb; i++) {  /* branch-free: the values are random */
+                    int64_t s = src[i];
+                    next[j] = s;
+                    j += (uint64_t)s - (uint64_t)a2 <= span2;
+                }
+                free(cand);
+                cand = next;
+                src = cand;
+                n_src = j;
+                a = a2;
+                b = b2;
+            }
+        } else if (want > 0) {
+            need = valid;  /* every valid slot: all with score <= hi */
+        }
+        free(cand);
+        free(hist);
+        if (!oom && want > 0) {
+            /* collect in slot order: every score below t, and the first `need` equal to it */
+            for (Py_ssize_t v = 0; v < m && found < want; v++) {
+                int64_t s = score[v];
+                if (s == NEVER || s > t) continue;
+                if (s == t) {
+                    if (need == 0) continue;
+                    need--;
+                }
+                out_s[found] = s;
+                out_v[found] = v;
+                found++;
+            }
+            int64_t *tmp = malloc(sizeof(int64_t) * 2 * (found ? found : 1));
+            if (!tmp || radix_pairs(out_s, out_v, tmp, tmp + found, found, lo, t) < 0) oom = 1;
+            free(tmp);
+        }
+        Py_END_ALLOW_THREADS
+        if (oom) PyErr_NoMemory();
+        else res = PyLong_FromSsize_t(found);
+    }
+done:
+    PyBuffer_Release(&lb); PyBuffer_Release(&cb); PyBuffer_Release(&vb); PyBuffer_Release(&hb);
+    PyBuffer_Release(&sb); PyBuffer_Release(&osb); PyBuffer_Release(&oscb);
+    return res;
+}
+
+/* gc_requeue(last, count, live, held, lru, q_slot int64[n], q_score int64[n]) -> kept.
+ * The victims queued by the last scan that still qualify (live, not held, score unchanged)
+ * moved to the front of q_slot / q_score, in order; returns how many. */
+static PyObject *gc_requeue(PyObject *self, PyObject *args) {
+    Py_buffer lb, cb, vb, hb, qb, qsb;
+    int lru;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*pw*w*", &lb, &cb, &vb, &hb, &lru, &qb, &qsb)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t m = lb.len / 8, n = qb.len / 8;
+    if (cb.len != m * 8 || vb.len != m || hb.len != m * 4 || qsb.len != n * 8) {
+        PyErr_SetString(PyExc_ValueError, "ember native gc_requeue: last/count int64, live bool, held int32 of one "
+                        "length; q_slot/q_score int64 of one length");
+        goto done;
+    }
+    {
+        const int64_t *last = lb.buf, *count = cb.buf;
+        const uint8_t *live = vb.buf;
+        const int32_t *held = hb.buf;
+        int64_t *q = qb.buf, *qs = qsb.buf;
+        Py_ssize_t kept = 0, bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t v = q[i];
+            if (v < 0 || v >= m) { bad = 1; break; }
+            if (!live[v] || held[v] > 0 || victim_key(lru, last[v], count[v]) != qs[i]) continue;
+            q[kept] = v;
+            qs[kept] = qs[i];
+            kept++;
+        }
+        Py_END_ALLOW_THREADS
+        if (bad) PyErr_SetString(PyExc_ValueError, "ember native gc_requeue: a queued slot is out of range");
+        else res = PyLong_FromSsize_t(kept);
+    }
+done:
+    PyBuffer_Release(&lb); PyBuffer_Release(&cb); PyBuffer_Release(&vb); PyBuffer_Release(&hb);
+    PyBuffer_Release(&qb); PyBuffer_Release(&qsb);
+    return res;
+}
+
+/* gc_reserve(free int64[c], nfree, new int64[n], tables int64[n], est int64[n], clock, owner, count,
+ * last, held, w_slots int64[U]) -> None. Admitted misses reserve slots: the i-th takes
+ * r = free[nfree - 1 - i] (the top of the free stack), owner[r] = tables[i], count[r] = est[i],
+ * last[r] = clock, held[r] += 1, and w_slots[new[i]] = r (the caller pops n off the stack). */
+static PyObject *gc_reserve(PyObject *self, PyObject *args) {
+    Py_buffer fb, nb, tb, eb, ob, cb, lb, hb, wb;
+    Py_ssize_t nfree;
+    long long clock;
+    if (!PyArg_ParseTuple(args, "y*ny*y*y*Lw*w*w*w*w*", &fb, &nfree, &nb, &tb, &eb, &clock, &ob, &cb, &lb, &hb, &wb))
+        return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t n = nb.len / 8, m = ob.len / 4, u = wb.len / 8;
+    if (tb.len != n * 8 || eb.len != n * 8 || cb.len != m * 8 || lb.len != m * 8 || hb.len != m * 4
+            || nfree < n || nfree > fb.len / 8) {
+        PyErr_SetString(PyExc_ValueError, "ember native gc_reserve: tables/est must match new, count/last/held owner; "
+                        "n <= nfree <= len(free)");
+        goto done;
+    }
+    {
+        const int64_t *fr = fb.buf, *nw = nb.buf, *tab = tb.buf, *est = eb.buf;
+        int32_t *owner = ob.buf, *held = hb.buf;
+        int64_t *cnt = cb.buf, *last = lb.buf, *w = wb.buf;
+        Py_ssize_t bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            int64_t r = fr[nfree - 1 - i];
+            if (r < 0 || r >= m || nw[i] < 0 || nw[i] >= u) { bad = 1; break; }
+        }
+        for (Py_ssize_t i = 0; i < n && !bad; i++) {
+            int64_t r = fr[nfree - 1 - i];
+            owner[r] = (int32_t)tab[i];
+            cnt[r] = est[i];
+            last[r] = clock;
+            held[r] += 1;
+            w[nw[i]] = r;
+        }
+        Py_END_ALLOW_THREADS
+        if (bad) PyErr_SetString(PyExc_ValueError, "ember native gc_reserve: a slot or position is out of range");
+        else { Py_INCREF(Py_None); res = Py_None; }
+    }
+done:
+    PyBuffer_Release(&fb); PyBuffer_Release(&nb); PyBuffer_Release(&tb); PyBuffer_Release(&eb); PyBuffer_Release(&ob);
+    PyBuffer_Release(&cb); PyBuffer_Release(&lb); PyBuffer_Release(&hb); PyBuffer_Release(&wb);
+    return res;
+}
+
+/* gc_insert(keys, slots, ids int64[n], tables int64[n], at int64[n], mix int64[T], slot_id, owner,
+ * live, rows_of int64[T]) -> empty buckets used. Admitted rows enter the group's index: key
+ * ids[i] ^ mix[tables[i]] -> slot at[i] (absent, unique; the caller reserved room), and the slot
+ * arrays: slot_id[at] = ids, owner[at] = tables, live[at] = 1, rows_of[tables] += 1. */
+static PyObject *gc_insert(PyObject *self, PyObject *args) {
+    Py_buffer keys, slots, ib, tb, ab, mb, sidb, ob, vb, rb;
+    if (!PyArg_ParseTuple(args, "w*w*y*y*y*y*w*w*w*w*", &keys, &slots, &ib, &tb, &ab, &mb, &sidb, &ob, &vb, &rb))
+        return NULL;
+    PyObject *res = NULL;
+    uint64_t mask;
+    Py_ssize_t n = ib.len / 8, m = sidb.len / 8, nt = mb.len / 8;
+    if (check_table(&keys, &slots, &mask) < 0) goto done;
+    if (tb.len != n * 8 || ab.len != n * 8 || ob.len != m * 4 || vb.len != m || rb.len != nt * 8) {
+        PyErr_SetString(PyExc_ValueError, "ember native gc_insert: tables/at must match ids, owner/live the slot "
+                        "arrays, rows_of mix");
+        goto done;
+    }
+    {
+        int64_t *k = keys.buf, *sid = sidb.buf, *rows_of = rb.buf;
+        int32_t *s = slots.buf, *owner = ob.buf;
+        const int64_t *id = ib.buf, *tab = tb.buf, *at = ab.buf, *mix = mb.buf;
+        uint8_t *live = vb.buf;
+        Py_ssize_t used = 0, full = 0, bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (tab[i] < 0 || tab[i] >= nt || at[i] < 0 || at[i] >= m || at[i] > INT32_MAX) { bad = 1; break; }
+        for (Py_ssize_t i = 0; i < n && !bad; i++) {
+            int64_t x = id[i] ^ mix[tab[i]];
+            uint64_t h = mix64((uint64_t)x) & mask, step = 0;
+            while (s[h] >= 0 && step++ <= mask) h = (h + 1) & mask;
+            if (s[h] >= 0) { full = 1; break; }
+            used += s[h] == EMPTY;
+            k[h] = x;
+            s[h] = (int32_t)at[i];
+            sid[at[i]] = id[i];
+            owner[at[i]] = (int32_t)tab[i];
+            live[at[i]] = 1;
+            rows_of[tab[i]] += 1;
+        }
+        Py_END_ALLOW_THREADS
+        if (bad) PyErr_SetString(PyExc_ValueError, "ember native gc_insert: a table or slot is out of range");
+        else if (full) PyErr_SetString(PyExc_RuntimeError, "ember native gc_insert: index full (reserve room first)");
+        else res = PyLong_FromSsize_t(used);
+    }
+done:
+    PyBuffer_Release(&keys); PyBuffer_Release(&slots); PyBuffer_Release(&ib); PyBuffer_Release(&tb);
+    PyBuffer_Release(&ab); PyBuffer_Release(&mb); PyBuffer_Release(&sidb); PyBuffer_Release(&ob);
+    PyBuffer_Release(&vb); PyBuffer_Release(&rb);
+    return res;
+}
+
+/* gc_release(held int32[m], at int64[n]) -> None: held[at[i]] -= 1 (a lookup's held slots are
+ * unique: numpy's held[at] -= 1 does the same). */
+static PyObject *gc_release(PyObject *self, PyObject *args) {
+    Py_buffer hb, ab;
+    if (!PyArg_ParseTuple(args, "w*y*", &hb, &ab)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t m = hb.len / 4, n = ab.len / 8;
+    {
+        int32_t *held = hb.buf;
+        const int64_t *at = ab.buf;
+        Py_ssize_t bad = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (at[i] < 0 || at[i] >= m) { bad = 1; break; }
+        if (!bad)
+            for (Py_ssize_t i = 0; i < n; i++) held[at[i]] -= 1;
+        Py_END_ALLOW_THREADS
+        if (bad) PyErr_SetString(PyExc_ValueError, "ember native gc_release: a slot is out of range");
+        else { Py_INCREF(Py_None); res = Py_None; }
+    }
+    PyBuffer_Release(&hb); PyBuffer_Release(&ab);
+    return res;
+}
+
 /* place(keys, slots, ids, new_slots int32[n]) -> empty buckets consumed.
  * The IDs must be absent and unique; the caller keeps the load below 1 (a full table raises
  * RuntimeError after placing the IDs before the first that found no bucket). */
@@ -1290,6 +1603,13 @@ static PyMethodDef methods[] = {
     {"cms", cms, METH_VARARGS, "cms(table, ids, counts, seeds, width, out) -> None"},
     {"pair_find", pair_find, METH_VARARGS,
      "pair_find(keys, slots, ids, salt, slot_id, count, last, held, clock, out) -> hits"},
+    {"gc_scan", gc_scan, METH_VARARGS, "gc_scan(last, count, live, held, lru, score, out_slot, out_score) -> found"},
+    {"gc_requeue", gc_requeue, METH_VARARGS, "gc_requeue(last, count, live, held, lru, q_slot, q_score) -> kept"},
+    {"gc_reserve", gc_reserve, METH_VARARGS,
+     "gc_reserve(free, nfree, new, tables, est, clock, owner, count, last, held, w_slots) -> None"},
+    {"gc_insert", gc_insert, METH_VARARGS,
+     "gc_insert(keys, slots, ids, tables, at, mix, slot_id, owner, live, rows_of) -> empty buckets used"},
+    {"gc_release", gc_release, METH_VARARGS, "gc_release(held, at) -> None"},
     {"place", place, METH_VARARGS, "place(keys, slots, ids, new_slots) -> empty buckets used"},
     {"unique_segments", unique_segments, METH_VARARGS,
      "unique_segments(ids, bounds, out_uniq, out_inverse, out_counts) -> total unique"},

@@ -41,12 +41,11 @@ from ember import _native
 from ember.tiers.base import Tier, TierCounters
 from ember.tiers.device_budget import mark_device
 from ember.tiers.key_index import KeyIndex
-from ember.tiers.policy import CountMinSketch, Policy, smallest, victim_score
+from ember.tiers.policy import CountMinSketch, Policy
 from ember.tiers.segments import read_segments, write_segments
 
 __all__ = ["GroupCache", "GroupCacheView", "CachePlan", "CacheTicket"]
 
-_NEVER = np.iinfo(np.int64).max  # eviction score of a slot that may not be evicted (free or held)
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
 
@@ -242,11 +241,12 @@ class GroupCache:
         return out, taken
 
     def _insert(self, tables: np.ndarray, ids: np.ndarray, slots: np.ndarray) -> None:
-        self.index.insert(ids ^ self._mix[tables], slots.astype(np.int32))
-        self.slot_id[slots] = ids
-        self.owner[slots] = tables
-        self.live[slots] = True
-        self.rows_of += np.bincount(tables, minlength=len(self.slow))
+        """Admitted (table, ID) pairs enter the index at ``slots``, and the slot arrays: one
+        pass (``_native.gc_insert``)."""
+        self.index.reserve(ids.size)
+        used = _native.gc_insert(self.index.keys, self.index.slots, ids, tables, slots, self._mix, self.slot_id,
+                                 self.owner, self.live, self.rows_of)
+        self.index.placed(ids.size, used)
 
     def remove_slots(self, slots: np.ndarray) -> None:
         """Take live ``slots`` out of the index and free them (their rows are the caller's)."""
@@ -266,40 +266,29 @@ class GroupCache:
         self._free[self._nfree : self._nfree + slots.size] = slots[::-1]
         self._nfree += slots.size
 
-    def _take_free(self, n: int) -> np.ndarray:
-        out = self._free[self._nfree - n : self._nfree][::-1].copy()
-        self._nfree -= n
-        return out
-
     def _victims(self, n: int) -> np.ndarray:
         """The ``n`` best victims among live, unheld slots (fewer if not that many), best first.
 
-        A scan of every slot ranks 4x more than asked and keeps the rest in a queue; later
-        calls take from the queue the entries whose score has not changed since (still live,
-        unheld, not accessed), and scan again only when it runs short."""
+        A scan of every slot ranks 4x more than asked (ties: the lower slot first) and keeps
+        the rest in a queue; later calls take from the queue the entries whose score has not
+        changed since (still live, unheld, not accessed), and scan again only when it runs
+        short. Both are one pass in C (``_native.gc_requeue``, ``gc_scan``: a radix select,
+        not a sort of the whole arena's scores)."""
+        lru = self.policy == "lru"
         if self._queue is not None:
             q_slots, q_score = self._queue
-            now = victim_score(self.policy, self.last[q_slots], self.count[q_slots])
-            still = (now == q_score) & self.live[q_slots] & (self.held[q_slots] == 0)
-            q_slots, q_score = q_slots[still], q_score[still]
-            if q_slots.size >= n:
+            kept = _native.gc_requeue(self.last, self.count, self.live, self.held, lru, q_slots, q_score)
+            q_slots, q_score = q_slots[:kept], q_score[:kept]
+            if kept >= n:
                 self._queue = (q_slots[n:], q_score[n:])
                 return q_slots[:n]
-        score = self._scan_scores()
-        pick = smallest(score, 4 * n)
-        pick = pick[score[pick] != _NEVER]
-        self._queue = (pick[n:], score[pick[n:]])
-        return pick[:n]
-
-    def _scan_scores(self) -> np.ndarray:
-        """``victim_score`` of every slot, _NEVER where not live or held: computed in place in a
-        buffer kept for it (the scan's temporaries were a third of its time)."""
-        if self._score is None:
+        if self._score is None:  # the scan's scores: a buffer kept for it (no temporaries)
             self._score = np.empty(self.capacity, dtype=np.int64)
-        sc = victim_score(self.policy, self.last, self.count, out=self._score)
-        np.putmask(sc, ~self.live, _NEVER)
-        np.putmask(sc, self.held > 0, _NEVER)
-        return sc
+        k = min(4 * n, self.capacity)
+        pick, score = np.empty(k, dtype=np.int64), np.empty(k, dtype=np.int64)
+        found = _native.gc_scan(self.last, self.count, self.live, self.held, lru, self._score, pick, score)
+        self._queue = (pick[n:found], score[n:found])
+        return pick[: min(n, found)]
 
     def _count(self, keys: np.ndarray) -> np.ndarray:
         est = self.sketch.add(keys)
@@ -370,13 +359,10 @@ class GroupCache:
         admitted, victims, evicted = self._admit(est)
         new = miss[admitted]
         w_slots = np.where(slots >= 0, slots, -1)
-        if new.size:
-            reserved = self._take_free(new.size)
-            self.owner[reserved] = owner[new]
-            self.count[reserved] = est[admitted]
-            self.last[reserved] = self.clock
-            self.held[reserved] += 1
-            w_slots[new] = reserved
+        if new.size:  # slots off the free stack, held for the write_back (one pass: _native.gc_reserve)
+            _native.gc_reserve(self._free, self._nfree, new, owner[new], est[admitted], self.clock, self.owner,
+                               self.count, self.last, self.held, w_slots)
+            self._nfree -= new.size
         not_new = np.ones(miss.size, dtype=bool)
         not_new[admitted] = False
         ticket = CacheTicket(w_slots, new, miss[not_new], w_slots[w_slots >= 0])
@@ -513,7 +499,7 @@ class GroupCache:
 
     def _adopt_orphans(self) -> None:
         while self.orphans:
-            self.held[self.orphans.pop()] -= 1
+            _native.gc_release(self.held, self.orphans.pop())
 
     def _release(self, ticket: CacheTicket) -> None:
         if ticket.released:
@@ -521,7 +507,7 @@ class GroupCache:
         ticket.released = True
         if ticket._finalizer is not None:
             ticket._finalizer.detach()
-        self.held[ticket.held] -= 1
+        _native.gc_release(self.held, ticket.held)
 
     def release(self, ticket: CacheTicket | None) -> None:
         """A training lookup that will not write back (no table of it reached the loss, a
