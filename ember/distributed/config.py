@@ -46,6 +46,11 @@ class DistributedConfig(ConfigModel):
     embedding_ranks: int = Field(0, ge=0)
     """With ``placement: embedding_ranks``: how many ranks (the last ones) hold the tables; at
     least 1 and fewer than the world size. Ignored by the other placements."""
+    exchange_chunk_bytes: int | None = Field(None, ge=0)
+    """A large all-to-all (rows, gradients) goes in pieces of at most this many bytes between any
+    two ranks, so no rank's sends run far ahead of its peers' into the network's queues (where
+    the next small exchange would wait behind them) and both directions of a link carry data at
+    once (``ember.distributed.exchange``). None: 256 KiB with gloo, off with NCCL; 0: off."""
     timeout_s: float = Field(300.0, gt=0)
     """How long a collective (all-to-all, all-reduce, barrier) waits for the other ranks, and the rendezvous for
     every rank to join (then a ConfigError naming the address)."""

@@ -2,7 +2,12 @@
 to the owners. Only ``torch.distributed`` collectives; every rank calls them in the same order.
 
 Each exchange of variable-length data first swaps its split sizes (one small all-to-all of
-counts), then the payload with ``all_to_all_single``. Bytes that leave or reach this rank
+counts), then the payload with ``all_to_all_single``. A large payload goes in pieces
+(``chunk_bytes``, ``distributed.exchange_chunk_bytes``): a rank that enters an all-to-all
+first would otherwise write its whole payload into the network's queues at once, and the
+exchanges after it (small ones: the next batch's split sizes) wait behind those bytes on the
+link while the other direction idles; in pieces, no rank sends more than one piece ahead of its
+peers and both directions of a link carry data together. Bytes that leave or reach this rank
 (its own share, which never crosses, is not counted) are summed per kind of traffic (``KINDS``:
 split counts, IDs, rows, gradients, the dense all-reduce, the tower exchanges) and per
 direction, and separately the part that crosses nodes, until ``take_stats``.
@@ -41,11 +46,14 @@ class Exchange:
         group: the process group (a dedicated one keeps embedding traffic apart from DDP's).
         nodes: the node of each rank (bytes to or from another node are also counted as
             crossing nodes); None: one node.
+        chunk_bytes: an all-to-all told its ``peak`` goes in pieces of at most this many bytes
+            between two ranks (the module docstring); 0: in one piece.
     """
 
     def __init__(self, rank: int, world_size: int, device: torch.device, group: dist.ProcessGroup | None = None,
-                 nodes: Sequence[int] | None = None) -> None:
+                 nodes: Sequence[int] | None = None, chunk_bytes: int = 0) -> None:
         self.rank, self.world_size, self.device, self.group = rank, world_size, device, group
+        self.chunk_bytes = chunk_bytes
         self.nodes = list(nodes) if nodes is not None else [0] * world_size
         if len(self.nodes) != world_size:
             raise ValueError(f"Exchange: {len(self.nodes)} node numbers for {world_size} ranks")
@@ -108,11 +116,13 @@ class Exchange:
         return out.reshape(self.world_size, k)
 
     def all_to_all(self, payload: Tensor, send_splits: Sequence[int], recv_splits: Sequence[int],
-                   kind: str = "rows", tail: tuple[int, str] | None = None) -> Tensor:
+                   kind: str = "rows", tail: tuple[int, str] | None = None, peak: int | None = None) -> Tensor:
         """Rows ``payload[send offsets of r]`` go to rank r; returns the rows every rank sent here,
         source rank after source rank ([sum(recv_splits), *payload.shape[1:]]). ``kind`` (one of
         ``KINDS``) is the counter its bytes go to; ``tail = (k, kind2)``: the last k rows of every
-        rank's block are control data riding along, counted under ``kind2``."""
+        rank's block are control data riding along, counted under ``kind2``. ``peak``: the most
+        rows any rank sends any other in this exchange, the same number on every rank (then it
+        goes in pieces of at most ``chunk_bytes``, the same pieces everywhere); None: in one."""
         send_splits, recv_splits = [int(s) for s in send_splits], [int(s) for s in recv_splits]
         if sum(send_splits) != payload.shape[0]:
             raise ValueError(f"Exchange.all_to_all: splits sum to {sum(send_splits)}, payload has {payload.shape[0]} rows")
@@ -121,15 +131,41 @@ class Exchange:
         home = payload.device
         src = payload.to(self.device).contiguous()
         out = src.new_empty((sum(recv_splits), *payload.shape[1:]))
-        dist.all_to_all_single(out, src, recv_splits, send_splits, group=self.group)
         row = math.prod(payload.shape[1:]) * src.element_size()
+        pieces = self.pieces(peak, row)
+        if pieces > 1:
+            self._in_pieces(out, src, send_splits, recv_splits, pieces)
+        else:
+            dist.all_to_all_single(out, src, recv_splits, send_splits, group=self.group)
         k, tail_kind = tail if tail is not None else (0, kind)
         self._note_splits(kind, row, [s - k for s in send_splits], [s - k for s in recv_splits])
         if k:
             self._note_splits(tail_kind, row, [k] * self.world_size, [k] * self.world_size)
         with self._lock:
-            self._calls[0] += 1
+            self._calls[0] += pieces  # the collectives issued
         return out.to(home)
+
+    def pieces(self, peak: int | None, row_bytes: int) -> int:
+        """How many all-to-alls carry an exchange whose largest transfer between two ranks is
+        ``peak`` rows of ``row_bytes``: 1 without a ``peak`` or ``chunk_bytes``."""
+        if not peak or self.chunk_bytes <= 0:
+            return 1
+        return max(1, min(peak, -(-peak * row_bytes // self.chunk_bytes)))
+
+    def _in_pieces(self, out: Tensor, src: Tensor, send_splits: list[int], recv_splits: list[int], pieces: int) -> None:
+        """``all_to_all_single(out, src, ...)`` as ``pieces`` all-to-alls: piece i carries rows
+        [n i / pieces, n (i + 1) / pieces) of each rank's block of n rows, both ways."""
+        s_off, r_off = _offsets(send_splits), _offsets(recv_splits)
+        for i in range(pieces):
+            sends = [(a + n * i // pieces, a + n * (i + 1) // pieces) for a, n in zip(s_off, send_splits)]
+            recvs = [(a + n * i // pieces, a + n * (i + 1) // pieces) for a, n in zip(r_off, recv_splits)]
+            part = torch.cat([src[a:b] for a, b in sends])
+            got = src.new_empty((sum(b - a for a, b in recvs), *src.shape[1:]))
+            dist.all_to_all_single(got, part, [b - a for a, b in recvs], [b - a for a, b in sends], group=self.group)
+            at = 0
+            for a, b in recvs:
+                out[a:b] = got[at : at + b - a]
+                at += b - a
 
     def take_stats(self, steps: int = 1) -> dict[str, float]:
         """Traffic since the last call (then reset), for the metrics record. Every rank calls it
@@ -167,3 +203,11 @@ class Exchange:
         out["dist.cross_node.received_per_step"] = float(mean[train, 3].sum())
         self._zero()
         return out
+
+
+def _offsets(splits: Sequence[int]) -> list[int]:
+    out, at = [], 0
+    for n in splits:
+        out.append(at)
+        at += n
+    return out

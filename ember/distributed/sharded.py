@@ -70,6 +70,7 @@ class _Route:
     send_splits: list[int]  # IDs sent to each rank
     recv_splits: list[int]  # IDs received from each rank
     to_owner_row: Tensor  # for each received ID (source rank order): its row in the owner lookup
+    peak: int = 0  # the most IDs any rank sends any other in this lookup (every rank knows it)
 
 
 def _grads_and_reached(ex: Exchange, grad: Tensor, route: "_Route", reached: Sequence[bool]) -> tuple[Tensor, list[bool]]:
@@ -86,7 +87,7 @@ def _grads_and_reached(ex: Exchange, grad: Tensor, route: "_Route", reached: Seq
     parts = grad.split(route.send_splits)
     payload = torch.cat([x for p in parts for x in (p, block)]) if n else grad
     got = ex.all_to_all(payload, [s + fr for s in route.send_splits], [s + fr for s in route.recv_splits], "grads",
-                        tail=(fr, "counts"))  # the flags are control data, as the split sizes
+                        tail=(fr, "counts"), peak=route.peak + fr)  # the flags are control data, as the split sizes
     chunks = got.split([s + fr for s in route.recv_splits])
     grads = torch.cat([c[: c.shape[0] - fr] for c in chunks]) if chunks else got
     anywhere = torch.stack([c[c.shape[0] - fr :].reshape(-1)[:t] for c in chunks]).amax(0) if chunks else flags[:t]
@@ -119,12 +120,18 @@ class ShardedGroupLookup(GroupLookup):
             dest[a:b] = self.shard.plan.owners(table.name, ids[a:b])
         table_of = np.repeat(np.arange(t), self.sizes)
         order = np.argsort(dest, kind="stable")  # ids are table after table: now (owner, table)
-        counts = np.zeros((n, t), dtype=np.int64)
+        counts = np.zeros((n, t + 1), dtype=np.int64)
         np.add.at(counts, (dest, table_of), 1)
+        # the last column, to every rank: the most IDs this rank sends any other, so that every
+        # rank knows the exchange's peak (and cuts its large all-to-alls into the same pieces)
+        sends = counts[:, :t].sum(1)
+        counts[:, t] = max((int(c) for r, c in enumerate(sends) if r != self.shard.rank), default=0)
         kinds = ("counts", "ids", "rows") if self.train else ("eval", "eval", "eval")
         recv_counts = ex.counts(torch.from_numpy(counts), kinds[0]).numpy()
+        peak = int(recv_counts[:, t].max())  # (this rank's own row is its own peak)
+        counts, recv_counts = counts[:, :t], recv_counts[:, :t]
         send_splits, recv_splits = counts.sum(1).tolist(), recv_counts.sum(1).tolist()
-        got = ex.all_to_all(torch.from_numpy(ids[order]), send_splits, recv_splits, kinds[1])
+        got = ex.all_to_all(torch.from_numpy(ids[order]), send_splits, recv_splits, kinds[1], peak=peak)
         # received: source after source, each table after table; the owner lookup wants tables
         got_table = np.repeat(np.tile(np.arange(t), n), recv_counts.reshape(-1))
         by_table = np.argsort(got_table, kind="stable")
@@ -135,11 +142,11 @@ class ShardedGroupLookup(GroupLookup):
         to_row[torch.from_numpy(by_table)] = owner.inverse
         assert owner.records is not None
         rows = owner.records[:, : g.dim].index_select(0, to_row.to(owner.records.device))
-        back = ex.all_to_all(rows, recv_splits, send_splits, kinds[2])
+        back = ex.all_to_all(rows, recv_splits, send_splits, kinds[2], peak=peak)
         rec = back.new_empty(ids.size, g.dim)
         rec.index_copy_(0, torch.from_numpy(order).to(rec.device), back)
         self.records, self.owner = rec, owner
-        self.route = _Route(order, send_splits, recv_splits, to_row)
+        self.route = _Route(order, send_splits, recv_splits, to_row, peak)
         return self
 
     def update(self, step: int | None = None) -> None:

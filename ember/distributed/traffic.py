@@ -7,8 +7,8 @@ Per step and rank, with N ranks, a table t of dim ``d_t`` whose unique IDs in th
 of the batch number ``U_t`` (at most ``B/N x`` IDs per sample, fewer after dedupe), and a group
 (tables exchanged together) of ``T_g`` tables:
 
-- ``counts = sum_g (8 T_g + 4 d_g ceil(T_g / d_g)) (N-1)`` (split sizes swapped before each
-  group's IDs, and the reached flags riding after each destination's gradients: a block of
+- ``counts = sum_g (8 (T_g + 1) + 4 d_g ceil(T_g / d_g)) (N-1)`` (split sizes swapped before each
+  group's IDs with the rank's largest send, which sets the pieces of the large all-to-alls, and the reached flags riding after each destination's gradients: a block of
   rows of the group's width d_g, which tables reached the loss on this rank);
 - ``ids = 8 sum_t U_t (N-1)/N`` (an ID is owned elsewhere with probability (N-1)/N, row-wise by
   hash; table-wise the same on average over ranks);
@@ -51,14 +51,14 @@ def predict_bytes(groups: Sequence[Sequence[TableLoad]], world_size: int, dense_
     Example:
         >>> b = predict_bytes([[TableLoad(100, 16), TableLoad(50, 16)]], 2, dense_params=1000)
         >>> b["ids"], b["rows"], b["counts"], b["dense"]
-        (600.0, 4800.0, 80.0, 4000.0)
+        (600.0, 4800.0, 88.0, 4000.0)
     """
     n = world_size
     away = (n - 1) / n
     tables = [t for g in groups for t in g]
     flags = [VALUE_BYTES * g[0].dim * -(-len(g) // g[0].dim) if g else 0 for g in groups]
     out = {
-        "counts": float(sum((ID_BYTES * len(g) + f) * (n - 1) for g, f in zip(groups, flags))),
+        "counts": float(sum((ID_BYTES * (len(g) + 1) + f) * (n - 1) for g, f in zip(groups, flags))),
         "ids": ID_BYTES * sum(t.unique for t in tables) * away,
         "rows": VALUE_BYTES * sum(t.unique * t.dim for t in tables) * away,
     }

@@ -33,7 +33,7 @@ CONFIG = {
 def test_predict_bytes_by_hand():
     """Two groups on 4 ranks: every term of the module docstring's formulas."""
     b = predict_bytes([[TableLoad(40, 8), TableLoad(20, 8)], [TableLoad(10, 1)]], 4, dense_params=100)
-    assert b["counts"] == (8 * 2 + 4 * 8) * 3 + (8 * 1 + 4 * 1) * 3  # split sizes + a block of reached flags
+    assert b["counts"] == (8 * (2 + 1) + 4 * 8) * 3 + (8 * (1 + 1) + 4 * 1) * 3  # split sizes, the peak, a block of reached flags
     assert b["ids"] == pytest.approx(8 * 70 * 0.75)
     assert b["rows"] == b["grads"] == pytest.approx(4 * (60 * 8 + 10) * 0.75)
     assert b["dense"] == pytest.approx(2 * 0.75 * 400)
