@@ -1,6 +1,7 @@
 """Read + featurize of Criteo-shaped batches (issue 29, item 3): milliseconds per 4,096 rows from
 Parquet and from CSV, the buffer path (categorical values hashed straight from Arrow's buffers in
-the native core, integer columns without copies) against the reference path, paired.
+the native core, all single-valued sparse columns in one call, ``_native.featurize_ids``, and
+integer columns without copies) against the reference path, paired.
 
 Two workloads, each written once as Parquet and as CSV (``--rows`` rows, into ``--data-dir``):
 
@@ -14,7 +15,7 @@ Each variant reads the file with ember's own readers (``Source.open`` of ``ember
 Parquet ``read_rows`` 4,096, CSV blocks of about 4,096 rows) and featurizes every block with
 ``Featurizer``; the reference variant has the featurizer call the reference functions
 (``hash_array_reference``, Arrow's casts for string IDs and counts, and the transforms'
-general paths) on CSV read as text. The buffer path reads CSV with typed columns
+general paths, column by column: ``Featurizer.one_pass = False``) on CSV read as text. The buffer path reads CSV with typed columns
 (``featurizer.read_types``, as the loader does); for CSV a third variant, ``text``, is the buffer
 path on CSV read as text (every column a string: the reader before typed reads). The variants
 run in this one process on the same blocks, step by step, the first of each step rotating; per block, time =
@@ -86,9 +87,11 @@ def reference_paths() -> Iterator[None]:
         setattr(featurizer_module, k, fn)
     for k in buffer_paths:  # string columns: the general paths (Arrow's casts)
         setattr(transforms_module, k, lambda arr: None)
+    Featurizer.one_pass = False  # column by column
     try:
         yield
     finally:
+        Featurizer.one_pass = True
         for k, fn in saved.items():
             setattr(featurizer_module, k, fn)
         for k, fn in buffer_paths.items():

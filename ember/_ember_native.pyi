@@ -130,5 +130,11 @@ def arrow_hash_ints(values: object, validity: object, off: int, n: int, width: i
 # uint8 [n] (0 ID, 1 missing, 2 bad); returns the bad count, or -1 for a byte other than 0-9 or -
 def arrow_parse_ints(offsets: object, data: object, validity: object, off: int, n: int, width: int, out: np.ndarray,
                      state: np.ndarray, /) -> int: ...
+# a record batch's single-valued sparse columns in one pass, GIL released: columns a list of
+# (kind 0 ints / 1 hashed strings, values or offsets, data, validity, off, width, signed, hash,
+# salt, listed tuple); kept values of column c after those before it in out_values int64 [>= C*n],
+# out_lengths int64 [C*n] 0/1, out_offsets int64 [C, n+1], out_counts int64 [C]; returns the total
+def featurize_ids(columns: list[tuple[int, object, object, object, int, int, bool, bool, int, tuple[object, ...]]], n: int,
+                  out_values: np.ndarray, out_lengths: np.ndarray, out_offsets: np.ndarray, out_counts: np.ndarray, /) -> int: ...
 # flags of what a typed CSV read takes differently from the text path: 1 'x'/'X', 2 '(', 4 20+ digits in a row
 def csv_hazards(data: bytes, /) -> int: ...

@@ -42,7 +42,7 @@ import torch
 from ember.mix import mix64
 
 __all__ = [
-    "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_hazards", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
+    "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_hazards", "featurize_ids", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
     "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
@@ -841,6 +841,65 @@ def _arrow_parse_ints_py(offsets: object, data: object, validity: object, off: i
     out[:] = np.asarray(pc.cast(text, pa.int64()), dtype=np.int64)
     state[:] = np.where(missing, 1, np.where(ok, 0, 2))
     return int((state == 2).sum())
+
+
+def featurize_ids(columns: list[tuple], n: int, out_values: np.ndarray, out_lengths: np.ndarray,
+                  out_offsets: np.ndarray, out_counts: np.ndarray) -> int:
+    """The single-valued sparse columns of one record batch in one pass over their Arrow buffers
+    (``ember.featurize.featurizer``). Each column is ``(kind, values, data, validity, off, width,
+    signed, hash, salt, listed)``: kind 0 an integer array (``values`` its ``width``-byte
+    integers, ``signed`` or not, ``data`` b""), kind 1 a hashed (large_)string or binary array
+    (``values`` its int32/int64 offsets, ``width`` 4 or 8, ``data`` its bytes); ``validity`` the
+    bitmap or b"", ``off`` the array's offset. A value is kept unless null or ``listed`` (a tuple
+    of bytes for kind 1; of integers for kind 0, compared as the 64-bit pattern of the sign- or
+    zero-extended value) and becomes ``hash`` ? its ID (``arrow_hash_strings`` /
+    ``arrow_hash_ints`` with ``salt``) : the integer. Column c's kept values go to ``out_values``
+    (int64 [>= C * n]) after those of the columns before it, ``out_counts[c]`` of them;
+    ``out_lengths`` (int64 [C * n]) gets each row's 0 or 1, ``out_offsets`` (int64 [C, n + 1])
+    their running sums. Returns the values kept."""
+    c = len(columns)
+    if (out_values.dtype != np.int64 or out_values.size < c * n or out_lengths.dtype != np.int64
+            or out_lengths.shape != (c * n,) or out_offsets.dtype != np.int64 or out_offsets.shape != (c, n + 1)
+            or out_counts.dtype != np.int64 or out_counts.shape != (c,)):
+        raise ValueError("featurize_ids: out_values int64 [>= C * n], out_lengths int64 [C * n], "
+                         "out_offsets int64 [C, n + 1], out_counts int64 [C]")
+    if _core is None:
+        return _featurize_ids_py(columns, n, out_values, out_lengths, out_offsets, out_counts)
+    return int(_core.featurize_ids(columns, n, out_values, out_lengths, out_offsets, out_counts))
+
+
+def _featurize_ids_py(columns: list[tuple], n: int, out_values: np.ndarray, out_lengths: np.ndarray,
+                      out_offsets: np.ndarray, out_counts: np.ndarray) -> int:
+    total = 0
+    ids, valid = np.empty(n, np.int64), np.empty(n, np.bool_)
+    for c, (kind, values, data, validity, off, width, signed, hashed, salt, listed) in enumerate(columns):
+        if kind == 1:
+            if not hashed:
+                raise ValueError("featurize_ids: a string column (kind 1) must be hashed")
+            _arrow_hash_strings_py(values, data, validity, off, n, width, salt, ids, valid)
+            if listed:
+                arr = _binary_from_buffers("featurize_ids", values, data, off, n, width)
+                valid &= ~np.asarray(pc.fill_null(pc.is_in(arr, value_set=pa.array(list(listed), arr.type)), False), dtype=bool)
+        elif kind == 0:
+            if width not in (1, 2, 4, 8):
+                raise ValueError("featurize_ids: an integer column's width must be 1, 2, 4 or 8 bytes")
+            present = _present(validity, off, n)
+            v = np.frombuffer(values, np.dtype(f"{'i' if signed else 'u'}{width}"), count=off + n)[off:]  # type: ignore[call-overload]
+            bits = v.astype(np.int64).view(np.uint64)  # sign- or zero-extended; uint64 keeps its bits
+            valid[:] = present
+            if listed:
+                valid &= ~np.isin(bits, np.array([x & (2**64 - 1) for x in listed], np.uint64))
+            ids[:] = mix64(bits ^ np.uint64(salt)).view(np.int64) if hashed else bits.view(np.int64)
+        else:
+            raise ValueError(f"featurize_ids: column kind must be 0 (integers) or 1 (strings), got {kind}")
+        kept = ids[valid]
+        out_values[total : total + kept.size] = kept
+        out_lengths[c * n : (c + 1) * n] = valid
+        out_offsets[c, 0] = 0
+        np.cumsum(valid, out=out_offsets[c, 1:])
+        out_counts[c] = kept.size
+        total += kept.size
+    return total
 
 
 CSV_HEX, CSV_PAREN, CSV_LONG_DIGITS = 1, 2, 4  # csv_hazards' flags

@@ -1530,6 +1530,164 @@ done:
     return res;
 }
 
+/* featurize_ids(columns, n, out_values, out_lengths, out_offsets, out_counts) -> total: the
+ * single-valued sparse columns of one record batch (ember.featurize.featurizer) in one call, the
+ * GIL released. Each column is a tuple (kind, values, data, validity, off, width, signed, hash,
+ * salt, listed): kind 0 an integer array (values: its width-byte integers, data b""), kind 1 a
+ * (large_)string or binary one (values: its int32/int64 offsets, width 4/8; data: its bytes);
+ * validity and off as for arrow_hash_strings. A value is kept unless null or listed (listed: a
+ * tuple of bytes for kind 1, compared as bytes; of integers, as 64-bit patterns of the
+ * sign/zero-extended value, for kind 0); a kept value becomes hash ? its ID (arrow_hash_*'s
+ * hash) : the integer itself. Column c's kept values go to out_values (int64) one after the
+ * other, after the columns before it (out_counts[c]: how many); out_lengths int64 [C * n] is
+ * 0/1 per row, out_offsets int64 [C, n + 1] their running sums (from 0). */
+#define FZ_MAX_LISTED 16
+typedef struct {
+    Py_buffer vals, data, valid;
+    int held;  /* buffers acquired: 0 or 3 */
+    int kind, is_signed, hash, n_listed;
+    Py_ssize_t off, width;
+    unsigned long long salt;
+    const uint8_t *listed[FZ_MAX_LISTED];
+    Py_ssize_t listed_len[FZ_MAX_LISTED];
+    uint64_t listed_int[FZ_MAX_LISTED];
+} fz_column;
+
+static int fz_parse_column(PyObject *item, Py_ssize_t n, fz_column *c) {
+    PyObject *listed;
+    c->held = 0;
+    if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "iy*y*y*nnppKO!", &c->kind, &c->vals, &c->data, &c->valid,
+                                                  &c->off, &c->width, &c->is_signed, &c->hash, &c->salt,
+                                                  &PyTuple_Type, &listed)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ember native featurize_ids: a column is a tuple");
+        return 0;
+    }
+    c->held = 3;
+    Py_ssize_t k = PyTuple_GET_SIZE(listed);
+    int ok = c->off >= 0 && (c->valid.len == 0 || c->valid.len * 8 >= c->off + n) && k <= FZ_MAX_LISTED;
+    if (c->kind == 0)
+        ok = ok && (c->width == 1 || c->width == 2 || c->width == 4 || c->width == 8) && c->vals.len >= (c->off + n) * c->width;
+    else
+        ok = ok && c->kind == 1 && c->hash && (c->width == 4 || c->width == 8) && c->vals.len >= (c->off + n + 1) * c->width;
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "ember native featurize_ids: a column must be kind 0 (integers of width 1, 2, 4, 8: "
+                     "off + n of them) or 1 (hashed strings, offsets of width 4 or 8: off + n + 1 of them), validity "
+                     "covering off + n bits or empty, at most %d listed values", FZ_MAX_LISTED);
+        return 0;
+    }
+    c->n_listed = (int)k;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *v = PyTuple_GET_ITEM(listed, i);
+        if (c->kind == 1) {
+            char *p;
+            if (!PyBytes_Check(v) || PyBytes_AsStringAndSize(v, &p, &c->listed_len[i]) < 0) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ember native featurize_ids: a string column's listed values are bytes");
+                return 0;
+            }
+            c->listed[i] = (const uint8_t *)p;  /* the tuple (an argument) keeps it alive */
+        } else {
+            c->listed_int[i] = PyLong_AsUnsignedLongLongMask(v);
+            if (PyErr_Occurred()) return 0;
+        }
+    }
+    return 1;
+}
+
+static inline uint64_t fz_hash_bytes(const uint8_t *p, uint64_t len, uint64_t salt) {
+    uint64_t z = mix64(salt ^ ((len + 1) * 0x9E3779B97F4A7C15ULL)), k = 0;
+    for (; k + 8 <= len; k += 8) z = mix64(z ^ load_le64(p + k));
+    if (k < len) {
+        uint64_t w = 0;
+        for (uint64_t c = 0; k + c < len; c++) w |= (uint64_t)p[k + c] << (8 * c);
+        z = mix64(z ^ w);
+    }
+    return z;
+}
+
+/* one column: returns the values kept, or -1 - i when value i's offsets leave the data */
+static Py_ssize_t fz_column_run(const fz_column *c, Py_ssize_t n, int64_t *vo, int64_t *lens, int64_t *offs) {
+    const uint8_t *vb = c->valid.buf, *raw = c->vals.buf, *d = c->data.buf;
+    const int32_t *o4 = c->vals.buf;
+    const int64_t *o8 = c->vals.buf;
+    int has_valid = c->valid.len != 0, nl = c->n_listed;
+    Py_ssize_t kept = 0, dlen = c->data.len;
+    uint64_t salt = c->salt;
+    offs[0] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t j = c->off + i;
+        int keep = !has_valid || ((vb[j >> 3] >> (j & 7)) & 1);
+        uint64_t id = 0;
+        if (keep && c->kind == 1) {
+            int64_t a = c->width == 4 ? (int64_t)o4[j] : o8[j];
+            int64_t b = c->width == 4 ? (int64_t)o4[j + 1] : o8[j + 1];
+            if (a < 0 || b < a || b > dlen) return -1 - i;
+            const uint8_t *p = d + a;
+            Py_ssize_t len = (Py_ssize_t)(b - a);
+            for (int t = 0; t < nl; t++)
+                if (c->listed_len[t] == len && (len == 0 || memcmp(c->listed[t], p, (size_t)len) == 0)) { keep = 0; break; }
+            if (keep) id = fz_hash_bytes(p, (uint64_t)len, salt);
+        } else if (keep) {
+            uint64_t v;
+            switch (c->width) {
+            case 1: v = c->is_signed ? (uint64_t)(int64_t)((const int8_t *)raw)[j] : ((const uint8_t *)raw)[j]; break;
+            case 2: v = c->is_signed ? (uint64_t)(int64_t)((const int16_t *)raw)[j] : ((const uint16_t *)raw)[j]; break;
+            case 4: v = c->is_signed ? (uint64_t)(int64_t)((const int32_t *)raw)[j] : ((const uint32_t *)raw)[j]; break;
+            default: v = ((const uint64_t *)raw)[j]; break;
+            }
+            for (int t = 0; t < nl; t++)
+                if (c->listed_int[t] == v) { keep = 0; break; }
+            id = c->hash ? mix64(v ^ salt) : v;
+        }
+        if (keep) vo[kept++] = (int64_t)id;
+        lens[i] = keep;
+        offs[i + 1] = kept;
+    }
+    return kept;
+}
+
+static PyObject *featurize_ids(PyObject *self, PyObject *args) {
+    PyObject *columns;
+    Py_ssize_t n;
+    Py_buffer out, lens, offs, counts;
+    if (!PyArg_ParseTuple(args, "O!nw*w*w*w*", &PyList_Type, &columns, &n, &out, &lens, &offs, &counts)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t nc = PyList_GET_SIZE(columns), got = 0;
+    fz_column *cols = PyMem_Calloc(nc ? (size_t)nc : 1, sizeof(fz_column));
+    if (!cols) { PyErr_NoMemory(); goto done; }
+    if (n < 0 || out.len < nc * n * 8 || lens.len != nc * n * 8 || offs.len != nc * (n + 1) * 8 || counts.len != nc * 8) {
+        PyErr_SetString(PyExc_ValueError, "ember native featurize_ids: out_values int64 [>= C * n], out_lengths int64 "
+                                          "[C * n], out_offsets int64 [C, n + 1], out_counts int64 [C] for C columns");
+        goto done;
+    }
+    for (; got < nc; got++)
+        if (!fz_parse_column(PyList_GET_ITEM(columns, got), n, &cols[got])) { got += cols[got].held ? 1 : 0; goto done; }
+    {
+        int64_t *vo = out.buf, *lp = lens.buf, *op = offs.buf, *cp = counts.buf;
+        Py_ssize_t total = 0, bad = 0, bad_col = -1;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t c = 0; c < nc; c++) {
+            Py_ssize_t kept = fz_column_run(&cols[c], n, vo + total, lp + c * n, op + c * (n + 1));
+            if (kept < 0) { bad = -1 - kept; bad_col = c; break; }
+            cp[c] = kept;
+            total += kept;
+        }
+        Py_END_ALLOW_THREADS
+        if (bad_col >= 0) {
+            PyErr_Format(PyExc_ValueError, "ember native featurize_ids: column %zd: offsets of value %zd out of the data's range", bad_col, bad);
+            goto done;
+        }
+        res = PyLong_FromSsize_t(total);
+    }
+done:
+    if (cols) {
+        for (Py_ssize_t c = 0; c < got; c++)
+            if (cols[c].held) { PyBuffer_Release(&cols[c].vals); PyBuffer_Release(&cols[c].data); PyBuffer_Release(&cols[c].valid); }
+        PyMem_Free(cols);
+    }
+    PyBuffer_Release(&out); PyBuffer_Release(&lens); PyBuffer_Release(&offs); PyBuffer_Release(&counts);
+    return res;
+}
+
 /* csv_hazards(data) -> flags: what in a block of CSV text a typed read (pyarrow's CSV number
  * parsers) would take differently from ember's text path (ember.source.csv): 1 = an 'x' or 'X'
  * byte (Arrow reads "0x1f" as an integer), 2 = a '(' (Arrow reads "nan(1)" as NaN), 4 = a run
@@ -1586,6 +1744,8 @@ static PyMethodDef methods[] = {
      "arrow_hash_ints(values, validity, off, n, width, signed, salt, out, out_valid) -> nulls"},
     {"arrow_parse_ints", arrow_parse_ints, METH_VARARGS,
      "arrow_parse_ints(offsets, data, validity, off, n, width, out, state) -> bad or -1"},
+    {"featurize_ids", featurize_ids, METH_VARARGS,
+     "featurize_ids(columns, n, out_values, out_lengths, out_offsets, out_counts) -> total"},
     {"csv_hazards", csv_hazards, METH_VARARGS, "csv_hazards(data) -> flags"},
     {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r) -> found"},
     {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, free_at, r) -> inserted"},

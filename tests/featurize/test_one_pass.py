@@ -1,0 +1,221 @@
+"""The featurizer's one-pass path (``_native.featurize_ids`` for the single-valued sparse columns,
+one ``dense_transform`` per run of like dense features) gives bit-identical batches to the
+column-by-column reference (``Featurizer.one_pass = False``) on fuzzed record batches: every
+integer width, (large_)string and binary columns, nulls, empty strings, listed missing values,
+sliced arrays, bad rows (raised or skipped) and features the one pass does not take. Runs on the
+native core, and on its numpy fallback under EMBER_NATIVE=0."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from ember import _native
+from ember.errors import DataError
+from ember.featurize import featurizer as featurizer_module
+from ember.featurize.featurizer import Featurizer
+from ember.featurize.schema import Schema
+from ember.source.bad_rows import BadRowReport
+
+INT_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]
+STRING_TYPES = [pa.string(), pa.large_string(), pa.binary(), pa.large_binary()]
+MISSING = ["", "-1", "0", "abc", "7", "18446744073709551615", " 3"]
+
+
+def _ints(rng: np.random.Generator, typ: pa.DataType, n: int) -> pa.Array:
+    info = np.iinfo(typ.to_pandas_dtype())
+    small = rng.integers(-3, 10, n)  # hits the listed integers
+    wide = rng.integers(max(info.min, -(2**63)), min(info.max, 2**63 - 1), n, endpoint=True, dtype=np.int64)
+    vals = np.where(rng.random(n) < 0.5, small, wide)
+    vals = np.clip(vals, info.min, min(info.max, 2**63 - 1)).astype(typ.to_pandas_dtype())
+    if typ == pa.uint64():
+        vals[rng.random(n) < 0.1] = info.max  # past int64
+    return pa.array(vals, typ, mask=rng.random(n) < 0.15)
+
+
+def _strings(rng: np.random.Generator, typ: pa.DataType, n: int) -> pa.Array:
+    out: list[object] = []
+    for _ in range(n):
+        r = rng.random()
+        if r < 0.12:
+            out.append(None)
+        elif r < 0.25:
+            out.append("")
+        elif r < 0.35:
+            out.append(str(rng.choice(MISSING)))
+        else:
+            k = int(rng.choice([1, 7, 8, 9, 16, 17, 40]))
+            out.append("".join(rng.choice(list("abc0123456789é"), size=k)))
+    if pa.types.is_binary(typ) or pa.types.is_large_binary(typ):
+        out = [v if v is None else str(v).encode() for v in out]
+    return pa.array(out, typ)
+
+
+def _numbers(rng: np.random.Generator, n: int, bad: bool) -> pa.Array:
+    words = ["1", "0", "", "3", "12", "-2", "5.5", "nan"] + (["oops", "inf"] if bad else [])
+    return pa.array([str(rng.choice(words)) for _ in range(n)])
+
+
+def _case(seed: int, bad: bool) -> tuple[Schema, pa.RecordBatch]:
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 300))
+    cols: dict[str, pa.Array] = {"y": pa.array(rng.integers(0, 2, n).astype(str).tolist())}
+    if bad:
+        cols["y"] = pa.array([v if rng.random() > 0.05 else "2" for v in cols["y"].to_pylist()])
+    sparse: list[dict] = []
+    for k, typ in enumerate(INT_TYPES + STRING_TYPES):
+        name = f"c{k}"
+        is_int = pa.types.is_integer(typ)
+        cols[name] = _ints(rng, typ, n) if is_int else _strings(rng, typ, n)
+        f: dict = {"name": name}
+        if is_int and typ != pa.uint64() and rng.random() < 0.5:  # uint64 IDs past int64: parse_ints raises
+            f["hash_ids"] = False
+        if rng.random() < 0.6:
+            f["missing_values"] = [str(v) for v in rng.choice(MISSING, size=int(rng.integers(1, 4)), replace=False)]
+        if rng.random() < 0.3:
+            f["salt"] = f"s{k}"
+        sparse.append(f)
+    # features the one pass leaves to the column-by-column path
+    cols["sep"] = pa.array(["a|b", "", None, "c||d"] * (n // 4) + ["x"] * (n % 4))
+    sparse.append({"name": "sep", "separator": "|", "max_length": 1})
+    cols["txt"] = pa.array([str(v) for v in rng.integers(-5, 5, n)])
+    sparse.append({"name": "txt", "hash_ids": False})
+    cols["dic"] = pa.array(rng.choice(["p", "q", ""], n)).dictionary_encode()
+    sparse.append({"name": "dic"})
+    dense = []
+    for j in range(5):
+        cols[f"d{j}"] = _numbers(rng, n, bad and j == 2) if j % 2 else _ints(rng, pa.int32(), n)
+        dense.append({"name": f"d{j}", "log1p": j < 3, "fill": float(j == 4), "clip": [None, 50] if j == 3 else None})
+    schema = Schema.parse({"labels": ["y"], "dense": dense, "sparse": sparse})
+    batch = pa.record_batch(cols)
+    if rng.random() < 0.5 and n > 2:  # an offset into shared buffers, validity bits not byte-aligned
+        a = int(rng.integers(1, n))
+        batch = batch.slice(a, n - a)
+    return schema, batch
+
+
+def _both(schema: Schema, batch: pa.RecordBatch, policy: str = "error"):
+    reference = Featurizer(schema, BadRowReport(policy))
+    reference.one_pass = False
+    fast = Featurizer(schema, BadRowReport(policy))
+    return fast, reference
+
+
+def _assert_same(a, b) -> None:
+    assert a.dense.numpy().tobytes() == b.dense.numpy().tobytes()
+    assert a.labels.numpy().tobytes() == b.labels.numpy().tobytes()
+    assert a.sparse.keys == b.sparse.keys
+    assert a.sparse.values.dtype == b.sparse.values.dtype and a.sparse.lengths.dtype == b.sparse.lengths.dtype
+    np.testing.assert_array_equal(a.sparse.values.numpy(), b.sparse.values.numpy())
+    np.testing.assert_array_equal(a.sparse.lengths.numpy(), b.sparse.lengths.numpy())
+    assert (a.sparse.weights is None) == (b.sparse.weights is None)
+    if a.sparse.weights is not None:
+        assert a.sparse.weights.numpy().tobytes() == b.sparse.weights.numpy().tobytes()
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_one_pass_equals_the_column_by_column_reference(seed):
+    schema, batch = _case(seed, bad=False)
+    fast, reference = _both(schema, batch)
+    rows, ref_rows = fast(batch), reference(batch)
+    _assert_same(rows.to_batch(), ref_rows.to_batch())
+    for v, o, rv, ro in zip(rows.values, rows.offsets, ref_rows.values, ref_rows.offsets):  # Rows' own layout too
+        np.testing.assert_array_equal(v, rv)
+        np.testing.assert_array_equal(o, ro)
+    idx = np.random.default_rng(seed).permutation(len(rows))  # row operations on the packed rows
+    _assert_same(rows.take(idx).to_batch(), ref_rows.take(idx).to_batch())
+    _assert_same(rows.slice(1, 5).to_batch(), ref_rows.slice(1, 5).to_batch())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_bad_rows_skip_and_raise_alike(seed):
+    schema, batch = _case(100 + seed, bad=True)
+    fast, reference = _both(schema, batch, "skip")
+    _assert_same(fast(batch).to_batch(), reference(batch).to_batch())
+    assert fast.report.counts == reference.report.counts
+    fast, reference = _both(schema, batch, "error")
+    errors = []
+    for f in (fast, reference):
+        try:
+            f(batch, "f.csv")
+            errors.append(None)
+        except DataError as e:
+            errors.append(str(e))
+    assert errors[0] == errors[1]
+
+
+def test_all_single_valued_columns_pack_and_the_batch_takes_them_without_a_copy():
+    schema = Schema.parse({"labels": ["y"], "sparse": [{"name": "a"}, {"name": "b", "hash_ids": False}],
+                           "missing_values": ["", "-1"]})
+    batch = pa.record_batch({"y": pa.array([1, 0, 1], pa.int8()), "a": pa.array(["x", "", None]),
+                             "b": pa.array([5, -1, None], pa.int64())})
+    rows = Featurizer(schema)(batch)
+    assert rows.packed is not None
+    b = rows.to_batch()
+    assert b.sparse.lengths.tolist() == [1, 0, 0, 1, 0, 0] and b.sparse.values.tolist()[1:] == [5]
+    assert b.sparse.values.numpy().ctypes.data == rows.packed[0].ctypes.data
+    assert rows.take(np.array([0])).packed is None
+
+
+def test_columns_the_one_pass_leaves_are_logged_once(caplog):
+    featurizer_module._said.clear()
+    schema = Schema.parse({"labels": ["y"], "sparse": [{"name": "t", "separator": "|"}, {"name": "u", "separator": ","}]})
+    batch = pa.record_batch({"y": ["1"], "t": ["a|b"], "u": ["c"]})
+    with caplog.at_level(logging.INFO, logger="ember"):
+        Featurizer(schema)(batch)
+        Featurizer(schema)(batch)
+    said = [r.getMessage() for r in caplog.records if "column by column" in r.getMessage()]
+    assert len(said) == 1 and "'t'" in said[0] and "separator" in said[0]
+
+
+def _fuzz_columns(rng: np.random.Generator, n: int) -> list[tuple]:
+    cols = []
+    for typ in INT_TYPES + STRING_TYPES:
+        arr = _ints(rng, typ, n + 3) if pa.types.is_integer(typ) else _strings(rng, typ, n + 3)
+        arr = arr.slice(3)
+        bufs = arr.buffers()
+        validity = bufs[0] if bufs[0] is not None and arr.null_count else b""
+        hashed = not pa.types.is_integer(typ) or bool(rng.random() < 0.5)
+        if pa.types.is_integer(typ):
+            listed = tuple(int(v) & (2**64 - 1) for v in rng.integers(-2, 8, 3))
+            cols.append((0, bufs[1], b"", validity, arr.offset, typ.bit_width // 8, pa.types.is_signed_integer(typ),
+                         hashed, int(rng.integers(0, 2**63)), listed))
+        else:
+            listed = tuple(str(v).encode() for v in rng.choice(MISSING, 2, replace=False))
+            cols.append((1, bufs[1], bufs[2] if bufs[2] is not None else b"", validity, arr.offset,
+                         8 if pa.types.is_large_string(typ) or pa.types.is_large_binary(typ) else 4, True, True,
+                         int(rng.integers(0, 2**63)), listed))
+    return cols
+
+
+@pytest.mark.skipif(not _native.is_available(), reason="needs the native core")
+@pytest.mark.parametrize("seed", range(6))
+def test_native_featurize_ids_equals_its_fallback(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 200))
+    cols = _fuzz_columns(rng, n)
+    outs = []
+    for fn in (_native.featurize_ids, _native._featurize_ids_py):
+        c = len(cols)
+        out = np.full(c * n, -7, np.int64)
+        lengths, offs, counts = np.empty(c * n, np.int64), np.empty((c, n + 1), np.int64), np.empty(c, np.int64)
+        total = fn(cols, n, out, lengths, offs, counts)
+        outs.append((total, out[:total].copy(), lengths, offs, counts))
+    (t1, v1, l1, o1, c1), (t2, v2, l2, o2, c2) = outs
+    assert t1 == t2 == int(c1.sum())
+    for a, b in ((v1, v2), (l1, l2), (o1, o2), (c1, c2)):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.skipif(not _native.is_available(), reason="needs the native core")
+def test_native_featurize_ids_refuses_offsets_past_the_data():
+    offsets = np.array([0, 2, 50], np.int32)
+    col = (1, offsets.tobytes(), b"abcd", b"", 0, 4, True, True, 1, ())
+    out, lengths, offs, counts = np.empty(2, np.int64), np.empty(2, np.int64), np.empty((1, 3), np.int64), np.empty(1, np.int64)
+    with pytest.raises(ValueError, match="out of the data's range"):
+        _native.featurize_ids([col], 2, out, lengths, offs, counts)
+    with pytest.raises(ValueError, match="kind 0"):
+        _native.featurize_ids([(1, offsets.tobytes(), b"abcd", b"", 0, 4, True, False, 1, ())], 2, out, lengths, offs, counts)
