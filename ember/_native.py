@@ -848,15 +848,19 @@ def featurize_ids(columns: list[tuple], n: int, out_values: np.ndarray, out_leng
     """The single-valued sparse columns of one record batch in one pass over their Arrow buffers
     (``ember.featurize.featurizer``). Each column is ``(kind, values, data, validity, off, width,
     signed, hash, salt, listed)``: kind 0 an integer array (``values`` its ``width``-byte
-    integers, ``signed`` or not, ``data`` b""), kind 1 a hashed (large_)string or binary array
-    (``values`` its int32/int64 offsets, ``width`` 4 or 8, ``data`` its bytes); ``validity`` the
-    bitmap or b"", ``off`` the array's offset. A value is kept unless null or ``listed`` (a tuple
-    of bytes for kind 1; of integers for kind 0, compared as the 64-bit pattern of the sign- or
-    zero-extended value) and becomes ``hash`` ? its ID (``arrow_hash_strings`` /
-    ``arrow_hash_ints`` with ``salt``) : the integer. Column c's kept values go to ``out_values``
-    (int64 [>= C * n]) after those of the columns before it, ``out_counts[c]`` of them;
-    ``out_lengths`` (int64 [C * n]) gets each row's 0 or 1, ``out_offsets`` (int64 [C, n + 1])
-    their running sums. Returns the values kept."""
+    integers, ``signed`` or not, ``data`` b""), kind 1 a hashed (large_)string or binary array,
+    kind 2 a string array of decimal integer IDs, not hashed (``values`` its int32/int64 offsets,
+    ``width`` 4 or 8, ``data`` its bytes); ``validity`` the bitmap or b"", ``off`` the array's
+    offset. A value is kept unless null, ``listed`` (a tuple of bytes for kinds 1 and 2; of
+    integers for kind 0, compared as the 64-bit pattern of the sign- or zero-extended value) or,
+    for kind 2, empty; it becomes ``hash`` ? its ID (``arrow_hash_strings`` / ``arrow_hash_ints``
+    with ``salt``) : the integer (kind 2: as ``arrow_parse_ints`` reads it). Column c's kept
+    values go to ``out_values`` (int64 [>= C * n]) after those of the columns before it,
+    ``out_counts[c]`` of them; ``out_lengths`` (int64 [C * n]) gets each row's 0 or 1,
+    ``out_offsets`` (int64 [C, n + 1]) their running sums. A kind 2 column with a value that is
+    no ID (a byte other than 0-9 and ``-``, or a bad ID; listed values aside) is declined:
+    ``out_counts[c]`` = -1, nothing of it kept (its lengths and offsets are left undefined), for
+    the caller's general path. Returns the values kept."""
     c = len(columns)
     if (out_values.dtype != np.int64 or out_values.size < c * n or out_lengths.dtype != np.int64
             or out_lengths.shape != (c * n,) or out_offsets.dtype != np.int64 or out_offsets.shape != (c, n + 1)
@@ -873,7 +877,31 @@ def _featurize_ids_py(columns: list[tuple], n: int, out_values: np.ndarray, out_
     total = 0
     ids, valid = np.empty(n, np.int64), np.empty(n, np.bool_)
     for c, (kind, values, data, validity, off, width, signed, hashed, salt, listed) in enumerate(columns):
-        if kind == 1:
+        if kind == 2:
+            if hashed:
+                raise ValueError("featurize_ids: a column of integer IDs as text (kind 2) is not hashed")
+            present = _present(validity, off, n)
+            arr = _binary_from_buffers("featurize_ids", values, data, off, n, width)
+            listed_mask = np.zeros(n, bool)
+            if listed:
+                listed_mask = np.asarray(pc.fill_null(pc.is_in(arr, value_set=pa.array(list(listed), arr.type)), False), dtype=bool)
+            empty = np.asarray(pc.binary_length(arr), dtype=np.int64) == 0
+            asked = present & ~listed_mask & ~empty
+            if not asked.any():
+                valid[:] = False
+                ids[:] = 0
+            else:
+                ok = np.asarray(pc.fill_null(pc.match_substring_regex(arr, _INT_TOKEN), False), dtype=bool)
+                for i in np.flatnonzero(ok & asked & (np.asarray(pc.binary_length(arr), dtype=np.int64) >= 19)):
+                    ok[i] = -(2**63) <= int(arr[int(i)].as_py()) < 2**63  # 19 digits may pass int64's range
+                if (asked & ~ok).any():  # not an ID: the caller's general path judges the column
+                    out_counts[c] = -1
+                    continue
+                text = pc.if_else(pa.array(asked), arr, pa.scalar(b"0", arr.type))
+                ids[:] = np.asarray(pc.cast(text.cast(pa.large_string() if width == 8 else pa.string()), pa.int64()),
+                                    dtype=np.int64)
+                valid[:] = asked
+        elif kind == 1:
             if not hashed:
                 raise ValueError("featurize_ids: a string column (kind 1) must be hashed")
             _arrow_hash_strings_py(values, data, validity, off, n, width, salt, ids, valid)
@@ -891,7 +919,8 @@ def _featurize_ids_py(columns: list[tuple], n: int, out_values: np.ndarray, out_
                 valid &= ~np.isin(bits, np.array([x & (2**64 - 1) for x in listed], np.uint64))
             ids[:] = mix64(bits ^ np.uint64(salt)).view(np.int64) if hashed else bits.view(np.int64)
         else:
-            raise ValueError(f"featurize_ids: column kind must be 0 (integers) or 1 (strings), got {kind}")
+            raise ValueError(f"featurize_ids: column kind must be 0 (integers), 1 (hashed strings) or 2 (integer IDs as "
+                             f"text), got {kind}")
         kept = ids[valid]
         out_values[total : total + kept.size] = kept
         out_lengths[c * n : (c + 1) * n] = valid

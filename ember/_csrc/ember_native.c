@@ -1534,13 +1534,17 @@ done:
  * single-valued sparse columns of one record batch (ember.featurize.featurizer) in one call, the
  * GIL released. Each column is a tuple (kind, values, data, validity, off, width, signed, hash,
  * salt, listed): kind 0 an integer array (values: its width-byte integers, data b""), kind 1 a
- * (large_)string or binary one (values: its int32/int64 offsets, width 4/8; data: its bytes);
- * validity and off as for arrow_hash_strings. A value is kept unless null or listed (listed: a
- * tuple of bytes for kind 1, compared as bytes; of integers, as 64-bit patterns of the
- * sign/zero-extended value, for kind 0); a kept value becomes hash ? its ID (arrow_hash_*'s
- * hash) : the integer itself. Column c's kept values go to out_values (int64) one after the
- * other, after the columns before it (out_counts[c]: how many); out_lengths int64 [C * n] is
- * 0/1 per row, out_offsets int64 [C, n + 1] their running sums (from 0). */
+ * (large_)string or binary one, hashed, kind 2 one of decimal integer IDs, not hashed (values:
+ * its int32/int64 offsets, width 4/8; data: its bytes); validity and off as for
+ * arrow_hash_strings. A value is kept unless null or listed (listed: a tuple of bytes for kinds
+ * 1 and 2, compared as bytes; of integers, as 64-bit patterns of the sign/zero-extended value,
+ * for kind 0), or empty for kind 2; a kept value becomes hash ? its ID (arrow_hash_*'s hash) :
+ * the integer itself (kind 2: arrow_parse_ints' ID). Column c's kept values go to out_values
+ * (int64) one after the other, after the columns before it (out_counts[c]: how many);
+ * out_lengths int64 [C * n] is 0/1 per row, out_offsets int64 [C, n + 1] their running sums
+ * (from 0). A kind 2 column holding a value that is not an ID (a byte other than 0-9 and '-', or
+ * a bad ID; listed values aside) is declined: out_counts[c] = -1, its values not kept (its
+ * lengths and offsets are then garbage), for the caller's general path. */
 #define FZ_MAX_LISTED 16
 typedef struct {
     Py_buffer vals, data, valid;
@@ -1568,17 +1572,19 @@ static int fz_parse_column(PyObject *item, Py_ssize_t n, fz_column *c) {
     if (c->kind == 0)
         ok = ok && (c->width == 1 || c->width == 2 || c->width == 4 || c->width == 8) && c->vals.len >= (c->off + n) * c->width;
     else
-        ok = ok && c->kind == 1 && c->hash && (c->width == 4 || c->width == 8) && c->vals.len >= (c->off + n + 1) * c->width;
+        ok = ok && ((c->kind == 1 && c->hash) || (c->kind == 2 && !c->hash)) && (c->width == 4 || c->width == 8)
+             && c->vals.len >= (c->off + n + 1) * c->width;
     if (!ok) {
         PyErr_Format(PyExc_ValueError, "ember native featurize_ids: a column must be kind 0 (integers of width 1, 2, 4, 8: "
-                     "off + n of them) or 1 (hashed strings, offsets of width 4 or 8: off + n + 1 of them), validity "
+                     "off + n of them), 1 (hashed strings) or 2 (integer IDs as text, not hashed) with offsets of width "
+                     "4 or 8 (off + n + 1 of them), validity "
                      "covering off + n bits or empty, at most %d listed values", FZ_MAX_LISTED);
         return 0;
     }
     c->n_listed = (int)k;
     for (Py_ssize_t i = 0; i < k; i++) {
         PyObject *v = PyTuple_GET_ITEM(listed, i);
-        if (c->kind == 1) {
+        if (c->kind != 0) {
             char *p;
             if (!PyBytes_Check(v) || PyBytes_AsStringAndSize(v, &p, &c->listed_len[i]) < 0) {
                 if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ember native featurize_ids: a string column's listed values are bytes");
@@ -1604,7 +1610,30 @@ static inline uint64_t fz_hash_bytes(const uint8_t *p, uint64_t len, uint64_t sa
     return z;
 }
 
-/* one column: returns the values kept, or -1 - i when value i's offsets leave the data */
+/* kind 2's ID: -?[0-9]{1,19} within int64 (arrow_parse_ints); 0 a bad ID, -1 a byte other
+ * than a digit or '-' */
+static inline int fz_parse_id(const uint8_t *p, const uint8_t *e, int64_t *id) {
+    int neg = *p == '-', ok = 1, digits = 0;
+    uint64_t v = 0;
+    if (neg) p++;
+    ok = p < e;
+    for (; p < e; p++) {
+        unsigned ch = *p;
+        if (ch - '0' <= 9u) {
+            if (++digits <= 19) v = v * 10 + (ch - '0');  /* 19 digits < 2^64: no wrap */
+        } else if (ch == '-') {
+            ok = 0;
+        } else {
+            return -1;
+        }
+    }
+    if (!ok || digits > 19 || v > (neg ? 9223372036854775808ULL : 9223372036854775807ULL)) return 0;
+    *id = neg ? (int64_t)(0 - v) : (int64_t)v;
+    return 1;
+}
+
+/* one column: returns the values kept, -1 - i when value i's offsets leave the data, or
+ * PY_SSIZE_T_MIN when it declines (kind 2) */
 static Py_ssize_t fz_column_run(const fz_column *c, Py_ssize_t n, int64_t *vo, int64_t *lens, int64_t *offs) {
     const uint8_t *vb = c->valid.buf, *raw = c->vals.buf, *d = c->data.buf;
     const int32_t *o4 = c->vals.buf;
@@ -1617,7 +1646,7 @@ static Py_ssize_t fz_column_run(const fz_column *c, Py_ssize_t n, int64_t *vo, i
         Py_ssize_t j = c->off + i;
         int keep = !has_valid || ((vb[j >> 3] >> (j & 7)) & 1);
         uint64_t id = 0;
-        if (keep && c->kind == 1) {
+        if (keep && c->kind != 0) {
             int64_t a = c->width == 4 ? (int64_t)o4[j] : o8[j];
             int64_t b = c->width == 4 ? (int64_t)o4[j + 1] : o8[j + 1];
             if (a < 0 || b < a || b > dlen) return -1 - i;
@@ -1625,7 +1654,14 @@ static Py_ssize_t fz_column_run(const fz_column *c, Py_ssize_t n, int64_t *vo, i
             Py_ssize_t len = (Py_ssize_t)(b - a);
             for (int t = 0; t < nl; t++)
                 if (c->listed_len[t] == len && (len == 0 || memcmp(c->listed[t], p, (size_t)len) == 0)) { keep = 0; break; }
-            if (keep) id = fz_hash_bytes(p, (uint64_t)len, salt);
+            if (keep && c->kind == 1) {
+                id = fz_hash_bytes(p, (uint64_t)len, salt);
+            } else if (keep) {
+                int64_t x = 0;
+                if (len == 0) keep = 0;  /* an empty field: missing */
+                else if (fz_parse_id(p, p + len, &x) <= 0) return PY_SSIZE_T_MIN;
+                id = (uint64_t)x;
+            }
         } else if (keep) {
             uint64_t v;
             switch (c->width) {
@@ -1667,6 +1703,7 @@ static PyObject *featurize_ids(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t c = 0; c < nc; c++) {
             Py_ssize_t kept = fz_column_run(&cols[c], n, vo + total, lp + c * n, op + c * (n + 1));
+            if (kept == PY_SSIZE_T_MIN) { cp[c] = -1; continue; }  /* declined: the next column writes over it */
             if (kept < 0) { bad = -1 - kept; bad_col = c; break; }
             cp[c] = kept;
             total += kept;

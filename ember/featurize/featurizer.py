@@ -4,8 +4,8 @@ Everything is vectorised over the batch; bad rows are found with masks, then eit
 earliest one raises :class:`~ember.errors.DataError` (file, row, column, value, fix) or all are
 dropped and counted per reason in a :class:`~ember.source.bad_rows.BadRowReport`.
 
-The single-valued sparse columns (no separator, no weights: integer columns, and string or
-binary ones that are hashed) are featurized in one pass over their Arrow buffers,
+The single-valued sparse columns (no separator, no weights: integer columns, string or binary
+ones that are hashed, string ones of integer IDs) are featurized in one pass over their Arrow buffers,
 ``_native.featurize_ids``, into one values array that ``Rows.to_batch`` hands on as it is; every
 other feature goes column by column (``Featurizer._sparse``, the reference the one pass is
 tested against: ``Featurizer.one_pass = False``), and the reason is logged once per process.
@@ -335,8 +335,10 @@ class Featurizer:
 
     def _plan(self, schema: pa.Schema) -> list[_Native]:
         """The sparse features that ``_native.featurize_ids`` takes for batches of ``schema``:
-        one value per row (no separator), no weights, a plain integer column, or a string or
-        binary one that is hashed. The others go through ``_sparse`` (logged once per reason)."""
+        one value per row (no separator), no weights, a plain integer column, a string or binary
+        one that is hashed, or a string one of integer IDs (``hash_ids: false``; a block whose
+        column holds a value that is no plain ID is declined, and that column goes through
+        ``_sparse``). The others go through ``_sparse`` (logged once per reason)."""
         if self._planned is not None and self._planned[0].equals(schema):
             return self._planned[1]
         plan = []
@@ -349,8 +351,8 @@ class Featurizer:
                 reason = "a separator or a weight column (several values a row)"
             elif len(listed) > _MAX_LISTED:
                 reason = f"more than {_MAX_LISTED} missing_values"
-            elif width is not None and not f.hash_ids:
-                reason = "integer IDs read as text (hash_ids: false on a string column: parsed by parse_ints)"
+            elif width is not None and not f.hash_ids and not (pa.types.is_string(t) or pa.types.is_large_string(t)):
+                reason = f"IDs in a {t} column with hash_ids: false (a SchemaError, raised column by column)"
             elif width is None and not pa.types.is_integer(t):
                 reason = f"a column of type {t} (not an integer, string or binary one)"
             elif width is None and not f.hash_ids and t.bit_width == 64 and not pa.types.is_signed_integer(t):
@@ -358,9 +360,9 @@ class Featurizer:
             if reason is not None:
                 _say_once(reason, f.name)
                 continue
-            if width is not None:
-                plan.append(_Native(i, f.source_column, 1, width, True, True, int(salt_key(f.salt_value)),
-                                    tuple(v.encode("utf-8") for v in listed)))
+            if width is not None:  # hashed strings (1), or integer IDs as text (2)
+                plan.append(_Native(i, f.source_column, 1 if f.hash_ids else 2, width, True, f.hash_ids,
+                                    int(salt_key(f.salt_value)) if f.hash_ids else 0, tuple(v.encode("utf-8") for v in listed)))
             else:  # is_listed's integers: the listed values that are integers within the column's type
                 info = np.iinfo(t.to_pandas_dtype())
                 ints = tuple(int(v) & (2**64 - 1) for v in listed
@@ -388,19 +390,24 @@ class Featurizer:
                 arr = arr.combine_chunks()
             bufs = arr.buffers()
             validity = bufs[0] if bufs[0] is not None and arr.null_count else b""
-            data = (bufs[2] if bufs[2] is not None else b"") if p.kind == 1 else b""
+            data = (bufs[2] if bufs[2] is not None else b"") if p.kind != 0 else b""
             cols.append((p.kind, bufs[1], data, validity, arr.offset, p.width, p.signed, p.hashed, p.salt, p.listed))
         out = _empty(c * n, np.int64)
         lengths = _empty(c * n, np.int64)
         offs = _empty(c * (n + 1), np.int64).reshape(c, n + 1)
         counts = np.empty(c, np.int64)
         total = _native.featurize_ids(cols, n, out, lengths, offs, counts)
-        start = 0
+        start, declined = 0, False
         for j, (p, k) in enumerate(zip(plan, counts.tolist())):
+            if k < 0:  # a value that is no plain integer ID: parse_ints judges it (and names bad rows)
+                _say_once("integer IDs as text with a value that is not one (blanks, signs, text, a bad ID): that "
+                          "block's column", self.schema.sparse[p.index].name)
+                declined = True
+                continue
             values[p.index] = out[start : start + k]
             offsets[p.index] = offs[j]
             start += k
-        if c == len(self.schema.sparse):
+        if c == len(self.schema.sparse) and not declined:
             return out[:total], lengths
         return None
 

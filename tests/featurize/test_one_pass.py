@@ -81,8 +81,14 @@ def _case(seed: int, bad: bool) -> tuple[Schema, pa.RecordBatch]:
     # features the one pass leaves to the column-by-column path
     cols["sep"] = pa.array(["a|b", "", None, "c||d"] * (n // 4) + ["x"] * (n % 4))
     sparse.append({"name": "sep", "separator": "|", "max_length": 1})
-    cols["txt"] = pa.array([str(v) for v in rng.integers(-5, 5, n)])
-    sparse.append({"name": "txt", "hash_ids": False})
+    words = ["", "-1", "007", "-0", "9223372036854775807", "-9223372036854775808"]
+    if bad:  # no plain ID: the block's column goes column by column (a bad row, or what blanks say)
+        words += [" 5", "+3", "9223372036854775808", "5-", "x1"]
+    for k, typ in enumerate([pa.string(), pa.large_string()]):  # integer IDs as text (hash_ids: false)
+        ids_text = [str(v) for v in rng.integers(-(2**40), 2**40, n)]
+        cols[f"txt{k}"] = pa.array([str(rng.choice(words)) if rng.random() < 0.2 else v for v in ids_text], typ,
+                                   mask=rng.random(n) < 0.1)
+        sparse.append({"name": f"txt{k}", "hash_ids": False, **({"missing_values": ["-1", "x1"]} if k else {})})
     cols["dic"] = pa.array(rng.choice(["p", "q", ""], n)).dictionary_encode()
     sparse.append({"name": "dic"})
     dense = []
@@ -171,6 +177,11 @@ def test_columns_the_one_pass_leaves_are_logged_once(caplog):
     assert len(said) == 1 and "'t'" in said[0] and "separator" in said[0]
 
 
+def hashed_strings(typ: pa.DataType, rng: np.random.Generator) -> bool:
+    """A string column hashed (kind 1), or read as integer IDs (kind 2, string types only)."""
+    return pa.types.is_binary(typ) or pa.types.is_large_binary(typ) or bool(rng.random() < 0.5)
+
+
 def _fuzz_columns(rng: np.random.Generator, n: int) -> list[tuple]:
     cols = []
     for typ in INT_TYPES + STRING_TYPES:
@@ -179,7 +190,17 @@ def _fuzz_columns(rng: np.random.Generator, n: int) -> list[tuple]:
         bufs = arr.buffers()
         validity = bufs[0] if bufs[0] is not None and arr.null_count else b""
         hashed = not pa.types.is_integer(typ) or bool(rng.random() < 0.5)
-        if pa.types.is_integer(typ):
+        if not pa.types.is_integer(typ) and not hashed_strings(typ, rng):
+            words = ["", "12", "-3", "007", "-0", "9223372036854775807", "-9223372036854775808", "-1", " 4", "5-"]
+            if rng.random() < 0.5:  # no ID: the column is declined (but a listed one is missing)
+                words += ["99999999999999999999", "9223372036854775808", "-", "+1", "1 "]
+            texts = [None if rng.random() < 0.1 else str(rng.choice(words)) for _ in range(n + 3)]
+            arr = pa.array(texts, pa.large_string() if pa.types.is_large_string(typ) else pa.string()).slice(3)
+            bufs = arr.buffers()
+            cols.append((2, bufs[1], bufs[2] if bufs[2] is not None else b"", bufs[0] if arr.null_count else b"",
+                         arr.offset, 8 if pa.types.is_large_string(typ) else 4, True, False, 0,
+                         (b" 4", b"5-", b"-1")[: int(rng.integers(0, 4))]))
+        elif pa.types.is_integer(typ):
             listed = tuple(int(v) & (2**64 - 1) for v in rng.integers(-2, 8, 3))
             cols.append((0, bufs[1], b"", validity, arr.offset, typ.bit_width // 8, pa.types.is_signed_integer(typ),
                          hashed, int(rng.integers(0, 2**63)), listed))
@@ -192,7 +213,7 @@ def _fuzz_columns(rng: np.random.Generator, n: int) -> list[tuple]:
 
 
 @pytest.mark.skipif(not _native.is_available(), reason="needs the native core")
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(10))
 def test_native_featurize_ids_equals_its_fallback(seed):
     rng = np.random.default_rng(seed)
     n = int(rng.integers(0, 200))
@@ -205,9 +226,12 @@ def test_native_featurize_ids_equals_its_fallback(seed):
         total = fn(cols, n, out, lengths, offs, counts)
         outs.append((total, out[:total].copy(), lengths, offs, counts))
     (t1, v1, l1, o1, c1), (t2, v2, l2, o2, c2) = outs
-    assert t1 == t2 == int(c1.sum())
-    for a, b in ((v1, v2), (l1, l2), (o1, o2), (c1, c2)):
-        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(c1, c2)
+    assert t1 == t2 == int(c1[c1 >= 0].sum())
+    np.testing.assert_array_equal(v1, v2)
+    done = np.flatnonzero(c1 >= 0)  # a declined column's lengths and offsets are undefined
+    np.testing.assert_array_equal(l1.reshape(len(cols), n)[done], l2.reshape(len(cols), n)[done])
+    np.testing.assert_array_equal(o1[done], o2[done])
 
 
 @pytest.mark.skipif(not _native.is_available(), reason="needs the native core")
