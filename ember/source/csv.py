@@ -92,9 +92,14 @@ def _fell_back(path: str, line_no: int, reason: str) -> None:
 
 
 def _line_blocks(path: str, block_bytes: int, consumed: list[int] | None = None,
-                 storage_options: StorageOptions | None = None) -> Iterator[bytes]:
+                 storage_options: StorageOptions | None = None) -> Iterator[bytearray]:
     """Blocks of whole lines, each ending with a newline (one is added to a last line without);
-    ``consumed[0]`` follows the bytes of the file as stored (compressed or not) read so far."""
+    ``consumed[0]`` follows the bytes of the file as stored (compressed or not) read so far.
+
+    Each block is one bytearray the file is read into after the line carried over from the
+    block before, then cut after its last newline in place: one buffer and one pass over a
+    block's bytes (reading into bytes, prepending the carried line and cutting copied the block
+    three times, each into fresh pages: ~1.5 ms and ~450 page faults per 2.3 MB block)."""
     codec = _codec(path)
     raw = storage.open_file(path, storage_options) if storage.is_remote(path) else pa.OSFile(path)
     # an object: read ahead in ranged requests of a few MiB (raw.tell(): bytes fetched so far)
@@ -103,8 +108,10 @@ def _line_blocks(path: str, block_bytes: int, consumed: list[int] | None = None,
         rest = b""
         read = 0
         while True:
+            data = bytearray(len(rest) + block_bytes)
+            data[: len(rest)] = rest
             try:
-                data = f.read(block_bytes)
+                got = f.readinto(memoryview(data)[len(rest) :])
             except Exception as e:  # e.g. a truncated .gz
                 failed = read_failed(path, f" (after byte {read} of its text)", e, storage_options)
                 if failed is not None:
@@ -112,16 +119,17 @@ def _line_blocks(path: str, block_bytes: int, consumed: list[int] | None = None,
                 raise
             if consumed is not None:
                 consumed[0] = raw.tell()
-            if not data:
+            if not got:
                 break
-            read += len(data)
-            data = rest + data
-            cut = data.rfind(b"\n")
+            read += got
+            end = len(rest) + got
+            cut = data.rfind(b"\n", 0, end)
             if cut < 0:
-                rest = data
+                rest = bytes(data[:end])
                 continue
-            rest = data[cut + 1 :]
-            yield data[: cut + 1]
+            rest = bytes(data[cut + 1 : end])
+            del data[cut + 1 :]
+            yield data
         if rest.strip(b"\r\n"):
             # the last line ends like every other, so it parses like one (an unclosed quote in
             # it then takes that newline and shows, instead of passing at the end of the data)
@@ -255,7 +263,7 @@ class _BlockParser:
                 self._raise_utf8(block[start:end], line_no, bad_at - start, offset + bad_at)
             self.report.add(_UTF8_REASON)
             pos, line_no = end + 1, line_no + 1
-        line_no += yield from self._parse(block[pos:], line_no)
+        line_no += yield from self._parse(block[pos:] if pos else block, line_no)  # a bytearray's [0:] copies
         return line_no - first_line
 
     def records(self, block: bytes, found: Scan, line_no: int, offset: int) -> Generator[RecordChunk, None, int]:
