@@ -1611,11 +1611,34 @@ static inline uint64_t fz_hash_bytes(const uint8_t *p, uint64_t len, uint64_t sa
 }
 
 /* kind 2's ID: -?[0-9]{1,19} within int64 (arrow_parse_ints); 0 a bad ID, -1 a byte other
- * than a digit or '-' */
+ * than a digit or '-'. Eight digits a step where they are all digits (one multiply-shift
+ * reduction of the little-endian word); any other byte sends the value to the byte loop. */
 static inline int fz_parse_id(const uint8_t *p, const uint8_t *e, int64_t *id) {
     int neg = *p == '-', ok = 1, digits = 0;
     uint64_t v = 0;
     if (neg) p++;
+    if (e - p >= 1 && e - p <= 19) {
+        const uint8_t *q = p;
+        for (; e - q >= 8; q += 8) {
+            uint64_t w = load_le64(q);
+            if (((w & 0xF0F0F0F0F0F0F0F0ULL) | (((w + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4))
+                != 0x3333333333333333ULL) goto bytewise;
+            w = ((w & 0x0F0F0F0F0F0F0F0FULL) * 2561) >> 8;
+            w = ((w & 0x00FF00FF00FF00FFULL) * 6553601) >> 16;
+            w = ((w & 0x0000FFFF0000FFFFULL) * 42949672960001ULL) >> 32;
+            v = v * 100000000ULL + w;
+        }
+        for (; q < e; q++) {
+            unsigned ch = (unsigned)*q - '0';
+            if (ch > 9u) goto bytewise;
+            v = v * 10 + ch;
+        }
+        if (v > (neg ? 9223372036854775808ULL : 9223372036854775807ULL)) return 0;
+        *id = neg ? (int64_t)(0 - v) : (int64_t)v;
+        return 1;
+    }
+bytewise:
+    v = 0;
     ok = p < e;
     for (; p < e; p++) {
         unsigned ch = *p;
@@ -1772,6 +1795,150 @@ static PyObject *csv_hazards(PyObject *self, PyObject *args) {
     return PyLong_FromLong(flags);
 }
 
+/* csv_split(data, delimiter, ncols, slots, n, out_starts, out_offsets) -> n, or -1: the fields of
+ * a block of n CSV lines without quotes or CRs (ember.source.csv; each line ends with '\n' and
+ * holds exactly ncols fields split on the delimiter byte, as pyarrow splits such text). slots
+ * int64 [ncols]: the output slot of each field, -1 for none; for slot s and row i,
+ * out_starts[s * n + i] (int32) is where the field starts in data and out_offsets[s, :] (int32
+ * [k, n + 1]) the running sums of the fields' lengths from 0 (Arrow string offsets; all 0 for a
+ * slot no field fills). -1 when a
+ * line holds another number of fields, there are not n lines, or the data do not end with
+ * '\n' (the caller's pyarrow path then judges the block). Eight bytes a step between
+ * separators. */
+static PyObject *csv_split(PyObject *self, PyObject *args) {
+    Py_buffer buf, slots, starts, offs;
+    int delim;
+    Py_ssize_t ncols, n;
+    if (!PyArg_ParseTuple(args, "y*iny*nw*w*", &buf, &delim, &ncols, &slots, &n, &starts, &offs)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t k = 0;
+    const int64_t *map = slots.buf;
+    if (ncols < 1 || n < 0 || delim < 0 || delim > 255 || delim == '\n' || slots.len != ncols * 8 || buf.len > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "ember native csv_split: ncols >= 1, slots int64 [ncols], a delimiter byte "
+                                          "other than '\\n', data under 2 GiB");
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < ncols; j++) {
+        if (map[j] >= ncols || map[j] < -1) {
+            PyErr_SetString(PyExc_ValueError, "ember native csv_split: slots must be -1 or below ncols");
+            goto done;
+        }
+        if (map[j] >= k) k = map[j] + 1;
+    }
+    if (starts.len < k * n * 4 || offs.len < k * (n + 1) * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native csv_split: out_starts int32 [k * n], out_offsets int32 [k, n + 1] "
+                                          "for k = max(slots) + 1");
+        goto done;
+    }
+    {
+        const uint8_t *d = buf.buf;
+        Py_ssize_t len = buf.len, row = 0, field = 0, fstart = 0, i = 0;
+        int32_t *st = starts.buf, *of = offs.buf;
+        int ok = 1;
+        const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+        const uint64_t dm = ones * (uint64_t)delim, nm = ones * (uint64_t)'\n';
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t s = 0; s < k; s++) {  /* a slot no field fills: no fields, all empty */
+            int used = 0;
+            for (Py_ssize_t j = 0; j < ncols && !used; j++) used = map[j] == s;
+            if (!used) {
+                memset(st + s * n, 0, (size_t)n * 4);
+                memset(of + s * (n + 1), 0, (size_t)(n + 1) * 4);
+            }
+        }
+        while (i < len) {
+            if (i + 8 <= len) {  /* the first separator among the next 8 bytes, if any */
+                uint64_t w = load_le64(d + i), a = w ^ dm, b = w ^ nm;
+                uint64_t t = ((a - ones) & ~a & high) | ((b - ones) & ~b & high);
+                if (!t) { i += 8; continue; }
+                i += __builtin_ctzll(t) >> 3;  /* the lowest flagged byte is exact */
+            }
+            uint8_t c = d[i];
+            if (c == delim || c == '\n') {
+                if (field >= ncols || row >= n) { ok = 0; break; }
+                int64_t s = map[field];
+                if (s >= 0) {
+                    st[s * n + row] = (int32_t)fstart;
+                    of[s * (n + 1) + row + 1] = (int32_t)(i - fstart);  /* a length; summed below */
+                }
+                fstart = i + 1;
+                if (c == '\n') {
+                    if (field != ncols - 1) { ok = 0; break; }
+                    row++;
+                    field = 0;
+                } else {
+                    field++;
+                }
+            }
+            i++;
+        }
+        if (ok && (row != n || fstart != len)) ok = 0;
+        for (Py_ssize_t s = 0; ok && s < k; s++) {
+            int32_t *o = of + s * (n + 1);
+            int64_t sum = 0;
+            o[0] = 0;
+            for (Py_ssize_t r = 1; r <= n; r++) { sum += o[r]; o[r] = (int32_t)sum; }
+        }
+        Py_END_ALLOW_THREADS
+        res = PyLong_FromSsize_t(ok ? n : -1);
+    }
+done:
+    PyBuffer_Release(&buf); PyBuffer_Release(&slots); PyBuffer_Release(&starts); PyBuffer_Release(&offs);
+    return res;
+}
+
+/* csv_gather(data, starts, offsets, n, outs) -> None: csv_split's fields copied out, one Arrow
+ * string data buffer per slot: outs a list of k writable buffers, out s of offsets[s, n] bytes,
+ * gets field i of slot s (data[starts[s * n + i]:] of offsets[s, i + 1] - offsets[s, i] bytes)
+ * at offsets[s, i]. The GIL released. */
+static PyObject *csv_gather(PyObject *self, PyObject *args) {
+    Py_buffer buf, starts, offs;
+    PyObject *outs;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "y*y*y*nO!", &buf, &starts, &offs, &n, &PyList_Type, &outs)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t k = PyList_GET_SIZE(outs), got = 0;
+    Py_buffer *ob = PyMem_Calloc(k ? (size_t)k : 1, sizeof(Py_buffer));
+    if (!ob) { PyErr_NoMemory(); goto done; }
+    if (n < 0 || starts.len < k * n * 4 || offs.len < k * (n + 1) * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native csv_gather: starts int32 [k * n], offsets int32 [k, n + 1] for k outs");
+        goto done;
+    }
+    const int32_t *st = starts.buf, *of = offs.buf;
+    for (; got < k; got++) {
+        if (PyObject_GetBuffer(PyList_GET_ITEM(outs, got), &ob[got], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+        const int32_t *o = of + got * (n + 1);
+        int bad = ob[got].len != o[n] || o[0] != 0;
+        for (Py_ssize_t r = 0; !bad && r < n; r++)
+            bad = o[r + 1] < o[r] || st[got * n + r] < 0 || (Py_ssize_t)st[got * n + r] + (o[r + 1] - o[r]) > buf.len;
+        if (bad) {
+            got++;
+            PyErr_SetString(PyExc_ValueError, "ember native csv_gather: out s must hold offsets[s, n] bytes, offsets rise "
+                                              "from 0 and every field lies within data");
+            goto done;
+        }
+    }
+    {
+        const uint8_t *d = buf.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t s = 0; s < k; s++) {
+            uint8_t *out = ob[s].buf;
+            const int32_t *o = of + s * (n + 1), *ss = st + s * n;
+            for (Py_ssize_t r = 0; r < n; r++) memcpy(out + o[r], d + ss[r], (size_t)(o[r + 1] - o[r]));
+        }
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
+done:
+    if (ob) {
+        for (Py_ssize_t s = 0; s < got; s++) PyBuffer_Release(&ob[s]);
+        PyMem_Free(ob);
+    }
+    PyBuffer_Release(&buf); PyBuffer_Release(&starts); PyBuffer_Release(&offs);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     /* "name(arguments) -> result": ember/_ember_native.pyi and tests/native/test_stub.py rely on
      * these (names and count of arguments, "=" for optional ones, as PyArg_ParseTuple parses) */
@@ -1784,6 +1951,8 @@ static PyMethodDef methods[] = {
     {"featurize_ids", featurize_ids, METH_VARARGS,
      "featurize_ids(columns, n, out_values, out_lengths, out_offsets, out_counts) -> total"},
     {"csv_hazards", csv_hazards, METH_VARARGS, "csv_hazards(data) -> flags"},
+    {"csv_split", csv_split, METH_VARARGS, "csv_split(data, delimiter, ncols, slots, n, out_starts, out_offsets) -> n or -1"},
+    {"csv_gather", csv_gather, METH_VARARGS, "csv_gather(data, starts, offsets, n, outs) -> None"},
     {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r) -> found"},
     {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, free_at, r) -> inserted"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim) -> None"},

@@ -73,6 +73,8 @@ BOM = codecs.BOM_UTF8  # spreadsheet tools start UTF-8 CSV with it; it is not pa
 
 _fallbacks: Counter[str] = Counter()  # blocks (or some of their columns) read as text, not typed, per reason
 _fallbacks_lock = threading.Lock()
+_SPLIT = True  # plain blocks split natively (_native.csv_split); False: pyarrow reads every block (the reference)
+_unsplit: set[str] = set()  # reasons a block was not split natively, logged once per process
 
 
 def typed_read_fallbacks() -> dict[str, int]:
@@ -89,6 +91,22 @@ def _fell_back(path: str, line_no: int, reason: str) -> None:
     if first:
         log.info("%s row %d: block read as text, not with typed columns (%s); the same result, slower. Logged "
                  "once per reason; ember.source.csv.typed_read_fallbacks() counts them", path, line_no, reason)
+
+
+def _not_split(path: str, line_no: int, reason: str) -> None:
+    with _fallbacks_lock:
+        first = reason not in _unsplit
+        _unsplit.add(reason)
+    if first:
+        log.info("%s row %d: block parsed by pyarrow, not split by ember's native splitter (%s); the same result, "
+                 "slower. Logged once per reason", path, line_no, reason)
+
+
+def _pool_array(n: int, dtype: type) -> np.ndarray:
+    """A writable numpy array of ``n`` items in Arrow's memory pool (which reuses freed memory:
+    no fresh pages to fault in for every block, as a new ~1 MB malloc may get)."""
+    dt = np.dtype(dtype)
+    return np.frombuffer(pa.allocate_buffer(n * dt.itemsize), dt)
 
 
 def _line_blocks(path: str, block_bytes: int, consumed: list[int] | None = None,
@@ -251,6 +269,11 @@ class _BlockParser:
         self.delimiter, self.report = delimiter, report
         self.types = {c: t for c, t in (types or {}).items() if c in self.columns}
         self._hinted = False  # the newlines_in_values hint was logged for this file
+        # the native splitter: each field's slot in ``columns`` (-1: not read), a one-byte delimiter
+        slot = {c: i for i, c in enumerate(self.columns)}
+        self._slots = np.array([slot.get(c, -1) for c in names], np.int64)
+        delim = delimiter.encode("utf-8")
+        self._delim = delim[0] if len(delim) == 1 and delim not in (b"\n", b"\r", b'"') else None
 
     def chunks(self, block: bytes, line_no: int, offset: int) -> Generator[RecordChunk, None, int]:
         """Chunks of ``block`` (line ``line_no``, byte ``offset`` of the file): each run of
@@ -353,6 +376,10 @@ class _BlockParser:
         if not lines:
             return 0
         n_lines = _count_newlines(lines) + (0 if lines.endswith(b"\n") else 1)
+        split = self._split(lines, line_no, n_lines)
+        if split is not None:
+            yield RecordChunk(split, self.path, line_no)
+            return n_lines
         if self.types:
             typed = self._read_typed(lines, line_no, n_lines)
             if typed is not None:
@@ -386,6 +413,28 @@ class _BlockParser:
         if table.num_rows:
             yield RecordChunk(_to_batch(table, self.columns), self.path, line_no)
         return n_lines
+
+    def _split(self, lines: bytes, line_no: int, n_lines: int) -> pa.RecordBatch | None:
+        """``lines`` split by ``_native.csv_split`` into string columns (each empty field ``""``),
+        what pyarrow's text read gives for them, when the block is plain: no quote, no CR, and
+        every line ``len(names)`` fields. Else None (logged once per reason): pyarrow reads it,
+        typed where asked, and the bad-row rules apply. One pass to split, one to copy the
+        fields out, no conversions: integer IDs and numbers are the featurizer's to parse
+        (``featurize_ids``, ``parse_floats``' native path)."""
+        if not _SPLIT or self._delim is None or not lines.endswith(b"\n"):
+            return None
+        if b'"' in lines or b"\r" in lines:
+            _not_split(self.path, line_no, "the block holds a quote or a CR")
+            return None
+        k, n = len(self.columns), n_lines
+        starts, offsets = _pool_array(k * n, np.int32), _pool_array(k * (n + 1), np.int32).reshape(k, n + 1)
+        if _native.csv_split(lines, self._delim, len(self.names), self._slots, n, starts, offsets) < 0:
+            _not_split(self.path, line_no, "a line holds another number of fields")
+            return None
+        data = [pa.allocate_buffer(int(offsets[s, n])) for s in range(k)]
+        _native.csv_gather(lines, starts, offsets, n, data)
+        arrays = [pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets[s]), data[s]]) for s in range(k)]
+        return pa.RecordBatch.from_arrays(arrays, names=self.columns)
 
     def _read_typed(self, lines: bytes, line_no: int, n_lines: int) -> pa.Table | None:
         """``lines`` read with the typed columns, or None (counted and logged) when the text path

@@ -194,6 +194,8 @@ def _fuzz_columns(rng: np.random.Generator, n: int) -> list[tuple]:
             words = ["", "12", "-3", "007", "-0", "9223372036854775807", "-9223372036854775808", "-1", " 4", "5-"]
             if rng.random() < 0.5:  # no ID: the column is declined (but a listed one is missing)
                 words += ["99999999999999999999", "9223372036854775808", "-", "+1", "1 "]
+            words += ["".join(rng.choice(list("0123456789"), size=int(k))) for k in rng.integers(1, 21, 8)]
+            words += ["-" + "".join(rng.choice(list("0123456789"), size=int(k))) for k in rng.integers(1, 21, 4)]
             texts = [None if rng.random() < 0.1 else str(rng.choice(words)) for _ in range(n + 3)]
             arr = pa.array(texts, pa.large_string() if pa.types.is_large_string(typ) else pa.string()).slice(3)
             bufs = arr.buffers()
