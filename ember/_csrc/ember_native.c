@@ -1803,8 +1803,38 @@ static PyObject *csv_hazards(PyObject *self, PyObject *args) {
  * [k, n + 1]) the running sums of the fields' lengths from 0 (Arrow string offsets; all 0 for a
  * slot no field fills). -1 when a
  * line holds another number of fields, there are not n lines, or the data do not end with
- * '\n' (the caller's pyarrow path then judges the block). Eight bytes a step between
- * separators. */
+ * '\n' (the caller's pyarrow path then judges the block). The separators of 64 bytes at a time
+ * as bit masks (SSE2; else eight bytes a step between them). */
+#if defined(__SSE2__) && defined(__GNUC__)
+#include <emmintrin.h>
+#define CSV_SPLIT_SSE2 1
+#endif
+
+typedef struct {
+    const int64_t *map;
+    int32_t *st, *of;
+    Py_ssize_t ncols, n, row, field, fstart;
+} csv_state;
+
+/* the separator at i (the delimiter, or '\n' when nl): ends a field; 0 for a line of another width */
+static inline int csv_sep(csv_state *z, Py_ssize_t i, int nl) {
+    if (z->field >= z->ncols || z->row >= z->n) return 0;
+    int64_t s = z->map[z->field];
+    if (s >= 0) {
+        z->st[s * z->n + z->row] = (int32_t)z->fstart;
+        z->of[s * (z->n + 1) + z->row + 1] = (int32_t)(i - z->fstart);  /* a length; summed after */
+    }
+    z->fstart = i + 1;
+    if (nl) {
+        if (z->field != z->ncols - 1) return 0;
+        z->row++;
+        z->field = 0;
+    } else {
+        z->field++;
+    }
+    return 1;
+}
+
 static PyObject *csv_split(PyObject *self, PyObject *args) {
     Py_buffer buf, slots, starts, offs;
     int delim;
@@ -1832,11 +1862,10 @@ static PyObject *csv_split(PyObject *self, PyObject *args) {
     }
     {
         const uint8_t *d = buf.buf;
-        Py_ssize_t len = buf.len, row = 0, field = 0, fstart = 0, i = 0;
+        Py_ssize_t len = buf.len, i = 0;
         int32_t *st = starts.buf, *of = offs.buf;
+        csv_state z = {map, st, of, ncols, n, 0, 0, 0};
         int ok = 1;
-        const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
-        const uint64_t dm = ones * (uint64_t)delim, nm = ones * (uint64_t)'\n';
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t s = 0; s < k; s++) {  /* a slot no field fills: no fields, all empty */
             int used = 0;
@@ -1846,32 +1875,37 @@ static PyObject *csv_split(PyObject *self, PyObject *args) {
                 memset(of + s * (n + 1), 0, (size_t)(n + 1) * 4);
             }
         }
-        while (i < len) {
-            if (i + 8 <= len) {  /* the first separator among the next 8 bytes, if any */
-                uint64_t w = load_le64(d + i), a = w ^ dm, b = w ^ nm;
-                uint64_t t = ((a - ones) & ~a & high) | ((b - ones) & ~b & high);
-                if (!t) { i += 8; continue; }
-                i += __builtin_ctzll(t) >> 3;  /* the lowest flagged byte is exact */
+#ifdef CSV_SPLIT_SSE2
+        const __m128i dv = _mm_set1_epi8((char)delim), nv = _mm_set1_epi8('\n');
+        for (; ok && i + 64 <= len; i += 64) {
+            uint64_t dm = 0, nm = 0;
+            for (int q = 0; q < 4; q++) {
+                __m128i w = _mm_loadu_si128((const __m128i *)(d + i + 16 * q));
+                dm |= (uint64_t)(uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi8(w, dv)) << (16 * q);
+                nm |= (uint64_t)(uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi8(w, nv)) << (16 * q);
             }
-            uint8_t c = d[i];
-            if (c == delim || c == '\n') {
-                if (field >= ncols || row >= n) { ok = 0; break; }
-                int64_t s = map[field];
-                if (s >= 0) {
-                    st[s * n + row] = (int32_t)fstart;
-                    of[s * (n + 1) + row + 1] = (int32_t)(i - fstart);  /* a length; summed below */
-                }
-                fstart = i + 1;
-                if (c == '\n') {
-                    if (field != ncols - 1) { ok = 0; break; }
-                    row++;
-                    field = 0;
-                } else {
-                    field++;
-                }
+            for (uint64_t m = dm | nm; m; m &= m - 1) {
+                int b = __builtin_ctzll(m);
+                if (!csv_sep(&z, i + b, (int)((nm >> b) & 1))) { ok = 0; break; }
             }
-            i++;
         }
+#endif
+        {
+            const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+            const uint64_t dm = ones * (uint64_t)delim, nm = ones * (uint64_t)'\n';
+            while (ok && i < len) {
+                if (i + 8 <= len) {  /* the first separator among the next 8 bytes, if any */
+                    uint64_t w = load_le64(d + i), a = w ^ dm, b = w ^ nm;
+                    uint64_t t = ((a - ones) & ~a & high) | ((b - ones) & ~b & high);
+                    if (!t) { i += 8; continue; }
+                    i += __builtin_ctzll(t) >> 3;  /* the lowest flagged byte is exact */
+                }
+                uint8_t c = d[i];
+                if ((c == delim || c == '\n') && !csv_sep(&z, i, c == '\n')) ok = 0;
+                i++;
+            }
+        }
+        Py_ssize_t row = z.row, fstart = z.fstart;
         if (ok && (row != n || fstart != len)) ok = 0;
         for (Py_ssize_t s = 0; ok && s < k; s++) {
             int32_t *o = of + s * (n + 1);
@@ -1924,7 +1958,14 @@ static PyObject *csv_gather(PyObject *self, PyObject *args) {
         for (Py_ssize_t s = 0; s < k; s++) {
             uint8_t *out = ob[s].buf;
             const int32_t *o = of + s * (n + 1), *ss = st + s * n;
-            for (Py_ssize_t r = 0; r < n; r++) memcpy(out + o[r], d + ss[r], (size_t)(o[r + 1] - o[r]));
+            Py_ssize_t olen = ob[s].len, dlen = buf.len;
+            for (Py_ssize_t r = 0; r < n; r++) {
+                Py_ssize_t len = o[r + 1] - o[r];
+                /* a short field as one fixed 32-byte copy where both sides have the room: the bytes
+                 * past it are the next fields', written after it */
+                if (len <= 32 && ss[r] + 32 <= dlen && o[r] + 32 <= olen) memcpy(out + o[r], d + ss[r], 32);
+                else memcpy(out + o[r], d + ss[r], (size_t)len);
+            }
         }
         Py_END_ALLOW_THREADS
         Py_INCREF(Py_None);
