@@ -42,7 +42,7 @@ import torch
 from ember.mix import mix64
 
 __all__ = [
-    "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_hazards", "featurize_ids", "csv_gather", "csv_split", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
+    "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_hazards", "featurize_ids", "csv_gather", "csv_split", "dense_floats", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
     "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
@@ -929,6 +929,39 @@ def _featurize_ids_py(columns: list[tuple], n: int, out_values: np.ndarray, out_
         out_counts[c] = kept.size
         total += kept.size
     return total
+
+
+def dense_floats(columns: list[tuple], n: int, out: np.ndarray, out_done: np.ndarray) -> int:
+    """String columns of plain integers and empty fields (CSV counts) as float64 in one call,
+    as ``parse_floats`` reads them: each column ``(offsets, data, validity, off, width, row)``
+    (its buffers as ``arrow_parse_ints`` takes them; ``row``: its row of ``out``, float64
+    [R, n]). A value ``-?`` and 1-19 digits within int64 becomes that integer rounded to float64
+    (``-0`` is -0.0, as a decimal parse makes it); a null or empty one NaN. A column holding any
+    other value is not done (``out_done[c]`` = 0, its row undefined), for the caller's general
+    parse. Returns the columns done."""
+    if out.dtype != np.float64 or out.ndim != 2 or out.shape[1] != n or not out.flags.c_contiguous \
+            or out_done.dtype != np.uint8 or out_done.shape != (len(columns),):
+        raise ValueError("dense_floats: out float64 [R, n] (C-contiguous), out_done uint8 [C]")
+    if _core is None:
+        return _dense_floats_py(columns, n, out, out_done)
+    return int(_core.dense_floats(columns, n, out, out_done))
+
+
+def _dense_floats_py(columns: list[tuple], n: int, out: np.ndarray, out_done: np.ndarray) -> int:
+    x, state = np.empty(n, np.int64), np.empty(n, np.uint8)
+    for c, (offsets, data, validity, off, width, row) in enumerate(columns):
+        if _arrow_parse_ints_py(offsets, data, validity, off, n, width, x, state) < 0 or (state == 2).any():
+            out_done[c] = 0
+            continue
+        values = x.astype(np.float64)
+        values[state == 1] = np.nan
+        zeros = np.flatnonzero((x == 0) & (state == 0))
+        if zeros.size:  # "-0": -0.0
+            starts = np.frombuffer(offsets, np.int64 if width == 8 else np.int32, count=off + n + 1)[off + zeros]  # type: ignore[call-overload]
+            values[zeros[np.frombuffer(data, np.uint8)[starts] == ord("-")]] = -0.0  # type: ignore[call-overload]
+        out[row] = values
+        out_done[c] = 1
+    return int(out_done.sum())
 
 
 CSV_HEX, CSV_PAREN, CSV_LONG_DIGITS = 1, 2, 4  # csv_hazards' flags

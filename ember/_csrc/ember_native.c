@@ -1748,6 +1748,90 @@ done:
     return res;
 }
 
+/* dense_floats(columns, n, out, out_done) -> columns done: string columns of plain integers and
+ * empty fields (Criteo's counts as CSV text) as float64, as parse_floats reads them, in one call,
+ * the GIL released. Each column is (offsets, data, validity, off, width, row) as for
+ * arrow_parse_ints; row: its row of out (float64 [R, n]). A value -?[0-9]{1,19} within int64
+ * becomes that integer rounded to float64 (a "-0" is -0.0, as a decimal parse makes it); null or
+ * empty, NaN. A column with any other value is not done (out_done[c] = 0, its row of out
+ * undefined): the caller's general parse judges it. */
+static PyObject *dense_floats(PyObject *self, PyObject *args) {
+    PyObject *columns;
+    Py_ssize_t n;
+    Py_buffer out, done;
+    if (!PyArg_ParseTuple(args, "O!nw*w*", &PyList_Type, &columns, &n, &out, &done)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t nc = PyList_GET_SIZE(columns), got = 0, rows = n ? out.len / (n * 8) : PY_SSIZE_T_MAX;
+    Py_buffer *bufs = PyMem_Calloc(nc ? (size_t)nc * 3 : 1, sizeof(Py_buffer));
+    Py_ssize_t *meta = PyMem_Calloc(nc ? (size_t)nc * 3 : 1, sizeof(Py_ssize_t));  /* off, width, row */
+    if (!bufs || !meta) { PyErr_NoMemory(); goto done; }
+    if (n < 0 || (n && out.len % (n * 8)) || done.len != nc) {
+        PyErr_SetString(PyExc_ValueError, "ember native dense_floats: out float64 [R, n], out_done uint8 [C] for C columns");
+        goto done;
+    }
+    for (; got < nc; got++) {
+        PyObject *item = PyList_GET_ITEM(columns, got);
+        Py_ssize_t *m = meta + 3 * got;
+        if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "y*y*y*nnn", &bufs[3 * got], &bufs[3 * got + 1], &bufs[3 * got + 2],
+                                                      &m[0], &m[1], &m[2])) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ember native dense_floats: a column is a tuple");
+            goto done;
+        }
+        Py_buffer *b = bufs + 3 * got;
+        if (m[0] < 0 || (m[1] != 4 && m[1] != 8) || b[0].len < (m[0] + n + 1) * m[1] || m[2] < 0 || m[2] >= rows ||
+            (b[2].len != 0 && b[2].len * 8 < m[0] + n)) {
+            got++;
+            PyErr_SetString(PyExc_ValueError, "ember native dense_floats: offsets of width 4 or 8 (off + n + 1 of them), "
+                                              "validity covering off + n bits or empty, row within out");
+            goto done;
+        }
+    }
+    {
+        double *x = out.buf;
+        uint8_t *dn = done.buf;
+        Py_ssize_t count = 0, range_err = -1;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t c = 0; c < nc && range_err < 0; c++) {
+            const Py_buffer *b = bufs + 3 * c;
+            const Py_ssize_t *m = meta + 3 * c;
+            const uint8_t *d = b[1].buf, *vb = b[2].buf;
+            const int32_t *o4 = b[0].buf;
+            const int64_t *o8 = b[0].buf;
+            double *row = x + m[2] * n;
+            int ok = 1, has_valid = b[2].len != 0;
+            for (Py_ssize_t i = 0; i < n; i++) {
+                Py_ssize_t j = m[0] + i;
+                if (has_valid && !((vb[j >> 3] >> (j & 7)) & 1)) { row[i] = NAN; continue; }
+                int64_t a = m[1] == 4 ? (int64_t)o4[j] : o8[j];
+                int64_t e = m[1] == 4 ? (int64_t)o4[j + 1] : o8[j + 1];
+                if (a < 0 || e < a || e > b[1].len) { range_err = c; break; }
+                if (a == e) { row[i] = NAN; continue; }
+                int64_t v;
+                if (fz_parse_id(d + a, d + e, &v) <= 0) { ok = 0; break; }
+                row[i] = (v == 0 && d[a] == '-') ? -0.0 : (double)v;
+            }
+            dn[c] = (uint8_t)ok;
+            count += ok;
+        }
+        Py_END_ALLOW_THREADS
+        if (range_err >= 0) {
+            PyErr_Format(PyExc_ValueError, "ember native dense_floats: column %zd: offsets out of the data's range", range_err);
+            goto done;
+        }
+        res = PyLong_FromSsize_t(count);
+    }
+done:
+    if (bufs) {
+        for (Py_ssize_t c = 0; c < got; c++) {
+            PyBuffer_Release(&bufs[3 * c]); PyBuffer_Release(&bufs[3 * c + 1]); PyBuffer_Release(&bufs[3 * c + 2]);
+        }
+        PyMem_Free(bufs);
+    }
+    PyMem_Free(meta);
+    PyBuffer_Release(&out); PyBuffer_Release(&done);
+    return res;
+}
+
 /* csv_hazards(data) -> flags: what in a block of CSV text a typed read (pyarrow's CSV number
  * parsers) would take differently from ember's text path (ember.source.csv): 1 = an 'x' or 'X'
  * byte (Arrow reads "0x1f" as an integer), 2 = a '(' (Arrow reads "nan(1)" as NaN), 4 = a run
@@ -1991,6 +2075,7 @@ static PyMethodDef methods[] = {
      "arrow_parse_ints(offsets, data, validity, off, n, width, out, state) -> bad or -1"},
     {"featurize_ids", featurize_ids, METH_VARARGS,
      "featurize_ids(columns, n, out_values, out_lengths, out_offsets, out_counts) -> total"},
+    {"dense_floats", dense_floats, METH_VARARGS, "dense_floats(columns, n, out, out_done) -> columns done"},
     {"csv_hazards", csv_hazards, METH_VARARGS, "csv_hazards(data) -> flags"},
     {"csv_split", csv_split, METH_VARARGS, "csv_split(data, delimiter, ncols, slots, n, out_starts, out_offsets) -> n or -1"},
     {"csv_gather", csv_gather, METH_VARARGS, "csv_gather(data, starts, offsets, n, outs) -> None"},

@@ -294,7 +294,10 @@ class Featurizer:
         # dense: the parsed columns side by side, then each run of features with the same
         # transform in one dense_transform call (elementwise: the same values as per column)
         raw = np.empty((len(self.schema.dense), n), dtype=np.float64)
+        done = self._native_dense(batch, raw)
         for j, f in enumerate(self.schema.dense):
+            if done[j]:
+                continue
             x, _, bad = _numbers(batch, f.source_column, file, f"dense feature '{f.name}'")
             checks.add(f.source_column, "not a number", bad)
             raw[j] = x
@@ -315,6 +318,30 @@ class Featurizer:
         rows = Rows(dense, labels, self.schema.feature_names, values, offsets, weights, teacher, key_columns, packed)
         keep = checks.resolve(self.report, file, first_row)
         return rows if keep is None else rows.take(np.flatnonzero(keep))
+
+    def _native_dense(self, batch: pa.RecordBatch, raw: np.ndarray) -> list[bool]:
+        """Which dense features' values ``_native.dense_floats`` parsed into ``raw`` in one call:
+        the string columns (CSV text) whose values are all plain integers or empty. The others
+        (numeric columns, decimals, blanks, bad values) go through ``parse_floats``."""
+        done = [False] * len(self.schema.dense)
+        if not self.one_pass or not self.schema.dense:
+            return done
+        cols, which = [], []
+        for j, f in enumerate(self.schema.dense):
+            arr = batch.column(f.source_column)
+            if isinstance(arr, pa.ChunkedArray) or not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+                continue
+            bufs = arr.buffers()
+            validity = bufs[0] if bufs[0] is not None and arr.null_count else b""
+            cols.append((bufs[1], bufs[2] if bufs[2] is not None else b"", validity, arr.offset,
+                         8 if pa.types.is_large_string(arr.type) else 4, j))
+            which.append(j)
+        if cols:
+            ok = np.empty(len(cols), np.uint8)
+            _native.dense_floats(cols, batch.num_rows, raw, ok)
+            for j, k in zip(which, ok.tolist()):
+                done[j] = bool(k)
+        return done
 
     def _dense_runs(self) -> list[tuple[int, int, DenseFeature]]:
         """``(start, stop, first feature)`` of each run of consecutive dense features that share

@@ -95,6 +95,13 @@ def _case(seed: int, bad: bool) -> tuple[Schema, pa.RecordBatch]:
     for j in range(5):
         cols[f"d{j}"] = _numbers(rng, n, bad and j == 2) if j % 2 else _ints(rng, pa.int32(), n)
         dense.append({"name": f"d{j}", "log1p": j < 3, "fill": float(j == 4), "clip": [None, 50] if j == 3 else None})
+    for j in range(5, 8):  # counts as text: plain integers and empty fields (dense_floats), now and then not
+        words = ["", "0", "-0", "-00", "7", "-3", "007", "123456789012345678", "9223372036854775807"]
+        if rng.random() < 0.4:
+            words += [str(rng.choice(["1.5", " 2", "+4", "99999999999999999999"] + (["x", "inf"] if bad else [])))]
+        cols[f"d{j}"] = pa.array([str(rng.choice(words)) for _ in range(n)], pa.large_string() if j == 6 else pa.string(),
+                                 mask=rng.random(n) < 0.1)
+        dense.append({"name": f"d{j}", "log1p": j == 5, "sign_log1p": j == 6})
     schema = Schema.parse({"labels": ["y"], "dense": dense, "sparse": sparse})
     batch = pa.record_batch(cols)
     if rng.random() < 0.5 and n > 2:  # an offset into shared buffers, validity bits not byte-aligned
@@ -245,3 +252,34 @@ def test_native_featurize_ids_refuses_offsets_past_the_data():
         _native.featurize_ids([col], 2, out, lengths, offs, counts)
     with pytest.raises(ValueError, match="kind 0"):
         _native.featurize_ids([(1, offsets.tobytes(), b"abcd", b"", 0, 4, True, False, 1, ())], 2, out, lengths, offs, counts)
+
+
+def _dense_columns(rng: np.random.Generator, n: int) -> list[tuple]:
+    cols = []
+    for row in range(6):
+        words = ["", "0", "-0", "-000", "12", "-7", "0042", "9223372036854775807", "-9223372036854775808",
+                 "123456789012345678"]
+        if row % 2:
+            words += [str(rng.choice(["1.5", " 3", "9223372036854775808", "-", "5-", "nan"]))]
+        typ = pa.large_string() if row == 3 else pa.string()
+        arr = pa.array([str(rng.choice(words)) for _ in range(n + 2)], typ, mask=rng.random(n + 2) < 0.1).slice(2)
+        b = arr.buffers()
+        cols.append((b[1], b[2] if b[2] is not None else b"", b[0] if arr.null_count else b"", arr.offset,
+                     8 if typ == pa.large_string() else 4, 5 - row))
+    return cols
+
+
+@pytest.mark.skipif(not _native.is_available(), reason="needs the native core")
+@pytest.mark.parametrize("seed", range(6))
+def test_native_dense_floats_equals_its_fallback(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 200))
+    cols = _dense_columns(rng, n)
+    outs = []
+    for fn in (_native.dense_floats, _native._dense_floats_py):
+        out, done = np.full((6, n), 3.0), np.empty(6, np.uint8)
+        outs.append((fn(cols, n, out, done), out, done))
+    (c1, o1, d1), (c2, o2, d2) = outs
+    assert c1 == c2 and d1.tolist() == d2.tolist()
+    rows = [c[5] for c, d in zip(cols, d1) if d]
+    assert o1[rows].tobytes() == o2[rows].tobytes()  # -0.0 and NaN bit for bit
