@@ -136,10 +136,11 @@ def arrow_parse_ints(offsets: object, data: object, validity: object, off: int, 
 # out_lengths int64 [C*n] 0/1, out_offsets int64 [C, n+1], out_counts int64 [C]; returns the total
 def featurize_ids(columns: list[tuple[int, object, object, object, int, int, bool, bool, int, tuple[object, ...]]], n: int,
                   out_values: np.ndarray, out_lengths: np.ndarray, out_offsets: np.ndarray, out_counts: np.ndarray, /) -> int: ...
-# string columns of plain integers / empty fields as float64 rows of out [R, n] (-0 is -0.0, empty
-# NaN), columns a list of (offsets, data, validity, off, width, row); out_done uint8 [C] 1 or 0
-# (a column with another value: not done); returns the columns done (GIL released)
-def dense_floats(columns: list[tuple[object, object, object, int, int, int]], n: int, out: np.ndarray,
+# integer columns (kind 0) and string columns of plain integers / empty fields (kind 1) as float64
+# rows of out [R, n] (-0 is -0.0, null or empty NaN), columns a list of (kind, values or offsets,
+# data, validity, off, width, signed, row); out_done uint8 [C] 1 or 0 (a string column with another
+# value: not done); returns the columns done (GIL released)
+def dense_floats(columns: list[tuple[int, object, object, object, int, int, bool, int]], n: int, out: np.ndarray,
                  out_done: np.ndarray, /) -> int: ...
 # flags of what a typed CSV read takes differently from the text path: 1 'x'/'X', 2 '(', 4 20+ digits in a row
 def csv_hazards(data: bytes, /) -> int: ...

@@ -932,13 +932,15 @@ def _featurize_ids_py(columns: list[tuple], n: int, out_values: np.ndarray, out_
 
 
 def dense_floats(columns: list[tuple], n: int, out: np.ndarray, out_done: np.ndarray) -> int:
-    """String columns of plain integers and empty fields (CSV counts) as float64 in one call,
-    as ``parse_floats`` reads them: each column ``(offsets, data, validity, off, width, row)``
-    (its buffers as ``arrow_parse_ints`` takes them; ``row``: its row of ``out``, float64
-    [R, n]). A value ``-?`` and 1-19 digits within int64 becomes that integer rounded to float64
-    (``-0`` is -0.0, as a decimal parse makes it); a null or empty one NaN. A column holding any
-    other value is not done (``out_done[c]`` = 0, its row undefined), for the caller's general
-    parse. Returns the columns done."""
+    """Integer columns, and string columns of plain integers and empty fields (CSV counts), as
+    float64 in one call, as ``parse_floats`` reads them: each column ``(kind, values, data,
+    validity, off, width, signed, row)``: kind 0 an integer array (``values`` its
+    ``width``-byte integers, ``data`` b""), kind 1 a string array (its offsets of ``width`` 4
+    or 8 and bytes, as ``arrow_parse_ints`` takes them); ``row``: its row of ``out`` (float64
+    [R, n]). An integer is rounded to float64 (numpy's ``astype``); a string ``-?`` and 1-19
+    digits within int64 likewise (``-0`` is -0.0, as a decimal parse makes it); a null or empty
+    value is NaN. A string column holding any other value is not done (``out_done[c]`` = 0, its
+    row undefined), for the caller's general parse. Returns the columns done."""
     if out.dtype != np.float64 or out.ndim != 2 or out.shape[1] != n or not out.flags.c_contiguous \
             or out_done.dtype != np.uint8 or out_done.shape != (len(columns),):
         raise ValueError("dense_floats: out float64 [R, n] (C-contiguous), out_done uint8 [C]")
@@ -949,7 +951,12 @@ def dense_floats(columns: list[tuple], n: int, out: np.ndarray, out_done: np.nda
 
 def _dense_floats_py(columns: list[tuple], n: int, out: np.ndarray, out_done: np.ndarray) -> int:
     x, state = np.empty(n, np.int64), np.empty(n, np.uint8)
-    for c, (offsets, data, validity, off, width, row) in enumerate(columns):
+    for c, (kind, offsets, data, validity, off, width, signed, row) in enumerate(columns):
+        if kind == 0:
+            v = np.frombuffer(offsets, np.dtype(f"{'i' if signed else 'u'}{width}"), count=off + n)[off:]  # type: ignore[call-overload]
+            out[row] = np.where(_present(validity, off, n), v.astype(np.float64), np.nan)
+            out_done[c] = 1
+            continue
         if _arrow_parse_ints_py(offsets, data, validity, off, n, width, x, state) < 0 or (state == 2).any():
             out_done[c] = 0
             continue

@@ -1748,13 +1748,15 @@ done:
     return res;
 }
 
-/* dense_floats(columns, n, out, out_done) -> columns done: string columns of plain integers and
- * empty fields (Criteo's counts as CSV text) as float64, as parse_floats reads them, in one call,
- * the GIL released. Each column is (offsets, data, validity, off, width, row) as for
- * arrow_parse_ints; row: its row of out (float64 [R, n]). A value -?[0-9]{1,19} within int64
- * becomes that integer rounded to float64 (a "-0" is -0.0, as a decimal parse makes it); null or
- * empty, NaN. A column with any other value is not done (out_done[c] = 0, its row of out
- * undefined): the caller's general parse judges it. */
+/* dense_floats(columns, n, out, out_done) -> columns done: integer columns and string columns of
+ * plain integers and empty fields (Criteo's counts as CSV text) as float64, as parse_floats
+ * reads them, in one call, the GIL released. Each column is (kind, values, data, validity, off,
+ * width, signed, row): kind 0 an integer array (values its width-byte integers; data b""), kind
+ * 1 a string array (values its offsets of width 4 or 8, data its bytes, as for
+ * arrow_parse_ints); row: its row of out (float64 [R, n]). An integer is rounded to float64 (a C
+ * conversion, as numpy's astype); a string -?[0-9]{1,19} within int64 likewise (a "-0" is -0.0,
+ * as a decimal parse makes it); null or empty, NaN. A string column with any other value is not
+ * done (out_done[c] = 0, its row of out undefined): the caller's general parse judges it. */
 static PyObject *dense_floats(PyObject *self, PyObject *args) {
     PyObject *columns;
     Py_ssize_t n;
@@ -1763,7 +1765,7 @@ static PyObject *dense_floats(PyObject *self, PyObject *args) {
     PyObject *res = NULL;
     Py_ssize_t nc = PyList_GET_SIZE(columns), got = 0, rows = n ? out.len / (n * 8) : PY_SSIZE_T_MAX;
     Py_buffer *bufs = PyMem_Calloc(nc ? (size_t)nc * 3 : 1, sizeof(Py_buffer));
-    Py_ssize_t *meta = PyMem_Calloc(nc ? (size_t)nc * 3 : 1, sizeof(Py_ssize_t));  /* off, width, row */
+    Py_ssize_t *meta = PyMem_Calloc(nc ? (size_t)nc * 5 : 1, sizeof(Py_ssize_t));  /* off, width, row, kind, signed */
     if (!bufs || !meta) { PyErr_NoMemory(); goto done; }
     if (n < 0 || (n && out.len % (n * 8)) || done.len != nc) {
         PyErr_SetString(PyExc_ValueError, "ember native dense_floats: out float64 [R, n], out_done uint8 [C] for C columns");
@@ -1771,17 +1773,22 @@ static PyObject *dense_floats(PyObject *self, PyObject *args) {
     }
     for (; got < nc; got++) {
         PyObject *item = PyList_GET_ITEM(columns, got);
-        Py_ssize_t *m = meta + 3 * got;
-        if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "y*y*y*nnn", &bufs[3 * got], &bufs[3 * got + 1], &bufs[3 * got + 2],
-                                                      &m[0], &m[1], &m[2])) {
+        Py_ssize_t *m = meta + 5 * got;
+        int kind = 0, is_signed = 0;
+        if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "iy*y*y*nnpn", &kind, &bufs[3 * got], &bufs[3 * got + 1],
+                                                      &bufs[3 * got + 2], &m[0], &m[1], &is_signed, &m[2])) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ember native dense_floats: a column is a tuple");
             goto done;
         }
         Py_buffer *b = bufs + 3 * got;
-        if (m[0] < 0 || (m[1] != 4 && m[1] != 8) || b[0].len < (m[0] + n + 1) * m[1] || m[2] < 0 || m[2] >= rows ||
-            (b[2].len != 0 && b[2].len * 8 < m[0] + n)) {
+        m[3] = kind;
+        m[4] = is_signed;
+        int fits = kind == 1 ? (m[1] == 4 || m[1] == 8) && b[0].len >= (m[0] + n + 1) * m[1]
+                 : kind == 0 && (m[1] == 1 || m[1] == 2 || m[1] == 4 || m[1] == 8) && b[0].len >= (m[0] + n) * m[1];
+        if (!fits || m[0] < 0 || m[2] < 0 || m[2] >= rows || (b[2].len != 0 && b[2].len * 8 < m[0] + n)) {
             got++;
-            PyErr_SetString(PyExc_ValueError, "ember native dense_floats: offsets of width 4 or 8 (off + n + 1 of them), "
+            PyErr_SetString(PyExc_ValueError, "ember native dense_floats: kind 0 (integers of width 1, 2, 4 or 8, off + n "
+                                              "of them) or 1 (strings, offsets of width 4 or 8, off + n + 1 of them), "
                                               "validity covering off + n bits or empty, row within out");
             goto done;
         }
@@ -1793,12 +1800,29 @@ static PyObject *dense_floats(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t c = 0; c < nc && range_err < 0; c++) {
             const Py_buffer *b = bufs + 3 * c;
-            const Py_ssize_t *m = meta + 3 * c;
+            const Py_ssize_t *m = meta + 5 * c;
             const uint8_t *d = b[1].buf, *vb = b[2].buf;
             const int32_t *o4 = b[0].buf;
             const int64_t *o8 = b[0].buf;
             double *row = x + m[2] * n;
             int ok = 1, has_valid = b[2].len != 0;
+            if (m[3] == 0) {
+                const uint8_t *raw = b[0].buf;
+                int sg = (int)m[4];
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    Py_ssize_t j = m[0] + i;
+                    if (has_valid && !((vb[j >> 3] >> (j & 7)) & 1)) { row[i] = NAN; continue; }
+                    switch (m[1]) {
+                    case 1: row[i] = sg ? (double)((const int8_t *)raw)[j] : (double)((const uint8_t *)raw)[j]; break;
+                    case 2: row[i] = sg ? (double)((const int16_t *)raw)[j] : (double)((const uint16_t *)raw)[j]; break;
+                    case 4: row[i] = sg ? (double)((const int32_t *)raw)[j] : (double)((const uint32_t *)raw)[j]; break;
+                    default: row[i] = sg ? (double)((const int64_t *)raw)[j] : (double)((const uint64_t *)raw)[j]; break;
+                    }
+                }
+                dn[c] = 1;
+                count++;
+                continue;
+            }
             for (Py_ssize_t i = 0; i < n; i++) {
                 Py_ssize_t j = m[0] + i;
                 if (has_valid && !((vb[j >> 3] >> (j & 7)) & 1)) { row[i] = NAN; continue; }

@@ -253,13 +253,14 @@ class Featurizer:
         self.keys = list(keys)
         self._planned: tuple[pa.Schema, list[_Native]] | None = None  # (batch schema, its plan)
         self._runs: list[tuple[int, int, DenseFeature]] | None = None
+        self._columns = schema.columns  # the schema is frozen: its columns, once
 
     def __call__(self, batch: pa.RecordBatch, file: str = "<batch>", first_row: int | np.ndarray = 1) -> Rows:
         """Featurize ``batch``; row 0 is row ``first_row`` of ``file``, or row i row ``first_row[i]``
         given an array (``RecordChunk.row_numbers``: CSV rows that span lines), for messages."""
         n = batch.num_rows
         names = batch.schema.names
-        missing_cols = [c for c in self.schema.columns if c not in names]
+        missing_cols = [c for c in self._columns if c not in names]
         if missing_cols:
             raise SchemaError(f"{file}: column(s) {missing_cols} not found; the data has {names}")
         missing_keys = [c for c in self.keys if c not in names]
@@ -321,20 +322,27 @@ class Featurizer:
 
     def _native_dense(self, batch: pa.RecordBatch, raw: np.ndarray) -> list[bool]:
         """Which dense features' values ``_native.dense_floats`` parsed into ``raw`` in one call:
-        the string columns (CSV text) whose values are all plain integers or empty. The others
-        (numeric columns, decimals, blanks, bad values) go through ``parse_floats``."""
+        integer columns without nulls, and string columns (CSV text) whose values are all plain
+        integers or empty. The others (floats, integers with nulls, decimals, blanks, bad values)
+        go through ``parse_floats``."""
         done = [False] * len(self.schema.dense)
         if not self.one_pass or not self.schema.dense:
             return done
         cols, which = [], []
         for j, f in enumerate(self.schema.dense):
             arr = batch.column(f.source_column)
-            if isinstance(arr, pa.ChunkedArray) or not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
+            if isinstance(arr, pa.ChunkedArray):
                 continue
-            bufs = arr.buffers()
-            validity = bufs[0] if bufs[0] is not None and arr.null_count else b""
-            cols.append((bufs[1], bufs[2] if bufs[2] is not None else b"", validity, arr.offset,
-                         8 if pa.types.is_large_string(arr.type) else 4, j))
+            t = arr.type
+            if pa.types.is_string(t) or pa.types.is_large_string(t):
+                bufs = arr.buffers()
+                validity = bufs[0] if bufs[0] is not None and arr.null_count else b""
+                cols.append((1, bufs[1], bufs[2] if bufs[2] is not None else b"", validity, arr.offset,
+                             8 if pa.types.is_large_string(t) else 4, True, j))
+            elif pa.types.is_integer(t) and not arr.null_count:  # with nulls, Arrow's cast decides (it refuses past 2**53)
+                cols.append((0, arr.buffers()[1], b"", b"", arr.offset, t.bit_width // 8, pa.types.is_signed_integer(t), j))
+            else:
+                continue
             which.append(j)
         if cols:
             ok = np.empty(len(cols), np.uint8)

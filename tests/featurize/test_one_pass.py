@@ -94,6 +94,8 @@ def _case(seed: int, bad: bool) -> tuple[Schema, pa.RecordBatch]:
     dense = []
     for j in range(5):
         cols[f"d{j}"] = _numbers(rng, n, bad and j == 2) if j % 2 else _ints(rng, pa.int32(), n)
+        if j == 4:  # an integer column without nulls (dense_floats), as Parquet's counts
+            cols[f"d{j}"] = pa.array(rng.integers(-(2**62), 2**62, n) // rng.choice([1, 2**40], n), pa.int64())
         dense.append({"name": f"d{j}", "log1p": j < 3, "fill": float(j == 4), "clip": [None, 50] if j == 3 else None})
     for j in range(5, 8):  # counts as text: plain integers and empty fields (dense_floats), now and then not
         words = ["", "0", "-0", "-00", "7", "-3", "007", "123456789012345678", "9223372036854775807"]
@@ -264,8 +266,13 @@ def _dense_columns(rng: np.random.Generator, n: int) -> list[tuple]:
         typ = pa.large_string() if row == 3 else pa.string()
         arr = pa.array([str(rng.choice(words)) for _ in range(n + 2)], typ, mask=rng.random(n + 2) < 0.1).slice(2)
         b = arr.buffers()
-        cols.append((b[1], b[2] if b[2] is not None else b"", b[0] if arr.null_count else b"", arr.offset,
-                     8 if typ == pa.large_string() else 4, 5 - row))
+        cols.append((1, b[1], b[2] if b[2] is not None else b"", b[0] if arr.null_count else b"", arr.offset,
+                     8 if typ == pa.large_string() else 4, True, 5 - row))
+    for row, typ in enumerate(INT_TYPES):
+        ints = _ints(rng, typ, n + 1).slice(1)
+        b = ints.buffers()
+        cols.append((0, b[1], b"", b[0] if ints.null_count else b"", ints.offset, typ.bit_width // 8,
+                     pa.types.is_signed_integer(typ), 6 + row))
     return cols
 
 
@@ -277,9 +284,9 @@ def test_native_dense_floats_equals_its_fallback(seed):
     cols = _dense_columns(rng, n)
     outs = []
     for fn in (_native.dense_floats, _native._dense_floats_py):
-        out, done = np.full((6, n), 3.0), np.empty(6, np.uint8)
+        out, done = np.full((6 + len(INT_TYPES), n), 3.0), np.empty(len(cols), np.uint8)
         outs.append((fn(cols, n, out, done), out, done))
     (c1, o1, d1), (c2, o2, d2) = outs
     assert c1 == c2 and d1.tolist() == d2.tolist()
-    rows = [c[5] for c, d in zip(cols, d1) if d]
+    rows = [c[7] for c, d in zip(cols, d1) if d]
     assert o1[rows].tobytes() == o2[rows].tobytes()  # -0.0 and NaN bit for bit
