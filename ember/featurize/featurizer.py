@@ -53,11 +53,11 @@ log = logging.getLogger("ember")
 _said: set[str] = set()  # reasons for the column-by-column path already logged (once per process)
 
 
-def _say_once(reason: str, feature: str) -> None:
+def _say_once(reason: str, feature: str, kind: str = "sparse", call: str = "featurize_ids") -> None:
     if reason not in _said:
         _said.add(reason)
-        log.info("featurizer: sparse feature '%s' (and any other like it) is featurized column by column, not in "
-                 "the one-pass native call (featurize_ids): %s", feature, reason)
+        log.info("featurizer: %s feature '%s' (and any other like it) is featurized column by column, not in the "
+                 "one-pass native call (%s): %s", kind, feature, call, reason)
 
 
 def _empty(n: int, dtype: type) -> np.ndarray:
@@ -342,6 +342,7 @@ class Featurizer:
             elif pa.types.is_integer(t) and not arr.null_count:  # with nulls, Arrow's cast decides (it refuses past 2**53)
                 cols.append((0, arr.buffers()[1], b"", b"", arr.offset, t.bit_width // 8, pa.types.is_signed_integer(t), j))
             else:
+                _say_once(f"a {t} column" + (" with nulls" if pa.types.is_integer(t) else ""), f.name, "dense", "dense_floats")
                 continue
             which.append(j)
         if cols:
@@ -349,6 +350,10 @@ class Featurizer:
             _native.dense_floats(cols, batch.num_rows, raw, ok)
             for j, k in zip(which, ok.tolist()):
                 done[j] = bool(k)
+                if not k:
+                    _say_once("text that is not all plain integers and empty fields (decimals, blanks, signs, bad "
+                              "values): parse_floats reads that block's column", self.schema.dense[j].name, "dense",
+                              "dense_floats")
         return done
 
     def _dense_runs(self) -> list[tuple[int, int, DenseFeature]]:

@@ -13,6 +13,13 @@ means (a missing number; for a categorical column the category ``""`` unless the
 it in ``missing_values``) and converts numbers itself so it can name the row and value that
 fail.
 
+A plain block (no quote, no CR, every line its number of fields: what Criteo-like exports are)
+is split by ember's native splitter (``_native.csv_split`` / ``csv_gather``: one pass to find the
+fields, one to copy them into Arrow string columns), every column as text: exactly what
+pyarrow's text read gives for it, without its conversions (the featurizer parses integer IDs and
+counts natively). Any other block is read by pyarrow as below (logged once per reason), the
+reference the splitter is tested against.
+
 Typed reads (``types``: the arrow type the reader's consumer turns a column into, e.g. int64
 for integer IDs, :func:`ember.featurize.featurizer.read_types`; float64 columns are handled too):
 a block is first read with pyarrow parsing those columns as numbers (an empty field null), which
@@ -224,7 +231,8 @@ def read_csv(
     opens such a value but is never closed makes its line a bad row (``"<row>: quoted value
     not closed"``). ``storage_options``: how to reach ``path`` when it is a URI.
     ``types``: columns to read as these arrow types where that gives what their text gives (see
-    the module docstring; the others, and all with ``newlines_in_values``, are strings).
+    the module docstring; the others, and all with ``newlines_in_values``, are strings; a block
+    the native splitter takes is all strings too).
     """
     report = report or BadRowReport()
     names = list(column_names) if column_names else None
@@ -421,7 +429,7 @@ class _BlockParser:
         typed where asked, and the bad-row rules apply. One pass to split, one to copy the
         fields out, no conversions: integer IDs and numbers are the featurizer's to parse
         (``featurize_ids``, ``parse_floats``' native path)."""
-        if not _SPLIT or self._delim is None or not lines.endswith(b"\n"):
+        if not _SPLIT or self._delim is None or not self.columns or not lines.endswith(b"\n"):
             return None
         if b'"' in lines or b"\r" in lines:
             _not_split(self.path, line_no, "the block holds a quote or a CR")
