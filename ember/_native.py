@@ -42,7 +42,8 @@ import torch
 from ember.mix import mix64
 
 __all__ = [
-    "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_hazards", "featurize_ids", "csv_gather", "csv_split", "dense_floats", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
+    "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_gather", "csv_hazards", "csv_split", "dense_floats", "featurize_ids",
+    "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
     "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
