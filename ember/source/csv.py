@@ -429,10 +429,16 @@ class _BlockParser:
         typed where asked, and the bad-row rules apply. One pass to split, one to copy the
         fields out, no conversions: integer IDs and numbers are the featurizer's to parse
         (``featurize_ids``, ``parse_floats``' native path)."""
-        if not _SPLIT or self._delim is None or not self.columns or not lines.endswith(b"\n"):
+        if not _SPLIT or not self.columns or not lines.endswith(b"\n"):  # (every block ends with one)
+            return None
+        if self._delim is None:
+            _not_split(self.path, line_no, f"the delimiter {self.delimiter!r} is not one byte other than a quote or a line end")
             return None
         if b'"' in lines or b"\r" in lines:
             _not_split(self.path, line_no, "the block holds a quote or a CR")
+            return None
+        if len(lines) >= 2**31 - 1:  # its fields' offsets are int32
+            _not_split(self.path, line_no, "the block is 2 GiB or more")
             return None
         k, n = len(self.columns), n_lines
         starts, offsets = _pool_array(k * n, np.int32), _pool_array(k * (n + 1), np.int32).reshape(k, n + 1)

@@ -290,3 +290,9 @@ def test_native_dense_floats_equals_its_fallback(seed):
     assert c1 == c2 and d1.tolist() == d2.tolist()
     rows = [c[7] for c, d in zip(cols, d1) if d]
     assert o1[rows].tobytes() == o2[rows].tobytes()  # -0.0 and NaN bit for bit
+
+
+def test_a_batch_of_no_rows():
+    schema, batch = _case(7, bad=False)
+    fast, reference = _both(schema, batch.slice(0, 0))
+    _assert_same(fast(batch.slice(0, 0)).to_batch(), reference(batch.slice(0, 0)).to_batch())
