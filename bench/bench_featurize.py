@@ -1,6 +1,7 @@
 """Read + featurize of Criteo-shaped batches (issue 29, item 3): milliseconds per 4,096 rows from
 Parquet and from CSV, the buffer path (categorical values hashed straight from Arrow's buffers in
-the native core, integer columns without copies) against the reference path, paired.
+the native core, all single-valued sparse columns in one call, ``_native.featurize_ids``, and
+integer columns without copies) against the reference path, paired.
 
 Two workloads, each written once as Parquet and as CSV (``--rows`` rows, into ``--data-dir``):
 
@@ -14,14 +15,17 @@ Each variant reads the file with ember's own readers (``Source.open`` of ``ember
 Parquet ``read_rows`` 4,096, CSV blocks of about 4,096 rows) and featurizes every block with
 ``Featurizer``; the reference variant has the featurizer call the reference functions
 (``hash_array_reference``, Arrow's casts for string IDs and counts, and the transforms'
-general paths) on CSV read as text. The buffer path reads CSV with typed columns
-(``featurizer.read_types``, as the loader does); for CSV a third variant, ``text``, is the buffer
-path on CSV read as text (every column a string: the reader before typed reads). The variants
+general paths, column by column: ``Featurizer.one_pass = False``) on CSV read as text by pyarrow.
+The buffer path reads CSV as the loader does: plain blocks split by ember's native splitter
+(``csv_split``, every column text), others by pyarrow with typed columns
+(``featurizer.read_types``); for CSV a third variant, ``text``, is the buffer featurizer on CSV
+read as text by pyarrow (no native split, no typed columns: the reader before both). The variants
 run in this one process on the same blocks, step by step, the first of each step rotating; per block, time =
 its read + its featurize, scaled to 4,096 rows (a block under 2,048 rows, a file's
 last, is left out). Reported: the median over blocks and rounds,
 min-max, the median of the per-block ratio reference / buffer path, and for CSV of text / buffer
-path (``typed_speedup``).
+path (``typed_speedup``: what the reader gains over pyarrow's text read, by the native split or
+typed columns).
 
     python bench/bench_featurize.py [--rows 40960] [--rounds 3] [--data-dir DIR]
 
@@ -48,6 +52,7 @@ import pyarrow.parquet as pq
 
 import ember.featurize.featurizer as featurizer_module
 import ember.featurize.transforms as transforms_module
+import ember.source.csv as csv_module
 from ember.config import from_dict
 from ember.featurize.featurizer import Featurizer, read_types
 from ember.featurize.hashing import hash_array_reference
@@ -86,13 +91,26 @@ def reference_paths() -> Iterator[None]:
         setattr(featurizer_module, k, fn)
     for k in buffer_paths:  # string columns: the general paths (Arrow's casts)
         setattr(transforms_module, k, lambda arr: None)
+    Featurizer.one_pass = False  # column by column
     try:
-        yield
+        with pyarrow_reads():
+            yield
     finally:
+        Featurizer.one_pass = True
         for k, fn in saved.items():
             setattr(featurizer_module, k, fn)
         for k, fn in buffer_paths.items():
             setattr(transforms_module, k, fn)
+
+
+@contextlib.contextmanager
+def pyarrow_reads() -> Iterator[None]:
+    """CSV blocks read by pyarrow (typed where asked), none split by ember's native splitter."""
+    csv_module._SPLIT = False
+    try:
+        yield
+    finally:
+        csv_module._SPLIT = True
 
 
 def write_hex(ids_parquet: Path, out_dir: Path) -> dict[str, Path]:
@@ -145,7 +163,7 @@ def timed_blocks(raw: dict[str, Any], variant: str) -> Iterator[tuple[float, flo
     types = read_types(cfg.schema) if variant == "buffers" else None
     it = source_for(cfg.data).open(Unit(path), cfg.schema.columns, BadRowReport(), types=types)
     while True:
-        with reference_paths() if reference else contextlib.nullcontext():
+        with reference_paths() if reference else pyarrow_reads() if variant == "text" else contextlib.nullcontext():
             t0 = time.perf_counter()
             try:
                 chunk = next(it)

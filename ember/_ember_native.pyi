@@ -130,5 +130,24 @@ def arrow_hash_ints(values: object, validity: object, off: int, n: int, width: i
 # uint8 [n] (0 ID, 1 missing, 2 bad); returns the bad count, or -1 for a byte other than 0-9 or -
 def arrow_parse_ints(offsets: object, data: object, validity: object, off: int, n: int, width: int, out: np.ndarray,
                      state: np.ndarray, /) -> int: ...
+# a record batch's single-valued sparse columns in one pass, GIL released: columns a list of
+# (kind 0 ints / 1 hashed strings, values or offsets, data, validity, off, width, signed, hash,
+# salt, listed tuple); kept values of column c after those before it in out_values int64 [>= C*n],
+# out_lengths int64 [C*n] 0/1, out_offsets int64 [C, n+1], out_counts int64 [C]; returns the total
+def featurize_ids(columns: list[tuple[int, object, object, object, int, int, bool, bool, int, tuple[object, ...]]], n: int,
+                  out_values: np.ndarray, out_lengths: np.ndarray, out_offsets: np.ndarray, out_counts: np.ndarray, /) -> int: ...
+# integer columns (kind 0) and string columns of plain integers / empty fields (kind 1) as float64
+# rows of out [R, n] (-0 is -0.0, null or empty NaN), columns a list of (kind, values or offsets,
+# data, validity, off, width, signed, row); out_done uint8 [C] 1 or 0 (a string column with another
+# value: not done); returns the columns done (GIL released)
+def dense_floats(columns: list[tuple[int, object, object, object, int, int, bool, int]], n: int, out: np.ndarray,
+                 out_done: np.ndarray, /) -> int: ...
 # flags of what a typed CSV read takes differently from the text path: 1 'x'/'X', 2 '(', 4 20+ digits in a row
 def csv_hazards(data: bytes, /) -> int: ...
+# a block of n CSV lines without quotes or CRs split on a delimiter byte, ncols fields a line:
+# slots int64 [ncols] (output slot or -1), out_starts int32 [k*n] field starts, out_offsets int32
+# [k, n+1] Arrow offsets; returns n, or -1 for another field or line count (GIL released)
+def csv_split(data: object, delimiter: int, ncols: int, slots: np.ndarray, n: int, out_starts: np.ndarray,
+              out_offsets: np.ndarray, /) -> int: ...
+# csv_split's fields copied into one uint8 buffer per slot (outs[s] of offsets[s, n] bytes)
+def csv_gather(data: object, starts: np.ndarray, offsets: np.ndarray, n: int, outs: list[np.ndarray], /) -> None: ...

@@ -42,7 +42,8 @@ import torch
 from ember.mix import mix64
 
 __all__ = [
-    "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_hazards", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
+    "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_gather", "csv_hazards", "csv_split", "dense_floats", "featurize_ids",
+    "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
     "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
@@ -843,6 +844,134 @@ def _arrow_parse_ints_py(offsets: object, data: object, validity: object, off: i
     return int((state == 2).sum())
 
 
+def featurize_ids(columns: list[tuple], n: int, out_values: np.ndarray, out_lengths: np.ndarray,
+                  out_offsets: np.ndarray, out_counts: np.ndarray) -> int:
+    """The single-valued sparse columns of one record batch in one pass over their Arrow buffers
+    (``ember.featurize.featurizer``). Each column is ``(kind, values, data, validity, off, width,
+    signed, hash, salt, listed)``: kind 0 an integer array (``values`` its ``width``-byte
+    integers, ``signed`` or not, ``data`` b""), kind 1 a hashed (large_)string or binary array,
+    kind 2 a string array of decimal integer IDs, not hashed (``values`` its int32/int64 offsets,
+    ``width`` 4 or 8, ``data`` its bytes); ``validity`` the bitmap or b"", ``off`` the array's
+    offset. A value is kept unless null, ``listed`` (a tuple of bytes for kinds 1 and 2; of
+    integers for kind 0, compared as the 64-bit pattern of the sign- or zero-extended value) or,
+    for kind 2, empty; it becomes ``hash`` ? its ID (``arrow_hash_strings`` / ``arrow_hash_ints``
+    with ``salt``) : the integer (kind 2: as ``arrow_parse_ints`` reads it). Column c's kept
+    values go to ``out_values`` (int64 [>= C * n]) after those of the columns before it,
+    ``out_counts[c]`` of them; ``out_lengths`` (int64 [C * n]) gets each row's 0 or 1,
+    ``out_offsets`` (int64 [C, n + 1]) their running sums. A kind 2 column with a value that is
+    no ID (a byte other than 0-9 and ``-``, or a bad ID; listed values aside) is declined:
+    ``out_counts[c]`` = -1, nothing of it kept (its lengths and offsets are left undefined), for
+    the caller's general path. Returns the values kept."""
+    c = len(columns)
+    if (out_values.dtype != np.int64 or out_values.size < c * n or out_lengths.dtype != np.int64
+            or out_lengths.shape != (c * n,) or out_offsets.dtype != np.int64 or out_offsets.shape != (c, n + 1)
+            or out_counts.dtype != np.int64 or out_counts.shape != (c,)):
+        raise ValueError("featurize_ids: out_values int64 [>= C * n], out_lengths int64 [C * n], "
+                         "out_offsets int64 [C, n + 1], out_counts int64 [C]")
+    if _core is None:
+        return _featurize_ids_py(columns, n, out_values, out_lengths, out_offsets, out_counts)
+    return int(_core.featurize_ids(columns, n, out_values, out_lengths, out_offsets, out_counts))
+
+
+def _featurize_ids_py(columns: list[tuple], n: int, out_values: np.ndarray, out_lengths: np.ndarray,
+                      out_offsets: np.ndarray, out_counts: np.ndarray) -> int:
+    total = 0
+    ids, valid = np.empty(n, np.int64), np.empty(n, np.bool_)
+    for c, (kind, values, data, validity, off, width, signed, hashed, salt, listed) in enumerate(columns):
+        if kind == 2:
+            if hashed:
+                raise ValueError("featurize_ids: a column of integer IDs as text (kind 2) is not hashed")
+            present = _present(validity, off, n)
+            arr = _binary_from_buffers("featurize_ids", values, data, off, n, width)
+            listed_mask = np.zeros(n, bool)
+            if listed:
+                listed_mask = np.asarray(pc.fill_null(pc.is_in(arr, value_set=pa.array(list(listed), arr.type)), False), dtype=bool)
+            empty = np.asarray(pc.binary_length(arr), dtype=np.int64) == 0
+            asked = present & ~listed_mask & ~empty
+            if not asked.any():
+                valid[:] = False
+                ids[:] = 0
+            else:
+                ok = np.asarray(pc.fill_null(pc.match_substring_regex(arr, _INT_TOKEN), False), dtype=bool)
+                for i in np.flatnonzero(ok & asked & (np.asarray(pc.binary_length(arr), dtype=np.int64) >= 19)):
+                    ok[i] = -(2**63) <= int(arr[int(i)].as_py()) < 2**63  # 19 digits may pass int64's range
+                if (asked & ~ok).any():  # not an ID: the caller's general path judges the column
+                    out_counts[c] = -1
+                    continue
+                text = pc.if_else(pa.array(asked), arr, pa.scalar(b"0", arr.type))
+                ids[:] = np.asarray(pc.cast(text.cast(pa.large_string() if width == 8 else pa.string()), pa.int64()),
+                                    dtype=np.int64)
+                valid[:] = asked
+        elif kind == 1:
+            if not hashed:
+                raise ValueError("featurize_ids: a string column (kind 1) must be hashed")
+            _arrow_hash_strings_py(values, data, validity, off, n, width, salt, ids, valid)
+            if listed:
+                arr = _binary_from_buffers("featurize_ids", values, data, off, n, width)
+                valid &= ~np.asarray(pc.fill_null(pc.is_in(arr, value_set=pa.array(list(listed), arr.type)), False), dtype=bool)
+        elif kind == 0:
+            if width not in (1, 2, 4, 8):
+                raise ValueError("featurize_ids: an integer column's width must be 1, 2, 4 or 8 bytes")
+            present = _present(validity, off, n)
+            v = np.frombuffer(values, np.dtype(f"{'i' if signed else 'u'}{width}"), count=off + n)[off:]  # type: ignore[call-overload]
+            bits = v.astype(np.int64).view(np.uint64)  # sign- or zero-extended; uint64 keeps its bits
+            valid[:] = present
+            if listed:
+                valid &= ~np.isin(bits, np.array([x & (2**64 - 1) for x in listed], np.uint64))
+            ids[:] = mix64(bits ^ np.uint64(salt)).view(np.int64) if hashed else bits.view(np.int64)
+        else:
+            raise ValueError(f"featurize_ids: column kind must be 0 (integers), 1 (hashed strings) or 2 (integer IDs as "
+                             f"text), got {kind}")
+        kept = ids[valid]
+        out_values[total : total + kept.size] = kept
+        out_lengths[c * n : (c + 1) * n] = valid
+        out_offsets[c, 0] = 0
+        np.cumsum(valid, out=out_offsets[c, 1:])
+        out_counts[c] = kept.size
+        total += kept.size
+    return total
+
+
+def dense_floats(columns: list[tuple], n: int, out: np.ndarray, out_done: np.ndarray) -> int:
+    """Integer columns, and string columns of plain integers and empty fields (CSV counts), as
+    float64 in one call, as ``parse_floats`` reads them: each column ``(kind, values, data,
+    validity, off, width, signed, row)``: kind 0 an integer array (``values`` its
+    ``width``-byte integers, ``data`` b""), kind 1 a string array (its offsets of ``width`` 4
+    or 8 and bytes, as ``arrow_parse_ints`` takes them); ``row``: its row of ``out`` (float64
+    [R, n]). An integer is rounded to float64 (numpy's ``astype``); a string ``-?`` and 1-19
+    digits within int64 likewise (``-0`` is -0.0, as a decimal parse makes it); a null or empty
+    value is NaN. A string column holding any other value is not done (``out_done[c]`` = 0, its
+    row undefined), for the caller's general parse. Returns the columns done."""
+    if out.dtype != np.float64 or out.ndim != 2 or out.shape[1] != n or not out.flags.c_contiguous \
+            or out_done.dtype != np.uint8 or out_done.shape != (len(columns),):
+        raise ValueError("dense_floats: out float64 [R, n] (C-contiguous), out_done uint8 [C]")
+    if _core is None:
+        return _dense_floats_py(columns, n, out, out_done)
+    return int(_core.dense_floats(columns, n, out, out_done))
+
+
+def _dense_floats_py(columns: list[tuple], n: int, out: np.ndarray, out_done: np.ndarray) -> int:
+    x, state = np.empty(n, np.int64), np.empty(n, np.uint8)
+    for c, (kind, offsets, data, validity, off, width, signed, row) in enumerate(columns):
+        if kind == 0:
+            v = np.frombuffer(offsets, np.dtype(f"{'i' if signed else 'u'}{width}"), count=off + n)[off:]  # type: ignore[call-overload]
+            out[row] = np.where(_present(validity, off, n), v.astype(np.float64), np.nan)
+            out_done[c] = 1
+            continue
+        if _arrow_parse_ints_py(offsets, data, validity, off, n, width, x, state) < 0 or (state == 2).any():
+            out_done[c] = 0
+            continue
+        values = x.astype(np.float64)
+        values[state == 1] = np.nan
+        zeros = np.flatnonzero((x == 0) & (state == 0))
+        if zeros.size:  # "-0": -0.0
+            starts = np.frombuffer(offsets, np.int64 if width == 8 else np.int32, count=off + n + 1)[off + zeros]  # type: ignore[call-overload]
+            values[zeros[np.frombuffer(data, np.uint8)[starts] == ord("-")]] = -0.0  # type: ignore[call-overload]
+        out[row] = values
+        out_done[c] = 1
+    return int(out_done.sum())
+
+
 CSV_HEX, CSV_PAREN, CSV_LONG_DIGITS = 1, 2, 4  # csv_hazards' flags
 
 
@@ -866,6 +995,71 @@ def _csv_hazards_py(data: bytes) -> int:
     if b.size and int(np.diff(bounds).max()) - 1 >= 20:
         flags |= CSV_LONG_DIGITS
     return flags
+
+
+def csv_split(data: object, delimiter: int, ncols: int, slots: np.ndarray, n: int, out_starts: np.ndarray,
+              out_offsets: np.ndarray) -> int:
+    """The fields of a block of ``n`` CSV lines without quotes or CRs (``ember.source.csv``),
+    split as pyarrow splits such text: each line ends with ``\\n`` and holds ``ncols`` fields
+    separated by the ``delimiter`` byte. ``slots`` (int64 [ncols]): each field's output slot, -1
+    for none; field i of slot s starts at ``out_starts[s * n + i]`` (int32) in ``data``, and
+    ``out_offsets[s]`` (int32 [k, n + 1]) gets the running sums of its fields' lengths from 0.
+    Returns ``n``, or -1 when a line holds another number of fields, there are not ``n`` lines,
+    or ``data`` does not end with ``\\n``. One pass, eight bytes a step between separators."""
+    if out_starts.dtype != np.int32 or out_offsets.dtype != np.int32 or slots.dtype != np.int64:
+        raise ValueError("csv_split: slots int64 [ncols], out_starts int32 [k * n], out_offsets int32 [k, n + 1]")
+    if _core is None:
+        return _csv_split_py(data, delimiter, ncols, slots, n, out_starts, out_offsets)
+    return int(_core.csv_split(data, delimiter, ncols, slots, n, out_starts, out_offsets))
+
+
+def _csv_split_py(data: object, delimiter: int, ncols: int, slots: np.ndarray, n: int, out_starts: np.ndarray,
+                  out_offsets: np.ndarray) -> int:
+    b = np.frombuffer(data, np.uint8)  # type: ignore[call-overload]
+    ends = np.flatnonzero((b == delimiter) | (b == ord("\n")))
+    if ends.size != n * ncols or (n and ends[-1] != b.size - 1) or (not n and b.size):
+        return -1
+    ends = ends.reshape(n, ncols)
+    is_newline = b[ends] == ord("\n")
+    if not is_newline[:, -1].all() or is_newline[:, :-1].any():
+        return -1
+    begins = np.empty_like(ends)
+    begins.reshape(-1)[1:] = ends.reshape(-1)[:-1] + 1
+    if begins.size:
+        begins.reshape(-1)[0] = 0
+    lengths = ends - begins
+    starts, offsets = out_starts.reshape(-1), out_offsets.reshape(-1)
+    k = int(slots.max()) + 1 if slots.size else 0
+    starts[: k * n] = 0  # a slot no field fills: no fields, all empty
+    offsets[: k * (n + 1)] = 0
+    for col, s in enumerate(slots.tolist()):
+        if s >= 0:
+            starts[s * n : (s + 1) * n] = begins[:, col]
+            offsets[s * (n + 1)] = 0
+            np.cumsum(lengths[:, col], out=offsets[s * (n + 1) + 1 : (s + 1) * (n + 1)], dtype=np.int32)
+    return n
+
+
+def csv_gather(data: object, starts: np.ndarray, offsets: np.ndarray, n: int, outs: list) -> None:
+    """``csv_split``'s fields copied out: ``outs[s]`` (a writable buffer of offsets[s, n] bytes) gets field i of slot s
+    (``starts[s * n + i]`` in ``data``) at ``offsets[s, i]``: the data buffer of an Arrow string
+    array whose offsets are ``offsets[s]``."""
+    if _core is None:
+        return _csv_gather_py(data, starts, offsets, n, outs)
+    _core.csv_gather(data, starts, offsets, n, outs)
+
+
+def _csv_gather_py(data: object, starts: np.ndarray, offsets: np.ndarray, n: int, outs: list) -> None:
+    b = np.frombuffer(data, np.uint8)  # type: ignore[call-overload]
+    offs = offsets.reshape(len(outs), n + 1).astype(np.int64)
+    st = starts.reshape(-1).astype(np.int64)
+    for s, buf in enumerate(outs):
+        out = np.frombuffer(buf, np.uint8)  # type: ignore[call-overload]  # any writable buffer
+        o = offs[s]
+        if out.size != o[n]:
+            raise ValueError("csv_gather: out s must hold offsets[s, n] bytes")
+        lens = np.diff(o)
+        out[:] = b[np.repeat(st[s * n : (s + 1) * n] - o[:-1], lens) + np.arange(int(o[n]))]
 
 
 # ---- row initialisers (ember.embedding.init) ---------------------------------------------------

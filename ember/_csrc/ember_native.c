@@ -1530,6 +1530,332 @@ done:
     return res;
 }
 
+/* featurize_ids(columns, n, out_values, out_lengths, out_offsets, out_counts) -> total: the
+ * single-valued sparse columns of one record batch (ember.featurize.featurizer) in one call, the
+ * GIL released. Each column is a tuple (kind, values, data, validity, off, width, signed, hash,
+ * salt, listed): kind 0 an integer array (values: its width-byte integers, data b""), kind 1 a
+ * (large_)string or binary one, hashed, kind 2 one of decimal integer IDs, not hashed (values:
+ * its int32/int64 offsets, width 4/8; data: its bytes); validity and off as for
+ * arrow_hash_strings. A value is kept unless null or listed (listed: a tuple of bytes for kinds
+ * 1 and 2, compared as bytes; of integers, as 64-bit patterns of the sign/zero-extended value,
+ * for kind 0), or empty for kind 2; a kept value becomes hash ? its ID (arrow_hash_*'s hash) :
+ * the integer itself (kind 2: arrow_parse_ints' ID). Column c's kept values go to out_values
+ * (int64) one after the other, after the columns before it (out_counts[c]: how many);
+ * out_lengths int64 [C * n] is 0/1 per row, out_offsets int64 [C, n + 1] their running sums
+ * (from 0). A kind 2 column holding a value that is not an ID (a byte other than 0-9 and '-', or
+ * a bad ID; listed values aside) is declined: out_counts[c] = -1, its values not kept (its
+ * lengths and offsets are then garbage), for the caller's general path. */
+#define FZ_MAX_LISTED 16
+typedef struct {
+    Py_buffer vals, data, valid;
+    int held;  /* buffers acquired: 0 or 3 */
+    int kind, is_signed, hash, n_listed;
+    Py_ssize_t off, width;
+    unsigned long long salt;
+    const uint8_t *listed[FZ_MAX_LISTED];
+    Py_ssize_t listed_len[FZ_MAX_LISTED];
+    uint64_t listed_int[FZ_MAX_LISTED];
+} fz_column;
+
+static int fz_parse_column(PyObject *item, Py_ssize_t n, fz_column *c) {
+    PyObject *listed;
+    c->held = 0;
+    if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "iy*y*y*nnppKO!", &c->kind, &c->vals, &c->data, &c->valid,
+                                                  &c->off, &c->width, &c->is_signed, &c->hash, &c->salt,
+                                                  &PyTuple_Type, &listed)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ember native featurize_ids: a column is a tuple");
+        return 0;
+    }
+    c->held = 3;
+    Py_ssize_t k = PyTuple_GET_SIZE(listed);
+    int ok = c->off >= 0 && (c->valid.len == 0 || c->valid.len * 8 >= c->off + n) && k <= FZ_MAX_LISTED;
+    if (c->kind == 0)
+        ok = ok && (c->width == 1 || c->width == 2 || c->width == 4 || c->width == 8) && c->vals.len >= (c->off + n) * c->width;
+    else
+        ok = ok && ((c->kind == 1 && c->hash) || (c->kind == 2 && !c->hash)) && (c->width == 4 || c->width == 8)
+             && c->vals.len >= (c->off + n + 1) * c->width;
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "ember native featurize_ids: a column must be kind 0 (integers of width 1, 2, 4, 8: "
+                     "off + n of them), 1 (hashed strings) or 2 (integer IDs as text, not hashed) with offsets of width "
+                     "4 or 8 (off + n + 1 of them), validity "
+                     "covering off + n bits or empty, at most %d listed values", FZ_MAX_LISTED);
+        return 0;
+    }
+    c->n_listed = (int)k;
+    for (Py_ssize_t i = 0; i < k; i++) {
+        PyObject *v = PyTuple_GET_ITEM(listed, i);
+        if (c->kind != 0) {
+            char *p;
+            if (!PyBytes_Check(v) || PyBytes_AsStringAndSize(v, &p, &c->listed_len[i]) < 0) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ember native featurize_ids: a string column's listed values are bytes");
+                return 0;
+            }
+            c->listed[i] = (const uint8_t *)p;  /* the tuple (an argument) keeps it alive */
+        } else {
+            c->listed_int[i] = PyLong_AsUnsignedLongLongMask(v);
+            if (PyErr_Occurred()) return 0;
+        }
+    }
+    return 1;
+}
+
+static inline uint64_t fz_hash_bytes(const uint8_t *p, uint64_t len, uint64_t salt) {
+    uint64_t z = mix64(salt ^ ((len + 1) * 0x9E3779B97F4A7C15ULL)), k = 0;
+    for (; k + 8 <= len; k += 8) z = mix64(z ^ load_le64(p + k));
+    if (k < len) {
+        uint64_t w = 0;
+        for (uint64_t c = 0; k + c < len; c++) w |= (uint64_t)p[k + c] << (8 * c);
+        z = mix64(z ^ w);
+    }
+    return z;
+}
+
+/* kind 2's ID: -?[0-9]{1,19} within int64 (arrow_parse_ints); 0 a bad ID, -1 a byte other
+ * than a digit or '-'. Eight digits a step where they are all digits (one multiply-shift
+ * reduction of the little-endian word); any other byte sends the value to the byte loop. */
+static inline int fz_parse_id(const uint8_t *p, const uint8_t *e, int64_t *id) {
+    int neg = *p == '-', ok = 1, digits = 0;
+    uint64_t v = 0;
+    if (neg) p++;
+    if (e - p >= 1 && e - p <= 19) {
+        const uint8_t *q = p;
+        for (; e - q >= 8; q += 8) {
+            uint64_t w = load_le64(q);
+            if (((w & 0xF0F0F0F0F0F0F0F0ULL) | (((w + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4))
+                != 0x3333333333333333ULL) goto bytewise;
+            w = ((w & 0x0F0F0F0F0F0F0F0FULL) * 2561) >> 8;
+            w = ((w & 0x00FF00FF00FF00FFULL) * 6553601) >> 16;
+            w = ((w & 0x0000FFFF0000FFFFULL) * 42949672960001ULL) >> 32;
+            v = v * 100000000ULL + w;
+        }
+        for (; q < e; q++) {
+            unsigned ch = (unsigned)*q - '0';
+            if (ch > 9u) goto bytewise;
+            v = v * 10 + ch;
+        }
+        if (v > (neg ? 9223372036854775808ULL : 9223372036854775807ULL)) return 0;
+        *id = neg ? (int64_t)(0 - v) : (int64_t)v;
+        return 1;
+    }
+bytewise:
+    v = 0;
+    ok = p < e;
+    for (; p < e; p++) {
+        unsigned ch = *p;
+        if (ch - '0' <= 9u) {
+            if (++digits <= 19) v = v * 10 + (ch - '0');  /* 19 digits < 2^64: no wrap */
+        } else if (ch == '-') {
+            ok = 0;
+        } else {
+            return -1;
+        }
+    }
+    if (!ok || digits > 19 || v > (neg ? 9223372036854775808ULL : 9223372036854775807ULL)) return 0;
+    *id = neg ? (int64_t)(0 - v) : (int64_t)v;
+    return 1;
+}
+
+/* one column: returns the values kept, -1 - i when value i's offsets leave the data, or
+ * PY_SSIZE_T_MIN when it declines (kind 2) */
+static Py_ssize_t fz_column_run(const fz_column *c, Py_ssize_t n, int64_t *vo, int64_t *lens, int64_t *offs) {
+    const uint8_t *vb = c->valid.buf, *raw = c->vals.buf, *d = c->data.buf;
+    const int32_t *o4 = c->vals.buf;
+    const int64_t *o8 = c->vals.buf;
+    int has_valid = c->valid.len != 0, nl = c->n_listed;
+    Py_ssize_t kept = 0, dlen = c->data.len;
+    uint64_t salt = c->salt;
+    offs[0] = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_ssize_t j = c->off + i;
+        int keep = !has_valid || ((vb[j >> 3] >> (j & 7)) & 1);
+        uint64_t id = 0;
+        if (keep && c->kind != 0) {
+            int64_t a = c->width == 4 ? (int64_t)o4[j] : o8[j];
+            int64_t b = c->width == 4 ? (int64_t)o4[j + 1] : o8[j + 1];
+            if (a < 0 || b < a || b > dlen) return -1 - i;
+            const uint8_t *p = d + a;
+            Py_ssize_t len = (Py_ssize_t)(b - a);
+            for (int t = 0; t < nl; t++)
+                if (c->listed_len[t] == len && (len == 0 || memcmp(c->listed[t], p, (size_t)len) == 0)) { keep = 0; break; }
+            if (keep && c->kind == 1) {
+                id = fz_hash_bytes(p, (uint64_t)len, salt);
+            } else if (keep) {
+                int64_t x = 0;
+                if (len == 0) keep = 0;  /* an empty field: missing */
+                else if (fz_parse_id(p, p + len, &x) <= 0) return PY_SSIZE_T_MIN;
+                id = (uint64_t)x;
+            }
+        } else if (keep) {
+            uint64_t v;
+            switch (c->width) {
+            case 1: v = c->is_signed ? (uint64_t)(int64_t)((const int8_t *)raw)[j] : ((const uint8_t *)raw)[j]; break;
+            case 2: v = c->is_signed ? (uint64_t)(int64_t)((const int16_t *)raw)[j] : ((const uint16_t *)raw)[j]; break;
+            case 4: v = c->is_signed ? (uint64_t)(int64_t)((const int32_t *)raw)[j] : ((const uint32_t *)raw)[j]; break;
+            default: v = ((const uint64_t *)raw)[j]; break;
+            }
+            for (int t = 0; t < nl; t++)
+                if (c->listed_int[t] == v) { keep = 0; break; }
+            id = c->hash ? mix64(v ^ salt) : v;
+        }
+        if (keep) vo[kept++] = (int64_t)id;
+        lens[i] = keep;
+        offs[i + 1] = kept;
+    }
+    return kept;
+}
+
+static PyObject *featurize_ids(PyObject *self, PyObject *args) {
+    PyObject *columns;
+    Py_ssize_t n;
+    Py_buffer out, lens, offs, counts;
+    if (!PyArg_ParseTuple(args, "O!nw*w*w*w*", &PyList_Type, &columns, &n, &out, &lens, &offs, &counts)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t nc = PyList_GET_SIZE(columns), got = 0;
+    fz_column *cols = PyMem_Calloc(nc ? (size_t)nc : 1, sizeof(fz_column));
+    if (!cols) { PyErr_NoMemory(); goto done; }
+    if (n < 0 || out.len < nc * n * 8 || lens.len != nc * n * 8 || offs.len != nc * (n + 1) * 8 || counts.len != nc * 8) {
+        PyErr_SetString(PyExc_ValueError, "ember native featurize_ids: out_values int64 [>= C * n], out_lengths int64 "
+                                          "[C * n], out_offsets int64 [C, n + 1], out_counts int64 [C] for C columns");
+        goto done;
+    }
+    for (; got < nc; got++)
+        if (!fz_parse_column(PyList_GET_ITEM(columns, got), n, &cols[got])) { got += cols[got].held ? 1 : 0; goto done; }
+    {
+        int64_t *vo = out.buf, *lp = lens.buf, *op = offs.buf, *cp = counts.buf;
+        Py_ssize_t total = 0, bad = 0, bad_col = -1;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t c = 0; c < nc; c++) {
+            Py_ssize_t kept = fz_column_run(&cols[c], n, vo + total, lp + c * n, op + c * (n + 1));
+            if (kept == PY_SSIZE_T_MIN) { cp[c] = -1; continue; }  /* declined: the next column writes over it */
+            if (kept < 0) { bad = -1 - kept; bad_col = c; break; }
+            cp[c] = kept;
+            total += kept;
+        }
+        Py_END_ALLOW_THREADS
+        if (bad_col >= 0) {
+            PyErr_Format(PyExc_ValueError, "ember native featurize_ids: column %zd: offsets of value %zd out of the data's range", bad_col, bad);
+            goto done;
+        }
+        res = PyLong_FromSsize_t(total);
+    }
+done:
+    if (cols) {
+        for (Py_ssize_t c = 0; c < got; c++)
+            if (cols[c].held) { PyBuffer_Release(&cols[c].vals); PyBuffer_Release(&cols[c].data); PyBuffer_Release(&cols[c].valid); }
+        PyMem_Free(cols);
+    }
+    PyBuffer_Release(&out); PyBuffer_Release(&lens); PyBuffer_Release(&offs); PyBuffer_Release(&counts);
+    return res;
+}
+
+/* dense_floats(columns, n, out, out_done) -> columns done: integer columns and string columns of
+ * plain integers and empty fields (Criteo's counts as CSV text) as float64, as parse_floats
+ * reads them, in one call, the GIL released. Each column is (kind, values, data, validity, off,
+ * width, signed, row): kind 0 an integer array (values its width-byte integers; data b""), kind
+ * 1 a string array (values its offsets of width 4 or 8, data its bytes, as for
+ * arrow_parse_ints); row: its row of out (float64 [R, n]). An integer is rounded to float64 (a C
+ * conversion, as numpy's astype); a string -?[0-9]{1,19} within int64 likewise (a "-0" is -0.0,
+ * as a decimal parse makes it); null or empty, NaN. A string column with any other value is not
+ * done (out_done[c] = 0, its row of out undefined): the caller's general parse judges it. */
+static PyObject *dense_floats(PyObject *self, PyObject *args) {
+    PyObject *columns;
+    Py_ssize_t n;
+    Py_buffer out, done;
+    if (!PyArg_ParseTuple(args, "O!nw*w*", &PyList_Type, &columns, &n, &out, &done)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t nc = PyList_GET_SIZE(columns), got = 0, rows = n ? out.len / (n * 8) : PY_SSIZE_T_MAX;
+    Py_buffer *bufs = PyMem_Calloc(nc ? (size_t)nc * 3 : 1, sizeof(Py_buffer));
+    Py_ssize_t *meta = PyMem_Calloc(nc ? (size_t)nc * 5 : 1, sizeof(Py_ssize_t));  /* off, width, row, kind, signed */
+    if (!bufs || !meta) { PyErr_NoMemory(); goto done; }
+    if (n < 0 || (n && out.len % (n * 8)) || done.len != nc) {
+        PyErr_SetString(PyExc_ValueError, "ember native dense_floats: out float64 [R, n], out_done uint8 [C] for C columns");
+        goto done;
+    }
+    for (; got < nc; got++) {
+        PyObject *item = PyList_GET_ITEM(columns, got);
+        Py_ssize_t *m = meta + 5 * got;
+        int kind = 0, is_signed = 0;
+        if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "iy*y*y*nnpn", &kind, &bufs[3 * got], &bufs[3 * got + 1],
+                                                      &bufs[3 * got + 2], &m[0], &m[1], &is_signed, &m[2])) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ember native dense_floats: a column is a tuple");
+            goto done;
+        }
+        Py_buffer *b = bufs + 3 * got;
+        m[3] = kind;
+        m[4] = is_signed;
+        int fits = kind == 1 ? (m[1] == 4 || m[1] == 8) && b[0].len >= (m[0] + n + 1) * m[1]
+                 : kind == 0 && (m[1] == 1 || m[1] == 2 || m[1] == 4 || m[1] == 8) && b[0].len >= (m[0] + n) * m[1];
+        if (!fits || m[0] < 0 || m[2] < 0 || m[2] >= rows || (b[2].len != 0 && b[2].len * 8 < m[0] + n)) {
+            got++;
+            PyErr_SetString(PyExc_ValueError, "ember native dense_floats: kind 0 (integers of width 1, 2, 4 or 8, off + n "
+                                              "of them) or 1 (strings, offsets of width 4 or 8, off + n + 1 of them), "
+                                              "validity covering off + n bits or empty, row within out");
+            goto done;
+        }
+    }
+    {
+        double *x = out.buf;
+        uint8_t *dn = done.buf;
+        Py_ssize_t count = 0, range_err = -1;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t c = 0; c < nc && range_err < 0; c++) {
+            const Py_buffer *b = bufs + 3 * c;
+            const Py_ssize_t *m = meta + 5 * c;
+            const uint8_t *d = b[1].buf, *vb = b[2].buf;
+            const int32_t *o4 = b[0].buf;
+            const int64_t *o8 = b[0].buf;
+            double *row = x + m[2] * n;
+            int ok = 1, has_valid = b[2].len != 0;
+            if (m[3] == 0) {
+                const uint8_t *raw = b[0].buf;
+                int sg = (int)m[4];
+                for (Py_ssize_t i = 0; i < n; i++) {
+                    Py_ssize_t j = m[0] + i;
+                    if (has_valid && !((vb[j >> 3] >> (j & 7)) & 1)) { row[i] = NAN; continue; }
+                    switch (m[1]) {
+                    case 1: row[i] = sg ? (double)((const int8_t *)raw)[j] : (double)((const uint8_t *)raw)[j]; break;
+                    case 2: row[i] = sg ? (double)((const int16_t *)raw)[j] : (double)((const uint16_t *)raw)[j]; break;
+                    case 4: row[i] = sg ? (double)((const int32_t *)raw)[j] : (double)((const uint32_t *)raw)[j]; break;
+                    default: row[i] = sg ? (double)((const int64_t *)raw)[j] : (double)((const uint64_t *)raw)[j]; break;
+                    }
+                }
+                dn[c] = 1;
+                count++;
+                continue;
+            }
+            for (Py_ssize_t i = 0; i < n; i++) {
+                Py_ssize_t j = m[0] + i;
+                if (has_valid && !((vb[j >> 3] >> (j & 7)) & 1)) { row[i] = NAN; continue; }
+                int64_t a = m[1] == 4 ? (int64_t)o4[j] : o8[j];
+                int64_t e = m[1] == 4 ? (int64_t)o4[j + 1] : o8[j + 1];
+                if (a < 0 || e < a || e > b[1].len) { range_err = c; break; }
+                if (a == e) { row[i] = NAN; continue; }
+                int64_t v;
+                if (fz_parse_id(d + a, d + e, &v) <= 0) { ok = 0; break; }
+                row[i] = (v == 0 && d[a] == '-') ? -0.0 : (double)v;
+            }
+            dn[c] = (uint8_t)ok;
+            count += ok;
+        }
+        Py_END_ALLOW_THREADS
+        if (range_err >= 0) {
+            PyErr_Format(PyExc_ValueError, "ember native dense_floats: column %zd: offsets out of the data's range", range_err);
+            goto done;
+        }
+        res = PyLong_FromSsize_t(count);
+    }
+done:
+    if (bufs) {
+        for (Py_ssize_t c = 0; c < got; c++) {
+            PyBuffer_Release(&bufs[3 * c]); PyBuffer_Release(&bufs[3 * c + 1]); PyBuffer_Release(&bufs[3 * c + 2]);
+        }
+        PyMem_Free(bufs);
+    }
+    PyMem_Free(meta);
+    PyBuffer_Release(&out); PyBuffer_Release(&done);
+    return res;
+}
+
 /* csv_hazards(data) -> flags: what in a block of CSV text a typed read (pyarrow's CSV number
  * parsers) would take differently from ember's text path (ember.source.csv): 1 = an 'x' or 'X'
  * byte (Arrow reads "0x1f" as an integer), 2 = a '(' (Arrow reads "nan(1)" as NaN), 4 = a run
@@ -1577,6 +1903,191 @@ static PyObject *csv_hazards(PyObject *self, PyObject *args) {
     return PyLong_FromLong(flags);
 }
 
+/* csv_split(data, delimiter, ncols, slots, n, out_starts, out_offsets) -> n, or -1: the fields of
+ * a block of n CSV lines without quotes or CRs (ember.source.csv; each line ends with '\n' and
+ * holds exactly ncols fields split on the delimiter byte, as pyarrow splits such text). slots
+ * int64 [ncols]: the output slot of each field, -1 for none; for slot s and row i,
+ * out_starts[s * n + i] (int32) is where the field starts in data and out_offsets[s, :] (int32
+ * [k, n + 1]) the running sums of the fields' lengths from 0 (Arrow string offsets; all 0 for a
+ * slot no field fills). -1 when a
+ * line holds another number of fields, there are not n lines, or the data do not end with
+ * '\n' (the caller's pyarrow path then judges the block). The separators of 64 bytes at a time
+ * as bit masks (SSE2; else eight bytes a step between them). */
+#if defined(__SSE2__) && defined(__GNUC__)
+#include <emmintrin.h>
+#define CSV_SPLIT_SSE2 1
+#endif
+
+typedef struct {
+    const int64_t *map;
+    int32_t *st, *of;
+    Py_ssize_t ncols, n, row, field, fstart;
+} csv_state;
+
+/* the separator at i (the delimiter, or '\n' when nl): ends a field; 0 for a line of another width */
+static inline int csv_sep(csv_state *z, Py_ssize_t i, int nl) {
+    if (z->field >= z->ncols || z->row >= z->n) return 0;
+    int64_t s = z->map[z->field];
+    if (s >= 0) {
+        z->st[s * z->n + z->row] = (int32_t)z->fstart;
+        z->of[s * (z->n + 1) + z->row + 1] = (int32_t)(i - z->fstart);  /* a length; summed after */
+    }
+    z->fstart = i + 1;
+    if (nl) {
+        if (z->field != z->ncols - 1) return 0;
+        z->row++;
+        z->field = 0;
+    } else {
+        z->field++;
+    }
+    return 1;
+}
+
+static PyObject *csv_split(PyObject *self, PyObject *args) {
+    Py_buffer buf, slots, starts, offs;
+    int delim;
+    Py_ssize_t ncols, n;
+    if (!PyArg_ParseTuple(args, "y*iny*nw*w*", &buf, &delim, &ncols, &slots, &n, &starts, &offs)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t k = 0;
+    const int64_t *map = slots.buf;
+    if (ncols < 1 || n < 0 || delim < 0 || delim > 255 || delim == '\n' || slots.len != ncols * 8 || buf.len > INT32_MAX) {
+        PyErr_SetString(PyExc_ValueError, "ember native csv_split: ncols >= 1, slots int64 [ncols], a delimiter byte "
+                                          "other than '\\n', data under 2 GiB");
+        goto done;
+    }
+    for (Py_ssize_t j = 0; j < ncols; j++) {
+        if (map[j] >= ncols || map[j] < -1) {
+            PyErr_SetString(PyExc_ValueError, "ember native csv_split: slots must be -1 or below ncols");
+            goto done;
+        }
+        if (map[j] >= k) k = map[j] + 1;
+    }
+    if (starts.len < k * n * 4 || offs.len < k * (n + 1) * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native csv_split: out_starts int32 [k * n], out_offsets int32 [k, n + 1] "
+                                          "for k = max(slots) + 1");
+        goto done;
+    }
+    {
+        const uint8_t *d = buf.buf;
+        Py_ssize_t len = buf.len, i = 0;
+        int32_t *st = starts.buf, *of = offs.buf;
+        csv_state z = {map, st, of, ncols, n, 0, 0, 0};
+        int ok = 1;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t s = 0; s < k; s++) {  /* a slot no field fills: no fields, all empty */
+            int used = 0;
+            for (Py_ssize_t j = 0; j < ncols && !used; j++) used = map[j] == s;
+            if (!used) {
+                memset(st + s * n, 0, (size_t)n * 4);
+                memset(of + s * (n + 1), 0, (size_t)(n + 1) * 4);
+            }
+        }
+#ifdef CSV_SPLIT_SSE2
+        const __m128i dv = _mm_set1_epi8((char)delim), nv = _mm_set1_epi8('\n');
+        for (; ok && i + 64 <= len; i += 64) {
+            uint64_t dm = 0, nm = 0;
+            for (int q = 0; q < 4; q++) {
+                __m128i w = _mm_loadu_si128((const __m128i *)(d + i + 16 * q));
+                dm |= (uint64_t)(uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi8(w, dv)) << (16 * q);
+                nm |= (uint64_t)(uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi8(w, nv)) << (16 * q);
+            }
+            for (uint64_t m = dm | nm; m; m &= m - 1) {
+                int b = __builtin_ctzll(m);
+                if (!csv_sep(&z, i + b, (int)((nm >> b) & 1))) { ok = 0; break; }
+            }
+        }
+#endif
+        {
+            const uint64_t ones = 0x0101010101010101ULL, high = 0x8080808080808080ULL;
+            const uint64_t dm = ones * (uint64_t)delim, nm = ones * (uint64_t)'\n';
+            while (ok && i < len) {
+                if (i + 8 <= len) {  /* the first separator among the next 8 bytes, if any */
+                    uint64_t w = load_le64(d + i), a = w ^ dm, b = w ^ nm;
+                    uint64_t t = ((a - ones) & ~a & high) | ((b - ones) & ~b & high);
+                    if (!t) { i += 8; continue; }
+                    i += __builtin_ctzll(t) >> 3;  /* the lowest flagged byte is exact */
+                }
+                uint8_t c = d[i];
+                if ((c == delim || c == '\n') && !csv_sep(&z, i, c == '\n')) ok = 0;
+                i++;
+            }
+        }
+        Py_ssize_t row = z.row, fstart = z.fstart;
+        if (ok && (row != n || fstart != len)) ok = 0;
+        for (Py_ssize_t s = 0; ok && s < k; s++) {
+            int32_t *o = of + s * (n + 1);
+            int64_t sum = 0;
+            o[0] = 0;
+            for (Py_ssize_t r = 1; r <= n; r++) { sum += o[r]; o[r] = (int32_t)sum; }
+        }
+        Py_END_ALLOW_THREADS
+        res = PyLong_FromSsize_t(ok ? n : -1);
+    }
+done:
+    PyBuffer_Release(&buf); PyBuffer_Release(&slots); PyBuffer_Release(&starts); PyBuffer_Release(&offs);
+    return res;
+}
+
+/* csv_gather(data, starts, offsets, n, outs) -> None: csv_split's fields copied out, one Arrow
+ * string data buffer per slot: outs a list of k writable buffers, out s of offsets[s, n] bytes,
+ * gets field i of slot s (data[starts[s * n + i]:] of offsets[s, i + 1] - offsets[s, i] bytes)
+ * at offsets[s, i]. The GIL released. */
+static PyObject *csv_gather(PyObject *self, PyObject *args) {
+    Py_buffer buf, starts, offs;
+    PyObject *outs;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "y*y*y*nO!", &buf, &starts, &offs, &n, &PyList_Type, &outs)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t k = PyList_GET_SIZE(outs), got = 0;
+    Py_buffer *ob = PyMem_Calloc(k ? (size_t)k : 1, sizeof(Py_buffer));
+    if (!ob) { PyErr_NoMemory(); goto done; }
+    if (n < 0 || starts.len < k * n * 4 || offs.len < k * (n + 1) * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native csv_gather: starts int32 [k * n], offsets int32 [k, n + 1] for k outs");
+        goto done;
+    }
+    const int32_t *st = starts.buf, *of = offs.buf;
+    for (; got < k; got++) {
+        if (PyObject_GetBuffer(PyList_GET_ITEM(outs, got), &ob[got], PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) goto done;
+        const int32_t *o = of + got * (n + 1);
+        int bad = ob[got].len != o[n] || o[0] != 0;
+        for (Py_ssize_t r = 0; !bad && r < n; r++)
+            bad = o[r + 1] < o[r] || st[got * n + r] < 0 || (Py_ssize_t)st[got * n + r] + (o[r + 1] - o[r]) > buf.len;
+        if (bad) {
+            got++;
+            PyErr_SetString(PyExc_ValueError, "ember native csv_gather: out s must hold offsets[s, n] bytes, offsets rise "
+                                              "from 0 and every field lies within data");
+            goto done;
+        }
+    }
+    {
+        const uint8_t *d = buf.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t s = 0; s < k; s++) {
+            uint8_t *out = ob[s].buf;
+            const int32_t *o = of + s * (n + 1), *ss = st + s * n;
+            Py_ssize_t olen = ob[s].len, dlen = buf.len;
+            for (Py_ssize_t r = 0; r < n; r++) {
+                Py_ssize_t len = o[r + 1] - o[r];
+                /* a short field as one fixed 32-byte copy where both sides have the room: the bytes
+                 * past it are the next fields', written after it */
+                if (len <= 32 && ss[r] + 32 <= dlen && o[r] + 32 <= olen) memcpy(out + o[r], d + ss[r], 32);
+                else memcpy(out + o[r], d + ss[r], (size_t)len);
+            }
+        }
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
+done:
+    if (ob) {
+        for (Py_ssize_t s = 0; s < got; s++) PyBuffer_Release(&ob[s]);
+        PyMem_Free(ob);
+    }
+    PyBuffer_Release(&buf); PyBuffer_Release(&starts); PyBuffer_Release(&offs);
+    return res;
+}
+
 static PyMethodDef methods[] = {
     /* "name(arguments) -> result": ember/_ember_native.pyi and tests/native/test_stub.py rely on
      * these (names and count of arguments, "=" for optional ones, as PyArg_ParseTuple parses) */
@@ -1586,7 +2097,12 @@ static PyMethodDef methods[] = {
      "arrow_hash_ints(values, validity, off, n, width, signed, salt, out, out_valid) -> nulls"},
     {"arrow_parse_ints", arrow_parse_ints, METH_VARARGS,
      "arrow_parse_ints(offsets, data, validity, off, n, width, out, state) -> bad or -1"},
+    {"featurize_ids", featurize_ids, METH_VARARGS,
+     "featurize_ids(columns, n, out_values, out_lengths, out_offsets, out_counts) -> total"},
+    {"dense_floats", dense_floats, METH_VARARGS, "dense_floats(columns, n, out, out_done) -> columns done"},
     {"csv_hazards", csv_hazards, METH_VARARGS, "csv_hazards(data) -> flags"},
+    {"csv_split", csv_split, METH_VARARGS, "csv_split(data, delimiter, ncols, slots, n, out_starts, out_offsets) -> n or -1"},
+    {"csv_gather", csv_gather, METH_VARARGS, "csv_gather(data, starts, offsets, n, outs) -> None"},
     {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r) -> found"},
     {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, free_at, r) -> inserted"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim) -> None"},

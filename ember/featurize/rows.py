@@ -51,6 +51,7 @@ class Rows:
     weights: list[np.ndarray | None]
     teacher: np.ndarray | None = None
     key_columns: dict[str, np.ndarray] | None = None
+    packed: tuple[np.ndarray, np.ndarray] | None = None
 
     def __len__(self) -> int:
         return int(self.labels.shape[0])
@@ -115,17 +116,21 @@ class Rows:
     def to_batch(self) -> Batch:
         """The :class:`~ember.batch.Batch` of these rows (may share memory: Rows are never mutated)."""
         n = len(self.dense)
-        # every feature's offsets hold n + 1 entries: one diff over them all
-        lengths = np.diff(np.stack(self.offsets), axis=1).reshape(-1) if self.offsets else np.zeros(0, np.int64)
-        assert lengths.size == n * len(self.offsets)
         weights = None
+        if self.packed is not None and all(w is None for w in self.weights):
+            values, lengths = self.packed
+        else:
+            values = np.concatenate(self.values) if self.values else np.zeros(0, np.int64)
+            # every feature's offsets hold n + 1 entries: one diff over them all
+            lengths = np.diff(np.stack(self.offsets), axis=1).reshape(-1) if self.offsets else np.zeros(0, np.int64)
+        assert lengths.size == n * len(self.offsets)
         if any(w is not None for w in self.weights):
             weights = torch.from_numpy(np.concatenate([
                 w if w is not None else np.ones(v.size, np.float32) for v, w in zip(self.values, self.weights)
             ]).astype(np.float32, copy=False))
         sparse = SparseFeatures(
             list(self.keys),
-            torch.from_numpy(np.concatenate(self.values).astype(np.int64, copy=False)),
+            torch.from_numpy(values.astype(np.int64, copy=False)),
             torch.from_numpy(lengths.astype(np.int64, copy=False)),
             weights,
         )

@@ -17,6 +17,13 @@ from ember.source import csv as csv_module
 from ember.source.bad_rows import BadRowReport
 from ember.source.csv import read_csv, typed_read_fallbacks
 
+
+@pytest.fixture(autouse=True)
+def _pyarrow_reads(monkeypatch):
+    """These tests are about pyarrow's typed reads: no block is split natively (test_csv_split)."""
+    monkeypatch.setattr(csv_module, "_SPLIT", False)
+
+
 N_DENSE, N_IDS, N_HEX = 6, 5, 5
 COLUMNS = ["label", *[f"I{i}" for i in range(N_DENSE)], *[f"C{i}" for i in range(N_IDS + N_HEX)]]
 

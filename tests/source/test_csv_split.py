@@ -1,0 +1,148 @@
+"""The native CSV splitter (``_native.csv_split`` / ``csv_gather``, taken by ``read_csv`` for
+plain blocks: no quote, no CR, every line its fields) gives exactly pyarrow's text read: the same
+record batches, the same featurized batches, the same bad-row errors and counts (blocks it
+cannot split go to pyarrow, logged once). On the native core and on its numpy fallback."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from ember import _native
+from ember.errors import DataError
+from ember.featurize.featurizer import Featurizer, read_types
+from ember.featurize.schema import Schema
+from ember.source import csv as csv_module
+from ember.source.bad_rows import BadRowReport
+from ember.source.csv import read_csv
+
+NAMES = ["y", "n", "a", "b", "c", "d"]
+FIELDS = ["", "0", "1", "-3", "12", "4.5", "x", "héllo", "a b", " 7", "9223372036854775807", "-0", "007", "nan",
+          "\t", "€€€€€€€€€", "0123456789abcdefghij"]
+
+
+def _text(rng: np.random.Generator, rows: int, sep: str, extra: str | None) -> str:
+    lines = []
+    for _ in range(rows):
+        fields = [str(rng.choice([f for f in FIELDS if f != sep])) for _ in NAMES]
+        fields[0] = str(int(rng.integers(0, 2)))
+        line = sep.join(fields)
+        if extra == "width" and rng.random() < 0.05:
+            line += sep + "z"  # a line of the wrong width
+        if extra == "quote" and rng.random() < 0.05:
+            line = line.replace("x", '"x"', 1) if "x" in line else '"q"' + line[3:]
+        if extra == "cr" and rng.random() < 0.2:
+            line += "\r"
+        if extra == "empty" and rng.random() < 0.03:
+            line = ""
+        lines.append(line)
+    return sep.join(NAMES) + "\n" + "\n".join(lines) + "\n"
+
+
+def _chunks(path: str, columns: list[str], sep: str, split: bool, monkeypatch, policy: str = "skip",
+            types: dict | None = None) -> tuple[list, dict]:
+    monkeypatch.setattr(csv_module, "_SPLIT", split)
+    report = BadRowReport(policy)  # type: ignore[arg-type]
+    out = [(c.first_row, c.batch) for c in read_csv(path, columns, delimiter=sep, block_bytes=2048, report=report,
+                                                     types=types)]
+    return out, report.counts
+
+
+@pytest.mark.parametrize("extra", [None, "width", "quote", "cr", "empty"])
+@pytest.mark.parametrize("sep", [",", "\t", "|"])
+@pytest.mark.parametrize("seed", range(3))
+def test_split_blocks_equal_pyarrows_text_read(tmp_path, monkeypatch, seed, sep, extra):
+    rng = np.random.default_rng(seed)
+    path = tmp_path / "d.csv"
+    path.write_bytes(_text(rng, int(rng.integers(1, 400)), sep, extra).encode("utf-8"))
+    columns = [str(c) for c in rng.permutation(NAMES)[: int(rng.integers(1, len(NAMES) + 1))]]
+    fast, fast_counts = _chunks(str(path), columns, sep, True, monkeypatch)
+    ref, ref_counts = _chunks(str(path), columns, sep, False, monkeypatch)
+    assert fast_counts == ref_counts
+    assert [r for r, _ in fast] == [r for r, _ in ref]
+    for (_, a), (_, b) in zip(fast, ref):
+        assert a.schema.equals(b.schema) and a.equals(b)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_split_blocks_featurize_as_pyarrows_typed_and_text_reads(tmp_path, monkeypatch, seed):
+    rng = np.random.default_rng(seed)
+    lines = ["y,n,c,h"]
+    for _ in range(500):
+        ident = "" if rng.random() < 0.05 else str(int(rng.integers(-(2**63), 2**63 - 1, dtype=np.int64)))
+        count = "" if rng.random() < 0.1 else str(int(rng.integers(-3, 10**6)))
+        lines.append(f"{int(rng.integers(0, 2))},{count},{ident},{int(rng.integers(0, 2**32)):08x}")
+    path = tmp_path / "d.csv"
+    path.write_text("\n".join(lines) + "\n")
+    schema = Schema.parse({"labels": ["y"], "dense": [{"name": "n", "log1p": True}],
+                           "sparse": [{"name": "c", "hash_ids": False}, {"name": "h"}]})
+    got = []
+    for split, types in ((True, read_types(schema)), (False, read_types(schema)), (False, None)):
+        chunks, _ = _chunks(str(path), schema.columns, ",", split, monkeypatch, "error", types)
+        featurize = Featurizer(schema)
+        got.append([featurize(b).to_batch() for _, b in chunks])
+    assert len(got[0]) > 3  # several blocks
+    for other in got[1:]:
+        for a, b in zip(got[0], other):
+            assert a.dense.numpy().tobytes() == b.dense.numpy().tobytes()
+            assert a.labels.numpy().tobytes() == b.labels.numpy().tobytes()
+            np.testing.assert_array_equal(a.sparse.values.numpy(), b.sparse.values.numpy())
+            np.testing.assert_array_equal(a.sparse.lengths.numpy(), b.sparse.lengths.numpy())
+
+
+def test_a_bad_line_raises_as_pyarrows_read_does(tmp_path, monkeypatch):
+    path = tmp_path / "d.csv"
+    path.write_text("y,a\n1,x\n0,y,z\n1,w\n")
+    errors = []
+    for split in (True, False):
+        monkeypatch.setattr(csv_module, "_SPLIT", split)
+        with pytest.raises(DataError) as e:
+            list(read_csv(str(path), ["y", "a"]))
+        errors.append(str(e.value))
+    assert errors[0] == errors[1] and "row 3" in errors[0]
+
+
+def test_a_block_left_to_pyarrow_is_logged_once(tmp_path, caplog):
+    csv_module._unsplit.clear()
+    path = tmp_path / "d.csv"
+    path.write_text('y,a\n1,"x"\n0,y\n' * 50)
+    with caplog.at_level(logging.INFO, logger="ember"):
+        list(read_csv(str(path), ["y", "a"], block_bytes=64))
+    said = [r.getMessage() for r in caplog.records if "not split" in r.getMessage()]
+    assert len(said) == 1 and "quote" in said[0]
+
+
+@pytest.mark.skipif(not _native.is_available(), reason="needs the native core")
+@pytest.mark.parametrize("seed", range(8))
+def test_native_split_and_gather_equal_their_fallbacks(seed):
+    rng = np.random.default_rng(seed)
+    ncols, n = int(rng.integers(1, 6)), int(rng.integers(0, 60))
+    rows = [",".join(str(rng.choice(["", "a", "bcdefghijk", "12", "é"])) for _ in range(ncols)) for _ in range(n)]
+    if n and rng.random() < 0.3:
+        rows[int(rng.integers(0, n))] += ",extra"
+    data = ("\n".join(rows) + "\n").encode() if n else b""
+    slots = np.array(rng.permutation(ncols), np.int64)
+    slots[rng.random(ncols) < 0.3] = -1
+    k = int(slots.max()) + 1 if (slots >= 0).any() else 0
+    results = []
+    for split, gather in ((_native.csv_split, _native.csv_gather), (_native._csv_split_py, _native._csv_gather_py)):
+        starts, offsets = np.full(k * n, 7, np.int32), np.full((k, n + 1), 7, np.int32)
+        got = split(data, ord(","), ncols, slots, n, starts, offsets)
+        outs = []
+        if got >= 0:
+            outs = [np.zeros(int(offsets[s, n]), np.uint8) for s in range(k)]
+            gather(data, starts, offsets, n, outs)
+        results.append((got, starts, offsets, [o.tobytes() for o in outs]))
+    (g1, s1, o1, d1), (g2, s2, o2, d2) = results
+    assert g1 == g2
+    if g1 >= 0:
+        np.testing.assert_array_equal(s1, s2)
+        np.testing.assert_array_equal(o1, o2)
+        assert d1 == d2
+        for s in range(k):  # each slot's data is its column's fields, as Python splits them ("" for none)
+            arr = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(o1[s]), pa.py_buffer(d1[s])])
+            col = list(slots).index(s) if s in slots else None
+            assert arr.to_pylist() == [r.split(",")[col] if col is not None else "" for r in rows]
