@@ -43,7 +43,7 @@ from ember.mix import mix64
 
 __all__ = [
     "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_hazards", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
-    "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
+    "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "willneed_cold", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
 
@@ -370,6 +370,23 @@ def _willneed_py(table: np.ndarray, slots: np.ndarray) -> int:
     for p in pages.tolist():
         mm.madvise(mmap.MADV_WILLNEED, p * mmap.PAGESIZE, mmap.PAGESIZE)
     return int(pages.size)
+
+
+def willneed_cold(table: np.ndarray, slots: np.ndarray) -> int:
+    """``willneed`` for the pages of rows ``slots`` (int64, sorted) that are not in the page cache
+    only: the core asks ``mincore`` first, over windows spanning nearby rows, and advises the
+    cold pages in runs; returns the pages advised. When the tier's file is in memory this costs
+    a syscall per window instead of one per page (~1 us each; 6 of a 12 ms tiered step on a
+    2-vCPU EPYC). Without the core (Python has no ``mincore``), ``willneed``'s fallback advises
+    every page, logged once: the same hint for a superset of the pages, the same rows read."""
+    if _core is not None and table.dtype == np.float32 and table.ndim == 2 and table.flags.c_contiguous:
+        return _core.willneed_cold(table, np.ascontiguousarray(slots, dtype=np.int64), table.shape[1])
+    _fallback_once("willneed_cold")
+    return _willneed_cold_py(table, slots)
+
+
+def _willneed_cold_py(table: np.ndarray, slots: np.ndarray) -> int:
+    return _willneed_py(table, slots)
 
 
 def _rows_ok(table: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> bool:

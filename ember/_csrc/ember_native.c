@@ -1338,6 +1338,91 @@ done:
     return res;
 }
 
+/* willneed_cold(table float32[S*W], slots int64[k] (sorted), W) -> pages advised
+ * As willneed, but only for the pages that are not in the page cache: mincore() first, over
+ * windows of the mapping that cover nearby requested pages (a window extends while the next
+ * requested page is within WN_GAP pages, up to WN_WIN pages), then madvise(MADV_WILLNEED) once
+ * per run of consecutive cold requested pages. On a file that is in memory (the common case
+ * of a tier that fits the page cache) this is one cheap syscall per window instead of one per
+ * page (~1 us each: 6 ms of a 12 ms tiered step on a 2-vCPU EPYC VM). mincore costs ~1 ns per
+ * page spanned, so a gap of 256 pages costs less than the syscall it saves. Where mincore
+ * fails (not a mapping, old kernel) the window's pages are all advised, as willneed does.
+ * Only a hint: the rows read afterwards are the same either way. GIL released. */
+#define WN_GAP 256
+#define WN_WIN 65536
+static PyObject *willneed_cold(PyObject *self, PyObject *args) {
+    Py_buffer table, slots;
+    Py_ssize_t w;
+    if (!PyArg_ParseTuple(args, "y*y*n", &table, &slots, &w)) return NULL;
+    PyObject *res = NULL;
+    unsigned char *vec = NULL;
+    Py_ssize_t k = slots.len / 8, s = w > 0 ? table.len / 4 / w : 0;
+    if (w <= 0 || table.len != s * w * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native willneed_cold: table [S, W], slots int64 [k]");
+        goto done;
+    }
+    {
+        const int64_t *sl = slots.buf;
+        for (Py_ssize_t i = 0; i < k; i++)
+            if (sl[i] < 0 || sl[i] >= s || (i && sl[i] < sl[i - 1])) {
+                PyErr_SetString(PyExc_IndexError, "ember native willneed_cold: slot out of range or not sorted");
+                goto done;
+            }
+        vec = malloc(WN_WIN);
+        if (!vec) { PyErr_NoMemory(); goto done; }
+        uintptr_t base = (uintptr_t)table.buf, page = (uintptr_t)sysconf(_SC_PAGESIZE);
+        uintptr_t p0 = base & ~(page - 1);  /* first page of the mapping */
+        size_t rb = (size_t)w * 4;
+        Py_ssize_t advised = 0;
+        Py_BEGIN_ALLOW_THREADS
+        Py_ssize_t i = 0;
+        while (i < k) {
+            /* window [ws, we] of page numbers (relative to p0), slots [i, j) */
+            size_t ws = (base + (size_t)sl[i] * rb - p0) / page, we = ws;
+            Py_ssize_t j = i;
+            while (j < k) {
+                size_t lo = (base + (size_t)sl[j] * rb - p0) / page, hi = (base + ((size_t)sl[j] + 1) * rb - 1 - p0) / page;
+                if (j > i && (lo > we + WN_GAP || hi - ws >= WN_WIN)) break;
+                if (hi > we) we = hi;
+                j++;
+            }
+            int known = mincore((void *)(p0 + ws * page), (we - ws + 1) * page, vec) == 0;
+            size_t run_lo = 0, run_hi = 0, last = (size_t)-1;
+            int in_run = 0;
+            for (Py_ssize_t q = i; q <= j; q++) {  /* q == j flushes the last run */
+                size_t lo = 0, hi = 0;
+                if (q < j) {
+                    lo = (base + (size_t)sl[q] * rb - p0) / page;
+                    hi = (base + ((size_t)sl[q] + 1) * rb - 1 - p0) / page;
+                }
+                for (size_t pg = lo; q < j && pg <= hi; pg++) {
+                    if (pg == last) continue;  /* advised (or found warm) for the slot before */
+                    last = pg;
+                    if (known && (vec[pg - ws] & 1)) continue;  /* in the page cache */
+                    if (in_run && pg == run_hi + 1) { run_hi = pg; continue; }
+                    if (in_run) {
+                        madvise((void *)(p0 + run_lo * page), (run_hi - run_lo + 1) * page, MADV_WILLNEED);
+                        advised += (Py_ssize_t)(run_hi - run_lo + 1);
+                    }
+                    run_lo = run_hi = pg;
+                    in_run = 1;
+                }
+                if (q == j && in_run) {
+                    madvise((void *)(p0 + run_lo * page), (run_hi - run_lo + 1) * page, MADV_WILLNEED);
+                    advised += (Py_ssize_t)(run_hi - run_lo + 1);
+                }
+            }
+            i = j;
+        }
+        Py_END_ALLOW_THREADS
+        res = PyLong_FromSsize_t(advised);
+    }
+done:
+    free(vec);
+    PyBuffer_Release(&table); PyBuffer_Release(&slots);
+    return res;
+}
+
 /* ---- hashing categorical values straight from Arrow's buffers (ember.featurize.hashing) ------
  * An Arrow array of n values starting at element `off` of its buffers: validity a bitmap (bit
  * off+i set = value i present; an empty buffer = no nulls), then the values. The hash is
@@ -1593,6 +1678,7 @@ static PyMethodDef methods[] = {
     {"rowwise_adagrad", rowwise_adagrad, METH_VARARGS, "rowwise_adagrad(rows, state, grads, n, dim, rs, ss, gs, lr, eps) -> None"},
     {"bf16_pack_sr", bf16_pack_sr, METH_VARARGS, "bf16_pack_sr(records, ids, seeds, steps, out, dim, width) -> None"},
     {"willneed", willneed, METH_VARARGS, "willneed(table, slots, w) -> pages advised"},
+    {"willneed_cold", willneed_cold, METH_VARARGS, "willneed_cold(table, slots, w) -> pages advised"},
     {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(src, slots, out, w) -> None"},
     {"scatter_rows", scatter_rows, METH_VARARGS, "scatter_rows(dst, slots, rows, w) -> None"},
     {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim, stride) -> None"},

@@ -220,7 +220,7 @@ class DiskTier(TierCounters, Tier):
         order = np.argsort(slots, kind="stable")
         got = np.empty((slots.size, self.width), dtype=np.float32)
         ordered = np.ascontiguousarray(slots[order], dtype=np.int64)
-        _native.willneed(self._mm, ordered)  # every missing page read at once, not one fault at a time
+        _native.willneed_cold(self._mm, ordered)  # every page not in memory read at once, not one fault at a time
         _native.gather_rows(self._mm, ordered, got)
         out = np.empty_like(got)
         out[order] = got
@@ -252,7 +252,7 @@ class DiskTier(TierCounters, Tier):
                 order = np.argsort(cslots, kind="stable")
                 got = np.empty((cslots.size, self.width), dtype=np.float32)  # whole rows: a page is read anyway
                 ordered = np.ascontiguousarray(cslots[order], dtype=np.int64)
-                _native.willneed(self._mm, ordered)
+                _native.willneed_cold(self._mm, ordered)
                 _native.gather_rows(self._mm, ordered, got)
                 keys = np.empty(cslots.size, dtype=np.int64)
                 keys[order] = np.ascontiguousarray(got[:, :2]).view(np.int64)[:, 0]
@@ -323,7 +323,7 @@ class DiskTier(TierCounters, Tier):
         block[:, 2:] = recs
         order = np.argsort(slots, kind="stable")
         ordered = np.ascontiguousarray(slots[order], dtype=np.int64)
-        _native.willneed(self._mm, ordered)  # a write to a page not in memory reads it first
+        _native.willneed_cold(self._mm, ordered)  # a write to a page not in memory reads it first
         _native.scatter_rows(self._mm, ordered, block[order])
         self.writes += slots.size
 

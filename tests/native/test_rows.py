@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -258,3 +260,39 @@ def test_willneed_advises_each_page_of_the_rows_once(tmp_path):
         _native.gather_rows(mm, slots, out)
         assert np.array_equal(out[:, 0], slots.astype(np.float32))
     assert _native._willneed_py(np.zeros((4, w), np.float32), np.array([1])) == 0  # not a memory map: nothing
+
+
+@native
+def test_willneed_cold_advises_only_the_pages_not_in_memory(tmp_path):
+    """The residency-checked hint advises the requested rows' pages that are not in the page
+    cache (all of them in a freshly reserved file, none once they were written), never a page
+    outside the rows (windows span gaps between rows, advice does not), and the rows read after
+    it are the same."""
+    w = 19
+    n = 200_000  # 3,711 pages: several mincore windows with far-apart rows
+    f = tmp_path / "slots.bin"
+    fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
+    os.posix_fallocate(fd, 0, n * w * 4)
+    os.close(fd)
+    mm = np.memmap(f, dtype=np.float32, mode="r+", shape=(n, w))
+    rng = np.random.default_rng(1)
+    for slots in [np.array([0, 1, 53, 54, n - 1]), np.sort(rng.choice(n, 700, replace=False)),
+                  np.array([5, 5, 6, 100_000, 100_001])]:
+        slots = slots.astype(np.int64)
+        pages = np.unique(np.concatenate([slots * w * 4 // 4096, ((slots + 1) * w * 4 - 1) // 4096]))
+        cold = _native.willneed_cold(mm, slots)
+        assert 0 <= cold <= pages.size
+        _native.scatter_rows(mm, slots, np.repeat(slots.astype(np.float32)[:, None], w, 1))
+        assert _native.willneed_cold(mm, slots) == 0  # written: in the page cache now
+        out = np.empty((slots.size, w), np.float32)
+        _native.gather_rows(mm, slots, out)
+        assert np.array_equal(out[:, 0], slots.astype(np.float32))
+    fresh = np.memmap(tmp_path / "fresh.bin", dtype=np.float32, mode="w+", shape=(n, w))
+    fresh.flush()
+    fd = os.open(tmp_path / "fresh.bin", os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    s = np.array([10, 50_000, 150_000], dtype=np.int64)
+    assert _native.willneed_cold(fresh, s) == 3  # dropped from the cache: every page is cold
+    with pytest.raises(IndexError, match="not sorted"):
+        _native.willneed_cold(mm, np.array([3, 1], dtype=np.int64))
