@@ -43,7 +43,7 @@ from ember.mix import mix64
 
 __all__ = [
     "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_hazards", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
-    "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "willneed_cold", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
+    "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
 
@@ -387,6 +387,65 @@ def willneed_cold(table: np.ndarray, slots: np.ndarray) -> int:
 
 def _willneed_cold_py(table: np.ndarray, slots: np.ndarray) -> int:
     return _willneed_py(table, slots)
+
+
+def disk_find(tags: np.ndarray, table: np.ndarray, ids: np.ndarray, out_slot: np.ndarray, out_rows: np.ndarray | None) -> int:
+    """The disk tier's probe (``ember.tiers.disk``): ``out_slot[i]`` (int64) = the slot of the
+    memory-mapped ``table`` (float32 [S, W]: ``[id as two words | record]``) holding ``ids[i]``,
+    or -1, found through the uint16 ``tags`` [S] (home slot and tag from ``mix64``, linear
+    probing, the stored ID checked against tag collisions); the found rows' records go to
+    ``out_rows`` [n, W-2] when it is given (the others are left as they are). Returns the slots
+    whose stored ID was read. The core does it in one pass with the GIL released, reading the
+    candidates in file order after advising their pages not in memory (``willneed_cold``);
+    the fallback in rounds of numpy ``tag_find`` + row gathers, logged once."""
+    n = ids.size
+    w = table.shape[1]
+    if out_slot.shape != (n,) or out_slot.dtype != np.int64 or (out_rows is not None and out_rows.shape != (n, w - 2)):
+        raise ValueError(f"disk_find: out_slot int64 [{n}] and out_rows [{n}, {w - 2}] or None")
+    if (_core is not None and table.dtype == np.float32 and table.ndim == 2 and table.flags.c_contiguous
+            and tags.dtype == np.uint16 and tags.flags.c_contiguous and out_slot.flags.c_contiguous
+            and (out_rows is None or (out_rows.dtype == np.float32 and out_rows.flags.c_contiguous))):
+        rows = np.empty((0, w - 2), np.float32) if out_rows is None else out_rows
+        return _core.disk_find(tags, table, np.ascontiguousarray(ids, dtype=np.int64), out_slot, rows, w)
+    _fallback_once("disk_find")
+    return _disk_find_py(tags, table, ids, out_slot, out_rows)
+
+
+def _disk_find_py(tags: np.ndarray, table: np.ndarray, ids: np.ndarray, out_slot: np.ndarray, out_rows: np.ndarray | None) -> int:
+    ids = np.asarray(ids, dtype=np.int64)
+    n_slots = tags.size
+    h = mix64(ids.view(np.uint64))
+    pos = (((h >> np.uint64(32)) * np.uint64(n_slots)) >> np.uint64(32)).astype(np.int64)
+    tag = ((h & np.uint64(0xFFFF)) % np.uint64(65534) + np.uint64(2)).astype(np.uint16)
+    out_slot[...] = -1
+    active = np.arange(ids.size)
+    read = 0
+    while active.size:
+        at = np.empty(active.size, dtype=np.int64)  # first tag match from pos, or -1 at an empty slot
+        tag_find(tags, pos, tag.take(active), at)
+        cand = np.flatnonzero(at >= 0)
+        if cand.size == 0:
+            break
+        cslots = at[cand]
+        order = np.argsort(cslots, kind="stable")  # file order: locality on a cold file
+        ordered = np.ascontiguousarray(cslots[order], dtype=np.int64)
+        willneed_cold(table, ordered)
+        got = np.empty((cslots.size, table.shape[1]), dtype=np.float32)
+        gather_rows(table, ordered, got)
+        data = np.empty_like(got)
+        data[order] = got
+        read += cslots.size
+        keys = np.ascontiguousarray(data[:, :2]).view(np.int64)[:, 0]
+        q = active[cand]
+        ok = keys == ids[q]
+        out_slot[q[ok]] = cslots[ok]
+        if out_rows is not None:
+            out_rows[q[ok]] = data[ok, 2:]
+        fp = cand[~ok]  # a tag collided with another ID: keep probing after it
+        active = active[fp]
+        pos = at[fp] + 1
+        pos[pos == n_slots] = 0
+    return read
 
 
 def _rows_ok(table: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> bool:

@@ -1350,6 +1350,54 @@ done:
  * Only a hint: the rows read afterwards are the same either way. GIL released. */
 #define WN_GAP 256
 #define WN_WIN 65536
+
+/* The page numbers (relative to the mapping's first page p0) of slot sl's row. */
+#define ROW_PAGES(sl, lo, hi) do { \
+        (lo) = (base + (size_t)(sl) * rb - p0) / page; \
+        (hi) = (base + ((size_t)(sl) + 1) * rb - 1 - p0) / page; } while (0)
+
+/* willneed_cold's pass over k sorted slots of rows of rb bytes at base (vec: WN_WIN bytes);
+ * returns the pages advised. Called with the GIL released. */
+static Py_ssize_t advise_cold(uintptr_t base, size_t rb, const int64_t *sl, Py_ssize_t k, unsigned char *vec) {
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), p0 = base & ~(page - 1);
+    Py_ssize_t advised = 0, i = 0;
+    while (i < k) {
+        size_t ws, we, lo, hi;  /* window [ws, we] of pages, slots [i, j) */
+        ROW_PAGES(sl[i], ws, we);
+        Py_ssize_t j = i;
+        while (j < k) {
+            ROW_PAGES(sl[j], lo, hi);
+            if (j > i && (lo > we + WN_GAP || hi - ws >= WN_WIN)) break;
+            if (hi > we) we = hi;
+            j++;
+        }
+        int known = mincore((void *)(p0 + ws * page), (we - ws + 1) * page, vec) == 0;
+        size_t run_lo = 0, run_hi = 0, last = (size_t)-1;
+        int in_run = 0;
+        for (Py_ssize_t q = i; q < j; q++) {
+            ROW_PAGES(sl[q], lo, hi);
+            for (size_t pg = lo; pg <= hi; pg++) {
+                if (pg == last) continue;  /* advised (or found warm) for the slot before */
+                last = pg;
+                if (known && (vec[pg - ws] & 1)) continue;  /* in the page cache */
+                if (in_run && pg == run_hi + 1) { run_hi = pg; continue; }
+                if (in_run) {
+                    madvise((void *)(p0 + run_lo * page), (run_hi - run_lo + 1) * page, MADV_WILLNEED);
+                    advised += (Py_ssize_t)(run_hi - run_lo + 1);
+                }
+                run_lo = run_hi = pg;
+                in_run = 1;
+            }
+        }
+        if (in_run) {
+            madvise((void *)(p0 + run_lo * page), (run_hi - run_lo + 1) * page, MADV_WILLNEED);
+            advised += (Py_ssize_t)(run_hi - run_lo + 1);
+        }
+        i = j;
+    }
+    return advised;
+}
+
 static PyObject *willneed_cold(PyObject *self, PyObject *args) {
     Py_buffer table, slots;
     Py_ssize_t w;
@@ -1370,56 +1418,116 @@ static PyObject *willneed_cold(PyObject *self, PyObject *args) {
             }
         vec = malloc(WN_WIN);
         if (!vec) { PyErr_NoMemory(); goto done; }
-        uintptr_t base = (uintptr_t)table.buf, page = (uintptr_t)sysconf(_SC_PAGESIZE);
-        uintptr_t p0 = base & ~(page - 1);  /* first page of the mapping */
-        size_t rb = (size_t)w * 4;
-        Py_ssize_t advised = 0;
+        Py_ssize_t advised;
         Py_BEGIN_ALLOW_THREADS
-        Py_ssize_t i = 0;
-        while (i < k) {
-            /* window [ws, we] of page numbers (relative to p0), slots [i, j) */
-            size_t ws = (base + (size_t)sl[i] * rb - p0) / page, we = ws;
-            Py_ssize_t j = i;
-            while (j < k) {
-                size_t lo = (base + (size_t)sl[j] * rb - p0) / page, hi = (base + ((size_t)sl[j] + 1) * rb - 1 - p0) / page;
-                if (j > i && (lo > we + WN_GAP || hi - ws >= WN_WIN)) break;
-                if (hi > we) we = hi;
-                j++;
-            }
-            int known = mincore((void *)(p0 + ws * page), (we - ws + 1) * page, vec) == 0;
-            size_t run_lo = 0, run_hi = 0, last = (size_t)-1;
-            int in_run = 0;
-            for (Py_ssize_t q = i; q <= j; q++) {  /* q == j flushes the last run */
-                size_t lo = 0, hi = 0;
-                if (q < j) {
-                    lo = (base + (size_t)sl[q] * rb - p0) / page;
-                    hi = (base + ((size_t)sl[q] + 1) * rb - 1 - p0) / page;
-                }
-                for (size_t pg = lo; q < j && pg <= hi; pg++) {
-                    if (pg == last) continue;  /* advised (or found warm) for the slot before */
-                    last = pg;
-                    if (known && (vec[pg - ws] & 1)) continue;  /* in the page cache */
-                    if (in_run && pg == run_hi + 1) { run_hi = pg; continue; }
-                    if (in_run) {
-                        madvise((void *)(p0 + run_lo * page), (run_hi - run_lo + 1) * page, MADV_WILLNEED);
-                        advised += (Py_ssize_t)(run_hi - run_lo + 1);
-                    }
-                    run_lo = run_hi = pg;
-                    in_run = 1;
-                }
-                if (q == j && in_run) {
-                    madvise((void *)(p0 + run_lo * page), (run_hi - run_lo + 1) * page, MADV_WILLNEED);
-                    advised += (Py_ssize_t)(run_hi - run_lo + 1);
-                }
-            }
-            i = j;
-        }
+        advised = advise_cold((uintptr_t)table.buf, (size_t)w * 4, sl, k, vec);
         Py_END_ALLOW_THREADS
         res = PyLong_FromSsize_t(advised);
     }
 done:
     free(vec);
     PyBuffer_Release(&table); PyBuffer_Release(&slots);
+    return res;
+}
+
+typedef struct { int64_t slot, i; } slot_at;
+
+static int cmp_slot_at(const void *a, const void *b) {
+    const slot_at *x = a, *y = b;
+    return (x->slot > y->slot) - (x->slot < y->slot);
+}
+
+/* disk_find(tags uint16[S], table float32[S*W], ids int64[n], out_slot int64[n],
+ *           out_rows float32[n*(W-2)] or empty, W) -> slots read
+ * The disk tier's whole probe in one pass with the GIL released (ember.tiers.disk, the
+ * numpy reference is _native._disk_find_py): each ID's home slot and 16-bit tag from mix64
+ * (as DiskTier._hash), the first slot from home with that tag (as tag_find), then, for every
+ * candidate in file order, after advising the candidates' pages that are not in the page
+ * cache (advise_cold), the ID stored in the slot: equal, out_slot[i] = the slot and its record
+ * is copied into out_rows[i] (when out_rows is not empty); else (tags collide) probing goes on
+ * after it. out_slot[i] = -1 for IDs not found; their out_rows stay untouched. Returns the
+ * slots whose stored ID was read (found or not), as the reference counts them. */
+static PyObject *disk_find(PyObject *self, PyObject *args) {
+    Py_buffer tags, table, ids, oslot, orows;
+    Py_ssize_t w;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*w*n", &tags, &table, &ids, &oslot, &orows, &w)) return NULL;
+    PyObject *res = NULL;
+    slot_at *cand = NULL;
+    int64_t *sorted = NULL;
+    unsigned char *vec = NULL;
+    Py_ssize_t n = ids.len / 8, ns = tags.len / 2, r = w - 2;
+    if (w <= 2 || ns < 1 || table.len != ns * w * 4 || oslot.len != n * 8 || (orows.len != 0 && orows.len != n * r * 4)) {
+        PyErr_SetString(PyExc_ValueError, "ember native disk_find: tags uint16[S], table float32 [S, W], ids/out_slot "
+                                          "int64[n], out_rows float32 [n, W-2] or empty");
+        goto done;
+    }
+    cand = malloc((size_t)(n ? n : 1) * sizeof(slot_at));
+    sorted = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    vec = malloc(WN_WIN);
+    if (!cand || !sorted || !vec) { PyErr_NoMemory(); goto done; }
+    {
+        const uint16_t *t = tags.buf;
+        const int64_t *id = ids.buf;
+        int64_t *os = oslot.buf;
+        const float *tb = table.buf;
+        float *orw = orows.len ? (float *)orows.buf : NULL;
+        Py_ssize_t read = 0;
+        Py_BEGIN_ALLOW_THREADS
+        Py_ssize_t m = 0;
+        /* homes first (into out_slot), so the tag reads can be prefetched a few IDs ahead */
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint64_t h = mix64((uint64_t)id[i]);
+            os[i] = (int64_t)(((h >> 32) * (uint64_t)ns) >> 32);
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (i + 16 < n) __builtin_prefetch(t + os[i + 16]);
+            uint64_t h = mix64((uint64_t)id[i]);
+            int64_t at = os[i], hit = -1;
+            uint16_t want = (uint16_t)((h & 0xFFFF) % 65534 + 2);
+            for (int64_t step = 0; step < ns; step++) {
+                uint16_t v = t[at];
+                if (v == want) { hit = at; break; }
+                if (v == 0) break;
+                if (++at == ns) at = 0;
+            }
+            os[i] = -1;
+            if (hit >= 0) { cand[m].slot = hit; cand[m].i = i; m++; }
+        }
+        qsort(cand, (size_t)m, sizeof(slot_at), cmp_slot_at);
+        for (Py_ssize_t q = 0; q < m; q++) sorted[q] = cand[q].slot;
+        if (m > 0) advise_cold((uintptr_t)table.buf, (size_t)w * 4, sorted, m, vec);
+        for (Py_ssize_t q = 0; q < m; q++) {
+            if (q + 8 < m) __builtin_prefetch(tb + cand[q + 8].slot * w);
+            int64_t at = cand[q].slot, i = cand[q].i;
+            uint64_t h = mix64((uint64_t)id[i]);
+            uint16_t want = (uint16_t)((h & 0xFFFF) % 65534 + 2);
+            for (int64_t step = 0; step < ns; step++) {  /* at: a slot whose tag matches */
+                int64_t stored;
+                memcpy(&stored, tb + at * w, 8);
+                read++;
+                if (stored == id[i]) {
+                    os[i] = at;
+                    if (orw) memcpy(orw + i * r, tb + at * w + 2, (size_t)r * sizeof(float));
+                    break;
+                }
+                int64_t nx = -1;  /* a tag collision: the next match after it, before an empty slot */
+                for (int64_t s2 = 0; s2 < ns; s2++) {
+                    if (++at == ns) at = 0;
+                    uint16_t v = t[at];
+                    if (v == want) { nx = at; break; }
+                    if (v == 0) break;
+                }
+                if (nx < 0) break;
+                at = nx;
+            }
+        }
+        Py_END_ALLOW_THREADS
+        res = PyLong_FromSsize_t(read);
+    }
+done:
+    free(cand); free(sorted); free(vec);
+    PyBuffer_Release(&tags); PyBuffer_Release(&table); PyBuffer_Release(&ids); PyBuffer_Release(&oslot);
+    PyBuffer_Release(&orows);
     return res;
 }
 
@@ -1679,6 +1787,7 @@ static PyMethodDef methods[] = {
     {"bf16_pack_sr", bf16_pack_sr, METH_VARARGS, "bf16_pack_sr(records, ids, seeds, steps, out, dim, width) -> None"},
     {"willneed", willneed, METH_VARARGS, "willneed(table, slots, w) -> pages advised"},
     {"willneed_cold", willneed_cold, METH_VARARGS, "willneed_cold(table, slots, w) -> pages advised"},
+    {"disk_find", disk_find, METH_VARARGS, "disk_find(tags, table, ids, out_slot, out_rows, w) -> slots read"},
     {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(src, slots, out, w) -> None"},
     {"scatter_rows", scatter_rows, METH_VARARGS, "scatter_rows(dst, slots, rows, w) -> None"},
     {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim, stride) -> None"},

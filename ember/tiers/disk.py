@@ -228,44 +228,18 @@ class DiskTier(TierCounters, Tier):
         return out
 
     def _probe(self, ids: np.ndarray, want_rows: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """Slot of each ID (-1 absent) and, if ``want_rows``, each found ID's record [N, R]."""
+        """Slot of each ID (-1 absent) and, if ``want_rows``, each found ID's record [N, R]
+        (zeros for the others): ``_native.disk_find``, one pass in C (numpy rounds without it)."""
+        assert self._mm is not None, "DiskTier is closed"
         n = ids.size
-        slot_of = np.full(n, -1, dtype=np.int64)
+        slot_of = np.empty(n, dtype=np.int64)
         rows = np.zeros((n, self.record_dim), dtype=np.float32) if want_rows else None
         if n == 0:
+            slot_of[:] = -1
             return slot_of, rows
-        home, tag = self._hash(ids)
-        active = np.arange(n)
-        pos = home
-        while active.size:
-            at = np.empty(active.size, dtype=np.int64)  # first tag match from pos, or -1 at an empty slot
-            _native.tag_find(self._tags, pos, tag.take(active), at)
-            cand = np.flatnonzero(at >= 0)
-            if cand.size == 0:
-                break
-            cslots = at[cand]
-            if want_rows:
-                data = self._read(cslots)
-                keys = np.ascontiguousarray(data[:, :2]).view(np.int64)[:, 0]
-            else:
-                assert self._mm is not None, "DiskTier is closed"
-                order = np.argsort(cslots, kind="stable")
-                got = np.empty((cslots.size, self.width), dtype=np.float32)  # whole rows: a page is read anyway
-                ordered = np.ascontiguousarray(cslots[order], dtype=np.int64)
-                _native.willneed_cold(self._mm, ordered)
-                _native.gather_rows(self._mm, ordered, got)
-                keys = np.empty(cslots.size, dtype=np.int64)
-                keys[order] = np.ascontiguousarray(got[:, :2]).view(np.int64)[:, 0]
-            q = active[cand]
-            ok = keys == ids[q]
-            slot_of[q[ok]] = cslots[ok]
-            if want_rows:
-                assert rows is not None
-                rows[q[ok]] = data[ok, 2:]
-            fp = cand[~ok]  # a tag collided with another ID: keep probing after it
-            active = active[fp]
-            pos = at[fp] + 1
-            pos[pos == self.n_slots] = 0
+        read = _native.disk_find(self._tags, self._mm, ids, slot_of, rows)
+        if want_rows:
+            self.reads += read
         return slot_of, rows
 
     def _slots_of(self, ids: Tensor) -> np.ndarray:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ember import _native
+from ember.mix import mix64
 
 native = pytest.mark.skipif(not _native.is_available(), reason="ember native core not available (not built, or EMBER_NATIVE=0)")
 R = 3
@@ -296,3 +297,68 @@ def test_willneed_cold_advises_only_the_pages_not_in_memory(tmp_path):
     assert _native.willneed_cold(fresh, s) == 3  # dropped from the cache: every page is cold
     with pytest.raises(IndexError, match="not sorted"):
         _native.willneed_cold(mm, np.array([3, 1], dtype=np.int64))
+
+
+def _disk_layout(n_slots: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros(n_slots, np.uint16), np.zeros((n_slots, w), np.float32)
+
+
+def _home_tag(i: int, n_slots: int) -> tuple[int, int]:
+    h = int(mix64(np.array([i], dtype=np.int64).view(np.uint64))[0])
+    return ((h >> 32) * n_slots) >> 32, (h & 0xFFFF) % 65534 + 2
+
+
+@native
+@pytest.mark.parametrize("want_rows", [True, False])
+def test_disk_find_equals_its_fallback_through_tag_collisions(want_rows):
+    """The one-pass disk probe finds the slots (and copies the records) its numpy reference
+    finds, and reads as many slots: IDs behind colliding tags, deleted slots and a wrap-around,
+    an absent ID whose tag collides, absent IDs, and a random fill."""
+    w, n_slots = 6, 64
+    tags, table = _disk_layout(n_slots, w)
+    x, y = 1234567, -98765
+    hx, tx = _home_tag(x, n_slots)
+    for k, other in enumerate([11, 12, 13]):  # three other IDs wearing x's tag, one deleted slot, then x
+        s = (hx + k) % n_slots
+        tags[s] = tx
+        table[s, :2] = np.array([other], np.int64).view(np.float32)
+    tags[(hx + 3) % n_slots] = 1
+    sx = (hx + 4) % n_slots
+    tags[sx] = tx
+    table[sx, :2] = np.array([x], np.int64).view(np.float32)
+    table[sx, 2:] = [1, 2, 3, 4]
+    hy, ty = _home_tag(y, n_slots)
+    sy = (hy + 7) % n_slots  # may land inside x's run: then y's probe starts there
+    if tags[sy] == 0:
+        tags[sy] = ty  # a tag like y's, another ID stored: y is absent
+        table[sy, :2] = np.array([77], np.int64).view(np.float32)
+    rng = np.random.default_rng(3)
+    cases = [np.array([x, y, 5, x + 1], np.int64)]
+    for _ in range(3):
+        n_big = 4096
+        t2, tb2 = _disk_layout(n_big, w)
+        present = rng.integers(-2**62, 2**62, 3000)
+        for i in present:  # insert by linear probing
+            h, t = _home_tag(int(i), n_big)
+            while t2[h] > 1:
+                h = (h + 1) % n_big
+            t2[h] = t
+            tb2[h, :2] = np.array([i], np.int64).view(np.float32)
+            tb2[h, 2:] = rng.standard_normal(w - 2)
+        q = np.concatenate([present[:1000], rng.integers(-2**62, 2**62, 500)])
+        cases.append((t2, tb2, q))
+    for case in cases:
+        t_, tb_, q = (tags, table, case) if isinstance(case, np.ndarray) else case
+        outs = []
+        for fn in (_native.disk_find, _native._disk_find_py):
+            slot = np.full(q.size, 99, np.int64)
+            rows = np.full((q.size, w - 2), 7.0, np.float32) if want_rows else None
+            read = fn(t_, tb_, q, slot, rows)
+            outs.append((slot, rows, read))
+        (s1, r1, n1), (s2, r2, n2) = outs
+        assert np.array_equal(s1, s2) and n1 == n2
+        if want_rows:
+            assert np.array_equal(r1, r2)
+    s = np.empty(4, np.int64)
+    assert _native.disk_find(tags, table, cases[0], s, None) >= 4  # x's three collisions, then x
+    assert s[0] == sx and s[1] == -1 and s[2] == -1
