@@ -93,6 +93,11 @@ class DiskTier(TierCounters, Tier):
         made = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         self._memo: tuple[Tensor, np.ndarray] | None = None
+        # (IDs sorted, their slots or -1) of the last get_into, kept exact through every change
+        # of the ID -> slot mapping since (inserts, removals; cleared by evict and rebuilds): the
+        # CachedTier's follow-up calls on parts of that batch (promotions removed, the rest
+        # written back) then skip their probes, each a random read per row
+        self._known: tuple[np.ndarray, np.ndarray] | None = None
         self._mm: np.memmap | None = None
         self.reset_step_stats()
         meta = self.path / "meta.json"
@@ -192,6 +197,7 @@ class DiskTier(TierCounters, Tier):
         self._write_meta(clean=True)
         self._mm = None
         self._memo = None
+        self._known = None
 
     # ---- size ---------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -246,9 +252,33 @@ class DiskTier(TierCounters, Tier):
         memo = self._memo
         if memo is not None and memo[0] is ids:
             return memo[1]
-        slots, _ = self._probe(ids.numpy(), want_rows=False)
+        ids_np = ids.numpy()
+        slots = self._recall(ids_np)
+        if slots is None:
+            slots, _ = self._probe(ids_np, want_rows=False)
         self._memo = (ids, slots)
         return slots
+
+    def _recall(self, ids: np.ndarray) -> np.ndarray | None:
+        """Slots of ``ids`` from the last get_into's (kept current), or None unless all are there."""
+        k = self._known
+        if k is None or k[0].size == 0 or ids.size == 0:
+            return None
+        pos = np.searchsorted(k[0], ids)
+        np.minimum(pos, k[0].size - 1, out=pos)
+        if not np.array_equal(k[0].take(pos), ids):
+            return None
+        return k[1].take(pos)
+
+    def _note(self, ids: np.ndarray, slots: np.ndarray | int) -> None:
+        """The ID -> slot mapping of ``ids`` changed: update the remembered slots of those known."""
+        k = self._known
+        if k is None or k[0].size == 0 or ids.size == 0:
+            return
+        pos = np.searchsorted(k[0], ids)
+        np.minimum(pos, k[0].size - 1, out=pos)
+        hit = k[0].take(pos) == ids
+        k[1][pos[hit]] = slots if np.isscalar(slots) else np.asarray(slots)[hit]
 
     # ---- protocol ---------------------------------------------------------------------------
     def contains(self, ids: Tensor) -> Tensor:
@@ -256,9 +286,12 @@ class DiskTier(TierCounters, Tier):
 
     def get_into(self, ids: Tensor, out: Tensor) -> Tensor:
         """Write the records of found ``ids`` into ``out`` [N, R]; returns the found mask [N]."""
-        slots, rows = self._probe(ids.numpy(), want_rows=True)
+        ids_np = ids.numpy()
+        slots, rows = self._probe(ids_np, want_rows=True)
         assert rows is not None
         self._memo = (ids, slots)
+        order = np.argsort(ids_np, kind="stable")
+        self._known = (ids_np[order], slots[order])
         found = slots >= 0
         self.requests += ids.numel()
         hit = np.flatnonzero(found)
@@ -285,6 +318,7 @@ class DiskTier(TierCounters, Tier):
                 slots = self._probe(ids_np, want_rows=False)[0]  # every slot moved
             slots = slots.copy()
             slots[missing] = self._insert_slots(ids_np[missing])
+            self._note(ids_np[missing], slots[missing])
             self._memo = (ids, slots)
             self.inserts += n_new
         self.count_transfer(ids.numel(), records.device)
@@ -314,6 +348,7 @@ class DiskTier(TierCounters, Tier):
         slots = self._slots_of(ids)
         self._memo = None
         found = slots >= 0
+        self._note(ids.numpy()[found], -1)
         self._tags[slots[found]] = _DELETED
         self._live -= int(found.sum())
         return torch.from_numpy(found)
@@ -326,6 +361,7 @@ class DiskTier(TierCounters, Tier):
         self._tags[slots] = _DELETED
         self._live -= slots.size
         self._memo = None
+        self._known = None
         self.evictions += slots.size
         return torch.from_numpy(ids), torch.from_numpy(np.ascontiguousarray(data[:, 2:]))
 
@@ -363,6 +399,7 @@ class DiskTier(TierCounters, Tier):
         os.replace(tmp, self.path / "slots.bin")
         self._attach(self.path / "slots.bin", n, tags, live, used)
         self._memo = None
+        self._known = None
         self._write_meta(clean=False)
 
     # ---- observability -------------------------------------------------------------------------
