@@ -130,9 +130,8 @@ class HostTier(TierCounters, Tier):
         give for IDs known to have been at ``slots`` (or absent, -1) before some evictions, when
         no absent one of them was inserted since (one slot holds one ID, one ID one slot)."""
         s = np.asarray(slots, dtype=np.int64)
-        ok = s >= 0
-        at = s[ok]
-        ok[ok] = self._held[at] & (self._ids[at] == ids.numpy()[ok])
+        at = np.maximum(s, 0)
+        ok = (s >= 0) & self._held.take(at) & (self._ids.take(at) == ids.numpy())
         return np.where(ok, s, -1)
 
     def contains(self, ids: Tensor) -> Tensor:
