@@ -43,7 +43,7 @@ from ember.mix import mix64
 
 __all__ = [
     "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_hazards", "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
-    "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
+    "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
     "write_rows",
 ]
 
@@ -446,6 +446,30 @@ def _disk_find_py(tags: np.ndarray, table: np.ndarray, ids: np.ndarray, out_slot
         pos = at[fp] + 1
         pos[pos == n_slots] = 0
     return read
+
+
+def disk_write(table: np.ndarray, slots: np.ndarray, ids: np.ndarray, recs: np.ndarray) -> None:
+    """The disk tier's write: row ``slots[i]`` of the memory-mapped ``table`` (float32 [S, W])
+    becomes ``[ids[i] as two words | recs[i]]`` (``recs`` float32 [k, W-2]), in file order after
+    advising the pages not in memory (``willneed_cold``); a later duplicate slot wins. The core
+    does it in one pass with the GIL released; the fallback builds the rows in numpy and
+    scatters them (``scatter_rows``), logged once."""
+    if (_core is not None and table.dtype == np.float32 and table.ndim == 2 and table.flags.c_contiguous
+            and recs.dtype == np.float32 and recs.flags.c_contiguous):
+        return _core.disk_write(table, np.ascontiguousarray(slots, dtype=np.int64),
+                                np.ascontiguousarray(ids, dtype=np.int64), recs, table.shape[1])
+    _fallback_once("disk_write")
+    return _disk_write_py(table, slots, ids, recs)
+
+
+def _disk_write_py(table: np.ndarray, slots: np.ndarray, ids: np.ndarray, recs: np.ndarray) -> None:
+    block = np.empty((slots.size, table.shape[1]), dtype=np.float32)
+    block[:, :2] = np.ascontiguousarray(ids, dtype=np.int64).view(np.float32).reshape(-1, 2)
+    block[:, 2:] = recs
+    order = np.argsort(slots, kind="stable")
+    ordered = np.ascontiguousarray(slots[order], dtype=np.int64)
+    willneed_cold(table, ordered)
+    scatter_rows(table, ordered, block[order])
 
 
 def _rows_ok(table: np.ndarray, slots: np.ndarray, rows: np.ndarray) -> bool:

@@ -1437,6 +1437,12 @@ static int cmp_slot_at(const void *a, const void *b) {
     return (x->slot > y->slot) - (x->slot < y->slot);
 }
 
+static int cmp_slot_then_i(const void *a, const void *b) {
+    const slot_at *x = a, *y = b;
+    if (x->slot != y->slot) return (x->slot > y->slot) - (x->slot < y->slot);
+    return (x->i > y->i) - (x->i < y->i);
+}
+
 /* disk_find(tags uint16[S], table float32[S*W], ids int64[n], out_slot int64[n],
  *           out_rows float32[n*(W-2)] or empty, W) -> slots read
  * The disk tier's whole probe in one pass with the GIL released (ember.tiers.disk, the
@@ -1528,6 +1534,61 @@ done:
     free(cand); free(sorted); free(vec);
     PyBuffer_Release(&tags); PyBuffer_Release(&table); PyBuffer_Release(&ids); PyBuffer_Release(&oslot);
     PyBuffer_Release(&orows);
+    return res;
+}
+
+/* disk_write(table float32[S*W], slots int64[k], ids int64[k], recs float32[k*(W-2)], W) -> None
+ * The disk tier's write in one pass with the GIL released (ember.tiers.disk; the numpy
+ * reference is _native._disk_write_py): slot slots[i] of the memory-mapped table gets
+ * [ids[i] as two words | recs[i]], written in file order (slot, then i: a later duplicate slot
+ * wins, as in numpy) after advising the pages not in memory (advise_cold: a store to a page
+ * that is not in memory reads it first). */
+static PyObject *disk_write(PyObject *self, PyObject *args) {
+    Py_buffer table, slots, ids, recs;
+    Py_ssize_t w;
+    if (!PyArg_ParseTuple(args, "w*y*y*y*n", &table, &slots, &ids, &recs, &w)) return NULL;
+    PyObject *res = NULL;
+    slot_at *order = NULL;
+    int64_t *sorted = NULL;
+    unsigned char *vec = NULL;
+    Py_ssize_t k = slots.len / 8, s = w > 2 ? table.len / 4 / w : 0, r = w - 2;
+    if (w <= 2 || table.len != s * w * 4 || ids.len != k * 8 || recs.len != k * r * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native disk_write: table float32 [S, W], slots/ids int64 [k], "
+                                          "recs float32 [k, W-2]");
+        goto done;
+    }
+    {
+        const int64_t *sl = slots.buf;
+        for (Py_ssize_t i = 0; i < k; i++)
+            if (sl[i] < 0 || sl[i] >= s) {
+                PyErr_SetString(PyExc_IndexError, "ember native disk_write: slot out of range");
+                goto done;
+            }
+        order = malloc((size_t)(k ? k : 1) * sizeof(slot_at));
+        sorted = malloc((size_t)(k ? k : 1) * sizeof(int64_t));
+        vec = malloc(WN_WIN);
+        if (!order || !sorted || !vec) { PyErr_NoMemory(); goto done; }
+        float *tb = table.buf;
+        const int64_t *id = ids.buf;
+        const float *rc = recs.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < k; i++) { order[i].slot = sl[i]; order[i].i = i; }
+        qsort(order, (size_t)k, sizeof(slot_at), cmp_slot_then_i);
+        for (Py_ssize_t q = 0; q < k; q++) sorted[q] = order[q].slot;
+        if (k > 0) advise_cold((uintptr_t)table.buf, (size_t)w * 4, sorted, k, vec);
+        for (Py_ssize_t q = 0; q < k; q++) {
+            if (q + 8 < k) __builtin_prefetch(tb + order[q + 8].slot * w, 1);
+            float *dst = tb + order[q].slot * w;
+            memcpy(dst, id + order[q].i, 8);
+            memcpy(dst + 2, rc + order[q].i * r, (size_t)r * sizeof(float));
+        }
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
+done:
+    free(order); free(sorted); free(vec);
+    PyBuffer_Release(&table); PyBuffer_Release(&slots); PyBuffer_Release(&ids); PyBuffer_Release(&recs);
     return res;
 }
 
@@ -1788,6 +1849,7 @@ static PyMethodDef methods[] = {
     {"willneed", willneed, METH_VARARGS, "willneed(table, slots, w) -> pages advised"},
     {"willneed_cold", willneed_cold, METH_VARARGS, "willneed_cold(table, slots, w) -> pages advised"},
     {"disk_find", disk_find, METH_VARARGS, "disk_find(tags, table, ids, out_slot, out_rows, w) -> slots read"},
+    {"disk_write", disk_write, METH_VARARGS, "disk_write(table, slots, ids, recs, w) -> None"},
     {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(src, slots, out, w) -> None"},
     {"scatter_rows", scatter_rows, METH_VARARGS, "scatter_rows(dst, slots, rows, w) -> None"},
     {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim, stride) -> None"},

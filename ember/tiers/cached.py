@@ -129,10 +129,12 @@ class CachedTier(Tier):
                 self.slow.remove(p_ids)
                 if host:  # absent from fast: the read above just missed them
                     self.fast.remember(p_ids, np.full(p_ids.numel(), -1, dtype=np.int64))
+                demoted = self.demotions
                 self._insert_fast(p_ids, rows_s.index_select(0, torch.from_numpy(pick).to(out.device)), est[pick])
                 self.promotions += p_ids.numel()
                 if host:  # where the batch's IDs are now, for its write-back: no probe there
-                    now = self.fast.still_held(ids, fast_slots)
+                    # (no demotion: no slot was freed, every hit is where the read found it)
+                    now = self.fast.still_held(ids, fast_slots) if self.demotions != demoted else fast_slots.copy()
                     now[miss_np[pick]] = self.fast.slots_of(p_ids).numpy()
                     self.fast.remember(ids, now)
         return found

@@ -326,13 +326,7 @@ class DiskTier(TierCounters, Tier):
 
     def _write(self, slots: np.ndarray, ids: np.ndarray, recs: np.ndarray) -> None:
         assert self._mm is not None, "DiskTier is closed"
-        block = np.empty((slots.size, self.width), dtype=np.float32)
-        block[:, :2] = np.ascontiguousarray(ids, dtype=np.int64).view(np.float32).reshape(-1, 2)
-        block[:, 2:] = recs
-        order = np.argsort(slots, kind="stable")
-        ordered = np.ascontiguousarray(slots[order], dtype=np.int64)
-        _native.willneed_cold(self._mm, ordered)  # a write to a page not in memory reads it first
-        _native.scatter_rows(self._mm, ordered, block[order])
+        _native.disk_write(self._mm, slots, ids, np.ascontiguousarray(recs, dtype=np.float32))
         self.writes += slots.size
 
     def _insert_slots(self, ids: np.ndarray) -> np.ndarray:

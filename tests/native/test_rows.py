@@ -362,3 +362,28 @@ def test_disk_find_equals_its_fallback_through_tag_collisions(want_rows):
     s = np.empty(4, np.int64)
     assert _native.disk_find(tags, table, cases[0], s, None) >= 4  # x's three collisions, then x
     assert s[0] == sx and s[1] == -1 and s[2] == -1
+
+
+@native
+def test_disk_write_equals_its_fallback(tmp_path):
+    """The one-pass disk write leaves the memory-mapped file as its numpy reference does:
+    each slot [ID | record], a later duplicate slot winning; slots out of range raise."""
+    w, n = 6, 5000
+    rng = np.random.default_rng(4)
+    files = []
+    for name in ("native", "ref"):
+        mm = np.memmap(tmp_path / f"{name}.bin", dtype=np.float32, mode="w+", shape=(n, w))
+        mm[:] = 1.5
+        files.append(mm)
+    for _ in range(3):
+        slots = rng.integers(0, n, 900).astype(np.int64)  # duplicates among them
+        ids = rng.integers(-2**62, 2**62, 900)
+        recs = rng.standard_normal((900, w - 2)).astype(np.float32)
+        _native.disk_write(files[0], slots, ids, recs)
+        _native._disk_write_py(files[1], slots, ids, recs)
+        assert np.array_equal(np.asarray(files[0]).view(np.int32), np.asarray(files[1]).view(np.int32))  # IDs: NaN words
+    last = {int(s): i for i, s in enumerate(slots)}
+    s0, i0 = next(iter(last.items()))
+    assert np.ascontiguousarray(files[0][s0, :2]).view(np.int64)[0] == ids[i0]
+    with pytest.raises(IndexError, match="slot out of range"):
+        _native.disk_write(files[0], np.array([n], np.int64), np.array([1], np.int64), np.zeros((1, w - 2), np.float32))
