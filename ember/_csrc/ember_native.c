@@ -117,13 +117,20 @@ static PyObject *cms(PyObject *self, PyObject *args) {
         uint64_t mask = (uint64_t)width - 1;
         Py_BEGIN_ALLOW_THREADS
         if (cb.len)
-            for (Py_ssize_t i = 0; i < n; i++)
+            for (Py_ssize_t i = 0; i < n; i++) {
+                if (i + 8 < n)  /* the cells are random in a sketch larger than the caches */
+                    for (Py_ssize_t r = 0; r < depth; r++)
+                        __builtin_prefetch(t + r * width + (mix64((uint64_t)id[i + 8] ^ seed[r]) & mask), 1);
                 for (Py_ssize_t r = 0; r < depth; r++) {
                     uint16_t *cell = t + r * width + (mix64((uint64_t)id[i] ^ seed[r]) & mask);
                     int64_t v = (int64_t)*cell + c[i];
                     *cell = (uint16_t)(v > 65535 ? 65535 : (v < 0 ? 0 : v));
                 }
+            }
         for (Py_ssize_t i = 0; i < n; i++) {
+            if (i + 8 < n)
+                for (Py_ssize_t r = 0; r < depth; r++)
+                    __builtin_prefetch(t + r * width + (mix64((uint64_t)id[i + 8] ^ seed[r]) & mask));
             int64_t est = 65535;
             for (Py_ssize_t r = 0; r < depth; r++) {
                 int64_t v = t[r * width + (mix64((uint64_t)id[i] ^ seed[r]) & mask)];
