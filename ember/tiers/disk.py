@@ -32,6 +32,7 @@ from ember import _native
 from ember.errors import TierIOError
 from ember.fileio import atomic_file, write_bytes_atomic
 from ember.tiers.base import Tier, TierCounters
+from ember.tiers.key_index import KeyIndex
 from ember.mix import mix64
 
 __all__ = ["DiskTier", "disk_slot_bytes"]
@@ -93,11 +94,11 @@ class DiskTier(TierCounters, Tier):
         made = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         self._memo: tuple[Tensor, np.ndarray] | None = None
-        # (IDs sorted, their slots or -1) of the last get_into, kept exact through every change
+        # (IDs -> position, their slots or -1) of the last get_into, kept exact through every change
         # of the ID -> slot mapping since (inserts, removals; cleared by evict and rebuilds): the
         # CachedTier's follow-up calls on parts of that batch (promotions removed, the rest
         # written back) then skip their probes, each a random read per row
-        self._known: tuple[np.ndarray, np.ndarray] | None = None
+        self._known: tuple[KeyIndex, np.ndarray] | None = None
         self._mm: np.memmap | None = None
         self.reset_step_stats()
         meta = self.path / "meta.json"
@@ -262,22 +263,20 @@ class DiskTier(TierCounters, Tier):
     def _recall(self, ids: np.ndarray) -> np.ndarray | None:
         """Slots of ``ids`` from the last get_into's (kept current), or None unless all are there."""
         k = self._known
-        if k is None or k[0].size == 0 or ids.size == 0:
+        if k is None or ids.size == 0:
             return None
-        pos = np.searchsorted(k[0], ids)
-        np.minimum(pos, k[0].size - 1, out=pos)
-        if not np.array_equal(k[0].take(pos), ids):
+        pos = k[0].lookup(ids)
+        if (pos < 0).any():
             return None
         return k[1].take(pos)
 
     def _note(self, ids: np.ndarray, slots: np.ndarray | int) -> None:
         """The ID -> slot mapping of ``ids`` changed: update the remembered slots of those known."""
         k = self._known
-        if k is None or k[0].size == 0 or ids.size == 0:
+        if k is None or ids.size == 0:
             return
-        pos = np.searchsorted(k[0], ids)
-        np.minimum(pos, k[0].size - 1, out=pos)
-        hit = k[0].take(pos) == ids
+        pos = k[0].lookup(ids)
+        hit = pos >= 0
         k[1][pos[hit]] = slots if np.isscalar(slots) else np.asarray(slots)[hit]
 
     # ---- protocol ---------------------------------------------------------------------------
@@ -290,8 +289,9 @@ class DiskTier(TierCounters, Tier):
         slots, rows = self._probe(ids_np, want_rows=True)
         assert rows is not None
         self._memo = (ids, slots)
-        order = np.argsort(ids_np, kind="stable")
-        self._known = (ids_np[order], slots[order])
+        known = KeyIndex(ids_np.size)  # a duplicate ID is placed twice; lookups find its first
+        known.insert(ids_np, np.arange(ids_np.size, dtype=np.int32))
+        self._known = (known, slots.copy())
         found = slots >= 0
         self.requests += ids.numel()
         hit = np.flatnonzero(found)
