@@ -234,13 +234,14 @@ class DiskTier(TierCounters, Tier):
         self.reads += slots.size
         return out
 
-    def _probe(self, ids: np.ndarray, want_rows: bool) -> tuple[np.ndarray, np.ndarray | None]:
+    def _probe(self, ids: np.ndarray, want_rows: bool, into: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """Slot of each ID (-1 absent) and, if ``want_rows``, each found ID's record [N, R]
-        (zeros for the others): ``_native.disk_find``, one pass in C (numpy rounds without it)."""
+        (zeros for the others; or straight into ``into`` [N, R] float32, the others untouched):
+        ``_native.disk_find``, one pass in C (numpy rounds without it)."""
         assert self._mm is not None, "DiskTier is closed"
         n = ids.size
         slot_of = np.empty(n, dtype=np.int64)
-        rows = np.zeros((n, self.record_dim), dtype=np.float32) if want_rows else None
+        rows = (np.zeros((n, self.record_dim), dtype=np.float32) if into is None else into) if want_rows else None
         if n == 0:
             slot_of[:] = -1
             return slot_of, rows
@@ -286,7 +287,9 @@ class DiskTier(TierCounters, Tier):
     def get_into(self, ids: Tensor, out: Tensor) -> Tensor:
         """Write the records of found ``ids`` into ``out`` [N, R]; returns the found mask [N]."""
         ids_np = ids.numpy()
-        slots, rows = self._probe(ids_np, want_rows=True)
+        direct = (out.device.type == "cpu" and out.dtype == torch.float32 and out.is_contiguous()
+                  and tuple(out.shape) == (ids_np.size, self.record_dim))
+        slots, rows = self._probe(ids_np, want_rows=True, into=out.numpy() if direct else None)
         assert rows is not None
         self._memo = (ids, slots)
         known = KeyIndex(ids_np.size)  # a duplicate ID is placed twice; lookups find its first
@@ -298,7 +301,8 @@ class DiskTier(TierCounters, Tier):
         self.hits += hit.size
         if hit.size:
             self.count_transfer(hit.size, out.device)
-            out.index_copy_(0, torch.from_numpy(hit).to(out.device), torch.from_numpy(rows[hit]).to(out.device, out.dtype))
+            if not direct:  # the probe copied the rows into a CPU float32 ``out`` already
+                out.index_copy_(0, torch.from_numpy(hit).to(out.device), torch.from_numpy(rows[hit]).to(out.device, out.dtype))
         return torch.from_numpy(found)
 
     def put(self, ids: Tensor, records: Tensor, counts: np.ndarray | None = None) -> None:
