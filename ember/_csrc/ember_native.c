@@ -1439,15 +1439,21 @@ done:
 
 typedef struct { int64_t slot, i; } slot_at;
 
-static int cmp_slot_at(const void *a, const void *b) {
-    const slot_at *x = a, *y = b;
-    return (x->slot > y->slot) - (x->slot < y->slot);
-}
 
-static int cmp_slot_then_i(const void *a, const void *b) {
-    const slot_at *x = a, *y = b;
-    if (x->slot != y->slot) return (x->slot > y->slot) - (x->slot < y->slot);
-    return (x->i > y->i) - (x->i < y->i);
+/* Sorts a[0..n) by slot (0 <= slot <= max_slot), stably: an LSD radix sort of 11-bit digits
+ * through tmp[n] (qsort took ~260 us for 3,300 rows, this ~20). Returns a or tmp, whichever
+ * holds the result. */
+static slot_at *sort_by_slot(slot_at *a, slot_at *tmp, Py_ssize_t n, int64_t max_slot) {
+    size_t count[2048];
+    for (int shift = 0; shift == 0 || (max_slot >> shift) > 0; shift += 11) {
+        memset(count, 0, sizeof count);
+        for (Py_ssize_t q = 0; q < n; q++) count[(a[q].slot >> shift) & 2047]++;
+        size_t sum = 0;
+        for (int d = 0; d < 2048; d++) { size_t c = count[d]; count[d] = sum; sum += c; }
+        for (Py_ssize_t q = 0; q < n; q++) tmp[count[(a[q].slot >> shift) & 2047]++] = a[q];
+        slot_at *t = a; a = tmp; tmp = t;
+    }
+    return a;
 }
 
 /* disk_find(tags uint16[S], table float32[S*W], ids int64[n], out_slot int64[n],
@@ -1474,7 +1480,7 @@ static PyObject *disk_find(PyObject *self, PyObject *args) {
                                           "int64[n], out_rows float32 [n, W-2] or empty");
         goto done;
     }
-    cand = malloc((size_t)(n ? n : 1) * sizeof(slot_at));
+    cand = malloc((size_t)(n ? n : 1) * 2 * sizeof(slot_at));  /* + the radix sort's buffer */
     sorted = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
     vec = malloc(WN_WIN);
     if (!cand || !sorted || !vec) { PyErr_NoMemory(); goto done; }
@@ -1506,12 +1512,12 @@ static PyObject *disk_find(PyObject *self, PyObject *args) {
             os[i] = -1;
             if (hit >= 0) { cand[m].slot = hit; cand[m].i = i; m++; }
         }
-        qsort(cand, (size_t)m, sizeof(slot_at), cmp_slot_at);
-        for (Py_ssize_t q = 0; q < m; q++) sorted[q] = cand[q].slot;
+        slot_at *by = sort_by_slot(cand, cand + n, m, ns - 1);
+        for (Py_ssize_t q = 0; q < m; q++) sorted[q] = by[q].slot;
         if (m > 0) advise_cold((uintptr_t)table.buf, (size_t)w * 4, sorted, m, vec);
         for (Py_ssize_t q = 0; q < m; q++) {
-            if (q + 8 < m) __builtin_prefetch(tb + cand[q + 8].slot * w);
-            int64_t at = cand[q].slot, i = cand[q].i;
+            if (q + 8 < m) __builtin_prefetch(tb + by[q + 8].slot * w);
+            int64_t at = by[q].slot, i = by[q].i;
             uint64_t h = mix64((uint64_t)id[i]);
             uint16_t want = (uint16_t)((h & 0xFFFF) % 65534 + 2);
             for (int64_t step = 0; step < ns; step++) {  /* at: a slot whose tag matches */
@@ -1571,7 +1577,7 @@ static PyObject *disk_write(PyObject *self, PyObject *args) {
                 PyErr_SetString(PyExc_IndexError, "ember native disk_write: slot out of range");
                 goto done;
             }
-        order = malloc((size_t)(k ? k : 1) * sizeof(slot_at));
+        order = malloc((size_t)(k ? k : 1) * 2 * sizeof(slot_at));  /* + the radix sort's buffer */
         sorted = malloc((size_t)(k ? k : 1) * sizeof(int64_t));
         vec = malloc(WN_WIN);
         if (!order || !sorted || !vec) { PyErr_NoMemory(); goto done; }
@@ -1580,14 +1586,14 @@ static PyObject *disk_write(PyObject *self, PyObject *args) {
         const float *rc = recs.buf;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < k; i++) { order[i].slot = sl[i]; order[i].i = i; }
-        qsort(order, (size_t)k, sizeof(slot_at), cmp_slot_then_i);
-        for (Py_ssize_t q = 0; q < k; q++) sorted[q] = order[q].slot;
+        slot_at *by = sort_by_slot(order, order + k, k, s - 1);  /* stable: slot, then i */
+        for (Py_ssize_t q = 0; q < k; q++) sorted[q] = by[q].slot;
         if (k > 0) advise_cold((uintptr_t)table.buf, (size_t)w * 4, sorted, k, vec);
         for (Py_ssize_t q = 0; q < k; q++) {
-            if (q + 8 < k) __builtin_prefetch(tb + order[q + 8].slot * w, 1);
-            float *dst = tb + order[q].slot * w;
-            memcpy(dst, id + order[q].i, 8);
-            memcpy(dst + 2, rc + order[q].i * r, (size_t)r * sizeof(float));
+            if (q + 8 < k) __builtin_prefetch(tb + by[q + 8].slot * w, 1);
+            float *dst = tb + by[q].slot * w;
+            memcpy(dst, id + by[q].i, 8);
+            memcpy(dst + 2, rc + by[q].i * r, (size_t)r * sizeof(float));
         }
         Py_END_ALLOW_THREADS
         Py_INCREF(Py_None);
