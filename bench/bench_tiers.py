@@ -125,6 +125,9 @@ def bench_zipf(args) -> dict:
             t.warm_start(torch.from_numpy(sample_ids), torch.from_numpy(sample_counts))
         variants = {"memory": mem, **tiered}
         times: dict[str, list[float]] = {k: [] for k in variants}
+        # kernel time and page faults of each variant's steps (this thread): where a CPU's
+        # syscall and fault costs show up (madvise per row cost 6 of 12 ms a step on one VM)
+        kern = {k: np.zeros(3) for k in variants}  # system s, minor faults, major faults
         gens = {k: torch.Generator().manual_seed(0) for k in variants}
         names = list(variants)
         for i, b in enumerate(batches):
@@ -133,10 +136,13 @@ def bench_zipf(args) -> dict:
                     t.reset_step_stats()
             order = names[i % len(names):] + names[: i % len(names)]  # rotate who goes first
             for k in order:
+                r0 = resource.getrusage(resource.RUSAGE_THREAD)
                 t0 = time.perf_counter()
                 step(variants[k], b, gens[k])
                 if i >= args.warmup:
                     times[k].append(time.perf_counter() - t0)
+                    r1 = resource.getrusage(resource.RUSAGE_THREAD)
+                    kern[k] += (r1.ru_stime - r0.ru_stime, r1.ru_minflt - r0.ru_minflt, r1.ru_majflt - r0.ru_majflt)
         # ideal hit rate of a K-row cache on this request stream (unique IDs per batch)
         req = np.concatenate([np.unique(b) for b in batches[args.warmup:]])
         _, counts = np.unique(req, return_counts=True)
@@ -159,13 +165,19 @@ def bench_zipf(args) -> dict:
                 "disk_share_of_requests": round(st["tier.disk.requests"] / len(req) * args.steps / args.steps, 4),
                 "rows": rows, "host_rows": host_rows,
                 "unique_ids_per_step": int(len(req) / args.steps),
+                "sys_ms_per_step": round(kern[k][0] / args.steps * 1e3, 2),
+                "memory_sys_ms_per_step": round(kern["memory"][0] / args.steps * 1e3, 2),
+                "minor_faults_per_step": round(kern[k][1] / args.steps, 1),
+                "major_faults_per_step": round(kern[k][2] / args.steps, 2),
             }
             t.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{'variant':<31}{'tiered/mem':>11}{'ms mem':>9}{'ms tier':>9}{'cache':>8}{'hit':>8}{'ideal':>8}{'hit/ideal':>10}")
+    print(f"{'variant':<31}{'tiered/mem':>11}{'ms mem':>9}{'ms tier':>9}{'cache':>8}{'hit':>8}{'ideal':>8}{'hit/ideal':>10}"
+          f"{'sys ms':>8}{'faults':>8}")
     for k, r in results.items():
         print(f"{k:<31}{r['throughput_vs_memory']:>11}{r['ms_step_memory']:>9}{r['ms_step_tiered']:>9}"
-              f"{r['first_cache']:>8}{r['hit_rate']:>8}{r['ideal_hit_rate']:>8}{r['hit_vs_ideal']:>10}")
+              f"{r['first_cache']:>8}{r['hit_rate']:>8}{r['ideal_hit_rate']:>8}{r['hit_vs_ideal']:>10}"
+              f"{r['sys_ms_per_step']:>8}{r['minor_faults_per_step']:>8}")
     return results
 
 

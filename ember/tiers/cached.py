@@ -107,6 +107,8 @@ class CachedTier(Tier):
         miss_np = np.flatnonzero(~found.numpy())  # numpy bookkeeping: small arrays, per batch
         if miss_np.size == 0:
             return found
+        host = isinstance(self.fast, HostTier)
+        fast_slots = self.fast.slots_of(ids).numpy() if host else None  # the read's, no probe
         miss = torch.from_numpy(miss_np)
         miss_ids = ids.index_select(0, miss)
         rows_s = out.new_empty(miss_np.size, self.record_dim)
@@ -125,8 +127,16 @@ class CachedTier(Tier):
                 pick = hit_s[admit]
                 p_ids = miss_ids[torch.from_numpy(pick)]
                 self.slow.remove(p_ids)
+                if host:  # absent from fast: the read above just missed them
+                    self.fast.remember(p_ids, np.full(p_ids.numel(), -1, dtype=np.int64))
+                demoted = self.demotions
                 self._insert_fast(p_ids, rows_s.index_select(0, torch.from_numpy(pick).to(out.device)), est[pick])
                 self.promotions += p_ids.numel()
+                if host:  # where the batch's IDs are now, for its write-back: no probe there
+                    # (no demotion: no slot was freed, every hit is where the read found it)
+                    now = self.fast.still_held(ids, fast_slots) if self.demotions != demoted else fast_slots.copy()
+                    now[miss_np[pick]] = self.fast.slots_of(p_ids).numpy()
+                    self.fast.remember(ids, now)
         return found
 
     def _count(self, ids: Tensor) -> np.ndarray:
@@ -184,7 +194,10 @@ class CachedTier(Tier):
         held = np.flatnonzero(in_fast)
         if held.size:
             h = torch.from_numpy(held)
-            self.fast.put(ids.index_select(0, h), records.index_select(0, h.to(records.device)))
+            h_ids = ids.index_select(0, h)
+            if isinstance(self.fast, HostTier):  # their slots were just probed
+                self.fast.remember(h_ids, self.fast.slots_of(ids).numpy()[held])
+            self.fast.put(h_ids, records.index_select(0, h.to(records.device)))
         rest = torch.from_numpy(np.flatnonzero(~in_fast))
         r_ids = ids.index_select(0, rest)
         r_recs = records.index_select(0, rest.to(records.device))

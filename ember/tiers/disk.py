@@ -32,6 +32,7 @@ from ember import _native
 from ember.errors import TierIOError
 from ember.fileio import atomic_file, write_bytes_atomic
 from ember.tiers.base import Tier, TierCounters
+from ember.tiers.key_index import KeyIndex
 from ember.mix import mix64
 
 __all__ = ["DiskTier", "disk_slot_bytes"]
@@ -93,6 +94,11 @@ class DiskTier(TierCounters, Tier):
         made = not self.path.exists()
         self.path.mkdir(parents=True, exist_ok=True)
         self._memo: tuple[Tensor, np.ndarray] | None = None
+        # (IDs -> position, their slots or -1) of the last get_into, kept exact through every change
+        # of the ID -> slot mapping since (inserts, removals; cleared by evict and rebuilds): the
+        # CachedTier's follow-up calls on parts of that batch (promotions removed, the rest
+        # written back) then skip their probes, each a random read per row
+        self._known: tuple[KeyIndex, np.ndarray] | None = None
         self._mm: np.memmap | None = None
         self.reset_step_stats()
         meta = self.path / "meta.json"
@@ -192,6 +198,7 @@ class DiskTier(TierCounters, Tier):
         self._write_meta(clean=True)
         self._mm = None
         self._memo = None
+        self._known = None
 
     # ---- size ---------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -220,61 +227,58 @@ class DiskTier(TierCounters, Tier):
         order = np.argsort(slots, kind="stable")
         got = np.empty((slots.size, self.width), dtype=np.float32)
         ordered = np.ascontiguousarray(slots[order], dtype=np.int64)
-        _native.willneed(self._mm, ordered)  # every missing page read at once, not one fault at a time
+        _native.willneed_cold(self._mm, ordered)  # every page not in memory read at once, not one fault at a time
         _native.gather_rows(self._mm, ordered, got)
         out = np.empty_like(got)
         out[order] = got
         self.reads += slots.size
         return out
 
-    def _probe(self, ids: np.ndarray, want_rows: bool) -> tuple[np.ndarray, np.ndarray | None]:
-        """Slot of each ID (-1 absent) and, if ``want_rows``, each found ID's record [N, R]."""
+    def _probe(self, ids: np.ndarray, want_rows: bool, into: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Slot of each ID (-1 absent) and, if ``want_rows``, each found ID's record [N, R]
+        (zeros for the others; or straight into ``into`` [N, R] float32, the others untouched):
+        ``_native.disk_find``, one pass in C (numpy rounds without it)."""
+        assert self._mm is not None, "DiskTier is closed"
         n = ids.size
-        slot_of = np.full(n, -1, dtype=np.int64)
-        rows = np.zeros((n, self.record_dim), dtype=np.float32) if want_rows else None
+        slot_of = np.empty(n, dtype=np.int64)
+        rows = (np.zeros((n, self.record_dim), dtype=np.float32) if into is None else into) if want_rows else None
         if n == 0:
+            slot_of[:] = -1
             return slot_of, rows
-        home, tag = self._hash(ids)
-        active = np.arange(n)
-        pos = home
-        while active.size:
-            at = np.empty(active.size, dtype=np.int64)  # first tag match from pos, or -1 at an empty slot
-            _native.tag_find(self._tags, pos, tag.take(active), at)
-            cand = np.flatnonzero(at >= 0)
-            if cand.size == 0:
-                break
-            cslots = at[cand]
-            if want_rows:
-                data = self._read(cslots)
-                keys = np.ascontiguousarray(data[:, :2]).view(np.int64)[:, 0]
-            else:
-                assert self._mm is not None, "DiskTier is closed"
-                order = np.argsort(cslots, kind="stable")
-                got = np.empty((cslots.size, self.width), dtype=np.float32)  # whole rows: a page is read anyway
-                ordered = np.ascontiguousarray(cslots[order], dtype=np.int64)
-                _native.willneed(self._mm, ordered)
-                _native.gather_rows(self._mm, ordered, got)
-                keys = np.empty(cslots.size, dtype=np.int64)
-                keys[order] = np.ascontiguousarray(got[:, :2]).view(np.int64)[:, 0]
-            q = active[cand]
-            ok = keys == ids[q]
-            slot_of[q[ok]] = cslots[ok]
-            if want_rows:
-                assert rows is not None
-                rows[q[ok]] = data[ok, 2:]
-            fp = cand[~ok]  # a tag collided with another ID: keep probing after it
-            active = active[fp]
-            pos = at[fp] + 1
-            pos[pos == self.n_slots] = 0
+        read = _native.disk_find(self._tags, self._mm, ids, slot_of, rows)
+        if want_rows:
+            self.reads += read
         return slot_of, rows
 
     def _slots_of(self, ids: Tensor) -> np.ndarray:
         memo = self._memo
         if memo is not None and memo[0] is ids:
             return memo[1]
-        slots, _ = self._probe(ids.numpy(), want_rows=False)
+        ids_np = ids.numpy()
+        slots = self._recall(ids_np)
+        if slots is None:
+            slots, _ = self._probe(ids_np, want_rows=False)
         self._memo = (ids, slots)
         return slots
+
+    def _recall(self, ids: np.ndarray) -> np.ndarray | None:
+        """Slots of ``ids`` from the last get_into's (kept current), or None unless all are there."""
+        k = self._known
+        if k is None or ids.size == 0:
+            return None
+        pos = k[0].lookup(ids)
+        if (pos < 0).any():
+            return None
+        return k[1].take(pos)
+
+    def _note(self, ids: np.ndarray, slots: np.ndarray | int) -> None:
+        """The ID -> slot mapping of ``ids`` changed: update the remembered slots of those known."""
+        k = self._known
+        if k is None or ids.size == 0:
+            return
+        pos = k[0].lookup(ids)
+        hit = pos >= 0
+        k[1][pos[hit]] = slots if np.isscalar(slots) else np.asarray(slots)[hit]
 
     # ---- protocol ---------------------------------------------------------------------------
     def contains(self, ids: Tensor) -> Tensor:
@@ -282,16 +286,23 @@ class DiskTier(TierCounters, Tier):
 
     def get_into(self, ids: Tensor, out: Tensor) -> Tensor:
         """Write the records of found ``ids`` into ``out`` [N, R]; returns the found mask [N]."""
-        slots, rows = self._probe(ids.numpy(), want_rows=True)
+        ids_np = ids.numpy()
+        direct = (out.device.type == "cpu" and out.dtype == torch.float32 and out.is_contiguous()
+                  and tuple(out.shape) == (ids_np.size, self.record_dim))
+        slots, rows = self._probe(ids_np, want_rows=True, into=out.numpy() if direct else None)
         assert rows is not None
         self._memo = (ids, slots)
+        known = KeyIndex(ids_np.size)  # a duplicate ID is placed twice; lookups find its first
+        known.insert(ids_np, np.arange(ids_np.size, dtype=np.int32))
+        self._known = (known, slots.copy())
         found = slots >= 0
         self.requests += ids.numel()
         hit = np.flatnonzero(found)
         self.hits += hit.size
         if hit.size:
             self.count_transfer(hit.size, out.device)
-            out.index_copy_(0, torch.from_numpy(hit).to(out.device), torch.from_numpy(rows[hit]).to(out.device, out.dtype))
+            if not direct:  # the probe copied the rows into a CPU float32 ``out`` already
+                out.index_copy_(0, torch.from_numpy(hit).to(out.device), torch.from_numpy(rows[hit]).to(out.device, out.dtype))
         return torch.from_numpy(found)
 
     def put(self, ids: Tensor, records: Tensor, counts: np.ndarray | None = None) -> None:
@@ -311,6 +322,7 @@ class DiskTier(TierCounters, Tier):
                 slots = self._probe(ids_np, want_rows=False)[0]  # every slot moved
             slots = slots.copy()
             slots[missing] = self._insert_slots(ids_np[missing])
+            self._note(ids_np[missing], slots[missing])
             self._memo = (ids, slots)
             self.inserts += n_new
         self.count_transfer(ids.numel(), records.device)
@@ -318,13 +330,7 @@ class DiskTier(TierCounters, Tier):
 
     def _write(self, slots: np.ndarray, ids: np.ndarray, recs: np.ndarray) -> None:
         assert self._mm is not None, "DiskTier is closed"
-        block = np.empty((slots.size, self.width), dtype=np.float32)
-        block[:, :2] = np.ascontiguousarray(ids, dtype=np.int64).view(np.float32).reshape(-1, 2)
-        block[:, 2:] = recs
-        order = np.argsort(slots, kind="stable")
-        ordered = np.ascontiguousarray(slots[order], dtype=np.int64)
-        _native.willneed(self._mm, ordered)  # a write to a page not in memory reads it first
-        _native.scatter_rows(self._mm, ordered, block[order])
+        _native.disk_write(self._mm, slots, ids, np.ascontiguousarray(recs, dtype=np.float32))
         self.writes += slots.size
 
     def _insert_slots(self, ids: np.ndarray) -> np.ndarray:
@@ -340,6 +346,7 @@ class DiskTier(TierCounters, Tier):
         slots = self._slots_of(ids)
         self._memo = None
         found = slots >= 0
+        self._note(ids.numpy()[found], -1)
         self._tags[slots[found]] = _DELETED
         self._live -= int(found.sum())
         return torch.from_numpy(found)
@@ -352,6 +359,7 @@ class DiskTier(TierCounters, Tier):
         self._tags[slots] = _DELETED
         self._live -= slots.size
         self._memo = None
+        self._known = None
         self.evictions += slots.size
         return torch.from_numpy(ids), torch.from_numpy(np.ascontiguousarray(data[:, 2:]))
 
@@ -389,6 +397,7 @@ class DiskTier(TierCounters, Tier):
         os.replace(tmp, self.path / "slots.bin")
         self._attach(self.path / "slots.bin", n, tags, live, used)
         self._memo = None
+        self._known = None
         self._write_meta(clean=False)
 
     # ---- observability -------------------------------------------------------------------------

@@ -119,6 +119,21 @@ class HostTier(TierCounters, Tier):
         self._memo = [(ids, slots)] + self._memo[:1]
         return slots
 
+    def remember(self, ids: Tensor, slots: np.ndarray) -> None:
+        """Note that ``ids`` sit in ``slots`` (-1: absent) right now, as a caller that has just
+        established it (a CachedTier, from its own probes and moves) knows: the next
+        ``slots_of(ids)`` (the same tensor) then skips the index probe. Must be exact."""
+        self._memo = [(ids, torch.from_numpy(np.asarray(slots, dtype=np.int64)))] + self._memo[:1]
+
+    def still_held(self, ids: Tensor, slots: np.ndarray) -> np.ndarray:
+        """``slots`` where each still holds its ID of ``ids``, else -1: what ``slots_of`` would
+        give for IDs known to have been at ``slots`` (or absent, -1) before some evictions, when
+        no absent one of them was inserted since (one slot holds one ID, one ID one slot)."""
+        s = np.asarray(slots, dtype=np.int64)
+        at = np.maximum(s, 0)
+        ok = (s >= 0) & self._held.take(at) & (self._ids.take(at) == ids.numpy())
+        return np.where(ok, s, -1)
+
     def contains(self, ids: Tensor) -> Tensor:
         """Found mask [N], without counting an access."""
         return self.slots_of(ids) >= 0

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
 
 from ember import _native
+from ember.mix import mix64
 
 native = pytest.mark.skipif(not _native.is_available(), reason="ember native core not available (not built, or EMBER_NATIVE=0)")
 R = 3
@@ -258,3 +261,129 @@ def test_willneed_advises_each_page_of_the_rows_once(tmp_path):
         _native.gather_rows(mm, slots, out)
         assert np.array_equal(out[:, 0], slots.astype(np.float32))
     assert _native._willneed_py(np.zeros((4, w), np.float32), np.array([1])) == 0  # not a memory map: nothing
+
+
+@native
+def test_willneed_cold_advises_only_the_pages_not_in_memory(tmp_path):
+    """The residency-checked hint advises the requested rows' pages that are not in the page
+    cache (all of them in a freshly reserved file, none once they were written), never a page
+    outside the rows (windows span gaps between rows, advice does not), and the rows read after
+    it are the same."""
+    w = 19
+    n = 200_000  # 3,711 pages: several mincore windows with far-apart rows
+    f = tmp_path / "slots.bin"
+    fd = os.open(f, os.O_RDWR | os.O_CREAT, 0o644)
+    os.posix_fallocate(fd, 0, n * w * 4)
+    os.close(fd)
+    mm = np.memmap(f, dtype=np.float32, mode="r+", shape=(n, w))
+    rng = np.random.default_rng(1)
+    for slots in [np.array([0, 1, 53, 54, n - 1]), np.sort(rng.choice(n, 700, replace=False)),
+                  np.array([5, 5, 6, 100_000, 100_001])]:
+        slots = slots.astype(np.int64)
+        pages = np.unique(np.concatenate([slots * w * 4 // 4096, ((slots + 1) * w * 4 - 1) // 4096]))
+        cold = _native.willneed_cold(mm, slots)
+        assert 0 <= cold <= pages.size
+        _native.scatter_rows(mm, slots, np.repeat(slots.astype(np.float32)[:, None], w, 1))
+        assert _native.willneed_cold(mm, slots) == 0  # written: in the page cache now
+        out = np.empty((slots.size, w), np.float32)
+        _native.gather_rows(mm, slots, out)
+        assert np.array_equal(out[:, 0], slots.astype(np.float32))
+    fresh = np.memmap(tmp_path / "fresh.bin", dtype=np.float32, mode="w+", shape=(n, w))
+    fresh.flush()
+    fd = os.open(tmp_path / "fresh.bin", os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
+    s = np.array([10, 50_000, 150_000], dtype=np.int64)
+    assert _native.willneed_cold(fresh, s) == 3  # dropped from the cache: every page is cold
+    with pytest.raises(IndexError, match="not sorted"):
+        _native.willneed_cold(mm, np.array([3, 1], dtype=np.int64))
+
+
+def _disk_layout(n_slots: int, w: int) -> tuple[np.ndarray, np.ndarray]:
+    return np.zeros(n_slots, np.uint16), np.zeros((n_slots, w), np.float32)
+
+
+def _home_tag(i: int, n_slots: int) -> tuple[int, int]:
+    h = int(mix64(np.array([i], dtype=np.int64).view(np.uint64))[0])
+    return ((h >> 32) * n_slots) >> 32, (h & 0xFFFF) % 65534 + 2
+
+
+@native
+@pytest.mark.parametrize("want_rows", [True, False])
+def test_disk_find_equals_its_fallback_through_tag_collisions(want_rows):
+    """The one-pass disk probe finds the slots (and copies the records) its numpy reference
+    finds, and reads as many slots: IDs behind colliding tags, deleted slots and a wrap-around,
+    an absent ID whose tag collides, absent IDs, and a random fill."""
+    w, n_slots = 6, 64
+    tags, table = _disk_layout(n_slots, w)
+    x, y = 1234567, -98765
+    hx, tx = _home_tag(x, n_slots)
+    for k, other in enumerate([11, 12, 13]):  # three other IDs wearing x's tag, one deleted slot, then x
+        s = (hx + k) % n_slots
+        tags[s] = tx
+        table[s, :2] = np.array([other], np.int64).view(np.float32)
+    tags[(hx + 3) % n_slots] = 1
+    sx = (hx + 4) % n_slots
+    tags[sx] = tx
+    table[sx, :2] = np.array([x], np.int64).view(np.float32)
+    table[sx, 2:] = [1, 2, 3, 4]
+    hy, ty = _home_tag(y, n_slots)
+    sy = (hy + 7) % n_slots  # may land inside x's run: then y's probe starts there
+    if tags[sy] == 0:
+        tags[sy] = ty  # a tag like y's, another ID stored: y is absent
+        table[sy, :2] = np.array([77], np.int64).view(np.float32)
+    rng = np.random.default_rng(3)
+    cases = [np.array([x, y, 5, x + 1], np.int64)]
+    for _ in range(3):
+        n_big = 4096
+        t2, tb2 = _disk_layout(n_big, w)
+        present = rng.integers(-2**62, 2**62, 3000)
+        for i in present:  # insert by linear probing
+            h, t = _home_tag(int(i), n_big)
+            while t2[h] > 1:
+                h = (h + 1) % n_big
+            t2[h] = t
+            tb2[h, :2] = np.array([i], np.int64).view(np.float32)
+            tb2[h, 2:] = rng.standard_normal(w - 2)
+        q = np.concatenate([present[:1000], rng.integers(-2**62, 2**62, 500)])
+        cases.append((t2, tb2, q))
+    for case in cases:
+        t_, tb_, q = (tags, table, case) if isinstance(case, np.ndarray) else case
+        outs = []
+        for fn in (_native.disk_find, _native._disk_find_py):
+            slot = np.full(q.size, 99, np.int64)
+            rows = np.full((q.size, w - 2), 7.0, np.float32) if want_rows else None
+            read = fn(t_, tb_, q, slot, rows)
+            outs.append((slot, rows, read))
+        (s1, r1, n1), (s2, r2, n2) = outs
+        assert np.array_equal(s1, s2) and n1 == n2
+        if want_rows:
+            assert np.array_equal(r1, r2)
+    s = np.empty(4, np.int64)
+    assert _native.disk_find(tags, table, cases[0], s, None) >= 4  # x's three collisions, then x
+    assert s[0] == sx and s[1] == -1 and s[2] == -1
+
+
+@native
+def test_disk_write_equals_its_fallback(tmp_path):
+    """The one-pass disk write leaves the memory-mapped file as its numpy reference does:
+    each slot [ID | record], a later duplicate slot winning; slots out of range raise."""
+    w, n = 6, 5000
+    rng = np.random.default_rng(4)
+    files = []
+    for name in ("native", "ref"):
+        mm = np.memmap(tmp_path / f"{name}.bin", dtype=np.float32, mode="w+", shape=(n, w))
+        mm[:] = 1.5
+        files.append(mm)
+    for _ in range(3):
+        slots = rng.integers(0, n, 900).astype(np.int64)  # duplicates among them
+        ids = rng.integers(-2**62, 2**62, 900)
+        recs = rng.standard_normal((900, w - 2)).astype(np.float32)
+        _native.disk_write(files[0], slots, ids, recs)
+        _native._disk_write_py(files[1], slots, ids, recs)
+        assert np.array_equal(np.asarray(files[0]).view(np.int32), np.asarray(files[1]).view(np.int32))  # IDs: NaN words
+    last = {int(s): i for i, s in enumerate(slots)}
+    s0, i0 = next(iter(last.items()))
+    assert np.ascontiguousarray(files[0][s0, :2]).view(np.int64)[0] == ids[i0]
+    with pytest.raises(IndexError, match="slot out of range"):
+        _native.disk_write(files[0], np.array([n], np.int64), np.array([1], np.int64), np.zeros((1, w - 2), np.float32))

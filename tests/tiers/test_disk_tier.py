@@ -188,3 +188,48 @@ def test_plan_matches_what_the_built_tiers_allocate(tmp_path):
     assert len(tier.fast) == 3000
     assert tier.slow.nbytes == plan.disk_bytes
     assert tier.fast.nbytes + tier.sketch.nbytes + tier.slow.ram_bytes == plan.host_bytes
+
+
+def test_slots_remembered_from_a_read_stay_exact_through_changes(tmp_path):
+    """The slots a get_into remembers (so a cache's follow-up remove and put of parts of the
+    batch skip their probes) follow every insert, removal, eviction and file rebuild: each
+    later lookup of those IDs equals a fresh probe, and the rows read back are the ones put."""
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    d = DiskTier(tmp_path, record_dim=2, rows=300)
+    truth: dict[int, float] = {}
+    pool = rng.choice(2**40, 2000, replace=False).astype(np.int64)
+    first = torch.from_numpy(pool[:200].copy())
+    d.put(first, torch.arange(200, dtype=torch.float32)[:, None].repeat(1, 2))
+    truth.update({int(i): float(v) for v, i in enumerate(pool[:200])})
+    recalls = 0
+    for step in range(40):
+        batch = torch.from_numpy(rng.choice(pool[: 300 + 40 * step], 120, replace=False))
+        out = torch.zeros(120, 2)
+        d.get_into(batch, out)
+        b = batch.numpy()
+        parts = np.array_split(rng.permutation(b), 3)
+        gone = torch.from_numpy(parts[0].copy())
+        d.remove(gone)  # recalled, not probed
+        for i in parts[0].tolist():
+            truth.pop(i, None)
+        new = torch.from_numpy(np.unique(np.concatenate([parts[1], pool[1000 + 20 * step : 1020 + 20 * step]])))
+        vals = torch.full((new.numel(), 2), float(step + 1000))
+        d.put(new, vals)  # grows (rebuild) now and then
+        truth.update({i: float(step + 1000) for i in new.tolist()})
+        if step % 7 == 3:
+            ev, _ = d.evict(5)
+            for i in ev.tolist():
+                truth.pop(i)
+        fresh, _ = d._probe(b, want_rows=False)
+        recalled = d._recall(b)
+        assert recalled is None or np.array_equal(recalled, fresh)
+        recalls += recalled is not None
+        assert np.array_equal(d.contains(batch).numpy(), np.array([i in truth for i in b.tolist()]))
+    ids = torch.tensor(sorted(truth))
+    out = torch.zeros(len(truth), 2)
+    assert bool(d.get_into(ids, out).all())
+    assert out[:, 0].tolist() == [truth[i] for i in ids.tolist()]
+    assert len(d) == len(truth)
+    assert recalls > 30  # evictions forget, the rest of the steps recall

@@ -167,3 +167,34 @@ def test_warm_start_fills_the_device_cache(tmp_path):
     promoted = table.warm_start(ids, counts)
     assert promoted == 64
     assert table.tier.fast.contains(torch.arange(64)).all()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("policy,admit", [("lfu", 2), ("lru", 1)])
+def test_cache_slots_remembered_across_promotions_equal_fresh_probes(tmp_path, policy, admit):
+    """A CachedTier hands its fast tier the slots it derives from its own probes and moves (the
+    batch after promotions and demotions, the promoted rows, the rows written back), and the
+    disk tier remembers its last read: each remembered slot equals a fresh index probe, and
+    the rows read back are the ones written."""
+    from ember.tiers import CachedTier, DiskTier, HostTier
+
+    fast = HostTier(3, capacity=40, policy=policy)
+    disk = DiskTier(tmp_path / "d", 3, rows=64)
+    c = CachedTier(fast, disk, admit_after=admit, evict_slack=30)  # demotions reach the batch's own rows
+    rng = np.random.default_rng(2)
+    truth: dict[int, float] = {}
+    for step in range(60):
+        ids = torch.from_numpy(np.unique(rng.zipf(1.3, 50) % 400 * 1_000_003 - 7))
+        out = torch.zeros(ids.numel(), 3)
+        found = c.get_into(ids, out)
+        want = [truth.get(i) for i in ids.tolist()]
+        assert found.tolist() == [w is not None for w in want]
+        assert [out[j, 0].item() for j in range(len(want)) if want[j] is not None] == [w for w in want if w is not None]
+        fresh = torch.from_numpy(fast._index.lookup(ids.numpy()).astype(np.int64))
+        assert torch.equal(fast.slots_of(ids), fresh)
+        vals = torch.full((ids.numel(), 3), float(step))
+        c.put(ids, vals)
+        truth.update({i: float(step) for i in ids.tolist()})
+        fresh = torch.from_numpy(fast._index.lookup(ids.numpy()).astype(np.int64))
+        assert torch.equal(fast.slots_of(ids), fresh)
+        assert len(c) == len(truth)
+    assert c.promotions > 0 and c.demotions > 0
