@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -23,12 +23,9 @@ from ember.models.registry import ModelInputs, build_model
 from ember.optim.schedule import scheduled_lr
 from ember.train.config import DenseOptimizerConfig, EvalConfig
 from ember.train.device import pick_device
-from ember.models.distill import DistillConfig, Distilled, distill_loss
-from ember.train.loss import multitask_bce
-from ember.train.precision import LossScaler, Precision, autocast, resolve
-
-if TYPE_CHECKING:
-    from ember.distributed.towers import TowerPlacement
+from ember.models.distill import DistillConfig, Distilled
+from ember.train.placement import EmbeddingOnly, Placement, TowerPlacement
+from ember.train.precision import LossScaler, Precision, resolve
 
 __all__ = ["Components", "build_components", "tower_plan", "LINEAR_SUFFIX"]
 
@@ -55,9 +52,13 @@ class Components:
     dense_config: DenseOptimizerConfig | None = None  # its lr schedule is applied per step
     dist: DistributedRun | None = None  # set when torchrun started several processes
     ddp: nn.Module | None = None  # ``model`` under DistributedDataParallel (same parameters)
-    towers: TowerPlacement | None = None  # distributed.placement towers: the DMT's towers on their nodes
     eval_config: EvalConfig | None = None  # eval: what ``evaluate`` reports beside AUC and logloss
-    embedding_rank: bool = False  # distributed.placement embedding_ranks: this rank holds tables, runs no dense model
+    placement: Placement = field(default_factory=Placement)  # how a step's IDs, rows and outputs travel
+
+    @property
+    def embedding_rank(self) -> bool:
+        """Whether this rank holds tables and runs no dense model (``placement: embedding_ranks``)."""
+        return not self.placement.runs_model
 
     @property
     def lead(self) -> bool:
@@ -91,34 +92,13 @@ class Components:
 
     def forward(self, batch: Batch, lookups: list[Lookup] | None = None) -> Tensor:
         """Logits [B, T] for a batch whose dense part and labels are already on ``device``;
-        ``lookups``: one per collection (``collections()`` order), planned and maybe fetched
-        ahead (e.g. by the pipeline), else each collection plans and fetches its own. On an
-        embedding rank (whose slice has no rows) the collections answer the other ranks'
-        fetches and pool nothing; the logits are [0, T] and no dense model runs."""
-        if self.embedding_rank:
-            for ec, lk in zip(self.collections(), lookups or [None] * len(self.collections())):
-                ec(batch.sparse, lk)  # fetch collectives; in training, opens the lookups for their updates
-            return torch.zeros(batch.size, len(self.task_names), device=self.device)
-        if self.towers is not None:  # the towers run where their tables live; the head under DDP
-            train = self.model.training and torch.is_grad_enabled()
-            routed = lookups[0] if lookups else self.towers.plan(self.embeddings, batch.sparse, train)
-            with autocast(self.device, self.precision):
-                logits = self.towers.forward(self.embeddings, batch.dense, routed, train)
-            if isinstance(self.model, Distilled) and self.model.aux_head and not self.model.training:
-                logits = logits[:, : self.model.num_tasks]  # distillation's serving head, as Distilled.forward
-            return logits.float()
-        lk = lookups or [None] * len(self.collections())
-        emb = self.embeddings(batch.sparse, lk[0])
-        pooled = [emb[f.name] for f in self.embeddings.features]
-        linear = None
-        if self.linear is not None:
-            lin = self.linear(batch.sparse, lk[1])
-            linear = [lin[f.name] for f in self.linear.features]
-        with autocast(self.device, self.precision):
-            logits = self._run_model(batch.dense, pooled, linear)
-        return logits.float()
+        ``lookups``: one per collection (``collections()`` order; with tower placement, the
+        routed one), planned and maybe fetched ahead (e.g. by the pipeline), else planned and
+        fetched here. As the placement runs it (``ember.train.placement``)."""
+        return self.placement.forward(self, batch, lookups)
 
-    def _run_model(self, *inputs: Any) -> Tensor:
+    def run_model(self, *inputs: Any) -> Tensor:
+        """The dense model on its inputs: compiled, under DDP in distributed training, or plain."""
         # distributed: training runs DDP (gradients summed over ranks); ``compiled`` is then
         # torch.compile of the DDP module, whose forward is the model's in evaluation too
         if self.compiled is not None:
@@ -137,12 +117,7 @@ class Components:
         plus the teacher's part under ``model.distill`` (``ember.models.distill``). ``rows``: the
         global batch's rows when ``batch`` is one rank's slice of it (see ``multitask_bce``).
         An embedding rank's loss is 0 (it has no rows)."""
-        if self.embedding_rank:
-            return torch.zeros((), device=self.device)
-        if self.distill is None:
-            return multitask_bce(logits, batch.labels, task_weights, rows)
-        assert isinstance(self.model, Distilled)
-        return distill_loss(self.model, logits, batch.labels, batch.teacher, batch.dense, self.distill, task_weights, rows)
+        return self.placement.loss(self, batch, logits, task_weights, rows)
 
     def set_dense_lr(self, step: int) -> None:
         """Before the dense step of global step ``step`` (0-based): every param group's lr from the
@@ -160,35 +135,12 @@ class Components:
         (``SparseOptimizer.apply``). An fp16 step whose gradients overflowed is skipped whole: no
         dense step and no lookups. An embedding rank has no backward and no dense step: its
         lookups (every rank's IDs it owns) await the dense ranks' gradients in their update."""
-        if self.embedding_rank:
-            self.sparse_optimizer.zero_grad()
-            ready = self.sparse_optimizer.take()
-            if self.scaler is not None and not self.scaler.unscale_([]):  # the ranks agree on the overflow
-                return []
-            return ready
-        self.dense_optimizer.zero_grad(set_to_none=True)
-        self.sparse_optimizer.zero_grad()
-        (loss if self.scaler is None else self.scaler.scaled(loss)).backward()
-        if self.towers is not None:
-            self.towers.reduce_tower_grads()  # summed over the tower's node only
-            adapter = getattr(self.model, "adapter", None)  # distillation's: beside the towers and the DDP head
-            if adapter is not None:
-                self.towers.sum_grads(list(adapter.parameters()))
-        ready = self.sparse_optimizer.take()
-        if self.scaler is not None:
-            grads = [p.grad for p in self.model.parameters()] + [lk.grad for lk in ready]
-            if not self.scaler.unscale_(grads):
-                return []
-        self.set_dense_lr(step)
-        self.dense_optimizer.step()
-        return ready
+        return self.placement.backward(self, loss, step)
 
     def plan(self, batch: Batch, train: bool) -> list[Lookup]:
         """Phase 1 of every collection for ``batch`` (see ``EmbeddingCollection.plan``); with
         tower placement, the features routed to this rank's towers, planned."""
-        if self.towers is not None:
-            return [self.towers.plan(self.embeddings, batch.sparse, train)]
-        return [ec.plan(batch.sparse, train) for ec in self.collections()]
+        return self.placement.plan(self, batch, train)
 
     def train(self, mode: bool = True) -> None:
         self.model.train(mode)
@@ -257,24 +209,26 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
     if t.precision == "fp16":  # distributed: every rank skips the steps any rank overflowed in
         scaler = LossScaler(agree=None if dist is None else lambda bad: bool(dist.agree([int(bad)])[0]))
     distill = cfg.model.distill  # (with schema.teacher: ember.config.check_sections)
-    ddp, towers = None, None
+    ddp, placement = None, Placement()
     embedding_rank = dist is not None and dist.embedding_only  # runs no dense model: no DDP, no compile
     if dist is not None:
         from ember.distributed.dense import wrap_model
 
         if cfg.distributed.placement == "towers":
-            from ember.distributed.towers import TowerPlacement
+            from ember.distributed.towers import TowerPlacement as Towers
 
             body = model.body if isinstance(model, Distilled) else model  # the DMT whose towers are placed
-            towers = TowerPlacement(body, features, tower_node, dist, opt)  # type: ignore[arg-type]
-        elif not embedding_rank:
+            placement = TowerPlacement(Towers(body, features, tower_node, dist, opt))  # type: ignore[arg-type]
+        elif embedding_rank:
+            placement = EmbeddingOnly()
+        else:
             ddp = wrap_model(model, dist)
     compiled = None
     if t.compile and not embedding_rank:
         compiled = _compile(ddp if ddp is not None else model)  # distributed: compile(DDP(model))
     return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, precision=resolve(t.precision, device),
                       scaler=scaler, compiled=compiled, distill=distill, dense_config=t.dense_optimizer, dist=dist, ddp=ddp,
-                      towers=towers, eval_config=cfg.eval, embedding_rank=embedding_rank)
+                      eval_config=cfg.eval, placement=placement)
 
 
 def tower_plan(cfg: RunConfig, tables: list[TableConfig], world_size: int, local_world_size: int,
@@ -300,7 +254,7 @@ def tower_plan(cfg: RunConfig, tables: list[TableConfig], world_size: int, local
 
 
 def _compile(model: nn.Module) -> Callable[..., Tensor] | None:
-    """``torch.compile(model)``; compilation itself happens at the first call (``_run_model``
+    """``torch.compile(model)``; compilation itself happens at the first call (``Components.run_model``
     announces a failure there). None, announced, where torch.compile is unavailable."""
     try:
         return torch.compile(model)
