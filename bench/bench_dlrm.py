@@ -12,8 +12,10 @@ stored in bf16 (stochastic rounding) and, where the CPU has AVX512-BF16 or AMX (
 auto``; ``cpu_bf16`` in the JSON says), the dense model under bf16 autocast, (c) dense-only (embedding outputs given
 as a fixed tensor: the ceiling of this model on this machine), (d) ember with a different
 initializer scale per table (three distinct ones): ``mixed_init_cost`` is the paired ratio of
-its plan+fetch time to (a)'s, i.e. what per-table init settings cost the one grouped path.
-All three variants share one process and so one runtime setting (GOMP_SPINCOUNT, printed).
+its plan+fetch time to (a)'s, i.e. what per-table init settings cost the one grouped path,
+(g) dense-only under ember-bf16's autocast (``ember_bf16_vs_dense_bf16``: the same comparison as
+``ember_vs_dense`` when both dense steps are bf16; fp32 where the CPU has no bf16).
+All variants share one process and so one runtime setting (GOMP_SPINCOUNT, printed).
 Method (../shared/BENCHMARKING.md): batches generated before timing; step i of every variant
 runs back to back with a rotating order; we report the median over steps of the paired ratios
 t(ref, i) / t(variant, i), and absolute medians with min-max.
@@ -26,7 +28,7 @@ dense one), ``--multi-hot 3`` (3 IDs per feature, bags summed), ``--kaggle-sizes
 (Criteo-Kaggle's 26 table sizes, each capped at N).
 
 The last line is one JSON object: ember_vs_dense, ember_vs_plain, mixed_init_cost, ember_vs_fused,
-bf16_vs_fused, ...
+bf16_vs_fused, ember_bf16_vs_dense_bf16, ...
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ from ember.models.dlrm import DLRM, DLRMConfig
 from ember.models.base import ModelInputs
 from ember.mix import mix64
 from ember.optim import RowWiseAdagrad
+from ember.train.precision import autocast
 
 from benchkit import timed_ember_step  # (after ember: benchkit imports it first too)
 
@@ -225,17 +228,20 @@ class Fused:
 
 
 class DenseOnly:
-    name = "dense-only"
+    """The dense model's step alone on fixed embeddings (``precision`` bf16: under the autocast
+    ember-bf16's dense model runs in, the baseline of ``ember_bf16_vs_dense_bf16``)."""
 
-    def __init__(self, batch: int) -> None:
+    def __init__(self, batch: int, precision: str = "fp32", name: str = "dense-only") -> None:
+        self.name, self.precision = name, precision
         torch.manual_seed(2)
         self.emb = [torch.randn(batch, D) * 0.1 for _ in range(F)]
         self.model = make_model(0)
         self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
 
     def step(self, ids, dense, labels) -> float:
-        logits = self.model(dense, self.emb)
-        loss = nn.functional.binary_cross_entropy_with_logits(logits, labels)
+        with autocast(torch.device("cpu"), self.precision):
+            logits = self.model(dense, self.emb)
+        loss = nn.functional.binary_cross_entropy_with_logits(logits.float(), labels)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
         self.opt.step()
@@ -281,13 +287,14 @@ def main() -> None:
     print(f"ember-bf16: bf16 rows, dense model in {'bf16 (autocast)' if bf16_dense else 'fp32'} "
           f"(--bf16-dense {args.bf16_dense}; this CPU's bf16 support: {cpu_bf16()})")
     variants = [Ember(disk=args.disk), Plain(), DenseOnly(args.batch), Ember(mixed_init=True, disk=args.disk), Fused(),
-                Ember(disk=args.disk, bf16=True, bf16_dense=bf16_dense)]
+                Ember(disk=args.disk, bf16=True, bf16_dense=bf16_dense),
+                DenseOnly(args.batch, "bf16" if bf16_dense else "fp32", "dense-only-bf16" if bf16_dense else "dense-only-2")]
     times = {v.name: [] for v in variants}
     faults = {v.name: [] for v in variants}  # minor page faults per step (see ember/allocator.py)
     # the two ember variants run back to back (their plan+fetch times are compared, ~6 ms each:
     # adjacent runs see the same machine state), alternating which goes first; the slots of
     # (ember pair, plain, dense-only) rotate
-    slots = [[variants[0], variants[3]], [variants[1]], [variants[2]], [variants[4]], [variants[5]]]
+    slots = [[variants[0], variants[3]], [variants[1]], [variants[2]], [variants[4]], [variants[5], variants[6]]]
     for i, (ids, dense, labels) in enumerate(batches):
         k = i % len(slots)
         order = [v for slot in slots[k:] + slots[:k] for v in (slot if i % 2 else slot[::-1])]
@@ -311,6 +318,7 @@ def main() -> None:
     r_fused = ratio("fused", "ember")
     r_fused_dense = ratio("dense-only", "fused")
     r_bf16_fused = ratio("fused", "ember-bf16")
+    r_bf16_dense = ratio(variants[6].name, "ember-bf16")
     mixed_cost = statistics.median(m / u for m, u in zip(mixed.split["plan+fetch"], ours.split["plan+fetch"]))
     pf = {k: statistics.median(v) for k, v in faults.items()}
     tunables = os.environ.get("GLIBC_TUNABLES", "none (glibc defaults)")
@@ -324,6 +332,7 @@ def main() -> None:
     print(f"  ember / dense-only speed    : {r_dense:.3f}x  (target >= 0.85)")
     print(f"  ember / fused baseline speed: {r_fused:.3f}x  (target >= 1.1)")
     print(f"  ember bf16 / fused speed    : {r_bf16_fused:.3f}x  (target >= 1.3; bf16 rows, dense {'bf16' if bf16_dense else 'fp32'})")
+    print(f"  ember bf16 / dense-only bf16: {r_bf16_dense:.3f}x  (target >= 0.9; both dense steps {'bf16' if bf16_dense else 'fp32'})")
     print(f"  plain / dense-only speed    : {r_plain_dense:.3f}x")
     print(f"  fused / dense-only speed    : {r_fused_dense:.3f}x")
     print(f"  plan+fetch, mixed / uniform init scales: {mixed_cost:.3f}x  (target <= 1.03)")
@@ -340,6 +349,7 @@ def main() -> None:
         "samples_per_s": {k: args.batch / v for k, v in med.items()},
         "ember_vs_dense": r_dense, "ember_vs_plain": r_plain, "mixed_init_cost": mixed_cost, "plain_vs_dense": r_plain_dense,
         "ember_vs_fused": r_fused, "fused_vs_dense": r_fused_dense, "bf16_vs_fused": r_bf16_fused,
+        "ember_bf16_vs_dense_bf16": r_bf16_dense,
         "cpu_bf16": cpu_bf16(), "bf16_dense": bf16_dense,
         "ember_split_ms": split, "index_bytes_per_row": per_row, "rows": rows, "peak_rss_mb": rss_mb,
         "torch_threads": torch.get_num_threads(), "gomp_spincount": spin,
