@@ -45,7 +45,7 @@ def _child(spec_path: str) -> None:
 
     import ember.checkpoint.atomic as atomic
     import ember.checkpoint.save as save_mod
-    import ember.train.builder as builder
+    import ember.train.placement as placement
     import ember.train.checkpointer as checkpointer
     import ember.train.loop as loop
     from ember.config import from_dict
@@ -67,7 +67,7 @@ def _child(spec_path: str) -> None:
     checkpointer.save_checkpoint = save
 
     if spec.get("hang_at") == "training":  # the second training step after the save of hang_step
-        orig_loss = builder.multitask_bce
+        orig_loss = placement.multitask_bce
         calls = []
 
         def loss(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -77,7 +77,7 @@ def _child(spec_path: str) -> None:
                     hang()
             return orig_loss(*args, **kwargs)
 
-        builder.multitask_bce = loss
+        placement.multitask_bce = loss
 
     hang_at, tag = spec.get("hang_at"), f".tmp-step-{spec.get('hang_step', 0):08d}-"
     if hang_at in ("table_write", "manifest"):
