@@ -14,7 +14,10 @@ order rotated each round:
   GIL (``--s3-in-process`` measures that one);
 - ``sql``: the same rows in a PostgreSQL table with a primary key ``id`` (a private server,
   ``ember.testing.postgres``), ``data.format: sql`` in key order; SQLite when PostgreSQL cannot
-  start (said so in the output and in the JSON line's ``sql_database``).
+  start (said so in the output and in the JSON line's ``sql_database``);
+- ``sql_build`` (with ``--pg-driver PATH``): ``sql`` through another build of PostgreSQL's ADBC
+  driver, ``data.sql.driver_path: PATH`` (e.g. one built with ``-DCMAKE_BUILD_TYPE=Release``:
+  the PyPI wheel's decode is most of the ``sql`` variant's CPU), ratio ``sql_build_vs_local``.
 
 A run's figure is the median ``samples_per_s`` of its train records (the first left out); the
 ratios are paired per round (``s3 / local`` and ``sql / local`` of the same round), then the
@@ -161,12 +164,14 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=4)
     ap.add_argument("--reps", type=int, default=6, help="rounds (each variant once per round, order rotated)")
     ap.add_argument("--warmup", type=int, default=1, help="untimed runs of each variant before the rounds")
+    ap.add_argument("--pg-driver", metavar="PATH", help="also a sql_build variant: PostgreSQL through this driver "
+                    "library (data.sql.driver_path), e.g. an optimised build of libadbc_driver_postgresql.so")
     ap.add_argument("--s3-in-process", action="store_true", help="the tests' S3 server (threads of this process)")
     args = ap.parse_args()
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's request log
     root = Path(tempfile.mkdtemp(prefix="bench_sources-"))
     per_file = -(-args.rows // args.files)
-    runs: dict[str, list[float]] = {"local": [], "s3": [], "sql": []}
+    runs: dict[str, list[float]] = {"local": [], "s3": [], "sql": [], **({"sql_build": []} if args.pg_driver else {})}
     walls: dict[str, list[float]] = {k: [] for k in runs}
     cpus: dict[str, list[tuple[float, float]]] = {k: [] for k in runs}  # (trainer, server) CPU seconds
     try:
@@ -193,19 +198,22 @@ def main() -> None:
                 for f in sorted(local.iterdir()):
                     client.upload_file(str(f), "bench", f"train/{f.name}")
             sql, database, sql_pid = _database(stack, table, root)
-            servers = {"local": None, "s3": s3_pid, "sql": sql_pid}
+            servers = {"local": None, "s3": s3_pid, "sql": sql_pid, "sql_build": sql_pid}
             variants = {
                 "local": {"format": "parquet", "train": str(local)},
                 "s3": {"format": "parquet", "train": "s3://bench/train/", "storage_options": s3_options},
                 "sql": {"format": "sql", "sql": {**sql, "query": "SELECT * FROM clicks", "key": "id"}},
             }
+            if args.pg_driver and database == "postgresql":
+                variants["sql_build"] = {"format": "sql", "sql": {**variants["sql"]["sql"], "driver_path": args.pg_driver}}
+            runs, walls, cpus = ({k: v for k, v in d.items() if k in variants} for d in (runs, walls, cpus))  # type: ignore[assignment]  # same types, fewer keys
             order = list(variants)
             for w in range(args.warmup):
                 for name in order:
                     sps, wall, _, _ = _samples_per_s(_raw(root, f"{name}-warmup{w}", variants[name]), servers[name])
                     print(f"warm-up {name:<6} {sps:>10,.0f} samples/s ({wall:.1f} s, not counted)", flush=True)
             for rep in range(args.reps):
-                for name in order[rep % 3:] + order[:rep % 3]:  # rotate which goes first
+                for name in order[rep % len(order):] + order[:rep % len(order)]:  # rotate which goes first
                     sps, wall, cpu, server_cpu = _samples_per_s(_raw(root, f"{name}-{rep}", variants[name]), servers[name])
                     runs[name].append(sps)
                     walls[name].append(wall)
@@ -214,20 +222,24 @@ def main() -> None:
                           f"server {server_cpu:.2f})", flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    ratio = {k: statistics.median(a / b for a, b in zip(runs[k], runs["local"])) for k in ("s3", "sql")}
+    ratio = {k: statistics.median(a / b for a, b in zip(runs[k], runs["local"])) for k in runs if k != "local"}
     cpu_s = {k: {"trainer": round(statistics.median(c for c, _ in v), 2), "server": round(statistics.median(s for _, s in v), 2)}
              for k, v in cpus.items()}
     print(f"\n{'variant':<8}{'samples/s median (min-max)':>32}{'run s median':>14}{'CPU s trainer / server':>26}")
     for k, v in runs.items():
         print(f"{k:<8}{statistics.median(v):>16,.0f} ({min(v):,.0f}-{max(v):,.0f}){statistics.median(walls[k]):>12.1f}"
               f"{cpu_s[k]['trainer']:>16.2f} / {cpu_s[k]['server']:.2f}")
-    print(f"s3 / local {ratio['s3']:.3f}   sql ({database}) / local {ratio['sql']:.3f}   (paired per round, median)")
+    build = f"   sql_build / local {ratio['sql_build']:.3f}" if "sql_build" in ratio else ""
+    print(f"s3 / local {ratio['s3']:.3f}   sql ({database}) / local {ratio['sql']:.3f}{build}   (paired per round, median)")
     from benchkit import json_line  # the machine (CPU model, bf16) in the final line
 
     print(json_line({"s3_vs_local": round(ratio["s3"], 3), "sql_vs_local": round(ratio["sql"], 3),
                      "sql_database": database, "s3_server": "in-process" if args.s3_in_process else "own process", "rows": args.rows, "files": args.files, "reps": args.reps, "warmup": args.warmup, "cpu_s": cpu_s,
                      "sql_vs_local_rounds": [round(a / b, 3) for a, b in zip(runs["sql"], runs["local"])],
                      "s3_vs_local_rounds": [round(a / b, 3) for a, b in zip(runs["s3"], runs["local"])],
+                     **({"sql_build_vs_local": round(ratio["sql_build"], 3), "sql_build_driver": args.pg_driver,
+                         "sql_build_vs_local_rounds": [round(a / b, 3) for a, b in zip(runs["sql_build"], runs["local"])]}
+                        if "sql_build" in ratio else {}),
                      "samples_per_s": {k: {"median": round(statistics.median(v)), "min": round(min(v)),
                                            "max": round(max(v))} for k, v in runs.items()}}))
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import os
 import re
 from contextlib import closing, contextmanager
@@ -54,6 +55,9 @@ from ember.errors import ConfigError, DataError
 
 __all__ = ["SqlOptions", "SqlSource", "SqlKey", "SqlPosition", "plain_key", "sql_check_columns", "sql_reader", "connect", "sql_chunks", "sql_columns", "sql_count", "sql_max_key",
            "query_label"]
+
+log = logging.getLogger("ember")
+_said: set[str] = set()  # driver notes already logged (once per process)
 
 Split = Literal["train", "eval"]
 SqlKey = int | str
@@ -86,6 +90,11 @@ class SqlOptions(ConfigModel):
     """Column of the training query whose values are unique and orderable (integers or text, no NULL: a primary
     key, an event id, a timestamp in microseconds): the training order and the checkpoint's position (the last key
     trained). Required with `query`."""
+    driver_path: str | None = None
+    """A shared library of the same ADBC driver to load in place of the one in the driver's Python package, e.g.
+    one built with optimisation: adbc-driver-postgresql 1.13's wheel decodes a result ~2.5x slower than a
+    `-DCMAKE_BUILD_TYPE=Release` build of the same driver (docs: your-data, "Driver build"). `driver` still names the
+    driver (SQL dialect, key binding); a file that does not load stops the run naming it (no fallback)."""
     placeholder: str | None = None
     """How the driver writes a bound parameter in SQL; unset: `?` (postgresql: the key is bound in a statement of its
     own, `set_config`, since its driver streams only queries without parameters; setting `$1` binds it in the
@@ -141,6 +150,8 @@ def connect(sql: SqlOptions) -> Any:
         path = _sqlite_path(sql.uri)
         if path is not None and not os.path.isfile(path):
             raise ConfigError(f"{where}: no such SQLite file; check data.sql.uri (a path to an existing database)")
+    if sql.driver_path is not None:
+        return _connect_path(sql, where)
     try:
         module = importlib.import_module(f"adbc_driver_{sql.driver}.dbapi")
     except (ImportError, ValueError, TypeError) as e:  # not installed, or a name no module can have
@@ -152,6 +163,8 @@ def connect(sql: SqlOptions) -> Any:
         raise ConfigError(f"data.sql.db_kwargs: the {sql.driver} driver's package (adbc_driver_{sql.driver}) takes no "
                           "database options when it connects; remove data.sql.db_kwargs (statement options go in "
                           "data.sql.statement_kwargs)")
+    if module is not None and sql.driver == "postgresql":
+        _say_driver_build(module)
     try:
         if module is not None:
             kw = {"db_kwargs": dict(sql.db_kwargs)} if sql.db_kwargs else {}
@@ -178,6 +191,50 @@ def connect(sql: SqlOptions) -> Any:
                               f"sqlite, or install the driver (e.g. pip install adbc-driver-{sql.driver})") from None
         raise ConfigError(f"{where}: cannot connect ({text}); check data.sql.uri, that the server is running and "
                           "reachable from here, and the user's rights") from None
+
+
+def _connect_path(sql: SqlOptions, where: str) -> Any:
+    """A connection through the driver library ``sql.driver_path`` (the ADBC driver manager
+    loads it); ConfigError naming the file when it is missing or does not load as an ADBC
+    driver, never a quiet fall back to the package's build."""
+    path = os.path.expanduser(sql.driver_path or "")
+    if not os.path.isfile(path):
+        raise ConfigError(f"data.sql.driver_path: no such file {path!r}; give the path of the driver's shared library "
+                          f"(e.g. libadbc_driver_{sql.driver}.so), or remove data.sql.driver_path to use the "
+                          f"adbc_driver_{sql.driver} package's")
+    try:
+        from adbc_driver_manager import dbapi
+    except ImportError as e:
+        raise ConfigError(f"data.sql.driver_path: the ADBC driver manager is not installed ({e}); "
+                          "pip install 'ember[sql]'") from None
+    try:
+        return dbapi.connect(driver=path, db_kwargs={"uri": sql.uri, **sql.db_kwargs})
+    except Exception as e:  # noqa: BLE001  # the driver manager's error types: named below
+        text = _first_line(e)
+        if "could not load" in text.lower() or "dlopen" in text.lower() or "entrypoint" in text.lower():
+            raise ConfigError(f"data.sql.driver_path: {path!r} does not load as an ADBC driver ({text}); give a "
+                              f"build of libadbc_driver_{sql.driver} for this machine") from None
+        raise ConfigError(f"{where}: cannot connect through {path} ({text}); check data.sql.uri, that the server is "
+                          "running and reachable from here, and the user's rights") from None
+
+
+def _say_driver_build(module: Any) -> None:
+    """Log once per process which build of PostgreSQL's driver decodes the rows: its decode is
+    most of a PostgreSQL source's CPU (bench_sources), and the PyPI wheel's build is ~2.5x slower
+    at it than an optimised build given as ``data.sql.driver_path``."""
+    if "postgresql" in _said:
+        return
+    _said.add("postgresql")
+    package = getattr(module, "__name__", "adbc_driver_postgresql").rsplit(".", 1)[0]
+    try:
+        from importlib.metadata import version
+
+        built = f"{package} {version(package.replace('_', '-'))}"
+    except Exception:  # noqa: BLE001  # a version is only for the message
+        built = package
+    log.info("data.sql: PostgreSQL results are decoded by the driver in the %s package (its PyPI build decodes "
+             "~65 ns per value here, an optimised build ~25 ns); to use another build of the same driver, set "
+             "data.sql.driver_path (docs: your-data, \"Driver build\")", built)
 
 
 def _first_line(e: BaseException) -> str:

@@ -191,3 +191,27 @@ def test_statement_options_reach_the_driver_and_a_refused_one_is_named(tmp_path)
             read()
     with pytest.raises(ConfigError, match="data.sql.db_kwargs: the sqlite driver's package .* takes no database options"):
         sql_count(_opts(uri, db_kwargs={"adbc.sqlite.no_such_option": "1"}), "train")
+
+
+def test_driver_path_loads_that_library_and_a_bad_one_is_named(tmp_path):
+    """``data.sql.driver_path``: the rows come through the driver library given (here the
+    SQLite package's own file, loaded by the driver manager) exactly as through the package;
+    a missing file and a file that is no ADBC driver each stop the read naming it, never a
+    quiet fall back to the package's build."""
+    import adbc_driver_sqlite
+
+    uri = _db(tmp_path, t=pa.table({"k": list(range(50, 0, -1)), "y": [i % 2 for i in range(50)]}))
+    library = adbc_driver_sqlite._driver_path()
+    via_package = [c.batch for c in sql_chunks(_opts(uri), "train", read_rows=16, after=3)]
+    via_path = [c.batch for c in sql_chunks(_opts(uri, driver_path=library), "train", read_rows=16, after=3)]
+    assert [b.num_rows for b in via_path] == [16, 16, 15]
+    assert all(a.equals(b) for a, b in zip(via_package, via_path)) and len(via_package) == len(via_path)
+    assert sql_count(_opts(uri, driver_path=library), "train") == 50
+    with pytest.raises(ConfigError, match=r"data.sql.driver_path: no such file '.*nothere.so'"):
+        sql_count(_opts(uri, driver_path=str(tmp_path / "nothere.so")), "train")
+    junk = tmp_path / "libjunk.so"
+    junk.write_text("not a library")
+    with pytest.raises(ConfigError, match=r"data.sql.driver_path: '.*libjunk.so' does not load as an ADBC driver"):
+        list(sql_chunks(_opts(uri, driver_path=str(junk)), "train"))
+    with pytest.raises(ConfigError, match="no such SQLite file"):  # still checked before the driver would create it
+        sql_count(_opts(str(tmp_path / "none.db"), driver_path=library), "train")

@@ -271,3 +271,30 @@ def test_postgresql_takes_statement_options_and_names_a_refused_database_option(
     assert len(default) == 1 and len(small) > 3 and sum(small) == n - 11
     with pytest.raises(ConfigError, match="data.sql.db_kwargs: the postgresql driver refuses a database option"):
         list(sql_chunks(SqlOptions(**base, db_kwargs=hint), "train"))
+
+
+def test_postgresql_through_driver_path_trains_and_resumes_as_through_the_package(postgres, tmp_path, caplog):
+    """``data.sql.driver_path`` (here the package's own library, loaded by the driver manager):
+    still PostgreSQL's way of binding the resume key (``set_config``: the result streams), the
+    same weights as through the package; the package's build is named once per process, so a
+    run knows which build decodes its rows (its decode is most of the source's CPU)."""
+    import logging
+
+    import adbc_driver_postgresql
+
+    import ember.source.sql as sql_module
+
+    postgres.load("clicks", rows(0, ROWS, 10), mode="replace")
+    library = adbc_driver_postgresql._driver_path()
+    sql = SqlOptions(driver="postgresql", uri=postgres.uri, query="SELECT * FROM clicks", key="id",
+                     driver_path=library)
+    keys = pa.concat_arrays([c.batch.column("id") for c in sql_chunks(sql, "train", read_rows=100, after=13)])
+    assert keys.to_pylist() == sorted(rows(0, ROWS, 10).column("id").to_pylist())[2:]  # ids 10, 13, 16, ...: after 13
+    caplog.set_level(logging.INFO, logger="ember")
+    sql_module._said.discard("postgresql")
+    with caplog.at_level(logging.INFO, logger="ember"):
+        package = train(from_dict(_raw(tmp_path, "package", _sql(postgres))))
+        built = train(from_dict(_raw(tmp_path, "path", _sql(postgres, driver_path=library))))
+    said = [r.getMessage() for r in caplog.records if "data.sql.driver_path" in r.getMessage()]
+    assert len(said) == 1 and "adbc_driver_postgresql 1." in said[0], said
+    assert_identical(run_state(package), run_state(built))
