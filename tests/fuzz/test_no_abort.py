@@ -5,11 +5,11 @@ still running when the interpreter exited. Each command here runs as its own pro
 happens at exit, so only a fresh interpreter can show it), again and again: every exit must be
 the error's own code (2) with the error on stderr, never a signal, a traceback or ``terminate``.
 
-By default ``train`` runs twice on the all-bad CSV and once on a Parquet file with a flipped
-byte; the slow test runs ``train`` on the all-bad CSV 8 times and each other failing command
-(``train`` on Parquet files that fail in the read or the featurize stage, ``eval`` and
-``predict`` on bad rows) once, times ``EMBER_FUZZ_SCALE`` (``EMBER_FUZZ_SCALE=5``: 40 runs of
-the command of the issue).
+The test runs ``train`` on the all-bad CSV 4 times and each other failing command (``train``
+on a Parquet file with a flipped byte and on Parquet files that fail in the read or the
+featurize stage, ``eval`` and ``predict`` on bad rows) once, times ``EMBER_FUZZ_SCALE``
+(``EMBER_FUZZ_SCALE=10``: 40 runs of the command of the issue). The abort's cause is fixed
+(threads joined before exit), so the default is a guard, not a hunt.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import pytest
 import yaml
 
 from ember.cli import main
@@ -113,11 +112,7 @@ def _run_all(cmds: list[tuple[list[str], str]], parallel: int = 2) -> list[str]:
 
 
 def test_failing_commands_exit_2_every_time_never_abort(tmp_path):
-    problems = _run_all(_commands(tmp_path, 0, train_runs=2))
-    assert problems == []
-
-
-@pytest.mark.slow
-def test_failing_commands_exit_2_every_time_never_abort_many_runs(tmp_path):
-    problems = _run_all(_commands(tmp_path, fuzz_scale(), train_runs=8 * fuzz_scale()))
+    """Every failing command, two at a time: the all-bad CSV trained 4 times, the others once
+    (``EMBER_FUZZ_SCALE=N``: N times as many, for a deeper hunt after an intermittent abort)."""
+    problems = _run_all(_commands(tmp_path, fuzz_scale(), train_runs=4 * fuzz_scale()))
     assert problems == []
