@@ -44,7 +44,7 @@ from ember.mix import mix64
 __all__ = [
     "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_gather", "csv_hazards", "csv_split", "dense_floats", "featurize_ids",
     "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
-    "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments",
+    "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments", "victim_keys",
     "write_rows",
 ]
 
@@ -1265,17 +1265,20 @@ def _fallback_once(name: str) -> None:
 _fell_back: set[str] = set()
 
 
-def _victim_keys(last: np.ndarray, count: np.ndarray, lru: bool, out: np.ndarray | None = None) -> np.ndarray:
-    """``ember.tiers.policy.victim_score`` (kept here: _native imports nothing of the tiers)."""
-    if lru and out is None:
-        return last.astype(np.int64)
+def victim_keys(last: np.ndarray, count: np.ndarray, lru: bool, out: np.ndarray | None = None) -> np.ndarray:
+    """int64 eviction score per row, lowest evicted first (LRU: ``last``; LFU: ``count << 32 |
+    last & 0xFFFFFFFF``): the numpy form of the C scans' score, and
+    ``ember.tiers.policy.victim_score``. ``out`` (int64, the rows' length): written in place and
+    returned (a scan of a whole cache need not allocate its temporaries)."""
+    if out is None:
+        if lru:
+            return last.astype(np.int64)
+        return (count.astype(np.int64) << 32) | (last.astype(np.int64) & 0xFFFFFFFF)
     if lru:
         np.copyto(out, last)
         return out
-    if out is None:
-        return (count.astype(np.int64) << 32) | (last.astype(np.int64) & 0xFFFFFFFF)
-    np.left_shift(count, 32, out=out)
-    out |= last & 0xFFFFFFFF
+    np.left_shift(count.astype(np.int64, copy=False), 32, out=out)
+    out |= last.astype(np.int64, copy=False) & 0xFFFFFFFF
     return out
 
 
@@ -1296,7 +1299,7 @@ def gc_scan(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: np.ndar
 
 def _gc_scan_py(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: np.ndarray, lru: bool,
                 score: np.ndarray, out_slot: np.ndarray, out_score: np.ndarray) -> int:
-    sc = _victim_keys(last, count, lru, out=score)
+    sc = victim_keys(last, count, lru, out=score)
     np.putmask(sc, ~live, _NEVER)
     np.putmask(sc, held > 0, _NEVER)
     valid = sc.size - int(np.count_nonzero(sc == _NEVER))
@@ -1329,7 +1332,7 @@ def gc_requeue(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: np.n
 
 def _gc_requeue_py(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: np.ndarray, lru: bool,
                    q_slot: np.ndarray, q_score: np.ndarray) -> int:
-    still = (_victim_keys(last[q_slot], count[q_slot], lru) == q_score) & live[q_slot] & (held[q_slot] <= 0)
+    still = (victim_keys(last[q_slot], count[q_slot], lru) == q_score) & live[q_slot] & (held[q_slot] <= 0)
     kept = int(np.count_nonzero(still))
     q_slot[:kept] = q_slot[still]
     q_score[:kept] = q_score[still]

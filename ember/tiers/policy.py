@@ -35,18 +35,9 @@ def victim_order(policy: Policy, last: np.ndarray, count: np.ndarray, n: int) ->
 
 def victim_score(policy: Policy, last: np.ndarray, count: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
     """int64 eviction score per row, lowest evicted first (LFU: count, then age; LRU: age).
-    ``out`` (int64, the rows' length): written in place and returned (a scan of a whole cache
-    each few batches need not allocate its temporaries)."""
-    if out is None:
-        if policy == "lru":
-            return last.astype(np.int64)
-        return (count.astype(np.int64) << 32) | (last.astype(np.int64) & 0xFFFFFFFF)
-    if policy == "lru":
-        np.copyto(out, last)
-        return out
-    np.left_shift(count.astype(np.int64, copy=False), 32, out=out)
-    out |= last.astype(np.int64, copy=False) & 0xFFFFFFFF
-    return out
+    ``out`` (int64, the rows' length): written in place and returned. One formula with the
+    group cache's C scan and its reference: ``ember._native.victim_keys``."""
+    return _native.victim_keys(last, count, policy == "lru", out)
 
 
 def smallest(score: np.ndarray, n: int) -> np.ndarray:
