@@ -24,7 +24,7 @@ from ember.optim.schedule import scheduled_lr
 from ember.train.config import DenseOptimizerConfig, EvalConfig
 from ember.train.device import pick_device
 from ember.models.distill import DistillConfig, Distilled
-from ember.train.placement import EmbeddingOnly, Placement, TowerPlacement
+from ember.train.placement import EmbeddingOnly, Placement, Towers
 from ember.train.precision import LossScaler, Precision, resolve
 
 __all__ = ["Components", "build_components", "tower_plan", "LINEAR_SUFFIX"]
@@ -215,10 +215,10 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
         from ember.distributed.dense import wrap_model
 
         if cfg.distributed.placement == "towers":
-            from ember.distributed.towers import TowerPlacement as Towers
+            from ember.distributed.towers import TowerPlacement
 
             body = model.body if isinstance(model, Distilled) else model  # the DMT whose towers are placed
-            placement = TowerPlacement(Towers(body, features, tower_node, dist, opt))  # type: ignore[arg-type]
+            placement = Towers(TowerPlacement(body, features, tower_node, dist, opt))  # type: ignore[arg-type]
         elif embedding_rank:
             placement = EmbeddingOnly()
         else:

@@ -5,10 +5,10 @@ its ``Placement`` and never asks which one it has.
 - ``Placement`` (local; also tables sharded over ranks, ``distributed.placement: tables``): every
   collection plans and pools the batch's features itself (a sharded collection routes the IDs
   to their owners and the rows back), and the model runs on the pooled vectors.
-- ``TowerPlacement`` (``distributed.placement: towers``): the batch's features routed to the
-  ranks of the node that holds their tower, each tower run there, and only the towers' outputs
-  sent to every rank for the head under DDP; after backward, each tower's gradients are summed
-  over its node (``ember.distributed.towers``).
+- ``Towers`` (``distributed.placement: towers``, around ``ember.distributed.towers``'
+  ``TowerPlacement``): the batch's features routed to the ranks of the node that holds their
+  tower, each tower run there, and only the towers' outputs sent to every rank for the head
+  under DDP; after backward, each tower's gradients are summed over its node.
 - ``EmbeddingOnly`` (an embedding rank of ``distributed.placement: embedding_ranks``): the
   collections answer the dense ranks' fetches and take their gradients; no model runs, its
   loss is 0 and it takes no dense step (``ember.distributed.embedding_ranks``).
@@ -29,10 +29,10 @@ from ember.train.loss import multitask_bce
 from ember.train.precision import autocast
 
 if TYPE_CHECKING:
-    from ember.distributed.towers import TowerPlacement as Towers
+    from ember.distributed.towers import TowerPlacement
     from ember.train.builder import Components
 
-__all__ = ["Placement", "TowerPlacement", "EmbeddingOnly"]
+__all__ = ["Placement", "Towers", "EmbeddingOnly"]
 
 
 class Placement:
@@ -87,10 +87,10 @@ class Placement:
         """Gradients this placement sums itself, before the dense step (DDP sums the rest)."""
 
 
-class TowerPlacement(Placement):
+class Towers(Placement):
     """``distributed.placement: towers`` over ``towers`` (module docstring)."""
 
-    def __init__(self, towers: "Towers") -> None:
+    def __init__(self, towers: "TowerPlacement") -> None:
         self.towers = towers
 
     def plan(self, parts: "Components", batch: Batch, train: bool) -> list[Lookup]:
