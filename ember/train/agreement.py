@@ -67,7 +67,7 @@ class StopSignals:
 
 class SignalsHeld:
     """SIGINT and SIGTERM are noted, not acted on, for the moment of the block (on the main
-    thread; elsewhere nothing changes)."""
+    thread; elsewhere nothing changes), or for the rest of the process after ``keep()``."""
 
     def __enter__(self) -> "SignalsHeld":
         self._old: dict[int, Any] = {}
@@ -75,6 +75,12 @@ class SignalsHeld:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._old[sig] = signal.signal(sig, lambda signum, frame: None)
         return self
+
+    def keep(self) -> None:
+        """Leave the signals held when the block ends: the process is ending with an error of
+        its own, and a signal now (torchrun's SIGTERM to the ranks left after one died) must not
+        turn its exit code into the signal's."""
+        self._old.clear()
 
     def __exit__(self, *exc: object) -> None:
         for sig, old in self._old.items():

@@ -128,10 +128,12 @@ def train(cfg: RunConfig, overwrite: bool = True, batches: Sequence[Batch] | Non
     except BaseException as e:
         if dist is None:
             raise
-        with SignalsHeld():  # torchrun's SIGTERM after a sibling died must not cut the explanation short
+        with SignalsHeld() as held:  # torchrun's SIGTERM after a sibling died must not cut the explanation short
             error = dist.failure(e)  # another rank stopped: RankLost naming it
             dist.close()
             dist = None
+            if not isinstance(e, (KeyboardInterrupt, RunInterrupted)):
+                held.keep()  # nor, arriving while the process exits, turn its exit code (1: RankLost) into -15
         if error is e:
             raise
         if (run_dir / "checkpoints").exists():
