@@ -270,7 +270,7 @@ class FileLoader:
                  start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
                  workers: int = 0, part: tuple[int, int] | None = None,
                  rank_slice: tuple[int, int] | None = None, keys: Sequence[str] = (),
-                 at: Any = None) -> None:
+                 at: Any = None, pinned: bool = False) -> None:
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if start_batch < 0:
@@ -292,6 +292,7 @@ class FileLoader:
         self.keys_for = "a key column request"  # what asked for ``keys``, for the error when the data lacks one
         self.source = source_for(data)
         self.at = at  # the epoch's position as its source pinned it (``Source.start``), or a checkpoint's
+        self.pinned = pinned  # ``at`` is settled already (``pin_epoch``: the ranks' one pin): used as it is
         self._after: dict[int, Any] = {start_batch: at}  # batches cut -> the position after them (keyed sources)
 
     def carry(self, columns: Sequence[str], why: str) -> None:
@@ -394,8 +395,9 @@ class FileLoader:
         """Settle where this epoch reads from (``Source.start``: what it pins, e.g. a shuffled
         query's key bound or an Iceberg snapshot, is taken here, in the trainer's process, so a
         worker reads the same rows) and return the column whose last value per batch is the
-        position (``Source.key``), or None."""
-        self.at = self.source.start(self.split, self.at, self._ordered, self.start_batch > 0)
+        position (``Source.key``), or None. ``pinned``: ``at`` is used as it is."""
+        if not self.pinned:
+            self.at = self.source.start(self.split, self.at, self._ordered, self.start_batch > 0)
         self._after[self.start_batch] = self.at
         return self.source.key(self.split, self._ordered)
 
@@ -470,7 +472,7 @@ class _WorkerJob(IterableDataset):
 
     def __iter__(self) -> Iterator[tuple[str, object]]:
         loader = FileLoader(*self.args, threaded=True, depth=self.depth, part=self.part, rank_slice=self.rank_slice,
-                            at=self.at)  # read and featurize overlap in the worker
+                            at=self.at, pinned=True)  # read and featurize overlap in the worker; the trainer pinned ``at``
         if self.keys[0]:
             loader.carry(*self.keys)
         return send_batches(iter(loader), lambda: loader.bad_rows.counts)
@@ -541,7 +543,9 @@ def make_batches(data: DataConfig, schema: Schema, split: Split = "train", epoch
                  start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
                  workers: int = 0, part: tuple[int, int] | None = None,
                  rank_slice: tuple[int, int] | None = None, keys: Sequence[str] = (),
-                 at: Any = None) -> FileLoader:
+                 at: Any = None, pinned: bool = False) -> FileLoader:
     """The batches of ``split`` for ``epoch`` from batch ``start_batch`` on (see :class:`FileLoader`);
-    ``at``: where the source's epoch resumes (a checkpoint's position, e.g. a ``SqlPosition``)."""
-    return FileLoader(data, schema, split, epoch, start_batch, threaded, depth, workers, part, rank_slice, keys, at)
+    ``at``: where the source's epoch resumes (a checkpoint's position, e.g. a ``SqlPosition``);
+    ``pinned``: ``at`` is the epoch's settled position (``Source.start`` already asked)."""
+    return FileLoader(data, schema, split, epoch, start_batch, threaded, depth, workers, part, rank_slice, keys, at,
+                      pinned)

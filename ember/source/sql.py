@@ -8,12 +8,14 @@ same featurizer as a file's blocks.
 Position: the training query is read ordered by ``data.sql.key`` (a unique column the user
 names). Read in that order (``data.shuffle_buffer: 0``), the rows trained after a batch are
 exactly those with a key up to the batch's last, so a resumed run reads
-``SELECT * FROM (<query>) AS q WHERE key > :last ORDER BY key`` (the key bound, never
-formatted into the SQL; for PostgreSQL in a statement of its own, see ``_bind``, so that the
-result still streams): no row twice, none lost, and rows appended since (keys above the last)
-are read too. Shuffled, the rows trained are no key range; an epoch is then the
-rows with a key up to the largest at its start (``key <= :max``), re-read from its start on
-resume with the batches trained dropped, as files are.
+``SELECT * FROM (<query>) AS q WHERE key > :last AND key <= :max ORDER BY key`` (the keys
+bound, never formatted into the SQL; for PostgreSQL in a statement of their own, see
+``_bind``, so that the result still streams): no row twice, none lost, and rows appended since
+(keys above the last) are read too. ``:max`` is the largest key when the epoch began or
+resumed, taken once for every rank (``ember.train.train_data.pin_epoch``), so ranks that each
+run the query read the same rows however they race with the writes. Shuffled, the rows
+trained are no key range; the epoch's rows (``key <= :max``, the largest key when it began)
+are re-read from its start on resume with the batches trained dropped, as files are.
 
 Drivers: ``postgresql`` and ``sqlite`` (``adbc-driver-postgresql``, ``adbc-driver-sqlite``), or
 any other ADBC driver by name: the Python package ``adbc_driver_<name>`` when installed (e.g.
@@ -96,9 +98,10 @@ class SqlOptions(ConfigModel):
     `-DCMAKE_BUILD_TYPE=Release` build of the same driver (docs: your-data, "Driver build"). `driver` still names the
     driver (SQL dialect, key binding); a file that does not load stops the run naming it (no fallback)."""
     placeholder: str | None = None
-    """How the driver writes a bound parameter in SQL; unset: `?` (postgresql: the key is bound in a statement of its
-    own, `set_config`, since its driver streams only queries without parameters; setting `$1` binds it in the
-    query, whose whole result the driver then holds in memory)."""
+    """How the driver writes bound parameter 1 in SQL (`?`, `$1`, `:1`; a `1` in it counts up for parameter 2: the
+    epoch's key bounds); unset: `?` (postgresql: the keys are bound in a statement of their own, `set_config`, since
+    its driver streams only queries without parameters; setting `$1` binds them in the query, whose whole result
+    the driver then holds in memory)."""
     db_kwargs: dict[str, str] = Field(default_factory=dict)
     """More database options handed to the driver as they are when it connects (driver-specific names; a name the
     driver does not know stops the run naming it)."""
@@ -265,28 +268,33 @@ def _wrapped(sql: SqlOptions, split: Split, after: SqlKey | None, upto: SqlKey |
     if split == "eval":
         return [(_body(query), ())]
     key = _quoted(sql.key or "")
-    bound, op = (after, ">") if after is not None else (upto, "<=")
-    if bound is None:
+    bounds = [(op, v) for op, v in ((">", after), ("<=", upto)) if v is not None]
+    if not bounds:
         return [(f"SELECT {select} FROM ({_body(query)}) AS q ORDER BY {key}", ())]
-    before, mark, params = _bind(sql, bound)
-    return [*before, (f"SELECT {select} FROM ({_body(query)}) AS q WHERE {key} {op} {mark} ORDER BY {key}", params)]
+    before, marks, params = _bind(sql, [v for _, v in bounds])
+    where = " AND ".join(f"{key} {op} {mark}" for (op, _), mark in zip(bounds, marks))
+    return [*before, (f"SELECT {select} FROM ({_body(query)}) AS q WHERE {where} ORDER BY {key}", params)]
 
 
-def _bind(sql: SqlOptions, value: SqlKey) -> tuple[list[Statement], str, tuple]:
-    """How the streaming query takes the key ``value``, bound, never formatted into SQL:
-    statements to run first, the SQL expression standing for it, and its parameters.
+def _bind(sql: SqlOptions, values: Sequence[SqlKey]) -> tuple[list[Statement], list[str], tuple]:
+    """How the streaming query takes the key ``values``, bound, never formatted into SQL:
+    statements to run first, the SQL expressions standing for them, and their parameters.
 
     PostgreSQL's ADBC driver streams a result (COPY) only for a statement without parameters;
-    with one it holds the whole result in memory. So for PostgreSQL the value is bound in a
-    statement of its own (``set_config``, a session setting) and the query reads it back with
-    ``current_setting``, as a bigint or text. Other drivers (SQLite's streams either way) take
-    it as a parameter (``data.sql.placeholder``; setting it for PostgreSQL does the same there).
+    with one it holds the whole result in memory. So for PostgreSQL the values are bound in a
+    statement of their own (``set_config``, session settings) and the query reads them back with
+    ``current_setting``, as bigint or text. Other drivers (SQLite's streams either way) take
+    them as parameters (``data.sql.placeholder``, its ``1`` counting up for the second;
+    setting it for PostgreSQL does the same there).
     """
     if sql.driver == "postgresql" and sql.placeholder is None:
-        kind = "bigint" if isinstance(value, int) else "text"
-        return ([("SELECT set_config('ember.sql_key', $1, false)", (str(value),))],
-                f"CAST(current_setting('ember.sql_key') AS {kind})", ())
-    return [], sql.placeholder_for(), (value,)
+        names = [f"ember.sql_key{i}" for i in range(len(values))]
+        sets = ", ".join(f"set_config('{n}', ${i + 1}, false)" for i, n in enumerate(names))
+        marks = [f"CAST(current_setting('{n}') AS {'bigint' if isinstance(v, int) else 'text'})"
+                 for n, v in zip(names, values)]
+        return [(f"SELECT {sets}", tuple(str(v) for v in values))], marks, ()
+    mark = sql.placeholder_for()
+    return [], [mark.replace("1", str(i + 1)) for i in range(len(values))], tuple(values)
 
 
 def _execute(cursor: Any, sql: SqlOptions, split: Split, text: str, params: tuple) -> None:
@@ -478,10 +486,11 @@ def sql_check_columns(sql: SqlOptions, split: Split, wanted: Sequence[str]) -> N
 
 @dataclass(frozen=True)
 class SqlPosition:
-    """Where a SQL training epoch stands (a checkpoint's data position): ``after``, the last key
-    trained (rows read in key order: a resumed run reads the keys above it), or ``upto``, the
-    largest key when a shuffled epoch began (its rows; a resumed run re-reads them and drops
-    the batches trained). Stored as ``sql_key`` / ``sql_key_max`` in the checkpoint's position.
+    """Where a SQL training epoch stands (a checkpoint's data position): ``upto``, the largest
+    key when the epoch began (its rows are those up to it, on every rank), and ``after``, the
+    last key trained (rows read in key order: a resumed run reads the keys above it, up to the
+    largest then; shuffled: None, a resumed run re-reads the epoch's rows and drops the batches
+    trained). Stored as ``sql_key`` / ``sql_key_max`` in the checkpoint's position.
 
     Example:
         >>> p = SqlPosition(after=41)
@@ -548,23 +557,23 @@ class SqlSource:
         if split != "train":
             return None
         at = at if isinstance(at, SqlPosition) else SqlPosition()
-        if resumed and (at.after is None if ordered else at.upto is None):
+        if resumed and (at.after is None if ordered else (at.upto is None or at.after is not None)):
             written = "in key order (data.shuffle_buffer: 0)" if at.after is not None else \
                 "shuffled (data.shuffle_buffer > 0)" if at.upto is not None else "without a SQL position"
             raise ConfigError(f"the checkpoint was written mid-epoch {written}, and this run reads the query "
                               f"{'in key order' if ordered else 'shuffled'}: resume with the data.shuffle_buffer it "
                               "was written with, or from a checkpoint at an epoch's start")
-        if ordered:
-            return at
-        if at.upto is None:  # a new epoch: the rows there now (keys appended later wait for the next)
-            return SqlPosition(upto=sql_max_key(self.sql))  # None: an empty table (rows arriving now are read too)
-        return at
+        if not ordered and at.upto is not None:
+            return at  # a shuffled epoch resumes on the rows it began with
+        # the rows there now (None: an empty table), in key order after the last trained: keys
+        # appended later wait for the next epoch or resume
+        return SqlPosition(after=at.after, upto=sql_max_key(self.sql))
 
     def key(self, split: Split, ordered: bool) -> str | None:
         return self.sql.key if split == "train" and ordered else None
 
     def after(self, at: Any, value: Any) -> Any:
-        return SqlPosition(after=plain_key(value))
+        return SqlPosition(after=plain_key(value), upto=at.upto if isinstance(at, SqlPosition) else None)
 
     def follow(self, resume: str | None, taken: set[str], stop: Any) -> Iterator[Any]:
         raise ConfigError("train.mode: online streams files or an Iceberg table's snapshots; data.format: sql reads "

@@ -6,9 +6,10 @@ The data position says where the next batch comes from beyond ``epoch`` and ``ba
 - ``train.mode: online``: a ``StreamPosition`` (``ember.pipeline.stream``: files done, the
   file being read and its rows trained);
 - distributed ``data.shard: files``: ``ShardPositions``, each rank's batch index in its own
-  files (``ember.train.shards``);
-- ``data.format: sql``: a ``SqlPosition`` (``ember.source.sql``: the last key trained, or a
-  shuffled epoch's key bound);
+  files (``ember.train.shards``), with what the source pinned for the epoch (an Iceberg
+  snapshot) where it pins something;
+- ``data.format: sql``: a ``SqlPosition`` (``ember.source.sql``: the epoch's key bound and, read
+  in key order, the last key trained);
 - ``data.format: iceberg``: an ``IcebergPosition`` (``ember.source.iceberg``: the snapshot the
   epoch reads).
 
@@ -40,9 +41,11 @@ __all__ = ["RunState", "ShardPositions", "DataPosition", "SOURCE_POSITIONS", "da
 @dataclass(frozen=True)
 class ShardPositions:
     """``data.shard: files``: each rank's batch index in its own files (``rank_batches``), on
-    as many ranks as it has entries."""
+    as many ranks as it has entries; ``pinned``: what the source pinned for the epoch (an
+    ``IcebergPosition``: the snapshot whose files the ranks share out), None for files."""
 
     rank_batches: tuple[int, ...]
+    pinned: SqlPosition | IcebergPosition | None = None
 
     @classmethod
     def start(cls, world_size: int) -> "ShardPositions":
@@ -55,7 +58,8 @@ class ShardPositions:
 
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint's fields (merged into its ``position``)."""
-        return {"shard": "files", "world_size": self.world_size, "rank_batches": list(self.rank_batches)}
+        return {"shard": "files", "world_size": self.world_size, "rank_batches": list(self.rank_batches),
+                **(self.pinned.to_dict() if self.pinned is not None else {})}
 
 
 DataPosition = Union[StreamPosition, ShardPositions, SqlPosition, IcebergPosition, None]
@@ -68,13 +72,11 @@ def data_position(position: dict[str, Any]) -> DataPosition:
     """The data position in a checkpoint's ``position`` dict (None when it holds none)."""
     if "files_done" in position:
         return StreamPosition.from_position(position, "the checkpoint")
+    pinned = SqlPosition.from_position(position) if "sql_key" in position or "sql_key_max" in position else \
+        IcebergPosition.from_position(position) if "iceberg_snapshot" in position else None
     if position.get("shard") == "files":
-        return ShardPositions(tuple(int(b) for b in position["rank_batches"]))
-    if "sql_key" in position or "sql_key_max" in position:
-        return SqlPosition.from_position(position)
-    if "iceberg_snapshot" in position:
-        return IcebergPosition.from_position(position)
-    return None
+        return ShardPositions(tuple(int(b) for b in position["rank_batches"]), pinned)
+    return pinned
 
 
 @dataclass
@@ -133,7 +135,15 @@ class RunState:
         starts = self.rank_starts(world_size, files)
         if isinstance(self.data, SOURCE_POSITIONS):  # a query's or snapshot's position: the same on every rank
             return RunState(self.step, self.epoch, self.batch, self.data if self.batch else None)
-        return RunState(self.step, self.epoch, self.batch, ShardPositions(tuple(starts)) if files else None)
+        pinned = self.data.pinned if isinstance(self.data, ShardPositions) and self.batch else None
+        return RunState(self.step, self.epoch, self.batch, ShardPositions(tuple(starts), pinned) if files else None)
+
+    @property
+    def pinned(self) -> SqlPosition | IcebergPosition | None:
+        """What the source pinned for this state's epoch (``Source.start``), None if nothing."""
+        if isinstance(self.data, ShardPositions):
+            return self.data.pinned
+        return self.data if isinstance(self.data, SOURCE_POSITIONS) else None
 
     def rank_starts(self, world_size: int, files: bool) -> list[int]:
         """Each rank's first batch in its own files where this state's epoch resumes.

@@ -16,11 +16,12 @@ from ember.errors import ConfigError
 from ember.pipeline.loader import WINDOW_KEYS, BatchList, FileLoader, Loader, empty_batch, make_batches
 from ember.pipeline.scheduler import Stage
 from ember.pipeline.stream import StreamLoader, StreamPosition
-from ember.train.run_state import SOURCE_POSITIONS, DataPosition, RunState, ShardPositions
+from ember.source.protocol import source_for
+from ember.train.run_state import DataPosition, RunState, ShardPositions
 from ember.train.shards import FileShards, ahead_of
 from ember.train.stream_ranks import StreamRanks
 
-__all__ = ["TrainLoader", "open_train_loader", "check_train_data", "start_data", "shards_files", "window_keys"]
+__all__ = ["TrainLoader", "open_train_loader", "pin_epoch", "check_train_data", "start_data", "shards_files", "window_keys"]
 
 
 def shards_files(cfg: RunConfig, dist: DistributedRun | None) -> bool:
@@ -56,8 +57,10 @@ class TrainLoader:
     ``data.shard: files`` their rows (``shards``), online the stream's batches (``StreamRanks``)."""
 
     def __init__(self, loader: Loader, shards: FileShards | None = None, shard_depth: int = 1,
-                 closing: threading.Event | None = None, stream_ranks: StreamRanks | None = None) -> None:
+                 closing: threading.Event | None = None, stream_ranks: StreamRanks | None = None,
+                 pinned: Any = None) -> None:
         self.loader, self.shards, self._shard_depth = loader, shards, shard_depth
+        self.pinned = pinned  # what the source pinned for the epoch (``pin_epoch``), kept in file shards' positions
         self.ahead: FileShards | StreamRanks | None = shards if shards is not None else stream_ranks
         self.closing = closing or threading.Event()  # set when the pass is over: a watched stream stops waiting
 
@@ -90,7 +93,7 @@ class TrainLoader:
         if self.shards is not None:  # each rank's batch index in its own files (0 at an epoch's start)
             if not batch:
                 return ShardPositions.start(self.shards.world_size)
-            return ShardPositions(tuple(self.shards.positions(batch - self.shards.first_batch)))
+            return ShardPositions(tuple(self.shards.positions(batch - self.shards.first_batch)), self.pinned)
         if isinstance(self.loader, FileLoader) and self.loader.split == "train":
             return self.loader.source_position(batch)  # e.g. a query's last key trained, an Iceberg snapshot
         return None
@@ -115,26 +118,37 @@ def open_train_loader(cfg: RunConfig, state: RunState, dist: DistributedRun | No
                               stop=lambda: stop() or closing.is_set(), workers=pipe.data_workers, keys=keys)
         ranks = StreamRanks(stream, state.batch, ahead_of(pipe.embedding_staleness)) if dist is not None else None
         return TrainLoader(stream, shard_depth=pipe.depth.featurize, closing=closing, stream_ranks=ranks)
+    at = pin_epoch(cfg, state, dist)  # a query's key bound, a table's snapshot: one for every rank
     if shards_files(cfg, dist):
         assert isinstance(state.data, ShardPositions)
         starts = list(state.data.rank_batches)
         shards = FileShards(rank, world, empty_batch(cfg.schema), starts, state.batch, ahead_of(pipe.embedding_staleness))
         part = dist.data_slice  # (this dense rank among the dense ranks, how many); None: an embedding rank
         if part is None:  # it reads no file: the shard stage hands it empty batches until the pass ends
-            return TrainLoader(BatchList([], state.epoch, 0, pipe.depth), shards, pipe.depth.featurize)
+            return TrainLoader(BatchList([], state.epoch, 0, pipe.depth), shards, pipe.depth.featurize, pinned=at)
         loader = make_batches(d, cfg.schema, "train", epoch=state.epoch, start_batch=starts[rank], depth=pipe.depth,
-                              workers=pipe.data_workers, part=part)
+                              workers=pipe.data_workers, part=part, at=at, pinned=True)
         if keys:
             loader.carry(keys, WINDOW_KEYS)
-        return TrainLoader(loader, shards, pipe.depth.featurize)
+        return TrainLoader(loader, shards, pipe.depth.featurize, pinned=at)
     # embedding ranks (no rows of their own) and their dense ranks: dist.data_slice
     mine = dist.data_slice if dist is not None and d.format == "synthetic" else None
-    at = state.data if isinstance(state.data, SOURCE_POSITIONS) else None  # a query's or table's epoch resumes there
     loader = make_batches(d, cfg.schema, "train", epoch=state.epoch, start_batch=state.batch, depth=pipe.depth,
-                          workers=pipe.data_workers, rank_slice=mine, at=at)
+                          workers=pipe.data_workers, rank_slice=mine, at=at, pinned=True)
     if keys:
         loader.carry(keys, WINDOW_KEYS)
     return TrainLoader(loader)
+
+
+def pin_epoch(cfg: RunConfig, state: RunState, dist: DistributedRun | None) -> Any:
+    """What the training source pins for the epoch ``state`` is in (``Source.start``: a SQL
+    query's key bound, an Iceberg snapshot; None for files): a resumed epoch's pin, checked, or
+    one taken now. Distributed, every rank asks its own source (a resumed position is checked on
+    each alike) and all take rank 0's answer, so rows committed between the ranks' asks never
+    give the ranks different epochs."""
+    d = cfg.data
+    at = source_for(d).start("train", state.pinned, not d.shuffle_buffer, state.batch > 0)
+    return at if dist is None else dist.broadcast(at)
 
 
 def window_keys(cfg: RunConfig) -> list[str]:

@@ -111,15 +111,49 @@ def test_loader_positions_and_key_resume(tmp_path):
     loader = make_batches(data, schema)
     batches = list(loader)
     assert [b.size for b in batches] == [2, 2, 1] and all(b.keys is None for b in batches)
-    assert [loader.source_position(i) for i in (0, 1, 2, 3)] == [None, SqlPosition(after=20), SqlPosition(after=40),
-                                                             SqlPosition(after=50)]
+    assert [loader.source_position(i) for i in (0, 1, 2, 3)] == [None, SqlPosition(20, 50), SqlPosition(40, 50),
+                                                             SqlPosition(50, 50)]
     resumed = make_batches(data, schema, start_batch=1, at=SqlPosition(after=20))
-    assert [b.size for b in resumed] == [2, 1] and resumed.source_position(3) == SqlPosition(after=50)
+    assert [b.size for b in resumed] == [2, 1] and resumed.source_position(3) == SqlPosition(50, 50)
     shuffled = make_batches(data.model_copy(update={"shuffle_buffer": 4}), schema, start_batch=1,
                             at=SqlPosition(after=20))
     with pytest.raises(ConfigError, match="written mid-epoch in key order"):
         list(shuffled)
     assert epoch_rows(data).rows == 5
+
+
+def test_an_epoch_in_key_order_reads_the_rows_there_when_it_was_pinned(tmp_path):
+    """Rows committed after an epoch was pinned wait, on a rank that runs the query after
+    another pinned the epoch too (``Source.start``: the largest key); a resume pins anew, and
+    reads them after the last key trained."""
+    from ember.source.protocol import source_for
+
+    uri = _db(tmp_path, t=pa.table({"k": [10, 20, 30, 40], "y": [1, 0, 1, 0], "c": list("abcd")}))
+    data = DataConfig(format="sql", sql=_opts(uri).model_dump(), batch_size=2, shuffle_buffer=0)
+    schema = Schema(labels=["y"], sparse=[{"name": "c"}])
+    at = source_for(data).start("train", None, True, False)
+    assert at == SqlPosition(upto=40)
+    with sqlite.connect(uri) as conn, conn.cursor() as cur:
+        cur.adbc_ingest("t", pa.table({"k": [50, 60], "y": [1, 1], "c": ["x", "y"]}), mode="append")
+        conn.commit()
+    loader = make_batches(data, schema, at=at, pinned=True)
+    assert [b.size for b in loader] == [2, 2]  # 50 and 60: not this epoch's
+    assert loader.source_position(1) == SqlPosition(after=20, upto=40)
+    resumed = make_batches(data, schema, start_batch=1, at=loader.source_position(1))
+    assert [b.size for b in resumed] == [2, 2] and resumed.source_position(3) == SqlPosition(60, 60)
+
+
+def test_two_key_bounds_bind_as_numbered_placeholders(tmp_path):
+    """A driver that numbers its parameters ($1, $2) gets the second bound as $2."""
+    from ember.source.sql import _wrapped
+
+    sql = _opts("x", placeholder="$1")
+    *before, (text, params) = _wrapped(sql, "train", 20, 40)
+    assert before == [] and text.endswith('WHERE "k" > $1 AND "k" <= $2 ORDER BY "k"') and params == (20, 40)
+    pg = SqlOptions(driver="postgresql", uri="postgresql://x", query="SELECT * FROM t", key="k")
+    (setting, values), (text, params) = _wrapped(pg, "train", "a", 40)
+    assert values == ("a", "40") and params == () and "$1" in setting and "$2" in setting
+    assert "AS text) AND" in text and "AS bigint) ORDER" in text
 
 
 def test_ember_profile_reads_the_training_query(tmp_path, capsys):

@@ -175,16 +175,21 @@ def test_a_signal_in_the_last_step_is_heard_by_after_pass(tmp_path):
 def test_signals_held_and_kept_outlast_the_block_so_a_late_sigterm_leaves_the_exit_code():
     """A rank that lost a peer exits 1 naming it; torchrun's SIGTERM to the ranks left, arriving
     while that rank exits, must not turn its exit code into -15 (``SignalsHeld.keep``)."""
-    import subprocess
-    import sys
-    code = ("import os, signal, sys\n"
-            "from ember.train.agreement import SignalsHeld\n"
-            "with SignalsHeld() as held:\n"
-            "    pass\n"
-            "if sys.argv[1] == 'keep':\n"
-            "    with SignalsHeld() as held:\n"
-            "        held.keep()\n"
-            "os.kill(os.getpid(), signal.SIGTERM)\n"
-            "sys.exit(1)\n")
-    assert subprocess.run([sys.executable, "-c", code, "keep"]).returncode == 1
-    assert subprocess.run([sys.executable, "-c", code, "restore"]).returncode == -signal.SIGTERM
+    import os
+
+    from ember.train.agreement import SignalsHeld
+
+    def exit_code(keep: bool) -> int:
+        pid = os.fork()
+        if pid == 0:  # the child: hold (and keep, or not), then a SIGTERM, then exit 1
+            try:
+                with SignalsHeld() as held:
+                    if keep:
+                        held.keep()
+                os.kill(os.getpid(), signal.SIGTERM)
+            finally:
+                os._exit(1)
+        return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+    assert exit_code(keep=True) == 1
+    assert exit_code(keep=False) == -signal.SIGTERM

@@ -140,14 +140,16 @@ def test_sigkill_of_ember_train_on_s3_then_resume_trains_every_row_once(s3, tmp_
     proc = subprocess.Popen([sys.executable, "-m", "ember", "train", "--config", str(tmp_path / "c.json")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     latest, deadline = run_dir / "checkpoints" / "LATEST", time.time() + 120
-    while not (latest.exists() and latest.read_text().strip() == "step-00000006"):
+    while not (latest.exists() and int(latest.read_text().strip().removeprefix("step-")) >= 6):
         assert proc.poll() is None, proc.communicate()
         assert time.time() < deadline, "no step-6 checkpoint"
         time.sleep(0.01)
-    proc.send_signal(signal.SIGKILL)
+    proc.send_signal(signal.SIGKILL)  # after step 6's checkpoint, or step 8's on a slow poll
     proc.communicate(timeout=60)
     pos = verify_checkpoint(resolve_checkpoint(run_dir))["position"]
-    assert pos["batch"] == 6 and (pos["file"], pos["file_rows"]) == ("s3://data/kill/part-001.csv", 184)
+    rows = pos["batch"] * 64  # 200 rows a file
+    assert pos["batch"] in (6, 8) and (pos["file"], pos["file_rows"]) == (f"s3://data/kill/part-{rows // 200:03d}.csv",
+                                                                          rows % 200)
     for k in (3, 4):
         s3.put(f"data/kill/part-{k:03d}.csv", ("\n".join(_lines(20 + k, 200)) + "\n").encode())
     resumed = train(from_dict({**cfg, "train": {**cfg["train"], "resume": str(run_dir)},

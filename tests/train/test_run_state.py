@@ -58,3 +58,17 @@ def test_shard_positions_resume_mid_epoch_only_on_the_same_world_size():
         files.rank_starts(1, False)
     with pytest.raises(ConfigError, match="counts global batches"):
         RunState.from_dict(OFFLINE).rank_starts(2, True)
+
+
+def test_shard_positions_keep_the_snapshot_the_epoch_pinned():
+    """Iceberg under data.shard: files: the ranks share out one snapshot's files; a mid-epoch
+    resume must read that snapshot, so the position keeps it (a new epoch drops it)."""
+    from ember.source.iceberg import IcebergPosition
+
+    manifest = {"step": 3, "position": {**FILES["position"], "iceberg_snapshot": 77}}
+    state = RunState.from_dict(manifest)
+    assert state.data == ShardPositions((3, 2), IcebergPosition(77)) and state.pinned == IcebergPosition(77)
+    assert state.to_dict() == manifest
+    assert state.resumed("ck", False, 2, True).pinned == IcebergPosition(77)
+    state.next_epoch()
+    assert state.data == ShardPositions((0, 0)) and state.pinned is None

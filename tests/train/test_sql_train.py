@@ -120,7 +120,7 @@ def _resume_equals_whole(db: Any, tmp_path: Path, shuffle: int, workers: int) ->
     if shuffle:
         assert pos["sql_key"] is None and pos["sql_key_max"] == key_order[-1]
     else:
-        assert pos["sql_key"] == key_order[4 * 64 - 1] and pos["sql_key_max"] is None  # the 256th row's key
+        assert pos["sql_key"] == key_order[4 * 64 - 1] and pos["sql_key_max"] == key_order[-1]  # the 256th row's key; the largest
     resumed = train(from_dict({**_raw(tmp_path, "part", data, epochs=2, resume=str(part.run_dir)), **pipe}))
     assert resumed.step == whole.step
     assert_identical(run_state(whole), run_state(resumed))

@@ -58,13 +58,15 @@ def test_every_source_opens_as_a_loader(tmp_path):
 def test_file_shards_open_this_rank_s_files_and_record_every_rank_s_position(tmp_path):
     cfg = _files(tmp_path)
     cfg = from_dict({**cfg.model_dump(mode="json", by_alias=True), "data": {**cfg.data.model_dump(mode="json", by_alias=True), "shard": "files"}})
-    dist = SimpleNamespace(rank=1, world_size=2, data_slice=(1, 2))  # a dense rank: its slice among 2
+    sent: list = []  # what the ranks agreed on through rank 0 (the epoch's pin: None for files)
+    dist = SimpleNamespace(rank=1, world_size=2, data_slice=(1, 2),  # a dense rank: its slice among 2
+                           broadcast=lambda obj, src=0: sent.append(obj) or obj)
     assert start_data(cfg, dist) == ShardPositions((0, 0))
     opened = open_train_loader(cfg, RunState(epoch=0, batch=1, data=ShardPositions((1, 1))), dist)
     assert opened.loader.position == (0, 1) and opened.loader.part == (1, 2)  # rank 1: b.csv, from its batch 1
     assert opened.shards is not None and opened.shards.starts == [1, 1] and opened.shards.first_batch == 1
     assert [s.name for s in opened.stages()][-1] == "shard"
-    assert opened.data_position(0) == ShardPositions((0, 0))
+    assert opened.data_position(0) == ShardPositions((0, 0)) and sent == [None]
 
 
 def test_batches_in_memory_need_an_offline_run_sharded_by_rows(tmp_path):
