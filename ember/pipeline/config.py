@@ -55,9 +55,10 @@ class PipelineConfig(ConfigModel):
     data_workers: int = Field(0, ge=0, le=1)
     """1: read and featurize the training data in a worker process (``torch.utils.data``'s
     DataLoader), batches handed over in shared memory, so the parsing and hashing, which hold
-    the GIL much of the time, never compete with the trainer's threads for it; it costs the
-    worker's start (an interpreter importing torch, a few seconds) per epoch. 0: on threads of
-    this process."""
+    the GIL much of the time, never compete with the trainer's threads for it. Each epoch's worker
+    forks from a server process that imported torch once (the first epoch pays its start, a few
+    seconds; the others a fraction of a second; ``ember.pipeline.worker_process``). 0: on threads
+    of this process."""
     engine: Literal["auto", "threads", "inline"] = "auto"
     """Where the embedding stages (plan, fetch, the GPU copy, the sparse update, metrics) run
     when ``enabled``; reading and featurizing are on threads either way. ``threads``: each on

@@ -48,6 +48,7 @@ from ember.featurize.rows import Rows
 from ember.featurize.schema import Schema
 from ember.pipeline.config import QueueDepths
 from ember.pipeline.scheduler import Scheduler, Stage
+from ember.pipeline.worker_process import WorkerEnv, worker_context
 from ember.errors import ConfigError, MissingColumnsError
 from ember.source.bad_rows import BadRowReport
 from ember.source.base import RecordChunk
@@ -432,7 +433,7 @@ class FileLoader:
         more = (key,) if key is not None and key not in self.keys else ()  # kept by the worker: positions are noted here
         job = _WorkerJob(self.data, self.schema, self.split, self.epoch, self.start_batch, self.depth, self.part,
                          self.rank_slice, (tuple(self.keys) + more, self.keys_for), self.at)
-        loader = worker_loader(job, self.depth.featurize, "spawn", (self.data.seed, self.epoch))
+        loader = worker_loader(job, self.depth.featurize, worker_context(), (self.data.seed, self.epoch))
         yield from receive_batches(loader, self.bad_rows)
 
     def __iter__(self) -> Iterator[Batch]:
@@ -469,8 +470,10 @@ class _WorkerJob(IterableDataset):
                  at: Any = None) -> None:
         self.args = (data, schema, split, epoch, start_batch)
         self.depth, self.part, self.rank_slice, self.keys, self.at = depth, part, rank_slice, keys, at
+        self.env = WorkerEnv()
 
     def __iter__(self) -> Iterator[tuple[str, object]]:
+        self.env.apply()
         loader = FileLoader(*self.args, threaded=True, depth=self.depth, part=self.part, rank_slice=self.rank_slice,
                             at=self.at, pinned=True)  # read and featurize overlap in the worker; the trainer pinned ``at``
         if self.keys[0]:

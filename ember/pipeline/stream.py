@@ -38,7 +38,6 @@ Example:
 
 from __future__ import annotations
 
-import multiprocessing
 import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
@@ -54,6 +53,7 @@ from ember.pipeline.config import QueueDepths
 from ember.pipeline.loader import (WINDOW_KEYS, ReadCounter, missing_keys_error, receive_batches, send_batches,
                                    worker_loader)
 from ember.pipeline.scheduler import Scheduler, Stage
+from ember.pipeline.worker_process import WorkerEnv, worker_context
 from ember.source.bad_rows import BadRowReport
 from ember.source.config import DataConfig
 from ember.source.protocol import Unit, source_for
@@ -208,7 +208,7 @@ class StreamLoader:
         """This stream's batches, read and featurized by a worker process (``_StreamJob``):
         each comes with the files taken since the last one and its position, recorded here;
         the worker's bad-row counts are added at the end, its error is raised here."""
-        ctx = multiprocessing.get_context("spawn")
+        ctx = worker_context()
         stopped = ctx.Event()
         over = threading.Event()
 
@@ -248,8 +248,10 @@ class _StreamJob(IterableDataset):
                  depth: QueueDepths, stopped: Any, keys: Sequence[str] = ()) -> None:
         self.args = (data, schema, start, start_batch, depth)
         self.stopped, self.keys = stopped, list(keys)
+        self.env = WorkerEnv()
 
     def __iter__(self) -> Iterator[tuple[str, object]]:
+        self.env.apply()
         loader = StreamLoader(*self.args, stop=self.stopped.is_set, keys=self.keys)
 
         def batches() -> Iterator[tuple[Batch, list[str], tuple[int, int, int]]]:

@@ -9,7 +9,7 @@ The ranks are forked from a forkserver that imported torch and ember once per py
 (every rank is still a fresh process: nothing of an earlier call's ranks carries over), so a
 call costs the training, not an interpreter and a torch import per rank (~2-4 s each on 2 cores).
 Each rank takes this process's environment as it is at the call. Where a variable that is read
-when torch or ember is imported (``_IMPORT_ENV``) differs from the forkserver's, or with
+when torch or ember is imported differs from the forkserver's (``ember.pipeline.worker_process``), or with
 ``EMBER_TEST_SPAWN=1``, the ranks are spawned (a new interpreter each) as before."""
 
 from __future__ import annotations
@@ -29,35 +29,29 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ember.pipeline.worker_process import forkserver_context
 from ember.testing.distributed import free_port
 
 __all__ = ["run_ranks", "run_ranks_killed", "init", "train_config", "table_rows", "merge_tables"]
 
 # what the forkserver imports once; a rank forked from it imports only what ``fn`` needs beyond
-_PRELOAD = ["torch", "torch.distributed", "numpy", "ember.config", "ember.train.loop", "ember.cli",
-            "ember.testing.distributed", "tests.distributed.ranks", "tests.distributed._preload"]
-# variables read at import time (torch's and ember's): the forkserver's values must be this process's
-_IMPORT_ENV = ("EMBER_", "OMP_", "MKL_", "GLIBC_TUNABLES", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHON", "TORCH_",
-               "CUDA_VISIBLE_DEVICES")
-_server_env: dict[str, str] | None = None  # the import-time variables the forkserver started with
+# (the forkserver is one per process: data workers fork from it too, ``ember.pipeline.worker_process``)
+_PRELOAD = ["torch", "torch.distributed", "numpy", "pyarrow", "ember.config", "ember.train.loop", "ember.cli",
+            "ember.pipeline.loader", "ember.pipeline.stream", "ember.testing.distributed", "tests.distributed.ranks",
+            "tests.distributed._preload"]
 
-
-def _import_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.startswith(_IMPORT_ENV)}
+if os.environ.get("EMBER_TEST_SPAWN") != "1":
+    forkserver_context(_PRELOAD)  # asked at import (collection), before a test starts the server (a data worker)
 
 
 def _context() -> Any:
-    """The forkserver context while the import-time environment is the one it started with,
-    else (or with EMBER_TEST_SPAWN=1) spawn."""
-    global _server_env
-    if os.environ.get("EMBER_TEST_SPAWN") == "1" or "forkserver" not in mp.get_all_start_methods():
+    """The forkserver context while the import-time environment is the one it started with
+    (``ember.pipeline.worker_process.forkserver_context``: data workers fork from the same
+    server), else (or with EMBER_TEST_SPAWN=1) spawn."""
+    if os.environ.get("EMBER_TEST_SPAWN") == "1":
         return mp.get_context("spawn")
-    if _server_env is None:
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(_PRELOAD)
-        _server_env = _import_env()  # the forkserver starts with the first rank, from this environment
-        return ctx
-    return mp.get_context("forkserver") if _import_env() == _server_env else mp.get_context("spawn")
+    ctx, _ = forkserver_context(_PRELOAD)
+    return ctx if ctx is not None else mp.get_context("spawn")
 
 
 def init() -> None:
