@@ -17,11 +17,15 @@ def shared_data_dir() -> Path:
     return Path(env) if env else REPO.parent / "shared" / "data"
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the markers added here
 def pytest_collection_modifyitems(config, items):  # noqa: D103
     skip_gpu = pytest.mark.skip(reason="needs CUDA")
     skip_dist = pytest.mark.skip(reason="needs torch.distributed with gloo")
     has_gloo = torch.distributed.is_available() and torch.distributed.is_gloo_available()
+    distributed = REPO / "tests" / "distributed"
     for item in items:
+        if "dist" in item.keywords or distributed in Path(str(item.path)).parents:
+            item.add_marker(pytest.mark.serial)  # `make test` runs these alone, after the others
         if "gpu" in item.keywords and not torch.cuda.is_available():
             item.add_marker(skip_gpu)
         if "dist" in item.keywords and not has_gloo:

@@ -218,7 +218,10 @@ class StreamLoader:
                     stopped.set()
                     return
 
-        threading.Thread(target=relay, name="ember-stream-stop", daemon=True).start()
+        if self.stop():  # asked already: the worker sees it before it reads anything
+            stopped.set()
+        else:
+            threading.Thread(target=relay, name="ember-stream-stop", daemon=True).start()
         job = _StreamJob(self.data, self.schema, self.start, self.start_batch, self.depth, stopped, self.keys)
         loader = worker_loader(job, self.depth.featurize, ctx, (self.data.seed, self.start_batch))
         try:
