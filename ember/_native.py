@@ -40,6 +40,7 @@ import pyarrow.compute as pc
 import torch
 
 from ember.mix import mix64
+from ember import once
 
 __all__ = [
     "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_gather", "csv_hazards", "csv_split", "dense_floats", "featurize_ids",
@@ -1256,13 +1257,10 @@ _NEVER = np.iinfo(np.int64).max
 
 def _fallback_once(name: str) -> None:
     """Log once per kernel that its numpy fallback runs (the core is off or not built)."""
-    if name not in _fell_back:
-        _fell_back.add(name)
+    if once.first("native.fallback", name):
         why = "EMBER_NATIVE=0" if _DISABLED else f"the native core is not available: {_import_error}"
         logging.getLogger("ember").info("ember._native.%s runs its numpy fallback (%s)", name, why)
 
-
-_fell_back: set[str] = set()
 
 
 def victim_keys(last: np.ndarray, count: np.ndarray, lru: bool, out: np.ndarray | None = None) -> np.ndarray:

@@ -29,6 +29,7 @@ from ember.models.registry import ModelConfig
 from ember.pipeline.config import PipelineConfig
 from ember.source.config import DataConfig
 from ember.train.config import EvalConfig, TrainConfig
+from ember import once
 
 __all__ = ["RunConfig", "EmbeddingDefaults", "MOVED_KEYS", "migrate", "check_sections", "load", "read_yaml", "from_dict",
            "apply_overrides", "to_yaml"]
@@ -45,7 +46,6 @@ MOVED_KEYS: dict[str, str] = {
     "train.keep_checkpoints": "checkpoint.keep",
     "train.embedding_staleness": "pipeline.embedding_staleness",
 }
-_told: set[str] = set()  # old names already warned about in this process
 
 
 class EmbeddingDefaults(TableOptions):
@@ -254,8 +254,7 @@ def migrate(raw: dict[str, Any]) -> dict[str, Any]:
             raise ConfigError(f"{old} ({value!r}) and {new} ({target[nkey]!r}) are both set: {old} is the old name of "
                               f"{new}; keep only {new}")
         target[nkey] = value
-        if old not in _told:
-            _told.add(old)
+        if once.first("config.old_name", old):
             log.warning("config: %s is now %s; write that instead (the old name still works)", old, new)
     return out
 

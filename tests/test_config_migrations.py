@@ -11,6 +11,7 @@ import yaml
 
 from ember.cli import main
 from ember.config import MOVED_KEYS, from_dict, load, migrate, to_yaml
+from ember import once
 from ember.errors import ConfigError
 
 BASE = {"data": {"preset": "synthetic"}, "model": {"type": "lr"}}
@@ -35,7 +36,7 @@ def test_every_moved_key_has_a_value_here_and_the_new_name_drives_the_config():
 
 
 def test_an_old_name_is_moved_and_logged_once_with_what_to_write(caplog, monkeypatch):
-    monkeypatch.setattr("ember.config._told", set())
+    once.forget("config.old_name")
     for old, new in MOVED_KEYS.items():
         with caplog.at_level(logging.WARNING, logger="ember"):
             caplog.clear()

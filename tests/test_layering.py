@@ -28,7 +28,7 @@ ROOT = PACKAGE.parent
 # placed here on purpose).
 LAYERS: list[tuple[str, ...]] = [
     ("ember.errors", "ember.config_base", "ember._native", "ember._ember_native", "ember.mix", "ember.fileio",
-     "ember.allocator", "ember.outputs", "ember.process_exit",
+     "ember.allocator", "ember.outputs", "ember.process_exit", "ember.once",
      "ember.portable"),  # the portable runtime: numpy + onnxruntime, no other part of ember (test_portable_is_alone)
     ("ember.batch",),
     ("ember.source",),

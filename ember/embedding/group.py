@@ -38,6 +38,7 @@ from ember.tiers.device_budget import to_device
 from ember.tiers.device import DeviceTier
 from ember.tiers.group_cache import CacheTicket, GroupCache, GroupCacheView
 from ember.tiers.segments import read_segments, write_segments
+from ember import once
 
 __all__ = ["TableGroup", "GroupLookup"]
 
@@ -606,12 +607,8 @@ def _group_cache(tables: Sequence[EmbeddingTable], identity: bool) -> GroupCache
     return cache
 
 
-_logged: set[str] = set()
-
-
 def _log_once(msg: str) -> None:
-    if msg not in _logged:
-        _logged.add(msg)
+    if once.first("group.layout", msg):
         log.info("%s", msg)
 
 

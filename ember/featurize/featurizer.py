@@ -46,16 +46,15 @@ from ember.featurize.transforms import (
     truncate_jagged,
 )
 from ember.source.bad_rows import BadRowReport, raise_bad_row
+from ember import once
 
 __all__ = ["Featurizer", "read_types"]
 
 log = logging.getLogger("ember")
-_said: set[str] = set()  # reasons for the column-by-column path already logged (once per process)
 
 
 def _say_once(reason: str, feature: str, kind: str = "sparse", call: str = "featurize_ids") -> None:
-    if reason not in _said:
-        _said.add(reason)
+    if once.first("featurizer.column_by_column", reason):
         log.info("featurizer: %s feature '%s' (and any other like it) is featurized column by column, not in the "
                  "one-pass native call (%s): %s", kind, feature, call, reason)
 

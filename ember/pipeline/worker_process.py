@@ -20,6 +20,8 @@ import os
 from multiprocessing import forkserver
 from typing import Any, Sequence
 
+from ember import once
+
 __all__ = ["worker_context", "forkserver_context", "WorkerEnv"]
 
 log = logging.getLogger(__name__)
@@ -29,7 +31,6 @@ _PRELOAD = ["torch", "numpy", "pyarrow", "ember.pipeline.loader", "ember.pipelin
 _IMPORT_ENV = ("EMBER_", "OMP_", "MKL_", "GLIBC_TUNABLES", "LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHON", "TORCH_",
                "CUDA_VISIBLE_DEVICES")
 _server_env: dict[str, str] | None = None
-_said: set[str] = set()
 
 
 def _import_env() -> dict[str, str]:
@@ -37,8 +38,7 @@ def _import_env() -> dict[str, str]:
 
 
 def _spawn(why: str) -> Any:
-    if why not in _said:
-        _said.add(why)
+    if once.first("worker_process.spawn", why):
         log.info("data workers start as fresh interpreters (~3 s each, importing torch): %s", why)
     return mp.get_context("spawn")
 

@@ -29,6 +29,7 @@ from ember.embedding.init import InitializerConfig, init_rows
 from ember.errors import CheckpointError, ConfigError
 from ember.config_base import deep_merge
 from ember.source.bad_rows import BadRowReport
+from ember import once
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
 __all__ = ["Predictor"]
 
 log = logging.getLogger(__name__)
-_TOLD: set[str] = set()  # exports whose missing type record was logged (once each)
 
 
 class _FrozenTable:
@@ -195,8 +195,7 @@ class Predictor:
         if recorded is not None:
             return {c: v["type"] for c, v in recorded["columns"].items()}
         columns, how = training_types(self.score_schema, self.manifest["data"], read_files=False)
-        if str(self.root) not in _TOLD:
-            _TOLD.add(str(self.root))
+        if once.first("predictor.no_input_types", str(self.root)):
             unknown = sorted(c for c, v in columns.items() if v["type"] == "unknown")
             log.warning("export %s records no input column types (made before ember recorded them): inferred from "
                         "its schema and %s%s; export the checkpoint again to record them", self.root, how,

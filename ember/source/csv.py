@@ -67,6 +67,7 @@ from ember.source import storage
 from ember.source.base import RecordChunk, check_columns, read_failed
 from ember.source.quoted import UNCLOSED, Scan, quoted_blocks, record_starts, scan
 from ember.source.storage import StorageOptions
+from ember import once
 
 __all__ = ["read_csv", "header_fields", "check_unique", "read_head", "BOM", "typed_read_fallbacks"]
 
@@ -81,7 +82,6 @@ BOM = codecs.BOM_UTF8  # spreadsheet tools start UTF-8 CSV with it; it is not pa
 _fallbacks: Counter[str] = Counter()  # blocks (or some of their columns) read as text, not typed, per reason
 _fallbacks_lock = threading.Lock()
 _SPLIT = True  # plain blocks split natively (_native.csv_split); False: pyarrow reads every block (the reference)
-_unsplit: set[str] = set()  # reasons a block was not split natively, logged once per process
 
 
 def typed_read_fallbacks() -> dict[str, int]:
@@ -101,10 +101,7 @@ def _fell_back(path: str, line_no: int, reason: str) -> None:
 
 
 def _not_split(path: str, line_no: int, reason: str) -> None:
-    with _fallbacks_lock:
-        first = reason not in _unsplit
-        _unsplit.add(reason)
-    if first:
+    if once.first("csv.not_split", reason):
         log.info("%s row %d: block parsed by pyarrow, not split by ember's native splitter (%s); the same result, "
                  "slower. Logged once per reason", path, line_no, reason)
 

@@ -15,12 +15,12 @@ from __future__ import annotations
 import glob
 import logging
 import os
-import threading
 from typing import Sequence
 
 from ember.errors import ConfigError
 from ember.source import storage
 from ember.source.storage import StorageOptions
+from ember import once
 
 __all__ = ["expand_paths", "format_suffixes"]
 
@@ -34,8 +34,6 @@ _SUFFIXES = {
     "orc": (".orc",),
 }
 _SHOWN = 8  # skipped files named in the log line
-_reported: set[tuple[str, tuple[str, ...]]] = set()  # (pattern, skipped files) already logged
-_reported_lock = threading.Lock()
 
 
 def format_suffixes(format: str) -> tuple[str, ...]:
@@ -95,11 +93,8 @@ def _held(pat: str, skipped: list[str], format: str, is_dir: bool) -> str:
 
 def _log_skipped(pat: str, skipped: list[str], format: str, is_dir: bool) -> None:
     """One log line per pattern naming the files it holds that were not read."""
-    key = (pat, tuple(skipped))
-    with _reported_lock:
-        if not skipped or key in _reported:
-            return
-        _reported.add(key)
+    if not skipped or not once.first("files.skipped", (pat, tuple(skipped))):
+        return
     names = [(s[len(pat.rstrip("/")) + 1:] if storage.is_remote(pat) else os.path.relpath(s, pat)) if is_dir else s
              for s in skipped]
     shown = ", ".join(names[:_SHOWN]) + (f", ... ({len(names)} in all)" if len(names) > _SHOWN else "")

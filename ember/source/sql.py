@@ -54,12 +54,12 @@ from pydantic import Field, model_validator
 
 from ember.config_base import ConfigModel
 from ember.errors import ConfigError, DataError
+from ember import once
 
 __all__ = ["SqlOptions", "SqlSource", "SqlKey", "SqlPosition", "plain_key", "sql_check_columns", "sql_reader", "connect", "sql_chunks", "sql_columns", "sql_count", "sql_max_key",
            "query_label"]
 
 log = logging.getLogger("ember")
-_said: set[str] = set()  # driver notes already logged (once per process)
 
 Split = Literal["train", "eval"]
 SqlKey = int | str
@@ -225,9 +225,8 @@ def _say_driver_build(module: Any) -> None:
     """Log once per process which build of PostgreSQL's driver decodes the rows: its decode is
     most of a PostgreSQL source's CPU (bench_sources), and the PyPI wheel's build is ~2.5x slower
     at it than an optimised build given as ``data.sql.driver_path``."""
-    if "postgresql" in _said:
+    if not once.first("sql.driver_build", "postgresql"):
         return
-    _said.add("postgresql")
     package = getattr(module, "__name__", "adbc_driver_postgresql").rsplit(".", 1)[0]
     try:
         from importlib.metadata import version

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from typing import Any
 
 import numpy as np
 
+from ember import once
+
 __all__ = ["auc", "logloss", "evaluate_predictions", "json_safe"]
 
 log = logging.getLogger("ember")
-_warned: set[str] = set()  # tasks already warned about a one-class eval set
-_warned_lock = threading.Lock()
 
 
 def auc(labels: np.ndarray, scores: np.ndarray) -> float:
@@ -72,10 +71,8 @@ def evaluate_predictions(labels: np.ndarray, probs: np.ndarray, task_names: list
 
 def _warn_one_class(task: str, labels: np.ndarray) -> None:
     """Say once per task why its AUC is NaN: every eval label is of one class."""
-    with _warned_lock:
-        if task in _warned:
-            return
-        _warned.add(task)
+    if not once.first("metrics.one_class", task):
+        return
     cls = "positive (1)" if bool((labels > 0.5).all()) else "negative (0)"
     log.warning("eval task '%s': AUC is undefined (recorded as NaN / null): all %d eval labels are %s, so no "
                 "positive/negative pair can be ranked; logloss is still reported. Evaluate on data with both "

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from typing import Literal, Mapping, Sequence
 
 import numpy as np
@@ -36,13 +35,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ember.train.metrics import auc, logloss
+from ember import once
 
 __all__ = ["group_auc", "calibration", "expected_calibration_error", "normalized_entropy", "task_metrics",
            "ranking_report", "top_values", "headline"]
 
 log = logging.getLogger("ember")
-_warned: set[tuple[str, str]] = set()  # (reason, key) pairs already warned about
-_warned_lock = threading.Lock()
 NAN = float("nan")
 
 
@@ -250,9 +248,7 @@ _WHY = {"auc": "labels of one class", "gauc": "no group with both classes", "cal
 def _warn_undefined(keys: list[str]) -> None:
     """One warning line for the metrics that are undefined (recorded as NaN / null), each key
     warned about once per process (an eval every N steps repeats the same)."""
-    with _warned_lock:
-        new = [k for k in keys if ("undefined", k) not in _warned]
-        _warned.update(("undefined", k) for k in new)
+    new = [k for k in keys if once.first("ranking_metrics.undefined", k)]
     if not new:
         return
     shown = ", ".join(f"{k} ({_WHY.get(k.split('/', 1)[0], 'undefined')})" for k in new[:8])

@@ -15,9 +15,9 @@ import pytest
 
 from ember import _native
 from ember.errors import DataError
-from ember.featurize import featurizer as featurizer_module
 from ember.featurize.featurizer import Featurizer
 from ember.featurize.schema import Schema
+from ember import once
 from ember.source.bad_rows import BadRowReport
 
 INT_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64()]
@@ -176,7 +176,7 @@ def test_all_single_valued_columns_pack_and_the_batch_takes_them_without_a_copy(
 
 
 def test_columns_the_one_pass_leaves_are_logged_once(caplog):
-    featurizer_module._said.clear()
+    once.forget("featurizer.column_by_column")
     schema = Schema.parse({"labels": ["y"], "sparse": [{"name": "t", "separator": "|"}, {"name": "u", "separator": ","}]})
     batch = pa.record_batch({"y": ["1"], "t": ["a|b"], "u": ["c"]})
     with caplog.at_level(logging.INFO, logger="ember"):

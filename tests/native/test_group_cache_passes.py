@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ember import _native
+from ember import once
 from ember.tiers.key_index import KeyIndex
 
 native = pytest.mark.skipif(not _native.is_available(), reason="the native core is not built (or EMBER_NATIVE=0)")
@@ -132,7 +133,7 @@ def test_native_gc_release_equals_the_numpy_one_and_checks_its_slots():
 
 def test_without_the_core_each_pass_says_once_that_its_fallback_runs(monkeypatch, caplog):
     monkeypatch.setattr(_native, "_core", None)
-    monkeypatch.setattr(_native, "_fell_back", set())
+    once.forget("native.fallback")
     held = np.ones(4, np.int32)
     with caplog.at_level("INFO", logger="ember"):
         _native.gc_release(held, np.array([1, 2], np.int64))

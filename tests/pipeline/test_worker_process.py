@@ -10,8 +10,8 @@ from typing import Iterator
 
 from torch.utils.data import IterableDataset
 
-from ember.pipeline import worker_process
 from ember.pipeline.loader import worker_loader
+from ember import once
 from ember.pipeline.worker_process import WorkerEnv, worker_context
 
 
@@ -46,7 +46,7 @@ def test_a_forked_worker_sees_the_environment_of_its_start(monkeypatch):
 def test_an_import_time_variable_changed_since_means_a_fresh_worker_said_once(monkeypatch, caplog):
     assert worker_context().get_start_method() == "forkserver"  # its environment is recorded by now
     monkeypatch.setenv("EMBER_WORKER_PROBE", "1")
-    monkeypatch.setattr(worker_process, "_said", set())
+    once.forget("worker_process.spawn")
     with caplog.at_level(logging.INFO, logger="ember.pipeline.worker_process"):
         assert worker_context().get_start_method() == "spawn"
         assert worker_context().get_start_method() == "spawn"

@@ -17,6 +17,7 @@ from ember.featurize.featurizer import Featurizer, read_types
 from ember.featurize.schema import Schema
 from ember.source import csv as csv_module
 from ember.source.bad_rows import BadRowReport
+from ember import once
 from ember.source.csv import read_csv
 
 NAMES = ["y", "n", "a", "b", "c", "d"]
@@ -106,7 +107,7 @@ def test_a_bad_line_raises_as_pyarrows_read_does(tmp_path, monkeypatch):
 
 
 def test_a_block_left_to_pyarrow_is_logged_once(tmp_path, caplog):
-    csv_module._unsplit.clear()
+    once.forget("csv.not_split")
     path = tmp_path / "d.csv"
     path.write_text('y,a\n1,"x"\n0,y\n' * 50)
     with caplog.at_level(logging.INFO, logger="ember"):

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import yaml
 
-import ember.train.metrics as metrics
 from ember.cli import main
+from ember import once
 from ember.train.metrics import evaluate_predictions
 
 
@@ -26,7 +26,7 @@ def _strict(text: str):
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings(monkeypatch):
-    monkeypatch.setattr(metrics, "_warned", set())
+    once.forget("metrics.one_class")
 
 
 def test_one_class_auc_is_nan_with_one_warning_naming_task_and_reason(caplog):

@@ -20,7 +20,6 @@ import yaml
 
 sklearn_metrics = pytest.importorskip("sklearn.metrics")
 
-import ember.train.ranking_metrics as rm  # noqa: E402
 from ember.batch import Batch, SparseFeatures  # noqa: E402
 from ember.cli import main  # noqa: E402
 from ember.config import from_dict, load  # noqa: E402
@@ -28,6 +27,7 @@ from ember.errors import ConfigError  # noqa: E402
 from ember.pipeline.loader import make_batches  # noqa: E402
 from ember.train.loop import train  # noqa: E402
 from ember.train.metrics import json_safe  # noqa: E402
+from ember import once
 from ember.train.ranking_metrics import (  # noqa: E402
     calibration,
     expected_calibration_error,
@@ -42,7 +42,7 @@ TOL = 1e-9
 
 @pytest.fixture(autouse=True)
 def _fresh_warnings(monkeypatch):
-    monkeypatch.setattr(rm, "_warned", set())
+    once.forget("ranking_metrics.undefined")
 
 
 def _data(seed: int, n: int = 3000, groups: int = 120):
