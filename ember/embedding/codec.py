@@ -137,8 +137,21 @@ def round_nearest(weights: Tensor, dtype: RowDtype) -> Tensor:
     """
     if dtype == "fp32":
         return weights
-    bits = _bf16_bits(weights, None) if dtype == "bf16" else _fp16_bits(weights, None)
-    return _widen(bits.to(torch.int16), dtype)
+    if dtype == "bf16":
+        return _bf16_nearest(weights)
+    return _widen(_fp16_bits(weights, None).to(torch.int16), dtype)
+
+
+def _bf16_nearest(x: Tensor) -> Tensor:
+    """``x`` rounded to the nearest bf16 (ties to even), as fp32. torch's conversion is one
+    vectorised pass (fresh rows of every new ID go through it) and gives ``_bf16_bits``' bits,
+    the reference, for every value but NaN (kept with its sign there) and subnormals (a CPU's
+    AVX512-BF16 conversion flushes them to zero): a tensor where a non-zero value became zero,
+    or whose sum is not finite (NaN, inf, or so large it overflows), takes the reference."""
+    fast = x.to(torch.bfloat16).float()
+    if torch.count_nonzero(fast) != torch.count_nonzero(x) or not bool(torch.isfinite(fast.sum())):
+        return _widen(_bf16_bits(x, None).to(torch.int16), "bf16")
+    return fast
 
 
 def to_bits(weights: Tensor, dtype: RowDtype) -> Tensor:

@@ -159,3 +159,20 @@ def test_bf16_cpu_pack_equals_the_torch_path_bit_for_bit(dim, width):
         _native._bf16_pack_sr_py(rec.numpy(), ids.numpy(), per_row[0], per_row[1], dim, fallback.numpy())
         assert torch.equal(got.view(torch.int32), ref.view(torch.int32))
         assert torch.equal(fallback.view(torch.int32), ref.view(torch.int32))
+
+
+def test_bf16_nearest_takes_torchs_conversion_only_where_it_equals_the_bit_arithmetic():
+    """Fresh rows round to nearest through torch's one-pass conversion; its bits equal the
+    reference's (``_bf16_bits``) for every float32 pattern: NaN (sign kept) and subnormals
+    (flushed to zero by AVX512-BF16 conversions) send the tensor to the reference."""
+    from ember.embedding.codec import _bf16_bits, _bf16_nearest, _widen
+
+    torch.manual_seed(0)
+    edge = [0.0, -0.0, float("inf"), float("-inf"), float("nan"), -float("nan"), 3.3895314e38, 3.4e38, -3.4e38, 1e-39,
+            -1e-39, 2.0**-126, 2.0**-127, 1e-45, 1.0 + 2**-8, 1.0 + 3 * 2**-8, 1.0 + 2**-9, 1.0 + 2**-9 + 2**-20]
+    cases = [torch.empty(5000, 16).uniform_(-0.25, 0.25), torch.randn(10000) * 1e30, torch.randn(10000) * 1e-38,
+             torch.randint(-2**31, 2**31 - 1, (100000,), dtype=torch.int32).view(torch.float32),
+             *[torch.tensor([1.0, v]) for v in edge]]
+    for x in cases:
+        ref = _widen(_bf16_bits(x, None).to(torch.int16), "bf16")
+        assert torch.equal(_bf16_nearest(x).view(torch.int32), ref.view(torch.int32)), x[:4]
