@@ -282,7 +282,7 @@ def test_postgresql_through_driver_path_trains_and_resumes_as_through_the_packag
 
     import adbc_driver_postgresql
 
-    import ember.source.sql as sql_module
+    from ember import once
 
     postgres.load("clicks", rows(0, ROWS, 10), mode="replace")
     library = adbc_driver_postgresql._driver_path()
@@ -291,7 +291,7 @@ def test_postgresql_through_driver_path_trains_and_resumes_as_through_the_packag
     keys = pa.concat_arrays([c.batch.column("id") for c in sql_chunks(sql, "train", read_rows=100, after=13)])
     assert keys.to_pylist() == sorted(rows(0, ROWS, 10).column("id").to_pylist())[2:]  # ids 10, 13, 16, ...: after 13
     caplog.set_level(logging.INFO, logger="ember")
-    sql_module._said.discard("postgresql")
+    once.forget("sql.driver_build")
     with caplog.at_level(logging.INFO, logger="ember"):
         package = train(from_dict(_raw(tmp_path, "package", _sql(postgres))))
         built = train(from_dict(_raw(tmp_path, "path", _sql(postgres, driver_path=library))))
