@@ -122,7 +122,9 @@ def test_busy_time_leaves_out_waits_and_queues_report_their_fill():
             with s.timing("caller"):
                 pass
         stats = s.stats()
-    assert 0.3 < stats["stage.slow.busy"] < 0.7  # half of each item is a wait
+    # half of each item is a wait (counted as busy: ~1.0; the work not counted: ~0); a loaded box
+    # (two test processes at a time) can stretch the 20 ms sleeps
+    assert 0.2 < stats["stage.slow.busy"] < 0.8
     assert stats["stage.read.busy"] < 0.2
     assert stats["queue.read.fill"] > 0.5  # the source runs ahead of the slow stage
     assert "stage.caller.busy" in stats
