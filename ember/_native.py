@@ -1262,7 +1262,6 @@ def _fallback_once(name: str) -> None:
         logging.getLogger("ember").info("ember._native.%s runs its numpy fallback (%s)", name, why)
 
 
-
 def victim_keys(last: np.ndarray, count: np.ndarray, lru: bool, out: np.ndarray | None = None) -> np.ndarray:
     """int64 eviction score per row, lowest evicted first (LRU: ``last``; LFU: ``count << 32 |
     last & 0xFFFFFFFF``): the numpy form of the C scans' score, and
