@@ -271,7 +271,7 @@ class FileLoader:
                  start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
                  workers: int = 0, part: tuple[int, int] | None = None,
                  rank_slice: tuple[int, int] | None = None, keys: Sequence[str] = (),
-                 at: Any = None, pinned: bool = False) -> None:
+                 at: Any = None, pinned: bool = False, source: Source | None = None) -> None:
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
         if start_batch < 0:
@@ -291,7 +291,7 @@ class FileLoader:
         self._next = start_batch
         self.keys: list[str] = list(keys)
         self.keys_for = "a key column request"  # what asked for ``keys``, for the error when the data lacks one
-        self.source = source_for(data)
+        self.source = source if source is not None else source_for(data)  # (given: the one that pinned ``at``)
         self.at = at  # the epoch's position as its source pinned it (``Source.start``), or a checkpoint's
         self.pinned = pinned  # ``at`` is settled already (``pin_epoch``: the ranks' one pin): used as it is
         self._after: dict[int, Any] = {start_batch: at}  # batches cut -> the position after them (keyed sources)
@@ -546,9 +546,11 @@ def make_batches(data: DataConfig, schema: Schema, split: Split = "train", epoch
                  start_batch: int = 0, threaded: bool = False, depth: QueueDepths | None = None,
                  workers: int = 0, part: tuple[int, int] | None = None,
                  rank_slice: tuple[int, int] | None = None, keys: Sequence[str] = (),
-                 at: Any = None, pinned: bool = False) -> FileLoader:
+                 at: Any = None, pinned: bool = False, source: Source | None = None) -> FileLoader:
     """The batches of ``split`` for ``epoch`` from batch ``start_batch`` on (see :class:`FileLoader`);
     ``at``: where the source's epoch resumes (a checkpoint's position, e.g. a ``SqlPosition``);
-    ``pinned``: ``at`` is the epoch's settled position (``Source.start`` already asked)."""
+    ``pinned``: ``at`` is the epoch's settled position (``Source.start`` already asked);
+    ``source``: the data's source to read through (e.g. the one that pinned ``at``, its catalog
+    and table loaded already), else a new one."""
     return FileLoader(data, schema, split, epoch, start_batch, threaded, depth, workers, part, rank_slice, keys, at,
-                      pinned)
+                      pinned, source)

@@ -16,7 +16,7 @@ from ember.errors import ConfigError
 from ember.pipeline.loader import WINDOW_KEYS, BatchList, FileLoader, Loader, empty_batch, make_batches
 from ember.pipeline.scheduler import Stage
 from ember.pipeline.stream import StreamLoader, StreamPosition
-from ember.source.protocol import source_for
+from ember.source.protocol import Source, source_for
 from ember.train.run_state import DataPosition, RunState, ShardPositions
 from ember.train.shards import FileShards, ahead_of
 from ember.train.stream_ranks import StreamRanks
@@ -118,7 +118,8 @@ def open_train_loader(cfg: RunConfig, state: RunState, dist: DistributedRun | No
                               stop=lambda: stop() or closing.is_set(), workers=pipe.data_workers, keys=keys)
         ranks = StreamRanks(stream, state.batch, ahead_of(pipe.embedding_staleness)) if dist is not None else None
         return TrainLoader(stream, shard_depth=pipe.depth.featurize, closing=closing, stream_ranks=ranks)
-    at = pin_epoch(cfg, state, dist)  # a query's key bound, a table's snapshot: one for every rank
+    source = source_for(d)
+    at = pin_epoch(cfg, state, dist, source)  # a query's key bound, a table's snapshot: one for every rank
     if shards_files(cfg, dist):
         assert isinstance(state.data, ShardPositions)
         starts = list(state.data.rank_batches)
@@ -127,27 +128,27 @@ def open_train_loader(cfg: RunConfig, state: RunState, dist: DistributedRun | No
         if part is None:  # it reads no file: the shard stage hands it empty batches until the pass ends
             return TrainLoader(BatchList([], state.epoch, 0, pipe.depth), shards, pipe.depth.featurize, pinned=at)
         loader = make_batches(d, cfg.schema, "train", epoch=state.epoch, start_batch=starts[rank], depth=pipe.depth,
-                              workers=pipe.data_workers, part=part, at=at, pinned=True)
+                              workers=pipe.data_workers, part=part, at=at, pinned=True, source=source)
         if keys:
             loader.carry(keys, WINDOW_KEYS)
         return TrainLoader(loader, shards, pipe.depth.featurize, pinned=at)
     # embedding ranks (no rows of their own) and their dense ranks: dist.data_slice
     mine = dist.data_slice if dist is not None and d.format == "synthetic" else None
     loader = make_batches(d, cfg.schema, "train", epoch=state.epoch, start_batch=state.batch, depth=pipe.depth,
-                          workers=pipe.data_workers, rank_slice=mine, at=at, pinned=True)
+                          workers=pipe.data_workers, rank_slice=mine, at=at, pinned=True, source=source)
     if keys:
         loader.carry(keys, WINDOW_KEYS)
     return TrainLoader(loader)
 
 
-def pin_epoch(cfg: RunConfig, state: RunState, dist: DistributedRun | None) -> Any:
-    """What the training source pins for the epoch ``state`` is in (``Source.start``: a SQL
-    query's key bound, an Iceberg snapshot; None for files): a resumed epoch's pin, checked, or
-    one taken now. Distributed, every rank asks its own source (a resumed position is checked on
-    each alike) and all take rank 0's answer, so rows committed between the ranks' asks never
-    give the ranks different epochs."""
+def pin_epoch(cfg: RunConfig, state: RunState, dist: DistributedRun | None, source: Source | None = None) -> Any:
+    """What the training source (``source``, else a new one) pins for the epoch ``state`` is in
+    (``Source.start``: a SQL query's key bound, an Iceberg snapshot; None for files): a resumed
+    epoch's pin, checked, or one taken now. Distributed, every rank asks its own source (a
+    resumed position is checked on each alike) and all take rank 0's answer, so rows committed
+    between the ranks' asks never give the ranks different epochs."""
     d = cfg.data
-    at = source_for(d).start("train", state.pinned, not d.shuffle_buffer, state.batch > 0)
+    at = (source if source is not None else source_for(d)).start("train", state.pinned, not d.shuffle_buffer, state.batch > 0)
     return at if dist is None else dist.broadcast(at)
 
 

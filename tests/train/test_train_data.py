@@ -10,6 +10,7 @@ from ember.config import from_dict
 from ember.errors import ConfigError
 from ember.pipeline.loader import BatchList, FileLoader, Loader, make_batches
 from ember.pipeline.stream import StreamLoader, StreamPosition
+from ember.source.protocol import source_for
 from ember.train.run_state import RunState, ShardPositions
 from ember.train.train_data import check_train_data, open_train_loader, start_data
 
@@ -67,6 +68,22 @@ def test_file_shards_open_this_rank_s_files_and_record_every_rank_s_position(tmp
     assert opened.shards is not None and opened.shards.starts == [1, 1] and opened.shards.first_batch == 1
     assert [s.name for s in opened.stages()][-1] == "shard"
     assert opened.data_position(0) == ShardPositions((0, 0)) and sent == [None]
+
+
+def test_the_loader_reads_through_the_source_that_pinned_its_epoch(tmp_path, monkeypatch):
+    """One source per pass: the one ``pin_epoch`` asked (an Iceberg table's catalog and table
+    loaded there) is the one the loader reads through, not a second made beside it."""
+    import ember.train.train_data as train_data
+
+    made = []
+
+    def counted(data):
+        made.append(source_for(data))
+        return made[-1]
+
+    monkeypatch.setattr(train_data, "source_for", counted)
+    opened = open_train_loader(_files(tmp_path), RunState())
+    assert len(made) == 1 and opened.loader.source is made[0]
 
 
 def test_batches_in_memory_need_an_offline_run_sharded_by_rows(tmp_path):
