@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sys
 
 import numpy as np
 import pytest
@@ -387,3 +388,17 @@ def test_disk_write_equals_its_fallback(tmp_path):
     assert np.ascontiguousarray(files[0][s0, :2]).view(np.int64)[0] == ids[i0]
     with pytest.raises(IndexError, match="slot out of range"):
         _native.disk_write(files[0], np.array([n], np.int64), np.array([1], np.int64), np.zeros((1, w - 2), np.float32))
+
+
+@native
+def test_read_and_write_rows_release_every_table_array_they_borrow():
+    """The compiled calls take each table's arrays as buffers and must give every one back: a
+    buffer kept holds its array (memory never freed, an array that cannot be resized)."""
+    g = _group(9)
+    tables = _copy(g["tables"])
+    before = [[sys.getrefcount(a) for a in t] for t in tables]
+    _write(_native._core.write_rows, g, tables)  # one call over every tier, no thread split
+    n, t = g["query"].size, len(tables)
+    _native._core.read_rows([tb[:5] for tb in tables], g["query"], g["qbounds"], np.zeros((n, R), np.float32),
+                            np.zeros(n, np.int64), g["clocks"], np.zeros(t, np.int64), R)
+    assert [[sys.getrefcount(a) for a in t] for t in tables] == before
