@@ -120,6 +120,12 @@ def chunks(weights: Sequence[int] | np.ndarray, cuts: Sequence[bool] | None = No
     return list(zip(bounds[:-1], bounds[1:]))
 
 
+def row_chunks(n: int) -> list[tuple[int, int]]:
+    """Rows ``0..n`` of a row-by-row kernel in equal ranges, one per thread when there are at
+    least ``2 * MIN_PARALLEL_ROWS`` of them, else one range."""
+    return chunks(np.ones(n, np.int8)) if n >= 2 * MIN_PARALLEL_ROWS else [(0, n)]
+
+
 def run_chunks(fn: Callable[[int, int], T], parts: list[tuple[int, int]]) -> list[T]:
     """``[fn(lo, hi) for lo, hi in parts]``, the first on this thread, the others on a pool."""
     if len(parts) == 1:
@@ -297,7 +303,15 @@ def bf16_pack_sr(records: np.ndarray, ids: np.ndarray, seeds: np.ndarray, steps:
     the rest copied. One pass in the compiled core; bit-identical to the fallback here and to
     ``ember.embedding.codec``'s torch path (which runs on other devices)."""
     if _core is not None:
-        return _core.bf16_pack_sr(records, ids, seeds, steps, out, dim, records.shape[1])
+        core = _core
+
+        def part(lo: int, hi: int) -> None:  # rows lo..hi-1, on several threads when there are many
+            core.bf16_pack_sr(records[lo:hi], ids[lo:hi], seeds[lo:hi], steps[lo:hi], out[lo:hi], dim, records.shape[1])
+
+        if not records.shape[0] == out.shape[0] == seeds.size == steps.size == ids.size:  # the core names what is wrong
+            return core.bf16_pack_sr(records, ids, seeds, steps, out, dim, records.shape[1])
+        run_chunks(part, row_chunks(ids.size))
+        return None
     return _bf16_pack_sr_py(records, ids, seeds, steps, dim, out)
 
 
@@ -857,7 +871,7 @@ def arrow_hash_strings(offsets: object, data: object, validity: object, off: int
     def part(lo: int, hi: int) -> int:
         return core.arrow_hash_strings(offsets, data, validity, off + lo, hi - lo, width, salt, out[lo:hi], out_valid[lo:hi])
 
-    return sum(run_chunks(part, chunks(np.ones(n, np.int8)) if n >= 2 * MIN_PARALLEL_ROWS else [(0, n)]))
+    return sum(run_chunks(part, row_chunks(n)))
 
 
 def _arrow_hash_strings_py(offsets: object, data: object, validity: object, off: int, n: int, width: int, salt: int,
@@ -895,7 +909,7 @@ def arrow_hash_ints(values: object, validity: object, off: int, n: int, width: i
     def part(lo: int, hi: int) -> int:
         return core.arrow_hash_ints(values, validity, off + lo, hi - lo, width, signed, salt, out[lo:hi], out_valid[lo:hi])
 
-    return sum(run_chunks(part, chunks(np.ones(n, np.int8)) if n >= 2 * MIN_PARALLEL_ROWS else [(0, n)]))
+    return sum(run_chunks(part, row_chunks(n)))
 
 
 def _arrow_hash_ints_py(values: object, validity: object, off: int, n: int, width: int, signed: bool, salt: int,

@@ -24,6 +24,7 @@
 #define EMPTY (-1)
 #define DELETED (-2)
 #define BLOCK 32 /* IDs whose random reads are prefetched together */
+#define SR_COLS 16 /* bf16_pack_sr: columns per block (a multiple of 4) */
 #define GRAD_AHEAD 16 /* index_add_features: gradient rows prefetched this many rows ahead */
 
 static inline uint64_t mix64(uint64_t z) {
@@ -1278,15 +1279,21 @@ static PyObject *bf16_pack_sr(PyObject *self, PyObject *args) {
             const float *x = r + i * width;
             float *row = o + i * words;
             uint16_t *o16 = (uint16_t *)row;
-            uint64_t z = 0;
-            for (Py_ssize_t c = 0; c < dim; c++) {
-                if ((c & 3) == 0) z = mix64(key + (uint64_t)(c / 4 + 1) * GOLDEN);
-                uint32_t noise = (uint32_t)((z >> (16 * (c & 3))) & 0xFFFF);
-                uint32_t b;
-                memcpy(&b, x + c, 4);
-                uint32_t sign = b & 0x80000000u, mag = b & 0x7FFFFFFFu;
-                o16[c] = mag > 0x7F800000u ? (uint16_t)((sign >> 16) | 0x7FC0u)
-                                           : (uint16_t)((sign | ((mag + noise) & 0x7FFF0000u)) >> 16);
+            /* four columns per noise word; the words first (independent hashes overlap), then
+             * the columns in a branch-free loop the compiler vectorises */
+            for (Py_ssize_t c0 = 0; c0 < dim; c0 += SR_COLS) {
+                Py_ssize_t nc = dim - c0 < SR_COLS ? dim - c0 : SR_COLS;
+                uint64_t z[SR_COLS / 4];
+                uint32_t noise[SR_COLS], b[SR_COLS];
+                for (Py_ssize_t q = 0; q < SR_COLS / 4; q++) z[q] = mix64(key + (uint64_t)(c0 / 4 + q + 1) * GOLDEN);
+                for (Py_ssize_t c = 0; c < SR_COLS; c++) noise[c] = (uint32_t)((z[c >> 2] >> (16 * (c & 3))) & 0xFFFF);
+                memcpy(b, x + c0, (size_t)nc * 4);
+                for (Py_ssize_t c = 0; c < nc; c++) {
+                    uint32_t sign = b[c] & 0x80000000u, mag = b[c] & 0x7FFFFFFFu;
+                    uint32_t rounded = (sign | ((mag + noise[c]) & 0x7FFF0000u)) >> 16;
+                    uint32_t qnan = (sign >> 16) | 0x7FC0u;
+                    o16[c0 + c] = (uint16_t)(mag > 0x7F800000u ? qnan : rounded);
+                }
             }
             if (dim & 1) o16[dim] = 0;
             memcpy(row + half, x + dim, (size_t)(width - dim) * sizeof(float));

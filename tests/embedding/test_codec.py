@@ -136,13 +136,20 @@ def test_bad_inputs_are_clear_errors():
         RowCodec("bf16", 4, 5).encode(torch.zeros(2, 4), torch.arange(2), 0, 0)
 
 
-@pytest.mark.parametrize("dim,width", [(16, 17), (5, 7), (1, 1), (3, 12)])
-def test_bf16_cpu_pack_equals_the_torch_path_bit_for_bit(dim, width):
+@pytest.mark.parametrize("dim,width,threads", [(16, 17, 1), (5, 7, 1), (1, 1, 1), (3, 12, 1), (20, 21, 1), (35, 40, 1),
+                                               (16, 17, 3), (35, 40, 3)])
+def test_bf16_cpu_pack_equals_the_torch_path_bit_for_bit(dim, width, threads, monkeypatch):
     """bf16 encode on CPU takes one pass of ``_native.bf16_pack_sr`` (the compiled core, or its
     numpy fallback); both must equal the torch path other devices take, bit for bit: values over
     60 orders of magnitude, NaN, +-inf, the largest finite, -0 and subnormals; per-row and
-    scalar seeds and steps."""
+    scalar seeds and steps; dims past one block of the core's columns (16); rows split over
+    threads."""
     from ember import _native
+
+    if threads > 1:
+        monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+        monkeypatch.setattr(_native, "MIN_PARALLEL_ROWS", 1)
+        assert len(_native.row_chunks(3000)) == threads
     from ember.embedding.codec import _bf16_bits
 
     n = 3000
