@@ -201,17 +201,21 @@ class GroupLookup:
         """Fresh records of the IDs at positions ``rows`` (of ``ids``; tables ``owner[rows]``)
         into ``out`` [len(rows), width]: one init call per distinct initializer."""
         g = self.group
+        ids = self.ids.numpy()
+        if len(g.combos) == 1:  # one initializer: straight into ``out``
+            init, opt = g.combos[0]
+            tables = owner[rows]
+            scale = g.scale[tables] if g.mixed_scale[0] else None
+            fresh_records(torch.from_numpy(ids[rows]), g.seeds[tables], g.dim, init, opt, scale, g.dtype, out=out)
+            return
         combo = g.combo[owner[rows]]
         for k, (init, opt) in enumerate(g.combos):
-            sel = np.arange(rows.size) if len(g.combos) == 1 else np.flatnonzero(combo == k)
+            sel = np.flatnonzero(combo == k)
             if sel.size:
                 r = rows[sel]
                 scale = g.scale[owner[r]] if g.mixed_scale[k] else None
-                fresh = fresh_records(self.ids[torch.from_numpy(r)], g.seeds[owner[r]], g.dim, init, opt, scale, g.dtype)
-                if sel.size == rows.size:
-                    out.copy_(fresh)
-                else:
-                    out.index_copy_(0, torch.from_numpy(sel), fresh)
+                fresh = fresh_records(torch.from_numpy(ids[r]), g.seeds[owner[r]], g.dim, init, opt, scale, g.dtype)
+                out.index_copy_(0, torch.from_numpy(sel), fresh)
 
     def _fetch_cached(self, owner: np.ndarray) -> None:
         """fetch through the group's device cache: decisions and staging on the host, then a

@@ -27,13 +27,18 @@ __all__ = ["EmbeddingTable", "fresh_records"]
 
 def fresh_records(
     ids: Tensor, seeds: int | np.ndarray, dim: int, initializer: InitializerConfig, optimizer: SparseOptimizerConfig,
-    scale: np.ndarray | None = None, dtype: RowDtype = "fp32",
+    scale: np.ndarray | None = None, dtype: RowDtype = "fp32", out: Tensor | None = None,
 ) -> Tensor:
     """Records [N, dim + state] of new rows: initial weights (per ID and seed; ``scale`` per row
     for uniform initializers) + initial state. The weights are rounded to nearest at ``dtype``
-    once, here: a fresh row reads as it will be stored (and as the predictor serves it)."""
+    once, here: a fresh row reads as it will be stored (and as the predictor serves it).
+    ``out`` (float32 [N, dim + state], optional): written in place and returned, no other copy."""
     w = round_nearest(init_rows(ids, dim, initializer, seeds, scale), dtype)
-    return torch.cat([w, optimizer.init_state(w)], dim=1)
+    if out is None:
+        return torch.cat([w, optimizer.init_state(w)], dim=1)
+    out[:, :dim] = w
+    out[:, dim:] = optimizer.init_state(w)
+    return out
 
 
 class EmbeddingTable:

@@ -174,11 +174,32 @@ class HostTier(TierCounters, Tier):
         """Whether the C core can write these rows in one pass: CPU float32 arena and records, and
         new IDs within the capacity (else ``put`` runs in numpy and raises the capacity error);
         new IDs take freed slots first, as ``_allocate`` gives them."""
+        return self._native_slots(ids, records) is not None
+
+    def _native_slots(self, ids: Tensor, records: Tensor) -> np.ndarray | None:
+        """``writes_natively``'s answer as the slots of ``ids`` (-1: new; the probe the write
+        needs anyway), or None when the C core cannot write them."""
         if not (self._native_cpu and records.is_contiguous() and records.dtype == torch.float32
                 and records.device.type == "cpu"):
+            return None
+        slots = self.slots_of(ids).numpy()
+        if self.capacity is None:
+            return slots
+        fresh = int(np.count_nonzero(slots < 0))
+        return slots if fresh == 0 or len(self) + fresh <= self.capacity else None
+
+    @staticmethod
+    def write_segments_native(tiers: Sequence["Tier"], ids: Sequence[Tensor], records: Tensor) -> bool:
+        """``write_native`` when every tier is a HostTier that ``writes_natively`` its segment
+        (returns True), else nothing written (False)."""
+        if not all(isinstance(t, HostTier) for t in tiers):
             return False
-        fresh = int(np.count_nonzero(self.slots_of(ids).numpy() < 0))
-        return fresh == 0 or self.capacity is None or len(self) + fresh <= self.capacity
+        parts = records.split([i.numel() for i in ids])
+        slots = [t._native_slots(i, r) for t, i, r in zip(tiers, ids, parts)]  # type: ignore[union-attr]
+        if any(s is None for s in slots):
+            return False
+        HostTier.write_native(tiers, ids, records, slots)  # type: ignore[arg-type]
+        return True
 
     @staticmethod
     def read_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor], out: Tensor) -> Tensor:
@@ -205,15 +226,16 @@ class HostTier(TierCounters, Tier):
         return torch.from_numpy(slots >= 0)
 
     @staticmethod
-    def write_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor], records: Tensor) -> None:
+    def write_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor], records: Tensor,
+                     slots: Sequence[np.ndarray] | None = None) -> None:
         """One native pass over several tiers: inserts the new IDs (index, slot, policy metadata)
         and writes every record of ``records`` [N, R] (segments back to back). Every tier must
-        ``writes_natively`` its segment."""
+        ``writes_natively`` its segment; ``slots``: each segment's ``slots_of`` when known."""
         sizes = [i.numel() for i in ids]
         _check_rows(tiers, sizes, records, "records")
-        per_tier = [t.slots_of(i).numpy() for t, i in zip(tiers, ids)]
-        fresh = [int(np.count_nonzero(s < 0)) for s in per_tier]
+        per_tier = [t.slots_of(i).numpy() for t, i in zip(tiers, ids)] if slots is None else slots
         slot = np.concatenate(per_tier).astype(np.int64) if per_tier else np.empty(0, np.int64)  # a copy: memos stay
+        fresh = [int(np.count_nonzero(s < 0)) for s in per_tier]
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         for t, m in zip(tiers, fresh):
             if m:

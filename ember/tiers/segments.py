@@ -33,9 +33,7 @@ def write_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], records: Tensor
     """``tiers[j].put(ids[j], segment j of records)`` for every j, in one native pass when it can."""
     sizes = [i.numel() for i in ids]
     _check_rows(tiers, sizes, records, "records")
-    parts = records.split(sizes)
-    if len(tiers) > 1 and all(isinstance(t, HostTier) and t.writes_natively(i, r) for t, i, r in zip(tiers, ids, parts)):
-        HostTier.write_native(tiers, ids, records)  # type: ignore[arg-type]
+    if len(tiers) > 1 and HostTier.write_segments_native(tiers, ids, records):
         return
-    for t, i, rows in zip(tiers, ids, parts):
+    for t, i, rows in zip(tiers, ids, records.split(sizes)):
         t.put(i, rows)
