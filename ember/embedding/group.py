@@ -508,9 +508,8 @@ class GroupLookup:
             return
         if len(self.updated) == len(g.tables) and not self.filtered:
             if not g.codec.identity:
-                owner = torch.from_numpy(np.repeat(np.arange(len(g.tables)), self.sizes))
-                seeds = torch.from_numpy(g.seeds)[owner]
-                steps = torch.tensor([t.step for t in g.tables], dtype=torch.int64)[owner]
+                seeds = torch.from_numpy(np.repeat(g.seeds, self.sizes))  # per row: its table's
+                steps = torch.from_numpy(np.repeat(np.array([t.step for t in g.tables], dtype=np.int64), self.sizes))
                 rec = g.codec.encode(rec, self.ids, seeds, steps)
             write_segments(g.tiers, ids, rec)
             written = ids
