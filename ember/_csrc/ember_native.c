@@ -820,8 +820,8 @@ done:
  * whose src is not None: the gradient of a group's single-hot features, each [B, D] and often a
  * row-strided slice of one [B, F', D] tensor. Feature by feature, so the rows written are one
  * table's (they stay in cache); a strided slice defeats the hardware prefetcher (one row per
- * ~2 KB), so its rows are prefetched GRAD_AHEAD ahead: 1.4 ms -> ~1.0 ms per DLRM-26 step
- * (vs tiles of batch rows over all features: the rows written span every table, ~2 ms). */
+ * ~2 KB), so its rows are prefetched GRAD_AHEAD ahead: ~1.4 ms per DLRM-26 step, against ~2.0 ms
+ * without the prefetch or with tiles of batch rows over all features (bench/RESULTS.md). */
 static PyObject *index_add_features(PyObject *self, PyObject *args) {
     PyObject *srcs;
     Py_buffer out, index, strides;

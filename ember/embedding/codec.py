@@ -168,11 +168,11 @@ def from_bits(bits16: Tensor, dtype: RowDtype) -> Tensor:
     return _widen(bits16, dtype)
 
 
-def _widen(bits16: Tensor, dtype: RowDtype) -> Tensor:
-    """int16 bit patterns [N, D] -> their exact fp32 values."""
-    if dtype == "bf16":
-        return bits16.view(torch.bfloat16).float()
-    return bits16.view(torch.float16).float()
+def _widen(bits16: Tensor, dtype: RowDtype, out: Tensor | None = None) -> Tensor:
+    """int16 bit patterns [N, D] -> their exact fp32 values (into ``out`` [N, D] when given: one
+    pass, no temporary)."""
+    values = bits16.view(torch.bfloat16 if dtype == "bf16" else torch.float16)
+    return values.float() if out is None else out.copy_(values)
 
 
 class RowCodec:
@@ -217,7 +217,7 @@ class RowCodec:
         self._check(packed, self.words, "packed")
         out = torch.empty(packed.shape[0], self.width, device=packed.device)
         w16 = packed.contiguous().view(torch.int16)[:, : self.dim]
-        out[:, : self.dim].copy_(w16.view(torch.bfloat16 if self.dtype == "bf16" else torch.float16))  # widened in one pass
+        _widen(w16, self.dtype, out=out[:, : self.dim])
         out[:, self.dim :] = packed[:, self.half :]
         return out
 

@@ -202,19 +202,18 @@ class GroupLookup:
         into ``out`` [len(rows), width]: one init call per distinct initializer."""
         g = self.group
         ids = self.ids.numpy()
-        if len(g.combos) == 1:  # one initializer: straight into ``out``
-            init, opt = g.combos[0]
-            tables = owner[rows]
-            scale = g.scale[tables] if g.mixed_scale[0] else None
-            fresh_records(torch.from_numpy(ids[rows]), g.seeds[tables], g.dim, init, opt, scale, g.dtype, out=out)
-            return
-        combo = g.combo[owner[rows]]
+        one = len(g.combos) == 1  # one initializer: every row, straight into ``out``
+        combo = None if one else g.combo[owner[rows]]
         for k, (init, opt) in enumerate(g.combos):
-            sel = np.flatnonzero(combo == k)
-            if sel.size:
-                r = rows[sel]
-                scale = g.scale[owner[r]] if g.mixed_scale[k] else None
-                fresh = fresh_records(torch.from_numpy(ids[r]), g.seeds[owner[r]], g.dim, init, opt, scale, g.dtype)
+            sel = None if one else np.flatnonzero(combo == k)
+            if sel is not None and not sel.size:
+                continue
+            r = rows if sel is None else rows[sel]
+            tables = owner[r]
+            scale = g.scale[tables] if g.mixed_scale[k] else None
+            fresh = fresh_records(torch.from_numpy(ids[r]), g.seeds[tables], g.dim, init, opt, scale, g.dtype,
+                                  out=out if sel is None else None)
+            if sel is not None:
                 out.index_copy_(0, torch.from_numpy(sel), fresh)
 
     def _fetch_cached(self, owner: np.ndarray) -> None:
