@@ -38,6 +38,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -53,6 +54,7 @@ import pyarrow.parquet as pq
 import ember.featurize.featurizer as featurizer_module
 import ember.featurize.transforms as transforms_module
 import ember.source.csv as csv_module
+from ember import allocator
 from ember.config import from_dict
 from ember.featurize.featurizer import Featurizer, read_types
 from ember.featurize.hashing import hash_array_reference
@@ -211,6 +213,7 @@ def measure(raw: dict[str, Any], rounds: int) -> dict[str, Any]:
 
 
 def main() -> None:
+    allocator.reexec_tuned([__file__, *sys.argv[1:]])  # as the ember command line runs (see ember/allocator.py)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=40_960)
     ap.add_argument("--rounds", type=int, default=3)

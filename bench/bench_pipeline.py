@@ -68,6 +68,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import torch
 
+from ember import allocator
 from ember.batch import Batch
 from ember.config import from_dict
 from ember.embedding import EmbeddingTable
@@ -381,6 +382,7 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]], s
 
 
 def main() -> None:
+    allocator.reexec_tuned([__file__, *sys.argv[1:]])  # as the ember command line runs (see ember/allocator.py)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rows", type=int, default=1_000_000, help="rows of the generated data files")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per process")

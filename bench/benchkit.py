@@ -82,16 +82,18 @@ def timed_ember_step(runner: Any, sf: Any, dense: Any, labels: Any) -> float:
 def machine() -> dict[str, Any]:
     """Where a figure was measured: the CPU model, its logical CPUs, its native-bf16 features
     (``amx_bf16`` / ``avx512_bf16``; bf16 matmuls are emulated and slow without them) and
-    torch's SIMD level.
+    torch's SIMD level, and the allocator's tunables (``GLIBC_TUNABLES``; None: glibc defaults,
+    under which random-access kernels run several times slower on 4 KB pages: ember.allocator).
 
     Example:
         >>> sorted(machine())
-        ['bf16', 'cpu', 'cpu_capability', 'cpus']
+        ['bf16', 'cpu', 'cpu_capability', 'cpus', 'glibc_tunables']
     """
     import torch
 
     return {"cpu": cpu_model(), "cpus": os.cpu_count(), "bf16": cpu_bf16(),
-            "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES")}
 
 
 def json_line(record: dict[str, Any], **dumps: Any) -> str:
