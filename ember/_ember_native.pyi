@@ -99,6 +99,12 @@ def uniform01(
     ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float | np.ndarray = 1.0, add: float | np.ndarray = 0.0, /
 ) -> None: ...
 
+# ids int64 [n], keys uint64 [1 or n], at int64 [n] (rows of out), out float32 [rows, width], fill float32 [width - dim]
+def fresh_uniform(
+    ids: np.ndarray, keys: np.ndarray, at: np.ndarray, out: np.ndarray, width: int, dim: int, mul: float | np.ndarray,
+    add: float | np.ndarray, fill: np.ndarray, bf16: bool, /
+) -> None: ...
+
 # out float32 [U, dim]; index int64; src / srcs[f] float32 rows of dim floats every stride (strides int64 [F])
 def index_add_rows(out: np.ndarray, index: np.ndarray, src: np.ndarray, dim: int, stride: int, /) -> None: ...
 def index_add_features(

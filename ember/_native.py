@@ -45,7 +45,7 @@ from ember import once
 __all__ = [
     "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_gather", "csv_hazards", "csv_split", "dense_floats", "featurize_ids",
     "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
-    "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "unique_segments", "victim_keys",
+    "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "fresh_uniform", "unique_segments", "victim_keys",
     "write_rows",
 ]
 
@@ -1458,6 +1458,55 @@ def _uniform01_py(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, 
         u *= np.float32(mul)
         u += np.float32(add)
     _rows_of(out, n, dim, "out")[...] = u
+
+
+def fresh_uniform(ids: np.ndarray, keys: np.ndarray, at: np.ndarray, out: np.ndarray, dim: int,
+                  mul: float | np.ndarray, add: float | np.ndarray, fill: np.ndarray, bf16: bool) -> None:
+    """New rows of a uniform initialiser written in place: ``out[at[i], :dim]`` = ``uniform01``'s
+    row i (``u * mul_i + add_i``), rounded to the nearest bf16 when ``bf16`` (ties to even: the
+    bits of ``ember.embedding.codec._bf16_bits``), and ``out[at[i], dim:] = fill`` (an
+    optimizer's constant initial state, float32 [width - dim]). ``out``: float32 [rows, width],
+    C-contiguous; ``at``: distinct rows. Runs on several threads (ranges of ``at``) when the call
+    is large enough."""
+    core = _core
+    if core is None:
+        return _fresh_uniform_py(ids, keys, at, out, dim, mul, add, fill, bf16)
+    if out.ndim != 2 or not out.flags.c_contiguous or out.dtype != np.float32:
+        raise ValueError("ember native fresh_uniform: out must be a C-contiguous float32 [rows, width] array")
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    at = np.ascontiguousarray(at, dtype=np.int64)
+    fill = np.ascontiguousarray(fill, dtype=np.float32)
+    per_row = isinstance(mul, np.ndarray)
+    if per_row:
+        mul = np.ascontiguousarray(mul, dtype=np.float32)
+        add = np.ascontiguousarray(add, dtype=np.float32)
+    width = out.shape[1]
+
+    def part(lo: int, hi: int) -> None:  # rows at[lo..hi-1]
+        m, a = (mul[lo:hi], add[lo:hi]) if per_row else (mul, add)  # type: ignore[index]
+        core.fresh_uniform(ids[lo:hi], keys if keys.size == 1 else keys[lo:hi], at[lo:hi], out, width, dim, m, a,
+                           fill, bool(bf16))
+
+    run_chunks(part, chunks(np.full(ids.size, width), min_rows=2 * MIN_PARALLEL_ROWS))
+
+
+def _fresh_uniform_py(ids: np.ndarray, keys: np.ndarray, at: np.ndarray, out: np.ndarray, dim: int,
+                      mul: float | np.ndarray, add: float | np.ndarray, fill: np.ndarray, bf16: bool) -> None:
+    n = np.asarray(ids).size
+    if out.ndim != 2 or out.dtype != np.float32 or np.asarray(fill).size != out.shape[1] - dim or np.asarray(at).size != n:
+        raise ValueError("ember native fresh_uniform: out float32 [rows, width], at [len(ids)], fill [width - dim]")
+    at = np.asarray(at, dtype=np.int64)
+    if n and (int(at.min()) < 0 or int(at.max()) >= out.shape[0]):
+        raise IndexError("ember native fresh_uniform: a position lies outside out")
+    w = np.empty((n, dim), dtype=np.float32)
+    _uniform01_py(ids, keys, dim, w, mul, add)
+    if bf16:  # round to nearest even, NaN quiet with its sign (codec._bf16_bits)
+        b = w.view(np.uint32)
+        sign, mag = b & np.uint32(0x80000000), b & np.uint32(0x7FFFFFFF)
+        r = sign | ((mag + np.uint32(0x7FFF) + ((mag >> np.uint32(16)) & np.uint32(1))) & np.uint32(0x7FFF0000))
+        w = np.where(mag > np.uint32(0x7F800000), sign | np.uint32(0x7FC00000), r).view(np.float32)
+    out[at, :dim] = w
+    out[at, dim:] = np.asarray(fill, dtype=np.float32)
 
 
 # ---- sparse gradients and the optimizer (ember.embedding.collection, ember.optim) -------------

@@ -630,6 +630,17 @@ done:
     return res;
 }
 
+/* One row of counter-based uniforms (see uniform01): o[c] = u (* m + a when affine). */
+static inline void uniform_row(float *o, uint64_t seed, Py_ssize_t dim, int affine, float m, float a) {
+    uint64_t base = mix64(seed);
+    for (Py_ssize_t c = 0; c < dim; c++) {
+        uint64_t bits = mix64(base + (uint64_t)(c + 1) * 0x9E3779B97F4A7C15ULL);
+        float u = (float)(bits >> 40) * (float)(1.0 / (1 << 24));
+        if (affine) { u = u * m; u = u + a; }
+        o[c] = u;
+    }
+}
+
 /* uniform01(ids int64[n], keys uint64[1 or n], dim, out float32[n*dim], mul, add) -> None
  * out[i, c] = u * mul_i + add_i (float32 ops, in that order) with
  * u = (mix64(mix64(ids[i] ^ key_i) + (c + 1) * GOLDEN) >> 40) * 2^-24, exactly the counter-based
@@ -663,16 +674,9 @@ static PyObject *uniform01(PyObject *self, PyObject *args) {
         const float fm = (float)mul, fa = (float)add;
         const int affine = per_row || !(mul == 1.0 && add == 0.0);
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            uint64_t base = mix64((uint64_t)id[i] ^ ky[nk == 1 ? 0 : i]);
-            const float m = per_row ? pm[i] : fm, a = per_row ? pa[i] : fa;
-            for (Py_ssize_t c = 0; c < dim; c++) {
-                uint64_t bits = mix64(base + (uint64_t)(c + 1) * 0x9E3779B97F4A7C15ULL);
-                float u = (float)(bits >> 40) * (float)(1.0 / (1 << 24));
-                if (affine) { u = u * m; u = u + a; }
-                o[i * dim + c] = u;
-            }
-        }
+        for (Py_ssize_t i = 0; i < n; i++)
+            uniform_row(o + i * dim, (uint64_t)id[i] ^ ky[nk == 1 ? 0 : i], dim, affine,
+                        per_row ? pm[i] : fm, per_row ? pa[i] : fa);
         Py_END_ALLOW_THREADS
         Py_INCREF(Py_None);
         res = Py_None;
@@ -686,6 +690,78 @@ done:
     if (per_row && mo != NULL && mb.obj != NULL) PyBuffer_Release(&mb);
     if (per_row && ao != NULL && ab.obj != NULL) PyBuffer_Release(&ab);
     PyBuffer_Release(&ids); PyBuffer_Release(&keys); PyBuffer_Release(&out);
+    return res;
+}
+
+/* fresh_uniform(ids int64[n], keys uint64[1 or n], at int64[n], out float32[rows*width], width, dim,
+ *               mul, add, fill float32[width-dim], bf16) -> None
+ * A new row of a uniform initialiser written where it belongs: out[at[i], :dim] = uniform01's row i
+ * (u * mul_i + add_i), rounded to the nearest bf16 (ties to even, as codec._bf16_bits; NaN kept
+ * quiet with its sign) when bf16, and out[at[i], dim:] = fill (an optimizer's constant initial
+ * state). What GroupLookup.fetch did as init, round, concat and index_copy, in one pass. */
+static PyObject *fresh_uniform(PyObject *self, PyObject *args) {
+    Py_buffer ids, keys, at, out, fill, mb = {0}, ab = {0};
+    Py_ssize_t width, dim;
+    PyObject *mo, *ao;
+    int bf16;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*nnOOy*p", &ids, &keys, &at, &out, &width, &dim, &mo, &ao, &fill, &bf16))
+        return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t n = ids.len / 8, nk = keys.len / 8;
+    int per_row = PyObject_CheckBuffer(mo), got_m = 0, got_a = 0;
+    double mul = 1.0, add = 0.0;
+    if (per_row) {
+        if (PyObject_GetBuffer(mo, &mb, PyBUF_SIMPLE) < 0) goto done;
+        got_m = 1;
+        if (PyObject_GetBuffer(ao, &ab, PyBUF_SIMPLE) < 0) goto done;
+        got_a = 1;
+        if (mb.len != n * 4 || ab.len != n * 4) goto bad;
+    } else {
+        if ((mul = PyFloat_AsDouble(mo)) == -1.0 && PyErr_Occurred()) goto done;
+        if ((add = PyFloat_AsDouble(ao)) == -1.0 && PyErr_Occurred()) goto done;
+    }
+    if (dim < 0 || width < dim || width < 1 || at.len != n * 8 || !(nk == 1 || nk == n) || fill.len != (width - dim) * 4
+        || out.len % (width * 4))
+        goto bad;
+    {
+        const int64_t *id = ids.buf, *pos = at.buf;
+        const uint64_t *ky = keys.buf;
+        const float *pm = per_row ? mb.buf : NULL, *pa = per_row ? ab.buf : NULL, *fl = fill.buf;
+        float *o = out.buf;
+        const Py_ssize_t rows = out.len / (width * 4), rest = width - dim;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (pos[i] < 0 || pos[i] >= rows) {
+                PyErr_SetString(PyExc_IndexError, "ember native fresh_uniform: a position lies outside out");
+                goto done;
+            }
+        const float fm = (float)mul, fa = (float)add;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t i = 0; i < n; i++) {
+            float *row = o + pos[i] * width;
+            uniform_row(row, (uint64_t)id[i] ^ ky[nk == 1 ? 0 : i], dim, 1, per_row ? pm[i] : fm, per_row ? pa[i] : fa);
+            if (bf16) {
+                uint32_t *w = (uint32_t *)row;
+                for (Py_ssize_t c = 0; c < dim; c++) {
+                    uint32_t b = w[c], sign = b & 0x80000000u, mag = b & 0x7FFFFFFFu;
+                    w[c] = mag > 0x7F800000u ? (sign | 0x7FC00000u)
+                                             : (sign | ((mag + 0x7FFFu + ((mag >> 16) & 1u)) & 0x7FFF0000u));
+                }
+            }
+            for (Py_ssize_t c = 0; c < rest; c++) row[dim + c] = fl[c];
+        }
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+        goto done;
+    }
+bad:
+    PyErr_SetString(PyExc_ValueError, "ember native fresh_uniform: keys uint64 [1 or len(ids)], at int64 [len(ids)], "
+                    "out float32 [rows, width], fill float32 [width - dim], mul/add numbers or float32 [len(ids)]");
+done:
+    if (got_m) PyBuffer_Release(&mb);
+    if (got_a) PyBuffer_Release(&ab);
+    PyBuffer_Release(&ids); PyBuffer_Release(&keys); PyBuffer_Release(&at); PyBuffer_Release(&out);
+    PyBuffer_Release(&fill);
     return res;
 }
 
@@ -2391,6 +2467,8 @@ static PyMethodDef methods[] = {
     {"tag_find", tag_find, METH_VARARGS, "tag_find(tags, pos, tag, out) -> None"},
     {"tag_claim", tag_claim, METH_VARARGS, "tag_claim(tags, pos, tag, out) -> empty slots used"},
     {"uniform01", uniform01, METH_VARARGS, "uniform01(ids, keys, dim, out, mul=1, add=0) -> None"},
+    {"fresh_uniform", fresh_uniform, METH_VARARGS,
+     "fresh_uniform(ids, keys, at, out, width, dim, mul, add, fill, bf16) -> None"},
     {"probe", probe, METH_VARARGS, "probe(keys, slots, ids, out_bucket, out_slot) -> found"},
     {"cms", cms, METH_VARARGS, "cms(table, ids, counts, seeds, width, out) -> None"},
     {"pair_find", pair_find, METH_VARARGS,

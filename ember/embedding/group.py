@@ -32,6 +32,7 @@ from ember.embedding.config import FeatureConfig
 from ember.embedding.init import uniform_scale
 from ember.embedding.pooling import GroupPool, SequenceEmbedding, pool_feature
 from ember.embedding.table import EmbeddingTable, fresh_records
+from ember.mix import mix64
 from ember.optim import rule_lr
 from ember.tiers.cached import CachedTier
 from ember.tiers.device_budget import to_device
@@ -94,6 +95,11 @@ class TableGroup:
         # combos whose tables' uniform scales differ: fresh rows take a scale per row
         self.mixed_scale = [len({self.scale[j] for j in np.flatnonzero(self.combo == k)}) > 1 for k in range(len(combos))]
         self.seeds = np.array([t.seed for t in self.tables], dtype=np.int64)
+        # per combo: the constant initial state of a uniform initializer's new rows (float32), which
+        # ``_native.fresh_uniform`` writes in place in one pass; None: ``fresh_records``' path
+        self.fills = [np.asarray(st, dtype=np.float32) if init.type == "uniform" and self.dtype in ("fp32", "bf16")
+                      and (st := opt.constant_state(self.dim)) is not None else None for init, opt in combos]
+        self.init_keys = mix64(self.seeds.astype(np.uint64) * np.uint64(2))  # uniform01's key of each table (stream 0)
 
     @property
     def names(self) -> list[str]:
@@ -188,33 +194,50 @@ class GroupLookup:
         rec = g.codec.decode(packed)  # fp32 [U, width]; rows of absent IDs are overwritten below
         found_np = found.numpy()
         miss = np.flatnonzero(~found_np & ~g.special[owner])
-        if miss.size:
+        if miss.size and rec.device.type == "cpu":
+            self._fresh_into(rec, miss, owner, at=miss)
+        elif miss.size:  # fresh rows are made on the host
             fresh = torch.empty(miss.size, g.width)
             self._fresh_into(fresh, miss, owner)
             rec.index_copy_(0, torch.from_numpy(miss).to(rec.device), fresh.to(rec.device))
-            if rec.device.type != "cpu":  # fresh rows are made on the host
-                self._count_moved(np.bincount(owner[miss], minlength=len(g.tables)), g.width)
+            self._count_moved(np.bincount(owner[miss], minlength=len(g.tables)), g.width)
         self._complete(rec, found)
         return self
 
-    def _fresh_into(self, out: Tensor, rows: np.ndarray, owner: np.ndarray) -> None:
+    def _fresh_into(self, out: Tensor, rows: np.ndarray, owner: np.ndarray, at: np.ndarray | None = None) -> None:
         """Fresh records of the IDs at positions ``rows`` (of ``ids``; tables ``owner[rows]``)
-        into ``out`` [len(rows), width]: one init call per distinct initializer."""
+        into the rows ``at`` of ``out`` [*, width] (default: ``out`` is [len(rows), width], in
+        order): one init call per distinct initializer. A uniform initializer with a constant
+        initial state writes its rows in place in one native pass (``_native.fresh_uniform``:
+        init, bf16 rounding and state; the same bits as ``fresh_records``)."""
         g = self.group
         ids = self.ids.numpy()
-        one = len(g.combos) == 1  # one initializer: every row, straight into ``out``
+        one = len(g.combos) == 1
         combo = None if one else g.combo[owner[rows]]
+        in_place = out.device.type == "cpu" and out.dtype == torch.float32 and out.is_contiguous()
         for k, (init, opt) in enumerate(g.combos):
             sel = None if one else np.flatnonzero(combo == k)
             if sel is not None and not sel.size:
                 continue
             r = rows if sel is None else rows[sel]
+            pos = at if sel is None else (sel if at is None else at[sel])  # rows of ``out``; None: all, in order
             tables = owner[r]
+            fill = g.fills[k]
+            if in_place and fill is not None:
+                if g.mixed_scale[k]:
+                    s = g.scale[tables]
+                    mul, add = (2 * s).astype(np.float32), (-s).astype(np.float32)
+                else:
+                    s0 = float(g.scale[tables[0]])
+                    mul, add = float(np.float32(2 * s0)), -float(np.float32(s0))
+                _native.fresh_uniform(ids[r], g.init_keys[tables], np.arange(r.size) if pos is None else pos,
+                                      out.numpy(), g.dim, mul, add, fill, g.dtype == "bf16")
+                continue
             scale = g.scale[tables] if g.mixed_scale[k] else None
             fresh = fresh_records(torch.from_numpy(ids[r]), g.seeds[tables], g.dim, init, opt, scale, g.dtype,
-                                  out=out if sel is None else None)
-            if sel is not None:
-                out.index_copy_(0, torch.from_numpy(sel), fresh)
+                                  out=out if pos is None else None)
+            if pos is not None:
+                out.index_copy_(0, torch.from_numpy(pos).to(out.device), fresh.to(out.device))
 
     def _fetch_cached(self, owner: np.ndarray) -> None:
         """fetch through the group's device cache: decisions and staging on the host, then a
@@ -230,12 +253,8 @@ class GroupLookup:
         miss, found_np, staged = plan.miss, plan.found, plan.staged
         if miss.size:
             fresh = np.flatnonzero(~found_np[miss] & ~g.special[owner[miss]])  # indices into miss
-            if fresh.size == miss.size:
-                self._fresh_into(staged, miss, owner)
-            elif fresh.size:
-                buf = staged.new_empty(fresh.size, staged.shape[1])
-                self._fresh_into(buf, miss[fresh], owner)
-                staged[torch.from_numpy(fresh)] = buf
+            if fresh.size:
+                self._fresh_into(staged, miss[fresh], owner, at=None if fresh.size == miss.size else fresh)
         rec, dev = cache.load(plan)
         if extra:
             self.inverse_dev, rest = dev[0], iter(dev[1:])

@@ -46,6 +46,9 @@ class Adagrad(_AdagradFamily):
     def init_state(self, rows: Tensor) -> Tensor:
         return rows.new_full(rows.shape, self.initial_accumulator_value)
 
+    def constant_state(self, dim: int) -> list[float] | None:
+        return [self.initial_accumulator_value] * dim
+
     def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int, lr: float | None = None) -> tuple[Tensor, Tensor]:
         lr = self.lr if lr is None else lr  # the scheduled rate of this step, when there is a schedule
         state.addcmul_(grads, grads)
@@ -72,6 +75,9 @@ class RowWiseAdagrad(_AdagradFamily):
 
     def init_state(self, rows: Tensor) -> Tensor:
         return rows.new_full((rows.shape[0], 1), self.initial_accumulator_value)
+
+    def constant_state(self, dim: int) -> list[float] | None:
+        return [self.initial_accumulator_value]
 
     def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int, lr: float | None = None) -> tuple[Tensor, Tensor]:
         lr = self.lr if lr is None else lr  # the scheduled rate of this step, when there is a schedule

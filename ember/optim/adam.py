@@ -55,6 +55,9 @@ class Adam(ConfigModel):
     def init_state(self, rows: Tensor) -> Tensor:
         return rows.new_zeros(rows.shape[0], 2 * rows.shape[1] + 1)
 
+    def constant_state(self, dim: int) -> list[float] | None:
+        return [0.0] * (2 * dim + 1)
+
     def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int, lr: float | None = None) -> tuple[Tensor, Tensor]:
         lr = self.lr if lr is None else lr  # the scheduled rate of this step, when there is a schedule
         d = rows.shape[1]

@@ -24,4 +24,9 @@ class UpdateRule(Protocol):
 
     def init_state(self, rows: Tensor) -> Tensor: ...
 
+    def constant_state(self, dim: int) -> list[float] | None:
+        """A new row's state when it does not depend on the row's weights (what ``init_state``
+        gives every row), else None: lets new rows be written in one native pass."""
+        ...
+
     def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int, lr: float | None = None) -> tuple[Tensor, Tensor]: ...

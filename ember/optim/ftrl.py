@@ -47,6 +47,9 @@ class FTRL(ConfigModel):
     def state_dim(self, dim: int) -> int:
         return 2 * dim
 
+    def constant_state(self, dim: int) -> list[float] | None:
+        return None  # z depends on the initial weights (init_state)
+
     def init_state(self, rows: Tensor) -> Tensor:
         # z chosen so that the closed form reproduces the initial weights when l1 == 0.
         z = -rows * (self.beta / self.alpha + self.l2)

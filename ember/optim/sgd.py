@@ -35,6 +35,9 @@ class SGD(ConfigModel):
     def init_state(self, rows: Tensor) -> Tensor:
         return rows.new_zeros(rows.shape[0], 0)
 
+    def constant_state(self, dim: int) -> list[float] | None:
+        return []
+
     def update(self, rows: Tensor, state: Tensor, grads: Tensor, step: int, lr: float | None = None) -> tuple[Tensor, Tensor]:
         lr = self.lr if lr is None else lr  # the scheduled rate of this step, when there is a schedule
         rows.add_(grads, alpha=-lr)

@@ -144,6 +144,37 @@ def test_tables_differing_in_init_seed_and_hyperparameters_share_a_group_and_equ
     assert_tables_equal(ec, ref)
 
 
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=[o["type"] for o in OPTIMIZERS])
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
+def test_fresh_rows_written_in_place_equal_each_tables_own_records(opt, dtype):
+    """fetch writes the new rows of uniform initializers with a constant initial state in place
+    (``_native.fresh_uniform``; numpy without the native core); every other combo goes through
+    ``fresh_records``. Either way each row equals its table's ``new_records`` bit for bit: one
+    scale, mixed scales, a normal initializer beside them, bf16 rounding, a half-filled buffer."""
+    tables = [
+        TableConfig(name="t0", dim=D, optimizer=opt, initializer={"scale": 0.01}, dtype=dtype),
+        TableConfig(name="t1", dim=D, optimizer=opt, seed=5, dtype=dtype),
+        TableConfig(name="t2", dim=D, optimizer=opt, initializer={"type": "normal"}, dtype=dtype),
+    ]
+    ec = EmbeddingCollection(tables, [FeatureConfig(name=k, table=f"t{i % 3}") for i, k in enumerate(KEYS)])
+    g = ec.groups[0]
+    fast = opt["type"] != "ftrl" and dtype != "fp16"
+    assert [f is not None for f in g.fills] == [fast, False]  # t0 + t1 (uniform, two scales), t2 (normal)
+    sf = _batches(1, vocab=30)[0]
+    old = ec.plan(_batches(1, seed=3, vocab=12)[0]).fetch()  # some IDs stored first: fresh rows among found ones
+    old.groups[0].reached = [True] * 3
+    old.groups[0].grad = torch.zeros(old.groups[0].ids.numel(), D)
+    old.groups[0].update(0)
+    old.groups[0].write_back()
+    lk = ec.plan(sf).fetch().groups[0]
+    for j, t in enumerate(lk.group.tables):
+        a, b = int(lk.starts[j]), int(lk.starts[j + 1])
+        stored = t.tier.contains(lk.ids[a:b])
+        new = torch.nonzero(~stored).squeeze(1) + a
+        assert bool(stored.any()) and new.numel(), t.name
+        assert torch.equal(lk.records[new], t.new_records(lk.ids[new])), t.name
+
+
 @pytest.mark.parametrize("opt", OPTIMIZERS[1:3], ids=["adagrad", "rowwise"])
 def test_min_count_and_ttl_in_one_group_equal_reference(opt):
     tables = [

@@ -312,6 +312,44 @@ def test_uniform01_per_row_scales_equal_one_call_per_scale():
     np.testing.assert_array_equal(got, ref)
 
 
+@native
+@pytest.mark.parametrize("bf16", [False, True])
+def test_fresh_uniform_native_matches_its_fallback_and_uniform01_bit_for_bit(bf16):
+    """New rows written in place: the kernel, its numpy fallback, and uniform01 + codec rounding
+    (the reference) give the same bits, at scattered rows, for ordinary scales and for mul/add
+    that make subnormal, infinite and NaN values (the rounding's special cases); other rows are
+    left alone."""
+    from ember.embedding.codec import _bf16_bits, _widen
+
+    rng = np.random.default_rng(5)
+    n, width, dim = 3000, 11, 8
+    ids = rng.integers(-(2**63), 2**63 - 1, size=n)
+    keys = rng.integers(0, 2**63, size=n).astype(np.uint64)
+    at = rng.permutation(2 * n)[:n]
+    fill = np.array([0.5, -1.0, 3.0], dtype=np.float32)
+    scale = rng.choice([0.05, 0.25, 1.0], size=n)
+    cases = [((2 * scale).astype(np.float32), (-scale).astype(np.float32)), (0.5, -0.25),
+             (np.float32(3e-38), -np.float32(1e-38)), (3e38, 3e38), (np.inf, -np.inf)]
+    for mul, add in cases:
+        if not isinstance(mul, np.ndarray):
+            mul, add = float(mul), float(add)
+        got, ref = np.full((2 * n, width), 7.0, np.float32), np.full((2 * n, width), 7.0, np.float32)
+        with np.errstate(invalid="ignore", over="ignore"):
+            _native.fresh_uniform(ids, keys, at, got, dim, mul, add, fill, bf16)
+            _native._fresh_uniform_py(ids, keys, at, ref, dim, mul, add, fill, bf16)
+            w = np.empty((n, dim), np.float32)
+            _native._uniform01_py(ids, keys, dim, w, mul, add)
+        if bf16:
+            w = _widen(_bf16_bits(torch.from_numpy(w), None).to(torch.int16), "bf16").numpy()
+        np.testing.assert_array_equal(got.view(np.uint32), ref.view(np.uint32))
+        np.testing.assert_array_equal(got[at, :dim].view(np.uint32), w.view(np.uint32))
+        np.testing.assert_array_equal(got[at, dim:], np.broadcast_to(fill, (n, width - dim)))
+        untouched = np.setdiff1d(np.arange(2 * n), at)
+        assert (got[untouched] == 7.0).all()
+    with pytest.raises(IndexError, match="outside"):
+        _native.fresh_uniform(ids[:1], keys[:1], np.array([2 * n]), got, dim, 1.0, 0.0, fill, bf16)
+
+
 def _csv_text_cases() -> list[bytes]:
     """Blocks of CSV-like text with and without each hazard, runs of digits of 19 and 20 at every
     alignment (the kernel reads 8 bytes a step), and random bytes."""
