@@ -20,7 +20,6 @@ victim scan runs once per few steps: the mean counts it), and the ratios of the 
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from contextlib import contextmanager
@@ -139,7 +138,9 @@ def main() -> None:
               f"caches identical: {same}")
     for v in var.values():
         v.ec.close()
-    print(json.dumps(out))
+    from benchkit import json_line  # the machine (CPU model, bf16, allocator) in the final line
+
+    print(json_line(out))
 
 
 if __name__ == "__main__":
