@@ -29,10 +29,9 @@ from torch import Tensor
 from ember import _native
 from ember.batch.sparse import SparseFeatures
 from ember.embedding.config import FeatureConfig
-from ember.embedding.init import uniform_scale
+from ember.embedding.init import init_keys, uniform_scale
 from ember.embedding.pooling import GroupPool, SequenceEmbedding, pool_feature
 from ember.embedding.table import EmbeddingTable, fresh_records
-from ember.mix import mix64
 from ember.optim import rule_lr
 from ember.tiers.cached import CachedTier
 from ember.tiers.device_budget import to_device
@@ -99,7 +98,7 @@ class TableGroup:
         # ``_native.fresh_uniform`` writes in place in one pass; None: ``fresh_records``' path
         self.fills = [np.asarray(st, dtype=np.float32) if init.type == "uniform" and self.dtype in ("fp32", "bf16")
                       and (st := opt.constant_state(self.dim)) is not None else None for init, opt in combos]
-        self.init_keys = mix64(self.seeds.astype(np.uint64) * np.uint64(2))  # uniform01's key of each table (stream 0)
+        self.init_keys = init_keys(self.seeds)  # each table's key of uniform draws
 
     @property
     def names(self) -> list[str]:

@@ -18,7 +18,7 @@ from ember.config_base import ConfigModel
 from ember import _native
 from ember.mix import mix64
 
-__all__ = ["InitializerConfig", "init_rows", "table_seed", "uniform_scale"]
+__all__ = ["InitializerConfig", "init_keys", "init_rows", "table_seed", "uniform_scale"]
 
 
 class InitializerConfig(ConfigModel):
@@ -59,8 +59,7 @@ def _uniform01(
     U(-scale, scale) (fused natively).
     The kernel (and its numpy fallback) is ``ember._native.uniform01``.
     """
-    seeds = np.asarray(seed, dtype=np.int64).reshape(-1)
-    key = mix64(seeds.astype(np.uint64) * np.uint64(2) + np.uint64(stream))
+    key = init_keys(seed, stream)
     if isinstance(scale, np.ndarray):
         s = scale.astype(np.float64)
         mul, add = (2 * s).astype(np.float32), (-s).astype(np.float32)
@@ -70,6 +69,14 @@ def _uniform01(
     out = np.empty((ids.size, dim), dtype=np.float32)
     _native.uniform01(ids, key, dim, out, mul, add)
     return out
+
+
+def init_keys(seed: int | np.ndarray, stream: int = 0) -> np.ndarray:
+    """The counter-based generator's key (uint64 [n]) of each seed and ``stream`` (0: uniform
+    draws, 1 and 2: a normal's two uniforms): what ``_native.uniform01`` and
+    ``_native.fresh_uniform`` take."""
+    seeds = np.asarray(seed, dtype=np.int64).reshape(-1)
+    return mix64(seeds.astype(np.uint64) * np.uint64(2) + np.uint64(stream))
 
 
 def init_rows(
