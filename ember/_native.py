@@ -329,15 +329,23 @@ def _bf16_pack_sr_py(records: np.ndarray, ids: np.ndarray, seeds: np.ndarray, st
     z = mix64(key[:, None] + np.arange(1, lanes + 1, dtype=np.uint64) * golden)  # [N, lanes]
     shifts = np.arange(4, dtype=np.uint64) * np.uint64(16)
     noise = ((z[:, :, None] >> shifts) & np.uint64(0xFFFF)).reshape(n, lanes * 4)[:, :dim].astype(np.uint32)
-    b = np.ascontiguousarray(records[:, :dim]).view(np.uint32)
-    sign, mag = b & np.uint32(0x80000000), b & np.uint32(0x7FFFFFFF)
-    v = ((sign | ((mag + noise) & np.uint32(0x7FFF0000))) >> np.uint32(16)).astype(np.uint16)
-    nan = mag > np.uint32(0x7F800000)
-    v[nan] = ((sign[nan] >> np.uint32(16)) | np.uint32(0x7FC0)).astype(np.uint16)
+    v = _bf16_round_py(np.ascontiguousarray(records[:, :dim]).view(np.uint32), noise)
     if dim % 2:
         out[:, half - 1] = 0.0
     out.view(np.uint16)[:, :dim] = v
     out[:, half:] = records[:, dim:]
+
+
+def _bf16_round_py(b: np.ndarray, noise: np.ndarray) -> np.ndarray:
+    """The bf16 bit patterns (uint16) of float32 bits ``b`` (uint32): the magnitude plus ``noise``
+    (uint32, broadcast) truncated to its top 16 bits, the sign kept; NaN stays NaN (quiet, sign
+    kept). The numpy form of the C core's ``bf16_round``: noise ``0x7FFF`` + the kept part's
+    lowest bit rounds to nearest even, 16 random bits stochastically."""
+    sign, mag = b & np.uint32(0x80000000), b & np.uint32(0x7FFFFFFF)
+    v = ((sign | ((mag + noise) & np.uint32(0x7FFF0000))) >> np.uint32(16)).astype(np.uint16)
+    nan = mag > np.uint32(0x7F800000)
+    v[nan] = ((sign[nan] >> np.uint32(16)) | np.uint32(0x7FC0)).astype(np.uint16)
+    return v
 
 
 def gather_rows(src: np.ndarray, slots: np.ndarray, out: np.ndarray) -> None:
@@ -1500,11 +1508,10 @@ def _fresh_uniform_py(ids: np.ndarray, keys: np.ndarray, at: np.ndarray, out: np
         raise IndexError("ember native fresh_uniform: a position lies outside out")
     w = np.empty((n, dim), dtype=np.float32)
     _uniform01_py(ids, keys, dim, w, mul, add)
-    if bf16:  # round to nearest even, NaN quiet with its sign (codec._bf16_bits)
+    if bf16:  # round to nearest even (codec._bf16_bits)
         b = w.view(np.uint32)
-        sign, mag = b & np.uint32(0x80000000), b & np.uint32(0x7FFFFFFF)
-        r = sign | ((mag + np.uint32(0x7FFF) + ((mag >> np.uint32(16)) & np.uint32(1))) & np.uint32(0x7FFF0000))
-        w = np.where(mag > np.uint32(0x7F800000), sign | np.uint32(0x7FC00000), r).view(np.float32)
+        w = (_bf16_round_py(b, np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))).astype(np.uint32)
+             << np.uint32(16)).view(np.float32)
     out[at, :dim] = w
     out[at, dim:] = np.asarray(fill, dtype=np.float32)
 

@@ -36,6 +36,14 @@ static inline uint64_t mix64(uint64_t z) {
     return z;
 }
 
+/* The bf16 bit pattern of float32 bits b: the magnitude plus noise, truncated to its top 16 bits,
+ * the sign kept; NaN stays NaN (quiet, sign kept). noise 0x7FFF + the kept part's lowest bit
+ * rounds to nearest even (codec._bf16_bits), 16 random bits stochastically (codec.sr_noise). */
+static inline uint16_t bf16_round(uint32_t b, uint32_t noise) {
+    uint32_t sign = b & 0x80000000u, mag = b & 0x7FFFFFFFu;
+    return (uint16_t)(mag > 0x7F800000u ? (sign >> 16) | 0x7FC0u : (sign | ((mag + noise) & 0x7FFF0000u)) >> 16);
+}
+
 /* The slot of ID x (-1 when absent), probing linearly from bucket h. */
 static inline int64_t find_slot(const int64_t *k, const int32_t *s, uint64_t mask, int64_t x, uint64_t h, uint64_t *at) {
     for (;;) {
@@ -741,11 +749,7 @@ static PyObject *fresh_uniform(PyObject *self, PyObject *args) {
             uniform_row(row, (uint64_t)id[i] ^ ky[nk == 1 ? 0 : i], dim, 1, per_row ? pm[i] : fm, per_row ? pa[i] : fa);
             if (bf16) {
                 uint32_t *w = (uint32_t *)row;
-                for (Py_ssize_t c = 0; c < dim; c++) {
-                    uint32_t b = w[c], sign = b & 0x80000000u, mag = b & 0x7FFFFFFFu;
-                    w[c] = mag > 0x7F800000u ? (sign | 0x7FC00000u)
-                                             : (sign | ((mag + 0x7FFFu + ((mag >> 16) & 1u)) & 0x7FFF0000u));
-                }
+                for (Py_ssize_t c = 0; c < dim; c++) w[c] = (uint32_t)bf16_round(w[c], 0x7FFFu + ((w[c] >> 16) & 1u)) << 16;
             }
             for (Py_ssize_t c = 0; c < rest; c++) row[dim + c] = fl[c];
         }
@@ -1364,12 +1368,7 @@ static PyObject *bf16_pack_sr(PyObject *self, PyObject *args) {
                 for (Py_ssize_t q = 0; q < SR_COLS / 4; q++) z[q] = mix64(key + (uint64_t)(c0 / 4 + q + 1) * GOLDEN);
                 for (Py_ssize_t c = 0; c < SR_COLS; c++) noise[c] = (uint32_t)((z[c >> 2] >> (16 * (c & 3))) & 0xFFFF);
                 memcpy(b, x + c0, (size_t)nc * 4);
-                for (Py_ssize_t c = 0; c < nc; c++) {
-                    uint32_t sign = b[c] & 0x80000000u, mag = b[c] & 0x7FFFFFFFu;
-                    uint32_t rounded = (sign | ((mag + noise[c]) & 0x7FFF0000u)) >> 16;
-                    uint32_t qnan = (sign >> 16) | 0x7FC0u;
-                    o16[c0 + c] = (uint16_t)(mag > 0x7F800000u ? qnan : rounded);
-                }
+                for (Py_ssize_t c = 0; c < nc; c++) o16[c0 + c] = bf16_round(b[c], noise[c]);
             }
             if (dim & 1) o16[dim] = 0;
             memcpy(row + half, x + dim, (size_t)(width - dim) * sizeof(float));
