@@ -60,7 +60,8 @@ def disk_write(table: np.ndarray, slots: np.ndarray, ids: np.ndarray, recs: np.n
 
 # memory tiers of a table group: tables[j] = (keys, slots, arena float32 [rows, r], last int64,
 # count int32) for read_rows, + (slot_ids int64, held bool, free int32) for write_rows; ids int64 [n],
-# bounds int64 [T+1]; out / records float32 [n, r]; out_slot / slot int64 [n]; per tier int64 [T];
+# bounds int64 [T+1]; out / records float32 [n, r] (dim > 0: a bf16 table's fp32 records, [n, dim + r - (dim+1)//2],
+# widened from / packed into its words); out_slot / slot int64 [n]; per tier int64 [T];
 # read_rows returns IDs found, write_rows rows inserted
 def read_rows(
     tables: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
@@ -71,6 +72,7 @@ def read_rows(
     clocks: np.ndarray,
     out_hits: np.ndarray,
     r: int,
+    dim: int,
     /,
 ) -> int: ...
 
@@ -84,7 +86,10 @@ def write_rows(
     clocks: np.ndarray,
     used: np.ndarray,
     free_at: np.ndarray,
+    seeds: np.ndarray,
+    steps: np.ndarray,
     r: int,
+    dim: int,
     /,
 ) -> int: ...
 

@@ -565,6 +565,17 @@ def _tag_claim_py(tags: np.ndarray, pos: np.ndarray, tag: np.ndarray, out: np.nd
 # (int64/int32 [cap]), arena float32 [rows, r], last int64 [rows], count int32 [rows],
 # slot_ids int64 [rows] and held bool [rows]. Tiers are independent: the wrappers split a call
 # into runs of tiers of about equal rows, one per thread torch may use (``chunks``).
+# ``dim`` > 0: the arenas hold a bf16 table's packed rows (``bf16_pack_sr``'s layout) and the
+# caller's buffer their fp32 records, [n, dim + r - (dim+1)//2]: read_rows widens them (the
+# codec's decode), write_rows packs them with tier j's rounding noise (``seeds[j]``, ``steps[j]``),
+# so no packed copy of the batch is made.
+
+
+def _record_width(r: int, dim: int) -> int:
+    """Floats per record in the caller's buffer: ``r`` words, or a bf16 row's decoded width."""
+    if dim < 0 or (dim + 1) // 2 > r:
+        raise ValueError(f"ember native: dim must be in [0, {2 * r}] for records of {r} words, got {dim}")
+    return r if dim == 0 else dim + r - (dim + 1) // 2
 
 def _check_segments(t: int, ids: np.ndarray, bounds: np.ndarray) -> None:
     if bounds.size != t + 1 or bounds[0] != 0 or bounds[t] != ids.size or bool((np.diff(bounds) < 0).any()):
@@ -579,25 +590,26 @@ def _rows_of(buf: np.ndarray, n: int, r: int, what: str) -> np.ndarray:
 
 
 def _split_tiers(kernel: Callable[..., int], tables: Sequence[tuple], ids: np.ndarray, bounds: np.ndarray,
-                 per_row: tuple[np.ndarray, ...], per_tier: tuple[np.ndarray, ...], r: int) -> int:
-    """``kernel(tables, ids, bounds, *per_row, *per_tier, r)`` on runs of tiers, several threads."""
+                 per_row: tuple[np.ndarray, ...], per_tier: tuple[np.ndarray, ...], r: int, dim: int) -> int:
+    """``kernel(tables, ids, bounds, *per_row, *per_tier, r, dim)`` on runs of tiers, several threads."""
     parts = chunks(np.diff(bounds))
     if len(parts) == 1:
-        return kernel(tables, ids, bounds, *per_row, *per_tier, r)
+        return kernel(tables, ids, bounds, *per_row, *per_tier, r, dim)
 
     def part(lo: int, hi: int) -> int:  # tiers lo..hi-1: rows a..b-1
         a, b = int(bounds[lo]), int(bounds[hi])
         return kernel(tables[lo:hi], ids[a:b], bounds[lo : hi + 1] - a, *(x[a:b] for x in per_row),
-                      *(x[lo:hi] for x in per_tier), r)
+                      *(x[lo:hi] for x in per_tier), r, dim)
 
     return sum(run_chunks(part, parts))
 
 
 def read_rows(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds: np.ndarray, out: np.ndarray,
-              out_slot: np.ndarray, clocks: np.ndarray, out_hits: np.ndarray, r: int) -> int:
+              out_slot: np.ndarray, clocks: np.ndarray, out_hits: np.ndarray, r: int, dim: int = 0) -> int:
     """A memory tier's read for every tier j over its segment of ``ids`` (int64 [n]; ``bounds``
     int64 [T+1] from 0 to n): find each ID, copy its record from the arena into ``out``
-    (float32 [n, r]; rows of absent IDs are left as they are), note its slot in ``out_slot``
+    (float32 [n, r]; ``dim`` > 0: a bf16 table's packed rows widened into fp32 records
+    [n, dim + r - (dim+1)//2], see above; rows of absent IDs are left as they are), note its slot in ``out_slot``
     (int64 [n], -1 absent) and count the access (``last[slot] = clocks[j]``,
     ``count[slot] += 1``, once per occurrence; not when ``clocks[j] < 0``: a tier that never
     evicts keeps no statistics). ``out_hits[j]`` (int64 [T]) = IDs of tier j found; returns
@@ -605,21 +617,30 @@ def read_rows(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds:
 
     Runs on several threads (runs of whole tiers) when the call is large enough."""
     if _core is not None:
-        return _split_tiers(_core.read_rows, tables, ids, bounds, (_rows_of(out, ids.size, r, "out"), out_slot),
-                            (clocks, out_hits), r)
-    return _read_rows_py(tables, ids, bounds, out, out_slot, clocks, out_hits, r)
+        return _split_tiers(_core.read_rows, tables, ids, bounds, (_rows_of(out, ids.size, _record_width(r, dim), "out"),
+                            out_slot), (clocks, out_hits), r, dim)
+    return _read_rows_py(tables, ids, bounds, out, out_slot, clocks, out_hits, r, dim)
 
 
 def _read_rows_py(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds: np.ndarray, out: np.ndarray,
-                  out_slot: np.ndarray, clocks: np.ndarray, out_hits: np.ndarray, r: int) -> int:
+                  out_slot: np.ndarray, clocks: np.ndarray, out_hits: np.ndarray, r: int, dim: int = 0) -> int:
     t, n = len(tables), ids.size
     try:
         if r <= 0 or out_slot.size != n or clocks.size != t or out_hits.size != t:
             raise ValueError
         _check_segments(t, ids, bounds)
-        rows_out = _rows_of(out, n, r, "out")
+        rows_out = _rows_of(out, n, _record_width(r, dim), "out")
     except ValueError:
-        raise ValueError("ember native read_rows: bounds [T+1] over ids, out [n, R], out_slot [n], clocks/out_hits [T]") from None
+        raise ValueError("ember native read_rows: bounds [T+1] over ids, out [n, W], out_slot [n], clocks/out_hits [T], "
+                         "0 <= (dim+1)/2 <= R") from None
+    if dim:  # the words into a scratch buffer, then the found rows widened (the others left as they are)
+        words = np.zeros((n, r), dtype=np.float32)
+        found = _read_rows_py(tables, ids, bounds, words, out_slot, clocks, out_hits, r)
+        hit = np.flatnonzero(out_slot >= 0)
+        half = (dim + 1) // 2
+        rows_out[hit, :dim] = (words[hit].view(np.uint16)[:, :dim].astype(np.uint32) << np.uint32(16)).view(np.float32)
+        rows_out[hit, dim:] = words[hit, half:]
+        return found
     for j, tb in enumerate(tables):
         if not isinstance(tb, tuple) or len(tb) != 5:
             raise ValueError(f"ember native: tables[{j}] must be a tuple of 5 arrays")
@@ -649,7 +670,7 @@ def _read_rows_py(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bou
 
 def write_rows(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds: np.ndarray, slot: np.ndarray,
                records: np.ndarray, next: np.ndarray, clocks: np.ndarray, used: np.ndarray, free_at: np.ndarray,
-               r: int) -> int:
+               r: int, dim: int = 0, seeds: np.ndarray | None = None, steps: np.ndarray | None = None) -> int:
     """A memory tier's put for every tier j over its segment of ``ids`` (int64 [n]; ``bounds``
     int64 [T+1] from 0 to n): rows with ``slot[i] >= 0`` (int64 [n]) are overwritten; rows with
     ``slot[i] < 0`` (absent, unique IDs) get the slot ``free[free_at[j]]`` (then ``free_at[j]
@@ -663,25 +684,40 @@ def write_rows(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds
     The caller reserved room (``next[j]`` + new rows beyond the free list <= arena rows, index
     load below 1); else ValueError before anything is written. Runs on several threads (runs
     of whole tiers) when the call is large enough. The fallback places new IDs as ``_place_py``
-    does: the same buckets are taken, either implementation reads the other's tables."""
+    does: the same buckets are taken, either implementation reads the other's tables.
+    ``dim`` > 0: ``records`` are a bf16 table's fp32 records [n, dim + r - (dim+1)//2], packed
+    into the arenas with tier j's noise (``seeds[j]``, ``steps[j]``, int64 [T]) as
+    ``bf16_pack_sr`` packs them."""
+    empty = np.empty(0, dtype=np.int64)
+    seeds = empty if seeds is None else seeds
+    steps = empty if steps is None else steps
     if _core is not None:
-        return _split_tiers(_core.write_rows, tables, ids, bounds, (slot, _rows_of(records, ids.size, r, "records")),
-                            (next, clocks, used, free_at), r)
-    return _write_rows_py(tables, ids, bounds, slot, records, next, clocks, used, free_at, r)
+        return _split_tiers(_core.write_rows, tables, ids, bounds,
+                            (slot, _rows_of(records, ids.size, _record_width(r, dim), "records")),
+                            (next, clocks, used, free_at) + ((seeds, steps) if dim else (empty, empty)), r, dim)
+    return _write_rows_py(tables, ids, bounds, slot, records, next, clocks, used, free_at, r, dim, seeds, steps)
 
 
 def _write_rows_py(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds: np.ndarray, slot: np.ndarray,
                    records: np.ndarray, next: np.ndarray, clocks: np.ndarray, used: np.ndarray, free_at: np.ndarray,
-                   r: int) -> int:
+                   r: int, dim: int = 0, seeds: np.ndarray | None = None, steps: np.ndarray | None = None) -> int:
     t, n = len(tables), ids.size
     try:
         if r <= 0 or slot.size != n or next.size != t or clocks.size != t or used.size != t or free_at.size != t:
             raise ValueError
         _check_segments(t, ids, bounds)
-        recs = _rows_of(records, n, r, "records")
+        recs = _rows_of(records, n, _record_width(r, dim), "records")
+        if dim and (seeds is None or steps is None or seeds.size != t or steps.size != t):
+            raise ValueError
     except ValueError:
-        raise ValueError("ember native write_rows: bounds [T+1] over ids, slot [n], records [n, R], "
-                         "next/clocks/used/free_at [T]") from None
+        raise ValueError("ember native write_rows: bounds [T+1] over ids, slot [n], records [n, W], "
+                         "next/clocks/used/free_at [T], seeds/steps [T] when dim > 0, 0 <= (dim+1)/2 <= R") from None
+    if dim:  # packed first (the noise of each row's tier), then written as words
+        sizes = np.diff(bounds)
+        words = np.empty((n, r), dtype=np.float32)
+        _bf16_pack_sr_py(recs, np.ascontiguousarray(ids, dtype=np.int64), np.repeat(np.asarray(seeds, np.int64), sizes),
+                         np.repeat(np.asarray(steps, np.int64), sizes), dim, words)
+        return _write_rows_py(tables, ids, bounds, slot, words, next, clocks, used, free_at, r)
     for j, tb in enumerate(tables):  # room and sizes, before writing anything
         if not isinstance(tb, tuple) or len(tb) != 8:
             raise ValueError(f"ember native: tables[{j}] must be a tuple of 8 arrays")

@@ -44,6 +44,45 @@ static inline uint16_t bf16_round(uint32_t b, uint32_t noise) {
     return (uint16_t)(mag > 0x7F800000u ? (sign >> 16) | 0x7FC0u : (sign | ((mag + noise) & 0x7FFF0000u)) >> 16);
 }
 
+#define SR_GOLDEN 0x9E3779B97F4A7C15ULL
+#define SR_M1 0xBF58476D1CE4E5B9ULL
+
+/* The (seed, step) part of a bf16 row's rounding-noise key (codec.sr_noise): the same for every
+ * row of one table at one step. */
+static inline uint64_t sr_base(int64_t seed, int64_t step) {
+    return mix64(mix64((uint64_t)seed * 2 + 0x5352) ^ ((uint64_t)step * SR_GOLDEN));
+}
+
+/* One bf16 table's record x float32[width] packed into row float32[(dim+1)/2 + width - dim]:
+ * the first dim columns rounded to bf16 stochastically with the noise of (base, id, column),
+ * two per word (an odd dim pads zero bits), then columns dim..width-1 copied as fp32 words. */
+static inline void pack_sr_row(const float *x, float *row, int64_t id, uint64_t base, Py_ssize_t dim, Py_ssize_t width) {
+    uint64_t key = mix64(base ^ ((uint64_t)id * SR_M1));
+    uint16_t *o16 = (uint16_t *)row;
+    /* four columns per noise word; the words first (independent hashes overlap), then the
+     * columns in a branch-free loop the compiler vectorises */
+    for (Py_ssize_t c0 = 0; c0 < dim; c0 += SR_COLS) {
+        Py_ssize_t nc = dim - c0 < SR_COLS ? dim - c0 : SR_COLS;
+        uint64_t z[SR_COLS / 4];
+        uint32_t noise[SR_COLS], b[SR_COLS];
+        for (Py_ssize_t q = 0; q < SR_COLS / 4; q++) z[q] = mix64(key + (uint64_t)(c0 / 4 + q + 1) * SR_GOLDEN);
+        for (Py_ssize_t c = 0; c < SR_COLS; c++) noise[c] = (uint32_t)((z[c >> 2] >> (16 * (c & 3))) & 0xFFFF);
+        memcpy(b, x + c0, (size_t)nc * 4);
+        for (Py_ssize_t c = 0; c < nc; c++) o16[c0 + c] = bf16_round(b[c], noise[c]);
+    }
+    if (dim & 1) o16[dim] = 0;
+    memcpy(row + (dim + 1) / 2, x + dim, (size_t)(width - dim) * sizeof(float));
+}
+
+/* The inverse: a packed bf16 row's dim weights widened to their exact fp32 values, then its
+ * fp32 words copied; out float32[width]. */
+static inline void widen_row(const float *row, float *out, Py_ssize_t dim, Py_ssize_t width) {
+    const uint16_t *h = (const uint16_t *)row;
+    uint32_t *o = (uint32_t *)out;
+    for (Py_ssize_t c = 0; c < dim; c++) o[c] = (uint32_t)h[c] << 16;
+    memcpy(out + dim, row + (dim + 1) / 2, (size_t)(width - dim) * sizeof(float));
+}
+
 /* The slot of ID x (-1 when absent), probing linearly from bucket h. */
 static inline int64_t find_slot(const int64_t *k, const int32_t *s, uint64_t mask, int64_t x, uint64_t h, uint64_t *at) {
     for (;;) {
@@ -1049,24 +1088,28 @@ static int check_segments(Py_buffer *bounds, Py_ssize_t t, Py_ssize_t n) {
 }
 
 /* read_rows(tables [(keys, slots, arena, last, count)] * T, ids int64[n], bounds int64[T+1],
- *           out float32[n*R], out_slot int64[n], clocks int64[T], out_hits int64[T], R) -> found
+ *           out float32[n*W], out_slot int64[n], clocks int64[T], out_hits int64[T], R, dim) -> found
  * A memory tier's read, for every tier j over its segment of ids: probe each ID, copy its record
- * from the arena into out (rows of absent IDs are left as they are), note its slot (-1 absent)
- * and count the access (last = clocks[j], count += 1; not when clocks[j] < 0: a tier that never
- * evicts keeps no statistics); out_hits[j] = IDs found. Same results as its numpy fallback,
+ * of R words from the arena into out (rows of absent IDs are left as they are), note its slot
+ * (-1 absent) and count the access (last = clocks[j], count += 1; not when clocks[j] < 0: a tier
+ * that never evicts keeps no statistics); out_hits[j] = IDs found. dim = 0: W = R, the words
+ * copied; dim > 0: the arena holds packed bf16 rows (pack_sr_row's layout) and out their fp32
+ * records, W = dim + R - (dim+1)/2 (widen_row). Same results as its numpy fallback,
  * ember._native._read_rows_py. */
 static PyObject *read_rows(PyObject *self, PyObject *args) {
     PyObject *tables;
     Py_buffer ids, bounds, out, os, clocks, hits;
-    Py_ssize_t r;
-    if (!PyArg_ParseTuple(args, "Oy*y*w*w*y*w*n", &tables, &ids, &bounds, &out, &os, &clocks, &hits, &r)) return NULL;
+    Py_ssize_t r, dim;
+    if (!PyArg_ParseTuple(args, "Oy*y*w*w*y*w*nn", &tables, &ids, &bounds, &out, &os, &clocks, &hits, &r, &dim)) return NULL;
     PyObject *res = NULL;
     Py_buffer *tb = NULL;
-    Py_ssize_t n = ids.len / 8, t = PySequence_Size(tables);
+    Py_ssize_t n = ids.len / 8, t = PySequence_Size(tables), w = dim > 0 ? dim + r - (dim + 1) / 2 : r;
     static const int flags[5] = {0, 0, 0, 1, 1};
     if (t < 0) goto done;
-    if (r <= 0 || check_segments(&bounds, t, n) < 0 || out.len != n * r * 4 || os.len != n * 8 || clocks.len != t * 8 || hits.len != t * 8) {
-        PyErr_SetString(PyExc_ValueError, "ember native read_rows: bounds [T+1] over ids, out [n, R], out_slot [n], clocks/out_hits [T]");
+    if (r <= 0 || dim < 0 || (dim + 1) / 2 > r || check_segments(&bounds, t, n) < 0 || out.len != n * w * 4 || os.len != n * 8
+        || clocks.len != t * 8 || hits.len != t * 8) {
+        PyErr_SetString(PyExc_ValueError, "ember native read_rows: bounds [T+1] over ids, out [n, W], out_slot [n], clocks/out_hits [T], "
+                                          "0 <= (dim+1)/2 <= R");
         goto done;
     }
     if (!(tb = acquire_tables(tables, t, 5, flags))) goto done;
@@ -1121,7 +1164,8 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
                 for (int64_t i = i0; i < i1 && !bad; i++) {
                     int64_t sl = osl[i];
                     if (sl >= 0) {
-                        memcpy(o + i * r, a + sl * r, (size_t)r * sizeof(float));
+                        if (dim) widen_row(a + sl * r, o + i * w, dim, w);
+                        else memcpy(o + i * r, a + sl * r, (size_t)r * sizeof(float));
                         if (track) { la[sl] = clk[j]; cn[sl] += 1; }
                         found++;
                     }
@@ -1141,30 +1185,35 @@ done:
 }
 
 /* write_rows(tables [(keys, slots, arena, last, count, slot_ids, held, free)] * T, ids int64[n],
- *            bounds int64[T+1], slot int64[n], records float32[n*R], next int64[T],
- *            clocks int64[T], used int64[T], free_at int64[T], R) -> inserted
+ *            bounds int64[T+1], slot int64[n], records float32[n*W], next int64[T],
+ *            clocks int64[T], used int64[T], free_at int64[T], seeds int64[T], steps int64[T],
+ *            R, dim) -> inserted
  * A memory tier's put for every tier j over its segment: rows with slot[i] >= 0 are
  * overwritten; rows with slot[i] < 0 (absent, unique IDs) get the slot free[free_at[j]++]
  * while tier j's free list (int32, slots of removed rows) lasts, then next[j]++ (written back
  * to slot[i]), an index bucket (linear probing, as place), slot_ids = ID, held = 1,
  * last = clocks[j], count = 1; then arena[slot[i]] = records[i]. used[j] = empty buckets
  * consumed. The caller reserved room: next[j] + new rows beyond the free list <= arena rows,
- * index load < 1. */
+ * index load < 1. dim = 0: W = R, records are the words (seeds/steps unused, may be empty);
+ * dim > 0: records are a bf16 table's fp32 records, W = dim + R - (dim+1)/2, packed on the way
+ * (pack_sr_row, the noise of tier j's seeds[j] and steps[j]: bf16_pack_sr's bits). */
 static PyObject *write_rows(PyObject *self, PyObject *args) {
     PyObject *tables;
-    Py_buffer ids, bounds, sl, rec, nx, clocks, used, fa;
-    Py_ssize_t r;
-    if (!PyArg_ParseTuple(args, "Oy*y*w*y*w*y*w*w*n", &tables, &ids, &bounds, &sl, &rec, &nx, &clocks, &used, &fa, &r))
+    Py_buffer ids, bounds, sl, rec, nx, clocks, used, fa, seeds, steps;
+    Py_ssize_t r, dim;
+    if (!PyArg_ParseTuple(args, "Oy*y*w*y*w*y*w*w*y*y*nn", &tables, &ids, &bounds, &sl, &rec, &nx, &clocks, &used, &fa,
+                          &seeds, &steps, &r, &dim))
         return NULL;
     PyObject *res = NULL;
     Py_buffer *tb = NULL;
-    Py_ssize_t n = ids.len / 8, t = PySequence_Size(tables);
+    Py_ssize_t n = ids.len / 8, t = PySequence_Size(tables), w = dim > 0 ? dim + r - (dim + 1) / 2 : r;
     static const int flags[8] = {1, 1, 1, 1, 1, 1, 1, 0};
     if (t < 0) goto done;
-    if (r <= 0 || check_segments(&bounds, t, n) < 0 || sl.len != n * 8 || rec.len != n * r * 4 || nx.len != t * 8
-        || clocks.len != t * 8 || used.len != t * 8 || fa.len != t * 8) {
-        PyErr_SetString(PyExc_ValueError, "ember native write_rows: bounds [T+1] over ids, slot [n], records [n, R], "
-                        "next/clocks/used/free_at [T]");
+    if (r <= 0 || dim < 0 || (dim + 1) / 2 > r || check_segments(&bounds, t, n) < 0 || sl.len != n * 8 || rec.len != n * w * 4
+        || nx.len != t * 8 || clocks.len != t * 8 || used.len != t * 8 || fa.len != t * 8
+        || (dim > 0 && (seeds.len != t * 8 || steps.len != t * 8))) {
+        PyErr_SetString(PyExc_ValueError, "ember native write_rows: bounds [T+1] over ids, slot [n], records [n, W], "
+                        "next/clocks/used/free_at [T], seeds/steps [T] when dim > 0, 0 <= (dim+1)/2 <= R");
         goto done;
     }
     if (!(tb = acquire_tables(tables, t, 8, flags))) goto done;
@@ -1202,7 +1251,7 @@ static PyObject *write_rows(PyObject *self, PyObject *args) {
         }
     }
     {
-        const int64_t *id = ids.buf, *bd = bounds.buf, *clk = clocks.buf;
+        const int64_t *id = ids.buf, *bd = bounds.buf, *clk = clocks.buf, *sd = seeds.buf, *st = steps.buf;
         int64_t *slot = sl.buf, *nxt = nx.buf, *us = used.buf, *fat = fa.buf;
         const float *src = rec.buf;
         Py_ssize_t inserted = 0, full = 0;
@@ -1215,7 +1264,7 @@ static PyObject *write_rows(PyObject *self, PyObject *args) {
             Py_ssize_t nfree = b[7].len / 4;
             float *a = b[2].buf;
             uint8_t *held = b[6].buf;
-            uint64_t mask = (uint64_t)(b[0].len / 8) - 1;
+            uint64_t mask = (uint64_t)(b[0].len / 8) - 1, base = dim > 0 ? sr_base(sd[j], st[j]) : 0;
             us[j] = 0;
             for (int64_t i = bd[j]; i < bd[j + 1]; i++) {
                 int64_t ahead = i + BLOCK;  /* prefetch the row (or home bucket) BLOCK IDs ahead */
@@ -1244,7 +1293,8 @@ static PyObject *write_rows(PyObject *self, PyObject *args) {
                     slot[i] = v;
                     inserted++;
                 }
-                memcpy(a + slot[i] * r, src + i * r, (size_t)r * sizeof(float));
+                if (dim) pack_sr_row(src + i * w, a + slot[i] * r, id[i], base, dim, w);
+                else memcpy(a + slot[i] * r, src + i * r, (size_t)r * sizeof(float));
             }
         }
         Py_END_ALLOW_THREADS
@@ -1255,6 +1305,7 @@ done:
     if (tb) release_tables(tb, t * 8);
     PyBuffer_Release(&ids); PyBuffer_Release(&bounds); PyBuffer_Release(&sl); PyBuffer_Release(&rec);
     PyBuffer_Release(&nx); PyBuffer_Release(&clocks); PyBuffer_Release(&used); PyBuffer_Release(&fa);
+    PyBuffer_Release(&seeds); PyBuffer_Release(&steps);
     return res;
 }
 
@@ -1346,32 +1397,14 @@ static PyObject *bf16_pack_sr(PyObject *self, PyObject *args) {
         goto done;
     }
     {
-        const uint64_t GOLDEN = 0x9E3779B97F4A7C15ULL, M1 = 0xBF58476D1CE4E5B9ULL;
         const float *r = rec.buf;
         const int64_t *id = ids.buf, *sd = seeds.buf, *st = steps.buf;
         float *o = out.buf;
         uint64_t base = 0;  /* the (seed, step) part of the key: the same for every row of a table */
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t i = 0; i < n; i++) {
-            if (i == 0 || sd[i] != sd[i - 1] || st[i] != st[i - 1])
-                base = mix64(mix64((uint64_t)sd[i] * 2 + 0x5352) ^ ((uint64_t)st[i] * GOLDEN));
-            uint64_t key = mix64(base ^ ((uint64_t)id[i] * M1));
-            const float *x = r + i * width;
-            float *row = o + i * words;
-            uint16_t *o16 = (uint16_t *)row;
-            /* four columns per noise word; the words first (independent hashes overlap), then
-             * the columns in a branch-free loop the compiler vectorises */
-            for (Py_ssize_t c0 = 0; c0 < dim; c0 += SR_COLS) {
-                Py_ssize_t nc = dim - c0 < SR_COLS ? dim - c0 : SR_COLS;
-                uint64_t z[SR_COLS / 4];
-                uint32_t noise[SR_COLS], b[SR_COLS];
-                for (Py_ssize_t q = 0; q < SR_COLS / 4; q++) z[q] = mix64(key + (uint64_t)(c0 / 4 + q + 1) * GOLDEN);
-                for (Py_ssize_t c = 0; c < SR_COLS; c++) noise[c] = (uint32_t)((z[c >> 2] >> (16 * (c & 3))) & 0xFFFF);
-                memcpy(b, x + c0, (size_t)nc * 4);
-                for (Py_ssize_t c = 0; c < nc; c++) o16[c0 + c] = bf16_round(b[c], noise[c]);
-            }
-            if (dim & 1) o16[dim] = 0;
-            memcpy(row + half, x + dim, (size_t)(width - dim) * sizeof(float));
+            if (i == 0 || sd[i] != sd[i - 1] || st[i] != st[i - 1]) base = sr_base(sd[i], st[i]);
+            pack_sr_row(r + i * width, o + i * words, id[i], base, dim, width);
         }
         Py_END_ALLOW_THREADS
         Py_INCREF(Py_None);
@@ -2451,8 +2484,8 @@ static PyMethodDef methods[] = {
     {"csv_hazards", csv_hazards, METH_VARARGS, "csv_hazards(data) -> flags"},
     {"csv_split", csv_split, METH_VARARGS, "csv_split(data, delimiter, ncols, slots, n, out_starts, out_offsets) -> n or -1"},
     {"csv_gather", csv_gather, METH_VARARGS, "csv_gather(data, starts, offsets, n, outs) -> None"},
-    {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r) -> found"},
-    {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, free_at, r) -> inserted"},
+    {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r, dim) -> found"},
+    {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, free_at, seeds, steps, r, dim) -> inserted"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim) -> None"},
     {"rowwise_adagrad", rowwise_adagrad, METH_VARARGS, "rowwise_adagrad(rows, state, grads, n, dim, rs, ss, gs, lr, eps) -> None"},
     {"bf16_pack_sr", bf16_pack_sr, METH_VARARGS, "bf16_pack_sr(records, ids, seeds, steps, out, dim, width) -> None"},

@@ -37,7 +37,7 @@ from ember.tiers.cached import CachedTier
 from ember.tiers.device_budget import to_device
 from ember.tiers.device import DeviceTier
 from ember.tiers.group_cache import CacheTicket, GroupCache, GroupCacheView
-from ember.tiers.segments import read_segments, write_segments
+from ember.tiers.segments import read_bf16_segments, read_segments, write_bf16_segments, write_segments
 from ember import once
 
 __all__ = ["TableGroup", "GroupLookup"]
@@ -188,9 +188,14 @@ class GroupLookup:
         if g.cache is not None:
             self._fetch_cached(owner)
             return self
-        packed = torch.empty(self.ids.numel(), g.codec.words, device=g.device)
-        found = read_segments(g.tiers, self.table_ids, packed)
-        rec = g.codec.decode(packed)  # fp32 [U, width]; rows of absent IDs are overwritten below
+        found = None
+        if g.dtype == "bf16" and g.device.type == "cpu":  # widened as they are read: no packed copy, no decode pass
+            rec = torch.empty(self.ids.numel(), g.width)
+            found = read_bf16_segments(g.tiers, self.table_ids, rec, g.dim)
+        if found is None:
+            packed = torch.empty(self.ids.numel(), g.codec.words, device=g.device)
+            found = read_segments(g.tiers, self.table_ids, packed)
+            rec = g.codec.decode(packed)  # fp32 [U, width]; rows of absent IDs are overwritten below
         found_np = found.numpy()
         miss = np.flatnonzero(~found_np & ~g.special[owner])
         if miss.size and rec.device.type == "cpu":
@@ -524,11 +529,13 @@ class GroupLookup:
             self._write_back_cached()
             return
         if len(self.updated) == len(g.tables) and not self.filtered:
-            if not g.codec.identity:
-                seeds = torch.from_numpy(np.repeat(g.seeds, self.sizes))  # per row: its table's
-                steps = torch.from_numpy(np.repeat(np.array([t.step for t in g.tables], dtype=np.int64), self.sizes))
-                rec = g.codec.encode(rec, self.ids, seeds, steps)
-            write_segments(g.tiers, ids, rec)
+            steps = np.array([t.step for t in g.tables], dtype=np.int64)
+            # a bf16 group's rows packed as they are written (the bits encode gives), else encode, then write
+            if not (g.dtype == "bf16" and rec.device.type == "cpu" and write_bf16_segments(g.tiers, ids, rec, g.dim, g.seeds, steps)):
+                if not g.codec.identity:
+                    rec = g.codec.encode(rec, self.ids, torch.from_numpy(np.repeat(g.seeds, self.sizes)),  # per row: its table's
+                                         torch.from_numpy(np.repeat(steps, self.sizes)))
+                write_segments(g.tiers, ids, rec)
             written = ids
         else:
             tiers, parts, rows = [], [], []

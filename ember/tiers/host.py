@@ -189,7 +189,8 @@ class HostTier(TierCounters, Tier):
         return slots if fresh == 0 or len(self) + fresh <= self.capacity else None
 
     @staticmethod
-    def write_segments_native(tiers: Sequence["Tier"], ids: Sequence[Tensor], records: Tensor) -> bool:
+    def write_segments_native(tiers: Sequence["Tier"], ids: Sequence[Tensor], records: Tensor,
+                              bf16: tuple[int, np.ndarray, np.ndarray] | None = None) -> bool:
         """``write_native`` when every tier is a HostTier that ``writes_natively`` its segment
         (returns True), else nothing written (False)."""
         if not all(isinstance(t, HostTier) for t in tiers):
@@ -198,16 +199,18 @@ class HostTier(TierCounters, Tier):
         slots = [t._native_slots(i, r) for t, i, r in zip(tiers, ids, parts)]  # type: ignore[union-attr]
         if any(s is None for s in slots):
             return False
-        HostTier.write_native(tiers, ids, records, slots)  # type: ignore[arg-type]
+        HostTier.write_native(tiers, ids, records, slots, bf16)  # type: ignore[arg-type]
         return True
 
     @staticmethod
-    def read_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor], out: Tensor) -> Tensor:
+    def read_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor], out: Tensor, bf16_dim: int = 0) -> Tensor:
         """One native pass over several tiers (a table group's): probe, copy into the rows of
         ``out`` [N, R] (the tiers' segments back to back), policy counters; returns the found
-        mask [N]. Every tier must ``reads_natively_into(out)``."""
+        mask [N]. Every tier must ``reads_natively_into(out)``. ``bf16_dim`` > 0: the tiers hold
+        a bf16 table's packed rows (``dim`` weights) and ``out`` is [N, width], their fp32
+        records, widened on the way (``_native.read_rows``)."""
         sizes = [i.numel() for i in ids]
-        _check_rows(tiers, sizes, out, "out")  # the kernel trusts the width
+        _check_rows(tiers, sizes, out, "out", bf16_dim)  # the kernel trusts the width
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False) if ids else np.empty(0, np.int64)
         slots = np.empty(flat.size, dtype=np.int64)
@@ -217,7 +220,7 @@ class HostTier(TierCounters, Tier):
             clocks[j] = t.clock if t._tracks else -1
         hits = np.empty(len(tiers), dtype=np.int64)
         _native.read_rows([t.buffers(writes=False) for t in tiers], flat, bounds, out.numpy(), slots, clocks, hits,
-                          out.shape[1])
+                          tiers[0].record_dim if tiers else out.shape[1], bf16_dim)
         slots_t = torch.from_numpy(slots)
         for j, (t, h) in enumerate(zip(tiers, hits.tolist())):
             t.requests += sizes[j]
@@ -227,12 +230,16 @@ class HostTier(TierCounters, Tier):
 
     @staticmethod
     def write_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor], records: Tensor,
-                     slots: Sequence[np.ndarray] | None = None) -> None:
+                     slots: Sequence[np.ndarray] | None = None, bf16: tuple[int, np.ndarray, np.ndarray] | None = None) -> None:
         """One native pass over several tiers: inserts the new IDs (index, slot, policy metadata)
         and writes every record of ``records`` [N, R] (segments back to back). Every tier must
-        ``writes_natively`` its segment; ``slots``: each segment's ``slots_of`` when known."""
+        ``writes_natively`` its segment; ``slots``: each segment's ``slots_of`` when known.
+        ``bf16`` = (dim, seeds, steps): ``records`` are a bf16 table's fp32 records [N, width],
+        packed on the way with tier j's rounding noise (``seeds[j]``, ``steps[j]``, int64 [T]),
+        the bits ``RowCodec.encode`` gives them."""
         sizes = [i.numel() for i in ids]
-        _check_rows(tiers, sizes, records, "records")
+        dim, seeds, steps = bf16 if bf16 is not None else (0, None, None)
+        _check_rows(tiers, sizes, records, "records", dim)
         per_tier = [t.slots_of(i).numpy() for t, i in zip(tiers, ids)] if slots is None else slots
         slot = np.concatenate(per_tier).astype(np.int64) if per_tier else np.empty(0, np.int64)  # a copy: memos stay
         fresh = [int(np.count_nonzero(s < 0)) for s in per_tier]
@@ -247,7 +254,9 @@ class HostTier(TierCounters, Tier):
         used = np.zeros(len(tiers), dtype=np.int64)
         free_at = np.zeros(len(tiers), dtype=np.int64)
         _native.write_rows([t.buffers(writes=True) for t in tiers], flat, bounds, slot, records.numpy(), nxt, clocks,
-                           used, free_at, records.shape[1])
+                           used, free_at, tiers[0].record_dim if tiers else records.shape[1], dim,
+                           None if seeds is None else np.ascontiguousarray(seeds, dtype=np.int64),
+                           None if steps is None else np.ascontiguousarray(steps, dtype=np.int64))
         for j, (t, m) in enumerate(zip(tiers, fresh)):
             if m:
                 t._free = t._free[int(free_at[j]) :]
@@ -395,12 +404,14 @@ class HostTier(TierCounters, Tier):
         self._held = np.concatenate([self._held, np.zeros(grow - self._held.size, bool)])
 
 
-def _check_rows(tiers: Sequence[Tier], sizes: list[int], rows: Tensor, what: str) -> None:
-    """``rows`` must be [sum(sizes), record_dim]: the native passes trust its shape."""
+def _check_rows(tiers: Sequence[Tier], sizes: list[int], rows: Tensor, what: str, bf16_dim: int = 0) -> None:
+    """``rows`` must be [sum(sizes), record_dim] (``bf16_dim`` > 0: [sum(sizes), a bf16 table's
+    decoded width]): the native passes trust its shape."""
+    width = None if not tiers else tiers[0].record_dim if not bf16_dim else bf16_dim + tiers[0].record_dim - (bf16_dim + 1) // 2
     if len(sizes) != len(tiers) or rows.dim() != 2 or rows.shape[0] != sum(sizes) or (
-        tiers and rows.shape[1] != tiers[0].record_dim
+        tiers and (rows.shape[1] != width or (bf16_dim + 1) // 2 > tiers[0].record_dim)
     ):
         raise ValueError(
-            f"{type(tiers[0]).__name__ if tiers else 'tier'}: {what} must be [{sum(sizes)}, {tiers[0].record_dim if tiers else '?'}] for "
+            f"{type(tiers[0]).__name__ if tiers else 'tier'}: {what} must be [{sum(sizes)}, {width if tiers else '?'}] for "
             f"{len(tiers)} tiers and {len(sizes)} ID tensors, got {list(rows.shape)}"
         )

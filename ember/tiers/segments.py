@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ember.tiers.base import Tier
 from ember.tiers.host import HostTier, _check_rows
 
-__all__ = ["read_segments", "write_segments"]
+__all__ = ["read_segments", "write_segments", "read_bf16_segments", "write_bf16_segments"]
 
 
 def read_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], out: Tensor) -> Tensor:
@@ -37,3 +38,22 @@ def write_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], records: Tensor
         return
     for t, i, rows in zip(tiers, ids, records.split(sizes)):
         t.put(i, rows)
+
+
+def read_bf16_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], out: Tensor, dim: int) -> Tensor | None:
+    """A bf16 group's read straight into its fp32 records ``out`` [N, width] (``dim`` weights,
+    widened from the tiers' packed rows on the way: no packed copy of the batch, no decode pass)
+    when every tier is a HostTier the C core reads into ``out``: the found mask [N]; else None,
+    nothing read (``read_segments`` of the words and the codec's decode then)."""
+    if tiers and all(isinstance(t, HostTier) and t.reads_natively_into(out) for t in tiers):
+        return HostTier.read_native(tiers, ids, out, bf16_dim=dim)  # type: ignore[arg-type]
+    return None
+
+
+def write_bf16_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], records: Tensor, dim: int,
+                        seeds: np.ndarray, steps: np.ndarray) -> bool:
+    """A bf16 group's write of its fp32 records [N, width], packed on the way with tier j's
+    stochastic rounding (``seeds[j]``, ``steps[j]``: the bits ``RowCodec.encode`` gives, with no
+    packed copy of the batch), when every tier is a HostTier the C core writes (True); else
+    nothing written (False: the caller encodes and ``write_segments``)."""
+    return bool(tiers) and HostTier.write_segments_native(tiers, ids, records, (dim, seeds, steps))

@@ -175,6 +175,56 @@ def test_fresh_rows_written_in_place_equal_each_tables_own_records(opt, dtype):
         assert torch.equal(lk.records[new], t.new_records(lk.ids[new])), t.name
 
 
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=[o["type"] for o in OPTIMIZERS])
+def test_bf16_group_widened_on_read_and_packed_on_write_equals_decode_and_encode(opt, monkeypatch):
+    """A bf16 group on host memory reads its rows widened to fp32 and writes them packed with
+    stochastic rounding in the native pass itself (``read_bf16_segments`` /
+    ``write_bf16_segments``): training, outputs and every stored bit equal the path that reads
+    the packed words, decodes, encodes and writes them (the fused pass switched off)."""
+    import ember.embedding.group as group_module
+
+    tables = _tables(opt, dtype="bf16")
+    features = _features("sum")
+    batches = _batches(6, vocab=20)
+    taken = {"read": 0, "write": 0}
+    read, write = group_module.read_bf16_segments, group_module.write_bf16_segments
+
+    def spy_read(*a):
+        out = read(*a)
+        taken["read"] += out is not None
+        return out
+
+    def spy_write(*a):
+        out = write(*a)
+        taken["write"] += out
+        return out
+
+    def train(fused: bool):
+        monkeypatch.setattr(group_module, "read_bf16_segments", spy_read if fused else (lambda *a: None))
+        monkeypatch.setattr(group_module, "write_bf16_segments", spy_write if fused else (lambda *a: False))
+        ec = EmbeddingCollection(tables, features, seed=4)
+        opt_ = SparseOptimizer(ec)
+        proj = torch.linspace(-1, 1, D + 1)
+        outs = []
+        for sf in batches:
+            out = ec(sf, ec.plan(sf).fetch())
+            outs.append({k: v.detach().clone() for k, v in out.items()})
+            _loss(out, proj, None).backward()
+            opt_.step()
+        return ec, outs
+
+    fused, fused_outs = train(True)
+    plain, plain_outs = train(False)
+    assert taken["read"] >= len(batches) and taken["write"] >= len(batches)  # both groups, every step
+    for a, b in zip(fused_outs, plain_outs):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for name in fused.tables:
+        ids_a, rec_a = _sorted_items(fused.tables[name])
+        ids_b, rec_b = _sorted_items(plain.tables[name])
+        assert ids_a.numel() and torch.equal(ids_a, ids_b), name
+        assert torch.equal(rec_a.view(torch.int32), rec_b.view(torch.int32)), name
+
+
 @pytest.mark.parametrize("opt", OPTIMIZERS[1:3], ids=["adagrad", "rowwise"])
 def test_min_count_and_ttl_in_one_group_equal_reference(opt):
     tables = [

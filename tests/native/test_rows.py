@@ -26,7 +26,7 @@ def _lookup(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray) -> np.ndarray:
     return slot.astype(np.int64)
 
 
-def _group(seed: int, tiers: int = 5, cap: int = 2048) -> dict:
+def _group(seed: int, tiers: int = 5, cap: int = 2048, r: int = R) -> dict:
     """The memory tiers of a table group as HostTier holds them (index, arena [rows, R], last,
     count, slot -> ID, held, free list), each with rows already in and some deleted (tombstones
     in the index, some of their slots free) and room reserved for the new ones; a write batch (per tier unique IDs: present,
@@ -40,7 +40,7 @@ def _group(seed: int, tiers: int = 5, cap: int = 2048) -> dict:
         rows = n0 + 400 + int(rng.integers(0, 5))  # growth reserved: the arena holds every new row
         keys, slots = np.zeros(cap, dtype=np.int64), np.full(cap, -1, dtype=np.int32)
         _native._place_py(keys, slots, held_ids, np.arange(n0, dtype=np.int32))
-        arena = rng.standard_normal((rows, R)).astype(np.float32)
+        arena = rng.standard_normal((rows, r)).astype(np.float32)
         last = rng.integers(0, 1000, size=rows)
         count = rng.integers(0, 100, size=rows).astype(np.int32)
         slot_ids = np.zeros(rows, dtype=np.int64)
@@ -69,7 +69,7 @@ def _group(seed: int, tiers: int = 5, cap: int = 2048) -> dict:
         "ids": ids,
         "bounds": np.concatenate([[0], np.cumsum([s.size for s in seg])]).astype(np.int64),
         "slot": np.concatenate([_lookup(t[0], t[1], s) for t, s in zip(tables, seg)]).astype(np.int64),
-        "records": rng.standard_normal((ids.size, R)).astype(np.float32),
+        "records": rng.standard_normal((ids.size, r)).astype(np.float32),
         "next": np.array(nexts, dtype=np.int64),
         "clocks": np.array([7, 3, -1, 12, 5][:tiers], dtype=np.int64),
         "query": np.concatenate(query).astype(np.int64),
@@ -180,6 +180,55 @@ def test_read_write_rows_split_over_threads_equal_one_thread(monkeypatch):
         _same_index(ta, tb)
         for x, y in zip(ta[2:], tb[2:]):
             np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("dim,width", [(4, 5), (5, 7), (16, 17)])
+def test_bf16_rows_packed_on_write_and_widened_on_read_as_the_codec_does(dim, width, monkeypatch):
+    """``dim`` > 0: write_rows packs a bf16 table's fp32 records on the way into the arenas with
+    each tier's noise, read_rows widens them on the way out: the same arena bits as packing the
+    batch first (``bf16_pack_sr``, per-row seeds and steps of the row's tier) and writing the
+    words, the same records as reading the words and decoding them; absent rows untouched.
+    Compiled (split over three threads: each run of tiers its seeds and steps) and fallback
+    alike, specials (NaN, infinities, subnormals) included."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    monkeypatch.setattr(_native, "MIN_PARALLEL_ROWS", 1)
+    words = (dim + 1) // 2 + width - dim
+    g = _group(11, r=words)
+    rng = np.random.default_rng(3)
+    n, t = g["ids"].size, len(g["tables"])
+    records = (rng.standard_normal((n, width)) * 10.0 ** rng.integers(-40, 38, size=(n, width))).astype(np.float32)
+    records.flat[rng.choice(records.size, 20, replace=False)] = [np.nan, np.inf, -np.inf, 1e-45, -0.0] * 4
+    seeds, steps = rng.integers(0, 2**40, size=t), rng.integers(0, 10**6, size=t)
+    sizes = np.diff(g["bounds"])
+    packed = np.empty((n, words), dtype=np.float32)
+    _native._bf16_pack_sr_py(records, g["ids"], np.repeat(seeds, sizes), np.repeat(steps, sizes), dim, packed)
+    for write, read in zip(_kernels("write_rows"), _kernels("read_rows")):
+        fused, plain = _copy(g["tables"]), _copy(g["tables"])
+        args = (g["ids"], g["bounds"])
+        def state():
+            return g["slot"].copy(), g["next"].copy(), g["clocks"], np.zeros(t, np.int64), np.zeros(t, np.int64)
+        slot_f, *rest_f = state()
+        slot_p, *rest_p = state()
+        assert write(fused, *args, slot_f, records, *rest_f, words, dim, seeds, steps) == \
+            write(plain, *args, slot_p, packed, *rest_p, words) > 0
+        np.testing.assert_array_equal(slot_f, slot_p)
+        for ta, tb in zip(fused, plain):
+            _same_index(ta, tb)
+            np.testing.assert_array_equal(ta[2].view(np.uint32), tb[2].view(np.uint32))  # the arena, bit for bit
+        q = g["query"].size
+        out, got_slot = np.full((q, width), -7.0, dtype=np.float32), np.full(q, -9, np.int64)
+        raw, raw_slot = np.full((q, words), -7.0, dtype=np.float32), np.full(q, -9, np.int64)
+        clocks = np.full(t, -1, np.int64)
+        assert read([tb[:5] for tb in fused], g["query"], g["qbounds"], out, got_slot, clocks, np.zeros(t, np.int64),
+                    words, dim) == read([tb[:5] for tb in plain], g["query"], g["qbounds"], raw, raw_slot, clocks,
+                                        np.zeros(t, np.int64), words) > 0
+        np.testing.assert_array_equal(got_slot, raw_slot)
+        hit = raw_slot >= 0
+        assert 0 < hit.sum() < q
+        want = np.full((q, width), -7.0, dtype=np.float32)
+        want[hit, :dim] = torch.from_numpy(raw[hit].copy()).view(torch.int16)[:, :dim].view(torch.bfloat16).float().numpy()
+        want[hit, dim:] = raw[hit, (dim + 1) // 2 :]
+        np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
 
 
 def _kernels(name: str) -> list:
@@ -397,8 +446,10 @@ def test_read_and_write_rows_release_every_table_array_they_borrow():
     g = _group(9)
     tables = _copy(g["tables"])
     before = [[sys.getrefcount(a) for a in t] for t in tables]
-    _write(_native._core.write_rows, g, tables)  # one call over every tier, no thread split
     n, t = g["query"].size, len(tables)
+    _native._core.write_rows(tables, g["ids"], g["bounds"], g["slot"].copy(), g["records"], g["next"].copy(), g["clocks"],
+                             np.zeros(t, np.int64), np.zeros(t, np.int64), np.empty(0, np.int64), np.empty(0, np.int64),
+                             R, 0)  # one call over every tier, no thread split
     _native._core.read_rows([tb[:5] for tb in tables], g["query"], g["qbounds"], np.zeros((n, R), np.float32),
-                            np.zeros(n, np.int64), g["clocks"], np.zeros(t, np.int64), R)
+                            np.zeros(n, np.int64), g["clocks"], np.zeros(t, np.int64), R, 0)
     assert [[sys.getrefcount(a) for a in t] for t in tables] == before
