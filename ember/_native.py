@@ -691,6 +691,8 @@ def write_rows(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds
     empty = np.empty(0, dtype=np.int64)
     seeds = empty if seeds is None else seeds
     steps = empty if steps is None else steps
+    if dim and (seeds.size != len(tables) or steps.size != len(tables)):  # before a split could write a part
+        raise ValueError("ember native write_rows: seeds/steps [T] when dim > 0")
     if _core is not None:
         return _split_tiers(_core.write_rows, tables, ids, bounds,
                             (slot, _rows_of(records, ids.size, _record_width(r, dim), "records")),

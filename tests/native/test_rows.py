@@ -260,7 +260,19 @@ def test_bad_calls_raise_the_same_errors():
             _write(write, dict(g, slot=outside), _copy(g["tables"]))
         with pytest.raises(ValueError, match="tuple of 8"):
             _write(write, g, [t[:5] for t in _copy(g["tables"])])
+    t, n = len(g["tables"]), g["ids"].size
+    for write in _kernels("write_rows"):  # bf16 mode: weights that do not fit R words, seeds not one per tier
+        for dim, seeds in ((2 * R + 1, np.zeros(t, np.int64)), (2, np.zeros(t - 1, np.int64))):
+            width = max(dim + R - (dim + 1) // 2, 1)
+            with pytest.raises(ValueError, match="dim|seeds"):
+                write(_copy(g["tables"]), g["ids"], g["bounds"], g["slot"].copy(), np.zeros((n, width), np.float32),
+                      g["next"].copy(), g["clocks"], np.zeros(t, np.int64), np.zeros(t, np.int64), R, dim, seeds,
+                      np.zeros(t, np.int64))
     for read in _kernels("read_rows"):
+        with pytest.raises(ValueError, match="dim"):
+            q = g["query"].size
+            read([tb[:5] for tb in _copy(g["tables"])], g["query"], g["qbounds"], np.zeros((q, 2 * R), np.float32),
+                 np.zeros(q, np.int64), g["clocks"], np.zeros(t, np.int64), R, 2 * R + 1)
         with pytest.raises(ValueError, match="bounds"):
             _read(read, dict(g, qbounds=g["qbounds"][:-1].copy()), _copy(g["tables"]))
         tables = _copy(g["tables"])
