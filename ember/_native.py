@@ -44,7 +44,7 @@ from ember import once
 
 __all__ = [
     "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_gather", "csv_hazards", "csv_split", "dense_floats", "featurize_ids",
-    "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows",
+    "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows", "record_width",
     "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "fresh_uniform", "unique_segments", "victim_keys",
     "write_rows",
 ]
@@ -348,6 +348,12 @@ def _bf16_round_py(b: np.ndarray, noise: np.ndarray) -> np.ndarray:
     return v
 
 
+def _bf16_widen_py(bits: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns (uint16) -> their exact float32 values: the numpy form of the C core's
+    ``widen_row``."""
+    return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+
+
 def gather_rows(src: np.ndarray, slots: np.ndarray, out: np.ndarray) -> None:
     """``out[:] = src[slots]`` (float32 rows [S, W] -> [k, W]), the GIL released while the rows
     are copied: rows of a memory-mapped disk tier may each be a page fault (a disk read), which
@@ -571,8 +577,10 @@ def _tag_claim_py(tags: np.ndarray, pos: np.ndarray, tag: np.ndarray, out: np.nd
 # so no packed copy of the batch is made.
 
 
-def _record_width(r: int, dim: int) -> int:
-    """Floats per record in the caller's buffer: ``r`` words, or a bf16 row's decoded width."""
+def record_width(r: int, dim: int) -> int:
+    """Floats per record in the caller's buffer of read_rows / write_rows: ``r`` words (``dim``
+    0), or the decoded width of a bf16 row of ``r`` words holding ``dim`` weights; ValueError
+    when ``dim`` weights do not fit ``r`` words."""
     if dim < 0 or (dim + 1) // 2 > r:
         raise ValueError(f"ember native: dim must be in [0, {2 * r}] for records of {r} words, got {dim}")
     return r if dim == 0 else dim + r - (dim + 1) // 2
@@ -617,7 +625,7 @@ def read_rows(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds:
 
     Runs on several threads (runs of whole tiers) when the call is large enough."""
     if _core is not None:
-        return _split_tiers(_core.read_rows, tables, ids, bounds, (_rows_of(out, ids.size, _record_width(r, dim), "out"),
+        return _split_tiers(_core.read_rows, tables, ids, bounds, (_rows_of(out, ids.size, record_width(r, dim), "out"),
                             out_slot), (clocks, out_hits), r, dim)
     return _read_rows_py(tables, ids, bounds, out, out_slot, clocks, out_hits, r, dim)
 
@@ -629,7 +637,7 @@ def _read_rows_py(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bou
         if r <= 0 or out_slot.size != n or clocks.size != t or out_hits.size != t:
             raise ValueError
         _check_segments(t, ids, bounds)
-        rows_out = _rows_of(out, n, _record_width(r, dim), "out")
+        rows_out = _rows_of(out, n, record_width(r, dim), "out")
     except ValueError:
         raise ValueError("ember native read_rows: bounds [T+1] over ids, out [n, W], out_slot [n], clocks/out_hits [T], "
                          "0 <= (dim+1)/2 <= R") from None
@@ -638,7 +646,7 @@ def _read_rows_py(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bou
         found = _read_rows_py(tables, ids, bounds, words, out_slot, clocks, out_hits, r)
         hit = np.flatnonzero(out_slot >= 0)
         half = (dim + 1) // 2
-        rows_out[hit, :dim] = (words[hit].view(np.uint16)[:, :dim].astype(np.uint32) << np.uint32(16)).view(np.float32)
+        rows_out[hit, :dim] = _bf16_widen_py(words[hit].view(np.uint16)[:, :dim])
         rows_out[hit, dim:] = words[hit, half:]
         return found
     for j, tb in enumerate(tables):
@@ -695,7 +703,7 @@ def write_rows(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds
         raise ValueError("ember native write_rows: seeds/steps [T] when dim > 0")
     if _core is not None:
         return _split_tiers(_core.write_rows, tables, ids, bounds,
-                            (slot, _rows_of(records, ids.size, _record_width(r, dim), "records")),
+                            (slot, _rows_of(records, ids.size, record_width(r, dim), "records")),
                             (next, clocks, used, free_at) + ((seeds, steps) if dim else (empty, empty)), r, dim)
     return _write_rows_py(tables, ids, bounds, slot, records, next, clocks, used, free_at, r, dim, seeds, steps)
 
@@ -708,7 +716,7 @@ def _write_rows_py(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bo
         if r <= 0 or slot.size != n or next.size != t or clocks.size != t or used.size != t or free_at.size != t:
             raise ValueError
         _check_segments(t, ids, bounds)
-        recs = _rows_of(records, n, _record_width(r, dim), "records")
+        recs = _rows_of(records, n, record_width(r, dim), "records")
         if dim and (seeds is None or steps is None or seeds.size != t or steps.size != t):
             raise ValueError
     except ValueError:
@@ -1548,8 +1556,7 @@ def _fresh_uniform_py(ids: np.ndarray, keys: np.ndarray, at: np.ndarray, out: np
     _uniform01_py(ids, keys, dim, w, mul, add)
     if bf16:  # round to nearest even (codec._bf16_bits)
         b = w.view(np.uint32)
-        w = (_bf16_round_py(b, np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))).astype(np.uint32)
-             << np.uint32(16)).view(np.float32)
+        w = _bf16_widen_py(_bf16_round_py(b, np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))))
     out[at, :dim] = w
     out[at, dim:] = np.asarray(fill, dtype=np.float32)
 

@@ -529,13 +529,14 @@ class GroupLookup:
             self._write_back_cached()
             return
         if len(self.updated) == len(g.tables) and not self.filtered:
-            steps = np.array([t.step for t in g.tables], dtype=np.int64)
-            # a bf16 group's rows packed as they are written (the bits encode gives), else encode, then write
-            if not (g.dtype == "bf16" and rec.device.type == "cpu" and write_bf16_segments(g.tiers, ids, rec, g.dim, g.seeds, steps)):
-                if not g.codec.identity:
+            if g.codec.identity:
+                write_segments(g.tiers, ids, rec)
+            else:  # a bf16 group's rows packed as they are written (the bits encode gives), else encoded, then written
+                steps = np.array([t.step for t in g.tables], dtype=np.int64)
+                if not (g.dtype == "bf16" and write_bf16_segments(g.tiers, ids, rec, g.dim, g.seeds, steps)):
                     rec = g.codec.encode(rec, self.ids, torch.from_numpy(np.repeat(g.seeds, self.sizes)),  # per row: its table's
                                          torch.from_numpy(np.repeat(steps, self.sizes)))
-                write_segments(g.tiers, ids, rec)
+                    write_segments(g.tiers, ids, rec)
             written = ids
         else:
             tiers, parts, rows = [], [], []

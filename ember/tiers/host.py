@@ -407,9 +407,12 @@ class HostTier(TierCounters, Tier):
 def _check_rows(tiers: Sequence[Tier], sizes: list[int], rows: Tensor, what: str, bf16_dim: int = 0) -> None:
     """``rows`` must be [sum(sizes), record_dim] (``bf16_dim`` > 0: [sum(sizes), a bf16 table's
     decoded width]): the native passes trust its shape."""
-    width = None if not tiers else tiers[0].record_dim if not bf16_dim else bf16_dim + tiers[0].record_dim - (bf16_dim + 1) // 2
+    try:
+        width = _native.record_width(tiers[0].record_dim, bf16_dim) if tiers else None
+    except ValueError:  # the weights do not fit the words: no width fits
+        width = None
     if len(sizes) != len(tiers) or rows.dim() != 2 or rows.shape[0] != sum(sizes) or (
-        tiers and (rows.shape[1] != width or (bf16_dim + 1) // 2 > tiers[0].record_dim)
+        tiers and rows.shape[1] != width
     ):
         raise ValueError(
             f"{type(tiers[0]).__name__ if tiers else 'tier'}: {what} must be [{sum(sizes)}, {width if tiers else '?'}] for "

@@ -23,7 +23,7 @@ def read_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], out: Tensor) -> 
     """``tiers[j].get_into(ids[j], segment j of out)`` for every j; returns the found mask [N]."""
     sizes = [i.numel() for i in ids]
     _check_rows(tiers, sizes, out, "out")
-    if len(tiers) > 1 and all(isinstance(t, HostTier) and t.reads_natively_into(out) for t in tiers):
+    if len(tiers) > 1 and _reads_natively(tiers, out):
         return HostTier.read_native(tiers, ids, out)  # type: ignore[arg-type]
     if len(tiers) == 1:
         return tiers[0].get_into(ids[0], out)
@@ -45,9 +45,14 @@ def read_bf16_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], out: Tensor
     widened from the tiers' packed rows on the way: no packed copy of the batch, no decode pass)
     when every tier is a HostTier the C core reads into ``out``: the found mask [N]; else None,
     nothing read (``read_segments`` of the words and the codec's decode then)."""
-    if tiers and all(isinstance(t, HostTier) and t.reads_natively_into(out) for t in tiers):
+    if tiers and _reads_natively(tiers, out):
         return HostTier.read_native(tiers, ids, out, bf16_dim=dim)  # type: ignore[arg-type]
     return None
+
+
+def _reads_natively(tiers: Sequence[Tier], out: Tensor) -> bool:
+    """Whether every tier is a HostTier the C core reads straight into ``out``."""
+    return all(isinstance(t, HostTier) and t.reads_natively_into(out) for t in tiers)
 
 
 def write_bf16_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], records: Tensor, dim: int,
