@@ -16,10 +16,11 @@ cotangents, update, write back): device ops per step per group (max over groups 
 syncs per step (max over steps), and the split by phase.
 
 With CUDA also, interleaved in one process on the same batches: ms/step of a full training step
-(paired, rotating order), IDs/s of the embedding path alone (IDs in the batch / its wall time),
-the cache's hit rate, and its host<->device bytes per step against (misses + evictions) x
-record bytes. Targets on one H100: the 1/4 cache >= 2x the speed of ember-host and >= 0.9x of
-ember-all-device (``cache_vs_host``, ``cache_vs_all_device``).
+(paired, rotating order) and IDs/s of the embedding path alone (each on batches of its own, the
+even and the odd ones: each timed on IDs the variant has not seen yet), the cache's hit rate,
+and its host<->device bytes per step against (misses + evictions) x record bytes. Targets on
+one H100: the 1/4 cache >= 2x the speed of ember-host and >= 0.9x of ember-all-device
+(``cache_vs_host``, ``cache_vs_all_device``).
 
 Timing starts once the 1/4 cache is full and evicting (``--warmup`` 80: it fills at step ~66;
 figures before 2026-11-26's third session timed its filling, with free slots and no victims).
@@ -97,6 +98,31 @@ class EmberVariant:
         self.sparse_opt.step()
         self.step_no += 1
         _sync(self.dev)
+
+    def step_phases(self, sf: SparseFeatures, dense: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+        """One full training step (as ``step``), the device synchronised between its parts: ms of
+        each (where a full step's time goes beyond its embedding path)."""
+        ms, t = {}, time.perf_counter()
+
+        def mark(name: str) -> None:
+            nonlocal t
+            _sync(self.dev)
+            now = time.perf_counter()
+            ms[name] = (now - t) * 1e3
+            t = now
+
+        emb = self.ec(sf)
+        mark("embedding forward")
+        loss = nn.functional.binary_cross_entropy_with_logits(self.model(dense, [emb[k] for k in self.keys]), labels)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        mark("dense forward+backward")
+        self.opt.step()
+        mark("dense optimizer")
+        self.sparse_opt.step()
+        mark("sparse step")
+        self.step_no += 1
+        return ms
 
     def embedding_path(self, sf: SparseFeatures, cot: dict[str, torch.Tensor],
                        budget: "StepBudget | None" = None) -> None:
@@ -303,6 +329,24 @@ def profile_phases(dev: torch.device, batches: list, vocab: int, warmup: int, st
         if prof is not None:
             print(f"cProfile of {name}'s embedding path over {steps} steps, top {top} by own time:")
             pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+        # full steps on the next batches (first seen), split where the device is synchronised
+        full: dict[str, list[float]] = {}
+        prof = cProfile.Profile() if top and i == 0 else None
+        for ids, dense, labels in batches[warmup + steps : warmup + 2 * steps]:
+            sf = v.features(ids)
+            if prof is not None:
+                prof.enable()
+            for p, ms in v.step_phases(sf, dense.to(dev), labels.to(dev)).items():
+                full.setdefault(p, []).append(ms)
+            if prof is not None:
+                prof.disable()
+        out[f"{name} full step"] = {p: statistics.median(x) for p, x in full.items()}
+        print(f"{name:<17} full step, ms per part (median of {steps}): "
+              + ", ".join(f"{p} {m:.2f}" for p, m in out[f"{name} full step"].items())
+              + f"; sum {sum(out[f'{name} full step'].values()):.2f}")
+        if prof is not None:
+            print(f"cProfile of {name}'s full steps over {steps} steps, top {top} by own time:")
+            pstats.Stats(prof).sort_stats("tottime").print_stats(top)
         v.ec.close()
     return out
 
@@ -351,15 +395,20 @@ class PlainGPU:
 def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) -> dict[str, Any]:
     """Full steps and embedding-path steps of every variant, interleaved (rotating order) on the
     same batches: ms/step, embedding IDs/s, the 1/4 cache's hit rate and transfer."""
-    host_batches = batches
-    dev_batches = [(i.to(dev), d.to(dev), lab.to(dev)) for i, d, lab in batches]
+    # full steps on the even batches, the embedding path alone on the odd ones: each timed on
+    # batches the variant has not seen (a second pass over one batch would find its misses cached)
+    # (warm-up counts batches through the cache: ``warmup // 2`` pairs)
+    emb_batches = batches[1::2]
+    host_batches = batches[0::2]
+    dev_batches = [(i.to(dev), d.to(dev), lab.to(dev)) for i, d, lab in host_batches]
     ember_vs = [EmberVariant(n, max(vocab // f, 1), dev) for n, f in CACHES.items()] + [EmberVariant("ember-host", None, dev)]
     variants: list[Any] = [*ember_vs, PlainGPU(dev, vocab)]
     cot = cotangents(ember_vs[0].keys, batches[0][0].shape[1], dev)
     times: dict[str, list[float]] = {v.name: [] for v in variants}
     emb_times: dict[str, list[float]] = {v.name: [] for v in variants}
-    for i, ((ids_h, _, _), (ids_d, dense, labels)) in enumerate(zip(host_batches, dev_batches)):
+    for i, ((ids_h, _, _), (ids_d, dense, labels), (ids_e, _, _)) in enumerate(zip(host_batches, dev_batches, emb_batches)):
         k = i % len(variants)
+        ids_e_d = ids_e.to(dev)
         for v in variants[k:] + variants[:k]:
             ember_v = isinstance(v, EmberVariant)
             sf = v.features(ids_h) if ember_v else None  # ember plans on the host (IDs from the data loader)
@@ -369,11 +418,11 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
             if ember_v:
                 v.account()
             s = time.perf_counter()
-            v.embedding_path(sf, cot) if ember_v else v.embedding_path(ids_d, cot)
+            v.embedding_path(v.features(ids_e), cot) if ember_v else v.embedding_path(ids_e_d, cot)
             e2 = time.perf_counter() - s
             if ember_v:
                 v.account()
-            if i >= warmup:
+            if i >= warmup // 2:
                 times[v.name].append(e)
                 emb_times[v.name].append(e2)
     ratio = lambda ref, var: statistics.median(r / x for r, x in zip(times[ref], times[var]))  # noqa: E731
@@ -386,7 +435,7 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
         "cache_vs_plain_gpu": ratio("plain-gpu", "ember-cache-1/4"),
         "cache_hit_rate": {}, "transfer_mb_per_step": {}, "transfer_vs_misses_evictions": {},
     }
-    w = 2 * warmup  # two accounted steps per batch (full step, embedding path)
+    w = 2 * (warmup // 2)  # two accounted steps per pair (full step, embedding path)
     for v in ember_vs:
         moved, expected, requests = sum(v.moved[w:]), sum(v.expected[w:]), sum(v.requests[w:])
         out["cache_hit_rate"][v.name] = sum(v.hits[w:]) / requests if requests else None  # after warm-up
@@ -475,7 +524,7 @@ def main() -> None:
     bench_dlrm.W = bench_dlrm.Workload([args.vocab] * F)
     batch = args.batch if cuda else args.cpu_batch
     warmup = args.warmup if cuda else args.cpu_warmup
-    n = max(args.steps if cuda else 0, args.budget_steps, args.phases) + warmup
+    n = max(2 * args.steps if cuda else 0, args.budget_steps, 2 * args.phases) + warmup  # (CUDA: steps in pairs)
     batches = make_batches(n, batch, zipf=ZIPF)
     where = torch.cuda.get_device_name() if cuda else "CPU (device arena in host memory)"
     print(f"{where}; {F} tables x {args.vocab} IDs, Zipf {ZIPF}, batch {batch}; budgets over {args.budget_steps} steps "

@@ -91,6 +91,7 @@ def require() -> ModuleType:
 # run on as many threads as torch may use (torch.get_num_threads(): the user's CPU budget).
 
 MIN_PARALLEL_ROWS = 16384  # below this a hand-off to another thread (~30-50 us) does not pay
+PROBE_PARALLEL_KEYS = 8192  # a probe waits on ~3 random reads per key: smaller shares pay
 _pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, workers, pool)
 T = TypeVar("T")
 
@@ -1287,13 +1288,25 @@ def pair_find(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, salt: np.nda
     """A group cache's probe of unique (table, ID) pairs: ``out[i]`` = the slot of key
     ``ids[i] ^ salt[i]`` in the index (``keys``/``slots``) when ``slot_id[slot] == ids[i]``, -2
     when the key is another pair's, -1 when absent; for each hit ``count[slot] += 1``,
-    ``last[slot] = clock``, ``held[slot] += 1`` (each when given). Returns the hits."""
+    ``last[slot] = clock``, ``held[slot] += 1`` (each when given). Returns the hits.
+
+    The pairs of one call are unique (a lookup's IDs per table), so no slot is touched twice:
+    many keys are probed on several threads (ranges of ``ids``), each its own hits' counters.
+    The probe waits on memory (random buckets and slot records), so more threads keep more
+    reads in flight."""
     core = _core
     if core is None:
         return _pair_find_py(keys, slots, ids, salt, slot_id, count, last, held, clock, out)
     empty64, empty32 = np.empty(0, np.int64), np.empty(0, np.int32)
-    return core.pair_find(keys, slots, ids, salt, slot_id, empty64 if count is None else count,
-                          empty64 if last is None else last, empty32 if held is None else held, int(clock), out)
+    c, la, h = empty64 if count is None else count, empty64 if last is None else last, empty32 if held is None else held
+    n = ids.size
+    if not (salt.size == out.size == n) or n < 2 * PROBE_PARALLEL_KEYS:  # (the core names what is wrong)
+        return core.pair_find(keys, slots, ids, salt, slot_id, c, la, h, int(clock), out)
+
+    def part(lo: int, hi: int) -> int:
+        return core.pair_find(keys, slots, ids[lo:hi], salt[lo:hi], slot_id, c, la, h, int(clock), out[lo:hi])
+
+    return sum(run_chunks(part, chunks(np.ones(n, np.int8), min_rows=PROBE_PARALLEL_KEYS)))
 
 
 def _pair_find_py(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, salt: np.ndarray, slot_id: np.ndarray,

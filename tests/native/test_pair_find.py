@@ -37,3 +37,32 @@ def test_native_pair_find_equals_the_numpy_one():
     for a, b in zip(*states):
         assert np.array_equal(a, b)
     assert states[0][0].sum() == 280 and (states[0][1][states[0][2] > 0] == 7).all()
+
+
+def test_pair_find_split_over_threads_equals_one_call(monkeypatch):
+    """Many keys are probed in ranges on several threads: the same slots, hits and counters as
+    one call over all of them (each hit's slot is touched by the one thread that owns its key)."""
+    rng = np.random.default_rng(1)
+    m = 5_000
+    idx = KeyIndex(2 * m)
+    ids = rng.choice(10**9, m, replace=False).astype(np.int64)
+    slot_of = rng.permutation(m).astype(np.int64)
+    idx.insert(ids, slot_of.astype(np.int32))
+    slot_id = np.zeros(m, np.int64)
+    slot_id[slot_of] = ids
+    slot_id[slot_of[:50]] += 1  # taken by another pair: -2
+    query = np.concatenate([rng.permutation(ids)[:3_000], rng.integers(2 * 10**9, 3 * 10**9, 1_000)])
+    salt = np.zeros(query.size, np.int64)
+    runs = []
+    for least in (10**9, 64):  # one call; ranges of >= 64 keys on every thread torch may use
+        monkeypatch.setattr(_native, "PROBE_PARALLEL_KEYS", least)
+        count, last, held = np.zeros(m, np.int64), np.zeros(m, np.int64), np.zeros(m, np.int32)
+        out = np.full(query.size, -7, np.int64)
+        hits = _native.pair_find(idx.keys, idx.slots, query, salt, slot_id, count, last, held, 5, out)
+        runs.append((hits, out, count, last, held))
+    assert len(_native.chunks(np.ones(query.size, np.int8), min_rows=64)) > 1 or _native.torch.get_num_threads() == 1
+    (h1, o1, *s1), (h2, o2, *s2) = runs
+    assert h1 == h2 == int((o1 >= 0).sum()) > 2_000
+    assert np.array_equal(o1, o2) and (o1 >= -2).all()
+    for a, b in zip(s1, s2):
+        assert np.array_equal(a, b)
