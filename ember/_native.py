@@ -45,7 +45,7 @@ from ember import once
 __all__ = [
     "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_gather", "csv_hazards", "csv_split", "dense_floats", "featurize_ids",
     "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows", "record_width",
-    "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "fresh_uniform", "unique_segments", "victim_keys",
+    "bf16_pack_sr", "cms", "even_chunks", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "gc_scores", "gc_select", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "fresh_uniform", "unique_segments", "victim_keys",
     "write_rows",
 ]
 
@@ -92,6 +92,7 @@ def require() -> ModuleType:
 
 MIN_PARALLEL_ROWS = 16384  # below this a hand-off to another thread (~30-50 us) does not pay
 PROBE_PARALLEL_KEYS = 8192  # a probe waits on ~3 random reads per key: smaller shares pay
+SCAN_PARALLEL_SLOTS = 1 << 17  # a victim scan's share of slots per thread (~0.3 ms of streaming)
 _pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, workers, pool)
 T = TypeVar("T")
 
@@ -121,10 +122,18 @@ def chunks(weights: Sequence[int] | np.ndarray, cuts: Sequence[bool] | None = No
     return list(zip(bounds[:-1], bounds[1:]))
 
 
+def even_chunks(n: int, min_rows: int) -> list[tuple[int, int]]:
+    """Items ``0..n`` of equal weight in equal ranges of at least ``min_rows``, one per thread
+    torch may use (``chunks`` of unit weights, computed without an array of them)."""
+    k = min(torch.get_num_threads(), n, max(1, n // max(min_rows, 1)))
+    bounds = [n * j // k for j in range(k + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
 def row_chunks(n: int) -> list[tuple[int, int]]:
     """Rows ``0..n`` of a row-by-row kernel in equal ranges, one per thread when there are at
     least ``2 * MIN_PARALLEL_ROWS`` of them, else one range."""
-    return chunks(np.ones(n, np.int8)) if n >= 2 * MIN_PARALLEL_ROWS else [(0, n)]
+    return even_chunks(n, MIN_PARALLEL_ROWS) if n >= 2 * MIN_PARALLEL_ROWS else [(0, n)]
 
 
 def run_chunks(fn: Callable[[int, int], T], parts: list[tuple[int, int]]) -> list[T]:
@@ -1306,7 +1315,7 @@ def pair_find(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, salt: np.nda
     def part(lo: int, hi: int) -> int:
         return core.pair_find(keys, slots, ids[lo:hi], salt[lo:hi], slot_id, c, la, h, int(clock), out[lo:hi])
 
-    return sum(run_chunks(part, chunks(np.ones(n, np.int8), min_rows=PROBE_PARALLEL_KEYS)))
+    return sum(run_chunks(part, even_chunks(n, PROBE_PARALLEL_KEYS)))
 
 
 def _pair_find_py(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, salt: np.ndarray, slot_id: np.ndarray,
@@ -1367,20 +1376,60 @@ def gc_scan(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: np.ndar
     then the ``k = len(out_slot)`` lowest (score, slot) pairs in ascending order into
     ``out_slot`` / ``out_score`` (ties: the lower slot first). Returns how many were found
     (fewer than k when fewer slots qualify). last/count/score int64 [m], live bool [m], held
-    int32 [m]. One radix select in C; ``_gc_scan_py`` otherwise."""
-    core = _core
-    if core is None:
-        _fallback_once("gc_scan")
-        return _gc_scan_py(last, count, live, held, lru, score, out_slot, out_score)
-    return core.gc_scan(last, count, live, held, bool(lru), score, out_slot, out_score)
+    int32 [m]. The scores in slot ranges on several threads (``gc_scores``: a pass over every
+    slot's arrays, waiting on memory), then one radix select (``gc_select``)."""
+    m = last.size
+    parts = even_chunks(m, SCAN_PARALLEL_SLOTS) if _core is not None and score.size == m else [(0, m)]
+    ranges = run_chunks(lambda lo, hi: gc_scores(last, count, live, held, lru, score, lo, hi), parts)
+    valid = sum(r[0] for r in ranges)
+    return gc_select(score, valid, min(r[1] for r in ranges), max(r[2] for r in ranges), out_slot, out_score)
 
 
 def _gc_scan_py(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: np.ndarray, lru: bool,
                 score: np.ndarray, out_slot: np.ndarray, out_score: np.ndarray) -> int:
-    sc = victim_keys(last, count, lru, out=score)
-    np.putmask(sc, ~live, _NEVER)
-    np.putmask(sc, held > 0, _NEVER)
-    valid = sc.size - int(np.count_nonzero(sc == _NEVER))
+    """``gc_scan`` in numpy alone (the reference of the compiled passes)."""
+    valid, lo, hi = _gc_scores_py(last, count, live, held, lru, score, 0, last.size)
+    return _gc_select_py(score, valid, lo, hi, out_slot, out_score)
+
+
+def gc_scores(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: np.ndarray, lru: bool,
+              score: np.ndarray, start: int, stop: int) -> tuple[int, int, int]:
+    """The victim scan's first pass over slots ``start..stop-1``: their ``score`` (as ``gc_scan``).
+    Returns (how many qualify, their lowest score, their highest score); lowest > highest when
+    none. In C; ``_gc_scores_py`` otherwise."""
+    core = _core
+    if core is None:
+        _fallback_once("gc_scan")
+        return _gc_scores_py(last, count, live, held, lru, score, start, stop)
+    return core.gc_scores(last, count, live, held, bool(lru), score, int(start), int(stop))
+
+
+def _gc_scores_py(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: np.ndarray, lru: bool,
+                  score: np.ndarray, start: int, stop: int) -> tuple[int, int, int]:
+    if not (0 <= start <= stop <= last.size):
+        raise ValueError("ember native gc_scores: the range is not within the slots")
+    sc = victim_keys(last[start:stop], count[start:stop], lru, out=score[start:stop])
+    np.putmask(sc, ~live[start:stop], _NEVER)
+    np.putmask(sc, held[start:stop] > 0, _NEVER)
+    ok = sc[sc != _NEVER]
+    if ok.size == 0:
+        return 0, _NEVER, np.iinfo(np.int64).min
+    return int(ok.size), int(ok.min()), int(ok.max())
+
+
+def gc_select(score: np.ndarray, valid: int, lo: int, hi: int, out_slot: np.ndarray, out_score: np.ndarray) -> int:
+    """The victim scan's selection over the scores ``gc_scores`` wrote (``valid`` of them below
+    int64 max, within [lo, hi]): the ``len(out_slot)`` lowest (score, slot) pairs, ascending
+    (ties: the lower slot), into ``out_slot`` / ``out_score``; returns how many. One radix
+    select in C; ``_gc_select_py`` otherwise."""
+    core = _core
+    if core is None:
+        return _gc_select_py(score, valid, lo, hi, out_slot, out_score)
+    return core.gc_select(score, int(valid), int(lo), int(hi), out_slot, out_score)
+
+
+def _gc_select_py(score: np.ndarray, valid: int, lo: int, hi: int, out_slot: np.ndarray, out_score: np.ndarray) -> int:
+    sc = score
     k = min(out_slot.size, valid)
     if k <= 0:
         return 0

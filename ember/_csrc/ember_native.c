@@ -304,34 +304,35 @@ static int radix_pairs(int64_t *s, int64_t *v, int64_t *tmp_s, int64_t *tmp_v, P
     return 0;
 }
 
-/* gc_scan(last, count, live, held, lru, score int64[m], out_slot int64[k], out_score int64[k]) -> found.
- * The victim scan: score[v] = victim_key of slot v, NEVER where not live or held; then the k
- * lowest (score, slot) pairs (fewer when fewer slots qualify), ascending, into out_*. Ties go to
- * the lower slot, so the choice is one and the same in C and numpy. A radix select: one pass for
- * the scores, one histogram of their top bits, histograms of the shrinking candidate set until
- * the k-th score is known, one pass to collect, one radix sort of the k. */
-static PyObject *gc_scan(PyObject *self, PyObject *args) {
-    Py_buffer lb, cb, vb, hb, sb, osb, oscb;
+/* gc_scores(last, count, live, held, lru, score int64[m], start, stop) -> (valid, lo, hi).
+ * The victim scan's first pass over slots [start, stop): score[v] = victim_key of slot v, NEVER
+ * where not live or held. Returns how many qualify and their lowest and highest score (lo > hi
+ * when none). Ranges of one scan run on several threads (ember._native.gc_scan). */
+static PyObject *gc_scores(PyObject *self, PyObject *args) {
+    Py_buffer lb, cb, vb, hb, sb;
     int lru;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*pw*w*w*", &lb, &cb, &vb, &hb, &lru, &sb, &osb, &oscb)) return NULL;
+    Py_ssize_t start, stop;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*pw*nn", &lb, &cb, &vb, &hb, &lru, &sb, &start, &stop)) return NULL;
     PyObject *res = NULL;
-    Py_ssize_t m = lb.len / 8, k = osb.len / 8;
-    if (cb.len != m * 8 || vb.len != m || hb.len != m * 4 || sb.len != m * 8 || oscb.len != k * 8) {
-        PyErr_SetString(PyExc_ValueError, "ember native gc_scan: last/count/score int64, live bool, held int32 of one "
-                        "length; out_slot/out_score int64 of one length");
+    Py_ssize_t m = lb.len / 8;
+    if (cb.len != m * 8 || vb.len != m || hb.len != m * 4 || sb.len != m * 8) {
+        PyErr_SetString(PyExc_ValueError, "ember native gc_scores: last/count/score int64, live bool, held int32 of one "
+                        "length");
+        goto done;
+    }
+    if (start < 0 || stop > m || start > stop) {
+        PyErr_SetString(PyExc_ValueError, "ember native gc_scores: the range is not within the slots");
         goto done;
     }
     {
         const int64_t *last = lb.buf, *count = cb.buf;
         const uint8_t *live = vb.buf;
         const int32_t *held = hb.buf;
-        int64_t *score = sb.buf, *out_v = osb.buf, *out_s = oscb.buf;
-        Py_ssize_t found = 0;
-        int oom = 0;
-        Py_BEGIN_ALLOW_THREADS
+        int64_t *score = sb.buf;
         int64_t lo = NEVER, hi = INT64_MIN;
         Py_ssize_t valid = 0;
-        for (Py_ssize_t v = 0; v < m; v++) {
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t v = start; v < stop; v++) {
             int64_t s = (live[v] && held[v] <= 0) ? victim_key(lru, last[v], count[v]) : NEVER;
             score[v] = s;
             if (s != NEVER) {
@@ -340,6 +341,39 @@ static PyObject *gc_scan(PyObject *self, PyObject *args) {
                 if (s > hi) hi = s;
             }
         }
+        Py_END_ALLOW_THREADS
+        res = Py_BuildValue("nLL", valid, (long long)lo, (long long)hi);
+    }
+done:
+    PyBuffer_Release(&lb); PyBuffer_Release(&cb); PyBuffer_Release(&vb); PyBuffer_Release(&hb); PyBuffer_Release(&sb);
+    return res;
+}
+
+/* gc_select(score int64[m], valid, lo, hi, out_slot int64[k], out_score int64[k]) -> found.
+ * The victim scan's selection over the scores gc_scores wrote (valid of them not NEVER, within
+ * [lo, hi]): the k lowest (score, slot) pairs (fewer when fewer slots qualify), ascending, into
+ * out_*. Ties go to the lower slot, so the choice is one and the same in C and numpy. A radix
+ * select: one histogram of the scores' top bits, histograms of the shrinking candidate set until
+ * the k-th score is known, one pass to collect, one radix sort of the k. */
+static PyObject *gc_select(PyObject *self, PyObject *args) {
+    Py_buffer sb, osb, oscb;
+    Py_ssize_t valid;
+    long long lo_in, hi_in;
+    if (!PyArg_ParseTuple(args, "y*nLLw*w*", &sb, &valid, &lo_in, &hi_in, &osb, &oscb)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t m = sb.len / 8, k = osb.len / 8;
+    if (oscb.len != k * 8 || valid < 0 || valid > m) {
+        PyErr_SetString(PyExc_ValueError, "ember native gc_select: out_slot/out_score int64 of one length, valid within "
+                        "the scores");
+        goto done;
+    }
+    {
+        const int64_t *score = sb.buf;
+        int64_t *out_v = osb.buf, *out_s = oscb.buf;
+        int64_t lo = (int64_t)lo_in, hi = (int64_t)hi_in;
+        Py_ssize_t found = 0;
+        int oom = 0;
+        Py_BEGIN_ALLOW_THREADS
         Py_ssize_t want = k < valid ? k : valid;
         /* the k-th lowest score t, and how many slots scoring t are taken (the lowest ones) */
         int64_t t = hi;
@@ -414,7 +448,6 @@ static PyObject *gc_scan(PyObject *self, PyObject *args) {
         else res = PyLong_FromSsize_t(found);
     }
 done:
-    PyBuffer_Release(&lb); PyBuffer_Release(&cb); PyBuffer_Release(&vb); PyBuffer_Release(&hb);
     PyBuffer_Release(&sb); PyBuffer_Release(&osb); PyBuffer_Release(&oscb);
     return res;
 }
@@ -2505,7 +2538,8 @@ static PyMethodDef methods[] = {
     {"cms", cms, METH_VARARGS, "cms(table, ids, counts, seeds, width, out) -> None"},
     {"pair_find", pair_find, METH_VARARGS,
      "pair_find(keys, slots, ids, salt, slot_id, count, last, held, clock, out) -> hits"},
-    {"gc_scan", gc_scan, METH_VARARGS, "gc_scan(last, count, live, held, lru, score, out_slot, out_score) -> found"},
+    {"gc_scores", gc_scores, METH_VARARGS, "gc_scores(last, count, live, held, lru, score, start, stop) -> (valid, lo, hi)"},
+    {"gc_select", gc_select, METH_VARARGS, "gc_select(score, valid, lo, hi, out_slot, out_score) -> found"},
     {"gc_requeue", gc_requeue, METH_VARARGS, "gc_requeue(last, count, live, held, lru, q_slot, q_score) -> kept"},
     {"gc_reserve", gc_reserve, METH_VARARGS,
      "gc_reserve(free, nfree, new, tables, est, clock, owner, count, last, held, w_slots) -> None"},

@@ -1,6 +1,6 @@
-"""The group cache's native passes (_native.gc_scan / gc_requeue / gc_reserve / gc_insert / gc_release) equal
-their numpy fallbacks on random slot arrays: the same victims in the same order, the same queue,
-the same index buckets and slot arrays."""
+"""The group cache's native passes (_native.gc_scan = gc_scores + gc_select, gc_requeue /
+gc_reserve / gc_insert / gc_release) equal their numpy fallbacks on random slot arrays: the same
+victims in the same order, the same queue, the same index buckets and slot arrays."""
 
 from __future__ import annotations
 
@@ -31,7 +31,9 @@ def _slots(rng: np.random.Generator, m: int, spread: int) -> tuple[np.ndarray, .
 @pytest.mark.parametrize("lru", [False, True])
 @pytest.mark.parametrize("spread", [1, 3, 50, 1 << 40])
 @pytest.mark.parametrize("k", [0, 1, 7, 300, 5000, 20000])
-def test_native_gc_scan_equals_the_numpy_one(lru, spread, k):
+@pytest.mark.parametrize("share", [1 << 17, 1000])  # slots per thread of the scores pass: one range; several
+def test_native_gc_scan_equals_the_numpy_one(lru, spread, k, share, monkeypatch):
+    monkeypatch.setattr(_native, "SCAN_PARALLEL_SLOTS", share)
     rng = np.random.default_rng(k + spread)
     m = 10_000
     last, count, live, held = _slots(rng, m, spread)

@@ -60,7 +60,7 @@ def test_pair_find_split_over_threads_equals_one_call(monkeypatch):
         out = np.full(query.size, -7, np.int64)
         hits = _native.pair_find(idx.keys, idx.slots, query, salt, slot_id, count, last, held, 5, out)
         runs.append((hits, out, count, last, held))
-    assert len(_native.chunks(np.ones(query.size, np.int8), min_rows=64)) > 1 or _native.torch.get_num_threads() == 1
+    assert len(_native.even_chunks(query.size, 64)) > 1 or _native.torch.get_num_threads() == 1
     (h1, o1, *s1), (h2, o2, *s2) = runs
     assert h1 == h2 == int((o1 >= 0).sum()) > 2_000
     assert np.array_equal(o1, o2) and (o1 >= -2).all()
