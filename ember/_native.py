@@ -44,7 +44,7 @@ from ember import once
 
 __all__ = [
     "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_gather", "csv_hazards", "csv_split", "dense_floats", "featurize_ids",
-    "index_add_features", "index_add_rows", "is_available", "place", "probe", "read_rows", "record_width",
+    "index_add_features", "index_add_rows", "is_available", "place", "probe", "probe_rows", "read_rows", "record_width",
     "bf16_pack_sr", "cms", "even_chunks", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "gc_scores", "gc_select", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "fresh_uniform", "unique_segments", "victim_keys",
     "write_rows",
 ]
@@ -218,6 +218,31 @@ def _probe_py(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, out_bucket: 
     out_slot[found] = slots.take(bucket[found])
     return int(np.count_nonzero(found))
 
+
+
+def probe_rows(tables: Sequence[tuple[np.ndarray, np.ndarray]], ids: np.ndarray, bounds: np.ndarray,
+               out_slot: np.ndarray) -> int:
+    """Several tiers' probe in one pass (a table group's write): tier j's (keys, slots) over its
+    segment ``ids[bounds[j]:bounds[j+1]]``; ``out_slot`` (int64 [n]) gets each ID's slot, -1 where
+    absent. Counts no access. Returns the number found."""
+    if _core is not None:
+        return _core.probe_rows(tables, ids, bounds, out_slot)
+    return _probe_rows_py(tables, ids, bounds, out_slot)
+
+
+def _probe_rows_py(tables: Sequence[tuple[np.ndarray, np.ndarray]], ids: np.ndarray, bounds: np.ndarray,
+                   out_slot: np.ndarray) -> int:
+    b = np.asarray(bounds, dtype=np.int64)
+    n = ids.size
+    if b.size != len(tables) + 1 or b[0] != 0 or b[-1] != n or (np.diff(b) < 0).any() or out_slot.size != n:
+        raise ValueError("ember native probe_rows: bounds [T+1] over ids, out_slot [n]")
+    found = 0
+    for j, (keys, slots) in enumerate(tables):
+        seg = ids[b[j] : b[j + 1]]
+        s32 = np.empty(seg.size, np.int32)
+        found += _probe_py(keys, slots, seg, np.empty(seg.size, np.int64), s32)
+        out_slot[b[j] : b[j + 1]] = s32
+    return found
 
 def place(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, new_slots: np.ndarray) -> int:
     """Insert ``ids[i] -> new_slots[i]`` (int64 [n] absent, unique IDs; int32 [n]) into the table,

@@ -1120,6 +1120,61 @@ static int check_segments(Py_buffer *bounds, Py_ssize_t t, Py_ssize_t n) {
     return 0;
 }
 
+/* probe_rows(tables [(keys, slots)] * T, ids int64[n], bounds int64[T+1], out_slot int64[n]) -> found.
+ * Several memory tiers' probe in one call (a table group's write: which IDs each tier holds, and
+ * where): for every tier j over its segment of ids, out_slot = the ID's slot, -1 when absent.
+ * Nothing is counted (a write's probe is no access). */
+static PyObject *probe_rows(PyObject *self, PyObject *args) {
+    PyObject *tables;
+    Py_buffer ids, bounds, os;
+    if (!PyArg_ParseTuple(args, "Oy*y*w*", &tables, &ids, &bounds, &os)) return NULL;
+    PyObject *res = NULL;
+    Py_buffer *tb = NULL;
+    Py_ssize_t n = ids.len / 8, t = PySequence_Size(tables);
+    static const int flags[2] = {0, 0};
+    if (t < 0) goto done;
+    if (check_segments(&bounds, t, n) < 0 || os.len != n * 8) {
+        PyErr_SetString(PyExc_ValueError, "ember native probe_rows: bounds [T+1] over ids, out_slot [n]");
+        goto done;
+    }
+    if (!(tb = acquire_tables(tables, t, 2, flags))) goto done;
+    for (Py_ssize_t j = 0; j < t; j++) {
+        uint64_t mask;
+        if (check_table(&tb[2 * j], &tb[2 * j + 1], &mask) < 0) goto done;
+    }
+    {
+        const int64_t *id = ids.buf, *bd = bounds.buf;
+        int64_t *osl = os.buf;
+        Py_ssize_t found = 0;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t j = 0; j < t; j++) {
+            const int64_t *k = tb[2 * j].buf;
+            const int32_t *s = tb[2 * j + 1].buf;
+            uint64_t mask = (uint64_t)(tb[2 * j].len / 8) - 1;
+            for (int64_t i0 = bd[j]; i0 < bd[j + 1]; i0 += BLOCK) {  /* prefetch a block's home buckets, then probe */
+                int64_t i1 = i0 + BLOCK < bd[j + 1] ? i0 + BLOCK : bd[j + 1];
+                uint64_t hb[BLOCK];
+                for (int64_t i = i0; i < i1; i++) {
+                    hb[i - i0] = mix64((uint64_t)id[i]) & mask;
+                    __builtin_prefetch(s + hb[i - i0]);
+                    __builtin_prefetch(k + hb[i - i0]);
+                }
+                for (int64_t i = i0; i < i1; i++) {
+                    uint64_t at;
+                    osl[i] = find_slot(k, s, mask, id[i], hb[i - i0], &at);
+                    found += osl[i] >= 0;
+                }
+            }
+        }
+        Py_END_ALLOW_THREADS
+        res = PyLong_FromSsize_t(found);
+    }
+done:
+    if (tb) release_tables(tb, t * 2);
+    PyBuffer_Release(&ids); PyBuffer_Release(&bounds); PyBuffer_Release(&os);
+    return res;
+}
+
 /* read_rows(tables [(keys, slots, arena, last, count)] * T, ids int64[n], bounds int64[T+1],
  *           out float32[n*W], out_slot int64[n], clocks int64[T], out_hits int64[T], R, dim) -> found
  * A memory tier's read, for every tier j over its segment of ids: probe each ID, copy its record
@@ -2517,6 +2572,7 @@ static PyMethodDef methods[] = {
     {"csv_hazards", csv_hazards, METH_VARARGS, "csv_hazards(data) -> flags"},
     {"csv_split", csv_split, METH_VARARGS, "csv_split(data, delimiter, ncols, slots, n, out_starts, out_offsets) -> n or -1"},
     {"csv_gather", csv_gather, METH_VARARGS, "csv_gather(data, starts, offsets, n, outs) -> None"},
+    {"probe_rows", probe_rows, METH_VARARGS, "probe_rows(tables, ids, bounds, out_slot) -> found"},
     {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r, dim) -> found"},
     {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, free_at, seeds, steps, r, dim) -> inserted"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim) -> None"},

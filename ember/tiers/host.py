@@ -193,13 +193,22 @@ class HostTier(TierCounters, Tier):
                               bf16: tuple[int, np.ndarray, np.ndarray] | None = None) -> bool:
         """``write_native`` when every tier is a HostTier that ``writes_natively`` its segment
         (returns True), else nothing written (False)."""
-        if not all(isinstance(t, HostTier) for t in tiers):
+        if not all(isinstance(t, HostTier) and t._native_cpu for t in tiers) or not (
+                records.is_contiguous() and records.dtype == torch.float32 and records.device.type == "cpu"):
             return False
-        parts = records.split([i.numel() for i in ids])
-        slots = [t._native_slots(i, r) for t, i, r in zip(tiers, ids, parts)]  # type: ignore[union-attr]
-        if any(s is None for s in slots):
-            return False
-        HostTier.write_native(tiers, ids, records, slots, bf16)  # type: ignore[arg-type]
+        sizes = [i.numel() for i in ids]
+        if len(sizes) != len(tiers):
+            _check_rows(tiers, sizes, records, "records")  # names the mismatch
+        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False) if ids else np.empty(0, np.int64)
+        slot = np.empty(flat.size, dtype=np.int64)  # every tier's probe in one pass (the write needs it anyway)
+        _native.probe_rows([(t._index.keys, t._index.slots) for t in tiers], flat, bounds, slot)  # type: ignore[union-attr]
+        new = np.concatenate([[0], np.cumsum(slot < 0)])
+        fresh = new[bounds[1:]] - new[bounds[:-1]]
+        for t, m in zip(tiers, fresh.tolist()):  # new IDs beyond a bounded tier's room: put raises its error
+            if m and t.capacity is not None and len(t) + m > t.capacity:
+                return False
+        HostTier.write_native(tiers, ids, records, np.split(slot, bounds[1:-1]), bf16)  # type: ignore[arg-type]
         return True
 
     @staticmethod
