@@ -68,9 +68,12 @@ def test_phase_timing_and_trainer_comparison_on_cpu(bench) -> None:
     variant's samples/s and the cache / host ratio per staleness reported."""
     vocab = 400
     bench.bench_dlrm.W = bench.bench_dlrm.Workload([vocab] * bench.F)
-    batches = bench.make_batches(4, 32, zipf=bench.ZIPF)
+    batches = bench.make_batches(5, 32, zipf=bench.ZIPF)  # warm-up, 2 embedding-path steps, 2 full steps
     phases = bench.profile_phases(torch.device("cpu"), batches, vocab, warmup=1, steps=2, caches={"c": 4, "h": None})
-    assert set(phases) == {"c", "h"} and all(set(p) == set(bench.PHASES) for p in phases.values())
+    assert set(phases) == {"c", "h", "c full step", "h full step"}
+    assert set(phases["c"]) == set(phases["h"]) == set(bench.PHASES)
+    assert set(phases["c full step"]) == set(phases["h full step"]) == {
+        "embedding forward", "dense forward+backward", "dense optimizer", "sparse step"}
     assert all(ms >= 0 for p in phases.values() for ms in p.values())
     out = bench.compare_trainer(torch.device("cpu"), batches, vocab, warmup=2, rounds=1, staleness=(1,))
     assert set(out["trainer_samples_per_s"]) == {"trainer-cache-1/4-k1", "trainer-host-k1"}

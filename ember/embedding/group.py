@@ -441,18 +441,40 @@ class GroupLookup:
             return 0
         cut = np.searchsorted(at, self.starts[1:-1])
         ids = self.ids.numpy()
-        subsets = [torch.from_numpy(ids[p]) for p in np.split(at, cut)]
-        packed = self.records.new_empty(at.size, g.codec.words)
-        found = read_segments(g.tiers, subsets, packed).numpy()  # one pass over the group's tiers
-        rows = g.codec.decode(packed)
-        if not found.all():
-            keep = np.flatnonzero(found)
-            at, rows = at[keep], rows.index_select(0, torch.from_numpy(keep).to(rows.device))
-        self.records.index_copy_(0, torch.from_numpy(at).to(self.records.device), rows)
+        if g.cache is not None and _same_device(self.records.device, g.cache.device):
+            at = self._refresh_cached(at, [p.size for p in np.split(at, cut)])
+        else:
+            subsets = [torch.from_numpy(ids[p]) for p in np.split(at, cut)]
+            packed = self.records.new_empty(at.size, g.codec.words)
+            found = read_segments(g.tiers, subsets, packed).numpy()  # one pass over the group's tiers
+            rows = g.codec.decode(packed)
+            if not found.all():
+                keep = np.flatnonzero(found)
+                at, rows = at[keep], rows.index_select(0, torch.from_numpy(keep).to(rows.device))
+            self.records.index_copy_(0, torch.from_numpy(at).to(self.records.device), rows)
         for j, f in self.filtered.items():  # admitted since the fetch by another batch: updated now
             a = int(self.starts[j])
             f[torch.from_numpy(at[(at >= a) & (at < a + f.numel())] - a)] = False
         return int(at.size)
+
+    def _refresh_cached(self, at: np.ndarray, sizes: list[int]) -> np.ndarray:
+        """``refresh``'s read through the group's device cache, as its fetch reads (one probe of
+        the group's index, the rows not in the arena from the slower tiers into one staging
+        buffer, a fixed few device operations; no admission, no access counted), not one table
+        at a time through its view (each a probe, a gather, a wait for every pending copy).
+        Returns the positions re-read (those found)."""
+        cache = self.group.cache
+        assert cache is not None and self.records is not None
+        plan = cache.fetch(self.ids.numpy()[at], sizes, train=False, extra=[torch.from_numpy(at)], stats=False)
+        rows, (at_dev,) = cache.load(plan)
+        found = plan.found
+        if found.all():
+            self.records.index_copy_(0, at_dev, rows)
+            return at
+        keep = np.flatnonzero(found)  # (rare: an ID gone from the chain since; its fetched row stays)
+        k = torch.from_numpy(keep).to(rows.device)
+        self.records.index_copy_(0, at_dev.index_select(0, k), rows.index_select(0, k))
+        return at[keep]
 
     def update(self, step: int | None = None) -> None:
         """Run each table's sparse optimizer on the rows of ``records`` whose features reached the

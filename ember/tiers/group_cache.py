@@ -305,13 +305,15 @@ class GroupCache:
         return est
 
     # ---- the fast path -----------------------------------------------------------------
-    def fetch(self, ids: np.ndarray, sizes: Sequence[int], train: bool, extra: Sequence[Tensor] = ()) -> "CachePlan":
+    def fetch(self, ids: np.ndarray, sizes: Sequence[int], train: bool, extra: Sequence[Tensor] = (),
+              stats: bool = True) -> "CachePlan":
         """The host half of a lookup's read of ``ids`` (int64: each table's unique IDs, table
         after table, ``sizes`` of them): probe, (training) decide admissions and victims, and
         read the misses from the slower tiers straight into the pinned buffer ``load`` copies to
         the device (with the indexes and ``extra``: int64 host tensors the step needs there, the
         lookup's pooling indexes). The caller fills the fresh rows of misses not ``found`` into
-        ``plan.staged``, then calls ``load``."""
+        ``plan.staged``, then calls ``load``. ``stats`` False: the read is no request of the
+        tables' hit-rate counters (a pipeline's re-read of rows written since a fetch)."""
         sizes = list(sizes)
         self._adopt_orphans()
         self.drain(wait=False)
@@ -320,9 +322,10 @@ class GroupCache:
         slots, taken = self.find(owner, ids, touch=train)
         hit = slots >= 0
         miss = np.flatnonzero(~hit)
-        for v, n, h in zip(self.views, sizes, np.bincount(owner[hit], minlength=len(sizes)).tolist()):
-            v.requests += n
-            v.hits += h
+        if stats:
+            for v, n, h in zip(self.views, sizes, np.bincount(owner[hit], minlength=len(sizes)).tolist()):
+                v.requests += n
+                v.hits += h
         none = np.empty(0, np.int64)
         ticket, victims, evicted = None, none, (none, none)
         if train:  # (find counted the hits' accesses and holds their slots until write_back: no one's victims)
