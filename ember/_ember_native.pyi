@@ -61,8 +61,9 @@ def disk_find(tags: np.ndarray, table: np.ndarray, ids: np.ndarray, out_slot: np
 def disk_write(table: np.ndarray, slots: np.ndarray, ids: np.ndarray, recs: np.ndarray, w: int, /) -> None: ...
 
 # probe_rows: tables [(keys, slots)] * T, ids int64 [n], bounds int64 [T+1]; out_slot int64 [n] =
-# each ID's slot in its tier, -1 absent; returns the number found (no access counted)
-def probe_rows(tables: list[tuple[np.ndarray, np.ndarray]], ids: np.ndarray, bounds: np.ndarray, out_slot: np.ndarray, /) -> int: ...
+# each ID's slot in its tier, -1 absent; returns the number found (no access counted); remove: the
+# found IDs' buckets marked deleted (a segment's IDs unique)
+def probe_rows(tables: list[tuple[np.ndarray, np.ndarray]], ids: np.ndarray, bounds: np.ndarray, out_slot: np.ndarray, remove: bool, /) -> int: ...
 
 # memory tiers of a table group: tables[j] = (keys, slots, arena float32 [rows, r], last int64,
 # count int32) for read_rows, + (slot_ids int64, held bool, free int32) for write_rows; ids int64 [n],

@@ -221,17 +221,18 @@ def _probe_py(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, out_bucket: 
 
 
 def probe_rows(tables: Sequence[tuple[np.ndarray, np.ndarray]], ids: np.ndarray, bounds: np.ndarray,
-               out_slot: np.ndarray) -> int:
+               out_slot: np.ndarray, remove: bool = False) -> int:
     """Several tiers' probe in one pass (a table group's write): tier j's (keys, slots) over its
     segment ``ids[bounds[j]:bounds[j+1]]``; ``out_slot`` (int64 [n]) gets each ID's slot, -1 where
-    absent. Counts no access. Returns the number found."""
+    absent. Counts no access. ``remove``: each found ID leaves its tier's index (its bucket
+    marked deleted; a segment's IDs unique); the caller frees the slots. Returns the number found."""
     if _core is not None:
-        return _core.probe_rows(tables, ids, bounds, out_slot)
-    return _probe_rows_py(tables, ids, bounds, out_slot)
+        return _core.probe_rows(tables, ids, bounds, out_slot, bool(remove))
+    return _probe_rows_py(tables, ids, bounds, out_slot, remove)
 
 
 def _probe_rows_py(tables: Sequence[tuple[np.ndarray, np.ndarray]], ids: np.ndarray, bounds: np.ndarray,
-                   out_slot: np.ndarray) -> int:
+                   out_slot: np.ndarray, remove: bool = False) -> int:
     b = np.asarray(bounds, dtype=np.int64)
     n = ids.size
     if b.size != len(tables) + 1 or b[0] != 0 or b[-1] != n or (np.diff(b) < 0).any() or out_slot.size != n:
@@ -239,9 +240,11 @@ def _probe_rows_py(tables: Sequence[tuple[np.ndarray, np.ndarray]], ids: np.ndar
     found = 0
     for j, (keys, slots) in enumerate(tables):
         seg = ids[b[j] : b[j + 1]]
-        s32 = np.empty(seg.size, np.int32)
-        found += _probe_py(keys, slots, seg, np.empty(seg.size, np.int64), s32)
+        bucket, s32 = np.empty(seg.size, np.int64), np.empty(seg.size, np.int32)
+        found += _probe_py(keys, slots, seg, bucket, s32)
         out_slot[b[j] : b[j + 1]] = s32
+        if remove:
+            slots[bucket[bucket >= 0]] = _DELETED
     return found
 
 def place(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, new_slots: np.ndarray) -> int:

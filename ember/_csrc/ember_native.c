@@ -1120,18 +1120,21 @@ static int check_segments(Py_buffer *bounds, Py_ssize_t t, Py_ssize_t n) {
     return 0;
 }
 
-/* probe_rows(tables [(keys, slots)] * T, ids int64[n], bounds int64[T+1], out_slot int64[n]) -> found.
+/* probe_rows(tables [(keys, slots)] * T, ids int64[n], bounds int64[T+1], out_slot int64[n], remove) -> found.
  * Several memory tiers' probe in one call (a table group's write: which IDs each tier holds, and
  * where): for every tier j over its segment of ids, out_slot = the ID's slot, -1 when absent.
- * Nothing is counted (a write's probe is no access). */
+ * Nothing is counted (a write's probe is no access). remove: each found ID leaves its tier's
+ * index (its bucket marked deleted; the IDs of a segment unique); the caller frees the slots. */
 static PyObject *probe_rows(PyObject *self, PyObject *args) {
     PyObject *tables;
     Py_buffer ids, bounds, os;
-    if (!PyArg_ParseTuple(args, "Oy*y*w*", &tables, &ids, &bounds, &os)) return NULL;
+    int remove;
+    if (!PyArg_ParseTuple(args, "Oy*y*w*p", &tables, &ids, &bounds, &os, &remove)) return NULL;
     PyObject *res = NULL;
     Py_buffer *tb = NULL;
     Py_ssize_t n = ids.len / 8, t = PySequence_Size(tables);
-    static const int flags[2] = {0, 0};
+    static const int read_only[2] = {0, 0}, deleting[2] = {0, 1};
+    const int *flags = remove ? deleting : read_only;
     if (t < 0) goto done;
     if (check_segments(&bounds, t, n) < 0 || os.len != n * 8) {
         PyErr_SetString(PyExc_ValueError, "ember native probe_rows: bounds [T+1] over ids, out_slot [n]");
@@ -1149,7 +1152,7 @@ static PyObject *probe_rows(PyObject *self, PyObject *args) {
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t j = 0; j < t; j++) {
             const int64_t *k = tb[2 * j].buf;
-            const int32_t *s = tb[2 * j + 1].buf;
+            int32_t *s = tb[2 * j + 1].buf;
             uint64_t mask = (uint64_t)(tb[2 * j].len / 8) - 1;
             for (int64_t i0 = bd[j]; i0 < bd[j + 1]; i0 += BLOCK) {  /* prefetch a block's home buckets, then probe */
                 int64_t i1 = i0 + BLOCK < bd[j + 1] ? i0 + BLOCK : bd[j + 1];
@@ -1162,7 +1165,10 @@ static PyObject *probe_rows(PyObject *self, PyObject *args) {
                 for (int64_t i = i0; i < i1; i++) {
                     uint64_t at;
                     osl[i] = find_slot(k, s, mask, id[i], hb[i - i0], &at);
-                    found += osl[i] >= 0;
+                    if (osl[i] >= 0) {
+                        found++;
+                        if (remove) s[at] = DELETED;
+                    }
                 }
             }
         }
@@ -2572,7 +2578,7 @@ static PyMethodDef methods[] = {
     {"csv_hazards", csv_hazards, METH_VARARGS, "csv_hazards(data) -> flags"},
     {"csv_split", csv_split, METH_VARARGS, "csv_split(data, delimiter, ncols, slots, n, out_starts, out_offsets) -> n or -1"},
     {"csv_gather", csv_gather, METH_VARARGS, "csv_gather(data, starts, offsets, n, outs) -> None"},
-    {"probe_rows", probe_rows, METH_VARARGS, "probe_rows(tables, ids, bounds, out_slot) -> found"},
+    {"probe_rows", probe_rows, METH_VARARGS, "probe_rows(tables, ids, bounds, out_slot, remove) -> found"},
     {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r, dim) -> found"},
     {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, free_at, seeds, steps, r, dim) -> inserted"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim) -> None"},

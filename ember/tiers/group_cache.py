@@ -42,7 +42,7 @@ from ember.tiers.base import Tier, TierCounters
 from ember.tiers.device_budget import mark_device
 from ember.tiers.key_index import KeyIndex
 from ember.tiers.policy import CountMinSketch, Policy
-from ember.tiers.segments import read_segments, write_segments
+from ember.tiers.segments import read_segments, remove_segments, write_segments
 
 __all__ = ["GroupCache", "GroupCacheView", "CachePlan", "CacheTicket"]
 
@@ -446,12 +446,11 @@ class GroupCache:
                 # another lookup wrote it there since this one's fetch
                 in_slow = np.zeros(slots.size, dtype=bool)
                 in_slow[new] = ticket.new_in_slow
-                for j, sel in enumerate(np.split(ok, cut)):
-                    if sel.size:
-                        there = sel if self.writes != ticket.writes else sel[in_slow[sel]]
-                        if there.size:
-                            self.slow[j].remove(torch.from_numpy(ids[there]))
-                        self.views[j].inserts += int(sel.size)
+                there = ok if self.writes != ticket.writes else ok[in_slow[ok]]
+                if there.size:  # one pass over the slower tiers' indexes (segments table after table)
+                    remove_segments(self.slow, [torch.from_numpy(x) for x in _split_by_table(ids[there], owner[there], len(sizes))])
+                for v, c in zip(self.views, np.bincount(owner[ok], minlength=len(sizes)).tolist()):
+                    v.inserts += c
         self._mark()
         if changed or ticket.dev is None:
             w_slots = np.where(keep & (slots >= 0), slots, self.trash)
@@ -548,9 +547,9 @@ def _overlaps(a: list[np.ndarray], b: Sequence[np.ndarray], mix: np.ndarray) -> 
 
 
 def _split_by_table(ids: np.ndarray, owner: np.ndarray, n: int) -> list[np.ndarray]:
-    """``ids`` (sorted by ``owner`` or not) as one array per table, in table order; the rows
-    they go with must be in the same order: callers pass rows ordered table after table."""
-    return [ids[owner == j] for j in range(n)]
+    """``ids`` as one array per table, in table order (views). ``owner`` ascends: the rows they
+    go with are ordered table after table, and stay in that order."""
+    return np.split(ids, np.searchsorted(owner, np.arange(1, n)))
 
 
 class GroupCacheView(TierCounters, Tier):

@@ -202,7 +202,7 @@ class HostTier(TierCounters, Tier):
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False) if ids else np.empty(0, np.int64)
         slot = np.empty(flat.size, dtype=np.int64)  # every tier's probe in one pass (the write needs it anyway)
-        _native.probe_rows([(t._index.keys, t._index.slots) for t in tiers], flat, bounds, slot)  # type: ignore[union-attr]
+        _native.probe_rows([(t._index.keys, t._index.slots) for t in tiers], flat, bounds, slot, False)  # type: ignore[union-attr]
         new = np.concatenate([[0], np.cumsum(slot < 0)])
         fresh = new[bounds[1:]] - new[bounds[:-1]]
         for t, m in zip(tiers, fresh.tolist()):  # new IDs beyond a bounded tier's room: put raises its error
@@ -319,6 +319,27 @@ class HostTier(TierCounters, Tier):
         self._free = np.concatenate([self._free, slots[found]])
         self._held[slots[found]] = False
         return torch.from_numpy(found)
+
+    @staticmethod
+    def remove_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor]) -> np.ndarray:
+        """``remove`` of each tier's unique ``ids[j]`` in one pass over their indexes
+        (``_native.probe_rows``), not one probe per tier; returns the found mask [N], the
+        segments back to back."""
+        sizes = [i.numel() for i in ids]
+        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False) if ids else np.empty(0, np.int64)
+        slot = np.empty(flat.size, dtype=np.int64)
+        _native.probe_rows([(t._index.keys, t._index.slots) for t in tiers], flat, bounds, slot, True)
+        found = slot >= 0
+        for j, t in enumerate(tiers):
+            if sizes[j]:
+                s = slot[bounds[j] : bounds[j + 1]]
+                s = s[s >= 0].astype(np.int32)
+                t._memo = []
+                t._index.removed(s.size)
+                t._free = np.concatenate([t._free, s])
+                t._held[s] = False
+        return found
 
     def _victim_slots(self, n: int, take: bool) -> tuple[np.ndarray, np.ndarray]:
         """The ``n`` best victims (ids, slots), best first; ``take`` drops them from the queue.

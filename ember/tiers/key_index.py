@@ -107,6 +107,11 @@ class KeyIndex:
         self._size += n
         self._used += used
 
+    def removed(self, n: int) -> None:
+        """Account for ``n`` IDs a kernel took out of ``keys``/``slots`` (``_native.probe_rows``
+        with ``remove``: their buckets marked deleted)."""
+        self._size -= n
+
     def _place(self, ids: np.ndarray, slots: np.ndarray) -> None:
         self._used += _native.place(self._keys, self._slots, ids, np.ascontiguousarray(slots, dtype=np.int32))
 

@@ -16,7 +16,7 @@ from torch import Tensor
 from ember.tiers.base import Tier
 from ember.tiers.host import HostTier, _check_rows
 
-__all__ = ["read_segments", "write_segments", "read_bf16_segments", "write_bf16_segments"]
+__all__ = ["read_segments", "write_segments", "remove_segments", "read_bf16_segments", "write_bf16_segments"]
 
 
 def read_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], out: Tensor) -> Tensor:
@@ -38,6 +38,17 @@ def write_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], records: Tensor
         return
     for t, i, rows in zip(tiers, ids, records.split(sizes)):
         t.put(i, rows)
+
+
+def remove_segments(tiers: Sequence[Tier], ids: Sequence[Tensor]) -> None:
+    """``tiers[j].remove(ids[j])`` for every j (each segment's IDs unique), in one native pass
+    over the indexes when every tier is a HostTier."""
+    if len(tiers) > 1 and all(isinstance(t, HostTier) for t in tiers):
+        HostTier.remove_native(tiers, ids)  # type: ignore[arg-type]
+        return
+    for t, i in zip(tiers, ids):
+        if i.numel():
+            t.remove(i)
 
 
 def read_bf16_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], out: Tensor, dim: int) -> Tensor | None:

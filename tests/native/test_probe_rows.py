@@ -47,3 +47,49 @@ def test_probe_rows_bad_calls_raise(fn):
         fn(tables, flat, bounds[:-1], np.empty(flat.size, np.int64))
     with pytest.raises(ValueError, match="out_slot"):
         fn(tables, flat, bounds, np.empty(flat.size - 1, np.int64))
+
+
+@pytest.mark.parametrize("fn", [_native.probe_rows, _native._probe_rows_py])
+def test_probe_rows_removing_takes_the_found_ids_out_of_each_index(fn):
+    if fn is _native.probe_rows and not _native.is_available():
+        pytest.skip("the native core is not built (or EMBER_NATIVE=0)")
+    idx, queries, flat, bounds = _tiers(np.random.default_rng(5))
+    before = np.concatenate([ix.lookup(q).astype(np.int64) for ix, q in zip(idx, queries)])
+    out = np.full(flat.size, -7, np.int64)
+    found = fn([(ix.keys, ix.slots) for ix in idx], flat, bounds, out, True)
+    assert np.array_equal(out, before) and found == int((before >= 0).sum())  # the slots they held
+    for ix, q in zip(idx, queries):
+        assert (ix.lookup(q) == -1).all()  # gone from every index
+
+
+def test_host_tiers_removed_in_one_pass_equal_one_remove_each():
+    """HostTier.remove_native (a group cache's admissions leaving the slower tiers) leaves every
+    tier as its own remove does: index, free slots, held flags, size; and a later insert reuses
+    the freed slots the same way."""
+    import torch
+
+    from ember.tiers.host import HostTier
+
+    states = []
+    for one_pass in (False, True):
+        rng = np.random.default_rng(6)  # the same tiers and IDs both times
+        tiers = [HostTier(record_dim=3) for _ in range(3)]
+        keep = []
+        for j, t in enumerate(tiers):
+            ids = torch.from_numpy(np.arange(j * 1000, j * 1000 + 200, dtype=np.int64))
+            t.put(ids, torch.full((200, 3), float(j)))
+            keep.append(torch.from_numpy(np.sort(rng.permutation(ids.numpy())[: 20 * j + 5])))
+        gone = [k[: k.numel() // 2] for k in keep]
+        gone[1] = torch.cat([gone[1], torch.tensor([-5, 10**9])])  # absent IDs too
+        if one_pass:
+            found = HostTier.remove_native(tiers, gone)
+        else:
+            found = np.concatenate([t.remove(i).numpy() for t, i in zip(tiers, gone)])
+        for t in tiers:
+            t.put(torch.tensor([7_000_001, 7_000_002]), torch.ones(2, 3))  # reuses freed slots
+        states.append((found, [(len(t), t._free.tolist(), t._held.copy(), t.slots_of(torch.arange(-5, 3000)).numpy())
+                               for t in tiers]))
+    (f1, s1), (f2, s2) = states
+    assert np.array_equal(f1, f2) and f1.sum() == sum(k.numel() // 2 for k in keep)
+    for a, b in zip(s1, s2):
+        assert a[0] == b[0] and a[1] == b[1] and np.array_equal(a[2], b[2]) and np.array_equal(a[3], b[3])
