@@ -112,12 +112,19 @@ class HostTier(TierCounters, Tier):
     # ---- reads ------------------------------------------------------------------------
     def slots_of(self, ids: Tensor) -> Tensor:
         """Slot of each ID (-1 if absent), int64 [N] on CPU."""
-        for memo_ids, memo_slots in self._memo:
-            if memo_ids is ids:
-                return memo_slots
+        memo = self._memoized(ids)
+        if memo is not None:
+            return memo
         slots = torch.from_numpy(self._index.lookup(ids.numpy()).astype(np.int64))
         self._memo = [(ids, slots)] + self._memo[:1]
         return slots
+
+    def _memoized(self, ids: Tensor) -> Tensor | None:
+        """The slots of ``ids`` (this very tensor) as the last probes or writes left them, or None."""
+        for memo_ids, memo_slots in self._memo:
+            if memo_ids is ids:
+                return memo_slots
+        return None
 
     def remember(self, ids: Tensor, slots: np.ndarray) -> None:
         """Note that ``ids`` sit in ``slots`` (-1: absent) right now, as a caller that has just
@@ -199,16 +206,26 @@ class HostTier(TierCounters, Tier):
         sizes = [i.numel() for i in ids]
         if len(sizes) != len(tiers):
             _check_rows(tiers, sizes, records, "records")  # names the mismatch
-        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False) if ids else np.empty(0, np.int64)
-        slot = np.empty(flat.size, dtype=np.int64)  # every tier's probe in one pass (the write needs it anyway)
-        _native.probe_rows([(t._index.keys, t._index.slots) for t in tiers], flat, bounds, slot, False)  # type: ignore[union-attr]
-        new = np.concatenate([[0], np.cumsum(slot < 0)])
-        fresh = new[bounds[1:]] - new[bounds[:-1]]
-        for t, m in zip(tiers, fresh.tolist()):  # new IDs beyond a bounded tier's room: put raises its error
-            if m and t.capacity is not None and len(t) + m > t.capacity:
-                return False
-        HostTier.write_native(tiers, ids, records, np.split(slot, bounds[1:-1]), bf16)  # type: ignore[arg-type]
+        slots: list[np.ndarray | None] = []  # each tier's slots of its IDs: as its read left them (this
+        for t, i in zip(tiers, ids):        # lookup's own IDs), else probed below
+            m = t._memoized(i)  # type: ignore[union-attr]
+            slots.append(None if m is None else m.numpy())
+        need = [j for j, x in enumerate(slots) if x is None]
+        if need:  # the other tiers' probes in one pass (the write needs them anyway)
+            sub = [ids[j] for j in need]
+            bounds = np.concatenate([[0], np.cumsum([i.numel() for i in sub])]).astype(np.int64)
+            flat = np.concatenate([i.numpy() for i in sub]).astype(np.int64, copy=False)
+            probed = np.empty(flat.size, dtype=np.int64)
+            _native.probe_rows([(tiers[j]._index.keys, tiers[j]._index.slots) for j in need], flat, bounds,  # type: ignore[union-attr]
+                               probed, False)
+            for j, x in zip(need, np.split(probed, bounds[1:-1])):
+                slots[j] = x
+        for t, x in zip(tiers, slots):  # new IDs beyond a bounded tier's room: put raises its error
+            if t.capacity is not None:
+                m = int(np.count_nonzero(x < 0))  # type: ignore[operator]
+                if m and len(t) + m > t.capacity:
+                    return False
+        HostTier.write_native(tiers, ids, records, slots, bf16)  # type: ignore[arg-type]
         return True
 
     @staticmethod

@@ -93,3 +93,30 @@ def test_host_tiers_removed_in_one_pass_equal_one_remove_each():
     assert np.array_equal(f1, f2) and f1.sum() == sum(k.numel() // 2 for k in keep)
     for a, b in zip(s1, s2):
         assert a[0] == b[0] and a[1] == b[1] and np.array_equal(a[2], b[2]) and np.array_equal(a[3], b[3])
+
+
+def test_a_write_after_its_read_probes_no_tier_again(monkeypatch):
+    """A lookup's write-back (the IDs its read probed, the same tensors) takes the slots the read
+    left; only tiers whose IDs were not read are probed (one pass for them)."""
+    import torch
+
+    from ember.tiers.host import HostTier
+
+    tiers = [HostTier(record_dim=2) for _ in range(3)]
+    ids = [torch.arange(j * 100, j * 100 + 50) for j in range(3)]
+    for t, i in zip(tiers, ids):
+        t.put(i[:30], torch.zeros(30, 2))
+    out = torch.empty(150, 2)
+    HostTier.read_native(tiers, ids, out)
+    calls = []
+    real = _native.probe_rows
+    monkeypatch.setattr(_native, "probe_rows", lambda tables, *a: calls.append(len(tables)) or real(tables, *a))
+    assert HostTier.write_segments_native(tiers, ids, torch.ones(150, 2))
+    assert calls == []
+    other = [torch.arange(j * 100 + 40, j * 100 + 60) for j in range(3)]
+    other[1] = ids[1]  # read before: its slots are known
+    assert HostTier.write_segments_native(tiers, other, torch.full((90, 2), 2.0))
+    assert calls == [2]
+    for t, i in zip(tiers, other):
+        got = torch.empty(i.numel(), 2)
+        assert t.get_into(i, got).all() and (got == 2.0).all()
