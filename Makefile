@@ -16,7 +16,7 @@ demo: install
 # Two test processes at a time (pytest-xdist, each file in one of them) for all but the `serial`
 # tests (several ranks each: they run after, alone but for the next run; ~3.8 + 2.8 min here
 # instead of 9.4 in one process). The native core off (EMBER_NATIVE=0): the numpy/torch fallbacks
-# of every kernel (ember/_native.py) must pass the same embedding, tier, optimizer, checkpoint,
+# of every kernel (ember/_native/) must pass the same embedding, tier, optimizer, checkpoint,
 # featurize and native tests; that run takes, at nice 19, only the CPU the serial tests leave
 # idle (their ranks keep their timing), and its output follows theirs.
 NATIVE_OFF_TESTS := tests/embedding tests/tiers tests/optim tests/checkpoint tests/featurize tests/native

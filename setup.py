@@ -1,7 +1,7 @@
 """Builds the optional native core (ember._ember_native); metadata lives in pyproject.toml.
 
 The extension is optional: without a C compiler the install still succeeds and ember runs on
-its pure numpy/torch fallbacks (see ember/_native.py).
+its pure numpy/torch fallbacks (see ember/_native/).
 """
 
 from setuptools import Extension, setup

@@ -3,10 +3,10 @@
  * Every function works in place on caller-owned, C-contiguous buffers (numpy arrays), with the
  * same table layout as ember.tiers.key_index.KeyIndex: keys int64[cap], slots int32[cap]
  * (-1 empty, -2 deleted), cap a power of two, home bucket = splitmix64(id) & (cap - 1), linear
- * probing. The Python side (ember/_native.py) checks dtypes and sizes; here we only check
+ * probing. The Python side (ember/_native/) checks dtypes and sizes; here we only check
  * lengths, so a wrong call raises instead of reading out of bounds.
  *
- * Each function below has one wrapper of the same name in ember/_native.py (the only module
+ * Each function below has one wrapper of the same name in ember/_native/ (the only package
  * that imports this one; EMBER_NATIVE=0 keeps it from doing so) with its numpy/torch fallback
  * ``_<name>_py`` written next to it: same arguments, same results. The docstrings of the method
  * table at the end give each function's arguments; ember/_ember_native.pyi types them and

@@ -10,7 +10,7 @@ import pytest
 
 from ember import _native
 
-PACKAGE = Path(_native.__file__).parent
+PACKAGE = Path(_native.__file__).parent.parent  # ember/ (the wrappers: ember/_native/, one module per kernel family)
 C_SOURCE = PACKAGE / "_csrc" / "ember_native.c"
 STUB = PACKAGE / "_ember_native.pyi"
 WRAPPER = {"rowwise_adagrad": "rowwise_adagrad_"}  # wrappers whose name differs from the kernel's (in place: _)
@@ -75,7 +75,9 @@ def test_every_kernel_has_one_wrapper_and_a_fallback_next_to_it(name):
     wrapper = WRAPPER.get(name, name)
     assert wrapper in _native.__all__ and callable(getattr(_native, wrapper))
     assert callable(getattr(_native, f"_{name}_py"))
-    src = Path(_native.__file__).read_text()
+    module = getattr(_native, wrapper).__module__  # its family's module; the fallback beside it
+    assert module.startswith("ember._native.") and getattr(_native, f"_{name}_py").__module__ == module
+    src = (PACKAGE / "_native" / f"{module.rsplit('.', 1)[1]}.py").read_text()
     at, fallback = src.index(f"\ndef {wrapper}("), src.index(f"\ndef _{name}_py(")
     between = src[at + 1 : fallback]
     assert at < fallback and between.count("\ndef ") == 0, f"_{name}_py must follow {wrapper} directly"

@@ -1,0 +1,200 @@
+"""The single import site of ember's compiled core, and the one place that decides whether it runs.
+
+Every kernel of the extension (``ember/_csrc/ember_native.c``) has exactly one public wrapper,
+of the same name and semantics, with its pure numpy/torch fallback ``_<name>_py`` written right
+below it: same arguments, same results (where an insert lands in a hash table may differ
+between the two, never what a lookup finds; each says so). The wrappers live in one module per
+kernel family (``key_index``, ``rows``, ``disk``, ``bf16``, ``dedupe``, ``arrow``, ``csv``,
+``cache``, ``init``, ``sparse``) and are all imported here: callers import ``ember._native``
+alone. A wrapper runs the compiled kernel when the extension imports and the fallback
+otherwise, and splits a large call over threads where the kernel releases the GIL (the helpers
+below). Callers (KeyIndex, the tiers, the initialisers, the sparse gradients and optimizer)
+call the wrappers and keep no native/numpy branches of their own.
+
+One switch: ``EMBER_NATIVE=0`` in the environment (read once, when this module is imported)
+means the extension is never imported, for the whole process: ``is_available()`` is False,
+``require()`` raises, and every wrapper runs its fallback. ``make test`` runs the embedding,
+tiers, optim and checkpoint tests a second time that way. ``import ember`` never needs the
+extension: without a C compiler it is simply not built (``require()`` then names the fix).
+
+Kernels take explicit buffers: numpy arrays of the documented dtypes, C-contiguous; outputs
+are written in place. ``ember/_ember_native.pyi`` types the extension's functions and
+``tests/native/test_stub.py`` checks it against the C method table.
+
+Example:
+    >>> import numpy as np
+    >>> uniq, inverse, counts = unique_segments(np.array([5, 3, 5, 7, 7]), np.array([0, 3, 5]))
+    >>> uniq.tolist(), inverse.tolist(), counts.tolist()
+    ([5, 3, 7], [0, 1, 0, 2, 2], [2, 1])
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
+from typing import Callable, Sequence, TypeVar
+
+import numpy as np
+import torch
+
+from ember import once
+
+
+__all__ = [
+    "CSV_HEX", "CSV_LONG_DIGITS", "CSV_PAREN", "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_gather",
+    "csv_hazards", "csv_split", "dense_floats", "featurize_ids", "hash_utf8_buffers",
+    "index_add_features", "index_add_rows", "is_available", "place", "probe", "probe_rows", "read_rows", "record_width",
+    "bf16_pack_sr", "cms", "even_chunks", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "gc_scores", "gc_select", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "fresh_uniform", "unique_segments", "victim_keys",
+    "write_rows",
+]
+
+# EMBER_NATIVE=0 when ember is imported: the extension is never imported (any other value, or
+# none, imports it when it was built).
+_DISABLED = os.environ.get("EMBER_NATIVE", "").strip() == "0"
+
+_core: ModuleType | None
+_import_error: ImportError | None
+if _DISABLED:
+    _core, _import_error = None, None
+else:
+    try:
+        from ember import _ember_native as _core  # optional extension
+    except ImportError as _e:  # built without a compiler, or not built yet
+        _core, _import_error = None, _e
+    else:
+        _import_error = None
+
+
+def is_available() -> bool:
+    """True when the compiled core was built, imports, and ``EMBER_NATIVE=0`` did not turn it off."""
+    return _core is not None
+
+
+def require() -> ModuleType:
+    """The compiled core, or an ImportError that says why it is missing and how to get it."""
+    if _core is None:
+        if _DISABLED:
+            raise ImportError(
+                "ember native core (ember._ember_native) is turned off: EMBER_NATIVE=0 was set in the "
+                "environment when ember was imported (unset it to use the compiled kernels)"
+            )
+        raise ImportError(
+            "ember native core (ember._ember_native) is not available "
+            f"({_import_error}); reinstall with a C compiler present: pip install -e ."
+        )
+    return _core
+
+
+# ---- running a kernel on several threads ---------------------------------------------------
+# The kernels release the GIL, so independent parts of one call (tables, segments, row ranges)
+# run on as many threads as torch may use (torch.get_num_threads(): the user's CPU budget).
+
+MIN_PARALLEL_ROWS = 16384  # below this a hand-off to another thread (~30-50 us) does not pay
+PROBE_PARALLEL_KEYS = 8192  # a probe waits on ~3 random reads per key: smaller shares pay
+SCAN_PARALLEL_SLOTS = 1 << 17  # a victim scan's share of slots per thread (~0.3 ms of streaming)
+_pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, workers, pool)
+T = TypeVar("T")
+
+
+def chunks(weights: Sequence[int] | np.ndarray, cuts: Sequence[bool] | None = None, min_rows: int | None = None) -> list[tuple[int, int]]:
+    """Split items ``0..len(weights)`` into contiguous [lo, hi) ranges of about equal total weight,
+    one per thread torch may use (one range when the total is below ``min_rows``, default
+    ``MIN_PARALLEL_ROWS``).
+
+    ``cuts[i]`` False forbids a range boundary before item i (items that must stay together).
+    """
+    w = np.asarray(weights, dtype=np.int64)
+    n, total = w.size, int(w.sum())
+    least = MIN_PARALLEL_ROWS if min_rows is None else min_rows
+    k = min(torch.get_num_threads(), n, max(1, total // max(least, 1)))
+    if k <= 1:
+        return [(0, n)]
+    ends = np.cumsum(w)
+    bounds = [0]
+    for j in range(1, k):
+        i = int(np.searchsorted(ends, total * j / k)) + 1  # first item after the j-th share
+        while cuts is not None and i < n and not cuts[i]:
+            i += 1
+        if bounds[-1] < i < n:
+            bounds.append(i)
+    bounds.append(n)
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def even_chunks(n: int, min_rows: int) -> list[tuple[int, int]]:
+    """Items ``0..n`` of equal weight in equal ranges of at least ``min_rows``, one per thread
+    torch may use (``chunks`` of unit weights, computed without an array of them)."""
+    k = min(torch.get_num_threads(), n, max(1, n // max(min_rows, 1)))
+    bounds = [n * j // k for j in range(k + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def row_chunks(n: int) -> list[tuple[int, int]]:
+    """Rows ``0..n`` of a row-by-row kernel in equal ranges, one per thread when there are at
+    least ``2 * MIN_PARALLEL_ROWS`` of them, else one range."""
+    return even_chunks(n, MIN_PARALLEL_ROWS) if n >= 2 * MIN_PARALLEL_ROWS else [(0, n)]
+
+
+def run_chunks(fn: Callable[[int, int], T], parts: list[tuple[int, int]]) -> list[T]:
+    """``[fn(lo, hi) for lo, hi in parts]``, the first on this thread, the others on a pool."""
+    if len(parts) == 1:
+        return [fn(*parts[0])]
+    global _pool
+    workers = max(1, torch.get_num_threads() - 1)
+    if _pool is None or _pool[0] != os.getpid() or _pool[1] != workers:  # a forked child needs its own
+        _pool = (os.getpid(), workers, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ember-kernel"))
+    futures = [_pool[2].submit(fn, lo, hi) for lo, hi in parts[1:]]
+    first = fn(*parts[0])
+    return [first] + [f.result() for f in futures]
+
+
+def _fallback_once(name: str) -> None:
+    """Log once per kernel that its numpy fallback runs (the core is off or not built)."""
+    if once.first("native.fallback", name):
+        why = "EMBER_NATIVE=0" if _DISABLED else f"the native core is not available: {_import_error}"
+        logging.getLogger("ember").info("ember._native.%s runs its numpy fallback (%s)", name, why)
+
+
+# ---- the kernel families, one module each --------------------------------------------------
+# Imported after the core and the thread helpers above, which they use (``_native._core`` and the
+# thresholds are read at call time, so a test may switch them).
+from ember._native.key_index import (  # noqa: E402
+    _place_py, _probe_py, _probe_rows_py, place, probe, probe_rows,
+)
+from ember._native.bf16 import (  # noqa: E402
+    _bf16_pack_sr_py, _bf16_round_py, _bf16_widen_py, bf16_pack_sr,
+)
+from ember._native.disk import (  # noqa: E402
+    _disk_find_py, _disk_write_py, _gather_rows_py, _scatter_rows_py, _tag_claim_py, _tag_find_py,
+    _willneed_cold_py, _willneed_py, disk_find, disk_write, gather_rows, scatter_rows, tag_claim,
+    tag_find, willneed, willneed_cold,
+)
+from ember._native.rows import (  # noqa: E402
+    _read_rows_py, _write_rows_py, read_rows, record_width, write_rows,
+)
+from ember._native.dedupe import (  # noqa: E402
+    _unique_segments_py, unique_segments,
+)
+from ember._native.arrow import (  # noqa: E402
+    _arrow_hash_ints_py, _arrow_hash_strings_py, _arrow_parse_ints_py, _dense_floats_py,
+    _featurize_ids_py, arrow_hash_ints, arrow_hash_strings, arrow_parse_ints, dense_floats,
+    featurize_ids, hash_utf8_buffers,
+)
+from ember._native.csv import (  # noqa: E402
+    CSV_HEX, CSV_LONG_DIGITS, CSV_PAREN, _csv_gather_py, _csv_hazards_py, _csv_split_py,
+    csv_gather, csv_hazards, csv_split,
+)
+from ember._native.cache import (  # noqa: E402
+    _cms_py, _gc_insert_py, _gc_release_py, _gc_requeue_py, _gc_reserve_py, _gc_scan_py,
+    _gc_scores_py, _gc_select_py, _pair_find_py, cms, gc_insert, gc_release, gc_requeue,
+    gc_reserve, gc_scan, gc_scores, gc_select, pair_find, victim_keys,
+)
+from ember._native.init import (  # noqa: E402
+    _fresh_uniform_py, _uniform01_py, fresh_uniform, uniform01,
+)
+from ember._native.sparse import (  # noqa: E402
+    _index_add_features_py, _index_add_rows_py, _rowwise_adagrad_py, index_add_features,
+    index_add_rows, rowwise_adagrad_,
+)

@@ -1,0 +1,71 @@
+"""Deduplication of a lookup's IDs per table (``ember.embedding.group``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from ember import _native
+from ember._native import chunks, run_chunks
+
+
+def unique_segments(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Deduplicate each segment ``ids[bounds[j]:bounds[j+1]]`` on its own.
+
+    Returns ``(uniq, inverse, counts)``: the unique IDs of every segment one after another
+    (first-occurrence order within a segment), the index of each ID in ``uniq`` (already
+    shifted by the uniques of earlier segments), and the number of uniques per segment.
+    Runs on several threads (runs of whole segments) when the call is large enough.
+
+    Args:
+        ids: int64 [N].
+        bounds: int64 [S+1], non-decreasing, from 0 to N.
+    """
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    bounds = np.ascontiguousarray(bounds, dtype=np.int64)
+    core = _native._core
+    if core is None:
+        return _unique_segments_py(ids, bounds)
+    uniq = np.empty_like(ids)
+    inverse = np.empty_like(ids)
+    counts = np.empty(bounds.size - 1, dtype=np.int64)
+
+    def part(lo: int, hi: int) -> int:  # segments lo..hi-1, numbered from their first value
+        a, b = int(bounds[lo]), int(bounds[hi])
+        return core.unique_segments(ids[a:b], bounds[lo : hi + 1] - a, uniq[a:b], inverse[a:b], counts[lo:hi])
+
+    parts = chunks(np.diff(bounds))
+    totals = run_chunks(part, parts)
+    if len(parts) == 1:
+        return uniq[: totals[0]], inverse, counts
+    pieces, shift = [], 0  # each part's uniques were written from its first value: close the gaps
+    for (lo, hi), total in zip(parts, totals):
+        a, b = int(bounds[lo]), int(bounds[hi])
+        pieces.append(uniq[a : a + total])
+        if shift:
+            inverse[a:b] += shift
+        shift += total
+    return np.concatenate(pieces), inverse, counts
+
+
+def _unique_segments_py(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    bounds = np.ascontiguousarray(bounds, dtype=np.int64)
+    uniqs, inverses, counts = [], [], []
+    total = 0
+    for j in range(bounds.size - 1):
+        seg = torch.from_numpy(ids[bounds[j] : bounds[j + 1]])
+        u, inv = torch.unique(seg, sorted=True, return_inverse=True)
+        # first-occurrence order, as the native kernel: rank the sorted uniques by first position
+        first = torch.full((u.numel(),), seg.numel(), dtype=torch.int64).scatter_reduce_(
+            0, inv, torch.arange(seg.numel()), reduce="amin"
+        )
+        order = torch.argsort(first)
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(order.numel())
+        uniqs.append(u[order].numpy())
+        inverses.append((rank[inv] + total).numpy())
+        counts.append(u.numel())
+        total += u.numel()
+    cat = lambda parts: np.concatenate(parts) if parts else np.empty(0, np.int64)  # noqa: E731
+    return cat(uniqs), cat(inverses), np.asarray(counts, dtype=np.int64)
