@@ -93,6 +93,17 @@ static inline int64_t find_slot(const int64_t *k, const int32_t *s, uint64_t mas
     }
 }
 
+/* The home buckets of ids[i0..i1) into hb, each prefetched (keys and slots): a block's random
+ * reads are in flight together before its probes walk them. */
+static inline void prefetch_homes(const int64_t *k, const int32_t *s, uint64_t mask, const int64_t *id, int64_t i0,
+                                  int64_t i1, uint64_t *hb) {
+    for (int64_t i = i0; i < i1; i++) {
+        hb[i - i0] = mix64((uint64_t)id[i]) & mask;
+        __builtin_prefetch(s + hb[i - i0]);
+        __builtin_prefetch(k + hb[i - i0]);
+    }
+}
+
 static int check_table(Py_buffer *keys, Py_buffer *slots, uint64_t *mask) {
     Py_ssize_t cap = keys->len / 8;
     if (cap <= 0 || (cap & (cap - 1)) != 0 || slots->len != cap * 4) {
@@ -1157,11 +1168,7 @@ static PyObject *probe_rows(PyObject *self, PyObject *args) {
             for (int64_t i0 = bd[j]; i0 < bd[j + 1]; i0 += BLOCK) {  /* prefetch a block's home buckets, then probe */
                 int64_t i1 = i0 + BLOCK < bd[j + 1] ? i0 + BLOCK : bd[j + 1];
                 uint64_t hb[BLOCK];
-                for (int64_t i = i0; i < i1; i++) {
-                    hb[i - i0] = mix64((uint64_t)id[i]) & mask;
-                    __builtin_prefetch(s + hb[i - i0]);
-                    __builtin_prefetch(k + hb[i - i0]);
-                }
+                prefetch_homes(k, s, mask, id, i0, i1, hb);
                 for (int64_t i = i0; i < i1; i++) {
                     uint64_t at;
                     osl[i] = find_slot(k, s, mask, id[i], hb[i - i0], &at);
@@ -1239,11 +1246,7 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
             for (int64_t i0 = bd[j]; i0 < bd[j + 1] && !bad; i0 += BLOCK) {
                 int64_t i1 = i0 + BLOCK < bd[j + 1] ? i0 + BLOCK : bd[j + 1];
                 uint64_t hb[BLOCK];
-                for (int64_t i = i0; i < i1; i++) {
-                    hb[i - i0] = mix64((uint64_t)id[i]) & mask;
-                    __builtin_prefetch(s + hb[i - i0]);
-                    __builtin_prefetch(k + hb[i - i0]);
-                }
+                prefetch_homes(k, s, mask, id, i0, i1, hb);
                 for (int64_t i = i0; i < i1; i++) {
                     uint64_t at;
                     int64_t sl = find_slot(k, s, mask, id[i], hb[i - i0], &at);
