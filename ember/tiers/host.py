@@ -329,19 +329,14 @@ class HostTier(TierCounters, Tier):
         self._arena.index_copy_(0, slots.to(self.device), records.to(self.device, self._arena.dtype))
 
     def remove(self, ids: Tensor) -> Tensor:
-        """Delete ``ids``; returns the found mask [N]."""
-        self._memo = []
-        slots = self._index.remove(ids.numpy())
-        found = slots >= 0
-        self._free = np.concatenate([self._free, slots[found]])
-        self._held[slots[found]] = False
-        return torch.from_numpy(found)
+        """Delete unique ``ids``; returns the found mask [N]."""
+        return torch.from_numpy(HostTier.remove_native([self], [ids]))
 
     @staticmethod
     def remove_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor]) -> np.ndarray:
-        """``remove`` of each tier's unique ``ids[j]`` in one pass over their indexes
-        (``_native.probe_rows``), not one probe per tier; returns the found mask [N], the
-        segments back to back."""
+        """Delete each tier's unique ``ids[j]``, in one pass over their indexes
+        (``_native.probe_rows``: a table group's removals, not one probe per tier); returns the
+        found mask [N], the segments back to back."""
         sizes = [i.numel() for i in ids]
         bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False) if ids else np.empty(0, np.int64)

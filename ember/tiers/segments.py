@@ -43,7 +43,7 @@ def write_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], records: Tensor
 def remove_segments(tiers: Sequence[Tier], ids: Sequence[Tensor]) -> None:
     """``tiers[j].remove(ids[j])`` for every j (each segment's IDs unique), in one native pass
     over the indexes when every tier is a HostTier."""
-    if len(tiers) > 1 and all(isinstance(t, HostTier) for t in tiers):
+    if all(isinstance(t, HostTier) for t in tiers):
         HostTier.remove_native(tiers, ids)  # type: ignore[arg-type]
         return
     for t, i in zip(tiers, ids):
