@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import resource
 import statistics
 import tempfile
 import time
@@ -313,6 +314,7 @@ def profile_phases(dev: torch.device, batches: list, vocab: int, warmup: int, st
         cot = cotangents(v.keys, batches[0][0].shape[1], dev)
         per: dict[str, list[float]] = {p: [] for p in PHASES}
         prof = cProfile.Profile() if top and i == 0 else None
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for ids, _, _ in batches[warmup : warmup + steps]:
             pt = PhaseTimer(dev)
             sf = v.features(ids)
@@ -323,9 +325,11 @@ def profile_phases(dev: torch.device, batches: list, vocab: int, warmup: int, st
                 prof.disable()
             for p, ms in pt.ms.items():
                 per[p].append(ms)
+        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / max(steps, 1)
         out[name] = {p: statistics.median(x) for p, x in per.items()}
+        out[f"{name} page faults per step"] = faults  # fresh memory the host touched (glibc, pinned buffers)
         print(f"{name:<17} ms per phase (median of {steps}): " + ", ".join(f"{p} {m:.2f}" for p, m in out[name].items())
-              + f"; sum {sum(out[name].values()):.2f}")
+              + f"; sum {sum(out[name].values()):.2f}; {faults:.0f} page faults a step")
         if prof is not None:
             print(f"cProfile of {name}'s embedding path over {steps} steps, top {top} by own time:")
             pstats.Stats(prof).sort_stats("tottime").print_stats(top)
