@@ -38,6 +38,7 @@ import argparse
 import math
 import resource
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,6 +51,7 @@ from torch import nn
 
 import bench_dlrm
 from bench_dlrm import D, F, V, make_batches, make_model
+from ember import allocator
 from ember.batch import Batch, SparseFeatures
 from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig
 from ember.tiers.device_budget import DeviceBudget
@@ -507,6 +509,7 @@ def compare_trainer(dev: torch.device, batches: list, vocab: int, warmup: int, r
 
 
 def main() -> None:
+    allocator.reexec_tuned([__file__, *sys.argv[1:]])  # as the ember command line runs (see ember/allocator.py)
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=40, help="timed steps (CUDA)")
     ap.add_argument("--warmup", type=int, default=80, help="steps before timing and before the budgets (CUDA; the "
