@@ -379,3 +379,28 @@ def test_checkpoint_every_s_saves_by_time_and_resumes_exactly(tmp_path, monkeypa
     ckpt = resolve_checkpoint(whole.run_dir / "checkpoints" / f"step-{first:08d}")
     resumed = train(_cfg(tmp_path, f"r{enabled}", enabled=enabled, resume=str(ckpt)))
     assert_identical(run_state(whole), run_state(resumed))
+
+
+def test_refresh_through_a_group_cache_keeps_the_fetched_row_of_an_id_gone_since():
+    """A refresh through the group cache re-reads the rows written since the fetch; an ID that
+    left the chain meanwhile keeps the row its fetch read (the refresh's rare path)."""
+    ec = EmbeddingCollection([TableConfig(name="t", dim=2, initializer={"type": "zeros"}, optimizer={"type": "sgd", "lr": 1.0},
+                                          storage={"device_rows": 2, "device": "cpu", "admit_after": 1})],
+                             [FeatureConfig(name="a", table="t")])
+    opt = SparseOptimizer(ec)
+    sf = SparseFeatures(["a"], torch.tensor([1, 2, 3]), torch.tensor([3]))
+    stale = ec.plan(sf, train=True).fetch()  # fetched first: every row zero
+    fresh = ec.plan(sf, train=True).fetch()
+    ec(sf, fresh)["a"].sum().backward()
+    written = opt.take()
+    opt.apply(written)  # each row -1 now: arena (two slots) and host memory
+    group = written[0].group
+    assert group.cache is not None
+    keys = [written[0].keys(written[0].written)]
+    ec.tables["t"].tier.remove(torch.tensor([2]))  # ID 2 leaves the chain
+    (lk,) = stale.groups
+    assert lk.refresh(keys) == 2  # IDs 1 and 3 re-read; 2 kept as fetched
+    rows = lk.records[:, :2]
+    pos = {int(i): k for k, i in enumerate(lk.ids.tolist())}
+    assert torch.equal(rows[pos[1]], torch.tensor([-1.0, -1.0])) and torch.equal(rows[pos[3]], torch.tensor([-1.0, -1.0]))
+    assert torch.equal(rows[pos[2]], torch.zeros(2))
