@@ -177,44 +177,26 @@ class HostTier(TierCounters, Tier):
         and buffer)."""
         return self._native_cpu and out.is_contiguous() and out.dtype == torch.float32 and out.device.type == "cpu"
 
-    def writes_natively(self, ids: Tensor, records: Tensor) -> bool:
-        """Whether the C core can write these rows in one pass: CPU float32 arena and records, and
-        new IDs within the capacity (else ``put`` runs in numpy and raises the capacity error);
-        new IDs take freed slots first, as ``_allocate`` gives them."""
-        return self._native_slots(ids, records) is not None
-
-    def _native_slots(self, ids: Tensor, records: Tensor) -> np.ndarray | None:
-        """``writes_natively``'s answer as the slots of ``ids`` (-1: new; the probe the write
-        needs anyway), or None when the C core cannot write them."""
-        if not (self._native_cpu and records.is_contiguous() and records.dtype == torch.float32
-                and records.device.type == "cpu"):
-            return None
-        slots = self.slots_of(ids).numpy()
-        if self.capacity is None:
-            return slots
-        fresh = int(np.count_nonzero(slots < 0))
-        return slots if fresh == 0 or len(self) + fresh <= self.capacity else None
-
     @staticmethod
     def write_segments_native(tiers: Sequence["Tier"], ids: Sequence[Tensor], records: Tensor,
                               bf16: tuple[int, np.ndarray, np.ndarray] | None = None) -> bool:
-        """``write_native`` when every tier is a HostTier that ``writes_natively`` its segment
-        (returns True), else nothing written (False)."""
+        """``write_native`` when the C core can write every segment in one pass (returns True):
+        every tier a HostTier with a CPU float32 arena, ``records`` CPU float32 and contiguous,
+        and a bounded tier's new IDs within its capacity (new IDs take freed slots first, as
+        ``_allocate`` gives them); else nothing written (False: ``put`` runs in numpy, and raises
+        the capacity error)."""
         if not all(isinstance(t, HostTier) and t._native_cpu for t in tiers) or not (
                 records.is_contiguous() and records.dtype == torch.float32 and records.device.type == "cpu"):
             return False
-        sizes = [i.numel() for i in ids]
-        if len(sizes) != len(tiers):
-            _check_rows(tiers, sizes, records, "records")  # names the mismatch
+        if len(ids) != len(tiers):
+            _check_rows(tiers, [i.numel() for i in ids], records, "records")  # names the mismatch
         slots: list[np.ndarray | None] = []  # each tier's slots of its IDs: as its read left them (this
         for t, i in zip(tiers, ids):        # lookup's own IDs), else probed below
             m = t._memoized(i)  # type: ignore[union-attr]
             slots.append(None if m is None else m.numpy())
         need = [j for j, x in enumerate(slots) if x is None]
         if need:  # the other tiers' probes in one pass (the write needs them anyway)
-            sub = [ids[j] for j in need]
-            bounds = np.concatenate([[0], np.cumsum([i.numel() for i in sub])]).astype(np.int64)
-            flat = np.concatenate([i.numpy() for i in sub]).astype(np.int64, copy=False)
+            _, bounds, flat = _segments([ids[j] for j in need])
             probed = np.empty(flat.size, dtype=np.int64)
             _native.probe_rows([(tiers[j]._index.keys, tiers[j]._index.slots) for j in need], flat, bounds,  # type: ignore[union-attr]
                                probed, False)
@@ -235,10 +217,8 @@ class HostTier(TierCounters, Tier):
         mask [N]. Every tier must ``reads_natively_into(out)``. ``bf16_dim`` > 0: the tiers hold
         a bf16 table's packed rows (``dim`` weights) and ``out`` is [N, width], their fp32
         records, widened on the way (``_native.read_rows``)."""
-        sizes = [i.numel() for i in ids]
+        sizes, bounds, flat = _segments(ids)
         _check_rows(tiers, sizes, out, "out", bf16_dim)  # the kernel trusts the width
-        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False) if ids else np.empty(0, np.int64)
         slots = np.empty(flat.size, dtype=np.int64)
         clocks = np.empty(len(tiers), dtype=np.int64)
         for j, t in enumerate(tiers):
@@ -258,23 +238,22 @@ class HostTier(TierCounters, Tier):
     def write_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor], records: Tensor,
                      slots: Sequence[np.ndarray] | None = None, bf16: tuple[int, np.ndarray, np.ndarray] | None = None) -> None:
         """One native pass over several tiers: inserts the new IDs (index, slot, policy metadata)
-        and writes every record of ``records`` [N, R] (segments back to back). Every tier must
-        ``writes_natively`` its segment; ``slots``: each segment's ``slots_of`` when known.
+        and writes every record of ``records`` [N, R] (segments back to back). The C core must be
+        able to write every segment (``write_segments_native`` decides); ``slots``: each
+        segment's ``slots_of`` when known.
         ``bf16`` = (dim, seeds, steps): ``records`` are a bf16 table's fp32 records [N, width],
         packed on the way with tier j's rounding noise (``seeds[j]``, ``steps[j]``, int64 [T]),
         the bits ``RowCodec.encode`` gives them."""
-        sizes = [i.numel() for i in ids]
+        sizes, bounds, flat = _segments(ids)
         dim, seeds, steps = bf16 if bf16 is not None else (0, None, None)
         _check_rows(tiers, sizes, records, "records", dim)
         per_tier = [t.slots_of(i).numpy() for t, i in zip(tiers, ids)] if slots is None else slots
         slot = np.concatenate(per_tier).astype(np.int64) if per_tier else np.empty(0, np.int64)  # a copy: memos stay
         fresh = [int(np.count_nonzero(s < 0)) for s in per_tier]
-        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         for t, m in zip(tiers, fresh):
             if m:
                 t._reserve(t._next + max(m - t._free.size, 0))  # freed slots are taken first
                 t._index.reserve(m)
-        flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False) if ids else np.empty(0, np.int64)
         nxt = np.array([t._next for t in tiers], dtype=np.int64)
         clocks = np.array([t.clock for t in tiers], dtype=np.int64)
         used = np.zeros(len(tiers), dtype=np.int64)
@@ -305,8 +284,7 @@ class HostTier(TierCounters, Tier):
         cache does not evict a row promoted for being frequent on its first eviction.
         """
         _check_rows([self], [ids.numel()], records, "records")
-        if counts is None and self.writes_natively(ids, records):
-            HostTier.write_native([self], [ids], records)
+        if counts is None and HostTier.write_segments_native([self], [ids], records):
             return
         slots = self.slots_of(ids)
         # numpy for the bookkeeping: on these small per-table arrays each torch op costs
@@ -337,9 +315,7 @@ class HostTier(TierCounters, Tier):
         """Delete each tier's unique ``ids[j]``, in one pass over their indexes
         (``_native.probe_rows``: a table group's removals, not one probe per tier); returns the
         found mask [N], the segments back to back."""
-        sizes = [i.numel() for i in ids]
-        bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
-        flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False) if ids else np.empty(0, np.int64)
+        sizes, bounds, flat = _segments(ids)
         slot = np.empty(flat.size, dtype=np.int64)
         _native.probe_rows([(t._index.keys, t._index.slots) for t in tiers], flat, bounds, slot, True)
         found = slot >= 0
@@ -444,6 +420,14 @@ class HostTier(TierCounters, Tier):
         self._count = np.concatenate([self._count, np.zeros(grow - self._count.size, np.int32)])
         self._ids = np.concatenate([self._ids, np.zeros(grow - self._ids.size, np.int64)])
         self._held = np.concatenate([self._held, np.zeros(grow - self._held.size, bool)])
+
+
+def _segments(ids: Sequence[Tensor]) -> tuple[list[int], np.ndarray, np.ndarray]:
+    """Several tiers' IDs as the native passes take them: each segment's size, the bounds
+    (int64 [T+1] from 0) and the IDs back to back (int64 [N])."""
+    sizes = [i.numel() for i in ids]
+    flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False) if ids else np.empty(0, np.int64)
+    return sizes, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), flat
 
 
 def _check_rows(tiers: Sequence[Tier], sizes: list[int], rows: Tensor, what: str, bf16_dim: int = 0) -> None:
