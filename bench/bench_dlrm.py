@@ -15,6 +15,12 @@ initializer scale per table (three distinct ones): ``mixed_init_cost`` is the pa
 its plan+fetch time to (a)'s, i.e. what per-table init settings cost the one grouped path,
 (g) dense-only under ember-bf16's autocast (``ember_bf16_vs_dense_bf16``: the same comparison as
 ``ember_vs_dense`` when both dense steps are bf16; fp32 where the CPU has no bf16).
+(h) dense-only, fp32 and under (g)'s autocast, with the embeddings as a leaf that requires a
+gradient: the step also computes the loss's gradient with respect to every embedding, which the
+dense model owes any system that trains embeddings (``ember_vs_dense_grad``,
+``ember_bf16_vs_dense_bf16_grad``; ``dense_grad_vs_dense`` is what that gradient costs). The
+plain dense-only figures stay the headline ratios' reference; these say how much of their gap
+is the dense model's own backward to its inputs rather than ember's sparse path.
 All variants share one process and so one runtime setting (GOMP_SPINCOUNT, printed).
 Method (../shared/BENCHMARKING.md): batches generated before timing; step i of every variant
 runs back to back with a rotating order; we report the median over steps of the paired ratios
@@ -229,18 +235,29 @@ class Fused:
 
 class DenseOnly:
     """The dense model's step alone on fixed embeddings (``precision`` bf16: under the autocast
-    ember-bf16's dense model runs in, the baseline of ``ember_bf16_vs_dense_bf16``)."""
+    ember-bf16's dense model runs in, the baseline of ``ember_bf16_vs_dense_bf16``).
 
-    def __init__(self, batch: int, precision: str = "fp32", name: str = "dense-only") -> None:
-        self.name, self.precision = name, precision
+    ``input_grads``: the embeddings are one leaf [F, B, D] that requires a gradient (unbound
+    per feature, as ember's pooling hands them over), so the step also computes what the dense
+    model owes any embedding trainer: the gradient of the loss with respect to each embedding
+    (the interaction's and the concatenation's backward to their inputs). Without it the step
+    is the model's ceiling with frozen embeddings; with it, the ceiling of any system that
+    trains them (``*_grad`` ratios)."""
+
+    def __init__(self, batch: int, precision: str = "fp32", name: str = "dense-only", input_grads: bool = False) -> None:
+        self.name, self.precision, self.input_grads = name, precision, input_grads
         torch.manual_seed(2)
-        self.emb = [torch.randn(batch, D) * 0.1 for _ in range(F)]
+        self.base = torch.randn(F, batch, D) * 0.1
+        self.emb = list(self.base.unbind(0))
         self.model = make_model(0)
         self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
 
     def step(self, ids, dense, labels) -> float:
+        emb = self.emb
+        if self.input_grads:  # a fresh leaf per step, as each batch's pooled rows are
+            emb = list(self.base.detach().requires_grad_().unbind(0))
         with autocast(torch.device("cpu"), self.precision):
-            logits = self.model(dense, self.emb)
+            logits = self.model(dense, emb)
         loss = nn.functional.binary_cross_entropy_with_logits(logits.float(), labels)
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -288,13 +305,17 @@ def main() -> None:
           f"(--bf16-dense {args.bf16_dense}; this CPU's bf16 support: {cpu_bf16()})")
     variants = [Ember(disk=args.disk), Plain(), DenseOnly(args.batch), Ember(mixed_init=True, disk=args.disk), Fused(),
                 Ember(disk=args.disk, bf16=True, bf16_dense=bf16_dense),
-                DenseOnly(args.batch, "bf16" if bf16_dense else "fp32", "dense-only-bf16" if bf16_dense else "dense-only-2")]
+                DenseOnly(args.batch, "bf16" if bf16_dense else "fp32", "dense-only-bf16" if bf16_dense else "dense-only-2"),
+                DenseOnly(args.batch, input_grads=True, name="dense+grad"),
+                DenseOnly(args.batch, "bf16" if bf16_dense else "fp32", "dense-bf16+grad" if bf16_dense else "dense-2+grad",
+                          input_grads=True)]
     times = {v.name: [] for v in variants}
     faults = {v.name: [] for v in variants}  # minor page faults per step (see ember/allocator.py)
     # the two ember variants run back to back (their plan+fetch times are compared, ~6 ms each:
     # adjacent runs see the same machine state), alternating which goes first; the slots of
     # (ember pair, plain, dense-only) rotate
-    slots = [[variants[0], variants[3]], [variants[1]], [variants[2]], [variants[4]], [variants[5], variants[6]]]
+    slots = [[variants[0], variants[3]], [variants[1]], [variants[2], variants[7]], [variants[4]],
+             [variants[5], variants[6], variants[8]]]
     for i, (ids, dense, labels) in enumerate(batches):
         k = i % len(slots)
         order = [v for slot in slots[k:] + slots[:k] for v in (slot if i % 2 else slot[::-1])]
@@ -319,6 +340,9 @@ def main() -> None:
     r_fused_dense = ratio("dense-only", "fused")
     r_bf16_fused = ratio("fused", "ember-bf16")
     r_bf16_dense = ratio(variants[6].name, "ember-bf16")
+    r_dense_grad = ratio("dense+grad", "ember")
+    r_bf16_dense_grad = ratio(variants[8].name, "ember-bf16")
+    r_grad_cost = ratio("dense-only", "dense+grad")
     mixed_cost = statistics.median(m / u for m, u in zip(mixed.split["plan+fetch"], ours.split["plan+fetch"]))
     pf = {k: statistics.median(v) for k, v in faults.items()}
     tunables = os.environ.get("GLIBC_TUNABLES", "none (glibc defaults)")
@@ -333,6 +357,8 @@ def main() -> None:
     print(f"  ember / fused baseline speed: {r_fused:.3f}x  (target >= 1.1)")
     print(f"  ember bf16 / fused speed    : {r_bf16_fused:.3f}x  (target >= 1.3; bf16 rows, dense {'bf16' if bf16_dense else 'fp32'})")
     print(f"  ember bf16 / dense-only bf16: {r_bf16_dense:.3f}x  (target >= 0.9; both dense steps {'bf16' if bf16_dense else 'fp32'})")
+    print(f"  ember / dense-only speed, both computing the embeddings' gradient: {r_dense_grad:.3f}x "
+          f"(bf16: {r_bf16_dense_grad:.3f}x); dense+grad / dense-only: {r_grad_cost:.3f}x")
     print(f"  plain / dense-only speed    : {r_plain_dense:.3f}x")
     print(f"  fused / dense-only speed    : {r_fused_dense:.3f}x")
     print(f"  plan+fetch, mixed / uniform init scales: {mixed_cost:.3f}x  (target <= 1.03)")
@@ -350,6 +376,8 @@ def main() -> None:
         "ember_vs_dense": r_dense, "ember_vs_plain": r_plain, "mixed_init_cost": mixed_cost, "plain_vs_dense": r_plain_dense,
         "ember_vs_fused": r_fused, "fused_vs_dense": r_fused_dense, "bf16_vs_fused": r_bf16_fused,
         "ember_bf16_vs_dense_bf16": r_bf16_dense,
+        "ember_vs_dense_grad": r_dense_grad, "ember_bf16_vs_dense_bf16_grad": r_bf16_dense_grad,
+        "dense_grad_vs_dense": r_grad_cost,
         "cpu_bf16": cpu_bf16(), "bf16_dense": bf16_dense,
         "ember_split_ms": split, "index_bytes_per_row": per_row, "rows": rows, "peak_rss_mb": rss_mb,
         "torch_threads": torch.get_num_threads(), "gomp_spincount": spin,
