@@ -97,6 +97,9 @@ def write_rows(
     steps: np.ndarray,
     r: int,
     dim: int,
+    grads: np.ndarray = ...,
+    hyper: np.ndarray = ...,
+    gdim: int = 0,
     /,
 ) -> int: ...
 

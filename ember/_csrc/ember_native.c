@@ -1045,6 +1045,17 @@ done:
     return res;
 }
 
+/* Row-wise Adagrad of one row in place: G += mean_j(g_j^2); w_j += (-lr * g_j) / (sqrt(G) + eps).
+ * The one arithmetic of rowwise_adagrad and of write_rows' optimizer (bit-identical results). */
+static inline void adagrad_row(float *wi, float *st, const float *gi, Py_ssize_t dim, float nlr, float feps, double inv) {
+    double sq = 0.0;  /* in double: squares of small gradients would be float denormals (~20x slower) */
+    for (Py_ssize_t c = 0; c < dim; c++) sq += (double)gi[c] * gi[c];
+    float acc = *st + (float)(sq * inv);
+    *st = acc;
+    float denom = sqrtf(acc) + feps;
+    for (Py_ssize_t c = 0; c < dim; c++) wi[c] += nlr * gi[c] / denom;
+}
+
 /* rowwise_adagrad(rows float32, state float32, grads float32, n, dim, row_stride, state_stride,
  *                 grad_stride, lr, eps) -> None
  * Row-wise Adagrad in place, one pass per row (ember.optim.RowWiseAdagrad):
@@ -1067,16 +1078,7 @@ static PyObject *rowwise_adagrad(PyObject *self, PyObject *args) {
         const float nlr = (float)-lr, feps = (float)eps;
         const double inv = 1.0 / (double)dim;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            float *wi = w + i * rs;
-            const float *gi = g + i * gs;
-            double sq = 0.0;  /* in double: squares of small gradients would be float denormals (~20x slower) */
-            for (Py_ssize_t c = 0; c < dim; c++) sq += (double)gi[c] * gi[c];
-            float acc = st[i * ss] + (float)(sq * inv);
-            st[i * ss] = acc;
-            float denom = sqrtf(acc) + feps;
-            for (Py_ssize_t c = 0; c < dim; c++) wi[c] += nlr * gi[c] / denom;
-        }
+        for (Py_ssize_t i = 0; i < n; i++) adagrad_row(w + i * rs, st + i * ss, g + i * gs, dim, nlr, feps, inv);
         Py_END_ALLOW_THREADS
         Py_INCREF(Py_None);
         res = Py_None;
@@ -1293,13 +1295,16 @@ done:
  * consumed. The caller reserved room: next[j] + new rows beyond the free list <= arena rows,
  * index load < 1. dim = 0: W = R, records are the words (seeds/steps unused, may be empty);
  * dim > 0: records are a bf16 table's fp32 records, W = dim + R - (dim+1)/2, packed on the way
- * (pack_sr_row, the noise of tier j's seeds[j] and steps[j]: bf16_pack_sr's bits). */
+ * (pack_sr_row, the noise of tier j's seeds[j] and steps[j]: bf16_pack_sr's bits).
+ * Optional grads float32 [n, gdim] (gdim > 0) and hyper float64 [T, 2] (tier j's lr, eps): each
+ * record is first updated in place by row-wise Adagrad (adagrad_row: weights [0, gdim), the
+ * accumulator at column gdim), then written: the optimizer's pass and the write in one. */
 static PyObject *write_rows(PyObject *self, PyObject *args) {
     PyObject *tables;
-    Py_buffer ids, bounds, sl, rec, nx, clocks, used, fa, seeds, steps;
-    Py_ssize_t r, dim;
-    if (!PyArg_ParseTuple(args, "Oy*y*w*y*w*y*w*w*y*y*nn", &tables, &ids, &bounds, &sl, &rec, &nx, &clocks, &used, &fa,
-                          &seeds, &steps, &r, &dim))
+    Py_buffer ids, bounds, sl, rec, nx, clocks, used, fa, seeds, steps, grads = {0}, hyper = {0};
+    Py_ssize_t r, dim, gdim = 0;
+    if (!PyArg_ParseTuple(args, "Oy*y*w*w*w*y*w*w*y*y*nn|y*y*n", &tables, &ids, &bounds, &sl, &rec, &nx, &clocks, &used,
+                          &fa, &seeds, &steps, &r, &dim, &grads, &hyper, &gdim))
         return NULL;
     PyObject *res = NULL;
     Py_buffer *tb = NULL;
@@ -1308,9 +1313,11 @@ static PyObject *write_rows(PyObject *self, PyObject *args) {
     if (t < 0) goto done;
     if (r <= 0 || dim < 0 || (dim + 1) / 2 > r || check_segments(&bounds, t, n) < 0 || sl.len != n * 8 || rec.len != n * w * 4
         || nx.len != t * 8 || clocks.len != t * 8 || used.len != t * 8 || fa.len != t * 8
-        || (dim > 0 && (seeds.len != t * 8 || steps.len != t * 8))) {
+        || (dim > 0 && (seeds.len != t * 8 || steps.len != t * 8))
+        || gdim < 0 || (gdim > 0 && (gdim >= w || grads.len != n * gdim * 4 || hyper.len != t * 16))) {
         PyErr_SetString(PyExc_ValueError, "ember native write_rows: bounds [T+1] over ids, slot [n], records [n, W], "
-                        "next/clocks/used/free_at [T], seeds/steps [T] when dim > 0, 0 <= (dim+1)/2 <= R");
+                        "next/clocks/used/free_at [T], seeds/steps [T] when dim > 0, 0 <= (dim+1)/2 <= R, "
+                        "grads [n, gdim] and hyper [T, 2] when 0 < gdim < W");
         goto done;
     }
     if (!(tb = acquire_tables(tables, t, 8, flags))) goto done;
@@ -1350,7 +1357,9 @@ static PyObject *write_rows(PyObject *self, PyObject *args) {
     {
         const int64_t *id = ids.buf, *bd = bounds.buf, *clk = clocks.buf, *sd = seeds.buf, *st = steps.buf;
         int64_t *slot = sl.buf, *nxt = nx.buf, *us = used.buf, *fat = fa.buf;
-        const float *src = rec.buf;
+        float *src = rec.buf;
+        const float *gr = grads.buf;
+        const double *hp = hyper.buf, inv = gdim > 0 ? 1.0 / (double)gdim : 0.0;
         Py_ssize_t inserted = 0, full = 0;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t j = 0; j < t && !full; j++) {
@@ -1362,6 +1371,7 @@ static PyObject *write_rows(PyObject *self, PyObject *args) {
             float *a = b[2].buf;
             uint8_t *held = b[6].buf;
             uint64_t mask = (uint64_t)(b[0].len / 8) - 1, base = dim > 0 ? sr_base(sd[j], st[j]) : 0;
+            const float nlr = gdim > 0 ? (float)-hp[2 * j] : 0.0f, feps = gdim > 0 ? (float)hp[2 * j + 1] : 0.0f;
             us[j] = 0;
             for (int64_t i = bd[j]; i < bd[j + 1]; i++) {
                 int64_t ahead = i + BLOCK;  /* prefetch the row (or home bucket) BLOCK IDs ahead */
@@ -1390,6 +1400,7 @@ static PyObject *write_rows(PyObject *self, PyObject *args) {
                     slot[i] = v;
                     inserted++;
                 }
+                if (gdim) adagrad_row(src + i * w, src + i * w + gdim, gr + i * gdim, gdim, nlr, feps, inv);
                 if (dim) pack_sr_row(src + i * w, a + slot[i] * r, id[i], base, dim, w);
                 else memcpy(a + slot[i] * r, src + i * r, (size_t)r * sizeof(float));
             }
@@ -1403,6 +1414,8 @@ done:
     PyBuffer_Release(&ids); PyBuffer_Release(&bounds); PyBuffer_Release(&sl); PyBuffer_Release(&rec);
     PyBuffer_Release(&nx); PyBuffer_Release(&clocks); PyBuffer_Release(&used); PyBuffer_Release(&fa);
     PyBuffer_Release(&seeds); PyBuffer_Release(&steps);
+    if (grads.obj) PyBuffer_Release(&grads);
+    if (hyper.obj) PyBuffer_Release(&hyper);
     return res;
 }
 
@@ -2583,7 +2596,7 @@ static PyMethodDef methods[] = {
     {"csv_gather", csv_gather, METH_VARARGS, "csv_gather(data, starts, offsets, n, outs) -> None"},
     {"probe_rows", probe_rows, METH_VARARGS, "probe_rows(tables, ids, bounds, out_slot, remove) -> found"},
     {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r, dim) -> found"},
-    {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, free_at, seeds, steps, r, dim) -> inserted"},
+    {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, free_at, seeds, steps, r, dim, grads=omitted, hyper=omitted, gdim=0) -> inserted"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim) -> None"},
     {"rowwise_adagrad", rowwise_adagrad, METH_VARARGS, "rowwise_adagrad(rows, state, grads, n, dim, rs, ss, gs, lr, eps) -> None"},
     {"bf16_pack_sr", bf16_pack_sr, METH_VARARGS, "bf16_pack_sr(records, ids, seeds, steps, out, dim, width) -> None"},

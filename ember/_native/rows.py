@@ -6,11 +6,13 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 import numpy as np
+import torch
 
 from ember import _native
 from ember._native import chunks, run_chunks
 from ember._native.bf16 import _bf16_pack_sr_py, _bf16_widen_py
 from ember._native.key_index import _check_table, _place_py, _probe_py
+from ember._native.sparse import _rowwise_adagrad_py
 
 
 # ``tables`` lists one tuple of numpy arrays per tier, its rows of ``ids`` are
@@ -124,9 +126,21 @@ def _read_rows_py(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bou
     return found
 
 
+def _check_adagrad(adagrad: tuple[np.ndarray, np.ndarray] | None, n: int, t: int, width: int) -> None:
+    if adagrad is None:
+        return
+    grads, hyper = adagrad
+    gdim = grads.shape[1] if grads.ndim == 2 else -1
+    if (grads.dtype != np.float32 or not grads.flags.c_contiguous or grads.shape[0] != n or not 0 < gdim < width
+            or hyper.shape != (t, 2) or hyper.dtype != np.float64 or not hyper.flags.c_contiguous):
+        raise ValueError("ember native write_rows: adagrad needs grads float32 [n, gdim] (0 < gdim < record width) "
+                         "and hyper float64 [T, 2], C-contiguous")
+
+
 def write_rows(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds: np.ndarray, slot: np.ndarray,
                records: np.ndarray, next: np.ndarray, clocks: np.ndarray, used: np.ndarray, free_at: np.ndarray,
-               r: int, dim: int = 0, seeds: np.ndarray | None = None, steps: np.ndarray | None = None) -> int:
+               r: int, dim: int = 0, seeds: np.ndarray | None = None, steps: np.ndarray | None = None,
+               adagrad: tuple[np.ndarray, np.ndarray] | None = None) -> int:
     """A memory tier's put for every tier j over its segment of ``ids`` (int64 [n]; ``bounds``
     int64 [T+1] from 0 to n): rows with ``slot[i] >= 0`` (int64 [n]) are overwritten; rows with
     ``slot[i] < 0`` (absent, unique IDs) get the slot ``free[free_at[j]]`` (then ``free_at[j]
@@ -143,22 +157,38 @@ def write_rows(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds
     does: the same buckets are taken, either implementation reads the other's tables.
     ``dim`` > 0: ``records`` are a bf16 table's fp32 records [n, dim + r - (dim+1)//2], packed
     into the arenas with tier j's noise (``seeds[j]``, ``steps[j]``, int64 [T]) as
-    ``bf16_pack_sr`` packs them."""
+    ``bf16_pack_sr`` packs them.
+    ``adagrad`` = (grads float32 [n, gdim], hyper float64 [T, 2]: tier j's lr and eps): each
+    record is first updated in place by row-wise Adagrad (weights in its first ``gdim``
+    columns, the accumulator in the next; ``rowwise_adagrad_``'s arithmetic, bit for bit), then
+    written: the sparse optimizer's pass over the batch and the write in one."""
     empty = np.empty(0, dtype=np.int64)
     seeds = empty if seeds is None else seeds
     steps = empty if steps is None else steps
     if dim and (seeds.size != len(tables) or steps.size != len(tables)):  # before a split could write a part
         raise ValueError("ember native write_rows: seeds/steps [T] when dim > 0")
+    width = record_width(r, dim)
+    _check_adagrad(adagrad, ids.size, len(tables), width)
     if _native._core is not None:
-        return _split_tiers(_native._core.write_rows, tables, ids, bounds,
-                            (slot, _rows_of(records, ids.size, record_width(r, dim), "records")),
-                            (next, clocks, used, free_at) + ((seeds, steps) if dim else (empty, empty)), r, dim)
-    return _write_rows_py(tables, ids, bounds, slot, records, next, clocks, used, free_at, r, dim, seeds, steps)
+        core = _native._core
+
+        def kernel(tb, i, bd, sl, rec, *rest):  # noqa: ANN001, ANN202  (the split's order -> the core's)
+            if adagrad is None:
+                return core.write_rows(tb, i, bd, sl, rec, *rest)
+            g, nx, ck, us, fa, sd, st, h, r_, d_ = rest
+            return core.write_rows(tb, i, bd, sl, rec, nx, ck, us, fa, sd, st, r_, d_, g, h, g.shape[1])
+
+        per_row = (slot, _rows_of(records, ids.size, width, "records")) + (() if adagrad is None else (adagrad[0],))
+        per_tier = (next, clocks, used, free_at) + ((seeds, steps) if dim else (empty, empty)) + (
+            () if adagrad is None else (adagrad[1],))
+        return _split_tiers(kernel, tables, ids, bounds, per_row, per_tier, r, dim)
+    return _write_rows_py(tables, ids, bounds, slot, records, next, clocks, used, free_at, r, dim, seeds, steps, adagrad)
 
 
 def _write_rows_py(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds: np.ndarray, slot: np.ndarray,
                    records: np.ndarray, next: np.ndarray, clocks: np.ndarray, used: np.ndarray, free_at: np.ndarray,
-                   r: int, dim: int = 0, seeds: np.ndarray | None = None, steps: np.ndarray | None = None) -> int:
+                   r: int, dim: int = 0, seeds: np.ndarray | None = None, steps: np.ndarray | None = None,
+                   adagrad: tuple[np.ndarray, np.ndarray] | None = None) -> int:
     t, n = len(tables), ids.size
     try:
         if r <= 0 or slot.size != n or next.size != t or clocks.size != t or used.size != t or free_at.size != t:
@@ -170,6 +200,15 @@ def _write_rows_py(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bo
     except ValueError:
         raise ValueError("ember native write_rows: bounds [T+1] over ids, slot [n], records [n, W], "
                          "next/clocks/used/free_at [T], seeds/steps [T] when dim > 0, 0 <= (dim+1)/2 <= R") from None
+    _check_adagrad(adagrad, n, t, recs.shape[1])
+    if adagrad is not None:  # the optimizer as ``rowwise_adagrad_`` runs it without the core, then the write
+        grads, gdim = torch.from_numpy(adagrad[0]), adagrad[0].shape[1]
+        for j in range(t):
+            a, b = int(bounds[j]), int(bounds[j + 1])
+            if b > a:
+                rows = torch.from_numpy(recs[a:b])
+                _rowwise_adagrad_py(rows[:, :gdim], rows[:, gdim : gdim + 1], grads[a:b], float(adagrad[1][j, 0]),
+                                    float(adagrad[1][j, 1]))
     if dim:  # packed first (the noise of each row's tier), then written as words
         sizes = np.diff(bounds)
         words = np.empty((n, r), dtype=np.float32)

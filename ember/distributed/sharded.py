@@ -170,6 +170,12 @@ class ShardedGroupLookup(GroupLookup):
             owner.update(step)
         self.updated = owner.updated
 
+    def apply(self, step: int | None = None) -> None:
+        """``update`` (the gradients' exchange, the owner's update) then ``write_back``: two
+        phases, each under the shard's tier lock."""
+        self.update(step)
+        self.write_back()
+
     def write_back(self) -> None:
         """The owner stores the rows it updated."""
         if self.owner is None:

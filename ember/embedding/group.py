@@ -32,11 +32,12 @@ from ember.embedding.config import FeatureConfig
 from ember.embedding.init import init_keys, uniform_scale
 from ember.embedding.pooling import GroupPool, SequenceEmbedding, pool_feature
 from ember.embedding.table import EmbeddingTable, fresh_records
-from ember.optim import rule_lr
+from ember.optim import RowWiseAdagrad, rule_lr
 from ember.tiers.cached import CachedTier
 from ember.tiers.device_budget import to_device
 from ember.tiers.device import DeviceTier
 from ember.tiers.group_cache import CacheTicket, GroupCache, GroupCacheView
+from ember.tiers.host import HostTier
 from ember.tiers.segments import read_bf16_segments, read_segments, write_bf16_segments, write_segments
 from ember import once
 
@@ -518,6 +519,69 @@ class GroupLookup:
                     _optimizer_step(table, sub, grad.index_select(0, keep), step)
                     rec.index_copy_(0, keep, sub)
                 j = k
+
+    # ---- phases 4 and 5 together ----------------------------------------------------------
+    def apply(self, step: int | None = None) -> None:
+        """``update`` then ``write_back`` (what ``SparseOptimizer`` runs once a batch's gradient
+        is in). When every table reached the loss and filters no row, the rows live in host
+        memory the C core writes, and every table's optimizer is row-wise Adagrad, the update
+        runs inside the write: one pass over the batch's records instead of two
+        (``_native.write_rows``' ``adagrad``), bit for bit the two phases' result."""
+        hyper = self._fused_hyper(step)
+        if hyper is None:
+            self.update(step)
+            self.write_back()
+            return
+        g, rec = self.group, self.records
+        assert rec is not None and self.grad is not None
+        grad = self.grad.contiguous()
+        for t in g.tables:
+            t.step += 1
+        self.updated = list(range(len(g.tables)))
+        adagrad = (grad.numpy(), hyper)
+        if g.dtype == "bf16":
+            steps = np.array([t.step for t in g.tables], dtype=np.int64)
+            wrote = write_bf16_segments(g.tiers, self.table_ids, rec, g.dim, g.seeds, steps, adagrad)
+        else:
+            wrote = HostTier.write_segments_native(g.tiers, self.table_ids, rec, None, adagrad)
+        if not wrote:
+            for lo, hi in g.runs:  # nothing written (a bounded tier without room): the two phases
+                a, b = int(self.starts[lo]), int(self.starts[hi])
+                _optimizer_step(g.tables[lo], rec[a:b], grad[a:b], step)
+            self.write_back()
+            return
+        self.written = list(self.table_ids)
+        for j in self.updated:
+            g.tables[j].after_write(self.written[j])
+
+    def _fused_hyper(self, step: int | None) -> np.ndarray | None:
+        """(lr, eps) per table [T, 2] when ``apply`` can run the optimizer inside the write, else
+        None (a rule other than row-wise Adagrad, a device cache or fp16 rows are said once)."""
+        g, rec, grad = self.group, self.records, self.grad
+        if grad is None or rec is None or not all(self.reached) or self.filtered:
+            return None
+        why = ("the rows have a device cache" if g.cache is not None and self.ticket is not None
+               else f"{g.dtype} rows" if not (g.codec.identity or g.dtype == "bf16")
+               else "a table's optimizer is not row-wise Adagrad" if not all(isinstance(t.optimizer, RowWiseAdagrad) for t in g.tables)
+               else "the rows are not in host memory the native core writes" if not all(
+                   isinstance(t, HostTier) and t._native_cpu for t in g.tiers)
+               else None)
+        if why is not None:
+            if once.first("group.fused_update", why):
+                log.info("table group of '%s': sparse optimizer and write-back in two passes (%s; the one-pass "
+                         "update serves row-wise Adagrad on host rows)", g.tables[0].name, why)
+            return None
+        if not (rec.device.type == grad.device.type == "cpu" and rec.dtype == grad.dtype == torch.float32
+                and rec.is_contiguous() and grad.shape == (rec.shape[0], g.dim)):
+            return None
+        if step is None and any(t.optimizer.schedule is not None for t in g.tables):  # type: ignore[union-attr]
+            return None  # update raises what to do
+        hyper = np.empty((len(g.tables), 2), dtype=np.float64)
+        for j, t in enumerate(g.tables):
+            rule = t.optimizer
+            lr = None if step is None else rule_lr(rule, step)
+            hyper[j] = (rule.lr if lr is None else lr, rule.eps)  # type: ignore[union-attr]
+        return hyper
 
     # ---- phase 5 ------------------------------------------------------------------------
     def discard(self) -> None:

@@ -70,5 +70,4 @@ class SparseOptimizer:
         """Update and write back ``ready`` (from ``take``), in order; ``step``: the global step
         (0-based) lr schedules read (required when a table has a schedule)."""
         for lk in ready:
-            lk.update(step)
-            lk.write_back()
+            lk.apply(step)

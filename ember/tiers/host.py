@@ -179,12 +179,13 @@ class HostTier(TierCounters, Tier):
 
     @staticmethod
     def write_segments_native(tiers: Sequence["Tier"], ids: Sequence[Tensor], records: Tensor,
-                              bf16: tuple[int, np.ndarray, np.ndarray] | None = None) -> bool:
+                              bf16: tuple[int, np.ndarray, np.ndarray] | None = None,
+                              adagrad: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
         """``write_native`` when the C core can write every segment in one pass (returns True):
         every tier a HostTier with a CPU float32 arena, ``records`` CPU float32 and contiguous,
         and a bounded tier's new IDs within its capacity (new IDs take freed slots first, as
-        ``_allocate`` gives them); else nothing written (False: ``put`` runs in numpy, and raises
-        the capacity error)."""
+        ``_allocate`` gives them); else nothing written, nothing updated (False: ``put`` runs in
+        numpy, and raises the capacity error). ``adagrad``: see ``write_native``."""
         if not all(isinstance(t, HostTier) and t._native_cpu for t in tiers) or not (
                 records.is_contiguous() and records.dtype == torch.float32 and records.device.type == "cpu"):
             return False
@@ -207,7 +208,7 @@ class HostTier(TierCounters, Tier):
                 m = int(np.count_nonzero(x < 0))  # type: ignore[operator]
                 if m and len(t) + m > t.capacity:
                     return False
-        HostTier.write_native(tiers, ids, records, slots, bf16)  # type: ignore[arg-type]
+        HostTier.write_native(tiers, ids, records, slots, bf16, adagrad)  # type: ignore[arg-type]
         return True
 
     @staticmethod
@@ -236,14 +237,18 @@ class HostTier(TierCounters, Tier):
 
     @staticmethod
     def write_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor], records: Tensor,
-                     slots: Sequence[np.ndarray] | None = None, bf16: tuple[int, np.ndarray, np.ndarray] | None = None) -> None:
+                     slots: Sequence[np.ndarray] | None = None, bf16: tuple[int, np.ndarray, np.ndarray] | None = None,
+                     adagrad: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """One native pass over several tiers: inserts the new IDs (index, slot, policy metadata)
         and writes every record of ``records`` [N, R] (segments back to back). The C core must be
         able to write every segment (``write_segments_native`` decides); ``slots``: each
         segment's ``slots_of`` when known.
         ``bf16`` = (dim, seeds, steps): ``records`` are a bf16 table's fp32 records [N, width],
         packed on the way with tier j's rounding noise (``seeds[j]``, ``steps[j]``, int64 [T]),
-        the bits ``RowCodec.encode`` gives them."""
+        the bits ``RowCodec.encode`` gives them.
+        ``adagrad`` = (grads float32 [N, dim], hyper float64 [T, 2]: tier j's lr and eps): each
+        record is first updated in place by row-wise Adagrad (``_native.write_rows``), the
+        sparse optimizer's step in the same pass."""
         sizes, bounds, flat = _segments(ids)
         dim, seeds, steps = bf16 if bf16 is not None else (0, None, None)
         _check_rows(tiers, sizes, records, "records", dim)
@@ -261,7 +266,7 @@ class HostTier(TierCounters, Tier):
         _native.write_rows([t.buffers(writes=True) for t in tiers], flat, bounds, slot, records.numpy(), nxt, clocks,
                            used, free_at, tiers[0].record_dim if tiers else records.shape[1], dim,
                            None if seeds is None else np.ascontiguousarray(seeds, dtype=np.int64),
-                           None if steps is None else np.ascontiguousarray(steps, dtype=np.int64))
+                           None if steps is None else np.ascontiguousarray(steps, dtype=np.int64), adagrad=adagrad)
         for j, (t, m) in enumerate(zip(tiers, fresh)):
             if m:
                 t._free = t._free[int(free_at[j]) :]

@@ -67,9 +67,10 @@ def _reads_natively(tiers: Sequence[Tier], out: Tensor) -> bool:
 
 
 def write_bf16_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], records: Tensor, dim: int,
-                        seeds: np.ndarray, steps: np.ndarray) -> bool:
+                        seeds: np.ndarray, steps: np.ndarray, adagrad: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
     """A bf16 group's write of its fp32 records [N, width], packed on the way with tier j's
     stochastic rounding (``seeds[j]``, ``steps[j]``: the bits ``RowCodec.encode`` gives, with no
     packed copy of the batch), when every tier is a HostTier the C core writes (True); else
-    nothing written (False: the caller encodes and ``write_segments``)."""
-    return bool(tiers) and HostTier.write_segments_native(tiers, ids, records, (dim, seeds, steps))
+    nothing written (False: the caller encodes and ``write_segments``). ``adagrad``: the
+    records' row-wise Adagrad step first, in the same pass (``HostTier.write_native``)."""
+    return bool(tiers) and HostTier.write_segments_native(tiers, ids, records, (dim, seeds, steps), adagrad)

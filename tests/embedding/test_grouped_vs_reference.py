@@ -326,3 +326,78 @@ def test_scheduled_optimizers_equal_reference_and_differ_from_unscheduled(opt):
     ec_plain, _ = run_both(_tables(plain), _features("sum"), _batches(7, vocab=4), use={"a", "d"})
     a, b = _sorted_items(ec.groups[0].tables[0]), _sorted_items(ec_plain.groups[0].tables[0])
     assert torch.equal(a[0], b[0]) and not torch.allclose(a[1], b[1])
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("use", [None, {"a", "c", "e"}], ids=["all-reached", "t1-unreached"])
+def test_one_pass_update_equals_update_then_write_back(dtype, use, monkeypatch):
+    """``GroupLookup.apply`` runs row-wise Adagrad inside the native write (one pass over the
+    batch's records) when every table reached the loss: outputs, stored rows (every bit, bf16
+    rounding included), table steps and the lookup's records equal ``update`` then
+    ``write_back``, with an lr and eps per table and an lr schedule; a table that missed the
+    loss sends the batch through the two phases."""
+    import ember.embedding.group as group_module
+    from ember import _native
+
+    sched = {"type": "rowwise_adagrad", "lr": 0.2, "schedule": {"warmup_steps": 3}}
+    tables = [TableConfig(name="t0", dim=D, optimizer={"type": "rowwise_adagrad", "lr": 0.1}, dtype=dtype),
+              TableConfig(name="t1", dim=D, optimizer={"type": "rowwise_adagrad", "lr": 0.3, "eps": 1e-4}, dtype=dtype),
+              TableConfig(name="t2", dim=D, optimizer=sched, dtype=dtype),
+              TableConfig(name="t3", dim=D + 1, optimizer={"type": "rowwise_adagrad", "lr": 0.1}, dtype=dtype)]
+    batches = _batches(6, vocab=20)
+    fused_writes = []
+    write_rows = _native.write_rows
+
+    def spy(tables_, *a, adagrad=None, **k):  # (tables in the call, one pass?)
+        fused_writes.append((len(tables_), adagrad is not None))
+        return write_rows(tables_, *a, adagrad=adagrad, **k)
+
+    monkeypatch.setattr(_native, "write_rows", spy)
+
+    def train(one_pass: bool):
+        if not one_pass:
+            monkeypatch.setattr(group_module.GroupLookup, "_fused_hyper", lambda self, step: None)
+        ec = EmbeddingCollection(tables, _features("sum"), seed=2)
+        opt = SparseOptimizer(ec)
+        proj = torch.linspace(-1, 1, D + 1)
+        outs, records = [], []
+        for sf in batches:
+            lk = ec.plan(sf).fetch()
+            out = ec(sf, lk)
+            outs.append({k: v.detach().clone() for k, v in out.items()})
+            _loss(out, proj, use).backward()
+            opt.step()
+            records.append([g.records.clone() for g in lk.groups])
+        return ec, outs, records
+
+    fast, fast_outs, fast_rec = train(True)
+    took = list(fused_writes)
+    slow, slow_outs, slow_rec = train(False)
+    assert any(one for _, one in fused_writes[len(took):]) is False  # the reference: two passes throughout
+    assert ((3, True) in took) == (use is None)  # t1 unreached: the group of t0-t2 in two passes
+    assert (1, True) in took  # t3's group (reached) in one pass either way
+    for a, b in zip(fast_outs, slow_outs):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    for a, b in zip(fast_rec, slow_rec):
+        assert all(torch.equal(x.view(torch.int32), y.view(torch.int32)) for x, y in zip(a, b))
+    for name in fast.tables:
+        assert fast.tables[name].step == slow.tables[name].step
+        ids_a, rec_a = _sorted_items(fast.tables[name])
+        ids_b, rec_b = _sorted_items(slow.tables[name])
+        assert torch.equal(ids_a, ids_b), name
+        assert torch.equal(rec_a.view(torch.int32), rec_b.view(torch.int32)), name
+
+
+def test_two_passes_are_said_once_with_the_reason(caplog):
+    """A group whose optimizer the one-pass update does not serve says so once, then trains."""
+    from ember import once
+
+    once.forget("group.fused_update")
+    with caplog.at_level(logging.INFO, logger="ember.embedding"):
+        ec = EmbeddingCollection(_tables(OPTIMIZERS[3]), _features("sum"))
+        opt, proj = SparseOptimizer(ec), torch.linspace(-1, 1, D + 1)
+        for sf in _batches(3):
+            _loss(ec(sf), proj, None).backward()
+            opt.step()
+    lines = [r.getMessage() for r in caplog.records if "two passes" in r.getMessage()]
+    assert len(lines) == 1 and "not row-wise Adagrad" in lines[0]

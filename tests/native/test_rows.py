@@ -231,6 +231,58 @@ def test_bf16_rows_packed_on_write_and_widened_on_read_as_the_codec_does(dim, wi
         np.testing.assert_array_equal(out.view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("dim,width", [(0, 5), (0, 17), (16, 17), (5, 6)])
+def test_write_rows_with_adagrad_equals_the_optimizer_then_the_write(dim, width, monkeypatch):
+    """``adagrad``: each record gets row-wise Adagrad in place (tier j's lr and eps), then the
+    write: records, arenas (bit for bit) and index equal ``rowwise_adagrad_`` on each tier's
+    segment followed by the plain write, compiled (split over three threads: each run of tiers
+    its own lr) and fallback (the torch ops) alike; fp32 records and a bf16 table's (``dim``)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    monkeypatch.setattr(_native, "MIN_PARALLEL_ROWS", 1)
+    words = width if dim == 0 else (dim + 1) // 2 + width - dim
+    gdim = width - 1  # weights, then the accumulator
+    g = _group(13, r=words)
+    rng = np.random.default_rng(4)
+    n, t = g["ids"].size, len(g["tables"])
+    records = rng.standard_normal((n, width)).astype(np.float32)
+    records[:, gdim] = rng.random(n).astype(np.float32)  # accumulators >= 0
+    grads = (rng.standard_normal((n, gdim)) * 10.0 ** rng.integers(-25, 2, size=(n, 1))).astype(np.float32)
+    hyper = np.stack([rng.uniform(0.01, 0.5, t), 10.0 ** rng.integers(-10, -3, t)], axis=1)
+    seeds, steps = rng.integers(0, 2**40, size=t), rng.integers(0, 10**6, size=t)
+    bf16 = (seeds, steps) if dim else ()
+    for write, step in zip(_kernels("write_rows"), [_native.rowwise_adagrad_, _native._rowwise_adagrad_py][-len(_kernels("write_rows")):]):
+        fused, plain = _copy(g["tables"]), _copy(g["tables"])
+        rec_f, rec_p = records.copy(), records.copy()
+        for j in range(t):  # the reference: the optimizer on each tier's rows, then the write
+            a, b = g["bounds"][j], g["bounds"][j + 1]
+            r = torch.from_numpy(rec_p)[a:b]
+            step(r[:, :gdim], r[:, gdim:], torch.from_numpy(grads[a:b]), float(hyper[j, 0]), float(hyper[j, 1]))
+        def state():
+            return g["slot"].copy(), g["next"].copy(), g["clocks"], np.zeros(t, np.int64), np.zeros(t, np.int64)
+        slot_f, *rest_f = state()
+        slot_p, *rest_p = state()
+        assert write(fused, g["ids"], g["bounds"], slot_f, rec_f, *rest_f, words, dim, *bf16, adagrad=(grads, hyper)) == \
+            write(plain, g["ids"], g["bounds"], slot_p, rec_p, *rest_p, words, dim, *bf16) > 0
+        np.testing.assert_array_equal(rec_f.view(np.uint32), rec_p.view(np.uint32))  # the records updated in place
+        assert not np.array_equal(rec_f, records)
+        np.testing.assert_array_equal(slot_f, slot_p)
+        for ta, tb in zip(fused, plain):
+            _same_index(ta, tb)
+            np.testing.assert_array_equal(ta[2].view(np.uint32), tb[2].view(np.uint32))
+
+
+def test_write_rows_refuses_bad_adagrad_arguments():
+    g = _group(2)
+    t = len(g["tables"])
+    for grads, hyper in [(np.zeros((g["ids"].size, R), np.float32), np.zeros((t, 2))),  # no accumulator column left
+                         (np.zeros((g["ids"].size - 1, R - 1), np.float32), np.zeros((t, 2))),  # a row short
+                         (np.zeros((g["ids"].size, R - 1), np.float32), np.zeros((t + 1, 2))),  # a tier too many
+                         (np.zeros((g["ids"].size, R - 1), np.float64), np.zeros((t, 2)))]:  # float64 grads
+        for write in _kernels("write_rows"):
+            with pytest.raises(ValueError, match="adagrad"):
+                _write(lambda *a: write(*a, adagrad=(grads, hyper)), g, _copy(g["tables"]))
+
+
 def _kernels(name: str) -> list:
     py = getattr(_native, f"_{name}_py")
     return [getattr(_native, name), py] if _native.is_available() else [py]
