@@ -154,6 +154,23 @@ class ShardedGroupLookup(GroupLookup):
         ID and steps each table that reached the loss on any rank (``step``: the global step lr
         schedules read). A lookup whose backward never reached it here (a slice of no rows)
         sends zeros: its rows took no part."""
+        owner = self._owner_gradient()
+        with self.shard.tiers:  # the last collective is behind: the rows are this rank's alone
+            owner.update(step)
+        self.updated = owner.updated
+
+    def apply(self, step: int | None = None) -> None:
+        """``update`` then ``write_back``: the gradients' exchange, then the owner's ``apply``
+        (row-wise Adagrad inside the write when it can) under the shard's tier lock."""
+        owner = self._owner_gradient()
+        with self.shard.tiers:
+            owner.apply(step)
+        self.updated = owner.updated
+        self.written = owner.written
+
+    def _owner_gradient(self) -> GroupLookup:
+        """The exchange of ``update``: the owner lookup with the gradient summed over ranks per
+        unique ID and the tables reached on any rank (collectives; no tier touched)."""
         if self.owner is None or self.route is None:
             raise RuntimeError("ShardedGroupLookup.update before fetch")
         owner, route = self.owner, self.route
@@ -164,17 +181,9 @@ class ShardedGroupLookup(GroupLookup):
         got, reached = _grads_and_reached(ex, grad, route, self.reached)
         summed = torch.zeros(owner.ids.numel(), self.group.dim, dtype=got.dtype, device=owner.records.device)
         summed.index_add_(0, route.to_owner_row.to(summed.device), got.to(summed.device))
-        with self.shard.tiers:  # the last collective is behind: the rows are this rank's alone
-            owner.backward(summed)
-            owner.reached = reached
-            owner.update(step)
-        self.updated = owner.updated
-
-    def apply(self, step: int | None = None) -> None:
-        """``update`` (the gradients' exchange, the owner's update) then ``write_back``: two
-        phases, each under the shard's tier lock."""
-        self.update(step)
-        self.write_back()
+        owner.backward(summed)
+        owner.reached = reached
+        return owner
 
     def write_back(self) -> None:
         """The owner stores the rows it updated."""
