@@ -43,21 +43,21 @@ def _stale_rank(rank: int, world_size: int, raw: dict) -> dict[str, Any]:
 
     sent: dict[tuple[str, int], np.ndarray] = {}
     refreshed = [0]
-    update, refresh = ShardedGroupLookup.update, ShardedGroupLookup.refresh
+    exchange, refresh = ShardedGroupLookup._owner_gradient, ShardedGroupLookup.refresh
 
-    def recording_update(self, step=None):  # type: ignore[no-untyped-def]
+    def recording_exchange(self):  # type: ignore[no-untyped-def]  # the gradients' send, of update or apply
         if self.grad is not None:
             names = np.repeat([t.name for t in self.group.tables], self.sizes)
             for name, i, g in zip(names, self.ids.tolist(), self.grad.detach().double().numpy()):
                 sent[(name, i)] = sent.get((name, i), 0.0) + g
-        return update(self, step)
+        return exchange(self)
 
     def counting_refresh(self, writes):  # type: ignore[no-untyped-def]
         n = refresh(self, writes)
         refreshed[0] += n
         return n
 
-    ShardedGroupLookup.update, ShardedGroupLookup.refresh = recording_update, counting_refresh
+    ShardedGroupLookup._owner_gradient, ShardedGroupLookup.refresh = recording_exchange, counting_refresh
     result = train(from_dict(raw))
     assert result.parts is not None
     rows = {}
