@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from contextlib import contextmanager
 from typing import Any, Iterator
@@ -33,7 +34,7 @@ import torch
 import bench_dlrm
 from bench_dlrm import D, F, V, make_batches
 from bench_gpu_cache import ZIPF, EmberVariant, cotangents
-from ember import _native
+from ember import _native, allocator
 
 # the group cache's native passes and their numpy references (what "fallback" swaps in)
 PASSES = ("gc_scan", "gc_requeue", "gc_reserve", "gc_insert", "gc_release")
@@ -73,6 +74,7 @@ class Timed:
 
 
 def main() -> None:
+    allocator.reexec_tuned([__file__, *sys.argv[1:]])  # as the ember command line runs (see ember/allocator.py)
     ap = argparse.ArgumentParser()
     ap.add_argument("--warmup", type=int, default=80, help="steps before timing (the 1/4 cache evicts from ~66 on)")
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
