@@ -11,6 +11,7 @@ from torch import Tensor
 from ember import _native
 from ember.errors import CapacityError
 from ember.tiers.base import Tier, TierCounters
+from ember.tiers.growable import Growable, max_rows_in_memory
 from ember.tiers.key_index import KeyIndex
 from ember.tiers.policy import Policy, smallest, victim_score
 
@@ -62,11 +63,20 @@ class HostTier(TierCounters, Tier):
         self.policy: Policy = policy
         self.device = torch.device(device)
         first = max(1, initial_rows if capacity is None else min(initial_rows, capacity))
-        self._arena = torch.zeros(first, record_dim, device=self.device)
-        self._last = np.zeros(first, dtype=np.int64)
-        self._count = np.zeros(first, dtype=np.int32)
-        self._ids = np.zeros(first, dtype=np.int64)  # slot -> ID, so eviction never scans the index
-        self._held = np.zeros(first, dtype=bool)  # slot holds a row (not free)
+        # arena and slot metadata grow in place up to the most rows this tier may hold (its
+        # capacity, else what memory could hold): no copy of the rows, no 3x transient (growable.py)
+        most = capacity if capacity is not None else max_rows_in_memory(record_dim * 4 + META_BYTES_PER_ROW)
+        self._grown = {
+            "arena": Growable(first, record_dim, np.float32, most) if self.device.type == "cpu" else None,
+            "last": Growable(first, None, np.int64, most),
+            "count": Growable(first, None, np.int32, most),
+            "ids": Growable(first, None, np.int64, most),  # slot -> ID, so eviction never scans the index
+            "held": Growable(first, None, bool, most),  # slot holds a row (not free)
+        }
+        arena = self._grown["arena"]
+        self._arena = torch.from_numpy(arena.array) if arena is not None else torch.zeros(first, record_dim, device=self.device)
+        self._last, self._count = self._grown["last"].array, self._grown["count"].array
+        self._ids, self._held = self._grown["ids"].array, self._grown["held"].array
         self._index = KeyIndex(first)
         self._next = 0  # slots [0, _next) have been handed out at least once
         self._free = np.empty(0, dtype=np.int32)
@@ -418,13 +428,16 @@ class HostTier(TierCounters, Tier):
         grow = max(end, 2 * self._arena.shape[0])
         if self.capacity is not None:
             grow = min(grow, self.capacity)
-        bigger = torch.empty(grow, self.record_dim, device=self.device)
-        bigger[: self._next] = self._arena[: self._next]
-        self._arena = bigger
-        self._last = np.concatenate([self._last, np.zeros(grow - self._last.size, np.int64)])
-        self._count = np.concatenate([self._count, np.zeros(grow - self._count.size, np.int32)])
-        self._ids = np.concatenate([self._ids, np.zeros(grow - self._ids.size, np.int64)])
-        self._held = np.concatenate([self._held, np.zeros(grow - self._held.size, bool)])
+        g = self._grown
+        arena = g["arena"]
+        if arena is not None:  # in place (Growable): the rows keep their address
+            self._arena = torch.from_numpy(arena.grow(grow))
+        else:  # an arena on a GPU: a bigger one, the rows copied
+            bigger = torch.empty(grow, self.record_dim, device=self.device)
+            bigger[: self._next] = self._arena[: self._next]
+            self._arena = bigger
+        self._last, self._count = g["last"].grow(grow), g["count"].grow(grow)
+        self._ids, self._held = g["ids"].grow(grow), g["held"].grow(grow)
 
 
 def _segments(ids: Sequence[Tensor]) -> tuple[list[int], np.ndarray, np.ndarray]:
