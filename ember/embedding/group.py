@@ -527,12 +527,15 @@ class GroupLookup:
         memory the C core writes, and every table's optimizer is row-wise Adagrad, the update
         runs inside the write: one pass over the batch's records instead of two
         (``_native.write_rows``' ``adagrad``), bit for bit the two phases' result."""
+        g, rec = self.group, self.records
+        if self.grad is not None and rec is not None and not _same_device(self.grad.device, rec.device):
+            self._count_moved(self.sizes, g.dim)  # (update would move it the same way: a model on a GPU, rows on the host)
+            self.grad = self.grad.to(rec.device)
         hyper = self._fused_hyper(step)
         if hyper is None:
             self.update(step)
             self.write_back()
             return
-        g, rec = self.group, self.records
         assert rec is not None and self.grad is not None
         grad = self.grad.contiguous()
         for t in g.tables:
