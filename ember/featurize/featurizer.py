@@ -270,11 +270,18 @@ class Featurizer:
         self.report.rows_read += n
 
         labels = np.empty((n, len(self.schema.labels)), dtype=np.float32)
+        parsed = np.empty((len(self.schema.labels), n), dtype=np.float64)
+        native = [False] * len(self.schema.labels) if self.schema.score_only else self._native_floats(
+            batch, self.schema.labels, parsed, "label")
         for j, name in enumerate(self.schema.labels):
             if self.schema.score_only:
                 labels[:, j] = 0.0
                 continue
-            x, missing, bad = _numbers(batch, name, file, "label")
+            if native[j]:  # plain integers and empty fields, parsed as parse_floats would (none bad)
+                x = parsed[j]
+                missing, bad = np.isnan(x), np.zeros(n, dtype=bool)
+            else:
+                x, missing, bad = _numbers(batch, name, file, "label")
             _refuse_text_labels(batch.column(name), name, file, first_row, missing, bad)
             checks.add(name, "label is missing", missing)
             checks.add(name, "label is not a number", bad)
@@ -294,7 +301,8 @@ class Featurizer:
         # dense: the parsed columns side by side, then each run of features with the same
         # transform in one dense_transform call (elementwise: the same values as per column)
         raw = np.empty((len(self.schema.dense), n), dtype=np.float64)
-        done = self._native_dense(batch, raw)
+        done = self._native_floats(batch, [f.source_column for f in self.schema.dense], raw, "dense",
+                                   [f.name for f in self.schema.dense])
         for j, f in enumerate(self.schema.dense):
             if done[j]:
                 continue
@@ -319,17 +327,19 @@ class Featurizer:
         keep = checks.resolve(self.report, file, first_row)
         return rows if keep is None else rows.take(np.flatnonzero(keep))
 
-    def _native_dense(self, batch: pa.RecordBatch, raw: np.ndarray) -> list[bool]:
-        """Which dense features' values ``_native.dense_floats`` parsed into ``raw`` in one call:
-        integer columns without nulls, and string columns (CSV text) whose values are all plain
-        integers or empty. The others (floats, integers with nulls, decimals, blanks, bad values)
-        go through ``parse_floats``."""
-        done = [False] * len(self.schema.dense)
-        if not self.one_pass or not self.schema.dense:
+    def _native_floats(self, batch: pa.RecordBatch, columns: Sequence[str], raw: np.ndarray, kind: str,
+                       names: Sequence[str] | None = None) -> list[bool]:
+        """Which of ``columns`` (dense features' or labels') ``_native.dense_floats`` parsed into
+        the rows of ``raw`` in one call: integer columns without nulls, and string columns (CSV
+        text) whose values are all plain integers or empty. The others (floats, integers with
+        nulls, decimals, blanks, bad values) go through ``parse_floats``, said once per reason."""
+        done = [False] * len(columns)
+        if not self.one_pass or not columns:
             return done
+        names = list(columns) if names is None else names
         cols, which = [], []
-        for j, f in enumerate(self.schema.dense):
-            arr = batch.column(f.source_column)
+        for j, c in enumerate(columns):
+            arr = batch.column(c)
             if isinstance(arr, pa.ChunkedArray):
                 continue
             t = arr.type
@@ -341,7 +351,9 @@ class Featurizer:
             elif pa.types.is_integer(t) and not arr.null_count:  # with nulls, Arrow's cast decides (it refuses past 2**53)
                 cols.append((0, arr.buffers()[1], b"", b"", arr.offset, t.bit_width // 8, pa.types.is_signed_integer(t), j))
             else:
-                _say_once(f"a {t} column" + (" with nulls" if pa.types.is_integer(t) else ""), f.name, "dense", "dense_floats")
+                if not pa.types.is_floating(t) or kind != "label":  # float labels: parse_floats is their path
+                    _say_once(f"a {t} column" + (" with nulls" if pa.types.is_integer(t) else ""), names[j], kind,
+                              "dense_floats")
                 continue
             which.append(j)
         if cols:
@@ -351,8 +363,7 @@ class Featurizer:
                 done[j] = bool(k)
                 if not k:
                     _say_once("text that is not all plain integers and empty fields (decimals, blanks, signs, bad "
-                              "values): parse_floats reads that block's column", self.schema.dense[j].name, "dense",
-                              "dense_floats")
+                              "values): parse_floats reads that block's column", names[j], kind, "dense_floats")
         return done
 
     def _dense_runs(self) -> list[tuple[int, int, DenseFeature]]:

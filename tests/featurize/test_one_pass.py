@@ -63,8 +63,11 @@ def _case(seed: int, bad: bool) -> tuple[Schema, pa.RecordBatch]:
     rng = np.random.default_rng(seed)
     n = int(rng.integers(1, 300))
     cols: dict[str, pa.Array] = {"y": pa.array(rng.integers(0, 2, n).astype(str).tolist())}
-    if bad:
-        cols["y"] = pa.array([v if rng.random() > 0.05 else "2" for v in cols["y"].to_pylist()])
+    if bad:  # out of range, missing (empty, null) and decimal labels (the one pass declines "0.5" and "1.0")
+        odd = ["2", "", None, "-1"] + (["0.5", "1.0"] if seed % 2 else [])
+        cols["y"] = pa.array([v if rng.random() > 0.05 else odd[int(rng.integers(len(odd)))] for v in cols["y"].to_pylist()])
+    elif seed % 3 == 1:  # labels as integers (Parquet): the one pass reads the column's buffer
+        cols["y"] = pa.array(rng.integers(0, 2, n), pa.int8() if seed % 2 else pa.int64())
     sparse: list[dict] = []
     for k, typ in enumerate(INT_TYPES + STRING_TYPES):
         name = f"c{k}"
