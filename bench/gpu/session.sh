@@ -3,6 +3,9 @@
 # packages its image lacks (carried as wheels in .whl/), builds the native core for its Python,
 # then runs the steps named in $STEPS (default: all) with their output under $OUT.
 #   STEPS="gpu tests cache dlrm pipeline nccl" bash bench/gpu/session.sh
+# Two more steps measure the machine's host CPU (issue 29 items 4-5; the H100/H200 hosts lent so
+# far were Intel Xeons with AMX-BF16), not run unless named: tiers (bench_tiers --zipf) and
+# mlperf (bench_mlperf, short; torch threads = the host's cores)
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/ember-gpu-out}; mkdir -p "$OUT"
@@ -32,6 +35,12 @@ for s in $STEPS; do
       timeout 120 python3 bench/bench_dlrm.py --steps 20 2>&1 | tee "$OUT/dlrm.log" | tail -8 ;;
     pipeline) el bench_pipeline
       timeout 150 python3 bench/bench_pipeline.py --rows 300000 --steps 20 --rounds 1 --only files 2>&1 | tee "$OUT/pipeline.log" | tail -12 ;;
+    tiers) el "bench_tiers --zipf (host CPU)"
+      lscpu | grep -E "Model name|Thread|Core|Socket|Flags" | cut -c1-200 | tee "$OUT/lscpu.txt"
+      timeout ${TIERS_S:-200} python3 bench/bench_tiers.py --zipf --rows 1000000 --batch 32768 --steps 60 --warmup 40 \
+        2>&1 | tee "$OUT/tiers.log" | tail -12 ;;
+    mlperf) el "bench_mlperf (host CPU)"
+      timeout ${MLPERF_S:-300} python3 bench/bench_mlperf.py ${MLPERF_ARGS:---steps 5 --warmup 2} 2>&1 | tee "$OUT/mlperf.log" | tail -14 ;;
     nccl) el torchrun nccl
       timeout 90 torchrun --standalone --nproc_per_node 1 -m ember train --config configs/demo.yaml --overwrite 2>&1 | tee "$OUT/nccl.log" | tail -12 ;;
   esac
