@@ -790,6 +790,27 @@ done:
  * (u * mul_i + add_i), rounded to the nearest bf16 (ties to even, as codec._bf16_bits; NaN kept
  * quiet with its sign) when bf16, and out[at[i], dim:] = fill (an optimizer's constant initial
  * state). What GroupLookup.fetch did as init, round, concat and index_copy, in one pass. */
+/* fresh_uniform's rows: compiled twice where GCC can dispatch at load time (ifunc), for CPUs with
+ * AVX-512 (the column loop's 64-bit multiplies then run 8 to an instruction) and for any x86-64;
+ * the same bits either way (integer hashing, exact conversions, and -ffp-contract=off: no fused
+ * multiply-add rounds differently). */
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__x86_64__) && defined(__GLIBC__)
+__attribute__((target_clones("arch=x86-64-v4", "default")))  /* GCC 11+: x86-64-v4 = AVX-512 F/BW/CD/DQ/VL */
+#endif
+static void fresh_rows(float *o, const int64_t *id, const uint64_t *ky, Py_ssize_t nk, const int64_t *pos, Py_ssize_t n,
+                       Py_ssize_t width, Py_ssize_t dim, Py_ssize_t rest, const float *pm, const float *pa, float fm,
+                       float fa, const float *fl, int bf16) {
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float *row = o + pos[i] * width;
+        uniform_row(row, (uint64_t)id[i] ^ ky[nk == 1 ? 0 : i], dim, 1, pm ? pm[i] : fm, pa ? pa[i] : fa);
+        if (bf16) {
+            uint32_t *w = (uint32_t *)row;
+            for (Py_ssize_t c = 0; c < dim; c++) w[c] = (uint32_t)bf16_round(w[c], 0x7FFFu + ((w[c] >> 16) & 1u)) << 16;
+        }
+        for (Py_ssize_t c = 0; c < rest; c++) row[dim + c] = fl[c];
+    }
+}
+
 static PyObject *fresh_uniform(PyObject *self, PyObject *args) {
     Py_buffer ids, keys, at, out, fill, mb = {0}, ab = {0};
     Py_ssize_t width, dim;
@@ -827,15 +848,7 @@ static PyObject *fresh_uniform(PyObject *self, PyObject *args) {
             }
         const float fm = (float)mul, fa = (float)add;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            float *row = o + pos[i] * width;
-            uniform_row(row, (uint64_t)id[i] ^ ky[nk == 1 ? 0 : i], dim, 1, per_row ? pm[i] : fm, per_row ? pa[i] : fa);
-            if (bf16) {
-                uint32_t *w = (uint32_t *)row;
-                for (Py_ssize_t c = 0; c < dim; c++) w[c] = (uint32_t)bf16_round(w[c], 0x7FFFu + ((w[c] >> 16) & 1u)) << 16;
-            }
-            for (Py_ssize_t c = 0; c < rest; c++) row[dim + c] = fl[c];
-        }
+        fresh_rows(o, id, ky, nk, pos, n, width, dim, rest, pm, pa, fm, fa, fl, bf16);
         Py_END_ALLOW_THREADS
         Py_INCREF(Py_None);
         res = Py_None;

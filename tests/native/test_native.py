@@ -314,19 +314,21 @@ def test_uniform01_per_row_scales_equal_one_call_per_scale():
 
 @native
 @pytest.mark.parametrize("bf16", [False, True])
-def test_fresh_uniform_native_matches_its_fallback_and_uniform01_bit_for_bit(bf16):
-    """New rows written in place: the kernel, its numpy fallback, and uniform01 + codec rounding
-    (the reference) give the same bits, at scattered rows, for ordinary scales and for mul/add
-    that make subnormal, infinite and NaN values (the rounding's special cases); other rows are
-    left alone."""
+@pytest.mark.parametrize("width,dim", [(11, 8), (7, 5), (17, 16)])
+def test_fresh_uniform_native_matches_its_fallback_and_uniform01_bit_for_bit(bf16, width, dim):
+    """New rows written in place: the kernel (on an AVX-512 CPU its vector build), its numpy
+    fallback, and uniform01 + codec rounding (the reference) give the same bits, at scattered
+    rows, for ordinary scales and for mul/add that make subnormal, infinite and NaN values (the
+    rounding's special cases), whole vectors of columns and a remainder; other rows are left
+    alone."""
     from ember.embedding.codec import _bf16_bits, _widen
 
     rng = np.random.default_rng(5)
-    n, width, dim = 3000, 11, 8
+    n = 3000
     ids = rng.integers(-(2**63), 2**63 - 1, size=n)
     keys = rng.integers(0, 2**63, size=n).astype(np.uint64)
     at = rng.permutation(2 * n)[:n]
-    fill = np.array([0.5, -1.0, 3.0], dtype=np.float32)
+    fill = np.array([0.5, -1.0, 3.0, 0.25][: width - dim], dtype=np.float32)
     scale = rng.choice([0.05, 0.25, 1.0], size=n)
     cases = [((2 * scale).astype(np.float32), (-scale).astype(np.float32)), (0.5, -0.25),
              (np.float32(3e-38), -np.float32(1e-38)), (3e38, 3e38), (np.inf, -np.inf)]
