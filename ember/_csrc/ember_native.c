@@ -1296,6 +1296,53 @@ done:
     return res;
 }
 
+/* write_rows' pass over one tier's rows i0..i1-1 (see write_rows); returns the rows inserted, sets
+ * *full when the index has no empty bucket left. Compiled twice where GCC can dispatch at load
+ * time (as fresh_rows): the bf16 packing's noise hashes and the optimizer's columns vectorise
+ * with AVX-512; the same bits either way. */
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__x86_64__) && defined(__GLIBC__)
+__attribute__((target_clones("arch=x86-64-v4", "default")))
+#endif
+static Py_ssize_t write_tier(int64_t i0, int64_t i1, const int64_t *id, int64_t *slot, float *src, const float *gr,
+                             int64_t *k, int32_t *s, float *a, int64_t *la, int32_t *cn, int64_t *ids_of, uint8_t *held,
+                             const int32_t *fr, Py_ssize_t nfree, int64_t *fat, int64_t *nxt, int64_t *us, int64_t clk,
+                             uint64_t mask, uint64_t base, Py_ssize_t r, Py_ssize_t w, Py_ssize_t dim, Py_ssize_t gdim,
+                             float nlr, float feps, double inv, Py_ssize_t *full) {
+    Py_ssize_t inserted = 0;
+    for (int64_t i = i0; i < i1; i++) {
+        int64_t ahead = i + BLOCK;  /* prefetch the row (or home bucket) BLOCK IDs ahead */
+        if (ahead < i1) {
+            if (slot[ahead] >= 0) {
+                __builtin_prefetch(a + slot[ahead] * r, 1);
+                __builtin_prefetch(a + slot[ahead] * r + r - 1, 1);
+            } else {
+                uint64_t ha = mix64((uint64_t)id[ahead]) & mask;
+                __builtin_prefetch(s + ha, 1);
+                __builtin_prefetch(k + ha, 1);
+            }
+        }
+        if (slot[i] < 0) {
+            int64_t x = id[i], v = *fat < nfree ? (int64_t)fr[(*fat)++] : (*nxt)++;
+            uint64_t h = mix64((uint64_t)x) & mask, step = 0;
+            while (s[h] >= 0 && step++ <= mask) h = (h + 1) & mask;
+            if (s[h] >= 0) { *full = 1; break; }  /* the caller's load check failed */
+            *us += s[h] == EMPTY;
+            k[h] = x;
+            s[h] = (int32_t)v;
+            ids_of[v] = x;
+            held[v] = 1;
+            la[v] = clk;
+            cn[v] = 1;
+            slot[i] = v;
+            inserted++;
+        }
+        if (gdim) adagrad_row(src + i * w, src + i * w + gdim, gr + i * gdim, gdim, nlr, feps, inv);
+        if (dim) pack_sr_row(src + i * w, a + slot[i] * r, id[i], base, dim, w);
+        else memcpy(a + slot[i] * r, src + i * r, (size_t)r * sizeof(float));
+    }
+    return inserted;
+}
+
 /* write_rows(tables [(keys, slots, arena, last, count, slot_ids, held, free)] * T, ids int64[n],
  *            bounds int64[T+1], slot int64[n], records float32[n*W], next int64[T],
  *            clocks int64[T], used int64[T], free_at int64[T], seeds int64[T], steps int64[T],
@@ -1386,37 +1433,8 @@ static PyObject *write_rows(PyObject *self, PyObject *args) {
             uint64_t mask = (uint64_t)(b[0].len / 8) - 1, base = dim > 0 ? sr_base(sd[j], st[j]) : 0;
             const float nlr = gdim > 0 ? (float)-hp[2 * j] : 0.0f, feps = gdim > 0 ? (float)hp[2 * j + 1] : 0.0f;
             us[j] = 0;
-            for (int64_t i = bd[j]; i < bd[j + 1]; i++) {
-                int64_t ahead = i + BLOCK;  /* prefetch the row (or home bucket) BLOCK IDs ahead */
-                if (ahead < bd[j + 1]) {
-                    if (slot[ahead] >= 0) {
-                        __builtin_prefetch(a + slot[ahead] * r, 1);
-                        __builtin_prefetch(a + slot[ahead] * r + r - 1, 1);
-                    } else {
-                        uint64_t ha = mix64((uint64_t)id[ahead]) & mask;
-                        __builtin_prefetch(s + ha, 1);
-                        __builtin_prefetch(k + ha, 1);
-                    }
-                }
-                if (slot[i] < 0) {
-                    int64_t x = id[i], v = fat[j] < nfree ? (int64_t)fr[fat[j]++] : nxt[j]++;
-                    uint64_t h = mix64((uint64_t)x) & mask, step = 0;
-                    while (s[h] >= 0 && step++ <= mask) h = (h + 1) & mask;
-                    if (s[h] >= 0) { full = 1; break; }  /* the caller's load check failed */
-                    us[j] += s[h] == EMPTY;
-                    k[h] = x;
-                    s[h] = (int32_t)v;
-                    ids_of[v] = x;
-                    held[v] = 1;
-                    la[v] = clk[j];
-                    cn[v] = 1;
-                    slot[i] = v;
-                    inserted++;
-                }
-                if (gdim) adagrad_row(src + i * w, src + i * w + gdim, gr + i * gdim, gdim, nlr, feps, inv);
-                if (dim) pack_sr_row(src + i * w, a + slot[i] * r, id[i], base, dim, w);
-                else memcpy(a + slot[i] * r, src + i * r, (size_t)r * sizeof(float));
-            }
+            inserted += write_tier(bd[j], bd[j + 1], id, slot, src, gr, k, s, a, la, cn, ids_of, held, fr, nfree, fat + j,
+                                   nxt + j, us + j, clk[j], mask, base, r, w, dim, gdim, nlr, feps, inv, &full);
         }
         Py_END_ALLOW_THREADS
         if (full) PyErr_SetString(PyExc_RuntimeError, "ember native write_rows: index full (reserve room first)");
