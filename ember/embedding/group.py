@@ -568,15 +568,17 @@ class GroupLookup:
                else "a table's optimizer is not row-wise Adagrad" if not all(isinstance(t.optimizer, RowWiseAdagrad) for t in g.tables)
                else "the rows are not in host memory the native core writes" if not all(
                    isinstance(t, HostTier) and t._native_cpu for t in g.tiers)
+               else f"the gradient is {grad.dtype} on {grad.device}" if not (
+                   grad.dtype == torch.float32 and grad.device.type == "cpu")
                else None)
         if why is not None:
             if once.first("group.fused_update", why):
                 log.info("table group of '%s': sparse optimizer and write-back in two passes (%s; the one-pass "
                          "update serves row-wise Adagrad on host rows)", g.tables[0].name, why)
             return None
-        if not (rec.device.type == grad.device.type == "cpu" and rec.dtype == grad.dtype == torch.float32
-                and rec.is_contiguous() and grad.shape == (rec.shape[0], g.dim)):
-            return None
+        if not (rec.device.type == "cpu" and rec.dtype == torch.float32 and rec.is_contiguous()
+                and grad.shape == (rec.shape[0], g.dim)):
+            return None  # (a group's records on host rows are always so: a guard, not a path)
         if step is None and any(t.optimizer.schedule is not None for t in g.tables):  # type: ignore[union-attr]
             return None  # update raises what to do
         hyper = np.empty((len(g.tables), 2), dtype=np.float64)

@@ -76,9 +76,13 @@ class Growable:
         self._row_bytes = (1 if width is None else width) * self.dtype.itemsize
         self._map: mmap.mmap | None = None
         self.max_rows = max(rows, max_rows, 1)
-        self.array = np.zeros(self._shape(rows), self.dtype)
+        self.array = np.zeros(self._shape(0), self.dtype)
         if rows * self._row_bytes >= SMALL_BYTES:
-            self._reserve()
+            self._reserve()  # a large first size: its pages stay uncommitted until written
+        if self._map is not None:
+            self.array = self._view(rows)
+        else:
+            self.array = np.zeros(self._shape(rows), self.dtype)
 
     @property
     def reserved(self) -> bool:
@@ -95,7 +99,7 @@ class Growable:
 
     def _reserve(self) -> None:
         """Move the rows into a reservation of ``max_rows`` rows (once), or stay as is when refused."""
-        if not _MAP_NORESERVE or self.max_rows <= self.array.shape[0]:
+        if not _MAP_NORESERVE or self.max_rows < max(self.array.shape[0], 1):
             return
         try:
             self._map = mmap.mmap(-1, self.max_rows * self._row_bytes,

@@ -48,6 +48,10 @@ def test_a_small_array_grows_on_the_heap_until_it_is_large(monkeypatch):
     big = g.grow(300)  # 4,800 bytes: reserved, the rows moved there once
     assert g.reserved and (big[:16] == 3.0).all() and not big[16:].any()
     assert g.grow(90_000).ctypes.data == big.ctypes.data
+    first = Growable(1000, 4, np.float32, max_rows=100_000)  # large from the start: reserved at once, all zero
+    assert first.reserved and first.array.shape == (1000, 4) and not first.array.any()
+    at = first.array.ctypes.data
+    assert first.grow(50_000).ctypes.data == at
 
 
 def test_a_host_tier_grows_without_moving_its_rows(reserve_all):
