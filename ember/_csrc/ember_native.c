@@ -1344,9 +1344,9 @@ static Py_ssize_t write_tier(int64_t i0, int64_t i1, const int64_t *id, int64_t 
 }
 
 /* write_rows(tables [(keys, slots, arena, last, count, slot_ids, held, free)] * T, ids int64[n],
- *            bounds int64[T+1], slot int64[n], records float32[n*W], next int64[T],
- *            clocks int64[T], used int64[T], free_at int64[T], seeds int64[T], steps int64[T],
- *            R, dim) -> inserted
+ *            bounds int64[T+1], slot int64[n], records float32[n*W], grads float32[n*gdim],
+ *            next int64[T], clocks int64[T], used int64[T], free_at int64[T], seeds int64[T],
+ *            steps int64[T], hyper float64[T*2], R, dim) -> inserted
  * A memory tier's put for every tier j over its segment: rows with slot[i] >= 0 are
  * overwritten; rows with slot[i] < 0 (absent, unique IDs) get the slot free[free_at[j]++]
  * while tier j's free list (int32, slots of removed rows) lasts, then next[j]++ (written back
@@ -1356,28 +1356,30 @@ static Py_ssize_t write_tier(int64_t i0, int64_t i1, const int64_t *id, int64_t 
  * index load < 1. dim = 0: W = R, records are the words (seeds/steps unused, may be empty);
  * dim > 0: records are a bf16 table's fp32 records, W = dim + R - (dim+1)/2, packed on the way
  * (pack_sr_row, the noise of tier j's seeds[j] and steps[j]: bf16_pack_sr's bits).
- * Optional grads float32 [n, gdim] (gdim > 0) and hyper float64 [T, 2] (tier j's lr, eps): each
- * record is first updated in place by row-wise Adagrad (adagrad_row: weights [0, gdim), the
- * accumulator at column gdim), then written: the optimizer's pass and the write in one. */
+ * hyper float64 [T, 2] (tier j's lr, eps) with grads float32 [n, gdim] (0 < gdim < W; both empty:
+ * no optimizer): each record is first updated in place by row-wise Adagrad (adagrad_row: weights
+ * [0, gdim), the accumulator at column gdim), then written: the optimizer's pass and the write
+ * in one. */
 static PyObject *write_rows(PyObject *self, PyObject *args) {
     PyObject *tables;
-    Py_buffer ids, bounds, sl, rec, nx, clocks, used, fa, seeds, steps, grads = {0}, hyper = {0};
-    Py_ssize_t r, dim, gdim = 0;
-    if (!PyArg_ParseTuple(args, "Oy*y*w*w*w*y*w*w*y*y*nn|y*y*n", &tables, &ids, &bounds, &sl, &rec, &nx, &clocks, &used,
-                          &fa, &seeds, &steps, &r, &dim, &grads, &hyper, &gdim))
+    Py_buffer ids, bounds, sl, rec, grads, nx, clocks, used, fa, seeds, steps, hyper;
+    Py_ssize_t r, dim;
+    if (!PyArg_ParseTuple(args, "Oy*y*w*w*y*w*y*w*w*y*y*y*nn", &tables, &ids, &bounds, &sl, &rec, &grads, &nx, &clocks,
+                          &used, &fa, &seeds, &steps, &hyper, &r, &dim))
         return NULL;
     PyObject *res = NULL;
     Py_buffer *tb = NULL;
     Py_ssize_t n = ids.len / 8, t = PySequence_Size(tables), w = dim > 0 ? dim + r - (dim + 1) / 2 : r;
+    Py_ssize_t gdim = hyper.len && n ? grads.len / 4 / n : 0;  /* weights the optimizer steps (0: none) */
     static const int flags[8] = {1, 1, 1, 1, 1, 1, 1, 0};
     if (t < 0) goto done;
     if (r <= 0 || dim < 0 || (dim + 1) / 2 > r || check_segments(&bounds, t, n) < 0 || sl.len != n * 8 || rec.len != n * w * 4
         || nx.len != t * 8 || clocks.len != t * 8 || used.len != t * 8 || fa.len != t * 8
         || (dim > 0 && (seeds.len != t * 8 || steps.len != t * 8))
-        || gdim < 0 || (gdim > 0 && (gdim >= w || grads.len != n * gdim * 4 || hyper.len != t * 16))) {
+        || (hyper.len ? hyper.len != t * 16 || grads.len != n * gdim * 4 || (n && (gdim <= 0 || gdim >= w)) : grads.len != 0)) {
         PyErr_SetString(PyExc_ValueError, "ember native write_rows: bounds [T+1] over ids, slot [n], records [n, W], "
                         "next/clocks/used/free_at [T], seeds/steps [T] when dim > 0, 0 <= (dim+1)/2 <= R, "
-                        "grads [n, gdim] and hyper [T, 2] when 0 < gdim < W");
+                        "grads [n, gdim] with hyper [T, 2] (0 < gdim < W), or both empty");
         goto done;
     }
     if (!(tb = acquire_tables(tables, t, 8, flags))) goto done;
@@ -1444,9 +1446,7 @@ done:
     if (tb) release_tables(tb, t * 8);
     PyBuffer_Release(&ids); PyBuffer_Release(&bounds); PyBuffer_Release(&sl); PyBuffer_Release(&rec);
     PyBuffer_Release(&nx); PyBuffer_Release(&clocks); PyBuffer_Release(&used); PyBuffer_Release(&fa);
-    PyBuffer_Release(&seeds); PyBuffer_Release(&steps);
-    if (grads.obj) PyBuffer_Release(&grads);
-    if (hyper.obj) PyBuffer_Release(&hyper);
+    PyBuffer_Release(&seeds); PyBuffer_Release(&steps); PyBuffer_Release(&grads); PyBuffer_Release(&hyper);
     return res;
 }
 
@@ -2627,7 +2627,7 @@ static PyMethodDef methods[] = {
     {"csv_gather", csv_gather, METH_VARARGS, "csv_gather(data, starts, offsets, n, outs) -> None"},
     {"probe_rows", probe_rows, METH_VARARGS, "probe_rows(tables, ids, bounds, out_slot, remove) -> found"},
     {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r, dim) -> found"},
-    {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, next, clocks, used, free_at, seeds, steps, r, dim, grads=omitted, hyper=omitted, gdim=0) -> inserted"},
+    {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, grads, next, clocks, used, free_at, seeds, steps, hyper, r, dim) -> inserted"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim) -> None"},
     {"rowwise_adagrad", rowwise_adagrad, METH_VARARGS, "rowwise_adagrad(rows, state, grads, n, dim, rs, ss, gs, lr, eps) -> None"},
     {"bf16_pack_sr", bf16_pack_sr, METH_VARARGS, "bf16_pack_sr(records, ids, seeds, steps, out, dim, width) -> None"},

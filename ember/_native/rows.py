@@ -170,18 +170,10 @@ def write_rows(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds
     width = record_width(r, dim)
     _check_adagrad(adagrad, ids.size, len(tables), width)
     if _native._core is not None:
-        core = _native._core
-
-        def kernel(tb, i, bd, sl, rec, *rest):  # noqa: ANN001, ANN202  (the split's order -> the core's)
-            if adagrad is None:
-                return core.write_rows(tb, i, bd, sl, rec, *rest)
-            g, nx, ck, us, fa, sd, st, h, r_, d_ = rest
-            return core.write_rows(tb, i, bd, sl, rec, nx, ck, us, fa, sd, st, r_, d_, g, h, g.shape[1])
-
-        per_row = (slot, _rows_of(records, ids.size, width, "records")) + (() if adagrad is None else (adagrad[0],))
-        per_tier = (next, clocks, used, free_at) + ((seeds, steps) if dim else (empty, empty)) + (
-            () if adagrad is None else (adagrad[1],))
-        return _split_tiers(kernel, tables, ids, bounds, per_row, per_tier, r, dim)
+        grads, hyper = (np.empty(0, np.float32), np.empty(0, np.float64)) if adagrad is None else adagrad
+        return _split_tiers(_native._core.write_rows, tables, ids, bounds,
+                            (slot, _rows_of(records, ids.size, width, "records"), grads),
+                            (next, clocks, used, free_at) + ((seeds, steps) if dim else (empty, empty)) + (hyper,), r, dim)
     return _write_rows_py(tables, ids, bounds, slot, records, next, clocks, used, free_at, r, dim, seeds, steps, adagrad)
 
 

@@ -511,9 +511,9 @@ def test_read_and_write_rows_release_every_table_array_they_borrow():
     tables = _copy(g["tables"])
     before = [[sys.getrefcount(a) for a in t] for t in tables]
     n, t = g["query"].size, len(tables)
-    _native._core.write_rows(tables, g["ids"], g["bounds"], g["slot"].copy(), g["records"], g["next"].copy(), g["clocks"],
-                             np.zeros(t, np.int64), np.zeros(t, np.int64), np.empty(0, np.int64), np.empty(0, np.int64),
-                             R, 0)  # one call over every tier, no thread split
+    _native._core.write_rows(tables, g["ids"], g["bounds"], g["slot"].copy(), g["records"], np.empty(0, np.float32),
+                             g["next"].copy(), g["clocks"], np.zeros(t, np.int64), np.zeros(t, np.int64),
+                             np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0), R, 0)  # one call, no thread split
     _native._core.read_rows([tb[:5] for tb in tables], g["query"], g["qbounds"], np.zeros((n, R), np.float32),
                             np.zeros(n, np.int64), g["clocks"], np.zeros(t, np.int64), R, 0)
     assert [[sys.getrefcount(a) for a in t] for t in tables] == before
