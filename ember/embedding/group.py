@@ -486,10 +486,7 @@ class GroupLookup:
         if self.grad is None or self.records is None:
             raise RuntimeError("GroupLookup.update needs a gradient: run loss.backward() after pool()")
         g, rec = self.group, self.records
-        grad = self.grad
-        if not _same_device(grad.device, rec.device):
-            self._count_moved(self.sizes, g.dim)
-            grad = grad.to(rec.device)
+        grad = self._grad_on_records()
         for lo, hi in g.runs:
             j = lo
             while j < hi:  # sub-runs of reached tables
@@ -528,9 +525,8 @@ class GroupLookup:
         runs inside the write: one pass over the batch's records instead of two
         (``_native.write_rows``' ``adagrad``), bit for bit the two phases' result."""
         g, rec = self.group, self.records
-        if self.grad is not None and rec is not None and not _same_device(self.grad.device, rec.device):
-            self._count_moved(self.sizes, g.dim)  # (update would move it the same way: a model on a GPU, rows on the host)
-            self.grad = self.grad.to(rec.device)
+        if self.grad is not None and rec is not None:
+            self._grad_on_records()  # (a model on a GPU, rows on the host: moved as update moves it)
         hyper = self._fused_hyper(step)
         if hyper is None:
             self.update(step)
@@ -541,21 +537,21 @@ class GroupLookup:
         for t in g.tables:
             t.step += 1
         self.updated = list(range(len(g.tables)))
-        adagrad = (grad.numpy(), hyper)
-        if g.dtype == "bf16":
-            steps = np.array([t.step for t in g.tables], dtype=np.int64)
-            wrote = write_bf16_segments(g.tiers, self.table_ids, rec, g.dim, g.seeds, steps, adagrad)
-        else:
-            wrote = HostTier.write_segments_native(g.tiers, self.table_ids, rec, None, adagrad)
-        if not wrote:
+        if not self._write_all((grad.numpy(), hyper)):
             for lo, hi in g.runs:  # nothing written (a bounded tier without room): the two phases
                 a, b = int(self.starts[lo]), int(self.starts[hi])
                 _optimizer_step(g.tables[lo], rec[a:b], grad[a:b], step)
             self.write_back()
             return
-        self.written = list(self.table_ids)
-        for j in self.updated:
-            g.tables[j].after_write(self.written[j])
+        self._wrote(self.table_ids)
+
+    def _grad_on_records(self) -> Tensor:
+        """``grad`` on the records' device: moved there once (counted in the tables' transfer bytes)."""
+        assert self.grad is not None and self.records is not None
+        if not _same_device(self.grad.device, self.records.device):
+            self._count_moved(self.sizes, self.group.dim)
+            self.grad = self.grad.to(self.records.device)
+        return self.grad
 
     def _fused_hyper(self, step: int | None) -> np.ndarray | None:
         """(lr, eps) per table [T, 2] when ``apply`` can run the optimizer inside the write, else
@@ -602,10 +598,8 @@ class GroupLookup:
         keep = _keep_mask(self)
         g.cache.write_back(self.ticket, self.ids.numpy(), self.sizes, rec, keep)
         self.ticket = None
-        self.written = [i[torch.from_numpy(keep[a:b])] if not keep[a:b].all() else i
-                        for i, a, b in zip(self.table_ids, self.starts[:-1], self.starts[1:])]
-        for j in self.updated:
-            g.tables[j].after_write(self.written[j])
+        self._wrote([i[torch.from_numpy(keep[a:b])] if not keep[a:b].all() else i
+                     for i, a, b in zip(self.table_ids, self.starts[:-1], self.starts[1:])])
 
     def write_back(self) -> None:
         """Store the updated tables' rows in their tiers (rows below ``min_count`` get none),
@@ -620,14 +614,7 @@ class GroupLookup:
             self._write_back_cached()
             return
         if len(self.updated) == len(g.tables) and not self.filtered:
-            if g.codec.identity:
-                write_segments(g.tiers, ids, rec)
-            else:  # a bf16 group's rows packed as they are written (the bits encode gives), else encoded, then written
-                steps = np.array([t.step for t in g.tables], dtype=np.int64)
-                if not (g.dtype == "bf16" and write_bf16_segments(g.tiers, ids, rec, g.dim, g.seeds, steps)):
-                    rec = g.codec.encode(rec, self.ids, torch.from_numpy(np.repeat(g.seeds, self.sizes)),  # per row: its table's
-                                         torch.from_numpy(np.repeat(steps, self.sizes)))
-                    write_segments(g.tiers, ids, rec)
+            self._write_all()
             written = ids
         else:
             tiers, parts, rows = [], [], []
@@ -644,9 +631,36 @@ class GroupLookup:
                 written[j] = i
             if tiers:
                 write_segments(tiers, parts, torch.cat(rows) if len(rows) > 1 else rows[0])
+        self._wrote(written)
+
+    def _write_all(self, adagrad: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
+        """Every table's rows of ``records`` into its tiers (all updated, none filtered). A bf16
+        group's rows are packed as they are written (the bits encode gives), else encoded, then
+        written. ``adagrad`` (``apply``): the row-wise Adagrad step inside the write, only in one
+        native pass: False, nothing written, where the C core cannot write it."""
+        g, rec, ids = self.group, self.records, self.table_ids
+        assert rec is not None
+        if g.codec.identity:
+            if adagrad is not None:
+                return HostTier.write_segments_native(g.tiers, ids, rec, None, adagrad)
+            write_segments(g.tiers, ids, rec)
+            return True
+        steps = np.array([t.step for t in g.tables], dtype=np.int64)
+        if g.dtype == "bf16" and write_bf16_segments(g.tiers, ids, rec, g.dim, g.seeds, steps, adagrad):
+            return True
+        if adagrad is not None:
+            return False
+        rec = g.codec.encode(rec, self.ids, torch.from_numpy(np.repeat(g.seeds, self.sizes)),  # per row: its table's
+                             torch.from_numpy(np.repeat(steps, self.sizes)))
+        write_segments(g.tiers, ids, rec)
+        return True
+
+    def _wrote(self, written: Sequence[Tensor]) -> None:
+        """Note the IDs each table stored (``written``, for later refreshes) and run each updated
+        table's bookkeeping (admission counts, TTL sweep)."""
         self.written = list(written)
         for j in self.updated:
-            g.tables[j].after_write(written[j])
+            self.group.tables[j].after_write(self.written[j])
 
 
 @dataclass
