@@ -44,6 +44,18 @@ class Lookup:
     def train(self) -> bool:
         return any(g.train for g in self.groups)
 
+    @property
+    def preparable(self) -> bool:
+        """Whether some group's fetch has a host half ``prepare`` can run ahead (a device cache)."""
+        return any(g.preparable for g in self.groups)
+
+    def prepare(self) -> "Lookup":
+        """The host half of phase 2 of every group with a device cache, ahead of ``fetch``
+        (see ``GroupLookup.prepare``)."""
+        for g in self.groups:
+            g.prepare()
+        return self
+
     def fetch(self) -> "Lookup":
         """Phase 2 of every group (see ``GroupLookup.fetch``)."""
         for g in self.groups:
@@ -77,6 +89,11 @@ class Lookup:
                 g.write_back()
             else:
                 g.discard()
+
+    def discard(self) -> None:
+        """A lookup fetched (or prepared) that will not train: every group gives its rows back."""
+        for g in self.groups:
+            g.discard()
 
 
 class EmbeddingCollection(nn.Module):

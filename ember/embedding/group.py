@@ -36,7 +36,7 @@ from ember.optim import RowWiseAdagrad, rule_lr
 from ember.tiers.cached import CachedTier
 from ember.tiers.device_budget import to_device
 from ember.tiers.device import DeviceTier
-from ember.tiers.group_cache import CacheTicket, GroupCache, GroupCacheView
+from ember.tiers.group_cache import CachePlan, CacheTicket, GroupCache, GroupCacheView
 from ember.tiers.host import HostTier
 from ember.tiers.segments import read_bf16_segments, read_segments, write_bf16_segments, write_segments
 from ember import once
@@ -173,6 +173,8 @@ class GroupLookup:
         self.ticket: CacheTicket | None = None  # fetch through a group cache: what it decided, for write_back
         self.inverse_dev: Tensor | None = None  # fetch through a group cache: ``inverse`` copied with the rows
         self._bags: list[_Bags] | None = None  # fetch through a group cache: the grouped pooling's plan, copied too
+        self._prepared: tuple[CachePlan, list[_Bags], list[Tensor]] | None = None  # prepare: the cache's host half, not yet loaded
+        self.prepared_miss: np.ndarray | None = None  # prepare: positions the cache read outside its arena (``reread``)
 
     def _count_moved(self, rows_per_table: Sequence[int], width: int) -> None:
         """Note, per table, rows of ``width`` floats that crossed between host and device."""
@@ -180,14 +182,54 @@ class GroupLookup:
             table.count_transfer(int(n), width)
 
     # ---- phase 2 ------------------------------------------------------------------------
+    @property
+    def preparable(self) -> bool:
+        """Whether ``prepare`` does anything: the group has a device cache, whose host decisions
+        may be taken ahead of the device work of the lookups before this one."""
+        return self.group.cache is not None
+
+    def prepare(self) -> "GroupLookup":
+        """The host half of ``fetch`` through the group's device cache, on its own (no device
+        work): probe, admissions and victims, the misses read from the slower tiers and fresh
+        rows, all into one pinned buffer; ``fetch`` then only loads it. A pipeline prepares a
+        batch while the batch before it still computes; rows that batch writes meanwhile
+        outside the arena are re-read after the load (``reread``: the arena's own rows are
+        gathered on the device after that batch's write, in stream order). No-op without a
+        device cache."""
+        g = self.group
+        if g.cache is not None and self._prepared is None:
+            self._stage()
+            g.cache.send(self._prepared[0])  # the displaced rows leave now, before the write-backs its load waits for
+        return self
+
+    def _stage(self) -> None:
+        """The cache's host half: plan and staged rows (``_prepared``)."""
+        g = self.group
+        assert g.cache is not None
+        owner = np.repeat(np.arange(len(g.tables)), self.sizes)
+        bags = self._grouped()
+        extra = [self.inverse] if self.sparse is not None else []
+        for bg in bags:
+            extra += [x for x in (bg.inv, None if bg.layout is None else bg.layout[0]) if x is not None]
+        plan = g.cache.fetch(self.ids.numpy(), self.sizes, self.train, extra)
+        miss, found_np, staged = plan.miss, plan.found, plan.staged
+        if miss.size:
+            fresh = np.flatnonzero(~found_np[miss] & ~g.special[owner[miss]])  # indices into miss
+            if fresh.size:
+                self._fresh_into(staged, miss[fresh], owner, at=None if fresh.size == miss.size else fresh)
+        self._prepared = (plan, bags, extra)
+        self.prepared_miss = miss
+        self.ticket = plan.ticket
+
     def fetch(self) -> "GroupLookup":
         """Read ``ids``' records from the tiers into ``records`` [U, width] on the fast tier's
         device; absent IDs get fresh rows (one init call per distinct initializer), ``min_count``
-        and TTL tables complete their rows (writes ``records``, ``filtered``). Stores nothing."""
+        and TTL tables complete their rows (writes ``records``, ``filtered``). Stores nothing.
+        Through a device cache: ``prepare`` (unless done), then its device half."""
         g = self.group
         owner = np.repeat(np.arange(len(g.tables)), self.sizes)
         if g.cache is not None:
-            self._fetch_cached(owner)
+            self._load_cached()
             return self
         found = None
         if g.dtype == "bf16" and g.device.type == "cpu":  # widened as they are read: no packed copy, no decode pass
@@ -244,23 +286,17 @@ class GroupLookup:
             if pos is not None:
                 out.index_copy_(0, torch.from_numpy(pos).to(out.device), fresh.to(out.device))
 
-    def _fetch_cached(self, owner: np.ndarray) -> None:
-        """fetch through the group's device cache: decisions and staging on the host, then a
-        fixed few device operations (``GroupCache``)."""
+    def _load_cached(self) -> None:
+        """The device half of a fetch through the group's device cache: a fixed few device
+        operations (``GroupCache.load``) on what ``prepare`` decided and staged."""
         g = self.group
-        cache = g.cache
-        assert cache is not None
-        bags = self._grouped()
-        extra = [self.inverse] if self.sparse is not None else []
-        for bg in bags:
-            extra += [x for x in (bg.inv, None if bg.layout is None else bg.layout[0]) if x is not None]
-        plan = cache.fetch(self.ids.numpy(), self.sizes, self.train, extra)
-        miss, found_np, staged = plan.miss, plan.found, plan.staged
-        if miss.size:
-            fresh = np.flatnonzero(~found_np[miss] & ~g.special[owner[miss]])  # indices into miss
-            if fresh.size:
-                self._fresh_into(staged, miss[fresh], owner, at=None if fresh.size == miss.size else fresh)
-        rec, dev = cache.load(plan)
+        assert g.cache is not None
+        if self._prepared is None:
+            self._stage()  # (loaded at once: its one upload carries the displaced rows' slots too)
+        assert self._prepared is not None
+        (plan, bags, extra), self._prepared = self._prepared, None
+        self.prepared_miss = None
+        rec, dev = g.cache.load(plan)
         if extra:
             self.inverse_dev, rest = dev[0], iter(dev[1:])
             for bg in bags:
@@ -268,8 +304,7 @@ class GroupLookup:
                 bg.layout_dev = None if bg.layout is None else _bag_views(next(rest), *bg.layout[1:])
                 bg.on = rec.device
             self._bags = bags
-        self.ticket = plan.ticket
-        self._complete(rec, torch.from_numpy(found_np))
+        self._complete(rec, torch.from_numpy(plan.found))
 
     def _complete(self, rec: Tensor, found: Tensor) -> None:
         """``min_count`` and TTL tables finish their rows; ``records`` is set."""
@@ -458,6 +493,21 @@ class GroupLookup:
             f[torch.from_numpy(at[(at >= a) & (at < a + f.numel())] - a)] = False
         return int(at.size)
 
+    def reread(self, writes: Sequence[np.ndarray]) -> int:
+        """Between ``prepare`` and ``fetch``, once the write-backs of ``writes`` (keys of the
+        rows each stored, as ``refresh`` takes them) are done: the rows the cache's prepare
+        read outside its arena that they stored are read again into the staged plan, on the
+        host (``GroupCache.reread``); the arena's rows are gathered by the load, after those
+        write-backs. The rows are then as a fetch after the write-backs reads them, bit for
+        bit. Returns the rows re-read."""
+        miss = self.prepared_miss
+        writes = [w for w in writes if w.size]
+        if self._prepared is None or miss is None or not miss.size or not writes:
+            return 0
+        at = miss[_members(self.keys()[miss], writes)]
+        assert self.group.cache is not None
+        return self.group.cache.reread(self._prepared[0], self.ids.numpy(), at)
+
     def _refresh_cached(self, at: np.ndarray, sizes: list[int]) -> np.ndarray:
         """``refresh``'s read through the group's device cache, as its fetch reads (one probe of
         the group's index, the rows not in the arena from the slower tiers into one staging
@@ -589,6 +639,7 @@ class GroupLookup:
         """A training lookup that will not be written back (no table reached the loss, a
         skipped step) lets its group cache evict the rows it held."""
         if self.group.cache is not None:
+            self._prepared, self.prepared_miss = None, None  # (prepared, never loaded: its victims were sent at once)
             self.group.cache.release(self.ticket)
             self.ticket = None
 

@@ -56,12 +56,13 @@ class FetchGate:
         """How many batches' updates are written (batches 0 .. written-1)."""
         return self._written
 
-    def enter(self, b: int) -> bool:
-        """Wait until batch ``b`` may be fetched; False when it never will be (stopped, or past
-        ``limit``): the stream ends before it."""
+    def enter(self, b: int, ahead: int = 0) -> bool:
+        """Wait until batch ``b`` may be fetched (``ahead``: its host half prepared, that many
+        batches before the fetch itself may run); False when it never will be (stopped, or
+        past ``limit``): the stream ends before it."""
         with self._cv:
             while not self._stopped and not self._past_limit(b) and (
-                    self._held is not None or self._written < b - self.staleness):
+                    self._held is not None or self._written < b - self.staleness - ahead):
                 self._cv.wait(0.1)
             return not self._stopped and not self._past_limit(b)
 
@@ -117,28 +118,46 @@ class FetchGate:
 
 
 class WriteLog:
-    """The IDs each of the last ``staleness`` batches wrote, per table group, to refresh
-    stale reads from (IDs only: the batches' row buffers are not kept)."""
+    """The IDs each of the last ``staleness + ahead`` batches wrote, per table group, to refresh
+    stale reads from (IDs only: the batches' row buffers are not kept). ``ahead``: batches a
+    device cache's host half is prepared before its fetch (``GroupLookup.prepare``); the rows
+    its groups' write-backs store in between are re-read after the fetch (``reread``)."""
 
-    def __init__(self, staleness: int) -> None:
-        self.staleness = staleness
-        self._recent: deque[tuple[int, list[tuple[TableGroup, np.ndarray]]]] = deque(maxlen=max(staleness, 1))
+    def __init__(self, staleness: int, ahead: int = 0) -> None:
+        self.staleness, self.ahead = staleness, ahead
+        self._recent: deque[tuple[int, list[tuple[TableGroup, np.ndarray]]]] = deque(maxlen=max(staleness + ahead, 1))
         self.refreshed_rows = 0
+        self.reread_rows = 0
+
+    def _newer(self, lo: int, hi: int) -> list[tuple[TableGroup, np.ndarray]]:
+        return [w for i, writes in self._recent if lo <= i < hi for w in writes]
 
     def refresh(self, b: int, fetched_after: int, lookups: Sequence[GroupLookup]) -> None:
         """Before batch ``b``'s update: its ``lookups`` were fetched when ``fetched_after``
         batches were written; re-read what batches ``fetched_after .. b-1`` wrote since."""
         if not self.staleness:
             return
-        newer = [w for i, writes in self._recent if fetched_after <= i < b for w in writes]
+        newer = self._newer(fetched_after, b)
         if newer:
             for lk in lookups:
                 mine = [written for group, written in newer if group is lk.group]
                 if mine:
                     self.refreshed_rows += lk.refresh(mine)
 
+    def reread(self, prepared_after: int, fetched_after: int, lookups: Sequence[GroupLookup]) -> None:
+        """Before a fetch (when ``fetched_after`` batches are written) whose host half was
+        prepared when ``prepared_after`` were: re-read into the prepared plans what the
+        batches in between wrote outside the caches' arenas (``GroupLookup.reread``)."""
+        newer = self._newer(prepared_after, fetched_after) if fetched_after > prepared_after else []
+        for lk in lookups:
+            mine = [written for group, written in newer if group is lk.group]
+            if mine:
+                self.reread_rows += lk.reread(mine)
+
     def record(self, b: int, lookups: Sequence[GroupLookup]) -> None:
         """Batch ``b``'s ``lookups`` are written."""
         if self.staleness:
-            # keys only here: a run without staleness never pays for them
+            # keys only here: a run without staleness (or prepared fetches) never pays for them
             self._recent.append((b, [(lk.group, lk.keys(lk.written)) for lk in lookups if lk.written]))
+        elif self.ahead:  # only the groups a fetch prepares ahead re-read
+            self._recent.append((b, [(lk.group, lk.keys(lk.written)) for lk in lookups if lk.written and lk.preparable]))

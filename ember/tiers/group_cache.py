@@ -81,11 +81,12 @@ class CachePlan:
     found: np.ndarray  # bool [U]: in the arena or a slower tier (the others are fresh)
     staged: Tensor  # [M, R] host rows of the misses (fresh ones filled by the caller), a view of ``buf``
     buf: Tensor  # the pinned bytes load copies to the device: the int64 indexes, then the staged rows
-    lens: list[int]  # the indexes' lengths: gather slots, miss positions, victims, extra..., write slots, bypass
+    lens: list[int]  # the indexes' lengths: gather slots (U + 1), miss positions, victims, extra..., write slots, bypass
     n_extra: int
     victims: np.ndarray  # arena slots of the rows it displaced
     evicted: tuple[np.ndarray, np.ndarray]  # their (tables, IDs), table after table
     ticket: CacheTicket | None
+    sent: bool = False  # the displaced rows are on their way to the host (``send``, or ``load``)
 
 
 @dataclass
@@ -331,7 +332,8 @@ class GroupCache:
         if train:  # (find counted the hits' accesses and holds their slots until write_back: no one's victims)
             ticket, victims, evicted = self._plan_admission(ids, owner, slots, taken, miss)
         # one pinned buffer for the upload: the indexes (int64, aligned first), then the staged rows
-        ints = [np.where(hit, slots, 0), miss, victims] + [x.numpy() for x in extra]
+        # (the gather takes one spare row more, slot 0, for ``reread``'s redirected misses)
+        ints = [np.append(np.where(hit, slots, 0), 0), miss, victims] + [x.numpy() for x in extra]
         if ticket is not None:
             ints += [np.where(ticket.slots >= 0, ticket.slots, self.trash), ticket.bypass]
         lens = [x.size for x in ints]
@@ -379,26 +381,75 @@ class GroupCache:
         ticket.inserts, ticket.writes = self.inserts, self.writes
         return ticket, victims, evicted
 
+    def send(self, plan: "CachePlan") -> None:
+        """A lookup prepared ahead of its load: its displaced rows gathered and copied (non-
+        blocking) towards the host now, right after ``fetch`` took them out of the index, so
+        they are on their way before any later write-back stores rows of the same IDs (the
+        lookup before it writes back between this and ``load``). One upload of their slots;
+        ``load`` sends a plan not sent yet with the rest, in its one upload."""
+        if plan.sent:
+            return
+        plan.sent = True
+        if plan.victims.size:
+            self._mark()
+            tables, ids = plan.evicted
+            at = self._upload(torch.from_numpy(plan.victims))
+            self._download(self.arena.index_select(0, at), _split_by_table(ids, tables, len(plan.sizes)))
+
+    def reread(self, plan: "CachePlan", ids: np.ndarray, at: np.ndarray) -> int:
+        """Before ``load``: the rows at positions ``at`` (ascending, among ``plan.miss``) were
+        stored by a write-back since ``fetch`` read them from the slower tiers (or found them
+        nowhere): read them again into the plan, on the host, before it goes to the device.
+        Those in the arena now are gathered from there (their miss rows are sent to the spare
+        row ``load`` gathers, which nothing reads); the others are read from their slower tier
+        into the staged rows. No device operation. Returns the rows re-read."""
+        if not at.size:
+            return 0
+        owner = np.repeat(np.arange(len(plan.sizes), dtype=np.int64), plan.sizes)
+        slots, _ = self.find(owner[at], ids[at])
+        k = np.searchsorted(plan.miss, at)  # their rows of ``staged``
+        ints = plan.buf[: 8 * sum(plan.lens)].view(torch.int64).numpy()
+        hit = slots >= 0
+        if hit.any():
+            ints[at[hit]] = slots[hit]
+            ints[plan.lens[0] + k[hit]] = plan.lens[0] - 1
+        rest = np.flatnonzero(~hit)
+        if rest.size:
+            per_table = _split_by_table(ids[at[rest]], owner[at[rest]], len(plan.sizes))
+            if self.pending:
+                self.drain(wait=False, needed=per_table)
+            rows = torch.empty(rest.size, self.record_dim)
+            found = read_segments(self.slow, [torch.from_numpy(x) for x in per_table], rows).numpy()
+            if found.any():
+                plan.staged[torch.from_numpy(k[rest[found]])] = rows[torch.from_numpy(np.flatnonzero(found))]
+                plan.found[at[rest[found]]] = True
+                self._moved(np.bincount(owner[at[rest[found]]], minlength=len(plan.sizes)))
+        plan.found[at[hit]] = True
+        return int(hit.sum()) + int(found.sum() if rest.size else 0)
+
     def load(self, plan: "CachePlan") -> tuple[Tensor, list[Tensor]]:
         """The device half of a lookup's read, a fixed few operations: one host->device copy
         (staged rows, indexes and the ``extra`` tensors in one buffer), the displaced rows
-        gathered and copied (non-blocking) towards the host, the rows gathered from the arena
-        and the staged ones put in place. Returns the rows [U, R] and ``extra`` on the device."""
+        gathered and copied (non-blocking) towards the host (unless ``send`` did), the rows
+        gathered from the arena and the staged ones put in place. Returns the rows [U, R] and
+        ``extra`` on the device."""
         t, lens, m = plan.ticket, plan.lens, plan.miss.size
         head = 8 * sum(lens)
         self._mark()
         dev = self._upload(plan.buf)
         dint = dev[:head].view(torch.int64).split(lens)
-        if plan.victims.size:  # read before anything reuses their slots (one stream: in order)
-            tables, ids = plan.evicted
-            self._download(self.arena.index_select(0, dint[2]), _split_by_table(ids, tables, len(plan.sizes)))
-        rows = self.arena.index_select(0, dint[0])
+        if not plan.sent:
+            plan.sent = True
+            if plan.victims.size:  # read before anything reuses their slots (one stream: in order)
+                tables, ids = plan.evicted
+                self._download(self.arena.index_select(0, dint[2]), _split_by_table(ids, tables, len(plan.sizes)))
+        rows = self.arena.index_select(0, dint[0])  # (one spare row at the end: see ``reread``)
         if m:
             rows.index_copy_(0, dint[1], dev[head:].view(torch.float32).view(m, self.record_dim))
         k = 3 + plan.n_extra
         if t is not None:
             t.dev = (dint[k], dint[k + 1])
-        return rows, list(dint[3:k])
+        return rows[:-1], list(dint[3:k])
 
     def write_back(self, ticket: CacheTicket, ids: np.ndarray, sizes: Sequence[int], rows: Tensor,
                    keep: np.ndarray) -> None:
@@ -519,9 +570,15 @@ class GroupCache:
 
     def release(self, ticket: CacheTicket | None) -> None:
         """A training lookup that will not write back (no table of it reached the loss, a
-        skipped step) gives its slots back for eviction."""
-        if ticket is not None:
-            self._release(ticket)
+        skipped step, a stream stopped after its fetch) gives its slots back for eviction, and
+        the slots it reserved for admissions back to the free ones (they never entered the index)."""
+        if ticket is None or ticket.released:
+            return
+        self._release(ticket)
+        reserved = ticket.slots[ticket.new]
+        reserved = reserved[(reserved >= 0) & ~self.live[np.maximum(reserved, 0)]]
+        if reserved.size:
+            self._free_slots(reserved)
 
 
 def _orphaned(ref: "weakref.ref[GroupCache]", held: np.ndarray) -> None:

@@ -174,7 +174,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             reporter.start_pass(data.loader)
             base = state.step
             gate = FetchGate(k, lambda b: r.cadence.barrier_after(base + b + 1), None if t.max_steps is None else t.max_steps - base)
-            stages = TrainStages(parts, gate, WriteLog(k), task_w, first_step=base, window=reporter.window, shards=data.shards)
+            stages = TrainStages(parts, gate, WriteLog(k, ahead=_prepared_ahead(parts) if engine_threads else 0), task_w, first_step=base, window=reporter.window, shards=data.shards)
             agreement = StopAgreement(signals, parts.dist, checkpointer, gate, data.ahead, (r.exporter, reporter.windows),
                                       ahead_of(k))
             run = Scheduler(*_pipeline(data, stages, pipe.depth, not engine_threads), threaded=pipe.enabled,
@@ -316,6 +316,15 @@ def _start(cfg: RunConfig, parts: Components, dist: DistributedRun | None, run_d
             state = restored.state.resumed(str(ckpt), t.mode == "online", world, shards_files(cfg, dist))
             evaluator.resume(restored.dense, ckpt, run_dir)
     return state
+
+
+def _prepared_ahead(parts: Components) -> int:
+    """Batches a device cache's host half is prepared ahead of its fetch, when the embedding
+    stages run on threads: 1 where a table group of one process has a group cache
+    (``TrainStages.fetch``), else 0."""
+    if parts.dist is not None:
+        return 0
+    return int(any(g.cache is not None for ec in parts.collections() for g in ec.groups))
 
 
 def _pipeline(data: TrainLoader, stages: TrainStages, d: QueueDepths, inline: bool) -> tuple[list[Stage], list[Stage]]:

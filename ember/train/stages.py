@@ -99,6 +99,9 @@ class TrainStages:
         self._metrics = threading.Lock()
         self._loss_sum, self._seen = 0.0, 0
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        # batches a device cache's host half is prepared ahead of the fetch (one process: a
+        # sharded fetch is an exchange with the other ranks, in lockstep)
+        self.ahead = log.ahead if parts.dist is None else 0
 
     @property
     def copies(self) -> bool:
@@ -128,12 +131,34 @@ class TrainStages:
         return Step(next(self._count), local, self.parts.plan(local, train=True), rows)
 
     def fetch(self, step: Step) -> Step:
-        """Read the batch's rows from the tiers, once the gate allows (else end the stream)."""
+        """Read the batch's rows from the tiers, once the gate allows (else end the stream).
+
+        A device cache's host half (``Lookup.prepare``: probe, admissions, victims, the misses
+        staged) runs one batch earlier than the gate allows the fetch, while the batch before
+        still computes; once that batch's rows are written, the ones it stored outside the arena
+        are read again into the staged plan (``WriteLog.reread``) and the device half loads it:
+        the rows are those a fetch after the write reads, bit for bit."""
+        ahead = self.ahead if self.ahead and all(isinstance(lk, Lookup) for lk in step.lookups) and any(
+            lk.preparable for lk in step.lookups) else 0
+        if ahead:
+            with idle():
+                if not self.gate.enter(step.index, ahead):
+                    return END
+            with self._holding_tiers():
+                prepared_after = self.gate.written
+                for lk in step.lookups:
+                    lk.prepare()
         with idle():
             if not self.gate.enter(step.index):
+                if ahead:
+                    with self._holding_tiers():
+                        for lk in step.lookups:
+                            lk.discard()
                 return END
         with self._holding_tiers():
             step.fetched_after = self.gate.written
+            if ahead:
+                self.log.reread(prepared_after, step.fetched_after, [g for lk in step.lookups for g in lk.groups])
             for lk in step.lookups:
                 lk.fetch()
         self.gate.fetched(step.index)

@@ -1,0 +1,132 @@
+"""A device cache's host half prepared one batch ahead (issue: the GPU path, "decisions on the
+host, ahead of the device"): the staged trainer at staleness 0 stays bit-identical to the stages
+in line, the rows written meanwhile outside the arena are re-read (and must be), and a prepared
+lookup that never trains gives back every row and slot."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ember.batch import SparseFeatures
+from ember.config import from_dict
+from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
+from ember.pipeline.staleness import FetchGate, WriteLog
+from ember.testing import SPARSE_OPTIMIZERS, apply, assert_identical, run_state
+from ember.train.loop import train
+from ember.train.stages import TrainStages
+
+
+def _cfg(tmp_path: Path, name: str, enabled: bool, optimizer: dict, admit_after: int = 1, **train_kw):
+    cache = {"device_rows": 48, "device": "cpu", "admit_after": admit_after}
+    return from_dict({
+        "data": {"preset": "synthetic", "batch_size": 128,
+                 "synthetic": {"rows": 3_000, "eval_rows": 500, "vocab_size": 400, "num_sparse": 3}},
+        "embedding": {"dim": 4, "optimizer": optimizer},
+        "tables": [{"name": f"C{j}", "storage": cache} for j in (1, 2, 3)],
+        "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},
+        "pipeline": {"enabled": enabled, "engine": "threads"},
+        "train": {"out_dir": str(tmp_path), "run_name": name, "progress": False, "deterministic": True,
+                  "threads": 1, "log_every": 7, "eval_every": 11, "checkpoint_every": 9, **train_kw},
+    })
+
+
+@pytest.fixture
+def slow_update(monkeypatch):
+    """The sparse update slowed down, so the next batch's prepare runs while it waits; counts
+    the prepares that ran ahead of the last write and the rows re-read."""
+    seen = {"ahead": 0, "reread": 0}
+    update, reread = TrainStages.update, WriteLog.reread
+
+    def slowed(self, step):
+        time.sleep(0.01)
+        return update(self, step)
+
+    def counted(self, prepared_after, fetched_after, lookups):
+        seen["ahead"] += fetched_after > prepared_after
+        before = self.reread_rows
+        reread(self, prepared_after, fetched_after, lookups)
+        seen["reread"] += self.reread_rows - before
+
+    monkeypatch.setattr(TrainStages, "update", slowed)
+    monkeypatch.setattr(WriteLog, "reread", counted)
+    return seen
+
+
+@pytest.mark.parametrize("optimizer", SPARSE_OPTIMIZERS, ids=[o["type"] for o in SPARSE_OPTIMIZERS])
+def test_prepared_ahead_at_staleness_0_is_bit_identical_to_in_line(tmp_path, slow_update, optimizer):
+    """Every table behind a 48-row group cache (admissions, evictions, bypassed rows every
+    step); eval and checkpoint barriers on the way."""
+    off = train(_cfg(tmp_path, "off", False, optimizer, admit_after=2))
+    on = train(_cfg(tmp_path, "on", True, optimizer, admit_after=2))
+    assert_identical(run_state(off), run_state(on))
+    assert off.metrics == on.metrics
+    assert slow_update["ahead"] > 0 and slow_update["reread"] > 0  # prepared ahead, and rows did need a re-read
+
+
+def test_without_the_reread_the_prepared_rows_would_be_stale(tmp_path, slow_update, monkeypatch):
+    """The check above can fail: prepared ahead without re-reading, training differs."""
+    opt = {"type": "adagrad", "lr": 0.05}
+    off = train(_cfg(tmp_path, "off", False, opt))
+    monkeypatch.setattr(WriteLog, "reread", lambda self, a, b, lookups: None)
+    on = train(_cfg(tmp_path, "on", True, opt))
+    with pytest.raises(AssertionError):
+        assert_identical(run_state(off), run_state(on))
+
+
+def test_the_gate_lets_a_prepare_run_one_batch_early():
+    gate = FetchGate(0)
+    assert gate.enter(0) and gate.enter(1, ahead=1)  # batch 1's host half while batch 0 computes
+    entered = threading.Event()
+    t = threading.Thread(target=lambda: entered.set() if gate.enter(1) else None)
+    t.start()
+    assert not entered.wait(0.3)  # its fetch waits for batch 0's update
+    gate.wrote(0)
+    assert entered.wait(5)
+    t.join()
+
+
+def test_a_prepared_lookup_that_never_trains_keeps_every_row_and_slot():
+    """Its victims were taken out of the arena at the prepare: they still reach their slower
+    tier; the slots it reserved for admissions return to the free ones."""
+    ec = EmbeddingCollection([TableConfig(name="t", dim=2, initializer={"type": "normal", "std": 1.0},
+                                          storage={"device_rows": 4, "device": "cpu", "admit_after": 1})],
+                             [FeatureConfig(name="a", table="t")])
+    first = SparseFeatures(["a"], torch.tensor([1, 2, 3, 4]), torch.tensor([4]))
+    (lk,) = ec.plan(first, train=True).fetch().groups
+    apply(lk, torch.zeros(4, 2))  # the arena is full: 1..4
+    (group,) = ec.groups
+    cache = group.cache
+    rows = {}
+    for ids, recs in ec.tables["t"].items():
+        for i, r in zip(ids.tolist(), recs):
+            rows[i] = r.clone()
+    assert set(rows) == {1, 2, 3, 4} and cache._nfree == 0
+    hot = SparseFeatures(["a"], torch.tensor([5, 6, 5, 6, 7, 7]), torch.tensor([6]))
+    for _ in range(3):  # 5, 6, 7 seen often: they displace residents
+        ec.plan(hot, train=True).fetch().discard()
+    prepared = ec.plan(hot, train=True).prepare()
+    assert prepared.groups[0].ticket is not None and prepared.groups[0].ticket.new.size > 0
+    prepared.discard()
+    assert int(cache.live.sum()) + cache._nfree == cache.capacity  # no slot lost
+    assert int(cache.held.sum()) == 0
+    after = {}
+    for ids, recs in ec.tables["t"].items():
+        for i, r in zip(ids.tolist(), recs):
+            after[i] = r
+    for i, r in rows.items():
+        assert torch.equal(after[i], r), i  # the displaced rows reached host memory unchanged
+
+
+def test_prepared_ahead_resumes_exactly(tmp_path, slow_update):
+    """A run stopped at ``max_steps`` (no batch prepared past it) and resumed equals the run
+    straight through, both prepared ahead."""
+    opt = {"type": "rowwise_adagrad", "lr": 0.05}
+    whole = train(_cfg(tmp_path, "whole", True, opt))
+    first = train(_cfg(tmp_path, "part", True, opt, max_steps=13))
+    again = train(_cfg(tmp_path, "part", True, opt, resume=str(first.run_dir)))
+    assert_identical(run_state(whole), run_state(again))
