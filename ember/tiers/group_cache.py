@@ -29,6 +29,7 @@ The chain stays exclusive: an ID lives in the arena or in its table's slower tie
 
 from __future__ import annotations
 
+import logging
 import weakref
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
@@ -37,7 +38,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ember import _native
+from ember import _native, once
 from ember.tiers.base import Tier, TierCounters
 from ember.tiers.device_budget import mark_device
 from ember.tiers.key_index import KeyIndex
@@ -45,6 +46,8 @@ from ember.tiers.policy import CountMinSketch, Policy
 from ember.tiers.segments import read_segments, remove_segments, write_segments
 
 __all__ = ["GroupCache", "GroupCacheView", "CachePlan", "CacheTicket"]
+
+log = logging.getLogger("ember.tiers")
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
 
@@ -68,6 +71,7 @@ class CacheTicket:
     inserts: int = 0  # the cache's admitting write-backs at this fetch
     writes: int = 0  # and its write-backs
     new_in_slow: np.ndarray = field(default_factory=lambda: np.empty(0, dtype=bool))  # per ``new``: read from a slower tier
+    spill: bool = False  # ``dev`` sends the bypassed rows to the spill rows (no bypass positions)
     released: bool = False
     _finalizer: weakref.finalize | None = field(default=None, repr=False)
 
@@ -116,6 +120,10 @@ class GroupCache:
     # 1.05: 16 scans 3.5x less often than 4 (2 vs 7 in 40 steps), the victims' time 1.4 vs 2.1 ms
     # a step, the hit rate the same (0.7567); 32 re-checks too long a queue (4.4 ms a step)
     queue_factor = 16
+    # spill rows: a write-back bypassing more rows sends them from a gather, and a lookup
+    # re-reading one waits for its copy to the host (said once). 65,536 rows: 17 MiB of device
+    # memory at 68 words a record; DLRM-26 at batch 4,096 bypasses ~10 k rows a step
+    spill_at_most = 1 << 16
 
     def __init__(self, slow: Sequence[Tier], capacity: int, record_dim: int, device: torch.device,
                  policy: Policy = "lfu", admit_after: int = 1, names: Sequence[str] | None = None) -> None:
@@ -129,9 +137,17 @@ class GroupCache:
         self.policy: Policy = policy
         self.admit_after = admit_after
         # one row more than the slots: the write-back scatters every row of a lookup at once, the
-        # rows without a slot into this last one, which nothing reads (one operation, not two)
-        self.arena = torch.zeros(capacity + 1, record_dim, device=self.device)
+        # rows without a slot into this last one, which nothing reads (one operation, not two);
+        # then the spill rows: a write-back's rows that bypass the cache land there, are copied to
+        # the host from there, and the next lookup's re-read takes them from there (``reread``)
+        # (left uninitialised: in host memory a spill row takes memory only once written)
+        self.spill_rows = self.spill_at_most
+        self.arena = torch.empty(capacity + 1 + self.spill_rows, record_dim, device=self.device)
+        self.arena[: capacity + 1].zero_()
         self.trash = capacity
+        # the last write-back's spill: its rows' keys (sorted), spill slots, tables and IDs
+        self._spilled: tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._spill_event: "torch.cuda.Event | None" = None  # when its copy to the host has read them
         # one index for the group: key = ID ^ a per-table constant; a hit is checked against the
         # slot's (table, ID), so two pairs that share a key never mix (the second is not cached)
         # ... sized for twice the slots it can hold: every eviction leaves a deleted bucket, and
@@ -335,7 +351,11 @@ class GroupCache:
         # (the gather takes one spare row more, slot 0, for ``reread``'s redirected misses)
         ints = [np.append(np.where(hit, slots, 0), 0), miss, victims] + [x.numpy() for x in extra]
         if ticket is not None:
-            ints += [np.where(ticket.slots >= 0, ticket.slots, self.trash), ticket.bypass]
+            w, b = np.where(ticket.slots >= 0, ticket.slots, self.trash), ticket.bypass
+            if 0 < b.size <= self.spill_rows:  # the rows not cached go to the spill rows, in order
+                w[b] = self.trash + 1 + np.arange(b.size)
+                b, ticket.spill = b[:0], True
+            ints += [w, b]
         lens = [x.size for x in ints]
         floats = miss.size * self.record_dim
         head = 8 * sum(lens)
@@ -410,10 +430,20 @@ class GroupCache:
         k = np.searchsorted(plan.miss, at)  # their rows of ``staged``
         ints = plan.buf[: 8 * sum(plan.lens)].view(torch.int64).numpy()
         hit = slots >= 0
+        n_spill = 0
         if hit.any():
             ints[at[hit]] = slots[hit]
             ints[plan.lens[0] + k[hit]] = plan.lens[0] - 1
         rest = np.flatnonzero(~hit)
+        if rest.size and self._spilled is not None:  # bypassed by the last write-back: in the spill rows
+            spilled = self._spill_slots(owner[at[rest]], ids[at[rest]])
+            sp = spilled >= 0
+            if sp.any():
+                ints[at[rest[sp]]] = spilled[sp]
+                ints[plan.lens[0] + k[rest[sp]]] = plan.lens[0] - 1
+                plan.found[at[rest[sp]]] = True
+                n_spill = int(sp.sum())
+                rest = rest[~sp]
         if rest.size:
             per_table = _split_by_table(ids[at[rest]], owner[at[rest]], len(plan.sizes))
             if self.pending:
@@ -425,7 +455,19 @@ class GroupCache:
                 plan.found[at[rest[found]]] = True
                 self._moved(np.bincount(owner[at[rest[found]]], minlength=len(plan.sizes)))
         plan.found[at[hit]] = True
-        return int(hit.sum()) + int(found.sum() if rest.size else 0)
+        return int(hit.sum()) + n_spill + int(found.sum() if rest.size else 0)
+
+    def _spill_slots(self, tables: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """The spill row of each (table, ID) the last write-back bypassed, else -1."""
+        assert self._spilled is not None
+        keys, slots, s_tables, s_ids = self._spilled
+        out = np.full(ids.size, -1, dtype=np.int64)
+        if not keys.size:
+            return out
+        i = np.minimum(np.searchsorted(keys, ids ^ self._mix[tables]), keys.size - 1)
+        same = (s_ids[i] == ids) & (s_tables[i] == tables)
+        out[same] = slots[i[same]]
+        return out
 
     def load(self, plan: "CachePlan") -> tuple[Tensor, list[Tensor]]:
         """The device half of a lookup's read, a fixed few operations: one host->device copy
@@ -504,15 +546,35 @@ class GroupCache:
                     v.inserts += c
         self._mark()
         if changed or ticket.dev is None:
+            spill = 0 < bypass.size <= self.spill_rows
             w_slots = np.where(keep & (slots >= 0), slots, self.trash)
-            dev = self._upload(torch.from_numpy(np.concatenate([w_slots, bypass]).astype(np.int64))).split([slots.size, bypass.size])
+            if spill:
+                w_slots[bypass] = self.trash + 1 + np.arange(bypass.size)
+            b = bypass[:0] if spill else bypass
+            dev = self._upload(torch.from_numpy(np.concatenate([w_slots, b]).astype(np.int64))).split([slots.size, b.size])
             c_slots, b_pos = dev[0], dev[1]
         else:
+            spill = ticket.spill
             c_slots, b_pos = ticket.dev
+        if spill and self._spill_event is not None:  # (a GPU: the last spill's copy to the host has read it)
+            torch.cuda.current_stream(self.device).wait_event(self._spill_event)
         if c_slots.numel():
             self.arena.index_copy_(0, c_slots, rows)
+        self._spilled = None
         if bypass.size:
-            self._download(rows.index_select(0, b_pos), _split_by_table(ids[bypass], owner[bypass], len(sizes)))
+            split = _split_by_table(ids[bypass], owner[bypass], len(sizes))
+            if spill:
+                self._download(self.arena[self.trash + 1 : self.trash + 1 + bypass.size], split)
+                self._spill_event = self.pending[-1].event if self.pending else None
+                keys = ids[bypass] ^ self._mix[owner[bypass]]
+                order = np.argsort(keys, kind="stable")
+                self._spilled = (keys[order], self.trash + 1 + order, owner[bypass][order], ids[bypass][order])
+            else:
+                if once.first("group_cache.spill", self.names[0]):
+                    log.info("table group of '%s': a write-back bypassed the device cache with %d rows, more than its "
+                             "%d spill rows: they go to the host from a gather, and a later batch that reads one of "
+                             "them before its copy lands waits for it", self.names[0], bypass.size, self.spill_rows)
+                self._download(rows.index_select(0, b_pos), split)
             n = np.bincount(owner[bypass], minlength=len(sizes))
             for j, c in enumerate(n.tolist()):
                 self.views[j].bypasses += c

@@ -9,6 +9,8 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -130,3 +132,53 @@ def test_prepared_ahead_resumes_exactly(tmp_path, slow_update):
     first = train(_cfg(tmp_path, "part", True, opt, max_steps=13))
     again = train(_cfg(tmp_path, "part", True, opt, resume=str(first.run_dir)))
     assert_identical(run_state(whole), run_state(again))
+
+
+def test_too_few_spill_rows_stay_exact_and_are_said_once(tmp_path, slow_update, monkeypatch, caplog):
+    """A write-back bypassing more rows than the spill rows sends them from a gather, and the
+    next batch re-reads them from host memory: the same training, said once."""
+    from ember import once
+    from ember.tiers.group_cache import GroupCache
+
+    once.forget("group_cache.spill")
+    opt = {"type": "adam", "lr": 0.01}
+    off = train(_cfg(tmp_path, "off", False, opt, admit_after=2))
+    monkeypatch.setattr(GroupCache, "spill_at_most", 3)
+    with caplog.at_level("INFO", logger="ember.tiers"):
+        on = train(_cfg(tmp_path, "on", True, opt, admit_after=2))
+    assert_identical(run_state(off), run_state(on))
+    said = [r for r in caplog.records if "spill rows" in r.getMessage()]
+    assert len(said) == 1 and "more than its 3 spill rows" in said[0].getMessage()
+
+
+def test_a_reread_takes_the_rows_the_last_write_back_bypassed_from_the_spill_rows():
+    """Batch b prepared before batch a's write-back; a bypassed IDs 5 and 6 (seen once: not
+    admitted) into the spill rows: b's re-read gathers them there, not from host memory."""
+    ec = EmbeddingCollection([TableConfig(name="t", dim=2, initializer={"type": "normal", "std": 1.0},
+                                          optimizer={"type": "sgd", "lr": 1.0},
+                                          storage={"device_rows": 8, "device": "cpu", "admit_after": 2})],
+                             [FeatureConfig(name="a", table="t")])
+    (group,) = ec.groups
+    cache = group.cache
+    sf = SparseFeatures(["a"], torch.tensor([5, 6]), torch.tensor([2]))
+    (a,) = ec.plan(sf, train=True).fetch().groups
+    (b,) = ec.plan(sf, train=True).prepare().groups
+    apply(a, torch.ones(2, 2))
+    spilled = cache._spill_slots(np.zeros(2, np.int64), np.array([5, 6]))
+    assert (spilled > cache.trash).all()
+    reads = []
+    slow = cache.slow[0]
+    monkey = type(slow).get_into
+
+    def counted(self, ids, out):
+        reads.append(ids.numel())
+        return monkey(self, ids, out)
+
+    type(slow).get_into = counted
+    try:
+        assert b.reread([a.keys(a.written)]) == 2
+        b.fetch()
+    finally:
+        type(slow).get_into = monkey
+    assert reads == []  # nothing read from host memory
+    assert torch.equal(b.records, a.records)  # the rows a wrote
