@@ -155,6 +155,43 @@ class EmberVariant:
         self.step_no += 1
         _sync(self.dev)
 
+    def embedding_path_ahead(self, sf_next: SparseFeatures, cot: dict[str, torch.Tensor],
+                             budget: "StepBudget | None" = None) -> None:
+        """The embedding path of one step as the pipelined trainer orders it with a group cache
+        (``TrainStages.fetch``), group by group: the rows the last write-back stored outside the
+        arena re-read into this batch's prepared plan and the plan loaded, pool, backward, the
+        next batch (``sf_next``) planned and prepared, update, write back. The first call
+        prepares its batch first."""
+        if not hasattr(self, "_ahead"):
+            self._ahead = {id(g): (g.plan(sf_next, True).prepare(), []) for g in self.ec.groups}
+            return
+        for g in self.ec.groups:
+            b = budget.start(g, cot) if budget is not None else None
+            lk, last = self._ahead[id(g)]
+            lk.reread(last)
+            lk.fetch()
+            if b is not None:
+                b.fetched(lk)
+                b.phase("re-read+load")
+            out = lk.pool(self.dev)
+            names = [f.name for f in g.features]
+            torch.autograd.backward([out[n] for n in names], [cot[n] for n in names])
+            if b is not None:
+                b.phase("pool+backward")
+            nxt = g.plan(sf_next, True).prepare()
+            if b is not None:
+                b.phase("prepare next")
+            lk.update(self.step_no)
+            if b is not None:
+                b.phase("update")
+            lk.write_back()
+            if b is not None:
+                b.phase("write_back")
+                b.stop()
+            self._ahead[id(g)] = (nxt, [lk.keys(lk.written)])
+        self.step_no += 1
+        _sync(self.dev)
+
     def account(self) -> None:
         """This step's host<->device bytes and (misses + evictions) x record bytes; resets the tables' step stats."""
         moved = expected = hits = requests = 0.0
@@ -232,28 +269,38 @@ def cotangents(keys: list[str], batch: int, dev: torch.device) -> dict[str, torc
 def measure_budgets(dev: torch.device, batches: list, vocab: int, warmup: int, steps: int,
                     caches: dict[str, int] = CACHES, log: bool = True) -> dict[str, Any]:
     """For each cache variant: ``warmup`` full steps, then ``steps`` embedding-path steps under
-    ``DeviceBudget``. Returns {variant: {ops_per_step_per_group, syncs_per_step (both the max
-    over steps and groups), phases (mean per step and group), top_ops, sync_names}}."""
-    if len(batches) < warmup + steps:
-        raise ValueError(f"measure_budgets: {len(batches)} batches for {warmup} warm-up + {steps} measured steps")
+    ``DeviceBudget``, in line and as the pipelined trainer orders them (next batch prepared
+    ahead: the variant's name + " ahead"). Returns {variant: {ops_per_step_per_group,
+    syncs_per_step (both the max over steps and groups), phases (mean per step and group),
+    top_ops, sync_names}}."""
+    if len(batches) < warmup + steps + 1:
+        raise ValueError(f"measure_budgets: {len(batches)} batches for {warmup} warm-up + {steps} measured steps + 1")
     out: dict[str, Any] = {}
-    for name, frac in caches.items():
+    for (name, frac), ahead in [(c, a) for c in caches.items() for a in (False, True)]:
+        name = name + " ahead" if ahead else name
         v = EmberVariant(name, max(vocab // frac, 1), dev)
         for ids, dense, labels in batches[:warmup]:
             v.step(v.features(ids), dense.to(dev), labels.to(dev))
         cot = cotangents(v.keys, batches[0][0].shape[1], dev)
-        per_step_ops, per_step_syncs, phases = [], [], {p: [0, 0] for p in PHASES}
+        per_step_ops, per_step_syncs = [], []
+        phases: dict[str, list[int]] = {}
         top: dict[str, int] = {}
         sync_names: dict[str, int] = {}
-        for ids, _, _ in batches[warmup : warmup + steps]:
+        if ahead:
+            v.embedding_path_ahead(v.features(batches[warmup][0]), cot)  # (prepares the first)
+        for i, (ids, _, _) in enumerate(batches[warmup : warmup + steps]):
             sb = StepBudget(dev)
-            v.embedding_path(v.features(ids), cot, sb)
+            if ahead:
+                v.embedding_path_ahead(v.features(batches[warmup + i + 1][0]), cot, sb)
+            else:
+                v.embedding_path(v.features(ids), cot, sb)
             per_step_ops.append(max(sum(o for o, _ in g.values()) for g in sb.groups))
             per_step_syncs.append(sum(s for g in sb.groups for _, s in g.values()))
             for g in sb.groups:
                 for p, (o, s) in g.items():
-                    phases[p][0] += o
-                    phases[p][1] += s
+                    acc = phases.setdefault(p, [0, 0])
+                    acc[0] += o
+                    acc[1] += s
             for k, c in sb.top.items():
                 top[k] = top.get(k, 0) + c
             for k, c in sb.sync_names.items():
@@ -531,7 +578,7 @@ def main() -> None:
     bench_dlrm.W = bench_dlrm.Workload([args.vocab] * F)
     batch = args.batch if cuda else args.cpu_batch
     warmup = args.warmup if cuda else args.cpu_warmup
-    n = max(2 * args.steps if cuda else 0, args.budget_steps, 2 * args.phases) + warmup  # (CUDA: steps in pairs)
+    n = max(2 * args.steps if cuda else 0, args.budget_steps + 1, 2 * args.phases) + warmup  # (CUDA: steps in pairs)
     batches = make_batches(n, batch, zipf=ZIPF)
     where = torch.cuda.get_device_name() if cuda else "CPU (device arena in host memory)"
     print(f"{where}; {F} tables x {args.vocab} IDs, Zipf {ZIPF}, batch {batch}; budgets over {args.budget_steps} steps "

@@ -28,9 +28,9 @@ def bench(monkeypatch: pytest.MonkeyPatch):
 def test_budgets_on_cpu(bench) -> None:
     vocab = 400
     bench.bench_dlrm.W = bench.bench_dlrm.Workload([vocab] * bench.F)
-    batches = bench.make_batches(3, 32, zipf=bench.ZIPF)
+    batches = bench.make_batches(4, 32, zipf=bench.ZIPF)
     budgets = bench.measure_budgets(torch.device("cpu"), batches, vocab, warmup=1, steps=2, log=False)
-    assert set(budgets) == set(bench.CACHES)
+    assert set(budgets) == set(bench.CACHES) | {f"{c} ahead" for c in bench.CACHES}
     from benchkit import json_line  # the bench's last line
 
     record = json.loads(json_line(bench.budget_summary(budgets)))
@@ -39,7 +39,8 @@ def test_budgets_on_cpu(bench) -> None:
     assert isinstance(record["syncs_per_step"], int) and record["syncs_per_step"] >= 0
     assert isinstance(record["device_ops_per_step_per_group"], int) and record["device_ops_per_step_per_group"] > 0
     for name, b in record["budget"].items():
-        assert set(b["phases"]) == set(bench.PHASES), name
+        assert set(b["phases"]) == (set(bench.PHASES) if not name.endswith(" ahead") else
+                                    {"re-read+load", "pool+backward", "prepare next", "update", "write_back"}), name
         assert b["groups"] == 1  # the 26 tables form one group
         assert b["ops_per_step_per_group"] >= sum(p["ops"] for p in b["phases"].values()) - 1e-9  # max >= mean
 
