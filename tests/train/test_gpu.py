@@ -88,3 +88,17 @@ def test_cuda_group_cache_trains_like_host_rows(tmp_path):
         torch.testing.assert_close(ra[name][1], rb[name][1], rtol=1e-4, atol=1e-5, msg=name)
     for (k, a), b in zip(cached.parts.model.state_dict().items(), host.parts.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_cuda_group_cache_prepared_ahead_matches_in_line(tmp_path):
+    """The pipelined trainer on a GPU prepares the group cache's host half one batch ahead
+    (``TrainStages.fetch``); the stages in line do not: the same run, bit for bit."""
+    ahead = train(_tiered(tmp_path, "ahead", CACHE, max_steps=30))
+    c = _tiered(tmp_path, "inline", CACHE, max_steps=30)
+    inline = train(c.model_copy(update={"pipeline": c.pipeline.model_copy(update={"enabled": False})}))
+    ra, rb = _rows(ahead), _rows(inline)
+    for name in ra:
+        assert torch.equal(ra[name][0], rb[name][0]), name
+        assert torch.equal(ra[name][1], rb[name][1]), name
+    for (k, a), b in zip(ahead.parts.model.state_dict().items(), inline.parts.model.state_dict().values()):
+        assert torch.equal(a, b), k
