@@ -182,3 +182,45 @@ def test_a_reread_takes_the_rows_the_last_write_back_bypassed_from_the_spill_row
         type(slow).get_into = monkey
     assert reads == []  # nothing read from host memory
     assert torch.equal(b.records, a.records)  # the rows a wrote
+
+
+def test_a_signal_with_a_batch_prepared_checkpoints_and_resumes(tmp_path):
+    """SIGINT while batches are prepared ahead: the prepared one is given back (its displaced
+    rows already on their way to host memory), the checkpoint verifies, and a resume from it
+    trains on with each ID in one tier only."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from ember.checkpoint.load import resolve_checkpoint, verify_checkpoint
+
+    cfg = {"data": {"preset": "synthetic", "batch_size": 256,
+                    "synthetic": {"rows": 5_000_000, "eval_rows": 1000, "vocab_size": 3000, "num_sparse": 3}},
+           "embedding": {"dim": 8, "storage": {"device_rows": 300, "device": "cpu", "admit_after": 1}},
+           "model": {"type": "dlrm", "bottom_mlp": [16, 8], "top_mlp": [16]},
+           "pipeline": {"engine": "threads"},
+           "train": {"out_dir": str(tmp_path), "run_name": "sig", "progress": False, "log_every": 5, "threads": 1}}
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(cfg))
+    proc = subprocess.Popen([sys.executable, "-m", "ember", "train", "--config", str(path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "sig" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, (out, err)
+    ckpt = resolve_checkpoint(tmp_path / "sig")
+    step = verify_checkpoint(ckpt)["step"]
+    cfg["train"].update(resume=str(ckpt), max_steps=step + 10)
+    path.write_text(json.dumps(cfg))
+    from ember.config import load
+
+    resumed = train(load(path))
+    assert resumed.step == step + 10
+    for name, table in resumed.parts.embeddings.tables.items():
+        ids = torch.cat([i for i, _ in table.items()])
+        assert ids.unique().numel() == ids.numel(), name  # each ID in one tier only
