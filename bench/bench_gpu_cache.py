@@ -137,21 +137,7 @@ class EmberVariant:
             if b is not None:
                 b.phase("plan")
             lk.fetch()
-            if b is not None:
-                b.fetched(lk)
-                b.phase("fetch")
-            out = lk.pool(self.dev)
-            names = [f.name for f in g.features]
-            torch.autograd.backward([out[n] for n in names], [cot[n] for n in names])
-            if b is not None:
-                b.phase("pool+backward")
-            lk.update(self.step_no)
-            if b is not None:
-                b.phase("update")
-            lk.write_back()
-            if b is not None:
-                b.phase("write_back")
-                b.stop()
+            self._train(g, lk, cot, b, "fetch")
         self.step_no += 1
         _sync(self.dev)
 
@@ -170,27 +156,36 @@ class EmberVariant:
             lk, last = self._ahead[id(g)]
             lk.reread(last)
             lk.fetch()
-            if b is not None:
-                b.fetched(lk)
-                b.phase("re-read+load")
-            out = lk.pool(self.dev)
-            names = [f.name for f in g.features]
-            torch.autograd.backward([out[n] for n in names], [cot[n] for n in names])
-            if b is not None:
-                b.phase("pool+backward")
-            nxt = g.plan(sf_next, True).prepare()
-            if b is not None:
-                b.phase("prepare next")
-            lk.update(self.step_no)
-            if b is not None:
-                b.phase("update")
-            lk.write_back()
-            if b is not None:
-                b.phase("write_back")
-                b.stop()
+            nxt = self._train(g, lk, cot, b, "re-read+load", lambda: g.plan(sf_next, True).prepare())
             self._ahead[id(g)] = (nxt, [lk.keys(lk.written)])
         self.step_no += 1
         _sync(self.dev)
+
+    def _train(self, g: Any, lk: Any, cot: dict[str, torch.Tensor], b: "StepBudget | None", fetched: str,
+               between: Any = None) -> Any:
+        """A fetched lookup's phases (``fetched``: the name of the phase that fetched it): pool,
+        backward with ``cot``, ``between()`` (its result returned), update, write back."""
+        if b is not None:
+            b.fetched(lk)
+            b.phase(fetched)
+        out = lk.pool(self.dev)
+        names = [f.name for f in g.features]
+        torch.autograd.backward([out[n] for n in names], [cot[n] for n in names])
+        if b is not None:
+            b.phase("pool+backward")
+        made = None
+        if between is not None:
+            made = between()
+            if b is not None:
+                b.phase("prepare next")
+        lk.update(self.step_no)
+        if b is not None:
+            b.phase("update")
+        lk.write_back()
+        if b is not None:
+            b.phase("write_back")
+            b.stop()
+        return made
 
     def account(self) -> None:
         """This step's host<->device bytes and (misses + evictions) x record bytes; resets the tables' step stats."""

@@ -4,11 +4,8 @@ left behind; SIGINT / SIGTERM checkpoint and exit non-zero; stage and queue figu
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -28,6 +25,7 @@ from ember.pipeline.scheduler import Scheduler, Stage
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.train.loop import train
 from ember.testing import SPARSE_OPTIMIZERS, assert_identical, run_state
+from tests.signals import train_until_signal
 
 OPTIMIZERS = SPARSE_OPTIMIZERS
 
@@ -262,18 +260,8 @@ def test_a_signal_checkpoints_then_exits_non_zero(tmp_path, sig):
     cfg = {"data": {"preset": "synthetic", "batch_size": 256, "synthetic": {"rows": 5_000_000, "eval_rows": 1000, "vocab_size": 2000, "num_sparse": 4}},
            "embedding": {"dim": 8}, "model": {"type": "dlrm", "bottom_mlp": [16, 8], "top_mlp": [16]},
            "train": {"out_dir": str(tmp_path), "run_name": "sig", "progress": False, "log_every": 5, "threads": 1}}
-    path = tmp_path / "c.json"
-    path.write_text(json.dumps(cfg))
-    proc = subprocess.Popen([sys.executable, "-m", "ember", "train", "--config", str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = tmp_path / "sig" / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (metrics.exists() and metrics.read_text().strip()):
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
-    proc.send_signal(sig)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + sig, (out, err)
+    code, out, err = train_until_signal(cfg, tmp_path, sig)
+    assert code == 128 + sig, (out, err)
     assert signal.Signals(sig).name in err and "train.resume=" in err
     ckpt = resolve_checkpoint(tmp_path / "sig")
     manifest = verify_checkpoint(ckpt)

@@ -190,10 +190,9 @@ def test_a_signal_with_a_batch_prepared_checkpoints_and_resumes(tmp_path):
     trains on with each ID in one tier only."""
     import json
     import signal
-    import subprocess
-    import sys
 
     from ember.checkpoint.load import resolve_checkpoint, verify_checkpoint
+    from tests.signals import train_until_signal
 
     cfg = {"data": {"preset": "synthetic", "batch_size": 256,
                     "synthetic": {"rows": 5_000_000, "eval_rows": 1000, "vocab_size": 3000, "num_sparse": 3}},
@@ -201,25 +200,12 @@ def test_a_signal_with_a_batch_prepared_checkpoints_and_resumes(tmp_path):
            "model": {"type": "dlrm", "bottom_mlp": [16, 8], "top_mlp": [16]},
            "pipeline": {"engine": "threads"},
            "train": {"out_dir": str(tmp_path), "run_name": "sig", "progress": False, "log_every": 5, "threads": 1}}
-    path = tmp_path / "c.json"
-    path.write_text(json.dumps(cfg))
-    proc = subprocess.Popen([sys.executable, "-m", "ember", "train", "--config", str(path)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    metrics = tmp_path / "sig" / "metrics.jsonl"
-    deadline = time.time() + 120
-    while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGINT, (out, err)
+    code, out, err = train_until_signal(cfg, tmp_path, signal.SIGINT, records=3)
+    assert code == 128 + signal.SIGINT, (out, err)
     ckpt = resolve_checkpoint(tmp_path / "sig")
     step = verify_checkpoint(ckpt)["step"]
     cfg["train"].update(resume=str(ckpt), max_steps=step + 10)
-    path.write_text(json.dumps(cfg))
-    from ember.config import load
-
-    resumed = train(load(path))
+    resumed = train(from_dict(json.loads(json.dumps(cfg))))
     assert resumed.step == step + 10
     for name, table in resumed.parts.embeddings.tables.items():
         ids = torch.cat([i for i, _ in table.items()])
