@@ -516,16 +516,23 @@ def compare_trainer(dev: torch.device, batches: list, vocab: int, warmup: int, r
     """ember's pipelined trainer (``train(cfg, batches=...)``: plan and fetch of later batches on
     the pipeline's threads) on the same batches, rows in a 1/4 group cache or in host memory,
     at each embedding staleness: samples/s after ``warmup`` steps, variants alternating over
-    ``rounds``; the paired ratio cache / host per staleness."""
+    ``rounds``; the paired ratio cache / host per staleness. At staleness 0 also the 1/4 cache
+    with its host half not prepared ahead (``TrainStages.fetch``; "-inline-plan"): the paired
+    ratio ``trainer_prepared_ahead_gain`` says what preparing a batch ahead is worth."""
     import benchkit
     from bench_pipeline import timed_rate
+    import ember.train.loop as loop
 
     tb = trainer_batches(batches)
     steps = len(tb) - warmup
     log_every = math.gcd(warmup, steps)
-    storages = {"cache-1/4": {"device_rows": max(vocab // 4, 1), "device": dev.type, "admit_after": 1}, "host": {}}
+    cache = {"device_rows": max(vocab // 4, 1), "device": dev.type, "admit_after": 1}
+    storages = {"cache-1/4": cache, "host": {}}
     names = [(f"trainer-{n}-k{k}", st, k) for k in staleness for n, st in storages.items()]
+    if 0 in staleness:
+        names.append(("trainer-cache-1/4-k0-inline-plan", cache, 0))
     rates: dict[str, list[float]] = {n: [] for n, _, _ in names}
+    ahead = loop._prepared_ahead
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
             order = names if r % 2 == 0 else names[::-1]
@@ -535,7 +542,11 @@ def compare_trainer(dev: torch.device, batches: list, vocab: int, warmup: int, r
                 raw["embedding"]["storage"] = storage
                 raw["train"].update(device=dev.type, max_steps=len(tb), epochs=1, log_every=log_every, seed=0)
                 raw["pipeline"] = {"embedding_staleness": k}
-                res = benchkit.run_training(raw, Path(tmp), name.replace("/", "-"), batches=tb)
+                loop._prepared_ahead = (lambda parts: 0) if name.endswith("-inline-plan") else ahead
+                try:
+                    res = benchkit.run_training(raw, Path(tmp), name.replace("/", "-"), batches=tb)
+                finally:
+                    loop._prepared_ahead = ahead
                 rates[name].append(timed_rate(res.history, warmup)[0])
                 res.parts.embeddings.close()
     med = {n: statistics.median(x) for n, x in rates.items()}
@@ -543,10 +554,14 @@ def compare_trainer(dev: torch.device, batches: list, vocab: int, warmup: int, r
     for k in staleness:
         c, h = rates[f"trainer-cache-1/4-k{k}"], rates[f"trainer-host-k{k}"]
         out[f"trainer_cache_vs_host_k{k}"] = statistics.median(a / b for a, b in zip(c, h))
+    if 0 in staleness:
+        c, i = rates["trainer-cache-1/4-k0"], rates["trainer-cache-1/4-k0-inline-plan"]
+        out["trainer_prepared_ahead_gain"] = statistics.median(a / b for a, b in zip(c, i))
     for n, v in med.items():
-        print(f"{n:<24} {v:10.0f} samples/s (median of {rounds}, {steps} timed steps after {warmup})")
+        print(f"{n:<34} {v:10.0f} samples/s (median of {rounds}, {steps} timed steps after {warmup})")
     print("trainer, 1/4 cache vs host rows: " + ", ".join(f"staleness {k}: {out[f'trainer_cache_vs_host_k{k}']:.3f}x"
-                                                         for k in staleness))
+                                                         for k in staleness)
+          + (f"; prepared ahead vs not (staleness 0): {out['trainer_prepared_ahead_gain']:.3f}x" if 0 in staleness else ""))
     return out
 
 

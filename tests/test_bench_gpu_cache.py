@@ -77,7 +77,8 @@ def test_phase_timing_and_trainer_comparison_on_cpu(bench) -> None:
     assert set(phases["c full step"]) == set(phases["h full step"]) == {
         "embedding forward", "dense forward+backward", "dense optimizer", "sparse step"}
     assert all(ms >= 0 for p in phases.values() if isinstance(p, dict) for ms in p.values())
-    out = bench.compare_trainer(torch.device("cpu"), batches, vocab, warmup=2, rounds=1, staleness=(1,))
-    assert set(out["trainer_samples_per_s"]) == {"trainer-cache-1/4-k1", "trainer-host-k1"}
+    out = bench.compare_trainer(torch.device("cpu"), batches, vocab, warmup=2, rounds=1, staleness=(0, 1))
+    assert set(out["trainer_samples_per_s"]) == {"trainer-cache-1/4-k0", "trainer-host-k0", "trainer-cache-1/4-k1",
+                                                 "trainer-host-k1", "trainer-cache-1/4-k0-inline-plan"}
     assert all(v > 0 for v in out["trainer_samples_per_s"].values())
-    assert out["trainer_cache_vs_host_k1"] > 0
+    assert out["trainer_cache_vs_host_k1"] > 0 and out["trainer_prepared_ahead_gain"] > 0
