@@ -154,7 +154,7 @@ class EmberVariant:
         for g in self.ec.groups:
             b = budget.start(g, cot) if budget is not None else None
             lk, last = self._ahead[id(g)]
-            lk.reread(last)
+            lk.reread(lambda: last)
             lk.fetch()
             nxt = self._train(g, lk, cot, b, "re-read+load", lambda: g.plan(sf_next, True).prepare())
             self._ahead[id(g)] = (nxt, [lk.keys(lk.written)])

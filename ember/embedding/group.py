@@ -493,20 +493,27 @@ class GroupLookup:
             f[torch.from_numpy(at[(at >= a) & (at < a + f.numel())] - a)] = False
         return int(at.size)
 
-    def reread(self, writes: Sequence[np.ndarray]) -> int:
-        """Between ``prepare`` and ``fetch``, once the write-backs of ``writes`` (keys of the
-        rows each stored, as ``refresh`` takes them) are done: the rows the cache's prepare
-        read outside its arena that they stored are read again into the staged plan, on the
-        host (``GroupCache.reread``); the arena's rows are gathered by the load, after those
-        write-backs. The rows are then as a fetch after the write-backs reads them, bit for
-        bit. Returns the rows re-read."""
-        miss = self.prepared_miss
-        writes = [w for w in writes if w.size]
-        if self._prepared is None or miss is None or not miss.size or not writes:
+    def reread(self, written: Callable[[], Sequence[np.ndarray]]) -> int:
+        """Between ``prepare`` and ``fetch``, once write-backs of the same group ran since the
+        prepare (``written()``: keys of the rows each stored, as ``refresh`` takes them): the
+        rows the cache's prepare read outside its arena that they stored are read again into
+        the staged plan, on the host (``GroupCache.reread``); the arena's rows are gathered by
+        the load, after those write-backs. Which rows: after one write-back, the cache knows
+        (``GroupCache.stored_since``: its misses now in the arena or in the spill rows), else
+        the misses among ``written()``. The rows are then as a fetch after the write-backs
+        reads them, bit for bit. Returns the rows re-read."""
+        miss, g = self.prepared_miss, self.group
+        if self._prepared is None or miss is None or not miss.size:
             return 0
-        at = miss[_members(self.keys()[miss], writes)]
-        assert self.group.cache is not None
-        return self.group.cache.reread(self._prepared[0], self.ids.numpy(), at)
+        assert g.cache is not None
+        plan, ids = self._prepared[0], self.ids.numpy()
+        at = g.cache.stored_since(plan, ids)
+        if at is None:
+            writes = [w for w in written() if w.size]
+            if not writes:
+                return 0
+            at = miss[_members(self.keys()[miss], writes)]
+        return g.cache.reread(plan, ids, at)
 
     def _refresh_cached(self, at: np.ndarray, sizes: list[int]) -> np.ndarray:
         """``refresh``'s read through the group's device cache, as its fetch reads (one probe of

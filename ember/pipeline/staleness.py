@@ -117,19 +117,34 @@ class FetchGate:
             self._cv.notify_all()
 
 
+class _Written:
+    """The IDs one lookup stored, per table; their keys (``GroupLookup.keys``) made when first asked for."""
+
+    def __init__(self, lookup: GroupLookup) -> None:
+        self.group, self._lookup, self._written = lookup.group, lookup, list(lookup.written)
+        self._keys: np.ndarray | None = None
+
+    def keys(self) -> np.ndarray:
+        if self._keys is None:
+            self._keys = self._lookup.keys(self._written)
+            self._lookup = None  # type: ignore[assignment]
+        return self._keys
+
+
 class WriteLog:
     """The IDs each of the last ``staleness + ahead`` batches wrote, per table group, to refresh
-    stale reads from (IDs only: the batches' row buffers are not kept). ``ahead``: batches a
-    device cache's host half is prepared before its fetch (``GroupLookup.prepare``); the rows
-    its groups' write-backs store in between are re-read after the fetch (``reread``)."""
+    stale reads from (IDs only: the batches' row buffers are not kept; their keys made only
+    when a read needs them). ``ahead``: batches a device cache's host half is prepared before
+    its fetch (``GroupLookup.prepare``); the rows its groups' write-backs store in between are
+    re-read into the prepared plans (``reread``)."""
 
     def __init__(self, staleness: int, ahead: int = 0) -> None:
         self.staleness, self.ahead = staleness, ahead
-        self._recent: deque[tuple[int, list[tuple[TableGroup, np.ndarray]]]] = deque(maxlen=max(staleness + ahead, 1))
+        self._recent: deque[tuple[int, list[_Written]]] = deque(maxlen=max(staleness + ahead, 1))
         self.refreshed_rows = 0
         self.reread_rows = 0
 
-    def _newer(self, lo: int, hi: int) -> list[tuple[TableGroup, np.ndarray]]:
+    def _newer(self, lo: int, hi: int) -> list[_Written]:
         return [w for i, writes in self._recent if lo <= i < hi for w in writes]
 
     def refresh(self, b: int, fetched_after: int, lookups: Sequence[GroupLookup]) -> None:
@@ -140,24 +155,23 @@ class WriteLog:
         newer = self._newer(fetched_after, b)
         if newer:
             for lk in lookups:
-                mine = [written for group, written in newer if group is lk.group]
+                mine = [w.keys() for w in newer if w.group is lk.group]
                 if mine:
                     self.refreshed_rows += lk.refresh(mine)
 
     def reread(self, prepared_after: int, fetched_after: int, lookups: Sequence[GroupLookup]) -> None:
         """Before a fetch (when ``fetched_after`` batches are written) whose host half was
         prepared when ``prepared_after`` were: re-read into the prepared plans what the
-        batches in between wrote outside the caches' arenas (``GroupLookup.reread``)."""
+        batches in between wrote outside the caches' arenas (``GroupLookup.reread``; the keys
+        of what they wrote only where the cache cannot tell by itself)."""
         newer = self._newer(prepared_after, fetched_after) if fetched_after > prepared_after else []
         for lk in lookups:
-            mine = [written for group, written in newer if group is lk.group]
+            mine = [w for w in newer if w.group is lk.group]
             if mine:
-                self.reread_rows += lk.reread(mine)
+                self.reread_rows += lk.reread(lambda: [w.keys() for w in mine])
 
     def record(self, b: int, lookups: Sequence[GroupLookup]) -> None:
-        """Batch ``b``'s ``lookups`` are written."""
-        if self.staleness:
-            # keys only here: a run without staleness (or prepared fetches) never pays for them
-            self._recent.append((b, [(lk.group, lk.keys(lk.written)) for lk in lookups if lk.written]))
-        elif self.ahead:  # only the groups a fetch prepares ahead re-read
-            self._recent.append((b, [(lk.group, lk.keys(lk.written)) for lk in lookups if lk.written and lk.preparable]))
+        """Batch ``b``'s ``lookups`` are written (the groups a fetch prepares ahead only, at
+        staleness 0: only they re-read)."""
+        if self.staleness or self.ahead:
+            self._recent.append((b, [_Written(lk) for lk in lookups if lk.written and (self.staleness or lk.preparable)]))

@@ -416,6 +416,23 @@ class GroupCache:
             at = self._upload(torch.from_numpy(plan.victims))
             self._download(self.arena.index_select(0, at), _split_by_table(ids, tables, len(plan.sizes)))
 
+    def stored_since(self, plan: "CachePlan", ids: np.ndarray) -> np.ndarray | None:
+        """Positions among ``plan.miss`` (ascending) that a write-back stored since the plan's
+        ``fetch``, from the cache's own state, when exactly one write-back ran since and its
+        bypassed rows are in the spill rows: a miss then is now in the arena (that write-back
+        admitted it) or in the spill rows (it bypassed it). A hit of that write-back's lookup
+        was held in the arena, so it was a hit of this plan too. None when the cache cannot
+        tell (the caller intersects with the keys of what was written)."""
+        t = plan.ticket
+        if t is None or self.writes - t.writes != 1 or self._spilled is None:
+            return None
+        miss = plan.miss
+        owner = np.repeat(np.arange(len(plan.sizes), dtype=np.int64), plan.sizes)[miss]
+        now = self.find(owner, ids[miss])[0] >= 0
+        if self._spilled[0].size:
+            now |= self._spill_slots(owner, ids[miss]) >= 0
+        return miss[now]
+
     def reread(self, plan: "CachePlan", ids: np.ndarray, at: np.ndarray) -> int:
         """Before ``load``: the rows at positions ``at`` (ascending, among ``plan.miss``) were
         stored by a write-back since ``fetch`` read them from the slower tiers (or found them
@@ -560,8 +577,9 @@ class GroupCache:
             torch.cuda.current_stream(self.device).wait_event(self._spill_event)
         if c_slots.numel():
             self.arena.index_copy_(0, c_slots, rows)
-        self._spilled = None
+        self._spilled = (none := np.empty(0, np.int64), none, none, none)  # (nothing bypassed)
         if bypass.size:
+            self._spilled = None
             split = _split_by_table(ids[bypass], owner[bypass], len(sizes))
             if spill:
                 self._download(self.arena[self.trash + 1 : self.trash + 1 + bypass.size], split)

@@ -86,7 +86,7 @@ def _measure_ahead(ec: EmbeddingCollection, names: list[str], b: int = 256, warm
         with budget:
             budget.mark(*cot.values())
             lk = nxt
-            reread += lk.reread(last)
+            reread += lk.reread(lambda: last)
             lk.fetch()
             pooled = lk.pool(CPU)
             torch.autograd.backward([pooled[k] for k in pooled], [cot[k][:, : pooled[k].shape[1]] for k in pooled])

@@ -176,7 +176,7 @@ def test_a_reread_takes_the_rows_the_last_write_back_bypassed_from_the_spill_row
 
     type(slow).get_into = counted
     try:
-        assert b.reread([a.keys(a.written)]) == 2
+        assert b.reread(lambda: [a.keys(a.written)]) == 2
         b.fetch()
     finally:
         type(slow).get_into = monkey
