@@ -537,10 +537,8 @@ class GroupCache:
             dup = (again >= 0) | taken | ~keep[new]
             if dup.any():
                 changed = True
-                gone = slots[new[dup]]
-                self.held[gone] -= 1
-                self._free_slots(gone)
-                ticket.held = ticket.held[~np.isin(ticket.held, gone)]
+                gone = slots[new[dup]]  # (still in ticket.held: the release below gives them back; no
+                self._free_slots(gone)  # one reserves a free slot before it, under the same lock)
                 slots[new[dup]] = again[dup]
                 clash = new[taken & keep[new]]  # kept, but no slot to go to: to its slower tier
                 if clash.size:

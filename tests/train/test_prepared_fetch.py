@@ -210,3 +210,26 @@ def test_a_signal_with_a_batch_prepared_checkpoints_and_resumes(tmp_path):
     for name, table in resumed.parts.embeddings.tables.items():
         ids = torch.cat([i for i, _ in table.items()])
         assert ids.unique().numel() == ids.numel(), name  # each ID in one tier only
+
+
+def test_two_lookups_admitting_the_same_ids_keep_every_slot():
+    """b prepared before a's write-back, both admitting IDs 5 and 6: a inserts them, b finds
+    them in the arena at its own write-back (its reserved slots go back to the free ones), and
+    every slot is held by no one afterwards, live or free."""
+    ec = EmbeddingCollection([TableConfig(name="t", dim=2, initializer={"type": "zeros"}, optimizer={"type": "sgd", "lr": 1.0},
+                                          storage={"device_rows": 8, "device": "cpu", "admit_after": 1})],
+                             [FeatureConfig(name="a", table="t")])
+    (group,) = ec.groups
+    cache = group.cache
+    sf = SparseFeatures(["a"], torch.tensor([5, 6]), torch.tensor([2]))
+    (a,) = ec.plan(sf, train=True).fetch().groups
+    (b,) = ec.plan(sf, train=True).prepare().groups
+    assert a.ticket.new.size == 2 and b.ticket.new.size == 2  # both reserved slots for 5 and 6
+    apply(a, torch.ones(2, 2))
+    assert b.reread(lambda: [a.keys(a.written)]) == 2
+    b.fetch()
+    assert torch.equal(b.records[:, :2], -torch.ones(2, 2))  # a's update, read from the arena
+    apply(b, torch.ones(2, 2))
+    assert int(cache.held.sum()) == 0 and int(cache.live.sum()) == 2 and cache._nfree == cache.capacity - 2
+    rows = {i: r for ids, recs in ec.tables["t"].items() for i, r in zip(ids.tolist(), recs)}
+    assert set(rows) == {5, 6} and all(torch.equal(r[:2], -2 * torch.ones(2)) for r in rows.values())
