@@ -91,6 +91,7 @@ class CachePlan:
     evicted: tuple[np.ndarray, np.ndarray]  # their (tables, IDs), table after table
     ticket: CacheTicket | None
     sent: bool = False  # the displaced rows are on their way to the host (``send``, or ``load``)
+    settle: bool = False  # ``reread`` brings the ticket up to the one write-back since (``stored_since``)
 
 
 @dataclass
@@ -428,9 +429,15 @@ class GroupCache:
             return None
         miss = plan.miss
         owner = np.repeat(np.arange(len(plan.sizes), dtype=np.int64), plan.sizes)[miss]
-        now = self.find(owner, ids[miss])[0] >= 0
+        slots, taken = self.find(owner, ids[miss])
+        now = slots >= 0
         if self._spilled[0].size:
             now |= self._spill_slots(owner, ids[miss]) >= 0
+        # ``reread`` may settle the ticket then (see ``_settle``): unless an admission's key is
+        # now another pair's, or bypassed rows go to the host from a gather (a fixed list)
+        is_new = np.zeros(t.slots.size, dtype=bool)
+        is_new[t.new] = True
+        plan.settle = not (taken & is_new[miss]).any() and (t.spill or not t.bypass.size)
         return miss[now]
 
     def reread(self, plan: "CachePlan", ids: np.ndarray, at: np.ndarray) -> int:
@@ -448,6 +455,7 @@ class GroupCache:
         ints = plan.buf[: 8 * sum(plan.lens)].view(torch.int64).numpy()
         hit = slots >= 0
         n_spill = 0
+        outside: list[np.ndarray] = []  # re-read from outside the arena (spill rows, slower tier)
         if hit.any():
             ints[at[hit]] = slots[hit]
             ints[plan.lens[0] + k[hit]] = plan.lens[0] - 1
@@ -459,6 +467,7 @@ class GroupCache:
                 ints[at[rest[sp]]] = spilled[sp]
                 ints[plan.lens[0] + k[rest[sp]]] = plan.lens[0] - 1
                 plan.found[at[rest[sp]]] = True
+                outside.append(at[rest[sp]])
                 n_spill = int(sp.sum())
                 rest = rest[~sp]
         if rest.size:
@@ -471,8 +480,45 @@ class GroupCache:
                 plan.staged[torch.from_numpy(k[rest[found]])] = rows[torch.from_numpy(np.flatnonzero(found))]
                 plan.found[at[rest[found]]] = True
                 self._moved(np.bincount(owner[at[rest[found]]], minlength=len(plan.sizes)))
+                outside.append(at[rest[found]])
         plan.found[at[hit]] = True
+        if plan.settle:
+            self._settle(plan, at[hit], slots[hit], np.concatenate(outside) if outside else at[:0])
         return int(hit.sum()) + n_spill + int(found.sum() if rest.size else 0)
+
+    def _settle(self, plan: "CachePlan", in_arena: np.ndarray, arena_slots: np.ndarray, outside: np.ndarray) -> None:
+        """``reread``, after the one write-back since the plan's ``fetch`` (``stored_since``):
+        bring its ticket up to that write-back, so that its own write-back finds nothing to
+        re-check (no probe of its misses, no second upload of its write slots). Misses now in
+        the arena (``in_arena``, at ``arena_slots``) are written there, and held until then;
+        the slots reserved for those it would have admitted go back to the free ones (held
+        until its release); misses now in a slower tier or the spill rows (``outside``) are
+        removed from there if admitted; the write slots in the plan's buffer follow."""
+        t = plan.ticket
+        assert t is not None
+        n = t.slots.size
+        is_new = np.zeros(n, dtype=bool)
+        is_new[t.new] = True
+        is_bypass = np.zeros(n, dtype=bool)
+        is_bypass[t.bypass] = True
+        if in_arena.size:
+            self._free_slots(t.slots[in_arena[is_new[in_arena]]])  # (in t.held: given back at its release)
+            t.slots[in_arena] = arena_slots
+            self.held[arena_slots] += 1
+            t.held = np.concatenate([t.held, arena_slots])
+            is_new[in_arena] = is_bypass[in_arena] = False
+        in_slow = np.zeros(n, dtype=bool)
+        in_slow[t.new] = t.new_in_slow
+        in_slow[outside] = True
+        t.new = t.new[is_new[t.new]]
+        t.new_in_slow = in_slow[t.new]
+        t.bypass = t.bypass[is_bypass[t.bypass]]
+        at = sum(plan.lens[: 3 + plan.n_extra])  # the write slots' place in the buffer
+        w = plan.buf[: 8 * sum(plan.lens)].view(torch.int64).numpy()[at : at + n]
+        w[in_arena] = arena_slots
+        if t.spill:  # (the spill rows follow the bypassed rows' order)
+            w[t.bypass] = self.trash + 1 + np.arange(t.bypass.size)
+        t.inserts, t.writes = self.inserts, self.writes
 
     def _spill_slots(self, tables: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """The spill row of each (table, ID) the last write-back bypassed, else -1."""
