@@ -40,6 +40,7 @@ from ember.tiers.group_cache import CachePlan, CacheTicket, GroupCache, GroupCac
 from ember.tiers.host import HostTier
 from ember.tiers.segments import read_bf16_segments, read_segments, write_bf16_segments, write_segments
 from ember import once
+from ember.fileio import fmt_bytes
 
 __all__ = ["TableGroup", "GroupLookup"]
 
@@ -795,6 +796,9 @@ def _group_cache(tables: Sequence[EmbeddingTable], identity: bool) -> GroupCache
         for ids, rows in old.items():  # rows stored before the group existed (none in a new table)
             view.put(ids, rows)
         t.tier = view
+    _log_once(f"table group {names}: one {cache.device.type} cache of {capacity:,} rows for its {len(tables)} tables, "
+              f"and {cache.spill_rows:,} spill rows for the rows a step does not cache: "
+              f"{fmt_bytes(cache.arena.numel() * 4)} in all")
     return cache
 
 
