@@ -175,7 +175,7 @@ class GroupLookup:
         self.inverse_dev: Tensor | None = None  # fetch through a group cache: ``inverse`` copied with the rows
         self._bags: list[_Bags] | None = None  # fetch through a group cache: the grouped pooling's plan, copied too
         self._prepared: tuple[CachePlan, list[_Bags], list[Tensor]] | None = None  # prepare: the cache's host half, not yet loaded
-        self.prepared_miss: np.ndarray | None = None  # prepare: positions the cache read outside its arena (``reread``)
+        self._prepared_miss: np.ndarray | None = None  # prepare: positions the cache read outside its arena (``reread``)
 
     def _count_moved(self, rows_per_table: Sequence[int], width: int) -> None:
         """Note, per table, rows of ``width`` floats that crossed between host and device."""
@@ -190,13 +190,13 @@ class GroupLookup:
         return self.group.cache is not None
 
     def prepare(self) -> "GroupLookup":
-        """The host half of ``fetch`` through the group's device cache, on its own (no device
-        work): probe, admissions and victims, the misses read from the slower tiers and fresh
-        rows, all into one pinned buffer; ``fetch`` then only loads it. A pipeline prepares a
-        batch while the batch before it still computes; rows that batch writes meanwhile
-        outside the arena are re-read after the load (``reread``: the arena's own rows are
-        gathered on the device after that batch's write, in stream order). No-op without a
-        device cache."""
+        """The host half of ``fetch`` through the group's device cache, on its own: probe,
+        admissions and victims, the misses read from the slower tiers and fresh rows, all into
+        one pinned buffer (and the victims sent to the host: ``GroupCache.send``); ``fetch``
+        then only loads it. A pipeline prepares a batch while the batch before it still
+        computes, and once that batch's write-back ran, ``reread`` reads again into the plan
+        what it stored outside the arena (the arena's own rows are gathered by the load, after
+        that write-back in stream order). No-op without a device cache."""
         g = self.group
         if g.cache is not None and self._prepared is None:
             self._stage()
@@ -219,7 +219,7 @@ class GroupLookup:
             if fresh.size:
                 self._fresh_into(staged, miss[fresh], owner, at=None if fresh.size == miss.size else fresh)
         self._prepared = (plan, bags, extra)
-        self.prepared_miss = miss
+        self._prepared_miss = miss
         self.ticket = plan.ticket
 
     def fetch(self) -> "GroupLookup":
@@ -296,7 +296,7 @@ class GroupLookup:
             self._stage()  # (loaded at once: its one upload carries the displaced rows' slots too)
         assert self._prepared is not None
         (plan, bags, extra), self._prepared = self._prepared, None
-        self.prepared_miss = None
+        self._prepared_miss = None
         rec, dev = g.cache.load(plan)
         if extra:
             self.inverse_dev, rest = dev[0], iter(dev[1:])
@@ -503,7 +503,7 @@ class GroupLookup:
         (``GroupCache.stored_since``: its misses now in the arena or in the spill rows), else
         the misses among ``written()``. The rows are then as a fetch after the write-backs
         reads them, bit for bit. Returns the rows re-read."""
-        miss, g = self.prepared_miss, self.group
+        miss, g = self._prepared_miss, self.group
         if self._prepared is None or miss is None or not miss.size:
             return 0
         assert g.cache is not None
@@ -647,7 +647,7 @@ class GroupLookup:
         """A training lookup that will not be written back (no table reached the loss, a
         skipped step) lets its group cache evict the rows it held."""
         if self.group.cache is not None:
-            self._prepared, self.prepared_miss = None, None  # (prepared, never loaded: its victims were sent at once)
+            self._prepared, self._prepared_miss = None, None  # (prepared, never loaded: its victims were sent at once)
             self.group.cache.release(self.ticket)
             self.ticket = None
 

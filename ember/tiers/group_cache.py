@@ -7,17 +7,25 @@ ID to arena slot, one admission sketch and one eviction policy (LFU / LRU) over 
 Each table's ``tier`` becomes a ``GroupCacheView``, a ``Tier`` over its share (checkpoints,
 exports, serving and TTL sweeps read and write through it, unchanged).
 
-A training lookup of the group takes the fast path (``fetch`` / ``write_back``):
+A training lookup of the group takes the fast path (``fetch`` / ``load`` / ``write_back``):
 
-- fetch (host first): probe the indexes; read the misses from the slower tiers (host memory,
-  disk) into one pinned staging buffer; the group fills fresh rows for IDs seen first. Then the
-  device: one copy of the index vector and one of the staged rows to the device, one gather of
-  the batch's rows from the arena, one scatter of the staged rows into them.
-- write_back (host first): which misses to admit (seen ``admit_after`` times; with LFU only if
-  more often than the coldest rows they displace) and which rows they displace. Then the
-  device: one copy of the index vector, one gather + one non-blocking copy to pinned host
-  memory of the displaced rows, one gather + one scatter of the updated rows into the arena,
-  one gather + one non-blocking copy of the rows not cached (to their slower tier).
+- fetch (host only): probe the index; decide which misses to admit (seen ``admit_after``
+  times; with LFU only if more often than the coldest rows they displace) and which rows they
+  displace; read the misses from the slower tiers (host memory, disk) into one pinned staging
+  buffer with every index the device needs; the group fills fresh rows for IDs seen first.
+- load (device): one copy of that buffer to the device, one gather + one non-blocking copy to
+  pinned host memory of the displaced rows (``send`` does these two ahead when the lookup is
+  prepared before the write-back of the lookup before it), one gather of the batch's rows from
+  the arena, one scatter of the staged rows into them.
+- write_back (host first): the admitted rows enter the index and leave their slower tier. Then
+  the device: one scatter of the updated rows into the arena, the rows not cached into the
+  spill rows after the arena's slots, and one non-blocking copy of those to the host (to their
+  slower tier).
+
+A lookup prepared ahead (``GroupLookup.prepare``: fetch and ``send`` while the lookup before it
+still computes) is brought up to that lookup's write-back before its load: the misses it stored
+meanwhile are read again into the staged plan on the host (``stored_since``, ``reread``: from
+the arena, the spill rows or the slower tier) and its ticket settled (``_settle``).
 
 Nothing in either waits on the device: rows on their way to the host are "pending" until a
 CUDA event says they arrived; a later read of such an ID waits for that event alone. The
