@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ember.embedding.group import GroupLookup, TableGroup
+from ember.embedding.group import GroupLookup
 
 __all__ = ["FetchGate", "WriteLog"]
 
