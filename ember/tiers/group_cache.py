@@ -181,7 +181,7 @@ class GroupCache:
         self.pending: list[_Pending] = []
         self._queue: tuple[np.ndarray, np.ndarray] | None = None  # victims ranked by the last scan
         self._score: np.ndarray | None = None  # _scan_scores' buffer (allocated at the first scan)
-        self.orphans: list[np.ndarray] = []  # slots held by tickets dropped without a write_back
+        self.orphans: list[tuple[np.ndarray, np.ndarray]] = []  # (held, reserved) slots of tickets dropped without a write_back
         self.inserts = 0  # write-backs that admitted rows (a lookup fetched before one re-checks its misses)
         self.writes = 0  # write-backs
         self._mix = (np.arange(1, len(self.slow) + 1, dtype=np.uint64) * _MIX).view(np.int64)
@@ -406,9 +406,16 @@ class GroupCache:
         not_new = np.ones(miss.size, dtype=bool)
         not_new[admitted] = False
         ticket = CacheTicket(w_slots, new, miss[not_new], w_slots[w_slots >= 0])
-        ticket._finalizer = weakref.finalize(ticket, _orphaned, weakref.ref(self), ticket.held)
+        self._watch(ticket)
         ticket.inserts, ticket.writes = self.inserts, self.writes
         return ticket, victims, evicted
+
+    def _watch(self, ticket: CacheTicket) -> None:
+        """Give back the ticket's held and reserved slots if it is dropped without its
+        write-back or release (``_orphaned``); called again whenever they change."""
+        if ticket._finalizer is not None:
+            ticket._finalizer.detach()
+        ticket._finalizer = weakref.finalize(ticket, _orphaned, weakref.ref(self), ticket.held, ticket.slots[ticket.new])
 
     def send(self, plan: "CachePlan") -> None:
         """A lookup prepared ahead of its load: its displaced rows gathered and copied (non-
@@ -527,6 +534,7 @@ class GroupCache:
         if t.spill:  # (the spill rows follow the bypassed rows' order)
             w[t.bypass] = self.trash + 1 + np.arange(t.bypass.size)
         t.inserts, t.writes = self.inserts, self.writes
+        self._watch(t)
 
     def _spill_slots(self, tables: np.ndarray, ids: np.ndarray) -> np.ndarray:
         """The spill row of each (table, ID) the last write-back bypassed, else -1."""
@@ -690,7 +698,10 @@ class GroupCache:
 
     def _adopt_orphans(self) -> None:
         while self.orphans:
-            _native.gc_release(self.held, self.orphans.pop())
+            held, reserved = self.orphans.pop()
+            _native.gc_release(self.held, held)
+            if reserved.size:  # (never inserted: only its write-back would have)
+                self._free_slots(reserved)
 
     def _release(self, ticket: CacheTicket) -> None:
         if ticket.released:
@@ -713,13 +724,14 @@ class GroupCache:
             self._free_slots(reserved)
 
 
-def _orphaned(ref: "weakref.ref[GroupCache]", held: np.ndarray) -> None:
+def _orphaned(ref: "weakref.ref[GroupCache]", held: np.ndarray, reserved: np.ndarray) -> None:
     """A ticket dropped without its write_back (its lookup garbage-collected, on whatever thread
     that happens): its slots are given back by the cache's next fetch or write_back, which run
-    under the trainer's tiers lock (``list.append`` is atomic; the slot arrays are not)."""
+    under the trainer's tiers lock (``list.append`` is atomic; the slot arrays are not), and
+    the slots it reserved for admissions go back to the free ones."""
     cache = ref()
     if cache is not None:
-        cache.orphans.append(held)
+        cache.orphans.append((held, reserved))
 
 
 def _overlaps(a: list[np.ndarray], b: Sequence[np.ndarray], mix: np.ndarray) -> bool:

@@ -233,3 +233,27 @@ def test_two_lookups_admitting_the_same_ids_keep_every_slot():
     assert int(cache.held.sum()) == 0 and int(cache.live.sum()) == 2 and cache._nfree == cache.capacity - 2
     rows = {i: r for ids, recs in ec.tables["t"].items() for i, r in zip(ids.tolist(), recs)}
     assert set(rows) == {5, 6} and all(torch.equal(r[:2], -2 * torch.ones(2)) for r in rows.values())
+
+
+def test_a_settled_lookup_dropped_without_write_back_gives_every_slot_back():
+    """b reserved slots for 5 and 6, then its re-read settled it onto a's (held): dropped
+    unwritten, the next fetch gives back what it holds and frees what it reserved."""
+    import gc
+
+    ec = EmbeddingCollection([TableConfig(name="t", dim=2, initializer={"type": "zeros"}, optimizer={"type": "sgd", "lr": 1.0},
+                                          storage={"device_rows": 8, "device": "cpu", "admit_after": 1})],
+                             [FeatureConfig(name="a", table="t")])
+    (group,) = ec.groups
+    cache = group.cache
+    sf = SparseFeatures(["a"], torch.tensor([5, 6]), torch.tensor([2]))
+    (a,) = ec.plan(sf, train=True).fetch().groups
+    (b,) = ec.plan(sf, train=True).prepare().groups
+    (c,) = ec.plan(SparseFeatures(["a"], torch.tensor([7]), torch.tensor([1])), train=True).prepare().groups
+    apply(a, torch.ones(2, 2))
+    b.reread(lambda: [a.keys(a.written)])
+    assert int(cache.held.sum()) == 2 + 2 + 1  # b: a's two slots, and its two reserved (free now) until its release; c: one
+    del b, c
+    gc.collect()
+    group.plan(sf, False).fetch()  # adopts the orphans
+    assert int(cache.held.sum()) == 0 and not cache.orphans
+    assert int(cache.live.sum()) == 2 and cache._nfree == cache.capacity - 2
