@@ -23,8 +23,8 @@ from ember.train.loop import train
 from ember.train.stages import TrainStages
 
 
-def _cfg(tmp_path: Path, name: str, enabled: bool, optimizer: dict, admit_after: int = 1, **train_kw):
-    cache = {"device_rows": 48, "device": "cpu", "admit_after": admit_after}
+def _cfg(tmp_path: Path, name: str, enabled: bool, optimizer: dict, admit_after: int = 1, cached: bool = True, **train_kw):
+    cache = {"device_rows": 48, "device": "cpu", "admit_after": admit_after} if cached else {}
     return from_dict({
         "data": {"preset": "synthetic", "batch_size": 128,
                  "synthetic": {"rows": 3_000, "eval_rows": 500, "vocab_size": 400, "num_sparse": 3}},
@@ -68,6 +68,16 @@ def test_prepared_ahead_at_staleness_0_is_bit_identical_to_in_line(tmp_path, slo
     assert_identical(run_state(off), run_state(on))
     assert off.metrics == on.metrics
     assert slow_update["ahead"] > 0 and slow_update["reread"] > 0  # prepared ahead, and rows did need a re-read
+
+
+def test_prepared_ahead_trains_as_rows_in_host_memory(tmp_path, slow_update):
+    """Issue 25 item 4 on the pipelined path: the group cache prepared ahead on threads trains
+    the model that rows in host memory train in line, bit for bit (one optimizer arithmetic)."""
+    opt = {"type": "rowwise_adagrad", "lr": 0.05}
+    host = train(_cfg(tmp_path, "host", False, opt, cached=False))
+    cache = train(_cfg(tmp_path, "cache", True, opt, admit_after=2))
+    assert_identical(run_state(host), run_state(cache))
+    assert host.metrics == cache.metrics and slow_update["reread"] > 0
 
 
 def test_without_the_reread_the_prepared_rows_would_be_stale(tmp_path, slow_update, monkeypatch):
