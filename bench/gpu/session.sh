@@ -30,7 +30,7 @@ for s in $STEPS; do
       timeout ${TESTS_S:-170} python3 -m pytest -q -rf --tb=short -n 12 -p no:cacheprovider -m "${TESTS_M:-not dist}" --timeout 120 \
         --junitxml="$OUT/tests.xml" ${TEST_PATHS:-tests} 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|passed|failed|error" | tail -30 ;;
     cache) el bench_gpu_cache
-      (cd bench && timeout ${CACHE_S:-150} python3 bench_gpu_cache.py ${CACHE_ARGS:-}) 2>&1 | tee "$OUT/gpu_cache.log" | tail -25 ;;
+      (cd bench && timeout ${CACHE_S:-200} python3 bench_gpu_cache.py ${CACHE_ARGS:-}) 2>&1 | tee "$OUT/gpu_cache.log" | tail -25 ;;
     dlrm) el bench_dlrm
       timeout 120 python3 bench/bench_dlrm.py --steps 20 2>&1 | tee "$OUT/dlrm.log" | tail -8 ;;
     pipeline) el bench_pipeline
