@@ -174,7 +174,8 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
             reporter.start_pass(data.loader)
             base = state.step
             gate = FetchGate(k, lambda b: r.cadence.barrier_after(base + b + 1), None if t.max_steps is None else t.max_steps - base)
-            stages = TrainStages(parts, gate, WriteLog(k, ahead=_prepared_ahead(parts) if engine_threads else 0), task_w, first_step=base, window=reporter.window, shards=data.shards)
+            writes = WriteLog(k, ahead=_prepared_ahead(parts) if engine_threads else 0)
+            stages = TrainStages(parts, gate, writes, task_w, first_step=base, window=reporter.window, shards=data.shards)
             agreement = StopAgreement(signals, parts.dist, checkpointer, gate, data.ahead, (r.exporter, reporter.windows),
                                       ahead_of(k))
             run = Scheduler(*_pipeline(data, stages, pipe.depth, not engine_threads), threaded=pipe.enabled,
