@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import torch
 
+from ember import once
 from ember.allocator import advise
 from ember.batch import Batch
 from ember.checkpoint.delta import run_exporter
@@ -323,9 +324,13 @@ def _prepared_ahead(parts: Components) -> int:
     """Batches a device cache's host half is prepared ahead of its fetch, when the embedding
     stages run on threads: 1 where a table group of one process has a group cache
     (``TrainStages.fetch``), else 0."""
-    if parts.dist is not None:
-        return 0
-    return int(any(g.cache is not None for ec in parts.collections() for g in ec.groups))
+    cached = any(g.cache is not None for ec in parts.collections() for g in ec.groups)
+    if cached and once.first("train.prepared_ahead", parts.dist is None):
+        log.info("pipeline: a table group's device cache decides each batch's rows one batch ahead, while the batch "
+                 "before computes" if parts.dist is None else "pipeline: a table group's device cache decides each "
+                 "batch's rows when its fetch may run (distributed: a sharded fetch exchanges IDs with the other ranks "
+                 "in lockstep; pipeline.embedding_staleness > 0 lets fetches run ahead)")
+    return int(cached and parts.dist is None)
 
 
 def _pipeline(data: TrainLoader, stages: TrainStages, d: QueueDepths, inline: bool) -> tuple[list[Stage], list[Stage]]:

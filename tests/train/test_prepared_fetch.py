@@ -70,14 +70,20 @@ def test_prepared_ahead_at_staleness_0_is_bit_identical_to_in_line(tmp_path, slo
     assert slow_update["ahead"] > 0 and slow_update["reread"] > 0  # prepared ahead, and rows did need a re-read
 
 
-def test_prepared_ahead_trains_as_rows_in_host_memory(tmp_path, slow_update):
+def test_prepared_ahead_trains_as_rows_in_host_memory(tmp_path, slow_update, caplog):
     """Issue 25 item 4 on the pipelined path: the group cache prepared ahead on threads trains
-    the model that rows in host memory train in line, bit for bit (one optimizer arithmetic)."""
+    the model that rows in host memory train in line, bit for bit (one optimizer arithmetic);
+    the run says that it prepares ahead."""
+    from ember import once
+
     opt = {"type": "rowwise_adagrad", "lr": 0.05}
     host = train(_cfg(tmp_path, "host", False, opt, cached=False))
-    cache = train(_cfg(tmp_path, "cache", True, opt, admit_after=2))
+    once.forget("train.prepared_ahead")
+    with caplog.at_level("INFO", logger="ember.train"):
+        cache = train(_cfg(tmp_path, "cache", True, opt, admit_after=2))
     assert_identical(run_state(host), run_state(cache))
     assert host.metrics == cache.metrics and slow_update["reread"] > 0
+    assert any("one batch ahead" in r.getMessage() for r in caplog.records)
 
 
 def test_without_the_reread_the_prepared_rows_would_be_stale(tmp_path, slow_update, monkeypatch):
