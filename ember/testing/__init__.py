@@ -60,7 +60,11 @@ def run_state(result) -> dict[str, Tensor]:
     out = {f"dense/{k}": v for k, v in result.parts.model.state_dict().items()}
     for ec in result.parts.collections():
         for name, table in ec.tables.items():
-            ids, rec = zip(*table.items())
+            chunks = list(table.items())
+            if not chunks:  # a table no step reached (e.g. a model that embeds through another collection)
+                out[f"{name}/ids"], out[f"{name}/rows"] = torch.empty(0, dtype=torch.int64), torch.empty(0)
+                continue
+            ids, rec = zip(*chunks)
             ids, rec = torch.cat(ids), torch.cat(rec)
             order = torch.argsort(ids)
             out[f"{name}/ids"], out[f"{name}/rows"] = ids[order], rec[order]

@@ -273,3 +273,17 @@ def test_a_settled_lookup_dropped_without_write_back_gives_every_slot_back():
     group.plan(sf, False).fetch()  # adopts the orphans
     assert int(cache.held.sum()) == 0 and not cache.orphans
     assert int(cache.live.sum()) == 2 and cache._nfree == cache.capacity - 2
+
+
+@pytest.mark.parametrize("model", [m for m in __import__("ember.models", fromlist=["MODEL_TYPES"]).MODEL_TYPES if m != "dlrm"])
+def test_every_model_prepared_ahead_is_bit_identical_to_in_line(tmp_path, slow_update, model):
+    """The other models of the zoo (their own collections: a linear part, towers, tasks) with
+    every table behind a group cache, prepared ahead on threads vs in line."""
+    runs = []
+    for enabled in (False, True):
+        cfg = _cfg(tmp_path, f"{model}-{enabled}", enabled, {"type": "adagrad", "lr": 0.05}, admit_after=2)
+        raw = cfg.model_dump(mode="json", by_alias=True)
+        raw["model"] = {"type": model, **({"bottom_mlp": [8, 4]} if model == "dmt" else {})}
+        runs.append(train(from_dict(raw)))
+    assert_identical(run_state(runs[0]), run_state(runs[1]))
+    assert runs[0].metrics == runs[1].metrics and slow_update["ahead"] > 0
