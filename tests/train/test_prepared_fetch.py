@@ -228,18 +228,24 @@ def test_a_signal_with_a_batch_prepared_checkpoints_and_resumes(tmp_path):
         assert ids.unique().numel() == ids.numel(), name  # each ID in one tier only
 
 
-def test_two_lookups_admitting_the_same_ids_keep_every_slot():
-    """b prepared before a's write-back, both admitting IDs 5 and 6: a inserts them, b finds
-    them in the arena at its own write-back (its reserved slots go back to the free ones), and
-    every slot is held by no one afterwards, live or free."""
+def _two_admitting():
+    """A table behind an 8-row group cache (SGD, lr 1, zero rows); lookup ``a`` of IDs 5 and 6
+    fetched, ``b`` of the same IDs prepared before ``a``'s write-back: both admit them."""
     ec = EmbeddingCollection([TableConfig(name="t", dim=2, initializer={"type": "zeros"}, optimizer={"type": "sgd", "lr": 1.0},
                                           storage={"device_rows": 8, "device": "cpu", "admit_after": 1})],
                              [FeatureConfig(name="a", table="t")])
     (group,) = ec.groups
-    cache = group.cache
     sf = SparseFeatures(["a"], torch.tensor([5, 6]), torch.tensor([2]))
     (a,) = ec.plan(sf, train=True).fetch().groups
     (b,) = ec.plan(sf, train=True).prepare().groups
+    return ec, group, group.cache, sf, a, b
+
+
+def test_two_lookups_admitting_the_same_ids_keep_every_slot():
+    """b prepared before a's write-back, both admitting IDs 5 and 6: a inserts them, b finds
+    them in the arena at its own write-back (its reserved slots go back to the free ones), and
+    every slot is held by no one afterwards, live or free."""
+    ec, group, cache, sf, a, b = _two_admitting()
     assert a.ticket.new.size == 2 and b.ticket.new.size == 2  # both reserved slots for 5 and 6
     apply(a, torch.ones(2, 2))
     assert b.reread(lambda: [a.keys(a.written)]) == 2
@@ -256,14 +262,7 @@ def test_a_settled_lookup_dropped_without_write_back_gives_every_slot_back():
     unwritten, the next fetch gives back what it holds and frees what it reserved."""
     import gc
 
-    ec = EmbeddingCollection([TableConfig(name="t", dim=2, initializer={"type": "zeros"}, optimizer={"type": "sgd", "lr": 1.0},
-                                          storage={"device_rows": 8, "device": "cpu", "admit_after": 1})],
-                             [FeatureConfig(name="a", table="t")])
-    (group,) = ec.groups
-    cache = group.cache
-    sf = SparseFeatures(["a"], torch.tensor([5, 6]), torch.tensor([2]))
-    (a,) = ec.plan(sf, train=True).fetch().groups
-    (b,) = ec.plan(sf, train=True).prepare().groups
+    ec, group, cache, sf, a, b = _two_admitting()
     (c,) = ec.plan(SparseFeatures(["a"], torch.tensor([7]), torch.tensor([1])), train=True).prepare().groups
     apply(a, torch.ones(2, 2))
     b.reread(lambda: [a.keys(a.written)])
