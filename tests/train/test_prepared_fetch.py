@@ -163,7 +163,7 @@ def test_too_few_spill_rows_stay_exact_and_are_said_once(tmp_path, slow_update, 
     with caplog.at_level("INFO", logger="ember.tiers"):
         on = train(_cfg(tmp_path, "on", True, opt, admit_after=2))
     assert_identical(run_state(off), run_state(on))
-    said = [r for r in caplog.records if "spill rows" in r.getMessage()]
+    said = [r for r in caplog.records if "bypassed the device cache" in r.getMessage()]
     assert len(said) == 1 and "more than its 3 spill rows" in said[0].getMessage()
 
 
