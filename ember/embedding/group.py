@@ -790,11 +790,18 @@ def _group_cache(tables: Sequence[EmbeddingTable], identity: bool) -> GroupCache
         _log_once(f"table group {names}: its tables' cache policies differ; the group's cache uses "
                   f"'{first.policy}', admit_after {first.admit_after} (those of '{names[0]}')")
     capacity = sum(int(c.fast.capacity) for c in tiers)  # type: ignore[attr-defined]
-    cache = GroupCache([c.slow for c in tiers], capacity, first.record_dim, first.device,  # type: ignore[attr-defined]
-                       first.policy or "lfu", first.admit_after, names)
-    for t, old, view in zip(tables, tiers, cache.views):
-        for ids, rows in old.items():  # rows stored before the group existed (none in a new table)
-            view.put(ids, rows)
+    args = (first.record_dim, first.device, first.policy or "lfu", first.admit_after)  # type: ignore[attr-defined]
+    slows = []
+    for t, c in zip(tables, tiers):  # each table's own cache empties into its slower tier (rows stored before
+        ids, rows = c.fast.evict(len(c.fast))  # the group existed: none in a new table) and goes, its device
+        if ids.numel():  # memory with it, before the group's arena is allocated: never both at once
+            c.slow.put(ids, rows)
+        slows.append(c.slow)
+        t.tier = c.slow
+    del tiers, first, c
+    record_dim, device, policy, admit_after = args
+    cache = GroupCache(slows, capacity, record_dim, device, policy, admit_after, names)
+    for t, view in zip(tables, cache.views):
         t.tier = view
     _log_once(f"table group {names}: one {cache.device.type} cache of {capacity:,} rows for its {len(tables)} tables, "
               f"and {cache.spill_rows:,} spill rows for the rows a step does not cache: "

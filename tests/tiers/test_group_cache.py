@@ -84,3 +84,32 @@ def test_victim_score_in_place_equals_the_allocating_one(policy, count_dtype):
     got = victim_score(policy, last, count, out=out)
     assert got is out
     np.testing.assert_array_equal(got, victim_score(policy, last, count))
+
+
+def test_the_tables_own_caches_are_gone_before_the_group_arena_is_allocated(monkeypatch):
+    """A group cache replaces each table's own device cache: their arenas are freed before the
+    group's is allocated (on a GPU, both at once would need twice the device memory)."""
+    import gc
+    import weakref
+
+    from ember.tiers.device import DeviceTier
+    from ember.tiers.group_cache import GroupCache
+
+    made: list = []
+    alive_at_group: list = []
+    init, ginit = DeviceTier.__init__, GroupCache.__init__
+
+    def tier_init(self, *a, **k):
+        init(self, *a, **k)
+        made.append(weakref.ref(self))
+
+    def group_init(self, *a, **k):
+        gc.collect()
+        alive_at_group.append(sum(w() is not None for w in made))
+        ginit(self, *a, **k)
+
+    monkeypatch.setattr(DeviceTier, "__init__", tier_init)
+    monkeypatch.setattr(GroupCache, "__init__", group_init)
+    ec = _collection({"device_rows": 40, "device": "cpu", "admit_after": 1})
+    assert len(made) == F and alive_at_group == [0]
+    assert all(type(t.tier).__name__ == "GroupCacheView" for t in ec.tables.values())
