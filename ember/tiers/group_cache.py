@@ -47,6 +47,8 @@ import torch
 from torch import Tensor
 
 from ember import _native, once
+from ember.errors import CapacityError
+from ember.fileio import fmt_bytes
 from ember.tiers.base import Tier, TierCounters
 from ember.tiers.device_budget import mark_device
 from ember.tiers.key_index import KeyIndex
@@ -138,6 +140,7 @@ class GroupCache:
                  policy: Policy = "lfu", admit_after: int = 1, names: Sequence[str] | None = None) -> None:
         if capacity <= 0:
             raise ValueError(f"GroupCache: capacity must be > 0 rows, got {capacity}")
+        self.check_room(capacity, record_dim, torch.device(device), list(names) if names is not None else [])
         self.slow = list(slow)
         self.names = list(names) if names is not None else [f"t{j}" for j in range(len(self.slow))]
         self.capacity = capacity
@@ -188,6 +191,21 @@ class GroupCache:
         self.cuda = self.device.type == "cuda"
         self._copies = torch.cuda.Stream(self.device) if self.cuda else None  # host<->device copies
         self.views = [GroupCacheView(self, j) for j in range(len(self.slow))]
+
+    @classmethod
+    def check_room(cls, capacity: int, record_dim: int, device: torch.device, names: Sequence[str]) -> None:
+        """Raise CapacityError, before allocating, when a GPU has no room for the arena
+        (``capacity`` rows, the trash row and the spill rows, of ``record_dim`` words): each
+        table's own check counts its ``device_rows`` only."""
+        if device.type != "cuda":
+            return
+        need = (capacity + 1 + cls.spill_at_most) * record_dim * 4
+        free, _ = torch.cuda.mem_get_info(device)
+        if need > free:
+            raise CapacityError(
+                f"table group {list(names)}: its device cache needs {fmt_bytes(need)} of GPU memory ({capacity:,} rows "
+                f"and {cls.spill_at_most:,} spill rows of {record_dim * 4} B) but {fmt_bytes(free)} is free; lower "
+                "storage.device_rows/device_bytes of its tables")
 
     # ---- host helpers ------------------------------------------------------------------
     def _host(self, rows: int, cols: int, dtype: torch.dtype = torch.float32) -> Tensor:

@@ -113,3 +113,18 @@ def test_the_tables_own_caches_are_gone_before_the_group_arena_is_allocated(monk
     ec = _collection({"device_rows": 40, "device": "cpu", "admit_after": 1})
     assert len(made) == F and alive_at_group == [0]
     assert all(type(t.tier).__name__ == "GroupCacheView" for t in ec.tables.values())
+
+
+def test_a_gpu_without_room_for_the_group_arena_is_named_before_allocating(monkeypatch):
+    """The group arena is the tables' device_rows plus the spill rows: a GPU without room for
+    it gets a CapacityError naming the group, sizes and what to lower, not an allocator error."""
+    from ember.errors import CapacityError
+    from ember.tiers.group_cache import GroupCache
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 << 20, 80 << 30))
+    with pytest.raises(CapacityError, match=r"table group \['a', 'b'\]: its device cache needs .* GPU memory .* "
+                                            r"65,536 spill rows .* 2.00 MiB is free; lower storage.device_rows"):
+        GroupCache.check_room(1000, 17, torch.device("cuda"), ["a", "b"])
+    GroupCache.check_room(1000, 17, torch.device("cpu"), ["a", "b"])  # host memory: the tables' own checks
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 30, 80 << 30))
+    GroupCache.check_room(1000, 17, torch.device("cuda"), ["a", "b"])  # room enough
