@@ -201,6 +201,8 @@ class GroupCache:
             return
         need = (capacity + 1 + cls.spill_at_most) * record_dim * 4
         free, _ = torch.cuda.mem_get_info(device)
+        # + what torch's allocator holds unused (the tables' own caches just freed): it gives that back on demand
+        free += torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
         if need > free:
             raise CapacityError(
                 f"table group {list(names)}: its device cache needs {fmt_bytes(need)} of GPU memory ({capacity:,} rows "

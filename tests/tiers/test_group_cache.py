@@ -122,9 +122,11 @@ def test_a_gpu_without_room_for_the_group_arena_is_named_before_allocating(monke
     from ember.tiers.group_cache import GroupCache
 
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (2 << 20, 80 << 30))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
     with pytest.raises(CapacityError, match=r"table group \['a', 'b'\]: its device cache needs .* GPU memory .* "
                                             r"65,536 spill rows .* 2.00 MiB is free; lower storage.device_rows"):
         GroupCache.check_room(1000, 17, torch.device("cuda"), ["a", "b"])
     GroupCache.check_room(1000, 17, torch.device("cpu"), ["a", "b"])  # host memory: the tables' own checks
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (1 << 30, 80 << 30))
-    GroupCache.check_room(1000, 17, torch.device("cuda"), ["a", "b"])  # room enough
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 1 << 30)
+    GroupCache.check_room(1000, 17, torch.device("cuda"), ["a", "b"])  # room enough: torch's allocator holds 1 GiB unused
