@@ -286,3 +286,19 @@ def test_every_model_prepared_ahead_is_bit_identical_to_in_line(tmp_path, slow_u
         runs.append(train(from_dict(raw)))
     assert_identical(run_state(runs[0]), run_state(runs[1]))
     assert runs[0].metrics == runs[1].metrics and slow_update["ahead"] > 0
+
+
+def test_prepared_ahead_with_admission_and_ttl_tables_is_bit_identical(tmp_path, slow_update):
+    """Every table behind the group cache, one of them counting sightings before it stores a
+    row (min_count: some rows of a batch are not written back) and one expiring rows (TTL
+    sweeps through the cache's views), prepared ahead on threads vs in line."""
+    runs = []
+    for enabled in (False, True):
+        cfg = _cfg(tmp_path, f"special-{enabled}", enabled, {"type": "adam", "lr": 0.01}, admit_after=2)
+        raw = cfg.model_dump(mode="json", by_alias=True)
+        cache = {"device_rows": 48, "device": "cpu", "admit_after": 2}
+        raw["tables"] = [{"name": "C1", "storage": cache, "min_count": 2}, {"name": "C2", "storage": cache, "ttl_steps": 6},
+                         {"name": "C3", "storage": cache}]
+        runs.append(train(from_dict(raw)))
+    assert_identical(run_state(runs[0]), run_state(runs[1]))
+    assert runs[0].metrics == runs[1].metrics and slow_update["reread"] > 0
