@@ -140,9 +140,9 @@ class GroupCache:
                  policy: Policy = "lfu", admit_after: int = 1, names: Sequence[str] | None = None) -> None:
         if capacity <= 0:
             raise ValueError(f"GroupCache: capacity must be > 0 rows, got {capacity}")
-        self.check_room(capacity, record_dim, torch.device(device), list(names) if names is not None else [])
         self.slow = list(slow)
         self.names = list(names) if names is not None else [f"t{j}" for j in range(len(self.slow))]
+        self.check_room(capacity, record_dim, torch.device(device), self.names)
         self.capacity = capacity
         self.record_dim = record_dim
         self.device = torch.device(device)
@@ -380,11 +380,9 @@ class GroupCache:
         # (the gather takes one spare row more, slot 0, for ``reread``'s redirected misses)
         ints = [np.append(np.where(hit, slots, 0), 0), miss, victims] + [x.numpy() for x in extra]
         if ticket is not None:
-            w, b = np.where(ticket.slots >= 0, ticket.slots, self.trash), ticket.bypass
-            if 0 < b.size <= self.spill_rows:  # the rows not cached go to the spill rows, in order
-                w[b] = self.trash + 1 + np.arange(b.size)
-                b, ticket.spill = b[:0], True
-            ints += [w, b]
+            w = np.where(ticket.slots >= 0, ticket.slots, self.trash)
+            ticket.spill = self._to_spill(w, ticket.bypass)
+            ints += [w, ticket.bypass[:0] if ticket.spill else ticket.bypass]
         lens = [x.size for x in ints]
         floats = miss.size * self.record_dim
         head = 8 * sum(lens)
@@ -437,6 +435,21 @@ class GroupCache:
             ticket._finalizer.detach()
         ticket._finalizer = weakref.finalize(ticket, _orphaned, weakref.ref(self), ticket.held, ticket.slots[ticket.new])
 
+    def _to_spill(self, w_slots: np.ndarray, bypass: np.ndarray) -> bool:
+        """Write slots of a lookup's rows that bypass the cache (positions ``bypass``): the
+        spill rows, in their order (the write-back's ``_spilled`` and its copy to the host read
+        them so), when there are some and they fit; True then. Else ``w_slots`` is left as is
+        (the trash row) and the rows go to the host from a gather of their positions."""
+        if not 0 < bypass.size <= self.spill_rows:
+            return False
+        w_slots[bypass] = self.trash + 1 + np.arange(bypass.size)
+        return True
+
+    def _send_victims(self, plan: "CachePlan", slots: Tensor) -> None:
+        """The displaced rows (at ``slots`` on the device) gathered and copied towards the host."""
+        tables, ids = plan.evicted
+        self._download(self.arena.index_select(0, slots), _split_by_table(ids, tables, len(plan.sizes)))
+
     def send(self, plan: "CachePlan") -> None:
         """A lookup prepared ahead of its load: its displaced rows gathered and copied (non-
         blocking) towards the host now, right after ``fetch`` took them out of the index, so
@@ -448,9 +461,7 @@ class GroupCache:
         plan.sent = True
         if plan.victims.size:
             self._mark()
-            tables, ids = plan.evicted
-            at = self._upload(torch.from_numpy(plan.victims))
-            self._download(self.arena.index_select(0, at), _split_by_table(ids, tables, len(plan.sizes)))
+            self._send_victims(plan, self._upload(torch.from_numpy(plan.victims)))
 
     def stored_since(self, plan: "CachePlan", ids: np.ndarray) -> np.ndarray | None:
         """Positions among ``plan.miss`` (ascending) that a write-back stored since the plan's
@@ -479,32 +490,25 @@ class GroupCache:
         """Before ``load``: the rows at positions ``at`` (ascending, among ``plan.miss``) were
         stored by a write-back since ``fetch`` read them from the slower tiers (or found them
         nowhere): read them again into the plan, on the host, before it goes to the device.
-        Those in the arena now are gathered from there (their miss rows are sent to the spare
-        row ``load`` gathers, which nothing reads); the others are read from their slower tier
-        into the staged rows. No device operation. Returns the rows re-read."""
+        Those in the arena or its spill rows now are gathered from there (their miss rows are
+        sent to the spare row ``load`` gathers, which nothing reads); the others are read from
+        their slower tier into the staged rows. No device operation. Returns the rows re-read."""
         if not at.size:
             return 0
         owner = np.repeat(np.arange(len(plan.sizes), dtype=np.int64), plan.sizes)
         slots, _ = self.find(owner[at], ids[at])
+        hit = slots >= 0
+        on_device = slots.copy()  # the arena row each is gathered from: its slot, or its spill row
+        if self._spilled is not None and not hit.all():  # bypassed by the last write-back: in the spill rows
+            on_device[~hit] = self._spill_slots(owner[at[~hit]], ids[at[~hit]])
+        there = on_device >= 0
         k = np.searchsorted(plan.miss, at)  # their rows of ``staged``
         ints = plan.buf[: 8 * sum(plan.lens)].view(torch.int64).numpy()
-        hit = slots >= 0
-        n_spill = 0
-        outside: list[np.ndarray] = []  # re-read from outside the arena (spill rows, slower tier)
-        if hit.any():
-            ints[at[hit]] = slots[hit]
-            ints[plan.lens[0] + k[hit]] = plan.lens[0] - 1
-        rest = np.flatnonzero(~hit)
-        if rest.size and self._spilled is not None:  # bypassed by the last write-back: in the spill rows
-            spilled = self._spill_slots(owner[at[rest]], ids[at[rest]])
-            sp = spilled >= 0
-            if sp.any():
-                ints[at[rest[sp]]] = spilled[sp]
-                ints[plan.lens[0] + k[rest[sp]]] = plan.lens[0] - 1
-                plan.found[at[rest[sp]]] = True
-                outside.append(at[rest[sp]])
-                n_spill = int(sp.sum())
-                rest = rest[~sp]
+        ints[at[there]] = on_device[there]
+        ints[plan.lens[0] + k[there]] = plan.lens[0] - 1
+        plan.found[at[there]] = True
+        outside = [at[there & ~hit]]  # re-read from outside the arena (spill rows, slower tier)
+        rest = np.flatnonzero(~there)
         if rest.size:
             per_table = _split_by_table(ids[at[rest]], owner[at[rest]], len(plan.sizes))
             if self.pending:
@@ -516,10 +520,9 @@ class GroupCache:
                 plan.found[at[rest[found]]] = True
                 self._moved(np.bincount(owner[at[rest[found]]], minlength=len(plan.sizes)))
                 outside.append(at[rest[found]])
-        plan.found[at[hit]] = True
         if plan.settle:
-            self._settle(plan, at[hit], slots[hit], np.concatenate(outside) if outside else at[:0])
-        return int(hit.sum()) + n_spill + int(found.sum() if rest.size else 0)
+            self._settle(plan, at[hit], slots[hit], np.concatenate(outside))
+        return int(there.sum()) + int(found.sum() if rest.size else 0)
 
     def _settle(self, plan: "CachePlan", in_arena: np.ndarray, arena_slots: np.ndarray, outside: np.ndarray) -> None:
         """``reread``, after the one write-back since the plan's ``fetch`` (``stored_since``):
@@ -551,8 +554,8 @@ class GroupCache:
         at = sum(plan.lens[: 3 + plan.n_extra])  # the write slots' place in the buffer
         w = plan.buf[: 8 * sum(plan.lens)].view(torch.int64).numpy()[at : at + n]
         w[in_arena] = arena_slots
-        if t.spill:  # (the spill rows follow the bypassed rows' order)
-            w[t.bypass] = self.trash + 1 + np.arange(t.bypass.size)
+        if t.spill:  # (fewer bypassed rows now: they still fit)
+            self._to_spill(w, t.bypass)
         t.inserts, t.writes = self.inserts, self.writes
         self._watch(t)
 
@@ -582,8 +585,7 @@ class GroupCache:
         if not plan.sent:
             plan.sent = True
             if plan.victims.size:  # read before anything reuses their slots (one stream: in order)
-                tables, ids = plan.evicted
-                self._download(self.arena.index_select(0, dint[2]), _split_by_table(ids, tables, len(plan.sizes)))
+                self._send_victims(plan, dint[2])
         rows = self.arena.index_select(0, dint[0])  # (one spare row at the end: see ``reread``)
         if m:
             rows.index_copy_(0, dint[1], dev[head:].view(torch.float32).view(m, self.record_dim))
@@ -643,10 +645,8 @@ class GroupCache:
                     v.inserts += c
         self._mark()
         if changed or ticket.dev is None:
-            spill = 0 < bypass.size <= self.spill_rows
             w_slots = np.where(keep & (slots >= 0), slots, self.trash)
-            if spill:
-                w_slots[bypass] = self.trash + 1 + np.arange(bypass.size)
+            spill = self._to_spill(w_slots, bypass)
             b = bypass[:0] if spill else bypass
             dev = self._upload(torch.from_numpy(np.concatenate([w_slots, b]).astype(np.int64))).split([slots.size, b.size])
             c_slots, b_pos = dev[0], dev[1]
@@ -657,9 +657,10 @@ class GroupCache:
             torch.cuda.current_stream(self.device).wait_event(self._spill_event)
         if c_slots.numel():
             self.arena.index_copy_(0, c_slots, rows)
-        self._spilled = (none := np.empty(0, np.int64), none, none, none)  # (nothing bypassed)
-        if bypass.size:
-            self._spilled = None
+        if not bypass.size:
+            none = np.empty(0, np.int64)
+            self._spilled = (none, none, none, none)  # (nothing bypassed)
+        else:
             split = _split_by_table(ids[bypass], owner[bypass], len(sizes))
             if spill:
                 self._download(self.arena[self.trash + 1 : self.trash + 1 + bypass.size], split)
@@ -668,6 +669,7 @@ class GroupCache:
                 order = np.argsort(keys, kind="stable")
                 self._spilled = (keys[order], self.trash + 1 + order, owner[bypass][order], ids[bypass][order])
             else:
+                self._spilled = None
                 if once.first("group_cache.spill", self.names[0]):
                     log.info("table group of '%s': a write-back bypassed the device cache with %d rows, more than its "
                              "%d spill rows: they go to the host from a gather, and a later batch that reads one of "
@@ -720,8 +722,7 @@ class GroupCache:
         while self.orphans:
             held, reserved = self.orphans.pop()
             _native.gc_release(self.held, held)
-            if reserved.size:  # (never inserted: only its write-back would have)
-                self._free_slots(reserved)
+            self._free_slots(reserved)  # (never inserted: only its write-back would have)
 
     def _release(self, ticket: CacheTicket) -> None:
         if ticket.released:
@@ -738,10 +739,7 @@ class GroupCache:
         if ticket is None or ticket.released:
             return
         self._release(ticket)
-        reserved = ticket.slots[ticket.new]
-        reserved = reserved[(reserved >= 0) & ~self.live[np.maximum(reserved, 0)]]
-        if reserved.size:
-            self._free_slots(reserved)
+        self._free_slots(ticket.slots[ticket.new])
 
 
 def _orphaned(ref: "weakref.ref[GroupCache]", held: np.ndarray, reserved: np.ndarray) -> None:
