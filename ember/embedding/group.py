@@ -175,7 +175,6 @@ class GroupLookup:
         self.inverse_dev: Tensor | None = None  # fetch through a group cache: ``inverse`` copied with the rows
         self._bags: list[_Bags] | None = None  # fetch through a group cache: the grouped pooling's plan, copied too
         self._prepared: tuple[CachePlan, list[_Bags], list[Tensor]] | None = None  # prepare: the cache's host half, not yet loaded
-        self._prepared_miss: np.ndarray | None = None  # prepare: positions the cache read outside its arena (``reread``)
 
     def _count_moved(self, rows_per_table: Sequence[int], width: int) -> None:
         """Note, per table, rows of ``width`` floats that crossed between host and device."""
@@ -219,7 +218,6 @@ class GroupLookup:
             if fresh.size:
                 self._fresh_into(staged, miss[fresh], owner, at=None if fresh.size == miss.size else fresh)
         self._prepared = (plan, bags, extra)
-        self._prepared_miss = miss
         self.ticket = plan.ticket
 
     def fetch(self) -> "GroupLookup":
@@ -296,7 +294,6 @@ class GroupLookup:
             self._stage()  # (loaded at once: its one upload carries the displaced rows' slots too)
         assert self._prepared is not None
         (plan, bags, extra), self._prepared = self._prepared, None
-        self._prepared_miss = None
         rec, dev = g.cache.load(plan)
         if extra:
             self.inverse_dev, rest = dev[0], iter(dev[1:])
@@ -503,11 +500,12 @@ class GroupLookup:
         (``GroupCache.stored_since``: its misses now in the arena or in the spill rows), else
         the misses among ``written()``. The rows are then as a fetch after the write-backs
         reads them, bit for bit. Returns the rows re-read."""
-        miss, g = self._prepared_miss, self.group
-        if self._prepared is None or miss is None or not miss.size:
+        g = self.group
+        if self._prepared is None or not self._prepared[0].miss.size:
             return 0
         assert g.cache is not None
         plan, ids = self._prepared[0], self.ids.numpy()
+        miss = plan.miss
         at = g.cache.stored_since(plan, ids)
         if at is None:
             writes = [w for w in written() if w.size]
@@ -647,7 +645,7 @@ class GroupLookup:
         """A training lookup that will not be written back (no table reached the loss, a
         skipped step) lets its group cache evict the rows it held."""
         if self.group.cache is not None:
-            self._prepared, self._prepared_miss = None, None  # (prepared, never loaded: its victims were sent at once)
+            self._prepared = None  # (prepared, never loaded: its victims were sent at once)
             self.group.cache.release(self.ticket)
             self.ticket = None
 
@@ -790,16 +788,14 @@ def _group_cache(tables: Sequence[EmbeddingTable], identity: bool) -> GroupCache
         _log_once(f"table group {names}: its tables' cache policies differ; the group's cache uses "
                   f"'{first.policy}', admit_after {first.admit_after} (those of '{names[0]}')")
     capacity = sum(int(c.fast.capacity) for c in tiers)  # type: ignore[attr-defined]
-    args = (first.record_dim, first.device, first.policy or "lfu", first.admit_after)  # type: ignore[attr-defined]
+    record_dim, device = first.record_dim, first.device  # type: ignore[attr-defined]
+    policy, admit_after = first.policy or "lfu", first.admit_after  # type: ignore[attr-defined]
     slows = []
     for t, c in zip(tables, tiers):  # each table's own cache empties into its slower tier (rows stored before
-        ids, rows = c.fast.evict(len(c.fast))  # the group existed: none in a new table) and goes, its device
-        if ids.numel():  # memory with it, before the group's arena is allocated: never both at once
-            c.slow.put(ids, rows)
-        slows.append(c.slow)
+        c.demote_all()  # the group existed: none in a new table) and goes, its device memory with it, before
+        slows.append(c.slow)  # the group's arena is allocated: never both at once
         t.tier = c.slow
     del tiers, first, c
-    record_dim, device, policy, admit_after = args
     cache = GroupCache(slows, capacity, record_dim, device, policy, admit_after, names)
     for t, view in zip(tables, cache.views):
         t.tier = view

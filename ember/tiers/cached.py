@@ -249,15 +249,19 @@ class CachedTier(Tier):
         self.fast.flush()
         self.slow.flush()
 
+    def demote_all(self) -> None:
+        """Move every row of the fast tier into the slow one (the fast tier is left empty)."""
+        ids, rows = self.fast.evict(len(self.fast))
+        if ids.numel():
+            self.slow.put(ids, rows)
+
     def close(self) -> None:
         """Write the fast tier's rows back to the slow one, then close it.
 
         After this the slow tier holds every row (a disk tier reopened later has them all);
         the fast tier is left empty.
         """
-        ids, rows = self.fast.evict(len(self.fast))
-        if ids.numel():
-            self.slow.put(ids, rows)
+        self.demote_all()
         self.slow.close()
 
     def warm_start(self, ids: Tensor, counts: Tensor) -> int:
