@@ -99,9 +99,7 @@ class TrainStages:
         self._metrics = threading.Lock()
         self._loss_sum, self._seen = 0.0, 0
         self._stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
-        # batches a device cache's host half is prepared ahead of the fetch (one process: a
-        # sharded fetch is an exchange with the other ranks, in lockstep)
-        self.ahead = log.ahead if parts.dist is None else 0
+        self.ahead = log.ahead  # batches a device cache's host half is prepared ahead of the fetch (0 distributed)
 
     @property
     def copies(self) -> bool:
@@ -138,8 +136,7 @@ class TrainStages:
         still computes; once that batch's rows are written, the ones it stored outside the arena
         are read again into the staged plan (``WriteLog.reread``) and the device half loads it:
         the rows are those a fetch after the write reads, bit for bit."""
-        ahead = self.ahead if self.ahead and all(isinstance(lk, Lookup) for lk in step.lookups) and any(
-            lk.preparable for lk in step.lookups) else 0
+        ahead = self.ahead if self.ahead and any(lk.preparable for lk in step.lookups) else 0
         if ahead:
             with idle():
                 if not self.gate.enter(step.index, ahead):
