@@ -449,13 +449,9 @@ class GroupLookup:
         """One int64 key per (table, ID) of ``table_ids`` (default: all of this lookup's), the
         ID mixed with its table: equal pairs give equal keys (distinct pairs rarely collide;
         ``refresh`` only ever re-reads a row too many for it)."""
-        if table_ids is None:
-            ids, sizes = self.ids.numpy(), self.sizes
-        else:
-            sizes = [t.numel() for t in table_ids]
-            ids = torch.cat(list(table_ids)).numpy() if table_ids else np.empty(0, np.int64)
-        mix = (np.arange(1, len(sizes) + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)
-        return ids ^ np.repeat(mix, sizes)
+        if table_ids is not None:
+            return pair_keys(table_ids)
+        return _keyed(self.ids.numpy(), self.sizes)
 
     def refresh(self, writes: Sequence[np.ndarray]) -> int:
         """Before ``update`` under bounded staleness: re-read from the tiers the rows of this
@@ -808,6 +804,17 @@ def _group_cache(tables: Sequence[EmbeddingTable], identity: bool) -> GroupCache
 def _log_once(msg: str) -> None:
     if once.first("group.layout", msg):
         log.info("%s", msg)
+
+
+def pair_keys(table_ids: Sequence[Tensor]) -> np.ndarray:
+    """``GroupLookup.keys`` of the IDs ``table_ids[j]`` of each table j of a group."""
+    ids = torch.cat(list(table_ids)).numpy() if table_ids else np.empty(0, np.int64)
+    return _keyed(ids, [t.numel() for t in table_ids])
+
+
+def _keyed(ids: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
+    mix = (np.arange(1, len(sizes) + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)
+    return ids ^ np.repeat(mix, sizes)
 
 
 def _members(ids: np.ndarray, among: list[np.ndarray]) -> np.ndarray:

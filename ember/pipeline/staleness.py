@@ -26,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ember.embedding.group import GroupLookup
+from ember.embedding.group import GroupLookup, pair_keys
 
 __all__ = ["FetchGate", "WriteLog"]
 
@@ -118,16 +118,16 @@ class FetchGate:
 
 
 class _Written:
-    """The IDs one lookup stored, per table; their keys (``GroupLookup.keys``) made when first asked for."""
+    """The IDs one lookup stored, per table (not the lookup: its rows are not kept); their keys
+    (``GroupLookup.keys``) made when first asked for."""
 
     def __init__(self, lookup: GroupLookup) -> None:
-        self.group, self._lookup, self._written = lookup.group, lookup, list(lookup.written)
+        self.group, self._written = lookup.group, list(lookup.written)
         self._keys: np.ndarray | None = None
 
     def keys(self) -> np.ndarray:
         if self._keys is None:
-            self._keys = self._lookup.keys(self._written)
-            self._lookup = None  # type: ignore[assignment]
+            self._keys = pair_keys(self._written)
         return self._keys
 
 
