@@ -17,6 +17,7 @@ import torch
 from ember.batch import SparseFeatures
 from ember.config import from_dict
 from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
+from ember.models import MODEL_TYPES
 from ember.pipeline.staleness import FetchGate, WriteLog
 from ember.testing import SPARSE_OPTIMIZERS, apply, assert_identical, run_state
 from ember.train.loop import train
@@ -274,7 +275,7 @@ def test_a_settled_lookup_dropped_without_write_back_gives_every_slot_back():
     assert int(cache.live.sum()) == 2 and cache._nfree == cache.capacity - 2
 
 
-@pytest.mark.parametrize("model", [m for m in __import__("ember.models", fromlist=["MODEL_TYPES"]).MODEL_TYPES if m != "dlrm"])
+@pytest.mark.parametrize("model", [m for m in MODEL_TYPES if m != "dlrm"])
 def test_every_model_prepared_ahead_is_bit_identical_to_in_line(tmp_path, slow_update, model):
     """The other models of the zoo (their own collections: a linear part, towers, tasks) with
     every table behind a group cache, prepared ahead on threads vs in line."""
