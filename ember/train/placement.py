@@ -26,13 +26,20 @@ from ember.embedding.collection import Lookup
 from ember.embedding.group import GroupLookup
 from ember.models.distill import Distilled, distill_loss
 from ember.train.loss import multitask_bce
-from ember.train.precision import autocast
+from ember.train.precision import PrecisionSetting, autocast
 
 if TYPE_CHECKING:
     from ember.distributed.towers import TowerPlacement
     from ember.train.builder import Components
 
 __all__ = ["Placement", "Towers", "EmbeddingOnly"]
+
+
+def compute_precision(parts: "Components") -> PrecisionSetting:
+    """The dense model's compute type for this forward: ``train.precision`` while training;
+    fp32 when scoring (eval, predict), since an exported model serves in fp32 and the scores a
+    run reports must be the scores it serves."""
+    return parts.precision if parts.model.training and torch.is_grad_enabled() else "fp32"
 
 
 class Placement:
@@ -54,7 +61,7 @@ class Placement:
         if parts.linear is not None:
             lin = parts.linear(batch.sparse, lk[1])
             linear = [lin[f.name] for f in parts.linear.features]
-        with autocast(parts.device, parts.precision):
+        with autocast(parts.device, compute_precision(parts)):
             logits = parts.run_model(batch.dense, pooled, linear)
         return logits.float()
 
@@ -100,7 +107,7 @@ class Towers(Placement):
     def forward(self, parts: "Components", batch: Batch, lookups: list[Lookup] | None) -> Tensor:
         train = parts.model.training and torch.is_grad_enabled()
         routed = lookups[0] if lookups else self.towers.plan(parts.embeddings, batch.sparse, train)
-        with autocast(parts.device, parts.precision):
+        with autocast(parts.device, compute_precision(parts)):
             logits = self.towers.forward(parts.embeddings, batch.dense, routed, train)
         if isinstance(parts.model, Distilled) and parts.model.aux_head and not parts.model.training:
             logits = logits[:, : parts.model.num_tasks]  # distillation's serving head, as Distilled.forward

@@ -10,7 +10,9 @@ slower than fp32. ``resolve`` makes that choice and logs it, with its reason, on
 set (+0.00003 over 5 seeds) but could not show one under 0.001 on the small real samples
 (bf16 dense on the Criteo sample: -0.0013 +/- 0.0006 over 20 seeds; AMD EPYC, AVX512-BF16). Parameters, optimizer state,
 embedding rows and the loss stay fp32; only the model's matmuls and convolutions run in the
-reduced type (torch.autocast's op lists). The pooled embeddings enter the model in fp32.
+reduced type (torch.autocast's op lists), and only while training: eval and predict score in
+fp32 (``placement.compute_precision``), the way an exported model serves, so the metrics a run
+reports are those of the model it exports. The pooled embeddings enter the model in fp32.
 
 Loss scaling (fp16): the loss is multiplied by ``scale`` before backward so small gradients do
 not flush to zero; the dense and the embedding gradients are divided by it again before any

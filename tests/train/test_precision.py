@@ -7,10 +7,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
+from ember.checkpoint.export import export_model
 from ember.config import from_dict
+from ember.pipeline.loader import make_batches
+from ember.serving import Predictor
+from ember.train.evaluate import predict_batches
 from ember.train.loop import train, train_step
 from ember.train.precision import LossScaler
 
@@ -30,22 +35,36 @@ def _raw(tmp_path: Path, name: str, **train_kw) -> dict:
 def test_reduced_precision_runs_the_model_in_it_and_keeps_fp32_weights(tmp_path, monkeypatch, precision, dtype):
     import ember.train.loop as loop
 
-    seen: set[torch.dtype] = set()
+    seen: set[tuple[bool, torch.dtype]] = set()
     ref = train(from_dict(_raw(tmp_path, "fp32")))
     original = loop.build_components
 
     def spying(cfg, *rest):  # type: ignore[no-untyped-def]
         parts = original(cfg, *rest)
         first = next(m for m in parts.model.modules() if isinstance(m, torch.nn.Linear))
-        first.register_forward_hook(lambda mod, inp, out: seen.add(out.dtype))
+        first.register_forward_hook(lambda mod, inp, out: seen.add((mod.training, out.dtype)))
         return parts
 
     monkeypatch.setattr(loop, "build_components", spying)
     low = train(from_dict(_raw(tmp_path, precision, precision=precision)))
-    assert seen == {dtype}  # the matmuls ran in the reduced type ...
+    # the training steps' matmuls ran in the reduced type, eval's in fp32 (as an export serves) ...
+    assert seen == {(True, dtype), (False, torch.float32)}
     assert all(p.dtype == torch.float32 for p in low.parts.model.parameters())  # ... on fp32 master weights
     assert abs(low.metrics["auc/label"] - ref.metrics["auc/label"]) < 0.01
     assert low.metrics["auc/label"] > 0.6
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_reduced_precision_runs_export_scores_what_its_eval_scored(tmp_path, precision):
+    """The model trains in bf16 / fp16 but is exported (and served) in fp32: eval and predict
+    score in fp32 too, so a run's metrics are its export's."""
+    cfg = from_dict(_raw(tmp_path, "low", precision=precision, max_steps=20))
+    parts = train(cfg).parts
+    out = export_model(parts.model, parts.collections(), parts.embeddings.features, None, parts.task_names,
+                       cfg.model_dump(mode="json", by_alias=True), tmp_path / "exported")
+    probs_run, _ = predict_batches(parts, make_batches(cfg.data, cfg.schema, "eval"), max_batches=4)
+    probs_export = Predictor.load(out).predict_batches(b for _, b in zip(range(4), make_batches(cfg.data, cfg.schema, "eval")))
+    np.testing.assert_allclose(probs_export, probs_run, rtol=1e-5, atol=1e-6)
 
 
 def _snapshot(parts) -> dict[str, torch.Tensor]:
@@ -58,8 +77,6 @@ def _snapshot(parts) -> dict[str, torch.Tensor]:
 
 
 def test_fp16_overflow_skips_the_whole_step_and_halves_the_scale(tmp_path):
-    from ember.pipeline.loader import make_batches
-
     cfg = from_dict(_raw(tmp_path, "fp16", precision="fp16", max_steps=3))
     result = train(cfg)
     parts = result.parts
