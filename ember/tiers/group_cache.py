@@ -627,7 +627,9 @@ class GroupCache:
                 clash = new[taken & keep[new]]  # kept, but no slot to go to: to its slower tier
                 if clash.size:
                     bypass = np.sort(np.concatenate([bypass, clash]))
-            ok = np.sort(new[~dup])  # positions, table after table (admission ranked them by frequency)
+            stored = np.zeros(slots.size, dtype=bool)  # positions, table after table (admission ranked them by
+            stored[new[~dup]] = True                    # frequency): a mask's scan, not a sort
+            ok = np.flatnonzero(stored)
             if ok.size:
                 self._insert(owner[ok], ids[ok], slots[ok])
                 self.inserts += 1
