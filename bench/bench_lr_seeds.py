@@ -10,7 +10,8 @@ recipe on both sides, so the figures compare the framework, not two recipes:
 - training: batch 256, rows shuffled, Adagrad 0.05 on the ID weights, Adam 0.01 on w and b,
   mean binary cross-entropy.
 
-ember runs ``configs/criteo_lr.yaml`` (only paths, seeds and threads overridden); the plain
+ember runs ``configs/criteo_lr.yaml`` (only paths, seeds, threads and fp32 overridden: the plain
+side computes in fp32, so ember does too, whatever ``train.precision: auto`` would pick); the plain
 side is ``nn.Embedding`` (one per feature, vocabulary = the training values) + ``nn.Linear``.
 ``ember_torch_init`` is ember with ``model.dense_init: torch`` (PyTorch's default U(±1/√13) for
 w and b, what ember used before ``dense_init`` existed): the seed-to-seed spread it causes is
@@ -66,7 +67,7 @@ def ember_auc(criteo: Path, seed: int, threads: int, extra: list[str]) -> float:
         cfg = load(REPO / "configs" / "criteo_lr.yaml", [
             f"data.train={criteo / 'train.tsv'}", f"data.eval=[{criteo / 'dev.tsv'}, {criteo / 'test.tsv'}]",
             f"data.seed={seed}", f"train.seed={seed}", f"train.threads={threads}", f"train.out_dir={out}",
-            "train.progress=false", "train.log_every=1000", *extra,
+            "train.progress=false", "train.log_every=1000", "train.precision=fp32", *extra,
         ])
         return float(train(cfg).metrics["auc/label"])
 

@@ -77,6 +77,7 @@ from ember.train.builder import Components
 from ember.train.loop import prepare_run
 from ember.tiers.storage import build_tier
 from ember.train.loss import multitask_bce
+from ember.train.precision import autocast
 
 FORMATS = ("parquet", "csv")
 DISK_TABLE = "C1"  # the table with --big-vocab IDs, the first placed on the disk tier in variant (e)
@@ -275,7 +276,8 @@ def measure_in_memory(args: argparse.Namespace) -> dict[str, Any]:
 
 def measure_dense_only(args: argparse.Namespace) -> dict[str, Any]:
     """Variant (d): the model's step on embedding outputs computed beforehand (eval-mode lookups
-    of the same batches, held as plain tensors), dense optimizer only."""
+    of the same batches, held as plain tensors), dense optimizer only; in the precision the
+    ember runs train in (``train.precision``, as resolved)."""
     parts, batches = prebuilt(args)
     parts.train(False)
     inputs = []
@@ -290,7 +292,9 @@ def measure_dense_only(args: argparse.Namespace) -> dict[str, Any]:
     times = []
     for dense, pooled, linear, labels in inputs:
         t0 = time.perf_counter()
-        loss = multitask_bce(parts.model(dense, pooled, linear), labels)
+        with autocast(parts.device, parts.precision):
+            logits = parts.model(dense, pooled, linear)
+        loss = multitask_bce(logits.float(), labels)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

@@ -99,7 +99,7 @@ class TrainConfig(ConfigModel):
     progress: bool = True
     """Progress bar on stderr: steps done of the total with an ETA, loss, samples/s, the busiest stage, hit
     rates."""
-    precision: Literal["auto", "fp32", "bf16", "fp16"] = "fp32"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     """The dense model's compute type: `bf16` or `fp16` run its matmuls under `torch.autocast` on fp32 master
     weights; `fp16` adds a dynamic loss scale that also covers the embedding gradients (a step that overflows
     is skipped whole: no dense step, no row update; the scale is checkpointed). Rows, optimizer state and the
@@ -156,8 +156,8 @@ class EvalConfig(ConfigModel):
     update: out-of-sample) and report over them what eval reports (AUC, logloss, calibration, ECE, NE; GAUC with
     `group_by` and per slice with `slices`, whose columns the training rows then carry too) as `eval` records with a
     `window_rows` field
-    (offline too, but from a second epoch on its rows were trained on before: no longer out-of-sample); 8
-    bytes per row and label; a report sorts the window (~1.4 s per million rows on a loaded 2-core box,
+    (offline too, but from a second epoch on its rows were trained on before: no longer out-of-sample); the
+    scores are the training forward's, in `train.precision` (eval's are fp32); 8 bytes per row and label; a report sorts the window (~1.4 s per million rows on a loaded 2-core box,
     training paused)."""
     window_every: int | None = Field(None, ge=1)
     """Steps between window reports; default ``train.log_every`` (unless ``window_every_s`` is set)."""

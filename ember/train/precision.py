@@ -1,16 +1,17 @@
 """Reduced-precision dense compute: autocast for the model, fp32 master weights, and dynamic
 loss scaling for fp16 that covers the embedding gradients too.
 
-``train.precision``: ``fp32`` (the default), ``bf16`` (bfloat16 autocast: fp32's range, so no
-loss scaling), ``fp16`` (float16 autocast with a dynamic loss scale) or ``auto``: bf16 where the
-device computes bf16 natively (a CPU with AMX-BF16 or AVX512-BF16, a GPU that
-``torch.cuda.is_bf16_supported()``), fp32 elsewhere, where bf16 matmuls would be emulated and
-slower than fp32. ``resolve`` makes that choice and logs it, with its reason, once per device.
-``auto`` is not the default: bench/bench_precision_quality.py found no AUC cost on the synthetic
-set (+0.00003 over 5 seeds) but could not show one under 0.001 on the small real samples
-(bf16 dense on the Criteo sample: -0.0013 +/- 0.0006 over 20 seeds; AMD EPYC, AVX512-BF16). Parameters, optimizer state,
-embedding rows and the loss stay fp32; only the model's matmuls and convolutions run in the
-reduced type (torch.autocast's op lists), and only while training: eval and predict score in
+``train.precision``: ``auto`` (the default): bf16 where the device computes bf16 natively (a CPU
+with AMX-BF16 or AVX512-BF16, a GPU that ``torch.cuda.is_bf16_supported()``), fp32 elsewhere,
+where bf16 matmuls would be emulated and slower than fp32; ``fp32``; ``bf16`` (bfloat16
+autocast: fp32's range, so no loss scaling); ``fp16`` (float16 autocast with a dynamic loss
+scale). ``resolve`` makes auto's choice and logs it, with its reason, once per device. Why bf16
+may be the default: bench/bench_precision_quality.py, 10 seeds, the real samples cross-validated
+over 10 folds, found eval AUC within 0.001 of fp32 beyond two standard errors on the Criteo and
+Avazu samples and the synthetic set (bench/RESULTS.md, 2026-11-27, twelfth session).
+
+Parameters, optimizer state, embedding rows and the loss stay fp32; only the model's matmuls
+and convolutions run in the reduced type (torch.autocast's op lists), and only while training: eval and predict score in
 fp32 (``placement.compute_precision``), the way an exported model serves, so the metrics a run
 reports are those of the model it exports. The pooled embeddings enter the model in fp32.
 

@@ -139,7 +139,8 @@ def _raw(root: Path, cell: dict[str, Any], name: str, **train_kw: Any) -> dict:
         placement = {"placement": "embedding_ranks", "embedding_ranks": 1}
     return {
         "data": data, "schema": schema, "embedding": embedding, "model": model,
-        "train": {"out_dir": str(root / "runs"), "run_name": name, "progress": False, "threads": 1, "log_every": 2,
+        "train": {"out_dir": str(root / "runs"), "run_name": name, "progress": False, "precision": "fp32", "threads": 1,
+                  "log_every": 2,
                   "dense_optimizer": {"type": "adam", "lr": 0.05}, "deterministic": True, **train_kw},
         "checkpoint": {"every": 4, "keep": 10},
         "pipeline": {"enabled": True, "embedding_staleness": cell["staleness"]},

@@ -39,7 +39,7 @@ CONFIG = {
         {"name": "C4", "optimizer": {"type": "adam", "lr": 0.01}, "ttl_steps": 3},
     ],
     "model": {"type": "deepfm", "deep_mlp": [8]},  # a second, dim-1 collection too
-    "train": {"epochs": 2, "log_every": 2, "progress": False, "threads": 1, "checkpoint_every": 2,
+    "train": {"epochs": 2, "log_every": 2, "progress": False, "precision": "fp32", "threads": 1, "checkpoint_every": 2,
               "keep_checkpoints": 10, "dense_optimizer": {"type": "adam", "lr": 0.01}},
     "pipeline": {"enabled": False},
     "distributed": {"placement": "embedding_ranks", "embedding_ranks": 1, "sharding": "row_wise",
@@ -320,7 +320,8 @@ def _file_shards_raw(root: Path, name: str, placement: dict) -> dict:
         "schema": {"labels": ["label"], "dense": [{"name": "I1"}], "sparse": [{"name": "C1"}, {"name": "C2"}]},
         "embedding": {"dim": 4, "optimizer": {"type": "adagrad", "lr": 0.05}},
         "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},
-        "train": {"epochs": 2, "log_every": 2, "progress": False, "threads": 1, "deterministic": True,
+        "train": {"epochs": 2, "log_every": 2, "progress": False, "precision": "fp32", "threads": 1,
+                  "deterministic": True,
                   "out_dir": str(root), "run_name": name, "dense_optimizer": {"type": "adam", "lr": 0.01}},
         "checkpoint": {"every": 4, "keep": 20},
         "distributed": {"sharding": "row_wise", **placement},

@@ -43,7 +43,8 @@ CONFIG = {
     ],
     "model": {"type": "deepfm", "deep_mlp": [8]},  # deepfm: a second, dim-1 collection too
     # log_every 2: every run below resumes at an even step, so its logged losses cover the same steps
-    "train": {"epochs": 1, "log_every": 2, "progress": False, "threads": 1, "dense_optimizer": {"type": "adam", "lr": 0.01}},
+    "train": {"epochs": 1, "log_every": 2, "progress": False, "threads": 1, "precision": "fp32",
+              "dense_optimizer": {"type": "adam", "lr": 0.01}},
     "pipeline": {"enabled": False},
     "distributed": {"sharding": "row_wise", "tables": {"C1": "table_wise", "C3": "table_wise"}},
 }
@@ -134,6 +135,18 @@ def test_checkpoints_move_between_world_sizes(setup, tmp_path):
     _check_run(runs / "to1", _reference(runs, 9), runs / "one", full.metrics)
     _assert_same_export(_export(_reference(runs, 8), tmp_path / "e1"), _export(runs / "to2", tmp_path / "e2"))
     _assert_same_export(_export(runs / "one", tmp_path / "e9"), tmp_path / "exp3")
+
+
+def test_bf16_ranks_train_as_one_process_within_bf16_rounding(setup):
+    """``train.precision: bf16`` (what ``auto`` picks on a bf16 CPU or GPU) on 2 ranks ends near
+    one process: each rank's bf16 matmuls round its own partial gradient sums before the
+    all-reduce, so the two agree to bf16's precision, not fp32's (the runs above pin fp32)."""
+    path, runs, _ = setup
+    one = train(load(path, ["train.run_name=bf16one", "train.precision=bf16", "train.max_steps=6"]))
+    run_ranks(train_config, 2, (path, ["train.run_name=bf16two", "train.precision=bf16", "train.max_steps=6"]),
+              timeout=300)
+    assert one.step == 6 and one.parts.precision == "bf16"
+    assert_states_close(checkpoint_state(runs / "bf16one"), checkpoint_state(runs / "bf16two"), rtol=2e-2, atol=2e-3)
 
 
 def test_a_rank_out_of_disk_stops_every_rank_and_the_previous_checkpoint_resumes(setup):

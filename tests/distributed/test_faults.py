@@ -41,7 +41,8 @@ CONFIG = {
                {"name": "C2", "optimizer": {"type": "sgd", "lr": 0.1}},
                {"name": "C3", "optimizer": {"type": "adam", "lr": 0.01}}],
     "model": {"type": "deepfm", "deep_mlp": [8]},
-    "train": {"epochs": 1, "log_every": 4, "progress": False, "threads": 1, "dense_optimizer": {"type": "adam", "lr": 0.01}},
+    "train": {"epochs": 1, "log_every": 4, "progress": False, "threads": 1, "precision": "fp32",
+              "dense_optimizer": {"type": "adam", "lr": 0.01}},
     "pipeline": {"enabled": False},
     "distributed": {"sharding": "row_wise", "tables": {"C1": "table_wise"}},
 }

@@ -58,7 +58,7 @@ def _config(root: Path) -> Path:
                    {"name": "b", "optimizer": {"type": "sgd", "lr": 0.1}}],
         "model": {"type": "deepfm", "deep_mlp": [4]},
         "train": {"epochs": 1, "log_every": 1, "progress": False, "threads": 1, "out_dir": str(root / "runs"),
-                  "dense_optimizer": {"type": "adam", "lr": 0.01}},
+                  "precision": "fp32", "dense_optimizer": {"type": "adam", "lr": 0.01}},
         "pipeline": {"enabled": False},
     }
     path = root / "cfg.yaml"

@@ -47,7 +47,7 @@ def _raw(root: Path, name: str, **train_kw: Any) -> dict:
         "schema": schema, "embedding": {"dim": 4, "optimizer": {"type": "adagrad", "lr": 0.2}},
         "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},
         "train": {"out_dir": str(root / "runs"), "run_name": name, "progress": False, "threads": 1, "log_every": 2,
-                  "dense_optimizer": {"type": "adam", "lr": 0.05}, **train_kw},
+                  "precision": "fp32", "dense_optimizer": {"type": "adam", "lr": 0.05}, **train_kw},
         "distributed": {"sharding": "row_wise"},
     }
 

@@ -50,7 +50,8 @@ def _raw(root: Path, name: str, **train_kw: Any) -> dict:
         "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},
         "eval": {"window_rows": 100, "window_every": 3},
         "export": {"every_steps": 3, "full_every": 2, "keep_full": 10},
-        "train": {"out_dir": str(root / "runs"), "run_name": name, "progress": False, "threads": 1, "log_every": 4,
+        "train": {"out_dir": str(root / "runs"), "run_name": name, "progress": False, "precision": "fp32", "threads": 1,
+                  "log_every": 4,
                   "mode": "online", "deterministic": True, "dense_optimizer": {"type": "adam", "lr": 0.02}, **train_kw},
         "distributed": {"sharding": "row_wise"},
     }

@@ -14,9 +14,16 @@ from ember.config import from_dict
 from ember.testing.distributed import assert_states_close, checkpoint_state
 from ember.train.loop import train
 from tests.distributed.ranks import run_ranks
-from tests.train.test_sql_train import ROWS, Sqlite, _raw, _sql, rows
+from ember.testing.clicks import clicks_run
+from tests.train.test_sql_train import ROWS, Sqlite, _sql, rows
 
 pytest.importorskip("adbc_driver_sqlite", reason="needs adbc-driver-sqlite: pip install 'ember[sql]'")
+
+
+def _raw(tmp_path: Path, name: str, data: dict, **train_kw: object) -> dict:
+    """The SQL tests' run, in fp32: ranks and one process agree to fp32's tolerance (under bf16
+    each rank rounds its own partial gradient sums)."""
+    return clicks_run(tmp_path, name, data, precision="fp32", **train_kw)
 
 
 def _train_rank(rank: int, world: int, raw: dict) -> int:

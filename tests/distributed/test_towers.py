@@ -27,7 +27,7 @@ CONFIG = {
     "model": {"type": "dmt", "towers": [["C1", "C2", "C3"], ["C4", "C5", "C6"]], "tower_mlp": [16], "tower_vectors": 2,
               "bottom_mlp": [8, 4], "top_mlp": [16]},
     "train": {"max_steps": 4, "log_every": 2, "progress": False, "threads": 1, "eval_max_batches": 1,
-              "dense_optimizer": {"type": "adam", "lr": 0.01}},
+              "precision": "fp32", "dense_optimizer": {"type": "adam", "lr": 0.01}},
     "pipeline": {"enabled": False},
     "distributed": {"placement": "towers"},
 }
@@ -137,7 +137,7 @@ def _weighted_data(root) -> dict:
         "model": {"type": "dmt", "towers": [["c1", "c2"], ["c3", "c4"]], "tower_mlp": [8], "tower_vectors": 2,
                   "bottom_mlp": [8, 4], "top_mlp": [8]},
         "train": {"epochs": 2, "log_every": 4, "progress": False, "threads": 1, "deterministic": True,
-                  "out_dir": str(root / "runs"), "dense_optimizer": {"type": "adam", "lr": 0.01}},
+                  "precision": "fp32", "out_dir": str(root / "runs"), "dense_optimizer": {"type": "adam", "lr": 0.01}},
         "eval": {"every": 4},
         "checkpoint": {"every": 4, "keep": 10},
     }

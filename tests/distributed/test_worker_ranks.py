@@ -19,7 +19,7 @@ CONFIG = {
              "synthetic": {"rows": 1_024, "eval_rows": 128, "vocab_size": 300, "num_sparse": 3, "num_dense": 2}},
     "embedding": {"dim": 4},
     "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},
-    "train": {"epochs": 2, "progress": False, "threads": 1, "deterministic": True},
+    "train": {"epochs": 2, "progress": False, "precision": "fp32", "threads": 1, "deterministic": True},
 }
 
 

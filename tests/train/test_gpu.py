@@ -1,4 +1,6 @@
-"""GPU path: model and batches on CUDA, tables in host memory (skipped without CUDA)."""
+"""GPU path: model and batches on CUDA, tables in host memory (skipped without CUDA). The runs
+compare across devices and row layouts to fp32's tolerance, so they pin ``train.precision: fp32``
+(``auto`` would pick bf16 on a bf16 GPU and, on a bf16 CPU, the CPU reference)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ def _cfg(tmp_path, device):
         "embedding": {"dim": 8},
         "model": {"type": "dlrm", "bottom_mlp": [16, 8], "top_mlp": [16]},
         "train": {"out_dir": str(tmp_path), "run_name": device, "device": device, "progress": False, "max_steps": 20,
-                  "dense_optimizer": {"type": "sgd", "lr": 0.05}},
+                  "precision": "fp32", "dense_optimizer": {"type": "sgd", "lr": 0.05}},
     })
 
 
@@ -40,7 +42,7 @@ def _tiered(tmp_path, name, storage, **train_kw):
         "embedding": {"dim": 8, "optimizer": {"type": "rowwise_adagrad", "lr": 0.05}},
         "model": {"type": "dlrm", "bottom_mlp": [16, 8], "top_mlp": [16]},
         "train": {"out_dir": str(tmp_path), "run_name": name, "device": "cuda", "progress": False, "deterministic": True,
-                  "dense_optimizer": {"type": "adam", "lr": 0.003}, **train_kw},
+                  "precision": "fp32", "dense_optimizer": {"type": "adam", "lr": 0.003}, **train_kw},
     })
     tables = [t.model_copy(update={"storage": type(t.storage).model_validate(storage)}) for t in c.table_configs()]
     return c.model_copy(update={"tables": tables})

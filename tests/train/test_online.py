@@ -222,7 +222,9 @@ def test_rolling_window_reports_the_last_rows_scored_before_their_update(tmp_pat
     folder.mkdir()
     for k in range(3):
         _write(folder, k)
-    raw = _raw(tmp_path, "win", folder)
+    # (a window scores the training forward, in train.precision; fp32 here, so that the initial
+    # model's scores compare exactly with predict's below)
+    raw = _raw(tmp_path, "win", folder, precision="fp32")
     raw["eval"] = {"window_rows": 150, "window_every": 3}
     raw["embedding"]["optimizer"]["lr"] = 0.5
     raw["train"]["dense_optimizer"] = {"type": "adam", "lr": 0.01}
@@ -244,7 +246,7 @@ def test_rolling_window_reports_the_last_rows_scored_before_their_update(tmp_pat
     from ember.train.evaluate import predict_batches
     from ember.train.loop import prepare_run
 
-    cfg = from_dict(_raw(tmp_path, "init", folder))
+    cfg = from_dict(_raw(tmp_path, "init", folder, precision="fp32"))
     parts, _ = prepare_run(cfg)
     first = next(iter(StreamLoader(cfg.data, cfg.schema)))
     p0, _ = predict_batches(parts, [first])

@@ -133,15 +133,17 @@ def test_a_failed_compile_is_announced_and_the_run_goes_on_uncompiled(tmp_path, 
 
 
 @pytest.mark.slow
-def test_compile_trains_like_eager(tmp_path):
-    """A real torch.compile of a small LR (inductor: tens of seconds here)."""
-    kw = dict(max_steps=8, deterministic=True)
+@pytest.mark.parametrize("precision, tol", [("fp32", 1e-4), ("bf16", 1e-2)])
+def test_compile_trains_like_eager(tmp_path, precision, tol):
+    """A real torch.compile of a small LR (inductor: tens of seconds here); in bf16 the compiled
+    kernels round at other points than eager's, hence the wider tolerance."""
+    kw = dict(max_steps=8, deterministic=True, precision=precision)
     raw = lambda name, **k: {**_raw(tmp_path, name, **kw, **k), "model": {"type": "lr"}}  # noqa: E731
     eager = train(from_dict(raw("eager")))
     compiled = train(from_dict(raw("comp", compile=True)))
     assert compiled.parts.compiled is not None  # it compiled, no fallback
     for k, v in eager.parts.model.state_dict().items():
-        torch.testing.assert_close(compiled.parts.model.state_dict()[k], v, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(compiled.parts.model.state_dict()[k], v, rtol=tol, atol=tol / 10)
 
 
 @pytest.mark.parametrize("flags, expect", [(["avx512_bf16"], "bf16"), (["amx_bf16", "avx512_bf16"], "bf16"), ([], "fp32")])
@@ -177,6 +179,10 @@ def test_auto_is_a_setting_the_run_resolves(tmp_path, monkeypatch):
         cfg = from_dict(_raw(tmp_path, "auto", precision="auto", max_steps=2))
         assert cfg.train.precision == "auto"
         assert train(cfg).parts.precision == "fp32"
-        assert from_dict(_raw(tmp_path, "default")).train.precision == "fp32"  # the default stays fp32
+        default = from_dict(_raw(tmp_path, "default", max_steps=2))
+        assert default.train.precision == "auto"  # the default: what auto picks
+        monkeypatch.setattr(precision, "_auto", lambda device: ("bf16", "test"))
+        precision._resolve_logged.cache_clear()
+        assert train(default).parts.precision == "bf16"
     finally:
         precision._resolve_logged.cache_clear()

@@ -303,7 +303,7 @@ def test_two_ranks_gather_the_key_columns_and_report_what_one_process_does(tmp_p
         "data": {"preset": "synthetic", "batch_size": 24,
                  "synthetic": {"num_dense": 2, "num_sparse": 3, "rows": 96, "eval_rows": 90, "vocab_size": 12}},
         "embedding": {"dim": 4}, "model": {"type": "dlrm", "bottom_mlp": [4], "top_mlp": [4]},
-        "train": {"progress": False, "threads": 1, "out_dir": str(tmp_path / "runs")},
+        "train": {"progress": False, "precision": "fp32", "threads": 1, "out_dir": str(tmp_path / "runs")},
         "pipeline": {"enabled": False},
         "eval": {"group_by": "C1", "slices": ["C2"], "slice_top": 3},
     }))
