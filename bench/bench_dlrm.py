@@ -14,7 +14,9 @@ as a fixed tensor: the ceiling of this model on this machine), (d) ember with a 
 initializer scale per table (three distinct ones): ``mixed_init_cost`` is the paired ratio of
 its plan+fetch time to (a)'s, i.e. what per-table init settings cost the one grouped path,
 (g) dense-only under ember-bf16's autocast (``ember_bf16_vs_dense_bf16``: the same comparison as
-``ember_vs_dense`` when both dense steps are bf16; fp32 where the CPU has no bf16).
+``ember_vs_dense`` when both dense steps are bf16; fp32 where the CPU has no bf16), (i) ember's
+default on this CPU: fp32 rows, the dense model in what ``train.precision: auto`` picks (bf16
+under ``--bf16-dense auto`` on a bf16 CPU), against (g) (``ember_default_vs_dense_bf16``).
 (h) dense-only, fp32 and under (g)'s autocast, with the embeddings as a leaf that requires a
 gradient: the step also computes the loss's gradient with respect to every embedding, which the
 dense model owes any system that trains embeddings (``ember_vs_dense_grad``,
@@ -34,7 +36,7 @@ dense one), ``--multi-hot 3`` (3 IDs per feature, bags summed), ``--kaggle-sizes
 (Criteo-Kaggle's 26 table sizes, each capped at N).
 
 The last line is one JSON object: ember_vs_dense, ember_vs_plain, mixed_init_cost, ember_vs_fused,
-bf16_vs_fused, ember_bf16_vs_dense_bf16, ...
+bf16_vs_fused, ember_bf16_vs_dense_bf16, ember_default_vs_dense_bf16, ...
 """
 
 from __future__ import annotations
@@ -308,14 +310,16 @@ def main() -> None:
                 DenseOnly(args.batch, "bf16" if bf16_dense else "fp32", "dense-only-bf16" if bf16_dense else "dense-only-2"),
                 DenseOnly(args.batch, input_grads=True, name="dense+grad"),
                 DenseOnly(args.batch, "bf16" if bf16_dense else "fp32", "dense-bf16+grad" if bf16_dense else "dense-2+grad",
-                          input_grads=True)]
+                          input_grads=True),
+                Ember(disk=args.disk, bf16_dense=bf16_dense)]
+    variants[9].name = "ember-default"  # (i): fp32 rows, dense as train.precision: auto (fp32 without bf16)
     times = {v.name: [] for v in variants}
     faults = {v.name: [] for v in variants}  # minor page faults per step (see ember/allocator.py)
     # the two ember variants run back to back (their plan+fetch times are compared, ~6 ms each:
     # adjacent runs see the same machine state), alternating which goes first; the slots of
     # (ember pair, plain, dense-only) rotate
     slots = [[variants[0], variants[3]], [variants[1]], [variants[2], variants[7]], [variants[4]],
-             [variants[5], variants[6], variants[8]]]
+             [variants[5], variants[6], variants[8], variants[9]]]
     for i, (ids, dense, labels) in enumerate(batches):
         k = i % len(slots)
         order = [v for slot in slots[k:] + slots[:k] for v in (slot if i % 2 else slot[::-1])]
@@ -342,6 +346,7 @@ def main() -> None:
     r_bf16_dense = ratio(variants[6].name, "ember-bf16")
     r_dense_grad = ratio("dense+grad", "ember")
     r_bf16_dense_grad = ratio(variants[8].name, "ember-bf16")
+    r_default_dense = ratio(variants[6].name, "ember-default")
     r_grad_cost = ratio("dense-only", "dense+grad")
     mixed_cost = statistics.median(m / u for m, u in zip(mixed.split["plan+fetch"], ours.split["plan+fetch"]))
     pf = {k: statistics.median(v) for k, v in faults.items()}
@@ -357,6 +362,8 @@ def main() -> None:
     print(f"  ember / fused baseline speed: {r_fused:.3f}x  (target >= 1.1)")
     print(f"  ember bf16 / fused speed    : {r_bf16_fused:.3f}x  (target >= 1.3; bf16 rows, dense {'bf16' if bf16_dense else 'fp32'})")
     print(f"  ember bf16 / dense-only bf16: {r_bf16_dense:.3f}x  (target >= 0.9; both dense steps {'bf16' if bf16_dense else 'fp32'})")
+    print(f"  ember default / dense-only {'bf16' if bf16_dense else 'fp32'}: {r_default_dense:.3f}x  (fp32 rows, dense as "
+          f"train.precision: auto)")
     print(f"  ember / dense-only speed, both computing the embeddings' gradient: {r_dense_grad:.3f}x "
           f"(bf16: {r_bf16_dense_grad:.3f}x); dense+grad / dense-only: {r_grad_cost:.3f}x")
     print(f"  plain / dense-only speed    : {r_plain_dense:.3f}x")
@@ -375,7 +382,7 @@ def main() -> None:
         "samples_per_s": {k: args.batch / v for k, v in med.items()},
         "ember_vs_dense": r_dense, "ember_vs_plain": r_plain, "mixed_init_cost": mixed_cost, "plain_vs_dense": r_plain_dense,
         "ember_vs_fused": r_fused, "fused_vs_dense": r_fused_dense, "bf16_vs_fused": r_bf16_fused,
-        "ember_bf16_vs_dense_bf16": r_bf16_dense,
+        "ember_bf16_vs_dense_bf16": r_bf16_dense, "ember_default_vs_dense_bf16": r_default_dense,
         "ember_vs_dense_grad": r_dense_grad, "ember_bf16_vs_dense_bf16_grad": r_bf16_dense_grad,
         "dense_grad_vs_dense": r_grad_cost,
         "cpu_bf16": cpu_bf16(), "bf16_dense": bf16_dense,

@@ -25,7 +25,7 @@ from ember.train.config import DenseOptimizerConfig, EvalConfig
 from ember.train.device import pick_device
 from ember.models.distill import DistillConfig, Distilled
 from ember.train.placement import EmbeddingOnly, Placement, Towers
-from ember.train.precision import LossScaler, Precision, resolve
+from ember.train.precision import LossScaler, Precision, dense_macs, resolve
 
 __all__ = ["Components", "build_components", "tower_plan", "LINEAR_SUFFIX"]
 
@@ -223,10 +223,13 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
             placement = EmbeddingOnly()
         else:
             ddp = wrap_model(model, dist)
+    # auto weighs the dense model's matmuls on a dense rank's slice of the batch (the same on every rank)
+    ranks = dist.data_slice[1] if dist is not None and dist.data_slice is not None else 1
+    precision = resolve(t.precision, device, dense_macs(model) * -(-cfg.data.batch_size // ranks))
     compiled = None
     if t.compile and not embedding_rank:
         compiled = _compile(ddp if ddp is not None else model)  # distributed: compile(DDP(model))
-    return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, precision=resolve(t.precision, device),
+    return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, precision=precision,
                       scaler=scaler, compiled=compiled, distill=distill, dense_config=t.dense_optimizer, dist=dist, ddp=ddp,
                       eval_config=cfg.eval, placement=placement)
 

@@ -103,9 +103,10 @@ class TrainConfig(ConfigModel):
     """The dense model's compute type: `bf16` or `fp16` run its matmuls under `torch.autocast` on fp32 master
     weights; `fp16` adds a dynamic loss scale that also covers the embedding gradients (a step that overflows
     is skipped whole: no dense step, no row update; the scale is checkpointed). Rows, optimizer state and the
-    loss stay fp32. Scoring (eval, predict) runs in fp32, as an exported model serves. `auto`: bf16 where the
-    device computes it natively (a CPU with AMX-BF16 or AVX512-BF16, a bf16-capable GPU), else fp32; the
-    choice and its reason are logged. Elsewhere bf16/fp16 are slower."""
+    loss stay fp32. Scoring (eval, predict) runs in fp32, as an exported model serves. `auto` (the default): bf16
+    where the device computes it natively (a CPU with AMX-BF16 or AVX512-BF16, a bf16-capable GPU) and the dense
+    model's linear layers do at least 25 M multiply-adds a batch (below that the casts cost more than bf16
+    saves), else fp32; the choice and its reason are logged. Elsewhere bf16/fp16 are slower."""
     compile: bool = False
     """`torch.compile` the dense model (the first steps pay for compilation); if compiling fails, a warning names
     the error and the run goes on uncompiled."""

@@ -2,8 +2,10 @@
 loss scaling for fp16 that covers the embedding gradients too.
 
 ``train.precision``: ``auto`` (the default): bf16 where the device computes bf16 natively (a CPU
-with AMX-BF16 or AVX512-BF16, a GPU that ``torch.cuda.is_bf16_supported()``), fp32 elsewhere,
-where bf16 matmuls would be emulated and slower than fp32; ``fp32``; ``bf16`` (bfloat16
+with AMX-BF16 or AVX512-BF16, a GPU that ``torch.cuda.is_bf16_supported()``) and the dense
+model's linear layers do at least ``BF16_MIN_MACS`` multiply-adds a batch, fp32 elsewhere
+(emulated bf16 matmuls are slower than fp32; for a smaller model the casts cost more than the
+matmuls save); ``fp32``; ``bf16`` (bfloat16
 autocast: fp32's range, so no loss scaling); ``fp16`` (float16 autocast with a dynamic loss
 scale). ``resolve`` makes auto's choice and logs it, with its reason, once per device. Why bf16
 may be the default: bench/bench_precision_quality.py, 10 seeds, the real samples cross-validated
@@ -38,7 +40,8 @@ from typing import Any, Callable, Iterable, Literal
 import torch
 from torch import Tensor
 
-__all__ = ["Precision", "PrecisionSetting", "LossScaler", "autocast", "resolve", "cpu_bf16", "cpu_model", "DTYPES"]
+__all__ = ["Precision", "PrecisionSetting", "LossScaler", "autocast", "resolve", "cpu_bf16", "cpu_model", "DTYPES",
+           "BF16_MIN_MACS", "dense_macs"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +49,11 @@ Precision = Literal["fp32", "bf16", "fp16"]
 PrecisionSetting = Literal["auto", "fp32", "bf16", "fp16"]  # train.precision: a Precision, or auto
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of native bf16 matmuls on x86
+# auto keeps fp32 for a dense model whose linear layers do fewer multiply-adds than this per batch:
+# there autocast's casts cost more than its faster matmuls save (AVX512-BF16, bench/RESULTS.md
+# 2026-11-27: 0.80-0.99x of fp32 at 0.8-29 M, 1.09-2.07x from 13-59 M up; the crossover lies
+# at 15-30 M).
+BF16_MIN_MACS = 25_000_000
 
 
 def _cpuinfo() -> str:
@@ -78,33 +86,51 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown"
 
 
-def _auto(device: torch.device) -> tuple[Precision, str]:
-    """auto's choice on ``device`` and the reason for it."""
+def dense_macs(model: torch.nn.Module) -> int:
+    """Multiply-adds per sample of ``model``'s linear layers: the work bf16 autocast speeds up."""
+    return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear))
+
+
+def _auto(device: torch.device, macs: int | None = None) -> tuple[Precision, str]:
+    """auto's choice on ``device`` for a dense model of ``macs`` multiply-adds per batch (None:
+    unknown, the device alone decides) and the reason for it."""
+    native, why = _native_bf16(device)
+    if not native:
+        return "fp32", why
+    if macs is not None and macs < BF16_MIN_MACS:
+        return "fp32", (f"{why}, but the dense model's linear layers do {macs / 1e6:.1f} M multiply-adds a batch, "
+                        f"fewer than the {BF16_MIN_MACS / 1e6:.0f} M from which bf16's faster matmuls outweigh its casts")
+    return "bf16", why
+
+
+def _native_bf16(device: torch.device) -> tuple[bool, str]:
+    """Whether ``device`` computes bf16 natively, and why (not)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         if torch.cuda.is_bf16_supported():
-            return "bf16", f"the GPU ({name}) computes bf16 natively"
-        return "fp32", f"the GPU ({name}) has no native bf16"
+            return True, f"the GPU ({name}) computes bf16 natively"
+        return False, f"the GPU ({name}) has no native bf16"
     if device.type == "cpu":
         native = cpu_bf16()
         if native:
-            return "bf16", f"the CPU ({cpu_model()}) has {' and '.join(f.upper() for f in native)}"
-        return "fp32", (f"the CPU ({cpu_model()}) has neither AMX-BF16 nor AVX512-BF16, so bf16 matmuls "
-                        "would be emulated and slower than fp32")
-    return "fp32", f"native bf16 is not detected on {device.type} devices"
+            return True, f"the CPU ({cpu_model()}) has {' and '.join(f.upper() for f in native)}"
+        return False, (f"the CPU ({cpu_model()}) has neither AMX-BF16 nor AVX512-BF16, so bf16 matmuls "
+                       "would be emulated and slower than fp32")
+    return False, f"native bf16 is not detected on {device.type} devices"
 
 
 @functools.cache
-def _resolve_logged(device: torch.device) -> Precision:
-    choice, reason = _auto(device)
+def _resolve_logged(device: torch.device, macs: int | None) -> Precision:
+    choice, reason = _auto(device, macs)
     log.info("train.precision auto: %s on %s, because %s (set train.precision to fp32 or bf16 to choose)",
              choice, device, reason)
     return choice
 
 
-def resolve(setting: PrecisionSetting, device: torch.device) -> Precision:
+def resolve(setting: PrecisionSetting, device: torch.device, macs: int | None = None) -> Precision:
     """The compute type that ``train.precision: setting`` means on ``device``: the setting
-    itself, or auto's choice (logged once per device with its reason).
+    itself, or auto's choice for a dense model of ``macs`` multiply-adds per batch (logged once
+    per device and size, with its reason).
 
     Example:
         >>> resolve("fp16", torch.device("cpu"))
@@ -112,7 +138,7 @@ def resolve(setting: PrecisionSetting, device: torch.device) -> Precision:
     """
     if setting != "auto":
         return setting
-    return _resolve_logged(torch.device(device))
+    return _resolve_logged(torch.device(device), macs)
 
 
 def autocast(device: torch.device, precision: PrecisionSetting) -> contextlib.AbstractContextManager[Any]:

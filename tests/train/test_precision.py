@@ -170,18 +170,54 @@ def test_auto_picks_bf16_only_where_the_cpu_computes_it_and_logs_why_once(monkey
             cached.cache_clear()
 
 
+def test_auto_keeps_fp32_for_a_dense_model_too_small_for_bf16_to_pay(monkeypatch, caplog):
+    """On a bf16 CPU auto weighs the dense model's multiply-adds per batch: under BF16_MIN_MACS
+    its casts cost more than the faster matmuls save, so fp32, and the log says why."""
+    from ember.train import precision
+
+    monkeypatch.setattr(precision, "_cpuinfo", lambda: "flags\t\t: avx512f avx512_bf16\nmodel name\t: Test CPU 9000\n")
+    for cached in (precision.cpu_bf16, precision.cpu_model, precision._resolve_logged):
+        cached.cache_clear()
+    cpu = torch.device("cpu")
+    try:
+        with caplog.at_level(logging.INFO, logger="ember.train.precision"):
+            assert precision.resolve("auto", cpu, precision.BF16_MIN_MACS - 1) == "fp32"
+            assert precision.resolve("auto", cpu, precision.BF16_MIN_MACS) == "bf16"
+            assert precision.resolve("auto", cpu) == "bf16"  # size unknown: the device decides
+            assert precision.resolve("bf16", cpu, 10) == "bf16"  # an explicit setting is kept
+        small = [r.getMessage() for r in caplog.records if "auto: fp32" in r.getMessage()]
+        assert len(small) == 1 and "AVX512_BF16" in small[0] and "multiply-adds a batch" in small[0]
+    finally:
+        for cached in (precision.cpu_bf16, precision.cpu_model, precision._resolve_logged):
+            cached.cache_clear()
+
+
+def test_dense_macs_counts_the_linear_layers_per_sample():
+    from ember.train.precision import dense_macs
+
+    model = torch.nn.Sequential(torch.nn.Linear(13, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    assert dense_macs(model) == 13 * 64 + 64
+
+
 def test_auto_is_a_setting_the_run_resolves(tmp_path, monkeypatch):
     from ember.train import precision
 
-    monkeypatch.setattr(precision, "_auto", lambda device: ("fp32", "test"))
+    seen: list[int | None] = []
+
+    def pick(choice):  # auto's choice, noting the size the run asked about
+        return lambda device, macs=None: (seen.append(macs), (choice, "test"))[1]
+
+    monkeypatch.setattr(precision, "_auto", pick("fp32"))
     precision._resolve_logged.cache_clear()
     try:
         cfg = from_dict(_raw(tmp_path, "auto", precision="auto", max_steps=2))
         assert cfg.train.precision == "auto"
-        assert train(cfg).parts.precision == "fp32"
+        parts = train(cfg).parts
+        assert parts.precision == "fp32"
+        assert seen == [precision.dense_macs(parts.model) * 256]  # the model's multiply-adds per batch of 256
         default = from_dict(_raw(tmp_path, "default", max_steps=2))
         assert default.train.precision == "auto"  # the default: what auto picks
-        monkeypatch.setattr(precision, "_auto", lambda device: ("bf16", "test"))
+        monkeypatch.setattr(precision, "_auto", pick("bf16"))
         precision._resolve_logged.cache_clear()
         assert train(default).parts.precision == "bf16"
     finally:
