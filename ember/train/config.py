@@ -158,8 +158,8 @@ class EvalConfig(ConfigModel):
     `group_by` and per slice with `slices`, whose columns the training rows then carry too) as `eval` records with a
     `window_rows` field
     (offline too, but from a second epoch on its rows were trained on before: no longer out-of-sample); the
-    scores are the training forward's, in `train.precision` (eval's are fp32); 8 bytes per row and label; a report sorts the window (~1.4 s per million rows on a loaded 2-core box,
-    training paused)."""
+    scores are the training forward's, in `train.precision` (eval's are fp32); 8 bytes per row and label; a
+    report sorts the window (~1.4 s per million rows on a loaded 2-core box, training paused)."""
     window_every: int | None = Field(None, ge=1)
     """Steps between window reports; default ``train.log_every`` (unless ``window_every_s`` is set)."""
     window_every_s: float | None = Field(None, gt=0)

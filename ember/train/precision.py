@@ -5,17 +5,18 @@ loss scaling for fp16 that covers the embedding gradients too.
 with AMX-BF16 or AVX512-BF16, a GPU that ``torch.cuda.is_bf16_supported()``) and the dense
 model's linear layers do at least ``BF16_MIN_MACS`` multiply-adds a batch, fp32 elsewhere
 (emulated bf16 matmuls are slower than fp32; for a smaller model the casts cost more than the
-matmuls save); ``fp32``; ``bf16`` (bfloat16
-autocast: fp32's range, so no loss scaling); ``fp16`` (float16 autocast with a dynamic loss
-scale). ``resolve`` makes auto's choice and logs it, with its reason, once per device. Why bf16
-may be the default: bench/bench_precision_quality.py, 10 seeds, the real samples cross-validated
-over 10 folds, found eval AUC within 0.001 of fp32 beyond two standard errors on the Criteo and
-Avazu samples and the synthetic set (bench/RESULTS.md, 2026-11-27, twelfth session).
+matmuls save); ``fp32``; ``bf16`` (bfloat16 autocast: fp32's range, so no loss scaling);
+``fp16`` (float16 autocast with a dynamic loss scale). ``resolve`` makes auto's choice and logs
+it, with its reason, once per device and model size. Why bf16 may be the default:
+bench/bench_precision_quality.py, 10 seeds, the real samples cross-validated over 10 folds,
+found eval AUC within 0.001 of fp32 beyond two standard errors on the Criteo and Avazu samples
+and the synthetic set (bench/RESULTS.md, 2026-11-27, twelfth session).
 
 Parameters, optimizer state, embedding rows and the loss stay fp32; only the model's matmuls
-and convolutions run in the reduced type (torch.autocast's op lists), and only while training: eval and predict score in
-fp32 (``placement.compute_precision``), the way an exported model serves, so the metrics a run
-reports are those of the model it exports. The pooled embeddings enter the model in fp32.
+and convolutions run in the reduced type (torch.autocast's op lists), and only while training:
+eval and predict score in fp32 (``placement.compute_precision``), the way an exported model
+serves, so the metrics a run reports are those of the model it exports. The pooled embeddings
+enter the model in fp32.
 
 Loss scaling (fp16): the loss is multiplied by ``scale`` before backward so small gradients do
 not flush to zero; the dense and the embedding gradients are divided by it again before any
@@ -98,8 +99,9 @@ def _auto(device: torch.device, macs: int | None = None) -> tuple[Precision, str
     if not native:
         return "fp32", why
     if macs is not None and macs < BF16_MIN_MACS:
-        return "fp32", (f"{why}, but the dense model's linear layers do {macs / 1e6:.1f} M multiply-adds a batch, "
-                        f"fewer than the {BF16_MIN_MACS / 1e6:.0f} M from which bf16's faster matmuls outweigh its casts")
+        return "fp32", (f"{why}, but the dense model's linear layers do {macs / 1e6:.1f} M multiply-adds a "
+                        f"batch, fewer than the {BF16_MIN_MACS / 1e6:.0f} M from which bf16's faster matmuls "
+                        "outweigh its casts")
     return "bf16", why
 
 

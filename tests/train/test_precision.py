@@ -63,7 +63,8 @@ def test_a_reduced_precision_runs_export_scores_what_its_eval_scored(tmp_path, p
     out = export_model(parts.model, parts.collections(), parts.embeddings.features, None, parts.task_names,
                        cfg.model_dump(mode="json", by_alias=True), tmp_path / "exported")
     probs_run, _ = predict_batches(parts, make_batches(cfg.data, cfg.schema, "eval"), max_batches=4)
-    probs_export = Predictor.load(out).predict_batches(b for _, b in zip(range(4), make_batches(cfg.data, cfg.schema, "eval")))
+    eval_batches = make_batches(cfg.data, cfg.schema, "eval")
+    probs_export = Predictor.load(out).predict_batches(b for _, b in zip(range(4), eval_batches))
     np.testing.assert_allclose(probs_export, probs_run, rtol=1e-5, atol=1e-6)
 
 
