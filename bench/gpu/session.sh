@@ -5,7 +5,8 @@
 #   STEPS="gpu tests cache dlrm pipeline nccl" bash bench/gpu/session.sh
 # Two more steps measure the machine's host CPU (issue 29 items 4-5; the H100/H200 hosts lent so
 # far were Intel Xeons with AMX-BF16), not run unless named: tiers (bench_tiers --zipf) and
-# mlperf (bench_mlperf, short; torch threads = the host's cores)
+# mlperf (bench_mlperf, short; torch threads = the host's cores); autocast (bench_autocast_size: where
+# train.precision auto's bf16 starts to pay on an AMX host, BF16_MIN_MACS being measured on AVX512-BF16)
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/ember-gpu-out}; mkdir -p "$OUT"
@@ -41,6 +42,8 @@ for s in $STEPS; do
         2>&1 | tee "$OUT/tiers.log" | tail -12 ;;
     mlperf) el "bench_mlperf (host CPU)"
       timeout ${MLPERF_S:-300} python3 bench/bench_mlperf.py ${MLPERF_ARGS:---steps 5 --warmup 2} 2>&1 | tee "$OUT/mlperf.log" | tail -14 ;;
+    autocast) el "bench_autocast_size (host CPU)"
+      timeout ${AUTOCAST_S:-120} python3 bench/bench_autocast_size.py 2>&1 | tee "$OUT/autocast.log" | tail -16 ;;
     nccl) el torchrun nccl
       timeout 90 torchrun --standalone --nproc_per_node 1 -m ember train --config configs/demo.yaml --overwrite 2>&1 | tee "$OUT/nccl.log" | tail -12 ;;
   esac

@@ -51,9 +51,8 @@ PrecisionSetting = Literal["auto", "fp32", "bf16", "fp16"]  # train.precision: a
 DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of native bf16 matmuls on x86
 # auto keeps fp32 for a dense model whose linear layers do fewer multiply-adds than this per batch:
-# there autocast's casts cost more than its faster matmuls save (AVX512-BF16, bench/RESULTS.md
-# 2026-11-27: 0.80-0.99x of fp32 at 0.8-29 M, 1.09-2.07x from 13-59 M up; the crossover lies
-# at 15-30 M).
+# there autocast's casts cost more than its faster matmuls save (python bench/bench_autocast_size.py,
+# AVX512-BF16: 0.82-0.97x of fp32 up to 21.9 M, 1.01-2.02x from 25.6 M up; bench/RESULTS.md).
 BF16_MIN_MACS = 25_000_000
 
 
