@@ -132,8 +132,8 @@ class Ember:
     dense step, then the sparse optimizer's step (update + write back)."""
 
     def __init__(self, mixed_init: bool = False, disk: str | None = None, bf16: bool = False,
-                 bf16_dense: bool = False) -> None:
-        self.name = "ember-mixed-init" if mixed_init else "ember-bf16" if bf16 else "ember"
+                 bf16_dense: bool = False, name: str | None = None) -> None:
+        self.name = name or ("ember-mixed-init" if mixed_init else "ember-bf16" if bf16 else "ember")
         self.precision = "bf16" if bf16_dense else "fp32"  # the dense model's autocast (rows: dtype bf16 when ``bf16``)
         names = [f"C{i + 1}" for i in range(F)]
         self.keys = names
@@ -311,8 +311,8 @@ def main() -> None:
                 DenseOnly(args.batch, input_grads=True, name="dense+grad"),
                 DenseOnly(args.batch, "bf16" if bf16_dense else "fp32", "dense-bf16+grad" if bf16_dense else "dense-2+grad",
                           input_grads=True),
-                Ember(disk=args.disk, bf16_dense=bf16_dense)]
-    variants[9].name = "ember-default"  # (i): fp32 rows, dense as train.precision: auto (fp32 without bf16)
+                # (i): fp32 rows, dense as train.precision: auto (fp32 without bf16)
+                Ember(disk=args.disk, bf16_dense=bf16_dense, name="ember-default")]
     times = {v.name: [] for v in variants}
     faults = {v.name: [] for v in variants}  # minor page faults per step (see ember/allocator.py)
     # the two ember variants run back to back (their plan+fetch times are compared, ~6 ms each:

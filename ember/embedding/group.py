@@ -36,7 +36,7 @@ from ember.optim import RowWiseAdagrad, rule_lr
 from ember.tiers.cached import CachedTier
 from ember.tiers.device_budget import to_device
 from ember.tiers.device import DeviceTier
-from ember.tiers.group_cache import CachePlan, CacheTicket, GroupCache, GroupCacheView
+from ember.tiers.group_cache import CachePlan, CacheTicket, GroupCache, GroupCacheView, table_mix
 from ember.tiers.host import HostTier
 from ember.tiers.segments import read_bf16_segments, read_segments, write_bf16_segments, write_segments
 from ember import once
@@ -813,8 +813,7 @@ def pair_keys(table_ids: Sequence[Tensor]) -> np.ndarray:
 
 
 def _keyed(ids: np.ndarray, sizes: Sequence[int]) -> np.ndarray:
-    mix = (np.arange(1, len(sizes) + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)).view(np.int64)
-    return ids ^ np.repeat(mix, sizes)
+    return ids ^ np.repeat(table_mix(len(sizes)), sizes)
 
 
 def _members(ids: np.ndarray, among: list[np.ndarray]) -> np.ndarray:

@@ -55,11 +55,17 @@ from ember.tiers.key_index import KeyIndex
 from ember.tiers.policy import CountMinSketch, Policy
 from ember.tiers.segments import read_segments, remove_segments, write_segments
 
-__all__ = ["GroupCache", "GroupCacheView", "CachePlan", "CacheTicket"]
+__all__ = ["GroupCache", "GroupCacheView", "CachePlan", "CacheTicket", "table_mix"]
 
 log = logging.getLogger("ember.tiers")
 
 _MIX = np.uint64(0x9E3779B97F4A7C15)
+
+
+def table_mix(tables: int) -> np.ndarray:
+    """int64 [tables]: the constant each table of a group mixes into its IDs (key = ID ^ mix[j]),
+    so one index or key set holds every table's IDs apart."""
+    return (np.arange(1, tables + 1, dtype=np.uint64) * _MIX).view(np.int64)
 
 
 @dataclass
@@ -187,7 +193,7 @@ class GroupCache:
         self.orphans: list[tuple[np.ndarray, np.ndarray]] = []  # (held, reserved) slots of tickets dropped without a write_back
         self.inserts = 0  # write-backs that admitted rows (a lookup fetched before one re-checks its misses)
         self.writes = 0  # write-backs
-        self._mix = (np.arange(1, len(self.slow) + 1, dtype=np.uint64) * _MIX).view(np.int64)
+        self._mix = table_mix(len(self.slow))
         self.cuda = self.device.type == "cuda"
         self._copies = torch.cuda.Stream(self.device) if self.cuda else None  # host<->device copies
         self.views = [GroupCacheView(self, j) for j in range(len(self.slow))]
