@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-__all__ = ["apply", "lookup", "read", "rows", "run_state", "assert_identical", "SPARSE_OPTIMIZERS"]
+__all__ = ["apply", "lookup", "read", "rows", "run_state", "assert_identical", "assert_export_scores_as_eval",
+           "SPARSE_OPTIMIZERS"]
 
 # one config of every sparse optimizer type (tests/optim checks that none is missing)
 SPARSE_OPTIMIZERS: list[dict] = [
@@ -76,3 +77,24 @@ def assert_identical(a: dict[str, Tensor], b: dict[str, Tensor]) -> None:
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def assert_export_scores_as_eval(parts, cfg, out, batches: int = 4):
+    """Export a trained run (its ``parts`` and config ``cfg``) to ``out`` and check that the
+    export's ``Predictor`` scores the first ``batches`` eval batches as the run's own eval does
+    (``predict_batches``), to float tolerance. Returns the export's directory."""
+    import numpy as np
+
+    from ember.checkpoint.export import export_model
+    from ember.pipeline.loader import make_batches
+    from ember.serving import Predictor
+    from ember.train.evaluate import predict_batches
+
+    lin = parts.linear.features if parts.linear is not None else None
+    out = export_model(parts.model, parts.collections(), parts.embeddings.features, lin, parts.task_names,
+                       cfg.model_dump(mode="json", by_alias=True), out)
+    probs_run, _ = predict_batches(parts, make_batches(cfg.data, cfg.schema, "eval"), max_batches=batches)
+    eval_batches = make_batches(cfg.data, cfg.schema, "eval")
+    probs_export = Predictor.load(out).predict_batches(b for _, b in zip(range(batches), eval_batches))
+    np.testing.assert_allclose(probs_export, probs_run, rtol=1e-5, atol=1e-6)
+    return out

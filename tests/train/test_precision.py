@@ -7,15 +7,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
-from ember.checkpoint.export import export_model
 from ember.config import from_dict
 from ember.pipeline.loader import make_batches
-from ember.serving import Predictor
-from ember.train.evaluate import predict_batches
+from ember.testing import assert_export_scores_as_eval
 from ember.train.loop import train, train_step
 from ember.train.precision import LossScaler
 
@@ -59,13 +56,7 @@ def test_a_reduced_precision_runs_export_scores_what_its_eval_scored(tmp_path, p
     """The model trains in bf16 / fp16 but is exported (and served) in fp32: eval and predict
     score in fp32 too, so a run's metrics are its export's."""
     cfg = from_dict(_raw(tmp_path, "low", precision=precision, max_steps=20))
-    parts = train(cfg).parts
-    out = export_model(parts.model, parts.collections(), parts.embeddings.features, None, parts.task_names,
-                       cfg.model_dump(mode="json", by_alias=True), tmp_path / "exported")
-    probs_run, _ = predict_batches(parts, make_batches(cfg.data, cfg.schema, "eval"), max_batches=4)
-    eval_batches = make_batches(cfg.data, cfg.schema, "eval")
-    probs_export = Predictor.load(out).predict_batches(b for _, b in zip(range(4), eval_batches))
-    np.testing.assert_allclose(probs_export, probs_run, rtol=1e-5, atol=1e-6)
+    assert_export_scores_as_eval(train(cfg).parts, cfg, tmp_path / "exported")
 
 
 def _snapshot(parts) -> dict[str, torch.Tensor]:

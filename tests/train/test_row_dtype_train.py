@@ -5,20 +5,16 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import torch
 import yaml
 
-from ember.checkpoint.export import export_model
 from ember.checkpoint.load import load_tables, read_manifest
 from ember.checkpoint.save import save_checkpoint
 from ember.cli import main
 from ember.config import from_dict
 from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
 from ember.embedding.codec import round_nearest
-from ember.pipeline.loader import make_batches
-from ember.serving import Predictor
-from ember.train.evaluate import predict_batches
+from ember.testing import assert_export_scores_as_eval
 from ember.train.loop import train
 from tests.train.test_train_e2e import _assert_same_model
 
@@ -132,20 +128,12 @@ def test_fp32_run_resumes_into_bf16_and_back(tmp_path):
 
 def test_bf16_export_scores_equal_eval(tmp_path):
     cfg = _cfg(tmp_path, "export", rows=8_000, max_steps=10)
-    result = train(cfg)
-    parts = result.parts
-    lin = parts.linear.features if parts.linear is not None else None
-    out = export_model(parts.model, parts.collections(), parts.embeddings.features, lin, parts.task_names,
-                       cfg.model_dump(mode="json", by_alias=True), tmp_path / "exported")  # beside the run "export", not over it
+    # eval data has IDs training never saw: they read their (rounded) initial rows in both
+    out = assert_export_scores_as_eval(train(cfg).parts, cfg, tmp_path / "exported")  # beside the run "export"
     manifest = json.loads((out / "manifest.json").read_text())
     t = manifest["tables"][0]
     assert t["dtype"] == "bf16"
     assert (out / "tables" / f"{t['name']}.weights").stat().st_size == t["rows"] * t["dim"] * 2
-    pred = Predictor.load(out)
-    # eval data has IDs training never saw: they read their (rounded) initial rows in both
-    probs_train, _ = predict_batches(parts, make_batches(cfg.data, cfg.schema, "eval"), max_batches=4)
-    probs_export = pred.predict_batches(b for i, b in zip(range(4), make_batches(cfg.data, cfg.schema, "eval")))
-    np.testing.assert_allclose(probs_export, probs_train, rtol=1e-5, atol=1e-6)
 
 
 def test_cli_override_embedding_dtype(tmp_path, capsys):

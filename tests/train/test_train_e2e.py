@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
 from ember.config import from_dict
 from ember.models.registry import model_config_from_dict
-from ember.pipeline.loader import make_batches
-from ember.serving import Predictor
-from ember.checkpoint.export import export_model
-from ember.train.evaluate import predict_batches
+from ember.testing import assert_export_scores_as_eval
 from ember.train.loop import train
 
 
@@ -77,15 +73,7 @@ def test_resume_equals_uninterrupted(tmp_path, model):
 
 def test_export_predictor_scores_equal_trained_model(tmp_path):
     cfg = _cfg(tmp_path, "export", max_steps=20)
-    result = train(cfg)
-    parts = result.parts
-    lin = parts.linear.features if parts.linear is not None else None
-    out = export_model(parts.model, parts.collections(), parts.embeddings.features, lin, parts.task_names,
-                       cfg.model_dump(mode="json", by_alias=True), tmp_path / "exported")  # beside the run "export", not over it
-    pred = Predictor.load(out)
-    probs_train, _ = predict_batches(result.parts, make_batches(cfg.data, cfg.schema, "eval"), max_batches=4)
-    probs_export = pred.predict_batches(b for i, b in zip(range(4), make_batches(cfg.data, cfg.schema, "eval")))
-    np.testing.assert_allclose(probs_export, probs_train, rtol=1e-5, atol=1e-6)
+    assert_export_scores_as_eval(train(cfg).parts, cfg, tmp_path / "exported")  # beside the run "export", not over it
 
 
 def test_finetune_starts_from_checkpoint_weights(tmp_path):
