@@ -37,7 +37,7 @@ from ember.tiers.cached import CachedTier
 from ember.tiers.device_budget import to_device
 from ember.tiers.device import DeviceTier
 from ember.tiers.group_cache import CachePlan, CacheTicket, GroupCache, GroupCacheView, table_mix
-from ember.tiers.host import HostTier
+from ember.tiers.host import HostTier, SegmentIds
 from ember.tiers.segments import read_bf16_segments, read_segments, write_bf16_segments, write_segments
 from ember import once
 from ember.fileio import fmt_bytes
@@ -162,8 +162,8 @@ class GroupLookup:
         self.sizes = [int(s) for s in sizes]
         # the unique IDs of each table, as tensors kept for the lookup's life: the tiers remember
         # the slots fetch probed for these very tensors, so write_back needs no second probe
-        self.table_ids = list(self.ids.split(self.sizes))
-        self.starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+        self.table_ids = SegmentIds.split(self.ids, self.sizes)
+        self.starts = self.table_ids.bounds
         self.records: Tensor | None = None  # fetch: [U, width] on the group's device
         self.filtered: dict[int, Tensor] = {}  # fetch: table -> rows below min_count (no row, no update)
         self.on_device: Tensor | None = None  # to_device: the rows pool reads [U, dim], copied ahead

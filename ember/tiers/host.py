@@ -74,7 +74,7 @@ class HostTier(TierCounters, Tier):
             "held": Growable(first, None, bool, most),  # slot holds a row (not free)
         }
         arena = self._grown["arena"]
-        self._arena = torch.from_numpy(arena.array) if arena is not None else torch.zeros(first, record_dim, device=self.device)
+        self._set_arena(torch.from_numpy(arena.array) if arena is not None else torch.zeros(first, record_dim, device=self.device))
         self._last, self._count = self._grown["last"].array, self._grown["count"].array
         self._ids, self._held = self._grown["ids"].array, self._grown["held"].array
         self._index = KeyIndex(first)
@@ -95,11 +95,14 @@ class HostTier(TierCounters, Tier):
         (an unbounded one skips two random writes per row read)."""
         return self.capacity is not None
 
-    @property
-    def _native_cpu(self) -> bool:
-        """Whether the row kernels (``_native.read_rows`` / ``write_rows``: C, or their numpy
-        fallback with ``EMBER_NATIVE=0``) can serve this tier in place (CPU float32 arena)."""
-        return self.device.type == "cpu" and self._arena.dtype == torch.float32
+    def _set_arena(self, arena: Tensor) -> None:
+        """The arena, with what every read and write asks of it made once: ``_native_cpu``,
+        whether the row kernels (``_native.read_rows`` / ``write_rows``: C, or their numpy
+        fallback with ``EMBER_NATIVE=0``) can serve this tier in place (a CPU float32 arena),
+        and then ``_arena_np``, its numpy view (the same memory)."""
+        self._arena = arena
+        self._native_cpu = arena.device.type == "cpu" and arena.dtype == torch.float32
+        self._arena_np = arena.numpy() if self._native_cpu else None
 
     # ---- size -------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -185,7 +188,12 @@ class HostTier(TierCounters, Tier):
     def reads_natively_into(self, out: Tensor) -> bool:
         """Whether the C core can read this tier's rows straight into ``out`` (CPU float32 arena
         and buffer)."""
-        return self._native_cpu and out.is_contiguous() and out.dtype == torch.float32 and out.device.type == "cpu"
+        return self._native_cpu and HostTier.native_buffer(out)
+
+    @staticmethod
+    def native_buffer(rows: Tensor) -> bool:
+        """Whether the row kernels read into (or write from) ``rows`` in place: CPU float32, contiguous."""
+        return rows.device.type == "cpu" and rows.dtype == torch.float32 and rows.is_contiguous()
 
     @staticmethod
     def write_segments_native(tiers: Sequence["Tier"], ids: Sequence[Tensor], records: Tensor,
@@ -196,8 +204,7 @@ class HostTier(TierCounters, Tier):
         and a bounded tier's new IDs within its capacity (new IDs take freed slots first, as
         ``_allocate`` gives them); else nothing written, nothing updated (False: ``put`` runs in
         numpy, and raises the capacity error). ``adagrad``: see ``write_native``."""
-        if not all(isinstance(t, HostTier) and t._native_cpu for t in tiers) or not (
-                records.is_contiguous() and records.dtype == torch.float32 and records.device.type == "cpu"):
+        if not (HostTier.native_buffer(records) and all(isinstance(t, HostTier) and t._native_cpu for t in tiers)):
             return False
         if len(ids) != len(tiers):
             _check_rows(tiers, [i.numel() for i in ids], records, "records")  # names the mismatch
@@ -264,7 +271,8 @@ class HostTier(TierCounters, Tier):
         _check_rows(tiers, sizes, records, "records", dim)
         per_tier = [t.slots_of(i).numpy() for t, i in zip(tiers, ids)] if slots is None else slots
         slot = np.concatenate(per_tier).astype(np.int64) if per_tier else np.empty(0, np.int64)  # a copy: memos stay
-        fresh = [int(np.count_nonzero(s < 0)) for s in per_tier]
+        absent = np.concatenate([[0], np.cumsum(slot < 0)])
+        fresh = (absent[bounds[1:]] - absent[bounds[:-1]]).tolist()  # new IDs per tier
         for t, m in zip(tiers, fresh):
             if m:
                 t._reserve(t._next + max(m - t._free.size, 0))  # freed slots are taken first
@@ -289,7 +297,7 @@ class HostTier(TierCounters, Tier):
         """The arrays the native read (``writes`` False) or write kernel works on, explicitly:
         index keys and slots, arena, last access, access count (+ slot IDs, held flags and the
         free list)."""
-        base = (self._index.keys, self._index.slots, self._arena.numpy(), self._last, self._count)
+        base = (self._index.keys, self._index.slots, self._arena_np, self._last, self._count)
         return base + (self._ids, self._held, np.ascontiguousarray(self._free, dtype=np.int32)) if writes else base
 
     def put(self, ids: Tensor, records: Tensor, counts: np.ndarray | None = None) -> None:
@@ -431,18 +439,45 @@ class HostTier(TierCounters, Tier):
         g = self._grown
         arena = g["arena"]
         if arena is not None:  # in place (Growable): the rows keep their address
-            self._arena = torch.from_numpy(arena.grow(grow))
+            self._set_arena(torch.from_numpy(arena.grow(grow)))
         else:  # an arena on a GPU: a bigger one, the rows copied
             bigger = torch.empty(grow, self.record_dim, device=self.device)
             bigger[: self._next] = self._arena[: self._next]
-            self._arena = bigger
+            self._set_arena(bigger)
         self._last, self._count = g["last"].grow(grow), g["count"].grow(grow)
         self._ids, self._held = g["ids"].grow(grow), g["held"].grow(grow)
 
 
+class SegmentIds(tuple):
+    """Several tiers' IDs made by splitting one CPU int64 tensor (a table group's unique IDs,
+    table by table): a tuple of the segments' tensors that also holds what the native passes
+    take (``_segments``: sizes, bounds, the IDs back to back), made once, so a batch's read and
+    write do not concatenate the segments again. A tuple: its segments cannot be replaced."""
+
+    sizes: list[int]
+    bounds: np.ndarray
+    flat: np.ndarray
+
+    @classmethod
+    def split(cls, ids: Tensor, sizes: Sequence[int]) -> "SegmentIds":
+        """``ids`` (CPU int64, contiguous) cut into segments of ``sizes`` (summing to its length)."""
+        if ids.device.type != "cpu" or ids.dtype != torch.int64 or ids.dim() != 1 or not ids.is_contiguous():
+            raise ValueError(f"SegmentIds: ids must be a contiguous CPU int64 vector, got {ids.dtype} {list(ids.shape)} on {ids.device}")
+        sizes = [int(n) for n in sizes]
+        if sum(sizes) != ids.numel():
+            raise ValueError(f"SegmentIds: segments of {sum(sizes)} IDs in all for {ids.numel()} IDs")
+        out = cls(ids.split(sizes))
+        out.sizes = sizes
+        out.bounds = np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)]).astype(np.int64)
+        out.flat = ids.numpy()
+        return out
+
+
 def _segments(ids: Sequence[Tensor]) -> tuple[list[int], np.ndarray, np.ndarray]:
     """Several tiers' IDs as the native passes take them: each segment's size, the bounds
-    (int64 [T+1] from 0) and the IDs back to back (int64 [N])."""
+    (int64 [T+1] from 0) and the IDs back to back (int64 [N]); a ``SegmentIds`` has them made."""
+    if isinstance(ids, SegmentIds):
+        return ids.sizes, ids.bounds, ids.flat
     sizes = [i.numel() for i in ids]
     flat = np.concatenate([i.numpy() for i in ids]).astype(np.int64, copy=False) if ids else np.empty(0, np.int64)
     return sizes, np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64), flat

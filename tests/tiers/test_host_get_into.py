@@ -95,3 +95,32 @@ def test_many_tiers_reject_a_buffer_of_the_wrong_shape():
         write_segments(tiers, ids, torch.zeros(3, 5))
     with pytest.raises(ValueError, match=r"must be \[3, 4\]"):
         read_segments(tiers, ids, torch.zeros(2, 4))
+
+
+def test_segment_ids_made_once_read_and_write_as_separate_tensors():
+    """A group's IDs split once (``SegmentIds``: sizes, bounds and the IDs back to back kept)
+    read and write every tier as the same segments given as separate tensors do, growth of
+    every arena included (the kept numpy view of an arena follows it)."""
+    from ember.tiers.host import SegmentIds, _segments
+
+    g = torch.Generator().manual_seed(3)
+    sizes = [0, 700, 1, 300]  # an empty segment; 700 new rows outgrow a first arena of 8
+    flat = torch.randperm(10**6, generator=g)[: sum(sizes)].to(torch.int64)
+    made = SegmentIds.split(flat, sizes)
+    loose = [t.clone() for t in made]
+    assert isinstance(made, tuple) and [t.numel() for t in made] == made.sizes
+    sizes_a, bounds_a, flat_a = _segments(made)
+    sizes_b, bounds_b, flat_b = _segments(loose)
+    assert sizes_a == sizes_b and np.array_equal(bounds_a, bounds_b) and np.array_equal(flat_a, flat_b)
+    tiers = {k: [HostTier(3, initial_rows=8) for _ in sizes] for k in ("made", "loose")}
+    rec = torch.randn(flat.numel(), 3, generator=g)
+    write_segments(tiers["made"], made, rec)
+    write_segments(tiers["loose"], loose, rec)
+    for k in tiers:
+        out = torch.zeros_like(rec)
+        found = read_segments(tiers[k], made if k == "made" else loose, out)
+        assert bool(found.all()) and torch.equal(out, rec), k
+    with pytest.raises(ValueError, match="segments of 5 IDs"):
+        SegmentIds.split(flat[:4], [5])
+    with pytest.raises(ValueError, match="contiguous CPU int64"):
+        SegmentIds.split(flat.to(torch.int32), [flat.numel()])
