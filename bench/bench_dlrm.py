@@ -64,6 +64,8 @@ from ember.models.dlrm import DLRM, DLRMConfig
 from ember.models.base import ModelInputs
 from ember.mix import mix64
 from ember.optim import RowWiseAdagrad
+from ember.train.builder import make_dense_optimizer
+from ember.train.config import DenseOptimizerConfig
 from ember.train.precision import autocast
 
 from benchkit import timed_ember_step  # (after ember: benchkit imports it first too)
@@ -120,6 +122,12 @@ def make_batches(n_batches: int, batch: int, seed: int = 0, zipf: float = 1.1):
     return out
 
 
+def dense_optimizer(model: nn.Module) -> torch.optim.Optimizer:
+    """Every variant's dense optimizer, Adagrad lr 0.01, as ember's trainer builds it
+    (``make_dense_optimizer``: torch's fused kernel on CPU): one dense step for all."""
+    return make_dense_optimizer(model.parameters(), DenseOptimizerConfig(type="adagrad", lr=0.01))
+
+
 def make_model(seed: int) -> DLRM:
     torch.manual_seed(seed)
     cfg = DLRMConfig(bottom_mlp=[512, 256, 16], top_mlp=[512, 256],
@@ -156,7 +164,7 @@ class Ember:
         assert len(self.ec.groups) == 1, "the 26 tables must form one group"
         self.sparse_opt = SparseOptimizer(self.ec)
         self.model = make_model(0)
-        self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
+        self.opt = dense_optimizer(self.model)
         self.split = {"plan+fetch": [], "fwd/bwd+dense": [], "sparse step": []}
         self.lengths = None
 
@@ -186,7 +194,7 @@ class Plain:
             nn.init.uniform_(bag.weight, -D**-0.5, D**-0.5)
         self.model = make_model(0)
         self.sparse_opt = torch.optim.Adagrad(list(self.bags.parameters()), lr=0.05)
-        self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
+        self.opt = dense_optimizer(self.model)
 
     def step(self, ids, dense, labels) -> float:
         emb = [bag(ids[f].view(-1, W.hot)) for f, bag in enumerate(self.bags)]
@@ -216,7 +224,7 @@ class Fused:
         self.offsets = torch.tensor([0, *np.cumsum(W.vocab)[:-1]], dtype=torch.int64).unsqueeze(1)
         self.lr, self.eps = lr, eps
         self.model = make_model(0)
-        self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
+        self.opt = dense_optimizer(self.model)
 
     def step(self, ids, dense, labels) -> float:
         uniq, inv = torch.unique((ids + self.offsets).reshape(-1), return_inverse=True)
@@ -252,7 +260,7 @@ class DenseOnly:
         self.base = torch.randn(F, batch, D) * 0.1
         self.emb = list(self.base.unbind(0))
         self.model = make_model(0)
-        self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
+        self.opt = dense_optimizer(self.model)
 
     def step(self, ids, dense, labels) -> float:
         emb = self.emb

@@ -27,7 +27,7 @@ from ember.checkpoint.save import save_checkpoint
 from ember.config import RunConfig
 from ember.errors import CheckpointError
 from ember.train import clock
-from ember.train.builder import Components
+from ember.train.builder import Components, keep_implementation
 from ember.train.distributed import config_differences, flatten
 from ember.train.run_state import DataPosition, RunState
 
@@ -132,7 +132,7 @@ def restore(parts: Components, ckpt: Path, exact: bool, cfg: RunConfig | None = 
     restore_table_state(parts.collections(), dense, owned)
     if exact:
         with _fits(ckpt, manifest, cfg, "train.dense_optimizer"):
-            parts.dense_optimizer.load_state_dict(dense["optimizer"])
+            keep_implementation(parts.dense_optimizer, dense["optimizer"])
         if parts.scaler is not None and "loss_scaler" in dense:
             parts.scaler.load_state_dict(dense["loss_scaler"])
         restore_rng(dense["rng"])
