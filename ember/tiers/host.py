@@ -82,7 +82,7 @@ class HostTier(TierCounters, Tier):
         self._free = np.empty(0, dtype=np.int32)
         # (ids, slots) of the last two distinct ID tensors probed: a batch's put after its get
         # skips the probe even when the next batch's get (prefetched) came in between
-        self._memo: list[tuple[Tensor, Tensor]] = []
+        self._memo: list[tuple[Tensor, np.ndarray]] = []  # (IDs tensor, its slots): see _memoized
         # victims ranked by the last full scan: (slots, ids, scores), see _victim_slots
         self._queue: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.victim_batch = max(1024, (capacity or 0) // 16)
@@ -127,13 +127,14 @@ class HostTier(TierCounters, Tier):
         """Slot of each ID (-1 if absent), int64 [N] on CPU."""
         memo = self._memoized(ids)
         if memo is not None:
-            return memo
-        slots = torch.from_numpy(self._index.lookup(ids.numpy()).astype(np.int64))
+            return torch.from_numpy(memo)
+        slots = self._index.lookup(ids.numpy()).astype(np.int64)
         self._memo = [(ids, slots)] + self._memo[:1]
-        return slots
+        return torch.from_numpy(slots)
 
-    def _memoized(self, ids: Tensor) -> Tensor | None:
-        """The slots of ``ids`` (this very tensor) as the last probes or writes left them, or None."""
+    def _memoized(self, ids: Tensor) -> np.ndarray | None:
+        """The slots of ``ids`` (this very tensor) as the last probes or writes left them, or None
+        (numpy: the native passes take them so, and a group's read slices one array per tier)."""
         for memo_ids, memo_slots in self._memo:
             if memo_ids is ids:
                 return memo_slots
@@ -143,7 +144,7 @@ class HostTier(TierCounters, Tier):
         """Note that ``ids`` sit in ``slots`` (-1: absent) right now, as a caller that has just
         established it (a CachedTier, from its own probes and moves) knows: the next
         ``slots_of(ids)`` (the same tensor) then skips the index probe. Must be exact."""
-        self._memo = [(ids, torch.from_numpy(np.asarray(slots, dtype=np.int64)))] + self._memo[:1]
+        self._memo = [(ids, np.asarray(slots, dtype=np.int64))] + self._memo[:1]
 
     def still_held(self, ids: Tensor, slots: np.ndarray) -> np.ndarray:
         """``slots`` where each still holds its ID of ``ids``, else -1: what ``slots_of`` would
@@ -210,8 +211,7 @@ class HostTier(TierCounters, Tier):
             _check_rows(tiers, [i.numel() for i in ids], records, "records")  # names the mismatch
         slots: list[np.ndarray | None] = []  # each tier's slots of its IDs: as its read left them (this
         for t, i in zip(tiers, ids):        # lookup's own IDs), else probed below
-            m = t._memoized(i)  # type: ignore[union-attr]
-            slots.append(None if m is None else m.numpy())
+            slots.append(t._memoized(i))  # type: ignore[union-attr]
         need = [j for j, x in enumerate(slots) if x is None]
         if need:  # the other tiers' probes in one pass (the write needs them anyway)
             _, bounds, flat = _segments([ids[j] for j in need])
@@ -245,11 +245,11 @@ class HostTier(TierCounters, Tier):
         hits = np.empty(len(tiers), dtype=np.int64)
         _native.read_rows([t.buffers(writes=False) for t in tiers], flat, bounds, out.numpy(), slots, clocks, hits,
                           tiers[0].record_dim if tiers else out.shape[1], bf16_dim)
-        slots_t = torch.from_numpy(slots)
+        at = bounds.tolist()
         for j, (t, h) in enumerate(zip(tiers, hits.tolist())):
             t.requests += sizes[j]
             t.hits += h
-            t._memo = [(ids[j], slots_t[bounds[j] : bounds[j + 1]])] + t._memo[:1]
+            t._memo = [(ids[j], slots[at[j] : at[j + 1]])] + t._memo[:1]
         return torch.from_numpy(slots >= 0)
 
     @staticmethod
@@ -291,7 +291,7 @@ class HostTier(TierCounters, Tier):
                 t._next = int(nxt[j])
                 t._index.placed(m, int(used[j]))
                 t.inserts += m
-                t._memo = [(ids[j], torch.from_numpy(slot[bounds[j] : bounds[j + 1]]))]
+                t._memo = [(ids[j], slot[bounds[j] : bounds[j + 1]])]
 
     def buffers(self, writes: bool) -> tuple[np.ndarray, ...]:
         """The arrays the native read (``writes`` False) or write kernel works on, explicitly:
@@ -325,7 +325,7 @@ class HostTier(TierCounters, Tier):
             slots_np = slots.numpy().copy()
             slots_np[miss] = new_slots
             slots = torch.from_numpy(slots_np)
-            self._memo = [(ids, slots)]  # the other entry may list these IDs as absent
+            self._memo = [(ids, slots_np)]  # the other entry may list these IDs as absent
         self.count_transfer(ids.numel(), records.device)
         self._arena.index_copy_(0, slots.to(self.device), records.to(self.device, self._arena.dtype))
 
