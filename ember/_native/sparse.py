@@ -26,6 +26,34 @@ def _row_view(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
     return t.as_strided(((n - 1) * stride + d if n else 0,), (1,)).numpy(), stride
 
 
+def _row_views(ts: Sequence[torch.Tensor | None], shape: tuple[int, int]) -> list[tuple[np.ndarray, int] | None] | None:
+    """``_row_view`` of each tensor of ``shape`` (None stays None), or None when one is not such a
+    view. Tensors of one storage (a model's stacked gradient unbound per feature) share one numpy
+    view of it, sliced per tensor: a few attribute reads each instead of a strided copy of the
+    tensor object and its numpy view (~270 -> ~80 us for 26 features)."""
+    n, d = shape
+    out: list[tuple[np.ndarray, int] | None] = []
+    base, ptr = None, None
+    for t in ts:
+        if t is None:
+            out.append(None)
+            continue
+        strides = t.stride()
+        if (t.shape != shape or t.dtype is not torch.float32 or not t.is_cpu or t.requires_grad
+                or (n > 1 and d > 1 and strides[1] != 1)):
+            return None
+        stride = strides[0] if n > 1 else d
+        if n > 1 and stride < d:
+            return None
+        storage = t.untyped_storage()
+        if storage.data_ptr() != ptr:
+            ptr = storage.data_ptr()
+            base = torch.empty(0, dtype=torch.float32).set_(storage).numpy()
+        off = t.storage_offset()
+        out.append((base[off : off + ((n - 1) * stride + d if n else 0)], stride))  # type: ignore[index]
+    return out
+
+
 def rowwise_adagrad_(rows: torch.Tensor, state: torch.Tensor, grads: torch.Tensor, lr: float, eps: float) -> bool:
     """Row-wise Adagrad on rows [n, D], state [n, 1], grads [n, D] in place:
     ``G += mean_j(g_j^2)``; ``w -= lr * g / (sqrt(G) + eps)``.
@@ -101,10 +129,10 @@ def index_add_features(
     torch, ``_index_add_features_py``.
     """
     b = index.numel() // max(len(srcs), 1)
-    views = []
+    views = None
     if _out_ok(out, index) and index.numel() == b * len(srcs):
-        views = [None if s is None else _row_view(s) if s.shape == (b, out.shape[1]) else None for s in srcs]
-    if not views or any(v is None and s is not None for v, s in zip(views, srcs)):
+        views = _row_views(srcs, (b, out.shape[1]))
+    if views is None:
         return _index_add_features_py(out, index, srcs)
     strides = np.array([out.shape[1] if v is None else v[1] for v in views], dtype=np.int64)
     flat = [None if v is None else v[0] for v in views]

@@ -234,6 +234,33 @@ def test_index_add_features_equals_feature_by_feature_index_add(impl):
             fn(base.clone(), torch.full((f * b,), u), srcs)
 
 
+def test_index_add_features_takes_gradients_of_several_storages_and_refuses_others():
+    """Features' gradients from different tensors (slices of two stacked gradients, a separate
+    one, one starting past its storage's start) are read where they lie, bit for bit as feature by
+    feature; float64 gradients, or single-row features, give the same sums on the torch path."""
+    g = torch.Generator().manual_seed(5)
+    b, d, u = 200, 8, 90
+    one, two = torch.randn(b, 3, d, generator=g), torch.randn(b, 4, d, generator=g)
+    own = torch.randn(b + 1, d, generator=g)[1:]  # a storage offset of d
+    srcs = [one[:, 1], two[:, 0], own, one[:, 2], None, two[:, 3]]
+    index = torch.randint(0, u, (len(srcs) * b,), generator=g)
+    base = torch.randn(u, d, generator=g)
+
+    def by_feature(out: torch.Tensor, idx: torch.Tensor, grads: list) -> torch.Tensor:
+        n = idx.numel() // len(grads)
+        for i, src in enumerate(grads):
+            if src is not None:
+                out.index_add_(0, idx[i * n : (i + 1) * n], src.contiguous())
+        return out
+
+    assert torch.equal(_native.index_add_features(base.clone(), index, srcs), by_feature(base.clone(), index, srcs))
+    wide = [None if x is None else x.double() for x in srcs]
+    assert torch.equal(_native.index_add_features(base.double(), index, wide), by_feature(base.double(), index, wide))
+    single = [torch.randn(1, d, generator=g) for _ in range(3)]
+    idx = torch.randint(0, u, (3,), generator=g)
+    assert torch.equal(_native.index_add_features(base.clone(), idx, single), by_feature(base.clone(), idx, single))
+
+
 def test_rowwise_adagrad_equals_torch_ops_on_a_records_buffer():
     """The one-pass kernel on [weights | accumulator] views of one buffer == the torch ops; tensors
     it does not take (float64) get the torch ops too."""
