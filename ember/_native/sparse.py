@@ -40,7 +40,7 @@ def _row_views(ts: Sequence[torch.Tensor | None], shape: tuple[int, int]) -> lis
             continue
         strides = t.stride()
         if (t.shape != shape or t.dtype is not torch.float32 or not t.is_cpu or t.requires_grad
-                or (n > 1 and d > 1 and strides[1] != 1)):
+                or (n and d > 1 and strides[1] != 1)):
             return None
         stride = strides[0] if n > 1 else d
         if n > 1 and stride < d:
@@ -49,8 +49,11 @@ def _row_views(ts: Sequence[torch.Tensor | None], shape: tuple[int, int]) -> lis
         if storage.data_ptr() != ptr:
             ptr = storage.data_ptr()
             base = torch.empty(0, dtype=torch.float32).set_(storage).numpy()
-        off = t.storage_offset()
-        out.append((base[off : off + ((n - 1) * stride + d if n else 0)], stride))  # type: ignore[index]
+        off, size = t.storage_offset(), (n - 1) * stride + d if n else 0
+        view = base[off : off + size]  # type: ignore[index]
+        if view.size < size:  # (a view past its storage's end: not one a model hands back)
+            return None
+        out.append((view, stride))
     return out
 
 

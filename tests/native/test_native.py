@@ -256,7 +256,7 @@ def test_index_add_features_takes_gradients_of_several_storages_and_refuses_othe
     assert torch.equal(_native.index_add_features(base.clone(), index, srcs), by_feature(base.clone(), index, srcs))
     wide = [None if x is None else x.double() for x in srcs]
     assert torch.equal(_native.index_add_features(base.double(), index, wide), by_feature(base.double(), index, wide))
-    single = [torch.randn(1, d, generator=g) for _ in range(3)]
+    single = [torch.randn(1, d, generator=g), torch.ones(1, 1).expand(1, d), torch.randn(1, d, generator=g)]  # (an expanded one: a sum's gradient)
     idx = torch.randint(0, u, (3,), generator=g)
     assert torch.equal(_native.index_add_features(base.clone(), idx, single), by_feature(base.clone(), idx, single))
 
