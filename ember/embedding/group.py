@@ -101,6 +101,20 @@ class TableGroup:
         self.fills = [np.asarray(st, dtype=np.float32) if init.type == "uniform" and self.dtype in ("fp32", "bf16")
                       and (st := opt.constant_state(self.dim)) is not None else None for init, opt in combos]
         self.init_keys = init_keys(self.seeds)  # each table's key of uniform draws
+        # what ``GroupLookup.apply``'s one-pass update (row-wise Adagrad inside the host write) asks
+        # of the group itself, decided once: None when it has it, else why not; and each table's
+        # (lr, eps) [T, 2] when no table has an lr schedule (else made per step)
+        self.fused_why = (f"{self.dtype} rows" if not (self.codec.identity or self.dtype == "bf16")
+                          else "a table's optimizer is not row-wise Adagrad" if not all(
+                              isinstance(t.optimizer, RowWiseAdagrad) for t in self.tables)
+                          else "the rows are not in host memory the native core writes" if not all(
+                              isinstance(t, HostTier) and t._native_cpu for t in self.tiers)
+                          else None)
+        self.fused_hyper = None
+        if self.fused_why is None and all(t.optimizer.schedule is None for t in self.tables):  # type: ignore[union-attr]
+            self.fused_hyper = np.array([(t.optimizer.lr, t.optimizer.eps) for t in self.tables],  # type: ignore[union-attr]
+                                        dtype=np.float64)
+            self.fused_hyper.setflags(write=False)  # shared by every step's write
 
     @property
     def names(self) -> list[str]:
@@ -612,10 +626,7 @@ class GroupLookup:
         if grad is None or rec is None or not all(self.reached) or self.filtered:
             return None
         why = ("the rows have a device cache" if g.cache is not None and self.ticket is not None
-               else f"{g.dtype} rows" if not (g.codec.identity or g.dtype == "bf16")
-               else "a table's optimizer is not row-wise Adagrad" if not all(isinstance(t.optimizer, RowWiseAdagrad) for t in g.tables)
-               else "the rows are not in host memory the native core writes" if not all(
-                   isinstance(t, HostTier) and t._native_cpu for t in g.tiers)
+               else g.fused_why if g.fused_why is not None
                else f"the gradient is {grad.dtype} on {grad.device}" if not (
                    grad.dtype == torch.float32 and grad.device.type == "cpu")
                else None)
@@ -627,12 +638,14 @@ class GroupLookup:
         if not (rec.device.type == "cpu" and rec.dtype == torch.float32 and rec.is_contiguous()
                 and grad.shape == (rec.shape[0], g.dim)):
             return None  # (a group's records on host rows are always so: a guard, not a path)
-        if step is None and any(t.optimizer.schedule is not None for t in g.tables):  # type: ignore[union-attr]
+        if g.fused_hyper is not None:
+            return g.fused_hyper
+        if step is None:  # a table has an lr schedule
             return None  # update raises what to do
         hyper = np.empty((len(g.tables), 2), dtype=np.float64)
         for j, t in enumerate(g.tables):
             rule = t.optimizer
-            lr = None if step is None else rule_lr(rule, step)
+            lr = rule_lr(rule, step)
             hyper[j] = (rule.lr if lr is None else lr, rule.eps)  # type: ignore[union-attr]
         return hyper
 
