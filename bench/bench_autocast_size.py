@@ -15,8 +15,9 @@ consider bf16.
 
 The last line is one JSON object: per configuration its multiply-adds per batch and speed-up
 (``speedups``), the smallest multiply-adds with a speed-up >= 1.05 and the largest with one < 1
-(``pays_from_macs``, ``loses_up_to_macs``), the threshold auto uses (``bf16_min_macs``), and the
-machine.
+(``pays_from_macs``, ``loses_up_to_macs``), the threshold auto uses (``bf16_min_macs``), what auto
+picks on this machine per configuration (``auto_picks``: fp32 throughout on a CPU without native
+bf16, whatever the size), and the machine.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 from ember import allocator
 from ember.models.base import ModelInputs
 from ember.models.dlrm import DLRM, DLRMConfig
-from ember.train.precision import BF16_MIN_MACS, dense_macs
+from ember.train.precision import BF16_MIN_MACS, dense_macs, resolve
 
 # (name, bottom MLP, top MLP, embedding dim, batch sizes)
 CONFIGS = [
@@ -85,11 +86,12 @@ def main() -> None:
     for name, bottom, top, dim, batches in CONFIGS:
         for batch in batches:
             macs, s = speedup(bottom, top, dim, batch, args.steps, args.warmup)
-            found.append({"model": name, "batch": batch, "macs": macs, "speedup": round(s, 3)})
-            rows.append([name, batch, f"{macs / 1e6:.1f} M", f"{s:.3f}x", "bf16" if macs >= BF16_MIN_MACS else "fp32"])
+            picks = resolve("auto", torch.device("cpu"), macs)  # on this CPU: its bf16 support, then the size rule
+            found.append({"model": name, "batch": batch, "macs": macs, "speedup": round(s, 3), "auto_picks": picks})
+            rows.append([name, batch, f"{macs / 1e6:.1f} M", f"{s:.3f}x", picks])
             print(f"{name:<12} batch {batch:>6}: {macs / 1e6:9.1f} M multiply-adds, bf16 speed-up {s:.3f}x", flush=True)
     print()
-    benchkit.print_table(["model", "batch", "linear multiply-adds", "bf16 / fp32 speed", "auto picks"], rows)
+    benchkit.print_table(["model", "batch", "linear multiply-adds", "bf16 / fp32 speed", "auto picks here"], rows)
     pays = [r["macs"] for r in found if r["speedup"] >= 1.05]
     loses = [r["macs"] for r in found if r["speedup"] < 1]
     print(benchkit.json_line({"bench": "autocast_size", "steps": args.steps, "speedups": found,

@@ -28,3 +28,7 @@ def test_bench_autocast_size_smoke(tmp_path: Path) -> None:
     # criteo.yaml's DLRM: 13-32-4 bottom, (351 + 4)-16-1 top = 6,240 multiply-adds a sample
     assert found[("criteo.yaml", 128)]["macs"] == 6_240 * 128
     assert record["machine"]["cpu"]
+    # what auto picks on this CPU: the size rule only where it computes bf16 natively
+    for r in found.values():
+        want = "bf16" if record["machine"]["bf16"] and r["macs"] >= BF16_MIN_MACS else "fp32"
+        assert r["auto_picks"] == want, r
