@@ -120,7 +120,18 @@ def test_a_block_left_to_pyarrow_is_logged_once(tmp_path, caplog):
 @pytest.mark.parametrize("seed", range(8))
 def test_native_split_and_gather_equal_their_fallbacks(seed):
     rng = np.random.default_rng(seed)
-    ncols, n = int(rng.integers(1, 6)), int(rng.integers(0, 60))
+    _split_and_gather_equal_fallbacks(rng, int(rng.integers(1, 6)), int(rng.integers(0, 60)))
+
+
+@pytest.mark.skipif(not _native.is_available(), reason="needs the native core")
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 32, 33, 200])
+def test_native_split_stages_rows_in_runs_exactly(n):
+    """The splitter stages 16 rows at a time before writing its column-major outputs: row counts
+    around those runs give the fallback's outputs too."""
+    _split_and_gather_equal_fallbacks(np.random.default_rng(n), 7, n)
+
+
+def _split_and_gather_equal_fallbacks(rng: np.random.Generator, ncols: int, n: int) -> None:
     rows = [",".join(str(rng.choice(["", "a", "bcdefghijk", "12", "é"])) for _ in range(ncols)) for _ in range(n)]
     if n and rng.random() < 0.3:
         rows[int(rng.integers(0, n))] += ",extra"
