@@ -15,22 +15,18 @@ from ember._native import chunks, run_chunks
 def _row_view(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
     """A [n, d] CPU float32 tensor with unit column stride as (flat numpy view over its rows, row
     stride), for kernels that take row-strided buffers; None when it is not one."""
-    if t.device.type != "cpu" or t.dtype != torch.float32 or t.dim() != 2 or t.requires_grad:
+    if t.dim() != 2:
         return None
-    n, d = t.shape
-    if n and d and t.stride(1) != 1 and d > 1:
-        return None
-    stride = t.stride(0) if n > 1 else d
-    if n > 1 and stride < d:
-        return None
-    return t.as_strided(((n - 1) * stride + d if n else 0,), (1,)).numpy(), stride
+    views = _row_views([t], (t.shape[0], t.shape[1]))
+    return None if views is None else views[0]
 
 
 def _row_views(ts: Sequence[torch.Tensor | None], shape: tuple[int, int]) -> list[tuple[np.ndarray, int] | None] | None:
-    """``_row_view`` of each tensor of ``shape`` (None stays None), or None when one is not such a
-    view. Tensors of one storage (a model's stacked gradient unbound per feature) share one numpy
-    view of it, sliced per tensor: a few attribute reads each instead of a strided copy of the
-    tensor object and its numpy view (~270 -> ~80 us for 26 features)."""
+    """``_row_view`` of each tensor of ``shape`` [n, d] (None stays None), or None when one is not
+    such a view: a CPU float32 tensor with unit column stride, its rows ``stride`` >= d apart.
+    Tensors of one storage (a model's stacked gradient unbound per feature) share one numpy view
+    of it, sliced per tensor: a few attribute reads each instead of a strided copy of the tensor
+    object and its numpy view (~270 -> ~80 us for 26 features)."""
     n, d = shape
     out: list[tuple[np.ndarray, int] | None] = []
     base, ptr = None, None

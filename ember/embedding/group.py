@@ -107,8 +107,7 @@ class TableGroup:
         self.fused_why = (f"{self.dtype} rows" if not (self.codec.identity or self.dtype == "bf16")
                           else "a table's optimizer is not row-wise Adagrad" if not all(
                               isinstance(t.optimizer, RowWiseAdagrad) for t in self.tables)
-                          else "the rows are not in host memory the native core writes" if not all(
-                              isinstance(t, HostTier) and t._native_cpu for t in self.tiers)
+                          else "the rows are not in host memory the native core writes" if not HostTier.native_tiers(self.tiers)
                           else None)
         self.fused_hyper = None
         if self.fused_why is None and all(t.optimizer.schedule is None for t in self.tables):  # type: ignore[union-attr]

@@ -192,6 +192,11 @@ class HostTier(TierCounters, Tier):
         return self._native_cpu and HostTier.native_buffer(out)
 
     @staticmethod
+    def native_tiers(tiers: Sequence["Tier"]) -> bool:
+        """Whether every tier is a HostTier whose arena the row kernels serve in place."""
+        return all(isinstance(t, HostTier) and t._native_cpu for t in tiers)
+
+    @staticmethod
     def native_buffer(rows: Tensor) -> bool:
         """Whether the row kernels read into (or write from) ``rows`` in place: CPU float32, contiguous."""
         return rows.device.type == "cpu" and rows.dtype == torch.float32 and rows.is_contiguous()
@@ -205,7 +210,7 @@ class HostTier(TierCounters, Tier):
         and a bounded tier's new IDs within its capacity (new IDs take freed slots first, as
         ``_allocate`` gives them); else nothing written, nothing updated (False: ``put`` runs in
         numpy, and raises the capacity error). ``adagrad``: see ``write_native``."""
-        if not (HostTier.native_buffer(records) and all(isinstance(t, HostTier) and t._native_cpu for t in tiers)):
+        if not (HostTier.native_buffer(records) and HostTier.native_tiers(tiers)):
             return False
         if len(ids) != len(tiers):
             _check_rows(tiers, [i.numel() for i in ids], records, "records")  # names the mismatch

@@ -63,7 +63,7 @@ def read_bf16_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], out: Tensor
 
 def _reads_natively(tiers: Sequence[Tier], out: Tensor) -> bool:
     """Whether every tier is a HostTier the C core reads straight into ``out``."""
-    return HostTier.native_buffer(out) and all(isinstance(t, HostTier) and t._native_cpu for t in tiers)
+    return HostTier.native_buffer(out) and HostTier.native_tiers(tiers)
 
 
 def write_bf16_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], records: Tensor, dim: int,
