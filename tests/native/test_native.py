@@ -283,6 +283,32 @@ def test_rowwise_adagrad_equals_torch_ops_on_a_records_buffer():
     torch.testing.assert_close(d.float(), twice, rtol=1e-6, atol=1e-7)
 
 
+@native
+@pytest.mark.parametrize("dim", [1, 3, 7, 8, 9, 16, 17, 33, 64])
+def test_rowwise_adagrad_sums_squares_in_its_documented_order(dim):
+    """The kernel's update (the mean of squares in double over 8 partial sums, column c into sum
+    c % 8, added as ((s0+s4)+(s2+s6))+((s1+s5)+(s3+s7)); then float32 as documented) spelt out
+    in numpy: the same bits at every width around the partial sums' boundaries, for gradients
+    from 1e-6 to 10 (write_rows' optimizer shares the arithmetic)."""
+    g = torch.Generator().manual_seed(dim)
+    rec = torch.rand(300, dim + 1, generator=g)
+    grads = torch.randn(300, dim, generator=g) * torch.logspace(-6, 1, 300).unsqueeze(1)
+    lr, eps = 0.05, 1e-8
+    got = rec.clone()
+    assert _native.rowwise_adagrad_(got[:, :dim], got[:, dim:], grads, lr, eps)
+    g64 = grads.numpy().astype(np.float64)
+    lanes = np.zeros((300, 8))
+    for c in range(dim):
+        lanes[:, c % 8] += g64[:, c] * g64[:, c]
+    sq = ((lanes[:, 0] + lanes[:, 4]) + (lanes[:, 2] + lanes[:, 6])) + ((lanes[:, 1] + lanes[:, 5]) + (lanes[:, 3] + lanes[:, 7]))
+    w, st = rec.numpy()[:, :dim].copy(), rec.numpy()[:, dim].copy()
+    acc = (st + (sq * (1.0 / dim)).astype(np.float32)).astype(np.float32)
+    denom = (np.sqrt(acc) + np.float32(eps)).astype(np.float32)
+    w = (w + (np.float32(-lr) * grads.numpy()) / denom[:, None]).astype(np.float32)
+    np.testing.assert_array_equal(got[:, dim].numpy(), acc)
+    np.testing.assert_array_equal(got[:, :dim].numpy(), w)
+
+
 def test_chunks_balance_weight_and_respect_cuts(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     assert _native.chunks([5, 5, 5, 5, 5, 5], min_rows=1) == [(0, 2), (2, 4), (4, 6)]
