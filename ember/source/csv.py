@@ -114,14 +114,17 @@ def _pool_array(n: int, dtype: type) -> np.ndarray:
 
 
 def _line_blocks(path: str, block_bytes: int, consumed: list[int] | None = None,
-                 storage_options: StorageOptions | None = None) -> Iterator[bytearray]:
+                 storage_options: StorageOptions | None = None, reuse: bool = False) -> Iterator[bytearray]:
     """Blocks of whole lines, each ending with a newline (one is added to a last line without);
     ``consumed[0]`` follows the bytes of the file as stored (compressed or not) read so far.
 
     Each block is one bytearray the file is read into after the line carried over from the
     block before, then cut after its last newline in place: one buffer and one pass over a
     block's bytes (reading into bytes, prepending the carried line and cutting copied the block
-    three times, each into fresh pages: ~1.5 ms and ~450 page faults per 2.3 MB block)."""
+    three times, each into fresh pages: ~1.5 ms and ~450 page faults per 2.3 MB block).
+    ``reuse``: the caller is done with a block when it asks for the next (it keeps no part of
+    it but copies), so the next is read into the same bytearray unless a view of it is still
+    held (``_reuse``): a new bytearray is zero-filled first (~0.4 ms per 2.3 MB block)."""
     codec = _codec(path)
     raw = storage.open_file(path, storage_options) if storage.is_remote(path) else pa.OSFile(path)
     # an object: read ahead in ranged requests of a few MiB (raw.tell(): bytes fetched so far)
@@ -129,8 +132,11 @@ def _line_blocks(path: str, block_bytes: int, consumed: list[int] | None = None,
     with raw, src, (pa.CompressedInputStream(src, codec) if codec else src) as f:
         rest = b""
         read = 0
+        spare: bytearray | None = None
         while True:
-            data = bytearray(len(rest) + block_bytes)
+            size = len(rest) + block_bytes
+            data = spare if spare is not None and _reuse(spare, size) else bytearray(size)
+            spare = None
             data[: len(rest)] = rest
             try:
                 got = f.readinto(memoryview(data)[len(rest) :])
@@ -152,10 +158,25 @@ def _line_blocks(path: str, block_bytes: int, consumed: list[int] | None = None,
             rest = bytes(data[cut + 1 : end])
             del data[cut + 1 :]
             yield data
+            spare = data if reuse else None
         if rest.strip(b"\r\n"):
             # the last line ends like every other, so it parses like one (an unclosed quote in
             # it then takes that newline and shows, instead of passing at the end of the data)
             yield rest + b"\n"
+
+
+def _reuse(buf: bytearray, size: int) -> bool:
+    """Resize ``buf`` to ``size`` (>= 1) bytes in place for a new block (its memory kept, its
+    bytes not: only those past its length are zero-filled); False, ``buf`` untouched, while
+    something holds a view of it (a numpy array, an Arrow buffer, a memoryview), which Python
+    tells by refusing to resize it."""
+    try:
+        if len(buf) >= size:
+            del buf[size - 1 :]  # (always a resize: the refusal is checked even at the same size)
+        buf.extend(bytes(size - len(buf)))
+    except BufferError:
+        return False
+    return True
 
 
 def _codec(path: str) -> str | None:
@@ -237,7 +258,9 @@ def read_csv(
         raise ValueError(f"read_csv: header must be true, false or 'auto', got {header!r}")
     if header is not True and names is None:
         raise ValueError(f"read_csv: header={header!r} needs column_names")
-    blocks = _line_blocks(path, block_bytes, consumed, storage_options)
+    # (blocks reused: each block's chunks are made, from copies of its bytes, before the next
+    # is read; the quoted path carries parts of blocks, so it gets new ones)
+    blocks = _line_blocks(path, block_bytes, consumed, storage_options, reuse=not newlines_in_values)
     first = next(blocks, b"")
     bom = len(BOM) if first.startswith(BOM) else 0
     head, newline, body = first[bom:].partition(b"\n")
@@ -284,6 +307,9 @@ class _BlockParser:
         """Chunks of ``block`` (line ``line_no``, byte ``offset`` of the file): each run of
         UTF-8 lines is parsed on its own, so every chunk's ``first_row`` stays exact. Returns
         the block's line count (counted once, while parsing)."""
+        facts = _native.csv_bytes(block)  # its lines and bytes, in one pass (the parts' own when it is not UTF-8)
+        if not facts[1] & _native.CSV_NOT_ASCII:  # ASCII is UTF-8: one part, the whole block
+            return (yield from self._parse(block, line_no, facts))
         pos, first_line = 0, line_no
         for start, end, bad_at in _non_utf8_lines(block):
             line_no += yield from self._parse(block[pos:start], line_no)
@@ -375,13 +401,14 @@ class _BlockParser:
                       f"not valid UTF-8 text (byte offset {file_offset}; re-encode the file as UTF-8, "
                       "e.g. iconv -f latin1 -t utf-8)")
 
-    def _parse(self, lines: bytes, line_no: int) -> Generator[RecordChunk, None, int]:
+    def _parse(self, lines: bytes, line_no: int, facts: tuple[int, int] | None = None) -> Generator[RecordChunk, None, int]:
         """Record chunks of whole UTF-8 ``lines`` (line ``line_no`` of the file first); returns
-        their line count."""
+        their line count. ``facts``: ``_native.csv_bytes(lines)`` when known."""
         if not lines:
             return 0
-        n_lines = _count_newlines(lines) + (0 if lines.endswith(b"\n") else 1)
-        split = self._split(lines, line_no, n_lines)
+        newlines, flags = _native.csv_bytes(lines) if facts is None else facts
+        n_lines = newlines + (0 if lines.endswith(b"\n") else 1)
+        split = self._split(lines, line_no, n_lines, flags)
         if split is not None:
             yield RecordChunk(split, self.path, line_no)
             return n_lines
@@ -419,11 +446,12 @@ class _BlockParser:
             yield RecordChunk(_to_batch(table, self.columns), self.path, line_no)
         return n_lines
 
-    def _split(self, lines: bytes, line_no: int, n_lines: int) -> pa.RecordBatch | None:
+    def _split(self, lines: bytes, line_no: int, n_lines: int, flags: int) -> pa.RecordBatch | None:
         """``lines`` split by ``_native.csv_split`` into string columns (each empty field ``""``),
         what pyarrow's text read gives for them, when the block is plain: no quote, no CR, and
-        every line ``len(names)`` fields. Else None (logged once per reason): pyarrow reads it,
-        typed where asked, and the bad-row rules apply. One pass to split, one to copy the
+        every line ``len(names)`` fields (``flags``: ``_native.csv_bytes``' of ``lines``). Else
+        None (logged once per reason): pyarrow reads it, typed where asked, and the bad-row
+        rules apply. One pass to split, one to copy the
         fields out, no conversions: integer IDs and numbers are the featurizer's to parse
         (``featurize_ids``, ``parse_floats``' native path)."""
         if not _SPLIT or not self.columns or not lines.endswith(b"\n"):  # (every block ends with one)
@@ -431,7 +459,7 @@ class _BlockParser:
         if self._delim is None:
             _not_split(self.path, line_no, f"the delimiter {self.delimiter!r} is not one byte other than a quote or a line end")
             return None
-        if b'"' in lines or b"\r" in lines:
+        if flags & (_native.CSV_QUOTE | _native.CSV_CR):  # (csv_bytes')
             _not_split(self.path, line_no, "the block holds a quote or a CR")
             return None
         if len(lines) >= 2**31 - 1:  # its fields' offsets are int32
@@ -592,11 +620,6 @@ def _longest_line(lines: bytes) -> int:
     ends = np.flatnonzero(np.frombuffer(lines, dtype=np.uint8) == ord("\n"))
     bounds = np.concatenate([[-1], ends, [len(lines)]])
     return int(np.diff(bounds).max())
-
-
-def _count_newlines(data: bytes) -> int:
-    """``data.count(b"\\n")``, a few times faster (bytes.count has no fast path for one byte)."""
-    return int(np.count_nonzero(np.frombuffer(data, dtype=np.uint8) == ord("\n")))
 
 
 def _non_utf8_lines(block: bytes) -> Iterator[tuple[int, int, int]]:

@@ -158,3 +158,53 @@ def _split_and_gather_equal_fallbacks(rng: np.random.Generator, ncols: int, n: i
             arr = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(o1[s]), pa.py_buffer(d1[s])])
             col = list(slots).index(s) if s in slots else None
             assert arr.to_pylist() == [r.split(",")[col] if col is not None else "" for r in rows]
+
+
+@pytest.mark.skipif(not _native.is_available(), reason="needs the native core")
+@pytest.mark.parametrize("size", [0, 1, 31, 32, 33, 255 * 32 - 1, 255 * 32, 255 * 32 + 1, 3 * 255 * 32 + 77])
+def test_native_csv_bytes_equals_its_fallback(size):
+    """One pass's newline count and flags (a quote, a CR, a byte >= 0x80) == the numpy searches,
+    at sizes around its 32-byte steps and its 255-step counting runs; every byte placed alone
+    at the start, in the middle and in the tail."""
+    rng = np.random.default_rng(size)
+    base = rng.choice(np.frombuffer(b"abc,0123456789\n", np.uint8), size).astype(np.uint8)
+    blocks = [base.tobytes(), b"\n" * size]  # (all newlines: each 8-bit lane counts 255 a run)
+    for byte in (ord('"'), ord("\r"), 0x80, 0xFF, ord("\n")):
+        for at in {0, size // 2, size - 1} if size else ():
+            b = base.copy()
+            b[at] = byte
+            blocks.append(b.tobytes())
+    for b in blocks:
+        got = _native.csv_bytes(b)
+        assert got == _native._csv_bytes_py(b)
+        assert got[0] == b.count(b"\n")
+        assert got[1] == ((_native.CSV_QUOTE if b'"' in b else 0) | (_native.CSV_CR if b"\r" in b else 0)
+                          | (_native.CSV_NOT_ASCII if not b.isascii() else 0))
+    assert _native.csv_bytes(bytearray(b"x\n\xc3\xa9\n")) == (2, _native.CSV_NOT_ASCII)  # (a bytearray: read_csv's blocks)
+
+
+def test_line_blocks_reuse_a_buffer_only_when_no_view_of_it_is_held(tmp_path):
+    """``_line_blocks(reuse=True)`` reads the next block into the one before, the same blocks as
+    new buffers give; a block something still views (a numpy array over it) is never written
+    again: the next block gets a new buffer."""
+    rng = np.random.default_rng(3)
+    lines = [",".join(str(v) for v in rng.integers(0, 10**rng.integers(1, 12), 5)) for _ in range(3000)]
+    path = tmp_path / "f.csv"
+    path.write_text("\n".join(lines))  # (no newline at the end: one is added)
+    fresh = [bytes(b) for b in csv_module._line_blocks(str(path), 4096)]
+    assert b"".join(fresh) == ("\n".join(lines) + "\n").encode()
+    reused, ids = [], []
+    for b in csv_module._line_blocks(str(path), 4096, reuse=True):
+        reused.append(bytes(b))
+        ids.append(id(b))
+    assert reused == fresh and len(set(ids[:-1])) == 1  # one buffer throughout (the last line: its own)
+    held, kept = [], []
+    for b in csv_module._line_blocks(str(path), 4096, reuse=True):
+        held.append(np.frombuffer(b, np.uint8))  # a view: the buffer must not be reused
+        kept.append(bytes(b))
+    assert [a.tobytes() for a in held] == kept == fresh
+    buf = bytearray(b"abc")
+    view = memoryview(buf)
+    assert not csv_module._reuse(buf, 3) and buf == b"abc"
+    view.release()
+    assert csv_module._reuse(buf, 3) and len(buf) == 3 and csv_module._reuse(buf, 5) and len(buf) == 5
