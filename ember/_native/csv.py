@@ -115,3 +115,38 @@ def _csv_gather_py(data: object, starts: np.ndarray, offsets: np.ndarray, n: int
             raise ValueError("csv_gather: out s must hold offsets[s, n] bytes")
         lens = np.diff(o)
         out[:] = b[np.repeat(st[s * n : (s + 1) * n] - o[:-1], lens) + np.arange(int(o[n]))]
+
+
+def csv_ints(data: object, starts: np.ndarray, offsets: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``csv_split``'s fields of m slots (``starts`` int32 [m * n], ``offsets`` int32 [m, n + 1])
+    read as decimal integer IDs, without copying their text out: (values int64 [m, n], validity
+    uint8 [m, (n + 7) // 8] (Arrow's bits: 0 for an empty field, null), nulls int64 [m]). A slot
+    holding a field that is no ID as ``featurize_ids`` reads IDs from text (``-?[0-9]{1,19}``
+    within int64, ``arrow_parse_ints``) gets ``nulls[s] = -1`` (its values and validity
+    undefined): the caller keeps that column's text, for the featurizer to judge. So an ID
+    column of a CSV block becomes exactly what the featurizer makes of its text."""
+    m = offsets.shape[0] if offsets.ndim == 2 else 0
+    if offsets.shape != (m, n + 1) or offsets.dtype != np.int32 or starts.dtype != np.int32 or starts.size != m * n:
+        raise ValueError("csv_ints: starts int32 [m * n], offsets int32 [m, n + 1]")
+    out, valid, nulls = np.empty((m, n), np.int64), np.empty((m, (n + 7) // 8), np.uint8), np.empty(m, np.int64)
+    if _native._core is None:
+        _csv_ints_py(data, starts, offsets, n, out, valid, nulls)
+    else:
+        _native._core.csv_ints(data, np.ascontiguousarray(starts), np.ascontiguousarray(offsets), n, out, valid, nulls)
+    return out, valid, nulls
+
+
+def _csv_ints_py(data: object, starts: np.ndarray, offsets: np.ndarray, n: int, out: np.ndarray, valid: np.ndarray,
+                 nulls: np.ndarray) -> None:
+    from ember._native.arrow import _arrow_parse_ints_py
+
+    for s in range(out.shape[0]):
+        text = np.empty(int(offsets[s, n]), np.uint8)
+        _csv_gather_py(data, starts[s * n : (s + 1) * n], offsets[s : s + 1], n, [text])
+        state = np.empty(n, np.int8)
+        if _arrow_parse_ints_py(offsets[s].tobytes(), text.tobytes(), b"", 0, n, 4, out[s], state) != 0:  # -1 or bad IDs
+            nulls[s] = -1
+            continue
+        valid[s] = np.packbits(state == 0, bitorder="little")
+        out[s][state != 0] = 0
+        nulls[s] = int(np.count_nonzero(state == 1))

@@ -15,9 +15,11 @@ fail.
 
 A plain block (no quote, no CR, every line its number of fields: what Criteo-like exports are)
 is split by ember's native splitter (``_native.csv_split`` / ``csv_gather``: one pass to find the
-fields, one to copy them into Arrow string columns), every column as text: exactly what
-pyarrow's text read gives for it, without its conversions (the featurizer parses integer IDs and
-counts natively). Any other block is read by pyarrow as below (logged once per reason), the
+fields, one to copy them into Arrow string columns): exactly what pyarrow's text read gives for
+it, without its conversions (the featurizer parses counts natively). A column typed int64
+(integer IDs, below) is read as IDs straight from the block instead (``_native.csv_ints``, the
+featurizer's own reading of ID text: an empty field null), unless one of its fields is no ID:
+then it stays text. Any other block is read by pyarrow as below (logged once per reason), the
 reference the splitter is tested against.
 
 Typed reads (``types``: the arrow type the reader's consumer turns a column into, e.g. int64
@@ -165,6 +167,17 @@ def _line_blocks(path: str, block_bytes: int, consumed: list[int] | None = None,
             yield rest + b"\n"
 
 
+def _runs(items: Sequence[int]) -> list[tuple[int, int]]:
+    """Ascending ``items`` as runs [a, b) of consecutive integers: [0, 1, 2, 5] -> [(0, 3), (5, 6)]."""
+    out: list[tuple[int, int]] = []
+    for i in items:
+        if out and out[-1][1] == i:
+            out[-1] = (out[-1][0], i + 1)
+        else:
+            out.append((i, i + 1))
+    return out
+
+
 def _reuse(buf: bytearray, size: int) -> bool:
     """Resize ``buf`` to ``size`` (>= 1) bytes in place for a new block (its memory kept, its
     bytes not: only those past its length are zero-filled); False, ``buf`` untouched, while
@@ -250,7 +263,7 @@ def read_csv(
     not closed"``). ``storage_options``: how to reach ``path`` when it is a URI.
     ``types``: columns to read as these arrow types where that gives what their text gives (see
     the module docstring; the others, and all with ``newlines_in_values``, are strings; a block
-    the native splitter takes is all strings too).
+    the native splitter takes has only its int64 columns typed).
     """
     report = report or BadRowReport()
     names = list(column_names) if column_names else None
@@ -297,8 +310,13 @@ class _BlockParser:
         self.delimiter, self.report = delimiter, report
         self.types = {c: t for c, t in (types or {}).items() if c in self.columns}
         self._hinted = False  # the newlines_in_values hint was logged for this file
-        # the native splitter: each field's slot in ``columns`` (-1: not read), a one-byte delimiter
-        slot = {c: i for i, c in enumerate(self.columns)}
+        # the native splitter: each field's slot (-1: not read), a one-byte delimiter. Text columns
+        # take the first slots, int64 ones (integer IDs, ``read_types``) the last: read as IDs
+        # straight from the block (``_native.csv_ints``), their text never copied out
+        ints = [c for c in self.columns if self.types.get(c) == pa.int64()]
+        self._order = [c for c in self.columns if c not in ints] + ints
+        self._n_text = len(self.columns) - len(ints)
+        slot = {c: i for i, c in enumerate(self._order)}
         self._slots = np.array([slot.get(c, -1) for c in names], np.int64)
         delim = delimiter.encode("utf-8")
         self._delim = delim[0] if len(delim) == 1 and delim not in (b"\n", b"\r", b'"') else None
@@ -451,9 +469,10 @@ class _BlockParser:
         what pyarrow's text read gives for them, when the block is plain: no quote, no CR, and
         every line ``len(names)`` fields (``flags``: ``_native.csv_bytes``' of ``lines``). Else
         None (logged once per reason): pyarrow reads it, typed where asked, and the bad-row
-        rules apply. One pass to split, one to copy the
-        fields out, no conversions: integer IDs and numbers are the featurizer's to parse
-        (``featurize_ids``, ``parse_floats``' native path)."""
+        rules apply. One pass to split, one to copy the text fields out; columns typed int64
+        (integer IDs) are read as IDs from the block instead, as the featurizer reads them from
+        text (``_native.csv_ints``; a column with a field that is no ID stays text, for the
+        featurizer to judge). Numbers stay text (``parse_floats``' native path parses them)."""
         if not _SPLIT or not self.columns or not lines.endswith(b"\n"):  # (every block ends with one)
             return None
         if self._delim is None:
@@ -470,10 +489,21 @@ class _BlockParser:
         if _native.csv_split(lines, self._delim, len(self.names), self._slots, n, starts, offsets) < 0:
             _not_split(self.path, line_no, "a line holds another number of fields")
             return None
-        data = [pa.allocate_buffer(int(offsets[s, n])) for s in range(k)]
-        _native.csv_gather(lines, starts, offsets, n, data)
-        arrays = [pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets[s]), data[s]]) for s in range(k)]
-        return pa.RecordBatch.from_arrays(arrays, names=self.columns)
+        arrays: dict[str, pa.Array] = {}
+        if self._n_text < k:  # integer ID columns: int64, unless a field is no ID (then its text)
+            t = self._n_text
+            values, valid, nulls = _native.csv_ints(lines, starts[t * n :], offsets[t:], n)
+            for j, c in enumerate(self._order[t:]):
+                if nulls[j] >= 0:
+                    arrays[c] = pa.Array.from_buffers(pa.int64(), n, [pa.py_buffer(valid[j]) if nulls[j] else None,
+                                                                     pa.py_buffer(values[j])], null_count=int(nulls[j]))
+        text = [s for s in range(k) if self._order[s] not in arrays]
+        for a, b in _runs(text):  # the text columns' fields copied out, a run of slots a call
+            data = [pa.allocate_buffer(int(offsets[s, n])) for s in range(a, b)]
+            _native.csv_gather(lines, starts[a * n : b * n], offsets[a:b], n, data)
+            for s, buf in zip(range(a, b), data):
+                arrays[self._order[s]] = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(offsets[s]), buf])
+        return pa.RecordBatch.from_arrays([arrays[c] for c in self.columns], names=self.columns)
 
     def _read_typed(self, lines: bytes, line_no: int, n_lines: int) -> pa.Table | None:
         """``lines`` read with the typed columns, or None (counted and logged) when the text path

@@ -208,3 +208,64 @@ def test_line_blocks_reuse_a_buffer_only_when_no_view_of_it_is_held(tmp_path):
     assert not csv_module._reuse(buf, 3) and buf == b"abc"
     view.release()
     assert csv_module._reuse(buf, 3) and len(buf) == 3 and csv_module._reuse(buf, 5) and len(buf) == 5
+
+
+def test_split_reads_id_columns_as_int64_unless_a_field_is_no_id(tmp_path, monkeypatch):
+    """With int64 asked for two ID columns, the splitter reads them as IDs from the block (an
+    empty field null), in every block but the one where a field of ``b`` is no ID: there ``b``
+    stays text, as pyarrow's text read gives it; ``a`` is its IDs everywhere."""
+    rng = np.random.default_rng(5)
+    rows = []
+    for i in range(600):
+        a = "" if rng.random() < 0.1 else str(int(rng.integers(-(2**63), 2**63 - 1, dtype=np.int64)))
+        b = "12x" if i == 300 else str(int(rng.integers(0, 10**6)))
+        rows.append((str(i % 2), a, b))
+    path = tmp_path / "d.csv"
+    path.write_text("y,a,b\n" + "".join(",".join(r) + "\n" for r in rows))
+    chunks, _ = _chunks(str(path), ["y", "a", "b"], ",", True, monkeypatch, "error", {"a": pa.int64(), "b": pa.int64()})
+    text, _ = _chunks(str(path), ["y", "a", "b"], ",", False, monkeypatch, "error")
+    assert len(chunks) > 3 and [r for r, _ in chunks] == [r for r, _ in text]
+    kinds = []
+    for (first, got), (_, want) in zip(chunks, text):
+        assert got.column("y").equals(want.column("y"))
+        a = got.column("a")
+        assert a.type == pa.int64()
+        expect = [None if s == "" else int(s) for s in want.column("a").to_pylist()]
+        assert a.to_pylist() == expect and a.null_count == expect.count(None)
+        b = got.column("b")
+        kinds.append(str(b.type))
+        if b.type == pa.string():
+            assert b.equals(want.column("b")) and "12x" in b.to_pylist()
+        else:
+            assert b.to_pylist() == [int(s) for s in want.column("b").to_pylist()] and b.null_count == 0
+    assert kinds.count("string") == 1 and kinds.count("int64") == len(kinds) - 1
+
+
+@pytest.mark.skipif(not _native.is_available(), reason="needs the native core")
+@pytest.mark.parametrize("seed", range(6))
+def test_native_csv_ints_equal_their_fallback(seed):
+    """Split fields read as IDs, natively and by the fallback (gather, then arrow_parse_ints' numpy
+    reference): the same values, validity and null counts, and the same slots declined."""
+    rng = np.random.default_rng(seed)
+    words = ["", "0", "-0", "7", "-12", "007", "9223372036854775807", "-9223372036854775808", "123456789012345678"]
+    bad = ["9223372036854775808", "-", "+1", " 4", "1-2", "x", "99999999999999999999", "1.5"]
+    ncols, n = 6, int(rng.integers(0, 70))
+    cols = [[str(rng.choice(words)) for _ in range(n)] for _ in range(ncols)]
+    for c in range(ncols):
+        if n and rng.random() < 0.4:  # a field that is no ID: the slot is declined
+            cols[c][int(rng.integers(0, n))] = str(rng.choice(bad))
+    data = "".join(",".join(cols[c][i] for c in range(ncols)) + "\n" for i in range(n)).encode()
+    starts, offsets = np.empty(ncols * n, np.int32), np.empty((ncols, n + 1), np.int32)
+    assert _native.csv_split(data, ord(","), ncols, np.arange(ncols, dtype=np.int64), n, starts, offsets) == n
+    got = _native.csv_ints(data, starts[2 * n :], offsets[2:], n)  # slots 2.. (a slice, as read_csv passes)
+    m = ncols - 2
+    out, valid, nulls = np.empty((m, n), np.int64), np.empty((m, (n + 7) // 8), np.uint8), np.empty(m, np.int64)
+    _native._csv_ints_py(data, starts[2 * n :], offsets[2:], n, out, valid, nulls)
+    np.testing.assert_array_equal(got[2], nulls)
+    for s in np.flatnonzero(nulls >= 0):
+        np.testing.assert_array_equal(got[0][s], out[s])
+        np.testing.assert_array_equal(got[1][s], valid[s])
+        texts = cols[2 + s]
+        assert nulls[s] == texts.count("") and list(out[s]) == [0 if t == "" else int(t) for t in texts]
+    for s in np.flatnonzero(nulls < 0):
+        assert any(t in bad for t in cols[2 + s])
