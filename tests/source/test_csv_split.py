@@ -124,17 +124,24 @@ def test_native_split_and_gather_equal_their_fallbacks(seed):
 
 
 @pytest.mark.skipif(not _native.is_available(), reason="needs the native core")
-@pytest.mark.parametrize("n", [1, 15, 16, 17, 32, 33, 200])
-def test_native_split_stages_rows_in_runs_exactly(n):
-    """The splitter stages 16 rows at a time before writing its column-major outputs: row counts
-    around those runs give the fallback's outputs too."""
-    _split_and_gather_equal_fallbacks(np.random.default_rng(n), 7, n)
+@pytest.mark.parametrize("ncols,n", [(7, 1), (7, 17), (7, 200), (70, 1), (70, 40), (130, 9)])
+def test_native_split_takes_dense_separators_exactly(ncols, n):
+    """The splitter flattens each 64 bytes' separators eight positions at a time: lines of mostly
+    empty fields (up to 64 separators in one 64-byte chunk), wide and narrow, give the
+    fallback's outputs too, and so does a line with a field too many or too few."""
+    for seed in range(4):
+        _split_and_gather_equal_fallbacks(np.random.default_rng(seed), ncols, n, words=["", "", "", "", "a", "12"])
 
 
-def _split_and_gather_equal_fallbacks(rng: np.random.Generator, ncols: int, n: int) -> None:
-    rows = [",".join(str(rng.choice(["", "a", "bcdefghijk", "12", "é"])) for _ in range(ncols)) for _ in range(n)]
+def _split_and_gather_equal_fallbacks(rng: np.random.Generator, ncols: int, n: int,
+                                      words: list[str] | None = None) -> None:
+    words = words or ["", "a", "bcdefghijk", "12", "é"]
+    rows = [",".join(str(rng.choice(words)) for _ in range(ncols)) for _ in range(n)]
     if n and rng.random() < 0.3:
         rows[int(rng.integers(0, n))] += ",extra"
+    elif n and ncols > 1 and rng.random() < 0.2:
+        i = int(rng.integers(0, n))
+        rows[i] = rows[i][: rows[i].rindex(",")]  # a field too few
     data = ("\n".join(rows) + "\n").encode() if n else b""
     slots = np.array(rng.permutation(ncols), np.int64)
     slots[rng.random(ncols) < 0.3] = -1
