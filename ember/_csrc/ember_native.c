@@ -2572,6 +2572,10 @@ static PyObject *csv_split(PyObject *self, PyObject *args) {
         Py_ssize_t len = buf.len, i = 0;
         int32_t *st = starts.buf, *of = offs.buf;
         Py_ssize_t cap = n * ncols, cnt = 0, nls = 0;
+        if (n > len || cap > len) {  /* more separators than bytes: not n lines of ncols fields (no allocation for it) */
+            res = PyLong_FromSsize_t(-1);
+            goto done;
+        }
         int32_t *pos = PyMem_Malloc(((size_t)cap + 72) * sizeof(int32_t));  /* + slack: flattening writes 8 at a time */
         uint8_t *used = PyMem_Malloc((size_t)k + 1);
         if (!pos || !used) {

@@ -133,6 +133,20 @@ def test_native_split_takes_dense_separators_exactly(ncols, n):
         _split_and_gather_equal_fallbacks(np.random.default_rng(seed), ncols, n, words=["", "", "", "", "a", "12"])
 
 
+@pytest.mark.skipif(not _native.is_available(), reason="needs the native core")
+def test_native_split_refuses_more_fields_than_bytes_without_allocating_for_them():
+    """A line count or width that asks for more separators than the block has bytes is no split
+    (-1, the pyarrow path then judges the block), not an allocation of their positions."""
+    data = b"a,b\nc,d\n"
+    slots = np.full(1000, -1, np.int64)
+    slots[0] = 0
+    assert _native.csv_split(data, ord(","), 1000, slots, 2, np.empty(2, np.int32), np.empty((1, 3), np.int32)) == -1
+    none = np.full(1, -1, np.int64)
+    assert _native.csv_split(data, ord(","), 1, none, 10**12, np.empty(0, np.int32), np.empty((0, 1), np.int32)) == -1
+    assert _native.csv_split(data, ord(","), 2, np.arange(2, dtype=np.int64), 2, np.empty(4, np.int32),
+                             np.empty((2, 3), np.int32)) == 2
+
+
 def _split_and_gather_equal_fallbacks(rng: np.random.Generator, ncols: int, n: int,
                                       words: list[str] | None = None) -> None:
     words = words or ["", "a", "bcdefghijk", "12", "é"]
