@@ -2523,15 +2523,17 @@ static PyObject *csv_hazards(PyObject *self, PyObject *args) {
     return PyLong_FromLong(flags);
 }
 
-/* csv_split(data, delimiter, ncols, slots, n, out_starts, out_offsets) -> n, or -1: the fields of
- * a block of n CSV lines without quotes or CRs (ember.source.csv; each line ends with '\n' and
+/* csv_split(data, delimiter, ncols, slots, n, out_starts, out_offsets, crlf=0) -> n, or -1: the
+ * fields of a block of n CSV lines without quotes (ember.source.csv; each line ends with '\n' and
  * holds exactly ncols fields split on the delimiter byte, as pyarrow splits such text). slots
  * int64 [ncols]: the output slot of each field, -1 for none; for slot s and row i,
  * out_starts[s * n + i] (int32) is where the field starts in data and out_offsets[s, :] (int32
  * [k, n + 1]) the running sums of the fields' lengths from 0 (Arrow string offsets; all 0 for a
  * slot no field fills). -1 when a
  * line holds another number of fields, there are not n lines, or the data do not end with
- * '\n' (the caller's pyarrow path then judges the block). Two passes: every separator's position
+ * '\n' (the caller's pyarrow path then judges the block). crlf: the block holds CRs, each of
+ * which must end a line (CRLF; else -1: pyarrow reads a lone CR as a line end); none is part of
+ * its line's last field. Without crlf the caller has seen no CR. Two passes: every separator's position
  * in order (64 bytes at a time as bit masks flattened eight positions a step, SSE2; else eight
  * bytes a step between them), then each read field's starts and lengths slot by slot, from the
  * positions (field j of line r ends at separator r * ncols + j). One pass driving a per-field
@@ -2546,7 +2548,8 @@ static PyObject *csv_split(PyObject *self, PyObject *args) {
     Py_buffer buf, slots, starts, offs;
     int delim;
     Py_ssize_t ncols, n;
-    if (!PyArg_ParseTuple(args, "y*iny*nw*w*", &buf, &delim, &ncols, &slots, &n, &starts, &offs)) return NULL;
+    int crlf = 0;
+    if (!PyArg_ParseTuple(args, "y*iny*nw*w*|p", &buf, &delim, &ncols, &slots, &n, &starts, &offs, &crlf)) return NULL;
     PyObject *res = NULL;
     Py_ssize_t k = 0;
     const int64_t *map = slots.buf;
@@ -2641,16 +2644,27 @@ static PyObject *csv_split(PyObject *self, PyObject *args) {
          * among them (so no other), the last at the data's end */
         ok = ok && cnt == cap && nls == n && (n ? pos[cap - 1] == len - 1 : len == 0);
         for (Py_ssize_t r = 0; ok && r < n; r++) ok = d[pos[r * ncols + ncols - 1]] == '\n';
+        if (ok && crlf) {  /* every CR ends its line's last field, just before the LF (a CRLF line end) */
+            Py_ssize_t crs = 0, ends = 0;
+            for (const uint8_t *p = d, *e = d + len; (p = memchr(p, '\r', (size_t)(e - p))) != NULL; p++) crs++;
+            for (Py_ssize_t r = 0; r < n; r++) {
+                int32_t e = pos[r * ncols + ncols - 1], a = r * ncols + ncols - 1 ? pos[r * ncols + ncols - 2] + 1 : 0;
+                ends += e > a && d[e - 1] == '\r';
+            }
+            ok = crs == ends;
+        }
         /* pass 2: each read field's starts and lengths, slot by slot (runs in the outputs) */
         for (Py_ssize_t j = 0; ok && j < ncols; j++) {
             int64_t s = map[j];
             if (s < 0) continue;
             int32_t *ss = st + s * n, *ls = of + s * (n + 1) + 1;
             const int32_t *end = pos + j;
+            int last = crlf && j == ncols - 1;  /* its CR (a CRLF line end) is no part of it */
             for (Py_ssize_t r = 0; r < n; r++) {
                 int32_t a = j || r ? end[r * ncols - 1] + 1 : 0;  /* after the separator before it */
+                int32_t e = end[r * ncols];
                 ss[r] = a;
-                ls[r] = end[r * ncols] - a;  /* a length; summed after */
+                ls[r] = e - a - (last && e > a && d[e - 1] == '\r');  /* a length; summed after */
             }
         }
         for (Py_ssize_t s = 0; ok && s < k; s++) {
@@ -2857,7 +2871,7 @@ static PyMethodDef methods[] = {
     {"dense_floats", dense_floats, METH_VARARGS, "dense_floats(columns, n, out, out_done) -> columns done"},
     {"csv_bytes", csv_bytes, METH_VARARGS, "csv_bytes(data) -> (newlines, flags)"},
     {"csv_hazards", csv_hazards, METH_VARARGS, "csv_hazards(data) -> flags"},
-    {"csv_split", csv_split, METH_VARARGS, "csv_split(data, delimiter, ncols, slots, n, out_starts, out_offsets) -> n or -1"},
+    {"csv_split", csv_split, METH_VARARGS, "csv_split(data, delimiter, ncols, slots, n, out_starts, out_offsets, crlf=False) -> n or -1"},
     {"csv_gather", csv_gather, METH_VARARGS, "csv_gather(data, starts, offsets, n, outs) -> None"},
     {"csv_ints", csv_ints, METH_VARARGS, "csv_ints(data, starts, offsets, n, out, valid, nulls) -> None"},
     {"probe_rows", probe_rows, METH_VARARGS, "probe_rows(tables, ids, bounds, out_slot, remove) -> found"},

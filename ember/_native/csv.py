@@ -53,9 +53,11 @@ def _csv_hazards_py(data: bytes) -> int:
 
 
 def csv_split(data: object, delimiter: int, ncols: int, slots: np.ndarray, n: int, out_starts: np.ndarray,
-              out_offsets: np.ndarray) -> int:
-    """The fields of a block of ``n`` CSV lines without quotes or CRs (``ember.source.csv``),
-    split as pyarrow splits such text: each line ends with ``\\n`` and holds ``ncols`` fields
+              out_offsets: np.ndarray, crlf: bool = False) -> int:
+    """The fields of a block of ``n`` CSV lines without quotes (``ember.source.csv``), split as
+    pyarrow splits such text: each line ends with ``\n`` (``crlf``: or ``\r\n``, the CR no part
+    of the last field; -1 when a CR is anywhere else, which pyarrow reads as a line end; without
+    it the caller has seen no CR) and holds ``ncols`` fields
     separated by the ``delimiter`` byte. ``slots`` (int64 [ncols]): each field's output slot, -1
     for none; field i of slot s starts at ``out_starts[s * n + i]`` (int32) in ``data``, and
     ``out_offsets[s]`` (int32 [k, n + 1]) gets the running sums of its fields' lengths from 0.
@@ -65,12 +67,12 @@ def csv_split(data: object, delimiter: int, ncols: int, slots: np.ndarray, n: in
     if out_starts.dtype != np.int32 or out_offsets.dtype != np.int32 or slots.dtype != np.int64:
         raise ValueError("csv_split: slots int64 [ncols], out_starts int32 [k * n], out_offsets int32 [k, n + 1]")
     if _native._core is None:
-        return _csv_split_py(data, delimiter, ncols, slots, n, out_starts, out_offsets)
-    return int(_native._core.csv_split(data, delimiter, ncols, slots, n, out_starts, out_offsets))
+        return _csv_split_py(data, delimiter, ncols, slots, n, out_starts, out_offsets, crlf)
+    return int(_native._core.csv_split(data, delimiter, ncols, slots, n, out_starts, out_offsets, crlf))
 
 
 def _csv_split_py(data: object, delimiter: int, ncols: int, slots: np.ndarray, n: int, out_starts: np.ndarray,
-                  out_offsets: np.ndarray) -> int:
+                  out_offsets: np.ndarray, crlf: bool = False) -> int:
     b = np.frombuffer(data, np.uint8)  # type: ignore[call-overload]
     ends = np.flatnonzero((b == delimiter) | (b == ord("\n")))
     if ends.size != n * ncols or (n and ends[-1] != b.size - 1) or (not n and b.size):
@@ -84,6 +86,11 @@ def _csv_split_py(data: object, delimiter: int, ncols: int, slots: np.ndarray, n
     if begins.size:
         begins.reshape(-1)[0] = 0
     lengths = ends - begins
+    if crlf:  # a CR just before a line's LF ends the line; any other CR: no split
+        cr = (lengths[:, -1] > 0) & (b[np.maximum(ends[:, -1] - 1, 0)] == ord("\r"))
+        if int(np.count_nonzero(b == ord("\r"))) != int(np.count_nonzero(cr)):
+            return -1
+        lengths[:, -1] -= cr
     starts, offsets = out_starts.reshape(-1), out_offsets.reshape(-1)
     k = int(slots.max()) + 1 if slots.size else 0
     starts[: k * n] = 0  # a slot no field fills: no fields, all empty

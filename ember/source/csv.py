@@ -13,9 +13,9 @@ means (a missing number; for a categorical column the category ``""`` unless the
 it in ``missing_values``) and converts numbers itself so it can name the row and value that
 fail.
 
-A plain block (no quote, no CR, every line its number of fields: what Criteo-like exports are)
-is split by ember's native splitter (``_native.csv_split`` / ``csv_gather``: one pass to find the
-fields, one to copy them into Arrow string columns): exactly what pyarrow's text read gives for
+A plain block (no quote, LF or CRLF line ends, every line its number of fields: what Criteo-like
+exports are) is split by ember's native splitter (``_native.csv_split`` / ``csv_gather``: the
+fields found, then copied into Arrow string columns): exactly what pyarrow's text read gives for
 it, without its conversions (the featurizer parses counts natively). A column typed int64
 (integer IDs, below) is read as IDs straight from the block instead (``_native.csv_ints``, the
 featurizer's own reading of ID text: an empty field null), unless one of its fields is no ID:
@@ -466,8 +466,9 @@ class _BlockParser:
 
     def _split(self, lines: bytes, line_no: int, n_lines: int, flags: int) -> pa.RecordBatch | None:
         """``lines`` split by ``_native.csv_split`` into string columns (each empty field ``""``),
-        what pyarrow's text read gives for them, when the block is plain: no quote, no CR, and
-        every line ``len(names)`` fields (``flags``: ``_native.csv_bytes``' of ``lines``). Else
+        what pyarrow's text read gives for them, when the block is plain: no quote, no CR but in a
+        CRLF line end, and every line ``len(names)`` fields (``flags``: ``_native.csv_bytes``' of
+        ``lines``). Else
         None (logged once per reason): pyarrow reads it, typed where asked, and the bad-row
         rules apply. One pass to split, one to copy the text fields out; columns typed int64
         (integer IDs) are read as IDs from the block instead, as the featurizer reads them from
@@ -478,16 +479,17 @@ class _BlockParser:
         if self._delim is None:
             _not_split(self.path, line_no, f"the delimiter {self.delimiter!r} is not one byte other than a quote or a line end")
             return None
-        if flags & (_native.CSV_QUOTE | _native.CSV_CR):  # (csv_bytes')
-            _not_split(self.path, line_no, "the block holds a quote or a CR")
+        if flags & _native.CSV_QUOTE:  # (csv_bytes')
+            _not_split(self.path, line_no, "the block holds a quote")
             return None
         if len(lines) >= 2**31 - 1:  # its fields' offsets are int32
             _not_split(self.path, line_no, "the block is 2 GiB or more")
             return None
         k, n = len(self.columns), n_lines
         starts, offsets = _pool_array(k * n, np.int32), _pool_array(k * (n + 1), np.int32).reshape(k, n + 1)
-        if _native.csv_split(lines, self._delim, len(self.names), self._slots, n, starts, offsets) < 0:
-            _not_split(self.path, line_no, "a line holds another number of fields")
+        crlf = bool(flags & _native.CSV_CR)  # CRLF line ends split too; a lone CR (a line end to pyarrow) does not
+        if _native.csv_split(lines, self._delim, len(self.names), self._slots, n, starts, offsets, crlf) < 0:
+            _not_split(self.path, line_no, "a line holds another number of fields" + (", or a CR not before its LF" if crlf else ""))
             return None
         arrays: dict[str, pa.Array] = {}
         if self._n_text < k:  # integer ID columns: int64, unless a field is no ID (then its text)

@@ -36,7 +36,9 @@ def _text(rng: np.random.Generator, rows: int, sep: str, extra: str | None) -> s
         if extra == "quote" and rng.random() < 0.05:
             line = line.replace("x", '"x"', 1) if "x" in line else '"q"' + line[3:]
         if extra == "cr" and rng.random() < 0.2:
-            line += "\r"
+            line += "\r"  # a CRLF line end: split natively
+        if extra == "lone_cr" and rng.random() < 0.02:
+            line = line[:1] + "\r" + line[1:]  # a CR inside a line (pyarrow: a line end): left to pyarrow
         if extra == "empty" and rng.random() < 0.03:
             line = ""
         lines.append(line)
@@ -52,7 +54,7 @@ def _chunks(path: str, columns: list[str], sep: str, split: bool, monkeypatch, p
     return out, report.counts
 
 
-@pytest.mark.parametrize("extra", [None, "width", "quote", "cr", "empty"])
+@pytest.mark.parametrize("extra", [None, "width", "quote", "cr", "lone_cr", "empty"])
 @pytest.mark.parametrize("sep", [",", "\t", "|"])
 @pytest.mark.parametrize("seed", range(3))
 def test_split_blocks_equal_pyarrows_text_read(tmp_path, monkeypatch, seed, sep, extra):
@@ -134,6 +136,15 @@ def test_native_split_takes_dense_separators_exactly(ncols, n):
 
 
 @pytest.mark.skipif(not _native.is_available(), reason="needs the native core")
+@pytest.mark.parametrize("seed", range(12))
+def test_native_split_of_crlf_lines_equals_its_fallback(seed):
+    """CRLF line ends on some lines (the CR no part of the last field, read or not), and now and
+    then a CR elsewhere in a line (no split: -1), natively and by the fallback alike."""
+    rng = np.random.default_rng(100 + seed)
+    _split_and_gather_equal_fallbacks(rng, int(rng.integers(1, 6)), int(rng.integers(0, 60)), crlf=True)
+
+
+@pytest.mark.skipif(not _native.is_available(), reason="needs the native core")
 def test_native_split_refuses_more_fields_than_bytes_without_allocating_for_them():
     """A line count or width that asks for more separators than the block has bytes is no split
     (-1, the pyarrow path then judges the block), not an allocation of their positions."""
@@ -148,9 +159,15 @@ def test_native_split_refuses_more_fields_than_bytes_without_allocating_for_them
 
 
 def _split_and_gather_equal_fallbacks(rng: np.random.Generator, ncols: int, n: int,
-                                      words: list[str] | None = None) -> None:
+                                      words: list[str] | None = None, crlf: bool = False) -> None:
     words = words or ["", "a", "bcdefghijk", "12", "é"]
     rows = [",".join(str(rng.choice(words)) for _ in range(ncols)) for _ in range(n)]
+    if crlf:  # CRLF line ends on some lines; now and then a CR elsewhere (no split)
+        rows = [r + "\r" if rng.random() < 0.5 else r for r in rows]
+        if n and rng.random() < 0.3:
+            i = int(rng.integers(0, n))
+            at = int(rng.integers(0, len(rows[i]) + 1))
+            rows[i] = rows[i][:at] + "\r" + rows[i][at:]
     if n and rng.random() < 0.3:
         rows[int(rng.integers(0, n))] += ",extra"
     elif n and ncols > 1 and rng.random() < 0.2:
@@ -163,7 +180,7 @@ def _split_and_gather_equal_fallbacks(rng: np.random.Generator, ncols: int, n: i
     results = []
     for split, gather in ((_native.csv_split, _native.csv_gather), (_native._csv_split_py, _native._csv_gather_py)):
         starts, offsets = np.full(k * n, 7, np.int32), np.full((k, n + 1), 7, np.int32)
-        got = split(data, ord(","), ncols, slots, n, starts, offsets)
+        got = split(data, ord(","), ncols, slots, n, starts, offsets, crlf)
         outs = []
         if got >= 0:
             outs = [np.zeros(int(offsets[s, n]), np.uint8) for s in range(k)]
@@ -178,7 +195,8 @@ def _split_and_gather_equal_fallbacks(rng: np.random.Generator, ncols: int, n: i
         for s in range(k):  # each slot's data is its column's fields, as Python splits them ("" for none)
             arr = pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(o1[s]), pa.py_buffer(d1[s])])
             col = list(slots).index(s) if s in slots else None
-            assert arr.to_pylist() == [r.split(",")[col] if col is not None else "" for r in rows]
+            want = [r[:-1] if crlf and r.endswith("\r") else r for r in rows]  # (the CR of a CRLF end is no field's)
+            assert arr.to_pylist() == [r.split(",")[col] if col is not None else "" for r in want]
 
 
 @pytest.mark.skipif(not _native.is_available(), reason="needs the native core")
