@@ -2153,6 +2153,14 @@ static inline uint64_t fz_hash_bytes(const uint8_t *p, uint64_t len, uint64_t sa
     return z;
 }
 
+/* fz_parse_id's end: the digits' value v, negated when sign (1), as the ID when within int64
+ * (1), else 0 (a bad ID); without a branch on the sign */
+static inline int fz_id_of(uint64_t v, uint64_t sign, int64_t *id) {
+    if (v > 9223372036854775807ULL + sign) return 0;
+    *id = (int64_t)((v ^ (0 - sign)) + sign);  /* -v when negative (two's complement) */
+    return 1;
+}
+
 /* kind 2's ID: -?[0-9]{1,19} within int64 (arrow_parse_ints); 0 a bad ID, -1 a byte other
  * than a digit or '-'. Eight digits a step where they are all digits (one multiply-shift
  * reduction of the little-endian word); any other byte sends the value to the byte loop. */
@@ -2176,9 +2184,7 @@ static inline int fz_parse_id(const uint8_t *p, const uint8_t *e, int64_t *id) {
             if (ch > 9u) goto bytewise;
             v = v * 10 + ch;
         }
-        if (v > 9223372036854775807ULL + sign) return 0;
-        *id = (int64_t)((v ^ (0 - sign)) + sign);  /* -v when negative (two's complement) */
-        return 1;
+        return fz_id_of(v, sign, id);
     }
 bytewise:
     v = 0;
@@ -2193,9 +2199,7 @@ bytewise:
             return -1;
         }
     }
-    if (!ok || digits > 19 || v > (neg ? 9223372036854775808ULL : 9223372036854775807ULL)) return 0;
-    *id = neg ? (int64_t)(0 - v) : (int64_t)v;
-    return 1;
+    return ok && digits <= 19 ? fz_id_of(v, sign, id) : 0;
 }
 
 /* every value of an integer column without nulls or listed values kept: value j's ID, its length
@@ -2580,18 +2584,16 @@ static PyObject *csv_split(PyObject *self, PyObject *args) {
             goto done;
         }
         int32_t *pos = PyMem_Malloc(((size_t)cap + 72) * sizeof(int32_t));  /* + slack: flattening writes 8 at a time */
-        uint8_t *used = PyMem_Malloc((size_t)k + 1);
-        if (!pos || !used) {
-            PyMem_Free(pos); PyMem_Free(used);
+        if (!pos) {
             PyErr_NoMemory();
             goto done;
         }
         int ok = 1;
         Py_BEGIN_ALLOW_THREADS
         for (Py_ssize_t s = 0; s < k; s++) {  /* a slot no field fills: no fields, all empty */
-            used[s] = 0;
-            for (Py_ssize_t j = 0; j < ncols && !used[s]; j++) used[s] = map[j] == s;
-            if (!used[s]) {
+            int used = 0;
+            for (Py_ssize_t j = 0; j < ncols && !used; j++) used = map[j] == s;
+            if (!used) {
                 memset(st + s * n, 0, (size_t)n * 4);
                 memset(of + s * (n + 1), 0, (size_t)(n + 1) * 4);
             }
@@ -2674,7 +2676,7 @@ static PyObject *csv_split(PyObject *self, PyObject *args) {
             for (Py_ssize_t r = 1; r <= n; r++) { sum += o[r]; o[r] = (int32_t)sum; }
         }
         Py_END_ALLOW_THREADS
-        PyMem_Free(pos); PyMem_Free(used);
+        PyMem_Free(pos);
         res = PyLong_FromSsize_t(ok ? n : -1);
     }
 done:
@@ -2752,10 +2754,7 @@ __attribute__((target("sse4.1"))) static inline int fz_parse_id_sse41(const uint
         if (ch > 9u) return fz_parse_id(p, e, id);
         v = v * 10 + ch;
     }
-    uint64_t sign = (uint64_t)neg;
-    if (v > 9223372036854775807ULL + sign) return 0;
-    *id = (int64_t)((v ^ (0 - sign)) + sign);
-    return 1;
+    return fz_id_of(v, (uint64_t)neg, id);
 }
 
 __attribute__((target("sse4.1"))) static int csv_ints_sse41(CSV_INTS_ARGS) { CSV_INTS_BODY(fz_parse_id_sse41) }

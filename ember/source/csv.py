@@ -468,9 +468,8 @@ class _BlockParser:
         """``lines`` split by ``_native.csv_split`` into string columns (each empty field ``""``),
         what pyarrow's text read gives for them, when the block is plain: no quote, no CR but in a
         CRLF line end, and every line ``len(names)`` fields (``flags``: ``_native.csv_bytes``' of
-        ``lines``). Else
-        None (logged once per reason): pyarrow reads it, typed where asked, and the bad-row
-        rules apply. One pass to split, one to copy the text fields out; columns typed int64
+        ``lines``). Else None (logged once per reason): pyarrow reads it, typed where asked, and
+        the bad-row rules apply. One pass to split, one to copy the text fields out; columns typed int64
         (integer IDs) are read as IDs from the block instead, as the featurizer reads them from
         text (``_native.csv_ints``; a column with a field that is no ID stays text, for the
         featurizer to judge). Numbers stay text (``parse_floats``' native path parses them)."""
@@ -656,9 +655,8 @@ def _longest_line(lines: bytes) -> int:
 
 def _non_utf8_lines(block: bytes) -> Iterator[tuple[int, int, int]]:
     """(line start, line end (its newline or the block's end), first bad byte) of each line
-    of ``block`` that is not UTF-8, in order; nothing (after one fast check) for clean text."""
-    if block.isascii():  # ASCII is UTF-8: no decode (and no string of the block) needed
-        return
+    of ``block`` that is not UTF-8, in order. The caller has found a byte >= 0x80 in it
+    (``_native.csv_bytes``; an ASCII block is UTF-8 and needs no decode)."""
     view = memoryview(block)
     pos = 0
     while pos < len(block):
