@@ -2661,13 +2661,13 @@ static PyObject *csv_split(PyObject *self, PyObject *args) {
             if (s < 0) continue;
             int32_t *ss = st + s * n, *ls = of + s * (n + 1) + 1;
             const int32_t *end = pos + j;
-            int last = crlf && j == ncols - 1;  /* its CR (a CRLF line end) is no part of it */
             for (Py_ssize_t r = 0; r < n; r++) {
                 int32_t a = j || r ? end[r * ncols - 1] + 1 : 0;  /* after the separator before it */
-                int32_t e = end[r * ncols];
                 ss[r] = a;
-                ls[r] = e - a - (last && e > a && d[e - 1] == '\r');  /* a length; summed after */
+                ls[r] = end[r * ncols] - a;  /* a length; summed after */
             }
+            if (crlf && j == ncols - 1)  /* a CRLF line end's CR is no part of the last field */
+                for (Py_ssize_t r = 0; r < n; r++) ls[r] -= ls[r] > 0 && d[end[r * ncols] - 1] == '\r';
         }
         for (Py_ssize_t s = 0; ok && s < k; s++) {
             int32_t *o = of + s * (n + 1);
