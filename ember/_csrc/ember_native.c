@@ -2426,6 +2426,150 @@ done:
     return res;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+/* dense_prepare_run's table look-up, 4 values a step (AVX2; four scalar loads, not a gather: gathers
+ * are slow on CPUs with Intel's gather mitigation): v[i] = copysign(t[|v[i]|], v[i]) where |v[i]|
+ * is an integer below k, else v[i] kept and i appended to r (*left counts them); returns the
+ * values done (a multiple of 4), the rest for the scalar loop */
+__attribute__((target("avx2"))) static Py_ssize_t dense_table_avx2(double *v, Py_ssize_t n, const double *t, Py_ssize_t k,
+                                                                  int64_t *r, Py_ssize_t *left) {
+    const __m256d sign = _mm256_set1_pd(-0.0), kd = _mm256_set1_pd((double)k);
+    Py_ssize_t i = 0, got = *left;
+    int32_t at[4];
+    for (; i + 4 <= n; i += 4) {
+        __m256d a = _mm256_loadu_pd(v + i);
+        __m256d m = _mm256_andnot_pd(sign, a);
+        __m256d in = _mm256_cmp_pd(m, kd, _CMP_LT_OQ);
+        __m128i j = _mm256_cvttpd_epi32(_mm256_and_pd(m, in));  /* 0 where out of the table */
+        __m256d hit = _mm256_and_pd(in, _mm256_cmp_pd(_mm256_cvtepi32_pd(j), m, _CMP_EQ_OQ));
+        _mm_storeu_si128((__m128i *)at, j);
+        __m256d look = _mm256_set_pd(t[at[3]], t[at[2]], t[at[1]], t[at[0]]);
+        __m256d res = _mm256_or_pd(look, _mm256_and_pd(a, sign));  /* t >= 0: a's sign */
+        _mm256_storeu_pd(v + i, _mm256_blendv_pd(a, res, hit));
+        int bits = _mm256_movemask_pd(hit);
+        if (bits != 15)
+            for (int q = 0; q < 4; q++)
+                if (!((bits >> q) & 1)) r[got++] = i + q;
+    }
+    *left = got;
+    return i;
+}
+#endif
+
+/* dense_prepare's pass over one run (the GIL released): the values left for numpy, or -1 */
+__attribute__((target_clones("arch=x86-64-v3", "default")))  /* AVX2: the -0.0 scan's 64-bit compares */
+static Py_ssize_t dense_prepare_run(double *v, Py_ssize_t n, double fill, double lo, double hi, int mode,
+                                    const double *t, Py_ssize_t k, int64_t *r) {
+    const uint64_t *bits = (const uint64_t *)v;
+    uint64_t declined = 0;
+    Py_ssize_t left = 0;
+    /* a -0.0 anywhere (or a NaN to fill with -0.0): the run is numpy's, untouched; the caller's
+     * bounds are no -0.0, so a value becomes one only as it was one */
+    for (Py_ssize_t i = 0; i < n; i++) declined |= bits[i] == 0x8000000000000000ULL;
+    if (fill == 0.0 && signbit(fill))
+        for (Py_ssize_t i = 0; i < n; i++) declined |= v[i] != v[i];
+    if (declined) return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {  /* fill, clip: no branch (vectorised) */
+        double a = v[i];
+        a = a != a ? fill : a;
+        a = a < lo ? lo : a;
+        v[i] = a > hi ? hi : a;
+    }
+    if (mode == 0) return 0;
+    if (mode == 1)
+        for (Py_ssize_t i = 0; i < n; i++) v[i] = v[i] < 0.0 ? 0.0 : v[i];
+    Py_ssize_t i = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (__builtin_cpu_supports("avx2")) i = dense_table_avx2(v, n, t, k, r, &left);  /* 4 values a step */
+#endif
+    for (; i < n; i++) {  /* log1p from the table, or left for numpy */
+        double a = v[i], m = fabs(a);
+        if (m < (double)k) {
+            int64_t j = (int64_t)m;
+            if ((double)j == m) { v[i] = copysign(t[j], a); continue; }  /* a is no -0.0 */
+        }
+        r[left++] = i;
+    }
+    return left;
+}
+
+/* dense_prepare(x, fill, lo, hi, mode, table, rest) -> values left, or -1: one run of dense
+ * features (float64 rows of x, in place) through dense_transform's first steps, as numpy takes
+ * them: NaN -> fill, clip to [lo, hi], then for mode 1 (log1p) max(x, 0) and log1p, for mode 2
+ * (sign_log1p) sign(x) * log1p(|x|). log1p is table[k] (numpy's log1p of k, made by the caller:
+ * the same bits by construction) where |x| is an integer k below the table's length; the other
+ * values are left clipped (and max(x, 0)'d) with their positions in rest (int64, one per value
+ * at least), for numpy's log1p. Returns -1, x untouched, when a value is -0.0 after fill and
+ * clip (numpy's max and sign of a signed zero are not pinned down: the caller's numpy path
+ * decides); the caller keeps fill, lo and hi free of NaN and signed-zero bounds. */
+static PyObject *dense_prepare(PyObject *self, PyObject *args) {
+    Py_buffer x, table, rest;
+    double fill, lo, hi;
+    int mode;
+    if (!PyArg_ParseTuple(args, "w*dddiy*w*", &x, &fill, &lo, &hi, &mode, &table, &rest)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t n = x.len / 8, k = table.len / 8;
+    if (x.len % 8 || table.len % 8 || rest.len < n * 8 || mode < 0 || mode > 2 || fill != fill || lo != lo || hi != hi) {
+        PyErr_SetString(PyExc_ValueError, "ember native dense_prepare: x float64, table float64, rest int64 of x's "
+                                          "size or more, mode 0, 1 or 2, fill / lo / hi not NaN");
+        goto done;
+    }
+    {
+        double *v = x.buf;
+        const double *t = table.buf;
+        int64_t *r = rest.buf;
+        Py_ssize_t left;
+        Py_BEGIN_ALLOW_THREADS
+        left = dense_prepare_run(v, n, fill, lo, hi, mode, t, k, r);
+        Py_END_ALLOW_THREADS
+        res = PyLong_FromSsize_t(left);
+    }
+done:
+    PyBuffer_Release(&x); PyBuffer_Release(&table); PyBuffer_Release(&rest);
+    return res;
+}
+
+/* dense_finish(x, scaled, means, stds, out) -> None: the dense rows x (float64 [R, n]) as the
+ * batch's float32 [n, R], row r standardized first where scaled[r] ((x - mean) / std, two
+ * roundings as numpy makes them), then rounded to float32 (as numpy's astype). */
+static PyObject *dense_finish(PyObject *self, PyObject *args) {
+    Py_buffer x, scaled, means, stds, out;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*", &x, &scaled, &means, &stds, &out)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t rows = scaled.len, n = rows ? x.len / 8 / rows : 0;
+    if (x.len % 8 || means.len != rows * 8 || stds.len != rows * 8 || (rows && x.len != rows * n * 8) || out.len != x.len / 2) {
+        PyErr_SetString(PyExc_ValueError, "ember native dense_finish: x float64 [R, n], scaled uint8 [R], means and "
+                                          "stds float64 [R], out float32 [n, R]");
+        goto done;
+    }
+    {
+        const double *v = x.buf, *mu = means.buf, *sd = stds.buf;
+        const uint8_t *sc = scaled.buf;
+        float *o = out.buf;
+        Py_BEGIN_ALLOW_THREADS
+        for (Py_ssize_t a = 0; a < n; a += 64) {  /* tiles of 64 batch rows: each output line written while in cache */
+            Py_ssize_t b = a + 64 < n ? a + 64 : n;
+            for (Py_ssize_t r = 0; r < rows; r++) {
+                const double *row = v + r * n;
+                if (sc[r]) {
+                    double m = mu[r], s = sd[r];
+                    for (Py_ssize_t i = a; i < b; i++) o[i * rows + r] = (float)((row[i] - m) / s);
+                } else {
+                    for (Py_ssize_t i = a; i < b; i++) o[i * rows + r] = (float)row[i];
+                }
+            }
+        }
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
+done:
+    PyBuffer_Release(&x); PyBuffer_Release(&scaled); PyBuffer_Release(&means); PyBuffer_Release(&stds);
+    PyBuffer_Release(&out);
+    return res;
+}
+
 /* csv_bytes' pass, 32 bytes a step (GCC's vector extension: AVX2 or two SSE2 halves; one read of
  * each byte): newlines counted in 8-bit lanes for up to 255 steps at a time, quotes, CRs and
  * high bits OR-ed per lane; the rest byte by byte. Flags 1, 2, 4 as csv_bytes says. */
@@ -2868,6 +3012,8 @@ static PyMethodDef methods[] = {
     {"featurize_ids", featurize_ids, METH_VARARGS,
      "featurize_ids(columns, n, out_values, out_lengths, out_offsets, out_counts) -> total"},
     {"dense_floats", dense_floats, METH_VARARGS, "dense_floats(columns, n, out, out_done) -> columns done"},
+    {"dense_prepare", dense_prepare, METH_VARARGS, "dense_prepare(x, fill, lo, hi, mode, table, rest) -> values left"},
+    {"dense_finish", dense_finish, METH_VARARGS, "dense_finish(x, scaled, means, stds, out) -> None"},
     {"csv_bytes", csv_bytes, METH_VARARGS, "csv_bytes(data) -> (newlines, flags)"},
     {"csv_hazards", csv_hazards, METH_VARARGS, "csv_hazards(data) -> flags"},
     {"csv_split", csv_split, METH_VARARGS, "csv_split(data, delimiter, ncols, slots, n, out_starts, out_offsets, crlf=False) -> n or -1"},

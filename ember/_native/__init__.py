@@ -44,7 +44,7 @@ from ember import once
 
 __all__ = [
     "CSV_CR", "CSV_HEX", "CSV_LONG_DIGITS", "CSV_NOT_ASCII", "CSV_PAREN", "CSV_QUOTE", "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_gather",
-    "csv_bytes", "csv_hazards", "csv_ints", "csv_split", "dense_floats", "featurize_ids", "hash_utf8_buffers",
+    "csv_bytes", "csv_hazards", "csv_ints", "csv_split", "dense_finish", "dense_floats", "dense_prepare", "featurize_ids", "hash_utf8_buffers",
     "index_add_features", "index_add_rows", "is_available", "place", "probe", "probe_rows", "read_rows", "record_width",
     "bf16_pack_sr", "cms", "even_chunks", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "gc_scores", "gc_select", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "fresh_uniform", "unique_segments", "victim_keys",
     "write_rows",
@@ -181,6 +181,9 @@ from ember._native.arrow import (  # noqa: E402
     _arrow_hash_ints_py, _arrow_hash_strings_py, _arrow_parse_ints_py, _dense_floats_py,
     _featurize_ids_py, arrow_hash_ints, arrow_hash_strings, arrow_parse_ints, dense_floats,
     featurize_ids, hash_utf8_buffers,
+)
+from ember._native.dense import (  # noqa: E402
+    _dense_finish_py, _dense_prepare_py, dense_finish, dense_prepare,
 )
 from ember._native.csv import (  # noqa: E402
     CSV_CR, CSV_HEX, CSV_LONG_DIGITS, CSV_NOT_ASCII, CSV_PAREN, CSV_QUOTE, _csv_bytes_py, _csv_gather_py,

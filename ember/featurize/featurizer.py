@@ -38,6 +38,7 @@ from ember.featurize.rows import Rows
 from ember.featurize.schema import DenseFeature, Schema, SparseFeature
 from ember.featurize.transforms import (
     INTEGER,
+    dense_runs,
     dense_transform,
     filter_jagged,
     is_listed,
@@ -309,9 +310,17 @@ class Featurizer:
             x, _, bad = _numbers(batch, f.source_column, file, f"dense feature '{f.name}'")
             checks.add(f.source_column, "not a number", bad)
             raw[j] = x
-        for a, b, f in self._dense_runs():
-            raw[a:b] = dense_transform(raw[a:b], f.fill, f.log1p, f.clip, f.standardize, f.sign_log1p)
-        dense = np.ascontiguousarray(raw.T, dtype=np.float32)
+        if self.one_pass:  # each run in two native passes, numpy's log1p past its table
+            runs = self._dense_runs()
+            dense, declined = dense_runs(raw, [(a, b, f.fill, f.clip, f.log1p, f.standardize, f.sign_log1p)
+                                               for a, b, f in runs])
+            for r in declined:
+                _say_once("a -0.0 value, or a NaN fill or clip bound or a -0.0 one: numpy's dense_transform takes the run",
+                          runs[r][2].name, "dense", "dense_prepare")
+        else:
+            for a, b, f in self._dense_runs():
+                raw[a:b] = dense_transform(raw[a:b], f.fill, f.log1p, f.clip, f.standardize, f.sign_log1p)
+            dense = np.ascontiguousarray(raw.T, dtype=np.float32)
 
         nf = len(self.schema.sparse)
         values: list[np.ndarray] = [None] * nf  # type: ignore[list-item]  # every entry set below
