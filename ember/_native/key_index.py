@@ -139,6 +139,23 @@ def _place_py(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, new_slots: n
     return used
 
 
+def rehash(keys: np.ndarray, slots: np.ndarray, old_keys: np.ndarray, old_slots: np.ndarray) -> int:
+    """Place every live entry of the old table (``old_slots[b] >= 0``), in bucket order, into
+    the new one (``keys`` / ``slots``, large enough), as ``place`` places ``items()``; returns
+    the empty buckets used. The compiled loop reads the old table in place (no copies of its
+    items)."""
+    if old_keys.dtype != np.int64 or old_slots.dtype != np.int32 or old_keys.shape != old_slots.shape:
+        raise ValueError("rehash: old keys int64 [c], old slots int32 [c]")
+    if _native._core is not None:
+        return _native._core.rehash(keys, slots, old_keys, old_slots)
+    return _rehash_py(keys, slots, old_keys, old_slots)
+
+
+def _rehash_py(keys: np.ndarray, slots: np.ndarray, old_keys: np.ndarray, old_slots: np.ndarray) -> int:
+    live = np.flatnonzero(old_slots >= 0)
+    return _place_py(keys, slots, old_keys.take(live), old_slots.take(live))
+
+
 def _claim_rounds(pos: np.ndarray, size: int, is_free: Callable[[np.ndarray], np.ndarray],
                   claim: Callable[[np.ndarray, np.ndarray], None], full: str) -> None:
     """The fallbacks' linear-probing insert: ID i takes the first free bucket from ``pos[i]`` of a

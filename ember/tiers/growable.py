@@ -133,7 +133,9 @@ class Growable:
             if self._map is not None:
                 self.array = self._view(rows)
                 return self.array
-        bigger = np.zeros(self._shape(rows), self.dtype)  # small, refused, or past the reservation: a copy
-        bigger[: self.array.shape[0]] = self.array
+        bigger = np.empty(self._shape(rows), self.dtype)  # small, refused, or past the reservation: a copy
+        held = self.array.shape[0]
+        bigger[:held] = self.array
+        bigger[held:] = 0  # only the new rows zeroed: the old ones are written once, not twice
         self.array, self._map = bigger, None
         return bigger

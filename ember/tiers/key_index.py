@@ -129,9 +129,9 @@ class KeyIndex:
         return self._keys.take(live), self._slots.take(live)
 
     def _rehash(self, need: int) -> None:
-        ids, slots = self.items()
+        old_keys, old_slots = self._keys, self._slots
         cap = self._keys.size
         while need > _MAX_LOAD * cap:  # doubling keeps the load in [0.375, 0.75]
             cap *= 2
         self._alloc(cap)
-        self._place(ids, slots)
+        self._used += _native.rehash(self._keys, self._slots, old_keys, old_slots)  # the live entries, in bucket order

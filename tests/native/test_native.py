@@ -81,6 +81,41 @@ def test_place_into_a_full_table_raises():
             fn(keys, slots, np.array([99], dtype=np.int64), np.array([16], dtype=np.int32))
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_rehash_moves_every_live_entry_as_place_of_the_items_does(seed):
+    """A table with deleted buckets rehashed into one 2x and 4x larger: native and fallback take
+    the same buckets (the live entries only, in bucket order), use as many empty ones, and map
+    every live ID to its slot; deleted IDs are gone."""
+    rng = np.random.default_rng(seed)
+    keys, slots = _table(1 << 10)
+    ids = np.unique(rng.integers(-(2**63), 2**63 - 1, size=700))
+    _native._place_py(keys, slots, ids, np.arange(ids.size, dtype=np.int32))
+    gone = rng.choice(ids, size=100, replace=False)
+    bucket = np.empty(gone.size, np.int64)
+    _native._probe_py(keys, slots, gone, bucket, np.empty(gone.size, np.int32))
+    slots[bucket] = -2
+    live = slots >= 0
+    want = dict(zip(keys[live].tolist(), slots[live].tolist()))
+    for cap in (1 << 11, 1 << 12):
+        fns = (_native.rehash, _native._rehash_py) if _native.is_available() else (_native._rehash_py,)
+        tables = []
+        for fn in fns:
+            t = _table(cap)
+            assert fn(*t, keys, slots) == len(want)  # every one into an empty bucket
+            tables.append(t)
+        for t in tables:
+            got = t[1] >= 0
+            assert dict(zip(t[0][got].tolist(), t[1][got].tolist())) == want
+            _, found, n = _probe_all(t, gone)
+            assert n == 0
+        ref = _table(cap)  # place of the items, in bucket order: the same buckets
+        _native.place(*ref, keys[live], slots[live]) if _native.is_available() else _native._place_py(*ref, keys[live], slots[live])
+        for t in tables:
+            np.testing.assert_array_equal(np.minimum(t[1], -1), np.minimum(ref[1], -1))
+    with pytest.raises(RuntimeError, match="full"):
+        fns[0](*_table(16), keys, slots)
+
+
 def _tags(rng: np.random.Generator, n: int, free: float) -> np.ndarray:
     """A tag array: ~``free`` of the slots empty, some deleted, few distinct tags (collisions)."""
     t = rng.integers(2, 40, size=n).astype(np.uint16)
