@@ -2366,6 +2366,13 @@ done:
  * conversion, as numpy's astype); a string -?[0-9]{1,19} within int64 likewise (a "-0" is -0.0,
  * as a decimal parse makes it); null or empty, NaN. A string column with any other value is not
  * done (out_done[c] = 0, its row of out undefined): the caller's general parse judges it. */
+/* dense_floats' integer column of C type T: every value converted (nulls set after) */
+#define DF_INTS(T)                                                                     \
+    do {                                                                               \
+        const T *src_ = (const T *)raw + m[0];                                         \
+        for (Py_ssize_t i = 0; i < n; i++) row[i] = (double)src_[i];                   \
+    } while (0)
+
 static PyObject *dense_floats(PyObject *self, PyObject *args) {
     PyObject *columns;
     Py_ssize_t n;
@@ -2418,16 +2425,21 @@ static PyObject *dense_floats(PyObject *self, PyObject *args) {
             if (m[3] == 0) {
                 const uint8_t *raw = b[0].buf;
                 int sg = (int)m[4];
-                for (Py_ssize_t i = 0; i < n; i++) {
-                    Py_ssize_t j = m[0] + i;
-                    if (has_valid && !((vb[j >> 3] >> (j & 7)) & 1)) { row[i] = NAN; continue; }
-                    switch (m[1]) {
-                    case 1: row[i] = sg ? (double)((const int8_t *)raw)[j] : (double)((const uint8_t *)raw)[j]; break;
-                    case 2: row[i] = sg ? (double)((const int16_t *)raw)[j] : (double)((const uint16_t *)raw)[j]; break;
-                    case 4: row[i] = sg ? (double)((const int32_t *)raw)[j] : (double)((const uint32_t *)raw)[j]; break;
-                    default: row[i] = sg ? (double)((const int64_t *)raw)[j] : (double)((const uint64_t *)raw)[j]; break;
-                    }
+                switch (m[1] * 2 + sg) {  /* a loop a type (vectorised conversions), then the nulls */
+                case 2: DF_INTS(uint8_t); break;
+                case 3: DF_INTS(int8_t); break;
+                case 4: DF_INTS(uint16_t); break;
+                case 5: DF_INTS(int16_t); break;
+                case 8: DF_INTS(uint32_t); break;
+                case 9: DF_INTS(int32_t); break;
+                case 16: DF_INTS(uint64_t); break;
+                default: DF_INTS(int64_t); break;
                 }
+                if (has_valid)
+                    for (Py_ssize_t i = 0; i < n; i++) {
+                        Py_ssize_t j = m[0] + i;
+                        if (!((vb[j >> 3] >> (j & 7)) & 1)) row[i] = NAN;
+                    }
                 dn[c] = 1;
                 count++;
                 continue;
