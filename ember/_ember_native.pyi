@@ -159,14 +159,18 @@ def arrow_parse_ints(offsets: object, data: object, validity: object, off: int, 
 # (kind 0 ints / 1 hashed strings, values or offsets, data, validity, off, width, signed, hash,
 # salt, listed tuple); kept values of column c after those before it in out_values int64 [>= C*n],
 # out_lengths int64 [C*n] 0/1, out_offsets int64 [C, n+1], out_counts int64 [C]; returns the total
-def featurize_ids(columns: list[tuple[int, object, object, object, int, int, bool, bool, int, tuple[object, ...]]], n: int,
-                  out_values: np.ndarray, out_lengths: np.ndarray, out_offsets: np.ndarray, out_counts: np.ndarray, /) -> int: ...
+# (batch: a record batch's __arrow_c_array__(); each column then (kind, child, width, signed, hash, salt, listed))
+def featurize_ids(columns: list[tuple[int, object, object, object, int, int, bool, bool, int, tuple[object, ...]]]
+                  | list[tuple[int, int, int, bool, bool, int, tuple[object, ...]]], n: int,
+                  out_values: np.ndarray, out_lengths: np.ndarray, out_offsets: np.ndarray, out_counts: np.ndarray,
+                  batch: tuple[object, object] | None = None, /) -> int: ...
 # integer columns (kind 0) and string columns of plain integers / empty fields (kind 1) as float64
 # rows of out [R, n] (-0 is -0.0, null or empty NaN), columns a list of (kind, values or offsets,
 # data, validity, off, width, signed, row); out_done uint8 [C] 1 or 0 (a string column with another
 # value: not done); returns the columns done (GIL released)
-def dense_floats(columns: list[tuple[int, object, object, object, int, int, bool, int]], n: int, out: np.ndarray,
-                 out_done: np.ndarray, /) -> int: ...
+# (batch: as featurize_ids'; each column then (kind, child, width, signed, row))
+def dense_floats(columns: list[tuple[int, object, object, object, int, int, bool, int]] | list[tuple[int, int, int, bool, int]],
+                 n: int, out: np.ndarray, out_done: np.ndarray, batch: tuple[object, object] | None = None, /) -> int: ...
 # a run of dense rows through fill, clip and log1p / sign_log1p (table: numpy's log1p of 0..k-1);
 # the values left for numpy's log1p (their positions in rest), or -1 on a signed zero
 def dense_prepare(x: np.ndarray, fill: float, lo: float, hi: float, mode: int, table: np.ndarray,

@@ -2127,6 +2127,87 @@ done:
  * (from 0). A kind 2 column holding a value that is not an ID (a byte other than 0-9 and '-', or
  * a bad ID; listed values aside) is declined: out_counts[c] = -1, its values not kept (its
  * lengths and offsets are then garbage), for the caller's general path. */
+/* A record batch as pyarrow exports it (the Arrow C data interface, __arrow_c_array__: a schema
+ * and an array capsule; a struct array whose children are the columns): its columns' buffers
+ * read in place, no Python object a column. The structs are the interface's (a stable ABI). */
+struct ArrowSchema {
+    const char *format, *name, *metadata;
+    int64_t flags, n_children;
+    struct ArrowSchema **children, *dictionary;
+    void (*release)(struct ArrowSchema *);
+    void *private_data;
+};
+struct ArrowArray {
+    int64_t length, null_count, offset, n_buffers, n_children;
+    const void **buffers;
+    struct ArrowArray **children, *dictionary;
+    void (*release)(struct ArrowArray *);
+    void *private_data;
+};
+
+static void arrow_view(Py_buffer *b, const void *p, Py_ssize_t len) {
+    memset(b, 0, sizeof(*b));  /* obj NULL: PyBuffer_Release leaves it alone */
+    b->buf = (void *)p;
+    b->len = p ? len : 0;
+}
+
+/* column `child` of the exported batch `batch` ((schema capsule, array capsule), n rows): its
+ * values (kind 0: integers of width bytes, signed or not) or offsets (kind 1: string or binary,
+ * kind 2 / strings: string only; width 4 or 8) and bytes, its validity (empty without nulls)
+ * and offset, as the buffer form of a column passes them; 0 with ValueError when the batch or
+ * the column's type does not fit */
+static int arrow_column(PyObject *batch, Py_ssize_t child, Py_ssize_t n, int kind, Py_ssize_t width, int is_signed,
+                        int binary_ok, Py_buffer *vals, Py_buffer *data, Py_buffer *valid, Py_ssize_t *off) {
+    struct ArrowSchema *sc = NULL;
+    struct ArrowArray *ar = NULL;
+    if (PyTuple_Check(batch) && PyTuple_GET_SIZE(batch) == 2) {
+        sc = PyCapsule_GetPointer(PyTuple_GET_ITEM(batch, 0), "arrow_schema");
+        ar = sc ? PyCapsule_GetPointer(PyTuple_GET_ITEM(batch, 1), "arrow_array") : NULL;
+    }
+    if (!sc || !ar) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_ValueError, "ember native: batch is a record batch's __arrow_c_array__() (schema, array)");
+        return 0;
+    }
+    if (strcmp(sc->format, "+s") != 0 || ar->offset != 0 || ar->length != n || child < 0 || child >= ar->n_children
+        || child >= sc->n_children) {
+        PyErr_Format(PyExc_ValueError, "ember native: the batch is no struct of %zd rows with a column %zd", n, child);
+        return 0;
+    }
+    const struct ArrowArray *a = ar->children[child];
+    const char *f = sc->children[child]->format;
+    static const char ints[] = "CcSsIiLl";  /* uint8, int8, ..., int64: index 2 log2(width) + signed */
+    int fits;
+    if (kind == 0) {
+        int lg = width == 1 ? 0 : width == 2 ? 1 : width == 4 ? 2 : width == 8 ? 3 : -1;
+        fits = lg >= 0 && f[0] == ints[2 * lg + (is_signed ? 1 : 0)] && f[1] == 0 && a->n_buffers == 2;
+    } else {
+        fits = ((width == 4 && (f[0] == 'u' || (binary_ok && f[0] == 'z'))) || (width == 8 && (f[0] == 'U' || (binary_ok && f[0] == 'Z'))))
+               && f[1] == 0 && a->n_buffers == 3;
+    }
+    if (!fits || a->length != n || a->offset < 0) {
+        PyErr_Format(PyExc_ValueError, "ember native: column %zd of the batch (format '%s', %lld rows) is not what its "
+                     "kind %d, width %zd and sign ask", child, f, (long long)a->length, kind, width);
+        return 0;
+    }
+    *off = (Py_ssize_t)a->offset;
+    Py_ssize_t end = *off + n;
+    arrow_view(valid, a->null_count != 0 ? a->buffers[0] : NULL, (end + 7) / 8);
+    if (kind == 0) {
+        arrow_view(vals, a->buffers[1], end * width);
+        arrow_view(data, NULL, 0);
+    } else {
+        arrow_view(vals, a->buffers[1], (end + 1) * width);
+        int64_t last = !a->buffers[1] ? 0 : width == 4 ? (int64_t)((const int32_t *)a->buffers[1])[end] : ((const int64_t *)a->buffers[1])[end];
+        if (last < 0 || (last > 0 && !a->buffers[2])) {
+            PyErr_Format(PyExc_ValueError, "ember native: column %zd of the batch has offsets past its data", child);
+            return 0;
+        }
+        arrow_view(data, a->buffers[2], (Py_ssize_t)last);
+    }
+    return 1;
+}
+
 #define FZ_MAX_LISTED 16
 typedef struct {
     Py_buffer vals, data, valid;
@@ -2139,16 +2220,28 @@ typedef struct {
     uint64_t listed_int[FZ_MAX_LISTED];
 } fz_column;
 
-static int fz_parse_column(PyObject *item, Py_ssize_t n, fz_column *c) {
+static int fz_parse_column(PyObject *item, Py_ssize_t n, PyObject *batch, fz_column *c) {
     PyObject *listed;
+    Py_ssize_t child;
     c->held = 0;
-    if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "iy*y*y*nnppKO!", &c->kind, &c->vals, &c->data, &c->valid,
-                                                  &c->off, &c->width, &c->is_signed, &c->hash, &c->salt,
-                                                  &PyTuple_Type, &listed)) {
-        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ember native featurize_ids: a column is a tuple");
-        return 0;
+    if (batch != NULL) {  /* (kind, child, width, signed, hash, salt, listed): the buffers from the batch */
+        if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "innppKO!", &c->kind, &child, &c->width, &c->is_signed, &c->hash,
+                                                      &c->salt, &PyTuple_Type, &listed)) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ember native featurize_ids: a column is a tuple");
+            return 0;
+        }
+        if (!arrow_column(batch, child, n, c->kind, c->width, c->is_signed, c->kind == 1, &c->vals, &c->data, &c->valid,
+                          &c->off))
+            return 0;
+    } else {
+        if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "iy*y*y*nnppKO!", &c->kind, &c->vals, &c->data, &c->valid,
+                                                      &c->off, &c->width, &c->is_signed, &c->hash, &c->salt,
+                                                      &PyTuple_Type, &listed)) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ember native featurize_ids: a column is a tuple");
+            return 0;
+        }
+        c->held = 3;
     }
-    c->held = 3;
     Py_ssize_t k = PyTuple_GET_SIZE(listed);
     int ok = c->off >= 0 && (c->valid.len == 0 || c->valid.len * 8 >= c->off + n) && k <= FZ_MAX_LISTED;
     if (c->kind == 0)
@@ -2317,7 +2410,8 @@ static PyObject *featurize_ids(PyObject *self, PyObject *args) {
     PyObject *columns;
     Py_ssize_t n;
     Py_buffer out, lens, offs, counts;
-    if (!PyArg_ParseTuple(args, "O!nw*w*w*w*", &PyList_Type, &columns, &n, &out, &lens, &offs, &counts)) return NULL;
+    PyObject *batch = Py_None;
+    if (!PyArg_ParseTuple(args, "O!nw*w*w*w*|O", &PyList_Type, &columns, &n, &out, &lens, &offs, &counts, &batch)) return NULL;
     PyObject *res = NULL;
     Py_ssize_t nc = PyList_GET_SIZE(columns), got = 0;
     fz_column *cols = PyMem_Calloc(nc ? (size_t)nc : 1, sizeof(fz_column));
@@ -2328,7 +2422,7 @@ static PyObject *featurize_ids(PyObject *self, PyObject *args) {
         goto done;
     }
     for (; got < nc; got++)
-        if (!fz_parse_column(PyList_GET_ITEM(columns, got), n, &cols[got])) { got += cols[got].held ? 1 : 0; goto done; }
+        if (!fz_parse_column(PyList_GET_ITEM(columns, got), n, batch == Py_None ? NULL : batch, &cols[got])) { got += cols[got].held ? 1 : 0; goto done; }
     {
         int64_t *vo = out.buf, *lp = lens.buf, *op = offs.buf, *cp = counts.buf;
         Py_ssize_t total = 0, bad = 0, bad_col = -1;
@@ -2377,7 +2471,8 @@ static PyObject *dense_floats(PyObject *self, PyObject *args) {
     PyObject *columns;
     Py_ssize_t n;
     Py_buffer out, done;
-    if (!PyArg_ParseTuple(args, "O!nw*w*", &PyList_Type, &columns, &n, &out, &done)) return NULL;
+    PyObject *batch = Py_None;
+    if (!PyArg_ParseTuple(args, "O!nw*w*|O", &PyList_Type, &columns, &n, &out, &done, &batch)) return NULL;
     PyObject *res = NULL;
     Py_ssize_t nc = PyList_GET_SIZE(columns), got = 0, rows = n ? out.len / (n * 8) : PY_SSIZE_T_MAX;
     Py_buffer *bufs = PyMem_Calloc(nc ? (size_t)nc * 3 : 1, sizeof(Py_buffer));
@@ -2391,8 +2486,21 @@ static PyObject *dense_floats(PyObject *self, PyObject *args) {
         PyObject *item = PyList_GET_ITEM(columns, got);
         Py_ssize_t *m = meta + 5 * got;
         int kind = 0, is_signed = 0;
-        if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "iy*y*y*nnpn", &kind, &bufs[3 * got], &bufs[3 * got + 1],
-                                                      &bufs[3 * got + 2], &m[0], &m[1], &is_signed, &m[2])) {
+        Py_ssize_t child;
+        if (batch != Py_None) {  /* (kind, child, width, signed, row): the buffers from the batch */
+            if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "innpn", &kind, &child, &m[1], &is_signed, &m[2])) {
+                if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ember native dense_floats: a column is a tuple");
+                goto done;
+            }
+            if (!arrow_column(batch, child, n, kind, m[1], is_signed, 0, &bufs[3 * got], &bufs[3 * got + 1],
+                              &bufs[3 * got + 2], &m[0]))
+                goto done;
+            if (kind == 0 && bufs[3 * got + 2].len != 0) {  /* integers with nulls: not done (Arrow's cast decides) */
+                m[3] = -1;
+                continue;
+            }
+        } else if (!PyTuple_Check(item) || !PyArg_ParseTuple(item, "iy*y*y*nnpn", &kind, &bufs[3 * got], &bufs[3 * got + 1],
+                                                             &bufs[3 * got + 2], &m[0], &m[1], &is_signed, &m[2])) {
             if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "ember native dense_floats: a column is a tuple");
             goto done;
         }
@@ -2422,6 +2530,7 @@ static PyObject *dense_floats(PyObject *self, PyObject *args) {
             const int64_t *o8 = b[0].buf;
             double *row = x + m[2] * n;
             int ok = 1, has_valid = b[2].len != 0;
+            if (m[3] < 0) { dn[c] = 0; continue; }  /* declined when read from the batch */
             if (m[3] == 0) {
                 const uint8_t *raw = b[0].buf;
                 int sg = (int)m[4];
@@ -3061,8 +3170,8 @@ static PyMethodDef methods[] = {
     {"arrow_parse_ints", arrow_parse_ints, METH_VARARGS,
      "arrow_parse_ints(offsets, data, validity, off, n, width, out, state) -> bad or -1"},
     {"featurize_ids", featurize_ids, METH_VARARGS,
-     "featurize_ids(columns, n, out_values, out_lengths, out_offsets, out_counts) -> total"},
-    {"dense_floats", dense_floats, METH_VARARGS, "dense_floats(columns, n, out, out_done) -> columns done"},
+     "featurize_ids(columns, n, out_values, out_lengths, out_offsets, out_counts, batch=None) -> total"},
+    {"dense_floats", dense_floats, METH_VARARGS, "dense_floats(columns, n, out, out_done, batch=None) -> columns done"},
     {"dense_prepare", dense_prepare, METH_VARARGS, "dense_prepare(x, fill, lo, hi, mode, table, rest) -> values left"},
     {"dense_finish", dense_finish, METH_VARARGS, "dense_finish(x, scaled, means, stds, out) -> None"},
     {"csv_bytes", csv_bytes, METH_VARARGS, "csv_bytes(data) -> (newlines, flags)"},

@@ -191,7 +191,8 @@ def _arrow_parse_ints_py(offsets: object, data: object, validity: object, off: i
 
 
 def featurize_ids(columns: list[tuple], n: int, out_values: np.ndarray, out_lengths: np.ndarray,
-                  out_offsets: np.ndarray, out_counts: np.ndarray) -> int:
+                  out_offsets: np.ndarray, out_counts: np.ndarray, batch: "pa.RecordBatch | None" = None,
+                  exported: tuple[object, object] | None = None) -> int:
     """The single-valued sparse columns of one record batch in one pass over their Arrow buffers
     (``ember.featurize.featurizer``). Each column is ``(kind, values, data, validity, off, width,
     signed, hash, salt, listed)``: kind 0 an integer array (``values`` its ``width``-byte
@@ -207,7 +208,13 @@ def featurize_ids(columns: list[tuple], n: int, out_values: np.ndarray, out_leng
     ``out_offsets`` (int64 [C, n + 1]) their running sums. A kind 2 column with a value that is
     no ID (a byte other than 0-9 and ``-``, or a bad ID; listed values aside) is declined:
     ``out_counts[c]`` = -1, nothing of it kept (its lengths and offsets are left undefined), for
-    the caller's general path. Returns the values kept."""
+    the caller's general path. Returns the values kept.
+
+    With ``batch`` (a record batch of ``n`` rows), a column is ``(kind, child, width, signed,
+    hash, salt, listed)``: its buffers are those of ``batch.column(child)``, read in place by
+    the native core through the Arrow C data interface (no Python object a column);
+    ``exported``: ``batch.__arrow_c_array__()`` when the caller has it already (one export for
+    several calls)."""
     c = len(columns)
     if (out_values.dtype != np.int64 or out_values.size < c * n or out_lengths.dtype != np.int64
             or out_lengths.shape != (c * n,) or out_offsets.dtype != np.int64 or out_offsets.shape != (c, n + 1)
@@ -215,8 +222,14 @@ def featurize_ids(columns: list[tuple], n: int, out_values: np.ndarray, out_leng
         raise ValueError("featurize_ids: out_values int64 [>= C * n], out_lengths int64 [C * n], "
                          "out_offsets int64 [C, n + 1], out_counts int64 [C]")
     if _native._core is None:
+        if batch is not None:
+            columns = [(kind, *_column_buffers(batch, child, n, kind), width, signed, hashed, salt, listed)
+                       for kind, child, width, signed, hashed, salt, listed in columns]
         return _featurize_ids_py(columns, n, out_values, out_lengths, out_offsets, out_counts)
-    return int(_native._core.featurize_ids(columns, n, out_values, out_lengths, out_offsets, out_counts))
+    if batch is not None and exported is None:
+        exported = _exported(batch, n)
+    return int(_native._core.featurize_ids(columns, n, out_values, out_lengths, out_offsets, out_counts,
+                                           None if batch is None else exported))
 
 
 def _featurize_ids_py(columns: list[tuple], n: int, out_values: np.ndarray, out_lengths: np.ndarray,
@@ -278,7 +291,8 @@ def _featurize_ids_py(columns: list[tuple], n: int, out_values: np.ndarray, out_
     return total
 
 
-def dense_floats(columns: list[tuple], n: int, out: np.ndarray, out_done: np.ndarray) -> int:
+def dense_floats(columns: list[tuple], n: int, out: np.ndarray, out_done: np.ndarray,
+                 batch: "pa.RecordBatch | None" = None, exported: tuple[object, object] | None = None) -> int:
     """Integer columns, and string columns of plain integers and empty fields (CSV counts), as
     float64 in one call, as ``parse_floats`` reads them: each column ``(kind, values, data,
     validity, off, width, signed, row)``: kind 0 an integer array (``values`` its
@@ -287,13 +301,26 @@ def dense_floats(columns: list[tuple], n: int, out: np.ndarray, out_done: np.nda
     [R, n]). An integer is rounded to float64 (numpy's ``astype``); a string ``-?`` and 1-19
     digits within int64 likewise (``-0`` is -0.0, as a decimal parse makes it); a null or empty
     value is NaN. A string column holding any other value is not done (``out_done[c]`` = 0, its
-    row undefined), for the caller's general parse. Returns the columns done."""
+    row undefined), for the caller's general parse. Returns the columns done.
+
+    With ``batch``, a column is ``(kind, child, width, signed, row)``, its buffers those of
+    ``batch.column(child)`` (read in place, as ``featurize_ids`` reads them), and an integer
+    column with nulls is not done (Arrow's cast decides those: it refuses integers past 2**53);
+    ``exported`` as for ``featurize_ids``."""
     if out.dtype != np.float64 or out.ndim != 2 or out.shape[1] != n or not out.flags.c_contiguous \
             or out_done.dtype != np.uint8 or out_done.shape != (len(columns),):
         raise ValueError("dense_floats: out float64 [R, n] (C-contiguous), out_done uint8 [C]")
     if _native._core is None:
-        return _dense_floats_py(columns, n, out, out_done)
-    return int(_native._core.dense_floats(columns, n, out, out_done))
+        if batch is None:
+            return _dense_floats_py(columns, n, out, out_done)
+        nulls = [kind == 0 and batch.column(child).null_count > 0 for kind, child, *_ in columns]
+        done = _dense_floats_py([(kind, *_column_buffers(batch, child, n, kind), width, signed, row)
+                                 for kind, child, width, signed, row in columns], n, out, out_done)
+        out_done[np.array(nulls, bool)] = 0
+        return done - sum(nulls)
+    if batch is not None and exported is None:
+        exported = _exported(batch, n)
+    return int(_native._core.dense_floats(columns, n, out, out_done, None if batch is None else exported))
 
 
 def _dense_floats_py(columns: list[tuple], n: int, out: np.ndarray, out_done: np.ndarray) -> int:
@@ -316,6 +343,26 @@ def _dense_floats_py(columns: list[tuple], n: int, out: np.ndarray, out_done: np
         out[row] = values
         out_done[c] = 1
     return int(out_done.sum())
+
+
+def _exported(batch: "pa.RecordBatch", n: int) -> tuple[object, object]:
+    """``batch`` through the Arrow C data interface (schema and array capsules), for the native
+    core to read its columns' buffers in place."""
+    if not isinstance(batch, pa.RecordBatch) or batch.num_rows != n:
+        raise ValueError(f"a record batch of {n} rows is needed, got {type(batch).__name__}")
+    return batch.__arrow_c_array__()
+
+
+def _column_buffers(batch: "pa.RecordBatch", child: int, n: int, kind: int) -> tuple[object, object, object, int]:
+    """``(values, data, validity, off)`` of ``batch.column(child)`` as the buffer form of a
+    column passes them (validity b"" without nulls, data b"" for integers)."""
+    if not isinstance(batch, pa.RecordBatch) or batch.num_rows != n:
+        raise ValueError(f"a record batch of {n} rows is needed, got {type(batch).__name__}")
+    arr = batch.column(child)
+    bufs = arr.buffers()
+    validity = bufs[0] if bufs[0] is not None and arr.null_count else b""
+    data = (bufs[2] if bufs[2] is not None else b"") if kind != 0 else b""
+    return bufs[1], data, validity, arr.offset
 
 
 def _binary_from_buffers(fn: str, offsets: object, data: object, off: int, n: int, width: int) -> "pa.Array":

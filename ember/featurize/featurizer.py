@@ -252,6 +252,8 @@ class Featurizer:
         self.report = report or BadRowReport()
         self.keys = list(keys)
         self._planned: tuple[pa.Schema, list[_Native]] | None = None  # (batch schema, its plan)
+        self._children: list[tuple] | None = None  # the plan's columns by position in that schema (None: a name twice)
+        self._float_plans: dict[tuple[str, ...], tuple[list[tuple], list[int]]] = {}  # _native_floats', that schema
         self._runs: list[tuple[int, int, DenseFeature]] | None = None
         self._columns = schema.columns  # the schema is frozen: its columns, once
 
@@ -269,11 +271,17 @@ class Featurizer:
                                       missing_keys, list(names))
         checks = _Checks(batch)
         self.report.rows_read += n
+        planned = self.one_pass
+        exported = None  # the batch through the Arrow C data interface, once for the native calls below
+        if planned:  # this batch's schema checked once: the plans below read it
+            self._plan(batch.schema)
+            if isinstance(batch, pa.RecordBatch) and self._children is not None and _native.is_available():
+                exported = batch.__arrow_c_array__()
 
         labels = np.empty((n, len(self.schema.labels)), dtype=np.float32)
         parsed = np.empty((len(self.schema.labels), n), dtype=np.float64)
         native = [False] * len(self.schema.labels) if self.schema.score_only else self._native_floats(
-            batch, self.schema.labels, parsed, "label")
+            batch, self.schema.labels, parsed, "label", planned=planned, exported=exported)
         for j, name in enumerate(self.schema.labels):
             if self.schema.score_only:
                 labels[:, j] = 0.0
@@ -303,7 +311,7 @@ class Featurizer:
         # transform in one dense_transform call (elementwise: the same values as per column)
         raw = np.empty((len(self.schema.dense), n), dtype=np.float64)
         done = self._native_floats(batch, [f.source_column for f in self.schema.dense], raw, "dense",
-                                   [f.name for f in self.schema.dense])
+                                   [f.name for f in self.schema.dense], planned, exported)
         for j, f in enumerate(self.schema.dense):
             if done[j]:
                 continue
@@ -326,7 +334,7 @@ class Featurizer:
         values: list[np.ndarray] = [None] * nf  # type: ignore[list-item]  # every entry set below
         offsets: list[np.ndarray] = [None] * nf  # type: ignore[list-item]
         weights: list[np.ndarray | None] = [None] * nf
-        packed = self._native_sparse(batch, values, offsets)
+        packed = self._native_sparse(batch, values, offsets, planned, exported)
         for i, f in enumerate(self.schema.sparse):
             if values[i] is None:
                 values[i], offsets[i], weights[i] = self._sparse(f, batch, checks, file)
@@ -337,15 +345,20 @@ class Featurizer:
         return rows if keep is None else rows.take(np.flatnonzero(keep))
 
     def _native_floats(self, batch: pa.RecordBatch, columns: Sequence[str], raw: np.ndarray, kind: str,
-                       names: Sequence[str] | None = None) -> list[bool]:
+                       names: Sequence[str] | None = None, planned: bool = False,
+                       exported: tuple[object, object] | None = None) -> list[bool]:
         """Which of ``columns`` (dense features' or labels') ``_native.dense_floats`` parsed into
         the rows of ``raw`` in one call: integer columns without nulls, and string columns (CSV
         text) whose values are all plain integers or empty. The others (floats, integers with
-        nulls, decimals, blanks, bad values) go through ``parse_floats``, said once per reason."""
+        nulls, decimals, blanks, bad values) go through ``parse_floats``, said once per reason.
+        ``planned``: ``_plan`` has seen this batch's schema (its columns' positions hold);
+        ``exported``: the batch's ``__arrow_c_array__()``, made once for the native calls."""
         done = [False] * len(columns)
         if not self.one_pass or not columns:
             return done
         names = list(columns) if names is None else names
+        if planned and isinstance(batch, pa.RecordBatch) and self._children is not None:
+            return self._native_floats_batch(batch, columns, raw, kind, names, exported)
         cols, which = [], []
         for j, c in enumerate(columns):
             arr = batch.column(c)
@@ -371,6 +384,42 @@ class Featurizer:
             for j, k in zip(which, ok.tolist()):
                 done[j] = bool(k)
                 if not k:
+                    _say_once("text that is not all plain integers and empty fields (decimals, blanks, signs, bad "
+                              "values): parse_floats reads that block's column", names[j], kind, "dense_floats")
+        return done
+
+    def _native_floats_batch(self, batch: pa.RecordBatch, columns: Sequence[str], raw: np.ndarray, kind: str,
+                             names: Sequence[str], exported: tuple[object, object] | None) -> list[bool]:
+        """``_native_floats`` in one native call that reads the columns' buffers from the batch in
+        place (their positions and types planned once per schema, ``_float_plans``)."""
+        key = tuple(columns)
+        if key not in self._float_plans:
+            schema, cols, which = batch.schema, [], []
+            for j, c in enumerate(columns):
+                k = schema.get_field_index(c)
+                t = schema.field(k).type if k >= 0 else None
+                if t is not None and (pa.types.is_string(t) or pa.types.is_large_string(t)):
+                    cols.append((1, k, 8 if pa.types.is_large_string(t) else 4, True, j))
+                elif t is not None and pa.types.is_integer(t):  # with nulls, declined per batch (Arrow's cast decides)
+                    cols.append((0, k, t.bit_width // 8, pa.types.is_signed_integer(t), j))
+                else:
+                    if t is not None and (not pa.types.is_floating(t) or kind != "label"):  # float labels: parse_floats
+                        _say_once(f"a {t} column", names[j], kind, "dense_floats")
+                    continue
+                which.append(j)
+            self._float_plans[key] = (cols, which)
+        cols, which = self._float_plans[key]
+        done = [False] * len(columns)
+        if cols:
+            ok = np.empty(len(cols), np.uint8)
+            _native.dense_floats(cols, batch.num_rows, raw, ok, batch, exported)
+            for (typ, *_), j, k in zip(cols, which, ok.tolist()):
+                done[j] = bool(k)
+                if k:
+                    continue
+                if typ == 0:
+                    _say_once(f"a {batch.schema.field(columns[j]).type} column with nulls", names[j], kind, "dense_floats")
+                else:
                     _say_once("text that is not all plain integers and empty fields (decimals, blanks, signs, bad "
                               "values): parse_floats reads that block's column", names[j], kind, "dense_floats")
         return done
@@ -431,31 +480,39 @@ class Featurizer:
         if plan and not _native.is_available():
             _say_once("the native core is not loaded (EMBER_NATIVE=0 or not built): featurize_ids runs its numpy fallback",
                       self.schema.sparse[plan[0].index].name)
+        children = [schema.get_field_index(p.column) for p in plan]
         self._planned = (schema, plan)
+        self._children = None if -1 in children else [  # the columns by position: one native call reads them all
+            (p.kind, k, p.width, p.signed, p.hashed, p.salt, p.listed) for p, k in zip(plan, children)]
+        self._float_plans = {}
         return plan
 
-    def _native_sparse(self, batch: pa.RecordBatch, values: list, offsets: list) -> tuple[np.ndarray, np.ndarray] | None:
+    def _native_sparse(self, batch: pa.RecordBatch, values: list, offsets: list,
+                       planned: bool = False, exported: tuple[object, object] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
         """The planned features' values and offsets from one ``featurize_ids`` call, filled into
         ``values`` / ``offsets``; returns ``(values, lengths)`` of all features, laid out as
         ``SparseFeatures`` takes them, when the call made every feature, else None."""
-        plan = self._plan(batch.schema) if self.one_pass else []
+        plan = (self._planned[1] if planned and self._planned is not None else self._plan(batch.schema)) if self.one_pass else []
         if not plan:
             return None
         n, c = batch.num_rows, len(plan)
-        cols = []
-        for p in plan:
-            arr = batch.column(p.column)
-            if isinstance(arr, pa.ChunkedArray):  # a Table's column
-                arr = arr.combine_chunks()
-            bufs = arr.buffers()
-            validity = bufs[0] if bufs[0] is not None and arr.null_count else b""
-            data = (bufs[2] if bufs[2] is not None else b"") if p.kind != 0 else b""
-            cols.append((p.kind, bufs[1], data, validity, arr.offset, p.width, p.signed, p.hashed, p.salt, p.listed))
         out = _empty(c * n, np.int64)
         lengths = _empty(c * n, np.int64)
         offs = _empty(c * (n + 1), np.int64).reshape(c, n + 1)
         counts = np.empty(c, np.int64)
-        total = _native.featurize_ids(cols, n, out, lengths, offs, counts)
+        if planned and isinstance(batch, pa.RecordBatch) and self._children is not None:  # the buffers read in place, in C
+            total = _native.featurize_ids(self._children, n, out, lengths, offs, counts, batch, exported)
+        else:
+            cols = []
+            for p in plan:
+                arr = batch.column(p.column)
+                if isinstance(arr, pa.ChunkedArray):  # a Table's column
+                    arr = arr.combine_chunks()
+                bufs = arr.buffers()
+                validity = bufs[0] if bufs[0] is not None and arr.null_count else b""
+                data = (bufs[2] if bufs[2] is not None else b"") if p.kind != 0 else b""
+                cols.append((p.kind, bufs[1], data, validity, arr.offset, p.width, p.signed, p.hashed, p.salt, p.listed))
+            total = _native.featurize_ids(cols, n, out, lengths, offs, counts)
         start, declined = 0, False
         for j, (p, k) in enumerate(zip(plan, counts.tolist())):
             if k < 0:  # a value that is no plain integer ID: parse_ints judges it (and names bad rows)

@@ -248,6 +248,107 @@ def test_native_featurize_ids_equals_its_fallback(seed):
     np.testing.assert_array_equal(o1[done], o2[done])
 
 
+def _fuzz_batch(rng: np.random.Generator, n: int) -> tuple[pa.RecordBatch, list[tuple], list[tuple]]:
+    """A record batch of every integer width, (large_)string and binary columns, integer IDs as
+    text, nulls, sliced by 3 rows (children with offsets); its columns as featurize_ids takes
+    them by buffers and by position."""
+    arrays, by_buffers, by_child = {}, [], []
+    for k, typ in enumerate(INT_TYPES + STRING_TYPES + [pa.string(), pa.large_string()]):
+        text_ids = k >= len(INT_TYPES + STRING_TYPES)
+        if text_ids:
+            words = ["", "12", "-3", "007", "-0", "9223372036854775807"] + (["x1"] if rng.random() < 0.3 else [])
+            arr = pa.array([None if rng.random() < 0.1 else str(rng.choice(words)) for _ in range(n + 3)], typ)
+        else:
+            arr = _ints(rng, typ, n + 3) if pa.types.is_integer(typ) else _strings(rng, typ, n + 3)
+        arrays[f"c{k}"] = arr
+    batch = pa.record_batch(arrays).slice(3)
+    for k, (name, typ) in enumerate(zip(batch.schema.names, batch.schema.types)):
+        arr = batch.column(k)
+        bufs = arr.buffers()
+        validity = bufs[0] if bufs[0] is not None and arr.null_count else b""
+        kind = 0 if pa.types.is_integer(typ) else 2 if k >= len(INT_TYPES + STRING_TYPES) else 1
+        width = typ.bit_width // 8 if kind == 0 else 8 if typ in (pa.large_string(), pa.large_binary()) else 4
+        signed = pa.types.is_signed_integer(typ) if kind == 0 else True
+        hashed = kind == 1 or (kind == 0 and bool(rng.random() < 0.5))
+        salt = int(rng.integers(0, 2**63)) if hashed else 0
+        listed = (tuple(int(v) & (2**64 - 1) for v in rng.integers(-2, 8, int(rng.choice([0, 3])))) if kind == 0
+                  else (b"-3", b"") if kind == 2 else (b"7",))
+        data = (bufs[2] if bufs[2] is not None else b"") if kind else b""
+        by_buffers.append((kind, bufs[1], data, validity, arr.offset, width, signed, hashed, salt, listed))
+        by_child.append((kind, k, width, signed, hashed, salt, listed))
+    return batch, by_buffers, by_child
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_featurize_ids_reads_a_batchs_columns_in_place_as_its_buffers(seed):
+    """The columns named by position in a record batch (the Arrow C data interface: its buffers
+    read in place) give what the same columns passed as buffers give; natively and in the
+    fallback (which takes the batch's buffers itself)."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 150))
+    batch, by_buffers, by_child = _fuzz_batch(rng, n)
+    outs = []
+    calls = [(_native._featurize_ids_py, by_buffers, {})] if not _native.is_available() else [
+        (_native.featurize_ids, by_buffers, {}), (_native._featurize_ids_py, by_buffers, {})]
+    calls += [(_native.featurize_ids, by_child, {"batch": batch}),
+              (_native.featurize_ids, by_child, {"batch": batch, "exported": batch.__arrow_c_array__()})]
+    for fn, cols, kw in calls:
+        c = len(cols)
+        out = np.full(c * n, -7, np.int64)
+        lengths, offs, counts = np.empty(c * n, np.int64), np.empty((c, n + 1), np.int64), np.empty(c, np.int64)
+        total = fn(cols, n, out, lengths, offs, counts, **kw)
+        done = np.flatnonzero(counts >= 0)
+        outs.append((total, out[:total].tolist(), counts.tolist(), lengths.reshape(c, n)[done].tolist(), offs[done].tolist()))
+    assert all(o == outs[0] for o in outs[1:])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_dense_floats_reads_a_batchs_columns_in_place_as_its_buffers(seed):
+    """dense_floats by position in a batch: the same rows as by buffers, but an integer column
+    with nulls is not done (Arrow's cast decides those)."""
+    rng = np.random.default_rng(50 + seed)
+    n = int(rng.integers(1, 150))
+    cols = {f"i{k}": _ints(rng, t, n + 2) for k, t in enumerate(INT_TYPES)}
+    cols["t"] = pa.array([str(rng.choice(["", "0", "-0", "7", "-3", "123456789012345678"])) for _ in range(n + 2)],
+                         mask=rng.random(n + 2) < 0.1)
+    cols["u"] = pa.array([str(rng.choice(["1", "2.5"])) for _ in range(n + 2)], pa.large_string())
+    batch = pa.record_batch(cols).slice(2)
+    by_buffers, by_child = [], []
+    for k, typ in enumerate(batch.schema.types):
+        arr = batch.column(k)
+        bufs = arr.buffers()
+        kind = 0 if pa.types.is_integer(typ) else 1
+        width = typ.bit_width // 8 if kind == 0 else 8 if typ == pa.large_string() else 4
+        validity = bufs[0] if bufs[0] is not None and arr.null_count else b""
+        by_buffers.append((kind, bufs[1], bufs[2] if kind else b"", validity, arr.offset, width,
+                           pa.types.is_signed_integer(typ) if kind == 0 else True, k))
+        by_child.append((kind, k, width, pa.types.is_signed_integer(typ) if kind == 0 else True, k))
+    rows = len(by_child)
+    ref, ref_done = np.full((rows, n), 5.0), np.empty(rows, np.uint8)
+    _native.dense_floats(by_buffers, n, ref, ref_done)
+    nulls = [pa.types.is_integer(t) and batch.column(k).null_count > 0 for k, t in enumerate(batch.schema.types)]
+    for kw in ({"batch": batch}, {"batch": batch, "exported": batch.__arrow_c_array__()}):
+        for fn in (_native.dense_floats,):
+            out, done = np.full((rows, n), 5.0), np.empty(rows, np.uint8)
+            assert fn(by_child, n, out, done, **kw) == int(done.sum())
+            assert done.tolist() == [0 if z else int(d) for z, d in zip(nulls, ref_done)]
+            for r in np.flatnonzero(done):
+                assert out[r].tobytes() == ref[r].tobytes()
+
+
+def test_a_batchs_column_of_another_type_is_refused():
+    batch = pa.record_batch({"a": pa.array([1, 2], pa.int32()), "s": pa.array(["x", "y"])})
+    out, lengths, offs, counts = np.empty(2, np.int64), np.empty(2, np.int64), np.empty((1, 3), np.int64), np.empty(1, np.int64)
+    if _native.is_available():
+        for col in [(0, 0, 8, True, False, 0, ()), (0, 0, 4, False, False, 0, ()), (2, 1, 8, True, False, 0, ()),
+                    (0, 5, 4, True, False, 0, ())]:
+            with pytest.raises(ValueError, match="column"):
+                _native.featurize_ids([col], 2, out, lengths, offs, counts, batch)
+    with pytest.raises(ValueError, match="record batch of 3 rows"):
+        _native.featurize_ids([(0, 0, 4, True, False, 0, ())], 3, np.empty(3, np.int64), np.empty(3, np.int64),
+                              np.empty((1, 4), np.int64), np.empty(1, np.int64), batch)
+
+
 @pytest.mark.skipif(not _native.is_available(), reason="needs the native core")
 def test_native_featurize_ids_refuses_offsets_past_the_data():
     offsets = np.array([0, 2, 50], np.int32)
