@@ -626,6 +626,19 @@ static PyObject *gc_release(PyObject *self, PyObject *args) {
 /* place(keys, slots, ids, new_slots int32[n]) -> empty buckets consumed.
  * The IDs must be absent and unique; the caller keeps the load below 1 (a full table raises
  * RuntimeError after placing the IDs before the first that found no bucket). */
+/* ID x -> slot v into the first free (empty or deleted) bucket from its home, linear probing;
+ * counts an empty bucket taken in *used. 0 when the table is full (the caller's load check
+ * failed). */
+static inline int place_one(int64_t *k, int32_t *s, uint64_t mask, int64_t x, int32_t v, Py_ssize_t *used) {
+    uint64_t h = mix64((uint64_t)x) & mask, step = 0;
+    while (s[h] >= 0 && step++ <= mask) h = (h + 1) & mask;
+    if (s[h] >= 0) return 0;
+    *used += s[h] == EMPTY;
+    k[h] = x;
+    s[h] = v;
+    return 1;
+}
+
 static PyObject *place(PyObject *self, PyObject *args) {
     Py_buffer keys, slots, ids, ns;
     if (!PyArg_ParseTuple(args, "w*w*y*y*", &keys, &slots, &ids, &ns)) return NULL;
@@ -644,14 +657,8 @@ static PyObject *place(PyObject *self, PyObject *args) {
         const int32_t *v = ns.buf;
         Py_ssize_t used = 0, full = 0;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            uint64_t h = mix64((uint64_t)id[i]) & mask, step = 0;
-            while (s[h] >= 0 && step++ <= mask) h = (h + 1) & mask;
-            if (s[h] >= 0) { full = 1; break; }  /* the caller's load check failed */
-            used += s[h] == EMPTY;
-            k[h] = id[i];
-            s[h] = v[i];
-        }
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (!place_one(k, s, mask, id[i], v[i], &used)) { full = 1; break; }  /* the caller's load check failed */
         Py_END_ALLOW_THREADS
         if (full) PyErr_SetString(PyExc_RuntimeError, "ember native place: index full (reserve room first)");
         else res = PyLong_FromSsize_t(used);
@@ -682,15 +689,8 @@ static PyObject *rehash(PyObject *self, PyObject *args) {
         const int32_t *osb = os.buf;
         Py_ssize_t n = os.len / 4, used = 0, full = 0;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t b = 0; b < n; b++) {
-            if (osb[b] < 0) continue;
-            uint64_t h = mix64((uint64_t)okb[b]) & mask, step = 0;
-            while (s[h] >= 0 && step++ <= mask) h = (h + 1) & mask;
-            if (s[h] >= 0) { full = 1; break; }
-            used += s[h] == EMPTY;
-            k[h] = okb[b];
-            s[h] = osb[b];
-        }
+        for (Py_ssize_t b = 0; b < n; b++)
+            if (osb[b] >= 0 && !place_one(k, s, mask, okb[b], osb[b], &used)) { full = 1; break; }
         Py_END_ALLOW_THREADS
         if (full) PyErr_SetString(PyExc_RuntimeError, "ember native rehash: the new index is full");
         else res = PyLong_FromSsize_t(used);
@@ -1383,12 +1383,9 @@ static Py_ssize_t write_tier(int64_t i0, int64_t i1, const int64_t *id, int64_t 
         }
         if (slot[i] < 0) {
             int64_t x = id[i], v = *fat < nfree ? (int64_t)fr[(*fat)++] : (*nxt)++;
-            uint64_t h = mix64((uint64_t)x) & mask, step = 0;
-            while (s[h] >= 0 && step++ <= mask) h = (h + 1) & mask;
-            if (s[h] >= 0) { *full = 1; break; }  /* the caller's load check failed */
-            *us += s[h] == EMPTY;
-            k[h] = x;
-            s[h] = (int32_t)v;
+            Py_ssize_t took = 0;
+            if (!place_one(k, s, mask, x, (int32_t)v, &took)) { *full = 1; break; }  /* the caller's load check failed */
+            *us += took;
             ids_of[v] = x;
             held[v] = 1;
             la[v] = clk;
