@@ -2166,8 +2166,8 @@ static int arrow_column(PyObject *batch, Py_ssize_t child, Py_ssize_t n, int kin
         PyErr_SetString(PyExc_ValueError, "ember native: batch is a record batch's __arrow_c_array__() (schema, array)");
         return 0;
     }
-    if (strcmp(sc->format, "+s") != 0 || ar->offset != 0 || ar->length != n || child < 0 || child >= ar->n_children
-        || child >= sc->n_children) {
+    if (strcmp(sc->format, "+s") != 0 || ar->offset < 0 || ar->length != n || ar->null_count > 0 || child < 0
+        || child >= ar->n_children || child >= sc->n_children) {
         PyErr_Format(PyExc_ValueError, "ember native: the batch is no struct of %zd rows with a column %zd", n, child);
         return 0;
     }
@@ -2182,12 +2182,12 @@ static int arrow_column(PyObject *batch, Py_ssize_t child, Py_ssize_t n, int kin
         fits = ((width == 4 && (f[0] == 'u' || (binary_ok && f[0] == 'z'))) || (width == 8 && (f[0] == 'U' || (binary_ok && f[0] == 'Z'))))
                && f[1] == 0 && a->n_buffers == 3;
     }
-    if (!fits || a->length != n || a->offset < 0) {
+    if (!fits || a->length < ar->offset + n || a->offset < 0) {  /* the struct's offset applies to its children */
         PyErr_Format(PyExc_ValueError, "ember native: column %zd of the batch (format '%s', %lld rows) is not what its "
                      "kind %d, width %zd and sign ask", child, f, (long long)a->length, kind, width);
         return 0;
     }
-    *off = (Py_ssize_t)a->offset;
+    *off = (Py_ssize_t)(a->offset + ar->offset);
     Py_ssize_t end = *off + n;
     arrow_view(valid, a->null_count != 0 ? a->buffers[0] : NULL, (end + 7) / 8);
     if (kind == 0) {

@@ -336,6 +336,25 @@ def test_dense_floats_reads_a_batchs_columns_in_place_as_its_buffers(seed):
                 assert out[r].tobytes() == ref[r].tobytes()
 
 
+@pytest.mark.skipif(not _native.is_available(), reason="needs the native core")
+def test_a_sliced_struct_exports_its_offset_to_its_columns():
+    """An exported struct array with an offset of its own (the C data interface applies it to
+    the children): the columns read from the struct's rows, not from its children's first."""
+    rng = np.random.default_rng(7)
+    batch, by_buffers, by_child = _fuzz_batch(rng, 40)
+    struct = pa.StructArray.from_arrays(batch.columns, names=batch.schema.names).slice(5, 30)
+    exported = struct.__arrow_c_array__()
+    sliced = batch.slice(5, 30)
+    outs = []
+    for cols, kw in ((by_child, {"batch": sliced}), (by_child, {"batch": sliced, "exported": exported})):
+        c = len(cols)
+        out, lengths = np.full(c * 30, -7, np.int64), np.empty(c * 30, np.int64)
+        offs, counts = np.empty((c, 31), np.int64), np.empty(c, np.int64)
+        total = _native.featurize_ids(cols, 30, out, lengths, offs, counts, **kw)
+        outs.append((total, out[:total].tolist(), counts.tolist()))
+    assert outs[0] == outs[1]
+
+
 def test_a_batchs_column_of_another_type_is_refused():
     batch = pa.record_batch({"a": pa.array([1, 2], pa.int32()), "s": pa.array(["x", "y"])})
     out, lengths, offs, counts = np.empty(2, np.int64), np.empty(2, np.int64), np.empty((1, 3), np.int64), np.empty(1, np.int64)
