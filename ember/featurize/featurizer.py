@@ -262,10 +262,11 @@ class Featurizer:
         given an array (``RecordChunk.row_numbers``: CSV rows that span lines), for messages."""
         n = batch.num_rows
         names = batch.schema.names
-        missing_cols = [c for c in self._columns if c not in names]
+        have = set(names)  # (a list's `in` made this check O(columns^2): 26 us for Criteo's 40)
+        missing_cols = [c for c in self._columns if c not in have]
         if missing_cols:
             raise SchemaError(f"{file}: column(s) {missing_cols} not found; the data has {names}")
-        missing_keys = [c for c in self.keys if c not in names]
+        missing_keys = [c for c in self.keys if c not in have]
         if missing_keys:
             raise MissingColumnsError(f"{file}: column(s) {missing_keys} not found; the data has {names}",
                                       missing_keys, list(names))
