@@ -54,6 +54,10 @@ __all__ = ["Featurizer", "read_types"]
 log = logging.getLogger("ember")
 
 
+_NOT_PLAIN_TEXT = ("text that is not all plain integers and empty fields (decimals, blanks, signs, bad values): "
+                   "parse_floats reads that block's column")  # why dense_floats left a text column
+
+
 def _say_once(reason: str, feature: str, kind: str = "sparse", call: str = "featurize_ids") -> None:
     if once.first("featurizer.column_by_column", reason):
         log.info("featurizer: %s feature '%s' (and any other like it) is featurized column by column, not in the "
@@ -385,8 +389,7 @@ class Featurizer:
             for j, k in zip(which, ok.tolist()):
                 done[j] = bool(k)
                 if not k:
-                    _say_once("text that is not all plain integers and empty fields (decimals, blanks, signs, bad "
-                              "values): parse_floats reads that block's column", names[j], kind, "dense_floats")
+                    _say_once(_NOT_PLAIN_TEXT, names[j], kind, "dense_floats")
         return done
 
     def _native_floats_batch(self, batch: pa.RecordBatch, columns: Sequence[str], raw: np.ndarray, kind: str,
@@ -421,8 +424,7 @@ class Featurizer:
                 if typ == 0:
                     _say_once(f"a {batch.schema.field(columns[j]).type} column with nulls", names[j], kind, "dense_floats")
                 else:
-                    _say_once("text that is not all plain integers and empty fields (decimals, blanks, signs, bad "
-                              "values): parse_floats reads that block's column", names[j], kind, "dense_floats")
+                    _say_once(_NOT_PLAIN_TEXT, names[j], kind, "dense_floats")
         return done
 
     def _dense_runs(self) -> list[tuple[int, int, DenseFeature]]:
