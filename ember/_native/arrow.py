@@ -345,20 +345,23 @@ def _dense_floats_py(columns: list[tuple], n: int, out: np.ndarray, out_done: np
     return int(out_done.sum())
 
 
+def _batch_of(batch: "pa.RecordBatch", n: int) -> "pa.RecordBatch":
+    """``batch``, checked to be a record batch of ``n`` rows (the form by position needs one)."""
+    if not isinstance(batch, pa.RecordBatch) or batch.num_rows != n:
+        raise ValueError(f"a record batch of {n} rows is needed, got {type(batch).__name__}")
+    return batch
+
+
 def _exported(batch: "pa.RecordBatch", n: int) -> tuple[object, object]:
     """``batch`` through the Arrow C data interface (schema and array capsules), for the native
     core to read its columns' buffers in place."""
-    if not isinstance(batch, pa.RecordBatch) or batch.num_rows != n:
-        raise ValueError(f"a record batch of {n} rows is needed, got {type(batch).__name__}")
-    return batch.__arrow_c_array__()
+    return _batch_of(batch, n).__arrow_c_array__()
 
 
 def _column_buffers(batch: "pa.RecordBatch", child: int, n: int, kind: int) -> tuple[object, object, object, int]:
     """``(values, data, validity, off)`` of ``batch.column(child)`` as the buffer form of a
     column passes them (validity b"" without nulls, data b"" for integers)."""
-    if not isinstance(batch, pa.RecordBatch) or batch.num_rows != n:
-        raise ValueError(f"a record batch of {n} rows is needed, got {type(batch).__name__}")
-    arr = batch.column(child)
+    arr = _batch_of(batch, n).column(child)
     bufs = arr.buffers()
     validity = bufs[0] if bufs[0] is not None and arr.null_count else b""
     data = (bufs[2] if bufs[2] is not None else b"") if kind != 0 else b""

@@ -36,7 +36,8 @@ def dense_prepare(x: np.ndarray, fill: float, lo: float, hi: float, mode: int, r
     their flat positions in ``rest[:k]`` for numpy's log1p, and ``k`` returned. Returns -1 with
     ``x`` untouched when a value is -0.0 after fill and clip (numpy's ``maximum`` and ``sign``
     of a signed zero are not pinned down: the caller's numpy path decides). ``fill``, ``lo``,
-    ``hi`` must not be NaN, nor ``lo`` / ``hi`` a zero (a tie with a signed zero)."""
+    ``hi`` must not be NaN (refused), nor ``lo`` / ``hi`` -0.0 (a tie with +0.0 that numpy's
+    ``maximum`` decides: the caller keeps such runs on ``dense_transform``)."""
     if x.dtype != np.float64 or not x.flags.c_contiguous or rest.dtype != np.int64 or rest.size < x.size \
             or mode not in (0, 1, 2) or np.isnan([fill, lo, hi]).any():
         raise ValueError("dense_prepare: x float64 (C-contiguous), rest int64 of x's size or more, mode 0, 1 or 2, "

@@ -58,6 +58,16 @@ _NOT_PLAIN_TEXT = ("text that is not all plain integers and empty fields (decima
                    "parse_floats reads that block's column")  # why dense_floats left a text column
 
 
+def _float_column(t: pa.DataType) -> tuple[int, int, bool] | None:
+    """How ``_native.dense_floats`` takes a column of type ``t``: ``(kind, width, signed)`` for a
+    (large_)string column (kind 1, its offsets' width) or an integer one (kind 0), else None."""
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return 1, 8 if pa.types.is_large_string(t) else 4, True
+    if pa.types.is_integer(t):
+        return 0, t.bit_width // 8, pa.types.is_signed_integer(t)
+    return None
+
+
 def _say_once(reason: str, feature: str, kind: str = "sparse", call: str = "featurize_ids") -> None:
     if once.first("featurizer.column_by_column", reason):
         log.info("featurizer: %s feature '%s' (and any other like it) is featurized column by column, not in the "
@@ -276,9 +286,8 @@ class Featurizer:
                                       missing_keys, list(names))
         checks = _Checks(batch)
         self.report.rows_read += n
-        planned = self.one_pass
         exported = None  # the batch through the Arrow C data interface, once for the native calls below
-        if planned:  # this batch's schema checked once: the plans below read it
+        if self.one_pass:  # this batch's schema checked once: the plans below read it
             self._plan(batch.schema)
             if isinstance(batch, pa.RecordBatch) and self._children is not None and _native.is_available():
                 exported = batch.__arrow_c_array__()
@@ -286,7 +295,7 @@ class Featurizer:
         labels = np.empty((n, len(self.schema.labels)), dtype=np.float32)
         parsed = np.empty((len(self.schema.labels), n), dtype=np.float64)
         native = [False] * len(self.schema.labels) if self.schema.score_only else self._native_floats(
-            batch, self.schema.labels, parsed, "label", planned=planned, exported=exported)
+            batch, self.schema.labels, parsed, "label", exported=exported)
         for j, name in enumerate(self.schema.labels):
             if self.schema.score_only:
                 labels[:, j] = 0.0
@@ -316,7 +325,7 @@ class Featurizer:
         # transform in one dense_transform call (elementwise: the same values as per column)
         raw = np.empty((len(self.schema.dense), n), dtype=np.float64)
         done = self._native_floats(batch, [f.source_column for f in self.schema.dense], raw, "dense",
-                                   [f.name for f in self.schema.dense], planned, exported)
+                                   [f.name for f in self.schema.dense], exported)
         for j, f in enumerate(self.schema.dense):
             if done[j]:
                 continue
@@ -339,7 +348,7 @@ class Featurizer:
         values: list[np.ndarray] = [None] * nf  # type: ignore[list-item]  # every entry set below
         offsets: list[np.ndarray] = [None] * nf  # type: ignore[list-item]
         weights: list[np.ndarray | None] = [None] * nf
-        packed = self._native_sparse(batch, values, offsets, planned, exported)
+        packed = self._native_sparse(batch, values, offsets, exported)
         for i, f in enumerate(self.schema.sparse):
             if values[i] is None:
                 values[i], offsets[i], weights[i] = self._sparse(f, batch, checks, file)
@@ -350,62 +359,28 @@ class Featurizer:
         return rows if keep is None else rows.take(np.flatnonzero(keep))
 
     def _native_floats(self, batch: pa.RecordBatch, columns: Sequence[str], raw: np.ndarray, kind: str,
-                       names: Sequence[str] | None = None, planned: bool = False,
-                       exported: tuple[object, object] | None = None) -> list[bool]:
+                       names: Sequence[str] | None = None, exported: tuple[object, object] | None = None) -> list[bool]:
         """Which of ``columns`` (dense features' or labels') ``_native.dense_floats`` parsed into
-        the rows of ``raw`` in one call: integer columns without nulls, and string columns (CSV
-        text) whose values are all plain integers or empty. The others (floats, integers with
-        nulls, decimals, blanks, bad values) go through ``parse_floats``, said once per reason.
-        ``planned``: ``_plan`` has seen this batch's schema (its columns' positions hold);
+        the rows of ``raw`` in one call that reads the columns' buffers from the batch in place
+        (their positions and types planned once per schema, ``_float_plans``; ``_plan`` has seen
+        this batch's schema): integer columns without nulls, and string columns (CSV text) whose
+        values are all plain integers or empty. The others (floats, integers with nulls, decimals,
+        blanks, bad values) go through ``parse_floats``, said once per reason; all of them when the
+        batch cannot be read by position (a column named twice: the per-column parse names it).
         ``exported``: the batch's ``__arrow_c_array__()``, made once for the native calls."""
         done = [False] * len(columns)
-        if not self.one_pass or not columns:
+        if not self.one_pass or not columns or not isinstance(batch, pa.RecordBatch) or self._children is None:
             return done
         names = list(columns) if names is None else names
-        if planned and isinstance(batch, pa.RecordBatch) and self._children is not None:
-            return self._native_floats_batch(batch, columns, raw, kind, names, exported)
-        cols, which = [], []
-        for j, c in enumerate(columns):
-            arr = batch.column(c)
-            if isinstance(arr, pa.ChunkedArray):
-                continue
-            t = arr.type
-            if pa.types.is_string(t) or pa.types.is_large_string(t):
-                bufs = arr.buffers()
-                validity = bufs[0] if bufs[0] is not None and arr.null_count else b""
-                cols.append((1, bufs[1], bufs[2] if bufs[2] is not None else b"", validity, arr.offset,
-                             8 if pa.types.is_large_string(t) else 4, True, j))
-            elif pa.types.is_integer(t) and not arr.null_count:  # with nulls, Arrow's cast decides (it refuses past 2**53)
-                cols.append((0, arr.buffers()[1], b"", b"", arr.offset, t.bit_width // 8, pa.types.is_signed_integer(t), j))
-            else:
-                if not pa.types.is_floating(t) or kind != "label":  # float labels: parse_floats is their path
-                    _say_once(f"a {t} column" + (" with nulls" if pa.types.is_integer(t) else ""), names[j], kind,
-                              "dense_floats")
-                continue
-            which.append(j)
-        if cols:
-            ok = np.empty(len(cols), np.uint8)
-            _native.dense_floats(cols, batch.num_rows, raw, ok)
-            for j, k in zip(which, ok.tolist()):
-                done[j] = bool(k)
-                if not k:
-                    _say_once(_NOT_PLAIN_TEXT, names[j], kind, "dense_floats")
-        return done
-
-    def _native_floats_batch(self, batch: pa.RecordBatch, columns: Sequence[str], raw: np.ndarray, kind: str,
-                             names: Sequence[str], exported: tuple[object, object] | None) -> list[bool]:
-        """``_native_floats`` in one native call that reads the columns' buffers from the batch in
-        place (their positions and types planned once per schema, ``_float_plans``)."""
         key = tuple(columns)
         if key not in self._float_plans:
             schema, cols, which = batch.schema, [], []
             for j, c in enumerate(columns):
                 k = schema.get_field_index(c)
                 t = schema.field(k).type if k >= 0 else None
-                if t is not None and (pa.types.is_string(t) or pa.types.is_large_string(t)):
-                    cols.append((1, k, 8 if pa.types.is_large_string(t) else 4, True, j))
-                elif t is not None and pa.types.is_integer(t):  # with nulls, declined per batch (Arrow's cast decides)
-                    cols.append((0, k, t.bit_width // 8, pa.types.is_signed_integer(t), j))
+                how = _float_column(t) if t is not None else None
+                if how is not None:  # integers with nulls: declined per batch (Arrow's cast decides)
+                    cols.append((how[0], k, *how[1:], j))
                 else:
                     if t is not None and (not pa.types.is_floating(t) or kind != "label"):  # float labels: parse_floats
                         _say_once(f"a {t} column", names[j], kind, "dense_floats")
@@ -413,7 +388,6 @@ class Featurizer:
                 which.append(j)
             self._float_plans[key] = (cols, which)
         cols, which = self._float_plans[key]
-        done = [False] * len(columns)
         if cols:
             ok = np.empty(len(cols), np.uint8)
             _native.dense_floats(cols, batch.num_rows, raw, ok, batch, exported)
@@ -491,31 +465,22 @@ class Featurizer:
         return plan
 
     def _native_sparse(self, batch: pa.RecordBatch, values: list, offsets: list,
-                       planned: bool = False, exported: tuple[object, object] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
-        """The planned features' values and offsets from one ``featurize_ids`` call, filled into
-        ``values`` / ``offsets``; returns ``(values, lengths)`` of all features, laid out as
-        ``SparseFeatures`` takes them, when the call made every feature, else None."""
-        plan = (self._planned[1] if planned and self._planned is not None else self._plan(batch.schema)) if self.one_pass else []
-        if not plan:
+                       exported: tuple[object, object] | None = None) -> tuple[np.ndarray, np.ndarray] | None:
+        """The planned features' values and offsets from one ``featurize_ids`` call that reads
+        their columns from the batch in place (``_plan`` has seen this batch's schema), filled
+        into ``values`` / ``offsets``; returns ``(values, lengths)`` of all features, laid out as
+        ``SparseFeatures`` takes them, when the call made every feature, else None. None, and
+        every feature column by column, when the batch cannot be read by position (a column
+        named twice)."""
+        plan = self._planned[1] if self.one_pass and self._planned is not None else []
+        if not plan or not isinstance(batch, pa.RecordBatch) or self._children is None:
             return None
         n, c = batch.num_rows, len(plan)
         out = _empty(c * n, np.int64)
         lengths = _empty(c * n, np.int64)
         offs = _empty(c * (n + 1), np.int64).reshape(c, n + 1)
         counts = np.empty(c, np.int64)
-        if planned and isinstance(batch, pa.RecordBatch) and self._children is not None:  # the buffers read in place, in C
-            total = _native.featurize_ids(self._children, n, out, lengths, offs, counts, batch, exported)
-        else:
-            cols = []
-            for p in plan:
-                arr = batch.column(p.column)
-                if isinstance(arr, pa.ChunkedArray):  # a Table's column
-                    arr = arr.combine_chunks()
-                bufs = arr.buffers()
-                validity = bufs[0] if bufs[0] is not None and arr.null_count else b""
-                data = (bufs[2] if bufs[2] is not None else b"") if p.kind != 0 else b""
-                cols.append((p.kind, bufs[1], data, validity, arr.offset, p.width, p.signed, p.hashed, p.salt, p.listed))
-            total = _native.featurize_ids(cols, n, out, lengths, offs, counts)
+        total = _native.featurize_ids(self._children, n, out, lengths, offs, counts, batch, exported)  # in place, in C
         start, declined = 0, False
         for j, (p, k) in enumerate(zip(plan, counts.tolist())):
             if k < 0:  # a value that is no plain integer ID: parse_ints judges it (and names bad rows)
