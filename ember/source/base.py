@@ -33,13 +33,26 @@ class RecordChunk:
 
 
 def check_columns(file: str, available: Sequence[str], wanted: Sequence[str]) -> None:
-    """Raise MissingColumnsError (a SchemaError) naming the missing columns and the ones the file has."""
+    """Raise MissingColumnsError (a SchemaError) naming the missing columns and the ones the file
+    has, or DataError when a wanted column is there twice (``check_unique``)."""
     missing = [c for c in wanted if c not in available]
     if missing:
         raise MissingColumnsError(
             f"{file}: column(s) {missing} not found; the file has {list(available)} "
             "(fix the schema's column names, or csv.column_names / csv.header for CSV)", missing, list(available)
         )
+    if len(set(available)) != len(available):
+        check_unique(file, available, wanted, "its schema", "name every column once in the file (or the query)")
+
+
+def check_unique(path: str, names: Sequence[str], columns: Sequence[str], where: str, fix: str) -> None:
+    """Raise DataError when a column read (``columns``) is named twice in ``names`` (``where``:
+    what names them): which of them holds the data would be a guess. A repeated name nothing
+    reads is harmless."""
+    for c in dict.fromkeys(columns):
+        at = [i + 1 for i, n in enumerate(names) if n == c]
+        if len(at) > 1:
+            raise DataError(f"{path}: {where} names column '{c}' {len(at)} times (fields {', '.join(map(str, at))}); {fix}")
 
 
 def is_damage(error: BaseException) -> bool:

@@ -66,12 +66,12 @@ from ember import _native
 from ember.errors import DataError
 from ember.source.bad_rows import BadRowReport, raise_bad_row
 from ember.source import storage
-from ember.source.base import RecordChunk, check_columns, read_failed
+from ember.source.base import RecordChunk, check_columns, check_unique, read_failed
 from ember.source.quoted import UNCLOSED, Scan, quoted_blocks, record_starts, scan
 from ember.source.storage import StorageOptions
 from ember import once
 
-__all__ = ["read_csv", "header_fields", "check_unique", "read_head", "BOM", "typed_read_fallbacks"]
+__all__ = ["read_csv", "header_fields", "read_head", "BOM", "typed_read_fallbacks"]
 
 log = logging.getLogger("ember")
 
@@ -212,6 +212,9 @@ def read_head(path: str, size: int, storage_options: StorageOptions | None = Non
         return f.read(size)
 
 
+_RENAME = "rename the copies in the file, or set csv.column_names to name every column once"
+
+
 def header_fields(line: bytes, delimiter: str, errors: str = "strict") -> list[str] | None:
     """The names in a file's first line (a UTF-8 byte order mark and quotes removed), or None
     when it is not UTF-8 text (``errors="strict"``). ``preflight`` reads headers with it too."""
@@ -221,16 +224,6 @@ def header_fields(line: bytes, delimiter: str, errors: str = "strict") -> list[s
         return None
     names = text.rstrip("\r\n").split(delimiter)
     return [n[1:-1] if len(n) >= 2 and n[0] == n[-1] == '"' else n for n in names]
-
-
-def check_unique(path: str, names: Sequence[str], columns: Sequence[str], where: str) -> None:
-    """Raise DataError when a column read (``columns``) is named twice in ``names``: which of
-    them holds the data would be a guess. A repeated name nothing reads is harmless."""
-    for c in columns:
-        at = [i + 1 for i, n in enumerate(names) if n == c]
-        if len(at) > 1:
-            raise DataError(f"{path}: {where} names column '{c}' {len(at)} times (fields {', '.join(map(str, at))}); "
-                            "rename the copies in the file, or set csv.column_names to name every column once")
 
 
 def read_csv(
@@ -284,11 +277,11 @@ def read_csv(
             raise DataError(f"{path} row 1 (the header): not valid UTF-8 text; re-encode the file as UTF-8 "
                             "(e.g. iconv -f latin1 -t utf-8), or set csv.header: false and csv.column_names")
         if not names:
-            check_unique(path, found, columns, "the header (row 1)")
+            check_unique(path, found, columns, "the header (row 1)", _RENAME)
         names = names or found
         line_no, offset, first = 2, bom + len(head) + len(newline), body
     assert names is not None
-    check_unique(path, names, columns, "csv.column_names")
+    check_unique(path, names, columns, "csv.column_names", _RENAME)
     check_columns(path, names, columns)
     parser = _BlockParser(path, names, columns, delimiter, report, {} if newlines_in_values else types)
     if newlines_in_values:

@@ -110,3 +110,28 @@ def test_decimal_dense_and_missing_values_on_binary_and_bool_columns():
     assert batch.dense[:, 0].tolist() == [1.5, 0.0]
     assert batch.sparse["b"].lengths.tolist() == [0, 1]  # b"" is listed as missing, like ""
     assert batch.sparse["t"].lengths.tolist() == [1, 1]
+
+
+def test_a_column_read_twice_is_refused_naming_file_and_column():
+    """Which copy of a repeated column holds the values would be a guess: refused, with both named."""
+    cols = [pa.array(["1", "0"]), pa.array(["3", "4"]), pa.array(["5", "6"]), pa.array(["a", "b"]),
+            pa.array(["1", "1"]), pa.array(["x", "y"])]
+    rb = pa.RecordBatch.from_arrays(cols, names=["y", "d", "d", "tags", "w", "u"])
+    with pytest.raises(SchemaError, match=r"f\.parquet: column 'd' appears 2 times \(columns 2, 3\)"):
+        Featurizer(_schema())(rb, "f.parquet")
+    # a repeated column nothing reads is harmless
+    rb = pa.RecordBatch.from_arrays([*cols[:2], *cols[3:], pa.array([1, 2]), pa.array([3, 4])],
+                                    names=["y", "d", "tags", "w", "u", "z", "z"])
+    assert Featurizer(_schema())(rb).to_batch().labels[:, 0].tolist() == [1.0, 0.0]
+
+
+def test_a_table_is_featurized_as_its_record_batch():
+    rb = pa.record_batch({"y": ["1", "0", "0"], "d": ["3", "", "1"], "tags": ["a|b|c", None, "b||a"],
+                          "w": ["1|2|3", None, "0.5||4"], "u": ["x", "x", None]})
+    want = Featurizer(_schema())(rb).to_batch()
+    table = pa.Table.from_batches([rb.slice(0, 1), rb.slice(1)])  # two chunks
+    got = Featurizer(_schema())(table).to_batch()
+    assert got.sparse.values.tolist() == want.sparse.values.tolist()
+    assert got.sparse.lengths.tolist() == want.sparse.lengths.tolist()
+    assert got.labels.tolist() == want.labels.tolist() and got.dense.tolist() == want.dense.tolist()
+    assert Featurizer(_schema())(table.slice(0, 0)).to_batch().labels.shape == (0, 1)

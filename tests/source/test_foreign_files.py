@@ -19,6 +19,8 @@ from ember.source.bad_rows import BadRowReport
 from ember.source.config import DataConfig
 from ember.source.csv import read_csv
 from ember.source.files import expand_paths
+from ember.source.orc import read_orc
+from ember.source.parquet import read_parquet
 from ember.train.preflight import check_data
 from tests.source.test_csv_hardening import _rows  # a file's chunks as columns of Python values
 
@@ -130,6 +132,25 @@ def test_a_column_named_twice_in_the_header_is_an_error_naming_file_and_column(t
     assert _rows(got) == {"id": ["a"], "id2": ["b"]}
     with pytest.raises(DataError, match="csv.column_names names column 'id' 2 times"):
         list(read_csv(str(p), ["id"], column_names=["label", "id", "n", "id"]))
+
+
+@pytest.mark.parametrize("fmt", ["parquet", "orc"])
+def test_a_column_named_twice_in_a_columnar_file_is_an_error_naming_file_and_column(tmp_path, fmt):
+    """Parquet and ORC files can hold two columns of one name (pyarrow writes them): refused
+    when one is read, before any row is featurized; harmless when nothing reads it."""
+    import pyarrow.orc as orc
+    import pyarrow.parquet as pq
+
+    t = pa.Table.from_arrays([pa.array([1, 0]), pa.array(["a", "b"]), pa.array([1, 2]), pa.array(["c", "d"])],
+                             names=["label", "id", "n", "id"])
+    p = tmp_path / f"dup.{fmt}"
+    pq.write_table(t, p) if fmt == "parquet" else orc.write_table(t, str(p))
+    reader = read_parquet if fmt == "parquet" else read_orc
+    with pytest.raises(DataError, match=f"dup.{fmt}: its schema names column 'id' 2 times \\(fields 2, 4\\)"):
+        list(reader(str(p), ["label", "id"]))
+    with pytest.raises(DataError, match=f"dup.{fmt}: its schema names column 'id' 2 times"):
+        _loaded(_data(p, format=fmt))
+    assert [c.batch.to_pydict() for c in reader(str(p), ["label", "n"])] == [{"label": [1, 0], "n": [1, 2]}]
 
 
 @pytest.mark.parametrize("block_bytes", [1 << 12, 8 << 20])
