@@ -374,35 +374,46 @@ class GroupCache:
         slots, taken = self.find(owner, ids, touch=train)
         hit = slots >= 0
         miss = np.flatnonzero(~hit)
+        ends = np.searchsorted(miss, np.cumsum(sizes))  # each table's misses end here (positions ascend)
+        missed = np.diff(ends, prepend=0).tolist()
         if stats:
-            for v, n, h in zip(self.views, sizes, np.bincount(owner[hit], minlength=len(sizes)).tolist()):
+            for v, n, m in zip(self.views, sizes, missed):
                 v.requests += n
-                v.hits += h
+                v.hits += n - m
         none = np.empty(0, np.int64)
         ticket, victims, evicted = None, none, (none, none)
         if train:  # (find counted the hits' accesses and holds their slots until write_back: no one's victims)
             ticket, victims, evicted = self._plan_admission(ids, owner, slots, taken, miss)
         # one pinned buffer for the upload: the indexes (int64, aligned first), then the staged rows
-        # (the gather takes one spare row more, slot 0, for ``reread``'s redirected misses)
-        ints = [np.append(np.where(hit, slots, 0), 0), miss, victims] + [x.numpy() for x in extra]
+        # (the gather takes one spare row more, slot 0, for ``reread``'s redirected misses); each
+        # index written in its place
+        extra_np = [x.numpy() for x in extra]
+        spill = ticket is not None and self._spills(ticket.bypass)
+        lens = [ids.size + 1, miss.size, victims.size, *(x.size for x in extra_np)]
         if ticket is not None:
-            w = np.where(ticket.slots >= 0, ticket.slots, self.trash)
-            ticket.spill = self._to_spill(w, ticket.bypass)
-            ints += [w, ticket.bypass[:0] if ticket.spill else ticket.bypass]
-        lens = [x.size for x in ints]
+            lens += [ids.size, 0 if spill else ticket.bypass.size]
         floats = miss.size * self.record_dim
         head = 8 * sum(lens)
         buf = self._host(1, head + 4 * floats, torch.uint8).view(-1)
-        np.concatenate(ints, out=buf[:head].view(torch.int64).numpy())
+        parts = np.split(buf[:head].view(torch.int64).numpy(), np.cumsum(lens)[:-1])
+        np.maximum(slots, 0, out=parts[0][:-1])  # a miss gathers slot 0, overwritten by its staged row
+        parts[0][-1] = 0
+        for part, x in zip(parts[1:], [miss, victims, *extra_np]):
+            part[:] = x
+        if ticket is not None:
+            w = parts[3 + len(extra_np)]
+            np.copyto(w, ticket.slots)
+            w[ticket.slots < 0] = self.trash
+            ticket.spill = self._to_spill(w, ticket.bypass)
+            parts[-1][:] = ticket.bypass[: parts[-1].size]
         staged = buf[head:].view(torch.float32).view(miss.size, self.record_dim)
         found = hit.copy()
         if miss.size:
-            cut = np.searchsorted(owner[miss], np.arange(1, len(sizes)))
-            per_table = [torch.from_numpy(x) for x in np.split(ids[miss], cut)]  # (positions ascend: table after table)
+            per_table = [torch.from_numpy(x) for x in np.split(ids[miss], ends[:-1])]  # (positions ascend: table after table)
             if self.pending:
                 self.drain(wait=False, needed=[t.numpy() for t in per_table])
             found[miss] = read_segments(self.slow, per_table, staged).numpy()
-            self._moved(np.bincount(owner[miss], minlength=len(sizes)))
+            self._moved(np.asarray(missed))
         if ticket is not None:
             ticket.new_in_slow = found[ticket.new]  # the others were first sightings: in no slower tier
         return CachePlan(sizes=sizes, miss=miss, found=found, staged=staged, buf=buf, lens=lens, n_extra=len(extra),
@@ -441,12 +452,16 @@ class GroupCache:
             ticket._finalizer.detach()
         ticket._finalizer = weakref.finalize(ticket, _orphaned, weakref.ref(self), ticket.held, ticket.slots[ticket.new])
 
+    def _spills(self, bypass: np.ndarray) -> bool:
+        """Whether the rows that bypass the cache (positions ``bypass``) go to the spill rows."""
+        return 0 < bypass.size <= self.spill_rows
+
     def _to_spill(self, w_slots: np.ndarray, bypass: np.ndarray) -> bool:
         """Write slots of a lookup's rows that bypass the cache (positions ``bypass``): the
         spill rows, in their order (the write-back's ``_spilled`` and its copy to the host read
         them so), when there are some and they fit; True then. Else ``w_slots`` is left as is
         (the trash row) and the rows go to the host from a gather of their positions."""
-        if not 0 < bypass.size <= self.spill_rows:
+        if not self._spills(bypass):
             return False
         w_slots[bypass] = self.trash + 1 + np.arange(bypass.size)
         return True
