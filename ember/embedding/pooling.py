@@ -96,7 +96,7 @@ class GroupPool(torch.autograd.Function):
         else:  # (offsets, bag of each value, 1 / length), on w's device
             ctx.save_for_backward(inverse, bags[1], bags[2])
         ctx.mode, ctx.rows, ctx.single, ctx.owner, ctx.reached = mode, w.shape[0], single, owner, reached
-        pooled = w.index_select(0, inverse) if single else F.embedding_bag(inverse, w, bags[0], mode=mode)
+        pooled = _native.take_rows(w, inverse) if single else F.embedding_bag(inverse, w, bags[0], mode=mode)
         return tuple(pooled.view(len(owner), -1, w.shape[1]).unbind(0))
 
     @staticmethod

@@ -245,6 +245,30 @@ def test_index_add_rows_native_equals_torch_index_add(dim):
     assert torch.equal(_native.index_add_rows(base.double(), index, src.double()), base.double().index_add_(0, index, src.double()))
 
 
+@native
+@pytest.mark.parametrize("dim", [1, 16, 33])
+def test_take_rows_equals_index_select(dim, monkeypatch):
+    """The single-hot pooling's gather, on one thread and in row ranges on two, against torch's
+    index_select; other layouts (a strided source, float64, a tensor that requires grad) too."""
+    g = torch.Generator().manual_seed(dim)
+    src = torch.randn(300, dim, generator=g)
+    index = torch.randint(0, 300, (40_000,), generator=g)
+    want = src.index_select(0, index)
+    assert torch.equal(_native.take_rows(src, index), want)
+    monkeypatch.setattr(_native, "MIN_PARALLEL_ROWS", 1000)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    assert len(_native.row_chunks(index.numel())) == 3  # really split
+    assert torch.equal(_native.take_rows(src, index), want)
+    leaf = src.clone().requires_grad_()
+    assert torch.equal(_native.take_rows(leaf, index), want)
+    wide = torch.randn(300, 2 * dim, generator=g)[:, ::2]
+    assert torch.equal(_native.take_rows(wide, index), wide.index_select(0, index))
+    assert torch.equal(_native.take_rows(src.double(), index), want.double())
+    assert _native.take_rows(src, index[:0]).shape == (0, dim)
+    with pytest.raises(IndexError, match="out of range"):
+        _native.take_rows(src, torch.tensor([300]))
+
+
 @pytest.mark.parametrize("impl", ["wrapper", "fallback"])
 def test_index_add_features_equals_feature_by_feature_index_add(impl):
     """Row-strided slices of one [B, F', D] gradient (as a model's stack hands them back), some
