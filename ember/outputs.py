@@ -5,7 +5,8 @@ new path. An existing path is refused unless the user passes ``--overwrite``, an
 is replaced only when ember recognises it as its own earlier output of the same kind: a run by
 a run, an export by an export, predictions by predictions, generated data by generated data.
 A run directory is never replaced by an export, and a folder or file ember did not write is
-never replaced at all. An output may not lie inside (or contain) what the command reads.
+never replaced at all, nor an output directory into which the user put files of their own
+(``check_own``: they would be deleted with it). An output may not lie inside (or contain) what the command reads.
 
 How an output is recognised (``output_kind``):
 
@@ -48,8 +49,8 @@ from typing import Literal, Sequence
 from ember.errors import ConfigError, WriteError
 from ember.fileio import write_bytes_atomic
 
-__all__ = ["Kind", "MARKER", "mark", "output_kind", "manifest_kind", "claim_output", "check_apart", "output_format",
-           "OUTPUT_KEY"]
+__all__ = ["Kind", "MARKER", "mark", "output_kind", "manifest_kind", "claim_output", "check_apart", "check_own",
+           "output_format", "OUTPUT_KEY"]
 
 Kind = Literal["run", "export", "predictions", "generate", "towers", "profile"]
 MARKER = ".ember-output.json"
@@ -206,7 +207,46 @@ def claim_output(path: str | os.PathLike, kind: Kind, flag: str, overwrite: bool
     if not overwrite:
         raise ConfigError(f"{flag} {p} already exists ({_DESCRIBED[found]}); pass --overwrite to replace it, or "
                           "choose another path")
+    if p.is_dir():
+        check_own(p, kind, f"{flag} {p}")
     return True
+
+
+def check_own(d: Path, kind: Kind, where: str) -> None:
+    """ConfigError when output directory ``d`` (of ``kind``, named ``where`` in the message), about
+    to be replaced, also holds entries ember did not write there (a user's notes in an export):
+    replacing it would delete them."""
+    foreign = _foreign_entries(d, kind)
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+        raise ConfigError(f"{where} holds {_DESCRIBED[kind]} and also files ember did not write ({shown}); "
+                          "--overwrite would delete them with it: move them out of it, or choose another path")
+
+
+# the top-level entries of each output directory ember writes (an export's: its manifest's files)
+_OWN = {"run": {MARKER, "config.yaml", "checkpoints", "metrics.jsonl", "metrics.png", "tensorboard", "exports",
+                "summary.json"},
+        "profile": {MARKER, "profile.json", "profile.txt", "profile.png"}}
+_TEMP = re.compile(r"\..+\.tmp(-\d+|\.\w+)")  # an atomic write's temporary, left by a crash (ember.fileio)
+
+
+def _foreign_entries(d: Path, kind: Kind) -> list[str]:
+    """The entries of output directory ``d`` (of ``kind``) that ember did not write there, sorted
+    (a directory with a trailing /): what replacing ``d`` must not delete. An entry that is itself
+    an ember output (``train --export`` into its run directory) is ember's."""
+    own = set(_OWN.get(kind, ()))
+    if kind == "export":
+        try:
+            files = json.loads((d / "manifest.json").read_text()).get("files", {})
+            own |= {MARKER, "manifest.json"} | {str(f).split("/")[0] for f in files}
+        except (OSError, ValueError, AttributeError):
+            own |= {MARKER, "manifest.json"}
+    out = []
+    for e in d.iterdir():
+        if e.name in own or _TEMP.fullmatch(e.name) or (e.is_dir() and output_kind(e) is not None):
+            continue
+        out.append(e.name + ("/" if e.is_dir() and not e.is_symlink() else ""))
+    return sorted(out)
 
 
 def check_apart(path: str | os.PathLike, source: str | os.PathLike, flag: str, inside_ok: bool = False) -> None:

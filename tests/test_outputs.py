@@ -123,6 +123,36 @@ def test_overwrite_never_replaces_a_run_or_a_folder_ember_did_not_write(run, tmp
     assert not (tmp_path / "fresh").exists() and output_kind(other) == "run"
 
 
+def test_overwrite_never_deletes_files_a_user_put_into_an_export_or_a_run(run, export, tmp_path, capsys):
+    """An export or a run directory ember wrote, into which the user put files of their own: those
+    would go with it, so --overwrite refuses, naming them; once they are moved out it replaces."""
+    out = tmp_path / "e"
+    shutil.copytree(export, out)
+    (out / "NOTES.md").write_text("deployment notes")
+    (out / "mine").mkdir()
+    (out / "mine" / "a.txt").write_text("x")
+    before = _tree(out)
+    assert main(["export", "--checkpoint", str(run[0]), "--out", str(out), "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {out} holds an export" in err and "files ember did not write (NOTES.md, mine/)" in err
+    assert _tree(out) == before
+    shutil.rmtree(out / "mine")
+    (out / "NOTES.md").unlink()
+    (out / ".model.pt.tmp-123").write_text("")  # a crashed write's leftover is ember's
+    assert main(["export", "--checkpoint", str(run[0]), "--out", str(out), "--overwrite"]) == 0
+    # a run directory: the same rule, before any training
+    cfg = _config(tmp_path, "mine")
+    assert main(["train", "--config", cfg, "train.max_steps=2"]) == 0
+    (tmp_path / "mine" / "NOTES.md").write_text("notes")
+    before = _tree(tmp_path / "mine")
+    assert main(["train", "--config", cfg, "train.max_steps=2", "--overwrite"]) == 2
+    err = capsys.readouterr().err
+    assert "holds a training run (ember train) and also files ember did not write (NOTES.md)" in err
+    assert _tree(tmp_path / "mine") == before
+    (tmp_path / "mine" / "NOTES.md").unlink()
+    assert main(["train", "--config", cfg, "train.max_steps=2", "--overwrite"]) == 0
+
+
 def test_train_exports_into_its_own_run_but_never_over_it(tmp_path, capsys):
     args = ["train", "--config", _config(tmp_path, "demo"), f"train.out_dir={tmp_path / 'runs'}", "train.max_steps=2",
             "--export"]

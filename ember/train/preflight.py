@@ -30,7 +30,7 @@ from typing import Literal
 from ember.config import RunConfig
 from ember.errors import CapacityError, ConfigError, DataError, MissingColumnsError
 from ember.fileio import fmt_bytes, free_bytes, nearest_existing
-from ember.outputs import output_kind
+from ember.outputs import check_own, output_kind
 from ember.pipeline.loader import missing_keys_error
 from ember.source.config import DataConfig
 from ember.source.file_source import names
@@ -98,6 +98,8 @@ def check_run_dir(run_dir: Path, overwrite: bool) -> None:
         raise ConfigError(
             f"run directory {run_dir} already holds a run (train.run_name '{run_dir.name}'); pick another "
             "train.run_name, resume it with train.resume=" f"{run_dir}, or pass --overwrite to replace it")
+    if holds_run(run_dir):  # replaced: only if every entry in it is the run's
+        check_own(run_dir, "run", f"run directory {run_dir} (train.out_dir / train.run_name)")
 
 
 def check_resume(cfg: RunConfig) -> None:
