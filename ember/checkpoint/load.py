@@ -51,13 +51,20 @@ def resolve_checkpoint(path: str | Path) -> Path:
 def read_manifest(ckpt: Path) -> dict[str, Any]:
     try:
         manifest = json.loads((ckpt / "manifest.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
         raise CheckpointError(f"checkpoint {ckpt}: cannot read manifest.json ({e})") from e
+    if not isinstance(manifest, dict):
+        raise CheckpointError(f"checkpoint {ckpt}: manifest.json holds a JSON {type(manifest).__name__}, not a "
+                              "checkpoint's manifest; it is damaged: use an older checkpoint")
     if manifest.get("format_version") not in range(1, FORMAT_VERSION + 1):
         raise CheckpointError(
             f"checkpoint {ckpt}: format version {manifest.get('format_version')} is not one this ember reads "
             f"(1..{FORMAT_VERSION}); resume it with the ember version that wrote it"
         )
+    tables, files = manifest.get("tables"), manifest.get("files")
+    if not (isinstance(tables, list) and all(isinstance(t, dict) for t in tables) and isinstance(files, dict)):
+        raise CheckpointError(f"checkpoint {ckpt}: manifest.json lacks its \"tables\" list or \"files\" mapping; it "
+                              "is damaged: use an older checkpoint")
     return manifest
 
 

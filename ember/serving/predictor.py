@@ -26,7 +26,7 @@ from ember.embedding.pooling import pool_feature
 from ember.embedding.config import FeatureConfig
 from ember.embedding.codec import RowDtype, from_bits, round_nearest
 from ember.embedding.init import InitializerConfig, init_rows
-from ember.errors import CheckpointError, ConfigError
+from ember.errors import CheckpointError, ConfigError, EmberError
 from ember.config_base import deep_merge
 from ember.source.bad_rows import BadRowReport
 from ember import once
@@ -151,12 +151,29 @@ class Predictor:
         mf = root / "manifest.json"
         if not mf.exists():
             raise CheckpointError(f"{root} is not an ember export (no manifest.json); create one with `ember export`")
-        manifest = json.loads(mf.read_text())
+        try:
+            manifest = json.loads(mf.read_text())
+        except (OSError, ValueError) as e:  # (UnicodeDecodeError and JSONDecodeError are ValueErrors)
+            raise CheckpointError(f"export {root}: cannot read manifest.json ({e}); it is truncated or damaged: "
+                                  "export again") from None
+        files = manifest.get("files") if isinstance(manifest, dict) else None
+        if not isinstance(files, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in files.items()):
+            raise CheckpointError(f"export {root}: manifest.json is not an ember export's manifest (no \"files\" "
+                                  "mapping of file to sha256); it is damaged: export again")
         if verify:
-            for rel, digest in manifest["files"].items():
+            for rel, digest in files.items():
+                if not (root / rel).is_file():
+                    raise CheckpointError(f"export {root}: file {rel} is missing; export again")
                 if sha256_file(root / rel) != digest:
                     raise CheckpointError(f"export {root}: {rel} is damaged (sha256 mismatch); export again")
-        return cls(root, manifest, trust_torchscript=trust_torchscript)
+        try:
+            return cls(root, manifest, trust_torchscript=trust_torchscript)
+        except EmberError:
+            raise
+        except (KeyError, TypeError, AttributeError, IndexError, ValueError) as e:  # its files check out: the manifest
+            raise CheckpointError(f"export {root}: manifest.json does not describe an export this ember reads "
+                                  f"({type(e).__name__}: {e}); it is damaged, or from another version: export "
+                                  "again") from None
 
     def _pooled(self, sparse: SparseFeatures, features: list[FeatureConfig]) -> list[Tensor]:
         out = []

@@ -45,7 +45,11 @@ log = logging.getLogger(__name__)
 
 def _version(root: Path) -> str:
     manifest = (root / "manifest.json").read_bytes()
-    step = json.loads(manifest).get("step")
+    try:
+        parsed = json.loads(manifest)
+    except ValueError:  # damaged: its version is its digest (Predictor.load says what is wrong)
+        parsed = None
+    step = parsed.get("step") if isinstance(parsed, dict) else None
     digest = hashlib.sha256(manifest).hexdigest()[:12]
     return f"{step}-{digest}" if step is not None else digest
 
@@ -56,17 +60,21 @@ class ModelSource(PolledSource):
     def __init__(self, export: str | Path, poll_s: float = 2.0, trust_torchscript: bool = False) -> None:
         super().__init__(export, poll_s, trust_torchscript)
         self.current = Served(Predictor.load(self.root, trust_torchscript=trust_torchscript), _version(self.root))
+        self._refused: str | None = None  # the version whose load failed last (its warning said once)
 
     def refresh(self) -> bool:
         """Load the export again if its manifest changed; True when a new model is served."""
+        version = None
         try:
             version = _version(self.root)
             if version == self.current.version:
                 return False
             fresh = Served(Predictor.load(self.root, trust_torchscript=self.trust_torchscript), version)  # verified first
         except (OSError, ValueError, EmberError) as e:  # half-written or damaged: keep serving the old one
-            log.warning("ember serve: export %s could not be loaded (%s); still serving version %s",
-                        self.root, e, self.current.version)
+            if version is None or version != self._refused:  # said once per version, tried again every poll
+                log.warning("ember serve: export %s could not be loaded (%s); still serving version %s",
+                            self.root, e, self.current.version)
+            self._refused = version
             return False
         self.current = fresh  # one reference assignment: each request sees the old or the new model
         log.info("ember serve: now serving version %s", version)
@@ -107,9 +115,15 @@ def make_app(source: ModelSource, max_body_bytes: int = 1 << 20) -> Any:
             payload = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return error(400, f"the body is not JSON: {e}")
+        except RecursionError:  # (Python's parser recurses per nesting level)
+            return error(400, "the body is JSON nested too deeply to read; send "
+                              '{"rows": [{"column": value, ...}, ...]} with plain values')
         rows = payload.get("rows") if isinstance(payload, dict) else None
         if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
             return error(400, 'expected {"rows": [{"column": value, ...}, ...]}')
+        unknown = sorted(k for k in payload if k != "rows")
+        if unknown:  # (a misspelt option would otherwise be ignored without a word)
+            return error(400, f"unknown key(s) {unknown} in the body; it holds only \"rows\"")
         cur = source.current  # this request's model, whatever swaps happen meanwhile
         try:
             probs = await run_in_threadpool(cur.predictor.predict_records, rows)  # off the event loop

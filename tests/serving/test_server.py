@@ -97,9 +97,60 @@ def test_scores_equal_the_offline_predictor_and_a_new_export_is_swapped_in(serve
     (b'{"rows": [1, 2]}', 400, "expected"),
     (b'{"rows": [{"I1": "seven", "I2": "1", "C1": "1", "C2": "2", "C3": "3", "C4": "4"}]}', 422, "I1"),
     (b'{"rows": [' + b'{"I1": "1"},' * 20000 + b'{}]}', 413, "over the limit"),
-], ids=["not-json", "no-rows", "rows-not-objects", "bad-value", "too-large"])
+    (b'{"rows": ' + b'[' * 5000 + b']' * 5000 + b'}', 400, "nested too deeply"),
+    (b'{"rows": [{"C1": ' + b'[' * 5000 + b']' * 5000 + b'}]}', 400, "nested too deeply"),
+    (b'{"rows": [], "rowz": 1}', 400, "unknown key(s) ['rowz']"),
+], ids=["not-json", "no-rows", "rows-not-objects", "bad-value", "too-large", "deep", "deep-value", "unknown-key"])
 def test_bad_requests_get_a_4xx_with_a_message_and_the_server_goes_on(served, body, status, says):
     got, out = _post(served["url"], body)
     assert got == status and says in out["error"]
     ok, _ = _post(served["url"], json.dumps({"rows": served["rows"][:3]}).encode())
     assert ok == 200
+
+
+@pytest.mark.parametrize("manifest, says", [
+    (None, "cannot read manifest.json"),  # truncated
+    ("[1]", "not an ember export's manifest"),
+    ("{}", "not an ember export's manifest"),
+    ("no-tables", "does not describe an export this ember reads (KeyError: 'tables')"),
+    ("missing-file", "file model.pt is missing"),
+], ids=["truncated", "list", "empty", "no-tables", "missing-file"])
+def test_a_damaged_export_is_refused_naming_it_and_a_server_following_it_warns_once(served, tmp_path, caplog,
+                                                                                      manifest, says):
+    """predict, serve and a served export's reload: a damaged manifest (or a missing file) is a
+    CheckpointError naming the export, never a traceback; the server keeps its version and says so
+    once, however many polls find the same damage."""
+    import logging
+
+    from ember.errors import CheckpointError
+
+    bad = tmp_path / "bad"
+    shutil.copytree(served["first"], bad)
+    text = (bad / "manifest.json").read_text()
+    if manifest is None:
+        (bad / "manifest.json").write_text(text[:80])
+    elif manifest == "no-tables":
+        m = json.loads(text)
+        del m["tables"]
+        (bad / "manifest.json").write_text(json.dumps(m))
+    elif manifest == "missing-file":
+        (bad / "model.pt").unlink()
+    else:
+        (bad / "manifest.json").write_text(manifest)
+    with pytest.raises(CheckpointError, match=f"export {bad}: .*") as e:
+        Predictor.load(bad)
+    assert says in str(e.value)
+    live = tmp_path / "live"
+    shutil.copytree(served["first"], live)
+    source = ModelSource(live, poll_s=60)
+    version = source.current.version
+    shutil.rmtree(live)
+    shutil.copytree(bad, live)
+    with caplog.at_level(logging.WARNING, logger="ember.serving.server"):
+        for _ in range(3):
+            assert not source.refresh()
+    assert source.current.version == version
+    if manifest == "missing-file":  # the same manifest: nothing new to load, the loaded model stays
+        assert "could not be loaded" not in caplog.text
+    else:
+        assert caplog.text.count("could not be loaded") == 1 and says in caplog.text
