@@ -291,8 +291,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if args.port < 0 or args.port > 65535:
         raise ConfigError(f"--port must be in 0..65535, got {args.port}")
-    if args.poll_s <= 0 or args.max_body_bytes < 1:
-        raise ConfigError("--poll-s must be > 0 and --max-body-bytes >= 1")
+    if not (math.isfinite(args.poll_s) and args.poll_s > 0):
+        raise ConfigError(f"--poll-s {args.poll_s}: give the seconds between checks for a new export, a finite "
+                          "number > 0 (e.g. 2)")
+    if args.max_body_bytes < 1:
+        raise ConfigError(f"--max-body-bytes {args.max_body_bytes}: give the largest request body in bytes, >= 1")
     if args.threads < 1:
         raise ConfigError(f"--threads must be >= 1, got {args.threads}")
     import torch

@@ -186,6 +186,23 @@ def apply_overrides(raw: dict, overrides: Sequence[str]) -> dict:
     return out
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader that refuses a key given twice in one mapping (plain YAML keeps the last
+    silently: a second ``train:`` section would drop the first's settings without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:  # type: ignore[override]
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while reading a mapping", node.start_mark,
+                    f"key '{key}' is given twice (first on line {seen[key] + 1}); a later one would replace the "
+                    "earlier silently: give each key once", key_node.start_mark)
+            seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
+
 def _override_value(item: str, value: str) -> Any:
     """An override's value, parsed as YAML (``2`` is an int, ``[1, 2]`` a list, ``{a: 1}`` a mapping)."""
     try:
@@ -340,7 +357,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     if "\x00" in text:
         raise ConfigError(f"config file {p} is binary (it holds NUL bytes), not YAML text; give a YAML run config")
     try:
-        raw = yaml.safe_load(text)
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 (a SafeLoader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark
         where = f"{p}, line {mark.line + 1}, column {mark.column + 1}" if mark is not None else str(p)

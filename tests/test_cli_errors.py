@@ -78,6 +78,19 @@ def test_a_config_path_that_is_no_yaml_file_says_what_it_is(tmp_path, capsys, co
     assert str(path) in err and message in err
 
 
+@pytest.mark.parametrize("text, line", [
+    ("data: {preset: synthetic}\nmodel: {type: lr}\ntrain: {epochs: 1}\ntrain: {max_steps: 1}\n", "line 4, column 1"),
+    ("data: {preset: synthetic, batch_size: 64, batch_size: 32}\nmodel: {type: lr}\n", "line 1, column 43"),
+])
+def test_a_key_given_twice_in_a_config_file_is_an_error(tmp_path, capsys, text, line):
+    """Plain YAML keeps the last of two equal keys: a second ``train:`` section would drop the
+    first's settings without a word."""
+    cfg = tmp_path / "dup.yaml"
+    cfg.write_text(text)
+    err = _error(capsys, ["train", "--config", str(cfg)])
+    assert f"config file {cfg}, {line}: YAML does not parse: key '" in err and "is given twice" in err
+
+
 def test_a_missing_config_file_is_named(tmp_path, capsys):
     err = _error(capsys, ["plan", "--config", str(tmp_path / "nope.yaml"), "--world-size", "2"])
     assert f"config file {tmp_path / 'nope.yaml'} does not exist" in err
@@ -96,6 +109,11 @@ def test_a_missing_config_file_is_named(tmp_path, capsys):
     ("schem={}", "unknown key 'schem' (did you mean 'schema'?)"),  # its YAML name, not the field's (schema_)
     ("data=3", "'data': Input should be a valid dictionary"),
     ("train.task_weights=[1, 2]", "train.task_weights gives 2 weight(s) [1.0, 2.0] for 1 task(s) (schema.labels: label)"),
+    ("train.seed=99999999999999999999999", "'train.seed': Input should be less than 9223372036854775808"),
+    ("data.seed=-5", "'data.seed': Input should be greater than or equal to 0 (got -5)"),
+    ("embedding.seed=99999999999999999999999", "'embedding.seed': Input should be less than 9223372036854775808"),
+    ("train.run_name=../../escaped", "'train.run_name': Value error, must be a directory name, not a path"),
+    ("train.run_name=''", "'train.run_name': Value error, must be a directory name"),
 ])
 def test_overrides_that_do_not_parse_or_name_no_key(tmp_path, capsys, override, message):
     err = _error(capsys, ["train", "--config", str(_config(tmp_path, epochs=1)), override])
@@ -171,6 +189,13 @@ def test_serve_on_a_busy_port_says_so_before_announcing(trained, capsys):
     err = capsys.readouterr().err
     assert f"ember serve: error: port {port} on 127.0.0.1 is in use; pick another with --port" in err
     assert "serving" not in err
+
+
+@pytest.mark.parametrize("flag, value", [("--poll-s", "nan"), ("--poll-s", "inf"), ("--poll-s", "0.0"),
+                                         ("--max-body-bytes", "0")])
+def test_serve_flags_out_of_range_are_named(trained, capsys, flag, value):
+    err = _error(capsys, ["serve", "--export", str(trained["export"]), flag, value])
+    assert f"ember serve: error: {flag} {value}: give the" in err
 
 
 def test_serve_announces_once_the_port_is_bound(trained):

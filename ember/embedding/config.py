@@ -27,7 +27,7 @@ class TableOptions(ConfigModel):
     optimizer: SparseOptimizerConfig = Field(default_factory=lambda: RowWiseAdagrad(lr=0.05))
     """The sparse optimizer (`type`: sgd, adagrad, rowwise_adagrad, adam, ftrl); it updates only the rows a batch
     touched."""
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, lt=2**63)
     """Seed of the table's initial rows; unset, it is derived from `train.seed` and the table name (tables
     differ; changing `train.seed` changes every table's init)."""
     storage: StorageConfig = StorageConfig()

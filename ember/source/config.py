@@ -85,7 +85,7 @@ class SyntheticOptions(ConfigModel):
     """Feature name to maximum bag length, e.g. `{C1: 5}`; the others are single-hot."""
     signal_features: int = Field(8, ge=0)
     """Sparse features that carry a hidden per-ID effect on the label."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**63)
     """Generator seed: batch k depends only on (seed, split, k)."""
 
     @model_validator(mode="after")
@@ -156,7 +156,7 @@ class DataConfig(ConfigModel):
     files are often sorted (by time, by user). RAM: ~3.3 KB per buffered Criteo-shaped row at the peak (pool
     of up to 2× the buffer plus the reshuffle's copies: 3.3 GB at the default, measured), more with more IDs
     per row; the first batch waits for the pool to fill. Evaluation always reads in file order."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**63)
     """Shuffle seed (reshuffled per epoch)."""
     on_bad_rows: Literal["error", "skip"] = "error"
     """`error`: stop, naming file, row, column and value; `skip`: drop the row and count it per reason."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from ember.config_base import ConfigModel, removed_key
 from ember.optim.schedule import ScheduleConfig
@@ -86,18 +86,27 @@ class TrainConfig(ConfigModel):
     `storage` puts them."""
     threads: int | None = Field(None, ge=1)
     """`torch.set_num_threads`; the native kernels use as many. Unset: torch's default."""
-    seed: int = 0
+    seed: int = Field(0, ge=0, lt=2**63)
     """Seed of the model's initialisation, and of every table without its own `seed`."""
     deterministic: bool = False
     """Use torch's deterministic algorithms: a resumed run is then bit-identical to an uninterrupted one."""
     out_dir: str = "runs"
     """Parent directory of runs."""
     run_name: str | None = None
-    """The run directory is `out_dir/run_name`; unset: `run-<date>-<time>`."""
+    """The run directory is `out_dir/run_name` (a name, not a path: no `/`, not `.` or `..`); unset:
+    `run-<date>-<time>`."""
     resume: str | None = None
     """A run or checkpoint directory to continue exactly (model, optimizers, data position, RNG)."""
     init_from: str | None = None
     """A run or checkpoint directory whose weights start a finetune (fresh data position)."""
+
+    @field_validator("run_name")
+    @classmethod
+    def _run_name(cls, v: str | None) -> str | None:
+        if v is not None and (v in ("", ".", "..") or "/" in v or "\\" in v or "\x00" in v):
+            raise ValueError("must be a directory name, not a path (no '/', not empty, '.' or '..'): the run "
+                             "directory is train.out_dir/train.run_name; set train.out_dir for another place")
+        return v
     progress: bool = True
     """Progress bar on stderr: steps done of the total with an ETA, loss, samples/s, the busiest stage, hit
     rates."""

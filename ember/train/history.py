@@ -80,12 +80,13 @@ class History:
             ax1.plot([r["step"] for r in evals], [r[key] for r in evals], "o-", label=f"eval {key}")
         ax1.set_xlabel("step")
         ax1.set_ylabel("log loss")
-        ax1.legend()
+        if ax1.get_legend_handles_labels()[0]:  # (no line yet: matplotlib warns of an empty legend)
+            ax1.legend()
         for key in sorted({k for r in evals for k in r if k.startswith("auc/")}):
             ax2.plot([r["step"] for r in evals], [r[key] for r in evals], "o-", label=f"eval {key}")
         ax2.set_xlabel("step")
         ax2.set_ylabel("AUC")
-        if evals:
+        if ax2.get_legend_handles_labels()[0]:
             ax2.legend()
         fig.tight_layout()
         png = io.BytesIO()
