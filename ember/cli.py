@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import re
+import signal
 import sys
 import threading
 from contextlib import contextmanager
@@ -582,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         from ember.allocator import reexec_tuned
 
         reexec_tuned(["-m", "ember", *sys.argv[1:]])
+        _stop_cleanly_on_sigterm()
     try:
         args = _parse(build_parser(), argv)
     except SystemExit as e:  # --help, --version, or a flag error argparse has printed
@@ -604,9 +606,11 @@ def main(argv: list[str] | None = None) -> int:
     except EmberError as e:
         print(f"ember {args.command}: error: {_with_notes(e)}", file=sys.stderr)
         return int(getattr(e, "exit_code", 2))  # 2: bad input; RankLost: 1
-    except KeyboardInterrupt:  # (train saves and raises RunInterrupted; the other commands just stop)
-        print(f"ember {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # (train saves and raises RunInterrupted; the other commands just stop)
+        signum = e.signum if isinstance(e, _Terminated) else 2
+        print(f"ember {args.command}: interrupted" + (f" ({signal.Signals(signum).name})" if signum != 2 else ""),
+              file=sys.stderr)
+        return 128 + signum
     except Exception as e:
         if any("ember pipeline stage" in n for n in getattr(e, "__notes__", [])) or isinstance(e, (OSError, MemoryError)):
             # the system failed (disk full, out of memory, a kernel error in a pipeline stage): named, no traceback
@@ -618,6 +622,25 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ember {args.command}: internal error (a bug in ember, please report it with the traceback above): "
               f"{type(e).__name__}: {_with_notes(e)}", file=sys.stderr)
         return 3
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the command is, as Ctrl-C is: its half-written outputs
+    (an atomic write's temporary file) are removed on the way out, not left behind."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop_cleanly_on_sigterm() -> None:
+    """SIGTERM and SIGHUP end a command as SIGINT does (clean-up, then exit 128 + N). A training
+    run installs its own handlers while it trains (it checkpoints first: ember.train.agreement)."""
+    def stop(signum: int, frame: object) -> None:
+        raise _Terminated(signum)
+
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, stop)
 
 
 def _parse(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:

@@ -189,6 +189,12 @@ def claim_output(path: str | os.PathLike, kind: Kind, flag: str, overwrite: bool
     p = Path(path)
     for source in reading:
         check_apart(p, source, flag)
+    base = p.parent  # the folders to create: below the nearest one that exists, which must be a folder
+    while not base.exists() and base != base.parent:
+        base = base.parent
+    if not base.is_dir():
+        raise ConfigError(f"{flag} {p}: {base} is a file, not a folder, so nothing can be written under it; "
+                          "choose another path")
     if not (p.exists() or p.is_symlink()) or _empty_dir(p):
         return False
     found = output_kind(p)

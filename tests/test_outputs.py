@@ -372,3 +372,13 @@ def test_an_output_another_command_is_creating_right_now_is_named_as_such(tmp_pa
     (run / "notes.txt").write_text("mine")
     with pytest.raises(ConfigError, match="holds files ember did not write"):
         claim_output(run, "run", "train.run_name", overwrite=True)
+
+
+def test_an_output_under_a_file_is_named_before_any_work(tmp_path, capsys):
+    """``--out data.csv/x.csv``: the folder to create is a file (was FileExistsError, exit 1)."""
+    data = tmp_path / "data.csv"
+    data.write_text("a,b\n1,2\n")
+    assert main(["generate", "--out", str(data / "sub" / "x.csv"), "--rows", "10"]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {data / 'sub' / 'x.csv'}: {data} is a file, not a folder" in err
+    assert data.read_text() == "a,b\n1,2\n"

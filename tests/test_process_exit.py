@@ -74,3 +74,22 @@ def test_sigusr1_prints_every_threads_stack_and_the_command_goes_on():
     done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout == "went on\n"
     assert "most recent call first" in done.stderr and "<string>" in done.stderr
+
+
+def test_sigterm_ends_a_command_as_ctrl_c_does_and_leaves_no_temporary_file(tmp_path):
+    """``ember generate`` stopped by SIGTERM mid-write: exit 143, said so, and the atomic write's
+    hidden temporary removed (it was left behind, gigabytes of it)."""
+    import os
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "ember", "generate", "--out", str(tmp_path / "gen.csv"),
+                             "--rows", "50000000"], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not list(tmp_path.glob(".gen.csv.tmp-*")) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.1)
+    assert list(tmp_path.glob(".gen.csv.tmp-*")), "the temporary file never appeared"
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "ember generate: interrupted (SIGTERM)" in err
+    assert list(tmp_path.iterdir()) == []
