@@ -213,7 +213,7 @@ def claim_output(path: str | os.PathLike, kind: Kind, flag: str, overwrite: bool
     if not overwrite:
         raise ConfigError(f"{flag} {p} already exists ({_DESCRIBED[found]}); pass --overwrite to replace it, or "
                           "choose another path")
-    if p.is_dir():
+    if kind == "export" and p.is_dir():  # replaced whole (a profile replaces its own files in place)
         check_own(p, kind, f"{flag} {p}")
     return True
 
@@ -231,8 +231,7 @@ def check_own(d: Path, kind: Kind, where: str) -> None:
 
 # the top-level entries of each output directory ember writes (an export's: its manifest's files)
 _OWN = {"run": {MARKER, "config.yaml", "checkpoints", "metrics.jsonl", "metrics.png", "tensorboard", "exports",
-                "summary.json"},
-        "profile": {MARKER, "profile.json", "profile.txt", "profile.png"}}
+                "summary.json"}}
 _TEMP = re.compile(r"\..+\.tmp(-\d+|\.\w+)")  # an atomic write's temporary, left by a crash (ember.fileio)
 
 
