@@ -375,8 +375,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from ember.errors import ConfigError
     from ember.train.capacity import plan_capacity
 
-    if args.world_size < 1:
-        raise ConfigError(f"--world-size must be >= 1, got {args.world_size}")
+    if not 1 <= args.world_size <= MAX_PLAN_RANKS:  # (the plan prints a line per rank: 10^8 ran out of memory)
+        raise ConfigError(f"--world-size must be in 1..{MAX_PLAN_RANKS}, got {args.world_size}")
     if args.nodes < 1 or args.world_size % args.nodes:
         raise ConfigError(f"--nodes {args.nodes} must be >= 1 and divide --world-size {args.world_size}")
     if args.profile is not None and args.rows is not None:
@@ -622,6 +622,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ember {args.command}: internal error (a bug in ember, please report it with the traceback above): "
               f"{type(e).__name__}: {_with_notes(e)}", file=sys.stderr)
         return 3
+
+
+MAX_PLAN_RANKS = 65536  # ember plan --world-size: far past any cluster a run spans
 
 
 class _Terminated(KeyboardInterrupt):

@@ -127,6 +127,13 @@ def _raw(**extra) -> dict:
     return {"data": {"preset": "synthetic", "synthetic": SMALL}, "model": {"type": "lr"}, **extra}
 
 
+@pytest.mark.parametrize("size", ["0", "100000000"])
+def test_plan_world_size_out_of_range_is_named(tmp_path, capsys, size):
+    """(10^8 ranks ran out of memory printing a line each)"""
+    err = _error(capsys, ["plan", "--config", str(_config(tmp_path)), "--world-size", size])
+    assert f"--world-size must be in 1..65536, got {size}" in err
+
+
 def test_a_tables_entry_naming_no_table_is_an_error(tmp_path, capsys):
     cfg = str(_config(tmp_path))
     err = _error(capsys, ["train", "--config", cfg, "tables=[{name: c3, min_count: 5}]"])
@@ -228,6 +235,11 @@ def test_resuming_a_finished_run_names_the_key_to_raise(trained, capsys):
     assert "raise train.epochs above 1 to train further (e.g. train.epochs=2)" in err
     err = _error(capsys, ["train", "--config", cfg, f"train.resume={run}", "train.epochs=3", "train.max_steps=4"])
     assert "it reached step 4 and train.max_steps is 4; raise train.max_steps above 4" in err
+    assert (run / "checkpoints" / "LATEST").read_text() == latest
+    # its position counts batches of 250 rows: another batch size would resume at the wrong row
+    err = _error(capsys, ["train", "--config", cfg, f"train.resume={run}", "train.epochs=3", "data.batch_size=100"])
+    assert (f"train.resume {run}: its data position counts batches of 250 rows (batch 0 of epoch 1), but "
+            "data.batch_size is now 100: it would resume at the wrong row; resume with data.batch_size=250") in err
     assert (run / "checkpoints" / "LATEST").read_text() == latest
 
 

@@ -115,6 +115,12 @@ def check_resume(cfg: RunConfig) -> None:
         return
     manifest = _checkpoint_manifest("train.resume", t.resume)
     step, epoch = int(manifest["step"]), int(manifest["position"]["epoch"])
+    was = (manifest.get("config") or {}).get("data", {}).get("batch_size")
+    if "batch" in manifest["position"] and was is not None and was != cfg.data.batch_size:
+        raise ConfigError(f"train.resume {t.resume}: its data position counts batches of {was} rows (batch "
+                          f"{manifest['position']['batch']} of epoch {epoch}), but data.batch_size is now "
+                          f"{cfg.data.batch_size}: it would resume at the wrong row; resume with data.batch_size={was}, "
+                          "or start a finetune from it with train.init_from")
     if t.max_steps is not None and step >= t.max_steps:
         raise ConfigError(f"train.resume {t.resume}: the run is finished: it reached step {step} and train.max_steps is "
                           f"{t.max_steps}; raise train.max_steps above {step} to train further (e.g. "
