@@ -47,6 +47,7 @@ from ember.featurize.transforms import (
     truncate_jagged,
 )
 from ember.source.bad_rows import BadRowReport, raise_bad_row
+from ember.source.base import repeated
 from ember import once
 
 __all__ = ["Featurizer", "read_types"]
@@ -193,11 +194,11 @@ def _one_batch(table: pa.Table) -> pa.RecordBatch:
 def _refuse_repeated(file: str, names: Sequence[str], read: Sequence[str]) -> None:
     """Raise SchemaError when a column the schema reads is named twice in the data: which copy
     holds the values would be a guess. A repeated name nothing reads is harmless."""
-    for c in dict.fromkeys(read):
-        at = [i + 1 for i, n in enumerate(names) if n == c]
-        if len(at) > 1:
-            raise SchemaError(f"{file}: column '{c}' appears {len(at)} times (columns {', '.join(map(str, at))}); "
-                              "name each column once in the data (or the query)")
+    found = repeated(names, read)
+    if found is not None:
+        c, at = found
+        raise SchemaError(f"{file}: column '{c}' appears {len(at)} times (columns {', '.join(map(str, at))}); "
+                          "name each column once in the data (or the query)")
 
 
 def _refuse_text_labels(column: pa.Array, name: str, file: str, first_row: int | np.ndarray, missing: np.ndarray,

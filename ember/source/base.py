@@ -12,7 +12,7 @@ import pyarrow as pa
 from ember.errors import ConfigError, DataError, MissingColumnsError
 from ember.source.storage import StorageOptions, is_remote, is_storage_error, storage_error
 
-__all__ = ["RecordChunk", "check_columns", "is_damage", "damaged_file", "read_failed"]
+__all__ = ["RecordChunk", "check_columns", "check_unique", "repeated", "is_damage", "damaged_file", "read_failed"]
 
 
 @dataclass(frozen=True)
@@ -49,10 +49,20 @@ def check_unique(path: str, names: Sequence[str], columns: Sequence[str], where:
     """Raise DataError when a column read (``columns``) is named twice in ``names`` (``where``:
     what names them): which of them holds the data would be a guess. A repeated name nothing
     reads is harmless."""
+    found = repeated(names, columns)
+    if found is not None:
+        c, at = found
+        raise DataError(f"{path}: {where} names column '{c}' {len(at)} times (fields {', '.join(map(str, at))}); {fix}")
+
+
+def repeated(names: Sequence[str], columns: Sequence[str]) -> tuple[str, list[int]] | None:
+    """The first of ``columns`` named more than once in ``names``, with its positions (1-based),
+    or None: the one check of a column read twice, for the sources and the featurizer."""
     for c in dict.fromkeys(columns):
         at = [i + 1 for i, n in enumerate(names) if n == c]
         if len(at) > 1:
-            raise DataError(f"{path}: {where} names column '{c}' {len(at)} times (fields {', '.join(map(str, at))}); {fix}")
+            return c, at
+    return None
 
 
 def is_damage(error: BaseException) -> bool:
