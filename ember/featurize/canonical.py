@@ -58,7 +58,7 @@ from ember.featurize.transforms import parse_ints
 from ember.portable.values import canonical_value  # the one definition: the portable runtime scores with it too
 
 __all__ = ["BadValue", "canonical_value", "canonical_array", "canonicalize", "column_roles", "training_types",
-           "COLUMN_TYPES"]
+           "hashed_id_types", "type_in", "COLUMN_TYPES"]
 
 COLUMN_TYPES = ("int", "string", "bool", "float", "list<int>", "list<string>", "list<bool>", "list<float>", "unknown")
 
@@ -202,6 +202,28 @@ def training_types(schema: Schema, data: Mapping[str, Any], read_files: bool = T
     return {c: {"role": r, "type": _type_of(schema, c, r, arrow.get(c))} for c, r in roles.items()}, how
 
 
+def hashed_id_types(schema: Schema, data: Any) -> tuple[dict[str, str], str | None]:
+    """``({column: type}, first file)``: the type each hashed ID column has in the first training
+    file of ``data`` (a DataConfig), for the featurizer to bring every other file's IDs to it as
+    serving does (the integer 4 and the text "4" are one ID, as ``predict`` and ``serve`` score
+    them). Parquet / ORC only: CSV is text throughout, a query or generator has one type; ``{}``
+    when the first file cannot be read (each file's IDs are then hashed as stored)."""
+    if data.format not in ("parquet", "orc") or not data.train:
+        return {}, None
+    first, arrow = _stored_types({"train": data.train, "storage_options": data.storage_options}, data.format)
+    hashed = {s.source_column for s in schema.sparse if s.hash_ids}
+    types = {c: _type_of(schema, c, "sparse", t) for c, t in arrow.items() if c in hashed}
+    return {c: t for c, t in types.items() if t in _BRINGABLE}, first
+
+
+def type_in(schema: Schema, column: str, t: pa.DataType) -> str:
+    """The canonical type of sparse ``column`` read as arrow type ``t`` (``training_types``' rule)."""
+    return _type_of(schema, column, "sparse", t)
+
+
+_BRINGABLE = ("int", "string", "bool", "list<int>", "list<string>", "list<bool>")  # types one file's IDs are brought to
+
+
 def _stored_types(data: Mapping[str, Any], fmt: str | None) -> tuple[str | None, dict[str, pa.DataType]]:
     """The first training file's path and column types (Parquet / ORC footers), or (None, {})."""
     from ember.source import storage
@@ -209,7 +231,8 @@ def _stored_types(data: Mapping[str, Any], fmt: str | None) -> tuple[str | None,
 
     train = data.get("train") or []
     try:
-        options = storage.StorageOptions.model_validate(data.get("storage_options") or {})
+        given = data.get("storage_options")  # JSON (a recorded config), or a DataConfig's own (credentials kept)
+        options = given if isinstance(given, storage.StorageOptions) else storage.StorageOptions.model_validate(given or {})
         files = expand_paths([train] if isinstance(train, str) else list(train), str(fmt), options)
         if not files:
             return None, {}

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import re
-from typing import NamedTuple, Sequence
+from typing import Mapping, NamedTuple, Sequence
 
 import numpy as np
 import pyarrow as pa
@@ -33,6 +33,7 @@ import pyarrow.compute as pc
 
 from ember import _native
 from ember.errors import ConfigError, MissingColumnsError, SchemaError
+from ember.featurize.canonical import canonical_array, type_in
 from ember.featurize.hashing import hash_array, salt_key
 from ember.featurize.rows import Rows
 from ember.featurize.schema import DenseFeature, Schema, SparseFeature
@@ -272,6 +273,10 @@ class Featurizer:
         report: where skipped rows are counted; its ``policy`` decides error vs skip.
         keys: raw columns carried into ``Rows.key_columns`` as they are (feature or not): what
             eval groups and slices by, what ``predict --keep`` copies out.
+        id_types: ``({column: type}, where)``: the type of each hashed ID column in the first
+            training file (``canonical.hashed_id_types``); a batch whose column has another type
+            (int64 in one Parquet file, text in the next) is brought to it first, as serving
+            does, so 4 and "4" are one ID in every file; said once per column and type.
     """
 
     one_pass = True
@@ -279,8 +284,11 @@ class Featurizer:
     run of dense features with one transform at once; False: column by column (``_sparse``, one
     ``dense_transform`` per feature), the reference the one-pass path is tested against."""
 
-    def __init__(self, schema: Schema, report: BadRowReport | None = None, keys: Sequence[str] = ()) -> None:
+    def __init__(self, schema: Schema, report: BadRowReport | None = None, keys: Sequence[str] = (),
+                 id_types: tuple[Mapping[str, str], str | None] = ({}, None)) -> None:
         self.schema = schema
+        self.id_types, self._id_source = dict(id_types[0]), id_types[1]
+        self._brought: tuple[pa.Schema, list[tuple[str, str]]] | None = None  # (batch schema, columns to bring)
         self.report = report or BadRowReport()
         self.keys = list(keys)
         self._planned: tuple[pa.Schema, list[_Native]] | None = None  # (batch schema, its plan)
@@ -307,7 +315,9 @@ class Featurizer:
         if missing_keys:
             raise MissingColumnsError(f"{file}: column(s) {missing_keys} not found; the data has {names}",
                                       missing_keys, list(names))
-        checks = _Checks(batch)
+        checks = _Checks(batch)  # (bad values are named as the file has them)
+        if self.id_types:
+            batch = self._bring_ids(batch, checks)
         self.report.rows_read += n
         exported = None  # the batch through the Arrow C data interface, once for the native calls below
         if self.one_pass:  # this batch's schema checked once: the plans below read it
@@ -380,6 +390,32 @@ class Featurizer:
         rows = Rows(dense, labels, self.schema.feature_names, values, offsets, weights, teacher, key_columns, packed)
         keep = checks.resolve(self.report, file, first_row)
         return rows if keep is None else rows.take(np.flatnonzero(keep))
+
+    def _bring_ids(self, batch: pa.RecordBatch, checks: _Checks) -> pa.RecordBatch:
+        """``batch`` with each hashed ID column whose type differs from ``id_types`` brought to
+        that type (``canonical_array``: integers to their digits, decimal text to integers; a
+        value that is neither is a bad row)."""
+        if self._brought is None or not self._brought[0].equals(batch.schema):
+            todo = []
+            for c, want in self.id_types.items():
+                got = type_in(self.schema, c, batch.schema.field(c).type)
+                if got != want:
+                    todo.append((c, want))
+                    if once.first("featurizer.id_type", (c, got, want)):
+                        log.warning("featurizer: ID column '%s' is %s in some files but %s in the first training file "
+                                    "(%s); its values are brought to %s before hashing, as predict and serve do, so "
+                                    "4 and \"4\" are one ID", c, got, want, self._id_source, want)
+            self._brought = (batch.schema, todo)
+        if not self._brought[1]:
+            return batch
+        arrays, fields = list(batch.columns), list(batch.schema)
+        for c, want in self._brought[1]:
+            f = next(s for s in self.schema.sparse if s.source_column == c)
+            i = batch.schema.get_field_index(c)
+            arrays[i], bad, _ = canonical_array(arrays[i], want, self.schema.missing_values_of(f), f.separator)
+            fields[i] = pa.field(c, arrays[i].type)
+            checks.add(c, f"ID cannot be read as {want}, this column's type in the first training file", bad)
+        return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
     def _native_floats(self, batch: pa.RecordBatch, columns: Sequence[str], raw: np.ndarray, kind: str,
                        names: Sequence[str] | None = None, exported: tuple[object, object] | None = None) -> list[bool]:

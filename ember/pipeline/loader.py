@@ -35,6 +35,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Literal, Protocol, Sequence, TypeVar
 
@@ -43,6 +44,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from ember.batch import Batch
+from ember.featurize.canonical import hashed_id_types
 from ember.featurize.featurizer import Featurizer, read_types
 from ember.featurize.rows import Rows
 from ember.featurize.schema import Schema
@@ -344,7 +346,7 @@ class FileLoader:
         keys, why = list(self.keys), self.keys_for
         if key is not None and key not in keys:
             keys.append(key)  # each batch's last key is its position (dropped again in _recorded)
-        featurize_all = Featurizer(self.schema, self.bad_rows, keys)
+        featurize_all = Featurizer(self.schema, self.bad_rows, keys, self.id_types)
 
         def featurize_keyed(*args: Any) -> Rows:  # data without a key column: say what asked for it
             try:
@@ -391,6 +393,12 @@ class FileLoader:
 
         return self._recorded([Stage("read", read, self.depth.read, expand=True),
                                Stage("featurize", parse, self.depth.featurize, expand=True, finish=finish)], key)
+
+    @functools.cached_property
+    def id_types(self) -> tuple[dict[str, str], str | None]:
+        """The hashed ID columns' types in the first training file, which every file's IDs are
+        brought to (``Featurizer``'s ``id_types``): read once per loader, from one footer."""
+        return hashed_id_types(self.schema, self.data)
 
     def _start(self) -> str | None:
         """Settle where this epoch reads from (``Source.start``: what it pins, e.g. a shuffled

@@ -46,6 +46,7 @@ from torch.utils.data import IterableDataset
 
 from ember.batch import Batch
 from ember.errors import CheckpointError, MissingColumnsError
+from ember.featurize.canonical import hashed_id_types
 from ember.featurize.featurizer import Featurizer, read_types
 from ember.featurize.rows import Rows
 from ember.featurize.schema import Schema
@@ -159,7 +160,7 @@ class StreamLoader:
         stage handing out the batches a worker process made."""
         if self.workers:
             return [Stage("read", self._in_worker, self.depth.featurize, expand=True)]
-        featurize = Featurizer(self.schema, self.bad_rows, self.keys)
+        featurize = Featurizer(self.schema, self.bad_rows, self.keys, hashed_id_types(self.schema, self.data))
         columns = self.schema.columns
         types = read_types(self.schema, text=self.keys)  # key columns are carried as read
         cutter = _Cutter(self.data.batch_size, self.start_batch, self._record)

@@ -190,3 +190,45 @@ def test_rank_slice_generates_and_featurizes_only_the_ranks_slice():
             want = b.slice_rows(*DistributedRun.local_rows(SimpleNamespace(data_slice=(r, 3)), b.size))
             assert _same(_flat([m.batch]), _flat([want]))
     assert [m.batch.size for m in make_batches(data, schema, "train", rank_slice=(0, 3))] == [5, 5, 5, 0]
+
+
+def _typed_ids(tmp_path, first, second):
+    """Two Parquet files of the same rows, their ID column stored as ``first`` / ``second``."""
+    i = np.arange(60)
+    ids = {"int": pa.array(i % 7), "string": pa.array([str(k) for k in i % 7])}
+    for name, t in (("a", first), ("b", second)):
+        pq.write_table(pa.table({"y": (i % 2).astype(np.int8), "c": ids[t]}), tmp_path / f"{name}.parquet")
+    return [str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")]
+
+
+@pytest.mark.parametrize("first,second", [("int", "string"), ("string", "int")])
+def test_ids_stored_as_another_type_hash_as_in_the_first_training_file(tmp_path, caplog, first, second):
+    # serving brings 4 and "4" to the training type; train and eval bring every file to the first's
+    from ember import once
+
+    once.forget("featurizer.id_type")
+    schema = Schema.parse({"labels": ["y"], "sparse": [{"name": "c"}]})
+    files = _typed_ids(tmp_path, first, second)
+    data = DataConfig(format="parquet", train=files[0], eval=files, batch_size=60)
+    with caplog.at_level("WARNING", logger="ember"):
+        a, b = list(make_batches(data, schema, "eval"))
+    assert torch.equal(a.sparse.values, b.sparse.values)
+    (said,) = [r.getMessage() for r in caplog.records if "ID column 'c'" in r.getMessage()]
+    assert f"is {second} in some files but {first} in the first training file" in said and files[0] in said
+    # the train split too, and what the first file holds keeps its own hashing
+    mixed = list(make_batches(DataConfig(format="parquet", train=files[::-1], batch_size=60), schema))
+    alone = list(make_batches(DataConfig(format="parquet", train=files[1], batch_size=60), schema))
+    ids = sorted(v for b in mixed for v in b.sparse.values.tolist())  # (rows shuffled across the files)
+    assert ids == sorted(alone[0].sparse.values.tolist() * 2)
+
+
+def test_an_id_of_no_integer_in_a_text_file_is_a_bad_row_when_the_first_file_has_integers(tmp_path):
+    schema = Schema.parse({"labels": ["y"], "sparse": [{"name": "c"}]})
+    files = _typed_ids(tmp_path, "int", "string")
+    pq.write_table(pa.table({"y": pa.array([0, 1], pa.int8()), "c": ["3", "x9"]}), tmp_path / "b.parquet")
+    data = DataConfig(format="parquet", train=files[0], eval=files[1], batch_size=60)
+    with pytest.raises(DataError, match=r"b.parquet row 2, column 'c': ID cannot be read as int, .* first training file, got 'x9'"):
+        list(make_batches(data, schema, "eval"))
+    loader = make_batches(data.model_copy(update={"on_bad_rows": "skip"}), schema, "eval")
+    (b,) = list(loader)
+    assert b.labels.shape[0] == 1 and loader.bad_rows.total == 1

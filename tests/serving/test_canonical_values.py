@@ -74,14 +74,16 @@ def trained(tmp_path_factory):
                "url": f"{server.url}/score"}
 
 
-def _eval_scores(trained, table: pa.Table, path: Path) -> np.ndarray:
-    """Scores of eval (the trained parts, training's own reader and featurizer) on ``table``."""
+def _eval_scores(trained, table: pa.Table, path: Path, as_stored: bool = False) -> np.ndarray:
+    """Scores of eval (the trained parts, training's own reader and featurizer) on ``table``;
+    ``as_stored``: its IDs hashed as the file stores them (eval brings them to the training
+    file's types otherwise)."""
     from ember.pipeline.loader import make_batches
     from ember.train.evaluate import predict_batches
 
     pq.write_table(table, path)
     cfg = trained["cfg"]
-    data = cfg.data.model_copy(update={"eval": str(path)})
+    data = cfg.data.model_copy(update={"eval": str(path), **({"train": str(path)} if as_stored else {})})
     probs, _ = predict_batches(trained["parts"], make_batches(data, cfg.schema, "eval"))
     return probs
 
@@ -180,6 +182,15 @@ def test_four_and_four_point_oh_are_one_id_and_a_seen_id_differs_from_an_unseen_
     assert text[0] == text[1] == text[2] != text[3]  # "3.0" is another text ID than "3", as in a CSV file
 
 
+def test_eval_brings_a_file_with_other_id_types_to_training_s_as_predict_does(trained, tmp_path):
+    # C1 was int64 and C2 text in the training file; here they are stored the other way round
+    swapped = pa.table({"y": pa.array([0, 1]), "I1": pa.array([1.0, 2.0]), "C1": pa.array(["4", "77"]),
+                        "C2": pa.array([3, 7], pa.int64())})
+    rows = [{"C1": 4, "C2": "3", "I1": 1.0}, {"C1": 77, "C2": "7", "I1": 2.0}]
+    np.testing.assert_allclose(_eval_scores(trained, swapped, tmp_path / "swapped.parquet"),
+                               trained["predictor"].predict_records(rows), rtol=1e-6)
+
+
 # --- rejections --------------------------------------------------------------------------------------
 
 GOOD = {"C1": 4, "C2": "7", "I1": 2.5}
@@ -264,7 +275,7 @@ def test_an_export_without_the_type_record_infers_it_and_says_so_once(trained, t
     # read as before: JSON values as text (here C1's 4 is the text "4", not the integer ID it was in training)
     as_text = pa.table({"y": pa.array([0]), "I1": pa.array([1.0]), "C1": pa.array(["4"]), "C2": pa.array(["7"])})
     np.testing.assert_allclose(p.predict_records([{"C1": 4, "C2": 7, "I1": 1}]),
-                               _eval_scores(trained, as_text, tmp_path / "as-text.parquet"), rtol=1e-5)
+                               _eval_scores(trained, as_text, tmp_path / "as-text.parquet", as_stored=True), rtol=1e-5)
 
 
 # --- the rule itself ---------------------------------------------------------------------------------
