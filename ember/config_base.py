@@ -95,6 +95,11 @@ def format_validation_error(err: ValidationError, cls: type[BaseModel], where: s
             if allowed:
                 msg += f"; allowed keys here: {', '.join(allowed)}"
         else:
-            msg = f"'{key}': {e['msg']} (got {e.get('input')!r})"
+            cause = (e.get("ctx") or {}).get("error")
+            if isinstance(cause, ConfigError):  # a section parsed on its own: its message names its keys
+                lines.append(str(cause).removeprefix("invalid config: "))
+                continue
+            text = e["msg"].removeprefix("Value error, ")
+            msg = f"'{key}': {text}" if "got " in text else f"'{key}': {text} (got {e.get('input')!r})"
         lines.append(msg)
     return "invalid config: " + "; ".join(lines)

@@ -112,12 +112,16 @@ def test_a_missing_config_file_is_named(tmp_path, capsys):
     ("train.seed=99999999999999999999999", "'train.seed': Input should be less than 9223372036854775808"),
     ("data.seed=-5", "'data.seed': Input should be greater than or equal to 0 (got -5)"),
     ("embedding.seed=99999999999999999999999", "'embedding.seed': Input should be less than 9223372036854775808"),
-    ("train.run_name=../../escaped", "'train.run_name': Value error, must be a directory name, not a path"),
-    ("train.run_name=''", "'train.run_name': Value error, must be a directory name"),
+    ("train.run_name=../../escaped", "'train.run_name': must be a directory name, not a path"),
+    ("train.run_name=''", "'train.run_name': must be a directory name"),
+    ("model={type: dlrm, bottom_mlp: [0], top_mlp: [4]}", "invalid config: 'model.bottom_mlp': every MLP size must be > 0, "
+                                                          "got [0]"),
+    ("model={type: dlrn}", "invalid config: 'model.type': unknown model type 'dlrn'; known types: dlrm,"),
 ])
 def test_overrides_that_do_not_parse_or_name_no_key(tmp_path, capsys, override, message):
     err = _error(capsys, ["train", "--config", str(_config(tmp_path, epochs=1)), override])
     assert message in err
+    assert err.count("got ") <= 1 and "Value error" not in err  # said once, in our words
     assert not (tmp_path / "run").exists()  # nothing ran
 
 
@@ -171,6 +175,17 @@ def test_missing_input_paths_are_named(trained, tmp_path, capsys, argv, message)
     fill = {"tmp": tmp_path, "rows": trained["rows"], "export": trained["export"]}
     err = _error(capsys, [a.format(**fill) for a in argv])
     assert message.format(**fill) in err
+
+
+def test_predict_on_an_empty_csv_or_into_a_folder_that_takes_no_files_says_so(trained, tmp_path, capsys):
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    err = _error(capsys, ["predict", "--export", str(trained["export"]), "--input", str(empty)])
+    assert f"{empty}: the file is empty (csv.header is true: a header line is expected)" in err
+    if Path("/proc/self").is_dir():  # Linux: /proc exists and takes no new files, not even as root
+        err = _error(capsys, ["predict", "--export", str(trained["export"]), "--input", str(trained["rows"]),
+                              "--output", "/proc/ember-test.csv"])
+        assert "/proc/ember-test.csv: the predictions cannot be written there" in err
 
 
 def test_an_export_where_a_checkpoint_belongs_and_the_reverse(trained, capsys):

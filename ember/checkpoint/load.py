@@ -4,6 +4,7 @@ any number of ranks (each keeps the IDs it owns, from every part, whatever world
 from __future__ import annotations
 
 import json
+import logging
 import random
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -17,6 +18,8 @@ from ember.checkpoint.save import FORMAT_VERSION, Ranks, part_stem
 from ember.embedding import EmbeddingCollection
 from ember.embedding.codec import RowCodec
 from ember.errors import CheckpointError
+
+log = logging.getLogger("ember")
 
 __all__ = [
     "resolve_checkpoint", "read_manifest", "verify_checkpoint", "load_tables", "load_dense", "restore_rng",
@@ -43,7 +46,10 @@ def resolve_checkpoint(path: str | Path) -> Path:
             done = sorted(p for p in cand.glob("step-*") if (p / "manifest.json").exists())
             aside = sorted(p for p in cand.glob(".old-step-*") if (p / "manifest.json").exists())
             if done or aside:
-                return (done or aside)[-1]
+                chosen = (done or aside)[-1]
+                log.warning("%s names %s, which is missing or incomplete (a save interrupted?); using %s, the newest "
+                            "complete checkpoint", latest, target.name, chosen)
+                return chosen
             raise CheckpointError(f"{latest} names {target.name}, which is incomplete, and no complete checkpoint exists")
     raise CheckpointError(f"no checkpoint at {p}: expected a manifest.json or a LATEST file (a run directory works too)")
 

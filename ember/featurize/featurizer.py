@@ -588,7 +588,13 @@ class Featurizer:
             missing |= is_listed(flat, self.schema.missing_values_of(f))
             bad &= ~missing
             if bad.any():
-                checks.add(col, "not an integer ID", bad.copy() if single else np.bincount(elem_row()[bad], minlength=n) > 0)
+                wide = np.zeros_like(bad)  # the bad values that are integers, only past int64
+                for i in np.flatnonzero(bad):
+                    wide[i] = re.fullmatch(r"-?\d+", str(flat[int(i)].as_py()).strip()) is not None
+                for mask, problem in ((bad & ~wide, "not an integer ID"),
+                                      (wide, "an integer ID outside the int64 range (hash_ids: true takes IDs of any "
+                                             "length)")):
+                    checks.add(col, problem, mask if single else np.bincount(elem_row()[mask], minlength=n) > 0)
             valid = ~missing & ~bad
 
         w = None

@@ -72,7 +72,7 @@ class SeriesSource(PolledSource):
         restarted = (self.base is not None and bool(fulls) and fulls[-1].number < self.base
                      and not any(e.number == self.base for e in entries))
         if restarted:
-            log.warning("ember serve: the exports in %s were replaced by a new run (export %d is gone); serving "
+            log.warning("serve: the exports in %s were replaced by a new run (export %d is gone); serving "
                         "its newest full export %s", self.root, self.base, fulls[-1].path.name)
         if fulls and (self.base is None or fulls[-1].number > self.base or restarted):
             changed = self._load_full(fulls[-1])
@@ -93,7 +93,7 @@ class SeriesSource(PolledSource):
         self.applied = entry.number
         self.last_apply_s = time.perf_counter() - t0
         self.history.append((entry.path.name, self.last_apply_s))
-        log.info("ember serve: now serving version %s (built in %.3f s)", entry.path.name, self.last_apply_s)
+        log.info("serve: now serving version %s (built in %.3f s)", entry.path.name, self.last_apply_s)
 
     def _load_full(self, entry: SeriesEntry) -> bool:
         t0 = time.perf_counter()
@@ -103,7 +103,7 @@ class SeriesSource(PolledSource):
         except (OSError, ValueError, EmberError) as e:
             if entry.path.exists():
                 self.failed.add(entry.path.name)
-                log.error("ember serve: full export %s is damaged (%s); skipping it, still serving version %s",
+                log.error("serve: full export %s is damaged (%s); skipping it, still serving version %s",
                           entry.path, e, self.current.version if self.current else None)
             return False
         self.base, self.stuck = entry.number, None
@@ -118,7 +118,7 @@ class SeriesSource(PolledSource):
             if not entry.path.exists():
                 return False  # pruned while read: the newer full export is picked up next time
             self.stuck = entry.path.name
-            log.error("ember serve: delta export %s is damaged or incomplete (%s); still serving version %s; the "
+            log.error("serve: delta export %s is damaged or incomplete (%s); still serving version %s; the "
                       "deltas after it build on it, so they are skipped until the next full export",
                       entry.path, e, self.current.version)
             return False

@@ -75,14 +75,20 @@ def write_predictions(path: str | Path, table: pa.Table, fmt: str, compression: 
     from ember.outputs import OUTPUT_KEY
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # about 9 bytes per probability ("0.123456,"): the estimate a full disk's message names
-    with atomic_file(path, WriteError, table.num_columns * 8 + table.num_rows * table.num_columns * 9) as tmp:
-        if fmt == "parquet":
-            import pyarrow.parquet as pq
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # about 9 bytes per probability ("0.123456,"): the estimate a full disk's message names
+        with atomic_file(path, WriteError, table.num_columns * 8 + table.num_rows * table.num_columns * 9) as tmp:
+            if fmt == "parquet":
+                import pyarrow.parquet as pq
 
-            pq.write_table(table.replace_schema_metadata({OUTPUT_KEY: b"predictions"}), tmp)
-            return
-        data = csv_bytes(table, "\t" if fmt == "tsv" else ",")
-        with (pa.CompressedOutputStream(str(tmp), compression) if compression else pa.OSFile(str(tmp), "wb")) as out:
-            out.write(data)
+                pq.write_table(table.replace_schema_metadata({OUTPUT_KEY: b"predictions"}), tmp)
+                return
+            data = csv_bytes(table, "\t" if fmt == "tsv" else ",")
+            with (pa.CompressedOutputStream(str(tmp), compression) if compression else pa.OSFile(str(tmp), "wb")) as out:
+                out.write(data)
+    except WriteError:
+        raise
+    except OSError as e:  # a folder that takes no new files (read-only, /proc), no permission, ...
+        raise WriteError(f"{path}: the predictions cannot be written there ({e.strerror or e}); give an output "
+                         "path in a folder you can write to") from e

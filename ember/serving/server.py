@@ -72,12 +72,12 @@ class ModelSource(PolledSource):
             fresh = Served(Predictor.load(self.root, trust_torchscript=self.trust_torchscript), version)  # verified first
         except (OSError, ValueError, EmberError) as e:  # half-written or damaged: keep serving the old one
             if version is None or version != self._refused:  # said once per version, tried again every poll
-                log.warning("ember serve: export %s could not be loaded (%s); still serving version %s",
+                log.warning("serve: export %s could not be loaded (%s); still serving version %s",
                             self.root, e, self.current.version)
             self._refused = version
             return False
         self.current = fresh  # one reference assignment: each request sees the old or the new model
-        log.info("ember serve: now serving version %s", version)
+        log.info("serve: now serving version %s", version)
         return True
 
 

@@ -57,7 +57,7 @@ class PolledSource:
                 try:
                     self.refresh()
                 except Exception:  # never let the poller die: the served version stays
-                    log.exception("ember serve: following %s failed; still serving version %s", self.root,
+                    log.exception("serve: following %s failed; still serving version %s", self.root,
                                   self.current.version)
 
         self._thread = threading.Thread(target=loop, name=self.thread_name, daemon=True)

@@ -78,7 +78,8 @@ def damaged_file(file: str, where: str, error: BaseException) -> DataError:
     (e.g. ``" row group 3 (rows 1-5000, byte offset 4)"``, or ``""`` for the whole file)."""
     return DataError(
         f"{file}{where}: cannot be read, the file is truncated, damaged or not in the configured format "
-        f"({error}); restore or re-create the file, or remove it from data.train / data.eval"
+        f"({error}); restore or re-create the file, or leave it out of the files read (data.train / data.eval, "
+        "or predict's --input)"
     )
 
 

@@ -272,6 +272,9 @@ def read_csv(
     head, newline, body = first[bom:].partition(b"\n")
     found = header_fields(head, delimiter)
     line_no, offset, first = 1, bom, first[bom:]  # 1-based number and byte offset of the next line to parse
+    if header is True and not head.strip(b"\r") and not body.strip():
+        raise DataError(f"{path}: the file is empty (csv.header is true: a header line is expected); "
+                        "leave it out of the files read, or write its header line")
     if header is True or (header == "auto" and found == names):
         if found is None:
             raise DataError(f"{path} row 1 (the header): not valid UTF-8 text; re-encode the file as UTF-8 "

@@ -121,13 +121,17 @@ def test_full_disk_while_publishing_a_checkpoint_keeps_the_previous_one(tmp_path
     assert sorted(p.name for p in root.iterdir()) == ["LATEST", "step-00000001"]
 
 
-def test_a_kill_between_moving_a_checkpoint_aside_and_renaming_its_replacement_in_loses_nothing(tmp_path):
+def test_a_kill_between_moving_a_checkpoint_aside_and_renaming_its_replacement_in_loses_nothing(tmp_path, caplog):
     """The state a SIGKILL leaves between the two renames of a same-step re-save, when that step
-    was the only checkpoint: LATEST names a missing directory, the good one lies aside."""
+    was the only checkpoint: LATEST names a missing directory, the good one lies aside (and
+    the fallback is said)."""
     root, dense = tmp_path / "checkpoints", {"model": {"w": torch.zeros(3)}}
     first = save_checkpoint(root, 1, [_collection(10)], dense, {"epoch": 0, "batch": 1}, {})
     aside = root / ".old-step-00000001-4242"
     shutil.move(first, aside)
     (root / ".tmp-step-00000001-4242").mkdir()  # the replacement, never renamed in
-    found = resolve_checkpoint(root)
+    with caplog.at_level("WARNING", logger="ember"):
+        found = resolve_checkpoint(root)
     assert found == aside and _ids(found) == list(range(10))
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "names step-00000001, which is missing or incomplete" in said and str(aside) in said

@@ -90,3 +90,19 @@ def test_csv_and_parquet_files_agree(tmp_path: Path, missing_values: list[str], 
     # an empty numeric field is still a missing number (filled), in both formats
     np.testing.assert_array_equal(csv_rows.dense[:, 0], [1.0, -1.0, 2.0])
     np.testing.assert_array_equal(pq_rows.dense[:, 0], [1.0, -1.0, 2.0, 3.0])
+
+
+@pytest.mark.parametrize("one_pass", [True, False])
+def test_an_integer_id_past_int64_is_named_as_such_not_as_text(one_pass, monkeypatch):
+    from ember.source.bad_rows import BadRowReport
+
+    monkeypatch.setattr(Featurizer, "one_pass", one_pass)
+    wide = "an integer ID outside the int64 range (hash_ids: true takes IDs of any length)"
+    for sparse in ({"name": "c", "hash_ids": False}, {"name": "c", "hash_ids": False, "separator": "|"}):
+        with pytest.raises(DataError, match=r"row 2, column 'c': an integer ID outside the int64 range .*"
+                                            r"got '-?9{20}'"):
+            _ids(_schema(sparse=[sparse]), pa.record_batch({"y": ["0"] * 2, "c": ["5", "99999999999999999999"]}))
+        report = BadRowReport("skip")
+        batch = pa.record_batch({"y": ["0"] * 4, "c": ["5", " 99999999999999999999 ", "x7", "-9223372036854775809"]})
+        Featurizer(_schema(sparse=[sparse]), report)(batch)
+        assert report.counts == {f"c: {wide}": 2, "c: not an integer ID": 1}

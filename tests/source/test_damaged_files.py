@@ -47,7 +47,7 @@ def test_unreadable_parquet_names_the_file(tmp_path, damage):
     good = p.read_bytes()
     p.write_bytes({"truncated": good[: len(good) // 2], "garbage": b"not a parquet file" * 20, "empty": b""}[damage])
     msg = _error(read_parquet(str(p), ["y", "a"]))
-    assert str(p) in msg and "(footer)" in msg and "remove it from data.train / data.eval" in msg
+    assert str(p) in msg and "(footer)" in msg and "leave it out of the files read (data.train / data.eval" in msg
 
 
 def test_flipped_byte_in_a_data_page_is_caught_by_its_checksum(tmp_path):
