@@ -317,7 +317,7 @@ class Featurizer:
                                       missing_keys, list(names))
         checks = _Checks(batch)  # (bad values are named as the file has them)
         if self.id_types:
-            batch = self._bring_ids(batch, checks)
+            batch = self.bring_ids(batch, checks)
         self.report.rows_read += n
         exported = None  # the batch through the Arrow C data interface, once for the native calls below
         if self.one_pass:  # this batch's schema checked once: the plans below read it
@@ -391,10 +391,10 @@ class Featurizer:
         keep = checks.resolve(self.report, file, first_row)
         return rows if keep is None else rows.take(np.flatnonzero(keep))
 
-    def _bring_ids(self, batch: pa.RecordBatch, checks: _Checks) -> pa.RecordBatch:
+    def bring_ids(self, batch: pa.RecordBatch, checks: _Checks | None = None) -> pa.RecordBatch:
         """``batch`` with each hashed ID column whose type differs from ``id_types`` brought to
         that type (``canonical_array``: integers to their digits, decimal text to integers; a
-        value that is neither is a bad row)."""
+        value that is neither is a bad row of ``checks``, or a null without them)."""
         if self._brought is None or not self._brought[0].equals(batch.schema):
             todo = []
             for c, want in self.id_types.items():
@@ -414,7 +414,8 @@ class Featurizer:
             i = batch.schema.get_field_index(c)
             arrays[i], bad, _ = canonical_array(arrays[i], want, self.schema.missing_values_of(f), f.separator)
             fields[i] = pa.field(c, arrays[i].type)
-            checks.add(c, f"ID cannot be read as {want}, this column's type in the first training file", bad)
+            if checks is not None:
+                checks.add(c, f"ID cannot be read as {want}, this column's type in the first training file", bad)
         return pa.RecordBatch.from_arrays(arrays, schema=pa.schema(fields))
 
     def _native_floats(self, batch: pa.RecordBatch, columns: Sequence[str], raw: np.ndarray, kind: str,

@@ -35,6 +35,7 @@ import pyarrow.compute as pc
 
 from ember.config import RunConfig
 from ember.errors import ConfigError, WriteError
+from ember.featurize.canonical import hashed_id_types
 from ember.featurize.featurizer import Featurizer, _jagged
 from ember.featurize.hashing import hash_array
 from ember.featurize.schema import SparseFeature
@@ -160,7 +161,7 @@ def profile_data(cfg: RunConfig, rows: int | None = None, exact_bound: int = 1 <
     schema = cfg.schema
     tables = {t.name: t for t in cfg.table_configs()}
     report = BadRowReport("skip")
-    featurize = Featurizer(schema, report, keys=[_ROW])
+    featurize = Featurizer(schema, report, keys=[_ROW], id_types=hashed_id_types(schema, cfg.data))  # as training reads
     by_table: dict[str, list[int]] = {}
     for j, f in enumerate(schema.sparse):
         by_table.setdefault(f.table_name, []).append(j)
@@ -192,7 +193,7 @@ def profile_data(cfg: RunConfig, rows: int | None = None, exact_bound: int = 1 <
         kept = np.asarray(out.key_columns[_ROW], dtype=np.int64)  # type: ignore[index]
         kept_rows += kept.size
         label_sums += out.labels.sum(axis=0)
-        taken = block.take(pa.array(kept))
+        taken = featurize.bring_ids(block).take(pa.array(kept))  # (top values named from IDs as hashed)
         for j, s in enumerate(sparse):
             ids, offsets = out.values[j], out.offsets[j]
             s.add(ids, np.diff(offsets), taken.column(s.f.source_column))

@@ -274,3 +274,16 @@ def test_a_watched_directory_is_profiled_as_it_is_now(tmp_path):
     raw["train"]["mode"] = "online"
     p = profile_data(from_dict(raw))
     assert p["data"]["rows_read"] == N and p["bad_rows"]["total"] == 3
+
+
+def test_ids_stored_as_another_type_in_a_later_file_are_profiled_as_training_hashes_them(tmp_path):
+    # training brings a text "4" to the first file's integer 4 (one ID): so does the profile
+    i = np.arange(40)
+    pq.write_table(pa.table({"label": i % 2, "user": pa.array(i % 7, pa.int64())}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"label": i % 2, "user": pa.array([str(v) for v in 5 + i % 4])}), tmp_path / "b.parquet")
+    cfg = _config(tmp_path, tmp_path / "a.parquet", schema={"labels": ["label"], "sparse": [{"name": "user"}]})
+    cfg["data"].update(format="parquet", train=[str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")])
+    s = profile_data(from_dict(cfg))["sparse"]["user"]
+    assert s["distinct"]["value"] == 9 and s["values"] == 80
+    counts = Counter((i % 7).tolist()) + Counter((5 + i % 4).tolist())  # 7 and 8 first seen as text
+    assert {int(t["value"]): t["count"] for t in s["top"]} == {k: v for k, v in counts.most_common(len(s["top"]))}
