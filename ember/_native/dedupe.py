@@ -23,6 +23,9 @@ def unique_segments(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np
     """
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     bounds = np.ascontiguousarray(bounds, dtype=np.int64)
+    if bounds.size == 0 or bounds[0] != 0 or bounds[-1] != ids.size or (np.diff(bounds) < 0).any():
+        raise ValueError(f"unique_segments: bounds must rise from 0 to len(ids)={ids.size}, got "
+                         f"{bounds[:3].tolist()}...{bounds[-3:].tolist()}")  # (the C loop reads within them)
     core = _native._core
     if core is None:
         return _unique_segments_py(ids, bounds)

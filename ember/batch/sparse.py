@@ -51,6 +51,24 @@ class SparseFeatures:
         object.__setattr__(self, "keys", tuple(self.keys))
         if len(self.keys) == 0:
             raise ValueError("SparseFeatures: keys must not be empty")
+        if len(set(self.keys)) != len(self.keys):
+            raise ValueError(f"SparseFeatures: keys must be unique, got {list(self.keys)}")
+        for name, t, kinds in (("values", self.values, "an integer"), ("lengths", self.lengths, "an integer"),
+                               ("weights", self.weights, "a floating-point")):
+            if name == "weights" and t is None:
+                continue
+            if not isinstance(t, Tensor):
+                raise TypeError(f"SparseFeatures: {name} must be a torch.Tensor, got {type(t).__name__} "
+                                "(wrap it with torch.as_tensor)")
+            ok = t.is_floating_point() if name == "weights" else not (t.is_floating_point() or t.is_complex()
+                                                                       or t.dtype == torch.bool)
+            if t.dim() != 1 or not ok:
+                raise TypeError(f"SparseFeatures: {name} must be a 1-D tensor of {kinds} dtype, got {t.dtype} of "
+                                f"shape {tuple(t.shape)}" + (" (IDs are integers: hash other values first)"
+                                                             if name == "values" else ""))
+        if self.weights is not None and self.weights.numel() != self.values.numel():
+            raise ValueError(f"SparseFeatures: {self.weights.numel()} weights for {self.values.numel()} values; "
+                             "give one weight per value")
         if self.lengths.numel() % len(self.keys) != 0:
             raise ValueError(
                 f"SparseFeatures: len(lengths)={self.lengths.numel()} is not a multiple of "
@@ -65,7 +83,12 @@ class SparseFeatures:
         """Start and end of each key's slice of ``values`` (computed once, cached)."""
         if "ranges" not in self._cache:
             # (numpy: torch's int64 sum over a batch's lengths took ~0.35 ms, numpy's ~0.03)
-            per_key = self.lengths.cpu().numpy().reshape(len(self.keys), -1).sum(axis=1).tolist()
+            lengths = self.lengths.cpu().numpy()
+            per_key = lengths.reshape(len(self.keys), -1).sum(axis=1).tolist()
+            if sum(per_key) != self.values.numel() or (lengths.size and lengths.min() < 0):
+                raise ValueError(f"SparseFeatures: lengths must be >= 0 and sum to len(values)={self.values.numel()}, "
+                                 f"got a sum of {sum(per_key)}" + (f" and a length of {lengths.min()}"
+                                                                   if lengths.size and lengths.min() < 0 else ""))
             ranges, start = {}, 0
             for key, n in zip(self.keys, per_key):
                 ranges[key] = (start, start + int(n))
@@ -145,19 +168,13 @@ class SparseFeatures:
         return SparseFeatures(self.keys, pinned(self.values), pinned(self.lengths), w)
 
     def validate(self) -> None:
-        """Check invariants (used in tests and debug mode); raises ValueError on the first breach."""
+        """Check invariants (used in tests and debug mode): int64 values, and what construction
+        and ``key_ranges`` check (types, shapes, lengths >= 0 summing to len(values)); raises
+        ValueError on the first breach."""
         if self.values.dtype != torch.int64:
             raise ValueError(f"SparseFeatures: values must be int64, got {self.values.dtype}")
-        if int(self.lengths.sum()) != self.values.numel():
-            raise ValueError(
-                f"SparseFeatures: sum(lengths)={int(self.lengths.sum())} != len(values)={self.values.numel()}"
-            )
-        if bool((self.lengths < 0).any()):
-            raise ValueError("SparseFeatures: lengths must be >= 0")
-        if self.weights is not None and self.weights.shape != self.values.shape:
-            raise ValueError(
-                f"SparseFeatures: weights shape {tuple(self.weights.shape)} != values shape {tuple(self.values.shape)}"
-            )
+        self._cache.pop("ranges", None)
+        self.key_ranges()
 
 
 def pinned(t: Tensor) -> Tensor:

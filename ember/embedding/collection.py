@@ -11,7 +11,8 @@ one gradient per unique ID, already summed over its occurrences — never a dens
 from __future__ import annotations
 
 import logging
-from typing import Callable, Sequence
+import warnings
+from typing import Any, Callable, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -35,10 +36,12 @@ class Lookup:
     (a pipeline or a sharded run puts its own work between them).
     """
 
-    def __init__(self, groups: list[GroupLookup], features: list[FeatureConfig]) -> None:
+    def __init__(self, groups: list[GroupLookup], features: list[FeatureConfig],
+                 shape: tuple[tuple[str, ...], int] | None = None) -> None:
         self.groups = groups
         self.features = features
         self.fetched = False
+        self.shape = shape  # (keys, batch size) of the batch planned: forward checks it is given that batch
 
     @property
     def train(self) -> bool:
@@ -119,6 +122,11 @@ class EmbeddingCollection(nn.Module):
         if len(self.table_configs) != len(tables):
             raise ValueError("EmbeddingCollection: table names must be unique")
         self.features = list(features)
+        names = [f.name for f in self.features]
+        if len(set(names)) != len(names):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise ValueError(f"EmbeddingCollection: feature names must be unique; {twice} given more than once "
+                             "(two features may share a table under different names)")
         for f in self.features:
             if f.table_name not in self.table_configs:
                 raise ValueError(
@@ -143,6 +151,20 @@ class EmbeddingCollection(nn.Module):
         self._open: list[GroupLookup] = []
         self._ready: list[GroupLookup] = []
 
+    _NO_ROWS = ("EmbeddingCollection: its tables' rows are not part of state_dict() (they live in tiers that may "
+                "outgrow memory): save and restore them with ember.checkpoint.save.save_checkpoint and "
+                "ember.checkpoint.load.load_tables, as ember train does")
+
+    def get_extra_state(self) -> dict[str, Any]:
+        """What ``state_dict`` holds for the collection: a note that its rows are elsewhere (said
+        once, as a warning), so neither saving nor loading one passes for the tables' state."""
+        warnings.warn(self._NO_ROWS, stacklevel=3)
+        return {"ember_tables": sorted(self.tables), "rows": "not included"}
+
+    def set_extra_state(self, state: Any) -> None:
+        """Loading a state_dict restores no row: warned, so fresh rows never pass for trained ones."""
+        warnings.warn(self._NO_ROWS + "; the rows here are unchanged by load_state_dict", stacklevel=3)
+
     def feature_dims(self) -> list[int]:
         return [self.table_configs[f.table_name].dim for f in self.features]
 
@@ -160,13 +182,17 @@ class EmbeddingCollection(nn.Module):
         grad mode is per thread)."""
         if train is None:
             train = self.training and torch.is_grad_enabled()
-        return Lookup([g.plan(sparse, train) for g in self.groups], self.features)
+        return Lookup([g.plan(sparse, train) for g in self.groups], self.features, (tuple(sparse.keys), sparse.batch_size))
 
     def forward(self, sparse: SparseFeatures, lookup: Lookup | None = None) -> dict[str, Tensor | SequenceEmbedding]:
         """Pooled embeddings {feature: [B, D] (or a SequenceEmbedding)}: plan, fetch (unless
         ``lookup`` was planned and fetched already) and pool. A training forward hands its
         gradients to ``SparseOptimizer.step`` after backward."""
         lk = lookup if lookup is not None else self.plan(sparse)
+        if lk.shape is not None and lk.shape != (tuple(sparse.keys), sparse.batch_size):
+            raise ValueError(f"EmbeddingCollection: the lookup was planned for a batch of {lk.shape[1]} with keys "
+                             f"{list(lk.shape[0])}, not for this one ({sparse.batch_size}, {list(sparse.keys)}); "
+                             "plan each batch's own lookup (ec.plan(batch))")
         if not lk.fetched:
             lk.fetch()
         if not lk.train:

@@ -110,3 +110,33 @@ def test_eval_mode_records_no_gradients():
 def test_undefined_table_is_a_clear_error():
     with pytest.raises(ValueError, match="uses table 'nope'"):
         EmbeddingCollection([TableConfig(name="t", dim=2)], [FeatureConfig(name="f", table="nope")])
+
+
+def _one_table(features=None):
+    return EmbeddingCollection([TableConfig(name="t", dim=4)], features or [FeatureConfig(name="u", table="t")], seed=0)
+
+
+def test_a_lookup_pools_only_the_batch_it_was_planned_for():
+    ec = _one_table()
+    lk = ec.plan(SparseFeatures(["u"], torch.tensor([1, 2]), torch.tensor([1, 1]))).fetch()
+    with pytest.raises(ValueError, match=r"planned for a batch of 2 with keys \['u'\], not for this one \(3, \['u'\]\)"):
+        ec(SparseFeatures(["u"], torch.tensor([7, 8, 9]), torch.tensor([1, 1, 1])), lk)
+
+
+def test_feature_names_are_unique():
+    with pytest.raises(ValueError, match=r"feature names must be unique; \['u'\] given more than once"):
+        _one_table([FeatureConfig(name="u", table="t"), FeatureConfig(name="u", table="t", pooling="mean")])
+
+
+def test_state_dict_says_it_holds_no_rows_and_loading_one_restores_none():
+    trained, fresh = _one_table(), _one_table()
+    opt, sf = SparseOptimizer(trained), SparseFeatures(["u"], torch.tensor([1]), torch.tensor([1]))
+    for _ in range(3):
+        trained(sf)["u"].sum().backward()
+        opt.step()
+    with pytest.warns(UserWarning, match="rows are not part of state_dict"):
+        state = torch.nn.ModuleDict({"ec": trained}).state_dict()  # also inside a user's model
+    with pytest.warns(UserWarning, match="rows here are unchanged by load_state_dict"):
+        torch.nn.ModuleDict({"ec": fresh}).load_state_dict(state)
+    trained.eval(), fresh.eval()
+    assert not torch.equal(trained(sf)["u"], fresh(sf)["u"])  # (what the warning is about)

@@ -173,6 +173,12 @@ def test_tag_claim_matches_its_fallback(n_slots, claims):
             fn(full, np.array([0]), np.array([3], dtype=np.uint16), np.empty(1, dtype=np.int64))
 
 
+@pytest.mark.parametrize("bounds", [[0, 5], [0, 2, 1, 3], [1, 3], []])
+def test_unique_segments_refuses_bounds_outside_the_ids_before_the_loop_reads(bounds):
+    with pytest.raises(ValueError, match=r"bounds must rise from 0 to len\(ids\)=3"):
+        _native.unique_segments(np.array([4, 5, 4], np.int64), np.array(bounds, np.int64))
+
+
 @pytest.mark.parametrize("impl", ["wrapper", "fallback"])
 def test_unique_segments_matches_per_segment_unique(impl):
     fn = _native.unique_segments if impl == "wrapper" else _native._unique_segments_py
