@@ -17,9 +17,12 @@ class ConfigModel(BaseModel):
 
     Every field carries its doc as an attribute docstring (the line under it): pydantic reads it
     into the field's ``description``, and the configuration reference is generated from there.
+    No number is NaN or infinite (YAML's ``.nan`` / ``.inf``): a NaN fill or standardize made
+    every score NaN, an infinite rate or bound means nothing a run can do; an unbounded side is
+    written as null where a key allows it.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True, allow_inf_nan=False)
 
     @classmethod
     def parse(cls, data: Any, where: str = "") -> Any:

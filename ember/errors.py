@@ -14,6 +14,7 @@ __all__ = [
     "WriteError",
     "RunInterrupted",
     "RankLost",
+    "Diverged",
 ]
 
 
@@ -57,6 +58,12 @@ class CheckpointError(EmberError, RuntimeError):
 class WriteError(EmberError, OSError):
     """An output file (predictions, metrics, plots) cannot be written: disk full, directory not
     writable. The message names the path and, for a full disk, the bytes the write needed."""
+
+
+class Diverged(EmberError, ArithmeticError):
+    """Training's loss, or a model's scores, are no longer finite (NaN or infinite): the weights
+    diverged (learning rates too high, values too large in the data). Nothing is saved after it,
+    and no metric is computed over such scores."""
 
 
 class RunInterrupted(EmberError):

@@ -117,6 +117,7 @@ def test_a_missing_config_file_is_named(tmp_path, capsys):
     ("model={type: dlrm, bottom_mlp: [0], top_mlp: [4]}", "invalid config: 'model.bottom_mlp': every MLP size must be > 0, "
                                                           "got [0]"),
     ("model={type: dlrn}", "invalid config: 'model.type': unknown model type 'dlrn'; known types: dlrm,"),
+    ("train.dense_optimizer.lr=.inf", "'train.dense_optimizer.lr': Input should be a finite number (got inf)"),
 ])
 def test_overrides_that_do_not_parse_or_name_no_key(tmp_path, capsys, override, message):
     err = _error(capsys, ["train", "--config", str(_config(tmp_path, epochs=1)), override])
@@ -175,6 +176,17 @@ def test_missing_input_paths_are_named(trained, tmp_path, capsys, argv, message)
     fill = {"tmp": tmp_path, "rows": trained["rows"], "export": trained["export"]}
     err = _error(capsys, [a.format(**fill) for a in argv])
     assert message.format(**fill) in err
+
+
+def test_a_diverged_run_stops_at_its_first_non_finite_loss_and_saves_nothing_after(tmp_path, capsys):
+    cfg = _config(tmp_path, "nan", epochs=1, checkpoint_every=1)
+    err = _error(capsys, ["train", "--config", str(cfg), "model={type: dlrm, bottom_mlp: [8, 4], top_mlp: [8]}",
+                          "train.dense_optimizer={type: sgd, lr: 1.0e+30}"])
+    assert "training diverged at step " in err and "the batch's loss is nan" in err
+    step = int(err.split("training diverged at step ")[1].split(":")[0])
+    saved = sorted((tmp_path / "nan" / "checkpoints").glob("step-*"))
+    assert all(int(p.name.split("-")[1]) < step for p in saved)  # (no weights of the diverged step are kept)
+    assert not (tmp_path / "nan" / "summary.json").exists()  # and no metric of NaN scores
 
 
 def test_predict_on_an_empty_csv_or_into_a_folder_that_takes_no_files_says_so(trained, tmp_path, capsys):

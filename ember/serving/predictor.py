@@ -86,6 +86,20 @@ def search(sorted_ids: np.ndarray, q: np.ndarray) -> tuple[np.ndarray, np.ndarra
     return pos, sorted_ids[pos] == q
 
 
+def _not_finite(probs: np.ndarray, batch: Batch, root: Path) -> None:
+    """Raise for scores that are NaN: a DataError when the row's dense input is infinite (the
+    caller's to fix), else Diverged (the export's weights are not finite)."""
+    from ember.errors import DataError, Diverged
+
+    row = int(np.flatnonzero(~np.isfinite(probs).all(axis=1))[0])
+    dense = batch.dense[row].numpy()
+    if not np.isfinite(dense).all():
+        raise DataError(f"row {row} (0-based, of this batch): a dense value is infinite after its transforms "
+                        f"({int((~np.isfinite(dense)).sum())} of {dense.size}), which scores NaN; give finite numbers")
+    raise Diverged(f"export {root}: row {row} (0-based, of this batch) scores NaN with finite inputs: the export's "
+                   "weights are not finite (a diverged run); export a checkpoint from before it")
+
+
 def read_rows(root: Path, name: str, n: int, dim: int, dtype: RowDtype, ttl: bool
               ) -> tuple[np.ndarray, Tensor, np.ndarray | None]:
     """A table's (ids, weights [n, dim] float32, last-seen steps or None) from an export or a
@@ -189,7 +203,10 @@ class Predictor:
         """Probabilities [B, T] for a featurized batch."""
         pooled = self._pooled(batch.sparse, self.features)
         linear = self._pooled(batch.sparse, self.linear_features) if self.linear_features else None
-        return torch.sigmoid(self.model(batch.dense, pooled, linear)).numpy()
+        probs = torch.sigmoid(self.model(batch.dense, pooled, linear)).numpy()
+        if not np.isfinite(probs).all():
+            _not_finite(probs, batch, self.root)
+        return probs
 
     def predict_batches(self, batches: Iterable[Batch]) -> np.ndarray:
         parts = [self.predict_batch(b) for b in batches]

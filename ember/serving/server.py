@@ -33,7 +33,7 @@ import socket
 from pathlib import Path
 from typing import Any, Callable
 
-from ember.errors import ConfigError, DataError, EmberError, SchemaError
+from ember.errors import ConfigError, DataError, Diverged, EmberError, SchemaError
 from ember.featurize.canonical import BadValue
 from ember.serving.predictor import Predictor
 from ember.serving.source import PolledSource, Served
@@ -131,6 +131,8 @@ def make_app(source: ModelSource, max_body_bytes: int = 1 << 20) -> Any:
             return error(422, str(e), row=e.row, column=e.column, reason=e.reason)
         except (DataError, SchemaError) as e:  # bad input is never a 5xx
             return error(422, str(e))
+        except Diverged as e:  # the export's weights are not finite: the server's fault, said plainly
+            return error(500, str(e))
         source.served += len(rows)
         return {"version": cur.version, "tasks": cur.predictor.tasks, "scores": probs.tolist()}
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from ember.batch import Batch
-from ember.errors import ConfigError, DataError
+from ember.errors import ConfigError, DataError, Diverged
 from ember.pipeline.loader import FileLoader
 from ember.train.builder import Components
 from ember.train.config import EvalConfig
@@ -89,6 +89,11 @@ def evaluate(parts: Components, batches: Iterable[Batch], max_batches: int | Non
         raise DataError(f"evaluation got no rows: {where} gave no batch{skipped}; give eval files with rows, check "
                         "that data.on_bad_rows: skip did not skip them all, or unset data.eval to train without "
                         "evaluation")
+    bad = ~np.isfinite(probs).all(axis=1)
+    if bad.any():  # an AUC of NaN scores ranks them somewhere: a number that means nothing
+        raise Diverged(f"eval: {int(bad.sum())} of {len(probs)} rows score NaN or infinite (the first is row "
+                       f"{int(np.argmax(bad))}): the model's weights are not finite (a diverged run), or those rows' "
+                       "dense values are infinite; no metric is computed over such scores")
     out = evaluate_predictions(labels, probs, parts.task_names)
     out.update(ranking_report(labels, probs, parts.task_names, keys, config.group_by, config.gauc_weight,
                               config.calibration_bins, config.slices, config.slice_top))

@@ -17,6 +17,7 @@ same batch (``FetchGate.lockstep``).
 from __future__ import annotations
 
 import itertools
+import math
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from ember.batch import Batch
 from ember.embedding.collection import Lookup
 from ember.embedding.group import GroupLookup
 from ember.embedding.optimizer import SparseOptimizer
+from ember.errors import Diverged
 from ember.pipeline.loader import RankSlice
 from ember.pipeline.scheduler import END, idle
 from ember.pipeline.staleness import FetchGate, WriteLog
@@ -214,6 +216,12 @@ class TrainStages:
         assert step.loss is not None
         n = step.batch.size
         value = float(step.loss) * step.rows  # the sum of this batch's (slice's) row losses
+        if not math.isfinite(value):  # (before the drain that precedes any checkpoint: none holds these weights)
+            raise Diverged(f"training diverged at step {self.first_step + step.index + 1}: the batch's loss is "
+                           f"{float(step.loss)}. The weights or gradients are no longer finite; no checkpoint was "
+                           "written after it. Lower the learning rates (train.dense_optimizer.lr, embedding.optimizer), "
+                           "check the dense columns for huge values (schema.dense: log1p, clip), then train again or "
+                           "resume from the last checkpoint (train.resume)")
         if self.window is not None and step.probs is not None:
             self.window.add(step.probs.cpu().numpy(), step.batch.labels.float().cpu().numpy(),
                             self.first_step + step.index, step.batch.keys)

@@ -123,3 +123,11 @@ def test_parse_ints_fast_path_matches_the_integer_syntax(monkeypatch):
                     np.testing.assert_array_equal(g, w)
     assert T._plain_ints(pa.array(plain + [None])) is not None
     assert T._plain_ints(pa.array(tokens)) is None
+
+
+@pytest.mark.parametrize("key, value", [("fill", float("nan")), ("fill", float("inf")), ("clip", [None, float("inf")]),
+                                        ("standardize", [float("nan"), 1.0]), ("standardize", [0.0, float("inf")])])
+def test_a_dense_transform_with_a_value_that_is_no_finite_number_is_refused(key, value):
+    # a NaN fill or standardize made every score NaN; an unbounded clip side is null
+    with pytest.raises(ConfigError, match=r"Input should be a finite number"):
+        Schema.parse({"labels": ["y"], "dense": [{"name": "n", key: value}], "sparse": [{"name": "c"}]})

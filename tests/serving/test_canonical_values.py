@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import torch
 import pyarrow as pa
 import pyarrow.csv as pacsv
 import pyarrow.orc as orc
@@ -25,7 +26,7 @@ uvicorn = pytest.importorskip("uvicorn")
 
 from ember.cli import main  # noqa: E402
 from ember.errors import DataError  # noqa: E402
-from ember.featurize.canonical import canonical_array, canonical_value  # noqa: E402
+from ember.featurize.canonical import canonical_array, canonical_value, canonicalize  # noqa: E402
 from ember.serving import Predictor  # noqa: E402
 from ember.serving.server import ModelSource, make_app  # noqa: E402
 from ember.testing.server import LocalServer  # noqa: E402
@@ -325,3 +326,39 @@ def test_a_multi_hot_list_column_takes_lists_from_parquet_and_joined_text_from_c
     np.testing.assert_allclose(p.predict_records(joined), from_parquet, rtol=1e-6)
     with pytest.raises(DataError, match=r"rows\[0\], column 'C2': 1.5 is not an integer"):
         p.predict_records([{**rows[0], "C2": [1, 1.5]}])
+
+
+def test_a_score_that_is_not_finite_is_an_error_naming_its_cause(trained):
+    from ember.errors import DataError, Diverged
+
+    from ember.featurize.featurizer import Featurizer
+
+    p = Predictor.load(trained["export"])  # every reader refuses inf; a float32 overflow of a transform remains
+    batch = Featurizer(p.score_schema)(canonicalize([GOOD, GOOD], p.score_schema, p.input_types)).to_batch()
+    batch.dense[1, 0] = float("inf")
+    with pytest.raises(DataError, match=r"row 1 \(0-based, of this batch\): a dense value is infinite"):
+        p.predict_batch(batch)
+    p = Predictor.load(trained["export"])
+    with torch.no_grad():
+        next(p.model.parameters()).fill_(float("nan"))  # the weights of a diverged run
+    with pytest.raises(Diverged, match="scores NaN with finite inputs: the export's weights are not finite"):
+        p.predict_records([GOOD])
+
+
+def test_eval_computes_no_metric_over_scores_that_are_not_finite(trained, tmp_path):
+    from ember.errors import Diverged
+    from ember.pipeline.loader import make_batches
+    from ember.train.evaluate import evaluate
+
+    parts, cfg = trained["parts"], trained["cfg"]
+    pq.write_table(_train_rows(50, 3), tmp_path / "e.parquet")
+    param = next(parts.model.parameters())
+    kept = param.detach().clone()
+    try:
+        with torch.no_grad():
+            param.fill_(float("nan"))
+        with pytest.raises(Diverged, match=r"eval: 50 of 50 rows score NaN or infinite"):
+            evaluate(parts, make_batches(cfg.data.model_copy(update={"eval": str(tmp_path / "e.parquet")}), cfg.schema, "eval"))
+    finally:
+        with torch.no_grad():
+            param.copy_(kept)
