@@ -269,6 +269,10 @@ def _towers(args: argparse.Namespace, scratch: Path) -> int:
     from ember.train.towers import propose_towers
 
     cfg, parts, source = _restore(args, scratch)
+    if cfg.model.type == "lr":  # its dim-D tables are built but never trained: their dots would be noise
+        raise ConfigError(f"checkpoint {source['checkpoint']} is of an lr model, whose features have no "
+                          "trained embeddings to interact; propose towers from a model with interactions (dlrm, dcn, "
+                          "deepfm, wdl, ...)")
     n = len(parts.embeddings.features)
     if args.towers > n:
         raise ConfigError(f"--towers {args.towers}: the model has {n} sparse features; ask for at most {n}")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import warnings
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -118,6 +118,12 @@ class EmbeddingCollection(nn.Module):
 
     def __init__(self, tables: Sequence[TableConfig], features: Sequence[FeatureConfig], seed: int = 0) -> None:
         super().__init__()
+        tables = [TableConfig.parse(t, where="table") if isinstance(t, Mapping) else t for t in tables]
+        features = [FeatureConfig.parse(f, where="feature") if isinstance(f, Mapping) else f for f in features]
+        for what, items, cls in (("tables", tables, TableConfig), ("features", features, FeatureConfig)):
+            wrong = [type(x).__name__ for x in items if not isinstance(x, cls)]
+            if wrong:
+                raise TypeError(f"EmbeddingCollection: {what} must be {cls.__name__}s (or dicts of their keys), got {wrong}")
         self.table_configs = {t.name: t for t in tables}
         if len(self.table_configs) != len(tables):
             raise ValueError("EmbeddingCollection: table names must be unique")
@@ -221,7 +227,11 @@ class EmbeddingCollection(nn.Module):
 
     def concat(self, embedded: dict[str, Tensor | SequenceEmbedding]) -> Tensor:
         """Pooled features side by side: [B, sum D] in feature order."""
-        return torch.cat([embedded[f.name] for f in self.features if f.pooling != "sequence"], dim=1)  # type: ignore[misc]
+        try:
+            return torch.cat([embedded[f.name] for f in self.features if f.pooling != "sequence"], dim=1)  # type: ignore[misc]
+        except KeyError as e:
+            raise KeyError(f"EmbeddingCollection.concat: no feature {e} in what it was given ({sorted(embedded)}); "
+                           "give it the collection's output, ec(batch.sparse)") from None
 
     def close(self) -> None:
         """Flush and release every table's tiers."""

@@ -34,6 +34,10 @@ class SparseOptimizer:
     def __init__(self, *collections: EmbeddingCollection) -> None:
         if not collections:
             raise ValueError("SparseOptimizer needs at least one EmbeddingCollection")
+        wrong = [type(c).__name__ for c in collections if not isinstance(c, EmbeddingCollection)]
+        if wrong:
+            raise TypeError(f"SparseOptimizer steps EmbeddingCollections, got {wrong}; a dense module's parameters "
+                            "take a torch.optim optimizer")
         self.collections = list(collections)
         self.steps = 0  # step() calls so far: the global step lr schedules read (set it when resuming)
 

@@ -276,6 +276,11 @@ class FileLoader:
                  at: Any = None, pinned: bool = False, source: Source | None = None) -> None:
         if split not in ("train", "eval"):
             raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+        if not isinstance(data, DataConfig) or not isinstance(schema, Schema):
+            raise TypeError(f"FileLoader takes a DataConfig and a Schema (cfg.data, cfg.schema), got "
+                            f"{type(data).__name__} and {type(schema).__name__}")
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
         if start_batch < 0:
             raise ValueError(f"start_batch must be >= 0, got {start_batch}")
         self.data, self.schema, self.split = data, schema, split

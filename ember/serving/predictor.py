@@ -13,7 +13,7 @@ import logging
 import os
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -217,7 +217,7 @@ class Predictor:
         """The export's schema for scoring (labels not read; they may be absent), built once."""
         from ember.featurize.schema import Schema, as_recorded
 
-        return Schema.model_validate({**as_recorded(self.manifest["schema"]), "score_only": True})
+        return Schema.parse({**as_recorded(self.manifest["schema"]), "score_only": True}, where=f"export {self.root} schema")
 
     def _input_types(self) -> dict[str, str]:
         """Each input column's type in training (``ember.featurize.canonical``): as the export
@@ -248,6 +248,13 @@ class Predictor:
         from ember.featurize.featurizer import Featurizer
 
         schema = self.score_schema
+        if isinstance(rows, Mapping) or not isinstance(rows, Sequence) or isinstance(rows, (str, bytes)):
+            raise TypeError(f"predict_records takes a list of rows (each a mapping of column -> value), got "
+                            f"{type(rows).__name__}" + ("; wrap one row in a list: [row]" if isinstance(rows, Mapping) else ""))
+        wrong = next((i for i, r in enumerate(rows) if not isinstance(r, Mapping)), None)
+        if wrong is not None:
+            raise TypeError(f"predict_records: rows[{wrong}] is a {type(rows[wrong]).__name__}, not a mapping of "
+                            "column -> value")
         if not rows:
             return np.zeros((0, len(self.tasks)))
         batch = Featurizer(schema)(canonicalize(rows, schema, self.input_types), "<request>", 1).to_batch()
@@ -311,8 +318,11 @@ class Predictor:
         from ember.source.files import expand_paths
         from ember.source.protocol import Unit, source_for
 
+        paths = _paths(paths)
         if not paths:
             raise ConfigError("predict: no input files given")
+        if format is not None and format not in _FORMATS:
+            raise ConfigError(f"predict: format {format!r} is not one of {'|'.join(_FORMATS)}")
         # on_bad_rows: error unless the caller asks for skip: a skipped row would shift every later
         # probability against its input row (the training run's own policy does not carry over)
         data = {**self.manifest["data"], "eval": list(paths), "shuffle_buffer": 0, "on_bad_rows": "error"}
@@ -359,8 +369,20 @@ class Predictor:
         return (np.concatenate(parts) if parts else np.zeros((0, len(self.tasks)))), columns
 
 
+def _paths(paths: Any) -> list[str]:
+    """Input paths as strings: a list of str / PathLike, or one path (not split into characters)."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    given = list(paths) if isinstance(paths, Iterable) else None
+    if given is None or not all(isinstance(p, (str, os.PathLike)) for p in given):
+        raise TypeError(f"predict: paths must be a path or a list of paths (str or pathlib.Path), got {paths!r:.80}")
+    return [os.fspath(p) for p in given]
+
+
 def _columns(keep: Sequence[str] | str) -> list[str]:
     """Column names from a list, or from one string of them separated by commas (``"id,country"``)."""
+    if not isinstance(keep, (str, Sequence)) or not all(isinstance(n, str) for n in keep):
+        raise TypeError(f"predict: keep must be column names (a list of str, or one str 'a,b'), got {keep!r:.80}")
     names = keep.split(",") if isinstance(keep, str) else list(keep)
     return [n.strip() for n in names if n.strip()]
 

@@ -12,7 +12,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Literal, Mapping, Sequence
 
 import torch
 from pydantic import Field, field_validator, model_validator
@@ -240,6 +240,12 @@ def plan_storage(storage: StorageConfig, record_dim: int, name: str = "table") -
           host           1,000 rows  host store (caps the table), 110.91 KiB
           total: host 110.91 KiB, device 0 B, disk 0 B
     """
+    if isinstance(storage, Mapping):
+        storage = StorageConfig.parse(storage, where="storage")
+    if not isinstance(storage, StorageConfig):
+        raise TypeError(f"plan_storage: storage must be a StorageConfig (or its keys as a dict), got {type(storage).__name__}")
+    if isinstance(record_dim, bool) or not isinstance(record_dim, int) or record_dim < 1:
+        raise ValueError(f"plan_storage: record_dim must be a whole number of floats >= 1, got {record_dim!r}")
     plan = StoragePlan(name=name, record_dim=record_dim, disk_path=storage.disk_path)
     dev_rows = _rows_for(storage.device_bytes, storage.device_rows, record_dim)
     host_rows = _rows_for(storage.host_bytes, storage.host_rows, record_dim)

@@ -116,6 +116,11 @@ def train(cfg: RunConfig, overwrite: bool = True, batches: Sequence[Batch] | Non
     rank 0 alone checks, creates and writes the run directory; a rank that dies, hangs or fails
     makes the others raise ``RankLost`` naming it (``ember.distributed.watchdog``).
     """
+    if not isinstance(cfg, RunConfig):
+        raise TypeError(f"train takes a RunConfig, got {type(cfg).__name__}: ember.config.load(path) reads one from a "
+                        "YAML file, ember.config.from_dict(d) from a dict")
+    if batches is not None and not all(isinstance(b, Batch) for b in batches):
+        raise TypeError("train: batches must be ember.batch.Batch objects (make_batches gives them)")
     dist = start_run(cfg)  # None in one process: nothing is initialised
     run_dir = run_directory(cfg)
     try:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ember.batch import Batch
+from ember.errors import DataError
 from ember.train.builder import Components
 
 __all__ = ["TowerProposal", "interaction_strength", "balanced_groups", "propose_towers"]
@@ -61,7 +62,8 @@ def interaction_strength(parts: Components, batches: Iterable[Batch], max_rows: 
         if rows >= max_rows:
             break
     if dots is None or sq is None or rows == 0:
-        raise ValueError("propose_towers: the data gave no rows to measure interactions on")
+        raise DataError("propose_towers: the data gave no rows to measure the features' interactions on (e.g. "
+                        "header-only eval files); give it data with rows")
     rms = (sq / rows).sqrt().clamp_min(1e-12)
     strength = (dots / rows) / (rms[:, None] * rms[None, :])
     return strength.cpu().numpy().astype(np.float64), rows

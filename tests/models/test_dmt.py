@@ -102,3 +102,14 @@ def test_towers_command_proposes_a_config_that_trains(tmp_path, capsys):
     assert train(from_dict(raw)).metrics["auc/label"] > 0.5
     assert main(["towers", "--checkpoint", str(tmp_path / "base"), "--towers", "9"]) == 2
     assert "at most 6" in capsys.readouterr().err
+    # eval files with no row: nothing to measure (was an internal error, exit 3)
+    header = ["label", *(f"I{i + 1}" for i in range(13)), *(f"C{i + 1}" for i in range(6))]
+    (tmp_path / "empty.csv").write_text(",".join(header) + "\n")
+    assert main(["towers", "--checkpoint", str(tmp_path / "base"), "--towers", "2", "data.format=csv",
+                 f"data.eval={tmp_path / 'empty.csv'}"]) == 2
+    assert "gave no rows to measure the features' interactions on" in capsys.readouterr().err
+    # an lr model's dim-D tables are never trained: no proposal from their noise
+    raw["model"], raw["train"]["run_name"] = {"type": "lr"}, "lr"
+    train(from_dict(raw))
+    assert main(["towers", "--checkpoint", str(tmp_path / "lr"), "--towers", "2"]) == 2
+    assert "is of an lr model, whose features have no trained embeddings" in capsys.readouterr().err
