@@ -429,6 +429,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ConfigError(f"--options must be a JSON object of synthetic options, got {type(given).__name__} {args.options}")
     if "seed" in given:
         raise ConfigError("--options: give the seed with --seed, not in --options")
+    if not 0 <= args.seed < 2**63:  # (checked here so the message names the flag, not an --options key)
+        raise ConfigError(f"--seed {args.seed}: give a whole number in [0, 2**63)")
     opts = SyntheticOptions.parse({**given, "seed": args.seed}, where="--options")
     if Path(args.out).is_dir():
         raise ConfigError(f"--out {args.out} is a directory; give the file to write, e.g. {Path(args.out) / 'train.parquet'}")

@@ -108,6 +108,7 @@ def test_reusing_a_run_name_needs_overwrite(tmp_path, capsys):
     (["--options", '{"vocab_size": 0}'], "vocab_size must be >= 1"),
     (["--options", '{"num_sparse": -1}'], "'--options.num_sparse'"),
     (["--options", '{"seed": 3}'], "--seed"),
+    (["--seed", "99999999999999999999999"], "--seed 99999999999999999999999: give a whole number in [0, 2**63)"),
 ])
 def test_generate_rejects_bad_arguments_naming_them(tmp_path, capsys, args, named):
     assert main(["generate", "--out", str(tmp_path / "x.parquet"), *args]) == 2
