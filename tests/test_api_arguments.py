@@ -11,7 +11,7 @@ import torch
 from ember.batch import SparseFeatures
 from ember.config import from_dict
 from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig
-from ember.errors import ConfigError
+from ember.errors import CapacityError, ConfigError
 from ember.pipeline.loader import make_batches
 from ember.tiers.storage import StorageConfig, plan_storage
 from ember.train.loop import train
@@ -45,6 +45,8 @@ def test_train_make_batches_and_plan_storage_name_a_wrong_argument(tmp_path):
     with pytest.raises(ValueError, match="epoch must be >= 0, got -1"):
         make_batches(cfg.data, cfg.schema, epoch=-1)
     assert plan_storage({"host_rows": 10}, 17).tiers == plan_storage(StorageConfig(host_rows=10), 17).tiers
+    with pytest.raises(CapacityError, match=r"table 'C1': storage.host_bytes = 10 bytes cannot hold one row of 5 floats"):
+        plan_storage(StorageConfig(host_bytes=10), 5, "C1")
     for dim in (-5, 0, 2.5):
         with pytest.raises(ValueError, match=f"record_dim must be a whole number of floats >= 1, got {dim}"):
             plan_storage(StorageConfig(host_rows=10), dim)  # type: ignore[arg-type]

@@ -109,7 +109,8 @@ def memory_row_bytes(record_dim: int, rows: int) -> int:
     return rows * (4 * record_dim + META_BYTES_PER_ROW) + 12 * buckets
 
 
-def _rows_for(budget: int | str | None, rows: int | None, record_dim: int) -> int | None:
+def _rows_for(budget: int | str | None, rows: int | None, record_dim: int, key: str = "a budget",
+              name: str = "table") -> int | None:
     if rows is not None:
         return rows
     if budget is None:
@@ -123,7 +124,8 @@ def _rows_for(budget: int | str | None, rows: int | None, record_dim: int) -> in
         else:
             hi = mid - 1
     if lo == 0:
-        raise CapacityError(f"a budget of {b} bytes cannot hold one row of {record_dim} floats")
+        raise CapacityError(f"table '{name}': storage.{key} = {b} bytes cannot hold one row of {record_dim} floats "
+                            f"and its index; raise it, or set storage.{key.replace('_bytes', '_rows')} instead")
     return lo
 
 
@@ -247,8 +249,8 @@ def plan_storage(storage: StorageConfig, record_dim: int, name: str = "table") -
     if isinstance(record_dim, bool) or not isinstance(record_dim, int) or record_dim < 1:
         raise ValueError(f"plan_storage: record_dim must be a whole number of floats >= 1, got {record_dim!r}")
     plan = StoragePlan(name=name, record_dim=record_dim, disk_path=storage.disk_path)
-    dev_rows = _rows_for(storage.device_bytes, storage.device_rows, record_dim)
-    host_rows = _rows_for(storage.host_bytes, storage.host_rows, record_dim)
+    dev_rows = _rows_for(storage.device_bytes, storage.device_rows, record_dim, "device_bytes", name)
+    host_rows = _rows_for(storage.host_bytes, storage.host_rows, record_dim, "host_bytes", name)
     if dev_rows is not None:
         dev = _device(storage)
         b = memory_row_bytes(record_dim, dev_rows)
@@ -288,8 +290,8 @@ def build_tier(storage: StorageConfig, record_dim: int, name: str = "table") -> 
         ('CachedTier', 4)
     """
     plan_storage(storage, record_dim, name).check()
-    dev_rows = _rows_for(storage.device_bytes, storage.device_rows, record_dim)
-    host_rows = _rows_for(storage.host_bytes, storage.host_rows, record_dim)
+    dev_rows = _rows_for(storage.device_bytes, storage.device_rows, record_dim, "device_bytes", name)
+    host_rows = _rows_for(storage.host_bytes, storage.host_rows, record_dim, "host_bytes", name)
     last: Tier
     if storage.disk_path is not None:
         last = DiskTier(
