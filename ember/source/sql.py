@@ -305,6 +305,12 @@ def _execute(cursor: Any, sql: SqlOptions, split: Split, text: str, params: tupl
                           f"fix the SQL (it ran as: {text})") from None
 
 
+def _null_keys(key: str, rows: int) -> str:
+    return (f"data.sql.key '{key}' is NULL in {rows} row(s) of the training query; NULL keys cannot be ordered or "
+            "resumed after: name a column without NULLs (a primary key) as data.sql.key, or filter them out in "
+            "data.sql.query")
+
+
 class _KeyOrder:
     """Checks that the key column read in key order never repeats (and, for integers, only
     rises) and holds no NULL: a repeated key would make 'after the last key' lose rows."""
@@ -315,9 +321,7 @@ class _KeyOrder:
     def check(self, batch: pa.RecordBatch, first_row: int) -> None:
         col = batch.column(self.key)
         if col.null_count:
-            raise DataError(f"data.sql.key '{self.key}' is NULL in {col.null_count} row(s) of the training query; "
-                            "NULL keys cannot be ordered or resumed after: name a column without NULLs (a primary "
-                            "key) as data.sql.key, or filter them out in data.sql.query")
+            raise DataError(_null_keys(self.key, col.null_count))
         values = col.to_numpy(zero_copy_only=False)
         if not len(values):
             return
@@ -438,8 +442,14 @@ def _scalar(sql: SqlOptions, split: Split, text: str) -> Any:
 
 
 def sql_max_key(sql: SqlOptions) -> SqlKey | None:
-    """The largest key of the training query now (None: no rows): a shuffled epoch's bound."""
-    value = _scalar(sql, "train", f"SELECT MAX({_quoted(sql.key or '')}) FROM ({_body(sql.query or '')}) AS q")
+    """The largest key of the training query now (None: no rows): the epoch's bound. DataError
+    when a row's key is NULL: the bound (``key <= :max``) never holds for NULL, so such a row
+    would be dropped silently, before the read's own check (``_KeyOrder``) could see it."""
+    key, body = _quoted(sql.key or ""), _body(sql.query or "")
+    nulls = int(_scalar(sql, "train", f"SELECT COUNT(*) FROM ({body}) AS q WHERE {key} IS NULL") or 0)
+    if nulls:
+        raise DataError(_null_keys(sql.key or "", nulls))
+    value = _scalar(sql, "train", f"SELECT MAX({key}) FROM ({body}) AS q")
     return value.item() if hasattr(value, "item") else value
 
 

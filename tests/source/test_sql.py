@@ -69,6 +69,19 @@ def test_repeated_and_null_keys_are_refused_naming_the_value(tmp_path):
         list(sql_chunks(_opts(uri, "SELECT * FROM n"), "train"))
 
 
+def test_a_null_key_stops_the_epoch_it_would_be_left_out_of(tmp_path):
+    """An epoch reads the keys up to the largest (``key <= :max``), which no NULL satisfies: the
+    row would be dropped silently, so pinning the epoch refuses it, naming the key."""
+    from ember.source.protocol import source_for
+
+    uri = _db(tmp_path, t=pa.table({"k": pa.array([1, 2, None, 4], pa.int64()), "y": [1, 0, 1, 0], "c": list("abcd")}))
+    data = DataConfig(format="sql", sql=_opts(uri).model_dump(), batch_size=2, shuffle_buffer=0)
+    with pytest.raises(DataError, match="data.sql.key 'k' is NULL in 1 row"):
+        source_for(data).start("train", None, True, False)
+    with pytest.raises(DataError, match="data.sql.key 'k' is NULL in 1 row"):
+        list(make_batches(data, Schema(labels=["y"], sparse=[{"name": "c"}])))
+
+
 def test_preflight_names_the_key_and_its_type(tmp_path):
     uri = _db(tmp_path, t=pa.table({"k": [1.5, 2.5], "y": [1, 0], "key_id": [1, 2]}))
     assert sql_columns(_opts(uri, key="key_id"), "train") == (["k", "y", "key_id"], True)
