@@ -20,8 +20,9 @@ from ember.distributed.planner import plan_sharding
 from ember.distributed.process_group import DistributedRun, Topology, start
 from ember.distributed.sharding import ShardingPlan
 from ember.embedding.config import TableConfig
-from ember.errors import ConfigError
+from ember.errors import ConfigError, EmberError
 from ember.train.device import pick_device
+from ember.source import storage
 from ember.source.files import expand_paths
 from ember.train.shards import check_file_shards
 
@@ -134,17 +135,53 @@ def check_same_config(cfg: RunConfig, dist: DistributedRun) -> None:
 def check_same_files(cfg: RunConfig, dist: DistributedRun) -> None:
     """Raise ConfigError on every rank when the ranks' training files differ (a node with its
     own copy of the data, out of date): under ``data.shard: rows`` they would form other global
-    batches, under ``files`` train some files twice and others never. Offline runs only (an
-    online run's stream lists files as they arrive)."""
+    batches, under ``files`` train some files twice and others never. Each rank's files and their
+    sizes are compared (a hash, then, when they differ, the lists, to name a file); a rank that
+    cannot list them (a path missing on its node) sends its error instead, so every rank stops
+    naming it rather than one waiting in the comparison for a rank that has already failed.
+    Offline runs only (an online run's stream lists files as they arrive)."""
     if cfg.data.format == "synthetic" or cfg.train.mode == "online" or not cfg.data.paths("train"):
         return
-    files = expand_paths(cfg.data.paths("train"), cfg.data.format, cfg.data.storage_options)
-    seen = dist.all_gather(hashlib.sha256("\n".join(files).encode()).hexdigest())
-    odd = [r for r, digest in enumerate(seen) if digest != seen[0]]
-    if odd:
-        raise ConfigError(f"the ranks see different data.train files: rank(s) {odd} list other files than rank 0 "
-                          f"({len(files)} here); every rank must see the same files at the same paths (a file "
-                          "system every node mounts, or identical copies)")
+    listing: list[tuple[str, int]] = []
+    error: Exception | None = None
+    try:
+        d = cfg.data
+        files = expand_paths(d.paths("train"), d.format, d.storage_options)
+        listing = [(f, storage.file_size(f, d.storage_options)) for f in files]
+    except Exception as e:  # every rank must hear of it, or the others would wait for this one
+        error = e
+    said = None if error is None else str(error) if isinstance(error, EmberError) else f"{type(error).__name__}: {error}"
+    seen = dist.all_gather((hashlib.sha256(json.dumps(listing).encode()).hexdigest(), said))
+    failed = [(r, why) for r, (_, why) in enumerate(seen) if why is not None]
+    if failed:
+        if error is not None and not isinstance(error, EmberError):
+            raise error  # not the data's fault here: this rank's traceback says where
+        raise ConfigError("not every rank can list data.train: " + "; ".join(f"rank {r}: {why}" for r, why in failed)
+                          + "; every rank must see the same files at the same paths (a file system every node "
+                          "mounts, or identical copies)")
+    if all(digest == seen[0][0] for digest, _ in seen):
+        return
+    listings = dist.all_gather(listing)
+    raise ConfigError("the ranks see different data.train files: " + "; ".join(_file_differences(listings))
+                      + "; every rank must see the same files at the same paths (a file system every node mounts, "
+                      "or identical copies)")
+
+
+def _file_differences(listings: list[list[Any]], limit: int = 4) -> list[str]:
+    """What each rank's ``(file, size)`` list has other than rank 0's: a file of another size,
+    one only one of them lists, or the same files in another order (at most ``limit``)."""
+    base = {f: size for f, size in listings[0]}
+    out = []
+    for r, listing in enumerate(listings[1:], 1):
+        mine = {f: size for f, size in listing}
+        said = len(out)
+        out += [f"{f!r} has {size} bytes on rank {r} and {base[f]} on rank 0" for f, size in mine.items()
+                if f in base and base[f] != size]
+        out += [f"rank {r} lists {f!r}, which rank 0 does not" for f in mine if f not in base]
+        out += [f"rank {r} lacks {f!r}, which rank 0 lists" for f in base if f not in mine]
+        if len(out) == said:
+            out.append(f"rank {r} lists the same files in another order than rank 0")
+    return out[:limit] + ([f"... and {len(out) - limit} more"] if len(out) > limit else [])
 
 
 def table_rows(cfg: RunConfig) -> dict[str, int | None]:

@@ -171,6 +171,38 @@ def test_ranks_with_differing_configs_name_the_keys(setup):
         assert "Traceback" not in d.stderr
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("copy", ["shorter", "missing"])
+def test_a_node_with_another_copy_of_the_data_stops_every_rank_naming_it(tmp_path, copy):
+    """Two "nodes" (bare ranks in their own working directory) read data.train at the same
+    relative path: node 1's copy is shorter, or missing. Both ranks stop at the start with a
+    ConfigError (exit 2) naming the file, neither waiting for the other until
+    distributed.timeout_s nor reporting an internal error."""
+    rows = "".join(f"{i % 2},{i},c{i % 5}\n" for i in range(40))
+    nodes = [tmp_path / "n0", tmp_path / "n1"]
+    for node in nodes:
+        node.mkdir()
+    (nodes[0] / "t.csv").write_text("y,d,c\n" + rows)
+    if copy == "shorter":
+        (nodes[1] / "t.csv").write_text("y,d,c\n" + rows[: len(rows) // 2])
+    cfg = {"data": {"format": "csv", "train": "t.csv", "batch_size": 8},
+           "schema": {"labels": ["y"], "dense": [{"name": "d"}], "sparse": [{"name": "c"}]},
+           "embedding": {"dim": 4}, "model": {"type": "lr"}, "pipeline": {"enabled": False},
+           "train": {"out_dir": str(tmp_path / "runs"), "run_name": "copies", "progress": False, "threads": 1},
+           "distributed": {"timeout_s": 30}}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    t0 = time.monotonic()
+    done = _bare_ranks(path, [[], []], [["sh", "-c", f'cd {node} && exec "$@"', "sh"] for node in nodes])
+    assert time.monotonic() - t0 < 25  # not distributed.timeout_s
+    said = (r"the ranks see different data.train files: 't.csv' has \d+ bytes on rank 1 and \d+ on rank 0"
+            if copy == "shorter" else "not every rank can list data.train: rank 1: data path 't.csv' matches no csv file")
+    for d in done:
+        assert d.returncode == 2, d.stderr[-3000:]
+        assert re.search("ember train: error: " + said, d.stderr), d.stderr[-3000:]
+        assert "Traceback" not in d.stderr and "internal error" not in d.stderr
+
+
 def _can_unshare(tmp: Path) -> bool:
     try:
         return subprocess.run(["unshare", "--mount", "sh", "-c", f"mount -t tmpfs tmpfs {tmp}"], capture_output=True,

@@ -56,18 +56,59 @@ def test_ranks_agree_on_global_rows_the_end_and_positions():
     assert empty_batch(SCHEMA).sparse.weights is not None  # laid out as a weighted feature's batches
 
 
-def test_ranks_that_see_other_training_files_are_a_config_error(tmp_path):
-    """A node whose copy of data.train lists other files stops every rank (checked once at the
-    start with one all_gather; here the other rank's answer is made up)."""
+def _cfg_files(train: str):
+    from ember.config import RunConfig
+
+    return RunConfig.model_validate({"data": {"format": "csv", "train": train, "shard": "files"},
+                                     "schema": {"labels": ["y"], "sparse": [{"name": "d"}]}, "model": {"type": "lr"}})
+
+
+def _check_on_two_ranks(cfg, node0, node1, monkeypatch):
+    """``check_same_files`` as rank 0 in ``node0`` (a working directory: a node's copy of the
+    data), with the other rank's part of each all_gather being what it sent in ``node1`` (run
+    first, told that rank 0's hash differs, so it sends its files too)."""
     from types import SimpleNamespace
 
-    from ember.config import RunConfig
     from ember.train.distributed import check_same_files
 
-    for name in ("a.csv", "b.csv"):
-        (tmp_path / name).write_text("y,d\n1,2\n")
-    cfg = RunConfig.model_validate({"data": {"format": "csv", "train": str(tmp_path), "shard": "files"},
-                                    "schema": {"labels": ["y"], "sparse": [{"name": "d"}]}, "model": {"type": "lr"}})
-    check_same_files(cfg, SimpleNamespace(all_gather=lambda digest: [digest, digest]))
-    with pytest.raises(ConfigError, match=r"rank\(s\) \[1\] list other files than rank 0 \(2 here\)"):
-        check_same_files(cfg, SimpleNamespace(all_gather=lambda digest: [digest, "other"]))
+    sent: list = []
+    monkeypatch.chdir(node1)
+    with pytest.raises(ConfigError):
+        check_same_files(cfg, SimpleNamespace(all_gather=lambda obj: sent.append(obj) or [
+            ("another hash", None) if isinstance(obj, tuple) else [], obj]))
+    monkeypatch.chdir(node0)
+    heard = iter(sent)
+    check_same_files(cfg, SimpleNamespace(all_gather=lambda obj: [obj, next(heard)]))
+
+
+def test_ranks_that_see_other_training_files_are_a_config_error(tmp_path, monkeypatch):
+    """A node whose copy of data.train lists other files, or a file of another size, stops
+    every rank, naming the file (checked once at the start; here rank 1's answers are what
+    the check sends from its own directory)."""
+    nodes = [tmp_path / "n0", tmp_path / "n1"]
+    for node in nodes:
+        (node / "data").mkdir(parents=True)
+        for name in ("a.csv", "b.csv"):
+            (node / "data" / name).write_text("y,d\n1,2\n")
+    cfg = _cfg_files("data")
+    _check_on_two_ranks(cfg, *nodes, monkeypatch)  # identical copies
+    (nodes[1] / "data" / "b.csv").write_text("y,d\n1,2\n0,3\n")  # an out-of-date copy: same name, other size
+    with pytest.raises(ConfigError, match=r"the ranks see different data.train files: 'data/b.csv' has 12 bytes on "
+                                          r"rank 1 and 8 on rank 0; every rank must see the same files"):
+        _check_on_two_ranks(cfg, *nodes, monkeypatch)
+    (nodes[1] / "data" / "b.csv").write_text("y,d\n1,2\n")
+    (nodes[1] / "data" / "c.csv").write_text("y,d\n1,2\n")
+    with pytest.raises(ConfigError, match=r"rank 1 lists 'data/c.csv', which rank 0 does not"):
+        _check_on_two_ranks(cfg, *nodes, monkeypatch)
+
+
+def test_a_rank_that_cannot_list_the_training_files_stops_every_rank_naming_it(tmp_path, monkeypatch):
+    """A path missing on one node: that rank's error reaches the comparison in place of its
+    files, so rank 0 names it too (not a collective failing on a rank that had left)."""
+    nodes = [tmp_path / "n0", tmp_path / "n1"]
+    for node in nodes:
+        node.mkdir()
+    (nodes[0] / "t.csv").write_text("y,d\n1,2\n")
+    with pytest.raises(ConfigError, match=r"not every rank can list data.train: rank 1: data path 't.csv' matches "
+                                          r"no csv file.*; every rank must see the same files at the same paths"):
+        _check_on_two_ranks(_cfg_files("t.csv"), *nodes, monkeypatch)
