@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
@@ -62,7 +63,7 @@ class IcebergOptions(ConfigModel):
     """Which training rows: a pyiceberg filter expression, e.g. `"day >= '2024-05-01' AND country = 'DE'"`
     (files whose statistics rule it out are never opened)."""
     eval_row_filter: str | None = None
-    """Which evaluation rows, as `row_filter`."""
+    """Which rows of `eval_table` evaluate, as `row_filter` (needs `eval_table`)."""
     snapshot: int | None = None
     """Training snapshot id (time travel); unset: the table's current snapshot when each epoch starts (stored in
     the checkpoint: a resumed epoch reads the same one)."""
@@ -76,6 +77,12 @@ class IcebergOptions(ConfigModel):
         for name in (self.table, self.eval_table):
             if name is not None and "." not in name:
                 raise ValueError(f"data.iceberg table '{name}': give it as namespace.table (e.g. db.{name})")
+        for key, table in (("row_filter", "table"), ("snapshot", "table"), ("eval_row_filter", "eval_table"),
+                           ("eval_snapshot", "eval_table")):
+            if getattr(self, key) is not None and getattr(self, table) is None:  # it would apply to no rows
+                same = " (for evaluation rows of the training table, that table again)" if table == "eval_table" else ""
+                raise ValueError(f"data.iceberg.{key} is set but data.iceberg.{table} is not, so it would apply to no "
+                                 f"rows; set data.iceberg.{table}{same}, or remove data.iceberg.{key}")
         return self
 
     def table_of(self, split: Split) -> str | None:
@@ -117,6 +124,22 @@ def _pyiceberg() -> None:
         raise ConfigError(f"data.format: iceberg needs the package pyiceberg ({e}); pip install 'ember[iceberg]'") from None
 
 
+def _check_sqlite_catalog(catalog: dict[str, str]) -> None:
+    """ConfigError when a SQL catalog's SQLite database file does not exist: pyiceberg would
+    create it, empty (a mistyped path then reads as a missing table)."""
+    import re
+
+    uri = catalog.get("uri", "")
+    m = re.match(r"sqlite(\+\w+)?:///([^?]*)", uri)
+    if catalog.get("type", "sql") != "sql" or m is None or m.group(2) in ("", ":memory:") or m.group(2).startswith("file:"):
+        return
+    path = m.group(2)
+    if not os.path.isfile(path):
+        raise ConfigError(f"data.iceberg.catalog.uri '{uri}': the catalog database {path} does not exist "
+                          f"(cwd: {os.getcwd()}); check the path (sqlite:///relative/path.db, "
+                          "sqlite:////absolute/path.db)")
+
+
 def _first_line(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     return " ".join(lines[:2]) if lines else type(e).__name__
@@ -153,6 +176,7 @@ class IcebergSource:
         from pyiceberg.exceptions import NoSuchNamespaceError, NoSuchTableError
 
         if self._catalog is None:
+            _check_sqlite_catalog(self.options.catalog)
             try:
                 self._catalog = load_catalog(self.options.catalog_name, **self.options.catalog)
             except Exception as e:  # noqa: BLE001  # pyiceberg's and the catalog's own errors: named here
@@ -176,18 +200,31 @@ class IcebergSource:
         return table
 
     def _filter(self, split: Split) -> Any:
+        """``split``'s row filter, parsed and checked against its table's columns (ConfigError
+        naming the filter, and the columns and their types when it does not fit them, rather
+        than pyiceberg's error when the scan is planned)."""
         from pyiceberg.expressions import AlwaysTrue
         from pyiceberg.expressions.parser import parse
+        from pyiceberg.expressions.visitors import bind
 
         text = self.options.filter_of(split)
         if text is None:
             return AlwaysTrue()
+        key = "row_filter" if split == "train" else "eval_row_filter"
         try:
-            return parse(text)
+            expr = parse(text)
         except Exception as e:  # noqa: BLE001  # the parser's errors
-            key = "row_filter" if split == "train" else "eval_row_filter"
             raise ConfigError(f"data.iceberg.{key} '{text}': not a filter expression ({_first_line(e)}); write it "
                               "as pyiceberg does, e.g. \"day >= '2024-05-01' AND country = 'DE'\"") from None
+        schema = self.table(split).schema()
+        try:
+            bind(schema, expr, case_sensitive=True)
+        except Exception as e:  # noqa: BLE001  # an unknown column, a literal of another type
+            columns = ", ".join(f"{f.name} ({f.field_type})" for f in schema.fields)
+            raise ConfigError(f"data.iceberg.{key} '{text}' does not fit iceberg table {self.options.table_of(split)} "
+                              f"({_first_line(e)}); its columns: {columns}; name one of them, compared with a value "
+                              "of its type (text quoted: c = '3'; numbers bare: n > 3)") from None
+        return expr
 
     def _snapshot(self, split: Split, at: Any) -> int | None:
         if split == "train" and isinstance(at, IcebergPosition):

@@ -2,7 +2,8 @@
 SQL catalog (SQLite in tmp_path, the warehouse a local folder): the same weights as from the same
 rows in local Parquet files, a row filter and a snapshot, resume mid-epoch on the snapshot the
 epoch began with (appends since wait for the next epoch), online training over new snapshots
-(each appended data file once), and the errors for a missing table, column or catalog."""
+(each appended data file once), and the errors for a missing table, column or catalog, a row
+filter that does not fit the table, and a filter or snapshot without its table."""
 
 from __future__ import annotations
 
@@ -149,6 +150,21 @@ def test_ember_train_names_a_missing_table_column_filter_and_catalog(lake, tmp_p
         ({**lake.data(), "iceberg": {**lake.data()["iceberg"], "table": "db.clickz"}}, "no such table"),
         ({**lake.data(row_filter="id >> 3")}, "not a filter expression"),
         ({**lake.data(), "iceberg": {"catalog": {"type": "nosuch"}, "table": "db.clicks"}}, "cannot open the catalog"),
+        # a filter that parses but does not fit the table: named with its columns, not pyiceberg's traceback
+        ({**lake.data(row_filter="nosuch > 3")}, "data.iceberg.row_filter 'nosuch > 3' does not fit iceberg table "
+                                                "db.clicks (Could not find field with name nosuch"),
+        ({**lake.data(row_filter="c1 > 3")}, "(Cannot convert LongLiteral into string); its columns: id (long), "
+                                            "label (long), d1 (long), c1 (string), c2 (string)"),
+        ({**lake.data(eval_table="db.clicks", eval_row_filter="d1 > 'x'")},
+         "data.iceberg.eval_row_filter 'd1 > 'x'' does not fit iceberg table db.clicks"),
+        # an evaluation filter without the evaluation table would apply to no rows
+        ({**lake.data(eval_row_filter="d1 > 3")}, "data.iceberg.eval_row_filter is set but data.iceberg.eval_table "
+                                                 "is not, so it would apply to no rows"),
+        # a mistyped catalog database: named, and not created
+        ({**lake.data(), "iceberg": {"catalog": {**lake.props, "uri": f"sqlite:///{tmp_path / 'typo.db'}"},
+                                     "table": "db.clicks"}},
+         f"data.iceberg.catalog.uri 'sqlite:///{tmp_path / 'typo.db'}': the catalog database {tmp_path / 'typo.db'} "
+         "does not exist"),
     ]
     for k, (data, says) in enumerate(cases):
         cfg = tmp_path / f"c{k}.yaml"
@@ -156,6 +172,7 @@ def test_ember_train_names_a_missing_table_column_filter_and_catalog(lake, tmp_p
         assert main(["train", "--config", str(cfg)]) == 2
         err = capsys.readouterr().err
         assert says in err and "Traceback" not in err, err
+    assert not (tmp_path / "typo.db").exists()
     cfg = tmp_path / "col.yaml"
     raw = _raw(tmp_path, "col", lake.data())
     raw["schema"] = {**SCHEMA, "sparse": [{"name": "c9"}]}
@@ -163,3 +180,17 @@ def test_ember_train_names_a_missing_table_column_filter_and_catalog(lake, tmp_p
     assert main(["train", "--config", str(cfg)]) == 2
     err = capsys.readouterr().err
     assert "c9" in err and "iceberg table db.clicks" in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("key, table", [("row_filter", "table"), ("snapshot", "table"),
+                                        ("eval_row_filter", "eval_table"), ("eval_snapshot", "eval_table")])
+def test_a_filter_or_snapshot_without_its_table_is_refused(key, table):
+    """A training filter or snapshot without data.iceberg.table, or an evaluation one without
+    eval_table, would apply to no rows: refused, not ignored."""
+    from ember.source.iceberg import IcebergOptions
+
+    given = {"table": "db.a"} if table == "eval_table" else {"eval_table": "db.a"}
+    with pytest.raises(ValueError, match=rf"data.iceberg.{key} is set but data.iceberg.{table} is not"):
+        IcebergOptions(**given, **{key: "d1 > 3" if "filter" in key else 7})
+    IcebergOptions(table="db.a", eval_table="db.a", **{key: "d1 > 3" if "filter" in key else 7})
+
