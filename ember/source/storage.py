@@ -26,6 +26,7 @@ Example:
 
 from __future__ import annotations
 
+import datetime
 import fnmatch
 import functools
 import json
@@ -52,6 +53,7 @@ log = logging.getLogger("ember")
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _OP_ATTEMPTS = 2  # a listing / open failing on a transient error after the SDK's retries: one more try
 _OP_PAUSE_S = 1.0  # before it (the SDK's own backoff covers the short blips)
+_GCS_RETRY_S = 15  # gs://: how long the GCS client retries a failing request (unless storage_options.extra says)
 STREAM_BUFFER = 4 << 20  # sequential reads of an object: bytes fetched per ranged GET (at least)
 T = TypeVar("T")
 
@@ -92,8 +94,9 @@ class StorageOptions(ConfigModel):
     request_timeout_s: float | None = Field(None, gt=0)
     """S3: seconds to wait for a request's data; unset: the AWS SDK's default (3 s)."""
     extra: dict[str, Any] = Field(default_factory=dict)
-    """Other schemes: keyword arguments of their filesystem (`gs://`: `pyarrow.fs.GcsFileSystem`; a scheme only
-    fsspec knows: `fsspec.filesystem(scheme, **extra)`); `hdfs://` and `abfs://` take theirs in the URI."""
+    """Other schemes: keyword arguments of their filesystem (`gs://`: `pyarrow.fs.GcsFileSystem`, whose
+    `retry_time_limit` is 15 s unless given here; a scheme only fsspec knows: `fsspec.filesystem(scheme, **extra)`);
+    `hdfs://` and `abfs://` take theirs in the URI."""
 
     def key(self) -> str:
         """Every field, credentials included, as JSON: this process's cache key of a filesystem
@@ -172,20 +175,24 @@ def _endpoint(options: StorageOptions) -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def _filesystem(scheme: str, authority: str, options_key: str, env: tuple[str | None, ...]) -> tuple[pafs.FileSystem, str]:
-    """The filesystem for URIs ``scheme://authority/...`` and the prefix that turns a path on
-    it back into a URI; one per (scheme, authority, options, environment) and process."""
+def _filesystem(scheme: str, authority: str, options_key: str, env: tuple[str | None, ...]) -> tuple[pafs.FileSystem, str, str]:
+    """The filesystem for URIs ``scheme://authority/...``, and where its paths meet the URIs:
+    ``(fs, uri_root, path_root)``, the URI ``uri_root + rest`` being the path ``path_root +
+    rest`` on it (S3: ``s3://`` and ``""``; a filesystem whose path starts with the URI's
+    authority, GCS's bucket or Azure's container: ``gs://bucket/`` and ``bucket/``); one per
+    (scheme, authority, options, environment) and process."""
     options = StorageOptions.model_validate(json.loads(options_key))
     if scheme in ("s3", "s3a"):
-        return pafs.S3FileSystem(**_s3_kwargs(options)), f"{scheme}://"
+        return pafs.S3FileSystem(**_s3_kwargs(options)), f"{scheme}://", ""
     uri = f"{scheme}://{authority}/"
-    if options.extra and scheme in ("gs", "gcs"):
-        return pafs.GcsFileSystem(**options.extra), f"{scheme}://"
+    if scheme in ("gs", "gcs"):  # its paths are bucket/key, as S3's; retries bounded (the client's own: 15 min)
+        return pafs.GcsFileSystem(**{"retry_time_limit": datetime.timedelta(seconds=_GCS_RETRY_S), **options.extra}), \
+            f"{scheme}://", ""
     try:
         if options.extra:
             raise pa.ArrowInvalid("options for fsspec")  # pyarrow's from_uri takes no keyword arguments
         fs, path = pafs.FileSystem.from_uri(uri)
-        return fs, uri[: len(uri) - len(path)] if path and uri.endswith(path) else uri.rstrip("/")
+        return fs, uri, path if not path or path.endswith("/") else path + "/"  # gs: 'bucket'; abfs: 'container/'
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, ValueError) as e:
         try:
             import fsspec
@@ -199,18 +206,44 @@ def _filesystem(scheme: str, authority: str, options_key: str, env: tuple[str | 
             raise ConfigError(f"data path {scheme}://{authority}/...: neither pyarrow nor fsspec can open "
                               f"'{scheme}://' ({err}); install the fsspec package for it, or fix "
                               "data.storage_options.extra") from None
-        return pafs.PyFileSystem(handler), f"{scheme}://"
+        return pafs.PyFileSystem(handler), f"{scheme}://", ""
+    except OSError as e:  # pyarrow could not start the filesystem's client (HDFS: Java, libhdfs, the namenode)
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if scheme in ("hdfs", "viewfs") and any(k in str(e) for k in ("libjvm", "libhdfs", "JAVA_HOME", "CLASSPATH")):
+            raise ConfigError(f"data path {uri}...: HDFS needs Java and libhdfs on this machine ({first}); install a "
+                              "Java runtime and Hadoop, set JAVA_HOME and HADOOP_HOME (and CLASSPATH to the output of "
+                              "`hadoop classpath --glob`), or copy the data to a local path or object storage") from None
+        raise ConfigError(f"data path {uri}...: cannot reach the {scheme}:// filesystem ({first}); check the host and "
+                          "port in the path, and that the service is reachable from this machine") from None
 
 
-def resolve(uri: str, options: StorageOptions | None = None) -> tuple[pafs.FileSystem, str, str]:
-    """``(filesystem, path on it, URI prefix)`` of ``uri``: ``prefix + path`` is the URI again."""
+def resolve(uri: str, options: StorageOptions | None = None) -> tuple[pafs.FileSystem, str, Callable[[str], str]]:
+    """``(filesystem, path on it, to_uri)`` of ``uri``; ``to_uri(path)`` turns a path on that
+    filesystem (one a listing gives) back into a URI.
+
+    Example:
+        >>> fs, path, to_uri = resolve("gs://some-bucket/x.csv")  # GCS's paths start with the bucket
+        >>> path, to_uri("some-bucket/d/y.csv")
+        ('some-bucket/x.csv', 'gs://some-bucket/d/y.csv')
+    """
     scheme, rest = split_uri(uri)
     authority = rest.split("/", 1)[0]
     env = tuple(os.environ.get(k) for k in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_REGION",
                                              "AWS_DEFAULT_REGION", "AWS_ACCESS_KEY_ID"))
-    fs, prefix = _filesystem(scheme, authority if scheme not in ("s3", "s3a") else "",
-                             (options or _DEFAULT).key(), env)
-    return fs, uri[len(prefix):].rstrip("/") if uri.startswith(prefix) else rest.rstrip("/"), prefix
+    fs, uri_root, path_root = _filesystem(scheme, authority if scheme not in ("s3", "s3a") else "",
+                                          (options or _DEFAULT).key(), env)
+    canonical = f"{scheme}://{rest}"
+    if not canonical.startswith(uri_root):  # the authority alone: gs://bucket
+        canonical += "/"
+    path = path_root + canonical[len(uri_root):]
+    path = path.rstrip("/") or path[:1]  # a root '/' stays
+
+    def to_uri(p: str) -> str:
+        if p + "/" == path_root:  # the root itself: abfs://container@account
+            return uri_root.rstrip("/")
+        return uri_root + (p[len(path_root):] if p.startswith(path_root) else p.lstrip("/"))
+
+    return fs, path, to_uri
 
 
 def _bucket(uri: str) -> str:
@@ -255,6 +288,11 @@ def storage_error(uri: str, action: str, error: BaseException, options: StorageO
                  "secret_key) and that their policy allows listing the bucket and reading its objects "
                  "(s3:ListBucket, s3:GetObject)" if s3 else "the credentials and the permissions on it")
         return ConfigError(f"{uri}: access denied while {action}{where} ({_short(text)}); check {creds}")
+    if split_uri(uri)[0] in ("gs", "gcs") and "access token" in text:
+        return ConfigError(f"{uri}: no Google Cloud credentials to read it with ({_short(text)}); set "
+                           "GOOGLE_APPLICATION_CREDENTIALS to a service account's JSON key file (or run where the "
+                           "metadata server gives them), or, for a public bucket, set data.storage_options.extra: "
+                           "{anonymous: true}")
     if isinstance(error, FileNotFoundError):
         return DataError(f"{uri}: no such object{where} (removed or renamed since it was listed?); restore it, or "
                          "remove it from the data paths")
@@ -308,12 +346,12 @@ def stat(uri: str, options: StorageOptions | None = None) -> Literal["file", "di
 
 def walk(uri: str, options: StorageOptions | None = None) -> list[Entry]:
     """Every object under prefix ``uri`` (recursively), sorted by URI; [] when none is there."""
-    fs, path, prefix = resolve(uri, options)
+    fs, path, to_uri = resolve(uri, options)
 
     def get() -> list[Entry]:
         infos = fs.get_file_info(pafs.FileSelector(path, recursive=True, allow_not_found=True))
         lead = 1 if not path.startswith("/") else 0  # fsspec's memory:// answers "/b/k" for "b/k": keep the URI's form
-        return sorted((Entry(prefix + (i.path[lead:] if lead and i.path.startswith("/") else i.path), i.size or 0,
+        return sorted((Entry(to_uri(i.path[lead:] if lead and i.path.startswith("/") else i.path), i.size or 0,
                              _mtime_ns(i)) for i in infos if i.type == pafs.FileType.File), key=lambda e: e.uri)
 
     return _retrying(uri, "listing", options, get)

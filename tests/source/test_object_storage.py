@@ -195,6 +195,63 @@ def test_a_scheme_only_fsspec_knows_goes_through_the_same_code():
         expand_paths(["nosuchscheme://b/d/"], "csv")
 
 
+@pytest.mark.parametrize("uri, path, listed, back", [
+    # GCS's and Azure's paths start with the bucket / container, which the URI holds as its authority
+    ("gs://some-bucket/d/x.csv", "some-bucket/d/x.csv", "some-bucket/d/y.csv", "gs://some-bucket/d/y.csv"),
+    ("gs://some-bucket", "some-bucket", "some-bucket/y.csv", "gs://some-bucket/y.csv"),
+    ("gcs://b/d/", "b/d", "b/d/y.csv", "gcs://b/d/y.csv"),
+    ("abfs://box@acct.dfs.core.windows.net/d/x.csv", "box/d/x.csv", "box/d/y.csv",
+     "abfs://box@acct.dfs.core.windows.net/d/y.csv"),
+    ("abfs://box@acct.dfs.core.windows.net", "box", "box", "abfs://box@acct.dfs.core.windows.net"),
+    ("abfs://acct.dfs.core.windows.net/box/x.csv", "/box/x.csv", "/box/y.csv", "abfs://acct.dfs.core.windows.net/box/y.csv"),
+    ("s3://bkt/d/x.csv", "bkt/d/x.csv", "bkt/d/y.csv", "s3://bkt/d/y.csv"),
+])
+def test_a_uri_resolves_to_its_path_on_the_filesystem_and_back(uri, path, listed, back):
+    """No request is sent: the path a URI names on its filesystem keeps the bucket (gs://
+    once resolved to '/x.csv', so no gs:// path could be read), and a path a listing gives
+    turns back into the URI."""
+    options = StorageOptions(region="us-east-1")  # s3: no region lookup
+    _, got, to_uri = storage.resolve(uri, options)
+    assert got == path and to_uri(listed) == back
+
+
+def test_gcs_without_credentials_says_how_to_give_them():
+    """The GCS client's answer when it finds no credentials (no request sent) is named as such,
+    not as an unreachable endpoint."""
+    said = OSError("google::cloud::Status(UNAVAILABLE: Retry policy exhausted, with a last message of Could not "
+                   "create a OAuth2 access token to authenticate the request.")
+    e = storage.storage_error("gs://b/x.csv", "reading its information", said)
+    assert isinstance(e, ConfigError) and str(e).startswith("gs://b/x.csv: no Google Cloud credentials to read it with")
+    assert "GOOGLE_APPLICATION_CREDENTIALS" in str(e) and "anonymous: true" in str(e)
+
+
+def test_hdfs_without_java_is_a_config_error_saying_what_it_needs(monkeypatch):
+    """pyarrow's HDFS client needs a JVM and libhdfs; without them its error lists every
+    libjvm path it tried (88 lines): one line says what to install and set instead."""
+    from types import SimpleNamespace
+
+    import pyarrow.fs as pafs
+
+    tried = "\n".join(f"dlopen(/usr/lib/jvm/{i}/libjvm.so) failed: cannot open shared object file" for i in range(88))
+
+    def no_jvm(uri):
+        raise OSError("Unable to load libjvm\n" + tried)
+
+    # pyarrow's types take no new attributes: storage sees a pyarrow.fs whose from_uri fails as without a JVM
+    fake = SimpleNamespace(**{k: getattr(pafs, k) for k in dir(pafs) if not k.startswith("__")})
+    fake.FileSystem = SimpleNamespace(from_uri=no_jvm)
+    monkeypatch.setattr(storage, "pafs", fake)
+    storage._filesystem.cache_clear()
+    try:
+        with pytest.raises(ConfigError, match=r"^data path hdfs://nn:8020/...: HDFS needs Java and libhdfs on this "
+                                              r"machine \(Unable to load libjvm\); install a Java runtime and Hadoop, "
+                                              r"set JAVA_HOME and HADOOP_HOME") as e:
+            expand_paths(["hdfs://nn:8020/x.csv"], "csv")
+        assert "dlopen" not in str(e.value) and "\n" not in str(e.value)
+    finally:
+        storage._filesystem.cache_clear()
+
+
 def test_credentials_in_the_config_are_never_written_out(tmp_path):
     """A run records its config (config.yaml, checkpoints, exports): the storage credentials are
     null there, so no secret lands on disk; the config in memory keeps them."""
