@@ -153,15 +153,31 @@ def expand_paths(patterns: Sequence[str], format: str, storage_options: StorageO
 
     A directory contributes the files in it (recursively) whose suffix fits ``format``; a glob
     its sorted matches but hidden and marker files; a file itself. Files left out are named in
-    one log line. A pattern that matches nothing raises ConfigError. A URI (``s3://...``) is
-    listed through its filesystem, reached with ``storage_options``.
+    one log line. A pattern that matches nothing raises ConfigError, as does a file that two
+    patterns name (compared by real path; a URI as it is). A URI (``s3://...``) is listed
+    through its filesystem, reached with ``storage_options``.
 
     Example:
         >>> expand_paths([], "csv")
         []
     """
     out: list[str] = []
-    for pat in patterns:
+    named: dict[str, tuple[int, str, str]] = {}  # a file (its real path, or the URI) -> the pattern that named it
+
+    def add(i: int, pat: str, found: list[str]) -> None:
+        """``found`` into ``out``: ConfigError when an earlier pattern named a file too (so
+        ``[t.csv, ./t.csv]`` never reads it twice an epoch, nor ``[t.csv, t.csv]`` once)."""
+        for f in found:
+            key = f if storage.is_remote(f) else os.path.realpath(f)
+            if key in named and named[key][0] != i:
+                _, first_pat, first = named[key]
+                raise ConfigError(f"data paths name the file {first!r} twice: {_as(first_pat, first)} and "
+                                  f"{_as(pat, f)}; name each file once (a directory or glob names every file it "
+                                  "matches)")
+            named.setdefault(key, (i, pat, f))
+            out.append(f)
+
+    for i, pat in enumerate(patterns):
         if storage.is_remote(pat):
             found, skipped, is_dir = _remote(pat, format, storage_options)
             if not found:
@@ -175,7 +191,7 @@ def expand_paths(patterns: Sequence[str], format: str, storage_options: StorageO
                                   "check the path (objects are listed by key prefix: a directory is a prefix "
                                   "ending in '/')")
             _log_skipped(pat, skipped, format, is_dir)
-            out.extend(f for f in found if f not in out)
+            add(i, pat, found)
             continue
         pat = os.path.expanduser(pat)
         skipped = []
@@ -189,5 +205,10 @@ def expand_paths(patterns: Sequence[str], format: str, storage_options: StorageO
             held = _held(pat, skipped, format, os.path.isdir(pat))
             raise ConfigError(f"data path '{pat}' matches no {format} file{held}; check the path (cwd: {os.getcwd()})")
         _log_skipped(pat, skipped, format, os.path.isdir(pat))
-        out.extend(f for f in found if f not in out)
+        add(i, pat, found)
     return out
+
+
+def _as(pattern: str, file: str) -> str:
+    """How a data path named a file: ``'t.csv'``, or ``'data/' (as 'data/t.csv')``."""
+    return repr(pattern) if pattern == file else f"{pattern!r} (as {file!r})"

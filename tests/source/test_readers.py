@@ -1,3 +1,5 @@
+import re
+
 import pyarrow as pa
 import pyarrow.orc as orc
 import pyarrow.parquet as pq
@@ -99,6 +101,25 @@ def test_expand_paths_files_globs_dirs(tmp_path):
     assert expand_paths([str(tmp_path / "*.csv")], "csv") == got[:2]
     with pytest.raises(ConfigError, match="matches no"):
         expand_paths([str(tmp_path / "none*.csv")], "csv")
+
+
+def test_a_file_named_twice_is_a_config_error_naming_both_spellings(tmp_path, monkeypatch):
+    """One rule for data.train, data.eval and predict --input: a file two paths name (spelled
+    alike or not, or matched by a directory or glob) is refused, never read twice an epoch
+    (``[t.csv, ./t.csv]``) nor silently once (``[t.csv, t.csv]``: fewer rows predicted than given)."""
+    (tmp_path / "d").mkdir()
+    for name in ("t.csv", "d/u.csv"):
+        (tmp_path / name).write_text("y\n1\n")
+    monkeypatch.chdir(tmp_path)
+    for paths, first, second in [(["t.csv", "t.csv"], "'t.csv'", "'t.csv'"),
+                                 (["t.csv", "./t.csv"], "'t.csv'", "'./t.csv'"),
+                                 (["t.csv", str(tmp_path / "t.csv")], "'t.csv'", repr(str(tmp_path / "t.csv"))),
+                                 (["d", "d/u.csv"], "'d' (as 'd/u.csv')", "'d/u.csv'"),
+                                 (["d/u.csv", "d/*.csv"], "'d/u.csv'", "'d/*.csv' (as 'd/u.csv')")]:
+        with pytest.raises(ConfigError, match=rf"data paths name the file .* twice: {re.escape(first)} and "
+                                              rf"{re.escape(second)}; name each file once"):
+            expand_paths(paths, "csv")
+    assert expand_paths(["t.csv", "d"], "csv") == ["t.csv", "d/u.csv"]
 
 
 def test_data_config_errors_and_preset():
