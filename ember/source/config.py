@@ -66,13 +66,18 @@ class CsvOptions(ConfigModel):
     """Quoted values may hold delimiters and line breaks (spreadsheet exports); off, such a line is a bad row."""
 
 
+MAX_SYNTHETIC_COLUMNS = 10_000
+"""The most dense or sparse columns the generator makes: every generated row holds them all (Criteo has 13 and 26;
+100 million would need more memory than a machine has for a single batch)."""
+
+
 class SyntheticOptions(ConfigModel):
     """The built-in Criteo-shaped generator (see :mod:`ember.source.synthetic`)."""
 
-    num_dense: int = Field(13, ge=0)
-    """Dense columns `I1..`."""
-    num_sparse: int = Field(26, ge=1)
-    """Sparse columns `C1..`."""
+    num_dense: int = Field(13, ge=0, le=MAX_SYNTHETIC_COLUMNS)
+    """Dense columns `I1..` (at most 10,000: every row holds them all)."""
+    num_sparse: int = Field(26, ge=1, le=MAX_SYNTHETIC_COLUMNS)
+    """Sparse columns `C1..` (at most 10,000)."""
     rows: int = Field(1_000_000, ge=1)
     """Training rows."""
     eval_rows: int = Field(100_000, ge=1)

@@ -76,3 +76,19 @@ def test_options_validation():
         SyntheticOptions.parse({"num_sparse": 2, "multi_hot": {"C9": 3}})
     with pytest.raises(ConfigError, match="one per sparse feature"):
         SyntheticOptions.parse({"num_sparse": 2, "vocab_size": [1, 2, 3]})
+
+
+@pytest.mark.parametrize("key", ["num_sparse", "num_dense"])
+def test_column_counts_are_bounded_before_any_memory_is_taken(key, tmp_path, capsys):
+    """100 million columns would need more memory than a machine has for one batch (it ended in
+    an empty MemoryError): refused as a config error naming the option, at most 10,000."""
+    from ember.cli import main
+
+    with pytest.raises(ConfigError, match=rf"'--options.{key}': Input should be less than or equal to 10000"):
+        SyntheticOptions.parse({key: 100_000_000}, where="--options")
+    assert SyntheticOptions.parse({key: 10_000}).model_dump()[key] == 10_000
+    assert main(["generate", "--out", str(tmp_path / "g.csv"), "--rows", "10", "--options", f'{{"{key}": 100000000}}']) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"ember generate: error: invalid config: '--options.{key}': Input should be less than or equal "
+                          "to 10000 (got 100000000)") and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "g.csv").exists()
