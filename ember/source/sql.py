@@ -144,6 +144,17 @@ def _sqlite_path(uri: str) -> str | None:
     return uri
 
 
+def _is_sqlite(path: str) -> bool:
+    """Whether ``path`` holds a SQLite database: its 16-byte header, or no byte yet (SQLite
+    takes an empty file as an empty database)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return True  # (unreadable: the driver names why)
+    return not head or head == b"SQLite format 3\x00"
+
+
 def connect(sql: SqlOptions) -> Any:
     """A DB-API connection (``adbc_driver_manager.dbapi.Connection``) to ``sql.uri`` through
     ``sql.driver``; ConfigError naming the driver and URI when the driver is not installed or
@@ -153,6 +164,9 @@ def connect(sql: SqlOptions) -> Any:
         path = _sqlite_path(sql.uri)
         if path is not None and not os.path.isfile(path):
             raise ConfigError(f"{where}: no such SQLite file; check data.sql.uri (a path to an existing database)")
+        if path is not None and not _is_sqlite(path):  # the driver would say "file is not a database" per query
+            raise ConfigError(f"{where}: the file is not a SQLite database (no 'SQLite format 3' header); check "
+                              "data.sql.uri")
     if sql.driver_path is not None:
         return _connect_path(sql, where)
     try:

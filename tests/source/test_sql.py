@@ -262,3 +262,7 @@ def test_driver_path_loads_that_library_and_a_bad_one_is_named(tmp_path):
         list(sql_chunks(_opts(uri, driver_path=str(junk)), "train"))
     with pytest.raises(ConfigError, match="no such SQLite file"):  # still checked before the driver would create it
         sql_count(_opts(str(tmp_path / "none.db"), driver_path=library), "train")
+    not_db = tmp_path / "rows.csv"
+    not_db.write_text("k,y\n1,0\n")  # (the driver said "file is not a database" as the query's fault: "fix the SQL")
+    with pytest.raises(ConfigError, match=r"the file is not a SQLite database \(no 'SQLite format 3' header\)"):
+        sql_count(_opts(str(not_db)), "train")
