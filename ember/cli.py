@@ -365,7 +365,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         raise ConfigError(f"--top must be >= 1, got {args.top}")
     cfg = _config(args)
     out = args.out or str(Path("profiles") / Path(args.config).stem)
-    data = expand_paths(cfg.data.paths("train"), cfg.data.format, cfg.data.storage_options) \
+    data = expand_paths(cfg.data.paths("train"), cfg.data.format, cfg.data.storage_options, "data.train") \
         if cfg.data.format not in ("synthetic", "sql", "iceberg") and cfg.data.paths("train") else []
     claim_output(out, "profile", "--out", args.overwrite, [args.config, *data])  # before the reading
     profile = profile_data(cfg, args.rows, top=args.top, config_path=args.config)

@@ -121,7 +121,12 @@ def load_tables(ckpt: Path, collections: list[EmbeddingCollection], manifest: di
     for ec in collections:
         for name, table in ec.tables.items():
             if name not in meta:
-                raise CheckpointError(f"checkpoint {ckpt} has no table '{name}'; it has {sorted(meta)}")
+                saved = (manifest.get("config") or {}).get("model") or {}
+                hint = ""
+                if isinstance(saved, dict) and saved.get("type"):
+                    hint = (f"; it was saved by a '{saved['type']}' model: give the config it was trained with, or "
+                            "one whose model and schema make the same tables")
+                raise CheckpointError(f"checkpoint {ckpt} has no table '{name}'; it has {sorted(meta)}{hint}")
             m = meta[name]
             if m["record_dim"] != table.config.record_dim:
                 raise CheckpointError(

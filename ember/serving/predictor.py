@@ -349,7 +349,7 @@ class Predictor:
         keep = list(keep)
         featurize, size = Featurizer(schema, report, keep), cfg.split_batch_size("eval")
         parts, kept = [], []
-        for path in expand_paths(cfg.paths("eval"), cfg.format, cfg.storage_options):  # file order, then row order
+        for path in expand_paths(cfg.paths("eval"), cfg.format, cfg.storage_options, "the input paths"):  # file order, then row order
             try:
                 chunks = list(source_for(cfg).open(Unit(path), schema.columns + [k for k in keep if k not in schema.columns],
                                                    report))

@@ -71,6 +71,10 @@ MAX_SYNTHETIC_COLUMNS = 10_000
 100 million would need more memory than a machine has for a single batch)."""
 
 
+MAX_SYNTHETIC_BAG = 10_000
+"""The longest bag a multi-hot generated feature may draw (each row holds up to this many IDs)."""
+
+
 class SyntheticOptions(ConfigModel):
     """The built-in Criteo-shaped generator (see :mod:`ember.source.synthetic`)."""
 
@@ -87,7 +91,7 @@ class SyntheticOptions(ConfigModel):
     zipf: float = Field(1.1, gt=0.0)
     """Exponent of the Zipf distribution the IDs are drawn from."""
     multi_hot: dict[str, int] = Field(default_factory=dict)
-    """Feature name to maximum bag length, e.g. `{C1: 5}`; the others are single-hot."""
+    """Feature name to maximum bag length, e.g. `{C1: 5}` (at most 10,000); the others are single-hot."""
     signal_features: int = Field(8, ge=0)
     """Sparse features that carry a hidden per-ID effect on the label."""
     seed: int = Field(0, ge=0, lt=2**63)
@@ -104,8 +108,8 @@ class SyntheticOptions(ConfigModel):
         bad = sorted(set(self.multi_hot) - names)
         if bad:
             raise ValueError(f"multi_hot names unknown features {bad}; features are C1..C{self.num_sparse}")
-        if any(v < 1 for v in self.multi_hot.values()):
-            raise ValueError("multi_hot lengths must be >= 1")
+        if any(not 1 <= v <= MAX_SYNTHETIC_BAG for v in self.multi_hot.values()):
+            raise ValueError(f"multi_hot lengths must be in [1, {MAX_SYNTHETIC_BAG:,}], got {self.multi_hot}")
         return self
 
     def vocab(self, index: int) -> int:

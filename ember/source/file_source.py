@@ -45,7 +45,7 @@ class FileSource:
         self.data = data
 
     def _files(self, split: Split) -> list[str]:
-        files = expand_paths(self.data.paths(split), self.data.format, self.data.storage_options)
+        files = expand_paths(self.data.paths(split), self.data.format, self.data.storage_options, f"data.{split}")
         if not files:
             raise ConfigError(f"data.{split} is not set; give the {split} files (format {self.data.format})")
         return files
@@ -150,5 +150,6 @@ class FileSource:
             rest: Iterator[str] = FileWatcher(data.paths("train"), data.format, data.watch, taken,
                                               storage_options=data.storage_options).files(stop)
         else:
-            rest = (f for f in expand_paths(data.paths("train"), data.format, data.storage_options) if f not in taken)
+            rest = (f for f in expand_paths(data.paths("train"), data.format, data.storage_options, "data.train")
+                    if f not in taken)
         return (Unit(f) for f in chain([resume] if resume is not None else [], rest))

@@ -148,8 +148,10 @@ def _remote(pat: str, format: str, options: StorageOptions | None) -> tuple[list
     return found, skipped, False
 
 
-def expand_paths(patterns: Sequence[str], format: str, storage_options: StorageOptions | None = None) -> list[str]:
-    """Files matched by ``patterns``, in order: each pattern's matches sorted by name.
+def expand_paths(patterns: Sequence[str], format: str, storage_options: StorageOptions | None = None,
+                 what: str = "the data paths") -> list[str]:
+    """Files matched by ``patterns``, in order: each pattern's matches sorted by name (``what``:
+    where the patterns were given, for messages, e.g. ``data.train``).
 
     A directory contributes the files in it (recursively) whose suffix fits ``format``; a glob
     its sorted matches but hidden and marker files; a file itself. Files left out are named in
@@ -171,7 +173,7 @@ def expand_paths(patterns: Sequence[str], format: str, storage_options: StorageO
             key = f if storage.is_remote(f) else os.path.realpath(f)
             if key in named and named[key][0] != i:
                 _, first_pat, first = named[key]
-                raise ConfigError(f"data paths name the file {first!r} twice: {_as(first_pat, first)} and "
+                raise ConfigError(f"{what}: the file {first!r} is named twice, {_as(first_pat, first)} and "
                                   f"{_as(pat, f)}; name each file once (a directory or glob names every file it "
                                   "matches)")
             named.setdefault(key, (i, pat, f))

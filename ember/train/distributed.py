@@ -146,7 +146,7 @@ def check_same_files(cfg: RunConfig, dist: DistributedRun) -> None:
     error: Exception | None = None
     try:
         d = cfg.data
-        files = expand_paths(d.paths("train"), d.format, d.storage_options)
+        files = expand_paths(d.paths("train"), d.format, d.storage_options, "data.train")
         listing = [(f, storage.file_size(f, d.storage_options)) for f in files]
     except Exception as e:  # every rank must hear of it, or the others would wait for this one
         error = e

@@ -176,7 +176,7 @@ def no_steps_error(data: DataConfig) -> DataError:
                          "its snapshot holds rows the row filter keeps, that data.on_bad_rows: skip did not skip them "
                          "all, and data.drop_last with fewer rows than data.batch_size")
     where = "the synthetic generator" if data.format == "synthetic" else names(expand_paths(data.paths("train"), data.format,
-                                                                                        data.storage_options))
+                                                                                        data.storage_options, "data.train"))
     return DataError(f"training ran 0 steps: data.train ({where}) gave no batch; check that the files hold rows, "
                      "that data.on_bad_rows: skip did not skip them all, and data.drop_last with fewer rows than "
                      "data.batch_size")

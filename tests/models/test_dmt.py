@@ -108,6 +108,12 @@ def test_towers_command_proposes_a_config_that_trains(tmp_path, capsys):
     assert main(["towers", "--checkpoint", str(tmp_path / "base"), "--towers", "2", "data.format=csv",
                  f"data.eval={tmp_path / 'empty.csv'}"]) == 2
     assert "gave no rows to measure the features' interactions on" in capsys.readouterr().err
+    # a config whose model makes other tables than the checkpoint's: named as such
+    other = tmp_path / "deepfm.yaml"
+    other.write_text(yaml.safe_dump({**raw, "model": {"type": "deepfm"}}))
+    assert main(["towers", "--checkpoint", str(tmp_path / "base"), "--towers", "2", "--config", str(other)]) == 2
+    assert "has no table 'C1__linear'; it has ['C1'," in (err := capsys.readouterr().err)
+    assert "it was saved by a 'dlrm' model: give the config it was trained with" in err
     # an lr model's dim-D tables are never trained: no proposal from their noise
     raw["model"], raw["train"]["run_name"] = {"type": "lr"}, "lr"
     train(from_dict(raw))

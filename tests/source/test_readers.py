@@ -9,6 +9,7 @@ from ember.errors import ConfigError, DataError, SchemaError
 from ember.source.bad_rows import BadRowReport
 from ember.source.config import DataConfig
 from ember.source.csv import read_csv
+from ember.source.file_source import FileSource
 from ember.source.files import expand_paths
 from ember.source.orc import read_orc
 from ember.source.parquet import read_parquet
@@ -116,10 +117,12 @@ def test_a_file_named_twice_is_a_config_error_naming_both_spellings(tmp_path, mo
                                  (["t.csv", str(tmp_path / "t.csv")], "'t.csv'", repr(str(tmp_path / "t.csv"))),
                                  (["d", "d/u.csv"], "'d' (as 'd/u.csv')", "'d/u.csv'"),
                                  (["d/u.csv", "d/*.csv"], "'d/u.csv'", "'d/*.csv' (as 'd/u.csv')")]:
-        with pytest.raises(ConfigError, match=rf"data paths name the file .* twice: {re.escape(first)} and "
+        with pytest.raises(ConfigError, match=rf"the data paths: the file .* is named twice, {re.escape(first)} and "
                                               rf"{re.escape(second)}; name each file once"):
             expand_paths(paths, "csv")
     assert expand_paths(["t.csv", "d"], "csv") == ["t.csv", "d/u.csv"]
+    with pytest.raises(ConfigError, match=r"^data.eval: the file 't.csv' is named twice, 't.csv' and './t.csv'"):
+        FileSource(DataConfig(format="csv", train="t.csv", eval=["t.csv", "./t.csv"])).units("eval")  # (the key named)
 
 
 def test_data_config_errors_and_preset():

@@ -76,6 +76,9 @@ def test_options_validation():
         SyntheticOptions.parse({"num_sparse": 2, "multi_hot": {"C9": 3}})
     with pytest.raises(ConfigError, match="one per sparse feature"):
         SyntheticOptions.parse({"num_sparse": 2, "vocab_size": [1, 2, 3]})
+    for length in (0, 100_000_000):  # (a bag of 10^8 IDs a row took all memory, as the column counts did)
+        with pytest.raises(ConfigError, match=r"multi_hot lengths must be in \[1, 10,000\]"):
+            SyntheticOptions.parse({"num_sparse": 2, "multi_hot": {"C1": length}})
 
 
 @pytest.mark.parametrize("key", ["num_sparse", "num_dense"])
