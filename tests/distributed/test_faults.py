@@ -203,6 +203,30 @@ def test_a_node_with_another_copy_of_the_data_stops_every_rank_naming_it(tmp_pat
         assert "Traceback" not in d.stderr and "internal error" not in d.stderr
 
 
+@pytest.mark.slow
+def test_a_diverged_run_stops_every_rank_at_its_first_non_finite_loss(tmp_path):
+    """Dense SGD at lr 1e30: the all-reduced weights turn NaN on every rank at once, and every
+    rank stops there with the one-line Diverged error (exit 2), none waiting for another."""
+    rows = "".join(f"{i % 2},{i},c{i % 5}\n" for i in range(64))
+    (tmp_path / "t.csv").write_text("y,d,c\n" + rows)
+    cfg = {"data": {"format": "csv", "train": str(tmp_path / "t.csv"), "batch_size": 8},
+           "schema": {"labels": ["y"], "dense": [{"name": "d"}], "sparse": [{"name": "c"}]},
+           "embedding": {"dim": 4}, "model": {"type": "dlrm", "bottom_mlp": [8, 4], "top_mlp": [8]},
+           "train": {"out_dir": str(tmp_path / "runs"), "run_name": "nan", "progress": False, "threads": 1,
+                     "dense_optimizer": {"type": "sgd", "lr": 1e30}},
+           "distributed": {"timeout_s": 30}}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    t0 = time.monotonic()
+    done = _bare_ranks(path, [[], []])
+    assert time.monotonic() - t0 < 25  # not distributed.timeout_s
+    for d in done:
+        assert d.returncode == 2, d.stderr[-3000:]
+        assert re.search(r"ember train: error: training diverged at step \d+: the batch's loss is nan", d.stderr), \
+            d.stderr[-3000:]
+        assert "Traceback" not in d.stderr
+
+
 def _can_unshare(tmp: Path) -> bool:
     try:
         return subprocess.run(["unshare", "--mount", "sh", "-c", f"mount -t tmpfs tmpfs {tmp}"], capture_output=True,
