@@ -230,10 +230,11 @@ def _stored_types(data: Mapping[str, Any], fmt: str | None) -> tuple[str | None,
     from ember.source.files import expand_paths
 
     train = data.get("train") or []
+    train = [train] if isinstance(train, str) else list(train)[:1]  # the first file is the first path's first match
     try:
         given = data.get("storage_options")  # JSON (a recorded config), or a DataConfig's own (credentials kept)
         options = given if isinstance(given, storage.StorageOptions) else storage.StorageOptions.model_validate(given or {})
-        files = expand_paths([train] if isinstance(train, str) else list(train), str(fmt), options)
+        files = expand_paths(train, str(fmt), options)
         if not files:
             return None, {}
         with storage.opened(files[0], options) as source:

@@ -448,11 +448,17 @@ def _joined(parts: list[pa.RecordBatch]) -> pa.RecordBatch:
     return pa.Table.from_batches(parts).combine_chunks().to_batches()[0]
 
 
-def _scalar(sql: SqlOptions, split: Split, text: str) -> Any:
+def _row(sql: SqlOptions, split: Split, text: str) -> tuple | None:
+    """The first row of query ``text`` (None: no row), on a connection of its own."""
     with closing(connect(sql)) as conn, closing(_cursor(conn, sql, split)) as cur:
         _execute(cur, sql, split, text, ())
         row = cur.fetchone()
-        return None if row is None else row[0]
+        return None if row is None else tuple(row)
+
+
+def _scalar(sql: SqlOptions, split: Split, text: str) -> Any:
+    row = _row(sql, split, text)
+    return None if row is None else row[0]
 
 
 def sql_max_key(sql: SqlOptions) -> SqlKey | None:
@@ -460,10 +466,10 @@ def sql_max_key(sql: SqlOptions) -> SqlKey | None:
     when a row's key is NULL: the bound (``key <= :max``) never holds for NULL, so such a row
     would be dropped silently, before the read's own check (``_KeyOrder``) could see it."""
     key, body = _quoted(sql.key or ""), _body(sql.query or "")
-    nulls = int(_scalar(sql, "train", f"SELECT COUNT(*) FROM ({body}) AS q WHERE {key} IS NULL") or 0)
+    # one pass over the query: its largest key, and its rows whose key is NULL (COUNT(key) skips them)
+    value, nulls = _row(sql, "train", f"SELECT MAX({key}), COUNT(*) - COUNT({key}) FROM ({body}) AS q") or (None, 0)
     if nulls:
-        raise DataError(_null_keys(sql.key or "", nulls))
-    value = _scalar(sql, "train", f"SELECT MAX({key}) FROM ({body}) AS q")
+        raise DataError(_null_keys(sql.key or "", int(nulls)))
     return value.item() if hasattr(value, "item") else value
 
 

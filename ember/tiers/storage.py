@@ -109,8 +109,7 @@ def memory_row_bytes(record_dim: int, rows: int) -> int:
     return rows * (4 * record_dim + META_BYTES_PER_ROW) + 12 * buckets
 
 
-def _rows_for(budget: int | str | None, rows: int | None, record_dim: int, key: str = "a budget",
-              name: str = "table") -> int | None:
+def _rows_for(budget: int | str | None, rows: int | None, record_dim: int, key: str, name: str) -> int | None:
     if rows is not None:
         return rows
     if budget is None:

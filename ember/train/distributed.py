@@ -157,14 +157,16 @@ def check_same_files(cfg: RunConfig, dist: DistributedRun) -> None:
         if error is not None and not isinstance(error, EmberError):
             raise error  # not the data's fault here: this rank's traceback says where
         raise ConfigError("not every rank can list data.train: " + "; ".join(f"rank {r}: {why}" for r, why in failed)
-                          + "; every rank must see the same files at the same paths (a file system every node "
-                          "mounts, or identical copies)")
+                          + _SAME_FILES)
     if all(digest == seen[0][0] for digest, _ in seen):
         return
     listings = dist.all_gather(listing)
     raise ConfigError("the ranks see different data.train files: " + "; ".join(_file_differences(listings))
-                      + "; every rank must see the same files at the same paths (a file system every node mounts, "
-                      "or identical copies)")
+                      + _SAME_FILES)
+
+
+_SAME_FILES = ("; every rank must see the same files at the same paths (a file system every node mounts, or identical "
+               "copies)")
 
 
 def _file_differences(listings: list[list[Any]], limit: int = 4) -> list[str]:
