@@ -411,7 +411,8 @@ class GroupLookup:
         b = sparse.batch_size
         starts = np.concatenate([[0], np.cumsum(self.counts)]).tolist()
         key_pos = {key: i for i, key in enumerate(sparse.keys)}
-        lengths = sparse.lengths.view(len(sparse.keys), b)
+        # the plan is made on the host: a batch given on the device has its lengths copied once
+        lengths = sparse.lengths.cpu().view(len(sparse.keys), b)
         out = []
         for mode, ks in modes.items():
             inv = None if len(ks) == len(g.features) else torch.cat([self.inverse[starts[k] : starts[k + 1]] for k in ks])
