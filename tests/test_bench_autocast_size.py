@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ember.train.precision import BF16_MIN_MACS
+from ember.train.precision import AMX_MIN_MACS, AMX_MIN_MACS_PER_SAMPLE, BF16_MIN_MACS
 from tests.conftest import REPO
 
 
@@ -28,7 +28,12 @@ def test_bench_autocast_size_smoke(tmp_path: Path) -> None:
     # criteo.yaml's DLRM: 13-32-4 bottom, (351 + 4)-16-1 top = 6,240 multiply-adds a sample
     assert found[("criteo.yaml", 128)]["macs"] == 6_240 * 128
     assert record["machine"]["cpu"]
-    # what auto picks on this CPU: the size rule only where it computes bf16 natively
+    assert found[("criteo.yaml", 128)]["macs_per_sample"] == 6_240
+    assert (record["amx_min_macs"], record["amx_min_macs_per_sample"]) == (AMX_MIN_MACS, AMX_MIN_MACS_PER_SAMPLE)
+    # what auto picks on this CPU: the size rules only where it computes bf16 natively
     for r in found.values():
-        want = "bf16" if record["machine"]["bf16"] and r["macs"] >= BF16_MIN_MACS else "fp32"
-        assert r["auto_picks"] == want, r
+        if "amx_bf16" in record["machine"]["bf16"]:
+            gains = r["macs"] >= AMX_MIN_MACS and r["macs_per_sample"] >= AMX_MIN_MACS_PER_SAMPLE
+        else:
+            gains = bool(record["machine"]["bf16"]) and r["macs"] >= BF16_MIN_MACS
+        assert r["auto_picks"] == ("bf16" if gains else "fp32"), r

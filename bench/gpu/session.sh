@@ -43,7 +43,7 @@ for s in $STEPS; do
     mlperf) el "bench_mlperf (host CPU)"
       timeout ${MLPERF_S:-300} python3 bench/bench_mlperf.py ${MLPERF_ARGS:---steps 5 --warmup 2} 2>&1 | tee "$OUT/mlperf.log" | tail -14 ;;
     autocast) el "bench_autocast_size (host CPU)"
-      timeout ${AUTOCAST_S:-120} python3 bench/bench_autocast_size.py 2>&1 | tee "$OUT/autocast.log" | tail -16 ;;
+      timeout ${AUTOCAST_S:-120} python3 bench/bench_autocast_size.py ${AUTOCAST_ARGS:-} 2>&1 | tee "$OUT/autocast.log" | tail -16 ;;
     nccl) el torchrun nccl
       timeout 90 torchrun --standalone --nproc_per_node 1 -m ember train --config configs/demo.yaml --overwrite 2>&1 | tee "$OUT/nccl.log" | tail -12 ;;
   esac

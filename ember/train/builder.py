@@ -249,7 +249,8 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
             ddp = wrap_model(model, dist)
     # auto weighs the dense model's matmuls on a dense rank's slice of the batch (the same on every rank)
     ranks = dist.data_slice[1] if dist is not None and dist.data_slice is not None else 1
-    precision = resolve(t.precision, device, dense_macs(model) * -(-cfg.data.batch_size // ranks))
+    per_sample = dense_macs(model)
+    precision = resolve(t.precision, device, per_sample * -(-cfg.data.batch_size // ranks), per_sample)
     compiled = None
     if t.compile and not embedding_rank:
         compiled = _compile(ddp if ddp is not None else model)  # distributed: compile(DDP(model))

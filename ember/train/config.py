@@ -115,9 +115,10 @@ class TrainConfig(ConfigModel):
     weights; `fp16` adds a dynamic loss scale that also covers the embedding gradients (a step that overflows
     is skipped whole: no dense step, no row update; the scale is checkpointed). Rows, optimizer state and the
     loss stay fp32. Scoring (eval, predict) runs in fp32, as an exported model serves. `auto` (the default): bf16
-    where the device computes it natively (a CPU with AMX-BF16 or AVX512-BF16, a bf16-capable GPU) and the dense
-    model's linear layers do at least 25 M multiply-adds a batch (below that the casts cost more than bf16
-    saves), else fp32; the choice and its reason are logged. Elsewhere bf16/fp16 are slower."""
+    on a CPU that computes it natively when the dense model is large enough to gain (AVX512-BF16: its linear
+    layers do at least 25 M multiply-adds a batch; AMX-BF16: 50 M a batch and 400 k a sample, since narrow
+    layers lose there), else fp32, and fp32 on a GPU (DLRM-sized dense models measured 0.76-0.83x in bf16 on an
+    H200: launch-bound); the choice and its reason are logged. Without native bf16, bf16/fp16 are slower."""
     compile: bool = False
     """`torch.compile` the dense model (the first steps pay for compilation); if compiling fails, a warning names
     the error and the run goes on uncompiled."""

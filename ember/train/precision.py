@@ -1,11 +1,11 @@
 """Reduced-precision dense compute: autocast for the model, fp32 master weights, and dynamic
 loss scaling for fp16 that covers the embedding gradients too.
 
-``train.precision``: ``auto`` (the default): bf16 where the device computes bf16 natively (a CPU
-with AMX-BF16 or AVX512-BF16, a GPU that ``torch.cuda.is_bf16_supported()``) and the dense
-model's linear layers do at least ``BF16_MIN_MACS`` multiply-adds a batch, fp32 elsewhere
-(emulated bf16 matmuls are slower than fp32; for a smaller model the casts cost more than the
-matmuls save); ``fp32``; ``bf16`` (bfloat16 autocast: fp32's range, so no loss scaling);
+``train.precision``: ``auto`` (the default): bf16 where a CPU computes bf16 natively and the
+dense model is large enough to gain, fp32 elsewhere (``_auto``'s rules, each measured with
+bench/bench_autocast_size.py: emulated bf16 matmuls are slower than fp32; for a smaller model
+the casts cost more than the matmuls save; on a GPU, DLRM-sized dense models are bound by kernel
+launches, and autocast adds cast kernels); ``fp32``; ``bf16`` (bfloat16 autocast: fp32's range, so no loss scaling);
 ``fp16`` (float16 autocast with a dynamic loss scale). ``resolve`` makes auto's choice and logs
 it, with its reason, once per device and model size. Why bf16 may be the default:
 bench/bench_precision_quality.py, 10 seeds, the real samples cross-validated over 10 folds,
@@ -42,7 +42,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["Precision", "PrecisionSetting", "LossScaler", "autocast", "resolve", "cpu_bf16", "cpu_model", "DTYPES",
-           "BF16_MIN_MACS", "dense_macs"]
+           "BF16_MIN_MACS", "AMX_MIN_MACS", "AMX_MIN_MACS_PER_SAMPLE", "dense_macs"]
 
 log = logging.getLogger(__name__)
 
@@ -52,8 +52,14 @@ DTYPES: dict[str, torch.dtype] = {"fp32": torch.float32, "bf16": torch.bfloat16,
 BF16_CPU_FLAGS = ("amx_bf16", "avx512_bf16")  # /proc/cpuinfo flags of native bf16 matmuls on x86
 # auto keeps fp32 for a dense model whose linear layers do fewer multiply-adds than this per batch:
 # there autocast's casts cost more than its faster matmuls save (python bench/bench_autocast_size.py,
-# AVX512-BF16: 0.82-0.97x of fp32 up to 21.9 M, 1.01-2.02x from 25.6 M up; bench/RESULTS.md).
+# AMD EPYC, AVX512-BF16: 0.82-0.97x of fp32 up to 21.9 M, 1.01-2.02x from 25.6 M up; bench/RESULTS.md).
 BF16_MIN_MACS = 25_000_000
+# With AMX-BF16 (Intel Xeon, 16 and 2 threads) width decides, not only size: models of 6-130 k
+# multiply-adds a sample ran at 0.76-0.97x of fp32 at every batch measured (up to 117 M a batch),
+# 180 k at 0.85x (batch 512) and 1.07x (4,096); from 461 k a sample bf16 gained 1.01-1.80x from a
+# batch of 128 (59 M) up, 0.94-0.99x at 64 (bench/RESULTS.md, GPU session 5: its host).
+AMX_MIN_MACS = 50_000_000
+AMX_MIN_MACS_PER_SAMPLE = 400_000
 
 
 def _cpuinfo() -> str:
@@ -91,15 +97,24 @@ def dense_macs(model: torch.nn.Module) -> int:
     return sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear))
 
 
-def _auto(device: torch.device, macs: int | None = None) -> tuple[Precision, str]:
-    """auto's choice on ``device`` for a dense model of ``macs`` multiply-adds per batch (None:
-    unknown, the device alone decides) and the reason for it."""
+def _auto(device: torch.device, macs: int | None = None, per_sample: int | None = None) -> tuple[Precision, str]:
+    """auto's choice on ``device`` for a dense model of ``macs`` multiply-adds per batch and
+    ``per_sample`` per sample (None: unknown, the device alone decides), and the reason for it."""
     native, why = _native_bf16(device)
     if not native:
         return "fp32", why
-    if macs is not None and macs < BF16_MIN_MACS:
+    if device.type == "cuda":
+        return "fp32", (f"{why}, but for DLRM-sized dense models bf16 autocast measured 0.76-0.83x of fp32's "
+                        "speed on an H200 (0.8 M to 8.8 G multiply-adds a batch: the step is bound by kernel "
+                        "launches, and autocast adds cast kernels)")
+    if "amx_bf16" in cpu_bf16() and per_sample is not None and per_sample < AMX_MIN_MACS_PER_SAMPLE:
+        return "fp32", (f"{why}, but the dense model's linear layers do {per_sample / 1e3:.0f} k multiply-adds a "
+                        f"sample, fewer than the {AMX_MIN_MACS_PER_SAMPLE / 1e3:.0f} k from which AMX's bf16 "
+                        "matmuls outweigh autocast's casts")
+    least = AMX_MIN_MACS if "amx_bf16" in cpu_bf16() else BF16_MIN_MACS
+    if macs is not None and macs < least:
         return "fp32", (f"{why}, but the dense model's linear layers do {macs / 1e6:.1f} M multiply-adds a "
-                        f"batch, fewer than the {BF16_MIN_MACS / 1e6:.0f} M from which bf16's faster matmuls "
+                        f"batch, fewer than the {least / 1e6:.0f} M from which bf16's faster matmuls "
                         "outweigh its casts")
     return "bf16", why
 
@@ -121,17 +136,18 @@ def _native_bf16(device: torch.device) -> tuple[bool, str]:
 
 
 @functools.cache
-def _resolve_logged(device: torch.device, macs: int | None) -> Precision:
-    choice, reason = _auto(device, macs)
+def _resolve_logged(device: torch.device, macs: int | None, per_sample: int | None) -> Precision:
+    choice, reason = _auto(device, macs, per_sample)
     log.info("train.precision auto: %s on %s, because %s (set train.precision to fp32 or bf16 to choose)",
              choice, device, reason)
     return choice
 
 
-def resolve(setting: PrecisionSetting, device: torch.device, macs: int | None = None) -> Precision:
+def resolve(setting: PrecisionSetting, device: torch.device, macs: int | None = None,
+            per_sample: int | None = None) -> Precision:
     """The compute type that ``train.precision: setting`` means on ``device``: the setting
-    itself, or auto's choice for a dense model of ``macs`` multiply-adds per batch (logged once
-    per device and size, with its reason).
+    itself, or auto's choice for a dense model of ``macs`` multiply-adds per batch and
+    ``per_sample`` per sample (``dense_macs``; logged once per device and size, with its reason).
 
     Example:
         >>> resolve("fp16", torch.device("cpu"))
@@ -139,7 +155,7 @@ def resolve(setting: PrecisionSetting, device: torch.device, macs: int | None = 
     """
     if setting != "auto":
         return setting
-    return _resolve_logged(torch.device(device), macs)
+    return _resolve_logged(torch.device(device), macs, per_sample)
 
 
 def autocast(device: torch.device, precision: PrecisionSetting) -> contextlib.AbstractContextManager[Any]:

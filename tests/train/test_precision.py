@@ -184,6 +184,58 @@ def test_auto_keeps_fp32_for_a_dense_model_too_small_for_bf16_to_pay(monkeypatch
             cached.cache_clear()
 
 
+def test_auto_on_amx_weighs_the_model_width_too(monkeypatch, caplog):
+    """With AMX-BF16, narrow dense models lose in bf16 at every batch measured: auto needs
+    AMX_MIN_MACS a batch and AMX_MIN_MACS_PER_SAMPLE a sample there, and says which it lacked.
+    The same sizes on an AVX512-BF16 CPU without AMX take bf16 (the 25 M rule alone)."""
+    from ember.train import precision
+
+    cpu, wide = torch.device("cpu"), precision.AMX_MIN_MACS_PER_SAMPLE
+    caches = (precision.cpu_bf16, precision.cpu_model, precision._resolve_logged)
+    try:
+        monkeypatch.setattr(precision, "_cpuinfo", lambda: "flags\t\t: avx512f amx_bf16 avx512_bf16\nmodel name\t: X\n")
+        for cached in caches:
+            cached.cache_clear()
+        with caplog.at_level(logging.INFO, logger="ember.train.precision"):
+            # configs/demo.yaml's DLRM (57 k a sample) at batch 2048: 117 M a batch, too narrow
+            assert precision.resolve("auto", cpu, 57_000 * 2048, 57_000) == "fp32"
+            assert precision.resolve("auto", cpu, wide * 128, wide) == "bf16"  # wide enough, 51 M a batch
+            assert precision.resolve("auto", cpu, precision.AMX_MIN_MACS - 1, wide * 2) == "fp32"  # too few a batch
+            assert precision.resolve("auto", cpu, wide * 4096, wide - 1) == "fp32"
+            assert precision.resolve("bf16", cpu, 57_000 * 2048, 57_000) == "bf16"  # an explicit setting is kept
+        said = [r.getMessage() for r in caplog.records if "auto: fp32" in r.getMessage()]
+        assert len(said) == 3 and sum("k multiply-adds a sample" in m for m in said) == 2
+        assert sum("M multiply-adds a batch" in m for m in said) == 1
+        monkeypatch.setattr(precision, "_cpuinfo", lambda: "flags\t\t: avx512f avx512_bf16\nmodel name\t: Y\n")
+        for cached in caches:
+            cached.cache_clear()
+        assert precision.resolve("auto", cpu, 57_000 * 2048, 57_000) == "bf16"
+        assert precision.resolve("auto", cpu, precision.BF16_MIN_MACS, 6_240) == "bf16"
+    finally:
+        for cached in caches:
+            cached.cache_clear()
+
+
+def test_auto_keeps_fp32_on_a_gpu_and_says_why(monkeypatch, caplog):
+    """On an H200 every DLRM-sized dense model measured ran slower in bf16 (launch-bound): auto
+    keeps fp32 on a GPU, whatever its size, and an explicit bf16 is kept."""
+    from ember.train import precision
+
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a, **k: "Test GPU")
+    precision._resolve_logged.cache_clear()
+    gpu = torch.device("cuda")
+    try:
+        with caplog.at_level(logging.INFO, logger="ember.train.precision"):
+            assert precision.resolve("auto", gpu, 10**10, 10**7) == "fp32"
+            assert precision.resolve("auto", gpu) == "fp32"
+            assert precision.resolve("bf16", gpu, 10**10, 10**7) == "bf16"
+        said = [r.getMessage() for r in caplog.records if "auto: fp32 on cuda" in r.getMessage()]
+        assert len(said) == 2 and all("Test GPU" in m and "H200" in m for m in said)
+    finally:
+        precision._resolve_logged.cache_clear()
+
+
 def test_dense_macs_counts_the_linear_layers_per_sample():
     from ember.train.precision import dense_macs
 
@@ -197,7 +249,7 @@ def test_auto_is_a_setting_the_run_resolves(tmp_path, monkeypatch):
     seen: list[int | None] = []
 
     def pick(choice):  # auto's choice, noting the size the run asked about
-        return lambda device, macs=None: (seen.append(macs), (choice, "test"))[1]
+        return lambda device, macs=None, per_sample=None: (seen.append((macs, per_sample)), (choice, "test"))[1]
 
     monkeypatch.setattr(precision, "_auto", pick("fp32"))
     precision._resolve_logged.cache_clear()
@@ -206,7 +258,8 @@ def test_auto_is_a_setting_the_run_resolves(tmp_path, monkeypatch):
         assert cfg.train.precision == "auto"
         parts = train(cfg).parts
         assert parts.precision == "fp32"
-        assert seen == [precision.dense_macs(parts.model) * 256]  # the model's multiply-adds per batch of 256
+        per_sample = precision.dense_macs(parts.model)
+        assert seen == [(per_sample * 256, per_sample)]  # the model's multiply-adds per batch of 256 and per sample
         default = from_dict(_raw(tmp_path, "default", max_steps=2))
         assert default.train.precision == "auto"  # the default: what auto picks
         monkeypatch.setattr(precision, "_auto", pick("bf16"))
