@@ -23,7 +23,7 @@ from ember.source.bad_rows import BadRowReport
 from ember.source.base import RecordChunk, check_columns, read_failed
 from ember.source.config import DataConfig
 from ember.source.csv import header_fields, read_csv, read_head
-from ember.source.files import expand_paths
+from ember.source.files import expand_paths, expand_sized
 from ember.source.orc import read_orc
 from ember.source.parquet import read_parquet
 from ember.source.protocol import RowCount, Split, Unit
@@ -120,10 +120,11 @@ class FileSource:
         data = self.data
         if split == "train" and data.watch is not None or not data.paths(split):
             return RowCount()  # a stream: no size
-        files = self._files(split)
         if data.format in ("parquet", "orc"):
+            files = self._files(split)
             return RowCount(rows=sum(storage.footer_rows(f, data.format, data.storage_options) for f in files))
-        sizes = [storage.file_size(f, data.storage_options) for f in files]
+        sized = expand_sized(data.paths(split), data.format, data.storage_options, f"data.{split}")  # sizes as listed
+        files, sizes = [f for f, _ in sized], [size for _, size in sized]
         if not estimate:
             return RowCount(bytes=sum(sizes))
         rows = 0

@@ -22,7 +22,7 @@ from ember.source import storage
 from ember.source.storage import StorageOptions
 from ember import once
 
-__all__ = ["expand_paths", "format_suffixes"]
+__all__ = ["expand_paths", "expand_sized", "format_suffixes"]
 
 log = logging.getLogger("ember")
 
@@ -115,14 +115,15 @@ def _glob_hint(directory: str, skipped: list[str]) -> str:
     return os.path.join(directory, "*.txt")
 
 
-def _remote(pat: str, format: str, options: StorageOptions | None) -> tuple[list[str], list[str], bool]:
-    """``_in_directory`` / ``_in_glob`` / a file, for a URI: (found, skipped, is a directory)."""
+def _remote(pat: str, format: str, options: StorageOptions | None) -> tuple[list[tuple[str, int | None]], list[str], bool]:
+    """``_in_directory`` / ``_in_glob`` / a file, for a URI: (found, skipped, is a directory);
+    each found object with its size where a listing gave it (None for an object named alone)."""
     pat = pat.rstrip("/") if not pat.endswith("://") else pat
     scheme, rest = storage.split_uri(pat)
     if not glob.has_magic(rest):
         kind = storage.stat(pat, options)
         if kind == "file":
-            return [pat], [], False
+            return [(pat, None)], [], False
         if kind is None:
             return [], [], False
         found, skipped = [], []
@@ -130,8 +131,10 @@ def _remote(pat: str, format: str, options: StorageOptions | None) -> tuple[list
             parts = e.uri[len(pat):].lstrip("/").split("/")
             if any(_hidden(d) for d in parts[:-1]):  # a hidden or marker directory is not entered
                 continue
-            ok = parts[-1].lower().endswith(format_suffixes(format)) and not _hidden(parts[-1])
-            (found if ok else skipped).append(e.uri)
+            if parts[-1].lower().endswith(format_suffixes(format)) and not _hidden(parts[-1]):
+                found.append((e.uri, e.size))
+            else:
+                skipped.append(e.uri)
         return found, skipped, True
     parts = rest.split("/")
     first = next(i for i, part in enumerate(parts) if glob.has_magic(part))
@@ -143,8 +146,10 @@ def _remote(pat: str, format: str, options: StorageOptions | None) -> tuple[list
         got = storage.split_uri(e.uri)[1].split("/")
         if not storage.match_glob(parts, got):
             continue
-        hidden = any(_hidden(part) and part[0] not in spelled for part in got[-depth:])
-        (skipped if hidden else found).append(e.uri)
+        if any(_hidden(part) and part[0] not in spelled for part in got[-depth:]):
+            skipped.append(e.uri)
+        else:
+            found.append((e.uri, e.size))
     return found, skipped, False
 
 
@@ -163,13 +168,27 @@ def expand_paths(patterns: Sequence[str], format: str, storage_options: StorageO
         >>> expand_paths([], "csv")
         []
     """
-    out: list[str] = []
+    return [f for f, _ in _expand(patterns, format, storage_options, what)]
+
+
+def expand_sized(patterns: Sequence[str], format: str, storage_options: StorageOptions | None = None,
+                 what: str = "the data paths") -> list[tuple[str, int]]:
+    """``expand_paths``'s files, each with its size in bytes: for objects found by listing a
+    prefix or a glob, the listing's (no request per object); else the file's or object's own."""
+    return [(f, size if size is not None else storage.file_size(f, storage_options))
+            for f, size in _expand(patterns, format, storage_options, what)]
+
+
+def _expand(patterns: Sequence[str], format: str, storage_options: StorageOptions | None,
+            what: str) -> list[tuple[str, int | None]]:
+    """``expand_paths``' work: each file with its size where a listing gave it, else None."""
+    out: list[tuple[str, int | None]] = []
     named: dict[str, tuple[int, str, str]] = {}  # a file (its real path, or the URI) -> the pattern that named it
 
-    def add(i: int, pat: str, found: list[str]) -> None:
+    def add(i: int, pat: str, found: list[tuple[str, int | None]]) -> None:
         """``found`` into ``out``: ConfigError when an earlier pattern named a file too (so
         ``[t.csv, ./t.csv]`` never reads it twice an epoch, nor ``[t.csv, t.csv]`` once)."""
-        for f in found:
+        for f, size in found:
             key = f if storage.is_remote(f) else os.path.realpath(f)
             if key in named and named[key][0] != i:
                 _, first_pat, first = named[key]
@@ -177,7 +196,7 @@ def expand_paths(patterns: Sequence[str], format: str, storage_options: StorageO
                                   f"{_as(pat, f)}; name each file once (a directory or glob names every file it "
                                   "matches)")
             named.setdefault(key, (i, pat, f))
-            out.append(f)
+            out.append((f, size))
 
     for i, pat in enumerate(patterns):
         if storage.is_remote(pat):
@@ -207,7 +226,7 @@ def expand_paths(patterns: Sequence[str], format: str, storage_options: StorageO
             held = _held(pat, skipped, format, os.path.isdir(pat))
             raise ConfigError(f"data path '{pat}' matches no {format} file{held}; check the path (cwd: {os.getcwd()})")
         _log_skipped(pat, skipped, format, os.path.isdir(pat))
-        add(i, pat, found)
+        add(i, pat, [(f, None) for f in found])
     return out
 
 

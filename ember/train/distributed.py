@@ -22,8 +22,7 @@ from ember.distributed.sharding import ShardingPlan
 from ember.embedding.config import TableConfig
 from ember.errors import ConfigError, EmberError
 from ember.train.device import pick_device
-from ember.source import storage
-from ember.source.files import expand_paths
+from ember.source.files import expand_sized
 from ember.train.shards import check_file_shards
 
 __all__ = ["start_run", "check_distributed", "check_same_config", "check_same_files", "config_differences", "flat_config", "flatten",
@@ -146,8 +145,7 @@ def check_same_files(cfg: RunConfig, dist: DistributedRun) -> None:
     error: Exception | None = None
     try:
         d = cfg.data
-        files = expand_paths(d.paths("train"), d.format, d.storage_options, "data.train")
-        listing = [(f, storage.file_size(f, d.storage_options)) for f in files]
+        listing = expand_sized(d.paths("train"), d.format, d.storage_options, "data.train")  # sizes as listed
     except Exception as e:  # every rank must hear of it, or the others would wait for this one
         error = e
     said = None if error is None else str(error) if isinstance(error, EmberError) else f"{type(error).__name__}: {error}"

@@ -271,3 +271,28 @@ def test_credentials_in_the_config_are_never_written_out(tmp_path):
     again = from_dict(recorded)  # a recorded config loads: the credentials come from the environment then
     assert again.data.storage_options.secret_key is None
     assert "s3cr3t" not in cfg.model_dump_json()
+
+
+def test_listed_objects_carry_their_sizes_without_a_request_each(monkeypatch):
+    """``expand_sized`` (the ranks' file check, a CSV's byte count) takes each object's size from
+    the prefix's or glob's listing: no HEAD per object, which on a bucket of thousands of objects
+    was one request each on every rank. An object named alone is asked for its size."""
+    fsspec = pytest.importorskip("fsspec", reason="fsspec is not installed")
+    from ember.source import files as files_module
+    from ember.source import storage
+
+    mem = fsspec.filesystem("memory")
+    mem.pipe("/ember-sized/d/a.csv", b"y,c\n1,x\n")
+    mem.pipe("/ember-sized/d/b.csv", b"y,c\n0,zz\n1,w\n")
+    asked: list[str] = []
+    real = storage.file_size
+    monkeypatch.setattr(storage, "file_size", lambda path, options=None: asked.append(path) or real(path, options))
+    try:
+        want = [("memory://ember-sized/d/a.csv", 8), ("memory://ember-sized/d/b.csv", 13)]
+        assert files_module.expand_sized(["memory://ember-sized/d/"], "csv") == want
+        assert files_module.expand_sized(["memory://ember-sized/d/*.csv"], "csv") == want
+        assert asked == []  # the listing's sizes
+        assert files_module.expand_sized(["memory://ember-sized/d/b.csv"], "csv") == want[1:]
+        assert asked == ["memory://ember-sized/d/b.csv"]  # named alone: its own size
+    finally:
+        mem.rm("/ember-sized", recursive=True)
