@@ -3,6 +3,7 @@
 # packages its image lacks (carried as wheels in .whl/), builds the native core for its Python,
 # then runs the steps named in $STEPS (default: all) with their output under $OUT.
 #   STEPS="gpu tests cache dlrm pipeline nccl" bash bench/gpu/session.sh
+# engines (bench_pipeline with --engine inline and with --data-workers 1: why Parquet on threads trails in line on a GPU).
 # Two more steps measure the machine's host CPU (issue 29 items 4-5; the H100/H200 hosts lent so
 # far were Intel Xeons with AMX-BF16), not run unless named: tiers (bench_tiers --zipf) and
 # mlperf (bench_mlperf, short; torch threads = the host's cores); autocast (bench_autocast_size: where
@@ -36,6 +37,13 @@ for s in $STEPS; do
       timeout 120 python3 bench/bench_dlrm.py --steps 20 2>&1 | tee "$OUT/dlrm.log" | tail -8 ;;
     pipeline) el bench_pipeline
       timeout 150 python3 bench/bench_pipeline.py --rows 300000 --steps 20 --rounds 1 --only files 2>&1 | tee "$OUT/pipeline.log" | tail -12 ;;
+    engines) el "bench_pipeline: the embedding stages in line, then reading in a worker process"
+      # GPU sessions 1 and 5: from Parquet the threaded stages (auto's choice on a GPU) ran at 0.63-0.68x of
+      # everything in line, and in-memory batches on threads no faster than Parquet in line
+      timeout 150 python3 bench/bench_pipeline.py --rows 300000 --steps 20 --rounds 1 --only files --engine inline 2>&1 \
+        | tee "$OUT/pipeline_inline.log" | tail -8
+      timeout 150 python3 bench/bench_pipeline.py --rows 300000 --steps 20 --rounds 1 --only files --data-workers 1 2>&1 \
+        | tee "$OUT/pipeline_worker.log" | tail -8 ;;
     tiers) el "bench_tiers --zipf (host CPU)"
       lscpu | grep -E "Model name|Thread|Core|Socket|Flags" | cut -c1-200 | tee "$OUT/lscpu.txt"
       timeout ${TIERS_S:-200} python3 bench/bench_tiers.py --zipf --rows 1000000 --batch 32768 --steps 60 --warmup 40 \
