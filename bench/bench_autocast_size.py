@@ -63,7 +63,8 @@ def speedup(bottom: list[int], top: list[int], dim: int, batch: int, steps: int,
                                                                          num_tasks=1)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     dense = torch.rand(batch, DENSE, device=device)
-    pooled = [torch.randn(batch, dim, requires_grad=True, device=device) for _ in range(SPARSE)]  # as ember hands them over
+    pooled = [torch.randn(batch, dim, requires_grad=True, device=device)  # as ember hands them over
+              for _ in range(SPARSE)]
     labels = (torch.rand(batch, 1, device=device) < 0.25).float()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
 

@@ -25,6 +25,7 @@ from ember import once
 __all__ = ["expand_paths", "expand_sized", "format_suffixes"]
 
 log = logging.getLogger("ember")
+_Found = tuple[str, int | None]  # a file, and its size in bytes where a listing gave it (else None)
 
 _COMPRESSIONS = ("", ".gz", ".bz2", ".zst", ".lz4")  # what pyarrow's CompressedInputStream decodes by extension
 _SUFFIXES = {
@@ -115,7 +116,7 @@ def _glob_hint(directory: str, skipped: list[str]) -> str:
     return os.path.join(directory, "*.txt")
 
 
-def _remote(pat: str, format: str, options: StorageOptions | None) -> tuple[list[tuple[str, int | None]], list[str], bool]:
+def _remote(pat: str, format: str, options: StorageOptions | None) -> tuple[list[_Found], list[str], bool]:
     """``_in_directory`` / ``_in_glob`` / a file, for a URI: (found, skipped, is a directory);
     each found object with its size where a listing gave it (None for an object named alone)."""
     pat = pat.rstrip("/") if not pat.endswith("://") else pat
@@ -180,12 +181,12 @@ def expand_sized(patterns: Sequence[str], format: str, storage_options: StorageO
 
 
 def _expand(patterns: Sequence[str], format: str, storage_options: StorageOptions | None,
-            what: str) -> list[tuple[str, int | None]]:
+            what: str) -> list[_Found]:
     """``expand_paths``' work: each file with its size where a listing gave it, else None."""
-    out: list[tuple[str, int | None]] = []
+    out: list[_Found] = []
     named: dict[str, tuple[int, str, str]] = {}  # a file (its real path, or the URI) -> the pattern that named it
 
-    def add(i: int, pat: str, found: list[tuple[str, int | None]]) -> None:
+    def add(i: int, pat: str, found: list[_Found]) -> None:
         """``found`` into ``out``: ConfigError when an earlier pattern named a file too (so
         ``[t.csv, ./t.csv]`` never reads it twice an epoch, nor ``[t.csv, t.csv]`` once)."""
         for f, size in found:
