@@ -254,12 +254,14 @@ def plan_storage(storage: StorageConfig, record_dim: int, name: str = "table") -
         dev = _device(storage)
         b = memory_row_bytes(record_dim, dev_rows)
         arena = dev_rows * 4 * record_dim
-        if dev.type == "cuda":
+        if dev.type == "cuda":  # the records on the GPU; the index and the policy's counters on the host
             plan.device_bytes += arena
             plan.host_bytes += b - arena
+            size = f"{_fmt(arena)} on the GPU + {_fmt(b - arena)} of host index"
         else:
             plan.host_bytes += b
-        plan.tiers.append(("device", dev_rows, f"{dev.type} cache, {storage.policy}, {_fmt(b)}"))
+            size = _fmt(b)
+        plan.tiers.append(("device", dev_rows, f"{dev.type} cache, {storage.policy}, {size}"))
         plan.host_bytes += _sketch_bytes(dev_rows)
     if host_rows is not None:
         b = memory_row_bytes(record_dim, host_rows)

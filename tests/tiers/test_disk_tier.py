@@ -233,3 +233,17 @@ def test_slots_remembered_from_a_read_stay_exact_through_changes(tmp_path):
     assert out[:, 0].tolist() == [truth[i] for i in ids.tolist()]
     assert len(d) == len(truth)
     assert recalls > 30  # evictions forget, the rest of the steps recall
+
+
+def test_a_gpu_cache_plan_says_what_lies_on_the_gpu_and_what_on_the_host(monkeypatch):
+    """A GPU cache's line names its records on the GPU and its index on the host, the two parts
+    the plan's totals count (its one figure was both, beside a device total of the records alone)."""
+    from ember.tiers import StorageConfig, plan_storage, storage as storage_module
+
+    monkeypatch.setattr(storage_module, "_device", lambda s: torch.device("cuda"))
+    plan = plan_storage(StorageConfig(device_rows=50_000), record_dim=17, name="C1")
+    line = plan.describe().splitlines()[1]
+    arena = 50_000 * 17 * 4
+    index = storage_module.memory_row_bytes(17, 50_000) - arena
+    assert plan.device_bytes == arena
+    assert f"cuda cache, lfu, {storage_module._fmt(arena)} on the GPU + {storage_module._fmt(index)} of host index" in line
