@@ -30,8 +30,10 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
 from typing import Callable, Sequence, TypeVar
@@ -46,7 +48,7 @@ __all__ = [
     "CSV_CR", "CSV_HEX", "CSV_LONG_DIGITS", "CSV_NOT_ASCII", "CSV_PAREN", "CSV_QUOTE", "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_gather",
     "csv_bytes", "csv_hazards", "csv_ints", "csv_split", "dense_finish", "dense_floats", "dense_prepare", "featurize_ids", "hash_utf8_buffers",
     "index_add_features", "index_add_rows", "is_available", "take_rows", "place", "probe", "probe_rows", "read_rows", "record_width", "rehash",
-    "bf16_pack_sr", "cms", "even_chunks", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "gc_scores", "gc_select", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "tag_claim", "tag_find", "uniform01", "fresh_uniform", "unique_segments", "victim_keys",
+    "bf16_pack_sr", "cms", "even_chunks", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "gc_scores", "gc_select", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "run_each", "tag_claim", "tag_find", "uniform01", "fresh_uniform", "unique_segments", "victim_keys",
     "write_rows",
 ]
 
@@ -137,17 +139,73 @@ def row_chunks(n: int) -> list[tuple[int, int]]:
     return even_chunks(n, MIN_PARALLEL_ROWS) if n >= 2 * MIN_PARALLEL_ROWS else [(0, n)]
 
 
-def run_chunks(fn: Callable[[int, int], T], parts: list[tuple[int, int]]) -> list[T]:
-    """``[fn(lo, hi) for lo, hi in parts]``, the first on this thread, the others on a pool."""
-    if len(parts) == 1:
-        return [fn(*parts[0])]
+def _kernel_pool() -> ThreadPoolExecutor:
+    """The pool of ``torch.get_num_threads() - 1`` threads the kernels' parts run on (one per
+    process: a forked child makes its own)."""
     global _pool
     workers = max(1, torch.get_num_threads() - 1)
-    if _pool is None or _pool[0] != os.getpid() or _pool[1] != workers:  # a forked child needs its own
-        _pool = (os.getpid(), workers, ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ember-kernel"))
-    futures = [_pool[2].submit(fn, lo, hi) for lo, hi in parts[1:]]
+    if _pool is None or _pool[0] != os.getpid() or _pool[1] != workers:
+        _pool = (os.getpid(), workers, ThreadPoolExecutor(max_workers=workers, thread_name_prefix=_POOL_PREFIX))
+    return _pool[2]
+
+
+_POOL_PREFIX = "ember-kernel"
+
+
+def _on_pool() -> bool:
+    """Whether this thread is one of the pool's: work it starts runs here, in line, since a pool
+    thread waiting on the pool could wait for itself."""
+    return threading.current_thread().name.startswith(_POOL_PREFIX)
+
+
+def run_chunks(fn: Callable[[int, int], T], parts: list[tuple[int, int]]) -> list[T]:
+    """``[fn(lo, hi) for lo, hi in parts]``, the first on this thread, the others on a pool (all
+    in line when called from the pool: a task of ``run_each``)."""
+    if len(parts) == 1 or _on_pool():
+        return [fn(lo, hi) for lo, hi in parts]
+    pool = _kernel_pool()
+    futures = [pool.submit(fn, lo, hi) for lo, hi in parts[1:]]
     first = fn(*parts[0])
     return [first] + [f.result() for f in futures]
+
+
+def run_each(tasks: Sequence[Callable[[], T]]) -> list[T]:
+    """``[task() for task in tasks]`` (results in order), the tasks taken one at a time by this
+    thread and up to ``torch.get_num_threads() - 1`` pool threads, for independent calls of
+    uneven cost (a group's tables, some behind a disk tier). Every task has run or been dropped
+    when it returns; the first error raises. In line on one thread, and on a pool thread."""
+    n = len(tasks)
+    if n <= 1 or torch.get_num_threads() <= 1 or _on_pool():
+        return [task() for task in tasks]
+    out: list = [None] * n
+    taken = itertools.count()  # next(): atomic under the GIL
+    failed: list[BaseException] = []
+
+    def drain() -> None:
+        while not failed:
+            i = next(taken)
+            if i >= n:
+                return
+            try:
+                out[i] = tasks[i]()
+            except BaseException as e:  # the first error stops the others taking more
+                failed.append(e)
+                raise
+
+    pool = _kernel_pool()
+    futures = [pool.submit(drain) for _ in range(min(n, torch.get_num_threads()) - 1)]
+    try:
+        drain()
+    except BaseException:
+        pass
+    for f in futures:
+        try:
+            f.result()
+        except BaseException:
+            pass
+    if failed:
+        raise failed[0]
+    return out
 
 
 def _fallback_once(name: str) -> None:

@@ -7,12 +7,14 @@ tier serves its own segment through the ``Tier`` protocol. A lone table is a gro
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from ember import _native
 from ember.tiers.base import Tier
 from ember.tiers.host import HostTier, _check_rows
 
@@ -27,7 +29,10 @@ def read_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], out: Tensor) -> 
         return HostTier.read_native(tiers, ids, out)  # type: ignore[arg-type]
     if len(tiers) == 1:
         return tiers[0].get_into(ids[0], out)
-    return torch.cat([t.get_into(i, rows) for t, i, rows in zip(tiers, ids, out.split(sizes))])
+    # each tier serves its own segment, the tiers side by side on the kernels' threads (a disk
+    # tier's read waits on page faults while the others read)
+    reads = [partial(t.get_into, i, rows) for t, i, rows in zip(tiers, ids, out.split(sizes))]
+    return torch.cat(_native.run_each(reads))
 
 
 def write_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], records: Tensor) -> None:
@@ -36,8 +41,7 @@ def write_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], records: Tensor
     _check_rows(tiers, sizes, records, "records")
     if len(tiers) > 1 and HostTier.write_segments_native(tiers, ids, records):
         return
-    for t, i, rows in zip(tiers, ids, records.split(sizes)):
-        t.put(i, rows)
+    _native.run_each([partial(t.put, i, rows) for t, i, rows in zip(tiers, ids, records.split(sizes))])
 
 
 def remove_segments(tiers: Sequence[Tier], ids: Sequence[Tensor]) -> None:

@@ -500,3 +500,36 @@ def test_csv_hazards_flags():
         assert fn(b"nan(1),2\n") == _native.CSV_PAREN
         assert fn(b"7," + b"0" * 20 + b"\n") == _native.CSV_LONG_DIGITS
         assert fn(b"X(" + b"1" * 25) == _native.CSV_HEX | _native.CSV_PAREN | _native.CSV_LONG_DIGITS
+
+
+def test_run_each_runs_every_task_once_in_order_and_nests_without_waiting_on_itself(monkeypatch):
+    """Tasks taken one at a time by this thread and the pool; results in the tasks' order; a task
+    that runs kernels in parts (``run_chunks``) on a pool thread runs them in line (it would wait
+    on the pool it occupies); the first error raises after every started task has finished."""
+    import threading
+    import time
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # one pool thread: a nested wait would hang
+    where: list[str] = []
+
+    def task(k: int):
+        def run():
+            where.append(threading.current_thread().name)
+            time.sleep(0.002 * (k % 3))  # uneven costs
+            return k, _native.run_chunks(lambda lo, hi: (lo, hi), [(0, 1), (1, 2)])
+        return run
+
+    got = _native.run_each([task(k) for k in range(12)])
+    assert got == [(k, [(0, 1), (1, 2)]) for k in range(12)]
+    assert len(where) == 12 and any(n.startswith("ember-kernel") for n in where)  # the pool took some
+    assert any(not n.startswith("ember-kernel") for n in where)  # and this thread others
+    done: list[int] = []
+
+    def boom():
+        raise KeyError("task 3")
+
+    with pytest.raises(KeyError, match="task 3"):
+        _native.run_each([lambda k=k: done.append(k) for k in range(3)] + [boom] + [lambda: done.append(9)] * 2)
+    assert set(done) <= {0, 1, 2, 9} and {0, 1, 2} <= set(done)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert _native.run_each([lambda: threading.current_thread().name] * 3) == [threading.current_thread().name] * 3

@@ -247,3 +247,48 @@ def test_a_gpu_cache_plan_says_what_lies_on_the_gpu_and_what_on_the_host(monkeyp
     index = storage_module.memory_row_bytes(17, 50_000) - arena
     assert plan.device_bytes == arena
     assert f"cuda cache, lfu, {storage_module._fmt(arena)} on the GPU + {storage_module._fmt(index)} of host index" in line
+
+
+def test_a_group_of_mixed_tiers_reads_and_writes_side_by_side_as_on_one_thread(tmp_path, monkeypatch):
+    """A group whose tables' tiers differ (in memory, host cache before disk) reads and writes
+    each table's segment on the kernels' threads side by side (``run_each``): the rows, found
+    masks and every tier's contents equal the same calls on one thread."""
+    from ember.tiers import StorageConfig, build_tier
+    from ember.tiers.segments import read_segments, write_segments
+
+    def group(root):
+        return [build_tier(StorageConfig(), 5, "a"),
+                build_tier(StorageConfig(host_rows=40, disk_path=str(root), disk_rows=2000), 5, "b"),
+                build_tier(StorageConfig(host_rows=1500), 5, "c"),
+                build_tier(StorageConfig(host_rows=25, disk_path=str(root), disk_rows=2000), 5, "d")]
+
+    g = torch.Generator().manual_seed(3)
+    steps = []
+    for _ in range(12):
+        ids = [torch.unique(torch.randint(0, 1500, (int(n),), generator=g)) for n in torch.randint(1, 300, (4,), generator=g)]
+        steps.append((ids, torch.randn(sum(i.numel() for i in ids), 5, generator=g)))
+    import threading
+
+    from ember.tiers.cached import CachedTier
+
+    put, on = CachedTier.put, []
+    monkeypatch.setattr(CachedTier, "put", lambda self, *a: on.append(threading.current_thread().name) or put(self, *a))
+    results = {}
+    for threads in (1, 2):
+        monkeypatch.setattr(torch, "get_num_threads", lambda t=threads: t)
+        tiers, seen = group(tmp_path / str(threads)), []
+        for ids, rows in steps:
+            out = torch.zeros(rows.shape[0], 5)
+            found = read_segments(tiers, ids, out)
+            seen.append((out.clone(), found.clone()))
+            write_segments(tiers, ids, out + rows * found.logical_not().unsqueeze(1) + 0.5 * rows)
+        everything = torch.arange(1500)
+        state = []
+        for t in tiers:
+            out = torch.zeros(1500, 5)
+            state.append((out, t.get_into(everything, out)))
+        results[threads] = (seen, state)
+    for (a, fa), (b, fb) in zip(results[1][0] + results[1][1], results[2][0] + results[2][1]):
+        assert torch.equal(a, b) and torch.equal(fa, fb)
+    assert results[2][1][1][1].sum() > 0 and results[2][1][3][1].sum() > 0  # the disk tables hold rows
+    assert any(name.startswith("ember-kernel") for name in on)  # two threads: the pool wrote some tables
