@@ -2,7 +2,9 @@
 
 A group's buffer holds its tables' rows back to back (segments). When every tier is a memory
 tier the C core can serve, one native pass reads (or writes) all segments; otherwise each
-tier serves its own segment through the ``Tier`` protocol. A lone table is a group of one.
+tier serves its own segment through the ``Tier`` protocol, the tiers side by side on the
+kernels' threads (a disk tier waits on page faults while the other tables read and write). A
+lone table is a group of one.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ __all__ = ["read_segments", "write_segments", "remove_segments", "read_bf16_segm
 
 
 def read_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], out: Tensor) -> Tensor:
-    """``tiers[j].get_into(ids[j], segment j of out)`` for every j; returns the found mask [N]."""
+    """``tiers[j].get_into(ids[j], segment j of out)`` for every j; returns the found mask [N]. In
+    one native pass when every tier is a memory tier the C core serves, else the tiers side by
+    side on the kernels' threads (``run_each``)."""
     sizes = [i.numel() for i in ids]
     _check_rows(tiers, sizes, out, "out")
     if len(tiers) > 1 and _reads_natively(tiers, out):
@@ -36,7 +40,8 @@ def read_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], out: Tensor) -> 
 
 
 def write_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], records: Tensor) -> None:
-    """``tiers[j].put(ids[j], segment j of records)`` for every j, in one native pass when it can."""
+    """``tiers[j].put(ids[j], segment j of records)`` for every j, in one native pass when it can,
+    else the tiers side by side on the kernels' threads (``run_each``)."""
     sizes = [i.numel() for i in ids]
     _check_rows(tiers, sizes, records, "records")
     if len(tiers) > 1 and HostTier.write_segments_native(tiers, ids, records):
@@ -46,13 +51,11 @@ def write_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], records: Tensor
 
 def remove_segments(tiers: Sequence[Tier], ids: Sequence[Tensor]) -> None:
     """``tiers[j].remove(ids[j])`` for every j (each segment's IDs unique), in one native pass
-    over the indexes when every tier is a HostTier."""
+    over the indexes when every tier is a HostTier, else the tiers side by side (``run_each``)."""
     if all(isinstance(t, HostTier) for t in tiers):
         HostTier.remove_native(tiers, ids)  # type: ignore[arg-type]
         return
-    for t, i in zip(tiers, ids):
-        if i.numel():
-            t.remove(i)
+    _native.run_each([partial(t.remove, i) for t, i in zip(tiers, ids) if i.numel()])
 
 
 def read_bf16_segments(tiers: Sequence[Tier], ids: Sequence[Tensor], out: Tensor, dim: int) -> Tensor | None:
