@@ -34,7 +34,7 @@ import itertools
 import logging
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from types import ModuleType
 from typing import Callable, Sequence, TypeVar
 
@@ -179,32 +179,32 @@ def run_each(tasks: Sequence[Callable[[], T]]) -> list[T]:
         return [task() for task in tasks]
     out: list = [None] * n
     taken = itertools.count()  # next(): atomic under the GIL
-    failed: list[BaseException] = []
+    errors: list[BaseException] = []
+    stop: list[bool] = []  # set: no thread takes another task
 
     def drain() -> None:
-        while not failed:
+        while not stop:
             i = next(taken)
             if i >= n:
                 return
             try:
                 out[i] = tasks[i]()
-            except BaseException as e:  # the first error stops the others taking more
-                failed.append(e)
+            except BaseException as e:
+                errors.append(e)
+                stop.append(True)
                 raise
 
     pool = _kernel_pool()
     futures = [pool.submit(drain) for _ in range(min(n, torch.get_num_threads()) - 1)]
     try:
         drain()
-    except BaseException:
-        pass
-    for f in futures:
-        try:
-            f.result()
-        except BaseException:
-            pass
-    if failed:
-        raise failed[0]
+    except BaseException:  # this thread's task failed, or an interrupt: the pool's threads stop too
+        stop.append(True)
+        raise
+    finally:  # drains still queued behind other work are cancelled (nothing is left for them);
+        wait([f for f in futures if not f.cancel()])  # no task runs on after this returns or raises
+    if errors:
+        raise errors[0]
     return out
 
 

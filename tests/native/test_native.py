@@ -533,3 +533,22 @@ def test_run_each_runs_every_task_once_in_order_and_nests_without_waiting_on_its
     assert set(done) <= {0, 1, 2, 9} and {0, 1, 2} <= set(done)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert _native.run_each([lambda: threading.current_thread().name] * 3) == [threading.current_thread().name] * 3
+
+
+def test_run_each_does_not_wait_for_a_busy_pool_once_its_tasks_are_done(monkeypatch):
+    """Two callers at once (the pipeline's fetch and update threads): the second, finding the
+    pool busy, runs its tasks itself and returns without waiting for the pool's other work."""
+    import threading
+    import time
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    release = threading.Event()
+    first = threading.Thread(target=lambda: _native.run_each([lambda: release.wait(5)] * 2))
+    first.start()
+    time.sleep(0.1)  # the pool's one thread now holds a waiting task
+    t0 = time.perf_counter()
+    assert _native.run_each([lambda k=k: k for k in range(4)]) == [0, 1, 2, 3]
+    took = time.perf_counter() - t0
+    release.set()
+    first.join()
+    assert took < 1.0, took
