@@ -97,6 +97,7 @@ MIN_PARALLEL_ROWS = 16384  # below this a hand-off to another thread (~30-50 us)
 PROBE_PARALLEL_KEYS = 8192  # a probe waits on ~3 random reads per key: smaller shares pay
 SCAN_PARALLEL_SLOTS = 1 << 17  # a victim scan's share of slots per thread (~0.3 ms of streaming)
 _pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, workers, pool)
+_POOL_PREFIX = "ember-kernel"  # the pool's thread names (``_on_pool``)
 T = TypeVar("T")
 
 
@@ -147,9 +148,6 @@ def _kernel_pool() -> ThreadPoolExecutor:
     if _pool is None or _pool[0] != os.getpid() or _pool[1] != workers:
         _pool = (os.getpid(), workers, ThreadPoolExecutor(max_workers=workers, thread_name_prefix=_POOL_PREFIX))
     return _pool[2]
-
-
-_POOL_PREFIX = "ember-kernel"
 
 
 def _on_pool() -> bool:
