@@ -150,15 +150,19 @@ def _kernel_pool() -> ThreadPoolExecutor:
     return _pool[2]
 
 
+_task = threading.local()  # .on: this thread runs a task of run_each
+
+
 def _on_pool() -> bool:
-    """Whether this thread is one of the pool's: work it starts runs here, in line, since a pool
-    thread waiting on the pool could wait for itself."""
-    return threading.current_thread().name.startswith(_POOL_PREFIX)
+    """Whether work started here runs in line: on one of the pool's threads (waiting on the pool
+    it could wait for itself), or inside a task of ``run_each`` (its tasks already keep the
+    threads busy; a part handed to the pool would queue behind them)."""
+    return getattr(_task, "on", False) or threading.current_thread().name.startswith(_POOL_PREFIX)
 
 
 def run_chunks(fn: Callable[[int, int], T], parts: list[tuple[int, int]]) -> list[T]:
     """``[fn(lo, hi) for lo, hi in parts]``, the first on this thread, the others on a pool (all
-    in line when called from the pool: a task of ``run_each``)."""
+    in line on a pool thread or in a task of ``run_each``)."""
     if len(parts) == 1 or _on_pool():
         return [fn(lo, hi) for lo, hi in parts]
     pool = _kernel_pool()
@@ -181,16 +185,20 @@ def run_each(tasks: Sequence[Callable[[], T]]) -> list[T]:
     stop: list[bool] = []  # set: no thread takes another task
 
     def drain() -> None:
-        while not stop:
-            i = next(taken)
-            if i >= n:
-                return
-            try:
-                out[i] = tasks[i]()
-            except BaseException as e:
-                errors.append(e)
-                stop.append(True)
-                raise
+        _task.on = True
+        try:
+            while not stop:
+                i = next(taken)
+                if i >= n:
+                    return
+                try:
+                    out[i] = tasks[i]()
+                except BaseException as e:
+                    errors.append(e)
+                    stop.append(True)
+                    raise
+        finally:
+            _task.on = False
 
     pool = _kernel_pool()
     futures = [pool.submit(drain) for _ in range(min(n, torch.get_num_threads()) - 1)]

@@ -514,13 +514,15 @@ def test_run_each_runs_every_task_once_in_order_and_nests_without_waiting_on_its
 
     def task(k: int):
         def run():
-            where.append(threading.current_thread().name)
+            me = threading.current_thread().name
+            where.append(me)
             time.sleep(0.002 * (k % 3))  # uneven costs
-            return k, _native.run_chunks(lambda lo, hi: (lo, hi), [(0, 1), (1, 2)])
+            parts = _native.run_chunks(lambda lo, hi: (lo, hi, threading.current_thread().name), [(0, 1), (1, 2)])
+            return k, parts == [(0, 1, me), (1, 2, me)]  # in line, on the task's own thread
         return run
 
     got = _native.run_each([task(k) for k in range(12)])
-    assert got == [(k, [(0, 1), (1, 2)]) for k in range(12)]
+    assert got == [(k, True) for k in range(12)]
     assert len(where) == 12 and any(n.startswith("ember-kernel") for n in where)  # the pool took some
     assert any(not n.startswith("ember-kernel") for n in where)  # and this thread others
     done: list[int] = []
