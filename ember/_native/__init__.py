@@ -181,27 +181,37 @@ def run_each(tasks: Sequence[Callable[[], T]]) -> list[T]:
         return [task() for task in tasks]
     out: list = [None] * n
     taken = itertools.count()  # next(): atomic under the GIL
+    # CUDA's current stream is per thread: the pool's threads issue on this thread's (tasks that
+    # touch a GPU, e.g. a table's device cache, stay ordered as the caller's work is)
+    stream = torch.cuda.current_stream() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     errors: list[BaseException] = []
     stop: list[bool] = []  # set: no thread takes another task
 
-    def drain() -> None:
+    def take() -> None:
+        while not stop:
+            i = next(taken)
+            if i >= n:
+                return
+            try:
+                out[i] = tasks[i]()
+            except BaseException as e:
+                errors.append(e)
+                stop.append(True)
+                raise
+
+    def drain(here: bool = True) -> None:
         _task.on = True
         try:
-            while not stop:
-                i = next(taken)
-                if i >= n:
-                    return
-                try:
-                    out[i] = tasks[i]()
-                except BaseException as e:
-                    errors.append(e)
-                    stop.append(True)
-                    raise
+            if stream is not None and not here:
+                with torch.cuda.device(stream.device), torch.cuda.stream(stream):
+                    take()
+            else:
+                take()
         finally:
             _task.on = False
 
     pool = _kernel_pool()
-    futures = [pool.submit(drain) for _ in range(min(n, torch.get_num_threads()) - 1)]
+    futures = [pool.submit(drain, False) for _ in range(min(n, torch.get_num_threads()) - 1)]
     try:
         drain()
     except BaseException:  # this thread's task failed, or an interrupt: the pool's threads stop too

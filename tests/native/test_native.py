@@ -516,7 +516,7 @@ def test_run_each_runs_every_task_once_in_order_and_nests_without_waiting_on_its
         def run():
             me = threading.current_thread().name
             where.append(me)
-            time.sleep(0.002 * (k % 3))  # uneven costs
+            time.sleep(0.004 * (1 + k % 3))  # uneven costs
             parts = _native.run_chunks(lambda lo, hi: (lo, hi, threading.current_thread().name), [(0, 1), (1, 2)])
             return k, parts == [(0, 1, me), (1, 2, me)]  # in line, on the task's own thread
         return run
@@ -554,3 +554,36 @@ def test_run_each_does_not_wait_for_a_busy_pool_once_its_tasks_are_done(monkeypa
     release.set()
     first.join()
     assert took < 1.0, took
+
+
+def test_run_each_issues_gpu_work_of_the_pool_on_the_callers_stream(monkeypatch):
+    """CUDA's current stream is per thread: a task on a pool thread runs under the caller's
+    stream and device (a table's device cache stays ordered with the caller's work). Checked with
+    a stand-in stream, since CI has no GPU."""
+    import contextlib
+    import threading
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    caller = type("Stream", (), {"device": "cuda:1"})()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: caller)
+    active = threading.local()
+
+    @contextlib.contextmanager
+    def on_stream(s):
+        active.stream = s
+        yield
+        active.stream = None
+
+    monkeypatch.setattr(torch.cuda, "stream", on_stream)
+    monkeypatch.setattr(torch.cuda, "device", lambda d: contextlib.nullcontext())
+    import time
+
+    def task():
+        time.sleep(0.005)  # long enough for the pool's thread to take some
+        return threading.current_thread().name, getattr(active, "stream", None)
+
+    seen = _native.run_each([task] * 24)
+    pooled = [s for name, s in seen if name.startswith("ember-kernel")]
+    assert pooled and all(s is caller for s in pooled)
