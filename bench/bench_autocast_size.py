@@ -86,7 +86,8 @@ def speedup(bottom: list[int], top: list[int], dim: int, batch: int, steps: int,
         t = {bf16: step(bf16) for bf16 in order}
         if i >= warmup:
             ratios.append(t[False] / t[True])
-    return dense_macs(model) * batch, dense_macs(model), statistics.median(ratios)
+    per_sample = dense_macs(model)
+    return per_sample * batch, per_sample, statistics.median(ratios)
 
 
 def main() -> None:

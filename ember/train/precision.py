@@ -5,9 +5,9 @@ loss scaling for fp16 that covers the embedding gradients too.
 dense model is large enough to gain, fp32 elsewhere (``_auto``'s rules, each measured with
 bench/bench_autocast_size.py: emulated bf16 matmuls are slower than fp32; for a smaller model
 the casts cost more than the matmuls save; on a GPU, DLRM-sized dense models are bound by kernel
-launches, and autocast adds cast kernels); ``fp32``; ``bf16`` (bfloat16 autocast: fp32's range, so no loss scaling);
-``fp16`` (float16 autocast with a dynamic loss scale). ``resolve`` makes auto's choice and logs
-it, with its reason, once per device and model size. Why bf16 may be the default:
+launches, and autocast adds cast kernels); ``fp32``; ``bf16`` (bfloat16 autocast: fp32's range,
+so no loss scaling); ``fp16`` (float16 autocast with a dynamic loss scale). ``resolve`` makes
+auto's choice and logs it, with its reason, once per device and model size. Why bf16 may be the default:
 bench/bench_precision_quality.py, 10 seeds, the real samples cross-validated over 10 folds,
 found eval AUC within 0.001 of fp32 beyond two standard errors on the Criteo and Avazu samples
 and the synthetic set (bench/RESULTS.md, 2026-11-27, twelfth session).
@@ -107,11 +107,12 @@ def _auto(device: torch.device, macs: int | None = None, per_sample: int | None 
         return "fp32", (f"{why}, but for DLRM-sized dense models bf16 autocast measured 0.76-0.83x of fp32's "
                         "speed on an H200 (0.8 M to 8.8 G multiply-adds a batch: the step is bound by kernel "
                         "launches, and autocast adds cast kernels)")
-    if "amx_bf16" in cpu_bf16() and per_sample is not None and per_sample < AMX_MIN_MACS_PER_SAMPLE:
+    amx = "amx_bf16" in cpu_bf16()
+    if amx and per_sample is not None and per_sample < AMX_MIN_MACS_PER_SAMPLE:
         return "fp32", (f"{why}, but the dense model's linear layers do {per_sample / 1e3:.0f} k multiply-adds a "
                         f"sample, fewer than the {AMX_MIN_MACS_PER_SAMPLE / 1e3:.0f} k from which AMX's bf16 "
                         "matmuls outweigh autocast's casts")
-    least = AMX_MIN_MACS if "amx_bf16" in cpu_bf16() else BF16_MIN_MACS
+    least = AMX_MIN_MACS if amx else BF16_MIN_MACS
     if macs is not None and macs < least:
         return "fp32", (f"{why}, but the dense model's linear layers do {macs / 1e6:.1f} M multiply-adds a "
                         f"batch, fewer than the {least / 1e6:.0f} M from which bf16's faster matmuls "
