@@ -290,9 +290,10 @@ def build_tier(storage: StorageConfig, record_dim: int, name: str = "table") -> 
         >>> type(t).__name__, t.fast.capacity
         ('CachedTier', 4)
     """
-    plan_storage(storage, record_dim, name).check()
-    dev_rows = _rows_for(storage.device_bytes, storage.device_rows, record_dim, "device_bytes", name)
-    host_rows = _rows_for(storage.host_bytes, storage.host_rows, record_dim, "host_bytes", name)
+    plan = plan_storage(storage, record_dim, name)
+    plan.check()
+    rows = {tier: n for tier, n, _ in plan.tiers}  # the plan's rows per tier (a byte budget's, found once)
+    dev_rows, host_rows = rows.get("device"), rows.get("host")
     last: Tier
     if storage.disk_path is not None:
         last = DiskTier(
