@@ -1,0 +1,269 @@
+"""An ID -> row map that lives on the device and is probed and extended by tensor operations.
+
+A GPU step that looks rows up in a host index waits for the host: every ID of the batch costs
+the CPU a hash probe (and the cache's counters) before the device can gather. ``DeviceIndex``
+keeps the map in device memory instead, so a step's look-up and its inserts are a fixed
+sequence of tensor operations on the device (about 30 for ``find``, 30 more for the inserts
+of ``find_or_insert``), whatever the batch or the table size, with no device->host
+synchronisation: nothing reads device data back, and no output's shape depends on it.
+
+Layout: ``buckets`` x ``ways`` entries (a power of two of buckets, 32 ways), each a (key, tag,
+row) triple in three planes (int64 keys, int32 tags, int64 rows: 20 bytes). The tag is the table of a
+group (an ID of two tables is two entries); a removed entry keeps its key with tag -1. Every
+(key, tag) has two candidate buckets, from one 64-bit mix; a look-up compares all 2 x ways
+entries of both at once. An insert goes to the emptier of the two, ways filled in order; keys of
+one batch that pick the same bucket are ranked by a stable sort, and those past the last way
+try their other bucket once (two rounds: two-choice hashing keeps every bucket below its ways
+at the load limit, 1/2). Rows are numbered in order of first insertion (``size`` so far).
+
+The host sizes the table without waiting on the device: each insert downloads the entry count
+without blocking (``counts``), and ``reserve`` takes the newest download that has arrived plus
+the keys of the inserts since (an upper bound) against the load limit; only a real growth reads
+the exact count and rehashes (once per doubling). An insert that found no way in either bucket
+(never seen at the load limit) is counted on the device and raises ``CapacityError`` at the
+next ``reserve`` or ``check``, never dropped silently.
+
+The same code runs on a CPU tensor (tests check it against a dict, and ``DeviceBudget`` counts
+its operations and syncs) and on a GPU.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+from torch import Tensor
+
+from ember.errors import CapacityError
+from ember.tiers.device_budget import mark_device
+
+__all__ = ["DeviceIndex"]
+
+_MAX_LOAD = 0.5
+
+
+def _signed(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+_GOLD = _signed(0x9E3779B97F4A7C15)  # spreads a tag over the key's bits
+_M1 = _signed(0xBF58476D1CE4E5B9)  # splitmix64's multipliers
+_M2 = _signed(0x94D049BB133111EB)
+
+
+def mix(keys: Tensor, tags: Tensor) -> Tensor:
+    """int64 [N]: a 64-bit mix of each (key, tag) (wrapping int64 arithmetic, the same bits on
+    every device). Bits 0..30 and 32..62 give the two candidate buckets."""
+    z = keys ^ (tags.to(torch.int64) * _GOLD)
+    z = z * _M1
+    z = z ^ (z >> 31)  # (arithmetic: torch has no unsigned 64-bit shift; still a full mix)
+    return z * _M2
+
+
+class DeviceIndex:
+    """Maps (int64 key, int32 tag) pairs to int64 rows, in device memory.
+
+    Args:
+        capacity: pairs to hold before the first growth.
+        device: where the table lives.
+        ways: entries per bucket (a look-up compares 2 x ``ways``).
+
+    Example:
+        >>> idx = DeviceIndex(100, "cpu")
+        >>> rows, new = idx.find_or_insert(torch.tensor([7, -2, 7]), torch.tensor([0, 0, 1]))
+        >>> rows.tolist(), new.tolist()
+        ([0, 1, 2], [True, True, True])
+        >>> idx.find(torch.tensor([-2, 7, 9]), torch.tensor([0, 1, 0])).tolist()
+        [1, 2, -1]
+    """
+
+    def __init__(self, capacity: int, device: str | torch.device, ways: int = 32) -> None:
+        if ways < 1:
+            raise ValueError(f"DeviceIndex: ways must be >= 1, got {ways}")
+        self.device = torch.device(device)
+        self.ways = ways
+        self.counts = torch.zeros(2, dtype=torch.int64, device=self.device)  # [rows numbered, inserts that found no way]
+        mark_device(self.counts)
+        self._alloc(self._buckets_for(capacity))
+        # downloads of ``counts`` not yet read: (pinned host copy, event or None, keys inserted after it)
+        self._pending: deque[list] = deque()
+        self._known = (0, 0)  # the newest arrived download
+        self._since = 0  # keys of the inserts since that download was issued (an upper bound of new rows)
+
+    def _buckets_for(self, capacity: int) -> int:
+        b = 1
+        while b * self.ways * _MAX_LOAD < max(capacity, 1):
+            b *= 2
+        return b
+
+    def _alloc(self, buckets: int) -> None:
+        """Empty planes of ``buckets`` buckets, and one spare bucket (the trash) that absorbs the
+        writes of keys not inserted, so every insert is one unmasked scatter."""
+        self.buckets = buckets
+        n = (buckets + 1) * self.ways
+        self.keys = torch.zeros(n, dtype=torch.int64, device=self.device)
+        self.tags = torch.full((n,), -1, dtype=torch.int32, device=self.device)
+        self.rows = torch.full((n,), -1, dtype=torch.int64, device=self.device)
+        self.fill = torch.zeros(buckets + 1, dtype=torch.int64, device=self.device)  # ways used (a removal does not free one)
+        mark_device(self.keys, self.tags, self.rows, self.fill)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.keys, self.tags, self.rows, self.fill))
+
+    # ---- look-up --------------------------------------------------------------------------
+    def _homes(self, keys: Tensor, tags: Tensor) -> Tensor:
+        """int64 [N, 2]: the two candidate buckets of each pair."""
+        z = mix(keys, tags)
+        mask = self.buckets - 1
+        return torch.stack(((z >> 32) & mask, z & mask), dim=1)
+
+    def _match(self, keys: Tensor, tags: Tensor, homes: Tensor) -> tuple[Tensor, Tensor]:
+        """(found bool [N], flat entry position int64 [N], meaningful where found)."""
+        w = self.ways
+        at = (homes.unsqueeze(2) * w + torch.arange(w, device=self.device)).reshape(homes.shape[0], 2 * w)
+        hit = (self.keys[at] == keys.unsqueeze(1)) & (self.tags[at] == tags.unsqueeze(1))
+        first = hit.to(torch.uint8).argmax(dim=1, keepdim=True)  # a pair is in at most one entry
+        return hit.any(dim=1), at.gather(1, first).squeeze(1)
+
+    def find(self, keys: Tensor, tags: Tensor) -> Tensor:
+        """int64 [N]: the row of each (key, tag) pair, -1 where absent (duplicates allowed)."""
+        keys, tags = self._inputs(keys, tags)
+        found, pos = self._match(keys, tags, self._homes(keys, tags))
+        return torch.where(found, self.rows[pos], -1)
+
+    # ---- insert ---------------------------------------------------------------------------
+    def find_or_insert(self, keys: Tensor, tags: Tensor) -> tuple[Tensor, Tensor]:
+        """(rows int64 [N], new bool [N]): each pair's row, the absent ones inserted with the next
+        rows in order. The pairs must be unique (a batch's deduplicated IDs)."""
+        keys, tags = self._inputs(keys, tags)
+        self.reserve(keys.numel())
+        homes = self._homes(keys, tags)
+        found, pos = self._match(keys, tags, homes)
+        new = ~found
+        fresh = self.counts[0] + torch.cumsum(new, 0) - 1  # rows of the new pairs, in order
+        rows = torch.where(found, self.rows[pos], fresh)
+        trash = self.buckets
+        f = self.fill[homes]
+        pick = torch.where(new, torch.where(f[:, 1] < f[:, 0], homes[:, 1], homes[:, 0]), trash)
+        way, ok = self._claim(pick, new)
+        other = torch.where(pick == homes[:, 0], homes[:, 1], homes[:, 0])
+        again = new & ~ok
+        pick2 = torch.where(again, other, trash)
+        way2, ok2 = self._claim(pick2, again)
+        bucket = torch.where(ok, pick, torch.where(ok2, pick2, trash))
+        slot = bucket * self.ways + torch.where(ok, way, torch.where(ok2, way2, 0)).clamp_(max=self.ways - 1)
+        self.keys[slot] = keys
+        self.tags[slot] = tags
+        self.rows[slot] = rows
+        self.counts += torch.stack((new.sum(), (again & ~ok2).sum()))
+        self._download(keys.numel())
+        return rows, new
+
+    def _claim(self, pick: Tensor, want: Tensor) -> tuple[Tensor, Tensor]:
+        """Ways for the pairs ``want`` in their buckets ``pick`` (the others pick the trash):
+        the next free ways in order of position (a stable sort ranks the pairs of one bucket);
+        (way, ok): ok where the way exists. The buckets' fill counts the ways taken."""
+        order = torch.sort(pick, stable=True).indices
+        sorted_pick = pick[order]
+        rank = torch.arange(pick.numel(), device=self.device) - torch.searchsorted(sorted_pick, sorted_pick)
+        way = torch.empty_like(pick).index_put_((order,), rank) + self.fill[pick]
+        ok = want & (way < self.ways)
+        self.fill.index_put_((pick,), ok.to(torch.int64), accumulate=True)  # (deterministic on a GPU, unlike index_add_)
+        return way, ok
+
+    # ---- sizing ---------------------------------------------------------------------------
+    def _download(self, inserted: int) -> None:
+        """Start a non-blocking download of ``counts`` (issued after an insert of ``inserted`` keys)."""
+        host = torch.empty(2, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        host.copy_(self.counts, non_blocking=True)
+        event = None
+        if self.device.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        for p in self._pending:
+            p[2] += inserted
+        self._since += inserted
+        self._pending.append([host, event, 0])
+
+    def _arrived(self) -> None:
+        """Take the downloads that have arrived (without waiting)."""
+        while self._pending and (self._pending[0][1] is None or self._pending[0][1].query()):
+            host, _, after = self._pending.popleft()
+            self._known = (int(host[0]), int(host[1]))
+            self._since = after
+        self._raise_failed()
+
+    def _raise_failed(self) -> None:
+        if self._known[1]:
+            raise CapacityError(
+                f"DeviceIndex: {self._known[1]} key(s) found no free way in either of their two buckets "
+                f"({self.buckets} buckets x {self.ways} ways at a load limit of {_MAX_LOAD}); their rows were "
+                "not indexed. This is not expected at this load: please report it with the table sizes")
+
+    def reserve(self, n: int) -> None:
+        """Make room for ``n`` more pairs within the load limit (growing, which waits for the device,
+        only when the newest count that has arrived plus the inserts since could pass it)."""
+        self._arrived()
+        limit = _MAX_LOAD * self.buckets * self.ways
+        if self._known[0] + self._since + n <= limit:
+            return
+        self.check()  # the exact count (a sync: once per growth)
+        if self._known[0] + n > limit:
+            self._grow(self._known[0] + n)
+
+    def check(self) -> int:
+        """Wait for the device and read the exact number of rows; raises ``CapacityError`` if an
+        insert found no way."""
+        host = self.counts.cpu()
+        self._pending.clear()
+        self._known, self._since = (int(host[0]), int(host[1])), 0
+        self._raise_failed()
+        return self._known[0]
+
+    def __len__(self) -> int:
+        """Rows numbered so far (removed pairs included; waits for the device)."""
+        return self.check()
+
+    def _grow(self, need: int) -> None:
+        """Rehash every live entry into the smallest power of two of buckets that holds ``need``
+        pairs (twice the buckets at least); their rows are kept."""
+        keys, tags, rows = self.items()
+        self._alloc(max(self._buckets_for(need), 2 * self.buckets))
+        if keys.numel():
+            homes = self._homes(keys, tags)
+            new = torch.ones_like(keys, dtype=torch.bool)
+            trash = self.buckets
+            f = self.fill[homes]
+            pick = torch.where(f[:, 1] < f[:, 0], homes[:, 1], homes[:, 0])
+            way, ok = self._claim(pick, new)
+            other = torch.where(pick == homes[:, 0], homes[:, 1], homes[:, 0])
+            pick2 = torch.where(~ok, other, trash)
+            way2, ok2 = self._claim(pick2, ~ok)
+            if not bool((ok | ok2).all()):
+                raise CapacityError(f"DeviceIndex: growing to {self.buckets} buckets left keys without a way; "
+                                    "please report it with the table sizes")
+            slot = torch.where(ok, pick, pick2) * self.ways + torch.where(ok, way, way2)
+            self.keys[slot], self.tags[slot], self.rows[slot] = keys, tags, rows
+
+    # ---- removal and listing --------------------------------------------------------------
+    def remove(self, keys: Tensor, tags: Tensor) -> Tensor:
+        """Take pairs out; returns the rows they held (-1 where absent). Their ways stay used
+        until the next growth (the row numbers are the caller's to reuse or not)."""
+        keys, tags = self._inputs(keys, tags)
+        found, pos = self._match(keys, tags, self._homes(keys, tags))
+        rows = torch.where(found, self.rows[pos], -1)
+        pos = torch.where(found, pos, self.buckets * self.ways)  # absent: the trash's first entry
+        self.tags[pos] = -1
+        return rows
+
+    def items(self) -> tuple[Tensor, Tensor, Tensor]:
+        """Every live (keys, tags, rows), in entry order (waits for the device)."""
+        live = torch.nonzero(self.tags[: self.buckets * self.ways] >= 0).squeeze(1)  # (not the trash)
+        return self.keys[live], self.tags[live], self.rows[live]
+
+    def _inputs(self, keys: Tensor, tags: Tensor) -> tuple[Tensor, Tensor]:
+        if keys.shape != tags.shape or keys.dim() != 1:
+            raise ValueError(f"DeviceIndex: keys and tags must be 1-D of one length, got {tuple(keys.shape)} "
+                             f"and {tuple(tags.shape)}")
+        return keys.to(self.device, torch.int64), tags.to(self.device, torch.int32)
