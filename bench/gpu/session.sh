@@ -3,6 +3,7 @@
 # packages its image lacks (carried as wheels in .whl/), builds the native core for its Python,
 # then runs the steps named in $STEPS (default: all) with their output under $OUT.
 #   STEPS="gpu tests cache dlrm pipeline nccl" bash bench/gpu/session.sh
+# index (bench_device_index: ember.tiers.device_index on the GPU against the host KeyIndex + upload).
 # engines (bench_pipeline with --engine inline and with --data-workers 1: why Parquet on threads trails in line on a GPU).
 # Two more steps measure the machine's host CPU (issue 29 items 4-5; the H100/H200 hosts lent so
 # far were Intel Xeons with AMX-BF16), not run unless named: tiers (bench_tiers --zipf) and
@@ -33,6 +34,8 @@ for s in $STEPS; do
         --junitxml="$OUT/tests.xml" ${TEST_PATHS:-tests} 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|passed|failed|error" | tail -30 ;;
     cache) el bench_gpu_cache
       (cd bench && timeout ${CACHE_S:-200} python3 bench_gpu_cache.py ${CACHE_ARGS:-}) 2>&1 | tee "$OUT/gpu_cache.log" | tail -25 ;;
+    index) el "bench_device_index (the index on the GPU vs the host's)"
+      timeout ${INDEX_S:-120} python3 bench/bench_device_index.py ${INDEX_ARGS:-} 2>&1 | tee "$OUT/device_index.log" | tail -8 ;;
     dlrm) el bench_dlrm
       timeout 120 python3 bench/bench_dlrm.py --steps 20 2>&1 | tee "$OUT/dlrm.log" | tail -8 ;;
     pipeline) el bench_pipeline

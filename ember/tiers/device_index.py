@@ -119,12 +119,14 @@ class DeviceIndex:
         return torch.stack(((z >> 32) & mask, z & mask), dim=1)
 
     def _match(self, keys: Tensor, tags: Tensor, homes: Tensor) -> tuple[Tensor, Tensor]:
-        """(found bool [N], flat entry position int64 [N], meaningful where found)."""
-        w = self.ways
-        at = (homes.unsqueeze(2) * w + torch.arange(w, device=self.device)).reshape(homes.shape[0], 2 * w)
-        hit = (self.keys[at] == keys.unsqueeze(1)) & (self.tags[at] == tags.unsqueeze(1))
+        """(found bool [N], flat entry position int64 [N], meaningful where found): both buckets'
+        entries gathered as whole rows of ``ways`` (one contiguous read per bucket)."""
+        w, n = self.ways, homes.shape[0]
+        flat = homes.reshape(-1)
+        hit = ((self.keys.view(-1, w).index_select(0, flat).view(n, 2 * w) == keys.unsqueeze(1))
+               & (self.tags.view(-1, w).index_select(0, flat).view(n, 2 * w) == tags.unsqueeze(1)))
         first = hit.to(torch.uint8).argmax(dim=1, keepdim=True)  # a pair is in at most one entry
-        return hit.any(dim=1), at.gather(1, first).squeeze(1)
+        return hit.any(dim=1), (homes.gather(1, first // w) * w + first % w).squeeze(1)
 
     def find(self, keys: Tensor, tags: Tensor) -> Tensor:
         """int64 [N]: the row of each (key, tag) pair, -1 where absent (duplicates allowed)."""

@@ -116,7 +116,7 @@ def test_steady_state_calls_launch_a_fixed_few_ops_and_never_sync() -> None:
         counts.append((insert, find))
         assert insert[1] == 0 and find[1] == 0, b.report()
         assert insert[2] == 1 and find[2] == 0
-        assert insert[0] <= 80 and find[0] <= 26, (insert, find)  # (76 and 24 here; a GPU adds its aranges)
+        assert insert[0] <= 82 and find[0] <= 28, (insert, find)  # (78 and 26 here)
     assert counts[0] == counts[1]
 
 
