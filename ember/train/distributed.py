@@ -20,9 +20,10 @@ from ember.distributed.planner import plan_sharding
 from ember.distributed.process_group import DistributedRun, Topology, start
 from ember.distributed.sharding import ShardingPlan
 from ember.embedding.config import TableConfig
-from ember.errors import ConfigError, EmberError
+from ember.errors import ConfigError, DataError, EmberError
 from ember.train.device import pick_device
 from ember.source.files import expand_sized
+from ember.source.storage import is_remote
 from ember.train.shards import check_file_shards
 
 __all__ = ["start_run", "check_distributed", "check_same_config", "check_same_files", "config_differences", "flat_config", "flatten",
@@ -134,18 +135,21 @@ def check_same_config(cfg: RunConfig, dist: DistributedRun) -> None:
 def check_same_files(cfg: RunConfig, dist: DistributedRun) -> None:
     """Raise ConfigError on every rank when the ranks' training files differ (a node with its
     own copy of the data, out of date): under ``data.shard: rows`` they would form other global
-    batches, under ``files`` train some files twice and others never. Each rank's files and their
-    sizes are compared (a hash, then, when they differ, the lists, to name a file); a rank that
+    batches, under ``files`` train some files twice and others never. Each rank's files, their
+    sizes and, for local files, a digest of their first and last 4 KiB (a copy of the same size
+    with other rows; objects in a store are one copy for every rank) are compared (a hash, then,
+    when they differ, the lists, to name a file); a rank that
     cannot list them (a path missing on its node) sends its error instead, so every rank stops
     naming it rather than one waiting in the comparison for a rank that has already failed.
     Offline runs only (an online run's stream lists files as they arrive)."""
     if cfg.data.format == "synthetic" or cfg.train.mode == "online" or not cfg.data.paths("train"):
         return
-    listing: list[tuple[str, int]] = []
+    listing: list[tuple[str, int, str | None]] = []
     error: Exception | None = None
     try:
         d = cfg.data
-        listing = expand_sized(d.paths("train"), d.format, d.storage_options, "data.train")  # sizes as listed
+        listing = [(f, size, _edges(f, size)) for f, size in
+                   expand_sized(d.paths("train"), d.format, d.storage_options, "data.train")]  # sizes as listed
     except Exception as e:  # every rank must hear of it, or the others would wait for this one
         error = e
     said = None if error is None else str(error) if isinstance(error, EmberError) else f"{type(error).__name__}: {error}"
@@ -167,16 +171,38 @@ _SAME_FILES = ("; every rank must see the same files at the same paths (a file s
                "copies)")
 
 
+_EDGE = 4096  # bytes digested at each end of a local training file
+
+
+def _edges(path: str, size: int) -> str | None:
+    """A digest of a local file's first and last ``_EDGE`` bytes (None for an object in a store)."""
+    if is_remote(path):
+        return None
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            h.update(f.read(_EDGE))
+            if size > _EDGE:
+                f.seek(max(size - _EDGE, _EDGE))
+                h.update(f.read(_EDGE))
+    except OSError as e:
+        raise DataError(f"data.train: cannot read {path!r} ({e.strerror or e}); check its permissions") from e
+    return h.hexdigest()
+
+
 def _file_differences(listings: list[list[Any]], limit: int = 4) -> list[str]:
-    """What each rank's ``(file, size)`` list has other than rank 0's: a file of another size,
-    one only one of them lists, or the same files in another order (at most ``limit``)."""
-    base = {f: size for f, size in listings[0]}
+    """What each rank's ``(file, size, digest)`` list has other than rank 0's: a file of another
+    size or other contents, one only one of them lists, or the same files in another order (at
+    most ``limit``)."""
+    base = {f: (size, digest) for f, size, digest in listings[0]}
     out = []
     for r, listing in enumerate(listings[1:], 1):
-        mine = {f: size for f, size in listing}
+        mine = {f: (size, digest) for f, size, digest in listing}
         said = len(out)
-        out += [f"{f!r} has {size} bytes on rank {r} and {base[f]} on rank 0" for f, size in mine.items()
-                if f in base and base[f] != size]
+        out += [f"{f!r} has {size} bytes on rank {r} and {base[f][0]} on rank 0" for f, (size, _) in mine.items()
+                if f in base and base[f][0] != size]
+        out += [f"{f!r} has other contents on rank {r} than on rank 0 (the same size, other bytes at its start or end)"
+                for f, (size, digest) in mine.items() if f in base and base[f][0] == size and base[f][1] != digest]
         out += [f"rank {r} lists {f!r}, which rank 0 does not" for f in mine if f not in base]
         out += [f"rank {r} lacks {f!r}, which rank 0 lists" for f in base if f not in mine]
         if len(out) == said:

@@ -96,6 +96,9 @@ def test_ranks_that_see_other_training_files_are_a_config_error(tmp_path, monkey
     with pytest.raises(ConfigError, match=r"the ranks see different data.train files: 'data/b.csv' has 12 bytes on "
                                           r"rank 1 and 8 on rank 0; every rank must see the same files"):
         _check_on_two_ranks(cfg, *nodes, monkeypatch)
+    (nodes[1] / "data" / "b.csv").write_text("y,d\n1,3\n")  # the same size, other rows
+    with pytest.raises(ConfigError, match=r"'data/b.csv' has other contents on rank 1 than on rank 0 \(the same size"):
+        _check_on_two_ranks(cfg, *nodes, monkeypatch)
     (nodes[1] / "data" / "b.csv").write_text("y,d\n1,2\n")
     (nodes[1] / "data" / "c.csv").write_text("y,d\n1,2\n")
     with pytest.raises(ConfigError, match=r"rank 1 lists 'data/c.csv', which rank 0 does not"):
