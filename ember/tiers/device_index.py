@@ -14,7 +14,7 @@ group (an ID of two tables is two entries); a removed entry keeps its key with t
 entries of both at once. An insert goes to the emptier of the two, ways filled in order; keys of
 one batch that pick the same bucket are ranked by a stable sort, and those past the last way
 try their other bucket once (two rounds: two-choice hashing keeps every bucket below its ways
-at the load limit, 1/2). Rows are numbered in order of first insertion (``size`` so far).
+at the load limit, 1/2). Rows are numbered in order of first insertion and never reused.
 
 The host sizes the table without waiting on the device: each insert downloads the entry count
 without blocking (``counts``), and ``reserve`` takes the newest download that has arrived plus
@@ -82,12 +82,13 @@ class DeviceIndex:
             raise ValueError(f"DeviceIndex: ways must be >= 1, got {ways}")
         self.device = torch.device(device)
         self.ways = ways
-        self.counts = torch.zeros(2, dtype=torch.int64, device=self.device)  # [rows numbered, inserts that found no way]
+        # [rows numbered, inserts that found no way, ways in use (removed pairs' too, until a rehash)]
+        self.counts = torch.zeros(3, dtype=torch.int64, device=self.device)
         mark_device(self.counts)
         self._alloc(self._buckets_for(capacity))
         # downloads of ``counts`` not yet read: (pinned host copy, event or None, keys inserted after it)
         self._pending: deque[list] = deque()
-        self._known = (0, 0)  # the newest arrived download
+        self._known = (0, 0, 0)  # the newest arrived download
         self._since = 0  # keys of the inserts since that download was issued (an upper bound of new rows)
 
     def _buckets_for(self, capacity: int) -> int:
@@ -158,7 +159,8 @@ class DeviceIndex:
         self.keys[slot] = keys
         self.tags[slot] = tags
         self.rows[slot] = rows
-        self.counts += torch.stack((new.sum(), (again & ~ok2).sum()))
+        added = new.sum()
+        self.counts += torch.stack((added, (again & ~ok2).sum(), added))
         self._download(keys.numel())
         return rows, new
 
@@ -177,7 +179,7 @@ class DeviceIndex:
     # ---- sizing ---------------------------------------------------------------------------
     def _download(self, inserted: int) -> None:
         """Start a non-blocking download of ``counts`` (issued after an insert of ``inserted`` keys)."""
-        host = torch.empty(2, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        host = torch.empty(3, dtype=torch.int64, pin_memory=self.device.type == "cuda")
         host.copy_(self.counts, non_blocking=True)
         event = None
         if self.device.type == "cuda":
@@ -192,7 +194,7 @@ class DeviceIndex:
         """Take the downloads that have arrived (without waiting)."""
         while self._pending and (self._pending[0][1] is None or self._pending[0][1].query()):
             host, _, after = self._pending.popleft()
-            self._known = (int(host[0]), int(host[1]))
+            self._known = tuple(host.tolist())
             self._since = after
         self._raise_failed()
 
@@ -208,18 +210,18 @@ class DeviceIndex:
         only when the newest count that has arrived plus the inserts since could pass it)."""
         self._arrived()
         limit = _MAX_LOAD * self.buckets * self.ways
-        if self._known[0] + self._since + n <= limit:
+        if self._known[2] + self._since + n <= limit:
             return
         self.check()  # the exact count (a sync: once per growth)
-        if self._known[0] + n > limit:
-            self._grow(self._known[0] + n)
+        if self._known[2] + n > limit:
+            self._rehash(n)
 
     def check(self) -> int:
         """Wait for the device and read the exact number of rows; raises ``CapacityError`` if an
         insert found no way."""
         host = self.counts.cpu()
         self._pending.clear()
-        self._known, self._since = (int(host[0]), int(host[1])), 0
+        self._known, self._since = tuple(host.tolist()), 0
         self._raise_failed()
         return self._known[0]
 
@@ -227,11 +229,15 @@ class DeviceIndex:
         """Rows numbered so far (removed pairs included; waits for the device)."""
         return self.check()
 
-    def _grow(self, need: int) -> None:
-        """Rehash every live entry into the smallest power of two of buckets that holds ``need``
-        pairs (twice the buckets at least); their rows are kept."""
+    def _rehash(self, n: int) -> None:
+        """Every live entry into fresh planes with room for ``n`` more pairs (the removed pairs'
+        ways free again): as many buckets as now when that leaves the load at most 3/8, else
+        the next power of two that does (so the next rehash is many inserts away). Rows are kept."""
         keys, tags, rows = self.items()
-        self._alloc(max(self._buckets_for(need), 2 * self.buckets))
+        buckets = max(self.buckets, self._buckets_for(keys.numel() + n))
+        while keys.numel() + n > 0.75 * _MAX_LOAD * buckets * self.ways:
+            buckets *= 2
+        self._alloc(buckets)
         if keys.numel():
             homes = self._homes(keys, tags)
             new = torch.ones_like(keys, dtype=torch.bool)
@@ -247,11 +253,13 @@ class DeviceIndex:
                                     "please report it with the table sizes")
             slot = torch.where(ok, pick, pick2) * self.ways + torch.where(ok, way, way2)
             self.keys[slot], self.tags[slot], self.rows[slot] = keys, tags, rows
+        self.counts[2] = keys.numel()  # the removed pairs' ways are free again
+        self._known = (self._known[0], self._known[1], keys.numel())
 
     # ---- removal and listing --------------------------------------------------------------
     def remove(self, keys: Tensor, tags: Tensor) -> Tensor:
         """Take pairs out; returns the rows they held (-1 where absent). Their ways stay used
-        until the next growth (the row numbers are the caller's to reuse or not)."""
+        until the next rehash; their rows are not numbered again (what they held is the caller's)."""
         keys, tags = self._inputs(keys, tags)
         found, pos = self._match(keys, tags, self._homes(keys, tags))
         rows = torch.where(found, self.rows[pos], -1)

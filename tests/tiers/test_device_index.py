@@ -72,6 +72,23 @@ def test_remove_takes_pairs_out_and_a_reinsert_gets_a_new_row() -> None:
     assert sorted(zip(keys.tolist(), rows.tolist())) == [(10, 0), (11, 3), (12, 2)]
 
 
+def test_churn_reuses_removed_ways_instead_of_growing() -> None:
+    """Pairs inserted and removed again and again (IDs that expire): a rehash frees the removed
+    pairs' ways, so the table stays its size while the live pairs fit, and rows keep counting."""
+    idx = DeviceIndex(1000, CPU)
+    start = idx.buckets
+    keep = torch.arange(100, dtype=torch.int64)
+    idx.find_or_insert(keep, torch.zeros(100, dtype=torch.int32))
+    for r in range(40):
+        k = torch.arange(10_000 + 300 * r, 10_300 + 300 * r, dtype=torch.int64)
+        rows, new = idx.find_or_insert(k, torch.ones(300, dtype=torch.int32))
+        assert bool(new.all()) and rows.tolist() == list(range(100 + 300 * r, 400 + 300 * r))
+        assert idx.remove(k, torch.ones(300, dtype=torch.int32)).tolist() == rows.tolist()
+    assert idx.buckets == start
+    assert idx.find(keep, torch.zeros(100, dtype=torch.int32)).tolist() == list(range(100))
+    assert len(idx) == 100 + 40 * 300
+
+
 def test_a_bucket_past_its_ways_raises_instead_of_dropping() -> None:
     idx = DeviceIndex(1, CPU, ways=1)  # 2 buckets of 1 way: 3 keys of one batch cannot all fit
     idx.reserve = lambda n: idx._arrived()  # (no growth: as if the load limit were wrong)
