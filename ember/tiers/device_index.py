@@ -3,13 +3,14 @@
 A GPU step that looks rows up in a host index waits for the host: every ID of the batch costs
 the CPU a hash probe (and the cache's counters) before the device can gather. ``DeviceIndex``
 keeps the map in device memory instead, so a step's look-up and its inserts are a fixed
-sequence of tensor operations on the device (about 30 for ``find``, 30 more for the inserts
-of ``find_or_insert``), whatever the batch or the table size, with no device->host
+sequence of tensor operations on the device (26 for ``find``, 78 for ``find_or_insert``),
+whatever the batch or the table size, with no device->host
 synchronisation: nothing reads device data back, and no output's shape depends on it.
 
 Layout: ``buckets`` x ``ways`` entries (a power of two of buckets, 32 ways), each a (key, tag,
-row) triple in three planes (int64 keys, int32 tags, int64 rows: 20 bytes). The tag is the table of a
-group (an ID of two tables is two entries); a removed entry keeps its key with tag -1. Every
+row) triple in three planes (int64 keys, int32 tags, int64 rows: 20 bytes). The tag is the
+table of a group (an ID of two tables is two entries); a removed entry keeps its key with tag
+-1 until a rehash frees its way. Every
 (key, tag) has two candidate buckets, from one 64-bit mix; a look-up compares all 2 x ways
 entries of both at once. An insert goes to the emptier of the two, ways filled in order; keys of
 one batch that pick the same bucket are ranked by a stable sort, and those past the last way
@@ -18,8 +19,9 @@ at the load limit, 1/2). Rows are numbered in order of first insertion and never
 
 The host sizes the table without waiting on the device: each insert downloads the entry count
 without blocking (``counts``), and ``reserve`` takes the newest download that has arrived plus
-the keys of the inserts since (an upper bound) against the load limit; only a real growth reads
-the exact count and rehashes (once per doubling). An insert that found no way in either bucket
+the keys of the inserts since (an upper bound) against the load limit; only then is the exact
+count read and the table rehashed (rarely: a rehash leaves it at most 3/8 full). An insert that
+found no way in either bucket
 (never seen at the load limit) is counted on the device and raises ``CapacityError`` at the
 next ``reserve`` or ``check``, never dropped silently.
 
