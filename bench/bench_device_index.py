@@ -95,8 +95,9 @@ def main() -> None:
         mixed = k ^ mix[t]
         slots = host.lookup(mixed)
         absent = np.flatnonzero(slots < 0)
-        host.insert(mixed[absent], np.arange(len(host), len(host) + absent.size, dtype=np.int32))
-        slots[absent] = np.arange(len(host) - absent.size, len(host))
+        fresh = np.arange(len(host), len(host) + absent.size, dtype=np.int32)
+        host.insert(mixed[absent], fresh)
+        slots[absent] = fresh
         pinned[: slots.size].numpy()[:] = slots
         pinned[: slots.size].to(dev, non_blocking=True)
 

@@ -148,23 +148,30 @@ class DeviceIndex:
         new = ~found
         fresh = self.counts[0] + torch.cumsum(new, 0) - 1  # rows of the new pairs, in order
         rows = torch.where(found, self.rows[pos], fresh)
-        trash = self.buckets
-        f = self.fill[homes]
-        pick = torch.where(new, torch.where(f[:, 1] < f[:, 0], homes[:, 1], homes[:, 0]), trash)
-        way, ok = self._claim(pick, new)
-        other = torch.where(pick == homes[:, 0], homes[:, 1], homes[:, 0])
-        again = new & ~ok
-        pick2 = torch.where(again, other, trash)
-        way2, ok2 = self._claim(pick2, again)
-        bucket = torch.where(ok, pick, torch.where(ok2, pick2, trash))
-        slot = bucket * self.ways + torch.where(ok, way, torch.where(ok2, way2, 0)).clamp_(max=self.ways - 1)
+        slot, failed = self._place(homes, new)
         self.keys[slot] = keys
         self.tags[slot] = tags
         self.rows[slot] = rows
         added = new.sum()
-        self.counts += torch.stack((added, (again & ~ok2).sum(), added))
+        self.counts += torch.stack((added, failed.sum(), added))
         self._download(keys.numel())
         return rows, new
+
+    def _place(self, homes: Tensor, want: Tensor) -> tuple[Tensor, Tensor]:
+        """Entries for the pairs ``want`` (homes [N, 2]): the emptier home bucket first, then, for
+        those past its last way, the other one. (slot [N]: each pair's flat entry, a trash entry
+        for the others and for pairs placed in neither; failed [N]: wanted, placed in neither.)
+        The buckets' fill counts the ways taken."""
+        trash = self.buckets
+        f = self.fill[homes]
+        pick = torch.where(want, torch.where(f[:, 1] < f[:, 0], homes[:, 1], homes[:, 0]), trash)
+        way, ok = self._claim(pick, want)
+        again = want & ~ok
+        pick2 = torch.where(again, torch.where(pick == homes[:, 0], homes[:, 1], homes[:, 0]), trash)
+        way2, ok2 = self._claim(pick2, again)
+        bucket = torch.where(ok, pick, torch.where(ok2, pick2, trash))
+        slot = bucket * self.ways + torch.where(ok, way, torch.where(ok2, way2, 0)).clamp_(max=self.ways - 1)
+        return slot, again & ~ok2
 
     def _claim(self, pick: Tensor, want: Tensor) -> tuple[Tensor, Tensor]:
         """Ways for the pairs ``want`` in their buckets ``pick`` (the others pick the trash):
@@ -241,19 +248,10 @@ class DeviceIndex:
             buckets *= 2
         self._alloc(buckets)
         if keys.numel():
-            homes = self._homes(keys, tags)
-            new = torch.ones_like(keys, dtype=torch.bool)
-            trash = self.buckets
-            f = self.fill[homes]
-            pick = torch.where(f[:, 1] < f[:, 0], homes[:, 1], homes[:, 0])
-            way, ok = self._claim(pick, new)
-            other = torch.where(pick == homes[:, 0], homes[:, 1], homes[:, 0])
-            pick2 = torch.where(~ok, other, trash)
-            way2, ok2 = self._claim(pick2, ~ok)
-            if not bool((ok | ok2).all()):
+            slot, failed = self._place(self._homes(keys, tags), torch.ones_like(keys, dtype=torch.bool))
+            if bool(failed.any()):
                 raise CapacityError(f"DeviceIndex: growing to {self.buckets} buckets left keys without a way; "
                                     "please report it with the table sizes")
-            slot = torch.where(ok, pick, pick2) * self.ways + torch.where(ok, way, way2)
             self.keys[slot], self.tags[slot], self.rows[slot] = keys, tags, rows
         self.counts[2] = keys.numel()  # the removed pairs' ways are free again
         self._known = (self._known[0], self._known[1], keys.numel())
