@@ -3,7 +3,7 @@
 A GPU step that looks rows up in a host index waits for the host: every ID of the batch costs
 the CPU a hash probe (and the cache's counters) before the device can gather. ``DeviceIndex``
 keeps the map in device memory instead, so a step's look-up and its inserts are a fixed
-sequence of tensor operations on the device (26 for ``find``, 78 for ``find_or_insert``),
+sequence of tensor operations on the device (26 for ``find``, 77 for ``find_or_insert`` on a CPU; 27 and 82 on an H200),
 whatever the batch or the table size, with no device->host
 synchronisation: nothing reads device data back, and no output's shape depends on it.
 
@@ -87,7 +87,7 @@ class DeviceIndex:
         # [rows numbered, inserts that found no way, ways in use (removed pairs' too, until a rehash)]
         self.counts = torch.zeros(3, dtype=torch.int64, device=self.device)
         mark_device(self.counts)
-        self._alloc(self._buckets_for(capacity))
+        self._alloc(self._buckets_for(capacity), spare=ways)
         # downloads of ``counts`` not yet read: (pinned host copy, event or None, keys inserted after it)
         self._pending: deque[list] = deque()
         self._known = (0, 0, 0)  # the newest arrived download
@@ -99,16 +99,33 @@ class DeviceIndex:
             b *= 2
         return b
 
-    def _alloc(self, buckets: int) -> None:
-        """Empty planes of ``buckets`` buckets, and one spare bucket (the trash) that absorbs the
-        writes of keys not inserted, so every insert is one unmasked scatter."""
-        self.buckets = buckets
-        n = (buckets + 1) * self.ways
+    def _alloc(self, buckets: int, spare: int | None = None) -> None:
+        """Empty planes of ``buckets`` buckets, then ``spare`` entries (and as many one-way
+        buckets) past them: a call's pair ``i`` that is not written uses spare ``i``, so every
+        write is one unmasked scatter whose targets are all distinct (no duplicate writes, which a
+        GPU serialises or leaves in an undefined order)."""
+        spare = self.spare if spare is None else spare
+        self.buckets, self.spare = buckets, spare
+        n = buckets * self.ways + spare
         self.keys = torch.zeros(n, dtype=torch.int64, device=self.device)
         self.tags = torch.full((n,), -1, dtype=torch.int32, device=self.device)
         self.rows = torch.full((n,), -1, dtype=torch.int64, device=self.device)
-        self.fill = torch.zeros(buckets + 1, dtype=torch.int64, device=self.device)  # ways used (a removal does not free one)
+        self.fill = torch.zeros(buckets + spare, dtype=torch.int64, device=self.device)  # ways used (a removal does not free one)
         mark_device(self.keys, self.tags, self.rows, self.fill)
+
+    def _spares(self, n: int) -> Tensor:
+        """int64 [n]: 0..n-1, with at least ``n`` spare entries behind the buckets (grown, keeping
+        the buckets, when a call brings more pairs than any before)."""
+        if n > self.spare:
+            spare = -(-max(n, 2 * self.spare) // self.ways) * self.ways
+            live, fill = self.keys.numel() - self.spare, self.fill.numel() - self.spare
+            planes = [torch.cat((t[:live], t.new_full((spare,), v))) for t, v in
+                      ((self.keys, 0), (self.tags, -1), (self.rows, -1))]
+            self.keys, self.tags, self.rows = planes
+            self.fill = torch.cat((self.fill[:fill], self.fill.new_zeros(spare)))
+            self.spare = spare
+            mark_device(self.keys, self.tags, self.rows, self.fill)
+        return torch.arange(n, device=self.device)
 
     @property
     def nbytes(self) -> int:
@@ -159,22 +176,23 @@ class DeviceIndex:
 
     def _place(self, homes: Tensor, want: Tensor) -> tuple[Tensor, Tensor]:
         """Entries for the pairs ``want`` (homes [N, 2]): the emptier home bucket first, then, for
-        those past its last way, the other one. (slot [N]: each pair's flat entry, a trash entry
-        for the others and for pairs placed in neither; failed [N]: wanted, placed in neither.)
-        The buckets' fill counts the ways taken."""
-        trash = self.buckets
+        those past its last way, the other one. (slot [N]: each pair's flat entry, its spare
+        entry for the others and for pairs placed in neither; failed [N]: wanted, placed in
+        neither.) The buckets' fill counts the ways taken."""
+        w = self.ways
+        own = self._spares(homes.shape[0])
+        spare = self.buckets + own  # one spare one-way bucket per pair: its fill stays 0
         f = self.fill[homes]
-        pick = torch.where(want, torch.where(f[:, 1] < f[:, 0], homes[:, 1], homes[:, 0]), trash)
+        pick = torch.where(want, torch.where(f[:, 1] < f[:, 0], homes[:, 1], homes[:, 0]), spare)
         way, ok = self._claim(pick, want)
         again = want & ~ok
-        pick2 = torch.where(again, torch.where(pick == homes[:, 0], homes[:, 1], homes[:, 0]), trash)
+        pick2 = torch.where(again, torch.where(pick == homes[:, 0], homes[:, 1], homes[:, 0]), spare)
         way2, ok2 = self._claim(pick2, again)
-        bucket = torch.where(ok, pick, torch.where(ok2, pick2, trash))
-        slot = bucket * self.ways + torch.where(ok, way, torch.where(ok2, way2, 0)).clamp_(max=self.ways - 1)
+        slot = torch.where(ok, pick * w + way, torch.where(ok2, pick2 * w + way2, self.buckets * w + own))
         return slot, again & ~ok2
 
     def _claim(self, pick: Tensor, want: Tensor) -> tuple[Tensor, Tensor]:
-        """Ways for the pairs ``want`` in their buckets ``pick`` (the others pick the trash):
+        """Ways for the pairs ``want`` in their buckets ``pick`` (the others pick their spare):
         the next free ways in order of position (a stable sort ranks the pairs of one bucket);
         (way, ok): ok where the way exists. The buckets' fill counts the ways taken."""
         order = torch.sort(pick, stable=True).indices
@@ -247,12 +265,16 @@ class DeviceIndex:
         while keys.numel() + n > 0.75 * _MAX_LOAD * buckets * self.ways:
             buckets *= 2
         self._alloc(buckets)
-        if keys.numel():
-            slot, failed = self._place(self._homes(keys, tags), torch.ones_like(keys, dtype=torch.bool))
-            if bool(failed.any()):
-                raise CapacityError(f"DeviceIndex: growing to {self.buckets} buckets left keys without a way; "
-                                    "please report it with the table sizes")
-            self.keys[slot], self.tags[slot], self.rows[slot] = keys, tags, rows
+        step = max(self.spare, 1 << 16)  # placed in parts, so the spares stay the size of a batch
+        failed = []
+        for a in range(0, keys.numel(), step):
+            k, t = keys[a:a + step], tags[a:a + step]
+            slot, fail = self._place(self._homes(k, t), torch.ones_like(k, dtype=torch.bool))
+            self.keys[slot], self.tags[slot], self.rows[slot] = k, t, rows[a:a + step]
+            failed.append(fail.any())
+        if failed and bool(torch.stack(failed).any()):
+            raise CapacityError(f"DeviceIndex: growing to {self.buckets} buckets left keys without a way; "
+                                "please report it with the table sizes")
         self.counts[2] = keys.numel()  # the removed pairs' ways are free again
         self._known = (self._known[0], self._known[1], keys.numel())
 
@@ -263,13 +285,13 @@ class DeviceIndex:
         keys, tags = self._inputs(keys, tags)
         found, pos = self._match(keys, tags, self._homes(keys, tags))
         rows = torch.where(found, self.rows[pos], -1)
-        pos = torch.where(found, pos, self.buckets * self.ways)  # absent: the trash's first entry
+        pos = torch.where(found, pos, self.buckets * self.ways + self._spares(keys.numel()))  # absent: its spare
         self.tags[pos] = -1
         return rows
 
     def items(self) -> tuple[Tensor, Tensor, Tensor]:
         """Every live (keys, tags, rows), in entry order (waits for the device)."""
-        live = torch.nonzero(self.tags[: self.buckets * self.ways] >= 0).squeeze(1)  # (not the trash)
+        live = torch.nonzero(self.tags[: self.buckets * self.ways] >= 0).squeeze(1)  # (not the spares)
         return self.keys[live], self.tags[live], self.rows[live]
 
     def _inputs(self, keys: Tensor, tags: Tensor) -> tuple[Tensor, Tensor]:

@@ -121,6 +121,7 @@ def test_steady_state_calls_launch_a_fixed_few_ops_and_never_sync() -> None:
         batches = list(_batches(n, 3, fresh=n, again=n))
         idx.find_or_insert(batches[0][0], batches[0][1])  # warm: past the first insert
         keys, tags = batches[1][0], batches[1][1]
+        idx.find_or_insert(keys, tags + 3)  # and past the first call of this size (the spares grow)
         with DeviceBudget("cpu") as b:
             b.mark(idx.keys, idx.tags, idx.rows, idx.fill, idx.counts)
             k, t = to_device(keys, CPU), to_device(tags, CPU)
@@ -133,7 +134,7 @@ def test_steady_state_calls_launch_a_fixed_few_ops_and_never_sync() -> None:
         counts.append((insert, find))
         assert insert[1] == 0 and find[1] == 0, b.report()
         assert insert[2] == 1 and find[2] == 0
-        assert insert[0] <= 82 and find[0] <= 28, (insert, find)  # (78 and 26 here)
+        assert insert[0] <= 82 and find[0] <= 28, (insert, find)  # (77 and 26 here)
     assert counts[0] == counts[1]
 
 
@@ -163,3 +164,16 @@ def test_the_same_rows_on_a_gpu() -> None:
     with DeviceBudget("cuda") as b:
         gpu.find_or_insert(keys.cuda(), tags.cuda())
     assert b.syncs == 0, b.report()
+
+
+def test_every_write_of_a_call_has_its_own_entry() -> None:
+    """Pairs found or not placed write to spare entries of their own, never to one shared entry: a
+    GPU serialises duplicate targets of an accumulating scatter (an insert took 9 ms on an H200)
+    and leaves plain duplicate writes in an undefined order."""
+    idx = DeviceIndex(1000, CPU)
+    for keys, tags, *_ in _batches(3, 4, fresh=400, again=300):
+        keys, tags = to_device(keys, CPU), to_device(tags, CPU)
+        found, _ = idx._match(keys, tags, idx._homes(keys, tags))
+        slot, failed = idx._place(idx._homes(keys, tags), ~found)
+        assert slot.unique().numel() == slot.numel() and not failed.any()
+        idx.find_or_insert(keys, tags)
