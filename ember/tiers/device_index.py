@@ -243,6 +243,13 @@ class DeviceIndex:
         if self._known[2] + n > limit:
             self._rehash(n)
 
+    def bound(self, n: int) -> int:
+        """An upper bound, without waiting, of the rows numbered once ``n`` more pairs are
+        inserted: the newest count that has arrived, plus every key inserted since, plus ``n``
+        (what a caller sizes the rows' own storage by)."""
+        self._arrived()
+        return self._known[0] + self._since + n
+
     def check(self) -> int:
         """Wait for the device and read the exact number of rows; raises ``CapacityError`` if an
         insert found no way."""

@@ -1,0 +1,131 @@
+"""A table group's records in pinned host memory, found and moved by the device alone.
+
+The host-rows layout on a GPU (``storage`` without a device cache) has the host probe every ID
+of a batch in its index, copy the rows into a staging buffer, and later write the updated rows
+back: per-ID work on the host that the device waits for. ``MappedRows`` keeps the records in
+page-locked host memory, as many as the table group has, and the map from (ID, table) to record
+in device memory (``DeviceIndex``). A step then looks its IDs up, gathers their records and
+scatters the updated ones back as device operations on a device view of the host memory
+(``device_view``): the rows cross PCIe inside the gather and the scatter, and no host thread
+touches an ID or a row. Records are numbered in order of first insertion, so record ``r``
+lives in host row ``r``; the host rows double when the index's bound of numbered rows
+(``DeviceIndex.bound``, known without waiting) could pass them, which waits for the device once.
+
+New pairs get a record number but no contents: the caller writes their fresh rows (made on the
+device, ``uniform01_tensor``) with the step's ``store``. An evaluation look-up (``find``) inserts
+nothing.
+
+On a CPU device the view is the host tensor itself: the same code runs, and is tested, there.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch import Tensor
+
+from ember.tiers.device_budget import mark_device
+from ember.tiers.device_index import DeviceIndex
+from ember.tiers.mapped import device_view
+
+__all__ = ["MappedRows"]
+
+
+class MappedRows:
+    """(ID, table) -> record map of a table group: records in pinned host memory, index on the device.
+
+    Args:
+        record_dim: 4-byte words per record (weights + optimizer state).
+        device: where the index lives and the step runs (``cuda``, or ``cpu`` for the same code on
+            a CPU).
+        capacity: records (and index pairs) before the first growth.
+
+    Example:
+        >>> m = MappedRows(3, "cpu", capacity=4)
+        >>> rows, new, rec = m.lookup(torch.tensor([10, 11]), torch.tensor([0, 0]))
+        >>> new.tolist()
+        [True, True]
+        >>> m.store(rows, torch.tensor([[1., 2., 3.], [4., 5., 6.]]))
+        >>> m.lookup(torch.tensor([11]), torch.tensor([0]))[2].tolist()
+        [[4.0, 5.0, 6.0]]
+    """
+
+    def __init__(self, record_dim: int, device: str | torch.device, capacity: int = 1 << 16) -> None:
+        if record_dim < 1 or capacity < 1:
+            raise ValueError(f"MappedRows: record_dim and capacity must be >= 1, got {record_dim} and {capacity}")
+        self.device = torch.device(device)
+        self.record_dim = record_dim
+        self.index = DeviceIndex(capacity, self.device)
+        self.host = self._alloc(capacity)
+        self.rows = device_view(self.host, self.device)
+        mark_device(self.rows)
+
+    def _alloc(self, rows: int) -> Tensor:
+        return torch.empty(rows, self.record_dim, pin_memory=self.device.type == "cuda")
+
+    @property
+    def capacity(self) -> int:
+        return self.host.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        """Host bytes (the records) + device bytes (the index)."""
+        return self.host.numel() * 4 + self.index.nbytes
+
+    def _room(self, n: int) -> None:
+        """Host rows for every record numbered after ``n`` more inserts: a growth (doubling, the
+        old rows copied once the device has finished with them) only when the index's bound,
+        known without waiting, could pass them."""
+        if self.index.bound(n) <= self.capacity:
+            return
+        need = self.index.check() + n  # (waits for the device: its writes to the old rows are done)
+        if need <= self.capacity:
+            return
+        host = self._alloc(max(2 * self.capacity, need))
+        host[: self.capacity].copy_(self.host)
+        self.host = host
+        self.rows = device_view(host, self.device)
+        mark_device(self.rows)
+
+    def lookup(self, keys: Tensor, tables: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """A training step's records of unique (ID, table) pairs: (record numbers int64 [N], new
+        bool [N], records float32 [N, record_dim] on the device). New pairs are inserted; their
+        records hold nothing yet (the caller makes fresh rows and ``store``s them)."""
+        self._room(keys.numel())
+        rows, new = self.index.find_or_insert(keys, tables)
+        return rows, new, self.rows.index_select(0, rows)
+
+    def find(self, keys: Tensor, tables: Tensor) -> tuple[Tensor, Tensor]:
+        """An evaluation's records: (found bool [N], records [N, record_dim]; rows of absent
+        pairs are meaningless). Inserts nothing."""
+        rows = self.index.find(keys, tables)
+        found = rows >= 0
+        return found, self.rows.index_select(0, rows.clamp(min=0))
+
+    def store(self, rows: Tensor, records: Tensor) -> None:
+        """Write ``records`` [N, record_dim] into the record numbers ``rows`` (distinct)."""
+        self.rows.index_copy_(0, rows.to(self.device), records.to(self.device))
+
+    def put(self, keys: Tensor, tables: Tensor, records: Tensor) -> None:
+        """Insert or overwrite the records of unique pairs (a checkpoint's restore)."""
+        rows, _, _ = self.lookup(keys, tables)
+        self.store(rows, records)
+
+    def remove(self, keys: Tensor, tables: Tensor) -> Tensor:
+        """Take pairs out (found bool [N]); their host rows are not reused."""
+        return self.index.remove(keys, tables) >= 0
+
+    def items(self, chunk_rows: int = 1 << 20) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        """Every stored (IDs, tables, records) on the host, ``chunk_rows`` at a time (waits for
+        the device)."""
+        keys, tables, rows = self.index.items()  # (a sync: every queued write has landed)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        keys, tables, rows = keys.cpu(), tables.cpu(), rows.cpu()
+        for a in range(0, rows.numel(), chunk_rows):
+            yield keys[a:a + chunk_rows], tables[a:a + chunk_rows], self.host[rows[a:a + chunk_rows]]
+
+    def __len__(self) -> int:
+        """Pairs stored (waits for the device)."""
+        return int(self.index.items()[0].numel())
