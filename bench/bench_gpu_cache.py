@@ -7,6 +7,9 @@ row-wise Adagrad 0.05, batch 4096 (CPU: --cpu-batch 1024). ember variants (one t
   ember-cache-1/16  host memory (1/16 of its IDs): hits gathered, pooled and updated on the device
   ember-all-device  a device cache of every ID (every row in device memory)
   ember-host        every row in host memory (rows cross to the device and gradients back)
+  ember-mapped      every record in pinned host memory, the index on the device (MappedRows): the
+                    host dedupes and uploads the IDs, the device looks up, gathers over PCIe,
+                    makes fresh rows, updates and scatters back (not yet a storage of the trainer)
   plain-gpu         nn.EmbeddingBag(sparse=True) per table on the GPU + torch.optim.Adagrad (CUDA only)
 
 Budgets (CPU and CUDA; on a CPU the "device" is an arena in host memory, marked for
@@ -28,8 +31,10 @@ figures before 2026-11-26's third session timed its filling, with free slots and
     python bench/bench_gpu_cache.py [--steps 40] [--warmup 80] [--budget-steps 3] [--cpu-batch 1024]
         [--phases N [--profile-top K]] [--trainer N [--trainer-warmup 80]]
 
-The last line is one JSON object: device_ops_per_step_per_group, syncs_per_step, budget, and with
-CUDA cache_vs_host, cache_vs_all_device, ms_per_step, embedding_ids_per_s, cache_hit_rate, transfer.
+The last line is one JSON object: device_ops_per_step_per_group, syncs_per_step, budget,
+mapped_ops_per_step, mapped_syncs_per_step, and with CUDA cache_vs_host, cache_vs_all_device,
+mapped_vs_host, mapped_vs_all_device, mapped_vs_plain_gpu, ms_per_step, embedding_ids_per_s,
+cache_hit_rate, transfer.
 """
 
 from __future__ import annotations
@@ -46,6 +51,7 @@ from typing import Any
 
 import ember  # noqa: F401  # first: before torch loads (GOMP_SPINCOUNT)
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -54,7 +60,10 @@ from bench_dlrm import D, F, V, make_batches, make_model
 from ember import allocator
 from ember.batch import Batch, SparseFeatures
 from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig
-from ember.tiers.device_budget import DeviceBudget
+from ember import _native
+from ember.embedding.init import uniform01_tensor
+from ember.tiers.device_budget import DeviceBudget, to_device
+from ember.tiers.mapped_rows import MappedRows
 
 ZIPF = 1.05
 PHASES = ("plan", "fetch", "pool+backward", "update", "write_back")
@@ -440,6 +449,114 @@ class PlainGPU:
         _sync(self.dev)
 
 
+class MappedVariant:
+    """ember's tables (the same configs, seeds, fresh rows and row-wise Adagrad as ``ember-host``)
+    on ``MappedRows``: records in pinned host memory, the index on the device. The host dedupes
+    the batch's IDs (ember's plan, as in every ember variant) and uploads them; the device does
+    the rest: look-up and inserts in its index, one gather of the records over PCIe, fresh rows
+    made in place (``uniform01_tensor``), pooling, backward, the optimizer as tensor ops, one
+    scatter of the records back. The mechanism of issue 25's next group storage, measured here
+    before the trainer uses it."""
+
+    name = "ember-mapped"
+
+    def __init__(self, dev: torch.device) -> None:
+        base = EmberVariant(self.name, None, dev)  # (configs, seeds and dense model as ember-host's)
+        self.dev, self.keys, self.model, self.opt = dev, base.keys, base.model, base.opt
+        assert len(base.ec.groups) == 1
+        g = base.ec.groups[0]
+        assert [t.name for t in g.tables] == self.keys and len(g.combos) == 1 and g.fills[0] is not None
+        self.rule, self.width = g.tables[0].optimizer, g.width
+        self.rows = MappedRows(g.width, dev, capacity=1 << 16)  # (grows as IDs arrive)
+        self.init_keys = torch.from_numpy(g.init_keys.view(np.int64)).to(dev)
+        self.mul = torch.from_numpy((2 * g.scale).astype(np.float32)).to(dev)
+        self.add = torch.from_numpy((-g.scale).astype(np.float32)).to(dev)
+        self.fill = torch.from_numpy(g.fills[0]).to(dev)
+        base.ec.close()
+        self.step_no = 0
+        self._bufs: list[Any] = [None, None]  # two pinned upload buffers, used in turn (with their copy's event)
+
+    def plan(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Host: each table's unique IDs, their tables and every value's index among them, in one
+        pinned buffer, copied to the device (non-blocking)."""
+        f, b = ids.shape
+        uniq, inverse, sizes = _native.unique_segments(ids.reshape(-1).numpy(), np.arange(f + 1, dtype=np.int64) * b)
+        u = uniq.size
+        buf, event = self._bufs[self.step_no % 2] or (None, None)
+        if event is not None:
+            event.synchronize()  # (two steps old: its copy has long landed)
+        if buf is None or buf.numel() < 2 * u + inverse.size:
+            buf = torch.empty(2 * (2 * u + inverse.size), dtype=torch.int64, pin_memory=self.dev.type == "cuda")
+        h = buf.numpy()
+        h[:u], h[u : 2 * u], h[2 * u : 2 * u + inverse.size] = uniq, np.repeat(np.arange(f), sizes), inverse
+        d = buf[: 2 * u + inverse.size].to(self.dev, non_blocking=True)
+        if self.dev.type == "cuda":
+            event = torch.cuda.Event()
+            event.record()
+        self._bufs[self.step_no % 2] = (buf, event)
+        return d[:u], d[u : 2 * u].to(torch.int32), d[2 * u :]
+
+    def embedding(self, ids: torch.Tensor) -> tuple[list[torch.Tensor], tuple]:
+        keys, tags, inverse = self.plan(ids)
+        rows, new, rec = self.rows.lookup(keys, tags)
+        dim = self.width - self.fill.numel()
+        fresh = uniform01_tensor(keys, self.init_keys[tags], dim, self.mul[tags], self.add[tags])
+        fresh = torch.cat((fresh, self.fill.expand(keys.numel(), -1)), 1)
+        rec = torch.where(new.unsqueeze(1), fresh, rec)
+        leaf = rec[:, :dim].detach().requires_grad_()
+        emb = leaf.index_select(0, inverse).view(ids.shape[0], ids.shape[1], dim).unbind(0)
+        return list(emb), (rows, rec, leaf, dim)
+
+    def sparse_step(self, ctx: tuple) -> None:
+        rows, rec, leaf, dim = ctx
+        self.rule.update(rec[:, :dim], rec[:, dim:], leaf.grad, self.step_no)
+        self.rows.store(rows, rec)
+        self.step_no += 1
+
+    def step(self, ids: torch.Tensor, dense: torch.Tensor, labels: torch.Tensor) -> None:
+        emb, ctx = self.embedding(ids)
+        loss = nn.functional.binary_cross_entropy_with_logits(self.model(dense, emb), labels)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        self.sparse_step(ctx)
+        _sync(self.dev)
+
+    def embedding_path(self, ids: torch.Tensor, cot: dict[str, torch.Tensor]) -> None:
+        emb, ctx = self.embedding(ids)
+        torch.autograd.backward(emb, [cot[k] for k in self.keys])
+        self.sparse_step(ctx)
+        _sync(self.dev)
+
+
+def measure_mapped_budget(dev: torch.device, batches: list, warmup: int, steps: int) -> dict[str, Any]:
+    """``MappedVariant``'s embedding path under ``DeviceBudget`` after ``warmup`` full steps: ops
+    and syncs per step (max over ``steps``; the host's dedupe and upload not counted as device work)."""
+    v = MappedVariant(dev)
+    for ids, dense, labels in batches[:warmup]:
+        v.step(ids, dense.to(dev), labels.to(dev))
+    cot = cotangents(v.keys, batches[0][0].shape[1], dev)
+    ops, syncs, top = [], [], {}
+    for ids, _, _ in batches[warmup : warmup + steps]:
+        m = v.rows
+        with DeviceBudget(dev) as b:
+            b.mark(m.rows, m.index.keys, m.index.tags, m.index.rows, m.index.fill, m.index.counts, v.init_keys, v.mul,
+                   v.add, v.fill, *cot.values())
+            real = v.plan
+            v.plan = lambda x: tuple(to_device(t, dev) for t in real(x))  # type: ignore[method-assign]
+            v.embedding_path(ids, cot)
+            v.plan = real  # type: ignore[method-assign]
+        ops.append(b.ops)
+        syncs.append(b.syncs)
+        for k, c in b.op_names.items():
+            top[k] = top.get(k, 0) + c
+    res = {"ops_per_step": max(ops), "syncs_per_step": max(syncs),
+           "top_ops": dict(sorted(top.items(), key=lambda kv: -kv[1])[:10])}
+    print(f"{v.name:<17} {res['ops_per_step']:>6} device ops/step (one group), {res['syncs_per_step']:>5} syncs/step; "
+          f"top ops: {', '.join(f'{k} x{c}' for k, c in res['top_ops'].items())}")
+    return res
+
+
 def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) -> dict[str, Any]:
     """Full steps and embedding-path steps of every variant, interleaved (rotating order) on the
     same batches: ms/step, embedding IDs/s, the 1/4 cache's hit rate and transfer."""
@@ -450,7 +567,7 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
     host_batches = batches[0::2]
     dev_batches = [(i.to(dev), d.to(dev), lab.to(dev)) for i, d, lab in host_batches]
     ember_vs = [EmberVariant(n, max(vocab // f, 1), dev) for n, f in CACHES.items()] + [EmberVariant("ember-host", None, dev)]
-    variants: list[Any] = [*ember_vs, PlainGPU(dev, vocab)]
+    variants: list[Any] = [*ember_vs, MappedVariant(dev), PlainGPU(dev, vocab)]
     cot = cotangents(ember_vs[0].keys, batches[0][0].shape[1], dev)
     times: dict[str, list[float]] = {v.name: [] for v in variants}
     emb_times: dict[str, list[float]] = {v.name: [] for v in variants}
@@ -461,12 +578,13 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
             ember_v = isinstance(v, EmberVariant)
             sf = v.features(ids_h) if ember_v else None  # ember plans on the host (IDs from the data loader)
             s = time.perf_counter()
-            v.step(sf, dense, labels) if ember_v else v.step(ids_d, dense, labels)
+            on_host = ember_v or isinstance(v, MappedVariant)  # (ember's IDs come from the host's data loader)
+            v.step(sf if ember_v else ids_h, dense, labels) if on_host else v.step(ids_d, dense, labels)
             e = time.perf_counter() - s
             if ember_v:
                 v.account()
             s = time.perf_counter()
-            v.embedding_path(v.features(ids_e), cot) if ember_v else v.embedding_path(ids_e_d, cot)
+            v.embedding_path(v.features(ids_e) if ember_v else ids_e if on_host else ids_e_d, cot)
             e2 = time.perf_counter() - s
             if ember_v:
                 v.account()
@@ -481,6 +599,9 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
         "cache_vs_host": ratio("ember-host", "ember-cache-1/4"),
         "cache_vs_all_device": ratio("ember-all-device", "ember-cache-1/4"),
         "cache_vs_plain_gpu": ratio("plain-gpu", "ember-cache-1/4"),
+        "mapped_vs_host": ratio("ember-host", "ember-mapped"),
+        "mapped_vs_all_device": ratio("ember-all-device", "ember-mapped"),
+        "mapped_vs_plain_gpu": ratio("plain-gpu", "ember-mapped"),
         "cache_hit_rate": {}, "transfer_mb_per_step": {}, "transfer_vs_misses_evictions": {},
     }
     w = 2 * (warmup // 2)  # two accounted steps per pair (full step, embedding path)
@@ -493,6 +614,9 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
         print(f"{k:<17} {out['ms_per_step'][k]:8.2f} ms/step  embedding path {out['embedding_ids_per_s'][k] / 1e6:8.2f} M IDs/s")
     print(f"ember-cache-1/4 speed vs ember-host: {out['cache_vs_host']:.3f}x (target >= 2); vs ember-all-device: "
           f"{out['cache_vs_all_device']:.3f}x (target >= 0.9); vs plain-gpu: {out['cache_vs_plain_gpu']:.3f}x")
+    print(f"ember-mapped (records in pinned host memory, the index on the device) vs ember-host: "
+          f"{out['mapped_vs_host']:.3f}x; vs ember-all-device: {out['mapped_vs_all_device']:.3f}x; "
+          f"vs plain-gpu: {out['mapped_vs_plain_gpu']:.3f}x")
     for v in ember_vs:
         hr, tr = out["cache_hit_rate"][v.name], out["transfer_vs_misses_evictions"][v.name]
         print(f"{v.name:<17} hit rate {'-' if hr is None else f'{hr:.3f}'}; host<->device "
@@ -602,6 +726,9 @@ def main() -> None:
         _native._core = None
         print("budgets with the native core off (the torch paths a GPU step takes)")
     out.update(budget_summary(measure_budgets(dev, batches, args.vocab, warmup, args.budget_steps)))
+    mb = measure_mapped_budget(dev, batches, warmup, args.budget_steps)
+    out["mapped_ops_per_step"], out["mapped_syncs_per_step"] = mb["ops_per_step"], mb["syncs_per_step"]
+    out["mapped_budget"] = mb
     if cuda:
         out["steps"] = args.steps
         out.update(compare_on_gpu(dev, batches, args.vocab, warmup))

@@ -58,9 +58,10 @@ def test_comparison_runs_on_cpu(bench) -> None:
     bench.bench_dlrm.W = bench.bench_dlrm.Workload([vocab] * bench.F)
     batches = bench.make_batches(3, 16, zipf=bench.ZIPF)
     out = bench.compare_on_gpu(torch.device("cpu"), batches, vocab, warmup=1)
-    names = {*bench.CACHES, "ember-host", "plain-gpu"}
+    names = {*bench.CACHES, "ember-host", "ember-mapped", "plain-gpu"}
     assert set(out["ms_per_step"]) == names and set(out["embedding_ids_per_s"]) == names
     assert out["cache_vs_host"] > 0 and out["cache_vs_all_device"] > 0
+    assert out["mapped_vs_host"] > 0 and out["mapped_vs_all_device"] > 0 and out["mapped_vs_plain_gpu"] > 0
     assert 0 <= out["cache_hit_rate"]["ember-cache-1/4"] <= 1 and out["cache_hit_rate"]["ember-host"] is None
 
 
@@ -82,3 +83,29 @@ def test_phase_timing_and_trainer_comparison_on_cpu(bench) -> None:
                                                  "trainer-host-k1", "trainer-cache-1/4-k0-inline-plan"}
     assert all(v > 0 for v in out["trainer_samples_per_s"].values())
     assert out["trainer_cache_vs_host_k1"] > 0 and out["trainer_prepared_ahead_gain"] > 0
+
+
+def test_the_mapped_variant_trains_as_ember_host_and_never_syncs(bench, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ember-mapped (records in host memory found and moved by device operations) stores the very
+    rows ember-host stores, on the same batches (a CPU "device": the same code as on a GPU), and
+    its embedding path reads nothing back from the device."""
+    vocab = 500
+    bench.bench_dlrm.W = bench.bench_dlrm.Workload([vocab] * bench.F)
+    batches = bench.make_batches(5, 64, zipf=bench.ZIPF)
+    cpu = torch.device("cpu")
+    host, mapped = bench.EmberVariant("ember-host", None, cpu), bench.MappedVariant(cpu)
+    for ids, dense, labels in batches[:4]:
+        host.step(host.features(ids), dense, labels)
+        mapped.step(ids, dense, labels)
+    for f in (0, 13, 25):
+        u = torch.unique(batches[0][0][f])
+        t = host.ec.tables[f"C{f + 1}"]
+        want = torch.empty(u.numel(), t.config.record_dim)
+        t.tier.get_into(u, want)
+        found, got = mapped.rows.find(u, torch.full_like(u, f, dtype=torch.int32))
+        assert bool(found.all()) and torch.equal(got, want), f
+    from ember import _native
+
+    monkeypatch.setattr(_native, "_core", None)  # the torch paths a GPU takes (main does the same)
+    budget = bench.measure_mapped_budget(cpu, batches, warmup=3, steps=1)
+    assert budget["syncs_per_step"] == 0 and budget["ops_per_step"] > 0
