@@ -7,9 +7,11 @@ row-wise Adagrad 0.05, batch 4096 (CPU: --cpu-batch 1024). ember variants (one t
   ember-cache-1/16  host memory (1/16 of its IDs): hits gathered, pooled and updated on the device
   ember-all-device  a device cache of every ID (every row in device memory)
   ember-host        every row in host memory (rows cross to the device and gradients back)
-  ember-mapped      every record in pinned host memory, the index on the device (MappedRows): the
-                    host dedupes and uploads the IDs, the device looks up, gathers over PCIe,
-                    makes fresh rows, updates and scatters back (not yet a storage of the trainer)
+  ember-device-index  storage.index: device: every row in pinned host memory, indexed on the
+                    device (one MappedRows per group): the host dedupes and uploads the IDs, the
+                    device looks up, gathers over PCIe, makes fresh rows, updates, scatters back
+  ember-mapped      the same mechanism written out by hand in this file (MappedRows alone, the
+                    reference the trainer's path is held to)
   plain-gpu         nn.EmbeddingBag(sparse=True) per table on the GPU + torch.optim.Adagrad (CUDA only)
 
 Budgets (CPU and CUDA; on a CPU the "device" is an arena in host memory, marked for
@@ -33,7 +35,8 @@ figures before 2026-11-26's third session timed its filling, with free slots and
 
 The last line is one JSON object: device_ops_per_step_per_group, syncs_per_step, budget,
 mapped_ops_per_step, mapped_syncs_per_step, and with CUDA cache_vs_host, cache_vs_all_device,
-mapped_vs_host, mapped_vs_all_device, mapped_vs_plain_gpu, ms_per_step, embedding_ids_per_s,
+mapped_vs_host, mapped_vs_all_device, mapped_vs_plain_gpu, device_index_vs_host,
+device_index_vs_all_device, device_index_vs_plain_gpu, ms_per_step, embedding_ids_per_s,
 cache_hit_rate, transfer.
 """
 
@@ -78,9 +81,10 @@ def _sync(dev: torch.device) -> None:
 class EmberVariant:
     """ember on ``dev``: a device cache of ``cache_rows`` per table (None: rows in host memory)."""
 
-    def __init__(self, name: str, cache_rows: int | None, dev: torch.device) -> None:
+    def __init__(self, name: str, cache_rows: int | None, dev: torch.device, device_index: bool = False) -> None:
         self.name, self.dev = name, dev
-        storage = {} if cache_rows is None else {"storage": {"device_rows": cache_rows, "device": dev.type, "admit_after": 1}}
+        storage = ({"storage": {"index": "device", "device": dev.type}} if device_index else {} if cache_rows is None
+                   else {"storage": {"device_rows": cache_rows, "device": dev.type, "admit_after": 1}})
         self.keys = [f"C{i + 1}" for i in range(F)]
         tables = [TableConfig(name=n, dim=D, optimizer={"type": "rowwise_adagrad", "lr": 0.05}, **storage) for n in self.keys]
         self.ec = EmbeddingCollection(tables, [FeatureConfig(name=n) for n in self.keys]).to(dev)
@@ -566,7 +570,8 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
     emb_batches = batches[1::2]
     host_batches = batches[0::2]
     dev_batches = [(i.to(dev), d.to(dev), lab.to(dev)) for i, d, lab in host_batches]
-    ember_vs = [EmberVariant(n, max(vocab // f, 1), dev) for n, f in CACHES.items()] + [EmberVariant("ember-host", None, dev)]
+    ember_vs = [EmberVariant(n, max(vocab // f, 1), dev) for n, f in CACHES.items()] + [
+        EmberVariant("ember-host", None, dev), EmberVariant("ember-device-index", None, dev, device_index=True)]
     variants: list[Any] = [*ember_vs, MappedVariant(dev), PlainGPU(dev, vocab)]
     cot = cotangents(ember_vs[0].keys, batches[0][0].shape[1], dev)
     times: dict[str, list[float]] = {v.name: [] for v in variants}
@@ -602,6 +607,9 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
         "mapped_vs_host": ratio("ember-host", "ember-mapped"),
         "mapped_vs_all_device": ratio("ember-all-device", "ember-mapped"),
         "mapped_vs_plain_gpu": ratio("plain-gpu", "ember-mapped"),
+        "device_index_vs_host": ratio("ember-host", "ember-device-index"),
+        "device_index_vs_all_device": ratio("ember-all-device", "ember-device-index"),
+        "device_index_vs_plain_gpu": ratio("plain-gpu", "ember-device-index"),
         "cache_hit_rate": {}, "transfer_mb_per_step": {}, "transfer_vs_misses_evictions": {},
     }
     w = 2 * (warmup // 2)  # two accounted steps per pair (full step, embedding path)
@@ -617,6 +625,9 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
     print(f"ember-mapped (records in pinned host memory, the index on the device) vs ember-host: "
           f"{out['mapped_vs_host']:.3f}x; vs ember-all-device: {out['mapped_vs_all_device']:.3f}x; "
           f"vs plain-gpu: {out['mapped_vs_plain_gpu']:.3f}x")
+    print(f"ember-device-index (storage.index: device, through the trainer's own path) vs ember-host: "
+          f"{out['device_index_vs_host']:.3f}x; vs ember-all-device: {out['device_index_vs_all_device']:.3f}x; "
+          f"vs plain-gpu: {out['device_index_vs_plain_gpu']:.3f}x")
     for v in ember_vs:
         hr, tr = out["cache_hit_rate"][v.name], out["transfer_vs_misses_evictions"][v.name]
         print(f"{v.name:<17} hit rate {'-' if hr is None else f'{hr:.3f}'}; host<->device "
@@ -651,7 +662,7 @@ def compare_trainer(dev: torch.device, batches: list, vocab: int, warmup: int, r
     steps = len(tb) - warmup
     log_every = math.gcd(warmup, steps)
     cache = {"device_rows": max(vocab // 4, 1), "device": dev.type, "admit_after": 1}
-    storages = {"cache-1/4": cache, "host": {}}
+    storages = {"cache-1/4": cache, "host": {}, "device-index": {"index": "device", "device": dev.type}}
     names = [(f"trainer-{n}-k{k}", st, k) for k in staleness for n, st in storages.items()]
     if 0 in staleness:
         names.append(("trainer-cache-1/4-k0-inline-plan", cache, 0))
@@ -678,6 +689,8 @@ def compare_trainer(dev: torch.device, batches: list, vocab: int, warmup: int, r
     for k in staleness:
         c, h = rates[f"trainer-cache-1/4-k{k}"], rates[f"trainer-host-k{k}"]
         out[f"trainer_cache_vs_host_k{k}"] = statistics.median(a / b for a, b in zip(c, h))
+        d = rates[f"trainer-device-index-k{k}"]
+        out[f"trainer_device_index_vs_host_k{k}"] = statistics.median(a / b for a, b in zip(d, h))
     if 0 in staleness:
         c, i = rates["trainer-cache-1/4-k0"], rates["trainer-cache-1/4-k0-inline-plan"]
         out["trainer_prepared_ahead_gain"] = statistics.median(a / b for a, b in zip(c, i))
@@ -686,6 +699,8 @@ def compare_trainer(dev: torch.device, batches: list, vocab: int, warmup: int, r
     print("trainer, 1/4 cache vs host rows: " + ", ".join(f"staleness {k}: {out[f'trainer_cache_vs_host_k{k}']:.3f}x"
                                                          for k in staleness)
           + (f"; prepared ahead vs not (staleness 0): {out['trainer_prepared_ahead_gain']:.3f}x" if 0 in staleness else ""))
+    print("trainer, storage.index: device vs host rows: " + ", ".join(
+        f"staleness {k}: {out[f'trainer_device_index_vs_host_k{k}']:.3f}x" for k in staleness))
     return out
 
 

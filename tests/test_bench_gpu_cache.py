@@ -58,10 +58,11 @@ def test_comparison_runs_on_cpu(bench) -> None:
     bench.bench_dlrm.W = bench.bench_dlrm.Workload([vocab] * bench.F)
     batches = bench.make_batches(3, 16, zipf=bench.ZIPF)
     out = bench.compare_on_gpu(torch.device("cpu"), batches, vocab, warmup=1)
-    names = {*bench.CACHES, "ember-host", "ember-mapped", "plain-gpu"}
+    names = {*bench.CACHES, "ember-host", "ember-device-index", "ember-mapped", "plain-gpu"}
     assert set(out["ms_per_step"]) == names and set(out["embedding_ids_per_s"]) == names
     assert out["cache_vs_host"] > 0 and out["cache_vs_all_device"] > 0
     assert out["mapped_vs_host"] > 0 and out["mapped_vs_all_device"] > 0 and out["mapped_vs_plain_gpu"] > 0
+    assert out["device_index_vs_host"] > 0 and out["device_index_vs_all_device"] > 0
     assert 0 <= out["cache_hit_rate"]["ember-cache-1/4"] <= 1 and out["cache_hit_rate"]["ember-host"] is None
 
 
@@ -80,7 +81,9 @@ def test_phase_timing_and_trainer_comparison_on_cpu(bench) -> None:
     assert all(ms >= 0 for p in phases.values() if isinstance(p, dict) for ms in p.values())
     out = bench.compare_trainer(torch.device("cpu"), batches, vocab, warmup=2, rounds=1, staleness=(0, 1))
     assert set(out["trainer_samples_per_s"]) == {"trainer-cache-1/4-k0", "trainer-host-k0", "trainer-cache-1/4-k1",
-                                                 "trainer-host-k1", "trainer-cache-1/4-k0-inline-plan"}
+                                                 "trainer-host-k1", "trainer-cache-1/4-k0-inline-plan",
+                                                 "trainer-device-index-k0", "trainer-device-index-k1"}
+    assert out["trainer_device_index_vs_host_k0"] > 0 and out["trainer_device_index_vs_host_k1"] > 0
     assert all(v > 0 for v in out["trainer_samples_per_s"].values())
     assert out["trainer_cache_vs_host_k1"] > 0 and out["trainer_prepared_ahead_gain"] > 0
 

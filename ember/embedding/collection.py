@@ -147,7 +147,8 @@ class EmbeddingCollection(nn.Module):
         keyed: dict[tuple, list[EmbeddingTable]] = {}
         for name in by_table:  # tables no feature uses are stored and checkpointed, never looked up
             t = self.tables[name]
-            keyed.setdefault((t.dim, t.config.stored_dim, str(t.tier.device), t.config.dtype), []).append(t)
+            keyed.setdefault((t.dim, t.config.stored_dim, str(t.tier.device), t.config.dtype, t.config.storage.index),
+                             []).append(t)
         self.groups = [TableGroup(ts, by_table) for ts in keyed.values()]
         if len(self.groups) > 1:
             log.info("%s", _describe_split(list(keyed)))
@@ -242,8 +243,9 @@ class EmbeddingCollection(nn.Module):
 def _describe_split(keys: list[tuple]) -> str:
     """One line naming each group and why tables were split (what differs from the first)."""
     parts, first = [], keys[0]
-    fields = ("dim", "record width", "device", "dtype")
+    fields = ("dim", "record width", "device", "dtype", "storage.index")
     for key in keys:
         diff = [name for name, a, b in zip(fields, key, first) if a != b]
-        parts.append(f"dim {key[0]}, {key[1]} floats per record, {key[2]}, {key[3]}" + (f" (differs in {', '.join(diff)})" if diff else ""))
+        parts.append(f"dim {key[0]}, {key[1]} floats per record, {key[2]}, {key[3]}, index on the {key[4]}"
+                     + (f" (differs in {', '.join(diff)})" if diff else ""))
     return f"EmbeddingCollection: {len(keys)} table groups, one pass each per batch: " + "; ".join(parts)

@@ -29,7 +29,7 @@ from torch import Tensor
 from ember import _native
 from ember.batch.sparse import SparseFeatures
 from ember.embedding.config import FeatureConfig
-from ember.embedding.init import init_keys, uniform_scale
+from ember.embedding.init import init_keys, uniform01_tensor, uniform_scale
 from ember.embedding.pooling import GroupPool, SequenceEmbedding, pool_feature
 from ember.embedding.table import EmbeddingTable, fresh_records
 from ember.optim import RowWiseAdagrad, rule_lr
@@ -38,6 +38,7 @@ from ember.tiers.device_budget import to_device
 from ember.tiers.device import DeviceTier
 from ember.tiers.group_cache import CachePlan, CacheTicket, GroupCache, GroupCacheView, table_mix
 from ember.tiers.host import HostTier, SegmentIds
+from ember.tiers.mapped_rows import MappedRows, MappedTier
 from ember.tiers.segments import read_bf16_segments, read_segments, write_bf16_segments, write_segments
 from ember import once
 from ember.fileio import fmt_bytes
@@ -70,6 +71,7 @@ class TableGroup:
         self.features = [f for t in self.tables for f in features[t.name]]
         self.owner = [j for j, t in enumerate(self.tables) for _ in features[t.name]]  # table of each feature
         self.cache = _group_cache(self.tables, self.codec.identity)  # (a view's device is the tier's it replaced)
+        self.mapped = _mapped_group(self.tables)  # storage.index: device: one MappedRows for the group
         self.tiers = [t.tier for t in self.tables]
         # runs of adjacent tables with one optimizer config: one update call each
         self.runs: list[tuple[int, int]] = []
@@ -104,7 +106,10 @@ class TableGroup:
         # what ``GroupLookup.apply``'s one-pass update (row-wise Adagrad inside the host write) asks
         # of the group itself, decided once: None when it has it, else why not; and each table's
         # (lr, eps) [T, 2] when no table has an lr schedule (else made per step)
-        self.fused_why = (f"{self.dtype} rows" if not (self.codec.identity or self.dtype == "bf16")
+        if self.mapped is not None:
+            self._fresh_on_device()
+        self.fused_why = ("the rows are read and written by the device (storage.index: device)" if self.mapped is not None
+                          else f"{self.dtype} rows" if not (self.codec.identity or self.dtype == "bf16")
                           else "a table's optimizer is not row-wise Adagrad" if not all(
                               isinstance(t.optimizer, RowWiseAdagrad) for t in self.tables)
                           else "the rows are not in host memory the native core writes" if not HostTier.native_tiers(self.tiers)
@@ -114,6 +119,26 @@ class TableGroup:
             self.fused_hyper = np.array([(t.optimizer.lr, t.optimizer.eps) for t in self.tables],  # type: ignore[union-attr]
                                         dtype=np.float64)
             self.fused_hyper.setflags(write=False)  # shared by every step's write
+
+    def _fresh_on_device(self) -> None:
+        """Per table, on the device of the group's ``MappedRows``: the init key, the uniform's
+        ``mul``/``add`` (zeros: 0 and 0) and the optimizer's constant initial state, from which
+        ``fresh_rows`` makes new rows there (the host path's bits: ``uniform01_tensor``)."""
+        assert self.mapped is not None
+        dev = self.mapped.device
+        zeros = np.array([t.config.initializer.type == "zeros" for t in self.tables])
+        scale = np.where(zeros, 0.0, self.scale)
+        self.fresh_keys = torch.from_numpy(self.init_keys.view(np.int64)).to(dev)
+        self.fresh_mul = torch.from_numpy((2 * scale).astype(np.float32)).to(dev)
+        self.fresh_add = torch.from_numpy((-scale).astype(np.float32)).to(dev)
+        state = np.array([t.optimizer.constant_state(self.dim) for t in self.tables], dtype=np.float32)
+        self.fresh_state = torch.from_numpy(state.reshape(len(self.tables), self.width - self.dim)).to(dev)
+
+    def fresh_rows(self, keys: Tensor, tags: Tensor) -> Tensor:
+        """New records [N, width] of the IDs ``keys`` of tables ``tags`` (int32 [N]), made on the
+        device by tensor operations: bit for bit what ``GroupLookup._fresh_into`` makes on the host."""
+        w = uniform01_tensor(keys, self.fresh_keys[tags], self.dim, self.fresh_mul[tags], self.fresh_add[tags])
+        return torch.cat((w, self.fresh_state[tags]), 1)
 
     @property
     def names(self) -> list[str]:
@@ -188,6 +213,7 @@ class GroupLookup:
         self.inverse_dev: Tensor | None = None  # fetch through a group cache: ``inverse`` copied with the rows
         self._bags: list[_Bags] | None = None  # fetch through a group cache: the grouped pooling's plan, copied too
         self._prepared: tuple[CachePlan, list[_Bags], list[Tensor]] | None = None  # prepare: the cache's host half, not yet loaded
+        self.mapped_rows: Tensor | None = None  # fetch through MappedRows (training): each ID's record number, on the device
 
     def _count_moved(self, rows_per_table: Sequence[int], width: int) -> None:
         """Note, per table, rows of ``width`` floats that crossed between host and device."""
@@ -242,6 +268,9 @@ class GroupLookup:
         owner = np.repeat(np.arange(len(g.tables)), self.sizes)
         if g.cache is not None:
             self._load_cached()
+            return self
+        if g.mapped is not None:
+            self._fetch_mapped()
             return self
         found = None
         if g.dtype == "bf16" and g.device.type == "cpu":  # widened as they are read: no packed copy, no decode pass
@@ -316,6 +345,43 @@ class GroupLookup:
                 bg.on = rec.device
             self._bags = bags
         self._complete(rec, torch.from_numpy(plan.found))
+
+    def _fetch_mapped(self) -> None:
+        """A fetch through the group's ``MappedRows`` (storage.index: device): one upload of the
+        IDs, their tables and the pooling's indexes; on the device, the look-up (a training
+        lookup inserts the new pairs), one gather of the records from host memory, fresh rows
+        for new IDs (made there) and, in training, one scatter that stores them at once (every
+        indexed pair holds its record: a later fetch, a refresh or a dropped lookup never reads
+        an unwritten row). No host work per ID beyond the plan's dedupe."""
+        g, m = self.group, self.group.mapped
+        assert m is not None
+        owner = np.repeat(np.arange(len(g.tables), dtype=np.int64), self.sizes)
+        bags = self._grouped()
+        extra = [self.inverse] if self.sparse is not None else []
+        for bg in bags:
+            extra += [x for x in (bg.inv, None if bg.layout is None else bg.layout[0]) if x is not None]
+        parts = [self.ids, torch.from_numpy(owner), *extra]
+        buf = torch.empty(sum(p.numel() for p in parts), dtype=torch.int64, pin_memory=m.device.type == "cuda")
+        torch.cat(parts, out=buf) if parts else None
+        dev = buf.to(m.device, non_blocking=True).split([p.numel() for p in parts])
+        keys, tags = dev[0], dev[1].to(torch.int32)
+        if self.train:
+            rows, new, rec = m.lookup(keys, tags)
+        else:
+            found, rec = m.find(keys, tags)
+            new = ~found
+        rec = torch.where(new.unsqueeze(1), g.fresh_rows(keys, tags), rec)
+        if self.train:
+            m.store(rows, rec)
+            self.mapped_rows = rows
+        if extra:
+            self.inverse_dev, rest = dev[2], iter(dev[3:])
+            for bg in bags:
+                bg.inv_dev = None if bg.inv is None else next(rest)
+                bg.layout_dev = None if bg.layout is None else _bag_views(next(rest), *bg.layout[1:])
+                bg.on = m.device
+            self._bags = bags
+        self.records = rec
 
     def _complete(self, rec: Tensor, found: Tensor) -> None:
         """``min_count`` and TTL tables finish their rows; ``records`` is set."""
@@ -487,6 +553,9 @@ class GroupLookup:
         ids = self.ids.numpy()
         if g.cache is not None and _same_device(self.records.device, g.cache.device):
             at = self._refresh_cached(at, [p.size for p in np.split(at, cut)])
+        elif g.mapped is not None and self.mapped_rows is not None:  # (every indexed pair holds its record)
+            at_dev = torch.from_numpy(at).to(self.records.device)
+            self.records.index_copy_(0, at_dev, g.mapped.rows.index_select(0, self.mapped_rows.index_select(0, at_dev)))
         else:
             subsets = [torch.from_numpy(ids[p]) for p in np.split(at, cut)]
             packed = self.records.new_empty(at.size, g.codec.words)
@@ -679,6 +748,10 @@ class GroupLookup:
         if g.cache is not None and self.ticket is not None:
             self._write_back_cached()
             return
+        if g.mapped is not None and self.mapped_rows is not None:  # one scatter of every row (the others' unchanged)
+            g.mapped.store(self.mapped_rows, rec)
+            self._wrote([ids[j] if j in self.updated else ids[j][:0] for j in range(len(g.tables))])
+            return
         if len(self.updated) == len(g.tables) and not self.filtered:
             self._write_all()
             written = ids
@@ -812,6 +885,30 @@ def _group_cache(tables: Sequence[EmbeddingTable], identity: bool) -> GroupCache
               f"and {cache.spill_rows:,} spill rows for the rows a step does not cache: "
               f"{fmt_bytes(cache.arena.numel() * 4)} in all")
     return cache
+
+
+def _mapped_group(tables: Sequence[EmbeddingTable]) -> MappedRows | None:
+    """One ``MappedRows`` for ``tables`` when their storage is ``index: device`` (the collection
+    groups those apart), their tiers becoming its views; rows they held already move into it."""
+    tiers = [t.tier for t in tables]
+    if not tiers or not all(isinstance(x, MappedTier) for x in tiers):
+        return None
+    first = tiers[0].rows  # type: ignore[attr-defined]
+    if all(x.rows is first and x.j == j and x.tables == len(tables) for j, x in enumerate(tiers)):  # type: ignore[attr-defined]
+        return first  # (a group over these tables was made before)
+    held = sum(len(x) for x in tiers)
+    rows = MappedRows(first.record_dim, first.device, capacity=max(2 * held, 1 << 16))
+    for j, (t, x) in enumerate(zip(tables, tiers)):
+        for ids, rec in x.items():
+            rows.put(ids.to(rows.device), torch.full((ids.numel(),), j, dtype=torch.int32, device=rows.device),
+                     rec.to(rows.device))
+        t.tier = MappedTier(rows, j, len(tables))
+    names = [t.name for t in tables]
+    where = ("in pinned host memory, indexed on the GPU" if rows.device.type == "cuda" else
+             "in host memory, indexed by tensor operations on the CPU (the index is made for a GPU: on a CPU, "
+             "storage.index: host is faster)")
+    _log_once(f"table group {names}: every row {where} (storage.index: device)")
+    return rows
 
 
 def _log_once(msg: str) -> None:

@@ -22,14 +22,16 @@ from __future__ import annotations
 
 from typing import Iterator
 
+import numpy as np
 import torch
 from torch import Tensor
 
+from ember.tiers.base import Tier, TierCounters
 from ember.tiers.device_budget import mark_device
 from ember.tiers.device_index import DeviceIndex
 from ember.tiers.mapped import device_view
 
-__all__ = ["MappedRows"]
+__all__ = ["MappedRows", "MappedTier"]
 
 
 class MappedRows:
@@ -60,6 +62,8 @@ class MappedRows:
         self.host = self._alloc(capacity)
         self.rows = device_view(self.host, self.device)
         mark_device(self.rows)
+        self.version = 0  # changes with every call that may insert or remove (``table_counts``' cache)
+        self._counts: tuple[int, np.ndarray] | None = None
 
     def _alloc(self, rows: int) -> Tensor:
         return torch.empty(rows, self.record_dim, pin_memory=self.device.type == "cuda")
@@ -93,6 +97,7 @@ class MappedRows:
         bool [N], records float32 [N, record_dim] on the device). New pairs are inserted; their
         records hold nothing yet (the caller makes fresh rows and ``store``s them)."""
         self._room(keys.numel())
+        self.version += 1
         rows, new = self.index.find_or_insert(keys, tables)
         return rows, new, self.rows.index_select(0, rows)
 
@@ -112,20 +117,92 @@ class MappedRows:
         rows, _, _ = self.lookup(keys, tables)
         self.store(rows, records)
 
+    def contains(self, keys: Tensor, tables: Tensor) -> Tensor:
+        """Found mask [N] (on the device)."""
+        return self.index.find(keys, tables) >= 0
+
     def remove(self, keys: Tensor, tables: Tensor) -> Tensor:
         """Take pairs out (found bool [N]); their host rows are not reused."""
+        self.version += 1
         return self.index.remove(keys, tables) >= 0
 
-    def items(self, chunk_rows: int = 1 << 20) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
-        """Every stored (IDs, tables, records) on the host, ``chunk_rows`` at a time (waits for
-        the device)."""
-        keys, tables, rows = self.index.items()  # (a sync: every queued write has landed)
+    def items(self, chunk_rows: int = 1 << 20, table: int | None = None) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        """Every stored (IDs, tables, records) on the host (of one ``table``, when given),
+        ``chunk_rows`` at a time (waits for the device)."""
+        idx = self.index
+        live = idx.tags[: idx.buckets * idx.ways]
+        live = torch.nonzero(live >= 0 if table is None else live == table).squeeze(1)  # (a sync: queued writes have landed)
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        keys, tables, rows = keys.cpu(), tables.cpu(), rows.cpu()
+        keys, tables, rows = idx.keys[live].cpu(), idx.tags[live].cpu(), idx.rows[live].cpu()
         for a in range(0, rows.numel(), chunk_rows):
             yield keys[a:a + chunk_rows], tables[a:a + chunk_rows], self.host[rows[a:a + chunk_rows]]
 
+    def table_counts(self, tables: int) -> np.ndarray:
+        """Pairs stored per table (int64 [tables]; waits for the device, unless nothing was
+        inserted or removed since the last call)."""
+        if self._counts is None or self._counts[0] != self.version or self._counts[1].size != tables:
+            tags = self.index.tags[: self.index.buckets * self.index.ways]
+            live = tags[tags >= 0].to(torch.int64)
+            self._counts = (self.version, torch.bincount(live, minlength=tables).cpu().numpy()[:tables])
+        return self._counts[1]
+
     def __len__(self) -> int:
         """Pairs stored (waits for the device)."""
-        return int(self.index.items()[0].numel())
+        return int((self.index.tags[: self.index.buckets * self.index.ways] >= 0).sum())
+
+
+class MappedTier(TierCounters, Tier):
+    """Table ``j``'s rows of a ``MappedRows`` as a ``Tier`` (checkpoints, exports, serving and
+    evaluation read and write through it; a training step's group takes the device path).
+    Unbounded: every row stays in host memory."""
+
+    name = "host"
+    capacity = None
+
+    def __init__(self, rows: MappedRows, j: int = 0, tables: int = 1) -> None:
+        self.rows, self.j, self.tables = rows, j, tables
+        self.record_dim = rows.record_dim
+        self.device = rows.device
+        self.reset_step_stats()
+
+    def _pairs(self, ids: Tensor) -> tuple[Tensor, Tensor]:
+        keys = ids.to(self.device, torch.int64)
+        return keys, torch.full_like(keys, self.j, dtype=torch.int32)
+
+    def get_into(self, ids: Tensor, out: Tensor) -> Tensor:
+        found, rec = self.rows.find(*self._pairs(ids))
+        found = found.cpu()
+        self.requests += ids.numel()
+        self.hits += int(found.sum())
+        at = torch.nonzero(found).squeeze(1)
+        if at.numel():
+            out.index_copy_(0, at.to(out.device), rec.index_select(0, at.to(rec.device)).to(out.device))
+        return found
+
+    def put(self, ids: Tensor, records: Tensor, counts: np.ndarray | None = None) -> None:
+        if ids.numel():
+            self.rows.put(*self._pairs(ids), records.to(self.device, torch.float32))
+            self.inserts += ids.numel()
+
+    def remove(self, ids: Tensor) -> Tensor:
+        return self.rows.remove(*self._pairs(ids)).cpu()
+
+    def contains(self, ids: Tensor) -> Tensor:
+        return self.rows.contains(*self._pairs(ids)).cpu()
+
+    def evict(self, n: int) -> tuple[Tensor, Tensor]:
+        """Nothing: the rows are unbounded (host memory holds every one)."""
+        return torch.empty(0, dtype=torch.int64), torch.empty(0, self.record_dim)
+
+    def items(self, chunk_rows: int = 1 << 20) -> Iterator[tuple[Tensor, Tensor]]:
+        for keys, _, rec in self.rows.items(chunk_rows, table=self.j):
+            yield keys, rec
+
+    def __len__(self) -> int:
+        return int(self.rows.table_counts(self.tables)[self.j])
+
+    @property
+    def nbytes(self) -> int:
+        """This table's share of the group's host rows and device index."""
+        return self.rows.nbytes // self.tables

@@ -83,6 +83,10 @@ class StorageConfig(ConfigModel):
     """What a cache evicts: `lru` (oldest access) or `lfu` (fewest accesses)."""
     admit_after: int = Field(2, ge=1)
     """Misses before an ID is promoted into a faster tier."""
+    index: Literal["host", "device"] = "host"
+    """Where the ID -> row index lives: `host`, or `device` (for a model on a GPU: every row in pinned host memory,
+    found, read and written by the GPU itself, with no host work per ID; not with a device cache, a host budget
+    or a disk tier)."""
 
     @field_validator("device_bytes", "host_bytes")
     @classmethod
@@ -96,6 +100,11 @@ class StorageConfig(ConfigModel):
         for t in ("device", "host"):
             if getattr(self, f"{t}_rows") is not None and getattr(self, f"{t}_bytes") is not None:
                 raise ValueError(f"give {t}_rows or {t}_bytes, not both")
+        if self.index == "device":
+            other = [k for k in ("device_rows", "device_bytes", "host_rows", "host_bytes", "disk_path") if getattr(self, k) is not None]
+            if other:
+                raise ValueError(f"index: device keeps every row in (pinned) host memory, indexed on the device; it does not "
+                                 f"combine with {', '.join(other)} (remove them, or use index: host)")
         return self
 
     @property
@@ -248,6 +257,11 @@ def plan_storage(storage: StorageConfig, record_dim: int, name: str = "table") -
     if isinstance(record_dim, bool) or not isinstance(record_dim, int) or record_dim < 1:
         raise ValueError(f"plan_storage: record_dim must be a whole number of floats >= 1, got {record_dim!r}")
     plan = StoragePlan(name=name, record_dim=record_dim, disk_path=storage.disk_path)
+    if storage.index == "device":
+        dev = _device(storage)
+        plan.tiers.append(("host", None, f"host store{' (pinned)' if dev.type == 'cuda' else ''}, indexed on the {dev.type}"))
+        plan.host_unbounded = True
+        return plan
     dev_rows = _rows_for(storage.device_bytes, storage.device_rows, record_dim, "device_bytes", name)
     host_rows = _rows_for(storage.host_bytes, storage.host_rows, record_dim, "host_bytes", name)
     if dev_rows is not None:
@@ -292,6 +306,10 @@ def build_tier(storage: StorageConfig, record_dim: int, name: str = "table") -> 
     """
     plan = plan_storage(storage, record_dim, name)
     plan.check()
+    if storage.index == "device":
+        from ember.tiers.mapped_rows import MappedRows, MappedTier  # (a leaf: tiers import storage)
+
+        return MappedTier(MappedRows(record_dim, _device(storage), capacity=1024))
     rows = {tier: n for tier, n, _ in plan.tiers}  # the plan's rows per tier (a byte budget's, found once)
     dev_rows, host_rows = rows.get("device"), rows.get("host")
     last: Tier

@@ -60,9 +60,10 @@ def _rows(result):
 
 
 CACHE = {"device_rows": 256, "device": "cuda", "admit_after": 1, "policy": "lfu"}
+DEVICE_INDEX = {"index": "device", "device": "cuda"}  # every row in pinned host memory, indexed on the GPU
 
 
-@pytest.mark.parametrize("storage", [CACHE, {}], ids=["group-cache", "host-rows"])
+@pytest.mark.parametrize("storage", [CACHE, {}, DEVICE_INDEX], ids=["group-cache", "host-rows", "device-index"])
 def test_cuda_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, storage):
     """Issue 25 item 4: on a GPU, a resumed run (rows in a device cache that evicts, or in host
     memory) ends with the same dense weights and rows, bit for bit, as an uninterrupted one."""
@@ -104,3 +105,18 @@ def test_cuda_group_cache_prepared_ahead_matches_in_line(tmp_path):
         assert torch.equal(ra[name][1], rb[name][1]), name
     for (k, a), b in zip(ahead.parts.model.state_dict().items(), inline.parts.model.state_dict().values()):
         assert torch.equal(a, b), k
+
+
+def test_cuda_device_index_trains_like_host_rows(tmp_path):
+    """storage.index: device on a GPU (rows gathered and scattered by the GPU in pinned host
+    memory, fresh rows made there) trains the model host rows train, within float tolerance."""
+    mapped = train(_tiered(tmp_path, "mapped", DEVICE_INDEX, max_steps=30))
+    host = train(_tiered(tmp_path, "host", {}, max_steps=30))
+    assert all(type(t.tier).__name__ == "MappedTier" and t.tier.device.type == "cuda"
+               for ec in mapped.parts.collections() for t in ec.tables.values())
+    ra, rb = _rows(mapped), _rows(host)
+    for name in ra:
+        assert torch.equal(ra[name][0], rb[name][0]), name
+        torch.testing.assert_close(ra[name][1], rb[name][1], rtol=1e-4, atol=1e-5, msg=name)
+    for (k, a), b in zip(mapped.parts.model.state_dict().items(), host.parts.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=k)

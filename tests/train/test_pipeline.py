@@ -178,6 +178,16 @@ def test_no_update_is_lost_with_the_cache_prepared_ahead(k):
     assert most_stale <= k and log.reread_rows > 0
 
 
+@pytest.mark.parametrize("k", [1, 2])
+def test_staleness_k_never_loses_an_update_with_the_device_index(k):
+    # storage.index: device: a lookup's refresh re-gathers the rows written since its fetch from
+    # the device-indexed rows (every indexed pair holds its record from its first fetch on)
+    rows, most_stale, _ = _stale_run(k, refresh=True, storage={"index": "device", "device": "cpu"})
+    counts = torch.tensor([12 + 4, 12 + 4, 12 + 4], dtype=torch.float32)
+    assert torch.equal(rows, -counts[:, None].expand(3, 2))
+    assert 0 < most_stale <= k
+
+
 def test_without_refresh_stale_updates_would_be_lost():
     """The check above can fail: the same run without re-reading loses updates."""
     rows, most_stale, _ = _stale_run(2, refresh=False)

@@ -1,0 +1,136 @@
+"""A table group with storage.index: device (``MappedRows``): bit for bit the host index's rows for
+every optimizer it takes, multi-hot bags, mixed initializers and optimizers in one group; an
+evaluation inserts nothing; a step never waits for the device and its operation count does not
+grow with the tables (the same code a GPU runs, with the native core off where budgets count)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from ember import _native
+from ember.batch import SparseFeatures
+from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig
+from ember.testing import SPARSE_OPTIMIZERS
+from ember.tiers.device_budget import DeviceBudget
+from ember.tiers.mapped_rows import MappedTier
+
+CPU = torch.device("cpu")
+DEVICE_INDEX = {"index": "device", "device": "cpu"}
+OPTIMIZERS = [o for o in SPARSE_OPTIMIZERS if o["type"] != "ftrl"]  # (ftrl's new state depends on the weights: refused)
+
+
+def _collection(index: str, opts: list[dict], pooling: str = "sum", inits: list[dict] | None = None) -> EmbeddingCollection:
+    storage = DEVICE_INDEX if index == "device" else {}
+    tables = [TableConfig(name=f"t{i}", dim=8, optimizer=o, storage=storage,
+                          **({} if inits is None else {"initializer": inits[i % len(inits)]})) for i, o in enumerate(opts)]
+    return EmbeddingCollection(tables, [FeatureConfig(name=f"f{i}", table=f"t{i}", pooling=pooling) for i in range(len(opts))])
+
+
+def _batch(n: int, b: int, rng: np.random.Generator, multi: bool) -> SparseFeatures:
+    lengths = rng.integers(0, 4, n * b) if multi else np.ones(n * b, dtype=np.int64)
+    values = (np.minimum(rng.zipf(1.1, int(lengths.sum())), 3000) * 7919) ^ rng.integers(0, 2, int(lengths.sum())) << 62
+    return SparseFeatures([f"f{i}" for i in range(n)], torch.from_numpy(values), torch.from_numpy(lengths))
+
+
+def _rows(ec: EmbeddingCollection) -> dict[str, dict[int, torch.Tensor]]:
+    return {n: {int(i): r for ids, rec in t.tier.items() for i, r in zip(ids, rec)} for n, t in ec.tables.items()}
+
+
+def _train_both(opts: list[dict], steps: int = 6, multi: bool = False, pooling: str = "sum",
+                inits: list[dict] | None = None) -> tuple[EmbeddingCollection, EmbeddingCollection]:
+    host, dev = _collection("host", opts, pooling, inits), _collection("device", opts, pooling, inits)
+    assert all(isinstance(t.tier, MappedTier) for t in dev.tables.values()) and all(g.mapped is not None for g in dev.groups)
+    rng = np.random.default_rng(0)
+    for _ in range(steps):
+        sf = _batch(len(opts), 64, rng, multi)
+        losses = []
+        for ec in (host, dev):
+            emb = ec(sf)
+            loss = sum((emb[k] ** 2).sum() * (i + 1) + emb[k].sum() for i, k in enumerate(emb))
+            loss.backward()
+            SparseOptimizer(ec).step()
+            losses.append(loss.item())
+        assert losses[0] == losses[1]
+    return host, dev
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=[o["type"] for o in OPTIMIZERS])
+@pytest.mark.parametrize("pooling", ["sum", "mean"])
+def test_every_optimizer_stores_the_host_index_rows(opt, pooling):
+    host, dev = _train_both([opt] * 4, multi=True, pooling=pooling)
+    a, b = _rows(host), _rows(dev)
+    for n in a:
+        assert a[n].keys() == b[n].keys() and all(torch.equal(a[n][k], b[n][k]) for k in a[n]), n
+        assert len(host.tables[n]) == len(dev.tables[n])
+
+
+def test_mixed_optimizers_and_initializers_in_one_group():
+    inits = [{"type": "uniform"}, {"type": "uniform", "scale": 0.5}, {"type": "zeros"}]
+    rowwise = [{"type": "rowwise_adagrad", "lr": lr} for lr in (0.05, 0.1, 0.05)]  # one group, two optimizer runs
+    host, dev = _train_both(rowwise + OPTIMIZERS, inits=inits)  # (+ a group per other record width)
+    assert len(dev.groups) == 4 and len(dev.groups[0].runs) >= 2
+    a, b = _rows(host), _rows(dev)
+    for n in a:
+        assert a[n].keys() == b[n].keys() and all(torch.equal(a[n][k], b[n][k]) for k in a[n]), n
+
+
+def test_an_evaluation_reads_fresh_rows_and_inserts_nothing():
+    host, dev = _train_both([OPTIMIZERS[2]] * 3, steps=2)
+    before = {n: len(t) for n, t in dev.tables.items()}
+    sf = _batch(3, 64, np.random.default_rng(9), multi=False)
+    with torch.no_grad():
+        ea, eb = host.eval()(sf), dev.eval()(sf)
+    for k in ea:
+        assert torch.equal(ea[k], eb[k]), k
+    assert {n: len(t) for n, t in dev.tables.items()} == before
+
+
+def test_the_tier_view_reads_writes_and_removes():
+    _, dev = _train_both([OPTIMIZERS[2]] * 2, steps=1)
+    t = dev.tables["t1"].tier
+    ids = torch.tensor([11, 22])
+    t.put(ids, torch.ones(2, t.record_dim))
+    out = torch.zeros(3, t.record_dim)
+    assert t.get_into(torch.tensor([22, 5, 11]), out).tolist() == [True, False, True]
+    assert torch.equal(out[[0, 2]], torch.ones(2, t.record_dim)) and not out[1].any()
+    assert t.contains(torch.tensor([11, 5])).tolist() == [True, False]
+    n = len(t)
+    assert t.remove(torch.tensor([11, 5])).tolist() == [True, False] and len(t) == n - 1
+    assert 11 not in {int(i) for ids_, _ in t.items() for i in ids_}
+    assert dev.tables["t0"].tier.contains(torch.tensor([22])).tolist() == [False]  # (another table's rows)
+
+
+@pytest.mark.parametrize("opt", OPTIMIZERS, ids=[o["type"] for o in OPTIMIZERS])
+def test_a_step_never_syncs_and_its_op_count_does_not_grow_with_the_tables(opt, monkeypatch):
+    monkeypatch.setattr(_native, "_core", None)  # the torch paths a GPU takes
+
+    def ops(n: int) -> list[int]:
+        ec = _collection("device", [opt] * n)
+        (group,) = ec.groups
+        rng = np.random.default_rng(0)
+        cot = torch.randn(64, 8)
+        out = []
+        for step in range(5):
+            sf = _batch(n, 64, rng, multi=False)
+            with DeviceBudget(CPU) as budget:
+                budget.mark(cot)
+                lk = group.plan(sf, True)
+                lk.fetch()
+                pooled = lk.pool(CPU)
+                torch.autograd.backward([pooled[k] for k in pooled], [cot] * len(pooled))
+                lk.update(step)
+                lk.write_back()
+            if step >= 3:  # (past the first calls of this size)
+                assert budget.syncs == 0, budget.report()
+                out.append(budget.ops)
+        return out
+
+    two, many = ops(2), ops(26)
+    assert max(many) <= max(two), (two, many)
+
+
+def test_ftrl_is_refused_with_what_to_do():
+    with pytest.raises(ValueError, match="ftrl.*storage.index: host"):
+        TableConfig(name="t", optimizer={"type": "ftrl", "alpha": 0.05}, storage=DEVICE_INDEX)

@@ -1,0 +1,100 @@
+"""storage.index: device end to end (on a CPU the same code a GPU runs: the index as tensor
+operations, the rows in host memory): training, resume and the pipeline give the model that rows
+in the host index give, bit for bit; evaluation and export read through the same rows."""
+
+from __future__ import annotations
+
+import torch
+
+from ember.config import from_dict
+from ember.tiers.mapped_rows import MappedTier
+from ember.train.loop import train
+
+DEVICE_INDEX = {"index": "device", "device": "cpu"}
+
+
+def _cfg(tmp_path, name, storage, **train_kw):
+    c = from_dict({
+        "data": {"preset": "synthetic", "synthetic": {"rows": 12_000, "eval_rows": 3_000, "vocab_size": 3_000, "num_sparse": 5},
+                 "batch_size": 256},
+        "embedding": {"dim": 8, "optimizer": {"type": "rowwise_adagrad", "lr": 0.05}},
+        "model": {"type": "dlrm", "bottom_mlp": [16, 8], "top_mlp": [16]},
+        "train": {"out_dir": str(tmp_path), "run_name": name, "progress": False, "deterministic": True,
+                  "precision": "fp32", "dense_optimizer": {"type": "adam", "lr": 0.003}, **train_kw},
+    })
+    tables = [t.model_copy(update={"storage": type(t.storage).model_validate(storage)}) for t in c.table_configs()]
+    return c.model_copy(update={"tables": tables})
+
+
+def _rows(result) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    out = {}
+    for ec in result.parts.collections():
+        for name, t in ec.tables.items():
+            ids, rec = zip(*t.items())
+            ids, rec = torch.cat(ids), torch.cat(rec)
+            o = torch.argsort(ids)
+            out[name] = (ids[o], rec[o])
+    return out
+
+
+def _same(a, b) -> None:
+    for (k, x), y in zip(a.parts.model.state_dict().items(), b.parts.model.state_dict().values()):
+        assert torch.equal(x, y), k
+    ra, rb = _rows(a), _rows(b)
+    assert ra.keys() == rb.keys()
+    for name in ra:
+        assert torch.equal(ra[name][0], rb[name][0]), name
+        assert torch.equal(ra[name][1], rb[name][1]), name
+
+
+def test_trains_the_model_the_host_index_trains(tmp_path):
+    host = train(_cfg(tmp_path, "host", {}, max_steps=25))
+    dev = train(_cfg(tmp_path, "dev", DEVICE_INDEX, max_steps=25))
+    assert all(isinstance(t.tier, MappedTier) for ec in dev.parts.collections() for t in ec.tables.values())
+    _same(host, dev)
+    assert dev.metrics["auc/label"] == host.metrics["auc/label"]
+
+
+def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
+    full = train(_cfg(tmp_path, "full", DEVICE_INDEX, max_steps=24))
+    first = train(_cfg(tmp_path, "part", DEVICE_INDEX, max_steps=11))
+    resumed = train(_cfg(tmp_path, "part", DEVICE_INDEX, max_steps=24, resume=str(first.run_dir)))
+    _same(full, resumed)
+
+
+def test_the_pipeline_on_threads_trains_as_in_line(tmp_path):
+    """Fetches on the pipeline's thread (staleness 0: after the update before): the run the
+    stages in line give, and the host index's."""
+    c = _cfg(tmp_path, "threads", DEVICE_INDEX, max_steps=20)
+    threads = train(c)
+    inline = train(c.model_copy(update={"train": c.train.model_copy(update={"run_name": "inline"}),
+                                        "pipeline": c.pipeline.model_copy(update={"enabled": False})}))
+    _same(threads, inline)
+    _same(threads, train(_cfg(tmp_path, "host", {}, max_steps=20)))
+
+
+def test_export_scores_as_the_run_evaluates(tmp_path):
+    from ember.testing import assert_export_scores_as_eval
+
+    cfg = _cfg(tmp_path, "export", DEVICE_INDEX, max_steps=15)
+    assert_export_scores_as_eval(train(cfg).parts, cfg, tmp_path / "exported")
+
+
+def test_a_table_the_device_index_cannot_hold_is_a_config_error(tmp_path):
+    from ember.errors import ConfigError
+
+    raw = _cfg(tmp_path, "bad", {}).model_dump(mode="json", by_alias=True)
+    raw["tables"] = [{"name": "C1", "min_count": 2, "storage": DEVICE_INDEX}]
+    try:
+        from_dict(raw)
+    except ConfigError as e:
+        assert "table 'C1'" in str(e) and "min_count" in str(e) and "storage.index: host" in str(e)
+    else:
+        raise AssertionError("no ConfigError")
+    raw["tables"] = [{"name": "C1", "storage": {**DEVICE_INDEX, "disk_path": str(tmp_path)}}]
+    try:
+        from_dict(raw)
+    except ConfigError as e:
+        assert "disk_path" in str(e) and "index: host" in str(e)
+    else:
+        raise AssertionError("no ConfigError")
