@@ -131,14 +131,24 @@ class TableGroup:
         self.fresh_keys = torch.from_numpy(self.init_keys.view(np.int64)).to(dev)
         self.fresh_mul = torch.from_numpy((2 * scale).astype(np.float32)).to(dev)
         self.fresh_add = torch.from_numpy((-scale).astype(np.float32)).to(dev)
-        state = np.array([t.optimizer.constant_state(self.dim) for t in self.tables], dtype=np.float32)
+        consts = [t.optimizer.constant_state(self.dim) for t in self.tables]
+        state = np.array([[0.0] * (self.width - self.dim) if c is None else c for c in consts], dtype=np.float32)
         self.fresh_state = torch.from_numpy(state.reshape(len(self.tables), self.width - self.dim)).to(dev)
+        # optimizers whose new state depends on the weights (FTRL): (rule, its tables as a mask [T])
+        self.fresh_from_weights = []
+        for k, (_, opt) in enumerate(self.combos):
+            mine = np.array([self.combo[j] == k and consts[j] is None for j in range(len(self.tables))])
+            if mine.any():
+                self.fresh_from_weights.append((opt, torch.from_numpy(mine).to(dev)))
 
     def fresh_rows(self, keys: Tensor, tags: Tensor) -> Tensor:
         """New records [N, width] of the IDs ``keys`` of tables ``tags`` (int32 [N]), made on the
         device by tensor operations: bit for bit what ``GroupLookup._fresh_into`` makes on the host."""
         w = uniform01_tensor(keys, self.fresh_keys[tags], self.dim, self.fresh_mul[tags], self.fresh_add[tags])
-        return torch.cat((w, self.fresh_state[tags]), 1)
+        state = self.fresh_state[tags]
+        for opt, mine in self.fresh_from_weights:
+            state = torch.where(mine[tags].unsqueeze(1), opt.init_state(w), state)
+        return torch.cat((w, state), 1)
 
     @property
     def names(self) -> list[str]:

@@ -18,7 +18,7 @@ from ember.tiers.mapped_rows import MappedTier
 
 CPU = torch.device("cpu")
 DEVICE_INDEX = {"index": "device", "device": "cpu"}
-OPTIMIZERS = [o for o in SPARSE_OPTIMIZERS if o["type"] != "ftrl"]  # (ftrl's new state depends on the weights: refused)
+OPTIMIZERS = SPARSE_OPTIMIZERS  # (ftrl's new state depends on the weights: made from them on the device)
 
 
 def _collection(index: str, opts: list[dict], pooling: str = "sum", inits: list[dict] | None = None) -> EmbeddingCollection:
@@ -69,8 +69,10 @@ def test_every_optimizer_stores_the_host_index_rows(opt, pooling):
 def test_mixed_optimizers_and_initializers_in_one_group():
     inits = [{"type": "uniform"}, {"type": "uniform", "scale": 0.5}, {"type": "zeros"}]
     rowwise = [{"type": "rowwise_adagrad", "lr": lr} for lr in (0.05, 0.1, 0.05)]  # one group, two optimizer runs
-    host, dev = _train_both(rowwise + OPTIMIZERS, inits=inits)  # (+ a group per other record width)
-    assert len(dev.groups) == 4 and len(dev.groups[0].runs) >= 2
+    ftrl = [{"type": "ftrl", "alpha": 0.05, "l2": l2} for l2 in (0.0, 0.01)]  # state from the weights, per table
+    host, dev = _train_both(rowwise + OPTIMIZERS + ftrl, inits=inits)  # (+ a group per other record width)
+    assert len(dev.groups) == 5 and len(dev.groups[0].runs) >= 2
+    assert any(len(g.fresh_from_weights) == 3 and len(g.runs) == 3 for g in dev.groups)  # the ftrl group
     a, b = _rows(host), _rows(dev)
     for n in a:
         assert a[n].keys() == b[n].keys() and all(torch.equal(a[n][k], b[n][k]) for k in a[n]), n
@@ -131,6 +133,7 @@ def test_a_step_never_syncs_and_its_op_count_does_not_grow_with_the_tables(opt, 
     assert max(many) <= max(two), (two, many)
 
 
-def test_ftrl_is_refused_with_what_to_do():
-    with pytest.raises(ValueError, match="ftrl.*storage.index: host"):
-        TableConfig(name="t", optimizer={"type": "ftrl", "alpha": 0.05}, storage=DEVICE_INDEX)
+def test_what_it_cannot_hold_is_refused_with_what_to_do():
+    for bad in ({"min_count": 2}, {"ttl_steps": 5}, {"dtype": "bf16"}, {"initializer": {"type": "normal"}}):
+        with pytest.raises(ValueError, match="table 't'.*storage.index: host"):
+            TableConfig(name="t", storage=DEVICE_INDEX, **bad)
