@@ -99,9 +99,7 @@ def _bf16_bits(x: Tensor, noise: Tensor | None) -> Tensor:
         mag = mag + noise
     out = (sign | (mag & 0x7FFF0000)) >> 16
     nan = (bits & 0x7FFFFFFF) > 0x7F800000
-    if bool(nan.any()):
-        out = torch.where(nan, (sign >> 16) | 0x7FC0, out)
-    return out
+    return torch.where(nan, (sign >> 16) | 0x7FC0, out)  # (unconditional: no read-back of device data)
 
 
 def _fp16_bits(x: Tensor, noise: Tensor | None) -> Tensor:
@@ -251,6 +249,14 @@ class RowCodec:
         w = records[:, : self.dim]
         bits = _bf16_bits(w, None) if self.dtype == "bf16" else _fp16_bits(w, None)
         return self._pack(records, bits)
+
+    def round_exact(self, weights: Tensor) -> Tensor:
+        """fp32 ``weights`` rounded to nearest at the codec's dtype by the reference bit patterns
+        (``round_nearest``'s values, as tensor operations with no read-back: a device's fresh rows)."""
+        if self.identity:
+            return weights
+        bits = _bf16_bits(weights, None) if self.dtype == "bf16" else _fp16_bits(weights, None)
+        return _widen(bits.to(torch.int16), self.dtype)
 
     def round_weights(self, records: Tensor) -> Tensor:
         """``records`` with its weights rounded to nearest (in place; returned): a fresh row as stored."""

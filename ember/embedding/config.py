@@ -69,16 +69,15 @@ class TableConfig(TableOptions):
     @model_validator(mode="after")
     def _device_index(self) -> "TableConfig":
         """``storage.index: device`` makes new rows on the device and stores every row it looks up:
-        plain fp32 tables whose new rows are a uniform (or zero) draw."""
+        tables whose new rows are a uniform (or zero) draw, without min_count or a TTL."""
         if self.storage.index != "device":
             return self
         why = ("min_count" if self.min_count > 1 else "ttl_steps" if self.ttl_steps is not None
-               else f"dtype {self.dtype}" if self.dtype != "fp32"
                else f"a {self.initializer.type} initializer" if self.initializer.type not in ("uniform", "zeros")
                else None)
         if why is not None:
             raise ValueError(f"table '{self.name}': storage.index: device does not support {why} yet (new rows are made on "
-                             "the device: fp32 rows, a uniform or zeros initializer, no min_count or ttl_steps); use "
+                             "the device: a uniform or zeros initializer, no min_count or ttl_steps); use "
                              "storage.index: host")
         return self
 

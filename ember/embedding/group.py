@@ -129,6 +129,7 @@ class TableGroup:
         zeros = np.array([t.config.initializer.type == "zeros" for t in self.tables])
         scale = np.where(zeros, 0.0, self.scale)
         self.fresh_keys = torch.from_numpy(self.init_keys.view(np.int64)).to(dev)
+        self.seeds_dev = torch.from_numpy(self.seeds).to(dev)  # (a 16-bit group's stochastic rounding, per table)
         self.fresh_mul = torch.from_numpy((2 * scale).astype(np.float32)).to(dev)
         self.fresh_add = torch.from_numpy((-scale).astype(np.float32)).to(dev)
         consts = [t.optimizer.constant_state(self.dim) for t in self.tables]
@@ -144,7 +145,8 @@ class TableGroup:
     def fresh_rows(self, keys: Tensor, tags: Tensor) -> Tensor:
         """New records [N, width] of the IDs ``keys`` of tables ``tags`` (int32 [N]), made on the
         device by tensor operations: bit for bit what ``GroupLookup._fresh_into`` makes on the host."""
-        w = uniform01_tensor(keys, self.fresh_keys[tags], self.dim, self.fresh_mul[tags], self.fresh_add[tags])
+        w = self.codec.round_exact(uniform01_tensor(keys, self.fresh_keys[tags], self.dim, self.fresh_mul[tags],
+                                                    self.fresh_add[tags]))  # (bf16 / fp16: as they will be stored)
         state = self.fresh_state[tags]
         for opt, mine in self.fresh_from_weights:
             state = torch.where(mine[tags].unsqueeze(1), opt.init_state(w), state)
@@ -224,6 +226,7 @@ class GroupLookup:
         self._bags: list[_Bags] | None = None  # fetch through a group cache: the grouped pooling's plan, copied too
         self._prepared: tuple[CachePlan, list[_Bags], list[Tensor]] | None = None  # prepare: the cache's host half, not yet loaded
         self.mapped_rows: Tensor | None = None  # fetch through MappedRows (training): each ID's record number, on the device
+        self._mapped_pairs: tuple[Tensor, Tensor] | None = None  # and its (IDs, tables) there
 
     def _count_moved(self, rows_per_table: Sequence[int], width: int) -> None:
         """Note, per table, rows of ``width`` floats that crossed between host and device."""
@@ -376,14 +379,14 @@ class GroupLookup:
         dev = buf.to(m.device, non_blocking=True).split([p.numel() for p in parts])
         keys, tags = dev[0], dev[1].to(torch.int32)
         if self.train:
-            rows, new, rec = m.lookup(keys, tags)
+            rows, new, packed = m.lookup(keys, tags)
         else:
-            found, rec = m.find(keys, tags)
+            found, packed = m.find(keys, tags)
             new = ~found
-        rec = torch.where(new.unsqueeze(1), g.fresh_rows(keys, tags), rec)
+        rec = torch.where(new.unsqueeze(1), g.fresh_rows(keys, tags), g.codec.decode(packed))
         if self.train:
-            m.store(rows, rec)
-            self.mapped_rows = rows
+            m.store(rows, g.codec.encode_nearest(rec))  # (16-bit weights: exact, they are 16-bit values)
+            self.mapped_rows, self._mapped_pairs = rows, (keys, tags)
         if extra:
             self.inverse_dev, rest = dev[2], iter(dev[3:])
             for bg in bags:
@@ -565,7 +568,8 @@ class GroupLookup:
             at = self._refresh_cached(at, [p.size for p in np.split(at, cut)])
         elif g.mapped is not None and self.mapped_rows is not None:  # (every indexed pair holds its record)
             at_dev = torch.from_numpy(at).to(self.records.device)
-            self.records.index_copy_(0, at_dev, g.mapped.rows.index_select(0, self.mapped_rows.index_select(0, at_dev)))
+            rows = g.codec.decode(g.mapped.rows.index_select(0, self.mapped_rows.index_select(0, at_dev)))
+            self.records.index_copy_(0, at_dev, rows)
         else:
             subsets = [torch.from_numpy(ids[p]) for p in np.split(at, cut)]
             packed = self.records.new_empty(at.size, g.codec.words)
@@ -759,6 +763,12 @@ class GroupLookup:
             self._write_back_cached()
             return
         if g.mapped is not None and self.mapped_rows is not None:  # one scatter of every row (the others' unchanged)
+            if not g.codec.identity:  # rounded stochastically, as the host path writes (a 16-bit value stays itself)
+                keys, tags = self._mapped_pairs
+                steps = torch.tensor([t.step for t in g.tables], dtype=torch.int64)
+                steps = steps.pin_memory() if keys.device.type == "cuda" else steps
+                steps = steps.to(keys.device, non_blocking=True)
+                rec = g.codec.encode(rec, keys, g.seeds_dev[tags], steps[tags])
             g.mapped.store(self.mapped_rows, rec)
             self._wrote([ids[j] if j in self.updated else ids[j][:0] for j in range(len(g.tables))])
             return

@@ -21,9 +21,10 @@ DEVICE_INDEX = {"index": "device", "device": "cpu"}
 OPTIMIZERS = SPARSE_OPTIMIZERS  # (ftrl's new state depends on the weights: made from them on the device)
 
 
-def _collection(index: str, opts: list[dict], pooling: str = "sum", inits: list[dict] | None = None) -> EmbeddingCollection:
+def _collection(index: str, opts: list[dict], pooling: str = "sum", inits: list[dict] | None = None,
+                dtype: str = "fp32") -> EmbeddingCollection:
     storage = DEVICE_INDEX if index == "device" else {}
-    tables = [TableConfig(name=f"t{i}", dim=8, optimizer=o, storage=storage,
+    tables = [TableConfig(name=f"t{i}", dim=7, optimizer=o, storage=storage, dtype=dtype,
                           **({} if inits is None else {"initializer": inits[i % len(inits)]})) for i, o in enumerate(opts)]
     return EmbeddingCollection(tables, [FeatureConfig(name=f"f{i}", table=f"t{i}", pooling=pooling) for i in range(len(opts))])
 
@@ -39,8 +40,8 @@ def _rows(ec: EmbeddingCollection) -> dict[str, dict[int, torch.Tensor]]:
 
 
 def _train_both(opts: list[dict], steps: int = 6, multi: bool = False, pooling: str = "sum",
-                inits: list[dict] | None = None) -> tuple[EmbeddingCollection, EmbeddingCollection]:
-    host, dev = _collection("host", opts, pooling, inits), _collection("device", opts, pooling, inits)
+                inits: list[dict] | None = None, dtype: str = "fp32") -> tuple[EmbeddingCollection, EmbeddingCollection]:
+    host, dev = _collection("host", opts, pooling, inits, dtype), _collection("device", opts, pooling, inits, dtype)
     assert all(isinstance(t.tier, MappedTier) for t in dev.tables.values()) and all(g.mapped is not None for g in dev.groups)
     rng = np.random.default_rng(0)
     for _ in range(steps):
@@ -64,6 +65,17 @@ def test_every_optimizer_stores_the_host_index_rows(opt, pooling):
     for n in a:
         assert a[n].keys() == b[n].keys() and all(torch.equal(a[n][k], b[n][k]) for k in a[n]), n
         assert len(host.tables[n]) == len(dev.tables[n])
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_16_bit_rows_store_the_host_index_bits(dtype):
+    """Fresh rows rounded to nearest, updated rows rounded stochastically with the noise of (table
+    seed, table step, ID, column): the host path's bits (odd dim: the pad half-word too)."""
+    host, dev = _train_both([OPTIMIZERS[2], OPTIMIZERS[3], OPTIMIZERS[2]], multi=True, dtype=dtype)
+    a, b = _rows(host), _rows(dev)
+    for n in a:
+        assert a[n].keys() == b[n].keys() and all(torch.equal(a[n][k], b[n][k]) for k in a[n]), n
+    assert next(iter(b["t0"].values())).shape == (4 + 1,)  # packed: 7 16-bit weights in 4 words, 1 state
 
 
 def test_mixed_optimizers_and_initializers_in_one_group():
@@ -112,7 +124,7 @@ def test_a_step_never_syncs_and_its_op_count_does_not_grow_with_the_tables(opt, 
         ec = _collection("device", [opt] * n)
         (group,) = ec.groups
         rng = np.random.default_rng(0)
-        cot = torch.randn(64, 8)
+        cot = torch.randn(64, 7)
         out = []
         for step in range(5):
             sf = _batch(n, 64, rng, multi=False)
@@ -134,6 +146,6 @@ def test_a_step_never_syncs_and_its_op_count_does_not_grow_with_the_tables(opt, 
 
 
 def test_what_it_cannot_hold_is_refused_with_what_to_do():
-    for bad in ({"min_count": 2}, {"ttl_steps": 5}, {"dtype": "bf16"}, {"initializer": {"type": "normal"}}):
+    for bad in ({"min_count": 2}, {"ttl_steps": 5}, {"initializer": {"type": "normal"}}):
         with pytest.raises(ValueError, match="table 't'.*storage.index: host"):
             TableConfig(name="t", storage=DEVICE_INDEX, **bad)

@@ -4,6 +4,7 @@ in the host index give, bit for bit; evaluation and export read through the same
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from ember.config import from_dict
@@ -13,11 +14,11 @@ from ember.train.loop import train
 DEVICE_INDEX = {"index": "device", "device": "cpu"}
 
 
-def _cfg(tmp_path, name, storage, **train_kw):
+def _cfg(tmp_path, name, storage, dtype="fp32", **train_kw):
     c = from_dict({
         "data": {"preset": "synthetic", "synthetic": {"rows": 12_000, "eval_rows": 3_000, "vocab_size": 3_000, "num_sparse": 5},
                  "batch_size": 256},
-        "embedding": {"dim": 8, "optimizer": {"type": "rowwise_adagrad", "lr": 0.05}},
+        "embedding": {"dim": 8, "optimizer": {"type": "rowwise_adagrad", "lr": 0.05}, "dtype": dtype},
         "model": {"type": "dlrm", "bottom_mlp": [16, 8], "top_mlp": [16]},
         "train": {"out_dir": str(tmp_path), "run_name": name, "progress": False, "deterministic": True,
                   "precision": "fp32", "dense_optimizer": {"type": "adam", "lr": 0.003}, **train_kw},
@@ -47,9 +48,10 @@ def _same(a, b) -> None:
         assert torch.equal(ra[name][1], rb[name][1]), name
 
 
-def test_trains_the_model_the_host_index_trains(tmp_path):
-    host = train(_cfg(tmp_path, "host", {}, max_steps=25))
-    dev = train(_cfg(tmp_path, "dev", DEVICE_INDEX, max_steps=25))
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_trains_the_model_the_host_index_trains(tmp_path, dtype):
+    host = train(_cfg(tmp_path, "host", {}, dtype, max_steps=25))
+    dev = train(_cfg(tmp_path, "dev", DEVICE_INDEX, dtype, max_steps=25))
     assert all(isinstance(t.tier, MappedTier) for ec in dev.parts.collections() for t in ec.tables.values())
     _same(host, dev)
     assert dev.metrics["auc/label"] == host.metrics["auc/label"]
