@@ -20,18 +20,29 @@ On a CPU device the view is the host tensor itself: the same code runs, and is t
 
 from __future__ import annotations
 
+import logging
 from typing import Iterator
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from ember.errors import CapacityError
+from ember.fileio import fmt_bytes
 from ember.tiers.base import Tier, TierCounters
 from ember.tiers.device_budget import mark_device
 from ember.tiers.device_index import DeviceIndex
 from ember.tiers.mapped import device_view
 
 __all__ = ["MappedRows", "MappedTier"]
+
+log = logging.getLogger("ember.tiers")
+
+
+def _mem_available() -> int | None:
+    from ember.tiers.storage import _mem_available as available  # (storage imports this module)
+
+    return available()
 
 
 class MappedRows:
@@ -86,7 +97,18 @@ class MappedRows:
         need = self.index.check() + n  # (waits for the device: its writes to the old rows are done)
         if need <= self.capacity:
             return
-        host = self._alloc(max(2 * self.capacity, need))
+        rows = max(2 * self.capacity, need)
+        size = rows * self.record_dim * 4
+        free = _mem_available()
+        if free is not None and size > free:
+            raise CapacityError(
+                f"storage.index: device: the table group's rows need {fmt_bytes(size)} of host memory to grow to "
+                f"{rows:,} rows (beside the {fmt_bytes(self.host.numel() * 4)} they have), but {fmt_bytes(free)} is "
+                "available. Every row of such a table stays in host memory: for tables larger than RAM use "
+                "storage.index: host with a disk tier (storage.disk_path)")
+        log.info("storage.index: device: a table group's rows grow to %s rows (%s of %shost memory; the step waits "
+                 "for the device once)", f"{rows:,}", fmt_bytes(size), "pinned " if self.device.type == "cuda" else "")
+        host = self._alloc(rows)
         host[: self.capacity].copy_(self.host)
         self.host = host
         self.rows = device_view(host, self.device)

@@ -126,3 +126,17 @@ def test_the_same_records_on_a_gpu() -> None:
         rows, _, _ = gpu.lookup(keys.cuda(), tags.cuda())
         gpu.store(rows, upd.cuda())
     assert b.syncs == 0, b.report()
+
+
+def test_a_growth_past_the_free_memory_is_a_capacity_error(monkeypatch):
+    import ember.tiers.mapped_rows as mr
+    from ember.errors import CapacityError
+
+    m = MappedRows(R, CPU, capacity=8)
+    monkeypatch.setattr(mr, "_mem_available", lambda: 100)  # 100 bytes free
+    keys, tags, _, _ = next(_steps(7, 1, n=40))
+    with pytest.raises(CapacityError, match="host memory to grow.*storage.index: host with a disk tier"):
+        m.lookup(keys, tags)
+    monkeypatch.setattr(mr, "_mem_available", lambda: None)  # unknown: grows
+    m.lookup(keys, tags)
+    assert m.capacity >= keys.numel()
