@@ -259,10 +259,7 @@ class GroupLookup:
         g = self.group
         assert g.cache is not None
         owner = np.repeat(np.arange(len(g.tables)), self.sizes)
-        bags = self._grouped()
-        extra = [self.inverse] if self.sparse is not None else []
-        for bg in bags:
-            extra += [x for x in (bg.inv, None if bg.layout is None else bg.layout[0]) if x is not None]
+        bags, extra = self._uploads()
         plan = g.cache.fetch(self.ids.numpy(), self.sizes, self.train, extra)
         miss, found_np, staged = plan.miss, plan.found, plan.staged
         if miss.size:
@@ -348,16 +345,31 @@ class GroupLookup:
         if self._prepared is None:
             self._stage()  # (loaded at once: its one upload carries the displaced rows' slots too)
         assert self._prepared is not None
-        (plan, bags, extra), self._prepared = self._prepared, None
+        (plan, bags, _), self._prepared = self._prepared, None
         rec, dev = g.cache.load(plan)
-        if extra:
-            self.inverse_dev, rest = dev[0], iter(dev[1:])
-            for bg in bags:
-                bg.inv_dev = None if bg.inv is None else next(rest)
-                bg.layout_dev = None if bg.layout is None else _bag_views(next(rest), *bg.layout[1:])
-                bg.on = rec.device
-            self._bags = bags
+        self._uploaded(bags, dev, rec.device)
         self._complete(rec, torch.from_numpy(plan.found))
+
+    def _uploads(self) -> tuple[list["_Bags"], list[Tensor]]:
+        """The grouped pooling's plan, and the host tensors the device needs beside the rows, in
+        one upload's order: ``inverse`` (a lookup of features), then each bag's indexes and layout."""
+        bags = self._grouped()
+        extra = [self.inverse] if self.sparse is not None else []
+        for bg in bags:
+            extra += [x for x in (bg.inv, None if bg.layout is None else bg.layout[0]) if x is not None]
+        return bags, extra
+
+    def _uploaded(self, bags: list["_Bags"], dev: Sequence[Tensor], device: torch.device) -> None:
+        """``_uploads``' tensors, now on ``device`` (``dev``, in their order), taken by the lookup
+        and its bags (``pool`` uses them instead of copying its own)."""
+        if not dev:
+            return
+        self.inverse_dev, rest = dev[0], iter(dev[1:])
+        for bg in bags:
+            bg.inv_dev = None if bg.inv is None else next(rest)
+            bg.layout_dev = None if bg.layout is None else _bag_views(next(rest), *bg.layout[1:])
+            bg.on = device
+        self._bags = bags
 
     def _fetch_mapped(self) -> None:
         """A fetch through the group's ``MappedRows`` (storage.index: device): one upload of the
@@ -369,13 +381,10 @@ class GroupLookup:
         g, m = self.group, self.group.mapped
         assert m is not None
         owner = np.repeat(np.arange(len(g.tables), dtype=np.int64), self.sizes)
-        bags = self._grouped()
-        extra = [self.inverse] if self.sparse is not None else []
-        for bg in bags:
-            extra += [x for x in (bg.inv, None if bg.layout is None else bg.layout[0]) if x is not None]
+        bags, extra = self._uploads()
         parts = [self.ids, torch.from_numpy(owner), *extra]
         buf = torch.empty(sum(p.numel() for p in parts), dtype=torch.int64, pin_memory=m.device.type == "cuda")
-        torch.cat(parts, out=buf) if parts else None
+        torch.cat(parts, out=buf)
         dev = buf.to(m.device, non_blocking=True).split([p.numel() for p in parts])
         keys, tags = dev[0], dev[1].to(torch.int32)
         if self.train:
@@ -387,13 +396,7 @@ class GroupLookup:
         if self.train:
             m.store(rows, g.codec.encode_nearest(rec))  # (16-bit weights: exact, they are 16-bit values)
             self.mapped_rows, self._mapped_pairs = rows, (keys, tags)
-        if extra:
-            self.inverse_dev, rest = dev[2], iter(dev[3:])
-            for bg in bags:
-                bg.inv_dev = None if bg.inv is None else next(rest)
-                bg.layout_dev = None if bg.layout is None else _bag_views(next(rest), *bg.layout[1:])
-                bg.on = m.device
-            self._bags = bags
+        self._uploaded(bags, dev[2:], m.device)
         self.records = rec
 
     def _complete(self, rec: Tensor, found: Tensor) -> None:

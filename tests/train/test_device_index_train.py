@@ -5,9 +5,9 @@ in the host index give, bit for bit; evaluation and export read through the same
 from __future__ import annotations
 
 import pytest
-import torch
 
 from ember.config import from_dict
+from ember.testing import assert_identical, run_state
 from ember.tiers.mapped_rows import MappedTier
 from ember.train.loop import train
 
@@ -27,25 +27,8 @@ def _cfg(tmp_path, name, storage, dtype="fp32", **train_kw):
     return c.model_copy(update={"tables": tables})
 
 
-def _rows(result) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-    out = {}
-    for ec in result.parts.collections():
-        for name, t in ec.tables.items():
-            ids, rec = zip(*t.items())
-            ids, rec = torch.cat(ids), torch.cat(rec)
-            o = torch.argsort(ids)
-            out[name] = (ids[o], rec[o])
-    return out
-
-
 def _same(a, b) -> None:
-    for (k, x), y in zip(a.parts.model.state_dict().items(), b.parts.model.state_dict().values()):
-        assert torch.equal(x, y), k
-    ra, rb = _rows(a), _rows(b)
-    assert ra.keys() == rb.keys()
-    for name in ra:
-        assert torch.equal(ra[name][0], rb[name][0]), name
-        assert torch.equal(ra[name][1], rb[name][1]), name
+    assert_identical(run_state(a), run_state(b))
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
