@@ -42,6 +42,21 @@ class TableOptions(ConfigModel):
     """How the weights are stored in every tier, checkpoint and export: `fp32`, `bf16` or `fp16` (optimizer state
     stays fp32) (see Capacity planning, "Row storage dtype")."""
 
+    @model_validator(mode="after")
+    def _device_index(self) -> "TableOptions":
+        """``storage.index: device`` makes new rows on the device and stores every row it looks up:
+        tables whose new rows are a uniform (or zero) draw, without min_count or a TTL."""
+        if self.storage.index != "device":
+            return self
+        why = ("min_count" if self.min_count > 1 else "ttl_steps" if self.ttl_steps is not None
+               else f"a {self.initializer.type} initializer" if self.initializer.type not in ("uniform", "zeros")
+               else None)
+        if why is not None:
+            who = f"table '{self.name}'" if getattr(self, "name", None) else "embedding (the defaults of every table)"
+            raise ValueError(f"{who}: storage.index: device does not support {why} yet (new rows are made on the "
+                             "device: a uniform or zeros initializer, no min_count or ttl_steps); use storage.index: host")
+        return self
+
 
 class TableConfig(TableOptions):
     """One embedding table. IDs are arbitrary int64; no vocabulary size is needed.
@@ -65,21 +80,6 @@ class TableConfig(TableOptions):
 
     name: str = Field(min_length=1)
     """The name features refer to (`schema.sparse[].table`)."""
-
-    @model_validator(mode="after")
-    def _device_index(self) -> "TableConfig":
-        """``storage.index: device`` makes new rows on the device and stores every row it looks up:
-        tables whose new rows are a uniform (or zero) draw, without min_count or a TTL."""
-        if self.storage.index != "device":
-            return self
-        why = ("min_count" if self.min_count > 1 else "ttl_steps" if self.ttl_steps is not None
-               else f"a {self.initializer.type} initializer" if self.initializer.type not in ("uniform", "zeros")
-               else None)
-        if why is not None:
-            raise ValueError(f"table '{self.name}': storage.index: device does not support {why} yet (new rows are made on "
-                             "the device: a uniform or zeros initializer, no min_count or ttl_steps); use "
-                             "storage.index: host")
-        return self
 
     @property
     def record_dim(self) -> int:

@@ -76,6 +76,15 @@ def test_a_table_the_device_index_cannot_hold_is_a_config_error(tmp_path):
         assert "table 'C1'" in str(e) and "min_count" in str(e) and "storage.index: host" in str(e)
     else:
         raise AssertionError("no ConfigError")
+    raw["tables"] = []
+    raw["embedding"] = {**raw["embedding"], "storage": DEVICE_INDEX, "ttl_steps": 4}  # the defaults of every table
+    try:
+        from_dict(raw)
+    except ConfigError as e:
+        assert "embedding" in str(e) and "ttl_steps" in str(e)
+    else:
+        raise AssertionError("no ConfigError")
+    raw["embedding"] = {k: v for k, v in raw["embedding"].items() if k not in ("storage", "ttl_steps")}
     raw["tables"] = [{"name": "C1", "storage": {**DEVICE_INDEX, "disk_path": str(tmp_path)}}]
     try:
         from_dict(raw)
