@@ -32,7 +32,7 @@ for s in $STEPS; do
     tests) el tests
       timeout ${TESTS_S:-170} python3 -m pytest -q -rf --tb=short -n 12 -p no:cacheprovider -m "${TESTS_M:-not dist}" --timeout 120 \
         --junitxml="$OUT/tests.xml" ${TEST_PATHS:-tests} 2>&1 | tee "$OUT/tests.log" | grep -E "FAILED|passed|failed|error" | tail -30 ;;
-    cache) el bench_gpu_cache
+    cache) el "bench_gpu_cache (the group cache, host rows, storage.index: device, plain PyTorch)"
       (cd bench && timeout ${CACHE_S:-200} python3 bench_gpu_cache.py ${CACHE_ARGS:-}) 2>&1 | tee "$OUT/gpu_cache.log" | tail -25 ;;
     index) el "bench_device_index (the index on the GPU vs the host's)"
       timeout ${INDEX_S:-120} python3 bench/bench_device_index.py ${INDEX_ARGS:-} 2>&1 | tee "$OUT/device_index.log" | tail -8 ;;
