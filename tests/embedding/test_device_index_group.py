@@ -78,6 +78,35 @@ def test_16_bit_rows_store_the_host_index_bits(dtype):
     assert next(iter(b["t0"].values())).shape == (4 + 1,)  # packed: 7 16-bit weights in 4 words, 1 state
 
 
+def test_weighted_sqrtn_and_sequence_features_pool_the_same_rows():
+    """Features pooled one at a time (weighted bags, sqrt-n, sequences; two features sharing a
+    table) read and update the rows the host index gives."""
+    feats = [FeatureConfig(name="w", table="t0", pooling="sum"), FeatureConfig(name="q", table="t0", pooling="sqrtn"),
+             FeatureConfig(name="s", table="t1", pooling="sequence", max_length=3)]
+    made = []
+    for storage in ({}, DEVICE_INDEX):
+        tables = [TableConfig(name=f"t{i}", dim=7, optimizer=OPTIMIZERS[3], storage=storage) for i in range(2)]
+        made.append(EmbeddingCollection(tables, feats))
+    rng = np.random.default_rng(3)
+    for _ in range(4):
+        lengths = rng.integers(0, 4, 3 * 16)
+        n = int(lengths.sum())
+        sf = SparseFeatures(["w", "q", "s"], torch.from_numpy(rng.integers(0, 60, n)), torch.from_numpy(lengths),
+                            weights=torch.from_numpy(rng.uniform(-1, 2, n).astype(np.float32)))
+        losses = []
+        for ec in made:
+            out = ec(sf)
+            seq = out["s"]
+            loss = (out["w"] ** 2).sum() + out["q"].sum() + (seq.values ** 2).sum()
+            loss.backward()
+            SparseOptimizer(ec).step()
+            losses.append(loss.item())
+        assert losses[0] == losses[1]
+    a, b = _rows(made[0]), _rows(made[1])
+    for n in a:
+        assert a[n].keys() == b[n].keys() and all(torch.equal(a[n][k], b[n][k]) for k in a[n]), n
+
+
 def test_mixed_optimizers_and_initializers_in_one_group():
     inits = [{"type": "uniform"}, {"type": "uniform", "scale": 0.5}, {"type": "zeros"}]
     rowwise = [{"type": "rowwise_adagrad", "lr": lr} for lr in (0.05, 0.1, 0.05)]  # one group, two optimizer runs
