@@ -45,16 +45,16 @@ class TableOptions(ConfigModel):
     @model_validator(mode="after")
     def _device_index(self) -> "TableOptions":
         """``storage.index: device`` makes new rows on the device and stores every row it looks up:
-        tables whose new rows are a uniform (or zero) draw, without min_count or a TTL."""
+        tables whose new rows are a uniform (or zero) draw, without min_count."""
         if self.storage.index != "device":
             return self
-        why = ("min_count" if self.min_count > 1 else "ttl_steps" if self.ttl_steps is not None
+        why = ("min_count" if self.min_count > 1
                else f"a {self.initializer.type} initializer" if self.initializer.type not in ("uniform", "zeros")
                else None)
         if why is not None:
             who = f"table '{self.name}'" if getattr(self, "name", None) else "embedding (the defaults of every table)"
             raise ValueError(f"{who}: storage.index: device does not support {why} yet (new rows are made on the "
-                             "device: a uniform or zeros initializer, no min_count or ttl_steps); use storage.index: host")
+                             "device: a uniform or zeros initializer, no min_count); use storage.index: host")
         return self
 
 

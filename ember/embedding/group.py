@@ -19,6 +19,7 @@ outlives a batch.
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -132,7 +133,15 @@ class TableGroup:
         self.seeds_dev = torch.from_numpy(self.seeds).to(dev)  # (a 16-bit group's stochastic rounding, per table)
         self.fresh_mul = torch.from_numpy((2 * scale).astype(np.float32)).to(dev)
         self.fresh_add = torch.from_numpy((-scale).astype(np.float32)).to(dev)
+        ttl = np.array([np.inf if t.config.ttl_steps is None else float(t.config.ttl_steps) for t in self.tables])
+        self.ttl_dev = torch.from_numpy(ttl.astype(np.float32)).to(dev) if np.isfinite(ttl).any() else None
+        self.expired_dev = torch.zeros(len(self.tables), dtype=torch.int64, device=dev)  # reads of expired rows
+        for t in self.tables:
+            t.tier.expired = self.expired_dev  # type: ignore[attr-defined]  # (its stats take their share)
+        self.table_numbers = torch.arange(len(self.tables), dtype=torch.int32, device=dev)
+        # each table's state words, then (a TTL) the last-seen step, set when a lookup reads the row
         consts = [t.optimizer.constant_state(self.dim) for t in self.tables]
+        consts = [None if c is None else c + [0.0] * (self.width - self.dim - len(c)) for c in consts]
         state = np.array([[0.0] * (self.width - self.dim) if c is None else c for c in consts], dtype=np.float32)
         self.fresh_state = torch.from_numpy(state.reshape(len(self.tables), self.width - self.dim)).to(dev)
         # optimizers whose new state depends on the weights (FTRL): (rule, its tables as a mask [T])
@@ -149,7 +158,9 @@ class TableGroup:
                                                     self.fresh_add[tags]))  # (bf16 / fp16: as they will be stored)
         state = self.fresh_state[tags]
         for opt, mine in self.fresh_from_weights:
-            state = torch.where(mine[tags].unsqueeze(1), opt.init_state(w), state)
+            made = opt.init_state(w)
+            made = torch.cat((made, state[:, made.shape[1]:]), 1)  # (a TTL table's last-seen word)
+            state = torch.where(mine[tags].unsqueeze(1), made, state)
         return torch.cat((w, state), 1)
 
     @property
@@ -227,6 +238,7 @@ class GroupLookup:
         self._prepared: tuple[CachePlan, list[_Bags], list[Tensor]] | None = None  # prepare: the cache's host half, not yet loaded
         self.mapped_rows: Tensor | None = None  # fetch through MappedRows (training): each ID's record number, on the device
         self._mapped_pairs: tuple[Tensor, Tensor] | None = None  # and its (IDs, tables) there
+        self._mapped_end: weakref.finalize | None = None  # ends its MappedRows lookup (begin .. end)
 
     def _count_moved(self, rows_per_table: Sequence[int], width: int) -> None:
         """Note, per table, rows of ``width`` floats that crossed between host and device."""
@@ -388,12 +400,24 @@ class GroupLookup:
         dev = buf.to(m.device, non_blocking=True).split([p.numel() for p in parts])
         keys, tags = dev[0], dev[1].to(torch.int32)
         if self.train:
+            seq = m.begin()
+            self._mapped_end = weakref.finalize(self, m.end_later, seq)
             rows, new, packed = m.lookup(keys, tags)
         else:
             found, packed = m.find(keys, tags)
             new = ~found
-        rec = torch.where(new.unsqueeze(1), g.fresh_rows(keys, tags), g.codec.decode(packed))
+        rec = g.codec.decode(packed)
+        steps = None
+        if g.ttl_dev is not None:  # a row not looked up for more than its table's ttl_steps reads as new
+            steps = torch.tensor([float(t.step) for t in g.tables], dtype=torch.float32)
+            steps = (steps.pin_memory() if m.device.type == "cuda" else steps).to(m.device, non_blocking=True)[tags]
+            expired = ~new & (steps - rec[:, -1] > g.ttl_dev[tags])
+            g.expired_dev += (expired.unsqueeze(1) & (tags.unsqueeze(1) == g.table_numbers)).sum(0)
+            new = new | expired
+        rec = torch.where(new.unsqueeze(1), g.fresh_rows(keys, tags), rec)
         if self.train:
+            if steps is not None:  # looked up now (the last word of a TTL table's record)
+                rec[:, -1] = torch.where(g.ttl_dev[tags] < float("inf"), steps, rec[:, -1])
             m.store(rows, g.codec.encode_nearest(rec))  # (16-bit weights: exact, they are 16-bit values)
             self.mapped_rows, self._mapped_pairs = rows, (keys, tags)
         self._uploaded(bags, dev[2:], m.device)
@@ -743,6 +767,14 @@ class GroupLookup:
             self._prepared = None  # (prepared, never loaded: its victims were sent at once)
             self.group.cache.release(self.ticket)
             self.ticket = None
+        self._end_mapped()
+
+    def _end_mapped(self) -> None:
+        """A training lookup through ``MappedRows`` ends: rows removed meanwhile may be reused."""
+        done, self._mapped_end = self._mapped_end, None
+        info = done.detach() if done is not None else None
+        if info is not None and self.group.mapped is not None:
+            self.group.mapped.end(info[2][0])  # (the finalizer's own argument: the lookup's number)
 
     def _write_back_cached(self) -> None:
         g, rec = self.group, self.records
@@ -774,6 +806,7 @@ class GroupLookup:
                 rec = g.codec.encode(rec, keys, g.seeds_dev[tags], steps[tags])
             g.mapped.store(self.mapped_rows, rec)
             self._wrote([ids[j] if j in self.updated else ids[j][:0] for j in range(len(g.tables))])
+            self._end_mapped()
             return
         if len(self.updated) == len(g.tables) and not self.filtered:
             self._write_all()

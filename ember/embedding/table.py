@@ -256,6 +256,9 @@ class EmbeddingTable:
             out["pending_ids"] = float(len(self.admission))
             out["filtered_reads"] = float(self.filtered_reads)
         if self.ttl is not None:
+            take = getattr(self.tier, "take_expired_reads", None)  # (storage.index: device counts them there)
+            if take is not None:
+                self.expired_reads += take()
             out["expired_reads"] = float(self.expired_reads)
             out["expired_rows"] = float(self.expired_rows)
         tiers = self.tier.stats()

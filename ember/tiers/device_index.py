@@ -3,7 +3,7 @@
 A GPU step that looks rows up in a host index waits for the host: every ID of the batch costs
 the CPU a hash probe (and the cache's counters) before the device can gather. ``DeviceIndex``
 keeps the map in device memory instead, so a step's look-up and its inserts are a fixed
-sequence of tensor operations on the device (26 for ``find``, 77 for ``find_or_insert`` on a CPU; 27 and 82 on an H200),
+sequence of tensor operations on the device (26 for ``find``, 87 for ``find_or_insert`` on a CPU),
 whatever the batch or the table size, with no device->host
 synchronisation: nothing reads device data back, and no output's shape depends on it.
 
@@ -15,7 +15,7 @@ table of a group (an ID of two tables is two entries); a removed entry keeps its
 entries of both at once. An insert goes to the emptier of the two, ways filled in order; keys of
 one batch that pick the same bucket are ranked by a stable sort, and those past the last way
 try their other bucket once (two rounds: two-choice hashing keeps every bucket below its ways
-at the load limit, 1/2). Rows are numbered in order of first insertion and never reused.
+at the load limit, 1/2). Rows are numbered in order of first insertion (released rows are reused first, see below).
 
 The host sizes the table without waiting on the device: each insert downloads the entry count
 without blocking (``counts``), and ``reserve`` takes the newest download that has arrived plus
@@ -23,7 +23,8 @@ the keys of the inserts since (an upper bound) against the load limit; only then
 count read and the table rehashed (rarely: a rehash leaves it at most 3/8 full). An insert that
 found no way in either bucket
 (never seen at the load limit) is counted on the device and raises ``CapacityError`` at the
-next ``reserve`` or ``check``, never dropped silently.
+next ``reserve`` or ``check``, never dropped silently. Rows of removed pairs that the caller
+``release``s go on a free stack on the device, which inserts pop before numbering new rows.
 
 The same code runs on a CPU tensor (tests check it against a dict, and ``DeviceBudget`` counts
 its operations and syncs) and on a GPU.
@@ -84,14 +85,20 @@ class DeviceIndex:
             raise ValueError(f"DeviceIndex: ways must be >= 1, got {ways}")
         self.device = torch.device(device)
         self.ways = ways
-        # [rows numbered, inserts that found no way, ways in use (removed pairs' too, until a rehash)]
-        self.counts = torch.zeros(3, dtype=torch.int64, device=self.device)
-        mark_device(self.counts)
+        # [rows numbered, inserts that found no way, ways in use (removed pairs' too, until a rehash),
+        #  released rows on the free stack]
+        self.counts = torch.zeros(4, dtype=torch.int64, device=self.device)
+        # the free stack: released rows (``release``) that new pairs take before new numbers; its
+        # first counts[3] entries, then room, then one spare entry per row of the largest release
+        self.free = torch.zeros(1, dtype=torch.int64, device=self.device)
+        mark_device(self.counts, self.free)
         self._alloc(self._buckets_for(capacity), spare=ways)
-        # downloads of ``counts`` not yet read: (pinned host copy, event or None, keys inserted after it)
+        # downloads of ``counts`` not yet read: (pinned host copy, event or None, keys inserted after
+        # it, rows released after it)
         self._pending: deque[list] = deque()
-        self._known = (0, 0, 0)  # the newest arrived download
+        self._known = (0, 0, 0, 0)  # the newest arrived download
         self._since = 0  # keys of the inserts since that download was issued (an upper bound of new rows)
+        self._released = 0  # rows released since that download was issued (an upper bound of the stack's growth)
 
     def _buckets_for(self, capacity: int) -> int:
         b = 1
@@ -163,16 +170,42 @@ class DeviceIndex:
         homes = self._homes(keys, tags)
         found, pos = self._match(keys, tags, homes)
         new = ~found
-        fresh = self.counts[0] + torch.cumsum(new, 0) - 1  # rows of the new pairs, in order
+        rank = torch.cumsum(new, 0) - 1  # the new pairs' order
+        nfree = self.counts[3]
+        # the first new pairs pop the free stack (its top first), the others take the next numbers
+        popped = self.free[(nfree - 1 - rank).clamp_(min=0)]
+        fresh = torch.where(rank < nfree, popped, self.counts[0] + rank - nfree)
         rows = torch.where(found, self.rows[pos], fresh)
         slot, failed = self._place(homes, new)
         self.keys[slot] = keys
         self.tags[slot] = tags
         self.rows[slot] = rows
         added = new.sum()
-        self.counts += torch.stack((added, failed.sum(), added))
+        took = torch.minimum(added, nfree)
+        self.counts += torch.stack((added - took, failed.sum(), added, -took))
         self._download(keys.numel())
         return rows, new
+
+    def release(self, rows: Tensor, valid: Tensor) -> None:
+        """Give rows back (``rows[valid]``: rows of removed pairs that nothing reads or writes any
+        more): later inserts reuse them before numbering new ones."""
+        n = rows.numel()
+        if not n:
+            return
+        self._arrived()
+        room = self._known[3] + self._released + n  # (an upper bound of the stack once these are on it)
+        if self.free.numel() < room + n:
+            size = max(room + n, 2 * self.free.numel())
+            self.free = torch.cat((self.free, self.free.new_zeros(size - self.free.numel())))
+            mark_device(self.free)
+        valid = valid.to(self.device)
+        at = self.counts[3] + torch.cumsum(valid, 0) - 1
+        spare = self.free.numel() - n + torch.arange(n, device=self.device)  # the others' own entries at the end
+        self.free[torch.where(valid, at, spare)] = rows.to(self.device)
+        self.counts[3] += valid.sum()
+        for p in self._pending:
+            p[3] += n
+        self._released += n
 
     def _place(self, homes: Tensor, want: Tensor) -> tuple[Tensor, Tensor]:
         """Entries for the pairs ``want`` (homes [N, 2]): the emptier home bucket first, then, for
@@ -206,7 +239,7 @@ class DeviceIndex:
     # ---- sizing ---------------------------------------------------------------------------
     def _download(self, inserted: int) -> None:
         """Start a non-blocking download of ``counts`` (issued after an insert of ``inserted`` keys)."""
-        host = torch.empty(3, dtype=torch.int64, pin_memory=self.device.type == "cuda")
+        host = torch.empty(4, dtype=torch.int64, pin_memory=self.device.type == "cuda")
         host.copy_(self.counts, non_blocking=True)
         event = None
         if self.device.type == "cuda":
@@ -215,14 +248,14 @@ class DeviceIndex:
         for p in self._pending:
             p[2] += inserted
         self._since += inserted
-        self._pending.append([host, event, 0])
+        self._pending.append([host, event, 0, 0])
 
     def _arrived(self) -> None:
         """Take the downloads that have arrived (without waiting)."""
         while self._pending and (self._pending[0][1] is None or self._pending[0][1].query()):
-            host, _, after = self._pending.popleft()
+            host, _, after, released = self._pending.popleft()
             self._known = tuple(host.tolist())
-            self._since = after
+            self._since, self._released = after, released
         self._raise_failed()
 
     def _raise_failed(self) -> None:
@@ -255,7 +288,7 @@ class DeviceIndex:
         insert found no way."""
         host = self.counts.cpu()
         self._pending.clear()
-        self._known, self._since = tuple(host.tolist()), 0
+        self._known, self._since, self._released = tuple(host.tolist()), 0, 0
         self._raise_failed()
         return self._known[0]
 
@@ -283,12 +316,12 @@ class DeviceIndex:
             raise CapacityError(f"DeviceIndex: growing to {self.buckets} buckets left keys without a way; "
                                 "please report it with the table sizes")
         self.counts[2] = keys.numel()  # the removed pairs' ways are free again
-        self._known = (self._known[0], self._known[1], keys.numel())
+        self._known = (self._known[0], self._known[1], keys.numel(), self._known[3])
 
     # ---- removal and listing --------------------------------------------------------------
     def remove(self, keys: Tensor, tags: Tensor) -> Tensor:
         """Take pairs out; returns the rows they held (-1 where absent). Their ways stay used
-        until the next rehash; their rows are not numbered again (what they held is the caller's)."""
+        until the next rehash; their rows are the caller's until it ``release``s them."""
         keys, tags = self._inputs(keys, tags)
         found, pos = self._match(keys, tags, self._homes(keys, tags))
         rows = torch.where(found, self.rows[pos], -1)

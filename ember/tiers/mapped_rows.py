@@ -13,7 +13,8 @@ lives in host row ``r``; the host rows double when the index's bound of numbered
 
 New pairs get a record number but no contents: the caller writes their fresh rows (made on the
 device, ``uniform01_tensor``) with the step's ``store``. An evaluation look-up (``find``) inserts
-nothing.
+nothing. A removed pair's record number is reused by later inserts once no training lookup that
+was open at the removal (``begin`` ... ``end``) can still write it back.
 
 On a CPU device the view is the host tensor itself: the same code runs, and is tested, there.
 """
@@ -75,6 +76,13 @@ class MappedRows:
         mark_device(self.rows)
         self.version = 0  # changes with every call that may insert or remove (``table_counts``' cache)
         self._counts: tuple[int, np.ndarray] | None = None
+        # training lookups between their fetch and their write-back (``begin`` / ``end``): a removed
+        # pair's row waits (``_held``, with the lookups open when it was removed) until none of them
+        # can still write it, then goes back to the index's free stack
+        self._open: set[int] = set()
+        self._seq = 0
+        self._held: list[tuple[Tensor, set[int]]] = []
+        self._dropped: list[int] = []  # lookups garbage-collected without an end (``end_later``)
 
     def _alloc(self, rows: int) -> Tensor:
         return torch.empty(rows, self.record_dim, pin_memory=self.device.type == "cuda")
@@ -143,10 +151,45 @@ class MappedRows:
         """Found mask [N] (on the device)."""
         return self.index.find(keys, tables) >= 0
 
+    def begin(self) -> int:
+        """A training lookup fetched (its rows may be written back later): its number for ``end``."""
+        self._adopt()
+        self._seq += 1
+        self._open.add(self._seq)
+        return self._seq
+
+    def end(self, seq: int) -> None:
+        """That lookup wrote back or was discarded: rows removed while it was open may be reused."""
+        self._open.discard(seq)
+        self._adopt()
+        self._recycle()
+
+    def end_later(self, seq: int) -> None:
+        """``end`` for a lookup garbage-collected without one (any thread): done at the next call."""
+        self._dropped.append(seq)
+
+    def _adopt(self) -> None:
+        while self._dropped:
+            self._open.discard(self._dropped.pop())
+
+    def _recycle(self) -> None:
+        keep = []
+        for rows, blockers in self._held:
+            blockers &= self._open
+            if blockers:
+                keep.append((rows, blockers))
+            else:
+                self.index.release(rows.clamp(min=0), rows >= 0)
+        self._held = keep
+
     def remove(self, keys: Tensor, tables: Tensor) -> Tensor:
-        """Take pairs out (found bool [N]); their host rows are not reused."""
+        """Take pairs out (found bool [N]); their rows are reused once no open lookup can write them."""
         self.version += 1
-        return self.index.remove(keys, tables) >= 0
+        self._adopt()
+        rows = self.index.remove(keys, tables)
+        self._held.append((rows, set(self._open)))
+        self._recycle()
+        return rows >= 0
 
     def items(self, chunk_rows: int = 1 << 20, table: int | None = None) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
         """Every stored (IDs, tables, records) on the host (of one ``table``, when given),
@@ -186,7 +229,16 @@ class MappedTier(TierCounters, Tier):
         self.rows, self.j, self.tables = rows, j, tables
         self.record_dim = rows.record_dim
         self.device = rows.device
+        self.expired: Tensor | None = None  # the group's reads of expired rows per table (a TTL), on the device
         self.reset_step_stats()
+
+    def take_expired_reads(self) -> int:
+        """Reads of this table's expired rows since the last call (waits for the device)."""
+        if self.expired is None:
+            return 0
+        n = int(self.expired[self.j])
+        self.expired[self.j] = 0
+        return n
 
     def _pairs(self, ids: Tensor) -> tuple[Tensor, Tensor]:
         keys = ids.to(self.device, torch.int64)

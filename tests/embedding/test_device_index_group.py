@@ -22,9 +22,10 @@ OPTIMIZERS = SPARSE_OPTIMIZERS  # (ftrl's new state depends on the weights: made
 
 
 def _collection(index: str, opts: list[dict], pooling: str = "sum", inits: list[dict] | None = None,
-                dtype: str = "fp32") -> EmbeddingCollection:
+                dtype: str = "fp32", ttl: list[int | None] | None = None) -> EmbeddingCollection:
     storage = DEVICE_INDEX if index == "device" else {}
     tables = [TableConfig(name=f"t{i}", dim=7, optimizer=o, storage=storage, dtype=dtype,
+                          ttl_steps=None if ttl is None else ttl[i % len(ttl)],
                           **({} if inits is None else {"initializer": inits[i % len(inits)]})) for i, o in enumerate(opts)]
     return EmbeddingCollection(tables, [FeatureConfig(name=f"f{i}", table=f"t{i}", pooling=pooling) for i in range(len(opts))])
 
@@ -40,12 +41,14 @@ def _rows(ec: EmbeddingCollection) -> dict[str, dict[int, torch.Tensor]]:
 
 
 def _train_both(opts: list[dict], steps: int = 6, multi: bool = False, pooling: str = "sum",
-                inits: list[dict] | None = None, dtype: str = "fp32") -> tuple[EmbeddingCollection, EmbeddingCollection]:
-    host, dev = _collection("host", opts, pooling, inits, dtype), _collection("device", opts, pooling, inits, dtype)
+                inits: list[dict] | None = None, dtype: str = "fp32", ttl: list[int | None] | None = None,
+                batch: int = 64) -> tuple[EmbeddingCollection, EmbeddingCollection]:
+    host = _collection("host", opts, pooling, inits, dtype, ttl)
+    dev = _collection("device", opts, pooling, inits, dtype, ttl)
     assert all(isinstance(t.tier, MappedTier) for t in dev.tables.values()) and all(g.mapped is not None for g in dev.groups)
     rng = np.random.default_rng(0)
     for _ in range(steps):
-        sf = _batch(len(opts), 64, rng, multi)
+        sf = _batch(len(opts), batch, rng, multi)
         losses = []
         for ec in (host, dev):
             emb = ec(sf)
@@ -105,6 +108,28 @@ def test_weighted_sqrtn_and_sequence_features_pool_the_same_rows():
     a, b = _rows(made[0]), _rows(made[1])
     for n in a:
         assert a[n].keys() == b[n].keys() and all(torch.equal(a[n][k], b[n][k]) for k in a[n]), n
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_ttl_tables_expire_and_reuse_rows_as_the_host_index_does(dtype):
+    """Rows not looked up for more than ttl_steps read as new (fresh, counted as expired reads) and
+    the sweep every ttl_steps steps removes them: the host index's rows and counters, bit for bit;
+    the removed rows' record numbers are reused (the rows in use stay near the live ones). A group
+    mixing TTL and plain tables (sgd + TTL has rowwise Adagrad's record width)."""
+    opts = [OPTIMIZERS[0], OPTIMIZERS[2], OPTIMIZERS[0], OPTIMIZERS[3]]
+    host, dev = _train_both(opts, steps=24, ttl=[2, None, 3, 2], dtype=dtype, batch=16)
+    a, b = _rows(host), _rows(dev)
+    for n in a:
+        assert a[n].keys() == b[n].keys() and all(torch.equal(a[n][k], b[n][k]) for k in a[n]), n
+    for n in host.tables:
+        sa, sb = host.tables[n].stats(), dev.tables[n].stats()
+        for k in ("rows", "expired_reads", "expired_rows"):
+            assert sa.get(k) == sb.get(k), (n, k, sa.get(k), sb.get(k))
+    assert sum(host.tables[n].stats().get("expired_reads", 0) for n in host.tables) > 0  # (it did expire rows)
+    live = sum(len(t) for t in dev.tables.values())
+    numbered = max(g.mapped.index.check() for g in dev.groups)
+    assert live < numbered  # rows were removed ...
+    assert numbered <= live + 3 * 16 * 3  # ... and their numbers reused, not grown past the live rows
 
 
 def test_mixed_optimizers_and_initializers_in_one_group():
@@ -175,6 +200,6 @@ def test_a_step_never_syncs_and_its_op_count_does_not_grow_with_the_tables(opt, 
 
 
 def test_what_it_cannot_hold_is_refused_with_what_to_do():
-    for bad in ({"min_count": 2}, {"ttl_steps": 5}, {"initializer": {"type": "normal"}}):
+    for bad in ({"min_count": 2}, {"initializer": {"type": "normal"}}):
         with pytest.raises(ValueError, match="table 't'.*storage.index: host"):
             TableConfig(name="t", storage=DEVICE_INDEX, **bad)

@@ -134,7 +134,7 @@ def test_steady_state_calls_launch_a_fixed_few_ops_and_never_sync() -> None:
         counts.append((insert, find))
         assert insert[1] == 0 and find[1] == 0, b.report()
         assert insert[2] == 1 and find[2] == 0
-        assert insert[0] <= 82 and find[0] <= 28, (insert, find)  # (77 and 26 here)
+        assert insert[0] <= 92 and find[0] <= 28, (insert, find)  # (87 and 26 here)
     assert counts[0] == counts[1]
 
 
@@ -177,3 +177,46 @@ def test_every_write_of_a_call_has_its_own_entry() -> None:
         slot, failed = idx._place(idx._homes(keys, tags), ~found)
         assert slot.unique().numel() == slot.numel() and not failed.any()
         idx.find_or_insert(keys, tags)
+
+
+def test_released_rows_are_reused_before_new_numbers():
+    """Rows of removed pairs, once released, go to new pairs (the last released first) before the
+    count grows; a release of absent pairs' rows (-1, not valid) adds nothing."""
+    idx = DeviceIndex(64, CPU)
+    keys = torch.arange(10, dtype=torch.int64) * 7919
+    tags = torch.zeros(10, dtype=torch.int32)
+    rows, _ = idx.find_or_insert(keys, tags)
+    assert rows.tolist() == list(range(10))
+    gone = idx.remove(keys[[2, 5]], tags[:2])
+    extra = idx.remove(torch.tensor([123456]), torch.tensor([0]))
+    idx.release(torch.cat([gone, extra]), torch.cat([gone, extra]) >= 0)
+    new, is_new = idx.find_or_insert(torch.tensor([1, 2, 3]) * 100003, torch.zeros(3, dtype=torch.int32))
+    assert is_new.tolist() == [True, True, True] and new.tolist() == [5, 2, 10]
+    assert idx.check() == 11 and idx.counts[3].item() == 0
+    ref = dict(zip(keys.tolist(), range(10)))
+    ref.pop(keys[2].item()), ref.pop(keys[5].item())
+    assert idx.find(keys, tags).tolist() == [ref.get(k, -1) for k in keys.tolist()]
+
+
+def test_reuse_matches_a_dict_through_churn_and_growth():
+    """Pairs inserted, removed and their rows released, over and over: every live pair keeps a
+    row no other live pair has, and the rows in use never exceed the live pairs' peak by more than
+    one batch (released rows are reused)."""
+    rng = np.random.default_rng(5)
+    idx = DeviceIndex(32, CPU)
+    live: dict[int, int] = {}
+    peak = 0
+    for step in range(30):
+        fresh = rng.integers(-(2**62), 2**62, size=40)
+        rows, new = idx.find_or_insert(torch.from_numpy(fresh), torch.zeros(40, dtype=torch.int32))
+        live.update(zip(fresh.tolist(), rows.tolist()))
+        peak = max(peak, len(live))
+        if len(live) > 100:
+            out = rng.choice(list(live), size=40, replace=False)
+            gone = idx.remove(torch.tensor(out.tolist()), torch.zeros(40, dtype=torch.int32))
+            assert gone.tolist() == [live.pop(k) for k in out.tolist()]
+            idx.release(gone, gone >= 0)
+        assert len(set(live.values())) == len(live)
+        got = idx.find(torch.tensor(list(live)), torch.zeros(len(live), dtype=torch.int32))
+        assert got.tolist() == list(live.values())
+    assert idx.check() <= peak + 40

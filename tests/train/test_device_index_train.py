@@ -14,7 +14,7 @@ from ember.train.loop import train
 DEVICE_INDEX = {"index": "device", "device": "cpu"}
 
 
-def _cfg(tmp_path, name, storage, dtype="fp32", **train_kw):
+def _cfg(tmp_path, name, storage, dtype="fp32", ttl=None, **train_kw):
     c = from_dict({
         "data": {"preset": "synthetic", "synthetic": {"rows": 12_000, "eval_rows": 3_000, "vocab_size": 3_000, "num_sparse": 5},
                  "batch_size": 256},
@@ -23,7 +23,8 @@ def _cfg(tmp_path, name, storage, dtype="fp32", **train_kw):
         "train": {"out_dir": str(tmp_path), "run_name": name, "progress": False, "deterministic": True,
                   "precision": "fp32", "dense_optimizer": {"type": "adam", "lr": 0.003}, **train_kw},
     })
-    tables = [t.model_copy(update={"storage": type(t.storage).model_validate(storage)}) for t in c.table_configs()]
+    tables = [t.model_copy(update={"storage": type(t.storage).model_validate(storage), "ttl_steps": ttl})
+              for t in c.table_configs()]
     return c.model_copy(update={"tables": tables})
 
 
@@ -31,19 +32,20 @@ def _same(a, b) -> None:
     assert_identical(run_state(a), run_state(b))
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_trains_the_model_the_host_index_trains(tmp_path, dtype):
-    host = train(_cfg(tmp_path, "host", {}, dtype, max_steps=25))
-    dev = train(_cfg(tmp_path, "dev", DEVICE_INDEX, dtype, max_steps=25))
+@pytest.mark.parametrize("dtype,ttl", [("fp32", None), ("bf16", None), ("fp32", 3)])
+def test_trains_the_model_the_host_index_trains(tmp_path, dtype, ttl):
+    host = train(_cfg(tmp_path, "host", {}, dtype, ttl, max_steps=25))
+    dev = train(_cfg(tmp_path, "dev", DEVICE_INDEX, dtype, ttl, max_steps=25))
     assert all(isinstance(t.tier, MappedTier) for ec in dev.parts.collections() for t in ec.tables.values())
     _same(host, dev)
     assert dev.metrics["auc/label"] == host.metrics["auc/label"]
 
 
-def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path):
-    full = train(_cfg(tmp_path, "full", DEVICE_INDEX, max_steps=24))
-    first = train(_cfg(tmp_path, "part", DEVICE_INDEX, max_steps=11))
-    resumed = train(_cfg(tmp_path, "part", DEVICE_INDEX, max_steps=24, resume=str(first.run_dir)))
+@pytest.mark.parametrize("ttl", [None, 4])
+def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, ttl):
+    full = train(_cfg(tmp_path, "full", DEVICE_INDEX, ttl=ttl, max_steps=24))
+    first = train(_cfg(tmp_path, "part", DEVICE_INDEX, ttl=ttl, max_steps=11))
+    resumed = train(_cfg(tmp_path, "part", DEVICE_INDEX, ttl=ttl, max_steps=24, resume=str(first.run_dir)))
     _same(full, resumed)
 
 
@@ -77,14 +79,14 @@ def test_a_table_the_device_index_cannot_hold_is_a_config_error(tmp_path):
     else:
         raise AssertionError("no ConfigError")
     raw["tables"] = []
-    raw["embedding"] = {**raw["embedding"], "storage": DEVICE_INDEX, "ttl_steps": 4}  # the defaults of every table
+    raw["embedding"] = {**raw["embedding"], "storage": DEVICE_INDEX, "min_count": 4}  # the defaults of every table
     try:
         from_dict(raw)
     except ConfigError as e:
-        assert "embedding" in str(e) and "ttl_steps" in str(e)
+        assert "embedding" in str(e) and "min_count" in str(e)
     else:
         raise AssertionError("no ConfigError")
-    raw["embedding"] = {k: v for k, v in raw["embedding"].items() if k not in ("storage", "ttl_steps")}
+    raw["embedding"] = {k: v for k, v in raw["embedding"].items() if k not in ("storage", "min_count")}
     raw["tables"] = [{"name": "C1", "storage": {**DEVICE_INDEX, "disk_path": str(tmp_path)}}]
     try:
         from_dict(raw)
