@@ -67,30 +67,16 @@ def test_export_scores_as_the_run_evaluates(tmp_path):
     assert_export_scores_as_eval(train(cfg).parts, cfg, tmp_path / "exported")
 
 
-def test_a_table_the_device_index_cannot_hold_is_a_config_error(tmp_path):
+@pytest.mark.parametrize("embedding,tables,says", [
+    ({}, [{"name": "C1", "min_count": 2, "storage": DEVICE_INDEX}], ["table 'C1'", "min_count", "storage.index: host"]),
+    ({"storage": DEVICE_INDEX, "min_count": 4}, [], ["embedding", "min_count", "storage.index: host"]),  # the defaults
+    ({}, [{"name": "C1", "storage": {**DEVICE_INDEX, "disk_path": "/tmp/x"}}], ["disk_path", "index: host"]),
+], ids=["table", "defaults", "with-a-disk-tier"])
+def test_a_table_the_device_index_cannot_hold_is_a_config_error(tmp_path, embedding, tables, says):
     from ember.errors import ConfigError
 
     raw = _cfg(tmp_path, "bad", {}).model_dump(mode="json", by_alias=True)
-    raw["tables"] = [{"name": "C1", "min_count": 2, "storage": DEVICE_INDEX}]
-    try:
+    raw["embedding"], raw["tables"] = {**raw["embedding"], **embedding}, tables
+    with pytest.raises(ConfigError) as e:
         from_dict(raw)
-    except ConfigError as e:
-        assert "table 'C1'" in str(e) and "min_count" in str(e) and "storage.index: host" in str(e)
-    else:
-        raise AssertionError("no ConfigError")
-    raw["tables"] = []
-    raw["embedding"] = {**raw["embedding"], "storage": DEVICE_INDEX, "min_count": 4}  # the defaults of every table
-    try:
-        from_dict(raw)
-    except ConfigError as e:
-        assert "embedding" in str(e) and "min_count" in str(e)
-    else:
-        raise AssertionError("no ConfigError")
-    raw["embedding"] = {k: v for k, v in raw["embedding"].items() if k not in ("storage", "min_count")}
-    raw["tables"] = [{"name": "C1", "storage": {**DEVICE_INDEX, "disk_path": str(tmp_path)}}]
-    try:
-        from_dict(raw)
-    except ConfigError as e:
-        assert "disk_path" in str(e) and "index: host" in str(e)
-    else:
-        raise AssertionError("no ConfigError")
+    assert all(s in str(e.value) for s in says), str(e.value)
