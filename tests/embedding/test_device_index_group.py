@@ -11,10 +11,13 @@ import torch
 
 from ember import _native
 from ember.batch import SparseFeatures
+from ember.config import from_dict
 from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig
+from ember.models import MODEL_TYPES
 from ember.testing import SPARSE_OPTIMIZERS
 from ember.tiers.device_budget import DeviceBudget
 from ember.tiers.mapped_rows import MappedTier
+from ember.train.builder import build_components
 
 CPU = torch.device("cpu")
 DEVICE_INDEX = {"index": "device", "device": "cpu"}
@@ -203,3 +206,35 @@ def test_what_it_cannot_hold_is_refused_with_what_to_do():
     for bad in ({"min_count": 2}, {"initializer": {"type": "normal"}}):
         with pytest.raises(ValueError, match="table 't'.*storage.index: host"):
             TableConfig(name="t", storage=DEVICE_INDEX, **bad)
+
+
+@pytest.mark.parametrize("model", MODEL_TYPES)
+def test_every_model_steps_without_a_sync(model, tmp_path, monkeypatch):
+    """Each model of the zoo with every table on the device index: each group's embedding path
+    (plan, fetch, pool, backward, update, write back) never reads device data back, once past
+    the first calls of a size (the native core off: the torch paths a GPU takes)."""
+    monkeypatch.setattr(_native, "_core", None)
+    cfg = from_dict({
+        "data": {"preset": "synthetic", "synthetic": {"rows": 1000, "eval_rows": 200, "vocab_size": 3000, "num_sparse": 6},
+                 "batch_size": 128},
+        "embedding": {"dim": 16, "optimizer": {"type": "adam", "lr": 0.01}, "storage": DEVICE_INDEX},
+        "model": {"type": model},
+        "train": {"out_dir": str(tmp_path), "device": "cpu", "progress": False},
+    })
+    ec = build_components(cfg, announce=False).embeddings
+    assert all(isinstance(t.tier, MappedTier) for t in ec.tables.values())
+    names = [f.name for f in ec.features]
+    rng = np.random.default_rng(0)
+    for step in range(5):
+        sf = SparseFeatures(names, torch.from_numpy(rng.integers(0, 3000, len(names) * 128)),
+                            torch.ones(len(names) * 128, dtype=torch.int64))
+        for group in ec.groups:
+            with DeviceBudget(CPU) as budget:
+                lk = group.plan(sf, True)
+                lk.fetch()
+                pooled = lk.pool(CPU)
+                torch.autograd.backward([pooled[k] for k in pooled], [torch.ones_like(pooled[k]) for k in pooled])
+                lk.update(step)
+                lk.write_back()
+            if step >= 3:
+                assert budget.syncs == 0, budget.report()
