@@ -85,7 +85,14 @@ class MappedRows:
         self._dropped: list[int] = []  # lookups garbage-collected without an end (``end_later``)
 
     def _alloc(self, rows: int) -> Tensor:
-        return torch.empty(rows, self.record_dim, pin_memory=self.device.type == "cuda")
+        pinned = self.device.type == "cuda"
+        try:
+            return torch.empty(rows, self.record_dim, pin_memory=pinned)
+        except RuntimeError as e:  # (page-locking that much host memory can fail where plain memory would not)
+            raise CapacityError(
+                f"storage.index: device: could not allocate {fmt_bytes(rows * self.record_dim * 4)} of "
+                f"{'pinned ' if pinned else ''}host memory for {rows:,} rows ({e}). Every row of such a table stays "
+                "in host memory: for tables this large use storage.index: host (with a disk tier beyond RAM)") from e
 
     @property
     def capacity(self) -> int:

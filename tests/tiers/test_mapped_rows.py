@@ -161,3 +161,16 @@ def test_a_removed_row_is_reused_only_once_no_open_lookup_can_write_it():
     m.end_later(seq)  # dropped without an end: adopted at the next call
     m.remove(torch.tensor([55]), torch.tensor([0]))  # (an absent pair: nothing to reuse)
     assert m.lookup(torch.tensor([96]), torch.tensor([0]))[0].tolist() == [0]
+
+
+def test_an_allocation_that_fails_is_a_capacity_error(monkeypatch):
+    from ember.errors import CapacityError
+
+    m = MappedRows(R, CPU, capacity=8)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(torch, "empty", refuse)
+    with pytest.raises(CapacityError, match="could not allocate.*storage.index: host"):
+        m._alloc(1 << 20)
