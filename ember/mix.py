@@ -8,12 +8,18 @@ Example:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-__all__ = ["mix64"]
+if TYPE_CHECKING:  # (no torch import here: ``import ember`` stays cheap)
+    from torch import Tensor
+
+__all__ = ["mix64", "mix64_tensor", "shr64"]
 
 _S30, _S27, _S31 = np.uint64(30), np.uint64(27), np.uint64(31)
 _M1, _M2 = np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+_M1_I64, _M2_I64 = int(np.array(_M1).view(np.int64)), int(np.array(_M2).view(np.int64))  # (the same bits)
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
@@ -25,3 +31,19 @@ def mix64(x: np.ndarray) -> np.ndarray:
     z *= _M2
     z ^= z >> _S31
     return z
+
+
+def shr64(z: "Tensor", r: int) -> "Tensor":
+    """``z >> r`` of uint64 bits held in an int64 tensor (torch's shift is arithmetic: the sign's
+    copies are masked off)."""
+    return (z >> r) & ((1 << (64 - r)) - 1)
+
+
+def mix64_tensor(z: "Tensor") -> "Tensor":
+    """``mix64`` on int64 tensors (any device): the same bits, products wrapping mod 2**64 as
+    uint64 ones do."""
+    z = z ^ shr64(z, 30)
+    z = z * _M1_I64
+    z = z ^ shr64(z, 27)
+    z = z * _M2_I64
+    return z ^ shr64(z, 31)

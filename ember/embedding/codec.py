@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ember import _native
+from ember.mix import mix64_tensor
 
 __all__ = ["RowDtype", "RowCodec", "packed_words", "round_nearest", "sr_noise", "to_bits", "from_bits"]
 
@@ -60,16 +61,6 @@ def packed_words(dtype: RowDtype, dim: int, width: int) -> int:
     return (dim + 1) // 2 + (width - dim)
 
 
-def _mix64_t(z: Tensor) -> Tensor:
-    """``ember.mix.mix64`` on int64 tensors (any device): logical shifts as masked arithmetic ones,
-    products wrapping mod 2**64 as uint64 ones do (checked against numpy in the tests)."""
-    z = z ^ ((z >> 30) & ((1 << 34) - 1))
-    z = z * _M1
-    z = z ^ ((z >> 27) & ((1 << 37) - 1))
-    z = z * _M2
-    return z ^ ((z >> 31) & ((1 << 33) - 1))
-
-
 def sr_noise(ids: Tensor, seed: int | Tensor, step: int | Tensor, cols: int, device: torch.device) -> Tensor:
     """Uniform 16-bit integers int64 [N, cols] in [0, 65536): one per (seed, step, ID, column).
 
@@ -79,10 +70,10 @@ def sr_noise(ids: Tensor, seed: int | Tensor, step: int | Tensor, cols: int, dev
     ids = ids.to(device=device, dtype=torch.int64)
     seed_t = torch.as_tensor(seed, dtype=torch.int64, device=device)
     step_t = torch.as_tensor(step, dtype=torch.int64, device=device)
-    key = _mix64_t(_mix64_t(seed_t * 2 + _SR_STREAM) ^ (step_t * _GOLDEN))
-    key = _mix64_t(key ^ (ids * _M1)).reshape(-1, 1)
+    key = mix64_tensor(mix64_tensor(seed_t * 2 + _SR_STREAM) ^ (step_t * _GOLDEN))
+    key = mix64_tensor(key ^ (ids * _M1)).reshape(-1, 1)
     lanes = (cols + 3) // 4
-    z = _mix64_t(key + torch.arange(1, lanes + 1, dtype=torch.int64, device=device) * _GOLDEN)  # [N, lanes]
+    z = mix64_tensor(key + torch.arange(1, lanes + 1, dtype=torch.int64, device=device) * _GOLDEN)  # [N, lanes]
     parts = torch.stack([(z >> (16 * k)) & 0xFFFF for k in range(4)], dim=2)  # [N, lanes, 4]
     return parts.reshape(n, lanes * 4)[:, :cols]
 

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ember.config_base import ConfigModel
 from ember import _native
-from ember.mix import mix64
+from ember.mix import mix64, mix64_tensor, shr64
 
 __all__ = ["InitializerConfig", "init_keys", "init_rows", "table_seed", "uniform_scale", "uniform01_tensor"]
 
@@ -113,27 +113,6 @@ def uniform_scale(config: InitializerConfig, dim: int) -> float:
     return config.scale if config.scale is not None else 1.0 / float(np.sqrt(dim))
 
 
-def _signed(v: int) -> int:
-    return v - (1 << 64) if v >= 1 << 63 else v
-
-
-_T_M1, _T_M2 = _signed(0xBF58476D1CE4E5B9), _signed(0x94D049BB133111EB)
-
-
-def _shr(z: Tensor, r: int) -> Tensor:
-    """``z >> r`` of uint64 bits held in int64 (torch's shift is arithmetic: the sign bits masked off)."""
-    return (z >> r) & ((1 << (64 - r)) - 1)
-
-
-def _mix64_tensor(z: Tensor) -> Tensor:
-    """``ember.mix.mix64`` on int64 tensors (the uint64 bits; multiplication wraps)."""
-    z = z ^ _shr(z, 30)
-    z = z * _T_M1
-    z = z ^ _shr(z, 27)
-    z = z * _T_M2
-    return z ^ _shr(z, 31)
-
-
 def uniform01_tensor(ids: Tensor, keys: Tensor, dim: int, mul: Tensor | float = 1.0, add: Tensor | float = 0.0) -> Tensor:
     """``_native.uniform01`` as tensor operations on ``ids``' device, bit for bit: float32
     [N, dim] of ``u * mul + add`` with the counter-based uniform of each (ID, column). ``keys``:
@@ -142,8 +121,8 @@ def uniform01_tensor(ids: Tensor, keys: Tensor, dim: int, mul: Tensor | float = 
     from ember._native.arrow import _GOLDEN  # (the column stride of the native kernel)
 
     cols = torch.from_numpy((np.arange(1, dim + 1, dtype=np.uint64) * _GOLDEN).view(np.int64)).to(ids.device)
-    bits = _mix64_tensor(_mix64_tensor(ids ^ keys).unsqueeze(1) + cols)
-    u = _shr(bits, 40).to(torch.float32) * (1.0 / (1 << 24))
+    bits = mix64_tensor(mix64_tensor(ids ^ keys).unsqueeze(1) + cols)
+    u = shr64(bits, 40).to(torch.float32) * (1.0 / (1 << 24))
     if isinstance(mul, Tensor):
         return u * mul.unsqueeze(1) + add.unsqueeze(1)  # type: ignore[union-attr]
     if mul == 1.0 and add == 0.0:

@@ -6,15 +6,15 @@ import numpy as np
 import pytest
 import torch
 
-from ember.embedding.codec import RowCodec, _mix64_t, from_bits, packed_words, round_nearest, sr_noise, to_bits
-from ember.mix import mix64
+from ember.embedding.codec import RowCodec, from_bits, packed_words, round_nearest, sr_noise, to_bits
+from ember.mix import mix64, mix64_tensor
 
 TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def test_torch_mix_equals_numpy_mix64():
     x = np.array([0, 1, -5, 2**62 + 12345, -(2**63), 2**63 - 1, 987654321987], dtype=np.int64)
-    got = _mix64_t(torch.from_numpy(x)).numpy().view(np.uint64)
+    got = mix64_tensor(torch.from_numpy(x)).numpy().view(np.uint64)
     np.testing.assert_array_equal(got, mix64(x.view(np.uint64)))
 
 
