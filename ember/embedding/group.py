@@ -151,6 +151,11 @@ class TableGroup:
             if mine.any():
                 self.fresh_from_weights.append((opt, torch.from_numpy(mine).to(dev)))
 
+    def steps_on(self, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """Each table's ``step`` [T] on ``device`` (from pinned memory on a GPU: no wait)."""
+        steps = torch.tensor([t.step for t in self.tables], dtype=dtype)
+        return (steps.pin_memory() if device.type == "cuda" else steps).to(device, non_blocking=True)
+
     def fresh_rows(self, keys: Tensor, tags: Tensor) -> Tensor:
         """New records [N, width] of the IDs ``keys`` of tables ``tags`` (int32 [N]), made on the
         device by tensor operations: bit for bit what ``GroupLookup._fresh_into`` makes on the host."""
@@ -409,8 +414,7 @@ class GroupLookup:
         rec = g.codec.decode(packed)
         steps = None
         if g.ttl_dev is not None:  # a row not looked up for more than its table's ttl_steps reads as new
-            steps = torch.tensor([float(t.step) for t in g.tables], dtype=torch.float32)
-            steps = (steps.pin_memory() if m.device.type == "cuda" else steps).to(m.device, non_blocking=True)[tags]
+            steps = g.steps_on(m.device, torch.float32)[tags]
             expired = ~new & (steps - rec[:, -1] > g.ttl_dev[tags])
             g.expired_dev += (expired.unsqueeze(1) & (tags.unsqueeze(1) == g.table_numbers)).sum(0)
             new = new | expired
@@ -800,10 +804,7 @@ class GroupLookup:
         if g.mapped is not None and self.mapped_rows is not None:  # one scatter of every row (the others' unchanged)
             if not g.codec.identity:  # rounded stochastically, as the host path writes (a 16-bit value stays itself)
                 keys, tags = self._mapped_pairs
-                steps = torch.tensor([t.step for t in g.tables], dtype=torch.int64)
-                steps = steps.pin_memory() if keys.device.type == "cuda" else steps
-                steps = steps.to(keys.device, non_blocking=True)
-                rec = g.codec.encode(rec, keys, g.seeds_dev[tags], steps[tags])
+                rec = g.codec.encode(rec, keys, g.seeds_dev[tags], g.steps_on(keys.device, torch.int64)[tags])
             g.mapped.store(self.mapped_rows, rec)
             self._wrote([ids[j] if j in self.updated else ids[j][:0] for j in range(len(g.tables))])
             self._end_mapped()
@@ -955,10 +956,9 @@ def _mapped_group(tables: Sequence[EmbeddingTable]) -> MappedRows | None:
     held = sum(len(x) for x in tiers)
     rows = MappedRows(first.record_dim, first.device, capacity=max(2 * held, 1 << 16))
     for j, (t, x) in enumerate(zip(tables, tiers)):
-        for ids, rec in x.items():
-            rows.put(ids.to(rows.device), torch.full((ids.numel(),), j, dtype=torch.int32, device=rows.device),
-                     rec.to(rows.device))
         t.tier = MappedTier(rows, j, len(tables))
+        for ids, rec in x.items():
+            t.tier.put(ids, rec)
     names = [t.name for t in tables]
     where = ("in pinned host memory, indexed on the GPU" if rows.device.type == "cuda" else
              "in host memory, indexed by tensor operations on the CPU (the index is made for a GPU: on a CPU, "

@@ -34,16 +34,14 @@ from ember.tiers.base import Tier, TierCounters
 from ember.tiers.device_budget import mark_device
 from ember.tiers.device_index import DeviceIndex
 from ember.tiers.mapped import device_view
+from ember.tiers.storage import _mem_available
 
 __all__ = ["MappedRows", "MappedTier"]
 
 log = logging.getLogger("ember.tiers")
 
-
-def _mem_available() -> int | None:
-    from ember.tiers.storage import _mem_available as available  # (storage imports this module)
-
-    return available()
+_INSTEAD = ("Every row of such a table stays in host memory: for tables larger than RAM use storage.index: host "
+            "with a disk tier (storage.disk_path)")
 
 
 class MappedRows:
@@ -91,8 +89,7 @@ class MappedRows:
         except RuntimeError as e:  # (page-locking that much host memory can fail where plain memory would not)
             raise CapacityError(
                 f"storage.index: device: could not allocate {fmt_bytes(rows * self.record_dim * 4)} of "
-                f"{'pinned ' if pinned else ''}host memory for {rows:,} rows ({e}). Every row of such a table stays "
-                "in host memory: for tables this large use storage.index: host (with a disk tier beyond RAM)") from e
+                f"{'pinned ' if pinned else ''}host memory for {rows:,} rows ({e}). {_INSTEAD}") from e
 
     @property
     def capacity(self) -> int:
@@ -119,8 +116,7 @@ class MappedRows:
             raise CapacityError(
                 f"storage.index: device: the table group's rows need {fmt_bytes(size)} of host memory to grow to "
                 f"{rows:,} rows (beside the {fmt_bytes(self.host.numel() * 4)} they have), but {fmt_bytes(free)} is "
-                "available. Every row of such a table stays in host memory: for tables larger than RAM use "
-                "storage.index: host with a disk tier (storage.disk_path)")
+                f"available. {_INSTEAD}")
         log.info("storage.index: device: a table group's rows grow to %s rows (%s of %shost memory; the step waits "
                  "for the device once)", f"{rows:,}", fmt_bytes(size), "pinned " if self.device.type == "cuda" else "")
         host = self._alloc(rows)
