@@ -33,8 +33,8 @@ figures before 2026-11-26's third session timed its filling, with free slots and
     python bench/bench_gpu_cache.py [--steps 40] [--warmup 80] [--budget-steps 3] [--cpu-batch 1024]
         [--phases N [--profile-top K]] [--trainer N [--trainer-warmup 80]]
 
-The last line is one JSON object: device_ops_per_step_per_group, syncs_per_step, budget,
-mapped_ops_per_step, mapped_syncs_per_step, and with CUDA cache_vs_host, cache_vs_all_device,
+The last line is one JSON object: device_ops_per_step_per_group, syncs_per_step (the caches'),
+device_index_ops_per_step, device_index_syncs_per_step (storage.index: device), budget, mapped_ops_per_step, mapped_syncs_per_step, and with CUDA cache_vs_host, cache_vs_all_device,
 mapped_vs_host, mapped_vs_all_device, mapped_vs_plain_gpu, device_index_vs_host,
 device_index_vs_all_device, device_index_vs_plain_gpu, ms_per_step, embedding_ids_per_s,
 cache_hit_rate, transfer.
@@ -275,18 +275,23 @@ def cotangents(keys: list[str], batch: int, dev: torch.device) -> dict[str, torc
 
 
 def measure_budgets(dev: torch.device, batches: list, vocab: int, warmup: int, steps: int,
-                    caches: dict[str, int] = CACHES, log: bool = True) -> dict[str, Any]:
+                    caches: dict[str, int] = CACHES, log: bool = True, device_index: bool = True) -> dict[str, Any]:
     """For each cache variant: ``warmup`` full steps, then ``steps`` embedding-path steps under
     ``DeviceBudget``, in line and as the pipelined trainer orders them (next batch prepared
-    ahead: the variant's name + " ahead"). Returns {variant: {ops_per_step_per_group,
+    ahead: the variant's name + " ahead"); then (``device_index``) the rows in host memory
+    indexed on the device (storage.index: device), in line. Returns {variant: {ops_per_step_per_group,
     syncs_per_step (both the max over steps and groups), phases (mean per step and group),
     top_ops, sync_names}}."""
     if len(batches) < warmup + steps + 1:
         raise ValueError(f"measure_budgets: {len(batches)} batches for {warmup} warm-up + {steps} measured steps + 1")
     out: dict[str, Any] = {}
-    for (name, frac), ahead in [(c, a) for c in caches.items() for a in (False, True)]:
+    runs = [(n, f, a) for n, f in caches.items() for a in (False, True)]
+    if device_index:
+        runs.append(("ember-device-index", 0, False))  # (storage.index: device: its device memory marked by ember)
+    for name, frac, ahead in runs:
         name = name + " ahead" if ahead else name
-        v = EmberVariant(name, max(vocab // frac, 1), dev)
+        v = (EmberVariant(name, None, dev, device_index=True) if not frac
+             else EmberVariant(name, max(vocab // frac, 1), dev))
         for ids, dense, labels in batches[:warmup]:
             v.step(v.features(ids), dense.to(dev), labels.to(dev))
         cot = cotangents(v.keys, batches[0][0].shape[1], dev)
@@ -413,12 +418,18 @@ def profile_phases(dev: torch.device, batches: list, vocab: int, warmup: int, st
 
 
 def budget_summary(budgets: dict[str, Any]) -> dict[str, Any]:
-    """The JSON headline of the budgets: the worst cache variant's figures, and each variant's."""
-    return {
-        "device_ops_per_step_per_group": max(b["ops_per_step_per_group"] for b in budgets.values()),
-        "syncs_per_step": max(b["syncs_per_step"] for b in budgets.values()),
+    """The JSON headline of the budgets: the worst cache variant's figures (the issue's budget is
+    the cache's), storage.index: device's beside them, and each variant's."""
+    caches = [b for n, b in budgets.items() if not n.startswith("ember-device-index")]
+    out = {
+        "device_ops_per_step_per_group": max(b["ops_per_step_per_group"] for b in caches),
+        "syncs_per_step": max(b["syncs_per_step"] for b in caches),
         "budget": budgets,
     }
+    if "ember-device-index" in budgets:
+        out["device_index_ops_per_step"] = budgets["ember-device-index"]["ops_per_step_per_group"]
+        out["device_index_syncs_per_step"] = budgets["ember-device-index"]["syncs_per_step"]
+    return out
 
 
 class PlainGPU:

@@ -30,12 +30,15 @@ def test_budgets_on_cpu(bench) -> None:
     bench.bench_dlrm.W = bench.bench_dlrm.Workload([vocab] * bench.F)
     batches = bench.make_batches(4, 32, zipf=bench.ZIPF)
     budgets = bench.measure_budgets(torch.device("cpu"), batches, vocab, warmup=1, steps=2, log=False)
-    assert set(budgets) == set(bench.CACHES) | {f"{c} ahead" for c in bench.CACHES}
+    assert set(budgets) == set(bench.CACHES) | {f"{c} ahead" for c in bench.CACHES} | {"ember-device-index"}
     from benchkit import json_line  # the bench's last line
 
     record = json.loads(json_line(bench.budget_summary(budgets)))
-    for key in ("device_ops_per_step_per_group", "syncs_per_step", "budget"):
+    for key in ("device_ops_per_step_per_group", "syncs_per_step", "budget", "device_index_ops_per_step",
+                "device_index_syncs_per_step"):
         assert key in record, key
+    # the cache's headline is the cache's; storage.index: device (its look-up on the device) apart
+    assert record["device_ops_per_step_per_group"] < record["device_index_ops_per_step"]
     assert isinstance(record["syncs_per_step"], int) and record["syncs_per_step"] >= 0
     assert isinstance(record["device_ops_per_step_per_group"], int) and record["device_ops_per_step_per_group"] > 0
     for name, b in record["budget"].items():

@@ -36,9 +36,10 @@ import torch
 from torch import Tensor
 
 from ember import _native
-from ember.mix import mix64_tensor
+from ember.mix import mix64, mix64_tensor
+from ember.tiers import device_budget
 
-__all__ = ["RowDtype", "RowCodec", "packed_words", "round_nearest", "sr_noise", "to_bits", "from_bits"]
+__all__ = ["RowDtype", "RowCodec", "packed_words", "round_nearest", "sr_noise", "sr_table_keys", "to_bits", "from_bits"]
 
 RowDtype = Literal["fp32", "bf16", "fp16"]
 
@@ -61,21 +62,44 @@ def packed_words(dtype: RowDtype, dim: int, width: int) -> int:
     return (dim + 1) // 2 + (width - dim)
 
 
-def sr_noise(ids: Tensor, seed: int | Tensor, step: int | Tensor, cols: int, device: torch.device) -> Tensor:
+def sr_table_keys(seed: "int | np.ndarray", step: "int | np.ndarray") -> np.ndarray:
+    """uint64: the (seed, step) part of ``sr_noise``'s key, one per element (a table's seed and
+    step), made on the host: a group's few tables cost the device no operations."""
+    s = np.atleast_1d(np.asarray(seed)).astype(np.uint64) * np.uint64(2) + np.uint64(_SR_STREAM)
+    t = np.atleast_1d(np.asarray(step)).astype(np.uint64) * np.uint64(_GOLDEN & (2**64 - 1))
+    return mix64(mix64(s) ^ t)
+
+
+def sr_noise(ids: Tensor, seed: int | Tensor, step: int | Tensor, cols: int, device: torch.device,
+             table_key: Tensor | None = None) -> Tensor:
     """Uniform 16-bit integers int64 [N, cols] in [0, 65536): one per (seed, step, ID, column).
 
     ``seed`` / ``step``: one per call, or int64 [N] per row (the tables of a group at once).
+    ``table_key``: int64 [N], ``sr_table_keys`` of each row's (seed, step) when the caller has
+    them (then ``seed`` and ``step`` are not read).
     """
     n = ids.numel()
     ids = ids.to(device=device, dtype=torch.int64)
-    seed_t = torch.as_tensor(seed, dtype=torch.int64, device=device)
-    step_t = torch.as_tensor(step, dtype=torch.int64, device=device)
-    key = mix64_tensor(mix64_tensor(seed_t * 2 + _SR_STREAM) ^ (step_t * _GOLDEN))
-    key = mix64_tensor(key ^ (ids * _M1)).reshape(-1, 1)
+    if table_key is None:
+        seed_t = torch.as_tensor(seed, dtype=torch.int64, device=device)
+        step_t = torch.as_tensor(step, dtype=torch.int64, device=device)
+        table_key = mix64_tensor(mix64_tensor(seed_t * 2 + _SR_STREAM) ^ (step_t * _GOLDEN))
+    key = mix64_tensor(table_key ^ (ids * _M1)).reshape(-1, 1)
     lanes = (cols + 3) // 4
-    z = mix64_tensor(key + torch.arange(1, lanes + 1, dtype=torch.int64, device=device) * _GOLDEN)  # [N, lanes]
+    z = mix64_tensor(key + _lane_offsets(lanes, ids.device))  # [N, lanes]
     parts = torch.stack([(z >> (16 * k)) & 0xFFFF for k in range(4)], dim=2)  # [N, lanes, 4]
     return parts.reshape(n, lanes * 4)[:, :cols]
+
+
+_LANES: dict[tuple[int, torch.device], Tensor] = {}
+
+
+def _lane_offsets(lanes: int, device: torch.device) -> Tensor:
+    """int64 [lanes]: (1..lanes) x golden ratio, made once per device (no launch or upload per call)."""
+    t = _LANES.get((lanes, device))
+    if t is None:
+        t = _LANES[(lanes, device)] = torch.arange(1, lanes + 1, dtype=torch.int64, device=device) * _GOLDEN
+    return t
 
 
 def _bf16_bits(x: Tensor, noise: Tensor | None) -> Tensor:
@@ -204,22 +228,25 @@ class RowCodec:
         if self.identity:
             return packed
         self._check(packed, self.words, "packed")
-        out = torch.empty(packed.shape[0], self.width, device=packed.device)
+        out = packed.new_empty(packed.shape[0], self.width, dtype=torch.float32)
         w16 = packed.contiguous().view(torch.int16)[:, : self.dim]
         _widen(w16, self.dtype, out=out[:, : self.dim])
         out[:, self.dim :] = packed[:, self.half :]
         return out
 
-    def encode(self, records: Tensor, ids: Tensor, seed: int | Tensor, step: int | Tensor) -> Tensor:
+    def encode(self, records: Tensor, ids: Tensor, seed: int | Tensor, step: int | Tensor,
+               table_key: Tensor | None = None) -> Tensor:
         """fp32 [N, width] -> [N, words], weights rounded stochastically with the noise of
-        (``seed``, ``step``, ``ids``, column) (``sr_noise``): unbiased and reproducible."""
+        (``seed``, ``step``, ``ids``, column) (``sr_noise``; ``table_key``: its (seed, step)
+        part per row, made by the caller): unbiased and reproducible."""
         if self.identity:
             return records
         self._check(records, self.width, "records")
-        if self.dtype == "bf16" and records.device.type == "cpu":  # one compiled pass (numpy without the core)
+        if self.dtype == "bf16" and records.device.type == "cpu" and table_key is None and device_budget.active() is None:
+            # one compiled pass (numpy without the core); under a DeviceBudget, the path a GPU takes
             return self._pack_bf16_cpu(records, ids, seed, step)
         w = records[:, : self.dim]
-        noise = sr_noise(ids, seed, step, self.dim, records.device)
+        noise = sr_noise(ids, seed, step, self.dim, records.device, table_key)
         bits = _bf16_bits(w, noise) if self.dtype == "bf16" else _fp16_bits(w, noise)
         return self._pack(records, bits)
 
@@ -257,7 +284,7 @@ class RowCodec:
 
     def _pack(self, records: Tensor, bits: Tensor) -> Tensor:
         n = records.shape[0]
-        out = torch.empty(n, self.words, device=records.device)
+        out = records.new_empty(n, self.words, dtype=torch.float32)
         if self.dim % 2:
             out[:, self.half - 1] = 0.0  # the pad half-word: zero bits
         out.view(torch.int16)[:, : self.dim] = bits.to(torch.int16)

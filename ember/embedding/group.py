@@ -29,13 +29,14 @@ from torch import Tensor
 
 from ember import _native
 from ember.batch.sparse import SparseFeatures
+from ember.embedding.codec import sr_table_keys
 from ember.embedding.config import FeatureConfig
 from ember.embedding.init import init_keys, uniform01_tensor, uniform_scale
 from ember.embedding.pooling import GroupPool, SequenceEmbedding, pool_feature
 from ember.embedding.table import EmbeddingTable, fresh_records
 from ember.optim import RowWiseAdagrad, rule_lr
 from ember.tiers.cached import CachedTier
-from ember.tiers.device_budget import to_device
+from ember.tiers.device_budget import mark_device, to_device
 from ember.tiers.device import DeviceTier
 from ember.tiers.group_cache import CachePlan, CacheTicket, GroupCache, GroupCacheView, table_mix
 from ember.tiers.host import HostTier, SegmentIds
@@ -130,7 +131,6 @@ class TableGroup:
         zeros = np.array([t.config.initializer.type == "zeros" for t in self.tables])
         scale = np.where(zeros, 0.0, self.scale)
         self.fresh_keys = torch.from_numpy(self.init_keys.view(np.int64)).to(dev)
-        self.seeds_dev = torch.from_numpy(self.seeds).to(dev)  # (a 16-bit group's stochastic rounding, per table)
         self.fresh_mul = torch.from_numpy((2 * scale).astype(np.float32)).to(dev)
         self.fresh_add = torch.from_numpy((-scale).astype(np.float32)).to(dev)
         ttl = np.array([np.inf if t.config.ttl_steps is None else float(t.config.ttl_steps) for t in self.tables])
@@ -151,10 +151,24 @@ class TableGroup:
             if mine.any():
                 self.fresh_from_weights.append((opt, torch.from_numpy(mine).to(dev)))
 
+    def device_tensors(self) -> list[Tensor]:
+        """The device memory a group with ``storage.index: device`` keeps between steps (its
+        ``MappedRows`` and the fresh rows' per-table constants): what a ``DeviceBudget`` on a CPU
+        "device" is told is the device's."""
+        assert self.mapped is not None
+        return [*self.mapped.device_tensors(), self.fresh_keys, self.fresh_mul, self.fresh_add,
+                self.expired_dev, self.table_numbers, self.fresh_state,
+                *([] if self.ttl_dev is None else [self.ttl_dev]), *(m for _, m in self.fresh_from_weights)]
+
     def steps_on(self, device: torch.device, dtype: torch.dtype) -> Tensor:
         """Each table's ``step`` [T] on ``device`` (from pinned memory on a GPU: no wait)."""
-        steps = torch.tensor([t.step for t in self.tables], dtype=dtype)
-        return (steps.pin_memory() if device.type == "cuda" else steps).to(device, non_blocking=True)
+        return _upload(torch.tensor([t.step for t in self.tables], dtype=dtype), device)
+
+    def sr_keys_on(self, device: torch.device) -> Tensor:
+        """Each table's key of stochastic-rounding noise at its current step (int64 [T],
+        ``sr_table_keys``), made on the host and sent to ``device`` without a wait."""
+        keys = sr_table_keys(self.seeds, np.array([t.step for t in self.tables], dtype=np.int64))
+        return _upload(torch.from_numpy(keys.view(np.int64)), device)
 
     def fresh_rows(self, keys: Tensor, tags: Tensor) -> Tensor:
         """New records [N, width] of the IDs ``keys`` of tables ``tags`` (int32 [N]), made on the
@@ -397,12 +411,13 @@ class GroupLookup:
         an unwritten row). No host work per ID beyond the plan's dedupe."""
         g, m = self.group, self.group.mapped
         assert m is not None
+        mark_device(*g.device_tensors())  # (nothing unless a DeviceBudget is active)
         owner = np.repeat(np.arange(len(g.tables), dtype=np.int64), self.sizes)
         bags, extra = self._uploads()
         parts = [self.ids, torch.from_numpy(owner), *extra]
         buf = torch.empty(sum(p.numel() for p in parts), dtype=torch.int64, pin_memory=m.device.type == "cuda")
         torch.cat(parts, out=buf)
-        dev = buf.to(m.device, non_blocking=True).split([p.numel() for p in parts])
+        dev = to_device(buf, m.device).split([p.numel() for p in parts])
         keys, tags = dev[0], dev[1].to(torch.int32)
         if self.train:
             seq = m.begin()
@@ -598,7 +613,7 @@ class GroupLookup:
         if g.cache is not None and _same_device(self.records.device, g.cache.device):
             at = self._refresh_cached(at, [p.size for p in np.split(at, cut)])
         elif g.mapped is not None and self.mapped_rows is not None:  # (every indexed pair holds its record)
-            at_dev = torch.from_numpy(at).to(self.records.device)
+            at_dev = _upload(torch.from_numpy(at), self.records.device)
             rows = g.codec.decode(g.mapped.rows.index_select(0, self.mapped_rows.index_select(0, at_dev)))
             self.records.index_copy_(0, at_dev, rows)
         else:
@@ -804,7 +819,7 @@ class GroupLookup:
         if g.mapped is not None and self.mapped_rows is not None:  # one scatter of every row (the others' unchanged)
             if not g.codec.identity:  # rounded stochastically, as the host path writes (a 16-bit value stays itself)
                 keys, tags = self._mapped_pairs
-                rec = g.codec.encode(rec, keys, g.seeds_dev[tags], g.steps_on(keys.device, torch.int64)[tags])
+                rec = g.codec.encode(rec, keys, 0, 0, table_key=g.sr_keys_on(keys.device)[tags])
             g.mapped.store(self.mapped_rows, rec)
             self._wrote([ids[j] if j in self.updated else ids[j][:0] for j in range(len(g.tables))])
             self._end_mapped()
@@ -870,6 +885,12 @@ class _Bags:
     inv_dev: Tensor | None = None
     layout_dev: tuple[Tensor, Tensor, Tensor] | None = None
     on: torch.device | None = None  # where ``inv_dev`` and ``layout_dev`` are
+
+
+def _upload(t: Tensor, device: torch.device) -> Tensor:
+    """A small host tensor on ``device`` without a wait (through pinned memory on a GPU; a
+    blocking upload would wait for every operation queued before it)."""
+    return (t.pin_memory() if device.type == "cuda" else t).to(device, non_blocking=True)
 
 
 def _bag_host(lengths: Tensor) -> tuple[Tensor, int, int]:

@@ -21,7 +21,9 @@ What counts as device data:
 metadata-only operations and allocations (``empty*``: allocating launches nothing); copies,
 downloads and syncs are operations too. ``syncs`` counts device->host synchronisations
 (``.item()``, ``bool(t)``, ``nonzero``, ``unique``, boolean-mask indexing, a blocking copy to
-the host, and on a CPU arena ``.numpy()`` / ``.tolist()`` of a marked tensor). ``downloads``
+the host, a blocking copy from the host (PyTorch waits for the stream after it: write uploads
+as ``to_device`` or ``dst.copy_(pinned, non_blocking=True)``), and on a CPU arena ``.numpy()`` /
+``.tolist()`` of a marked tensor). ``downloads``
 counts explicit non-blocking copies to a host tensor (``host.copy_(dev, non_blocking=True)``):
 allowed, and not syncs. On a CPU arena ``Tensor.to(...)`` of device data stays on the device
 (its output is marked): write a download as ``host.copy_(dev, non_blocking=True)``.
@@ -124,7 +126,7 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
     if _innermost is not None and device.type == "cpu" and t.device.type == "cpu":
         out = torch.empty_like(t)
         mark_device(out)
-        return out.copy_(t)
+        return out.copy_(t, non_blocking=True)
     return t.to(device, non_blocking=True)
 
 
@@ -258,10 +260,12 @@ class DeviceBudget(TorchDispatchMode):
         if kind == _COPY:
             dst, src = args[0], args[1]
             self._op(name)
-            if not self.is_device(dst) and isinstance(src, torch.Tensor) and self.is_device(src):
+            non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
+            if self.is_device(dst) and isinstance(src, torch.Tensor) and not self.is_device(src) and not non_blocking:
+                self._sync(name)  # a blocking upload: the host waits for every operation queued before it
+            elif not self.is_device(dst) and isinstance(src, torch.Tensor) and self.is_device(src):
                 # device -> host: a download when non-blocking into memory the copy can target
                 # asynchronously (on CUDA: pinned; a non-blocking copy into pageable memory blocks)
-                non_blocking = bool(args[2] if len(args) > 2 else kwargs.get("non_blocking", False))
                 if non_blocking and (not self._cuda or dst.is_pinned()):
                     self.downloads += 1
                 else:
@@ -273,6 +277,10 @@ class DeviceBudget(TorchDispatchMode):
                 self.downloads += 1
             else:
                 self._sync(name)
+            return out
+        if (kind == _TO_COPY and self._cuda and isinstance(out, torch.Tensor) and out.device.type == "cuda"
+                and not kwargs.get("non_blocking", False) and any(t.device.type == "cpu" for t in ins)):
+            self._sync(name)  # a blocking upload (``host.to("cuda")``): waits for the queue, as a download does
             return out
         if kind == _SYNCOP:
             self._sync(name)

@@ -92,6 +92,7 @@ class DeviceIndex:
         # first counts[3] entries, then room, then one spare entry per row of the largest release
         self.free = torch.zeros(1, dtype=torch.int64, device=self.device)
         mark_device(self.counts, self.free)
+        self._iota = torch.arange(ways, device=self.device)  # (``_arange``)
         self._alloc(self._buckets_for(capacity), spare=ways)
         # downloads of ``counts`` not yet read: (pinned host copy, event or None, keys inserted after
         # it, rows released after it)
@@ -132,7 +133,17 @@ class DeviceIndex:
             self.fill = torch.cat((self.fill[:fill], self.fill.new_zeros(spare)))
             self.spare = spare
             mark_device(self.keys, self.tags, self.rows, self.fill)
-        return torch.arange(n, device=self.device)
+        return self._arange(n)
+
+    def _arange(self, n: int) -> Tensor:
+        """int64 [n]: 0..n-1, a view of one kept on the device (no launch per call)."""
+        if self._iota.numel() < n:
+            self._iota = torch.arange(max(n, 2 * self._iota.numel()), device=self.device)
+        return self._iota[:n]
+
+    def device_tensors(self) -> list[Tensor]:
+        """The device memory it keeps between calls (``MappedRows.device_tensors``)."""
+        return [self.keys, self.tags, self.rows, self.fill, self.counts, self.free]
 
     @property
     def nbytes(self) -> int:
@@ -200,7 +211,7 @@ class DeviceIndex:
             mark_device(self.free)
         valid = valid.to(self.device)
         at = self.counts[3] + torch.cumsum(valid, 0) - 1
-        spare = self.free.numel() - n + torch.arange(n, device=self.device)  # the others' own entries at the end
+        spare = self.free.numel() - n + self._arange(n)  # the others' own entries at the end
         self.free[torch.where(valid, at, spare)] = rows.to(self.device)
         self.counts[3] += valid.sum()
         for p in self._pending:
@@ -230,7 +241,7 @@ class DeviceIndex:
         (way, ok): ok where the way exists. The buckets' fill counts the ways taken."""
         order = torch.sort(pick, stable=True).indices
         sorted_pick = pick[order]
-        rank = torch.arange(pick.numel(), device=self.device) - torch.searchsorted(sorted_pick, sorted_pick)
+        rank = self._arange(pick.numel()) - torch.searchsorted(sorted_pick, sorted_pick)
         way = torch.empty_like(pick).index_put_((order,), rank) + self.fill[pick]
         ok = want & (way < self.ways)
         self.fill.index_put_((pick,), ok.to(torch.int64), accumulate=True)  # (deterministic on a GPU, unlike index_add_)

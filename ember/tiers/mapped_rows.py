@@ -125,10 +125,16 @@ class MappedRows:
         self.rows = device_view(host, self.device)
         mark_device(self.rows)
 
+    def device_tensors(self) -> list[Tensor]:
+        """The device memory it keeps between calls (the rows' view, the index's planes): what a
+        ``DeviceBudget`` on a CPU "device" is told is the device's (``mark_device``)."""
+        return [self.rows, *self.index.device_tensors()]
+
     def lookup(self, keys: Tensor, tables: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """A training step's records of unique (ID, table) pairs: (record numbers int64 [N], new
         bool [N], records float32 [N, record_dim] on the device). New pairs are inserted; their
         records hold nothing yet (the caller makes fresh rows and ``store``s them)."""
+        mark_device(*self.device_tensors())  # (nothing unless a DeviceBudget is active)
         self._room(keys.numel())
         self.version += 1
         rows, new = self.index.find_or_insert(keys, tables)
@@ -137,6 +143,7 @@ class MappedRows:
     def find(self, keys: Tensor, tables: Tensor) -> tuple[Tensor, Tensor]:
         """An evaluation's records: (found bool [N], records [N, record_dim]; rows of absent
         pairs are meaningless). Inserts nothing."""
+        mark_device(*self.device_tensors())
         rows = self.index.find(keys, tables)
         found = rows >= 0
         return found, self.rows.index_select(0, rows.clamp(min=0))

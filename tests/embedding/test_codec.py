@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from ember.embedding.codec import RowCodec, from_bits, packed_words, round_nearest, sr_noise, to_bits
+from ember.embedding.codec import RowCodec, from_bits, packed_words, round_nearest, sr_noise, sr_table_keys, to_bits
 from ember.mix import mix64, mix64_tensor
 
 TORCH_DTYPE = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -86,6 +86,24 @@ def test_noise_is_deterministic_per_seed_step_id(dtype):
     # uniform: mean and spread of a million draws (standard error of the mean ~0.0003 of the range)
     u = sr_noise(torch.arange(-(10**5), 10**5, 3), 3, 4, 15, torch.device("cpu")).double() / 65535
     assert abs(u.mean().item() - 0.5) < 0.003 and abs(u.std().item() - 12**-0.5) < 0.003
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_table_keys_made_on_the_host_give_the_same_noise(dtype):
+    """``sr_table_keys`` (the (seed, step) part, made on the host for a group's tables) gives
+    the noise of ``sr_noise`` from the seeds and steps, bit for bit: negative seeds, large steps."""
+    seeds = np.array([0, -5, 2**62 + 7, -(2**63)], dtype=np.int64)
+    steps = np.array([0, 1, 123_456_789, 2**40], dtype=np.int64)
+    ids = torch.tensor([3, -(2**63), 2**63 - 1, 42, 7, 0, -1, 9])
+    tab = torch.tensor([0, 1, 2, 3, 3, 2, 1, 0])
+    cpu = torch.device("cpu")
+    want = sr_noise(ids, torch.from_numpy(seeds)[tab], torch.from_numpy(steps)[tab], 5, cpu)
+    keys = torch.from_numpy(sr_table_keys(seeds, steps).view(np.int64))[tab]
+    assert torch.equal(sr_noise(ids, 0, 0, 5, cpu, table_key=keys), want)
+    c = RowCodec(dtype, 5, 7)
+    rec = torch.randn(8, 7)
+    a = c.encode(rec, ids, torch.from_numpy(seeds)[tab], torch.from_numpy(steps)[tab])
+    assert torch.equal(c.encode(rec, ids, 0, 0, table_key=keys).view(torch.int32), a.view(torch.int32))
 
 
 def test_stochastic_rounding_keeps_tiny_updates_that_nearest_loses():

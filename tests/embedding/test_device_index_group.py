@@ -173,12 +173,20 @@ def test_the_tier_view_reads_writes_and_removes():
     assert dev.tables["t0"].tier.contains(torch.tensor([22])).tolist() == [False]  # (another table's rows)
 
 
+# what a steady step launches today (rows of 7 floats, every optimizer): a ceiling that catches
+# a change adding work to the step (the issue's 25 asks for fusion; see docs/performance.md)
+_OP_CEILING = {"fp32": 160, "bf16": 255, "fp16": 270}
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("opt", OPTIMIZERS, ids=[o["type"] for o in OPTIMIZERS])
-def test_a_step_never_syncs_and_its_op_count_does_not_grow_with_the_tables(opt, monkeypatch):
+def test_a_step_never_syncs_and_its_op_count_does_not_grow_with_the_tables(opt, dtype, monkeypatch):
+    """Every device operation of the step is counted (the group's device memory is marked by the
+    library, whenever the budget began): the look-up's, the fresh rows', the upload."""
     monkeypatch.setattr(_native, "_core", None)  # the torch paths a GPU takes
 
     def ops(n: int) -> list[int]:
-        ec = _collection("device", [opt] * n)
+        ec = _collection("device", [opt] * n, dtype=dtype)
         (group,) = ec.groups
         rng = np.random.default_rng(0)
         cot = torch.randn(64, 7)
@@ -195,11 +203,12 @@ def test_a_step_never_syncs_and_its_op_count_does_not_grow_with_the_tables(opt, 
                 lk.write_back()
             if step >= 3:  # (past the first calls of this size)
                 assert budget.syncs == 0, budget.report()
+                assert {"sort", "searchsorted", "index_select", "index_copy_"} <= set(budget.op_names), budget.report()
                 out.append(budget.ops)
         return out
 
     two, many = ops(2), ops(26)
-    assert max(many) <= max(two), (two, many)
+    assert max(many) <= max(two) <= _OP_CEILING[dtype], (two, many)
 
 
 def test_what_it_cannot_hold_is_refused_with_what_to_do():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ember.tiers import device_budget
-from ember.tiers.device_budget import DeviceBudget, active, mark_device
+from ember.tiers.device_budget import DeviceBudget, active, mark_device, to_device
 
 IDX = torch.tensor([0, 2, 3])
 
@@ -80,11 +80,34 @@ def test_upload_into_marked_destination_counts_one_op() -> None:
     host = torch.ones(10, 4)
     with DeviceBudget("cpu") as b:
         mark_device(dst)
-        dst.copy_(host)
+        dst.copy_(host, non_blocking=True)
         dst.index_copy_(0, IDX, host[:3])
     assert b.ops == 2, b.report()
     assert b.syncs == 0 and b.downloads == 0
     assert b.op_names == {"copy_": 1, "index_copy_": 1}
+
+
+def test_a_blocking_upload_is_a_sync() -> None:
+    """PyTorch waits for the stream after a copy from the host that is not non-blocking: the
+    host stalls until every queued operation has run, as for a download."""
+    dst = torch.zeros(10, 4)
+    with DeviceBudget("cpu") as b:
+        mark_device(dst)
+        dst.copy_(torch.ones(10, 4))
+        up = to_device(torch.ones(3), torch.device("cpu"))  # (the library's way: non-blocking)
+    assert (b.ops, b.syncs) == (2, 1), b.report()
+    assert b.sync_names == {"copy_": 1} and b.is_device(up)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_blocking_upload_to_cuda_is_a_sync() -> None:
+    host = torch.ones(1000)
+    with DeviceBudget("cuda") as b:
+        host.to("cuda")  # (pageable, blocking: PyTorch synchronises the stream after it)
+    with DeviceBudget("cuda") as nb:
+        host.pin_memory().to("cuda", non_blocking=True)
+    assert b.syncs == 1 and nb.syncs == 0, (b.report(), nb.report())
 
 
 @pytest.mark.parametrize("read", [
