@@ -23,7 +23,7 @@ from ember.source.bad_rows import BadRowReport
 from ember.source.base import RecordChunk, check_columns, read_failed
 from ember.source.config import DataConfig
 from ember.source.csv import header_fields, read_csv, read_head
-from ember.source.files import expand_paths, expand_sized
+from ember.source.files import expand_listed
 from ember.source.orc import read_orc
 from ember.source.parquet import read_parquet
 from ember.source.protocol import RowCount, Split, Unit
@@ -43,9 +43,19 @@ class FileSource:
 
     def __init__(self, data: DataConfig) -> None:
         self.data = data
+        self._listed: dict[str, list[tuple[str, int | None]]] = {}  # split -> its files (sizes where listed)
+
+    def _listing(self, split: Split) -> list[tuple[str, int | None]]:
+        """``split``'s files, each with its size where the listing gave it: listed once per
+        source (a run), so a run's checks, its size estimate and every epoch see one file list
+        and an object store is listed once, not once per use (new files mid-run: ``data.watch``)."""
+        if split not in self._listed:
+            self._listed[split] = expand_listed(self.data.paths(split), self.data.format, self.data.storage_options,
+                                                f"data.{split}")
+        return self._listed[split]
 
     def _files(self, split: Split) -> list[str]:
-        files = expand_paths(self.data.paths(split), self.data.format, self.data.storage_options, f"data.{split}")
+        files = [f for f, _ in self._listing(split)]
         if not files:
             raise ConfigError(f"data.{split} is not set; give the {split} files (format {self.data.format})")
         return files
@@ -123,8 +133,8 @@ class FileSource:
         if data.format in ("parquet", "orc"):
             files = self._files(split)
             return RowCount(rows=sum(storage.footer_rows(f, data.format, data.storage_options) for f in files))
-        sized = expand_sized(data.paths(split), data.format, data.storage_options, f"data.{split}")  # sizes as listed
-        files, sizes = [f for f, _ in sized], [size for _, size in sized]
+        files = [f for f, _ in self._listing(split)]
+        sizes = [size if size is not None else storage.file_size(f, data.storage_options) for f, size in self._listing(split)]
         if not estimate:
             return RowCount(bytes=sum(sizes))
         rows = 0
@@ -151,6 +161,5 @@ class FileSource:
             rest: Iterator[str] = FileWatcher(data.paths("train"), data.format, data.watch, taken,
                                               storage_options=data.storage_options).files(stop)
         else:
-            rest = (f for f in expand_paths(data.paths("train"), data.format, data.storage_options, "data.train")
-                    if f not in taken)
+            rest = (f for f in self._files("train") if f not in taken)
         return (Unit(f) for f in chain([resume] if resume is not None else [], rest))

@@ -22,7 +22,7 @@ from ember.source import storage
 from ember.source.storage import StorageOptions
 from ember import once
 
-__all__ = ["expand_paths", "expand_sized", "format_suffixes"]
+__all__ = ["expand_listed", "expand_paths", "expand_sized", "format_suffixes"]
 
 log = logging.getLogger("ember")
 _Found = tuple[str, int | None]  # a file, and its size in bytes where a listing gave it (else None)
@@ -178,6 +178,13 @@ def expand_sized(patterns: Sequence[str], format: str, storage_options: StorageO
     prefix or a glob, the listing's (no request per object); else the file's or object's own."""
     return [(f, size if size is not None else storage.file_size(f, storage_options))
             for f, size in _expand(patterns, format, storage_options, what)]
+
+
+def expand_listed(patterns: Sequence[str], format: str, storage_options: StorageOptions | None = None,
+                  what: str = "the data paths") -> list[tuple[str, int | None]]:
+    """``expand_paths``' files, each with its size where a listing of a prefix or a glob gave
+    it, else None (no request made for it: ``storage.file_size`` when needed)."""
+    return _expand(patterns, format, storage_options, what)
 
 
 def _expand(patterns: Sequence[str], format: str, storage_options: StorageOptions | None,

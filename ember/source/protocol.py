@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Literal, Mapping, Protocol, Sequence
@@ -143,10 +144,38 @@ def registered_formats() -> list[str]:
     return sorted(_REGISTRY)
 
 
+# inside ``one_source_per_config``: id(DataConfig) -> (the config, its source)
+_shared: dict[int, tuple[Any, Source]] | None = None
+
+
+@contextlib.contextmanager
+def one_source_per_config() -> Iterator[None]:
+    """Within it, ``source_for`` gives the same source for the same ``DataConfig`` object: a run's
+    preflight, row count and epochs share one, so files are listed once a run (an object store's
+    prefix is not listed once per use). Re-entrant; outside it every call makes a new source
+    (a later run lists again and sees files added since)."""
+    global _shared
+    if _shared is not None:
+        yield
+        return
+    _shared = {}
+    try:
+        yield
+    finally:
+        _shared = None
+
+
 def source_for(data: "DataConfig") -> Source:
-    """The source that reads ``data`` (by ``data.format``); ConfigError for an unknown format."""
+    """The source that reads ``data`` (by ``data.format``); ConfigError for an unknown format.
+    Inside ``one_source_per_config``, one per config object."""
+    shared = _shared
+    if shared is not None and id(data) in shared and shared[id(data)][0] is data:
+        return shared[id(data)][1]
     target = _REGISTRY.get(data.format)
     if target is None:
         raise ConfigError(f"data.format '{data.format}' has no source; give one of {registered_formats()}")
     module, name = target.split(":")
-    return getattr(importlib.import_module(module), name)(data)
+    src = getattr(importlib.import_module(module), name)(data)
+    if shared is not None:
+        shared[id(data)] = (data, src)  # (holds the config: its id is not reused while shared)
+    return src

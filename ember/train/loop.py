@@ -45,6 +45,7 @@ from ember.train.early_stop import EarlyStopping
 from ember.train.evaluator import Evaluator
 from ember.train.history import History
 from ember.train.metrics import json_safe
+from ember.source.protocol import one_source_per_config
 from ember.train.preflight import check_disk, check_run, holds_run, no_steps_error
 from ember.train.shards import ahead_of
 from ember.train.progress import EpochRows, Progress
@@ -121,6 +122,12 @@ def train(cfg: RunConfig, overwrite: bool = True, batches: Sequence[Batch] | Non
                         "YAML file, ember.config.from_dict(d) from a dict")
     if batches is not None and not all(isinstance(b, Batch) for b in batches):
         raise TypeError("train: batches must be ember.batch.Batch objects (make_batches gives them)")
+    with one_source_per_config():  # (the run's checks, row count, epochs and evals list the files once)
+        return _run(cfg, overwrite, batches)
+
+
+def _run(cfg: RunConfig, overwrite: bool, batches: Sequence[Batch] | None) -> RunResult:
+    """``train``'s work, its arguments checked."""
     dist = start_run(cfg)  # None in one process: nothing is initialised
     run_dir = run_directory(cfg)
     try:
