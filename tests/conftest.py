@@ -44,3 +44,16 @@ def _seeded_random_streams():
     np.random.seed(0)
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(params=["unpadded", "padded"])
+def padding(request, monkeypatch):
+    """A storage.index: device test twice: its fetch as a CPU runs it, and padded to a bucket with
+    the padding masked, the function a GPU captures as a CUDA graph (small buckets: the size moves
+    between buckets as batches do). Returns which."""
+    if request.param == "padded":
+        from ember.embedding import mapped_fetch
+
+        monkeypatch.setattr(mapped_fetch, "PAD_ON_CPU", True)
+        monkeypatch.setattr(mapped_fetch, "MIN_BUCKET", 32)
+    return request.param

@@ -32,6 +32,7 @@ from ember.batch.sparse import SparseFeatures
 from ember.embedding.codec import sr_table_keys
 from ember.embedding.config import FeatureConfig
 from ember.embedding.init import init_keys, uniform01_tensor, uniform_scale
+from ember.embedding.mapped_fetch import MappedFetch
 from ember.embedding.pooling import GroupPool, SequenceEmbedding, pool_feature
 from ember.embedding.table import EmbeddingTable, fresh_records
 from ember.optim import RowWiseAdagrad, rule_lr
@@ -108,8 +109,10 @@ class TableGroup:
         # what ``GroupLookup.apply``'s one-pass update (row-wise Adagrad inside the host write) asks
         # of the group itself, decided once: None when it has it, else why not; and each table's
         # (lr, eps) [T, 2] when no table has an lr schedule (else made per step)
+        self.mapped_fetch: MappedFetch | None = None  # storage.index: device: a training fetch's device half
         if self.mapped is not None:
             self._fresh_on_device()
+            self.mapped_fetch = MappedFetch(self)
         self.fused_why = ("the rows are read and written by the device (storage.index: device)" if self.mapped is not None
                           else f"{self.dtype} rows" if not (self.codec.identity or self.dtype == "bf16")
                           else "a table's optimizer is not row-wise Adagrad" if not all(
@@ -419,26 +422,15 @@ class GroupLookup:
         torch.cat(parts, out=buf)
         dev = to_device(buf, m.device).split([p.numel() for p in parts])
         keys, tags = dev[0], dev[1].to(torch.int32)
+        fetch = g.mapped_fetch
+        assert fetch is not None
         if self.train:
             seq = m.begin()
             self._mapped_end = weakref.finalize(self, m.end_later, seq)
-            rows, new, packed = m.lookup(keys, tags)
-        else:
-            found, packed = m.find(keys, tags)
-            new = ~found
-        rec = g.codec.decode(packed)
-        steps = None
-        if g.ttl_dev is not None:  # a row not looked up for more than its table's ttl_steps reads as new
-            steps = g.steps_on(m.device, torch.float32)[tags]
-            expired = ~new & (steps - rec[:, -1] > g.ttl_dev[tags])
-            g.expired_dev += (expired.unsqueeze(1) & (tags.unsqueeze(1) == g.table_numbers)).sum(0)
-            new = new | expired
-        rec = torch.where(new.unsqueeze(1), g.fresh_rows(keys, tags), rec)
-        if self.train:
-            if steps is not None:  # looked up now (the last word of a TTL table's record)
-                rec[:, -1] = torch.where(g.ttl_dev[tags] < float("inf"), steps, rec[:, -1])
-            m.store(rows, g.codec.encode_nearest(rec))  # (16-bit weights: exact, they are 16-bit values)
+            rows, _, rec = fetch(keys, tags)  # (one CUDA graph on a GPU)
             self.mapped_rows, self._mapped_pairs = rows, (keys, tags)
+        else:
+            rec = fetch.read(keys, tags)  # (inserts and stores nothing)
         self._uploaded(bags, dev[2:], m.device)
         self.records = rec
 

@@ -43,7 +43,7 @@ from typing import Any, Callable
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["to_device", "DeviceBudget", "mark_device", "active"]
+__all__ = ["to_device", "DeviceBudget", "count_launch", "mark_device", "active"]
 
 # views and metadata-only ops (no kernel; views share the input's storage, so stay marked)
 _METADATA = frozenset({
@@ -116,6 +116,14 @@ def mark_device(*tensors: torch.Tensor) -> None:
     if _innermost is not None:
         for b in _stack:  # outer budgets see the same device memory
             b.mark(*tensors)
+
+
+def count_launch(name: str) -> None:
+    """Count one device operation the dispatcher does not see (a CUDA graph's replay: one launch
+    of everything it captured) on every active ``DeviceBudget``; nothing without one."""
+    if _innermost is not None:
+        for b in _stack:
+            b._op(name)
 
 
 def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -92,6 +92,7 @@ class DeviceIndex:
         # first counts[3] entries, then room, then one spare entry per row of the largest release
         self.free = torch.zeros(1, dtype=torch.int64, device=self.device)
         mark_device(self.counts, self.free)
+        self.generation = 0  # changes whenever a tensor of the index is replaced (a CUDA graph of ``insert`` is stale)
         self._iota = torch.arange(ways, device=self.device)  # (``_arange``)
         self._alloc(self._buckets_for(capacity), spare=ways)
         # downloads of ``counts`` not yet read: (pinned host copy, event or None, keys inserted after
@@ -114,6 +115,7 @@ class DeviceIndex:
         GPU serialises or leaves in an undefined order)."""
         spare = self.spare if spare is None else spare
         self.buckets, self.spare = buckets, spare
+        self.generation += 1
         n = buckets * self.ways + spare
         self.keys = torch.zeros(n, dtype=torch.int64, device=self.device)
         self.tags = torch.full((n,), -1, dtype=torch.int32, device=self.device)
@@ -132,6 +134,7 @@ class DeviceIndex:
             self.keys, self.tags, self.rows = planes
             self.fill = torch.cat((self.fill[:fill], self.fill.new_zeros(spare)))
             self.spare = spare
+            self.generation += 1
             mark_device(self.keys, self.tags, self.rows, self.fill)
         return self._arange(n)
 
@@ -139,6 +142,7 @@ class DeviceIndex:
         """int64 [n]: 0..n-1, a view of one kept on the device (no launch per call)."""
         if self._iota.numel() < n:
             self._iota = torch.arange(max(n, 2 * self._iota.numel()), device=self.device)
+            self.generation += 1
         return self._iota[:n]
 
     def device_tensors(self) -> list[Tensor]:
@@ -168,25 +172,44 @@ class DeviceIndex:
 
     def find(self, keys: Tensor, tags: Tensor) -> Tensor:
         """int64 [N]: the row of each (key, tag) pair, -1 where absent (duplicates allowed)."""
-        keys, tags = self._inputs(keys, tags)
+        keys, tags = self.pairs(keys, tags)
         found, pos = self._match(keys, tags, self._homes(keys, tags))
         return torch.where(found, self.rows[pos], -1)
 
     # ---- insert ---------------------------------------------------------------------------
-    def find_or_insert(self, keys: Tensor, tags: Tensor) -> tuple[Tensor, Tensor]:
+    def find_or_insert(self, keys: Tensor, tags: Tensor, valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """(rows int64 [N], new bool [N]): each pair's row, the absent ones inserted with the next
-        rows in order. The pairs must be unique (a batch's deduplicated IDs)."""
-        keys, tags = self._inputs(keys, tags)
-        self.reserve(keys.numel())
+        rows in order. The pairs must be unique (a batch's deduplicated IDs). ``valid`` (bool
+        [N]): only those pairs are looked up and inserted, the others (padding) get row -1 and
+        change nothing."""
+        keys, tags = self.pairs(keys, tags)
+        self.prepare(keys.numel())
+        rows, new = self.insert(keys, tags, valid)
+        self.count_inserted(keys.numel())
+        return rows, new
+
+    def prepare(self, n: int) -> None:
+        """The host's part of an insert of ``n`` pairs, before any device work: room within the
+        load limit (a growth, rarely) and a spare entry per pair. After it, ``insert`` of up to
+        ``n`` pairs is device work alone, on tensors that stay where they are (``generation``)."""
+        self.reserve(n)
+        self._spares(n)
+
+    def insert(self, keys: Tensor, tags: Tensor, valid: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """``find_or_insert``'s device work (after ``prepare`` for at least ``len(keys)`` pairs;
+        keys int64, tags int32 on the device): a fixed sequence of tensor operations, no host
+        decision and no allocation outside the call's own, so a CUDA graph can replay it."""
         homes = self._homes(keys, tags)
         found, pos = self._match(keys, tags, homes)
-        new = ~found
+        if valid is not None:
+            found = found & valid
+        new = ~found if valid is None else valid & ~found
         rank = torch.cumsum(new, 0) - 1  # the new pairs' order
         nfree = self.counts[3]
         # the first new pairs pop the free stack (its top first), the others take the next numbers
         popped = self.free[(nfree - 1 - rank).clamp_(min=0)]
         fresh = torch.where(rank < nfree, popped, self.counts[0] + rank - nfree)
-        rows = torch.where(found, self.rows[pos], fresh)
+        rows = torch.where(found, self.rows[pos], fresh if valid is None else torch.where(new, fresh, -1))
         slot, failed = self._place(homes, new)
         self.keys[slot] = keys
         self.tags[slot] = tags
@@ -194,7 +217,6 @@ class DeviceIndex:
         added = new.sum()
         took = torch.minimum(added, nfree)
         self.counts += torch.stack((added - took, failed.sum(), added, -took))
-        self._download(keys.numel())
         return rows, new
 
     def release(self, rows: Tensor, valid: Tensor) -> None:
@@ -208,6 +230,7 @@ class DeviceIndex:
         if self.free.numel() < room + n:
             size = max(room + n, 2 * self.free.numel())
             self.free = torch.cat((self.free, self.free.new_zeros(size - self.free.numel())))
+            self.generation += 1
             mark_device(self.free)
         valid = valid.to(self.device)
         at = self.counts[3] + torch.cumsum(valid, 0) - 1
@@ -248,8 +271,9 @@ class DeviceIndex:
         return way, ok
 
     # ---- sizing ---------------------------------------------------------------------------
-    def _download(self, inserted: int) -> None:
-        """Start a non-blocking download of ``counts`` (issued after an insert of ``inserted`` keys)."""
+    def count_inserted(self, inserted: int) -> None:
+        """After an ``insert`` of ``inserted`` pairs: start a non-blocking download of ``counts``
+        (what ``reserve`` and ``bound`` size by, without waiting)."""
         host = torch.empty(4, dtype=torch.int64, pin_memory=self.device.type == "cuda")
         host.copy_(self.counts, non_blocking=True)
         event = None
@@ -333,7 +357,7 @@ class DeviceIndex:
     def remove(self, keys: Tensor, tags: Tensor) -> Tensor:
         """Take pairs out; returns the rows they held (-1 where absent). Their ways stay used
         until the next rehash; their rows are the caller's until it ``release``s them."""
-        keys, tags = self._inputs(keys, tags)
+        keys, tags = self.pairs(keys, tags)
         found, pos = self._match(keys, tags, self._homes(keys, tags))
         rows = torch.where(found, self.rows[pos], -1)
         pos = torch.where(found, pos, self.buckets * self.ways + self._spares(keys.numel()))  # absent: its spare
@@ -345,7 +369,8 @@ class DeviceIndex:
         live = torch.nonzero(self.tags[: self.buckets * self.ways] >= 0).squeeze(1)  # (not the spares)
         return self.keys[live], self.tags[live], self.rows[live]
 
-    def _inputs(self, keys: Tensor, tags: Tensor) -> tuple[Tensor, Tensor]:
+    def pairs(self, keys: Tensor, tags: Tensor) -> tuple[Tensor, Tensor]:
+        """(keys int64, tags int32) on the index's device, checked to be 1-D of one length."""
         if keys.shape != tags.shape or keys.dim() != 1:
             raise ValueError(f"DeviceIndex: keys and tags must be 1-D of one length, got {tuple(keys.shape)} "
                              f"and {tuple(tags.shape)}")

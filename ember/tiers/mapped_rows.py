@@ -72,6 +72,7 @@ class MappedRows:
         self.host = self._alloc(capacity)
         self.rows = device_view(self.host, self.device)
         mark_device(self.rows)
+        self.generation = 0  # changes when the rows are replaced (growth): a CUDA graph over them is stale
         self.version = 0  # changes with every call that may insert or remove (``table_counts``' cache)
         self._counts: tuple[int, np.ndarray] | None = None
         # training lookups between their fetch and their write-back (``begin`` / ``end``): a removed
@@ -83,9 +84,10 @@ class MappedRows:
         self._dropped: list[int] = []  # lookups garbage-collected without an end (``end_later``)
 
     def _alloc(self, rows: int) -> Tensor:
+        """``rows`` records and one scratch row after them (``scratch``: a padded call's writes)."""
         pinned = self.device.type == "cuda"
         try:
-            return torch.empty(rows, self.record_dim, pin_memory=pinned)
+            return torch.empty(rows + 1, self.record_dim, pin_memory=pinned)
         except RuntimeError as e:  # (page-locking that much host memory can fail where plain memory would not)
             raise CapacityError(
                 f"storage.index: device: could not allocate {fmt_bytes(rows * self.record_dim * 4)} of "
@@ -93,7 +95,12 @@ class MappedRows:
 
     @property
     def capacity(self) -> int:
-        return self.host.shape[0]
+        return self.host.shape[0] - 1
+
+    @property
+    def scratch(self) -> int:
+        """The row no record is numbered to: where a padded call's padding writes (never read)."""
+        return self.host.shape[0] - 1
 
     @property
     def nbytes(self) -> int:
@@ -120,9 +127,10 @@ class MappedRows:
         log.info("storage.index: device: a table group's rows grow to %s rows (%s of %shost memory; the step waits "
                  "for the device once)", f"{rows:,}", fmt_bytes(size), "pinned " if self.device.type == "cuda" else "")
         host = self._alloc(rows)
-        host[: self.capacity].copy_(self.host)
+        host[: self.capacity].copy_(self.host[: self.capacity])
         self.host = host
         self.rows = device_view(host, self.device)
+        self.generation += 1
         mark_device(self.rows)
 
     def device_tensors(self) -> list[Tensor]:
@@ -135,10 +143,22 @@ class MappedRows:
         bool [N], records float32 [N, record_dim] on the device). New pairs are inserted; their
         records hold nothing yet (the caller makes fresh rows and ``store``s them)."""
         mark_device(*self.device_tensors())  # (nothing unless a DeviceBudget is active)
-        self._room(keys.numel())
-        self.version += 1
-        rows, new = self.index.find_or_insert(keys, tables)
+        self.prepare(keys.numel())
+        rows, new = self.index.insert(*self.index.pairs(keys, tables))
+        self.inserted(keys.numel())
         return rows, new, self.rows.index_select(0, rows)
+
+    def prepare(self, n: int) -> None:
+        """The host's part of a training lookup of up to ``n`` pairs, before its device work: host
+        rows and index room for them (a growth, rarely: it waits for the device once)."""
+        self._room(n)
+        self.index.prepare(n)
+
+    def inserted(self, n: int) -> None:
+        """After the device work of a lookup of ``n`` pairs (``index.insert``): the index's count
+        is downloaded without a wait (its bound of rows numbered)."""
+        self.version += 1
+        self.index.count_inserted(n)
 
     def find(self, keys: Tensor, tables: Tensor) -> tuple[Tensor, Tensor]:
         """An evaluation's records: (found bool [N], records [N, record_dim]; rows of absent

@@ -24,6 +24,9 @@ DEVICE_INDEX = {"index": "device", "device": "cpu"}
 OPTIMIZERS = SPARSE_OPTIMIZERS  # (ftrl's new state depends on the weights: made from them on the device)
 
 
+pytestmark = pytest.mark.usefixtures("padding")  # (tests/conftest.py: every test unpadded, then padded)
+
+
 def _collection(index: str, opts: list[dict], pooling: str = "sum", inits: list[dict] | None = None,
                 dtype: str = "fp32", ttl: list[int | None] | None = None) -> EmbeddingCollection:
     storage = DEVICE_INDEX if index == "device" else {}
@@ -180,9 +183,10 @@ _OP_CEILING = {"fp32": 160, "bf16": 255, "fp16": 270}
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("opt", OPTIMIZERS, ids=[o["type"] for o in OPTIMIZERS])
-def test_a_step_never_syncs_and_its_op_count_does_not_grow_with_the_tables(opt, dtype, monkeypatch):
+def test_a_step_never_syncs_and_its_op_count_does_not_grow_with_the_tables(opt, dtype, padding, monkeypatch):
     """Every device operation of the step is counted (the group's device memory is marked by the
-    library, whenever the budget began): the look-up's, the fresh rows', the upload."""
+    library, whenever the budget began): the look-up's, the fresh rows', the upload. (Padded,
+    the count is of the function a GPU replays as one CUDA graph: no ceiling on a CPU.)"""
     monkeypatch.setattr(_native, "_core", None)  # the torch paths a GPU takes
 
     def ops(n: int) -> list[int]:
@@ -208,7 +212,9 @@ def test_a_step_never_syncs_and_its_op_count_does_not_grow_with_the_tables(opt, 
         return out
 
     two, many = ops(2), ops(26)
-    assert max(many) <= max(two) <= _OP_CEILING[dtype], (two, many)
+    assert max(many) <= max(two), (two, many)
+    if padding == "unpadded":
+        assert max(two) <= _OP_CEILING[dtype], two
 
 
 def test_what_it_cannot_hold_is_refused_with_what_to_do():

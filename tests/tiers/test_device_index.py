@@ -220,3 +220,47 @@ def test_reuse_matches_a_dict_through_churn_and_growth():
         got = idx.find(torch.tensor(list(live)), torch.zeros(len(live), dtype=torch.int32))
         assert got.tolist() == list(live.values())
     assert idx.check() <= peak + 40
+
+
+def test_padding_pairs_change_nothing_and_get_no_row():
+    """``valid`` marks a call's real pairs (the rest pad it to a fixed size, for a CUDA graph):
+    the padding gets row -1 even when its key is indexed, inserts nothing and counts nothing;
+    the real pairs get what a call of them alone gives, and the index ends up the same."""
+    rng = np.random.default_rng(3)
+    plain, padded = DeviceIndex(64, "cpu"), DeviceIndex(64, "cpu")
+    for step in range(12):
+        keys = torch.from_numpy(rng.choice(400, 40, replace=False).astype(np.int64))
+        tags = torch.from_numpy(rng.integers(0, 2, 40).astype(np.int32))
+        n = int(rng.integers(1, 40))
+        valid = torch.arange(40) < n
+        # padding: keys of this call's real pairs and of earlier calls (found ones must stay untouched)
+        keys[n:] = torch.from_numpy(rng.choice(400, 40 - n).astype(np.int64))
+        want_rows, want_new = plain.find_or_insert(keys[:n], tags[:n])
+        rows, new = padded.find_or_insert(keys, tags, valid)
+        assert torch.equal(rows[:n], want_rows) and torch.equal(new[:n], want_new), step
+        assert (rows[n:] == -1).all() and not new[n:].any(), step
+        if step % 4 == 3:
+            rel = want_rows[:3]
+            for idx in (plain, padded):
+                idx.remove(keys[:3], tags[:3])
+                idx.release(rel, torch.ones(3, dtype=torch.bool))
+    assert len(plain) == len(padded)
+    assert plain.counts.tolist() == padded.counts.tolist()
+    a, b = plain.items(), padded.items()
+    assert sorted(zip(*(t.tolist() for t in a))) == sorted(zip(*(t.tolist() for t in b)))
+
+
+def test_a_replacement_of_a_tensor_changes_the_generation():
+    """A CUDA graph of ``insert`` replays on the tensors it captured: every replacement (growth,
+    more spares, a larger free stack) changes ``generation``, so its user captures again."""
+    idx = DeviceIndex(16, "cpu")
+    g = idx.generation
+    idx.prepare(8)
+    assert idx.generation == g  # (room enough: nothing replaced)
+    idx.prepare(500)  # more pairs than spares and room: both grow
+    assert idx.generation > g
+    g = idx.generation
+    idx.find_or_insert(torch.arange(300), torch.zeros(300, dtype=torch.int32))
+    assert idx.generation == g
+    idx.release(torch.arange(200), torch.ones(200, dtype=torch.bool))
+    assert idx.generation > g

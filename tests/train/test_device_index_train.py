@@ -12,6 +12,7 @@ from ember.tiers.mapped_rows import MappedTier
 from ember.train.loop import train
 
 DEVICE_INDEX = {"index": "device", "device": "cpu"}
+pytestmark = pytest.mark.usefixtures("padding")  # (tests/conftest.py: every test unpadded, then padded)
 
 
 def _cfg(tmp_path, name, storage, dtype="fp32", ttl=None, **train_kw):

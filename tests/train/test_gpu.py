@@ -129,3 +129,50 @@ def test_cuda_device_index_trains_like_host_rows(tmp_path, dtype, ttl):
         torch.testing.assert_close(ra[name][1], rb[name][1], **tol, msg=name)
     for (k, a), b in zip(mapped.parts.model.state_dict().items(), host.parts.model.state_dict().values()):
         torch.testing.assert_close(a, b, **tol, msg=k)
+
+
+def test_cuda_device_index_fetch_replays_a_graph_with_the_same_results(tmp_path, monkeypatch):
+    """storage.index: device's training fetch is captured as a CUDA graph per padded size and
+    replayed (``ember.embedding.mapped_fetch``): the run equals the same fetch operation by
+    operation (EMBER_CUDA_GRAPHS=0), bit for bit, and the graphs were used."""
+    graphs = train(_tiered(tmp_path, "graphs", DEVICE_INDEX, max_steps=30))
+    fetches = [g.mapped_fetch for ec in graphs.parts.collections() for g in ec.groups]
+    assert fetches and all(f.graphs_on and any(gr.graph is not None for gr in f._graphs.values()) for f in fetches)
+    monkeypatch.setenv("EMBER_CUDA_GRAPHS", "0")
+    eager = train(_tiered(tmp_path, "eager", DEVICE_INDEX, max_steps=30))
+    assert not any(g.mapped_fetch.graphs_on for ec in eager.parts.collections() for g in ec.groups)
+    ra, rb = _rows(graphs), _rows(eager)
+    for name in ra:
+        assert torch.equal(ra[name][0], rb[name][0]), name
+        assert torch.equal(ra[name][1], rb[name][1]), name
+    for (k, a), b in zip(graphs.parts.model.state_dict().items(), eager.parts.model.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+def test_cuda_device_index_step_launches_within_the_budget():
+    """Issue 25's budget on a GPU for storage.index: device: a steady step of a 26-table group
+    (plan, fetch, pool, backward, update, write-back) launches at most 25 operations (a graph's
+    replay counts as one) and never waits for the device."""
+    from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
+    from ember.batch import SparseFeatures
+    from ember.tiers.device_budget import DeviceBudget
+
+    dev = torch.device("cuda")
+    names = [f"C{i}" for i in range(26)]
+    ec = EmbeddingCollection([TableConfig(name=n, dim=16, optimizer={"type": "rowwise_adagrad", "lr": 0.05},
+                                          storage=DEVICE_INDEX) for n in names], [FeatureConfig(name=n) for n in names])
+    (group,) = ec.groups
+    rng = np.random.default_rng(0)
+    cot = torch.randn(512, 16, device=dev)
+    for step in range(8):
+        sf = SparseFeatures(names, torch.from_numpy(rng.zipf(1.2, 26 * 512) % 100_000), torch.ones(26 * 512, dtype=torch.int64))
+        with DeviceBudget(dev) as b:
+            lk = group.plan(sf, True)
+            lk.fetch()
+            pooled = lk.pool(dev)
+            torch.autograd.backward([pooled[n] for n in names], [cot] * 26)
+            lk.update(step)
+            lk.write_back()
+        if step >= 4:  # (past the first captures)
+            assert b.syncs == 0, b.report()
+            assert b.ops <= 25, b.report()

@@ -1,0 +1,195 @@
+"""A training fetch of a ``storage.index: device`` table group as one fixed sequence of device
+operations, replayed on a GPU from a CUDA graph.
+
+On a GPU that layout's step is bound by launches, not by the device: its fetch is ~130 small
+operations (the index's look-up and inserts, the gather, TTL, the fresh rows, the store), each
+a kernel the host issues (GPU session 6, an H200: 1.1 ms of device work behind 4.6 ms of host
+time). ``MappedFetch`` makes them one function of fixed-size tensors: the batch's unique pairs
+padded to a bucket (a power of two, at least ``MIN_BUCKET``), the padding marked invalid, so
+it inserts nothing, counts nothing and writes only the rows' scratch row. On CUDA that function
+is captured once per bucket as a CUDA graph and then replayed: one launch, beside the copies of
+the pairs in and of the results out (~8 operations a fetch instead of ~130).
+
+What the host decides stays on the host, before the device work: room for the rows and the
+index (``MappedRows.prepare``: a growth, rarely). A growth replaces tensors a graph was
+captured on (``generation``), so the graphs are dropped and captured again on next use.
+A bucket's first call runs the function eagerly (it is the step: capture itself runs nothing),
+then captures it for the calls after.
+
+Elsewhere (a CPU device) the same function runs eagerly, unpadded; ``PAD_ON_CPU`` pads it there
+too, so the tests hold the padded function, the one a GPU captures, to the unpadded path bit for
+bit. A graph that cannot be captured is said once in the log, with the reason, and that group's
+fetches run eagerly from then on (padded, the same results). ``EMBER_CUDA_GRAPHS=0`` in the
+environment turns the graphs off (the same results, operation by operation).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from ember.tiers.device_budget import count_launch, mark_device
+
+if TYPE_CHECKING:
+    from ember.embedding.group import TableGroup
+
+__all__ = ["MappedFetch", "MIN_BUCKET", "PAD_ON_CPU", "bucket"]
+
+log = logging.getLogger("ember.embedding")
+
+MIN_BUCKET = 1024  # pairs: smaller fetches share this bucket's graph
+PAD_ON_CPU = False  # (tests: run the padded function, the one a GPU captures, on a CPU device)
+
+
+def bucket(n: int) -> int:
+    """The padded size of a fetch of ``n`` pairs: the next power of two, at least ``MIN_BUCKET``
+    (so a run's few batch sizes take a few graphs, and a graph's padding is under half)."""
+    b = MIN_BUCKET
+    while b < n:
+        b *= 2
+    return b
+
+
+class _Graph:
+    """One bucket's fixed tensors (the pairs in, the results out) and its CUDA graph."""
+
+    def __init__(self, size: int, tables: int, device: torch.device) -> None:
+        self.keys = torch.zeros(size, dtype=torch.int64, device=device)
+        self.tags = torch.zeros(size, dtype=torch.int32, device=device)
+        self.valid = torch.zeros(size, dtype=torch.bool, device=device)
+        self.steps = torch.zeros(tables, dtype=torch.float32, device=device)  # each table's step (a TTL)
+        self.iota = torch.arange(size, device=device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: tuple[Tensor, Tensor, Tensor] | None = None
+        mark_device(*self.tensors())
+
+    def tensors(self) -> list[Tensor]:
+        return [self.keys, self.tags, self.valid, self.steps, self.iota]
+
+    def load(self, keys: Tensor, tags: Tensor, steps: Tensor | None) -> None:
+        """The call's pairs into the fixed tensors (the rest of them is padding)."""
+        n = keys.numel()
+        self.keys[:n].copy_(keys)
+        self.tags[:n].copy_(tags)
+        torch.lt(self.iota, n, out=self.valid)
+        if steps is not None:
+            self.steps.copy_(steps)
+
+
+class MappedFetch:
+    """The device half of a training fetch of a group's ``MappedRows``: ``(rows, new, records)``
+    of unique (ID, table) pairs, new pairs inserted, their fresh rows made and stored.
+
+    Args:
+        group: the table group (``storage.index: device``).
+    """
+
+    def __init__(self, group: "TableGroup") -> None:
+        assert group.mapped is not None
+        self.group = group
+        self.device = group.mapped.device
+        self.graphs_on = self.device.type == "cuda" and os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0"
+        self._graphs: dict[int, _Graph] = {}
+        self._generation: tuple[int, int] | None = None
+
+    def __call__(self, keys: Tensor, tags: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """``keys`` int64 [N], ``tags`` int32 [N] on the device: (record numbers [N], new [N],
+        records float32 [N, width]). Stores the new pairs' fresh rows (and a TTL's last-seen step).
+        ``new`` may be overwritten by the group's next fetch (read it before)."""
+        g, m = self.group, self.group.mapped
+        assert m is not None
+        n = keys.numel()
+        steps = g.steps_on(self.device, torch.float32) if g.ttl_dev is not None else None
+        if not (self.device.type == "cuda" or PAD_ON_CPU):
+            m.prepare(n)
+            out = self.body(keys, tags, None, steps)
+            m.inserted(n)
+            return out
+        size = bucket(n)
+        m.prepare(size)  # (room for every pair of the bucket: the padding inserts none)
+        generation = (m.generation, m.index.generation)
+        if generation != self._generation:  # the tensors the graphs were captured on are gone
+            self._graphs.clear()
+            self._generation = generation
+        gr = self._graphs.get(size)
+        fresh = gr is None
+        if gr is None:
+            gr = self._graphs[size] = _Graph(size, len(g.tables), self.device)
+        mark_device(*gr.tensors())  # (nothing unless a DeviceBudget is active)
+        gr.load(keys, tags, steps)
+        if gr.graph is not None:
+            gr.graph.replay()
+            count_launch("cuda graph")
+            assert gr.out is not None
+            rows, rec = gr.out[0][:n].clone(), gr.out[2][:n].clone()  # (the next replay overwrites the graph's)
+            new = gr.out[1][:n]  # (not kept by callers: a view until the group's next fetch)
+        else:
+            rows, new, rec = (t[:n] for t in self.body(gr.keys, gr.tags, gr.valid, gr.steps))
+            if fresh and self.graphs_on:
+                self._capture(gr)
+        m.inserted(n)
+        return rows, new, rec
+
+    def body(self, keys: Tensor, tags: Tensor, valid: Tensor | None, steps: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """The fetch as device operations alone (``valid``: the real pairs, None: all): look-up
+        and inserts, one gather, TTL expiry, fresh rows for new pairs, one store. The padding's
+        rows are the scratch row (read, written, never numbered)."""
+        g, m = self.group, self.group.mapped
+        assert m is not None
+        rows, new = m.index.insert(keys, tags, valid)
+        if valid is not None:
+            rows = torch.where(valid, rows, m.scratch)
+        rec, new = self.complete(g.codec.decode(m.rows.index_select(0, rows)), new, keys, tags, steps, valid, True)
+        m.rows.index_copy_(0, rows, g.codec.encode_nearest(rec))  # (16-bit weights: exact, they are 16-bit values)
+        return rows, new, rec
+
+    def read(self, keys: Tensor, tags: Tensor) -> Tensor:
+        """An evaluation's records [N, width] of ``keys`` / ``tags``: stored rows, fresh rows for
+        the others (as a training fetch would make them); inserts and stores nothing."""
+        g, m = self.group, self.group.mapped
+        assert m is not None
+        found, packed = m.find(keys, tags)
+        steps = g.steps_on(self.device, torch.float32) if g.ttl_dev is not None else None
+        return self.complete(g.codec.decode(packed), ~found, keys, tags, steps, None, False)[0]
+
+    def complete(self, rec: Tensor, new: Tensor, keys: Tensor, tags: Tensor, steps: Tensor | None,
+                 valid: Tensor | None, seen: bool) -> tuple[Tensor, Tensor]:
+        """Records read (``rec`` [N, width], ``new`` [N]) finished: a TTL table's rows not looked up
+        for more than its ``ttl_steps`` read as new (counted per table), new pairs get fresh rows,
+        and (``seen``: training) a TTL table's rows note the step as their last look-up."""
+        g = self.group
+        ttl = step = None
+        if steps is not None and g.ttl_dev is not None:
+            step, ttl = steps[tags], g.ttl_dev[tags]
+            expired = ~new & (step - rec[:, -1] > ttl)
+            if valid is not None:
+                expired = expired & valid
+            g.expired_dev += (expired.unsqueeze(1) & (tags.unsqueeze(1) == g.table_numbers)).sum(0)
+            new = new | expired
+        rec = torch.where(new.unsqueeze(1), g.fresh_rows(keys, tags), rec)
+        if seen and ttl is not None:
+            rec[:, -1] = torch.where(ttl < float("inf"), step, rec[:, -1])
+        return rec, new
+
+    def _capture(self, gr: _Graph) -> None:
+        """Capture ``body`` on ``gr``'s tensors as a CUDA graph (nothing runs: the call that
+        captures has run the body eagerly). On failure, said once; eager from then on."""
+        try:
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                out = self.body(gr.keys, gr.tags, gr.valid, gr.steps)
+        except Exception as e:  # (a CUDA build or driver that cannot capture these operations)
+            self.graphs_on = False
+            self._graphs.clear()
+            log.warning("storage.index: device: table group of '%s': its fetch could not be captured as a CUDA graph "
+                        "(%s: %s); it runs operation by operation (the same results, more host time per step)",
+                        self.group.tables[0].name, type(e).__name__, e)
+            return
+        gr.graph, gr.out = graph, out
+        if len(self._graphs) == 1:
+            log.info("storage.index: device: table group of '%s': fetch captured as a CUDA graph (%d pairs)",
+                     self.group.tables[0].name, gr.keys.numel())
