@@ -809,10 +809,8 @@ class GroupLookup:
             self._write_back_cached()
             return
         if g.mapped is not None and self.mapped_rows is not None:  # one scatter of every row (the others' unchanged)
-            if not g.codec.identity:  # rounded stochastically, as the host path writes (a 16-bit value stays itself)
-                keys, tags = self._mapped_pairs
-                rec = g.codec.encode(rec, keys, 0, 0, table_key=g.sr_keys_on(keys.device)[tags])
-            g.mapped.store(self.mapped_rows, rec)
+            assert g.mapped_fetch is not None and self._mapped_pairs is not None
+            g.mapped_fetch.write(self.mapped_rows, rec, *self._mapped_pairs)  # (16-bit: rounded as the host path writes)
             self._wrote([ids[j] if j in self.updated else ids[j][:0] for j in range(len(g.tables))])
             self._end_mapped()
             return
@@ -882,7 +880,7 @@ class _Bags:
 def _upload(t: Tensor, device: torch.device) -> Tensor:
     """A small host tensor on ``device`` without a wait (through pinned memory on a GPU; a
     blocking upload would wait for every operation queued before it)."""
-    return (t.pin_memory() if device.type == "cuda" else t).to(device, non_blocking=True)
+    return to_device(t.pin_memory() if device.type == "cuda" else t, device)
 
 
 def _bag_host(lengths: Tensor) -> tuple[Tensor, int, int]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 from torch import Tensor
@@ -55,34 +55,36 @@ def bucket(n: int) -> int:
 
 
 class _Graph:
-    """One bucket's fixed tensors (the pairs in, the results out) and its CUDA graph."""
+    """One bucket's fixed tensors (``inputs``: the call's arguments, padded; ``valid``: which
+    are real) and, once captured, the CUDA graph of a function of them and its outputs."""
 
-    def __init__(self, size: int, tables: int, device: torch.device) -> None:
-        self.keys = torch.zeros(size, dtype=torch.int64, device=device)
-        self.tags = torch.zeros(size, dtype=torch.int32, device=device)
+    def __init__(self, size: int, device: torch.device, **shapes: tuple[tuple[int, ...], torch.dtype]) -> None:
+        self.size = size
+        self.inputs = {k: torch.zeros(shape, dtype=dtype, device=device) for k, (shape, dtype) in shapes.items()}
         self.valid = torch.zeros(size, dtype=torch.bool, device=device)
-        self.steps = torch.zeros(tables, dtype=torch.float32, device=device)  # each table's step (a TTL)
         self.iota = torch.arange(size, device=device)
         self.graph: torch.cuda.CUDAGraph | None = None
-        self.out: tuple[Tensor, Tensor, Tensor] | None = None
+        self.out: tuple[Tensor, ...] = ()
         mark_device(*self.tensors())
 
     def tensors(self) -> list[Tensor]:
-        return [self.keys, self.tags, self.valid, self.steps, self.iota]
+        return [*self.inputs.values(), self.valid, self.iota]
 
-    def load(self, keys: Tensor, tags: Tensor, steps: Tensor | None) -> None:
-        """The call's pairs into the fixed tensors (the rest of them is padding)."""
-        n = keys.numel()
-        self.keys[:n].copy_(keys)
-        self.tags[:n].copy_(tags)
+    def load(self, n: int, **values: Tensor | None) -> None:
+        """A call of ``n`` real pairs: its tensors into the fixed ones (per pair: the first ``n``
+        rows; the rest is padding) and the mask of real pairs."""
+        mark_device(*self.tensors())  # (nothing unless a DeviceBudget is active)
+        for k, v in values.items():
+            if v is not None:
+                dst = self.inputs[k]
+                (dst[:n] if dst.shape[0] == self.size else dst).copy_(v)
         torch.lt(self.iota, n, out=self.valid)
-        if steps is not None:
-            self.steps.copy_(steps)
 
 
 class MappedFetch:
-    """The device half of a training fetch of a group's ``MappedRows``: ``(rows, new, records)``
-    of unique (ID, table) pairs, new pairs inserted, their fresh rows made and stored.
+    """The device half of a training step of a group's ``MappedRows``: the fetch (``__call__``:
+    ``(rows, new, records)`` of unique (ID, table) pairs, new pairs inserted, their fresh rows
+    made and stored) and the write-back (``write``).
 
     Args:
         group: the table group (``storage.index: device``).
@@ -93,8 +95,39 @@ class MappedFetch:
         self.group = group
         self.device = group.mapped.device
         self.graphs_on = self.device.type == "cuda" and os.environ.get("EMBER_CUDA_GRAPHS", "1") != "0"
-        self._graphs: dict[int, _Graph] = {}
+        self._graphs: dict[tuple[str, int], _Graph] = {}  # (call, bucket) -> its graph
         self._generation: tuple[int, int] | None = None
+
+    @property
+    def padded(self) -> bool:
+        return self.device.type == "cuda" or PAD_ON_CPU
+
+    def _graph(self, call: str, size: int, **shapes: tuple[tuple[int, ...], torch.dtype]) -> tuple[_Graph, bool]:
+        """``call``'s graph for a bucket of ``size`` (made if new: True), after dropping every
+        graph if the rows or the index were replaced since they were captured."""
+        m = self.group.mapped
+        assert m is not None
+        generation = (m.generation, m.index.generation)
+        if generation != self._generation:  # the tensors the graphs were captured on are gone
+            self._graphs.clear()
+            self._generation = generation
+        gr = self._graphs.get((call, size))
+        if gr is not None:
+            return gr, False
+        gr = self._graphs[(call, size)] = _Graph(size, self.device, **shapes)
+        return gr, True
+
+    def _run(self, gr: _Graph, made: bool, fn: Callable[..., tuple[Tensor, ...]]) -> tuple[Tensor, ...] | None:
+        """``fn`` of ``gr``'s tensors: replayed when captured (None: the outputs are ``gr.out``),
+        else run (its outputs returned), then captured if ``gr`` is new."""
+        if gr.graph is not None:
+            gr.graph.replay()
+            count_launch("cuda graph")
+            return None
+        out = fn(*gr.inputs.values(), gr.valid)
+        if made and self.graphs_on:
+            self._capture(gr, fn)
+        return out
 
     def __call__(self, keys: Tensor, tags: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """``keys`` int64 [N], ``tags`` int32 [N] on the device: (record numbers [N], new [N],
@@ -104,37 +137,58 @@ class MappedFetch:
         assert m is not None
         n = keys.numel()
         steps = g.steps_on(self.device, torch.float32) if g.ttl_dev is not None else None
-        if not (self.device.type == "cuda" or PAD_ON_CPU):
+        if not self.padded:
             m.prepare(n)
-            out = self.body(keys, tags, None, steps)
+            out = self.body(keys, tags, steps, None)
             m.inserted(n)
             return out
         size = bucket(n)
         m.prepare(size)  # (room for every pair of the bucket: the padding inserts none)
-        generation = (m.generation, m.index.generation)
-        if generation != self._generation:  # the tensors the graphs were captured on are gone
-            self._graphs.clear()
-            self._generation = generation
-        gr = self._graphs.get(size)
-        fresh = gr is None
-        if gr is None:
-            gr = self._graphs[size] = _Graph(size, len(g.tables), self.device)
-        mark_device(*gr.tensors())  # (nothing unless a DeviceBudget is active)
-        gr.load(keys, tags, steps)
-        if gr.graph is not None:
-            gr.graph.replay()
-            count_launch("cuda graph")
-            assert gr.out is not None
-            rows, rec = gr.out[0][:n].clone(), gr.out[2][:n].clone()  # (the next replay overwrites the graph's)
+        gr, made = self._graph("fetch", size, keys=((size,), torch.int64), tags=((size,), torch.int32),
+                               steps=((len(g.tables),), torch.float32))
+        gr.load(n, keys=keys, tags=tags, steps=steps)
+        out = self._run(gr, made, lambda k, t, st, v: self.body(k, t, None if steps is None else st, v))
+        if out is None:  # (replayed: the next replay overwrites the graph's outputs)
+            rows, rec = gr.out[0][:n].clone(), gr.out[2][:n].clone()
             new = gr.out[1][:n]  # (not kept by callers: a view until the group's next fetch)
         else:
-            rows, new, rec = (t[:n] for t in self.body(gr.keys, gr.tags, gr.valid, gr.steps))
-            if fresh and self.graphs_on:
-                self._capture(gr)
+            rows, new, rec = (t[:n] for t in out)
         m.inserted(n)
         return rows, new, rec
 
-    def body(self, keys: Tensor, tags: Tensor, valid: Tensor | None, steps: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    def write(self, rows: Tensor, records: Tensor, keys: Tensor, tags: Tensor) -> None:
+        """Store a training step's updated ``records`` [N, width] in their record numbers ``rows``;
+        a 16-bit group's weights are rounded stochastically (``RowCodec.encode``: the noise of
+        table seed, table step, ID and column), as one graph on a GPU."""
+        g, m = self.group, self.group.mapped
+        assert m is not None
+        if g.codec.identity:  # (one scatter: nothing to gather into a graph)
+            m.store(rows, records)
+            return
+        table_keys = g.sr_keys_on(self.device)
+        n = rows.numel()
+        if not self.padded:
+            self.encode_store(rows, records, keys, tags, table_keys, None)
+            return
+        size = bucket(n)
+        gr, made = self._graph("write", size, rows=((size,), torch.int64), records=((size, g.width), torch.float32),
+                               keys=((size,), torch.int64), tags=((size,), torch.int32),
+                               table_keys=((len(g.tables),), torch.int64))
+        gr.load(n, rows=rows, records=records, keys=keys, tags=tags, table_keys=table_keys)
+        self._run(gr, made, self.encode_store)
+
+    def encode_store(self, rows: Tensor, records: Tensor, keys: Tensor, tags: Tensor, table_keys: Tensor,
+                     valid: Tensor | None) -> tuple[Tensor, ...]:
+        """``write``'s device work: encode (16-bit: stochastic rounding), one scatter (the
+        padding's rows go to the scratch row)."""
+        m = self.group.mapped
+        assert m is not None
+        if valid is not None:
+            rows = torch.where(valid, rows, m.scratch)
+        m.rows.index_copy_(0, rows, self.group.codec.encode(records, keys, 0, 0, table_key=table_keys[tags]))
+        return ()
+
+    def body(self, keys: Tensor, tags: Tensor, steps: Tensor | None, valid: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """The fetch as device operations alone (``valid``: the real pairs, None: all): look-up
         and inserts, one gather, TTL expiry, fresh rows for new pairs, one store. The padding's
         rows are the scratch row (read, written, never numbered)."""
@@ -175,13 +229,13 @@ class MappedFetch:
             rec[:, -1] = torch.where(ttl < float("inf"), step, rec[:, -1])
         return rec, new
 
-    def _capture(self, gr: _Graph) -> None:
-        """Capture ``body`` on ``gr``'s tensors as a CUDA graph (nothing runs: the call that
-        captures has run the body eagerly). On failure, said once; eager from then on."""
+    def _capture(self, gr: _Graph, fn: Callable[..., tuple[Tensor, ...]]) -> None:
+        """Capture ``fn`` of ``gr``'s tensors as a CUDA graph (nothing runs: the call that
+        captures has run ``fn`` itself). On failure, said once; operation by operation from then on."""
         try:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                out = self.body(gr.keys, gr.tags, gr.valid, gr.steps)
+                out = fn(*gr.inputs.values(), gr.valid)
         except Exception as e:  # (a CUDA build or driver that cannot capture these operations)
             self.graphs_on = False
             self._graphs.clear()
@@ -191,5 +245,5 @@ class MappedFetch:
             return
         gr.graph, gr.out = graph, out
         if len(self._graphs) == 1:
-            log.info("storage.index: device: table group of '%s': fetch captured as a CUDA graph (%d pairs)",
-                     self.group.tables[0].name, gr.keys.numel())
+            log.info("storage.index: device: table group of '%s': its step's device work captured as CUDA graphs "
+                     "(padded to %d pairs; more sizes as batches need them)", self.group.tables[0].name, gr.size)

@@ -287,3 +287,13 @@ def test_cuda_budget() -> None:
         leaf.index_select(0, idx).sum().backward()  # backward runs on the engine's device thread
     assert b.op_names["index_add"] == 1, b.report()
     assert b.syncs == 0, b.report()
+
+
+def test_a_launch_the_dispatcher_does_not_see_is_counted_once_per_budget() -> None:
+    """A CUDA graph's replay is one launch of everything it captured: ``count_launch`` counts it
+    on every active budget (outer ones too), and is nothing without one."""
+    device_budget.count_launch("cuda graph")  # (no budget: nothing)
+    with DeviceBudget("cpu") as outer:
+        with DeviceBudget("cpu") as inner:
+            device_budget.count_launch("cuda graph")
+    assert (outer.ops, inner.ops) == (1, 1) and inner.op_names == {"cuda graph": 1}

@@ -1,0 +1,81 @@
+"""``MappedFetch``: storage.index: device's step as functions of fixed-size tensors (what a GPU
+captures as CUDA graphs). The padded runs' results are held to the unpadded path bit for bit in
+test_device_index_group.py / test_device_index_train.py (the ``padding`` fixture); here: the
+buckets, the graphs retired when the rows or the index are replaced, and a capture that fails."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import torch
+
+from ember.batch import SparseFeatures
+from ember.embedding import EmbeddingCollection, FeatureConfig, SparseOptimizer, TableConfig, mapped_fetch
+
+DEVICE_INDEX = {"index": "device", "device": "cpu"}
+
+
+def _collection(dtype: str = "fp32") -> EmbeddingCollection:
+    tables = [TableConfig(name=f"t{i}", dim=5, optimizer={"type": "adagrad", "lr": 0.1}, storage=DEVICE_INDEX, dtype=dtype)
+              for i in range(3)]
+    return EmbeddingCollection(tables, [FeatureConfig(name=f"f{i}", table=f"t{i}") for i in range(3)])
+
+
+def _step(ec: EmbeddingCollection, rng: np.random.Generator, b: int, vocab: int) -> None:
+    sf = SparseFeatures(["f0", "f1", "f2"], torch.from_numpy(rng.integers(0, vocab, 3 * b)), torch.ones(3 * b, dtype=torch.int64))
+    emb = ec(sf)
+    sum((emb[k] ** 2).sum() for k in emb).backward()
+    SparseOptimizer(ec).step()
+
+
+def test_buckets_are_powers_of_two_from_the_smallest():
+    assert [mapped_fetch.bucket(n) for n in (0, 1, 1024, 1025, 5000)] == [1024, 1024, 1024, 2048, 8192]
+
+
+def test_a_growth_retires_the_graphs_of_the_replaced_tensors(monkeypatch):
+    monkeypatch.setattr(mapped_fetch, "PAD_ON_CPU", True)
+    monkeypatch.setattr(mapped_fetch, "MIN_BUCKET", 16)
+    ec = _collection("bf16")
+    (group,) = ec.groups
+    fetch, m = group.mapped_fetch, group.mapped
+    rng = np.random.default_rng(0)
+    seen = []
+    for step in range(12):
+        before = (m.generation, m.index.generation)
+        _step(ec, rng, 8 + 6 * step, 40 + 400 * step)  # (more new IDs each step: the rows and the index grow)
+        after = (m.generation, m.index.generation)
+        assert fetch._generation == after
+        seen.append((before != after, sorted(fetch._graphs)))
+    assert any(grew for grew, _ in seen) and any(not grew for grew, _ in seen)
+    for grew, graphs in seen:
+        if grew:  # only this step's graphs, made after the growth: one fetch, one write-back
+            assert sorted(call for call, _ in graphs) == ["fetch", "write"], graphs
+    assert {call for call, _ in seen[-1][1]} == {"fetch", "write"}  # (16-bit rows: the write-back has one too)
+
+
+def test_a_capture_that_fails_is_said_once_and_the_step_runs_operation_by_operation(monkeypatch, caplog):
+    monkeypatch.setattr(mapped_fetch, "PAD_ON_CPU", True)
+    monkeypatch.setattr(mapped_fetch, "MIN_BUCKET", 64)
+
+    class NoGraphs:
+        def __init__(self) -> None:
+            raise RuntimeError("capture is not supported here")
+
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", NoGraphs)
+    runs = []
+    for graphs in (True, False):
+        ec = _collection()
+        (group,) = ec.groups
+        group.mapped_fetch.graphs_on = graphs  # (as on a GPU: try to capture)
+        rng = np.random.default_rng(1)
+        with caplog.at_level(logging.WARNING, logger="ember.embedding"):
+            for _ in range(4):
+                _step(ec, rng, 20, 50)
+        runs.append({n: sorted((int(i), r.tolist()) for ids, rec in t.tier.items() for i, r in zip(ids, rec))
+                     for n, t in ec.tables.items()})
+        if graphs:
+            assert not group.mapped_fetch.graphs_on
+            said = [r for r in caplog.records if "could not be captured" in r.getMessage()]
+            assert len(said) == 1 and "capture is not supported here" in said[0].getMessage()
+    assert runs[0] == runs[1]
