@@ -37,13 +37,14 @@ for the ``.numpy()`` call itself. Only for tests and benchmarks: every op pays a
 from __future__ import annotations
 
 import collections
+import contextlib
 import weakref
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["to_device", "DeviceBudget", "count_launch", "mark_device", "active"]
+__all__ = ["to_device", "DeviceBudget", "count_launch", "mark_device", "one_launch", "active"]
 
 # views and metadata-only ops (no kernel; views share the input's storage, so stay marked)
 _METADATA = frozenset({
@@ -123,6 +124,23 @@ def count_launch(name: str) -> None:
     of everything it captured) on every active ``DeviceBudget``; nothing without one."""
     if _innermost is not None:
         for b in _stack:
+            b._op(name)
+
+
+@contextlib.contextmanager
+def one_launch(name: str) -> Iterator[None]:
+    """Count what runs inside as one device operation on every active budget (what a CUDA
+    graph's replay of it is: a CPU check of a step a GPU replays). Syncs inside still count
+    (a graph cannot hold one)."""
+    if _innermost is None:
+        yield
+        return
+    saved = [(b, b.ops, b.op_names.copy()) for b in _stack]
+    try:
+        yield
+    finally:
+        for b, ops, names in saved:
+            b.ops, b.op_names = ops, names
             b._op(name)
 
 

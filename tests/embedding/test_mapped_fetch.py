@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+import pytest
 import torch
 
 from ember.batch import SparseFeatures
@@ -79,3 +80,40 @@ def test_a_capture_that_fails_is_said_once_and_the_step_runs_operation_by_operat
             said = [r for r in caplog.records if "could not be captured" in r.getMessage()]
             assert len(said) == 1 and "capture is not supported here" in said[0].getMessage()
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("dtype,budget", [("fp32", 25), ("bf16", 32)])
+def test_a_steady_step_launches_within_the_budget_as_a_gpu_replays_it(dtype, budget, monkeypatch):
+    """Issue 25's budget, checked on a CPU: a steady step of a 26-table group (plan, fetch, pool,
+    backward, update, write-back) counted as a GPU runs it, each captured function one launch:
+    at most 25 operations for fp32 rows with every sparse optimizer (16-bit rows: 32, the
+    write-back's five copies in), and no sync. (The GPU test counts the replays themselves.)"""
+    from ember import _native
+    from ember.testing import SPARSE_OPTIMIZERS
+    from ember.tiers.device_budget import DeviceBudget
+
+    monkeypatch.setattr(_native, "_core", None)  # (the torch paths a GPU takes)
+    monkeypatch.setattr(mapped_fetch, "PAD_ON_CPU", True)
+    monkeypatch.setattr(mapped_fetch, "COUNT_AS_GRAPHS", True)
+    names = [f"C{i}" for i in range(26)]
+    for opt in SPARSE_OPTIMIZERS:
+        ec = EmbeddingCollection([TableConfig(name=n, dim=16, optimizer=opt, storage=DEVICE_INDEX, dtype=dtype) for n in names],
+                                 [FeatureConfig(name=n) for n in names])
+        (group,) = ec.groups
+        rng = np.random.default_rng(0)
+        cot = torch.randn(256, 16)
+        counts = []
+        for step in range(6):
+            sf = SparseFeatures(names, torch.from_numpy(rng.zipf(1.2, 26 * 256) % 50_000), torch.ones(26 * 256, dtype=torch.int64))
+            with DeviceBudget("cpu") as b:
+                b.mark(cot)
+                lk = group.plan(sf, True)
+                lk.fetch()
+                pooled = lk.pool(torch.device("cpu"))
+                torch.autograd.backward([pooled[n] for n in names], [cot] * 26)
+                lk.update(step)
+                lk.write_back()
+            assert b.syncs == 0, b.report()
+            counts.append(b.ops)
+        assert b.op_names["cuda graph"] == 1 + (dtype != "fp32"), b.report()
+        assert max(counts[2:]) <= budget, (opt["type"], counts, b.report(30))
