@@ -36,7 +36,7 @@ figures before 2026-11-26's third session timed its filling, with free slots and
 The last line is one JSON object: device_ops_per_step_per_group, syncs_per_step (the caches'),
 device_index_ops_per_step, device_index_syncs_per_step (storage.index: device), budget, mapped_ops_per_step, mapped_syncs_per_step, and with CUDA cache_vs_host, cache_vs_all_device,
 mapped_vs_host, mapped_vs_all_device, mapped_vs_plain_gpu, device_index_vs_host,
-device_index_vs_all_device, device_index_vs_plain_gpu, ms_per_step, embedding_ids_per_s,
+device_index_vs_all_device, device_index_vs_plain_gpu, device_index_graphs_vs_eager, ms_per_step, embedding_ids_per_s,
 cache_hit_rate, transfer.
 """
 
@@ -606,8 +606,11 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
     emb_batches = batches[1::2]
     host_batches = batches[0::2]
     dev_batches = [(i.to(dev), d.to(dev), lab.to(dev)) for i, d, lab in host_batches]
+    eager = EmberVariant("ember-device-index-eager", None, dev, device_index=True)  # its CUDA graphs off
+    for g in eager.ec.groups:
+        g.mapped_fetch.graphs_on = False
     ember_vs = [EmberVariant(n, max(vocab // f, 1), dev) for n, f in CACHES.items()] + [
-        EmberVariant("ember-host", None, dev), EmberVariant("ember-device-index", None, dev, device_index=True)]
+        EmberVariant("ember-host", None, dev), EmberVariant("ember-device-index", None, dev, device_index=True), eager]
     variants: list[Any] = [*ember_vs, MappedVariant(dev), PlainGPU(dev, vocab)]
     cot = cotangents(ember_vs[0].keys, batches[0][0].shape[1], dev)
     times: dict[str, list[float]] = {v.name: [] for v in variants}
@@ -646,6 +649,7 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
         "device_index_vs_host": ratio("ember-host", "ember-device-index"),
         "device_index_vs_all_device": ratio("ember-all-device", "ember-device-index"),
         "device_index_vs_plain_gpu": ratio("plain-gpu", "ember-device-index"),
+        "device_index_graphs_vs_eager": ratio("ember-device-index-eager", "ember-device-index"),
         "cache_hit_rate": {}, "transfer_mb_per_step": {}, "transfer_vs_misses_evictions": {},
     }
     w = 2 * (warmup // 2)  # two accounted steps per pair (full step, embedding path)
@@ -663,7 +667,8 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
           f"vs plain-gpu: {out['mapped_vs_plain_gpu']:.3f}x")
     print(f"ember-device-index (storage.index: device, through the trainer's own path) vs ember-host: "
           f"{out['device_index_vs_host']:.3f}x; vs ember-all-device: {out['device_index_vs_all_device']:.3f}x; "
-          f"vs plain-gpu: {out['device_index_vs_plain_gpu']:.3f}x")
+          f"vs plain-gpu: {out['device_index_vs_plain_gpu']:.3f}x; its CUDA graphs vs the same operation by operation: "
+          f"{out['device_index_graphs_vs_eager']:.3f}x")
     for v in ember_vs:
         hr, tr = out["cache_hit_rate"][v.name], out["transfer_vs_misses_evictions"][v.name]
         print(f"{v.name:<17} hit rate {'-' if hr is None else f'{hr:.3f}'}; host<->device "

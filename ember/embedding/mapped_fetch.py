@@ -16,10 +16,10 @@ captured on (``generation``), so the graphs are dropped and captured again on ne
 A bucket's first call runs the function eagerly (it is the step: capture itself runs nothing),
 then captures it for the calls after.
 
-Elsewhere (a CPU device) the same function runs eagerly, unpadded; ``PAD_ON_CPU`` pads it there
-too, so the tests hold the padded function, the one a GPU captures, to the unpadded path bit for
+Elsewhere (a CPU device, or graphs off) the same function runs eagerly, unpadded; ``PAD_ON_CPU``
+pads it on a CPU, so the tests hold the padded function, the one a GPU captures, to the unpadded path bit for
 bit. A graph that cannot be captured is said once in the log, with the reason, and that group's
-fetches run eagerly from then on (padded, the same results). ``EMBER_CUDA_GRAPHS=0`` in the
+calls run eagerly from then on (unpadded, the same results). ``EMBER_CUDA_GRAPHS=0`` in the
 environment turns the graphs off (the same results, operation by operation).
 """
 
@@ -103,7 +103,9 @@ class MappedFetch:
 
     @property
     def padded(self) -> bool:
-        return self.device.type == "cuda" or PAD_ON_CPU
+        """Whether calls run padded to their bucket: for CUDA graphs (while they are on), or a
+        CPU check of them (``PAD_ON_CPU``). Else as they come (no padding to compute)."""
+        return self.graphs_on or PAD_ON_CPU
 
     def _graph(self, call: str, size: int, **shapes: tuple[tuple[int, ...], torch.dtype]) -> tuple[_Graph, bool]:
         """``call``'s graph for a bucket of ``size`` (made if new: True), after dropping every
@@ -240,7 +242,7 @@ class MappedFetch:
         except Exception as e:  # (a CUDA build or driver that cannot capture these operations)
             self.graphs_on = False
             self._graphs.clear()
-            log.warning("storage.index: device: table group of '%s': its fetch could not be captured as a CUDA graph "
+            log.warning("storage.index: device: table group of '%s': its step could not be captured as a CUDA graph "
                         "(%s: %s); it runs operation by operation (the same results, more host time per step)",
                         self.group.tables[0].name, type(e).__name__, e)
             return
