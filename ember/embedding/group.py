@@ -165,13 +165,18 @@ class TableGroup:
 
     def steps_on(self, device: torch.device, dtype: torch.dtype) -> Tensor:
         """Each table's ``step`` [T] on ``device`` (from pinned memory on a GPU: no wait)."""
-        return _upload(torch.tensor([t.step for t in self.tables], dtype=dtype), device)
+        return _upload(self.steps_host(device, dtype), device)
 
-    def sr_keys_on(self, device: torch.device) -> Tensor:
+    def steps_host(self, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """Each table's ``step`` [T] in host memory, pinned when ``device`` is a GPU (for a
+        non-blocking copy there)."""
+        return _pinned(torch.tensor([t.step for t in self.tables], dtype=dtype), device)
+
+    def sr_keys_host(self, device: torch.device) -> Tensor:
         """Each table's key of stochastic-rounding noise at its current step (int64 [T],
-        ``sr_table_keys``), made on the host and sent to ``device`` without a wait."""
+        ``sr_table_keys``), made on the host, pinned when ``device`` is a GPU."""
         keys = sr_table_keys(self.seeds, np.array([t.step for t in self.tables], dtype=np.int64))
-        return _upload(torch.from_numpy(keys.view(np.int64)), device)
+        return _pinned(torch.from_numpy(keys.view(np.int64)), device)
 
     def fresh_rows(self, keys: Tensor, tags: Tensor) -> Tensor:
         """New records [N, width] of the IDs ``keys`` of tables ``tags`` (int32 [N]), made on the
@@ -259,7 +264,7 @@ class GroupLookup:
         self._bags: list[_Bags] | None = None  # fetch through a group cache: the grouped pooling's plan, copied too
         self._prepared: tuple[CachePlan, list[_Bags], list[Tensor]] | None = None  # prepare: the cache's host half, not yet loaded
         self.mapped_rows: Tensor | None = None  # fetch through MappedRows (training): each ID's record number, on the device
-        self._mapped_pairs: tuple[Tensor, Tensor] | None = None  # and its (IDs, tables) there
+        self._mapped_pairs: Tensor | None = None  # and (record numbers, IDs, tables) int64 [3, U] there
         self._mapped_end: weakref.finalize | None = None  # ends its MappedRows lookup (begin .. end)
 
     def _count_moved(self, rows_per_table: Sequence[int], width: int) -> None:
@@ -417,20 +422,18 @@ class GroupLookup:
         mark_device(*g.device_tensors())  # (nothing unless a DeviceBudget is active)
         owner = np.repeat(np.arange(len(g.tables), dtype=np.int64), self.sizes)
         bags, extra = self._uploads()
-        parts = [self.ids, torch.from_numpy(owner), *extra]
-        buf = torch.empty(sum(p.numel() for p in parts), dtype=torch.int64, pin_memory=m.device.type == "cuda")
-        torch.cat(parts, out=buf)
-        dev = to_device(buf, m.device).split([p.numel() for p in parts])
-        keys, tags = dev[0], dev[1].to(torch.int32)
         fetch = g.mapped_fetch
         assert fetch is not None
-        if self.train:
+        if self.train:  # (the pairs go up with the fetch's own upload: into its graph on a GPU)
             seq = m.begin()
             self._mapped_end = weakref.finalize(self, m.end_later, seq)
-            rows, _, rec = fetch(keys, tags)  # (one CUDA graph on a GPU)
-            self.mapped_rows, self._mapped_pairs = rows, (keys, tags)
-        else:
-            rec = fetch.read(keys, tags)  # (inserts and stores nothing)
+            pairs, rec = fetch(self.ids, owner)  # (one CUDA graph on a GPU)
+            self.mapped_rows, self._mapped_pairs = pairs[0], pairs
+            self._uploaded(bags, _upload_parts(extra, m.device), m.device)
+            self.records = rec
+            return
+        dev = _upload_parts([self.ids, torch.from_numpy(owner), *extra], m.device)
+        rec = fetch.read(dev[0], dev[1].to(torch.int32))  # (an evaluation: inserts and stores nothing)
         self._uploaded(bags, dev[2:], m.device)
         self.records = rec
 
@@ -810,7 +813,7 @@ class GroupLookup:
             return
         if g.mapped is not None and self.mapped_rows is not None:  # one scatter of every row (the others' unchanged)
             assert g.mapped_fetch is not None and self._mapped_pairs is not None
-            g.mapped_fetch.write(self.mapped_rows, rec, *self._mapped_pairs)  # (16-bit: rounded as the host path writes)
+            g.mapped_fetch.write(self._mapped_pairs, rec)  # (16-bit: rounded as the host path writes)
             self._wrote([ids[j] if j in self.updated else ids[j][:0] for j in range(len(g.tables))])
             self._end_mapped()
             return
@@ -877,10 +880,24 @@ class _Bags:
     on: torch.device | None = None  # where ``inv_dev`` and ``layout_dev`` are
 
 
+def _upload_parts(parts: Sequence[Tensor], device: torch.device) -> list[Tensor]:
+    """int64 host tensors on ``device`` in one upload (one pinned buffer on a GPU), split back."""
+    if not parts:
+        return []
+    buf = torch.empty(sum(p.numel() for p in parts), dtype=torch.int64, pin_memory=device.type == "cuda")
+    torch.cat(list(parts), out=buf)
+    return list(to_device(buf, device).split([p.numel() for p in parts]))
+
+
+def _pinned(t: Tensor, device: torch.device) -> Tensor:
+    """``t`` (host), in pinned memory when ``device`` is a GPU: what a copy there takes without a wait."""
+    return t.pin_memory() if device.type == "cuda" else t
+
+
 def _upload(t: Tensor, device: torch.device) -> Tensor:
     """A small host tensor on ``device`` without a wait (through pinned memory on a GPU; a
     blocking upload would wait for every operation queued before it)."""
-    return to_device(t.pin_memory() if device.type == "cuda" else t, device)
+    return to_device(_pinned(t, device), device)
 
 
 def _bag_host(lengths: Tensor) -> tuple[Tensor, int, int]:

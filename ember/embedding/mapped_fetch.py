@@ -30,10 +30,11 @@ import logging
 import os
 from typing import TYPE_CHECKING, Callable
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from ember.tiers.device_budget import count_launch, mark_device, one_launch
+from ember.tiers.device_budget import count_launch, mark_device, one_launch, to_device
 
 if TYPE_CHECKING:
     from ember.embedding.group import TableGroup
@@ -58,36 +59,45 @@ def bucket(n: int) -> int:
 
 
 class _Graph:
-    """One bucket's fixed tensors (``inputs``: the call's arguments, padded; ``valid``: which
-    are real) and, once captured, the CUDA graph of a function of them and its outputs."""
+    """One bucket's fixed tensors (``inputs``: the call's arguments, padded, each loaded by one
+    copy; the count of real pairs rides in one of them) and, once captured, the CUDA graph of a
+    function of them and its outputs."""
 
     def __init__(self, size: int, device: torch.device, **shapes: tuple[tuple[int, ...], torch.dtype]) -> None:
         self.size = size
         self.inputs = {k: torch.zeros(shape, dtype=dtype, device=device) for k, (shape, dtype) in shapes.items()}
-        self.valid = torch.zeros(size, dtype=torch.bool, device=device)
-        self.iota = torch.arange(size, device=device)
+        self.iota = torch.arange(size, device=device)  # (a constant: the padding is where iota >= the count)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: tuple[Tensor, ...] = ()
         mark_device(*self.tensors())
 
     def tensors(self) -> list[Tensor]:
-        return [*self.inputs.values(), self.valid, self.iota]
+        return [*self.inputs.values(), self.iota]
 
-    def load(self, n: int, **values: Tensor | None) -> None:
-        """A call of ``n`` real pairs: its tensors into the fixed ones (per pair: the first ``n``
-        rows; the rest is padding) and the mask of real pairs."""
+    def load(self, **values: Tensor | None) -> None:
+        """The call's tensors into the fixed ones, each whole and of its shape (made so on the
+        host: a pinned host tensor on a GPU is one upload, no wait), or its first rows (a device
+        tensor with fewer rows: per pair, the rest being padding)."""
         mark_device(*self.tensors())  # (nothing unless a DeviceBudget is active)
         for k, v in values.items():
             if v is not None:
                 dst = self.inputs[k]
-                (dst[:n] if dst.shape[0] == self.size else dst).copy_(v)
-        torch.lt(self.iota, n, out=self.valid)
+                (dst if v.shape == dst.shape else dst[: v.shape[0]]).copy_(v, non_blocking=True)
+
+    def valid(self, count: Tensor) -> Tensor:
+        """bool [size]: the real pairs (``count``: int64 [1] on the device)."""
+        return self.iota < count
+
+
+def _host(n: int, device: torch.device) -> Tensor:
+    """An int64 [n] host tensor to fill and copy to ``device`` (pinned on a GPU)."""
+    return torch.empty(n, dtype=torch.int64, pin_memory=device.type == "cuda")
 
 
 class MappedFetch:
     """The device half of a training step of a group's ``MappedRows``: the fetch (``__call__``:
-    ``(rows, new, records)`` of unique (ID, table) pairs, new pairs inserted, their fresh rows
-    made and stored) and the write-back (``write``).
+    ``(pairs, records)`` of unique (ID, table) pairs, new pairs inserted, their fresh rows made
+    and stored) and the write-back (``write``).
 
     Args:
         group: the table group (``storage.index: device``).
@@ -122,70 +132,87 @@ class MappedFetch:
         gr = self._graphs[(call, size)] = _Graph(size, self.device, **shapes)
         return gr, True
 
-    def _run(self, gr: _Graph, made: bool, fn: Callable[..., tuple[Tensor, ...]]) -> tuple[Tensor, ...] | None:
-        """``fn`` of ``gr``'s tensors: replayed when captured (None: the outputs are ``gr.out``),
-        else run (its outputs returned), then captured if ``gr`` is new."""
+    def _run(self, gr: _Graph, made: bool, fn: Callable[..., tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+        """``fn`` of ``gr``'s inputs: the graph replayed when captured (its outputs: ``gr.out``),
+        else run (its outputs), then captured if ``gr`` is new."""
         if gr.graph is not None:
             gr.graph.replay()
             count_launch("cuda graph")
-            return None
+            return gr.out
         with one_launch("cuda graph") if COUNT_AS_GRAPHS else contextlib.nullcontext():
-            out = fn(*gr.inputs.values(), gr.valid)
+            out = fn(*gr.inputs.values())
         if made and self.graphs_on:
             self._capture(gr, fn)
         return out
 
-    def __call__(self, keys: Tensor, tags: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """``keys`` int64 [N], ``tags`` int32 [N] on the device: (record numbers [N], new [N],
-        records float32 [N, width]). Stores the new pairs' fresh rows (and a TTL's last-seen step).
-        ``new`` may be overwritten by the group's next fetch (read it before)."""
+    def __call__(self, ids: Tensor, owner: np.ndarray) -> tuple[Tensor, Tensor]:
+        """A training fetch of the unique pairs (``ids`` int64 [N] on the host, ``owner``: each
+        one's table): (pairs int64 [3, N] on the device: record numbers, IDs, tables; records
+        float32 [N, width]). New pairs are inserted, their fresh rows made and stored (and a
+        TTL's last-seen step). ``pairs`` is what ``write`` takes."""
         g, m = self.group, self.group.mapped
         assert m is not None
-        n = keys.numel()
-        steps = g.steps_on(self.device, torch.float32) if g.ttl_dev is not None else None
+        n = ids.numel()
+        ttl = g.ttl_dev is not None
         if not self.padded:
             m.prepare(n)
-            out = self.body(keys, tags, steps, None)
+            host = _host(2 * n, self.device)
+            host[:n], host[n:] = ids, torch.from_numpy(owner)
+            dev = to_device(host, self.device)
+            steps = g.steps_on(self.device, torch.float32) if ttl else None
+            pairs, _, rec = self.body(dev[:n], dev[n:].to(torch.int32), steps, None)
             m.inserted(n)
-            return out
+            return pairs, rec
         size = bucket(n)
         m.prepare(size)  # (room for every pair of the bucket: the padding inserts none)
-        gr, made = self._graph("fetch", size, keys=((size,), torch.int64), tags=((size,), torch.int32),
-                               steps=((len(g.tables),), torch.float32))
-        gr.load(n, keys=keys, tags=tags, steps=steps)
-        out = self._run(gr, made, lambda k, t, st, v: self.body(k, t, None if steps is None else st, v)) or gr.out
-        rows, rec = out[0][:n].clone(), out[2][:n].clone()  # (a graph's outputs: the next replay overwrites them)
-        new = out[1][:n]  # (not kept by callers: a view until the group's next fetch)
-        m.inserted(n)
-        return rows, new, rec
+        gr, made = self._graph("fetch", size, pairs=((2 * size + 1,), torch.int64), steps=((len(g.tables),), torch.float32))
+        host = _host(2 * size + 1, self.device)  # IDs, tables (each padded to the bucket), the count: one upload
+        host[:n], host[size : size + n], host[2 * size] = ids, torch.from_numpy(owner), n
+        gr.load(pairs=host, steps=g.steps_host(self.device, torch.float32) if ttl else None)
 
-    def write(self, rows: Tensor, records: Tensor, keys: Tensor, tags: Tensor) -> None:
-        """Store a training step's updated ``records`` [N, width] in their record numbers ``rows``;
-        a 16-bit group's weights are rounded stochastically (``RowCodec.encode``: the noise of
-        table seed, table step, ID and column), as one graph on a GPU."""
+        def fetch(packed: Tensor, steps: Tensor) -> tuple[Tensor, ...]:
+            valid = gr.valid(packed[2 * size :])
+            tags = torch.where(valid, packed[size : 2 * size], 0).to(torch.int32)  # (the padding's: anything, uploaded unset)
+            return self.body(packed[:size], tags, steps if ttl else None, valid)
+
+        out = self._run(gr, made, fetch)
+        pairs, rec = out[0][:, :n].clone(), out[2][:n].clone()  # (a graph's outputs: the next replay overwrites them)
+        m.inserted(n)
+        return pairs, rec
+
+    def write(self, pairs: Tensor, records: Tensor) -> None:
+        """Store a training step's updated ``records`` [N, width] in their record numbers
+        (``pairs``, as the fetch gave them); a 16-bit group's weights are rounded stochastically
+        (``RowCodec.encode``: the noise of table seed, table step, ID and column), as one graph
+        on a GPU."""
         g, m = self.group, self.group.mapped
         assert m is not None
         if g.codec.identity:  # (one scatter: nothing to gather into a graph)
-            m.store(rows, records)
+            m.store(pairs[0], records)
             return
-        table_keys = g.sr_keys_on(self.device)
-        n = rows.numel()
+        n, t = records.shape[0], len(g.tables)
         if not self.padded:
-            self.encode_store(rows, records, keys, tags, table_keys, None)
+            self.encode_store(pairs, records, to_device(g.sr_keys_host(self.device), self.device), None)
             return
         size = bucket(n)
-        gr, made = self._graph("write", size, rows=((size,), torch.int64), records=((size, g.width), torch.float32),
-                               keys=((size,), torch.int64), tags=((size,), torch.int32),
-                               table_keys=((len(g.tables),), torch.int64))
-        gr.load(n, rows=rows, records=records, keys=keys, tags=tags, table_keys=table_keys)
-        self._run(gr, made, self.encode_store)
+        gr, made = self._graph("write", size, pairs=((3, size), torch.int64), records=((size, g.width), torch.float32),
+                               table_keys=((t + 1,), torch.int64))
+        keys = _host(t + 1, self.device)  # each table's noise key, then the count: one upload
+        keys[:t], keys[t] = g.sr_keys_host(self.device), n
+        gr.load(records=records, table_keys=keys)
+        gr.inputs["pairs"][:, :n].copy_(pairs, non_blocking=True)
 
-    def encode_store(self, rows: Tensor, records: Tensor, keys: Tensor, tags: Tensor, table_keys: Tensor,
-                     valid: Tensor | None) -> tuple[Tensor, ...]:
+        def write(pairs_: Tensor, records_: Tensor, keys_: Tensor) -> tuple[Tensor, ...]:
+            return self.encode_store(pairs_, records_, keys_[:t], gr.valid(keys_[t:]))
+
+        self._run(gr, made, write)
+
+    def encode_store(self, pairs: Tensor, records: Tensor, table_keys: Tensor, valid: Tensor | None) -> tuple[Tensor, ...]:
         """``write``'s device work: encode (16-bit: stochastic rounding), one scatter (the
         padding's rows go to the scratch row)."""
         m = self.group.mapped
         assert m is not None
+        rows, keys, tags = pairs[0], pairs[1], pairs[2]
         if valid is not None:
             rows = torch.where(valid, rows, m.scratch)
         m.rows.index_copy_(0, rows, self.group.codec.encode(records, keys, 0, 0, table_key=table_keys[tags]))
@@ -194,7 +221,8 @@ class MappedFetch:
     def body(self, keys: Tensor, tags: Tensor, steps: Tensor | None, valid: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """The fetch as device operations alone (``valid``: the real pairs, None: all): look-up
         and inserts, one gather, TTL expiry, fresh rows for new pairs, one store. The padding's
-        rows are the scratch row (read, written, never numbered)."""
+        rows are the scratch row (read, written, never numbered). Returns (pairs [3, N]: record
+        numbers, IDs, tables; new [N]; records [N, width])."""
         g, m = self.group, self.group.mapped
         assert m is not None
         rows, new = m.index.insert(keys, tags, valid)
@@ -202,7 +230,7 @@ class MappedFetch:
             rows = torch.where(valid, rows, m.scratch)
         rec, new = self.complete(g.codec.decode(m.rows.index_select(0, rows)), new, keys, tags, steps, valid, True)
         m.rows.index_copy_(0, rows, g.codec.encode_nearest(rec))  # (16-bit weights: exact, they are 16-bit values)
-        return rows, new, rec
+        return torch.stack((rows, keys, tags.to(torch.int64))), new, rec
 
     def read(self, keys: Tensor, tags: Tensor) -> Tensor:
         """An evaluation's records [N, width] of ``keys`` / ``tags``: stored rows, fresh rows for
@@ -233,12 +261,12 @@ class MappedFetch:
         return rec, new
 
     def _capture(self, gr: _Graph, fn: Callable[..., tuple[Tensor, ...]]) -> None:
-        """Capture ``fn`` of ``gr``'s tensors as a CUDA graph (nothing runs: the call that
+        """Capture ``fn`` of ``gr``'s inputs as a CUDA graph (nothing runs: the call that
         captures has run ``fn`` itself). On failure, said once; operation by operation from then on."""
         try:
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-                out = fn(*gr.inputs.values(), gr.valid)
+                out = fn(*gr.inputs.values())
         except Exception as e:  # (a CUDA build or driver that cannot capture these operations)
             self.graphs_on = False
             self._graphs.clear()
