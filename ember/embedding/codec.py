@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from ember import _native
-from ember.mix import mix64, mix64_tensor
+from ember.mix import golden_steps, mix64, mix64_tensor
 from ember.tiers import device_budget
 
 __all__ = ["RowDtype", "RowCodec", "packed_words", "round_nearest", "sr_noise", "sr_table_keys", "to_bits", "from_bits"]
@@ -86,20 +86,9 @@ def sr_noise(ids: Tensor, seed: int | Tensor, step: int | Tensor, cols: int, dev
         table_key = mix64_tensor(mix64_tensor(seed_t * 2 + _SR_STREAM) ^ (step_t * _GOLDEN))
     key = mix64_tensor(table_key ^ (ids * _M1)).reshape(-1, 1)
     lanes = (cols + 3) // 4
-    z = mix64_tensor(key + _lane_offsets(lanes, ids.device))  # [N, lanes]
+    z = mix64_tensor(key + golden_steps(lanes, ids.device))  # [N, lanes]
     parts = torch.stack([(z >> (16 * k)) & 0xFFFF for k in range(4)], dim=2)  # [N, lanes, 4]
     return parts.reshape(n, lanes * 4)[:, :cols]
-
-
-_LANES: dict[tuple[int, torch.device], Tensor] = {}
-
-
-def _lane_offsets(lanes: int, device: torch.device) -> Tensor:
-    """int64 [lanes]: (1..lanes) x golden ratio, made once per device (no launch or upload per call)."""
-    t = _LANES.get((lanes, device))
-    if t is None:
-        t = _LANES[(lanes, device)] = torch.arange(1, lanes + 1, dtype=torch.int64, device=device) * _GOLDEN
-    return t
 
 
 def _bf16_bits(x: Tensor, noise: Tensor | None) -> Tensor:

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from ember.config_base import ConfigModel
 from ember import _native
-from ember.mix import mix64, mix64_tensor, shr64
+from ember.mix import golden_steps, mix64, mix64_tensor, shr64
 
 __all__ = ["InitializerConfig", "init_keys", "init_rows", "table_seed", "uniform_scale", "uniform01_tensor"]
 
@@ -113,27 +113,12 @@ def uniform_scale(config: InitializerConfig, dim: int) -> float:
     return config.scale if config.scale is not None else 1.0 / float(np.sqrt(dim))
 
 
-_COLUMNS: dict[tuple[int, torch.device], Tensor] = {}
-
-
-def _columns(dim: int, device: torch.device) -> Tensor:
-    """int64 [dim]: the native kernel's column offsets (1..dim) x golden ratio, on ``device``,
-    made once (an upload per call would be a blocking copy: the host waiting for the device)."""
-    t = _COLUMNS.get((dim, device))
-    if t is None:
-        from ember._native.arrow import _GOLDEN  # (the column stride of the native kernel)
-
-        t = torch.from_numpy((np.arange(1, dim + 1, dtype=np.uint64) * _GOLDEN).view(np.int64)).to(device)
-        _COLUMNS[(dim, device)] = t
-    return t
-
-
 def uniform01_tensor(ids: Tensor, keys: Tensor, dim: int, mul: Tensor | float = 1.0, add: Tensor | float = 0.0) -> Tensor:
     """``_native.uniform01`` as tensor operations on ``ids``' device, bit for bit: float32
     [N, dim] of ``u * mul + add`` with the counter-based uniform of each (ID, column). ``keys``:
     int64 [1 or N] (``init_keys``' uint64 bits); ``mul``, ``add``: numbers or float32 [N] (one
     per row). New rows made where the rows live (a GPU) without a trip through the host."""
-    cols = _columns(dim, ids.device)
+    cols = golden_steps(dim, ids.device)  # (the native kernel's column offsets)
     bits = mix64_tensor(mix64_tensor(ids ^ keys).unsqueeze(1) + cols)
     u = shr64(bits, 40).to(torch.float32) * (1.0 / (1 << 24))
     if isinstance(mul, Tensor):
