@@ -37,7 +37,7 @@ from ember.embedding.pooling import GroupPool, SequenceEmbedding, pool_feature
 from ember.embedding.table import EmbeddingTable, fresh_records
 from ember.optim import RowWiseAdagrad, rule_lr
 from ember.tiers.cached import CachedTier
-from ember.tiers.device_budget import mark_device, to_device
+from ember.tiers.device_budget import mark_device, pinned, to_device, upload, upload_parts
 from ember.tiers.device import DeviceTier
 from ember.tiers.group_cache import CachePlan, CacheTicket, GroupCache, GroupCacheView, table_mix
 from ember.tiers.host import HostTier, SegmentIds
@@ -165,18 +165,18 @@ class TableGroup:
 
     def steps_on(self, device: torch.device, dtype: torch.dtype) -> Tensor:
         """Each table's ``step`` [T] on ``device`` (from pinned memory on a GPU: no wait)."""
-        return _upload(self.steps_host(device, dtype), device)
+        return upload(self.steps_host(device, dtype), device)
 
     def steps_host(self, device: torch.device, dtype: torch.dtype) -> Tensor:
         """Each table's ``step`` [T] in host memory, pinned when ``device`` is a GPU (for a
         non-blocking copy there)."""
-        return _pinned(torch.tensor([t.step for t in self.tables], dtype=dtype), device)
+        return pinned(torch.tensor([t.step for t in self.tables], dtype=dtype), device)
 
     def sr_keys_host(self, device: torch.device) -> Tensor:
         """Each table's key of stochastic-rounding noise at its current step (int64 [T],
         ``sr_table_keys``), made on the host, pinned when ``device`` is a GPU."""
         keys = sr_table_keys(self.seeds, np.array([t.step for t in self.tables], dtype=np.int64))
-        return _pinned(torch.from_numpy(keys.view(np.int64)), device)
+        return pinned(torch.from_numpy(keys.view(np.int64)), device)
 
     def fresh_rows(self, keys: Tensor, tags: Tensor) -> Tensor:
         """New records [N, width] of the IDs ``keys`` of tables ``tags`` (int32 [N]), made on the
@@ -429,10 +429,10 @@ class GroupLookup:
             self._mapped_end = weakref.finalize(self, m.end_later, seq)
             pairs, rec = fetch(self.ids, owner)  # (one CUDA graph on a GPU)
             self.mapped_rows, self._mapped_pairs = pairs[0], pairs
-            self._uploaded(bags, _upload_parts(extra, m.device), m.device)
+            self._uploaded(bags, upload_parts(extra, m.device), m.device)
             self.records = rec
             return
-        dev = _upload_parts([self.ids, torch.from_numpy(owner), *extra], m.device)
+        dev = upload_parts([self.ids, torch.from_numpy(owner), *extra], m.device)
         rec = fetch.read(dev[0], dev[1].to(torch.int32))  # (an evaluation: inserts and stores nothing)
         self._uploaded(bags, dev[2:], m.device)
         self.records = rec
@@ -608,7 +608,7 @@ class GroupLookup:
         if g.cache is not None and _same_device(self.records.device, g.cache.device):
             at = self._refresh_cached(at, [p.size for p in np.split(at, cut)])
         elif g.mapped is not None and self.mapped_rows is not None:  # (every indexed pair holds its record)
-            at_dev = _upload(torch.from_numpy(at), self.records.device)
+            at_dev = upload(torch.from_numpy(at), self.records.device)
             rows = g.codec.decode(g.mapped.rows.index_select(0, self.mapped_rows.index_select(0, at_dev)))
             self.records.index_copy_(0, at_dev, rows)
         else:
@@ -878,26 +878,6 @@ class _Bags:
     inv_dev: Tensor | None = None
     layout_dev: tuple[Tensor, Tensor, Tensor] | None = None
     on: torch.device | None = None  # where ``inv_dev`` and ``layout_dev`` are
-
-
-def _upload_parts(parts: Sequence[Tensor], device: torch.device) -> list[Tensor]:
-    """int64 host tensors on ``device`` in one upload (one pinned buffer on a GPU), split back."""
-    if not parts:
-        return []
-    buf = torch.empty(sum(p.numel() for p in parts), dtype=torch.int64, pin_memory=device.type == "cuda")
-    torch.cat(list(parts), out=buf)
-    return list(to_device(buf, device).split([p.numel() for p in parts]))
-
-
-def _pinned(t: Tensor, device: torch.device) -> Tensor:
-    """``t`` (host), in pinned memory when ``device`` is a GPU: what a copy there takes without a wait."""
-    return t.pin_memory() if device.type == "cuda" else t
-
-
-def _upload(t: Tensor, device: torch.device) -> Tensor:
-    """A small host tensor on ``device`` without a wait (through pinned memory on a GPU; a
-    blocking upload would wait for every operation queued before it)."""
-    return to_device(_pinned(t, device), device)
 
 
 def _bag_host(lengths: Tensor) -> tuple[Tensor, int, int]:

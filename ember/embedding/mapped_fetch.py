@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ember.tiers.device_budget import count_launch, mark_device, one_launch, to_device
+from ember.tiers.device_budget import count_launch, mark_device, one_launch, upload, upload_parts
 
 if TYPE_CHECKING:
     from ember.embedding.group import TableGroup
@@ -157,11 +157,9 @@ class MappedFetch:
         ttl = g.ttl_dev is not None
         if not self.padded:
             m.prepare(n)
-            host = _host(2 * n, self.device)
-            host[:n], host[n:] = ids, torch.from_numpy(owner)
-            dev = to_device(host, self.device)
+            keys, tags = upload_parts([ids, torch.from_numpy(owner)], self.device)
             steps = g.steps_on(self.device, torch.float32) if ttl else None
-            pairs, _, rec = self.body(dev[:n], dev[n:].to(torch.int32), steps, None)
+            pairs, _, rec = self.body(keys, tags.to(torch.int32), steps, None)
             m.inserted(n)
             return pairs, rec
         size = bucket(n)
@@ -193,7 +191,7 @@ class MappedFetch:
             return
         n, t = records.shape[0], len(g.tables)
         if not self.padded:
-            self.encode_store(pairs, records, to_device(g.sr_keys_host(self.device), self.device), None)
+            self.encode_store(pairs, records, upload(g.sr_keys_host(self.device), self.device), None)
             return
         size = bucket(n)
         gr, made = self._graph("write", size, pairs=((3, size), torch.int64), records=((size, g.width), torch.float32),

@@ -44,7 +44,8 @@ from typing import Any, Callable, Iterator
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-__all__ = ["to_device", "DeviceBudget", "count_launch", "mark_device", "one_launch", "active"]
+__all__ = ["to_device", "pinned", "upload", "upload_parts", "DeviceBudget", "count_launch", "mark_device", "one_launch",
+           "active"]
 
 # views and metadata-only ops (no kernel; views share the input's storage, so stay marked)
 _METADATA = frozenset({
@@ -154,6 +155,26 @@ def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
         mark_device(out)
         return out.copy_(t, non_blocking=True)
     return t.to(device, non_blocking=True)
+
+
+def pinned(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Host tensor ``t`` in pinned memory when ``device`` is a GPU (what a copy there takes without
+    a wait; from pageable memory a copy stages through the driver), else itself."""
+    return t.pin_memory() if device.type == "cuda" else t
+
+
+def upload(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device`` without a wait: ``to_device`` through pinned memory."""
+    return to_device(pinned(t, device), device)
+
+
+def upload_parts(parts: "list[torch.Tensor]", device: torch.device) -> list[torch.Tensor]:
+    """int64 host tensors on ``device`` in one upload (one buffer, pinned on a GPU), split back."""
+    if not parts:
+        return []
+    buf = torch.empty(sum(p.numel() for p in parts), dtype=torch.int64, pin_memory=device.type == "cuda")
+    torch.cat(parts, out=buf)
+    return list(to_device(buf, device).split([p.numel() for p in parts]))
 
 
 def _patched(name: str) -> Callable:
