@@ -23,7 +23,7 @@ from ember.source.bad_rows import BadRowReport
 from ember.source.base import RecordChunk, check_columns, read_failed
 from ember.source.config import DataConfig
 from ember.source.csv import header_fields, read_csv, read_head
-from ember.source.files import expand_listed
+from ember.source.files import expand_listed, with_sizes
 from ember.source.orc import read_orc
 from ember.source.parquet import read_parquet
 from ember.source.protocol import RowCount, Split, Unit
@@ -133,8 +133,8 @@ class FileSource:
         if data.format in ("parquet", "orc"):
             files = self._files(split)
             return RowCount(rows=sum(storage.footer_rows(f, data.format, data.storage_options) for f in files))
-        files = [f for f, _ in self._listing(split)]
-        sizes = [size if size is not None else storage.file_size(f, data.storage_options) for f, size in self._listing(split)]
+        sized = with_sizes(self._listing(split), data.storage_options)  # (sizes as listed, else asked)
+        files, sizes = [f for f, _ in sized], [size for _, size in sized]
         if not estimate:
             return RowCount(bytes=sum(sizes))
         rows = 0

@@ -22,7 +22,7 @@ from ember.source import storage
 from ember.source.storage import StorageOptions
 from ember import once
 
-__all__ = ["expand_listed", "expand_paths", "expand_sized", "format_suffixes"]
+__all__ = ["expand_listed", "expand_paths", "expand_sized", "format_suffixes", "with_sizes"]
 
 log = logging.getLogger("ember")
 _Found = tuple[str, int | None]  # a file, and its size in bytes where a listing gave it (else None)
@@ -176,8 +176,13 @@ def expand_sized(patterns: Sequence[str], format: str, storage_options: StorageO
                  what: str = "the data paths") -> list[tuple[str, int]]:
     """``expand_paths``'s files, each with its size in bytes: for objects found by listing a
     prefix or a glob, the listing's (no request per object); else the file's or object's own."""
-    return [(f, size if size is not None else storage.file_size(f, storage_options))
-            for f, size in _expand(patterns, format, storage_options, what)]
+    return with_sizes(_expand(patterns, format, storage_options, what), storage_options)
+
+
+def with_sizes(found: Sequence[tuple[str, int | None]], storage_options: StorageOptions | None = None) -> list[tuple[str, int]]:
+    """``expand_listed``'s files with every size filled in: the listing's where it gave one, else
+    the file's or object's own (one request each)."""
+    return [(f, size if size is not None else storage.file_size(f, storage_options)) for f, size in found]
 
 
 def expand_listed(patterns: Sequence[str], format: str, storage_options: StorageOptions | None = None,
