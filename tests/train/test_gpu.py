@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from ember.config import from_dict
+from ember.testing import assert_identical, run_state
 from ember.train.loop import train
 
 pytestmark = pytest.mark.gpu
@@ -70,13 +71,7 @@ def test_cuda_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, storage)
     full = train(_tiered(tmp_path, "full", storage, max_steps=30))
     first = train(_tiered(tmp_path, "part", storage, max_steps=13))
     resumed = train(_tiered(tmp_path, "part", storage, max_steps=30, resume=str(first.run_dir)))
-    for (k, a), b in zip(full.parts.model.state_dict().items(), resumed.parts.model.state_dict().values()):
-        assert torch.equal(a, b), k
-    ra, rb = _rows(full), _rows(resumed)
-    assert ra.keys() == rb.keys()
-    for name in ra:
-        assert torch.equal(ra[name][0], rb[name][0]), name
-        assert torch.equal(ra[name][1], rb[name][1]), name
+    assert_identical(run_state(full), run_state(resumed))
 
 
 def test_cuda_group_cache_trains_like_host_rows(tmp_path):
@@ -99,12 +94,7 @@ def test_cuda_group_cache_prepared_ahead_matches_in_line(tmp_path):
     ahead = train(_tiered(tmp_path, "ahead", CACHE, max_steps=30))
     c = _tiered(tmp_path, "inline", CACHE, max_steps=30)
     inline = train(c.model_copy(update={"pipeline": c.pipeline.model_copy(update={"enabled": False})}))
-    ra, rb = _rows(ahead), _rows(inline)
-    for name in ra:
-        assert torch.equal(ra[name][0], rb[name][0]), name
-        assert torch.equal(ra[name][1], rb[name][1]), name
-    for (k, a), b in zip(ahead.parts.model.state_dict().items(), inline.parts.model.state_dict().values()):
-        assert torch.equal(a, b), k
+    assert_identical(run_state(ahead), run_state(inline))
 
 
 @pytest.mark.parametrize("dtype,ttl", [("fp32", None), ("bf16", None), ("fp32", 3)])
@@ -141,12 +131,7 @@ def test_cuda_device_index_fetch_replays_a_graph_with_the_same_results(tmp_path,
     monkeypatch.setenv("EMBER_CUDA_GRAPHS", "0")
     eager = train(_tiered(tmp_path, "eager", DEVICE_INDEX, max_steps=30))
     assert not any(g.mapped_fetch.graphs_on for ec in eager.parts.collections() for g in ec.groups)
-    ra, rb = _rows(graphs), _rows(eager)
-    for name in ra:
-        assert torch.equal(ra[name][0], rb[name][0]), name
-        assert torch.equal(ra[name][1], rb[name][1]), name
-    for (k, a), b in zip(graphs.parts.model.state_dict().items(), eager.parts.model.state_dict().values()):
-        assert torch.equal(a, b), k
+    assert_identical(run_state(graphs), run_state(eager))
 
 
 def test_cuda_device_index_step_launches_within_the_budget():
