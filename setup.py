@@ -24,7 +24,7 @@ class OptionalBuildExt(build_ext):
 
 setup(
     ext_modules=[
-        Extension("ember._ember_native", ["ember/_csrc/ember_native.c"], extra_compile_args=["-O3", "-std=c99", "-ffp-contract=off"])
+        Extension("ember._ember_native", ["ember/_csrc/ember_native.c"], extra_compile_args=["-O3", "-std=c99", "-ffp-contract=off", "-fno-math-errno"])
     ],
     cmdclass={"build_ext": OptionalBuildExt},
 )

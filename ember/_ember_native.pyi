@@ -115,6 +115,9 @@ def uniform01(
     ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float | np.ndarray = 1.0, add: float | np.ndarray = 0.0, /
 ) -> None: ...
 
+# ids int64 [n], keys1 / keys2 uint64 [1 or n] (a normal's two uniform streams), out float32 [n, dim]
+def normal01(ids: np.ndarray, keys1: np.ndarray, keys2: np.ndarray, dim: int, out: np.ndarray, std: float, /) -> None: ...
+
 # ids int64 [n], keys uint64 [1 or n], at int64 [n] (rows of out), out float32 [rows, width], fill float32 [width - dim]
 def fresh_uniform(
     ids: np.ndarray, keys: np.ndarray, at: np.ndarray, out: np.ndarray, width: int, dim: int, mul: float | np.ndarray,

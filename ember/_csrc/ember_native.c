@@ -823,6 +823,101 @@ done:
     return res;
 }
 
+/* One standard normal draw of two uniforms (Box-Muller, sqrt(-2 ln(1 - u1)) cos(2 pi u2)), operation
+ * for operation ember.portable.normal.box_muller (its reference): float32 additions, multiplications,
+ * one division, a square root taken in double (the correctly rounded float root) and an exact range
+ * reduction before polynomials, so every CPU and device gets the same bits (-ffp-contract=off: no
+ * fused multiply-add). Library logf / cosf differ between CPUs in the last bits. */
+static inline float box_muller1(float u1, float u2) {
+    const float ln2 = (float)0.6931471805599453, two_pi = (float)6.283185307179586;
+    /* x = 1 - u1 in [2^-24, 1] (a normal float) = m 2^e, m in [sqrt(1/2), sqrt(2)), from its bits with
+     * integer selects (no branch: the loop vectorises): m = frexp's mantissa, doubled (exponent field
+     * 127 instead of 126) when below sqrt(1/2) (mantissa field 0x3504F3) */
+    float x = 1.0f, m, c, sn, v;
+    x = x - u1;
+    uint32_t b, cb, sb, vb;
+    memcpy(&b, &x, 4);
+    const uint32_t low = (b & 0x7FFFFFu) < 0x3504F3u;
+    const float e = (float)((int32_t)((b >> 23) & 0xFFu) - 126 - (int32_t)low);
+    b = (b & 0x7FFFFFu) | (0x3F000000u + (low << 23));
+    memcpy(&m, &b, 4);
+    float s = (m - 1.0f) / (m + 1.0f), z = s * s;
+    float p = (float)(2.0 / 11.0) * z + (float)(2.0 / 9.0);
+    p = p * z + (float)(2.0 / 7.0); p = p * z + (float)(2.0 / 5.0); p = p * z + (float)(2.0 / 3.0); p = p * z + 2.0f;
+    float ln = e * ln2 + s * p;
+    float r = (float)sqrt((double)(ln * -2.0f));
+    /* quarter turns q = floor(4 u2 + 1/2) in 0..4, the rest f in [-1/8, 1/8] (both exact), a = 2 pi f */
+    const int32_t q = (int32_t)(u2 * 4.0f + 0.5f);
+    float f = u2 - (float)q * 0.25f, a = f * two_pi, a2 = a * a;
+    c = (float)(-1.0 / 3628800.0) * a2 + (float)(1.0 / 40320.0);
+    c = c * a2 + (float)(-1.0 / 720.0); c = c * a2 + (float)(1.0 / 24.0); c = c * a2 + -0.5f; c = c * a2 + 1.0f;
+    float t = (float)(-1.0 / 39916800.0) * a2 + (float)(1.0 / 362880.0);
+    t = t * a2 + (float)(-1.0 / 5040.0); t = t * a2 + (float)(1.0 / 120.0); t = t * a2 + (float)(-1.0 / 6.0); t = t * a2 + 1.0f;
+    sn = a * t;
+    /* cos(a + q pi/2): cos, -sin, -cos, sin, cos for q = 0..4 (a select, and the sign bit flipped for q = 1, 2) */
+    memcpy(&cb, &c, 4);
+    memcpy(&sb, &sn, 4);
+    const uint32_t odd = 0u - (uint32_t)(q & 1);
+    vb = ((sb & odd) | (cb & ~odd)) ^ ((uint32_t)(((q + 1) >> 1) & 1) << 31);
+    memcpy(&v, &vb, 4);
+    return r * v;
+}
+
+#define NORMAL_BLOCK 64  /* rows whose uniforms are drawn before one flat (vectorisable) Box-Muller pass */
+
+/* normal01's rows (u2: NORMAL_BLOCK rows' scratch), compiled for AVX-512, AVX2 and any x86-64 (the
+ * same bits: IEEE operations, no contraction; -fno-math-errno lets the square root vectorise). */
+#if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__x86_64__) && defined(__GLIBC__)
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
+static void normal_rows(float *restrict o, const int64_t *id, const uint64_t *ka, const uint64_t *kb, Py_ssize_t nk,
+                        Py_ssize_t n, Py_ssize_t dim, float fs, float *restrict u2) {
+    for (Py_ssize_t lo = 0; lo < n; lo += NORMAL_BLOCK) {
+        const Py_ssize_t hi = lo + NORMAL_BLOCK < n ? lo + NORMAL_BLOCK : n;
+        for (Py_ssize_t i = lo; i < hi; i++) {
+            uniform_row(o + i * dim, (uint64_t)id[i] ^ ka[nk == 1 ? 0 : i], dim, 0, 1.0f, 0.0f);
+            uniform_row(u2 + (i - lo) * dim, (uint64_t)id[i] ^ kb[nk == 1 ? 0 : i], dim, 0, 1.0f, 0.0f);
+        }
+        float *restrict u1 = o + lo * dim;
+        const Py_ssize_t k = (hi - lo) * dim;
+        for (Py_ssize_t c = 0; c < k; c++) u1[c] = box_muller1(u1[c], u2[c]) * fs;
+    }
+}
+
+/* normal01(ids int64[n], keys1 uint64[1 or n], keys2 uint64[1 or n], dim, out float32[n*dim], std) -> None
+ * out[i, c] = box_muller1(u1, u2) * std (float32) with u1, u2 the uniform01 draws of (ids[i], c) under
+ * keys1 and keys2 (a normal initialiser's streams 1 and 2): ember.embedding.init's normal rows. */
+static PyObject *normal01(PyObject *self, PyObject *args) {
+    Py_buffer ids, k1, k2, out;
+    Py_ssize_t dim;
+    double std;
+    if (!PyArg_ParseTuple(args, "y*y*y*nw*d", &ids, &k1, &k2, &dim, &out, &std)) return NULL;
+    PyObject *res = NULL;
+    Py_ssize_t n = ids.len / 8, nk = k1.len / 8;
+    if (dim < 0 || out.len != n * dim * 4 || !(nk == 1 || nk == n) || k2.len != k1.len) {
+        PyErr_SetString(PyExc_ValueError, "ember native normal01: keys1 and keys2 uint64 [1 or len(ids)], "
+                        "out float32 [len(ids), dim]");
+        goto done;
+    }
+    float *u2 = malloc((size_t)(dim > 0 ? dim : 1) * NORMAL_BLOCK * sizeof(float));  /* a block's second uniforms */
+    if (u2 == NULL) { PyErr_NoMemory(); goto done; }
+    {
+        const int64_t *id = ids.buf;
+        const uint64_t *ka = k1.buf, *kb = k2.buf;
+        float *o = out.buf;
+        const float fs = (float)std;
+        Py_BEGIN_ALLOW_THREADS
+        normal_rows(o, id, ka, kb, nk, n, dim, fs, u2);
+        Py_END_ALLOW_THREADS
+        Py_INCREF(Py_None);
+        res = Py_None;
+    }
+    free(u2);
+done:
+    PyBuffer_Release(&ids); PyBuffer_Release(&k1); PyBuffer_Release(&k2); PyBuffer_Release(&out);
+    return res;
+}
+
 /* fresh_uniform(ids int64[n], keys uint64[1 or n], at int64[n], out float32[rows*width], width, dim,
  *               mul, add, fill float32[width-dim], bf16) -> None
  * A new row of a uniform initialiser written where it belongs: out[at[i], :dim] = uniform01's row i
@@ -3210,6 +3305,7 @@ static PyMethodDef methods[] = {
     {"tag_find", tag_find, METH_VARARGS, "tag_find(tags, pos, tag, out) -> None"},
     {"tag_claim", tag_claim, METH_VARARGS, "tag_claim(tags, pos, tag, out) -> empty slots used"},
     {"uniform01", uniform01, METH_VARARGS, "uniform01(ids, keys, dim, out, mul=1, add=0) -> None"},
+    {"normal01", normal01, METH_VARARGS, "normal01(ids, keys1, keys2, dim, out, std) -> None"},
     {"fresh_uniform", fresh_uniform, METH_VARARGS,
      "fresh_uniform(ids, keys, at, out, width, dim, mul, add, fill, bf16) -> None"},
     {"probe", probe, METH_VARARGS, "probe(keys, slots, ids, out_bucket, out_slot) -> found"},

@@ -48,7 +48,7 @@ __all__ = [
     "CSV_CR", "CSV_HEX", "CSV_LONG_DIGITS", "CSV_NOT_ASCII", "CSV_PAREN", "CSV_QUOTE", "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_gather",
     "csv_bytes", "csv_hazards", "csv_ints", "csv_split", "dense_finish", "dense_floats", "dense_prepare", "featurize_ids", "hash_utf8_buffers",
     "index_add_features", "index_add_rows", "is_available", "take_rows", "place", "probe", "probe_rows", "read_rows", "record_width", "rehash",
-    "bf16_pack_sr", "cms", "even_chunks", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "gc_scores", "gc_select", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "run_each", "tag_claim", "tag_find", "uniform01", "fresh_uniform", "unique_segments", "victim_keys",
+    "bf16_pack_sr", "cms", "even_chunks", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "gc_scores", "gc_select", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "run_each", "tag_claim", "tag_find", "uniform01", "normal01", "fresh_uniform", "unique_segments", "victim_keys",
     "write_rows",
 ]
 
@@ -269,7 +269,7 @@ from ember._native.cache import (  # noqa: E402
     gc_reserve, gc_scan, gc_scores, gc_select, pair_find, victim_keys,
 )
 from ember._native.init import (  # noqa: E402
-    _fresh_uniform_py, _uniform01_py, fresh_uniform, uniform01,
+    _fresh_uniform_py, _normal01_py, _uniform01_py, fresh_uniform, normal01, uniform01,
 )
 from ember._native.sparse import (  # noqa: E402
     _index_add_features_py, _index_add_rows_py, _rowwise_adagrad_py, _take_rows_py, index_add_features,

@@ -1,5 +1,5 @@
-"""Row initialisers (``ember.embedding.init``): uniform rows from (ID, key), fresh rows
-written into a batch's records."""
+"""Row initialisers (``ember.embedding.init``): uniform and normal rows from (ID, key), fresh
+rows written into a batch's records."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from ember._native.arrow import _GOLDEN
 from ember._native.bf16 import _bf16_round_py, _bf16_widen_py
 from ember._native.rows import _rows_of
 from ember.mix import mix64
+from ember.portable.normal import NUMPY_OPS, box_muller
 
 
 def uniform01(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float | np.ndarray = 1.0,
@@ -56,6 +57,34 @@ def _uniform01_py(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, 
         u *= np.float32(mul)
         u += np.float32(add)
     _rows_of(out, n, dim, "out")[...] = u
+
+
+def normal01(ids: np.ndarray, keys1: np.ndarray, keys2: np.ndarray, dim: int, out: np.ndarray, std: float) -> None:
+    """``out[i, c] = box_muller(u1, u2) * std`` (float32; out float32 [n, dim]) with ``u1``, ``u2``
+    the ``uniform01`` draws of (``ids[i]``, c) under ``keys1`` and ``keys2`` (uint64 [1 or n]): a
+    normal initialiser's rows, the same bits on every CPU (``ember.portable.normal``, the
+    reference). Runs on several threads (row ranges) when the call is large enough."""
+    core = _native._core
+    if core is None:
+        return _normal01_py(ids, keys1, keys2, dim, out, std)
+    n = ids.size
+    rows = _rows_of(out, n, dim, "out")
+    one = keys1.size == 1
+
+    def part(lo: int, hi: int) -> None:  # rows lo..hi-1
+        core.normal01(ids[lo:hi], keys1 if one else keys1[lo:hi], keys2 if one else keys2[lo:hi], dim, rows[lo:hi],
+                      float(std))
+
+    run_chunks(part, chunks(np.full(n, 4 * dim), min_rows=_native.MIN_PARALLEL_ROWS))
+
+
+def _normal01_py(ids: np.ndarray, keys1: np.ndarray, keys2: np.ndarray, dim: int, out: np.ndarray, std: float) -> None:
+    n = np.asarray(ids).size
+    u1 = np.empty((n, dim), dtype=np.float32)
+    u2 = np.empty((n, dim), dtype=np.float32)
+    _uniform01_py(ids, keys1, dim, u1)
+    _uniform01_py(ids, keys2, dim, u2)
+    _rows_of(out, n, dim, "out")[...] = box_muller(u1, u2, NUMPY_OPS) * np.float32(std)
 
 
 def fresh_uniform(ids: np.ndarray, keys: np.ndarray, at: np.ndarray, out: np.ndarray, dim: int,

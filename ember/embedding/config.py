@@ -44,17 +44,11 @@ class TableOptions(ConfigModel):
 
     @model_validator(mode="after")
     def _device_index(self) -> "TableOptions":
-        """``storage.index: device`` makes new rows on the device and stores every row it looks up:
-        tables whose new rows are a uniform (or zero) draw, without min_count."""
-        if self.storage.index != "device":
-            return self
-        why = ("min_count" if self.min_count > 1
-               else f"a {self.initializer.type} initializer" if self.initializer.type not in ("uniform", "zeros")
-               else None)
-        if why is not None:
+        """``storage.index: device`` stores every row it looks up: tables without min_count."""
+        if self.storage.index == "device" and self.min_count > 1:
             who = f"table '{self.name}'" if getattr(self, "name", None) else "embedding (the defaults of every table)"
-            raise ValueError(f"{who}: storage.index: device does not support {why} yet (new rows are made on the "
-                             "device: a uniform or zeros initializer, no min_count); use storage.index: host")
+            raise ValueError(f"{who}: storage.index: device does not support min_count yet (every ID looked up gets "
+                             "its row on the device); use storage.index: host")
         return self
 
 

@@ -31,7 +31,7 @@ from ember import _native
 from ember.batch.sparse import SparseFeatures
 from ember.embedding.codec import sr_table_keys
 from ember.embedding.config import FeatureConfig
-from ember.embedding.init import init_keys, uniform01_tensor, uniform_scale
+from ember.embedding.init import init_keys, normal_std, normal_tensor, uniform01_tensor, uniform_scale
 from ember.embedding.mapped_fetch import MappedFetch
 from ember.embedding.pooling import GroupPool, SequenceEmbedding, pool_feature
 from ember.embedding.table import EmbeddingTable, fresh_records
@@ -127,8 +127,9 @@ class TableGroup:
 
     def _fresh_on_device(self) -> None:
         """Per table, on the device of the group's ``MappedRows``: the init key, the uniform's
-        ``mul``/``add`` (zeros: 0 and 0) and the optimizer's constant initial state, from which
-        ``fresh_rows`` makes new rows there (the host path's bits: ``uniform01_tensor``)."""
+        ``mul``/``add`` (zeros: 0 and 0), a normal initializer's keys and std, and the optimizer's
+        constant initial state, from which ``fresh_rows`` makes new rows there (the host path's
+        bits: ``uniform01_tensor``, ``normal_tensor``)."""
         assert self.mapped is not None
         dev = self.mapped.device
         zeros = np.array([t.config.initializer.type == "zeros" for t in self.tables])
@@ -136,6 +137,13 @@ class TableGroup:
         self.fresh_keys = torch.from_numpy(self.init_keys.view(np.int64)).to(dev)
         self.fresh_mul = torch.from_numpy((2 * scale).astype(np.float32)).to(dev)
         self.fresh_add = torch.from_numpy((-scale).astype(np.float32)).to(dev)
+        # tables of a normal initializer: the mask [T], its two uniform streams' keys and std per table
+        normal = np.array([t.config.initializer.type == "normal" for t in self.tables])
+        self.fresh_normal: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
+        if normal.any():
+            std = np.array([normal_std(t.config.initializer, self.dim) for t in self.tables], dtype=np.float32)
+            self.fresh_normal = (torch.from_numpy(normal).to(dev), *(torch.from_numpy(init_keys(self.seeds, k).view(np.int64)).to(dev)
+                                 for k in (1, 2)), torch.from_numpy(std).to(dev))
         ttl = np.array([np.inf if t.config.ttl_steps is None else float(t.config.ttl_steps) for t in self.tables])
         self.ttl_dev = torch.from_numpy(ttl.astype(np.float32)).to(dev) if np.isfinite(ttl).any() else None
         self.expired_dev = torch.zeros(len(self.tables), dtype=torch.int64, device=dev)  # reads of expired rows
@@ -159,7 +167,7 @@ class TableGroup:
         ``MappedRows`` and the fresh rows' per-table constants): what a ``DeviceBudget`` on a CPU
         "device" is told is the device's."""
         assert self.mapped is not None
-        return [*self.mapped.device_tensors(), self.fresh_keys, self.fresh_mul, self.fresh_add,
+        return [*self.mapped.device_tensors(), self.fresh_keys, self.fresh_mul, self.fresh_add, *(self.fresh_normal or ()),
                 self.expired_dev, self.table_numbers, self.fresh_state,
                 *([] if self.ttl_dev is None else [self.ttl_dev]), *(m for _, m in self.fresh_from_weights)]
 
@@ -181,8 +189,11 @@ class TableGroup:
     def fresh_rows(self, keys: Tensor, tags: Tensor) -> Tensor:
         """New records [N, width] of the IDs ``keys`` of tables ``tags`` (int32 [N]), made on the
         device by tensor operations: bit for bit what ``GroupLookup._fresh_into`` makes on the host."""
-        w = self.codec.round_exact(uniform01_tensor(keys, self.fresh_keys[tags], self.dim, self.fresh_mul[tags],
-                                                    self.fresh_add[tags]))  # (bf16 / fp16: as they will be stored)
+        w = uniform01_tensor(keys, self.fresh_keys[tags], self.dim, self.fresh_mul[tags], self.fresh_add[tags])
+        if self.fresh_normal is not None:
+            normal, k1, k2, std = self.fresh_normal
+            w = torch.where(normal[tags].unsqueeze(1), normal_tensor(keys, k1[tags], k2[tags], self.dim, std[tags]), w)
+        w = self.codec.round_exact(w)  # (bf16 / fp16: as they will be stored)
         state = self.fresh_state[tags]
         for opt, mine in self.fresh_from_weights:
             made = opt.init_state(w)

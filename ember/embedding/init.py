@@ -7,6 +7,7 @@ an ID arrives first or last, lives in a cache or on disk, or is re-created after
 from __future__ import annotations
 
 import hashlib
+from types import SimpleNamespace
 from typing import Literal
 
 import numpy as np
@@ -17,15 +18,18 @@ from torch import Tensor
 from ember.config_base import ConfigModel
 from ember import _native
 from ember.mix import golden_steps, mix64, mix64_tensor, shr64
+from ember.portable.normal import box_muller
 
-__all__ = ["InitializerConfig", "init_keys", "init_rows", "table_seed", "uniform_scale", "uniform01_tensor"]
+__all__ = ["InitializerConfig", "init_keys", "init_rows", "normal_std", "normal_tensor", "table_seed", "uniform_scale",
+           "uniform01_tensor"]
 
 
 class InitializerConfig(ConfigModel):
     """How a new row's weights are drawn.
 
     ``uniform``: U(-scale, scale), scale defaults to 1/sqrt(dim). ``normal``: N(0, std^2),
-    std defaults to 1/sqrt(dim). ``zeros``: all zero (e.g. for a wide/linear part).
+    std defaults to 1/sqrt(dim). ``zeros``: all zero (e.g. for a wide/linear part). Either draw
+    is the same bits on every CPU and device (``ember.portable.normal`` for the normal's).
     """
 
     type: Literal["uniform", "normal", "zeros"] = "uniform"
@@ -101,11 +105,15 @@ def init_rows(
         if scale is not None:
             return torch.from_numpy(_uniform01(ids_np, dim, seed, 0, np.asarray(scale, dtype=np.float64)))
         return torch.from_numpy(_uniform01(ids_np, dim, seed, 0, uniform_scale(config, dim)))
-    std = config.std if config.std is not None else 1.0 / float(np.sqrt(dim))
-    u1 = _uniform01(ids_np, dim, seed, 1)
-    u2 = _uniform01(ids_np, dim, seed, 2)
-    z = np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2 * np.pi * u2)  # Box-Muller
-    return torch.from_numpy((z * std).astype(np.float32))
+    out = np.empty((n, dim), dtype=np.float32)
+    _native.normal01(np.ascontiguousarray(ids_np, dtype=np.int64), init_keys(seed, 1), init_keys(seed, 2), dim, out,
+                     normal_std(config, dim))
+    return torch.from_numpy(out)
+
+
+def normal_std(config: InitializerConfig, dim: int) -> float:
+    """The standard deviation a normal initializer uses for rows of width ``dim``."""
+    return config.std if config.std is not None else 1.0 / float(np.sqrt(dim))
 
 
 def uniform_scale(config: InitializerConfig, dim: int) -> float:
@@ -126,3 +134,21 @@ def uniform01_tensor(ids: Tensor, keys: Tensor, dim: int, mul: Tensor | float = 
     if mul == 1.0 and add == 0.0:
         return u
     return u * float(np.float32(mul)) + float(np.float32(add))
+
+
+def _frexp_tensor(x: Tensor) -> tuple[Tensor, Tensor]:
+    m, e = torch.frexp(x)
+    return m, e.to(torch.float32)
+
+
+# box_muller's ops on tensors (the square root through float64: torch's float32 one on a CPU is not correctly rounded)
+_TENSOR_OPS = SimpleNamespace(frexp=_frexp_tensor, where=torch.where, sqrt=lambda x: x.double().sqrt().float(),
+                              floor=torch.floor)
+
+
+def normal_tensor(ids: Tensor, keys1: Tensor, keys2: Tensor, dim: int, std: Tensor | float) -> Tensor:
+    """``_native.normal01`` as tensor operations on ``ids``' device, bit for bit: float32 [N, dim]
+    normal draws times ``std`` (a number or float32 [N]); ``keys1``, ``keys2``: int64 [1 or N],
+    the normal's two uniform streams (``init_keys(seed, 1)`` and ``(seed, 2)``)."""
+    z = box_muller(uniform01_tensor(ids, keys1, dim), uniform01_tensor(ids, keys2, dim), _TENSOR_OPS)
+    return z * (std.unsqueeze(1) if isinstance(std, Tensor) else float(np.float32(std)))

@@ -4,7 +4,7 @@
 table files; :class:`PortableModel` featurizes raw rows exactly as ember's ``Predictor`` does
 (canonical values, dense transforms, hashing, multi-hot and weighted pooling, unseen IDs) and
 runs the graph. No module here imports torch or any other part of ember, so the package (or
-its six files) runs in a serving image with only ``numpy`` and ``onnxruntime``.
+its seven files) runs in a serving image with only ``numpy`` and ``onnxruntime``.
 """
 
 from ember.portable.hashing import hash_ints, hash_strings

@@ -19,6 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ember.portable.hashing import GOLDEN, mix64
+from ember.portable.normal import NUMPY_OPS, box_muller
 
 __all__ = ["Table", "init_rows", "pool", "round_nearest", "widen"]
 
@@ -54,10 +55,7 @@ def init_rows(ids: np.ndarray, dim: int, initializer: Mapping[str, Any], seed: i
                          "export the model again with this version of ember")
     std = initializer.get("std")
     std = float(std) if std is not None else 1.0 / float(np.sqrt(dim))
-    u1 = _uniform01(ids, dim, seed, 1)
-    u2 = _uniform01(ids, dim, seed, 2)
-    z = np.sqrt(-2.0 * np.log1p(-u1)) * np.cos(2 * np.pi * u2)  # Box-Muller, the float32 operations ember uses
-    return (z * std).astype(np.float32)
+    return box_muller(_uniform01(ids, dim, seed, 1), _uniform01(ids, dim, seed, 2), NUMPY_OPS) * np.float32(std)
 
 
 def widen(bits: np.ndarray, dtype: str) -> np.ndarray:

@@ -139,7 +139,8 @@ def test_ttl_tables_expire_and_reuse_rows_as_the_host_index_does(dtype):
 
 
 def test_mixed_optimizers_and_initializers_in_one_group():
-    inits = [{"type": "uniform"}, {"type": "uniform", "scale": 0.5}, {"type": "zeros"}]
+    inits = [{"type": "uniform"}, {"type": "uniform", "scale": 0.5}, {"type": "zeros"}, {"type": "normal"},
+             {"type": "normal", "std": 0.3}]
     rowwise = [{"type": "rowwise_adagrad", "lr": lr} for lr in (0.05, 0.1, 0.05)]  # one group, two optimizer runs
     ftrl = [{"type": "ftrl", "alpha": 0.05, "l2": l2} for l2 in (0.0, 0.01)]  # state from the weights, per table
     host, dev = _train_both(rowwise + OPTIMIZERS + ftrl, inits=inits)  # (+ a group per other record width)
@@ -217,10 +218,23 @@ def test_a_step_never_syncs_and_its_op_count_does_not_grow_with_the_tables(opt, 
         assert max(two) <= _OP_CEILING[dtype], two
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_normal_rows_are_made_on_the_device_as_on_the_host(dtype):
+    """A normal initializer's new rows, made by tensor operations where the rows live, have the
+    host's bits (``ember.portable.normal``), rounded as they are stored."""
+    inits = [{"type": "normal"}, {"type": "normal", "std": 0.05}, {"type": "uniform"}]
+    host, dev = _train_both([{"type": "adam", "lr": 0.01}, {"type": "ftrl", "alpha": 0.05}, {"type": "sgd", "lr": 0.1}],
+                            inits=inits, dtype=dtype, steps=4)
+    assert any(g.fresh_normal is not None for g in dev.groups)
+    a, b = _rows(host), _rows(dev)
+    for n in a:
+        assert a[n].keys() == b[n].keys() and all(torch.equal(a[n][k], b[n][k]) for k in a[n]), n
+
+
 def test_what_it_cannot_hold_is_refused_with_what_to_do():
-    for bad in ({"min_count": 2}, {"initializer": {"type": "normal"}}):
-        with pytest.raises(ValueError, match="table 't'.*storage.index: host"):
-            TableConfig(name="t", storage=DEVICE_INDEX, **bad)
+    with pytest.raises(ValueError, match="table 't'.*min_count.*storage.index: host"):
+        TableConfig(name="t", storage=DEVICE_INDEX, min_count=2)
+    TableConfig(name="t", storage=DEVICE_INDEX, initializer={"type": "normal"})  # (new rows made on the device too)
 
 
 @pytest.mark.parametrize("model", MODEL_TYPES)
