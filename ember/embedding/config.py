@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from ember.config_base import ConfigModel
 from ember.embedding.codec import RowDtype, packed_words
@@ -41,15 +41,6 @@ class TableOptions(ConfigModel):
     dtype: RowDtype = "fp32"
     """How the weights are stored in every tier, checkpoint and export: `fp32`, `bf16` or `fp16` (optimizer state
     stays fp32) (see Capacity planning, "Row storage dtype")."""
-
-    @model_validator(mode="after")
-    def _device_index(self) -> "TableOptions":
-        """``storage.index: device`` stores every row it looks up: tables without min_count."""
-        if self.storage.index == "device" and self.min_count > 1:
-            who = f"table '{self.name}'" if getattr(self, "name", None) else "embedding (the defaults of every table)"
-            raise ValueError(f"{who}: storage.index: device does not support min_count yet (every ID looked up gets "
-                             "its row on the device); use storage.index: host")
-        return self
 
 
 class TableConfig(TableOptions):

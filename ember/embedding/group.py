@@ -37,7 +37,8 @@ from ember.embedding.pooling import GroupPool, SequenceEmbedding, pool_feature
 from ember.embedding.table import EmbeddingTable, fresh_records
 from ember.optim import RowWiseAdagrad, rule_lr
 from ember.tiers.cached import CachedTier
-from ember.tiers.device_budget import mark_device, pinned, to_device, upload, upload_parts
+from ember.tiers.device_budget import download, mark_device, pinned, to_device, upload, upload_parts
+from ember.tiers.device_counts import DeviceAdmission, DeviceCounts
 from ember.tiers.device import DeviceTier
 from ember.tiers.group_cache import CachePlan, CacheTicket, GroupCache, GroupCacheView, table_mix
 from ember.tiers.host import HostTier, SegmentIds
@@ -150,6 +151,22 @@ class TableGroup:
         for t in self.tables:
             t.tier.expired = self.expired_dev  # type: ignore[attr-defined]  # (its stats take their share)
         self.table_numbers = torch.arange(len(self.tables), dtype=torch.int32, device=dev)
+        # min_count: each table's threshold [T] (1: none), the sightings of IDs without a row and
+        # the reads of those held back per table, on the device (each table's admission is a view)
+        self.pending: DeviceCounts | None = None
+        self.min_counts: Tensor | None = None
+        self.filtered_dev: Tensor | None = None
+        if any(t.admission is not None for t in self.tables):
+            self.pending = DeviceCounts(dev)
+            self.shared_counts = self.mapped.index.share_counts(self.pending.index)  # (one download a step for both)
+            self.min_counts = torch.tensor([t.min_count for t in self.tables], dtype=torch.int32, device=dev)
+            self.filtered_dev = torch.zeros(len(self.tables), dtype=torch.int64, device=dev)
+            for j, t in enumerate(self.tables):
+                if t.admission is not None:
+                    held = t.admission.items()  # (counted before the group was made: moved over)
+                    t.admission = DeviceAdmission(self.pending, j, len(self.tables), self.filtered_dev)
+                    if held[0].size:
+                        t.admission.add(*held)
         # each table's state words, then (a TTL) the last-seen step, set when a lookup reads the row
         consts = [t.optimizer.constant_state(self.dim) for t in self.tables]
         consts = [None if c is None else c + [0.0] * (self.width - self.dim - len(c)) for c in consts]
@@ -169,6 +186,7 @@ class TableGroup:
         assert self.mapped is not None
         return [*self.mapped.device_tensors(), self.fresh_keys, self.fresh_mul, self.fresh_add, *(self.fresh_normal or ()),
                 self.expired_dev, self.table_numbers, self.fresh_state,
+                *([] if self.pending is None else [*self.pending.device_tensors(), self.min_counts, self.filtered_dev]),
                 *([] if self.ttl_dev is None else [self.ttl_dev]), *(m for _, m in self.fresh_from_weights)]
 
     def steps_on(self, device: torch.device, dtype: torch.dtype) -> Tensor:
@@ -277,6 +295,7 @@ class GroupLookup:
         self.mapped_rows: Tensor | None = None  # fetch through MappedRows (training): each ID's record number, on the device
         self._mapped_pairs: Tensor | None = None  # and (record numbers, IDs, tables) int64 [3, U] there
         self._mapped_end: weakref.finalize | None = None  # ends its MappedRows lookup (begin .. end)
+        self._mapped_held: Callable[[], Tensor] | None = None  # and, for a change log, which pairs min_count held back
 
     def _count_moved(self, rows_per_table: Sequence[int], width: int) -> None:
         """Note, per table, rows of ``width`` floats that crossed between host and device."""
@@ -440,6 +459,8 @@ class GroupLookup:
             self._mapped_end = weakref.finalize(self, m.end_later, seq)
             pairs, rec = fetch(self.ids, owner)  # (one CUDA graph on a GPU)
             self.mapped_rows, self._mapped_pairs = pairs[0], pairs
+            if g.pending is not None and any(t.changes is not None for t in g.tables):  # (delta exports: IDs stored)
+                self._mapped_held = download(pairs[0] == m.scratch)
             self._uploaded(bags, upload_parts(extra, m.device), m.device)
             self.records = rec
             return
@@ -618,9 +639,13 @@ class GroupLookup:
         ids = self.ids.numpy()
         if g.cache is not None and _same_device(self.records.device, g.cache.device):
             at = self._refresh_cached(at, [p.size for p in np.split(at, cut)])
-        elif g.mapped is not None and self.mapped_rows is not None:  # (every indexed pair holds its record)
+        elif g.mapped is not None and self._mapped_pairs is not None:  # (every indexed pair holds its record)
             at_dev = upload(torch.from_numpy(at), self.records.device)
-            rows = g.codec.decode(g.mapped.rows.index_select(0, self.mapped_rows.index_select(0, at_dev)))
+            pairs = self._mapped_pairs
+            row = pairs[0].index_select(0, at_dev)
+            rows = g.codec.decode(g.mapped.rows.index_select(0, row))
+            if g.pending is not None:  # (a pair min_count held back keeps its zero row: no batch before stored it)
+                rows = torch.where((row == g.mapped.scratch).unsqueeze(1), self.records.index_select(0, at_dev), rows)
             self.records.index_copy_(0, at_dev, rows)
         else:
             subsets = [torch.from_numpy(ids[p]) for p in np.split(at, cut)]
@@ -825,7 +850,12 @@ class GroupLookup:
         if g.mapped is not None and self.mapped_rows is not None:  # one scatter of every row (the others' unchanged)
             assert g.mapped_fetch is not None and self._mapped_pairs is not None
             g.mapped_fetch.write(self._mapped_pairs, rec)  # (16-bit: rounded as the host path writes)
-            self._wrote([ids[j] if j in self.updated else ids[j][:0] for j in range(len(g.tables))])
+            written = [ids[j] if j in self.updated else ids[j][:0] for j in range(len(g.tables))]
+            held, self._mapped_held = self._mapped_held, None
+            if held is not None:  # (the pairs min_count held back were stored nowhere)
+                stored = ~held().numpy()
+                written = [w[torch.from_numpy(stored[a:b])] for w, a, b in zip(written, self.starts[:-1], self.starts[1:])]
+            self._wrote(written)
             self._end_mapped()
             return
         if len(self.updated) == len(g.tables) and not self.filtered:

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from ember.tiers.device_budget import count_launch, mark_device, one_launch, upload, upload_parts
+from ember.tiers.device_index import download_counts
 
 if TYPE_CHECKING:
     from ember.embedding.group import TableGroup
@@ -123,7 +124,8 @@ class MappedFetch:
         graph if the rows or the index were replaced since they were captured."""
         m = self.group.mapped
         assert m is not None
-        generation = (m.generation, m.index.generation)
+        c = self.group.pending
+        generation = (m.generation, m.index.generation, *((c.generation, c.index.generation) if c is not None else ()))
         if generation != self._generation:  # the tensors the graphs were captured on are gone
             self._graphs.clear()
             self._generation = generation
@@ -156,14 +158,14 @@ class MappedFetch:
         n = ids.numel()
         ttl = g.ttl_dev is not None
         if not self.padded:
-            m.prepare(n)
+            self._prepare(n)
             keys, tags = upload_parts([ids, torch.from_numpy(owner)], self.device)
             steps = g.steps_on(self.device, torch.float32) if ttl else None
             pairs, _, rec = self.body(keys, tags.to(torch.int32), steps, None)
-            m.inserted(n)
+            self._inserted(n)
             return pairs, rec
         size = bucket(n)
-        m.prepare(size)  # (room for every pair of the bucket: the padding inserts none)
+        self._prepare(size)  # (room for every pair of the bucket: the padding inserts none)
         gr, made = self._graph("fetch", size, pairs=((2 * size + 1,), torch.int64), steps=((len(g.tables),), torch.float32))
         host = _host(2 * size + 1, self.device)  # IDs, tables (each padded to the bucket), the count: one upload
         host[:n], host[size : size + n], host[2 * size] = ids, torch.from_numpy(owner), n
@@ -176,8 +178,27 @@ class MappedFetch:
 
         out = self._run(gr, made, fetch)
         pairs, rec = out[0][:, :n].clone(), out[2][:n].clone()  # (a graph's outputs: the next replay overwrites them)
-        m.inserted(n)
+        self._inserted(n)
         return pairs, rec
+
+    def _prepare(self, n: int) -> None:
+        """The host's part of a fetch of up to ``n`` pairs: room in the rows, the index and the
+        ``min_count`` counts (a growth, rarely)."""
+        self.group.mapped.prepare(n)  # type: ignore[union-attr]
+        if self.group.pending is not None:
+            self.group.pending.prepare(n)
+
+    def _inserted(self, n: int) -> None:
+        """After a fetch's device work: the counts its inserts changed start home (one download
+        for the rows' index and the ``min_count`` counts' index: ``DeviceIndex.share_counts``)."""
+        g = self.group
+        assert g.mapped is not None
+        if g.pending is None:
+            g.mapped.inserted(n)
+            return
+        host, event = download_counts(g.shared_counts)
+        g.mapped.inserted(n, (host[:4], event))
+        g.pending.inserted(n, (host[4:], event))
 
     def write(self, pairs: Tensor, records: Tensor) -> None:
         """Store a training step's updated ``records`` [N, width] in their record numbers
@@ -224,11 +245,44 @@ class MappedFetch:
         numbers, IDs, tables; new [N]; records [N, width])."""
         g, m = self.group, self.group.mapped
         assert m is not None
+        if g.pending is not None:
+            return self._body_counted(keys, tags, steps, valid)
         rows, new = m.index.insert(keys, tags, valid)
         if valid is not None:
             rows = torch.where(valid, rows, m.scratch)
         rec, new = self.complete(g.codec.decode(m.rows.index_select(0, rows)), new, keys, tags, steps, valid, True)
         m.rows.index_copy_(0, rows, g.codec.encode_nearest(rec))  # (16-bit weights: exact, they are 16-bit values)
+        return torch.stack((rows, keys, tags.to(torch.int64))), new, rec
+
+    def _body_counted(self, keys: Tensor, tags: Tensor, steps: Tensor | None,
+                      valid: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        """``body`` for a group with ``min_count`` tables: a pair without a live row (absent, or
+        expired under a TTL) of such a table is counted first (``DeviceCounts``); at its
+        threshold it is admitted (inserted, a fresh row, its count cleared), below it is held
+        back: it reads the all-zero row, is not inserted and writes only the scratch row (no
+        row, no update), as the host's ``EmbeddingTable.complete`` does."""
+        g, m, c = self.group, self.group.mapped, self.group.pending
+        assert m is not None and c is not None and g.min_counts is not None and g.filtered_dev is not None
+        hit = m.index.find(keys, tags)
+        found = hit >= 0 if valid is None else (hit >= 0) & valid
+        rec = g.codec.decode(m.rows.index_select(0, torch.where(found, hit, m.scratch)))
+        expired = self._expired(rec, found, tags, steps, valid)
+        live = found if expired is None else found & ~expired
+        need = g.min_counts[tags]
+        want = ~live & (need > 1) if valid is None else valid & ~live & (need > 1)
+        slot, n = c.count(keys, tags, want)
+        held = want & (n < need)
+        c.clear(slot, want & ~held)  # (admitted: counted from zero if it ever loses its row)
+        g.filtered_dev += self._per_table(held, tags)
+        keep = ~held if valid is None else valid & ~held
+        rows, new = m.index.insert(keys, tags, keep)
+        rows = torch.where(keep, rows, m.scratch)
+        if expired is not None:
+            new = new | expired
+        rec = torch.where(new.unsqueeze(1), g.fresh_rows(keys, tags), rec)
+        rec = torch.where(held.unsqueeze(1), 0.0, rec)
+        self._seen(rec, tags, steps)
+        m.rows.index_copy_(0, rows, g.codec.encode_nearest(rec))
         return torch.stack((rows, keys, tags.to(torch.int64))), new, rec
 
     def read(self, keys: Tensor, tags: Tensor) -> Tensor:
@@ -246,18 +300,40 @@ class MappedFetch:
         for more than its ``ttl_steps`` read as new (counted per table), new pairs get fresh rows,
         and (``seen``: training) a TTL table's rows note the step as their last look-up."""
         g = self.group
-        ttl = step = None
-        if steps is not None and g.ttl_dev is not None:
-            step, ttl = steps[tags], g.ttl_dev[tags]
-            expired = ~new & (step - rec[:, -1] > ttl)
-            if valid is not None:
-                expired = expired & valid
-            g.expired_dev += (expired.unsqueeze(1) & (tags.unsqueeze(1) == g.table_numbers)).sum(0)
+        expired = self._expired(rec, ~new, tags, steps, valid)
+        if expired is not None:
             new = new | expired
         rec = torch.where(new.unsqueeze(1), g.fresh_rows(keys, tags), rec)
-        if seen and ttl is not None:
-            rec[:, -1] = torch.where(ttl < float("inf"), step, rec[:, -1])
+        if not seen and g.min_counts is not None and g.filtered_dev is not None:  # (an evaluation: held back, never counted)
+            held = new & (g.min_counts[tags] > 1)
+            g.filtered_dev += self._per_table(held, tags)
+            rec = torch.where(held.unsqueeze(1), 0.0, rec)
+        if seen:
+            self._seen(rec, tags, steps)
         return rec, new
+
+    def _expired(self, rec: Tensor, found: Tensor, tags: Tensor, steps: Tensor | None,
+                 valid: Tensor | None) -> Tensor | None:
+        """Pairs ``found`` whose TTL table's row was not looked up for more than its ``ttl_steps``
+        (counted per table), None without a TTL."""
+        g = self.group
+        if steps is None or g.ttl_dev is None:
+            return None
+        expired = found & (steps[tags] - rec[:, -1] > g.ttl_dev[tags])
+        if valid is not None:
+            expired = expired & valid
+        g.expired_dev += self._per_table(expired, tags)
+        return expired
+
+    def _per_table(self, mask: Tensor, tags: Tensor) -> Tensor:
+        """int64 [T]: the pairs of ``mask`` per table."""
+        return (mask.unsqueeze(1) & (tags.unsqueeze(1) == self.group.table_numbers)).sum(0)
+
+    def _seen(self, rec: Tensor, tags: Tensor, steps: Tensor | None) -> None:
+        """A training look-up notes the step as a TTL table's rows' last look-up (in place)."""
+        g = self.group
+        if steps is not None and g.ttl_dev is not None:
+            rec[:, -1] = torch.where(g.ttl_dev[tags] < float("inf"), steps[tags], rec[:, -1])
 
     def _capture(self, gr: _Graph, fn: Callable[..., tuple[Tensor, ...]]) -> None:
         """Capture ``fn`` of ``gr``'s inputs as a CUDA graph (nothing runs: the call that

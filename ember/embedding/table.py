@@ -19,6 +19,7 @@ from ember.embedding.config import TableConfig
 from ember.embedding.init import InitializerConfig, init_rows, table_seed
 from ember.optim import SparseOptimizerConfig
 from ember.tiers.base import Tier
+from ember.tiers.device_counts import DeviceAdmission
 from ember.tiers.policy import IdCounter
 from ember.tiers.storage import StoragePlan, build_tier, plan_storage
 
@@ -80,7 +81,8 @@ class EmbeddingTable:
         self.step = 0  # optimizer steps this table took (a step in which its features reached the loss)
         self.ttl = config.ttl_steps
         self.min_count = config.min_count
-        self.admission = IdCounter() if config.min_count > 1 else None  # sightings of IDs without a row
+        # sightings of IDs without a row (storage.index: device: its group's DeviceAdmission instead)
+        self.admission: IdCounter | DeviceAdmission | None = IdCounter() if config.min_count > 1 else None
         self.changes: ChangeLog | None = None  # IDs written or removed since the last delta export
         self.reset_step_stats()
 
@@ -162,7 +164,7 @@ class EmbeddingTable:
         rows are swept."""
         if self.changes is not None:
             self.changes.note(ids.numpy())
-        if self.admission is not None and ids.numel():
+        if isinstance(self.admission, IdCounter) and ids.numel():  # (device counts: cleared by the fetch that admitted)
             self.admission.remove(ids.numpy())
         if self.ttl is not None and self.step % self.ttl == 0:
             self.expire()
@@ -254,6 +256,9 @@ class EmbeddingTable:
         out: dict[str, float] = {"rows": float(len(self))}
         if self.admission is not None:
             out["pending_ids"] = float(len(self.admission))
+            take_filtered = getattr(self.admission, "take_filtered_reads", None)  # (storage.index: device counts them there)
+            if take_filtered is not None:
+                self.filtered_reads += take_filtered()
             out["filtered_reads"] = float(self.filtered_reads)
         if self.ttl is not None:
             take = getattr(self.tier, "take_expired_reads", None)  # (storage.index: device counts them there)

@@ -177,6 +177,23 @@ def upload_parts(parts: "list[torch.Tensor]", device: torch.device) -> list[torc
     return list(to_device(buf, device).split([p.numel() for p in parts]))
 
 
+def download(t: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """A device tensor's copy to host memory, started now without a wait (pinned on a GPU); the
+    function returned waits for it (long done when it is called a step later) and gives it."""
+    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.device.type == "cuda")
+    host.copy_(t, non_blocking=True)
+    if t.device.type != "cuda":
+        return lambda: host
+    event = torch.cuda.Event()
+    event.record()
+
+    def done() -> torch.Tensor:
+        event.synchronize()
+        return host
+
+    return done
+
+
 def _patched(name: str) -> Callable:
     original = _saved[name]
 

@@ -154,11 +154,12 @@ class MappedRows:
         self._room(n)
         self.index.prepare(n)
 
-    def inserted(self, n: int) -> None:
+    def inserted(self, n: int, download: tuple[Tensor, "torch.cuda.Event | None"] | None = None) -> None:
         """After the device work of a lookup of ``n`` pairs (``index.insert``): the index's count
-        is downloaded without a wait (its bound of rows numbered)."""
+        is downloaded without a wait (its bound of rows numbered; ``download``: on its way,
+        ``DeviceIndex.count_inserted``)."""
         self.version += 1
-        self.index.count_inserted(n)
+        self.index.count_inserted(n, download)
 
     def find(self, keys: Tensor, tables: Tensor) -> tuple[Tensor, Tensor]:
         """An evaluation's records: (found bool [N], records [N, record_dim]; rows of absent

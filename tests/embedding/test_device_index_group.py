@@ -28,10 +28,12 @@ pytestmark = pytest.mark.usefixtures("padding")  # (tests/conftest.py: every tes
 
 
 def _collection(index: str, opts: list[dict], pooling: str = "sum", inits: list[dict] | None = None,
-                dtype: str = "fp32", ttl: list[int | None] | None = None) -> EmbeddingCollection:
+                dtype: str = "fp32", ttl: list[int | None] | None = None,
+                min_count: list[int] | None = None) -> EmbeddingCollection:
     storage = DEVICE_INDEX if index == "device" else {}
     tables = [TableConfig(name=f"t{i}", dim=7, optimizer=o, storage=storage, dtype=dtype,
                           ttl_steps=None if ttl is None else ttl[i % len(ttl)],
+                          min_count=1 if min_count is None else min_count[i % len(min_count)],
                           **({} if inits is None else {"initializer": inits[i % len(inits)]})) for i, o in enumerate(opts)]
     return EmbeddingCollection(tables, [FeatureConfig(name=f"f{i}", table=f"t{i}", pooling=pooling) for i in range(len(opts))])
 
@@ -48,9 +50,9 @@ def _rows(ec: EmbeddingCollection) -> dict[str, dict[int, torch.Tensor]]:
 
 def _train_both(opts: list[dict], steps: int = 6, multi: bool = False, pooling: str = "sum",
                 inits: list[dict] | None = None, dtype: str = "fp32", ttl: list[int | None] | None = None,
-                batch: int = 64) -> tuple[EmbeddingCollection, EmbeddingCollection]:
-    host = _collection("host", opts, pooling, inits, dtype, ttl)
-    dev = _collection("device", opts, pooling, inits, dtype, ttl)
+                batch: int = 64, min_count: list[int] | None = None) -> tuple[EmbeddingCollection, EmbeddingCollection]:
+    host = _collection("host", opts, pooling, inits, dtype, ttl, min_count)
+    dev = _collection("device", opts, pooling, inits, dtype, ttl, min_count)
     assert all(isinstance(t.tier, MappedTier) for t in dev.tables.values()) and all(g.mapped is not None for g in dev.groups)
     rng = np.random.default_rng(0)
     for _ in range(steps):
@@ -151,6 +153,41 @@ def test_mixed_optimizers_and_initializers_in_one_group():
         assert a[n].keys() == b[n].keys() and all(torch.equal(a[n][k], b[n][k]) for k in a[n]), n
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+@pytest.mark.parametrize("ttl", [None, [2]], ids=["no-ttl", "ttl"])
+def test_min_count_holds_back_and_admits_as_the_host_index_does(dtype, ttl):
+    """``min_count`` counted on the device: an ID without a row (or whose row expired) is counted,
+    reads the zero row and is stored nowhere until its count reaches the threshold, then gets
+    its fresh row; rows, counts, stats and the change log equal the host index's."""
+    opts = [{"type": "sgd", "lr": 0.1}, {"type": "adam", "lr": 0.01}, {"type": "rowwise_adagrad", "lr": 0.1}]
+    host = _collection("host", opts, dtype=dtype, ttl=ttl, min_count=[3, 1, 2])
+    dev = _collection("device", opts, dtype=dtype, ttl=ttl, min_count=[3, 1, 2])
+    logs = [[t.track_changes() for t in ec.tables.values()] for ec in (host, dev)]
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        sf = _batch(len(opts), 64, rng, multi=False)
+        for ec in (host, dev):
+            emb = ec(sf)
+            sum((emb[k] ** 2).sum() * (i + 1) + emb[k].sum() for i, k in enumerate(emb)).backward()
+            SparseOptimizer(ec).step()
+    a, b = _rows(host), _rows(dev)
+    for n in a:
+        assert a[n].keys() == b[n].keys() and all(torch.equal(a[n][k], b[n][k]) for k in a[n]), n
+    for n, t in host.tables.items():
+        mine = dev.tables[n]
+        for got, want in zip(mine.admission_state(), t.admission_state()):
+            assert torch.equal(got, want), n
+        stats = ("pending_ids", "filtered_reads", "expired_reads")
+        assert {k: v for k, v in t.stats().items() if k in stats} == {k: v for k, v in mine.stats().items() if k in stats}
+    assert dev.tables["t0"].stats()["filtered_reads"] > 0 and dev.tables["t0"].stats()["pending_ids"] > 0
+    for lh, ld in zip(*logs):
+        assert np.array_equal(np.sort(lh.take()), np.sort(ld.take()))  # (the IDs stored: none held back)
+    sf = _batch(len(opts), 64, rng, multi=False)
+    with torch.no_grad():  # an evaluation: held-back and unseen IDs of a min_count table read the zero row
+        ea, eb = host.eval()(sf), dev.eval()(sf)
+    assert all(torch.equal(ea[k], eb[k]) for k in ea)
+
+
 def test_an_evaluation_reads_fresh_rows_and_inserts_nothing():
     host, dev = _train_both([OPTIMIZERS[2]] * 3, steps=2)
     before = {n: len(t) for n, t in dev.tables.items()}
@@ -232,21 +269,22 @@ def test_normal_rows_are_made_on_the_device_as_on_the_host(dtype):
 
 
 def test_what_it_cannot_hold_is_refused_with_what_to_do():
-    with pytest.raises(ValueError, match="table 't'.*min_count.*storage.index: host"):
-        TableConfig(name="t", storage=DEVICE_INDEX, min_count=2)
-    TableConfig(name="t", storage=DEVICE_INDEX, initializer={"type": "normal"})  # (new rows made on the device too)
+    with pytest.raises(ValueError, match="does not combine with disk_path.*index: host"):
+        TableConfig(name="t", storage={**DEVICE_INDEX, "disk_path": "/tmp/x"})
+    TableConfig(name="t", storage=DEVICE_INDEX, initializer={"type": "normal"}, min_count=2)  # (both made on the device)
 
 
 @pytest.mark.parametrize("model", MODEL_TYPES)
 def test_every_model_steps_without_a_sync(model, tmp_path, monkeypatch):
     """Each model of the zoo with every table on the device index: each group's embedding path
     (plan, fetch, pool, backward, update, write back) never reads device data back, once past
-    the first calls of a size (the native core off: the torch paths a GPU takes)."""
+    the first calls of a size (the native core off: the torch paths a GPU takes), min_count
+    counted on the device too."""
     monkeypatch.setattr(_native, "_core", None)
     cfg = from_dict({
         "data": {"preset": "synthetic", "synthetic": {"rows": 1000, "eval_rows": 200, "vocab_size": 3000, "num_sparse": 6},
                  "batch_size": 128},
-        "embedding": {"dim": 16, "optimizer": {"type": "adam", "lr": 0.01}, "storage": DEVICE_INDEX},
+        "embedding": {"dim": 16, "optimizer": {"type": "adam", "lr": 0.01}, "storage": DEVICE_INDEX, "min_count": 2},
         "model": {"type": model},
         "train": {"out_dir": str(tmp_path), "device": "cpu", "progress": False},
     })

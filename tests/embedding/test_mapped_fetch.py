@@ -82,12 +82,12 @@ def test_a_capture_that_fails_is_said_once_and_the_step_runs_operation_by_operat
     assert runs[0] == runs[1]
 
 
-@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-def test_a_steady_step_launches_within_the_budget_as_a_gpu_replays_it(dtype, monkeypatch):
+@pytest.mark.parametrize("dtype,min_count", [("fp32", 1), ("bf16", 1), ("fp32", 2), ("bf16", 2)])
+def test_a_steady_step_launches_within_the_budget_as_a_gpu_replays_it(dtype, min_count, monkeypatch):
     """Issue 25's budget, checked on a CPU: a steady step of a 26-table group (plan, fetch, pool,
     backward, update, write-back) counted as a GPU runs it, each captured function one launch:
-    at most 25 operations with every sparse optimizer, fp32 or 16-bit rows, and no sync. (The
-    GPU test counts the replays themselves.)"""
+    at most 25 operations with every sparse optimizer, fp32 or 16-bit rows, with or without
+    min_count (counted on the device), and no sync. (The GPU test counts the replays themselves.)"""
     budget = 25
     from ember import _native
     from ember.testing import SPARSE_OPTIMIZERS
@@ -98,7 +98,8 @@ def test_a_steady_step_launches_within_the_budget_as_a_gpu_replays_it(dtype, mon
     monkeypatch.setattr(mapped_fetch, "COUNT_AS_GRAPHS", True)
     names = [f"C{i}" for i in range(26)]
     for opt in SPARSE_OPTIMIZERS:
-        ec = EmbeddingCollection([TableConfig(name=n, dim=16, optimizer=opt, storage=DEVICE_INDEX, dtype=dtype) for n in names],
+        ec = EmbeddingCollection([TableConfig(name=n, dim=16, optimizer=opt, storage=DEVICE_INDEX, dtype=dtype,
+                                              min_count=min_count) for n in names],
                                  [FeatureConfig(name=n) for n in names])
         (group,) = ec.groups
         rng = np.random.default_rng(0)

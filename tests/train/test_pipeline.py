@@ -91,14 +91,14 @@ def test_staleness_0_bit_identical_with_tiers_admission_and_ttl(tmp_path):
 
 
 def _stale_run(k: int, refresh: bool, steps: int = 12, storage: dict | None = None,
-               prepare: int = 0) -> tuple[torch.Tensor, int, WriteLog]:
+               prepare: int = 0, min_count: int = 1) -> tuple[torch.Tensor, int, WriteLog]:
     """SGD (lr 1) on loss = sum of pooled rows: every occurrence of an ID adds -1 to each of its
     weights whatever the row's value, so the final rows are exact whatever the staleness, as
     long as no update is lost. The fetch runs ``k`` batches ahead (the update is slowed);
     ``prepare``: a device cache's host half is prepared that many batches earlier still, as
     ``TrainStages.fetch`` does."""
     extra = {} if storage is None else {"storage": storage}
-    ec = EmbeddingCollection([TableConfig(name="t", dim=2, initializer={"type": "zeros"},
+    ec = EmbeddingCollection([TableConfig(name="t", dim=2, initializer={"type": "zeros"}, min_count=min_count,
                                           optimizer={"type": "sgd", "lr": 1.0}, **extra)],
                              [FeatureConfig(name="a", table="t")])
     opt = SparseOptimizer(ec)
@@ -185,6 +185,18 @@ def test_staleness_k_never_loses_an_update_with_the_device_index(k):
     rows, most_stale, _ = _stale_run(k, refresh=True, storage={"index": "device", "device": "cpu"})
     counts = torch.tensor([12 + 4, 12 + 4, 12 + 4], dtype=torch.float32)
     assert torch.equal(rows, -counts[:, None].expand(3, 2))
+    assert 0 < most_stale <= k
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_min_count_under_staleness_k_updates_the_device_index_as_the_host_index(k):
+    # min_count 3: each ID is held back (a zero row, no update) in batches 0 and 1, admitted in
+    # batch 2 (every batch has each ID once, plus one more of them in turn); from then on every
+    # occurrence counts: 10 + 3 / 3 / 4 of them
+    want = -torch.tensor([13, 13, 14], dtype=torch.float32)[:, None].expand(3, 2)
+    host, _, _ = _stale_run(k, refresh=True, min_count=3)
+    dev, most_stale, _ = _stale_run(k, refresh=True, storage={"index": "device", "device": "cpu"}, min_count=3)
+    assert torch.equal(host, want) and torch.equal(dev, want)
     assert 0 < most_stale <= k
 
 
