@@ -97,19 +97,22 @@ def test_cuda_group_cache_prepared_ahead_matches_in_line(tmp_path):
     assert_identical(run_state(ahead), run_state(inline))
 
 
-@pytest.mark.parametrize("dtype,ttl", [("fp32", None), ("bf16", None), ("fp32", 3)])
-def test_cuda_device_index_trains_like_host_rows(tmp_path, dtype, ttl):
+@pytest.mark.parametrize("dtype,ttl,min_count,init", [("fp32", None, 1, "uniform"), ("bf16", None, 1, "uniform"),
+                                                      ("fp32", 3, 1, "uniform"), ("fp32", 3, 2, "normal")])
+def test_cuda_device_index_trains_like_host_rows(tmp_path, dtype, ttl, min_count, init):
     """storage.index: device on a GPU (rows gathered and scattered by the GPU in pinned host
     memory, fresh rows made there; bf16: packed there, rounded stochastically on the GPU; a TTL:
-    expired rows read as new on the GPU, swept, their rows reused) trains the model host rows
-    train, within float tolerance (bf16: a stochastic rounding may go the other way where the
-    fp32 update differs in its last bit)."""
+    expired rows read as new on the GPU, swept, their rows reused; min_count counted on the GPU;
+    normal rows drawn there) trains the model host rows train, within float tolerance (bf16: a
+    stochastic rounding may go the other way where the fp32 update differs in its last bit)."""
     def cfg(name, storage):
         c = _tiered(tmp_path, name, storage, max_steps=30)
-        return c.model_copy(update={"tables": [t.model_copy(update={"dtype": dtype, "ttl_steps": ttl}) for t in c.tables]})
+        return c.model_copy(update={"tables": [t.model_copy(update={
+            "dtype": dtype, "ttl_steps": ttl, "min_count": min_count, "initializer": type(t.initializer)(type=init)})
+            for t in c.tables]})
 
-    mapped = train(cfg(f"mapped-{dtype}-{ttl}", DEVICE_INDEX))
-    host = train(cfg(f"host-{dtype}-{ttl}", {}))
+    mapped = train(cfg(f"mapped-{dtype}-{ttl}-{min_count}", DEVICE_INDEX))
+    host = train(cfg(f"host-{dtype}-{ttl}-{min_count}", {}))
     tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == "fp32" else {"rtol": 2e-2, "atol": 1e-3}
     assert all(type(t.tier).__name__ == "MappedTier" and t.tier.device.type == "cuda"
                for ec in mapped.parts.collections() for t in ec.tables.values())
