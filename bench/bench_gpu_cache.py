@@ -294,69 +294,72 @@ def measure_budgets(dev: torch.device, batches: list, vocab: int, warmup: int, s
     runs = [(n, f, a) for n, f in caches.items() for a in (False, True)]
     if device_index:
         runs.append(("ember-device-index", 0, False))  # (storage.index: device: its device memory marked by ember)
-    for name, frac, ahead in runs:
-        name = name + " ahead" if ahead else name
-        v = (EmberVariant(name, None, dev, device_index=True) if not frac
-             else EmberVariant(name, max(vocab // frac, 1), dev))
-        # storage.index: device on a CPU: its fetch and write-back padded and each counted as the one
-        # launch a GPU's CUDA graph replay is (on CUDA the replays themselves are counted)
-        as_graphs = not frac and dev.type == "cpu"
-        mapped_fetch.PAD_ON_CPU = mapped_fetch.COUNT_AS_GRAPHS = as_graphs
-        for ids, dense, labels in batches[:warmup]:
-            v.step(v.features(ids), dense.to(dev), labels.to(dev))
-        cot = cotangents(v.keys, batches[0][0].shape[1], dev)
-        per_step_ops, per_step_syncs = [], []
-        phases: dict[str, list[int]] = {}
-        top: dict[str, int] = {}
-        sync_names: dict[str, int] = {}
-        if ahead:
-            v.embedding_path_ahead(v.features(batches[warmup][0]), cot)  # (prepares the first)
-        grew = 0  # (storage.index: device: steps that grew the rows or the index, a wait each, left out of the max)
-        grown: list[tuple[int, int]] = []
-        for i, (ids, _, _) in enumerate(batches[warmup : warmup + steps]):
-            sb = StepBudget(dev)
-            before = _generations(v)
+    try:
+        for name, frac, ahead in runs:
+            name = name + " ahead" if ahead else name
+            v = (EmberVariant(name, None, dev, device_index=True) if not frac
+                 else EmberVariant(name, max(vocab // frac, 1), dev))
+            # storage.index: device on a CPU: its fetch and write-back padded and each counted as the one
+            # launch a GPU's CUDA graph replay is (on CUDA the replays themselves are counted)
+            as_graphs = not frac and dev.type == "cpu"
+            mapped_fetch.PAD_ON_CPU = mapped_fetch.COUNT_AS_GRAPHS = as_graphs
+            for ids, dense, labels in batches[:warmup]:
+                v.step(v.features(ids), dense.to(dev), labels.to(dev))
+            cot = cotangents(v.keys, batches[0][0].shape[1], dev)
+            per_step_ops, per_step_syncs = [], []
+            phases: dict[str, list[int]] = {}
+            top: dict[str, int] = {}
+            sync_names: dict[str, int] = {}
             if ahead:
-                v.embedding_path_ahead(v.features(batches[warmup + i + 1][0]), cot, sb)
-            else:
-                v.embedding_path(v.features(ids), cot, sb)
-            ops, syncs = max(sum(o for o, _ in g.values()) for g in sb.groups), sum(s for g in sb.groups for _, s in g.values())
-            if _generations(v) != before:
-                grew += 1
-                grown.append((ops, syncs))
-            else:
-                per_step_ops.append(ops)
-                per_step_syncs.append(syncs)
-            for g in sb.groups:
-                for p, (o, s) in g.items():
-                    acc = phases.setdefault(p, [0, 0])
-                    acc[0] += o
-                    acc[1] += s
-            for k, c in sb.top.items():
-                top[k] = top.get(k, 0) + c
-            for k, c in sb.sync_names.items():
-                sync_names[k] = sync_names.get(k, 0) + c
-        all_grew = not per_step_ops
-        if all_grew:  # (every measured step grew: their figures, said)
-            per_step_ops, per_step_syncs = [o for o, _ in grown], [s for _, s in grown]
-        n = steps * len(v.ec.groups)
-        res = {
-            "groups": len(v.ec.groups), "ops_per_step_per_group": max(per_step_ops), "syncs_per_step": max(per_step_syncs),
-            "growth_steps": grew, "growth_in_figures": all_grew,
-            "phases": {p: {"ops": o / n, "syncs": s / n} for p, (o, s) in phases.items()},
-            "top_ops": dict(sorted(top.items(), key=lambda kv: -kv[1])[:8]), "sync_names": sync_names,
-        }
-        out[name] = res
+                v.embedding_path_ahead(v.features(batches[warmup][0]), cot)  # (prepares the first)
+            grew = 0  # (storage.index: device: steps that grew the rows or the index, a wait each, left out of the max)
+            grown: list[tuple[int, int]] = []
+            for i, (ids, _, _) in enumerate(batches[warmup : warmup + steps]):
+                sb = StepBudget(dev)
+                before = _generations(v)
+                if ahead:
+                    v.embedding_path_ahead(v.features(batches[warmup + i + 1][0]), cot, sb)
+                else:
+                    v.embedding_path(v.features(ids), cot, sb)
+                ops, syncs = max(sum(o for o, _ in g.values()) for g in sb.groups), sum(s for g in sb.groups for _, s in g.values())
+                if _generations(v) != before:
+                    grew += 1
+                    grown.append((ops, syncs))
+                else:
+                    per_step_ops.append(ops)
+                    per_step_syncs.append(syncs)
+                for g in sb.groups:
+                    for p, (o, s) in g.items():
+                        acc = phases.setdefault(p, [0, 0])
+                        acc[0] += o
+                        acc[1] += s
+                for k, c in sb.top.items():
+                    top[k] = top.get(k, 0) + c
+                for k, c in sb.sync_names.items():
+                    sync_names[k] = sync_names.get(k, 0) + c
+            all_grew = not per_step_ops
+            if all_grew:  # (every measured step grew: their figures, said)
+                per_step_ops, per_step_syncs = [o for o, _ in grown], [s for _, s in grown]
+            n = steps * len(v.ec.groups)
+            res = {
+                "groups": len(v.ec.groups), "ops_per_step_per_group": max(per_step_ops), "syncs_per_step": max(per_step_syncs),
+                "growth_steps": grew, "growth_in_figures": all_grew,
+                "phases": {p: {"ops": o / n, "syncs": s / n} for p, (o, s) in phases.items()},
+                "top_ops": dict(sorted(top.items(), key=lambda kv: -kv[1])[:8]), "sync_names": sync_names,
+            }
+            out[name] = res
+            mapped_fetch.PAD_ON_CPU = mapped_fetch.COUNT_AS_GRAPHS = False
+            v.ec.close()
+            if log:
+                split = ", ".join(f"{p} {d['ops']:.0f}/{d['syncs']:.0f}" for p, d in res["phases"].items())
+                print(f"{name:<17} {res['ops_per_step_per_group']:>6} device ops/step/group, {res['syncs_per_step']:>5} syncs/step "
+                      f"({res['groups']} group(s)); per phase ops/syncs: {split}"
+                      + ("; every measured step grew the rows: their figures" if all_grew
+                         else f"; {grew} step(s) that grew the rows left out" if grew else ""))
+                print(f"{'':<17} top ops: {', '.join(f'{k} x{c}' for k, c in list(res['top_ops'].items())[:6]) or '-'}; "
+                      f"syncs: {', '.join(f'{k} x{c}' for k, c in sync_names.items()) or '-'}")
+    finally:  # (an exception in a variant leaves no flag set for the rest of the process)
         mapped_fetch.PAD_ON_CPU = mapped_fetch.COUNT_AS_GRAPHS = False
-        v.ec.close()
-        if log:
-            split = ", ".join(f"{p} {d['ops']:.0f}/{d['syncs']:.0f}" for p, d in res["phases"].items())
-            print(f"{name:<17} {res['ops_per_step_per_group']:>6} device ops/step/group, {res['syncs_per_step']:>5} syncs/step "
-                  f"({res['groups']} group(s)); per phase ops/syncs: {split}"
-                  + ("; every measured step grew the rows: their figures" if all_grew
-                     else f"; {grew} step(s) that grew the rows left out" if grew else ""))
-            print(f"{'':<17} top ops: {', '.join(f'{k} x{c}' for k, c in list(res['top_ops'].items())[:6]) or '-'}; "
-                  f"syncs: {', '.join(f'{k} x{c}' for k, c in sync_names.items()) or '-'}")
     return out
 
 

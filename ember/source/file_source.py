@@ -54,6 +54,11 @@ class FileSource:
                                                 f"data.{split}")
         return self._listed[split]
 
+    def sized(self, split: Split) -> list[tuple[str, int]]:
+        """``split``'s files (the run's one listing) with their sizes in bytes: the listing's,
+        else asked of each file (a distributed run's file check, a CSV's byte count)."""
+        return with_sizes(self._listing(split), self.data.storage_options)
+
     def _files(self, split: Split) -> list[str]:
         files = [f for f, _ in self._listing(split)]
         if not files:
@@ -133,7 +138,7 @@ class FileSource:
         if data.format in ("parquet", "orc"):
             files = self._files(split)
             return RowCount(rows=sum(storage.footer_rows(f, data.format, data.storage_options) for f in files))
-        sized = with_sizes(self._listing(split), data.storage_options)  # (sizes as listed, else asked)
+        sized = self.sized(split)
         files, sizes = [f for f, _ in sized], [size for _, size in sized]
         if not estimate:
             return RowCount(bytes=sum(sizes))

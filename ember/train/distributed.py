@@ -23,6 +23,7 @@ from ember.embedding.config import TableConfig
 from ember.errors import ConfigError, DataError, EmberError
 from ember.train.device import pick_device
 from ember.source.files import expand_sized
+from ember.source.protocol import source_for
 from ember.source.storage import is_remote
 from ember.train.shards import check_file_shards
 
@@ -148,8 +149,10 @@ def check_same_files(cfg: RunConfig, dist: DistributedRun) -> None:
     error: Exception | None = None
     try:
         d = cfg.data
-        listing = [(f, size, _edges(f, size)) for f, size in
-                   expand_sized(d.paths("train"), d.format, d.storage_options, "data.train")]  # sizes as listed
+        sized_of = getattr(source_for(d), "sized", None)  # (a file source: the run's one listing, sizes as listed)
+        sized = sized_of("train") if sized_of is not None else expand_sized(d.paths("train"), d.format,
+                                                                             d.storage_options, "data.train")
+        listing = [(f, size, _edges(f, size)) for f, size in sized]
     except Exception as e:  # every rank must hear of it, or the others would wait for this one
         error = e
     said = None if error is None else str(error) if isinstance(error, EmberError) else f"{type(error).__name__}: {error}"
