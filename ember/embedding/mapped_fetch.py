@@ -298,7 +298,9 @@ class MappedFetch:
                  valid: Tensor | None, seen: bool) -> tuple[Tensor, Tensor]:
         """Records read (``rec`` [N, width], ``new`` [N]) finished: a TTL table's rows not looked up
         for more than its ``ttl_steps`` read as new (counted per table), new pairs get fresh rows,
-        and (``seen``: training) a TTL table's rows note the step as their last look-up."""
+        and (``seen``: training) a TTL table's rows note the step as their last look-up; in an
+        evaluation a ``min_count`` table's new pairs read the zero row (held back: counted per
+        table, never counted toward admission)."""
         g = self.group
         expired = self._expired(rec, ~new, tags, steps, valid)
         if expired is not None:
