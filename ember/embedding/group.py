@@ -155,10 +155,11 @@ class TableGroup:
         # the reads of those held back per table, on the device (each table's admission is a view)
         self.pending: DeviceCounts | None = None
         self.min_counts: Tensor | None = None
+        self.shared_counts: Tensor | None = None  # (the two indexes' counts, downloaded together)
         self.filtered_dev: Tensor | None = None
         if any(t.admission is not None for t in self.tables):
             self.pending = DeviceCounts(dev)
-            self.shared_counts = self.mapped.index.share_counts(self.pending.index)  # (one download a step for both)
+            self.shared_counts = self.mapped.index.share_counts(self.pending.index)
             self.min_counts = torch.tensor([t.min_count for t in self.tables], dtype=torch.int32, device=dev)
             self.filtered_dev = torch.zeros(len(self.tables), dtype=torch.int64, device=dev)
             for j, t in enumerate(self.tables):

@@ -20,7 +20,7 @@ from ember import _native
 from ember.mix import golden_steps, mix64, mix64_tensor, shr64
 from ember.portable.normal import box_muller
 
-__all__ = ["InitializerConfig", "init_keys", "init_rows", "normal_std", "normal_tensor", "table_seed", "uniform_scale",
+__all__ = ["InitializerConfig", "TENSOR_OPS", "init_keys", "init_rows", "normal_std", "normal_tensor", "table_seed", "uniform_scale",
            "uniform01_tensor"]
 
 
@@ -142,13 +142,13 @@ def _frexp_tensor(x: Tensor) -> tuple[Tensor, Tensor]:
 
 
 # box_muller's ops on tensors (the square root through float64: torch's float32 one on a CPU is not correctly rounded)
-_TENSOR_OPS = SimpleNamespace(frexp=_frexp_tensor, where=torch.where, sqrt=lambda x: x.double().sqrt().float(),
-                              floor=torch.floor)
+TENSOR_OPS = SimpleNamespace(frexp=_frexp_tensor, where=torch.where, sqrt=lambda x: x.double().sqrt().float(),
+                             floor=torch.floor)
 
 
 def normal_tensor(ids: Tensor, keys1: Tensor, keys2: Tensor, dim: int, std: Tensor | float) -> Tensor:
     """``_native.normal01`` as tensor operations on ``ids``' device, bit for bit: float32 [N, dim]
     normal draws times ``std`` (a number or float32 [N]); ``keys1``, ``keys2``: int64 [1 or N],
     the normal's two uniform streams (``init_keys(seed, 1)`` and ``(seed, 2)``)."""
-    z = box_muller(uniform01_tensor(ids, keys1, dim), uniform01_tensor(ids, keys2, dim), _TENSOR_OPS)
+    z = box_muller(uniform01_tensor(ids, keys1, dim), uniform01_tensor(ids, keys2, dim), TENSOR_OPS)
     return z * (std.unsqueeze(1) if isinstance(std, Tensor) else float(np.float32(std)))

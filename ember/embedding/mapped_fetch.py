@@ -196,6 +196,7 @@ class MappedFetch:
         if g.pending is None:
             g.mapped.inserted(n)
             return
+        assert g.shared_counts is not None
         host, event = download_counts(g.shared_counts)
         g.mapped.inserted(n, (host[:4], event))
         g.pending.inserted(n, (host[4:], event))
