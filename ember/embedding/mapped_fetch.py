@@ -35,8 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from ember.tiers.device_budget import count_launch, mark_device, one_launch, upload, upload_parts
-from ember.tiers.device_index import download_counts
+from ember.tiers.device_budget import count_launch, mark_device, one_launch, start_download, upload, upload_parts
 
 if TYPE_CHECKING:
     from ember.embedding.group import TableGroup
@@ -197,7 +196,7 @@ class MappedFetch:
             g.mapped.inserted(n)
             return
         assert g.shared_counts is not None
-        host, event = download_counts(g.shared_counts)
+        host, event = start_download(g.shared_counts)
         g.mapped.inserted(n, (host[:4], event))
         g.pending.inserted(n, (host[4:], event))
 

@@ -177,18 +177,26 @@ def upload_parts(parts: "list[torch.Tensor]", device: torch.device) -> list[torc
     return list(to_device(buf, device).split([p.numel() for p in parts]))
 
 
-def download(t: torch.Tensor) -> Callable[[], torch.Tensor]:
-    """A device tensor's copy to host memory, started now without a wait (pinned on a GPU); the
-    function returned waits for it (long done when it is called a step later) and gives it."""
+def start_download(t: torch.Tensor) -> "tuple[torch.Tensor, torch.cuda.Event | None]":
+    """A device tensor's copy to host memory, started now without a wait: the host tensor (pinned
+    on a GPU) and, on a GPU, the event that says it arrived (None elsewhere: it has)."""
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.device.type == "cuda")
     host.copy_(t, non_blocking=True)
     if t.device.type != "cuda":
-        return lambda: host
+        return host, None
     event = torch.cuda.Event()
     event.record()
+    return host, event
+
+
+def download(t: torch.Tensor) -> Callable[[], torch.Tensor]:
+    """``start_download``, and a function that waits for it (long done when it is called a step
+    later) and gives the host tensor."""
+    host, event = start_download(t)
 
     def done() -> torch.Tensor:
-        event.synchronize()
+        if event is not None:
+            event.synchronize()
         return host
 
     return done

@@ -38,9 +38,9 @@ import torch
 from torch import Tensor
 
 from ember.errors import CapacityError
-from ember.tiers.device_budget import mark_device
+from ember.tiers.device_budget import mark_device, start_download
 
-__all__ = ["DeviceIndex", "download_counts"]
+__all__ = ["DeviceIndex"]
 
 _MAX_LOAD = 0.5
 
@@ -274,8 +274,8 @@ class DeviceIndex:
     def count_inserted(self, inserted: int, download: tuple[Tensor, "torch.cuda.Event | None"] | None = None) -> None:
         """After an ``insert`` of ``inserted`` pairs: start a non-blocking download of ``counts``
         (what ``reserve`` and ``bound`` size by, without waiting). ``download``: this index's
-        counts already on their way (``download_counts`` of a tensor shared by ``share_counts``)."""
-        host, event = download if download is not None else download_counts(self.counts)
+        counts already on their way (``start_download`` of a tensor shared by ``share_counts``)."""
+        host, event = download if download is not None else start_download(self.counts)
         for p in self._pending:
             p[2] += inserted
         self._since += inserted
@@ -283,7 +283,7 @@ class DeviceIndex:
 
     def share_counts(self, other: "DeviceIndex") -> Tensor:
         """Keep this index's ``counts`` and ``other``'s in one tensor (each a view of it, values
-        kept), so one ``download_counts`` of it serves both ``count_inserted``: one copy a step
+        kept), so one ``start_download`` of it serves both ``count_inserted``: one copy a step
         instead of two. Returns the shared tensor ([8]: this index's 4, then ``other``'s)."""
         both = torch.cat((self.counts, other.counts))
         self.counts, other.counts = both[:4], both[4:]
@@ -383,14 +383,3 @@ class DeviceIndex:
                              f"and {tuple(tags.shape)}")
         return keys.to(self.device, torch.int64), tags.to(self.device, torch.int32)
 
-
-def download_counts(counts: Tensor) -> tuple[Tensor, "torch.cuda.Event | None"]:
-    """A non-blocking download of an index's ``counts`` (or of counts shared by several): the host
-    copy (pinned on a GPU) and, on a GPU, the event that says it arrived."""
-    host = torch.empty(counts.shape, dtype=torch.int64, pin_memory=counts.device.type == "cuda")
-    host.copy_(counts, non_blocking=True)
-    event = None
-    if counts.device.type == "cuda":
-        event = torch.cuda.Event()
-        event.record()
-    return host, event
