@@ -1602,19 +1602,24 @@ done:
     return res;
 }
 
-/* gather_rows(src float32[S*W], slots int64[k], out float32[k*W], W) -> None
- * out[i] = src[slots[i]] for i in order, with the GIL released: on a memory-mapped disk tier
+/* gather_rows(src float32[S*R], slots int64[k], out float32[k*W], W, R=W) -> None
+ * out[i] = src[slots[i], :W] for i in order, with the GIL released: on a memory-mapped disk tier
  * each row may be a page fault (a disk read), and a fault taken while holding the GIL would
  * stall every other Python thread (the pipeline's compute) for the length of the read.
- * Slots are checked against S first. Same result as numpy's out[:] = src[slots]. */
+ * R >= W: src's rows are R floats apart and the first W are copied (the weights of a group's
+ * records [U, width], pooled in place with no contiguous copy); src may end after its last
+ * row's W floats. Slots are checked against S first. Same result as numpy's
+ * out[:] = src[slots, :W]. */
 static PyObject *gather_rows(PyObject *self, PyObject *args) {
     Py_buffer src, slots, out;
-    Py_ssize_t w;
-    if (!PyArg_ParseTuple(args, "y*y*w*n", &src, &slots, &out, &w)) return NULL;
+    Py_ssize_t w, r = -1;
+    if (!PyArg_ParseTuple(args, "y*y*w*n|n", &src, &slots, &out, &w, &r)) return NULL;
     PyObject *res = NULL;
-    Py_ssize_t k = slots.len / 8, s = w > 0 ? src.len / 4 / w : 0;
-    if (w <= 0 || src.len != s * w * 4 || out.len != k * w * 4) {
-        PyErr_SetString(PyExc_ValueError, "ember native gather_rows: src [S, W], slots int64 [k], out [k, W]");
+    if (r < 0) r = w;
+    /* rows i with i*R + W <= the floats of src: a row-strided view may end after its last row's W */
+    Py_ssize_t k = slots.len / 8, f = src.len / 4, s = (w > 0 && r >= w && f >= w) ? (f - w) / r + 1 : 0;
+    if (w <= 0 || r < w || src.len % 4 || (r == w && f != s * w) || out.len != k * w * 4) {
+        PyErr_SetString(PyExc_ValueError, "ember native gather_rows: src [S, R], slots int64 [k], out [k, W], R >= W");
         goto done;
     }
     {
@@ -1627,7 +1632,13 @@ static PyObject *gather_rows(PyObject *self, PyObject *args) {
         const float *a = src.buf;
         float *o = out.buf;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < k; i++) memcpy(o + i * w, a + sl[i] * w, (size_t)w * sizeof(float));
+        for (Py_ssize_t i = 0; i < k; i++) {
+            if (i + BLOCK < k) {  /* the rows are random: overlap their reads (a row may span two lines) */
+                __builtin_prefetch(a + sl[i + BLOCK] * r);
+                __builtin_prefetch(a + sl[i + BLOCK] * r + w - 1);
+            }
+            memcpy(o + i * w, a + sl[i] * r, (size_t)w * sizeof(float));
+        }
         Py_END_ALLOW_THREADS
         Py_INCREF(Py_None);
         res = Py_None;
@@ -3299,7 +3310,7 @@ static PyMethodDef methods[] = {
     {"willneed_cold", willneed_cold, METH_VARARGS, "willneed_cold(table, slots, w) -> pages advised"},
     {"disk_find", disk_find, METH_VARARGS, "disk_find(tags, table, ids, out_slot, out_rows, w) -> slots read"},
     {"disk_write", disk_write, METH_VARARGS, "disk_write(table, slots, ids, recs, w) -> None"},
-    {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(src, slots, out, w) -> None"},
+    {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(src, slots, out, w, r=w) -> None"},
     {"scatter_rows", scatter_rows, METH_VARARGS, "scatter_rows(dst, slots, rows, w) -> None"},
     {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim, stride) -> None"},
     {"tag_find", tag_find, METH_VARARGS, "tag_find(tags, pos, tag, out) -> None"},

@@ -509,7 +509,9 @@ class GroupLookup:
                 w.record_stream(torch.cuda.current_stream(device))
         elif not _same_device(w.device, device):
             self._count_moved(self.sizes, g.dim)
-        w = w.to(device, non_blocking=True, memory_format=torch.contiguous_format)  # gathers from contiguous rows are ~1.5x faster
+        # a copy to another device is made contiguous; on the CPU no copy: the single-hot pooling
+        # gathers from the records' row-strided weights in place (_native.take_rows)
+        w = w.to(device, non_blocking=True, memory_format=torch.contiguous_format)
         if self.train:
             # the leaf is not kept on the lookup: its hook below holds the lookup, and a lookup
             # holding its leaf back would be a cycle through the tensor's hooks, which the garbage

@@ -275,6 +275,51 @@ def test_take_rows_equals_index_select(dim, monkeypatch):
         _native.take_rows(src, torch.tensor([300]))
 
 
+@native
+@pytest.mark.parametrize("dim", [1, 16, 33])
+def test_take_rows_gathers_a_records_weights_in_place(dim, monkeypatch):
+    """A group's weights are the first ``dim`` columns of its records [U, width]: row-strided.
+    The core gathers them in place (torch's fallback is not called), the same rows as
+    index_select, also for a view that starts inside the buffer and ends at its last float."""
+    from ember._native import sparse
+
+    def fallback(src, index):
+        raise AssertionError("take_rows fell back to torch for a row-strided float32 view")
+
+    g = torch.Generator().manual_seed(dim)
+    records = torch.randn(300, dim + 3, generator=g)
+    index = torch.randint(0, 300, (5_000,), generator=g)
+    monkeypatch.setattr(sparse, "_take_rows_py", fallback)
+    weights = records[:, :dim].detach().requires_grad_()  # as pooling hands it: a leaf view
+    assert torch.equal(_native.take_rows(weights, index), records[:, :dim].index_select(0, index))
+    tail = records[7:, 3:]  # starts inside a row, ends with the buffer
+    inside = index[index < 293]
+    assert torch.equal(_native.take_rows(tail, inside), tail.index_select(0, inside))
+    with pytest.raises(IndexError, match="out of range"):
+        _native.take_rows(tail, torch.tensor([293]))
+
+
+@native
+def test_single_hot_pooling_takes_the_core(monkeypatch):
+    """A group's single-hot features pool through the core's gather from the records in place
+    (it once fell back to torch without a word: ``Tensor.to`` makes no contiguous copy on the
+    same device), and the pooled rows are the stored ones."""
+    from ember._native import sparse
+    from ember.batch import SparseFeatures
+    from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig
+
+    def fallback(src, index):
+        raise AssertionError("single-hot pooling fell back to torch's index_select")
+
+    ec = EmbeddingCollection([TableConfig(name="t", dim=8), TableConfig(name="u", dim=8)],
+                             [FeatureConfig(name="a", table="t"), FeatureConfig(name="b", table="u")])
+    sf = SparseFeatures(["a", "b"], torch.tensor([5, 9, 5, 1, 1, 2]), torch.ones(6, dtype=torch.int64))
+    want = ec(sf)  # rows made and read back (fresh rows are a pure function of the ID)
+    monkeypatch.setattr(sparse, "_take_rows_py", fallback)
+    got = ec(sf)
+    assert torch.equal(got["a"], want["a"]) and torch.equal(got["b"], want["b"])
+
+
 @pytest.mark.parametrize("impl", ["wrapper", "fallback"])
 def test_index_add_features_equals_feature_by_feature_index_add(impl):
     """Row-strided slices of one [B, F', D] gradient (as a model's stack hands them back), some
