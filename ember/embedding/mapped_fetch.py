@@ -258,7 +258,7 @@ class MappedFetch:
                       valid: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """``body`` for a group with ``min_count`` tables: a pair without a live row (absent, or
         expired under a TTL) of such a table is counted first (``DeviceCounts``); at its
-        threshold it is admitted (inserted, a fresh row, its count cleared), below it is held
+        threshold it is admitted (inserted, a fresh row; it leaves the counts), below it is held
         back: it reads the all-zero row, is not inserted and writes only the scratch row (no
         row, no update), as the host's ``EmbeddingTable.complete`` does."""
         g, m, c = self.group, self.group.mapped, self.group.pending
@@ -270,9 +270,9 @@ class MappedFetch:
         live = found if expired is None else found & ~expired
         need = g.min_counts[tags]
         want = ~live & (need > 1) if valid is None else valid & ~live & (need > 1)
-        slot, n = c.count(keys, tags, want)
+        slot, n, entry = c.count(keys, tags, want)
         held = want & (n < need)
-        c.clear(slot, want & ~held)  # (admitted: counted from zero if it ever loses its row)
+        c.admit(slot, entry, want & ~held)  # (admitted: it leaves the counts; counted from zero if it ever loses its row)
         g.filtered_dev += self._per_table(held, tags)
         keep = ~held if valid is None else valid & ~held
         rows, new = m.index.insert(keys, tags, keep)

@@ -4,9 +4,10 @@
 tells it which IDs have one. With the index on the device the host does not know that without
 waiting, so the counts live there too: a ``DeviceIndex`` from (key, tag) to a slot, and an int32
 count per slot, counted, tested and cleared by tensor operations inside the fetch (no sync, a
-fixed sequence a CUDA graph replays). A pair is cleared (count 0) when it is admitted; its entry
-stays (a count of 0 reads as never counted), so the index holds every pair ever counted: ~44
-bytes of device memory per distinct ID of a ``min_count`` table.
+fixed sequence a CUDA graph replays). A pair leaves when it is admitted (its entry dropped, its
+count zeroed and its slot given to the next pair counted), as it leaves ``IdCounter``: the index
+holds the pairs still counting, ~44 bytes of device memory each (and the ways of those that left
+until the next rehash frees them).
 """
 
 from __future__ import annotations
@@ -30,14 +31,16 @@ class DeviceCounts:
 
     Example:
         >>> c = DeviceCounts("cpu")
-        >>> c.prepare(2); slot, n = c.count(torch.tensor([4, 9]), torch.tensor([0, 0], dtype=torch.int32), None); c.inserted(2)
-        >>> n.tolist(), c.get(torch.tensor([4, 5]), torch.tensor([0, 0])).tolist()
-        ([1, 1], [1, 0])
+        >>> c.prepare(2); slot, n, entry = c.count(torch.tensor([4, 9]), torch.tensor([0, 0], dtype=torch.int32), None)
+        >>> c.admit(slot, entry, torch.tensor([False, True])); c.inserted(2)
+        >>> n.tolist(), c.get(torch.tensor([4, 9]), torch.tensor([0, 0])).tolist(), len(c)
+        ([1, 1], [1, 0], 1)
     """
 
     def __init__(self, device: str | torch.device, capacity: int = 1 << 16) -> None:
         self.device = torch.device(device)
         self.index = DeviceIndex(capacity, self.device)
+        self.index.prepare_release(capacity)  # (the free stack sized once for the pairs it starts with)
         self.counts = torch.zeros(capacity + 1, dtype=torch.int32, device=self.device)  # (the last: scratch)
         mark_device(self.counts)
         self.generation = 0  # changes when ``counts`` is replaced (a CUDA graph over it is stale)
@@ -50,10 +53,15 @@ class DeviceCounts:
     def device_tensors(self) -> list[Tensor]:
         return [self.counts, *self.index.device_tensors()]
 
+    def __len__(self) -> int:
+        """Pairs counting (in the index; waits for the device)."""
+        return int((self.index.tags[: self.index.buckets * self.index.ways] >= 0).sum())
+
     def prepare(self, n: int) -> None:
-        """The host's part of a ``count`` of up to ``n`` pairs, before its device work: room in
-        the index and the counts (a growth, rarely)."""
+        """The host's part of a ``count`` and ``admit`` of up to ``n`` pairs, before their device
+        work: room in the index, its free stack and the counts (a growth, rarely)."""
         self.index.prepare(n)
+        self.index.prepare_release(n)
         need = self.index.bound(n)
         if need > self.scratch:
             grown = torch.zeros(max(2 * self.scratch, need) + 1, dtype=torch.int32, device=self.device)
@@ -63,35 +71,42 @@ class DeviceCounts:
             mark_device(self.counts)
 
     def inserted(self, n: int, download: tuple[Tensor, "torch.cuda.Event | None"] | None = None) -> None:
-        """After the device work of a ``count`` of ``n`` pairs: the index's count is downloaded
-        without a wait (what ``prepare`` sizes by; ``download``: on its way,
+        """After the device work of a ``count`` and ``admit`` of ``n`` pairs: the index's count is
+        downloaded without a wait (what ``prepare`` sizes by; ``download``: on its way,
         ``DeviceIndex.count_inserted``)."""
+        self.index.released(n)
         self.index.count_inserted(n, download)
 
-    def count(self, keys: Tensor, tags: Tensor, want: Tensor | None) -> tuple[Tensor, Tensor]:
+    def count(self, keys: Tensor, tags: Tensor, want: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
         """Add one to the count of each unique pair ``want`` picks (None: all); returns (slot [N],
-        the new counts int32 [N]; the others': their slot is ``scratch``, their count
-        meaningless). Device work alone, after ``prepare``."""
-        slot, _ = self.index.insert(keys, tags, want)
+        the new counts int32 [N], entry [N]: what ``admit`` takes; the others': their slot is
+        ``scratch``, their count meaningless). Device work alone, after ``prepare``."""
+        slot, _, entry = self.index.insert_entries(keys, tags, want)
         if want is not None:
             slot = torch.where(want, slot, self.scratch)
         n = self.counts[slot] + 1
         self.counts[slot] = n  # (the unwanted all write the scratch slot: never read)
-        return slot, n
+        return slot, n, entry
 
-    def clear(self, slot: Tensor, mask: Tensor) -> None:
-        """Zero the counts of ``slot[mask]`` (admitted pairs)."""
+    def admit(self, slot: Tensor, entry: Tensor, mask: Tensor) -> None:
+        """The pairs ``mask`` picks of a ``count`` (admitted: they got a row) leave: their
+        entries dropped, their counts zeroed and their slots on the free stack (a pair counted
+        later starts from zero). Device work alone, after ``prepare``; ``inserted`` follows."""
         self.counts[torch.where(mask, slot, self.scratch)] = 0
+        self.index.drop(entry, mask)
+        self.index.push_free(slot, mask)
 
     def get(self, keys: Tensor, tags: Tensor) -> Tensor:
-        """int64 [N]: each pair's count (0: never counted, or cleared)."""
+        """int64 [N]: each pair's count (0: never counted, or admitted)."""
         slot = self.index.find(keys, tags)
         return torch.where(slot >= 0, self.counts[slot.clamp(min=0)], 0).to(torch.int64)
 
     def remove(self, keys: Tensor, tags: Tensor) -> None:
-        """Clear the counts of these pairs (they got a row some other way, e.g. a checkpoint's)."""
-        slot = self.index.find(keys, tags)
-        self.clear(slot.clamp(min=0), slot >= 0)
+        """These pairs leave (they got a row some other way, e.g. a checkpoint's): entries
+        dropped, counts zeroed, slots reused."""
+        slot = self.index.remove(keys, tags)
+        self.counts[torch.where(slot >= 0, slot, self.scratch)] = 0
+        self.index.release(slot.clamp(min=0), slot >= 0)
 
     def add(self, keys: Tensor, tags: Tensor, counts: Tensor) -> None:
         """Add ``counts`` to unique pairs (a checkpoint's restore)."""

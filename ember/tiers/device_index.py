@@ -199,6 +199,12 @@ class DeviceIndex:
         """``find_or_insert``'s device work (after ``prepare`` for at least ``len(keys)`` pairs;
         keys int64, tags int32 on the device): a fixed sequence of tensor operations, no host
         decision and no allocation outside the call's own, so a CUDA graph can replay it."""
+        rows, new, _ = self.insert_entries(keys, tags, valid)
+        return rows, new
+
+    def insert_entries(self, keys: Tensor, tags: Tensor, valid: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """``insert``, also returning each pair's entry (int64 [N], its flat position in the
+        planes; a spare entry for a pair not looked up), which ``drop`` takes."""
         homes = self._homes(keys, tags)
         found, pos = self._match(keys, tags, homes)
         if valid is not None:
@@ -217,7 +223,14 @@ class DeviceIndex:
         added = new.sum()
         took = torch.minimum(added, nfree)
         self.counts += torch.stack((added - took, failed.sum(), added, -took))
-        return rows, new
+        return rows, new, torch.where(found, pos, slot)
+
+    def drop(self, entries: Tensor, mask: Tensor) -> None:
+        """Take the pairs at ``entries[mask]`` (from ``insert_entries`` of this call's unique
+        pairs) out of the index: device work alone, after ``prepare`` for as many pairs. Their
+        ways stay used until the next rehash; their rows are the caller's to ``release``."""
+        spare = self.buckets * self.ways + self._arange(entries.numel())  # (the others: their own spare)
+        self.tags[torch.where(mask, entries, spare)] = -1
 
     def release(self, rows: Tensor, valid: Tensor) -> None:
         """Give rows back (``rows[valid]``: rows of removed pairs that nothing reads or writes any
@@ -225,6 +238,13 @@ class DeviceIndex:
         n = rows.numel()
         if not n:
             return
+        self.prepare_release(n)
+        self.push_free(rows.to(self.device), valid.to(self.device))
+        self.released(n)
+
+    def prepare_release(self, n: int) -> None:
+        """The host's part of a release of up to ``n`` rows, before its device work: room on the
+        free stack (a growth, rarely: ``generation`` changes)."""
         self._arrived()
         room = self._known[3] + self._released + n  # (an upper bound of the stack once these are on it)
         if self.free.numel() < room + n:
@@ -232,11 +252,19 @@ class DeviceIndex:
             self.free = torch.cat((self.free, self.free.new_zeros(size - self.free.numel())))
             self.generation += 1
             mark_device(self.free)
-        valid = valid.to(self.device)
+
+    def push_free(self, rows: Tensor, valid: Tensor) -> None:
+        """``release``'s device work (after ``prepare_release`` for ``len(rows)``): ``rows[valid]``
+        onto the free stack."""
+        n = rows.numel()
         at = self.counts[3] + torch.cumsum(valid, 0) - 1
         spare = self.free.numel() - n + self._arange(n)  # the others' own entries at the end
-        self.free[torch.where(valid, at, spare)] = rows.to(self.device)
+        self.free[torch.where(valid, at, spare)] = rows
         self.counts[3] += valid.sum()
+
+    def released(self, n: int) -> None:
+        """After ``push_free`` of ``n`` rows: the host's bound of the stack's growth (before the
+        ``count_inserted`` whose download follows it)."""
         for p in self._pending:
             p[3] += n
         self._released += n

@@ -180,6 +180,8 @@ def test_min_count_holds_back_and_admits_as_the_host_index_does(dtype, ttl):
         stats = ("pending_ids", "filtered_reads", "expired_reads")
         assert {k: v for k, v in t.stats().items() if k in stats} == {k: v for k, v in mine.stats().items() if k in stats}
     assert dev.tables["t0"].stats()["filtered_reads"] > 0 and dev.tables["t0"].stats()["pending_ids"] > 0
+    counting = sum(len(g.pending) for g in dev.groups if g.pending is not None)  # admitted pairs left, as the host's
+    assert counting == sum(len(t.admission) for t in host.tables.values() if t.admission is not None) > 0
     for lh, ld in zip(*logs):
         assert np.array_equal(np.sort(lh.take()), np.sort(ld.take()))  # (the IDs stored: none held back)
     sf = _batch(len(opts), 64, rng, multi=False)

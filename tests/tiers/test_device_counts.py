@@ -20,10 +20,10 @@ def test_counts_clears_and_restores_as_the_host_counter_through_growth():
         keys, tags = torch.from_numpy(keys), torch.from_numpy(tags)
         want = torch.from_numpy(rng.random(keys.numel()) < 0.8)
         dev.prepare(keys.numel())
-        slot, got = dev.count(keys, tags, want)
-        dev.inserted(keys.numel())
+        slot, got, entry = dev.count(keys, tags, want)
         admitted = want & (got >= 3)
-        dev.clear(slot, admitted)
+        dev.admit(slot, entry, admitted)
+        dev.inserted(keys.numel())
         for t in (0, 1):
             mine = (tags == t) & want
             want_counts = host[t].add(keys[mine].numpy())
@@ -34,6 +34,7 @@ def test_counts_clears_and_restores_as_the_host_counter_through_growth():
             dev.remove(k, tags[:5])
             for t in (0, 1):
                 host[t].remove(k[tags[:5] == t].numpy())
+        assert len(dev) == len(host[0]) + len(host[1])  # admitted and removed pairs left, as the host's
     assert dev.scratch > 64  # (it grew)
     for t in (0, 1):
         ids, counts = host[t].items()
@@ -56,6 +57,30 @@ def test_a_count_is_device_work_alone():
     c.prepare(4096)
     with DeviceBudget("cpu") as b:
         b.mark(*c.device_tensors(), keys, tags)
-        slot, n = c.count(keys, tags, keys % 3 == 0)
-        c.clear(slot, n >= 1)
+        slot, n, entry = c.count(keys, tags, keys % 3 == 0)
+        c.admit(slot, entry, (n >= 1) & (keys % 2 == 0))
     assert b.ops > 10 and b.syncs == 0, b.sync_names  # (its operations were counted: none read back)
+
+
+def test_admitted_pairs_leave_and_their_room_is_reused():
+    """A stream of new pairs, each admitted at its second sighting: the counts hold only the
+    pairs still counting, so neither the counts nor the index's buckets grow with the pairs
+    ever seen (they once kept an entry per pair ever counted), and a pair that comes back after
+    its admission counts from zero."""
+    c = DeviceCounts("cpu", capacity=1024)
+    zero = torch.zeros(500, dtype=torch.int32)
+    for step in range(60):  # 60 x 500 distinct pairs, 30 x the capacity
+        keys = torch.arange(step * 250, step * 250 + 500)  # half seen the step before, half new
+        c.prepare(500)
+        slot, n, entry = c.count(keys, zero, None)
+        assert n.tolist() == [2] * 250 * (step > 0) + [1] * (500 - 250 * (step > 0))
+        c.admit(slot, entry, n >= 2)
+        c.inserted(500)
+        assert len(c) == 500  # the 250 new ones, and 0..249 (seen once, at step 0)
+        if step == 5:  # sized for 500 pairs counting (and a rehash's headroom)
+            buckets, scratch = c.index.buckets, c.scratch
+    assert c.index.buckets == buckets <= 128 and c.scratch == scratch <= 2048
+    back = torch.arange(250, 260)  # admitted at step 1: counted from zero
+    c.prepare(10)
+    slot, n, entry = c.count(back, zero[:10], None)
+    assert n.tolist() == [1] * 10
