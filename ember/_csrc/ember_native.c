@@ -929,7 +929,7 @@ done:
  * the same bits either way (integer hashing, exact conversions, and -ffp-contract=off: no fused
  * multiply-add rounds differently). */
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__x86_64__) && defined(__GLIBC__)
-__attribute__((target_clones("arch=x86-64-v4", "default")))  /* GCC 11+: x86-64-v4 = AVX-512 F/BW/CD/DQ/VL */
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))  /* GCC 11+: x86-64-v4 = AVX-512 F/BW/CD/DQ/VL, v3 = AVX2 + FMA */
 #endif
 static void fresh_rows(float *o, const int64_t *id, const uint64_t *ky, Py_ssize_t nk, const int64_t *pos, Py_ssize_t n,
                        Py_ssize_t width, Py_ssize_t dim, Py_ssize_t rest, const float *pm, const float *pa, float fm,
@@ -1217,7 +1217,7 @@ static inline void adagrad_row(float *wi, float *st, const float *gi, Py_ssize_t
  * time (as write_tier): the squares' partial sums and the columns vectorise with AVX-512; the
  * same bits either way. */
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__x86_64__) && defined(__GLIBC__)
-__attribute__((target_clones("arch=x86-64-v4", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 static void adagrad_rows(float *w, float *st, const float *g, Py_ssize_t n, Py_ssize_t dim, Py_ssize_t rs, Py_ssize_t ss,
                          Py_ssize_t gs, float nlr, float feps, double inv) {
@@ -1456,7 +1456,7 @@ done:
  * time (as fresh_rows): the bf16 packing's noise hashes and the optimizer's columns vectorise
  * with AVX-512; the same bits either way. */
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11 && defined(__x86_64__) && defined(__GLIBC__)
-__attribute__((target_clones("arch=x86-64-v4", "default")))
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #endif
 static Py_ssize_t write_tier(int64_t i0, int64_t i1, const int64_t *id, int64_t *slot, float *src, const float *gr,
                              int64_t *k, int32_t *s, float *a, int64_t *la, int32_t *cn, int64_t *ids_of, uint8_t *held,
