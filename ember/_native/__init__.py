@@ -126,10 +126,11 @@ def chunks(weights: Sequence[int] | np.ndarray, cuts: Sequence[bool] | None = No
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def even_chunks(n: int, min_rows: int) -> list[tuple[int, int]]:
-    """Items ``0..n`` of equal weight in equal ranges of at least ``min_rows``, one per thread
-    torch may use (``chunks`` of unit weights, computed without an array of them)."""
-    k = min(torch.get_num_threads(), n, max(1, n // max(min_rows, 1)))
+def even_chunks(n: int, min_rows: int, weight: int = 1) -> list[tuple[int, int]]:
+    """Items ``0..n`` of equal ``weight`` in equal ranges of at least ``min_rows`` of weight,
+    one per thread torch may use (``chunks`` of uniform weights, computed without an array of
+    them: ~3 us against ~50-115 us for ``chunks(np.full(n, weight))`` of 13-41 k items)."""
+    k = max(1, min(torch.get_num_threads(), n, n * weight // max(min_rows, 1)))  # (n = 0: one empty range)
     bounds = [n * j // k for j in range(k + 1)]
     return list(zip(bounds[:-1], bounds[1:]))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ember import _native
-from ember._native import chunks, run_chunks
+from ember._native import even_chunks, run_chunks
 from ember._native.arrow import _GOLDEN
 from ember._native.bf16 import _bf16_round_py, _bf16_widen_py
 from ember._native.rows import _rows_of
@@ -36,7 +36,7 @@ def uniform01(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul:
         m, a = (mul[lo:hi], add[lo:hi]) if per_row else (mul, add)  # type: ignore[index]
         core.uniform01(ids[lo:hi], keys if keys.size == 1 else keys[lo:hi], dim, rows[lo:hi], m, a)
 
-    run_chunks(part, chunks(np.full(n, dim), min_rows=2 * _native.MIN_PARALLEL_ROWS))
+    run_chunks(part, even_chunks(n, 2 * _native.MIN_PARALLEL_ROWS, dim))
 
 
 def _uniform01_py(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float | np.ndarray = 1.0,
@@ -75,7 +75,7 @@ def normal01(ids: np.ndarray, keys1: np.ndarray, keys2: np.ndarray, dim: int, ou
         core.normal01(ids[lo:hi], keys1 if one else keys1[lo:hi], keys2 if one else keys2[lo:hi], dim, rows[lo:hi],
                       float(std))
 
-    run_chunks(part, chunks(np.full(n, 4 * dim), min_rows=_native.MIN_PARALLEL_ROWS))
+    run_chunks(part, even_chunks(n, _native.MIN_PARALLEL_ROWS, 4 * dim))
 
 
 def _normal01_py(ids: np.ndarray, keys1: np.ndarray, keys2: np.ndarray, dim: int, out: np.ndarray, std: float) -> None:
@@ -114,7 +114,7 @@ def fresh_uniform(ids: np.ndarray, keys: np.ndarray, at: np.ndarray, out: np.nda
         core.fresh_uniform(ids[lo:hi], keys if keys.size == 1 else keys[lo:hi], at[lo:hi], out, width, dim, m, a,
                            fill, bool(bf16))
 
-    run_chunks(part, chunks(np.full(ids.size, width), min_rows=2 * _native.MIN_PARALLEL_ROWS))
+    run_chunks(part, even_chunks(ids.size, 2 * _native.MIN_PARALLEL_ROWS, width))
 
 
 def _fresh_uniform_py(ids: np.ndarray, keys: np.ndarray, at: np.ndarray, out: np.ndarray, dim: int,

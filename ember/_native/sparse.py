@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ember import _native
-from ember._native import chunks, row_chunks, run_chunks
+from ember._native import chunks, even_chunks, row_chunks, run_chunks
 
 
 def _row_view(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
@@ -83,7 +83,7 @@ def rowwise_adagrad_(rows: torch.Tensor, state: torch.Tensor, grads: torch.Tenso
         )
 
     if rows.shape[0]:
-        run_chunks(part, chunks(np.full(rows.shape[0], 1)))
+        run_chunks(part, even_chunks(rows.shape[0], _native.MIN_PARALLEL_ROWS))
     return True
 
 

@@ -428,6 +428,19 @@ def test_chunks_balance_weight_and_respect_cuts(monkeypatch):
     assert _native.run_chunks(lambda lo, hi: (lo, hi), parts) == parts
 
 
+@pytest.mark.parametrize("n,min_rows,weight", [(13_000, 32_768, 17), (41_000, 16_384, 1), (5, 1, 3), (0, 10, 4), (100, 10**6, 8)])
+def test_even_chunks_of_uniform_weight_split_as_chunks(n, min_rows, weight, monkeypatch):
+    """``even_chunks`` with a weight: as many ranges as ``chunks`` of that uniform weight, equal
+    to within one item, covering 0..n in order (what the kernels split by without an array)."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    got = _native.even_chunks(n, min_rows, weight)
+    want = _native.chunks(np.full(n, weight), min_rows=min_rows)
+    assert len(got) == len(want) and got[0][0] == 0 and got[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(got, got[1:]))
+    sizes = [hi - lo for lo, hi in got]
+    assert max(sizes) - min(sizes) <= 1
+
+
 @native
 def test_kernels_split_over_threads_equal_one_thread(monkeypatch):
     """Each kernel run in parts on several threads gives exactly the one-thread result (read_rows
