@@ -85,16 +85,22 @@ class SparseFeatures:
             # (numpy: torch's int64 sum over a batch's lengths took ~0.35 ms, numpy's ~0.03)
             lengths = self.lengths.cpu().numpy()
             per_key = lengths.reshape(len(self.keys), -1).sum(axis=1).tolist()
-            if sum(per_key) != self.values.numel() or (lengths.size and lengths.min() < 0):
+            low = int(lengths.min()) if lengths.size else 0
+            if sum(per_key) != self.values.numel() or low < 0:
                 raise ValueError(f"SparseFeatures: lengths must be >= 0 and sum to len(values)={self.values.numel()}, "
-                                 f"got a sum of {sum(per_key)}" + (f" and a length of {lengths.min()}"
-                                                                   if lengths.size and lengths.min() < 0 else ""))
+                                 f"got a sum of {sum(per_key)}" + (f" and a length of {low}" if low < 0 else ""))
+            self._cache["min_length"] = low
             ranges, start = {}, 0
             for key, n in zip(self.keys, per_key):
                 ranges[key] = (start, start + int(n))
                 start += int(n)
             self._cache["ranges"] = ranges
         return self._cache["ranges"]
+
+    def min_length(self) -> int:
+        """The shortest bag of the batch (0 when it has none), found with ``key_ranges`` (cached)."""
+        self.key_ranges()
+        return self._cache["min_length"]
 
     def __getitem__(self, key: str) -> JaggedFeature:
         if key not in self._cache:

@@ -575,7 +575,9 @@ class GroupLookup:
             lens = lengths if rows == list(range(len(sparse.keys))) else lengths[torch.tensor(rows)]
             values = self.inverse.numel() if inv is None else inv.numel()
             layout = None
-            if values != len(ks) * b or (b and int(lens.numpy().min()) < 1):  # (numpy: torch's int64 min is ~10x slower)
+            # single-hot: as many values as bags, none empty (the batch's shortest bag, found
+            # once by key_ranges, answers unless it is empty; numpy: torch's int64 min is ~10x slower)
+            if values != len(ks) * b or (b and sparse.min_length() < 1 and int(lens.numpy().min()) < 1):
                 layout = _bag_host(lens.reshape(-1))
             out.append(_Bags(mode, ks, inv, layout))
         return out

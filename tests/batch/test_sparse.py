@@ -58,3 +58,11 @@ def test_lengths_that_do_not_cover_the_values_are_refused_before_any_read(values
         sf.key_ranges()
     with pytest.raises(ValueError, match=says):
         sf.validate()
+
+
+def test_min_length_is_the_shortest_bag():
+    """What the grouped pooling asks to tell single-hot batches from others (found with
+    key_ranges, once)."""
+    assert SparseFeatures(["a", "b"], torch.tensor([1, 2, 3, 4]), torch.tensor([1, 1, 1, 1])).min_length() == 1
+    assert SparseFeatures(["a", "b"], torch.tensor([1, 2, 3, 4]), torch.tensor([2, 0, 1, 1])).min_length() == 0
+    assert SparseFeatures(["a"], torch.tensor([], dtype=torch.int64), torch.tensor([], dtype=torch.int64)).min_length() == 0
