@@ -55,7 +55,7 @@ class DeviceCounts:
 
     def __len__(self) -> int:
         """Pairs counting (in the index; waits for the device)."""
-        return int((self.index.tags[: self.index.buckets * self.index.ways] >= 0).sum())
+        return self.index.live()
 
     def prepare(self, n: int) -> None:
         """The host's part of a ``count`` and ``admit`` of up to ``n`` pairs, before their device

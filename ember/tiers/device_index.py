@@ -399,6 +399,10 @@ class DeviceIndex:
         self.tags[pos] = -1
         return rows
 
+    def live(self) -> int:
+        """Pairs in the index, removed ones left out (waits for the device)."""
+        return int((self.tags[: self.buckets * self.ways] >= 0).sum())
+
     def items(self) -> tuple[Tensor, Tensor, Tensor]:
         """Every live (keys, tags, rows), in entry order (waits for the device)."""
         live = torch.nonzero(self.tags[: self.buckets * self.ways] >= 0).squeeze(1)  # (not the spares)

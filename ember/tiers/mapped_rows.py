@@ -245,7 +245,7 @@ class MappedRows:
 
     def __len__(self) -> int:
         """Pairs stored (waits for the device)."""
-        return int((self.index.tags[: self.index.buckets * self.index.ways] >= 0).sum())
+        return self.index.live()
 
 
 class MappedTier(TierCounters, Tier):
