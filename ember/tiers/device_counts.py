@@ -92,9 +92,13 @@ class DeviceCounts:
         """The pairs ``mask`` picks of a ``count`` (admitted: they got a row) leave: their
         entries dropped, their counts zeroed and their slots on the free stack (a pair counted
         later starts from zero). Device work alone, after ``prepare``; ``inserted`` follows."""
-        self.counts[torch.where(mask, slot, self.scratch)] = 0
+        self._zero(slot, mask)
         self.index.drop(entry, mask)
         self.index.push_free(slot, mask)
+
+    def _zero(self, slot: Tensor, mask: Tensor) -> None:
+        """Zero the counts of ``slot[mask]`` (the others write the scratch slot)."""
+        self.counts[torch.where(mask, slot, self.scratch)] = 0
 
     def get(self, keys: Tensor, tags: Tensor) -> Tensor:
         """int64 [N]: each pair's count (0: never counted, or admitted)."""
@@ -105,7 +109,7 @@ class DeviceCounts:
         """These pairs leave (they got a row some other way, e.g. a checkpoint's): entries
         dropped, counts zeroed, slots reused."""
         slot = self.index.remove(keys, tags)
-        self.counts[torch.where(slot >= 0, slot, self.scratch)] = 0
+        self._zero(slot, slot >= 0)
         self.index.release(slot.clamp(min=0), slot >= 0)
 
     def add(self, keys: Tensor, tags: Tensor, counts: Tensor) -> None:

@@ -226,9 +226,10 @@ class DeviceIndex:
         return rows, new, torch.where(found, pos, slot)
 
     def drop(self, entries: Tensor, mask: Tensor) -> None:
-        """Take the pairs at ``entries[mask]`` (from ``insert_entries`` of this call's unique
-        pairs) out of the index: device work alone, after ``prepare`` for as many pairs. Their
-        ways stay used until the next rehash; their rows are the caller's to ``release``."""
+        """Take the pairs at ``entries[mask]`` (e.g. from ``insert_entries``) out of the index:
+        device work alone, after ``prepare`` for as many pairs (``remove`` finds the entries
+        itself). Their ways stay used until the next rehash; their rows are the caller's to
+        ``release``."""
         spare = self.buckets * self.ways + self._arange(entries.numel())  # (the others: their own spare)
         self.tags[torch.where(mask, entries, spare)] = -1
 
@@ -395,8 +396,8 @@ class DeviceIndex:
         keys, tags = self.pairs(keys, tags)
         found, pos = self._match(keys, tags, self._homes(keys, tags))
         rows = torch.where(found, self.rows[pos], -1)
-        pos = torch.where(found, pos, self.buckets * self.ways + self._spares(keys.numel()))  # absent: its spare
-        self.tags[pos] = -1
+        self._spares(keys.numel())  # (room for ``drop``'s spare entries)
+        self.drop(pos, found)
         return rows
 
     def live(self) -> int:
