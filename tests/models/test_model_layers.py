@@ -31,6 +31,48 @@ def test_dot_interaction_matches_pair_loop(self_interaction: bool) -> None:
     torch.testing.assert_close(out, torch.stack(expected, dim=1))
 
 
+@pytest.mark.parametrize("self_interaction", [False, True])
+def test_dot_interaction_gradient_is_the_pair_loops(self_interaction: bool) -> None:
+    """The interaction's own backward (one gather + one bmm over the symmetric gram's gradient)
+    against autograd through the pair loop, in float64; and it is the one that runs."""
+    torch.manual_seed(0)
+    layer = DotInteraction(6, self_interaction=self_interaction)
+    x = torch.randn(5, 6, 4, dtype=torch.float64, requires_grad=True)
+    ref = x.detach().clone().requires_grad_()
+    out = layer(x)
+    assert type(out.grad_fn).__name__ == "_DotPairsBackward"
+    pairs = [(ref[:, i] * ref[:, j]).sum(-1) for i in range(6) for j in range(i if self_interaction else i + 1, 6)]
+    g = torch.randn(5, layer.num_pairs, dtype=torch.float64)
+    out.backward(g)
+    torch.stack(pairs, dim=1).backward(g)
+    torch.testing.assert_close(x.grad, ref.grad, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(layer, (x.detach().clone().requires_grad_(),))
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+def test_dot_interaction_under_autocast_and_script() -> None:
+    """Under bf16 autocast the pairs are bf16 (as autocast's bmm gives) and x's gradient comes
+    back in x's float32; the scripted layer (export) and no-grad calls take the plain path."""
+    torch.manual_seed(0)
+    layer = DotInteraction(5)
+    x = torch.randn(8, 5, 16, requires_grad=True)
+    ref = x.detach().clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = layer(x)
+        xb = ref.to(torch.bfloat16)
+        want = torch.gather(torch.bmm(xb, xb.transpose(1, 2)).flatten(1), 1, layer.flat.expand(8, -1))
+    assert out.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(out, want)
+    g = torch.randn(8, layer.num_pairs).to(torch.bfloat16)
+    out.backward(g)
+    want.backward(g)
+    assert x.grad.dtype == torch.float32
+    torch.testing.assert_close(x.grad, ref.grad, rtol=2e-2, atol=2e-2)
+    scripted = torch.jit.script(layer)
+    with torch.no_grad():
+        torch.testing.assert_close(scripted(x), layer(x))
+
+
 def test_fm_matches_pairwise_sum() -> None:
     torch.manual_seed(0)
     x = torch.randn(7, 5, 3)

