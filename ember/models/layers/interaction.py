@@ -46,6 +46,11 @@ class DotInteraction(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if not torch.jit.is_scripting() and not torch.jit.is_tracing() and x.requires_grad and torch.is_grad_enabled():
             return _dot_pairs(x, self.flat, self.mirror, self.self_interaction)
+        return self.autograd_pairs(x)
+
+    def autograd_pairs(self, x: Tensor) -> Tensor:
+        """The pairs from torch ops alone, whose backward autograd derives: the path of scripted
+        export, tracing and no-grad calls, and the reference of the layer's own backward."""
         gram = torch.bmm(x, x.transpose(1, 2))  # [B, F, F]
         # gather, not gram[:, rows, cols]: the advanced-index backward (index_put with
         # accumulate) costs ~3x the whole interaction on CPU
