@@ -51,11 +51,15 @@ class DotInteraction(nn.Module):
     def autograd_pairs(self, x: Tensor) -> Tensor:
         """The pairs from torch ops alone, whose backward autograd derives: the path of scripted
         export, tracing and no-grad calls, and the reference of the layer's own backward."""
-        gram = torch.bmm(x, x.transpose(1, 2))  # [B, F, F]
-        # gather, not gram[:, rows, cols]: the advanced-index backward (index_put with
-        # accumulate) costs ~3x the whole interaction on CPU
-        flat = gram.flatten(1)
-        return torch.gather(flat, 1, self.flat.expand(flat.shape[0], -1))
+        return _gram_pairs(x, self.flat)
+
+
+def _gram_pairs(x: Tensor, flat: Tensor) -> Tensor:
+    """The pairs at ``flat`` of the gram matrix ``x @ x^T`` [B, F, F], flattened."""
+    gram = torch.bmm(x, x.transpose(1, 2)).flatten(1)
+    # gather, not gram[:, rows, cols]: the advanced-index backward (index_put with
+    # accumulate) costs ~3x the whole interaction on CPU
+    return torch.gather(gram, 1, flat.expand(gram.shape[0], -1))
 
 
 @torch.jit.unused
@@ -76,15 +80,15 @@ class _DotPairs(torch.autograd.Function):
     pair (i, j)'s gradient at (i, j) and (j, i) (twice on the diagonal with self-interaction, zero
     without): one gather of the pairs' gradient builds S. Autograd's backward of ``bmm(x, x^T)`` then
     ``gather`` zero-fills the [B, F, F] gradient, scatters into it and runs two ``bmm`` and an
-    add: ~2.5x the time (DLRM-26, D 16, batch 4,096 on CPU: 16.5 -> 13.5 ms forward + backward;
-    D 128: 81 -> 49.5 ms). The sums differ from autograd's only by rounding."""
+    add: ~2x this one's time inside a DLRM step on CPU (12-14 vs 5.5 ms at D 16, batch 4,096),
+    the whole step 1.02-1.04x faster at D 16 and 1.07-1.09x at D 128 (``bench/bench_interaction.py``).
+    The sums differ from autograd's only by rounding."""
 
     @staticmethod
     def forward(ctx, x: Tensor, flat: Tensor, mirror: Tensor, self_interaction: bool) -> Tensor:  # type: ignore[override]
         ctx.save_for_backward(x, mirror)
         ctx.self_interaction = self_interaction
-        gram = torch.bmm(x, x.transpose(1, 2)).flatten(1)
-        return torch.gather(gram, 1, flat.expand(gram.shape[0], -1))
+        return _gram_pairs(x, flat)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
