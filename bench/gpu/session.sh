@@ -9,6 +9,7 @@
 # far were Intel Xeons with AMX-BF16), not run unless named: tiers (bench_tiers --zipf) and
 # mlperf (bench_mlperf, short; torch threads = the host's cores); autocast (bench_autocast_size: where
 # train.precision auto's bf16 starts to pay on an AMX host, BF16_MIN_MACS being measured on AVX512-BF16)
+# interaction (not run unless named: bench_interaction, the DLRM interaction's own backward vs autograd's, on the GPU then the host CPU).
 set -u
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/ember-gpu-out}; mkdir -p "$OUT"
@@ -55,6 +56,9 @@ for s in $STEPS; do
       timeout ${MLPERF_S:-300} python3 bench/bench_mlperf.py ${MLPERF_ARGS:---steps 5 --warmup 2} 2>&1 | tee "$OUT/mlperf.log" | tail -14 ;;
     autocast) el "bench_autocast_size (host CPU)"
       timeout ${AUTOCAST_S:-120} python3 bench/bench_autocast_size.py ${AUTOCAST_ARGS:-} 2>&1 | tee "$OUT/autocast.log" | tail -16 ;;
+    interaction) el "bench_interaction (GPU, then host CPU)"
+      timeout ${INTERACTION_S:-200} python3 bench/bench_interaction.py --device cuda --steps 40 --mlperf-steps 20 --mlperf-batch 32768 2>&1 | tee "$OUT/interaction_gpu.log" | tail -3
+      timeout ${INTERACTION_S:-200} python3 bench/bench_interaction.py 2>&1 | tee "$OUT/interaction.log" | tail -3 ;;
     nccl) el torchrun nccl
       timeout 90 torchrun --standalone --nproc_per_node 1 -m ember train --config configs/demo.yaml --overwrite 2>&1 | tee "$OUT/nccl.log" | tail -12 ;;
   esac
