@@ -47,6 +47,7 @@ def test_dot_interaction_gradient_is_the_pair_loops(self_interaction: bool) -> N
     torch.stack(pairs, dim=1).backward(g)
     torch.testing.assert_close(x.grad, ref.grad, rtol=1e-12, atol=1e-12)
     assert torch.autograd.gradcheck(layer, (x.detach().clone().requires_grad_(),))
+    assert torch.autograd.gradgradcheck(layer, (x.detach().clone().requires_grad_(),))  # create_graph works too
 
 
 @pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")

@@ -91,8 +91,7 @@ class _DotPairs(torch.autograd.Function):
         return _gram_pairs(x, flat)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: Tensor):  # type: ignore[override]
+    def backward(ctx, grad: Tensor):  # type: ignore[override]  # torch ops: differentiable again (create_graph)
         x, mirror = ctx.saved_tensors
         b, f, _ = x.shape
         if grad.shape[1] == 0:  # one vector: no pairs
