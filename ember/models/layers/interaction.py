@@ -38,7 +38,7 @@ class DotInteraction(nn.Module):
         # (the gram is symmetric); a diagonal one without self-interaction reads pair 0's, then is zeroed
         mirror = torch.zeros(num_features * num_features, dtype=torch.int64)
         pairs = torch.arange(self.num_pairs)
-        mirror[rows * num_features + cols] = pairs
+        mirror[self.flat] = pairs
         mirror[cols * num_features + rows] = pairs
         self.register_buffer("mirror", mirror, persistent=False)
         self.self_interaction = self_interaction
