@@ -122,9 +122,10 @@ def test_the_same_records_on_a_gpu() -> None:
     assert all(torch.equal(got[p], ref[p]) for p in ref)
     keys, tags, _, upd = next(_steps(6, 1))
     rows, _, _ = gpu.lookup(keys.cuda(), tags.cuda())  # (past this size's first insert)
+    keys, tags, upd = keys.cuda(), tags.cuda(), upd.cuda()  # (a blocking upload is a sync: uploaded before)
     with DeviceBudget("cuda") as b:
-        rows, _, _ = gpu.lookup(keys.cuda(), tags.cuda())
-        gpu.store(rows, upd.cuda())
+        rows, _, _ = gpu.lookup(keys, tags)
+        gpu.store(rows, upd)
     assert b.syncs == 0, b.report()
 
 

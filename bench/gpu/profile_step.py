@@ -1,0 +1,104 @@
+"""Where a GPU training step of ``storage.index: device`` goes (bench_gpu_cache's workload:
+DLRM-26, batch 4,096, Zipf 1.05, row-wise Adagrad): paired ms/step of the full step against a
+dense-only step of the same model (the embeddings' outputs fixed leaves: the floor), the step's
+parts with the device synchronised between them, and torch.profiler's top operations by host
+time and by device time over a few steps.
+
+    python bench/gpu/profile_step.py [--steps 30] [--warmup 60] [--profile 6]
+
+Last line: one JSON object (``device_index_vs_dense``, ``ms_per_step``, ``parts_ms``,
+``cuda_ms_per_step``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import bench_gpu_cache as bgc  # noqa: E402  (first: ember before torch)
+import torch  # noqa: E402
+from torch import nn  # noqa: E402
+
+from benchkit import json_line  # noqa: E402
+
+
+class DenseOnly:
+    """The same model and optimizer, embeddings fixed leaves: the step with no embedding path."""
+
+    def __init__(self, dev: torch.device, batch: int) -> None:
+        self.model = bgc.make_model(0).to(dev)
+        self.opt = torch.optim.Adagrad(self.model.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(0)
+        self.emb = [(torch.rand(batch, bgc.D, generator=g) * 0.02).to(dev).requires_grad_() for _ in range(bgc.F)]
+        self.dev = dev
+
+    def step(self, dense: torch.Tensor, labels: torch.Tensor) -> None:
+        loss = nn.functional.binary_cross_entropy_with_logits(self.model(dense, self.emb), labels)
+        self.opt.zero_grad(set_to_none=True)
+        loss.backward()
+        self.opt.step()
+        bgc._sync(self.dev)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=60)
+    ap.add_argument("--profile", type=int, default=6, help="steps under torch.profiler")
+    ap.add_argument("--batch", type=int, default=4096)
+    args = ap.parse_args()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    n = args.warmup + 2 * args.steps + args.profile
+    batches = bgc.make_batches(n, args.batch, zipf=bgc.ZIPF)
+    ember = bgc.EmberVariant("ember-device-index", None, dev, device_index=True)
+    dense = DenseOnly(dev, args.batch)
+    dev_batches = [(d.to(dev), lab.to(dev)) for _, d, lab in batches]
+    times: dict[str, list[float]] = {"ember-device-index": [], "dense-only": []}
+    ratios, parts = [], []
+    for i in range(args.warmup):
+        ember.step(ember.features(batches[i][0]), *dev_batches[i])
+        dense.step(*dev_batches[i])
+    for s in range(args.steps):
+        i = args.warmup + s
+        t = {}
+        for name in (("ember-device-index", "dense-only") if s % 2 else ("dense-only", "ember-device-index")):
+            t0 = time.perf_counter()
+            if name == "dense-only":
+                dense.step(*dev_batches[i])
+            else:
+                ember.step(ember.features(batches[i][0]), *dev_batches[i])
+            t[name] = (time.perf_counter() - t0) * 1e3
+            times[name].append(t[name])
+        ratios.append(t["dense-only"] / t["ember-device-index"])
+    for s in range(args.steps):
+        i = args.warmup + args.steps + s
+        parts.append(ember.step_phases(ember.features(batches[i][0]), *dev_batches[i]))
+    ms = {k: statistics.median(v) for k, v in times.items()}
+    parts_ms = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
+    print(f"{dev}: ms/step {ms}; dense-only / ember (paired median) {statistics.median(ratios):.3f}")
+    print("parts (device synchronised between them), ms:", {k: round(v, 3) for k, v in parts_ms.items()})
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    first = args.warmup + 2 * args.steps
+    with profile(activities=acts) as prof:
+        for i in range(first, first + args.profile):
+            ember.step(ember.features(batches[i][0]), *dev_batches[i])
+    ka = prof.key_averages()
+    print(ka.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
+    cuda_ms = None
+    if dev.type == "cuda":
+        print(ka.table(sort_by="self_cuda_time_total", row_limit=20, max_name_column_width=60))
+        cuda_ms = sum(e.self_device_time_total for e in ka) / 1e3 / args.profile
+        print(f"device busy {cuda_ms:.3f} ms a step")
+    print(json_line({"bench": "profile_step", "device": str(dev), "batch": args.batch,
+                     "device_index_vs_dense": statistics.median(ratios), "ms_per_step": ms,
+                     "parts_ms": parts_ms, "cuda_ms_per_step": cuda_ms}))
+
+
+if __name__ == "__main__":
+    main()
