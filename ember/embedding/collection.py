@@ -22,6 +22,7 @@ from ember.embedding.config import FeatureConfig, TableConfig
 from ember.embedding.group import GroupLookup, TableGroup
 from ember.embedding.pooling import SequenceEmbedding
 from ember.embedding.table import EmbeddingTable
+from ember.tiers.mapped_rows import MappedTier
 
 __all__ = ["EmbeddingCollection", "Lookup"]
 
@@ -147,8 +148,8 @@ class EmbeddingCollection(nn.Module):
         keyed: dict[tuple, list[EmbeddingTable]] = {}
         for name in by_table:  # tables no feature uses are stored and checkpointed, never looked up
             t = self.tables[name]
-            keyed.setdefault((t.dim, t.config.stored_dim, str(t.tier.device), t.config.dtype, t.config.storage.index),
-                             []).append(t)
+            index = "device" if isinstance(t.tier, MappedTier) else "host"  # (auto outside a run: host)
+            keyed.setdefault((t.dim, t.config.stored_dim, str(t.tier.device), t.config.dtype, index), []).append(t)
         self.groups = [TableGroup(ts, by_table) for ts in keyed.values()]
         if len(self.groups) > 1:
             log.info("%s", _describe_split(list(keyed)))

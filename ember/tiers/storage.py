@@ -83,10 +83,12 @@ class StorageConfig(ConfigModel):
     """What a cache evicts: `lru` (oldest access) or `lfu` (fewest accesses)."""
     admit_after: int = Field(2, ge=1)
     """Misses before an ID is promoted into a faster tier."""
-    index: Literal["host", "device"] = "host"
-    """Where the ID -> row index lives: `host`, or `device` (for a model on a GPU: every row in pinned host memory,
-    found, read and written by the GPU itself, with no host work per ID; not with a device cache, a host budget
-    or a disk tier)."""
+    index: Literal["auto", "host", "device"] = "auto"
+    """Where the ID -> row index lives: `auto` (a run picks `device` when its model trains on a GPU and the table has
+    no device cache, host budget or disk tier, else `host`; it logs the choice), `host`, or `device` (for a model on
+    a GPU: every row in pinned host memory, found, read and written by the GPU itself, with no host work per ID;
+    not with a device cache, a host budget or a disk tier). An `EmbeddingCollection` built outside a run takes
+    `auto` as `host`."""
 
     @field_validator("device_bytes", "host_bytes")
     @classmethod
@@ -110,6 +112,26 @@ class StorageConfig(ConfigModel):
     @property
     def tiered(self) -> bool:
         return self.device_rows is not None or self.device_bytes is not None or self.disk_path is not None
+
+    def index_for(self, model_device: torch.device) -> tuple[Literal["host", "device"], str]:
+        """The index a run whose model trains on ``model_device`` uses, and why (``auto``'s choice).
+
+        Examples:
+            >>> StorageConfig().index_for(torch.device("cuda"))[0], StorageConfig().index_for(torch.device("cpu"))[0]
+            ('device', 'host')
+            >>> StorageConfig(host_rows=10).index_for(torch.device("cuda"))
+            ('host', 'the table has host_rows')
+        """
+        if self.index != "auto":
+            return self.index, f"storage.index: {self.index}"
+        if model_device.type != "cuda":
+            return "host", f"the model trains on the {model_device.type}"
+        if self.device == "cpu":
+            return "host", "storage.device: cpu"
+        budgets = [k for k in ("device_rows", "device_bytes", "host_rows", "host_bytes", "disk_path") if getattr(self, k) is not None]
+        if budgets:
+            return "host", f"the table has {', '.join(budgets)}"
+        return "device", "the model trains on a GPU and every row of the table stays in host memory"
 
 
 def memory_row_bytes(record_dim: int, rows: int) -> int:

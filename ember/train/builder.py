@@ -207,6 +207,7 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
 
                 print(describe_ranks(dist.world_size, len(dist.embedding_ranks)), flush=True)
     _announce_storage(tables, announce)
+    tables = resolve_index(tables, device)
     ec = _collection(tables, features, cfg.train.seed, dist, plan).to(device)
     dims = {t.name: t.dim for t in tables}
     inputs = ModelInputs(num_dense=len(schema.dense), sparse_dims=[dims[f.table_name] for f in features],
@@ -221,6 +222,7 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
                         seed=t.seed, min_count=t.min_count, ttl_steps=t.ttl_steps)
             for t in tables
         ]
+        lin_tables = resolve_index(lin_tables, device)
         # (the first-order twin reads every ID of a row: max_length applies to the embedding, as it always has)
         lin_features = [f.model_copy(update={"table": f.table_name + LINEAR_SUFFIX, "max_length": None}) for f in features]
         if plan is not None:
@@ -279,6 +281,30 @@ def tower_plan(cfg: RunConfig, tables: list[TableConfig], world_size: int, local
     tower_node = place_towers(towers, world_size // local_world_size)
     rows = table_rows(cfg) if rows is None else rows
     return plan_towers(tables, features, towers, tower_node, world_size, local_world_size, rows), tower_node
+
+
+def resolve_index(tables: list[TableConfig], device: torch.device) -> list[TableConfig]:
+    """``tables`` with ``storage.index: auto`` made ``host`` or ``device`` for a model on
+    ``device`` (``StorageConfig.index_for``). With the model on a GPU each choice is logged once
+    with its reason: ``device`` is the faster layout there (bench/RESULTS.md: 1.6x host rows a
+    step, 1.8-2x in the pipelined trainer on an H200), ``host`` is kept for tiered tables."""
+    out, chosen = [], {}
+    for t in tables:
+        if t.storage.index == "auto":
+            index, why = t.storage.index_for(device)
+            chosen.setdefault((index, why), []).append(t.name)
+            t = t.model_copy(update={"storage": t.storage.model_copy(update={"index": index})})
+        out.append(t)
+    if device.type == "cuda":
+        for (index, why), names in chosen.items():
+            if once.first("builder.index_auto", (index, why, tuple(names))):
+                hint = "; set storage.index: host to keep the index on the host" if index == "device" else ""
+                log.info("storage.index auto: %s for %s (%s)%s", index, _names(names), why, hint)
+    return out
+
+
+def _names(names: list[str]) -> str:
+    return f"table '{names[0]}'" if len(names) == 1 else f"{len(names)} tables ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
 
 
 def _compile(model: nn.Module) -> Callable[..., Tensor] | None:

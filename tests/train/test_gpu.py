@@ -62,9 +62,10 @@ def _rows(result):
 
 CACHE = {"device_rows": 256, "device": "cuda", "admit_after": 1, "policy": "lfu"}
 DEVICE_INDEX = {"index": "device", "device": "cuda"}  # every row in pinned host memory, indexed on the GPU
+HOST = {"index": "host"}  # every row in host memory, indexed on the host (storage.index auto's choice would be device)
 
 
-@pytest.mark.parametrize("storage", [CACHE, {}, DEVICE_INDEX], ids=["group-cache", "host-rows", "device-index"])
+@pytest.mark.parametrize("storage", [CACHE, HOST, DEVICE_INDEX], ids=["group-cache", "host-rows", "device-index"])
 def test_cuda_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, storage):
     """Issue 25 item 4: on a GPU, a resumed run (rows in a device cache that evicts, or in host
     memory) ends with the same dense weights and rows, bit for bit, as an uninterrupted one."""
@@ -78,7 +79,7 @@ def test_cuda_group_cache_trains_like_host_rows(tmp_path):
     """The group cache on a GPU (evicting: 256 rows of 4,000 per table) trains the model that rows
     in host memory train, within float tolerance (one optimizer arithmetic for every tier)."""
     cached = train(_tiered(tmp_path, "cached", CACHE, max_steps=30))
-    host = train(_tiered(tmp_path, "host", {}, max_steps=30))
+    host = train(_tiered(tmp_path, "host", HOST, max_steps=30))
     assert any(type(t.tier).__name__ == "GroupCacheView" for ec in cached.parts.collections() for t in ec.tables.values())
     ra, rb = _rows(cached), _rows(host)
     for name in ra:
@@ -86,6 +87,24 @@ def test_cuda_group_cache_trains_like_host_rows(tmp_path):
         torch.testing.assert_close(ra[name][1], rb[name][1], rtol=1e-4, atol=1e-5, msg=name)
     for (k, a), b in zip(cached.parts.model.state_dict().items(), host.parts.model.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=k)
+
+
+def test_cuda_index_auto_indexes_untiered_tables_on_the_gpu(tmp_path, caplog):
+    """storage.index auto (the default) with the model on a GPU: tables without a device cache,
+    host budget or disk tier get the device index (logged with its reason), a table with a device
+    cache keeps the host index; the run trains the model ``index: device`` trains, bit for bit."""
+    c = _tiered(tmp_path, "auto", {}, max_steps=20)
+    c = c.model_copy(update={"tables": [c.tables[0].model_copy(update={"storage": type(c.tables[0].storage).model_validate(CACHE)}),
+                                        *c.tables[1:]]})
+    with caplog.at_level("INFO", logger="ember.train.builder"):
+        auto = train(c)
+    tiers = {name: type(t.tier).__name__ for ec in auto.parts.collections() for name, t in ec.tables.items()}
+    first = c.tables[0].name
+    assert tiers[first] == "GroupCacheView" and all(v == "MappedTier" for k, v in tiers.items() if k != first), tiers
+    assert "storage.index auto: device for 5 tables" in caplog.text and f"storage.index auto: host for table '{first}'" in caplog.text
+    c2 = c.model_copy(update={"train": c.train.model_copy(update={"run_name": "explicit"}), "tables": [
+        c.tables[0], *[t.model_copy(update={"storage": type(t.storage).model_validate(DEVICE_INDEX)}) for t in c.tables[1:]]]})
+    assert_identical(run_state(auto), run_state(train(c2)))
 
 
 def test_cuda_group_cache_prepared_ahead_matches_in_line(tmp_path):
@@ -112,7 +131,7 @@ def test_cuda_device_index_trains_like_host_rows(tmp_path, dtype, ttl, min_count
             for t in c.tables]})
 
     mapped = train(cfg(f"mapped-{dtype}-{ttl}-{min_count}", DEVICE_INDEX))
-    host = train(cfg(f"host-{dtype}-{ttl}-{min_count}", {}))
+    host = train(cfg(f"host-{dtype}-{ttl}-{min_count}", HOST))
     tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == "fp32" else {"rtol": 2e-2, "atol": 1e-3}
     assert all(type(t.tier).__name__ == "MappedTier" and t.tier.device.type == "cuda"
                for ec in mapped.parts.collections() for t in ec.tables.values())
