@@ -306,6 +306,10 @@ def measure_dense_only(args: argparse.Namespace) -> dict[str, Any]:
 def run_variant(args: argparse.Namespace) -> None:
     """Child process: measure one variant and print its result as the last line."""
     run = Run(args.variant, args.format, args.pipeline == "on", args.staleness)
+    if args.arrow_threads:
+        import pyarrow
+
+        pyarrow.set_cpu_count(args.arrow_threads)
     if run.variant in ("files", "disk"):
         out = measure_training(args, run)
     elif run.variant == "in-memory":
@@ -333,7 +337,7 @@ def shared_argv(args: argparse.Namespace) -> list[str]:
     return ["--rows", str(args.rows), "--steps", str(args.steps), "--warmup", str(args.warmup),
             "--batch", str(args.batch), "--data-dir", str(args.data_dir), "--big-vocab", str(args.big_vocab),
             "--disk-rows", str(args.disk_rows), "--disk-tables", str(args.disk_tables),
-            "--data-workers", str(args.data_workers), "--engine", args.engine]
+            "--data-workers", str(args.data_workers), "--engine", args.engine, "--arrow-threads", str(args.arrow_threads)]
 
 
 # ---- parent ---------------------------------------------------------------------------------------
@@ -380,6 +384,7 @@ def report(args: argparse.Namespace, results: dict[str, list[dict[str, Any]]], s
         "bench": "pipeline", **out, "targets": {**TARGETS}, "per_round": per_round, "samples_per_s": med, "runs": rates,
         "disk": disk,
         "rows": args.rows, "batch": args.batch, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds, "engine": args.engine,
+        "arrow_threads": args.arrow_threads,
         "big_vocab": args.big_vocab, "disk_rows": args.disk_rows, "torch_threads": torch.get_num_threads(),
         "seconds": seconds,
     }
@@ -406,6 +411,9 @@ def main() -> None:
                     help="pipeline.data_workers of the pipelined runs (1: read and featurize in a worker process)")
     ap.add_argument("--engine", choices=["auto", "threads", "inline"], default="auto",
                     help="pipeline.engine of the pipelined variants (a, c, e)")
+    ap.add_argument("--arrow-threads", type=int, default=0,
+                    help="pyarrow's CPU thread pool in each variant process (0: pyarrow's default, one per core): "
+                         "whether decoding threads beside the trainer's own oversubscribe a GPU host")
     ap.add_argument("--only", choices=["files", "disk"], help="run only these variants (files: a-d; disk: e)")
     ap.add_argument("--variant", choices=["files", "in-memory", "dense-only", "disk"], help=argparse.SUPPRESS)
     ap.add_argument("--format", choices=FORMATS, default="parquet", help=argparse.SUPPRESS)

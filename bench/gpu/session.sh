@@ -48,7 +48,11 @@ for s in $STEPS; do
       timeout 150 python3 bench/bench_pipeline.py --rows 300000 --steps 20 --rounds 1 --only files --engine inline 2>&1 \
         | tee "$OUT/pipeline_inline.log" | tail -8
       timeout 150 python3 bench/bench_pipeline.py --rows 300000 --steps 20 --rounds 1 --only files --data-workers 1 2>&1 \
-        | tee "$OUT/pipeline_worker.log" | tail -8 ;;
+        | tee "$OUT/pipeline_worker.log" | tail -8
+      # GPU session 7: Parquet on threads 0.49x of in line (CSV 1.34x): pyarrow's pool of one thread per core beside
+      # the kernel pool's and torch's? A pool of 4 decoding threads:
+      timeout 150 python3 bench/bench_pipeline.py --rows 300000 --steps 20 --rounds 1 --only files --arrow-threads 4 2>&1 \
+        | tee "$OUT/pipeline_arrow4.log" | tail -8 ;;
     tiers) el "bench_tiers --zipf (host CPU)"
       lscpu | grep -E "Model name|Thread|Core|Socket|Flags" | cut -c1-200 | tee "$OUT/lscpu.txt"
       timeout ${TIERS_S:-200} python3 bench/bench_tiers.py --zipf --rows 1000000 --batch 32768 --steps 60 --warmup 40 \
