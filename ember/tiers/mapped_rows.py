@@ -40,8 +40,9 @@ __all__ = ["MappedRows", "MappedTier"]
 
 log = logging.getLogger("ember.tiers")
 
-_INSTEAD = ("Every row of such a table stays in host memory: for tables larger than RAM use storage.index: host "
-            "with a disk tier (storage.disk_path)")
+_INSTEAD = ("Every row of such a table stays in host memory (storage.index: device, which storage.index: auto picks "
+            "for a GPU run's tables without a device cache, host budget or disk tier): set storage.index: host to keep "
+            "the rows in pageable memory, and for tables larger than RAM add a disk tier (storage.disk_path)")
 
 
 class MappedRows:

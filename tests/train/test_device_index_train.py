@@ -60,6 +60,19 @@ def test_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, ttl, min_coun
     _same(full, resumed)
 
 
+@pytest.mark.parametrize("before,after", [(DEVICE_INDEX, {"index": "host"}), ({"index": "host"}, DEVICE_INDEX)],
+                         ids=["device-then-host", "host-then-device"])
+def test_a_checkpoint_resumes_in_the_other_layout(tmp_path, before, after):
+    """A GPU run's checkpoint (storage.index auto: device) resumed where auto picks host (a CPU
+    machine), and back: the same run as an uninterrupted one, bit for bit (TTL and min_count too)."""
+    full = train(_cfg(tmp_path, "full", after, ttl=4, min_count=2, max_steps=24))
+    first = train(_cfg(tmp_path, "part", before, ttl=4, min_count=2, max_steps=11))
+    resumed = train(_cfg(tmp_path, "part", after, ttl=4, min_count=2, max_steps=24, resume=str(first.run_dir)))
+    assert all(isinstance(t.tier, MappedTier) == (after == DEVICE_INDEX) for ec in resumed.parts.collections()
+               for t in ec.tables.values())
+    _same(full, resumed)
+
+
 def test_the_pipeline_on_threads_trains_as_in_line(tmp_path):
     """Fetches on the pipeline's thread (staleness 0: after the update before): the run the
     stages in line give, and the host index's."""
