@@ -706,7 +706,7 @@ def compare_trainer(dev: torch.device, batches: list, vocab: int, warmup: int, r
     steps = len(tb) - warmup
     log_every = math.gcd(warmup, steps)
     cache = {"device_rows": max(vocab // 4, 1), "device": dev.type, "admit_after": 1}
-    storages = {"cache-1/4": cache, "host": {}, "device-index": {"index": "device", "device": dev.type}}
+    storages = {"cache-1/4": cache, "host": {"index": "host"}, "device-index": {"index": "device", "device": dev.type}}
     names = [(f"trainer-{n}-k{k}", st, k) for k in staleness for n, st in storages.items()]
     if 0 in staleness:
         names.append(("trainer-cache-1/4-k0-inline-plan", cache, 0))
