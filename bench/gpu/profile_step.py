@@ -4,16 +4,22 @@ dense-only step of the same model (the embeddings' outputs fixed leaves: the flo
 parts with the device synchronised between them, and torch.profiler's top operations by host
 time and by device time over a few steps.
 
-    python bench/gpu/profile_step.py [--steps 30] [--warmup 60] [--profile 6]
+    python bench/gpu/profile_step.py [--steps 30] [--warmup 60] [--profile 6] [--trainer 40]
+
+With ``--trainer N``, also the pipelined trainer on the same workload (``train(cfg, batches=...)``,
+the device index, N timed steps after ``--warmup``): samples/s, ms a step, and each pipeline
+stage's busy fraction and queue fill over the timed steps (the busiest stage bounds the step).
 
 Last line: one JSON object (``device_index_vs_dense``, ``ms_per_step``, ``parts_ms``,
-``cuda_ms_per_step``).
+``cuda_ms_per_step``; with ``--trainer``: ``trainer_ms_per_step``, ``trainer_pipeline``).
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
+import tempfile
 import sys
 import time
 from pathlib import Path
@@ -45,15 +51,40 @@ class DenseOnly:
         bgc._sync(self.dev)
 
 
+def profile_trainer(dev: torch.device, batches: list, warmup: int, steps: int) -> dict:
+    """The pipelined trainer on ``batches`` (the device index): ms a step over the timed steps
+    and the pipeline's stage busy fractions and queue fills (their medians over the records)."""
+    import benchkit
+    from bench_pipeline import timed_rate
+
+    tb = bgc.trainer_batches(batches[: warmup + steps])
+    raw = benchkit.dlrm_config({"synthetic": {"num_sparse": bgc.F, "vocab_size": bgc.V, "eval_rows": 1024}},
+                               batch_size=tb[0].size)
+    raw["embedding"]["storage"] = {"index": "device", "device": dev.type}
+    raw["train"].update(device=dev.type, max_steps=len(tb), epochs=1, log_every=math.gcd(warmup, steps), seed=0)
+    with tempfile.TemporaryDirectory() as tmp:
+        res = benchkit.run_training(raw, Path(tmp), "trainer", batches=tb)
+    rate, _ = timed_rate(res.history, warmup)
+    recs = [h for h in res.history if h.get("kind") == "train" and h["step"] > warmup]
+    keys = sorted({k for h in recs for k in h if k.startswith("pipeline.")})
+    pipe = {k[len("pipeline."):]: statistics.median(h.get(k, 0.0) for h in recs) for k in keys}
+    ms = tb[0].size / rate * 1e3
+    print(f"trainer (device index): {ms:.2f} ms a step; pipeline over the timed steps:",
+          {k: round(v, 3) for k, v in sorted(pipe.items(), key=lambda kv: -kv[1])})
+    res.parts.embeddings.close()
+    return {"trainer_ms_per_step": ms, "trainer_pipeline": pipe}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=60)
     ap.add_argument("--profile", type=int, default=6, help="steps under torch.profiler")
     ap.add_argument("--batch", type=int, default=4096)
+    ap.add_argument("--trainer", type=int, default=0, help="also the pipelined trainer, this many timed steps")
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    n = args.warmup + 2 * args.steps + args.profile
+    n = max(args.warmup + 2 * args.steps + args.profile, args.warmup + args.trainer)
     batches = bgc.make_batches(n, args.batch, zipf=bgc.ZIPF)
     ember = bgc.EmberVariant("ember-device-index", None, dev, device_index=True)
     dense = DenseOnly(dev, args.batch)
@@ -95,9 +126,10 @@ def main() -> None:
         print(ka.table(sort_by="self_cuda_time_total", row_limit=20, max_name_column_width=60))
         cuda_ms = sum(e.self_device_time_total for e in ka) / 1e3 / args.profile
         print(f"device busy {cuda_ms:.3f} ms a step")
+    trainer = profile_trainer(dev, batches, args.warmup, args.trainer) if args.trainer else {}
     print(json_line({"bench": "profile_step", "device": str(dev), "batch": args.batch,
                      "device_index_vs_dense": statistics.median(ratios), "ms_per_step": ms,
-                     "parts_ms": parts_ms, "cuda_ms_per_step": cuda_ms}))
+                     "parts_ms": parts_ms, "cuda_ms_per_step": cuda_ms, **trainer}))
 
 
 if __name__ == "__main__":
