@@ -19,8 +19,8 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import tempfile
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,6 +46,8 @@ class DenseOnly:
     def step(self, dense: torch.Tensor, labels: torch.Tensor) -> None:
         loss = nn.functional.binary_cross_entropy_with_logits(self.model(dense, self.emb), labels)
         self.opt.zero_grad(set_to_none=True)
+        for e in self.emb:  # (each step's embedding gradient written afresh, as ember's pooling gets it)
+            e.grad = None
         loss.backward()
         self.opt.step()
         bgc._sync(self.dev)

@@ -103,7 +103,7 @@ class StorageConfig(ConfigModel):
             if getattr(self, f"{t}_rows") is not None and getattr(self, f"{t}_bytes") is not None:
                 raise ValueError(f"give {t}_rows or {t}_bytes, not both")
         if self.index == "device":
-            other = [k for k in ("device_rows", "device_bytes", "host_rows", "host_bytes", "disk_path") if getattr(self, k) is not None]
+            other = self.budgets()
             if other:
                 raise ValueError(f"index: device keeps every row in (pinned) host memory, indexed on the device; it does not "
                                  f"combine with {', '.join(other)} (remove them, or use index: host)")
@@ -112,6 +112,11 @@ class StorageConfig(ConfigModel):
     @property
     def tiered(self) -> bool:
         return self.device_rows is not None or self.device_bytes is not None or self.disk_path is not None
+
+    def budgets(self) -> list[str]:
+        """The options set that give the table a device cache, a host budget or a disk tier (what
+        ``index: device`` refuses and ``auto`` keeps on the host index)."""
+        return [k for k in ("device_rows", "device_bytes", "host_rows", "host_bytes", "disk_path") if getattr(self, k) is not None]
 
     def index_for(self, model_device: torch.device) -> tuple[Literal["host", "device"], str]:
         """The index a run whose model trains on ``model_device`` uses, and why (``auto``'s choice).
@@ -128,7 +133,7 @@ class StorageConfig(ConfigModel):
             return "host", f"the model trains on the {model_device.type}"
         if self.device == "cpu":
             return "host", "storage.device: cpu"
-        budgets = [k for k in ("device_rows", "device_bytes", "host_rows", "host_bytes", "disk_path") if getattr(self, k) is not None]
+        budgets = self.budgets()
         if budgets:
             return "host", f"the table has {', '.join(budgets)}"
         return "device", "the model trains on a GPU and every row of the table stays in host memory"
