@@ -287,19 +287,32 @@ def resolve_index(tables: list[TableConfig], device: torch.device) -> list[Table
     """``tables`` with ``storage.index: auto`` made ``host`` or ``device`` for a model on
     ``device`` (``StorageConfig.index_for``). With the model on a GPU each choice is logged once
     with its reason: ``device`` is the faster layout there (bench/RESULTS.md: 1.6x host rows a
-    step, 1.8-2x in the pipelined trainer on an H200), ``host`` is kept for tiered tables."""
+    step, 1.8-2x in the pipelined trainer on an H200), ``host`` is kept for tiered tables. A table
+    whose only budget is a device cache (``device_rows`` / ``device_bytes``) is warned about: it
+    would train faster without the cache (with the device index), and is never switched silently."""
     out, chosen = [], {}
     for t in tables:
         if t.storage.index == "auto":
             index, why = t.storage.index_for(device)
-            chosen.setdefault((index, why), []).append(t.name)
+            budgets = set(t.storage.budgets())
+            cache_only = index == "host" and t.storage.device != "cpu" and bool(budgets) and budgets <= {"device_rows", "device_bytes"}
+            chosen.setdefault((index, why, cache_only), []).append(t.name)
             t = t.model_copy(update={"storage": t.storage.model_copy(update={"index": index})})
         out.append(t)
     if device.type == "cuda":
-        for (index, why), names in chosen.items():
-            if once.first("builder.index_auto", (index, why, tuple(names))):
-                hint = "; set storage.index: host to keep the index on the host" if index == "device" else ""
-                log.info("storage.index auto: %s for %s (%s)%s", index, _names(names), why, hint)
+        for (index, why, cache_only), names in chosen.items():
+            if not once.first("builder.index_auto", (index, why, tuple(names))):
+                continue
+            if cache_only:  # a device cache in front of every other row in host memory
+                log.warning("storage.index auto: %s for %s (%s): on a GPU a device cache trains slower than no "
+                            "cache (DLRM-26 on an H200, bench/RESULTS.md: a cache of 1/4 of the rows at 0.65x the "
+                            "speed of rows in host memory and 0.41x of the device index). Remove device_rows and "
+                            "device_bytes from these tables to train them with the device index (every row in "
+                            "pinned host memory, found and updated by the GPU), or set storage.index: host to keep "
+                            "the cache and this message away", index, _names(names), why)
+                continue
+            hint = "; set storage.index: host to keep the index on the host" if index == "device" else ""
+            log.info("storage.index auto: %s for %s (%s)%s", index, _names(names), why, hint)
     return out
 
 

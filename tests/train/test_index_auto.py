@@ -49,11 +49,29 @@ def test_a_run_resolves_auto_and_says_so_for_a_gpu_model(caplog):
     assert [t.storage.index for t in out] == ["device", "device", "device", "host", "host"]
     assert [t.storage.index for t in again] == [t.storage.index for t in out]
     assert [t.storage.model_dump(exclude={"index"}) for t in out] == [t.storage.model_dump(exclude={"index"}) for t in tables]
-    lines = [r.getMessage() for r in caplog.records]
-    assert lines == [
-        "storage.index auto: device for 3 tables (t0, t1, t2) (the model trains on a GPU and every row of the table "
-        "stays in host memory); set storage.index: host to keep the index on the host",
-        "storage.index auto: host for table 'cached' (the table has device_rows)"], lines
+    lines = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert lines[0] == ("INFO", "storage.index auto: device for 3 tables (t0, t1, t2) (the model trains on a GPU and every "
+                        "row of the table stays in host memory); set storage.index: host to keep the index on the host")
+    # a device cache alone is slower on a GPU than the device index: kept as configured, and said
+    assert lines[1][0] == "WARNING" and lines[1][1].startswith(
+        "storage.index auto: host for table 'cached' (the table has device_rows): on a GPU a device cache trains slower "
+        "than no cache"), lines
+    assert "Remove device_rows and device_bytes from these tables" in lines[1][1]
+    assert len(lines) == 2, lines
+
+
+def test_only_a_device_cache_alone_is_warned_about(caplog):
+    """A cache in front of a host budget or a disk tier, or in host memory (``device: cpu``), has no
+    faster layout to point to: the plain line."""
+    once.forget("builder.index_auto")
+    tables = [TableConfig(name="both", dim=4, storage={"device_bytes": "1MiB"}),
+              TableConfig(name="tiered", dim=4, storage={"device_rows": 8, "host_rows": 100}),
+              TableConfig(name="cpu_cache", dim=4, storage={"device_rows": 8, "device": "cpu"})]
+    with caplog.at_level(logging.INFO, logger="ember.train.builder"):
+        out = resolve_index(tables, CUDA)
+    assert [t.storage.index for t in out] == ["host"] * 3
+    lines = {r.getMessage().split(" (")[0].split("for ")[1]: r.levelname for r in caplog.records}
+    assert lines == {"table 'both'": "WARNING", "table 'tiered'": "INFO", "table 'cpu_cache'": "INFO"}, caplog.text
 
 
 def test_a_cpu_run_keeps_the_host_index_and_says_nothing(tmp_path, caplog):
