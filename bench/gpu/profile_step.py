@@ -4,14 +4,19 @@ dense-only step of the same model (the embeddings' outputs fixed leaves: the flo
 parts with the device synchronised between them, and torch.profiler's top operations by host
 time and by device time over a few steps.
 
-    python bench/gpu/profile_step.py [--steps 30] [--warmup 60] [--profile 6] [--trainer 40]
+    python bench/gpu/profile_step.py [--steps 30] [--warmup 60] [--profile 6] [--trainer 40] [--compile reduce-overhead]
 
 With ``--trainer N``, also the pipelined trainer on the same workload (``train(cfg, batches=...)``,
 the device index, N timed steps after ``--warmup``): samples/s, ms a step, and each pipeline
 stage's busy fraction and queue fill over the timed steps (the busiest stage bounds the step).
 
+With ``--compile MODE``, also both steps with the dense model under ``torch.compile(mode=MODE)``
+(``train.compile``; ``reduce-overhead`` replays its forward and backward as CUDA graphs), in the
+same rounds: ``compiled_vs_eager`` (ember's step) and ``dense_compiled_vs_eager``.
+
 Last line: one JSON object (``device_index_vs_dense``, ``ms_per_step``, ``parts_ms``,
-``cuda_ms_per_step``; with ``--trainer``: ``trainer_ms_per_step``, ``trainer_pipeline``).
+``cuda_ms_per_step``; with ``--trainer``: ``trainer_ms_per_step``, ``trainer_pipeline``; with
+``--compile``: ``compile_mode``, ``compiled_vs_eager``, ``dense_compiled_vs_eager``).
 """
 
 from __future__ import annotations
@@ -84,6 +89,8 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=6, help="steps under torch.profiler")
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--trainer", type=int, default=0, help="also the pipelined trainer, this many timed steps")
+    ap.add_argument("--compile", default=None, help="also both steps with the dense model under torch.compile in this "
+                                                    "mode (train.compile's: default, reduce-overhead, ...)")
     args = ap.parse_args()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     n = max(args.warmup + 2 * args.steps + args.profile, args.warmup + args.trainer)
@@ -91,29 +98,46 @@ def main() -> None:
     ember = bgc.EmberVariant("ember-device-index", None, dev, device_index=True)
     dense = DenseOnly(dev, args.batch)
     dev_batches = [(d.to(dev), lab.to(dev)) for _, d, lab in batches]
-    times: dict[str, list[float]] = {"ember-device-index": [], "dense-only": []}
-    ratios, parts = [], []
+    steps = {"ember-device-index": lambda i: ember.step(ember.features(batches[i][0]), *dev_batches[i]),
+             "dense-only": lambda i: dense.step(*dev_batches[i])}
+    if args.compile:  # the same two steps with the dense model compiled (train.compile's mode)
+        ember_c = bgc.EmberVariant("ember-device-index-compiled", None, dev, device_index=True)
+        dense_c = DenseOnly(dev, args.batch)
+        ember_c.model, dense_c.model = (torch.compile(m, mode=args.compile) for m in (ember_c.model, dense_c.model))
+        mark = torch.compiler.cudagraph_mark_step_begin  # (a new training step for the graph trees, as run_model does)
+        steps["ember-device-index-compiled"] = lambda i: (mark(), ember_c.step(ember_c.features(batches[i][0]), *dev_batches[i]))
+        steps["dense-only-compiled"] = lambda i: (mark(), dense_c.step(*dev_batches[i]))
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    ratios, parts, paired = [], [], {k: [] for k in steps}
     for i in range(args.warmup):
-        ember.step(ember.features(batches[i][0]), *dev_batches[i])
-        dense.step(*dev_batches[i])
+        for run in steps.values():
+            run(i)
     for s in range(args.steps):
         i = args.warmup + s
         t = {}
-        for name in (("ember-device-index", "dense-only") if s % 2 else ("dense-only", "ember-device-index")):
+        names = list(steps)
+        for name in names[s % len(names):] + names[: s % len(names)]:  # each goes first in turn
             t0 = time.perf_counter()
-            if name == "dense-only":
-                dense.step(*dev_batches[i])
-            else:
-                ember.step(ember.features(batches[i][0]), *dev_batches[i])
+            steps[name](i)
             t[name] = (time.perf_counter() - t0) * 1e3
             times[name].append(t[name])
         ratios.append(t["dense-only"] / t["ember-device-index"])
+        for name in names:  # each against ember's eager step of the same round
+            paired[name].append(t["ember-device-index"] / t[name])
     for s in range(args.steps):
         i = args.warmup + args.steps + s
         parts.append(ember.step_phases(ember.features(batches[i][0]), *dev_batches[i]))
     ms = {k: statistics.median(v) for k, v in times.items()}
     parts_ms = {k: statistics.median(p[k] for p in parts) for k in parts[0]}
     print(f"{dev}: ms/step {ms}; dense-only / ember (paired median) {statistics.median(ratios):.3f}")
+    compiled = {}
+    if args.compile:
+        compiled = {"compile_mode": args.compile,
+                    "compiled_vs_eager": statistics.median(paired["ember-device-index-compiled"]),
+                    "dense_compiled_vs_eager": statistics.median(
+                        d / c for d, c in zip(times["dense-only"], times["dense-only-compiled"], strict=True))}
+        print(f"train.compile {args.compile}: ember's step {compiled['compiled_vs_eager']:.3f}x the speed of eager's, "
+              f"the dense-only step {compiled['dense_compiled_vs_eager']:.3f}x (paired medians)")
     print("parts (device synchronised between them), ms:", {k: round(v, 3) for k, v in parts_ms.items()})
     from torch.profiler import ProfilerActivity, profile
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
@@ -131,7 +155,7 @@ def main() -> None:
     trainer = profile_trainer(dev, batches, args.warmup, args.trainer) if args.trainer else {}
     print(json_line({"bench": "profile_step", "device": str(dev), "batch": args.batch,
                      "device_index_vs_dense": statistics.median(ratios), "ms_per_step": ms,
-                     "parts_ms": parts_ms, "cuda_ms_per_step": cuda_ms, **trainer}))
+                     "parts_ms": parts_ms, "cuda_ms_per_step": cuda_ms, **compiled, **trainer}))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,8 @@
 # mlperf (bench_mlperf, short; torch threads = the host's cores); autocast (bench_autocast_size: where
 # train.precision auto's bf16 starts to pay on an AMX host, BF16_MIN_MACS being measured on AVX512-BF16)
 # interaction (not run unless named: bench_interaction, the DLRM interaction's own backward vs autograd's, on the GPU then the host CPU).
+# compile (not run unless named: profile_step with --compile reduce-overhead: ember's device-index step and the dense-only
+# step with the dense model under torch.compile's CUDA graphs, paired with eager; the step is bound by issuing ~300 launches).
 # profile (not run unless named: bench/gpu/profile_step.py, storage.index: device's full step against a dense-only step, torch.profiler's top operations, and the trainer's stage busy fractions).
 set -u
 export PYTHONUNBUFFERED=1
@@ -66,6 +68,9 @@ for s in $STEPS; do
       timeout ${INTERACTION_S:-200} python3 bench/bench_interaction.py 2>&1 | tee "$OUT/interaction.log" | tail -3 ;;
     profile) el "profile_step (storage.index: device vs dense-only; torch.profiler)"
       timeout ${PROFILE_S:-150} python3 bench/gpu/profile_step.py --trainer 40 2>&1 | tee "$OUT/profile.log" | tail -3 ;;
+    compile) el "profile_step --compile reduce-overhead (the dense model's forward and backward as CUDA graphs, train.compile)"
+      timeout ${COMPILE_S:-240} python3 bench/gpu/profile_step.py --compile ${COMPILE_MODE:-reduce-overhead} --profile 2 2>&1 \
+        | tee "$OUT/compile.log" | tail -3 ;;
     nccl) el torchrun nccl
       timeout 90 torchrun --standalone --nproc_per_node 1 -m ember train --config configs/demo.yaml --overwrite 2>&1 | tee "$OUT/nccl.log" | tail -12 ;;
   esac

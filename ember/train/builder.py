@@ -49,6 +49,7 @@ class Components:
     precision: Precision = "fp32"  # the model's compute type (train.precision); parameters stay fp32
     scaler: LossScaler | None = None  # fp16: dynamic loss scale over dense and embedding gradients
     compiled: Callable[..., Tensor] | None = field(default=None, repr=False)  # train.compile: torch.compile(model or ddp)
+    compiled_graphs: bool = False  # ``compiled`` replays CUDA graphs (train.compile: reduce-overhead on a GPU)
     distill: DistillConfig | None = None  # model.distill: the loss learns from the teacher's scores too
     dense_config: DenseOptimizerConfig | None = None  # its lr schedule is applied per step
     dist: DistributedRun | None = None  # set when torchrun started several processes
@@ -104,6 +105,10 @@ class Components:
         # torch.compile of the DDP module, whose forward is the model's in evaluation too
         if self.compiled is not None:
             try:
+                if self.compiled_graphs and self.model.training and torch.is_grad_enabled():
+                    # a new training step: the graphs' outputs of the last one may be overwritten (its
+                    # logits and gradients are consumed by now; torch cannot always infer the boundary)
+                    torch.compiler.cudagraph_mark_step_begin()
                 return self.compiled(*inputs)
             except Exception as e:  # announced, never silent: the run goes on uncompiled
                 log.warning("train.compile: torch.compile failed (%s: %s); the model runs uncompiled from "
@@ -253,12 +258,17 @@ def build_components(cfg: RunConfig, dist: DistributedRun | None = None, announc
     ranks = dist.data_slice[1] if dist is not None and dist.data_slice is not None else 1
     per_sample = dense_macs(model)
     precision = resolve(t.precision, device, per_sample * -(-cfg.data.batch_size // ranks), per_sample)
-    compiled = None
+    compiled, graphs = None, False
     if t.compile and not embedding_rank:
-        compiled = _compile(ddp if ddp is not None else model)  # distributed: compile(DDP(model))
+        mode = None if t.compile is True or t.compile == "default" else t.compile
+        graphs = mode in _GRAPH_MODES and device.type == "cuda"
+        if mode in _GRAPH_MODES and not graphs and once.first("builder.compile_graphs", mode):
+            log.info("train.compile: %s replays CUDA graphs on a GPU only; the model on the %s compiles as default",
+                     mode, device.type)
+        compiled = _compile(ddp if ddp is not None else model, mode)  # distributed: compile(DDP(model))
     return Components(ec, linear, model, opt, sparse_opt, list(schema.labels), device, precision=precision,
-                      scaler=scaler, compiled=compiled, distill=distill, dense_config=t.dense_optimizer, dist=dist, ddp=ddp,
-                      eval_config=cfg.eval, placement=placement)
+                      scaler=scaler, compiled=compiled, compiled_graphs=graphs, distill=distill,
+                      dense_config=t.dense_optimizer, dist=dist, ddp=ddp, eval_config=cfg.eval, placement=placement)
 
 
 def tower_plan(cfg: RunConfig, tables: list[TableConfig], world_size: int, local_world_size: int,
@@ -320,11 +330,15 @@ def _names(names: list[str]) -> str:
     return f"table '{names[0]}'" if len(names) == 1 else f"{len(names)} tables ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''})"
 
 
-def _compile(model: nn.Module) -> Callable[..., Tensor] | None:
-    """``torch.compile(model)``; compilation itself happens at the first call (``Components.run_model``
-    announces a failure there). None, announced, where torch.compile is unavailable."""
+_GRAPH_MODES = ("reduce-overhead", "max-autotune")  # torch.compile's modes that replay CUDA graphs
+
+
+def _compile(model: nn.Module, mode: str | None = None) -> Callable[..., Tensor] | None:
+    """``torch.compile(model, mode=mode)``; compilation itself happens at the first call
+    (``Components.run_model`` announces a failure there). None, announced, where torch.compile is
+    unavailable."""
     try:
-        return torch.compile(model)
+        return torch.compile(model, mode=mode)
     except Exception as e:
         log.warning("train.compile: torch.compile is unavailable here (%s); the model runs uncompiled", e)
         return None

@@ -119,9 +119,12 @@ class TrainConfig(ConfigModel):
     layers do at least 25 M multiply-adds a batch; AMX-BF16: 50 M a batch and 400 k a sample, since narrow
     layers lose there), else fp32, and fp32 on a GPU (DLRM-sized dense models measured 0.76-0.83x in bf16 on an
     H200: launch-bound); the choice and its reason are logged. Without native bf16, bf16/fp16 are slower."""
-    compile: bool = False
+    compile: bool | Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = False
     """`torch.compile` the dense model (the first steps pay for compilation); if compiling fails, a warning names
-    the error and the run goes on uncompiled."""
+    the error and the run goes on uncompiled. `true` is torch's `default` mode; a mode name is passed to
+    `torch.compile(mode=...)`: `reduce-overhead` (and `max-autotune`) also replay the model's forward and backward
+    as CUDA graphs on a GPU, for a dense step bound by launching its kernels (on a CPU they compile as `default`,
+    said once)."""
     early_stopping: EarlyStoppingConfig | None = None
     """Stop when an eval metric stops improving."""
     tensorboard: bool = False

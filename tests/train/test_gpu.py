@@ -158,6 +158,19 @@ def test_cuda_device_index_fetch_replays_a_graph_with_the_same_results(tmp_path,
     assert_identical(run_state(graphs), run_state(eager))
 
 
+def test_cuda_compile_reduce_overhead_trains_like_eager(tmp_path):
+    """train.compile: reduce-overhead on a GPU replays the dense model's forward and backward as
+    CUDA graphs (torch's graph trees, a step marked at each training forward): the run, with the
+    pipelined trainer and evaluation, trains the model eager trains within float tolerance
+    (inductor's fused kernels round at other points)."""
+    eager = train(_tiered(tmp_path, "eager", DEVICE_INDEX, max_steps=30))
+    graphed = train(_tiered(tmp_path, "graphed", DEVICE_INDEX, max_steps=30, compile="reduce-overhead"))
+    assert graphed.parts.compiled is not None and graphed.parts.compiled_graphs  # no fallback
+    for (k, a), b in zip(eager.parts.model.state_dict().items(), graphed.parts.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, msg=k)
+    assert abs(eager.metrics["auc/label"] - graphed.metrics["auc/label"]) < 2e-3
+
+
 def test_cuda_device_index_step_launches_within_the_budget():
     """Issue 25's budget on a GPU for storage.index: device: a steady step of a 26-table group
     (plan, fetch, pool, backward, update, write-back) launches at most 25 operations (a graph's

@@ -109,7 +109,7 @@ def test_scaler_grows_after_clean_steps():
 
 
 def test_a_failed_compile_is_announced_and_the_run_goes_on_uncompiled(tmp_path, monkeypatch, caplog):
-    def broken(model):  # type: ignore[no-untyped-def]
+    def broken(model, **kw):  # type: ignore[no-untyped-def]
         def run(*a):  # type: ignore[no-untyped-def]
             raise RuntimeError("no C++ compiler found")
         return run
@@ -122,6 +122,51 @@ def test_a_failed_compile_is_announced_and_the_run_goes_on_uncompiled(tmp_path, 
     assert caplog.text.count("train.compile") == 1 and fell_back.parts.compiled is None
     for k, v in plain.parts.model.state_dict().items():
         assert torch.equal(fell_back.parts.model.state_dict()[k], v)
+
+
+@pytest.mark.parametrize("value, mode", [(True, None), ("default", None), ("reduce-overhead", "reduce-overhead"),
+                                         ("max-autotune-no-cudagraphs", "max-autotune-no-cudagraphs")])
+def test_compile_passes_its_mode_to_torch(tmp_path, monkeypatch, caplog, value, mode):
+    """``train.compile`` names torch.compile's mode; on a CPU the CUDA-graph modes compile as default,
+    said once (a stand-in torch.compile records the mode and returns the model: the run trains as eager)."""
+    from ember import once
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: seen.append(mode) or model)
+    once.forget("builder.compile_graphs")
+    with caplog.at_level(logging.INFO, logger="ember"):
+        run = train(from_dict(_raw(tmp_path, "c", max_steps=3, compile=value)))
+    assert seen == [mode] and run.parts.compiled is not None and not run.parts.compiled_graphs
+    said = "train.compile: reduce-overhead replays CUDA graphs on a GPU only; the model on the cpu compiles as default"
+    assert caplog.text.count(said) == (value == "reduce-overhead"), caplog.text
+
+
+def test_compile_refuses_a_mode_torch_does_not_have(tmp_path):
+    from ember.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="train.compile"):
+        from_dict(_raw(tmp_path, "c", compile="fastest"))
+
+
+def test_cuda_graph_modes_mark_each_training_step(tmp_path, monkeypatch):
+    """With CUDA graphs (reduce-overhead on a GPU) each training forward starts a new step for
+    torch's graph trees (the last step's outputs may be overwritten, never read); evaluation's
+    forwards do not. The GPU run itself is tests/train/test_gpu.py's."""
+    import ember.train.loop as loop
+
+    marks = []
+    monkeypatch.setattr(torch, "compile", lambda model, mode=None: model)
+    monkeypatch.setattr(torch.compiler, "cudagraph_mark_step_begin", lambda: marks.append(1))
+    original = loop.build_components
+
+    def graphed(cfg, *rest):  # type: ignore[no-untyped-def]
+        parts = original(cfg, *rest)
+        parts.compiled_graphs = True  # as on a GPU
+        return parts
+
+    monkeypatch.setattr(loop, "build_components", graphed)
+    run = train(from_dict(_raw(tmp_path, "g", max_steps=5, compile="reduce-overhead")))
+    assert run.metrics and len(marks) == 5
 
 
 @pytest.mark.slow
