@@ -132,7 +132,7 @@ def dense_optimizer(model: nn.Module) -> torch.optim.Optimizer:
 
 def make_model(seed: int) -> DLRM:
     torch.manual_seed(seed)
-    cfg = DLRMConfig(bottom_mlp=[512, 256, 16], top_mlp=[512, 256],
+    cfg = DLRMConfig(bottom_mlp=[512, 256, D], top_mlp=[512, 256],
                      bottom_final_activation="relu" if W.reference else "identity")
     return DLRM(cfg, ModelInputs(num_dense=DENSE, sparse_dims=[D] * F, num_tasks=1))
 

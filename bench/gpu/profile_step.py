@@ -4,7 +4,7 @@ dense-only step of the same model (the embeddings' outputs fixed leaves: the flo
 parts with the device synchronised between them, and torch.profiler's top operations by host
 time and by device time over a few steps.
 
-    python bench/gpu/profile_step.py [--steps 30] [--warmup 60] [--profile 6] [--trainer 40] [--compile reduce-overhead]
+    python bench/gpu/profile_step.py [--steps 30] [--warmup 60] [--profile 6] [--trainer 40] [--compile reduce-overhead] [--dim 128]
 
 With ``--trainer N``, also the pipelined trainer on the same workload (``train(cfg, batches=...)``,
 the device index, N timed steps after ``--warmup``): samples/s, ms a step, and each pipeline
@@ -66,7 +66,7 @@ def profile_trainer(dev: torch.device, batches: list, warmup: int, steps: int) -
 
     tb = bgc.trainer_batches(batches[: warmup + steps])
     raw = benchkit.dlrm_config({"synthetic": {"num_sparse": bgc.F, "vocab_size": bgc.V, "eval_rows": 1024}},
-                               batch_size=tb[0].size)
+                               batch_size=tb[0].size, bottom_mlp=(512, 256, bgc.D))
     raw["embedding"]["storage"] = {"index": "device", "device": dev.type}
     raw["train"].update(device=dev.type, max_steps=len(tb), epochs=1, log_every=math.gcd(warmup, steps), seed=0)
     with tempfile.TemporaryDirectory() as tmp:
@@ -89,9 +89,13 @@ def main() -> None:
     ap.add_argument("--profile", type=int, default=6, help="steps under torch.profiler")
     ap.add_argument("--batch", type=int, default=4096)
     ap.add_argument("--trainer", type=int, default=0, help="also the pipelined trainer, this many timed steps")
+    ap.add_argument("--dim", type=int, default=bgc.D, help="rows' dim (MLPerf's DLRM: 128; the rows' share of PCIe "
+                                                            "grows with it)")
     ap.add_argument("--compile", default=None, help="also both steps with the dense model under torch.compile in this "
                                                     "mode (train.compile's: default, reduce-overhead, ...)")
     args = ap.parse_args()
+    if args.dim != bgc.D:  # (the bottom MLP ends at the rows' dim, for the dot interaction)
+        bgc.D = bgc.bench_dlrm.D = args.dim
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     n = max(args.warmup + 2 * args.steps + args.profile, args.warmup + args.trainer)
     batches = bgc.make_batches(n, args.batch, zipf=bgc.ZIPF)
@@ -153,7 +157,7 @@ def main() -> None:
         cuda_ms = sum(e.self_device_time_total for e in ka) / 1e3 / args.profile
         print(f"device busy {cuda_ms:.3f} ms a step")
     trainer = profile_trainer(dev, batches, args.warmup, args.trainer) if args.trainer else {}
-    print(json_line({"bench": "profile_step", "device": str(dev), "batch": args.batch,
+    print(json_line({"bench": "profile_step", "device": str(dev), "batch": args.batch, "dim": args.dim,
                      "device_index_vs_dense": statistics.median(ratios), "ms_per_step": ms,
                      "parts_ms": parts_ms, "cuda_ms_per_step": cuda_ms, **compiled, **trainer}))
 

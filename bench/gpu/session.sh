@@ -12,6 +12,8 @@
 # interaction (not run unless named: bench_interaction, the DLRM interaction's own backward vs autograd's, on the GPU then the host CPU).
 # compile (not run unless named: profile_step with --compile reduce-overhead: ember's device-index step and the dense-only
 # step with the dense model under torch.compile's CUDA graphs, paired with eager; the step is bound by issuing ~300 launches).
+# wide (not run unless named: profile_step at dim 128, batch 16,384: how much of the device-index step the rows' gathers
+# and scatters over PCIe take once rows are 8x wider; the case for hot rows in device memory under the device index).
 # profile (not run unless named: bench/gpu/profile_step.py, storage.index: device's full step against a dense-only step, torch.profiler's top operations, and the trainer's stage busy fractions).
 set -u
 export PYTHONUNBUFFERED=1
@@ -71,6 +73,9 @@ for s in $STEPS; do
     compile) el "profile_step --compile reduce-overhead (the dense model's forward and backward as CUDA graphs, train.compile)"
       timeout ${COMPILE_S:-240} python3 bench/gpu/profile_step.py --compile ${COMPILE_MODE:-reduce-overhead} --profile 2 2>&1 \
         | tee "$OUT/compile.log" | tail -3 ;;
+    wide) el "profile_step --dim 128 --batch 16384 (the rows' PCIe share at MLPerf's dim: is a device tier of hot rows worth it?)"
+      timeout ${WIDE_S:-200} python3 bench/gpu/profile_step.py --dim 128 --batch 16384 --steps 15 --warmup 30 --profile 3 2>&1 \
+        | tee "$OUT/wide.log" | tail -3 ;;
     nccl) el torchrun nccl
       timeout 90 torchrun --standalone --nproc_per_node 1 -m ember train --config configs/demo.yaml --overwrite 2>&1 | tee "$OUT/nccl.log" | tail -12 ;;
   esac
