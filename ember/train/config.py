@@ -10,6 +10,9 @@ from pydantic import Field, field_validator, model_validator
 from ember.config_base import ConfigModel, removed_key
 from ember.optim.schedule import ScheduleConfig
 
+CompileMode = Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+COMPILE_MODES: tuple[str, ...] = CompileMode.__args__  # torch.compile's modes, as train.compile names them
+
 __all__ = ["TrainConfig", "DenseOptimizerConfig", "EarlyStoppingConfig", "EvalConfig"]
 
 
@@ -119,12 +122,19 @@ class TrainConfig(ConfigModel):
     layers do at least 25 M multiply-adds a batch; AMX-BF16: 50 M a batch and 400 k a sample, since narrow
     layers lose there), else fp32, and fp32 on a GPU (DLRM-sized dense models measured 0.76-0.83x in bf16 on an
     H200: launch-bound); the choice and its reason are logged. Without native bf16, bf16/fp16 are slower."""
-    compile: bool | Literal["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"] = False
+    compile: bool | CompileMode = False
     """`torch.compile` the dense model (the first steps pay for compilation); if compiling fails, a warning names
     the error and the run goes on uncompiled. `true` is torch's `default` mode; a mode name is passed to
     `torch.compile(mode=...)`: `reduce-overhead` (and `max-autotune`) also replay the model's forward and backward
     as CUDA graphs on a GPU, for a dense step bound by launching its kernels (on a CPU they compile as `default`,
     said once)."""
+
+    @field_validator("compile", mode="before")
+    @classmethod
+    def _compile_mode(cls, v: object) -> object:
+        if isinstance(v, bool) or v in COMPILE_MODES:
+            return v
+        raise ValueError(f"give true, false or one of torch.compile's modes ({', '.join(COMPILE_MODES)}); got {v!r}")
     early_stopping: EarlyStoppingConfig | None = None
     """Stop when an eval metric stops improving."""
     tensorboard: bool = False

@@ -144,7 +144,8 @@ def test_compile_passes_its_mode_to_torch(tmp_path, monkeypatch, caplog, value, 
 def test_compile_refuses_a_mode_torch_does_not_have(tmp_path):
     from ember.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="train.compile"):
+    with pytest.raises(ConfigError, match=r"'train.compile': give true, false or one of torch.compile's modes "
+                                          r"\(default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs\); got 'fastest'"):
         from_dict(_raw(tmp_path, "c", compile="fastest"))
 
 
