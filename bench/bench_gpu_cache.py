@@ -34,7 +34,8 @@ figures before 2026-11-26's third session timed its filling, with free slots and
         [--phases N [--profile-top K]] [--trainer N [--trainer-warmup 80]]
 
 The last line is one JSON object: device_ops_per_step_per_group, syncs_per_step (the caches'),
-device_index_ops_per_step, device_index_syncs_per_step (storage.index: device), budget, mapped_ops_per_step, mapped_syncs_per_step, and with CUDA cache_vs_host, cache_vs_all_device,
+device_index_ops_per_step, device_index_syncs_per_step (storage.index: device), hot_ops_per_step,
+hot_syncs_per_step (its hot rows in device memory), budget, mapped_ops_per_step, mapped_syncs_per_step, and with CUDA cache_vs_host, cache_vs_all_device,
 mapped_vs_host, mapped_vs_all_device, mapped_vs_plain_gpu, device_index_vs_host,
 device_index_vs_all_device, device_index_vs_plain_gpu, device_index_graphs_vs_eager, ms_per_step, embedding_ids_per_s,
 cache_hit_rate, transfer.
@@ -82,8 +83,12 @@ class EmberVariant:
     """ember on ``dev``: a device cache of ``cache_rows`` per table (None: rows in host memory)."""
 
     def __init__(self, name: str, cache_rows: int | None, dev: torch.device, device_index: bool = False) -> None:
+        """``device_index``: storage.index: device, and with ``cache_rows`` its hot rows in device
+        memory (that many per table); else ``cache_rows`` rows of a device cache per table (the
+        host index's group cache), or None: rows in host memory."""
         self.name, self.dev = name, dev
-        storage = ({"storage": {"index": "device", "device": dev.type}} if device_index else {} if cache_rows is None
+        hot = {} if cache_rows is None else {"device_rows": cache_rows}
+        storage = ({"storage": {"index": "device", "device": dev.type, **hot}} if device_index else {} if cache_rows is None
                    else {"storage": {"device_rows": cache_rows, "device": dev.type, "admit_after": 1}})
         self.keys = [f"C{i + 1}" for i in range(F)]
         tables = [TableConfig(name=n, dim=D, optimizer={"type": "rowwise_adagrad", "lr": 0.05}, **storage) for n in self.keys]
@@ -257,9 +262,11 @@ class StepBudget:
             self.sync_names[k] = self.sync_names.get(k, 0) + c
 
 
-def _generations(v: Any) -> list[tuple[int, int]]:
-    """Each storage.index: device group's (rows, index) generations: they change with a growth."""
-    return [(g.mapped.generation, g.mapped.index.generation) for g in v.ec.groups if g.mapped is not None]
+def _generations(v: Any) -> list[tuple[int, int, int]]:
+    """Each storage.index: device group's (rows, index) generations, which change with a growth,
+    and its hot rows' rebalances (the hot set chosen again: every 64 steps once warm)."""
+    return [(g.mapped.generation, g.mapped.index.generation, g.mapped.hot.rebalances if g.mapped.hot is not None else 0)
+            for g in v.ec.groups if g.mapped is not None]
 
 
 def _arenas(group: Any, dev: torch.device) -> list[torch.Tensor]:
@@ -292,16 +299,17 @@ def measure_budgets(dev: torch.device, batches: list, vocab: int, warmup: int, s
         raise ValueError(f"measure_budgets: {len(batches)} batches for {warmup} warm-up + {steps} measured steps + 1")
     out: dict[str, Any] = {}
     runs = [(n, f, a) for n, f in caches.items() for a in (False, True)]
-    if device_index:
-        runs.append(("ember-device-index", 0, False))  # (storage.index: device: its device memory marked by ember)
+    if device_index:  # (storage.index: device: its device memory marked by ember; its hot rows: 1/4 of each table)
+        runs += [("ember-device-index", 0, False), ("ember-device-index-hot-1/4", -4, False)]
     try:
         for name, frac, ahead in runs:
             name = name + " ahead" if ahead else name
             v = (EmberVariant(name, None, dev, device_index=True) if not frac
+                 else EmberVariant(name, max(vocab // -frac, 1), dev, device_index=True) if frac < 0
                  else EmberVariant(name, max(vocab // frac, 1), dev))
             # storage.index: device on a CPU: its fetch and write-back padded and each counted as the one
             # launch a GPU's CUDA graph replay is (on CUDA the replays themselves are counted)
-            as_graphs = not frac and dev.type == "cpu"
+            as_graphs = frac <= 0 and dev.type == "cpu"
             mapped_fetch.PAD_ON_CPU = mapped_fetch.COUNT_AS_GRAPHS = as_graphs
             for ids, dense, labels in batches[:warmup]:
                 v.step(v.features(ids), dense.to(dev), labels.to(dev))
@@ -312,8 +320,11 @@ def measure_budgets(dev: torch.device, batches: list, vocab: int, warmup: int, s
             sync_names: dict[str, int] = {}
             if ahead:
                 v.embedding_path_ahead(v.features(batches[warmup][0]), cot)  # (prepares the first)
-            grew = 0  # (storage.index: device: steps that grew the rows or the index, a wait each, left out of the max)
+            grew = 0  # (storage.index: device: steps that grew the rows or the index, a wait each, or chose the hot
+            # rows again, left out of the max)
             grown: list[tuple[int, int]] = []
+            step_phases: list[Any] = []  # each step's per-group phases (None: left out)
+            step_phases_all: list[Any] = []
             for i, (ids, _, _) in enumerate(batches[warmup : warmup + steps]):
                 sb = StepBudget(dev)
                 before = _generations(v)
@@ -322,17 +333,15 @@ def measure_budgets(dev: torch.device, batches: list, vocab: int, warmup: int, s
                 else:
                     v.embedding_path(v.features(ids), cot, sb)
                 ops, syncs = max(sum(o for o, _ in g.values()) for g in sb.groups), sum(s for g in sb.groups for _, s in g.values())
+                step_phases_all.append(sb.groups)
                 if _generations(v) != before:
                     grew += 1
                     grown.append((ops, syncs))
+                    step_phases.append(None)
                 else:
                     per_step_ops.append(ops)
                     per_step_syncs.append(syncs)
-                for g in sb.groups:
-                    for p, (o, s) in g.items():
-                        acc = phases.setdefault(p, [0, 0])
-                        acc[0] += o
-                        acc[1] += s
+                    step_phases.append(sb.groups)
                 for k, c in sb.top.items():
                     top[k] = top.get(k, 0) + c
                 for k, c in sb.sync_names.items():
@@ -340,7 +349,14 @@ def measure_budgets(dev: torch.device, batches: list, vocab: int, warmup: int, s
             all_grew = not per_step_ops
             if all_grew:  # (every measured step grew: their figures, said)
                 per_step_ops, per_step_syncs = [o for o, _ in grown], [s for _, s in grown]
-            n = steps * len(v.ec.groups)
+            kept = [gs for gs in step_phases if gs is not None]
+            for gs in kept or step_phases_all:  # (the phases of the steps in the figures)
+                for g in gs:
+                    for p, (o, s) in g.items():
+                        acc = phases.setdefault(p, [0, 0])
+                        acc[0] += o
+                        acc[1] += s
+            n = len(kept or step_phases_all) * len(v.ec.groups)
             res = {
                 "groups": len(v.ec.groups), "ops_per_step_per_group": max(per_step_ops), "syncs_per_step": max(per_step_syncs),
                 "growth_steps": grew, "growth_in_figures": all_grew,
@@ -457,6 +473,9 @@ def budget_summary(budgets: dict[str, Any]) -> dict[str, Any]:
     if "ember-device-index" in budgets:
         out["device_index_ops_per_step"] = budgets["ember-device-index"]["ops_per_step_per_group"]
         out["device_index_syncs_per_step"] = budgets["ember-device-index"]["syncs_per_step"]
+    if "ember-device-index-hot-1/4" in budgets:  # (its max over steps: a step that chooses the hot rows again included)
+        out["hot_ops_per_step"] = budgets["ember-device-index-hot-1/4"]["ops_per_step_per_group"]
+        out["hot_syncs_per_step"] = budgets["ember-device-index-hot-1/4"]["syncs_per_step"]
     return out
 
 
@@ -613,7 +632,10 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
     for g in eager.ec.groups:
         g.mapped_fetch.graphs_on = False
     ember_vs = [EmberVariant(n, max(vocab // f, 1), dev) for n, f in CACHES.items()] + [
-        EmberVariant("ember-host", None, dev), EmberVariant("ember-device-index", None, dev, device_index=True), eager]
+        EmberVariant("ember-host", None, dev), EmberVariant("ember-device-index", None, dev, device_index=True), eager,
+        # the device index's hot rows (storage.index: device + device_rows): 1/4 of each table, and every row
+        EmberVariant("ember-device-index-hot-1/4", max(vocab // 4, 1), dev, device_index=True),
+        EmberVariant("ember-device-index-hot-all", vocab, dev, device_index=True)]
     variants: list[Any] = [*ember_vs, MappedVariant(dev), PlainGPU(dev, vocab)]
     cot = cotangents(ember_vs[0].keys, batches[0][0].shape[1], dev)
     times: dict[str, list[float]] = {v.name: [] for v in variants}
@@ -653,6 +675,10 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
         "device_index_vs_all_device": ratio("ember-all-device", "ember-device-index"),
         "device_index_vs_plain_gpu": ratio("plain-gpu", "ember-device-index"),
         "device_index_graphs_vs_eager": ratio("ember-device-index-eager", "ember-device-index"),
+        "hot_vs_host": ratio("ember-host", "ember-device-index-hot-1/4"),
+        "hot_vs_all_device": ratio("ember-device-index-hot-all", "ember-device-index-hot-1/4"),
+        "hot_vs_device_index": ratio("ember-device-index", "ember-device-index-hot-1/4"),
+        "hot_vs_plain_gpu": ratio("plain-gpu", "ember-device-index-hot-1/4"),
         "cache_hit_rate": {}, "transfer_mb_per_step": {}, "transfer_vs_misses_evictions": {},
     }
     w = 2 * (warmup // 2)  # two accounted steps per pair (full step, embedding path)
@@ -672,6 +698,9 @@ def compare_on_gpu(dev: torch.device, batches: list, vocab: int, warmup: int) ->
           f"{out['device_index_vs_host']:.3f}x; vs ember-all-device: {out['device_index_vs_all_device']:.3f}x; "
           f"vs plain-gpu: {out['device_index_vs_plain_gpu']:.3f}x; its CUDA graphs vs the same operation by operation: "
           f"{out['device_index_graphs_vs_eager']:.3f}x")
+    print(f"ember-device-index-hot-1/4 (storage.index: device, 1/4 of each table's rows read most in GPU memory) vs "
+          f"ember-host: {out['hot_vs_host']:.3f}x; vs every row hot: {out['hot_vs_all_device']:.3f}x; vs no hot rows: "
+          f"{out['hot_vs_device_index']:.3f}x; vs plain-gpu: {out['hot_vs_plain_gpu']:.3f}x")
     for v in ember_vs:
         hr, tr = out["cache_hit_rate"][v.name], out["transfer_vs_misses_evictions"][v.name]
         print(f"{v.name:<17} hit rate {'-' if hr is None else f'{hr:.3f}'}; host<->device "

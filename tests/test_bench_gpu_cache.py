@@ -30,18 +30,20 @@ def test_budgets_on_cpu(bench) -> None:
     bench.bench_dlrm.W = bench.bench_dlrm.Workload([vocab] * bench.F)
     batches = bench.make_batches(4, 32, zipf=bench.ZIPF)
     budgets = bench.measure_budgets(torch.device("cpu"), batches, vocab, warmup=1, steps=2, log=False)
-    assert set(budgets) == set(bench.CACHES) | {f"{c} ahead" for c in bench.CACHES} | {"ember-device-index"}
+    assert set(budgets) == set(bench.CACHES) | {f"{c} ahead" for c in bench.CACHES} | {"ember-device-index",
+                                                                                       "ember-device-index-hot-1/4"}
     from benchkit import json_line  # the bench's last line
 
     record = json.loads(json_line(bench.budget_summary(budgets)))
     for key in ("device_ops_per_step_per_group", "syncs_per_step", "budget", "device_index_ops_per_step",
-                "device_index_syncs_per_step"):
+                "device_index_syncs_per_step", "hot_ops_per_step", "hot_syncs_per_step"):
         assert key in record, key
     # the cache's headline is the cache's; storage.index: device (its look-up on the device) apart
     assert record["device_ops_per_step_per_group"] == max(b["ops_per_step_per_group"] for n, b in budgets.items()
-                                                          if n != "ember-device-index")
+                                                          if not n.startswith("ember-device-index"))
     assert record["device_index_ops_per_step"] == budgets["ember-device-index"]["ops_per_step_per_group"]
     assert budgets["ember-device-index"]["top_ops"].get("cuda graph", 0) > 0  # (a CPU counts each graph as its replay)
+    assert budgets["ember-device-index-hot-1/4"]["top_ops"].get("cuda graph", 0) > 0
     assert isinstance(record["syncs_per_step"], int) and record["syncs_per_step"] >= 0
     assert isinstance(record["device_ops_per_step_per_group"], int) and record["device_ops_per_step_per_group"] > 0
     for name, b in record["budget"].items():
@@ -64,12 +66,14 @@ def test_comparison_runs_on_cpu(bench) -> None:
     bench.bench_dlrm.W = bench.bench_dlrm.Workload([vocab] * bench.F)
     batches = bench.make_batches(3, 16, zipf=bench.ZIPF)
     out = bench.compare_on_gpu(torch.device("cpu"), batches, vocab, warmup=1)
-    names = {*bench.CACHES, "ember-host", "ember-device-index", "ember-device-index-eager", "ember-mapped", "plain-gpu"}
+    names = {*bench.CACHES, "ember-host", "ember-device-index", "ember-device-index-eager", "ember-mapped", "plain-gpu",
+             "ember-device-index-hot-1/4", "ember-device-index-hot-all"}
     assert set(out["ms_per_step"]) == names and set(out["embedding_ids_per_s"]) == names
     assert out["cache_vs_host"] > 0 and out["cache_vs_all_device"] > 0
     assert out["mapped_vs_host"] > 0 and out["mapped_vs_all_device"] > 0 and out["mapped_vs_plain_gpu"] > 0
     assert out["device_index_vs_host"] > 0 and out["device_index_vs_all_device"] > 0
     assert out["device_index_graphs_vs_eager"] > 0
+    assert min(out[k] for k in ("hot_vs_host", "hot_vs_all_device", "hot_vs_device_index", "hot_vs_plain_gpu")) > 0
     assert 0 <= out["cache_hit_rate"]["ember-cache-1/4"] <= 1 and out["cache_hit_rate"]["ember-host"] is None
 
 

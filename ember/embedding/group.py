@@ -648,7 +648,7 @@ class GroupLookup:
             at_dev = upload(torch.from_numpy(at), self.records.device)
             pairs = self._mapped_pairs
             row = pairs[0].index_select(0, at_dev)
-            rows = g.codec.decode(g.mapped.rows.index_select(0, row))
+            rows = g.codec.decode(g.mapped.gather(row))
             if g.pending is not None:  # (a pair min_count held back keeps its zero row: no batch before stored it)
                 rows = torch.where((row == g.mapped.scratch).unsqueeze(1), self.records.index_select(0, at_dev), rows)
             self.records.index_copy_(0, at_dev, rows)
@@ -1005,20 +1005,33 @@ def _mapped_group(tables: Sequence[EmbeddingTable]) -> MappedRows | None:
     if not tiers or not all(isinstance(x, MappedTier) for x in tiers):
         return None
     first = tiers[0].rows  # type: ignore[attr-defined]
+    # the group's hot rows: its tables' device budgets summed, one frequency ranking over the group
+    hot = sum(x.hot_rows for x in tiers)  # type: ignore[attr-defined]
     if all(x.rows is first and x.j == j and x.tables == len(tables) for j, x in enumerate(tiers)):  # type: ignore[attr-defined]
-        return first  # (a group over these tables was made before)
+        first.keep_hot(hot)  # (a group of one table, or one made before)
+        _log_mapped([t.name for t in tables], first)
+        return first
     held = sum(len(x) for x in tiers)
-    rows = MappedRows(first.record_dim, first.device, capacity=max(2 * held, 1 << 16))
+    rows = MappedRows(first.record_dim, first.device, capacity=max(2 * held, 1 << 16), hot_rows=hot)
     for j, (t, x) in enumerate(zip(tables, tiers)):
+        share = x.hot_rows  # type: ignore[attr-defined]
         t.tier = MappedTier(rows, j, len(tables))
+        t.tier.hot_rows = share
         for ids, rec in x.items():
             t.tier.put(ids, rec)
-    names = [t.name for t in tables]
+    _log_mapped([t.name for t in tables], rows)
+    return rows
+
+
+def _log_mapped(names: list[str], rows: MappedRows) -> None:
     where = ("in pinned host memory, indexed on the GPU" if rows.device.type == "cuda" else
              "in host memory, indexed by tensor operations on the CPU (the index is made for a GPU: on a CPU, "
              "storage.index: host is faster)")
+    if rows.hot is not None:
+        where += (f", and copies of the {rows.hot.capacity:,} read most in "
+                  f"{'GPU' if rows.device.type == 'cuda' else 'host'} memory ({fmt_bytes(rows.hot.nbytes)}), chosen "
+                  f"again every {rows.hot.every} training steps")
     _log_once(f"table group {names}: every row {where} (storage.index: device)")
-    return rows
 
 
 def _log_once(msg: str) -> None:

@@ -183,7 +183,7 @@ class MappedFetch:
     def _prepare(self, n: int) -> None:
         """The host's part of a fetch of up to ``n`` pairs: room in the rows, the index and the
         ``min_count`` counts (a growth, rarely)."""
-        self.group.mapped.prepare(n)  # type: ignore[union-attr]
+        self.group.mapped.prepare(n, training=True)  # type: ignore[union-attr]
         if self.group.pending is not None:
             self.group.pending.prepare(n)
 
@@ -207,7 +207,7 @@ class MappedFetch:
         on a GPU."""
         g, m = self.group, self.group.mapped
         assert m is not None
-        if g.codec.identity:  # (one scatter: nothing to gather into a graph)
+        if g.codec.identity and m.hot is None:  # (one scatter: nothing to gather into a graph)
             m.store(pairs[0], records)
             return
         n, t = records.shape[0], len(g.tables)
@@ -235,7 +235,7 @@ class MappedFetch:
         rows, keys, tags = pairs[0], pairs[1], pairs[2]
         if valid is not None:
             rows = torch.where(valid, rows, m.scratch)
-        m.rows.index_copy_(0, rows, self.group.codec.encode(records, keys, 0, 0, table_key=table_keys[tags]))
+        m.scatter(rows, self.group.codec.encode(records, keys, 0, 0, table_key=table_keys[tags]))
         return ()
 
     def body(self, keys: Tensor, tags: Tensor, steps: Tensor | None, valid: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
@@ -250,8 +250,9 @@ class MappedFetch:
         rows, new = m.index.insert(keys, tags, valid)
         if valid is not None:
             rows = torch.where(valid, rows, m.scratch)
-        rec, new = self.complete(g.codec.decode(m.rows.index_select(0, rows)), new, keys, tags, steps, valid, True)
-        m.rows.index_copy_(0, rows, g.codec.encode_nearest(rec))  # (16-bit weights: exact, they are 16-bit values)
+        m.read_by_training(rows)
+        rec, new = self.complete(g.codec.decode(m.gather(rows)), new, keys, tags, steps, valid, True)
+        m.scatter(rows, g.codec.encode_nearest(rec))  # (16-bit weights: exact, they are 16-bit values)
         return torch.stack((rows, keys, tags.to(torch.int64))), new, rec
 
     def _body_counted(self, keys: Tensor, tags: Tensor, steps: Tensor | None,
@@ -265,7 +266,7 @@ class MappedFetch:
         assert m is not None and c is not None and g.min_counts is not None and g.filtered_dev is not None
         hit = m.index.find(keys, tags)
         found = hit >= 0 if valid is None else (hit >= 0) & valid
-        rec = g.codec.decode(m.rows.index_select(0, torch.where(found, hit, m.scratch)))
+        rec = g.codec.decode(m.gather(torch.where(found, hit, m.scratch)))
         expired = self._expired(rec, found, tags, steps, valid)
         live = found if expired is None else found & ~expired
         need = g.min_counts[tags]
@@ -282,7 +283,8 @@ class MappedFetch:
         rec = torch.where(new.unsqueeze(1), g.fresh_rows(keys, tags), rec)
         rec = torch.where(held.unsqueeze(1), 0.0, rec)
         self._seen(rec, tags, steps)
-        m.rows.index_copy_(0, rows, g.codec.encode_nearest(rec))
+        m.read_by_training(rows)
+        m.scatter(rows, g.codec.encode_nearest(rec))
         return torch.stack((rows, keys, tags.to(torch.int64))), new, rec
 
     def read(self, keys: Tensor, tags: Tensor) -> Tensor:

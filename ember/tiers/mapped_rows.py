@@ -33,6 +33,7 @@ from ember.fileio import fmt_bytes
 from ember.tiers.base import Tier, TierCounters
 from ember.tiers.device_budget import mark_device
 from ember.tiers.device_index import DeviceIndex
+from ember.tiers.hot_rows import HotRows
 from ember.tiers.mapped import device_view
 from ember.tiers.storage import _mem_available
 
@@ -41,7 +42,7 @@ __all__ = ["MappedRows", "MappedTier"]
 log = logging.getLogger("ember.tiers")
 
 _INSTEAD = ("Every row of such a table stays in host memory (storage.index: device, which storage.index: auto picks "
-            "for a GPU run's tables without a device cache, host budget or disk tier): set storage.index: host to keep "
+            "for a GPU run's tables without a host budget or disk tier): set storage.index: host to keep "
             "the rows in pageable memory, and for tables larger than RAM add a disk tier (storage.disk_path)")
 
 
@@ -53,6 +54,7 @@ class MappedRows:
         device: where the index lives and the step runs (``cuda``, or ``cpu`` for the same code on
             a CPU).
         capacity: records (and index pairs) before the first growth.
+        hot_rows: records also kept in device memory, the ones read most (``HotRows``; 0: none).
 
     Example:
         >>> m = MappedRows(3, "cpu", capacity=4)
@@ -64,15 +66,18 @@ class MappedRows:
         [[4.0, 5.0, 6.0]]
     """
 
-    def __init__(self, record_dim: int, device: str | torch.device, capacity: int = 1 << 16) -> None:
-        if record_dim < 1 or capacity < 1:
-            raise ValueError(f"MappedRows: record_dim and capacity must be >= 1, got {record_dim} and {capacity}")
+    def __init__(self, record_dim: int, device: str | torch.device, capacity: int = 1 << 16, hot_rows: int = 0) -> None:
+        if record_dim < 1 or capacity < 1 or hot_rows < 0:
+            raise ValueError(f"MappedRows: record_dim and capacity must be >= 1 and hot_rows >= 0, got {record_dim}, "
+                             f"{capacity} and {hot_rows}")
         self.device = torch.device(device)
         self.record_dim = record_dim
         self.index = DeviceIndex(capacity, self.device)
         self.host = self._alloc(capacity)
         self.rows = device_view(self.host, self.device)
         mark_device(self.rows)
+        # the records read most, copied into device memory (a device budget: storage.device_rows)
+        self.hot = HotRows(hot_rows, record_dim, self.host.shape[0], self.device) if hot_rows else None
         self.generation = 0  # changes when the rows are replaced (growth): a CUDA graph over them is stale
         self.version = 0  # changes with every call that may insert or remove (``table_counts``' cache)
         self._counts: tuple[int, np.ndarray] | None = None
@@ -105,8 +110,8 @@ class MappedRows:
 
     @property
     def nbytes(self) -> int:
-        """Host bytes (the records) + device bytes (the index)."""
-        return self.host.numel() * 4 + self.index.nbytes
+        """Host bytes (the records) + device bytes (the index, the hot rows)."""
+        return self.host.numel() * 4 + self.index.nbytes + (self.hot.nbytes if self.hot is not None else 0)
 
     def _room(self, n: int) -> None:
         """Host rows for every record numbered after ``n`` more inserts: a growth (doubling, the
@@ -131,13 +136,41 @@ class MappedRows:
         host[: self.capacity].copy_(self.host[: self.capacity])
         self.host = host
         self.rows = device_view(host, self.device)
+        if self.hot is not None:
+            self.hot.grow(host.shape[0])
         self.generation += 1
         mark_device(self.rows)
 
     def device_tensors(self) -> list[Tensor]:
-        """The device memory it keeps between calls (the rows' view, the index's planes): what a
-        ``DeviceBudget`` on a CPU "device" is told is the device's (``mark_device``)."""
-        return [self.rows, *self.index.device_tensors()]
+        """The device memory it keeps between calls (the rows' view, the index's planes, the hot
+        rows): what a ``DeviceBudget`` on a CPU "device" is told is the device's (``mark_device``)."""
+        return [self.rows, *self.index.device_tensors(), *(self.hot.tensors() if self.hot is not None else ())]
+
+    def keep_hot(self, rows: int) -> None:
+        """Keep copies of the ``rows`` records read most in device memory from now on (``HotRows``;
+        before the first step: a table group's budget, its tables' summed)."""
+        if rows > 0 and self.hot is None:
+            self.hot = HotRows(rows, self.record_dim, self.host.shape[0], self.device)
+
+    def gather(self, rows: Tensor) -> Tensor:
+        """The records [N, record_dim] of record numbers ``rows`` (the scratch row allowed), from
+        device memory where they are hot, else from the host rows."""
+        if self.hot is None:
+            return self.rows.index_select(0, rows)
+        return self.hot.gather(self.rows, rows, self.scratch)
+
+    def scatter(self, rows: Tensor, records: Tensor) -> None:
+        """Write ``records`` [N, record_dim] to record numbers ``rows`` (distinct but for the
+        scratch row), where each lives."""
+        if self.hot is None:
+            self.rows.index_copy_(0, rows, records)
+        else:
+            self.hot.scatter(self.rows, rows, records, self.scratch)
+
+    def read_by_training(self, rows: Tensor) -> None:
+        """A training fetch's record numbers (the hot rows' access counts; nothing without them)."""
+        if self.hot is not None:
+            self.hot.count(rows)
 
     def lookup(self, keys: Tensor, tables: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """A training step's records of unique (ID, table) pairs: (record numbers int64 [N], new
@@ -147,13 +180,16 @@ class MappedRows:
         self.prepare(keys.numel())
         rows, new = self.index.insert(*self.index.pairs(keys, tables))
         self.inserted(keys.numel())
-        return rows, new, self.rows.index_select(0, rows)
+        return rows, new, self.gather(rows)
 
-    def prepare(self, n: int) -> None:
-        """The host's part of a training lookup of up to ``n`` pairs, before its device work: host
-        rows and index room for them (a growth, rarely: it waits for the device once)."""
+    def prepare(self, n: int, training: bool = False) -> None:
+        """The host's part of a lookup of up to ``n`` pairs, before its device work: host rows and
+        index room for them (a growth, rarely: it waits for the device once); before a training
+        fetch, the hot rows chosen again when due (device work outside the fetch's graph)."""
         self._room(n)
         self.index.prepare(n)
+        if training and self.hot is not None and self.hot.due():
+            self.hot.rebalance(self.rows, self.scratch)
 
     def inserted(self, n: int, download: tuple[Tensor, "torch.cuda.Event | None"] | None = None) -> None:
         """After the device work of a lookup of ``n`` pairs (``index.insert``): the index's count
@@ -168,11 +204,11 @@ class MappedRows:
         mark_device(*self.device_tensors())
         rows = self.index.find(keys, tables)
         found = rows >= 0
-        return found, self.rows.index_select(0, rows.clamp(min=0))
+        return found, self.gather(torch.where(found, rows, self.scratch))
 
     def store(self, rows: Tensor, records: Tensor) -> None:
         """Write ``records`` [N, record_dim] into the record numbers ``rows`` (distinct)."""
-        self.rows.index_copy_(0, rows.to(self.device), records.to(self.device))
+        self.scatter(rows.to(self.device), records.to(self.device))
 
     def put(self, keys: Tensor, tables: Tensor, records: Tensor) -> None:
         """Insert or overwrite the records of unique pairs (a checkpoint's restore)."""
@@ -227,6 +263,8 @@ class MappedRows:
         """Every stored (IDs, tables, records) on the host (of one ``table``, when given),
         ``chunk_rows`` at a time (waits for the device)."""
         idx = self.index
+        if self.hot is not None:  # (the hot rows' newest values, home)
+            self.hot.flush(self.rows, self.scratch)
         live = idx.tags[: idx.buckets * idx.ways]
         live = torch.nonzero(live >= 0 if table is None else live == table).squeeze(1)  # (a sync: queued writes have landed)
         if self.device.type == "cuda":
@@ -259,6 +297,7 @@ class MappedTier(TierCounters, Tier):
 
     def __init__(self, rows: MappedRows, j: int = 0, tables: int = 1) -> None:
         self.rows, self.j, self.tables = rows, j, tables
+        self.hot_rows = 0  # this table's device budget (storage.device_rows): its share of the group's hot rows
         self.record_dim = rows.record_dim
         self.device = rows.device
         self.expired: Tensor | None = None  # the group's reads of expired rows per table (a TTL), on the device

@@ -64,7 +64,8 @@ class StorageConfig(ConfigModel):
     """
 
     device_rows: int | None = Field(None, gt=0)
-    """Device cache size in rows (on the GPU when present, else a host-memory cache)."""
+    """Device cache size in rows (on the GPU when present, else a host-memory cache). Under `index: device`: copies
+    of the rows read most, kept in device memory (a table group's budgets summed, chosen by access counts)."""
     device_bytes: int | str | None = None
     """Device cache size in bytes, e.g. `256MiB`; give rows or bytes, not both."""
     device: Literal["auto", "cuda", "cpu"] = "auto"
@@ -85,10 +86,10 @@ class StorageConfig(ConfigModel):
     """Misses before an ID is promoted into a faster tier."""
     index: Literal["auto", "host", "device"] = "auto"
     """Where the ID -> row index lives: `auto` (a run picks `device` when its model trains on a GPU and the table has
-    no device cache, host budget or disk tier, else `host`; it logs the choice), `host`, or `device` (for a model on
-    a GPU: every row in pinned host memory, found, read and written by the GPU itself, with no host work per ID;
-    not with a device cache, a host budget or a disk tier). An `EmbeddingCollection` built outside a run takes
-    `auto` as `host`."""
+    no host budget or disk tier, nor a device cache with `policy: lru` or `admit_after`; else `host`; it logs the
+    choice), `host`, or `device` (for a model on a GPU: every row in pinned host memory, found, read and written by
+    the GPU itself, with no host work per ID; a device budget keeps copies of the rows read most in GPU memory; not
+    with a host budget or a disk tier). An `EmbeddingCollection` built outside a run takes `auto` as `host`."""
 
     @field_validator("device_bytes", "host_bytes")
     @classmethod
@@ -103,11 +104,26 @@ class StorageConfig(ConfigModel):
             if getattr(self, f"{t}_rows") is not None and getattr(self, f"{t}_bytes") is not None:
                 raise ValueError(f"give {t}_rows or {t}_bytes, not both")
         if self.index == "device":
-            other = self.budgets()
+            other = [b for b in self.budgets() if b not in _HOT]
             if other:
                 raise ValueError(f"index: device keeps every row in (pinned) host memory, indexed on the device; it does not "
                                  f"combine with {', '.join(other)} (remove them, or use index: host)")
+            unused = self._hot_unused()
+            if unused and self.hot_budget():
+                raise ValueError(f"index: device keeps the rows read most in device memory (device_rows / device_bytes), "
+                                 f"chosen by access counts; {unused} applies to the host index's cache only (remove it, "
+                                 f"or use index: host)")
         return self
+
+    def _hot_unused(self) -> str:
+        """The cache options set that the device index's hot rows do not take ('' for none)."""
+        if self.policy != "lfu":
+            return f"policy: {self.policy}"
+        return "admit_after" if "admit_after" in self.model_fields_set else ""
+
+    def hot_budget(self) -> bool:
+        """Whether the table has a device budget (``device_rows`` / ``device_bytes``)."""
+        return self.device_rows is not None or self.device_bytes is not None
 
     @property
     def tiered(self) -> bool:
@@ -134,9 +150,23 @@ class StorageConfig(ConfigModel):
         if self.device == "cpu":
             return "host", "storage.device: cpu"
         budgets = self.budgets()
-        if budgets:
+        if any(b not in _HOT for b in budgets):
             return "host", f"the table has {', '.join(budgets)}"
+        if budgets and self._hot_unused():
+            return "host", f"the table has {', '.join(budgets)} with {self._hot_unused()}"
+        if budgets:
+            return "device", (f"the model trains on a GPU and every row of the table stays in host memory, the rows read "
+                              f"most also in GPU memory ({budgets[0]})")
         return "device", "the model trains on a GPU and every row of the table stays in host memory"
+
+
+_HOT = ("device_rows", "device_bytes")  # the budgets index: device takes, as its hot rows in device memory
+
+
+def hot_rows(storage: StorageConfig, record_dim: int, name: str = "table") -> int:
+    """The rows of an ``index: device`` table's device budget (0 without one): its share of its
+    group's hot rows in device memory (``ember.tiers.hot_rows``)."""
+    return _rows_for(storage.device_bytes, storage.device_rows, record_dim, "device_bytes", name) or 0
 
 
 def memory_row_bytes(record_dim: int, rows: int) -> int:
@@ -286,6 +316,14 @@ def plan_storage(storage: StorageConfig, record_dim: int, name: str = "table") -
     plan = StoragePlan(name=name, record_dim=record_dim, disk_path=storage.disk_path)
     if storage.index == "device":
         dev = _device(storage)
+        hot = hot_rows(storage, record_dim, name)
+        if hot:  # copies of the rows read most, in device memory (and a map and counts per host row there)
+            arena = (hot + 1) * 4 * record_dim
+            if dev.type == "cuda":
+                plan.device_bytes += arena
+            else:
+                plan.host_bytes += arena
+            plan.tiers.append(("device", hot, f"{dev.type} copies of the rows read most, {_fmt(arena)}"))
         plan.tiers.append(("host", None, f"host store{' (pinned)' if dev.type == 'cuda' else ''}, indexed on the {dev.type}"))
         plan.host_unbounded = True
         return plan
@@ -336,7 +374,9 @@ def build_tier(storage: StorageConfig, record_dim: int, name: str = "table") -> 
     if storage.index == "device":
         from ember.tiers.mapped_rows import MappedRows, MappedTier  # (a leaf: tiers import storage)
 
-        return MappedTier(MappedRows(record_dim, _device(storage), capacity=1024))
+        tier = MappedTier(MappedRows(record_dim, _device(storage), capacity=1024))
+        tier.hot_rows = hot_rows(storage, record_dim, name)  # (made by the table group: ``MappedRows.keep_hot``)
+        return tier
     rows = {tier: n for tier, n, _ in plan.tiers}  # the plan's rows per tier (a byte budget's, found once)
     dev_rows, host_rows = rows.get("device"), rows.get("host")
     last: Tier

@@ -297,9 +297,10 @@ def resolve_index(tables: list[TableConfig], device: torch.device) -> list[Table
     """``tables`` with ``storage.index: auto`` made ``host`` or ``device`` for a model on
     ``device`` (``StorageConfig.index_for``). With the model on a GPU each choice is logged once
     with its reason: ``device`` is the faster layout there (bench/RESULTS.md: 1.6x host rows a
-    step, 1.8-2x in the pipelined trainer on an H200), ``host`` is kept for tiered tables. A table
-    whose only budget is a device cache (``device_rows`` / ``device_bytes``) is warned about: it
-    would train faster without the cache (with the device index), and is never switched silently."""
+    step, 1.8-2x in the pipelined trainer on an H200; a device budget becomes its hot rows in GPU
+    memory), ``host`` is kept for tiered tables. A table whose device budget comes with the host
+    cache's own options (``policy: lru``, ``admit_after``) keeps the host index's device cache and
+    is warned about: it trains slower there, and is never switched silently."""
     out, chosen = [], {}
     for t in tables:
         if t.storage.index == "auto":
@@ -313,13 +314,13 @@ def resolve_index(tables: list[TableConfig], device: torch.device) -> list[Table
         for (index, why, cache_only), names in chosen.items():
             if not once.first("builder.index_auto", (index, why, tuple(names))):
                 continue
-            if cache_only:  # a device cache in front of every other row in host memory
-                log.warning("storage.index auto: %s for %s (%s): on a GPU a device cache trains slower than no "
-                            "cache (DLRM-26 on an H200, bench/RESULTS.md: a cache of 1/4 of the rows at 0.65x the "
-                            "speed of rows in host memory and 0.41x of the device index). Remove device_rows and "
-                            "device_bytes from these tables to train them with the device index (every row in "
-                            "pinned host memory, found and updated by the GPU), or set storage.index: host to keep "
-                            "the cache and this message away", index, _names(names), why)
+            if cache_only:  # the host index's device cache (its policy options), every other row in host memory
+                log.warning("storage.index auto: %s for %s (%s): on a GPU the host index's device cache trains slower "
+                            "than no cache (DLRM-26 on an H200, bench/RESULTS.md: a cache of 1/4 of the rows at 0.65x "
+                            "the speed of rows in host memory and 0.41x of the device index). Without policy: lru and "
+                            "admit_after these tables would take the device index, which keeps their device budget "
+                            "as copies of the rows read most in GPU memory; set storage.index: host to keep the cache "
+                            "and this message away", index, _names(names), why)
                 continue
             hint = "; set storage.index: host to keep the index on the host" if index == "device" else ""
             log.info("storage.index auto: %s for %s (%s)%s", index, _names(names), why, hint)

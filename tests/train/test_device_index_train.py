@@ -73,6 +73,36 @@ def test_a_checkpoint_resumes_in_the_other_layout(tmp_path, before, after):
     _same(full, resumed)
 
 
+HOT = {**DEVICE_INDEX, "device_rows": 40}  # 40 of each table's ~3,000 IDs read most, in device memory
+
+
+def _hot(result):
+    """The run's hot rows (each group's ``HotRows``), after checking they were used."""
+    hot = [g.mapped.hot for ec in result.parts.collections() for g in ec.groups]
+    assert hot and all(h is not None and h.rebalances >= 3 and bool((h.held >= 0).any()) for h in hot)
+    return hot
+
+
+@pytest.mark.parametrize("dtype,ttl,min_count", [("fp32", None, 1), ("bf16", 3, 2)])
+def test_hot_rows_train_the_model_the_host_index_trains(tmp_path, dtype, ttl, min_count):
+    """A device budget under the device index (copies of the rows read most in device memory,
+    chosen again as the run goes): the model and rows the host index trains, bit for bit."""
+    host = train(_cfg(tmp_path, "host", {}, dtype, ttl, min_count, max_steps=25))
+    hot = train(_cfg(tmp_path, "hot", HOT, dtype, ttl, min_count, max_steps=25))
+    assert [h.capacity for h in _hot(hot)] == [5 * 40]
+    _same(host, hot)
+    assert hot.metrics["auc/label"] == host.metrics["auc/label"]
+
+
+def test_hot_rows_resume_bit_identical_to_an_uninterrupted_run(tmp_path):
+    """The hot set is not saved: a resumed run chooses it again, and trains the same model."""
+    full = train(_cfg(tmp_path, "full", HOT, ttl=4, min_count=2, max_steps=24))
+    first = train(_cfg(tmp_path, "part", HOT, ttl=4, min_count=2, max_steps=11))
+    resumed = train(_cfg(tmp_path, "part", HOT, ttl=4, min_count=2, max_steps=24, resume=str(first.run_dir)))
+    _hot(full)
+    _same(full, resumed)
+
+
 def test_the_pipeline_on_threads_trains_as_in_line(tmp_path):
     """Fetches on the pipeline's thread (staleness 0: after the update before): the run the
     stages in line give, and the host index's."""
@@ -84,10 +114,11 @@ def test_the_pipeline_on_threads_trains_as_in_line(tmp_path):
     _same(threads, train(_cfg(tmp_path, "host", {}, max_steps=20)))
 
 
-def test_export_scores_as_the_run_evaluates(tmp_path):
+@pytest.mark.parametrize("storage", [DEVICE_INDEX, HOT], ids=["rows", "hot-rows"])
+def test_export_scores_as_the_run_evaluates(tmp_path, storage):
     from ember.testing import assert_export_scores_as_eval
 
-    cfg = _cfg(tmp_path, "export", DEVICE_INDEX, max_steps=15)
+    cfg = _cfg(tmp_path, "export", storage, max_steps=15)
     assert_export_scores_as_eval(train(cfg).parts, cfg, tmp_path / "exported")
 
 

@@ -64,9 +64,10 @@ def _rows(result):
 CACHE = {"device_rows": 256, "device": "cuda", "admit_after": 1, "policy": "lfu"}
 DEVICE_INDEX = {"index": "device", "device": "cuda"}  # every row in pinned host memory, indexed on the GPU
 HOST = {"index": "host"}  # every row in host memory, indexed on the host (storage.index auto's choice would be device)
+HOT = {**DEVICE_INDEX, "device_rows": 256}  # the same, and copies of the rows read most in GPU memory
 
 
-@pytest.mark.parametrize("storage", [CACHE, HOST, DEVICE_INDEX], ids=["group-cache", "host-rows", "device-index"])
+@pytest.mark.parametrize("storage", [CACHE, HOST, DEVICE_INDEX, HOT], ids=["group-cache", "host-rows", "device-index", "hot-rows"])
 def test_cuda_resume_is_bit_identical_to_an_uninterrupted_run(tmp_path, storage):
     """Issue 25 item 4: on a GPU, a resumed run (rows in a device cache that evicts, or in host
     memory) ends with the same dense weights and rows, bit for bit, as an uninterrupted one."""
@@ -145,17 +146,34 @@ def test_cuda_device_index_trains_like_host_rows(tmp_path, dtype, ttl, min_count
         torch.testing.assert_close(a, b, **tol, msg=k)
 
 
-def test_cuda_device_index_fetch_replays_a_graph_with_the_same_results(tmp_path, monkeypatch):
+@pytest.mark.parametrize("storage", [DEVICE_INDEX, HOT], ids=["rows", "hot-rows"])
+def test_cuda_device_index_fetch_replays_a_graph_with_the_same_results(tmp_path, monkeypatch, storage):
     """storage.index: device's training fetch is captured as a CUDA graph per padded size and
     replayed (``ember.embedding.mapped_fetch``): the run equals the same fetch operation by
-    operation (EMBER_CUDA_GRAPHS=0), bit for bit, and the graphs were used."""
-    graphs = train(_tiered(tmp_path, "graphs", DEVICE_INDEX, max_steps=30))
+    operation (EMBER_CUDA_GRAPHS=0), bit for bit, and the graphs were used (with hot rows too:
+    chosen again between replays, outside the graphs)."""
+    graphs = train(_tiered(tmp_path, "graphs", storage, max_steps=30))
     fetches = [g.mapped_fetch for ec in graphs.parts.collections() for g in ec.groups]
     assert fetches and all(f.graphs_on and any(gr.graph is not None for gr in f._graphs.values()) for f in fetches)
     monkeypatch.setenv("EMBER_CUDA_GRAPHS", "0")
-    eager = train(_tiered(tmp_path, "eager", DEVICE_INDEX, max_steps=30))
+    eager = train(_tiered(tmp_path, "eager", storage, max_steps=30))
     assert not any(g.mapped_fetch.graphs_on for ec in eager.parts.collections() for g in ec.groups)
     assert_identical(run_state(graphs), run_state(eager))
+
+
+def test_cuda_hot_rows_train_like_host_rows(tmp_path):
+    """A device budget under the device index: copies of the rows read most in GPU memory (256
+    per table, chosen again as the run goes), the model and rows that host rows train."""
+    hot = train(_tiered(tmp_path, "hot", HOT, max_steps=30))
+    host = train(_tiered(tmp_path, "host", HOST, max_steps=30))
+    kept = [g.mapped.hot for ec in hot.parts.collections() for g in ec.groups]
+    assert kept and all(h is not None and h.arena.is_cuda and h.rebalances >= 3 and bool((h.held >= 0).any()) for h in kept)
+    ra, rb = _rows(hot), _rows(host)
+    for name in ra:
+        assert torch.equal(ra[name][0], rb[name][0]), name
+        torch.testing.assert_close(ra[name][1], rb[name][1], rtol=1e-4, atol=1e-5, msg=name)
+    for (k, a), b in zip(hot.parts.model.state_dict().items(), host.parts.model.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=k)
 
 
 def test_cuda_compile_reduce_overhead_trains_like_eager(tmp_path):
@@ -163,7 +181,7 @@ def test_cuda_compile_reduce_overhead_trains_like_eager(tmp_path):
     CUDA graphs (torch's graph trees, a step marked at each training forward): the run, with the
     pipelined trainer and evaluation, trains the model eager trains within float tolerance
     (inductor's fused kernels round at other points)."""
-    eager = train(_tiered(tmp_path, "eager", DEVICE_INDEX, max_steps=30))
+    eager = train(_tiered(tmp_path, "eager", storage, max_steps=30))
     graphed = train(_tiered(tmp_path, "graphed", DEVICE_INDEX, max_steps=30, compile="reduce-overhead"))
     assert graphed.parts.compiled is not None and graphed.parts.compiled_graphs  # no fallback
     for (k, a), b in zip(eager.parts.model.state_dict().items(), graphed.parts.model.state_dict().values()):

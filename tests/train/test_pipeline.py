@@ -189,6 +189,21 @@ def test_staleness_k_never_loses_an_update_with_the_device_index(k):
 
 
 @pytest.mark.parametrize("k", [1, 2])
+def test_staleness_k_never_loses_an_update_through_the_device_index_hot_rows(k, monkeypatch):
+    # storage.index: device with 2 hot rows for 3 IDs read alike: the hot set is chosen again
+    # (rows written home, others loaded) between lookups' fetches and their updates
+    from ember.tiers.hot_rows import HotRows
+
+    chosen = []
+    real = HotRows.rebalance
+    monkeypatch.setattr(HotRows, "rebalance", lambda self, *a: (chosen.append(1), real(self, *a)))
+    rows, most_stale, _ = _stale_run(k, refresh=True, storage={"index": "device", "device": "cpu", "device_rows": 2})
+    counts = torch.tensor([12 + 4, 12 + 4, 12 + 4], dtype=torch.float32)
+    assert torch.equal(rows, -counts[:, None].expand(3, 2))
+    assert 0 < most_stale <= k and len(chosen) >= 2
+
+
+@pytest.mark.parametrize("k", [1, 2])
 def test_min_count_under_staleness_k_updates_the_device_index_as_the_host_index(k):
     # min_count 3: each ID is held back (a zero row, no update) in batches 0 and 1, admitted in
     # batch 2 (every batch has each ID once, plus one more of them in turn); from then on every
