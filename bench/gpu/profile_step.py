@@ -7,7 +7,7 @@ time and by device time over a few steps.
     python bench/gpu/profile_step.py [--steps 30] [--warmup 60] [--profile 6] [--trainer 40] [--compile reduce-overhead] [--dim 128]
 
 With ``--trainer N``, also the pipelined trainer on the same workload (``train(cfg, batches=...)``,
-the device index, N timed steps after ``--warmup``): samples/s, ms a step, and each pipeline
+the device index, N timed steps after ``--warmup``; with ``--compile``, under ``train.compile``): samples/s, ms a step, and each pipeline
 stage's busy fraction and queue fill over the timed steps (the busiest stage bounds the step).
 
 With ``--compile MODE``, also both steps with the dense model under ``torch.compile(mode=MODE)``
@@ -58,9 +58,10 @@ class DenseOnly:
         bgc._sync(self.dev)
 
 
-def profile_trainer(dev: torch.device, batches: list, warmup: int, steps: int) -> dict:
-    """The pipelined trainer on ``batches`` (the device index): ms a step over the timed steps
-    and the pipeline's stage busy fractions and queue fills (their medians over the records)."""
+def profile_trainer(dev: torch.device, batches: list, warmup: int, steps: int, compile: str | None = None) -> dict:
+    """The pipelined trainer on ``batches`` (the device index; ``compile``: ``train.compile``'s
+    mode): ms a step over the timed steps and the pipeline's stage busy fractions and queue fills
+    (their medians over the records)."""
     import benchkit
     from bench_pipeline import timed_rate
 
@@ -68,7 +69,8 @@ def profile_trainer(dev: torch.device, batches: list, warmup: int, steps: int) -
     raw = benchkit.dlrm_config({"synthetic": {"num_sparse": bgc.F, "vocab_size": bgc.V, "eval_rows": 1024}},
                                batch_size=tb[0].size, bottom_mlp=(512, 256, bgc.D))
     raw["embedding"]["storage"] = {"index": "device", "device": dev.type}
-    raw["train"].update(device=dev.type, max_steps=len(tb), epochs=1, log_every=math.gcd(warmup, steps), seed=0)
+    raw["train"].update(device=dev.type, max_steps=len(tb), epochs=1, log_every=math.gcd(warmup, steps), seed=0,
+                        compile=compile or False)
     with tempfile.TemporaryDirectory() as tmp:
         res = benchkit.run_training(raw, Path(tmp), "trainer", batches=tb)
     rate, _ = timed_rate(res.history, warmup)
@@ -156,7 +158,7 @@ def main() -> None:
         print(ka.table(sort_by="self_cuda_time_total", row_limit=20, max_name_column_width=60))
         cuda_ms = sum(e.self_device_time_total for e in ka) / 1e3 / args.profile
         print(f"device busy {cuda_ms:.3f} ms a step")
-    trainer = profile_trainer(dev, batches, args.warmup, args.trainer) if args.trainer else {}
+    trainer = profile_trainer(dev, batches, args.warmup, args.trainer, args.compile) if args.trainer else {}
     print(json_line({"bench": "profile_step", "device": str(dev), "batch": args.batch, "dim": args.dim,
                      "device_index_vs_dense": statistics.median(ratios), "ms_per_step": ms,
                      "parts_ms": parts_ms, "cuda_ms_per_step": cuda_ms, **compiled, **trainer}))

@@ -11,7 +11,8 @@
 # train.precision auto's bf16 starts to pay on an AMX host, BF16_MIN_MACS being measured on AVX512-BF16)
 # interaction (not run unless named: bench_interaction, the DLRM interaction's own backward vs autograd's, on the GPU then the host CPU).
 # compile (not run unless named: profile_step with --compile reduce-overhead: ember's device-index step and the dense-only
-# step with the dense model under torch.compile's CUDA graphs, paired with eager; the step is bound by issuing ~300 launches).
+# step with the dense model under torch.compile's CUDA graphs, paired with eager; the step is bound by issuing ~300 launches;
+# COMPILE_ARGS="--trainer 30" adds the pipelined trainer under train.compile).
 # wide (not run unless named: profile_step at dim 128, batch 16,384: how much of the device-index step the rows' gathers
 # and scatters over PCIe take once rows are 8x wider; the case for hot rows in device memory under the device index).
 # profile (not run unless named: bench/gpu/profile_step.py, storage.index: device's full step against a dense-only step, torch.profiler's top operations, and the trainer's stage busy fractions).
@@ -71,7 +72,7 @@ for s in $STEPS; do
     profile) el "profile_step (storage.index: device vs dense-only; torch.profiler)"
       timeout ${PROFILE_S:-150} python3 bench/gpu/profile_step.py --trainer 40 2>&1 | tee "$OUT/profile.log" | tail -3 ;;
     compile) el "profile_step --compile reduce-overhead (the dense model's forward and backward as CUDA graphs, train.compile)"
-      timeout ${COMPILE_S:-240} python3 bench/gpu/profile_step.py --compile ${COMPILE_MODE:-reduce-overhead} --profile 2 2>&1 \
+      timeout ${COMPILE_S:-240} python3 bench/gpu/profile_step.py --compile ${COMPILE_MODE:-reduce-overhead} --profile 2 ${COMPILE_ARGS:-} 2>&1 \
         | tee "$OUT/compile.log" | tail -3 ;;
     wide) el "profile_step --dim 128 --batch 16384 (the rows' PCIe share at MLPerf's dim: is a device tier of hot rows worth it?)"
       timeout ${WIDE_S:-200} python3 bench/gpu/profile_step.py --dim 128 --batch 16384 --steps 15 --warmup 30 --profile 3 2>&1 \

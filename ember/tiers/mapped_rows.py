@@ -76,8 +76,8 @@ class MappedRows:
         self.host = self._alloc(capacity)
         self.rows = device_view(self.host, self.device)
         mark_device(self.rows)
-        # the records read most, copied into device memory (a device budget: storage.device_rows)
-        self.hot = HotRows(hot_rows, record_dim, self.host.shape[0], self.device) if hot_rows else None
+        self.hot: HotRows | None = None  # the records read most, copied into device memory (storage.device_rows)
+        self.keep_hot(hot_rows)
         self.generation = 0  # changes when the rows are replaced (growth): a CUDA graph over them is stale
         self.version = 0  # changes with every call that may insert or remove (``table_counts``' cache)
         self._counts: tuple[int, np.ndarray] | None = None
