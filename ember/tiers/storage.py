@@ -104,12 +104,12 @@ class StorageConfig(ConfigModel):
             if getattr(self, f"{t}_rows") is not None and getattr(self, f"{t}_bytes") is not None:
                 raise ValueError(f"give {t}_rows or {t}_bytes, not both")
         if self.index == "device":
-            other = [b for b in self.budgets() if b not in _HOT]
+            other = [b for b in self.budgets() if b not in HOT_BUDGETS]
             if other:
                 raise ValueError(f"index: device keeps every row in (pinned) host memory, indexed on the device; it does not "
                                  f"combine with {', '.join(other)} (remove them, or use index: host)")
             unused = self._hot_unused()
-            if unused and self.hot_budget():
+            if unused and (self.device_rows is not None or self.device_bytes is not None):
                 raise ValueError(f"index: device keeps the rows read most in device memory (device_rows / device_bytes), "
                                  f"chosen by access counts; {unused} applies to the host index's cache only (remove it, "
                                  f"or use index: host)")
@@ -121,9 +121,11 @@ class StorageConfig(ConfigModel):
             return f"policy: {self.policy}"
         return "admit_after" if "admit_after" in self.model_fields_set else ""
 
-    def hot_budget(self) -> bool:
-        """Whether the table has a device budget (``device_rows`` / ``device_bytes``)."""
-        return self.device_rows is not None or self.device_bytes is not None
+    def device_budget_only(self) -> bool:
+        """Whether the table's only budget is a device one (``device_rows`` / ``device_bytes``): the
+        device index's hot rows, or the host index's device cache in front of host memory."""
+        budgets = self.budgets()
+        return bool(budgets) and all(b in HOT_BUDGETS for b in budgets)
 
     @property
     def tiered(self) -> bool:
@@ -150,7 +152,7 @@ class StorageConfig(ConfigModel):
         if self.device == "cpu":
             return "host", "storage.device: cpu"
         budgets = self.budgets()
-        if any(b not in _HOT for b in budgets):
+        if budgets and not self.device_budget_only():
             return "host", f"the table has {', '.join(budgets)}"
         if budgets and self._hot_unused():
             return "host", f"the table has {', '.join(budgets)} with {self._hot_unused()}"
@@ -160,7 +162,7 @@ class StorageConfig(ConfigModel):
         return "device", "the model trains on a GPU and every row of the table stays in host memory"
 
 
-_HOT = ("device_rows", "device_bytes")  # the budgets index: device takes, as its hot rows in device memory
+HOT_BUDGETS = ("device_rows", "device_bytes")  # the budgets index: device takes, as its hot rows in device memory
 
 
 def hot_rows(storage: StorageConfig, record_dim: int, name: str = "table") -> int:

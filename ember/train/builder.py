@@ -305,8 +305,7 @@ def resolve_index(tables: list[TableConfig], device: torch.device) -> list[Table
     for t in tables:
         if t.storage.index == "auto":
             index, why = t.storage.index_for(device)
-            budgets = set(t.storage.budgets())
-            cache_only = index == "host" and t.storage.device != "cpu" and bool(budgets) and budgets <= {"device_rows", "device_bytes"}
+            cache_only = index == "host" and t.storage.device != "cpu" and t.storage.device_budget_only()
             chosen.setdefault((index, why, cache_only), []).append(t.name)
             t = t.model_copy(update={"storage": t.storage.model_copy(update={"index": index})})
         out.append(t)
