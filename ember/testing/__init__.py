@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["apply", "lookup", "read", "rows", "run_state", "assert_identical", "assert_export_scores_as_eval",
-           "SPARSE_OPTIMIZERS"]
+           "group_step", "SPARSE_OPTIMIZERS"]
 
 # one config of every sparse optimizer type (tests/optim checks that none is missing)
 SPARSE_OPTIMIZERS: list[dict] = [
@@ -52,6 +52,18 @@ def apply(lk, grads: Tensor) -> None:
     """The update and write-back phases of ``lookup``'s result with ``grads`` [U, D] as its gradient."""
     lk.backward(grads)
     lk.update()
+    lk.write_back()
+
+
+def group_step(group, sf, cot: Tensor, step: int, device: torch.device | str = "cpu") -> None:
+    """One training step of a table group's embedding path on the features ``sf``: plan, fetch,
+    pool on ``device``, backward with the gradient ``cot`` [B, D] for every feature, update
+    (``step``), write-back: what issue 25's budget tests count."""
+    lk = group.plan(sf, True)
+    lk.fetch()
+    pooled = lk.pool(torch.device(device))
+    torch.autograd.backward([pooled[n] for n in sf.keys], [cot] * len(sf.keys))
+    lk.update(step)
     lk.write_back()
 
 

@@ -90,7 +90,7 @@ def test_a_steady_step_launches_within_the_budget_as_a_gpu_replays_it(dtype, min
     min_count (counted on the device), and no sync. (The GPU test counts the replays themselves.)"""
     budget = 25
     from ember import _native
-    from ember.testing import SPARSE_OPTIMIZERS
+    from ember.testing import SPARSE_OPTIMIZERS, group_step
     from ember.tiers.device_budget import DeviceBudget
 
     monkeypatch.setattr(_native, "_core", None)  # (the torch paths a GPU takes)
@@ -109,12 +109,7 @@ def test_a_steady_step_launches_within_the_budget_as_a_gpu_replays_it(dtype, min
             sf = SparseFeatures(names, torch.from_numpy(rng.zipf(1.2, 26 * 256) % 50_000), torch.ones(26 * 256, dtype=torch.int64))
             with DeviceBudget("cpu") as b:
                 b.mark(cot)
-                lk = group.plan(sf, True)
-                lk.fetch()
-                pooled = lk.pool(torch.device("cpu"))
-                torch.autograd.backward([pooled[n] for n in names], [cot] * 26)
-                lk.update(step)
-                lk.write_back()
+                group_step(group, sf, cot, step)
             assert b.syncs == 0, b.report()
             counts.append(b.ops)
         assert b.op_names["cuda graph"] == 1 + (dtype != "fp32"), b.report()

@@ -112,6 +112,7 @@ def test_a_step_with_hot_rows_launches_within_the_budget(monkeypatch):
     from ember import _native
     from ember.batch import SparseFeatures
     from ember.embedding import EmbeddingCollection, FeatureConfig, TableConfig, mapped_fetch
+    from ember.testing import group_step
     from ember.tiers.device_budget import DeviceBudget
 
     monkeypatch.setattr(_native, "_core", None)  # (the torch paths a GPU takes)
@@ -141,12 +142,7 @@ def test_a_step_with_hot_rows_launches_within_the_budget(monkeypatch):
         sf = SparseFeatures(names, torch.from_numpy(rng.zipf(1.2, 26 * 256) % 50_000), torch.ones(26 * 256, dtype=torch.int64))
         with DeviceBudget("cpu") as b:
             b.mark(cot)
-            lk = group.plan(sf, True)
-            lk.fetch()
-            pooled = lk.pool(torch.device("cpu"))
-            torch.autograd.backward([pooled[n] for n in names], [cot] * 26)
-            lk.update(step)
-            lk.write_back()
+            group_step(group, sf, cot, step)
         assert b.syncs == 0, b.report()
         counts.append((b.ops, len(rebalance_ops)))
     assert rebalance_ops and max(rebalance_ops) <= 16, rebalance_ops

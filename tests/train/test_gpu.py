@@ -61,6 +61,16 @@ def _rows(result):
     return out
 
 
+def _close(a, b) -> None:
+    """Two runs' rows (the same IDs) and dense weights equal within float tolerance."""
+    ra, rb = _rows(a), _rows(b)
+    for name in ra:
+        assert torch.equal(ra[name][0], rb[name][0]), name
+        torch.testing.assert_close(ra[name][1], rb[name][1], rtol=1e-4, atol=1e-5, msg=name)
+    for (k, x), y in zip(a.parts.model.state_dict().items(), b.parts.model.state_dict().values()):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5, msg=k)
+
+
 CACHE = {"device_rows": 256, "device": "cuda", "admit_after": 1, "policy": "lfu"}
 DEVICE_INDEX = {"index": "device", "device": "cuda"}  # every row in pinned host memory, indexed on the GPU
 HOST = {"index": "host"}  # every row in host memory, indexed on the host (storage.index auto's choice would be device)
@@ -83,12 +93,7 @@ def test_cuda_group_cache_trains_like_host_rows(tmp_path):
     cached = train(_tiered(tmp_path, "cached", CACHE, max_steps=30))
     host = train(_tiered(tmp_path, "host", HOST, max_steps=30))
     assert any(type(t.tier).__name__ == "GroupCacheView" for ec in cached.parts.collections() for t in ec.tables.values())
-    ra, rb = _rows(cached), _rows(host)
-    for name in ra:
-        assert torch.equal(ra[name][0], rb[name][0]), name
-        torch.testing.assert_close(ra[name][1], rb[name][1], rtol=1e-4, atol=1e-5, msg=name)
-    for (k, a), b in zip(cached.parts.model.state_dict().items(), host.parts.model.state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=k)
+    _close(cached, host)
 
 
 def test_cuda_index_auto_indexes_untiered_tables_on_the_gpu(tmp_path, caplog):
@@ -168,12 +173,7 @@ def test_cuda_hot_rows_train_like_host_rows(tmp_path):
     host = train(_tiered(tmp_path, "host", HOST, max_steps=30))
     kept = [g.mapped.hot for ec in hot.parts.collections() for g in ec.groups]
     assert kept and all(h is not None and h.arena.is_cuda and h.rebalances >= 3 and bool((h.held >= 0).any()) for h in kept)
-    ra, rb = _rows(hot), _rows(host)
-    for name in ra:
-        assert torch.equal(ra[name][0], rb[name][0]), name
-        torch.testing.assert_close(ra[name][1], rb[name][1], rtol=1e-4, atol=1e-5, msg=name)
-    for (k, a), b in zip(hot.parts.model.state_dict().items(), host.parts.model.state_dict().values()):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=k)
+    _close(hot, host)
 
 
 def test_cuda_compile_reduce_overhead_trains_like_eager(tmp_path):
@@ -181,7 +181,7 @@ def test_cuda_compile_reduce_overhead_trains_like_eager(tmp_path):
     CUDA graphs (torch's graph trees, a step marked at each training forward): the run, with the
     pipelined trainer and evaluation, trains the model eager trains within float tolerance
     (inductor's fused kernels round at other points)."""
-    eager = train(_tiered(tmp_path, "eager", storage, max_steps=30))
+    eager = train(_tiered(tmp_path, "eager", DEVICE_INDEX, max_steps=30))
     graphed = train(_tiered(tmp_path, "graphed", DEVICE_INDEX, max_steps=30, compile="reduce-overhead"))
     assert graphed.parts.compiled is not None and graphed.parts.compiled_graphs  # no fallback
     for (k, a), b in zip(eager.parts.model.state_dict().items(), graphed.parts.model.state_dict().values()):
