@@ -8,8 +8,10 @@ stay on the device:
 
 - a map ``slot`` [record numbers] -> arena slot (-1: not hot), and per record an access count;
 - a step's ``gather`` reads each record from the arena where it is hot and from the host rows
-  elsewhere (two gathers, one select); ``scatter`` writes each to where it lives (the other
-  copy is stale until the next ``rebalance``); ``count`` adds the step's reads;
+  elsewhere; ``scatter`` writes each to where it lives (the other copy is stale until the next
+  ``rebalance``): on a GPU one masked kernel each (``ember.tiers.hot_kernels``: only the cold
+  records cross PCIe), else two gathers and a select, two scatters (fixed shapes: a hot
+  record's host-side access goes to the scratch row); ``count`` adds the step's reads;
 - every ``every`` training fetches, ``rebalance`` writes the arena's rows home, picks the records
   read most since (the counts, halved at each rebalance: recent reads weigh more) and loads
   them into the arena.
@@ -28,6 +30,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from ember.tiers import hot_kernels
 from ember.tiers.device_budget import mark_device
 
 __all__ = ["HotRows"]
@@ -88,7 +91,13 @@ class HotRows:
 
     def gather(self, host_rows: Tensor, rows: Tensor, scratch: int) -> Tensor:
         """Records [N, record_dim] of record numbers ``rows``: from the arena where hot, else from
-        ``host_rows`` (a hot record's host row is not read: the scratch row is, in its place)."""
+        ``host_rows``. On a GPU one masked kernel (``ember.tiers.hot_kernels``); the tensor
+        operations here (the reference) read the scratch row in a hot record's place."""
+        if hot_kernels.usable(self.device):
+            try:
+                return hot_kernels.gather(host_rows, self.arena, rows, self.slot)
+            except Exception as e:  # noqa: BLE001  (a build or launch failure: said once, the reference from here on)
+                hot_kernels.disable(f"{type(e).__name__}: {e}")
         hot, at = self._where(rows)
         far = host_rows.index_select(0, torch.where(hot, scratch, rows))
         near = self.arena.index_select(0, at)
@@ -96,7 +105,14 @@ class HotRows:
 
     def scatter(self, host_rows: Tensor, rows: Tensor, records: Tensor, scratch: int) -> None:
         """Write ``records`` to record numbers ``rows`` (distinct but for the scratch row) where
-        each lives: the arena for hot ones, ``host_rows`` for the others."""
+        each lives: the arena for hot ones, ``host_rows`` for the others (on a GPU one masked
+        kernel; the reference writes a hot record's host-side copy to the scratch row)."""
+        if hot_kernels.usable(self.device):
+            try:
+                hot_kernels.scatter(host_rows, self.arena, rows, self.slot, records)
+                return
+            except Exception as e:  # noqa: BLE001
+                hot_kernels.disable(f"{type(e).__name__}: {e}")
         hot, at = self._where(rows)
         host_rows.index_copy_(0, torch.where(hot, scratch, rows), records)
         self.arena.index_copy_(0, at, records)

@@ -176,6 +176,41 @@ def test_cuda_hot_rows_train_like_host_rows(tmp_path):
     _close(hot, host)
 
 
+def test_cuda_hot_rows_kernels_move_what_the_tensor_operations_move():
+    """The hot rows' masked Triton kernels on the GPU against the tensor operations (EMBER_TRITON=0's
+    path): the same words gathered and scattered, a hot record's host row and a cold record's
+    arena slot untouched, with rows in pinned host memory read through the device view."""
+    from ember.tiers import hot_kernels
+    from ember.tiers.hot_rows import HotRows
+    from ember.tiers.mapped import device_view
+
+    assert hot_kernels.usable(torch.device("cuda")), "Triton kernels not usable on this GPU"
+    dev = torch.device("cuda")
+    g = torch.Generator().manual_seed(0)
+    for width in (17, 129):
+        n_rec, cap = 5000, 700
+        pinned = torch.randn(n_rec + 1, width, generator=g).pin_memory()
+        host = device_view(pinned, dev)
+        hot = HotRows(cap, width, n_rec + 1, dev)
+        hot.arena.normal_()
+        chosen = torch.randperm(n_rec, generator=g)[:cap].to(dev)
+        hot.slot[chosen] = torch.arange(cap, dtype=torch.int32, device=dev)
+        rows = torch.cat([torch.randperm(n_rec, generator=g)[:3000], torch.tensor([n_rec] * 5)]).to(dev)
+        s = hot.slot[rows].long()
+        is_hot = s >= 0
+        want = torch.where(is_hot.unsqueeze(1), hot.arena[s.clamp(min=0)], host[rows])
+        assert torch.equal(hot_kernels.gather(host, hot.arena, rows, hot.slot).view(torch.int32), want.view(torch.int32))
+        rec = torch.randn(rows.numel(), width, device=dev)
+        rec[-5:] = rec[-1]
+        before_host, before_arena = host.clone(), hot.arena.clone()
+        hot_kernels.scatter(host, hot.arena, rows, hot.slot, rec)
+        torch.cuda.synchronize()
+        h_ref, a_ref = before_host.clone(), before_arena.clone()
+        h_ref[rows[~is_hot]] = rec[~is_hot]
+        a_ref[s[is_hot]] = rec[is_hot]
+        assert torch.equal(host, h_ref) and torch.equal(hot.arena, a_ref), width
+
+
 def test_cuda_compile_reduce_overhead_trains_like_eager(tmp_path):
     """train.compile: reduce-overhead on a GPU replays the dense model's forward and backward as
     CUDA graphs (torch's graph trees, a step marked at each training forward): the run, with the
