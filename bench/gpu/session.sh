@@ -34,7 +34,7 @@ el() { echo "== [$(( $(date +%s) - t0 )) s] $*"; }
 for s in $STEPS; do
   case $s in
     gpu) el "gpu tests (-m gpu)"
-      timeout ${GPU_S:-240} python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m gpu --timeout 200 \
+      timeout ${GPU_S:-330} python3 -m pytest -q -rf --tb=short -p no:cacheprovider -m gpu --timeout 200 \
         --junitxml="$OUT/gpu_tests.xml" tests 2>&1 | tee "$OUT/gpu_tests.log" | tail -30 ;;
     tests) el tests
       timeout ${TESTS_S:-170} python3 -m pytest -q -rf --tb=short -n 12 -p no:cacheprovider -m "${TESTS_M:-not dist}" --timeout 120 \
