@@ -71,13 +71,14 @@ class HotRows:
         self.slot = torch.full((records,), -1, dtype=torch.int32, device=self.device)  # record -> slot (-1: not hot)
         self.counts = torch.zeros(records, dtype=torch.int32, device=self.device)  # reads since the last rebalances
         self._iota = torch.arange(capacity, dtype=torch.int32, device=self.device)
+        self.reads = torch.zeros(2, dtype=torch.int64, device=self.device)  # training reads: (of hot rows, all), ever
         self.fetches = 0  # training fetches since the last rebalance
         self.rebalances = 0
         mark_device(*self.tensors())
 
     def tensors(self) -> list[Tensor]:
         """Its device memory (for ``DeviceBudget``'s ``mark_device``)."""
-        return [self.arena, self.held, self.slot, self.counts, self._iota]
+        return [self.arena, self.held, self.slot, self.counts, self._iota, self.reads]
 
     @property
     def nbytes(self) -> int:
@@ -117,9 +118,19 @@ class HotRows:
         host_rows.index_copy_(0, torch.where(hot, scratch, rows), records)
         self.arena.index_copy_(0, at, records)
 
-    def count(self, rows: Tensor) -> None:
-        """A training fetch read ``rows`` (distinct but for the scratch row, never made hot)."""
-        self.counts.index_copy_(0, rows, self.counts.index_select(0, rows) + 1)
+    def count(self, rows: Tensor, scratch: int | None = None) -> None:
+        """A training fetch read ``rows`` (distinct but for the ``scratch`` row, never made hot,
+        whose reads are the padding's: not counted in ``reads``)."""
+        seen = self.counts.index_select(0, rows)
+        self.counts.index_copy_(0, rows, seen + 1)
+        hot = self.slot.index_select(0, rows) >= 0
+        real = rows != scratch if scratch is not None else torch.ones_like(hot)
+        self.reads += torch.stack(((hot & real).sum(), real.sum()))
+
+    def hit_reads(self) -> tuple[int, int]:
+        """(training reads of hot rows, all training reads) so far (waits for the device)."""
+        hits, reads = self.reads.tolist()
+        return hits, reads
 
     def due(self) -> bool:
         """One more training fetch; whether the hot set is due to be chosen again before it: after

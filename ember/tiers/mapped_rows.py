@@ -170,7 +170,7 @@ class MappedRows:
     def read_by_training(self, rows: Tensor) -> None:
         """A training fetch's record numbers (the hot rows' access counts; nothing without them)."""
         if self.hot is not None:
-            self.hot.count(rows)
+            self.hot.count(rows, self.scratch)
 
     def lookup(self, keys: Tensor, tables: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """A training step's records of unique (ID, table) pairs: (record numbers int64 [N], new
@@ -298,6 +298,7 @@ class MappedTier(TierCounters, Tier):
     def __init__(self, rows: MappedRows, j: int = 0, tables: int = 1) -> None:
         self.rows, self.j, self.tables = rows, j, tables
         self.hot_rows = 0  # this table's device budget (storage.device_rows): its share of the group's hot rows
+        self._hot_seen = (0, 0)  # the group's hot-row reads at this table's last stats
         self.record_dim = rows.record_dim
         self.device = rows.device
         self.expired: Tensor | None = None  # the group's reads of expired rows per table (a TTL), on the device
@@ -343,6 +344,21 @@ class MappedTier(TierCounters, Tier):
     def items(self, chunk_rows: int = 1 << 20) -> Iterator[tuple[Tensor, Tensor]]:
         for keys, _, rec in self.rows.items(chunk_rows, table=self.j):
             yield keys, rec
+
+    def stats(self) -> dict[str, float]:
+        """``tier.host.*``, and with hot rows ``tier.device.*``: the group's training reads since
+        this table's last stats and the share of them served from device memory (one figure for
+        the group's tables, which share the hot rows; waits for the device)."""
+        out = super().stats()
+        hot = self.rows.hot
+        if hot is not None:
+            hits, reads = hot.hit_reads()
+            dh, dr = hits - self._hot_seen[0], reads - self._hot_seen[1]
+            self._hot_seen = (hits, reads)
+            out.update({"tier.device.hit_rate": dh / dr if dr else float("nan"), "tier.device.hits": float(dh),
+                        "tier.device.requests": float(dr), "tier.device.rows": float(hot.capacity),
+                        "tier.device.bytes": float(hot.nbytes)})
+        return out
 
     def __len__(self) -> int:
         return int(self.rows.table_counts(self.tables)[self.j])

@@ -59,6 +59,17 @@ def test_the_hot_set_is_the_records_read_most_and_recent_reads_weigh_more():
     assert torch.equal(hot.arena[:3], host[hot.held])  # (loaded from home)
 
 
+def test_the_hit_rate_counts_training_reads_of_hot_rows_and_not_the_padding():
+    host = torch.zeros(10, 2)  # records 0..8, scratch 9
+    hot = HotRows(2, 2, 10, "cpu")
+    hot.count(torch.tensor([3, 4, 9]), 9)  # (nothing hot yet; the scratch row is the padding's)
+    hot.count(torch.tensor([3]), 9)
+    assert hot.hit_reads() == (0, 3)
+    hot.rebalance(host, 9)  # 3 and 4 hot
+    hot.count(torch.tensor([3, 5, 4, 9, 9]), 9)
+    assert hot.hit_reads() == (2, 6)
+
+
 def test_records_never_read_take_no_slot():
     host = torch.zeros(6, 2)
     hot = HotRows(4, 2, 6, "cpu")

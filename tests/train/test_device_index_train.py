@@ -87,11 +87,14 @@ def _hot(result):
 def test_hot_rows_train_the_model_the_host_index_trains(tmp_path, dtype, ttl, min_count):
     """A device budget under the device index (copies of the rows read most in device memory,
     chosen again as the run goes): the model and rows the host index trains, bit for bit."""
-    host = train(_cfg(tmp_path, "host", {}, dtype, ttl, min_count, max_steps=25))
-    hot = train(_cfg(tmp_path, "hot", HOT, dtype, ttl, min_count, max_steps=25))
+    host = train(_cfg(tmp_path, "host", {}, dtype, ttl, min_count, max_steps=25, log_every=5))
+    hot = train(_cfg(tmp_path, "hot", HOT, dtype, ttl, min_count, max_steps=25, log_every=5))
     assert [h.capacity for h in _hot(hot)] == [5 * 40]
     _same(host, hot)
     assert hot.metrics["auc/label"] == host.metrics["auc/label"]
+    # each table's device hit rate in the run's records: the share of the group's reads served from the hot rows
+    rates = [v for h in hot.history for k, v in h.items() if k.endswith("/tier.device.hit_rate") and v == v]
+    assert rates and all(0 < v < 1 for v in rates), rates
 
 
 def test_hot_rows_resume_bit_identical_to_an_uninterrupted_run(tmp_path):
