@@ -38,30 +38,29 @@ _off: str | None = None  # why the kernels are not used (set once, said once)
 
 if triton is not None:
     @triton.jit
-    def _gather_kernel(host, arena, rows, slot, out, n, width,
-                       BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
+    def _locate(rows, slot, n, width, BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
+        # this program's block of a call: positions r, their record numbers and arena slots, the
+        # hot mask, the columns and the mask of real cells
         r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
         r_ok = r < n
         rec = tl.load(rows + r, mask=r_ok, other=0).to(tl.int64)
         s = tl.load(slot + rec, mask=r_ok, other=-1).to(tl.int64)
-        hot = s >= 0
         c = tl.arange(0, BLOCK_W)
-        m = r_ok[:, None] & (c < width)[None, :]
+        return r.to(tl.int64), rec, s, s >= 0, c, r_ok[:, None] & (c < width)[None, :]
+
+    @triton.jit
+    def _gather_kernel(host, arena, rows, slot, out, n, width,
+                       BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
+        r, rec, s, hot, c, m = _locate(rows, slot, n, width, BLOCK_R, BLOCK_W)
         far = tl.load(host + rec[:, None] * width + c[None, :], mask=m & ~hot[:, None], other=0)
         near = tl.load(arena + s[:, None] * width + c[None, :], mask=m & hot[:, None], other=0)
-        tl.store(out + r.to(tl.int64)[:, None] * width + c[None, :], tl.where(hot[:, None], near, far), mask=m)
+        tl.store(out + r[:, None] * width + c[None, :], tl.where(hot[:, None], near, far), mask=m)
 
     @triton.jit
     def _scatter_kernel(host, arena, rows, slot, src, n, width,
                         BLOCK_R: tl.constexpr, BLOCK_W: tl.constexpr):
-        r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-        r_ok = r < n
-        rec = tl.load(rows + r, mask=r_ok, other=0).to(tl.int64)
-        s = tl.load(slot + rec, mask=r_ok, other=-1).to(tl.int64)
-        hot = s >= 0
-        c = tl.arange(0, BLOCK_W)
-        m = r_ok[:, None] & (c < width)[None, :]
-        v = tl.load(src + r.to(tl.int64)[:, None] * width + c[None, :], mask=m, other=0)
+        r, rec, s, hot, c, m = _locate(rows, slot, n, width, BLOCK_R, BLOCK_W)
+        v = tl.load(src + r[:, None] * width + c[None, :], mask=m, other=0)
         tl.store(host + rec[:, None] * width + c[None, :], v, mask=m & ~hot[:, None])
         tl.store(arena + s[:, None] * width + c[None, :], v, mask=m & hot[:, None])
 

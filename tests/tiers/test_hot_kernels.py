@@ -1,9 +1,10 @@
 """The hot rows' masked kernels (``ember.tiers.hot_kernels``, Triton) against the tensor
 operations they replace on a GPU: the same words read and written, and nothing touched where a
 record does not live (a hot record's host row, a cold record's arena slot). On a CPU they run in
-Triton's interpreter (``TRITON_INTERPRET=1``, set before Triton is imported: in a subprocess);
-without Triton the check is skipped here and ``.ci/run`` runs it with Triton installed beside
-the suite. The GPU runs them for real (tests/train/test_gpu.py)."""
+Triton's interpreter (``TRITON_INTERPRET=1``, set before Triton is imported: in a subprocess),
+and through Triton's compiler to an sm_90 cubin (no GPU needed); without Triton the checks are
+skipped here and ``.ci/run`` runs them with Triton installed beside the suite. The GPU runs them
+for real (tests/train/test_gpu.py)."""
 
 from __future__ import annotations
 
@@ -56,3 +57,24 @@ def test_the_masked_kernels_read_and_write_as_the_tensor_operations():
         p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
     out = subprocess.run([sys.executable, "-c", CHECK], capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None,
+                    reason="Triton is not installed (PyTorch's CUDA builds bring it; .ci/run installs it for this check)")
+@pytest.mark.parametrize("width", [17, 129])
+def test_the_kernels_compile_for_a_gpu(width):
+    """Both kernels through Triton's whole compiler for an H100/H200 (sm_90: PTX and cubin), no GPU
+    needed: what the interpreter does not check (types, the code generator)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from ember.tiers import hot_kernels
+
+    br, bw = hot_kernels._blocks(width)
+    for kernel, last in ((hot_kernels._gather_kernel, "out"), (hot_kernels._scatter_kernel, "src")):
+        sig = {"host": "*i32", "arena": "*i32", "rows": "*i64", "slot": "*i32", last: "*i32", "n": "i32", "width": "i32",
+               "BLOCK_R": "constexpr", "BLOCK_W": "constexpr"}
+        compiled = triton.compile(ASTSource(fn=kernel, signature=sig, constexprs={"BLOCK_R": br, "BLOCK_W": bw}),
+                                  target=GPUTarget("cuda", 90, 32))
+        assert compiled.asm["cubin"] and ".entry" in compiled.asm["ptx"]
