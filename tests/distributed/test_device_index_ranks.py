@@ -35,8 +35,10 @@ CONFIG = {
 }
 
 
-def test_two_ranks_train_as_one_process_and_as_the_host_index(tmp_path):
-    cfg = {**CONFIG, "train": {**CONFIG["train"], "out_dir": str(tmp_path / "runs")}}
+@pytest.mark.parametrize("storage", [INDEX, {**INDEX, "device_rows": 8}], ids=["rows", "hot-rows"])
+def test_two_ranks_train_as_one_process_and_as_the_host_index(tmp_path, storage):
+    """(hot-rows: each rank's shard keeps 8 rows a table of its group read most in device memory)"""
+    cfg = {**CONFIG, "embedding": {"dim": 4, "storage": storage}, "train": {**CONFIG["train"], "out_dir": str(tmp_path / "runs")}}
     path = tmp_path / "cfg.yaml"
     path.write_text(yaml.safe_dump(cfg))
     one = train(load(path, ["train.run_name=one"]))
@@ -45,6 +47,8 @@ def test_two_ranks_train_as_one_process_and_as_the_host_index(tmp_path):
     host_path.write_text(yaml.safe_dump(host))
     train(load(host_path, ["train.run_name=host"]))
     assert type(next(iter(one.parts.embeddings.tables.values())).tier).__name__ == "MappedTier"
+    if "device_rows" in storage:
+        assert all(g.mapped.hot is not None and g.mapped.hot.rebalances > 0 for g in one.parts.embeddings.groups)
     ckpt = lambda name: resolve_checkpoint(tmp_path / "runs" / name)  # noqa: E731
     assert_states_close(checkpoint_state(ckpt("one")), checkpoint_state(ckpt("host")), rtol=0, atol=0)
     run_ranks(train_config, 2, (path, ("train.run_name=two",)), timeout=240)
