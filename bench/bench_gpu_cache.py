@@ -323,8 +323,7 @@ def measure_budgets(dev: torch.device, batches: list, vocab: int, warmup: int, s
             grew = 0  # (storage.index: device: steps that grew the rows or the index, a wait each, or chose the hot
             # rows again, left out of the max)
             grown: list[tuple[int, int]] = []
-            step_phases: list[Any] = []  # each step's per-group phases (None: left out)
-            step_phases_all: list[Any] = []
+            step_phases: list[tuple[Any, bool]] = []  # each step's per-group phases, and whether it is left out
             for i, (ids, _, _) in enumerate(batches[warmup : warmup + steps]):
                 sb = StepBudget(dev)
                 before = _generations(v)
@@ -333,15 +332,14 @@ def measure_budgets(dev: torch.device, batches: list, vocab: int, warmup: int, s
                 else:
                     v.embedding_path(v.features(ids), cot, sb)
                 ops, syncs = max(sum(o for o, _ in g.values()) for g in sb.groups), sum(s for g in sb.groups for _, s in g.values())
-                step_phases_all.append(sb.groups)
-                if _generations(v) != before:
+                left_out = _generations(v) != before
+                if left_out:
                     grew += 1
                     grown.append((ops, syncs))
-                    step_phases.append(None)
                 else:
                     per_step_ops.append(ops)
                     per_step_syncs.append(syncs)
-                    step_phases.append(sb.groups)
+                step_phases.append((sb.groups, left_out))
                 for k, c in sb.top.items():
                     top[k] = top.get(k, 0) + c
                 for k, c in sb.sync_names.items():
@@ -349,14 +347,14 @@ def measure_budgets(dev: torch.device, batches: list, vocab: int, warmup: int, s
             all_grew = not per_step_ops
             if all_grew:  # (every measured step grew: their figures, said)
                 per_step_ops, per_step_syncs = [o for o, _ in grown], [s for _, s in grown]
-            kept = [gs for gs in step_phases if gs is not None]
-            for gs in kept or step_phases_all:  # (the phases of the steps in the figures)
+            kept = [gs for gs, out in step_phases if not out] or [gs for gs, _ in step_phases]  # (the steps in the figures)
+            for gs in kept:
                 for g in gs:
                     for p, (o, s) in g.items():
                         acc = phases.setdefault(p, [0, 0])
                         acc[0] += o
                         acc[1] += s
-            n = len(kept or step_phases_all) * len(v.ec.groups)
+            n = len(kept) * len(v.ec.groups)
             res = {
                 "groups": len(v.ec.groups), "ops_per_step_per_group": max(per_step_ops), "syncs_per_step": max(per_step_syncs),
                 "growth_steps": grew, "growth_in_figures": all_grew,

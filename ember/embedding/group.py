@@ -1014,9 +1014,8 @@ def _mapped_group(tables: Sequence[EmbeddingTable]) -> MappedRows | None:
     held = sum(len(x) for x in tiers)
     rows = MappedRows(first.record_dim, first.device, capacity=max(2 * held, 1 << 16), hot_rows=hot)
     for j, (t, x) in enumerate(zip(tables, tiers)):
-        share = x.hot_rows  # type: ignore[attr-defined]
         t.tier = MappedTier(rows, j, len(tables))
-        t.tier.hot_rows = share
+        t.tier.hot_rows = x.hot_rows  # type: ignore[attr-defined]
         for ids, rec in x.items():
             t.tier.put(ids, rec)
     _log_mapped([t.name for t in tables], rows)

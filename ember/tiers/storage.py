@@ -109,7 +109,7 @@ class StorageConfig(ConfigModel):
                 raise ValueError(f"index: device keeps every row in (pinned) host memory, indexed on the device; it does not "
                                  f"combine with {', '.join(other)} (remove them, or use index: host)")
             unused = self._hot_unused()
-            if unused and (self.device_rows is not None or self.device_bytes is not None):
+            if unused and any(getattr(self, b) is not None for b in HOT_BUDGETS):
                 raise ValueError(f"index: device keeps the rows read most in device memory (device_rows / device_bytes), "
                                  f"chosen by access counts; {unused} applies to the host index's cache only (remove it, "
                                  f"or use index: host)")
@@ -154,8 +154,9 @@ class StorageConfig(ConfigModel):
         budgets = self.budgets()
         if budgets and not self.device_budget_only():
             return "host", f"the table has {', '.join(budgets)}"
-        if budgets and self._hot_unused():
-            return "host", f"the table has {', '.join(budgets)} with {self._hot_unused()}"
+        unused = self._hot_unused()
+        if budgets and unused:
+            return "host", f"the table has {', '.join(budgets)} with {unused}"
         if budgets:
             return "device", (f"the model trains on a GPU and every row of the table stays in host memory, the rows read "
                               f"most also in GPU memory ({budgets[0]})")
