@@ -9,6 +9,11 @@ from typing import Sequence
 
 import numpy as np
 
+# 1 when built with OpenMP: the kernels that take ``parts`` run them on OpenMP's threads (torch's
+# libgomp); parts = a count of equal row ranges, or int64 [k+1] bounds over tables / features /
+# segments (None: one part). Any split gives the same bits.
+OPENMP: int
+
 # key index: keys int64 [cap], slots int32 [cap] (-1 empty, -2 deleted), cap a power of two;
 # probe: ids int64 [n]; out_bucket int64 [n], out_slot int32 [n] (-1 absent); returns IDs found
 def probe(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, out_bucket: np.ndarray, out_slot: np.ndarray, /) -> int: ...
@@ -54,7 +59,7 @@ def bf16_pack_sr(records: np.ndarray, ids: np.ndarray, seeds: np.ndarray, steps:
 
 # disk tier rows, GIL released (a page fault per row must not stall other threads): src / dst
 # float32 [S, w] (the slot file's mapping), slots int64 [k] in 0..S-1, out / rows float32 [k, w]
-def gather_rows(src: np.ndarray, slots: np.ndarray, out: np.ndarray, w: int, r: int = ..., /) -> None: ...
+def gather_rows(src: np.ndarray, slots: np.ndarray, out: np.ndarray, w: int, r: int = ..., parts: int = 1, /) -> None: ...
 def scatter_rows(dst: np.ndarray, slots: np.ndarray, rows: np.ndarray, w: int, /) -> None: ...
 # madvise(MADV_WILLNEED) over the pages of rows slots (int64 [k], sorted) of table [S, w]; returns pages advised
 def willneed(table: np.ndarray, slots: np.ndarray, w: int, /) -> int: ...
@@ -82,6 +87,7 @@ def read_rows(
     out_hits: np.ndarray,
     r: int,
     dim: int,
+    parts: np.ndarray | None = None,
     /,
 ) -> int: ...
 
@@ -101,13 +107,15 @@ def write_rows(
     hyper: np.ndarray,
     r: int,
     dim: int,
+    parts: np.ndarray | None = None,
     /,
 ) -> int: ...
 
 # ids int64 [n], bounds int64 [S+1]; out_uniq / out_inverse int64 [n], out_counts int64 [S];
 # returns the number of uniques of all segments
 def unique_segments(
-    ids: np.ndarray, bounds: np.ndarray, out_uniq: np.ndarray, out_inverse: np.ndarray, out_counts: np.ndarray, /
+    ids: np.ndarray, bounds: np.ndarray, out_uniq: np.ndarray, out_inverse: np.ndarray, out_counts: np.ndarray,
+    parts: np.ndarray | None = None, /
 ) -> int: ...
 
 # ids int64 [n], keys uint64 [1 or n], out float32 [n, dim]
@@ -121,13 +129,14 @@ def normal01(ids: np.ndarray, keys1: np.ndarray, keys2: np.ndarray, dim: int, ou
 # ids int64 [n], keys uint64 [1 or n], at int64 [n] (rows of out), out float32 [rows, width], fill float32 [width - dim]
 def fresh_uniform(
     ids: np.ndarray, keys: np.ndarray, at: np.ndarray, out: np.ndarray, width: int, dim: int, mul: float | np.ndarray,
-    add: float | np.ndarray, fill: np.ndarray, bf16: bool, /
+    add: float | np.ndarray, fill: np.ndarray, bf16: bool, parts: int = 1, /
 ) -> None: ...
 
 # out float32 [U, dim]; index int64; src / srcs[f] float32 rows of dim floats every stride (strides int64 [F])
 def index_add_rows(out: np.ndarray, index: np.ndarray, src: np.ndarray, dim: int, stride: int, /) -> None: ...
 def index_add_features(
-    out: np.ndarray, index: np.ndarray, srcs: Sequence[np.ndarray | None], strides: np.ndarray, b: int, dim: int, /
+    out: np.ndarray, index: np.ndarray, srcs: Sequence[np.ndarray | None], strides: np.ndarray, b: int, dim: int,
+    parts: np.ndarray | None = None, /
 ) -> None: ...
 
 # rows float32 [n, dim] every rs, state float32 [n, 1] every ss, grads float32 [n, dim] every gs

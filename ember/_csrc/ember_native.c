@@ -20,12 +20,55 @@
 #include <math.h>
 #include <sys/mman.h>
 #include <unistd.h>
+#include <pthread.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #define EMPTY (-1)
 #define DELETED (-2)
 #define BLOCK 32 /* IDs whose random reads are prefetched together */
 #define SR_COLS 16 /* bf16_pack_sr: columns per block (a multiple of 4) */
 #define GRAD_AHEAD 16 /* index_add_features: gradient rows prefetched this many rows ahead */
+
+/* ---- parts of one call on several threads -------------------------------------------------
+ * A kernel that splits its work takes a part count k (the Python side picks it: at most
+ * torch.get_num_threads(), fewer for small calls) and runs part p = 0..k-1 through run_parts,
+ * on OpenMP's threads: built with -fopenmp and loaded after torch, the extension shares torch's
+ * libgomp (the same SONAME), so its parts run on the threads torch's own operations use, woken
+ * in microseconds (a Python thread pool's hand-off costs ~60 us). The parts write disjoint
+ * memory, so the result is the same bits for any k. In a forked child the parent's OpenMP
+ * threads do not exist (GNU libgomp would wait on them forever): the parts run in line there. */
+static volatile int forked_child = 0;
+static void on_fork_child(void) { forked_child = 1; }
+
+typedef void (*part_fn)(void *ctx, Py_ssize_t part);
+
+static void run_parts(part_fn fn, void *ctx, Py_ssize_t k) {
+#ifdef _OPENMP
+    if (k > 1 && !forked_child) {
+#pragma omp parallel for schedule(static, 1) num_threads((int)k)
+        for (Py_ssize_t p = 0; p < k; p++) fn(ctx, p);
+        return;
+    }
+#endif
+    for (Py_ssize_t p = 0; p < k; p++) fn(ctx, p);
+}
+
+/* A part split over T items given as bounds (int64 [k+1], from 0 to T; absent: one part), or
+ * -1 with a ValueError naming the kernel. */
+static Py_ssize_t part_bounds(Py_buffer *parts, Py_ssize_t t, const char *what) {
+    if (!parts->buf) return 1;
+    Py_ssize_t k = parts->len / 8 - 1;
+    const int64_t *pb = parts->buf;
+    int ok = k >= 1 && parts->len % 8 == 0 && pb[0] == 0 && pb[k] == t;
+    for (Py_ssize_t p = 0; ok && p < k; p++) ok = pb[p] <= pb[p + 1];
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "ember native %s: parts must rise from 0 to %zd", what, t);
+        return -1;
+    }
+    return k;
+}
 
 static inline uint64_t mix64(uint64_t z) {
     z ^= z >> 30;
@@ -704,11 +747,46 @@ done:
  *                 out_counts int64[S]) -> total unique
  * Deduplicates each segment ids[bounds[j]:bounds[j+1]] separately, keeping first-occurrence
  * order; the uniques of all segments are written one after another, and every inverse indexes
- * that concatenation (segment j's entries are already shifted by the uniques before it). */
+ * that concatenation (segment j's entries are already shifted by the uniques before it).
+ * parts int64 [k+1] (optional): segment bounds of k parts run at once (run_parts). */
+struct unique_ctx { const int64_t *id, *bd, *pb; int64_t *uniq, *inv, *counts, *totals; Py_ssize_t cap; int *nomem; };
+
+/* unique_segments' part p: segments pb[p] .. pb[p+1]-1, their uniques written from their first
+ * value's position on (closed up after every part is done), inverses from 0 within the part */
+static void unique_part(void *vc, Py_ssize_t p) {
+    const struct unique_ctx *c = vc;
+    const int64_t *id = c->id, *bd = c->bd;
+    Py_ssize_t s0 = c->pb[p], s1 = c->pb[p + 1];
+    int64_t first = bd[s0], *uniq = c->uniq + first, *inv = c->inv, total = 0;
+    int64_t *table = malloc((size_t)c->cap * sizeof(int64_t)); /* index into uniq, -1 empty */
+    if (!table) { *c->nomem = 1; return; }
+    for (Py_ssize_t j = s0; j < s1; j++) {
+        int64_t m = bd[j + 1] - bd[j], start = total;
+        uint64_t cap = 16;
+        while (cap < 2 * (uint64_t)m) cap <<= 1;
+        uint64_t mask = cap - 1;
+        for (uint64_t t = 0; t < cap; t++) table[t] = -1;
+        for (int64_t i = bd[j]; i < bd[j + 1]; i++) {
+            int64_t x = id[i];
+            uint64_t h = mix64((uint64_t)x) & mask;
+            for (;;) {
+                int64_t u = table[h];
+                if (u < 0) { table[h] = total; uniq[total] = x; inv[i] = total++; break; }
+                if (uniq[u] == x) { inv[i] = u; break; }
+                h = (h + 1) & mask;
+            }
+        }
+        c->counts[j] = total - start;
+    }
+    free(table);
+    c->totals[p] = total;
+}
+
 static PyObject *unique_segments(PyObject *self, PyObject *args) {
-    Py_buffer ids, bounds, ou, oi, oc;
-    if (!PyArg_ParseTuple(args, "y*y*w*w*w*", &ids, &bounds, &ou, &oi, &oc)) return NULL;
+    Py_buffer ids, bounds, ou, oi, oc, parts = {0};
+    if (!PyArg_ParseTuple(args, "y*y*w*w*w*|z*", &ids, &bounds, &ou, &oi, &oc, &parts)) return NULL;
     PyObject *res = NULL;
+    int64_t *totals = NULL;
     Py_ssize_t n = ids.len / 8, nseg = bounds.len / 8 - 1;
     const int64_t *bd = bounds.buf;
     if (nseg < 0 || ou.len != n * 8 || oi.len != n * 8 || oc.len != nseg * 8 || bd[0] != 0 || bd[nseg] != n) {
@@ -722,41 +800,36 @@ static PyObject *unique_segments(PyObject *self, PyObject *args) {
         }
     }
     {
-        Py_ssize_t longest = 0;
+        Py_ssize_t k = part_bounds(&parts, nseg, "unique_segments"), longest = 0;
+        int64_t one[2] = {0, nseg};
+        int nomem = 0;
+        if (k < 0) goto done;
         for (Py_ssize_t j = 0; j < nseg; j++) if (bd[j + 1] - bd[j] > longest) longest = bd[j + 1] - bd[j];
         uint64_t cap = 16;
         while (cap < 2 * (uint64_t)longest) cap <<= 1;
-        int64_t *table = malloc(cap * sizeof(int64_t)); /* index into out_uniq, -1 empty */
-        if (!table) { PyErr_NoMemory(); goto done; }
-        const int64_t *id = ids.buf;
-        int64_t *uniq = ou.buf, *inv = oi.buf, *counts = oc.buf;
-        int64_t total = 0;
+        if (!(totals = PyMem_Calloc((size_t)k, sizeof(int64_t)))) { PyErr_NoMemory(); goto done; }
+        const int64_t *pb = parts.buf ? parts.buf : one;
+        struct unique_ctx c = {ids.buf, bd, pb, ou.buf, oi.buf, oc.buf, totals, (Py_ssize_t)cap, &nomem};
+        int64_t total = 0, *uniq = ou.buf, *inv = oi.buf;
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t j = 0; j < nseg; j++) {
-            int64_t m = bd[j + 1] - bd[j], start = total;
-            uint64_t c = 16;
-            while (c < 2 * (uint64_t)m) c <<= 1;
-            uint64_t mask = c - 1;
-            for (uint64_t t = 0; t < c; t++) table[t] = -1;
-            for (int64_t i = bd[j]; i < bd[j + 1]; i++) {
-                int64_t x = id[i];
-                uint64_t h = mix64((uint64_t)x) & mask;
-                for (;;) {
-                    int64_t u = table[h];
-                    if (u < 0) { table[h] = total; uniq[total] = x; inv[i] = total++; break; }
-                    if (uniq[u] == x) { inv[i] = u; break; }
-                    h = (h + 1) & mask;
-                }
+        run_parts(unique_part, &c, k);
+        for (Py_ssize_t p = 0; p < k && !nomem; p++) {  /* close up: part p's uniques after those before it */
+            int64_t first = bd[pb[p]];
+            if (total && totals[p]) {
+                memmove(uniq + total, uniq + first, (size_t)totals[p] * sizeof(int64_t));
+                for (int64_t i = first; i < bd[pb[p + 1]]; i++) inv[i] += total;
             }
-            counts[j] = total - start;
+            total += totals[p];
         }
         Py_END_ALLOW_THREADS
-        free(table);
+        if (nomem) { PyErr_NoMemory(); goto done; }
         res = PyLong_FromLongLong(total);
     }
 done:
+    PyMem_Free(totals);
     PyBuffer_Release(&ids); PyBuffer_Release(&bounds); PyBuffer_Release(&ou);
     PyBuffer_Release(&oi); PyBuffer_Release(&oc);
+    if (parts.obj) PyBuffer_Release(&parts);
     return res;
 }
 
@@ -945,12 +1018,30 @@ static void fresh_rows(float *o, const int64_t *id, const uint64_t *ky, Py_ssize
     }
 }
 
+struct fresh_ctx {
+    float *o;
+    const int64_t *id, *pos;
+    const uint64_t *ky;
+    const float *pm, *pa, *fl;
+    Py_ssize_t nk, n, width, dim, rest, parts;
+    float fm, fa;
+    int bf16;
+};
+
+/* fresh_uniform's part p: rows n*p/parts .. n*(p+1)/parts-1 of ids / at (each its own row of out) */
+static void fresh_part(void *vc, Py_ssize_t p) {
+    const struct fresh_ctx *c = vc;
+    Py_ssize_t lo = c->n * p / c->parts, hi = c->n * (p + 1) / c->parts;
+    fresh_rows(c->o, c->id + lo, c->ky + (c->nk == 1 ? 0 : lo), c->nk == 1 ? 1 : hi - lo, c->pos + lo, hi - lo, c->width,
+               c->dim, c->rest, c->pm ? c->pm + lo : NULL, c->pa ? c->pa + lo : NULL, c->fm, c->fa, c->fl, c->bf16);
+}
+
 static PyObject *fresh_uniform(PyObject *self, PyObject *args) {
     Py_buffer ids, keys, at, out, fill, mb = {0}, ab = {0};
-    Py_ssize_t width, dim;
+    Py_ssize_t width, dim, parts = 1;
     PyObject *mo, *ao;
     int bf16;
-    if (!PyArg_ParseTuple(args, "y*y*y*w*nnOOy*p", &ids, &keys, &at, &out, &width, &dim, &mo, &ao, &fill, &bf16))
+    if (!PyArg_ParseTuple(args, "y*y*y*w*nnOOy*p|n", &ids, &keys, &at, &out, &width, &dim, &mo, &ao, &fill, &bf16, &parts))
         return NULL;
     PyObject *res = NULL;
     Py_ssize_t n = ids.len / 8, nk = keys.len / 8;
@@ -980,9 +1071,10 @@ static PyObject *fresh_uniform(PyObject *self, PyObject *args) {
                 PyErr_SetString(PyExc_IndexError, "ember native fresh_uniform: a position lies outside out");
                 goto done;
             }
-        const float fm = (float)mul, fa = (float)add;
+        struct fresh_ctx c = {o, id, pos, ky, pm, pa, fl, nk, n, width, dim, rest, parts < 1 ? 1 : parts > n ? (n ? n : 1) : parts,
+                              (float)mul, (float)add, bf16};
         Py_BEGIN_ALLOW_THREADS
-        fresh_rows(o, id, ky, nk, pos, n, width, dim, rest, pm, pa, fm, fa, fl, bf16);
+        run_parts(fresh_part, &c, c.parts);
         Py_END_ALLOW_THREADS
         Py_INCREF(Py_None);
         res = Py_None;
@@ -1132,11 +1224,30 @@ done:
  * table's (they stay in cache); a strided slice defeats the hardware prefetcher (one row per
  * ~2 KB), so its rows are prefetched GRAD_AHEAD ahead: ~1.4 ms per DLRM-26 step, against ~2.0 ms
  * without the prefetch or with tiles of batch rows over all features (bench/RESULTS.md). */
+struct add_features_ctx { float *o; const int64_t *ix, *st, *pb; const float **base; Py_ssize_t bsz, dim; };
+
+/* index_add_features' part p: features pb[p] .. pb[p+1]-1 (whole tables: the rows they write are theirs) */
+static void add_features_part(void *vc, Py_ssize_t p) {
+    const struct add_features_ctx *c = vc;
+    Py_ssize_t bsz = c->bsz, dim = c->dim;
+    for (Py_ssize_t f = c->pb[p]; f < c->pb[p + 1]; f++) {
+        const float *src = c->base[f];
+        if (!src) continue;
+        const int64_t *fi = c->ix + f * bsz, st = c->st[f];
+        for (Py_ssize_t b = 0; b < bsz; b++) {
+            if (b + GRAD_AHEAD < bsz) __builtin_prefetch(src + (b + GRAD_AHEAD) * st);
+            float *row = c->o + fi[b] * dim;
+            const float *g = src + b * st;
+            for (Py_ssize_t col = 0; col < dim; col++) row[col] += g[col];
+        }
+    }
+}
+
 static PyObject *index_add_features(PyObject *self, PyObject *args) {
     PyObject *srcs;
-    Py_buffer out, index, strides;
+    Py_buffer out, index, strides, parts = {0};
     Py_ssize_t bsz, dim;
-    if (!PyArg_ParseTuple(args, "w*y*Oy*nn", &out, &index, &srcs, &strides, &bsz, &dim)) return NULL;
+    if (!PyArg_ParseTuple(args, "w*y*Oy*nn|z*", &out, &index, &srcs, &strides, &bsz, &dim, &parts)) return NULL;
     PyObject *res = NULL, *seq = NULL;
     Py_buffer *sb = NULL;
     const float **base = NULL;
@@ -1168,18 +1279,12 @@ static PyObject *index_add_features(PyObject *self, PyObject *args) {
                 PyErr_SetString(PyExc_IndexError, "ember native index_add_features: index out of range");
                 goto done;
             }
-        float *o = out.buf;
+        Py_ssize_t k = part_bounds(&parts, nf, "index_add_features");
+        int64_t one[2] = {0, nf};
+        if (k < 0) goto done;
+        struct add_features_ctx c = {out.buf, ix, st, parts.buf ? parts.buf : one, base, bsz, dim};
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t f = 0; f < nf; f++) {
-            if (!base[f]) continue;
-            const int64_t *fi = ix + f * bsz;
-            for (Py_ssize_t b = 0; b < bsz; b++) {
-                if (b + GRAD_AHEAD < bsz) __builtin_prefetch(base[f] + (b + GRAD_AHEAD) * st[f]);
-                float *row = o + fi[b] * dim;
-                const float *g = base[f] + b * st[f];
-                for (Py_ssize_t c = 0; c < dim; c++) row[c] += g[c];
-            }
-        }
+        run_parts(add_features_part, &c, k);
         Py_END_ALLOW_THREADS
         Py_INCREF(Py_None);
         res = Py_None;
@@ -1189,6 +1294,7 @@ done:
     if (base) PyMem_Free(base);
     Py_XDECREF(seq);
     PyBuffer_Release(&out); PyBuffer_Release(&index); PyBuffer_Release(&strides);
+    if (parts.obj) PyBuffer_Release(&parts);
     return res;
 }
 
@@ -1367,13 +1473,74 @@ done:
  * copied; dim > 0: the arena holds packed bf16 rows (pack_sr_row's layout) and out their fp32
  * records, W = dim + R - (dim+1)/2 (widen_row). Same results as its numpy fallback,
  * ember._native._read_rows_py. */
+struct read_ctx {
+    Py_buffer *tb;
+    const int64_t *id, *bd, *clk, *pb;
+    float *o;
+    int64_t *osl, *hit;
+    Py_ssize_t r, w, dim, *found, *bad;
+};
+
+/* read_rows' part p: tiers pb[p] .. pb[p+1]-1 */
+static void read_part(void *vc, Py_ssize_t p) {
+    const struct read_ctx *c = vc;
+    const int64_t *id = c->id, *bd = c->bd, *clk = c->clk;
+    float *o = c->o;
+    int64_t *osl = c->osl;
+    Py_ssize_t r = c->r, w = c->w, dim = c->dim, found = 0, bad = 0;
+    for (Py_ssize_t j = c->pb[p]; j < c->pb[p + 1] && !bad; j++) {
+        Py_buffer *b = c->tb + j * 5;
+        Py_ssize_t before = found;
+        const int64_t *k = b[0].buf;
+        const int32_t *s = b[1].buf;
+        const float *a = b[2].buf;
+        int64_t *la = b[3].buf;
+        int32_t *cn = b[4].buf;
+        uint64_t mask = (uint64_t)(b[0].len / 8) - 1;
+        int64_t rows = b[2].len / 4 / r;
+        int track = clk[j] >= 0;  /* clock < 0: the tier never evicts, keeps no access statistics */
+        /* blocks of BLOCK IDs: prefetch their home buckets, probe them all (prefetching each
+         * found row), then copy: the random reads of a block overlap instead of queueing */
+        for (int64_t i0 = bd[j]; i0 < bd[j + 1] && !bad; i0 += BLOCK) {
+            int64_t i1 = i0 + BLOCK < bd[j + 1] ? i0 + BLOCK : bd[j + 1];
+            uint64_t hb[BLOCK];
+            prefetch_homes(k, s, mask, id, i0, i1, hb);
+            for (int64_t i = i0; i < i1; i++) {
+                uint64_t at;
+                int64_t sl = find_slot(k, s, mask, id[i], hb[i - i0], &at);
+                if (sl >= rows) { bad = 1; break; }
+                osl[i] = sl;
+                if (sl >= 0) {
+                    __builtin_prefetch(a + sl * r);
+                    __builtin_prefetch(a + sl * r + r - 1);
+                    if (track) { __builtin_prefetch(la + sl, 1); __builtin_prefetch(cn + sl, 1); }
+                }
+            }
+            for (int64_t i = i0; i < i1 && !bad; i++) {
+                int64_t sl = osl[i];
+                if (sl >= 0) {
+                    if (dim) widen_row(a + sl * r, o + i * w, dim, w);
+                    else memcpy(o + i * r, a + sl * r, (size_t)r * sizeof(float));
+                    if (track) { la[sl] = clk[j]; cn[sl] += 1; }
+                    found++;
+                }
+            }
+        }
+        c->hit[j] = found - before;
+    }
+    c->found[p] = found;
+    c->bad[p] = bad;
+}
+
 static PyObject *read_rows(PyObject *self, PyObject *args) {
     PyObject *tables;
-    Py_buffer ids, bounds, out, os, clocks, hits;
+    Py_buffer ids, bounds, out, os, clocks, hits, parts = {0};
     Py_ssize_t r, dim;
-    if (!PyArg_ParseTuple(args, "Oy*y*w*w*y*w*nn", &tables, &ids, &bounds, &out, &os, &clocks, &hits, &r, &dim)) return NULL;
+    if (!PyArg_ParseTuple(args, "Oy*y*w*w*y*w*nn|z*", &tables, &ids, &bounds, &out, &os, &clocks, &hits, &r, &dim, &parts))
+        return NULL;
     PyObject *res = NULL;
     Py_buffer *tb = NULL;
+    Py_ssize_t *pres = NULL;
     Py_ssize_t n = ids.len / 8, t = PySequence_Size(tables), w = dim > 0 ? dim + r - (dim + 1) / 2 : r;
     static const int flags[5] = {0, 0, 0, 1, 1};
     if (t < 0) goto done;
@@ -1395,59 +1562,25 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         }
     }
     {
-        const int64_t *id = ids.buf, *bd = bounds.buf, *clk = clocks.buf;
-        float *o = out.buf;
-        int64_t *osl = os.buf, *hit = hits.buf;
-        Py_ssize_t found = 0, bad = 0;
+        Py_ssize_t k = part_bounds(&parts, t, "read_rows"), found = 0, bad = 0;
+        int64_t one[2] = {0, t};
+        if (k < 0) goto done;
+        if (!(pres = PyMem_Calloc((size_t)k * 2, sizeof(Py_ssize_t)))) { PyErr_NoMemory(); goto done; }
+        struct read_ctx c = {tb, ids.buf, bounds.buf, clocks.buf, parts.buf ? parts.buf : one, out.buf, os.buf, hits.buf,
+                             r, w, dim, pres, pres + k};
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t j = 0; j < t && !bad; j++) {
-            Py_buffer *b = tb + j * 5;
-            Py_ssize_t before = found;
-            const int64_t *k = b[0].buf;
-            const int32_t *s = b[1].buf;
-            const float *a = b[2].buf;
-            int64_t *la = b[3].buf;
-            int32_t *cn = b[4].buf;
-            uint64_t mask = (uint64_t)(b[0].len / 8) - 1;
-            int64_t rows = b[2].len / 4 / r;
-            int track = clk[j] >= 0;  /* clock < 0: the tier never evicts, keeps no access statistics */
-            /* blocks of BLOCK IDs: prefetch their home buckets, probe them all (prefetching each
-             * found row), then copy: the random reads of a block overlap instead of queueing */
-            for (int64_t i0 = bd[j]; i0 < bd[j + 1] && !bad; i0 += BLOCK) {
-                int64_t i1 = i0 + BLOCK < bd[j + 1] ? i0 + BLOCK : bd[j + 1];
-                uint64_t hb[BLOCK];
-                prefetch_homes(k, s, mask, id, i0, i1, hb);
-                for (int64_t i = i0; i < i1; i++) {
-                    uint64_t at;
-                    int64_t sl = find_slot(k, s, mask, id[i], hb[i - i0], &at);
-                    if (sl >= rows) { bad = 1; break; }
-                    osl[i] = sl;
-                    if (sl >= 0) {
-                        __builtin_prefetch(a + sl * r);
-                        __builtin_prefetch(a + sl * r + r - 1);
-                        if (track) { __builtin_prefetch(la + sl, 1); __builtin_prefetch(cn + sl, 1); }
-                    }
-                }
-                for (int64_t i = i0; i < i1 && !bad; i++) {
-                    int64_t sl = osl[i];
-                    if (sl >= 0) {
-                        if (dim) widen_row(a + sl * r, o + i * w, dim, w);
-                        else memcpy(o + i * r, a + sl * r, (size_t)r * sizeof(float));
-                        if (track) { la[sl] = clk[j]; cn[sl] += 1; }
-                        found++;
-                    }
-                }
-            }
-            hit[j] = found - before;
-        }
+        run_parts(read_part, &c, k);
         Py_END_ALLOW_THREADS
+        for (Py_ssize_t p = 0; p < k; p++) { found += pres[p]; bad |= pres[k + p]; }
         if (bad) PyErr_SetString(PyExc_IndexError, "ember native read_rows: a slot lies outside the arena");
         else res = PyLong_FromSsize_t(found);
     }
 done:
     if (tb) release_tables(tb, t * 5);
+    PyMem_Free(pres);
     PyBuffer_Release(&ids); PyBuffer_Release(&bounds); PyBuffer_Release(&out); PyBuffer_Release(&os);
     PyBuffer_Release(&clocks); PyBuffer_Release(&hits);
+    if (parts.obj) PyBuffer_Release(&parts);
     return res;
 }
 
@@ -1512,15 +1645,50 @@ static Py_ssize_t write_tier(int64_t i0, int64_t i1, const int64_t *id, int64_t 
  * no optimizer): each record is first updated in place by row-wise Adagrad (adagrad_row: weights
  * [0, gdim), the accumulator at column gdim), then written: the optimizer's pass and the write
  * in one. */
+struct write_ctx {
+    Py_buffer *tb;
+    const int64_t *id, *bd, *clk, *sd, *st, *pb;
+    int64_t *slot, *nxt, *us, *fat;
+    float *src;
+    const float *gr;
+    const double *hp;
+    double inv;
+    Py_ssize_t r, w, dim, gdim, *inserted, *full;
+};
+
+/* write_rows' part p: tiers pb[p] .. pb[p+1]-1 */
+static void write_part(void *vc, Py_ssize_t p) {
+    const struct write_ctx *c = vc;
+    Py_ssize_t inserted = 0, full = 0, dim = c->dim, gdim = c->gdim;
+    for (Py_ssize_t j = c->pb[p]; j < c->pb[p + 1] && !full; j++) {
+        Py_buffer *b = c->tb + j * 8;
+        int64_t *k = b[0].buf, *la = b[3].buf, *ids_of = b[5].buf;
+        int32_t *s = b[1].buf, *cn = b[4].buf;
+        const int32_t *fr = b[7].buf;
+        Py_ssize_t nfree = b[7].len / 4;
+        float *a = b[2].buf;
+        uint8_t *held = b[6].buf;
+        uint64_t mask = (uint64_t)(b[0].len / 8) - 1, base = dim > 0 ? sr_base(c->sd[j], c->st[j]) : 0;
+        const float nlr = gdim > 0 ? (float)-c->hp[2 * j] : 0.0f, feps = gdim > 0 ? (float)c->hp[2 * j + 1] : 0.0f;
+        c->us[j] = 0;
+        inserted += write_tier(c->bd[j], c->bd[j + 1], c->id, c->slot, c->src, c->gr, k, s, a, la, cn, ids_of, held, fr, nfree,
+                               c->fat + j, c->nxt + j, c->us + j, c->clk[j], mask, base, c->r, c->w, dim, gdim, nlr, feps,
+                               c->inv, &full);
+    }
+    c->inserted[p] = inserted;
+    c->full[p] = full;
+}
+
 static PyObject *write_rows(PyObject *self, PyObject *args) {
     PyObject *tables;
-    Py_buffer ids, bounds, sl, rec, grads, nx, clocks, used, fa, seeds, steps, hyper;
+    Py_buffer ids, bounds, sl, rec, grads, nx, clocks, used, fa, seeds, steps, hyper, parts = {0};
     Py_ssize_t r, dim;
-    if (!PyArg_ParseTuple(args, "Oy*y*w*w*y*w*y*w*w*y*y*y*nn", &tables, &ids, &bounds, &sl, &rec, &grads, &nx, &clocks,
-                          &used, &fa, &seeds, &steps, &hyper, &r, &dim))
+    if (!PyArg_ParseTuple(args, "Oy*y*w*w*y*w*y*w*w*y*y*y*nn|z*", &tables, &ids, &bounds, &sl, &rec, &grads, &nx, &clocks,
+                          &used, &fa, &seeds, &steps, &hyper, &r, &dim, &parts))
         return NULL;
     PyObject *res = NULL;
     Py_buffer *tb = NULL;
+    Py_ssize_t *pres = NULL;
     Py_ssize_t n = ids.len / 8, t = PySequence_Size(tables), w = dim > 0 ? dim + r - (dim + 1) / 2 : r;
     Py_ssize_t gdim = hyper.len && n ? grads.len / 4 / n : 0;  /* weights the optimizer steps (0: none) */
     static const int flags[8] = {1, 1, 1, 1, 1, 1, 1, 0};
@@ -1569,33 +1737,24 @@ static PyObject *write_rows(PyObject *self, PyObject *args) {
         }
     }
     {
-        const int64_t *id = ids.buf, *bd = bounds.buf, *clk = clocks.buf, *sd = seeds.buf, *st = steps.buf;
-        int64_t *slot = sl.buf, *nxt = nx.buf, *us = used.buf, *fat = fa.buf;
-        float *src = rec.buf;
-        const float *gr = grads.buf;
-        const double *hp = hyper.buf, inv = gdim > 0 ? 1.0 / (double)gdim : 0.0;
-        Py_ssize_t inserted = 0, full = 0;
+        Py_ssize_t k = part_bounds(&parts, t, "write_rows"), inserted = 0, full = 0;
+        int64_t one[2] = {0, t};
+        if (k < 0) goto done;
+        if (!(pres = PyMem_Calloc((size_t)k * 2, sizeof(Py_ssize_t)))) { PyErr_NoMemory(); goto done; }
+        struct write_ctx c = {tb, ids.buf, bounds.buf, clocks.buf, seeds.buf, steps.buf, parts.buf ? parts.buf : one,
+                              sl.buf, nx.buf, used.buf, fa.buf, rec.buf, grads.buf, hyper.buf,
+                              gdim > 0 ? 1.0 / (double)gdim : 0.0, r, w, dim, gdim, pres, pres + k};
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t j = 0; j < t && !full; j++) {
-            Py_buffer *b = tb + j * 8;
-            int64_t *k = b[0].buf, *la = b[3].buf, *ids_of = b[5].buf;
-            int32_t *s = b[1].buf, *cn = b[4].buf;
-            const int32_t *fr = b[7].buf;
-            Py_ssize_t nfree = b[7].len / 4;
-            float *a = b[2].buf;
-            uint8_t *held = b[6].buf;
-            uint64_t mask = (uint64_t)(b[0].len / 8) - 1, base = dim > 0 ? sr_base(sd[j], st[j]) : 0;
-            const float nlr = gdim > 0 ? (float)-hp[2 * j] : 0.0f, feps = gdim > 0 ? (float)hp[2 * j + 1] : 0.0f;
-            us[j] = 0;
-            inserted += write_tier(bd[j], bd[j + 1], id, slot, src, gr, k, s, a, la, cn, ids_of, held, fr, nfree, fat + j,
-                                   nxt + j, us + j, clk[j], mask, base, r, w, dim, gdim, nlr, feps, inv, &full);
-        }
+        run_parts(write_part, &c, k);
         Py_END_ALLOW_THREADS
+        for (Py_ssize_t p = 0; p < k; p++) { inserted += pres[p]; full |= pres[k + p]; }
         if (full) PyErr_SetString(PyExc_RuntimeError, "ember native write_rows: index full (reserve room first)");
         else res = PyLong_FromSsize_t(inserted);
     }
 done:
     if (tb) release_tables(tb, t * 8);
+    PyMem_Free(pres);
+    if (parts.obj) PyBuffer_Release(&parts);
     PyBuffer_Release(&ids); PyBuffer_Release(&bounds); PyBuffer_Release(&sl); PyBuffer_Release(&rec);
     PyBuffer_Release(&nx); PyBuffer_Release(&clocks); PyBuffer_Release(&used); PyBuffer_Release(&fa);
     PyBuffer_Release(&seeds); PyBuffer_Release(&steps); PyBuffer_Release(&grads); PyBuffer_Release(&hyper);
@@ -1610,10 +1769,26 @@ done:
  * records [U, width], pooled in place with no contiguous copy); src may end after its last
  * row's W floats. Slots are checked against S first. Same result as numpy's
  * out[:] = src[slots, :W]. */
+struct gather_ctx { const float *a; const int64_t *sl; float *o; Py_ssize_t k, w, r, parts; };
+
+static void gather_part(void *vc, Py_ssize_t p) {
+    const struct gather_ctx *c = vc;
+    const float *a = c->a;
+    const int64_t *sl = c->sl;
+    Py_ssize_t lo = c->k * p / c->parts, hi = c->k * (p + 1) / c->parts, w = c->w, r = c->r;
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        if (i + BLOCK < hi) {  /* the rows are random: overlap their reads (a row may span two lines) */
+            __builtin_prefetch(a + sl[i + BLOCK] * r);
+            __builtin_prefetch(a + sl[i + BLOCK] * r + w - 1);
+        }
+        memcpy(c->o + i * w, a + sl[i] * r, (size_t)w * sizeof(float));
+    }
+}
+
 static PyObject *gather_rows(PyObject *self, PyObject *args) {
     Py_buffer src, slots, out;
-    Py_ssize_t w, r = -1;
-    if (!PyArg_ParseTuple(args, "y*y*w*n|n", &src, &slots, &out, &w, &r)) return NULL;
+    Py_ssize_t w, r = -1, parts = 1;
+    if (!PyArg_ParseTuple(args, "y*y*w*n|nn", &src, &slots, &out, &w, &r, &parts)) return NULL;
     PyObject *res = NULL;
     if (r < 0) r = w;
     /* rows i with i*R + W <= the floats of src: a row-strided view may end after its last row's W */
@@ -1629,16 +1804,9 @@ static PyObject *gather_rows(PyObject *self, PyObject *args) {
                 PyErr_SetString(PyExc_IndexError, "ember native gather_rows: slot out of range");
                 goto done;
             }
-        const float *a = src.buf;
-        float *o = out.buf;
+        struct gather_ctx c = {src.buf, sl, out.buf, k, w, r, parts < 1 ? 1 : parts > k ? (k ? k : 1) : parts};
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < k; i++) {
-            if (i + BLOCK < k) {  /* the rows are random: overlap their reads (a row may span two lines) */
-                __builtin_prefetch(a + sl[i + BLOCK] * r);
-                __builtin_prefetch(a + sl[i + BLOCK] * r + w - 1);
-            }
-            memcpy(o + i * w, a + sl[i] * r, (size_t)w * sizeof(float));
-        }
+        run_parts(gather_part, &c, c.parts);
         Py_END_ALLOW_THREADS
         Py_INCREF(Py_None);
         res = Py_None;
@@ -3301,16 +3469,16 @@ static PyMethodDef methods[] = {
     {"csv_gather", csv_gather, METH_VARARGS, "csv_gather(data, starts, offsets, n, outs) -> None"},
     {"csv_ints", csv_ints, METH_VARARGS, "csv_ints(data, starts, offsets, n, out, valid, nulls) -> None"},
     {"probe_rows", probe_rows, METH_VARARGS, "probe_rows(tables, ids, bounds, out_slot, remove) -> found"},
-    {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r, dim) -> found"},
-    {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, grads, next, clocks, used, free_at, seeds, steps, hyper, r, dim) -> inserted"},
-    {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim) -> None"},
+    {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r, dim, parts=None) -> found"},
+    {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, grads, next, clocks, used, free_at, seeds, steps, hyper, r, dim, parts=None) -> inserted"},
+    {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim, parts=None) -> None"},
     {"rowwise_adagrad", rowwise_adagrad, METH_VARARGS, "rowwise_adagrad(rows, state, grads, n, dim, rs, ss, gs, lr, eps) -> None"},
     {"bf16_pack_sr", bf16_pack_sr, METH_VARARGS, "bf16_pack_sr(records, ids, seeds, steps, out, dim, width) -> None"},
     {"willneed", willneed, METH_VARARGS, "willneed(table, slots, w) -> pages advised"},
     {"willneed_cold", willneed_cold, METH_VARARGS, "willneed_cold(table, slots, w) -> pages advised"},
     {"disk_find", disk_find, METH_VARARGS, "disk_find(tags, table, ids, out_slot, out_rows, w) -> slots read"},
     {"disk_write", disk_write, METH_VARARGS, "disk_write(table, slots, ids, recs, w) -> None"},
-    {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(src, slots, out, w, r=w) -> None"},
+    {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(src, slots, out, w, r=w, parts=1) -> None"},
     {"scatter_rows", scatter_rows, METH_VARARGS, "scatter_rows(dst, slots, rows, w) -> None"},
     {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim, stride) -> None"},
     {"tag_find", tag_find, METH_VARARGS, "tag_find(tags, pos, tag, out) -> None"},
@@ -3318,7 +3486,7 @@ static PyMethodDef methods[] = {
     {"uniform01", uniform01, METH_VARARGS, "uniform01(ids, keys, dim, out, mul=1, add=0) -> None"},
     {"normal01", normal01, METH_VARARGS, "normal01(ids, keys1, keys2, dim, out, std) -> None"},
     {"fresh_uniform", fresh_uniform, METH_VARARGS,
-     "fresh_uniform(ids, keys, at, out, width, dim, mul, add, fill, bf16) -> None"},
+     "fresh_uniform(ids, keys, at, out, width, dim, mul, add, fill, bf16, parts=1) -> None"},
     {"probe", probe, METH_VARARGS, "probe(keys, slots, ids, out_bucket, out_slot) -> found"},
     {"cms", cms, METH_VARARGS, "cms(table, ids, counts, seeds, width, out) -> None"},
     {"pair_find", pair_find, METH_VARARGS,
@@ -3334,10 +3502,21 @@ static PyMethodDef methods[] = {
     {"place", place, METH_VARARGS, "place(keys, slots, ids, new_slots) -> empty buckets used"},
     {"rehash", rehash, METH_VARARGS, "rehash(keys, slots, old_keys, old_slots) -> empty buckets used"},
     {"unique_segments", unique_segments, METH_VARARGS,
-     "unique_segments(ids, bounds, out_uniq, out_inverse, out_counts) -> total unique"},
+     "unique_segments(ids, bounds, out_uniq, out_inverse, out_counts, parts=None) -> total unique"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_ember_native", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__ember_native(void) { return PyModule_Create(&module); }
+/* The module; OPENMP = 1 when its kernels' parts run on OpenMP's threads (run_parts). */
+PyMODINIT_FUNC PyInit__ember_native(void) {
+    PyObject *m = PyModule_Create(&module);
+#ifdef _OPENMP
+    const long openmp = 1;
+#else
+    const long openmp = 0;
+#endif
+    if (m && PyModule_AddIntConstant(m, "OPENMP", openmp) < 0) { Py_DECREF(m); return NULL; }
+    pthread_atfork(NULL, NULL, on_fork_child);
+    return m;
+}

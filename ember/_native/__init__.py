@@ -49,7 +49,7 @@ __all__ = [
     "csv_bytes", "csv_hazards", "csv_ints", "csv_split", "dense_finish", "dense_floats", "dense_prepare", "featurize_ids", "hash_utf8_buffers",
     "index_add_features", "index_add_rows", "is_available", "take_rows", "place", "probe", "probe_rows", "read_rows", "record_width", "rehash",
     "bf16_pack_sr", "cms", "even_chunks", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "gc_scores", "gc_select", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "run_each", "tag_claim", "tag_find", "uniform01", "normal01", "fresh_uniform", "unique_segments", "victim_keys",
-    "write_rows",
+    "write_rows", "MIN_PART_ROWS", "native_parts", "part_bounds", "part_count",
 ]
 
 # EMBER_NATIVE=0 when ember is imported: the extension is never imported (any other value, or
@@ -139,6 +139,59 @@ def row_chunks(n: int) -> list[tuple[int, int]]:
     """Rows ``0..n`` of a row-by-row kernel in equal ranges, one per thread when there are at
     least ``2 * MIN_PARALLEL_ROWS`` of them, else one range."""
     return even_chunks(n, MIN_PARALLEL_ROWS) if n >= 2 * MIN_PARALLEL_ROWS else [(0, n)]
+
+
+# The row kernels of a training step (the dedupe, the rows' read and write, the pooling's gather
+# and backward, new rows) split a call themselves: the wrapper passes its parts and the core runs
+# them on OpenMP's threads, the same libgomp torch's operations use, woken in microseconds. Two
+# parts of 4-64 k rows ran 1.3-1.5x faster than one on 2 cores, where a hand-off to the pool
+# above cost ~60 us and its split lost below ~32 k rows (bench/RESULTS.md, twenty-seventh session).
+MIN_PART_ROWS = 2048  # rows (or IDs) of one such part: below this, another thread does not pay
+_forked = False  # this process was forked: its parent's OpenMP threads do not exist here
+
+
+def _after_fork() -> None:
+    global _forked
+    _forked = True
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+
+def native_parts() -> bool:
+    """Whether the core runs a call's parts on several threads: built with OpenMP, and not in a
+    forked child (GNU libgomp would wait there forever on its parent's threads)."""
+    return _core is not None and bool(getattr(_core, "OPENMP", 0)) and not _forked
+
+
+def _one_part(n: int) -> bool:
+    """A call of ``n`` rows runs as one part: too small, on a pool thread or a task of
+    ``run_each`` (their threads are busy already), or the core cannot run parts (said once)."""
+    if _core is None or n < 2 * MIN_PART_ROWS or torch.get_num_threads() <= 1 or _on_pool():
+        return True  # (no core: the numpy fallbacks run, each said once by ``_fallback_once``)
+    if not native_parts():
+        if once.first("native.parts"):
+            why = ("this process was forked from one that had started them" if _forked
+                   else "the native core was built without OpenMP (pip install -e . with a compiler that has it)")
+            logging.getLogger("ember").warning("ember's row kernels run on one thread: %s", why)
+        return True
+    return False
+
+
+def part_count(n: int) -> int:
+    """Parts a row kernel splits ``n`` rows into: one per thread torch may use, each at least
+    ``MIN_PART_ROWS``; one when ``_one_part``."""
+    return 1 if _one_part(n) else max(1, min(torch.get_num_threads(), n // MIN_PART_ROWS))
+
+
+def part_bounds(weights: Sequence[int] | np.ndarray, cuts: Sequence[bool] | None = None) -> np.ndarray | None:
+    """``chunks`` of ``weights`` (rows per item: tables, features, segments) as a kernel's parts
+    argument, int64 [k+1] item bounds; None (one part) when ``_one_part``."""
+    w = np.asarray(weights, dtype=np.int64)
+    if _one_part(int(w.sum())):
+        return None
+    parts = chunks(w, cuts, MIN_PART_ROWS)
+    return None if len(parts) == 1 else np.array([lo for lo, _ in parts] + [parts[-1][1]], dtype=np.int64)
 
 
 def _kernel_pool() -> ThreadPoolExecutor:

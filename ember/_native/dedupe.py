@@ -6,7 +6,6 @@ import numpy as np
 import torch
 
 from ember import _native
-from ember._native import chunks, run_chunks
 
 
 def unique_segments(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -33,22 +32,8 @@ def unique_segments(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np
     inverse = np.empty_like(ids)
     counts = np.empty(bounds.size - 1, dtype=np.int64)
 
-    def part(lo: int, hi: int) -> int:  # segments lo..hi-1, numbered from their first value
-        a, b = int(bounds[lo]), int(bounds[hi])
-        return core.unique_segments(ids[a:b], bounds[lo : hi + 1] - a, uniq[a:b], inverse[a:b], counts[lo:hi])
-
-    parts = chunks(np.diff(bounds))
-    totals = run_chunks(part, parts)
-    if len(parts) == 1:
-        return uniq[: totals[0]], inverse, counts
-    pieces, shift = [], 0  # each part's uniques were written from its first value: close the gaps
-    for (lo, hi), total in zip(parts, totals):
-        a, b = int(bounds[lo]), int(bounds[hi])
-        pieces.append(uniq[a : a + total])
-        if shift:
-            inverse[a:b] += shift
-        shift += total
-    return np.concatenate(pieces), inverse, counts
+    total = core.unique_segments(ids, bounds, uniq, inverse, counts, _native.part_bounds(np.diff(bounds)))
+    return uniq[:total], inverse, counts
 
 
 def _unique_segments_py(ids: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -107,14 +107,7 @@ def fresh_uniform(ids: np.ndarray, keys: np.ndarray, at: np.ndarray, out: np.nda
     if per_row:
         mul = np.ascontiguousarray(mul, dtype=np.float32)
         add = np.ascontiguousarray(add, dtype=np.float32)
-    width = out.shape[1]
-
-    def part(lo: int, hi: int) -> None:  # rows at[lo..hi-1]
-        m, a = (mul[lo:hi], add[lo:hi]) if per_row else (mul, add)  # type: ignore[index]
-        core.fresh_uniform(ids[lo:hi], keys if keys.size == 1 else keys[lo:hi], at[lo:hi], out, width, dim, m, a,
-                           fill, bool(bf16))
-
-    run_chunks(part, even_chunks(ids.size, 2 * _native.MIN_PARALLEL_ROWS, width))
+    core.fresh_uniform(ids, keys, at, out, out.shape[1], dim, mul, add, fill, bool(bf16), _native.part_count(ids.size))
 
 
 def _fresh_uniform_py(ids: np.ndarray, keys: np.ndarray, at: np.ndarray, out: np.ndarray, dim: int,

@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from ember import _native
-from ember._native import chunks, run_chunks
 from ember._native.bf16 import _bf16_pack_sr_py, _bf16_widen_py
 from ember._native.key_index import _check_table, _place_py, _probe_py
 from ember._native.sparse import _rowwise_adagrad_py
@@ -49,17 +48,9 @@ def _rows_of(buf: np.ndarray, n: int, r: int, what: str) -> np.ndarray:
 
 def _split_tiers(kernel: Callable[..., int], tables: Sequence[tuple], ids: np.ndarray, bounds: np.ndarray,
                  per_row: tuple[np.ndarray, ...], per_tier: tuple[np.ndarray, ...], r: int, dim: int) -> int:
-    """``kernel(tables, ids, bounds, *per_row, *per_tier, r, dim)`` on runs of tiers, several threads."""
-    parts = chunks(np.diff(bounds))
-    if len(parts) == 1:
-        return kernel(tables, ids, bounds, *per_row, *per_tier, r, dim)
-
-    def part(lo: int, hi: int) -> int:  # tiers lo..hi-1: rows a..b-1
-        a, b = int(bounds[lo]), int(bounds[hi])
-        return kernel(tables[lo:hi], ids[a:b], bounds[lo : hi + 1] - a, *(x[a:b] for x in per_row),
-                      *(x[lo:hi] for x in per_tier), r, dim)
-
-    return sum(run_chunks(part, parts))
+    """``kernel(tables, ids, bounds, *per_row, *per_tier, r, dim, parts)``: the core runs runs of
+    whole tiers (``parts``) on several threads."""
+    return kernel(tables, ids, bounds, *per_row, *per_tier, r, dim, _native.part_bounds(np.diff(bounds)))
 
 
 def read_rows(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds: np.ndarray, out: np.ndarray,

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from ember import _native
-from ember._native import chunks, even_chunks, row_chunks, run_chunks
+from ember._native import even_chunks, run_chunks
 
 
 def _row_view(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
@@ -103,14 +103,8 @@ def take_rows(src: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     if view is None or index.dim() != 1 or index.dtype is not torch.int64 or not index.is_cpu or not index.is_contiguous():
         return _take_rows_py(src, index)
     out = torch.empty(index.numel(), src.shape[1])
-    (s, r), i, o = view, index.numpy(), out.numpy()
-    core = _native._core
-    w = src.shape[1]
-
-    def part(lo: int, hi: int) -> None:
-        core.gather_rows(s, i[lo:hi], o[lo:hi], w, r)  # type: ignore[union-attr]
-
-    run_chunks(part, row_chunks(i.size))
+    (s, r), i = view, index.numpy()
+    _native._core.gather_rows(s, i, out.numpy(), src.shape[1], r, _native.part_count(i.size))  # type: ignore[union-attr]
     return out
 
 
@@ -161,17 +155,10 @@ def index_add_features(
         return _index_add_features_py(out, index, srcs)
     strides = np.array([out.shape[1] if v is None else v[1] for v in views], dtype=np.int64)
     flat = [None if v is None else v[0] for v in views]
-    out_np, index_np = out.numpy(), index.numpy()
-    core = _native._core
-
-    def part(lo: int, hi: int) -> None:  # features lo..hi-1
-        core.index_add_features(out_np, index_np[lo * b : hi * b], flat[lo:hi], strides[lo:hi], b, out.shape[1])  # type: ignore[union-attr]
-
-    if owner is None:
-        part(0, len(srcs))
-    else:
-        cuts = [True] + [owner[f] != owner[f - 1] for f in range(1, len(srcs))]
-        run_chunks(part, chunks(np.full(len(srcs), b), cuts))
+    parts = None  # features of one owner in one part: the rows they write are theirs
+    if owner is not None:
+        parts = _native.part_bounds(np.full(len(srcs), b), [True] + [owner[f] != owner[f - 1] for f in range(1, len(srcs))])
+    _native._core.index_add_features(out.numpy(), index.numpy(), flat, strides, b, out.shape[1], parts)  # type: ignore[union-attr]
     return out
 
 

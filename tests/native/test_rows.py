@@ -169,7 +169,9 @@ def test_read_rows_matches_its_fallback_on_tables_either_wrote(seed):
 def test_read_write_rows_split_over_threads_equal_one_thread(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     monkeypatch.setattr(_native, "MIN_PARALLEL_ROWS", 1)
+    monkeypatch.setattr(_native, "MIN_PART_ROWS", 1)  # the core's parts: runs of tiers on OpenMP's threads
     assert len(_native.chunks(np.diff(_group(4)["bounds"]))) == 3
+    assert _native.part_bounds(np.diff(_group(4)["bounds"])).size == 4 or not _native.native_parts()
     g = _group(4)
     split, one = _copy(g["tables"]), _copy(g["tables"])
     results = [(_write(fn, g, t), _read(fn2, g, t)) for fn, fn2, t in (
@@ -192,6 +194,7 @@ def test_bf16_rows_packed_on_write_and_widened_on_read_as_the_codec_does(dim, wi
     alike, specials (NaN, infinities, subnormals) included."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     monkeypatch.setattr(_native, "MIN_PARALLEL_ROWS", 1)
+    monkeypatch.setattr(_native, "MIN_PART_ROWS", 1)  # the core's parts: runs of tiers on OpenMP's threads
     words = (dim + 1) // 2 + width - dim
     g = _group(11, r=words)
     rng = np.random.default_rng(3)
@@ -239,6 +242,7 @@ def test_write_rows_with_adagrad_equals_the_optimizer_then_the_write(dim, width,
     its own lr) and fallback (the torch ops) alike; fp32 records and a bf16 table's (``dim``)."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
     monkeypatch.setattr(_native, "MIN_PARALLEL_ROWS", 1)
+    monkeypatch.setattr(_native, "MIN_PART_ROWS", 1)  # the core's parts: runs of tiers on OpenMP's threads
     words = width if dim == 0 else (dim + 1) // 2 + width - dim
     gdim = width - 1  # weights, then the accumulator
     g = _group(13, r=words)
