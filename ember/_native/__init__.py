@@ -144,8 +144,8 @@ def row_chunks(n: int) -> list[tuple[int, int]]:
 # The row kernels of a training step (the dedupe, the rows' read and write, the pooling's gather
 # and backward, new rows) split a call themselves: the wrapper passes its parts and the core runs
 # them on OpenMP's threads, the same libgomp torch's operations use, woken in microseconds. Two
-# parts of 4-64 k rows ran 1.3-1.5x faster than one on 2 cores, where a hand-off to the pool
-# above cost ~60 us and its split lost below ~32 k rows (bench/RESULTS.md, twenty-seventh session).
+# parts of 2-106 k rows ran 1.4-1.65x faster than one on 2 cores, where a hand-off to the pool
+# below costs ~50 us and its split lost below ~41 k rows (bench/bench_kernel_parts.py).
 MIN_PART_ROWS = 2048  # rows (or IDs) of one such part: below this, another thread does not pay
 _forked = False  # this process was forked: its parent's OpenMP threads do not exist here
 
