@@ -36,7 +36,7 @@
  * torch.get_num_threads(), fewer for small calls) and runs part p = 0..k-1 through run_parts,
  * on OpenMP's threads: built with -fopenmp and loaded after torch, the extension shares torch's
  * libgomp (the same SONAME), so its parts run on the threads torch's own operations use, woken
- * in microseconds (a Python thread pool's hand-off costs ~60 us). The parts write disjoint
+ * in microseconds (a Python thread pool's hand-off costs ~50 us). The parts write disjoint
  * memory, so the result is the same bits for any k. In a forked child the parent's OpenMP
  * threads do not exist (GNU libgomp would wait on them forever): the parts run in line there. */
 static volatile int forked_child = 0;
