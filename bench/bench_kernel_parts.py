@@ -44,10 +44,9 @@ def main() -> None:
     def one(idx, out):
         core.gather_rows(flat, idx, out, 16, 17, 1)
 
-    def pool(idx, out):
-        n = idx.size
+    def pool(idx, out):  # (equal ranges, one per thread: torch's threads are k)
         _native.run_chunks(lambda lo, hi: core.gather_rows(flat, idx[lo:hi], out[lo:hi], 16, 17),
-                           [(n * j // k, n * (j + 1) // k) for j in range(k)])
+                           _native.even_chunks(idx.size, 1))
 
     def openmp(idx, out):
         core.gather_rows(flat, idx, out, 16, 17, k)

@@ -55,19 +55,29 @@ static void run_parts(part_fn fn, void *ctx, Py_ssize_t k) {
     for (Py_ssize_t p = 0; p < k; p++) fn(ctx, p);
 }
 
-/* A part split over T items given as bounds (int64 [k+1], from 0 to T; absent: one part), or
- * -1 with a ValueError naming the kernel. */
-static Py_ssize_t part_bounds(Py_buffer *parts, Py_ssize_t t, const char *what) {
-    if (!parts->buf) return 1;
-    Py_ssize_t k = parts->len / 8 - 1;
+/* The bounds of a call's parts over T items (tables, features, segments): parts, int64 [k+1]
+ * rising from 0 to T, or when absent the one part {0, T} written into one; *k = the number of
+ * parts. NULL with a ValueError naming the kernel when parts do not rise from 0 to T. */
+static const int64_t *part_bounds(Py_buffer *parts, Py_ssize_t t, int64_t one[2], Py_ssize_t *k, const char *what) {
+    if (!parts->buf) {
+        one[0] = 0, one[1] = t, *k = 1;
+        return one;
+    }
     const int64_t *pb = parts->buf;
-    int ok = k >= 1 && parts->len % 8 == 0 && pb[0] == 0 && pb[k] == t;
-    for (Py_ssize_t p = 0; ok && p < k; p++) ok = pb[p] <= pb[p + 1];
+    *k = parts->len / 8 - 1;
+    int ok = *k >= 1 && parts->len % 8 == 0 && pb[0] == 0 && pb[*k] == t;
+    for (Py_ssize_t p = 0; ok && p < *k; p++) ok = pb[p] <= pb[p + 1];
     if (!ok) {
         PyErr_Format(PyExc_ValueError, "ember native %s: parts must rise from 0 to %zd", what, t);
-        return -1;
+        return NULL;
     }
-    return k;
+    return pb;
+}
+
+/* A count of equal row ranges over n rows, as asked (parts) within 1 .. max(n, 1); part p of
+ * them is rows n * p / parts .. n * (p + 1) / parts - 1. */
+static inline Py_ssize_t even_parts(Py_ssize_t parts, Py_ssize_t n) {
+    return parts < 1 ? 1 : parts > n ? (n ? n : 1) : parts;
 }
 
 static inline uint64_t mix64(uint64_t z) {
@@ -800,15 +810,15 @@ static PyObject *unique_segments(PyObject *self, PyObject *args) {
         }
     }
     {
-        Py_ssize_t k = part_bounds(&parts, nseg, "unique_segments"), longest = 0;
-        int64_t one[2] = {0, nseg};
+        Py_ssize_t k, longest = 0;
+        int64_t one[2];
+        const int64_t *pb = part_bounds(&parts, nseg, one, &k, "unique_segments");
         int nomem = 0;
-        if (k < 0) goto done;
+        if (!pb) goto done;
         for (Py_ssize_t j = 0; j < nseg; j++) if (bd[j + 1] - bd[j] > longest) longest = bd[j + 1] - bd[j];
         uint64_t cap = 16;
         while (cap < 2 * (uint64_t)longest) cap <<= 1;
         if (!(totals = PyMem_Calloc((size_t)k, sizeof(int64_t)))) { PyErr_NoMemory(); goto done; }
-        const int64_t *pb = parts.buf ? parts.buf : one;
         struct unique_ctx c = {ids.buf, bd, pb, ou.buf, oi.buf, oc.buf, totals, (Py_ssize_t)cap, &nomem};
         int64_t total = 0, *uniq = ou.buf, *inv = oi.buf;
         Py_BEGIN_ALLOW_THREADS
@@ -1071,7 +1081,7 @@ static PyObject *fresh_uniform(PyObject *self, PyObject *args) {
                 PyErr_SetString(PyExc_IndexError, "ember native fresh_uniform: a position lies outside out");
                 goto done;
             }
-        struct fresh_ctx c = {o, id, pos, ky, pm, pa, fl, nk, n, width, dim, rest, parts < 1 ? 1 : parts > n ? (n ? n : 1) : parts,
+        struct fresh_ctx c = {o, id, pos, ky, pm, pa, fl, nk, n, width, dim, rest, even_parts(parts, n),
                               (float)mul, (float)add, bf16};
         Py_BEGIN_ALLOW_THREADS
         run_parts(fresh_part, &c, c.parts);
@@ -1279,10 +1289,11 @@ static PyObject *index_add_features(PyObject *self, PyObject *args) {
                 PyErr_SetString(PyExc_IndexError, "ember native index_add_features: index out of range");
                 goto done;
             }
-        Py_ssize_t k = part_bounds(&parts, nf, "index_add_features");
-        int64_t one[2] = {0, nf};
-        if (k < 0) goto done;
-        struct add_features_ctx c = {out.buf, ix, st, parts.buf ? parts.buf : one, base, bsz, dim};
+        Py_ssize_t k;
+        int64_t one[2];
+        const int64_t *pb = part_bounds(&parts, nf, one, &k, "index_add_features");
+        if (!pb) goto done;
+        struct add_features_ctx c = {out.buf, ix, st, pb, base, bsz, dim};
         Py_BEGIN_ALLOW_THREADS
         run_parts(add_features_part, &c, k);
         Py_END_ALLOW_THREADS
@@ -1562,11 +1573,12 @@ static PyObject *read_rows(PyObject *self, PyObject *args) {
         }
     }
     {
-        Py_ssize_t k = part_bounds(&parts, t, "read_rows"), found = 0, bad = 0;
-        int64_t one[2] = {0, t};
-        if (k < 0) goto done;
+        Py_ssize_t k, found = 0, bad = 0;
+        int64_t one[2];
+        const int64_t *pb = part_bounds(&parts, t, one, &k, "read_rows");
+        if (!pb) goto done;
         if (!(pres = PyMem_Calloc((size_t)k * 2, sizeof(Py_ssize_t)))) { PyErr_NoMemory(); goto done; }
-        struct read_ctx c = {tb, ids.buf, bounds.buf, clocks.buf, parts.buf ? parts.buf : one, out.buf, os.buf, hits.buf,
+        struct read_ctx c = {tb, ids.buf, bounds.buf, clocks.buf, pb, out.buf, os.buf, hits.buf,
                              r, w, dim, pres, pres + k};
         Py_BEGIN_ALLOW_THREADS
         run_parts(read_part, &c, k);
@@ -1737,11 +1749,12 @@ static PyObject *write_rows(PyObject *self, PyObject *args) {
         }
     }
     {
-        Py_ssize_t k = part_bounds(&parts, t, "write_rows"), inserted = 0, full = 0;
-        int64_t one[2] = {0, t};
-        if (k < 0) goto done;
+        Py_ssize_t k, inserted = 0, full = 0;
+        int64_t one[2];
+        const int64_t *pb = part_bounds(&parts, t, one, &k, "write_rows");
+        if (!pb) goto done;
         if (!(pres = PyMem_Calloc((size_t)k * 2, sizeof(Py_ssize_t)))) { PyErr_NoMemory(); goto done; }
-        struct write_ctx c = {tb, ids.buf, bounds.buf, clocks.buf, seeds.buf, steps.buf, parts.buf ? parts.buf : one,
+        struct write_ctx c = {tb, ids.buf, bounds.buf, clocks.buf, seeds.buf, steps.buf, pb,
                               sl.buf, nx.buf, used.buf, fa.buf, rec.buf, grads.buf, hyper.buf,
                               gdim > 0 ? 1.0 / (double)gdim : 0.0, r, w, dim, gdim, pres, pres + k};
         Py_BEGIN_ALLOW_THREADS
@@ -1804,7 +1817,7 @@ static PyObject *gather_rows(PyObject *self, PyObject *args) {
                 PyErr_SetString(PyExc_IndexError, "ember native gather_rows: slot out of range");
                 goto done;
             }
-        struct gather_ctx c = {src.buf, sl, out.buf, k, w, r, parts < 1 ? 1 : parts > k ? (k ? k : 1) : parts};
+        struct gather_ctx c = {src.buf, sl, out.buf, k, w, r, even_parts(parts, k)};
         Py_BEGIN_ALLOW_THREADS
         run_parts(gather_part, &c, c.parts);
         Py_END_ALLOW_THREADS

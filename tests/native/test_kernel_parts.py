@@ -127,9 +127,8 @@ def test_a_forked_child_runs_the_parts_in_line():
     np.testing.assert_array_equal(out, src[slots])
 
 
+@native
 def test_forked_state_is_said_once(monkeypatch, caplog):
-    if not _native.is_available():
-        pytest.skip("no core: the fallbacks run")
     monkeypatch.setattr(_native, "_forked", True)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     once.forget("native.parts")
