@@ -80,6 +80,12 @@ static inline Py_ssize_t even_parts(Py_ssize_t parts, Py_ssize_t n) {
     return parts < 1 ? 1 : parts > n ? (n ? n : 1) : parts;
 }
 
+/* Rows *lo .. *hi - 1: part p of k equal row ranges over n rows (even_parts). */
+static inline void part_rows(Py_ssize_t n, Py_ssize_t k, Py_ssize_t p, Py_ssize_t *lo, Py_ssize_t *hi) {
+    *lo = n * p / k;
+    *hi = n * (p + 1) / k;
+}
+
 static inline uint64_t mix64(uint64_t z) {
     z ^= z >> 30;
     z *= 0xBF58476D1CE4E5B9ULL;
@@ -258,15 +264,65 @@ done:
 }
 
 /* pair_find(keys, slots, ids int64[n], salt int64[n], slot_id int64[m], count int64[m] or empty,
- * last int64[m] or empty, held int32[m] or empty, clock, out int64[n]) -> hits.
+ * last int64[m] or empty, held int32[m] or empty, clock, out int64[n], parts=1) -> hits.
  * A group cache's probe (ember.tiers.group_cache): the key of (table, ID) is ids[i] ^ salt[i]; a
  * key found at slot v is a hit only if slot_id[v] == ids[i] (out = v), else the key belongs to
  * another pair (out = -2); absent: -1. For each hit, when given: count[v] += 1, last[v] = clock,
- * held[v] += 1 (the IDs of one call are unique, so no slot is touched twice). */
+ * held[v] += 1 (the IDs of one call are unique, so no slot is touched twice: parts, equal ranges
+ * of the IDs, run at once, each waiting on its own random reads). */
+struct pair_ctx { const int64_t *k, *id, *salt, *sid; const int32_t *s; int64_t *cnt, *last, *out; int32_t *held; uint64_t mask;
+                  Py_ssize_t n, m, parts; int64_t clock; Py_ssize_t *hits, *bad; };
+
+static void pair_part(void *vc, Py_ssize_t p) {
+    const struct pair_ctx *c = vc;
+    const int64_t *k = c->k, *id = c->id, *salt = c->salt, *sid = c->sid;
+    const int32_t *s = c->s;
+    int64_t *cnt = c->cnt, *last = c->last, *out = c->out;
+    int32_t *held = c->held;
+    Py_ssize_t lo, hi, hits = 0, bad = 0, m = c->m;
+    part_rows(c->n, c->parts, p, &lo, &hi);
+    /* blocks of BLOCK keys, three passes each so that their random reads overlap: prefetch the
+     * home buckets; probe, prefetching each found slot's records; verify and touch */
+    for (Py_ssize_t i0 = lo; i0 < hi; i0 += BLOCK) {
+        Py_ssize_t i1 = i0 + BLOCK < hi ? i0 + BLOCK : hi;
+        uint64_t hb[BLOCK];
+        for (Py_ssize_t i = i0; i < i1; i++) {
+            uint64_t h = mix64((uint64_t)(id[i] ^ salt[i])) & c->mask;
+            hb[i - i0] = h;
+            __builtin_prefetch(s + h);
+            __builtin_prefetch(k + h);
+        }
+        for (Py_ssize_t i = i0; i < i1; i++) {
+            uint64_t at = 0;
+            int64_t v = find_slot(k, s, c->mask, id[i] ^ salt[i], hb[i - i0], &at);
+            out[i] = v;
+            if (v >= 0 && v < m) {
+                __builtin_prefetch(sid + v);
+                if (cnt) __builtin_prefetch(cnt + v, 1);
+                if (last) __builtin_prefetch(last + v, 1);
+                if (held) __builtin_prefetch(held + v, 1);
+            }
+        }
+        for (Py_ssize_t i = i0; i < i1; i++) {
+            int64_t v = out[i];
+            if (v < 0) { out[i] = -1; continue; }
+            if (v >= m) { bad = 1; out[i] = -1; continue; }
+            if (sid[v] != id[i]) { out[i] = -2; continue; }
+            hits++;
+            if (cnt) cnt[v] += 1;
+            if (last) last[v] = c->clock;
+            if (held) held[v] += 1;
+        }
+    }
+    c->hits[p] = hits;
+    c->bad[p] = bad;
+}
+
 static PyObject *pair_find(PyObject *self, PyObject *args) {
     Py_buffer keys, slots, ib, sb, idb, cb, lb, hb, ob;
     long long clock;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*w*w*w*Lw*", &keys, &slots, &ib, &sb, &idb, &cb, &lb, &hb, &clock, &ob))
+    Py_ssize_t parts = 1;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*w*w*w*Lw*|n", &keys, &slots, &ib, &sb, &idb, &cb, &lb, &hb, &clock, &ob, &parts))
         return NULL;
     PyObject *res = NULL;
     uint64_t mask;
@@ -278,46 +334,16 @@ static PyObject *pair_find(PyObject *self, PyObject *args) {
         goto done;
     }
     {
-        const int64_t *k = keys.buf, *id = ib.buf, *salt = sb.buf, *sid = idb.buf;
-        const int32_t *s = slots.buf;
-        int64_t *cnt = cb.len ? cb.buf : NULL, *last = lb.len ? lb.buf : NULL, *out = ob.buf;
-        int32_t *held = hb.len ? hb.buf : NULL;
-        Py_ssize_t hits = 0, bad = 0;
+        parts = even_parts(parts, n);
+        Py_ssize_t *acc = malloc(sizeof(Py_ssize_t) * 2 * parts), hits = 0, bad = 0;  /* each part's hits, bad flag */
+        if (!acc) { PyErr_NoMemory(); goto done; }
+        struct pair_ctx c = {keys.buf, ib.buf, sb.buf, idb.buf, slots.buf, cb.len ? cb.buf : NULL, lb.len ? lb.buf : NULL,
+                             ob.buf, hb.len ? hb.buf : NULL, mask, n, m, parts, clock, acc, acc + parts};
         Py_BEGIN_ALLOW_THREADS
-        /* blocks of BLOCK keys, three passes each so that their random reads overlap: prefetch the
-         * home buckets; probe, prefetching each found slot's records; verify and touch */
-        for (Py_ssize_t i0 = 0; i0 < n; i0 += BLOCK) {
-            Py_ssize_t i1 = i0 + BLOCK < n ? i0 + BLOCK : n;
-            uint64_t hb[BLOCK];
-            for (Py_ssize_t i = i0; i < i1; i++) {
-                uint64_t h = mix64((uint64_t)(id[i] ^ salt[i])) & mask;
-                hb[i - i0] = h;
-                __builtin_prefetch(s + h);
-                __builtin_prefetch(k + h);
-            }
-            for (Py_ssize_t i = i0; i < i1; i++) {
-                uint64_t at = 0;
-                int64_t v = find_slot(k, s, mask, id[i] ^ salt[i], hb[i - i0], &at);
-                out[i] = v;
-                if (v >= 0 && v < m) {
-                    __builtin_prefetch(sid + v);
-                    if (cnt) __builtin_prefetch(cnt + v, 1);
-                    if (last) __builtin_prefetch(last + v, 1);
-                    if (held) __builtin_prefetch(held + v, 1);
-                }
-            }
-            for (Py_ssize_t i = i0; i < i1; i++) {
-                int64_t v = out[i];
-                if (v < 0) { out[i] = -1; continue; }
-                if (v >= m) { bad = 1; out[i] = -1; continue; }
-                if (sid[v] != id[i]) { out[i] = -2; continue; }
-                hits++;
-                if (cnt) cnt[v] += 1;
-                if (last) last[v] = clock;
-                if (held) held[v] += 1;
-            }
-        }
+        run_parts(pair_part, &c, parts);
         Py_END_ALLOW_THREADS
+        for (Py_ssize_t p = 0; p < parts; p++) hits += acc[p], bad |= acc[parts + p];
+        free(acc);
         if (bad) {
             PyErr_SetString(PyExc_ValueError, "ember native pair_find: the index holds a slot beyond slot_id");
             goto done;
@@ -368,15 +394,36 @@ static int radix_pairs(int64_t *s, int64_t *v, int64_t *tmp_s, int64_t *tmp_v, P
     return 0;
 }
 
-/* gc_scores(last, count, live, held, lru, score int64[m], start, stop) -> (valid, lo, hi).
+/* gc_scores(last, count, live, held, lru, score int64[m], start, stop, parts=1) -> (valid, lo, hi).
  * The victim scan's first pass over slots [start, stop): score[v] = victim_key of slot v, NEVER
  * where not live or held. Returns how many qualify and their lowest and highest score (lo > hi
- * when none). Ranges of one scan run on several threads (ember._native.gc_scan). */
+ * when none). parts: equal slot ranges run at once (a pass over every slot's arrays, waiting on
+ * memory). */
+struct scores_ctx { const int64_t *last, *count; const uint8_t *live; const int32_t *held; int64_t *score;
+                    Py_ssize_t start, n, parts; int lru; int64_t *acc; };
+
+static void scores_part(void *vc, Py_ssize_t p) {
+    const struct scores_ctx *c = vc;
+    Py_ssize_t lo, hi, valid = 0;
+    part_rows(c->n, c->parts, p, &lo, &hi);
+    int64_t mn = NEVER, mx = INT64_MIN;
+    for (Py_ssize_t v = c->start + lo; v < c->start + hi; v++) {
+        int64_t s = (c->live[v] && c->held[v] <= 0) ? victim_key(c->lru, c->last[v], c->count[v]) : NEVER;
+        c->score[v] = s;
+        if (s != NEVER) {
+            valid++;
+            if (s < mn) mn = s;
+            if (s > mx) mx = s;
+        }
+    }
+    c->acc[3 * p] = valid, c->acc[3 * p + 1] = mn, c->acc[3 * p + 2] = mx;
+}
+
 static PyObject *gc_scores(PyObject *self, PyObject *args) {
     Py_buffer lb, cb, vb, hb, sb;
     int lru;
-    Py_ssize_t start, stop;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*pw*nn", &lb, &cb, &vb, &hb, &lru, &sb, &start, &stop)) return NULL;
+    Py_ssize_t start, stop, parts = 1;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*pw*nn|n", &lb, &cb, &vb, &hb, &lru, &sb, &start, &stop, &parts)) return NULL;
     PyObject *res = NULL;
     Py_ssize_t m = lb.len / 8;
     if (cb.len != m * 8 || vb.len != m || hb.len != m * 4 || sb.len != m * 8) {
@@ -389,23 +436,20 @@ static PyObject *gc_scores(PyObject *self, PyObject *args) {
         goto done;
     }
     {
-        const int64_t *last = lb.buf, *count = cb.buf;
-        const uint8_t *live = vb.buf;
-        const int32_t *held = hb.buf;
-        int64_t *score = sb.buf;
-        int64_t lo = NEVER, hi = INT64_MIN;
+        parts = even_parts(parts, stop - start);
+        int64_t *acc = malloc(sizeof(int64_t) * 3 * parts), lo = NEVER, hi = INT64_MIN;  /* each part's valid, lo, hi */
         Py_ssize_t valid = 0;
+        if (!acc) { PyErr_NoMemory(); goto done; }
+        struct scores_ctx c = {lb.buf, cb.buf, vb.buf, hb.buf, sb.buf, start, stop - start, parts, lru, acc};
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t v = start; v < stop; v++) {
-            int64_t s = (live[v] && held[v] <= 0) ? victim_key(lru, last[v], count[v]) : NEVER;
-            score[v] = s;
-            if (s != NEVER) {
-                valid++;
-                if (s < lo) lo = s;
-                if (s > hi) hi = s;
-            }
-        }
+        run_parts(scores_part, &c, parts);
         Py_END_ALLOW_THREADS
+        for (Py_ssize_t p = 0; p < parts; p++) {
+            valid += acc[3 * p];
+            if (acc[3 * p + 1] < lo) lo = acc[3 * p + 1];
+            if (acc[3 * p + 2] > hi) hi = acc[3 * p + 2];
+        }
+        free(acc);
         res = Py_BuildValue("nLL", valid, (long long)lo, (long long)hi);
     }
 done:
@@ -854,18 +898,30 @@ static inline void uniform_row(float *o, uint64_t seed, Py_ssize_t dim, int affi
     }
 }
 
-/* uniform01(ids int64[n], keys uint64[1 or n], dim, out float32[n*dim], mul, add) -> None
+/* uniform01(ids int64[n], keys uint64[1 or n], dim, out float32[n*dim], mul, add, parts=1) -> None
  * out[i, c] = u * mul_i + add_i (float32 ops, in that order) with
  * u = (mix64(mix64(ids[i] ^ key_i) + (c + 1) * GOLDEN) >> 40) * 2^-24, exactly the counter-based
  * uniforms of ember.embedding.init._uniform01 (mul = 1, add = 0) or a uniform initialiser's
  * u * (2 scale) - scale; key_i = keys[0] or keys[i] (one key per row lets the tables of a group
  * initialise their new rows in one call); mul and add are numbers, or float32 [n] (a scale per
- * row: tables with different init scales in one call). */
+ * row: tables with different init scales in one call); parts: equal row ranges run at once. */
+struct uniform_ctx { float *o; const int64_t *id; const uint64_t *ky; const float *pm, *pa; Py_ssize_t nk, n, dim, parts;
+                     float fm, fa; int affine; };
+
+static void uniform_part(void *vc, Py_ssize_t p) {
+    const struct uniform_ctx *c = vc;
+    Py_ssize_t lo, hi;
+    part_rows(c->n, c->parts, p, &lo, &hi);
+    for (Py_ssize_t i = lo; i < hi; i++)
+        uniform_row(c->o + i * c->dim, (uint64_t)c->id[i] ^ c->ky[c->nk == 1 ? 0 : i], c->dim, c->affine,
+                    c->pm ? c->pm[i] : c->fm, c->pa ? c->pa[i] : c->fa);
+}
+
 static PyObject *uniform01(PyObject *self, PyObject *args) {
     Py_buffer ids, keys, out, mb = {0}, ab = {0};
-    Py_ssize_t dim;
+    Py_ssize_t dim, parts = 1;
     PyObject *mo = NULL, *ao = NULL;
-    if (!PyArg_ParseTuple(args, "y*y*nw*|OO", &ids, &keys, &dim, &out, &mo, &ao)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*y*nw*|OOn", &ids, &keys, &dim, &out, &mo, &ao, &parts)) return NULL;
     PyObject *res = NULL;
     Py_ssize_t n = ids.len / 8, nk = keys.len / 8;
     int per_row = mo != NULL && PyObject_CheckBuffer(mo);
@@ -880,16 +936,10 @@ static PyObject *uniform01(PyObject *self, PyObject *args) {
     }
     if (dim < 0 || out.len != n * dim * 4 || !(nk == 1 || nk == n)) goto bad;
     {
-        const int64_t *id = ids.buf;
-        const uint64_t *ky = keys.buf;
-        const float *pm = per_row ? mb.buf : NULL, *pa = per_row ? ab.buf : NULL;
-        float *o = out.buf;
-        const float fm = (float)mul, fa = (float)add;
-        const int affine = per_row || !(mul == 1.0 && add == 0.0);
+        struct uniform_ctx c = {out.buf, ids.buf, keys.buf, per_row ? mb.buf : NULL, per_row ? ab.buf : NULL, nk, n, dim,
+                                even_parts(parts, n), (float)mul, (float)add, per_row || !(mul == 1.0 && add == 0.0)};
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++)
-            uniform_row(o + i * dim, (uint64_t)id[i] ^ ky[nk == 1 ? 0 : i], dim, affine,
-                        per_row ? pm[i] : fm, per_row ? pa[i] : fa);
+        run_parts(uniform_part, &c, c.parts);
         Py_END_ALLOW_THREADS
         Py_INCREF(Py_None);
         res = Py_None;
@@ -967,14 +1017,27 @@ static void normal_rows(float *restrict o, const int64_t *id, const uint64_t *ka
     }
 }
 
-/* normal01(ids int64[n], keys1 uint64[1 or n], keys2 uint64[1 or n], dim, out float32[n*dim], std) -> None
+/* normal01(ids int64[n], keys1 uint64[1 or n], keys2 uint64[1 or n], dim, out float32[n*dim], std,
+ *          parts=1) -> None
  * out[i, c] = box_muller1(u1, u2) * std (float32) with u1, u2 the uniform01 draws of (ids[i], c) under
- * keys1 and keys2 (a normal initialiser's streams 1 and 2): ember.embedding.init's normal rows. */
+ * keys1 and keys2 (a normal initialiser's streams 1 and 2): ember.embedding.init's normal rows.
+ * parts: equal row ranges run at once, each with its own scratch. */
+struct normal_ctx { float *o, *u2; const int64_t *id; const uint64_t *ka, *kb; Py_ssize_t nk, n, dim, parts; float fs; };
+
+static void normal_part(void *vc, Py_ssize_t p) {
+    const struct normal_ctx *c = vc;
+    Py_ssize_t lo, hi, at;
+    part_rows(c->n, c->parts, p, &lo, &hi);
+    at = c->nk == 1 ? 0 : lo;  /* one key for every row, or a key per row */
+    normal_rows(c->o + lo * c->dim, c->id + lo, c->ka + at, c->kb + at, c->nk, hi - lo, c->dim, c->fs,
+                c->u2 + p * (c->dim > 0 ? c->dim : 1) * NORMAL_BLOCK);
+}
+
 static PyObject *normal01(PyObject *self, PyObject *args) {
     Py_buffer ids, k1, k2, out;
-    Py_ssize_t dim;
+    Py_ssize_t dim, parts = 1;
     double std;
-    if (!PyArg_ParseTuple(args, "y*y*y*nw*d", &ids, &k1, &k2, &dim, &out, &std)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*nw*d|n", &ids, &k1, &k2, &dim, &out, &std, &parts)) return NULL;
     PyObject *res = NULL;
     Py_ssize_t n = ids.len / 8, nk = k1.len / 8;
     if (dim < 0 || out.len != n * dim * 4 || !(nk == 1 || nk == n) || k2.len != k1.len) {
@@ -982,15 +1045,13 @@ static PyObject *normal01(PyObject *self, PyObject *args) {
                         "out float32 [len(ids), dim]");
         goto done;
     }
-    float *u2 = malloc((size_t)(dim > 0 ? dim : 1) * NORMAL_BLOCK * sizeof(float));  /* a block's second uniforms */
+    parts = even_parts(parts, n);
+    float *u2 = malloc((size_t)parts * (dim > 0 ? dim : 1) * NORMAL_BLOCK * sizeof(float));  /* a block's second uniforms, per part */
     if (u2 == NULL) { PyErr_NoMemory(); goto done; }
     {
-        const int64_t *id = ids.buf;
-        const uint64_t *ka = k1.buf, *kb = k2.buf;
-        float *o = out.buf;
-        const float fs = (float)std;
+        struct normal_ctx c = {out.buf, u2, ids.buf, k1.buf, k2.buf, nk, n, dim, parts, (float)std};
         Py_BEGIN_ALLOW_THREADS
-        normal_rows(o, id, ka, kb, nk, n, dim, fs, u2);
+        run_parts(normal_part, &c, parts);
         Py_END_ALLOW_THREADS
         Py_INCREF(Py_None);
         res = Py_None;
@@ -1342,15 +1403,27 @@ static void adagrad_rows(float *w, float *st, const float *g, Py_ssize_t n, Py_s
 }
 
 /* rowwise_adagrad(rows float32, state float32, grads float32, n, dim, row_stride, state_stride,
- *                 grad_stride, lr, eps) -> None
+ *                 grad_stride, lr, eps, parts=1) -> None
  * Row-wise Adagrad in place, one pass per row (ember.optim.RowWiseAdagrad):
  *   G += mean_j(g_j^2);  w_j += (-lr * g_j) / (sqrt(G) + eps).
- * rows/state/grads are row-strided views (e.g. weights and accumulator of one records buffer). */
+ * rows/state/grads are row-strided views (e.g. weights and accumulator of one records buffer);
+ * parts: equal row ranges run at once (run_parts). */
+struct adagrad_ctx { float *w, *st; const float *g; Py_ssize_t n, dim, rs, ss, gs, parts; float nlr, feps; double inv; };
+
+static void adagrad_part(void *vc, Py_ssize_t p) {
+    const struct adagrad_ctx *c = vc;
+    Py_ssize_t lo, hi;
+    part_rows(c->n, c->parts, p, &lo, &hi);
+    adagrad_rows(c->w + lo * c->rs, c->st + lo * c->ss, c->g + lo * c->gs, hi - lo, c->dim, c->rs, c->ss, c->gs, c->nlr,
+                 c->feps, c->inv);
+}
+
 static PyObject *rowwise_adagrad(PyObject *self, PyObject *args) {
     Py_buffer rows, state, grads;
-    Py_ssize_t n, dim, rs, ss, gs;
+    Py_ssize_t n, dim, rs, ss, gs, parts = 1;
     double lr, eps;
-    if (!PyArg_ParseTuple(args, "w*w*y*nnnnndd", &rows, &state, &grads, &n, &dim, &rs, &ss, &gs, &lr, &eps)) return NULL;
+    if (!PyArg_ParseTuple(args, "w*w*y*nnnnndd|n", &rows, &state, &grads, &n, &dim, &rs, &ss, &gs, &lr, &eps, &parts))
+        return NULL;
     PyObject *res = NULL;
     if (n < 0 || dim <= 0 || rs < dim || ss < 1 || gs < dim
         || (n > 0 && (rows.len < ((n - 1) * rs + dim) * 4 || state.len < ((n - 1) * ss + 1) * 4 || grads.len < ((n - 1) * gs + dim) * 4))) {
@@ -1358,12 +1431,10 @@ static PyObject *rowwise_adagrad(PyObject *self, PyObject *args) {
         goto done;
     }
     {
-        float *w = rows.buf, *st = state.buf;
-        const float *g = grads.buf;
-        const float nlr = (float)-lr, feps = (float)eps;
-        const double inv = 1.0 / (double)dim;
+        struct adagrad_ctx c = {rows.buf, state.buf, grads.buf, n, dim, rs, ss, gs, even_parts(parts, n), (float)-lr,
+                                (float)eps, 1.0 / (double)dim};
         Py_BEGIN_ALLOW_THREADS
-        adagrad_rows(w, st, g, n, dim, rs, ss, gs, nlr, feps, inv);
+        run_parts(adagrad_part, &c, c.parts);
         Py_END_ALLOW_THREADS
         Py_INCREF(Py_None);
         res = Py_None;
@@ -1863,16 +1934,30 @@ done:
 }
 
 /* bf16_pack_sr(records float32[N*W], ids int64[N], seeds int64[N], steps int64[N],
- *              out float32[N*words], dim, width) -> None
+ *              out float32[N*words], dim, width, parts=1) -> None
  * A bf16 table's rows packed for its tiers (ember.embedding.codec): the first dim columns
  * rounded to bf16 *stochastically* (16 noise bits per value from mix64 of the row's seed, step
  * and ID and the column, as codec.sr_noise: add to the magnitude bits, truncate 16; NaN stays a
  * quiet NaN), two per word (an odd dim pads zero bits), then columns dim..W-1 copied as fp32
- * words. Bit-identical to its fallback and to the codec's torch path. */
+ * words. Bit-identical to its fallback and to the codec's torch path. parts: equal row ranges run
+ * at once. */
+struct pack_ctx { const float *r; const int64_t *id, *sd, *st; float *o; Py_ssize_t n, dim, width, words, parts; };
+
+static void pack_part(void *vc, Py_ssize_t p) {
+    const struct pack_ctx *c = vc;
+    Py_ssize_t lo, hi;
+    part_rows(c->n, c->parts, p, &lo, &hi);
+    uint64_t base = 0;  /* the (seed, step) part of the key: the same for every row of a table */
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        if (i == lo || c->sd[i] != c->sd[i - 1] || c->st[i] != c->st[i - 1]) base = sr_base(c->sd[i], c->st[i]);
+        pack_sr_row(c->r + i * c->width, c->o + i * c->words, c->id[i], base, c->dim, c->width);
+    }
+}
+
 static PyObject *bf16_pack_sr(PyObject *self, PyObject *args) {
     Py_buffer rec, ids, seeds, steps, out;
-    Py_ssize_t dim, width;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*w*nn", &rec, &ids, &seeds, &steps, &out, &dim, &width)) return NULL;
+    Py_ssize_t dim, width, parts = 1;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*w*nn|n", &rec, &ids, &seeds, &steps, &out, &dim, &width, &parts)) return NULL;
     PyObject *res = NULL;
     Py_ssize_t n = ids.len / 8, half = (dim + 1) / 2, words = half + width - dim;
     if (dim <= 0 || width < dim || rec.len != n * width * 4 || seeds.len != n * 8 || steps.len != n * 8 ||
@@ -1882,15 +1967,9 @@ static PyObject *bf16_pack_sr(PyObject *self, PyObject *args) {
         goto done;
     }
     {
-        const float *r = rec.buf;
-        const int64_t *id = ids.buf, *sd = seeds.buf, *st = steps.buf;
-        float *o = out.buf;
-        uint64_t base = 0;  /* the (seed, step) part of the key: the same for every row of a table */
+        struct pack_ctx c = {rec.buf, ids.buf, seeds.buf, steps.buf, out.buf, n, dim, width, words, even_parts(parts, n)};
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (i == 0 || sd[i] != sd[i - 1] || st[i] != st[i - 1]) base = sr_base(sd[i], st[i]);
-            pack_sr_row(r + i * width, o + i * words, id[i], base, dim, width);
-        }
+        run_parts(pack_part, &c, c.parts);
         Py_END_ALLOW_THREADS
         Py_INCREF(Py_None);
         res = Py_None;
@@ -2056,7 +2135,7 @@ static slot_at *sort_by_slot(slot_at *a, slot_at *tmp, Py_ssize_t n, int64_t max
 }
 
 /* disk_find(tags uint16[S], table float32[S*W], ids int64[n], out_slot int64[n],
- *           out_rows float32[n*(W-2)] or empty, W) -> slots read
+ *           out_rows float32[n*(W-2)] or empty, W, parts=1) -> slots read
  * The disk tier's whole probe in one pass with the GIL released (ember.tiers.disk, the
  * numpy reference is _native._disk_find_py): each ID's home slot and 16-bit tag from mix64
  * (as DiskTier._hash), the first slot from home with that tag (as tag_find), then, for every
@@ -2064,101 +2143,144 @@ static slot_at *sort_by_slot(slot_at *a, slot_at *tmp, Py_ssize_t n, int64_t max
  * cache (advise_cold), the ID stored in the slot: equal, out_slot[i] = the slot and its record
  * is copied into out_rows[i] (when out_rows is not empty); else (tags collide) probing goes on
  * after it. out_slot[i] = -1 for IDs not found; their out_rows stay untouched. Returns the
- * slots whose stored ID was read (found or not), as the reference counts them. */
+ * slots whose stored ID was read (found or not), as the reference counts them. parts: equal
+ * ranges of the IDs run at once, each waiting on its own page faults. */
+struct disk_find_ctx { const uint16_t *t; const int64_t *id; int64_t *os; const float *tb; float *orw; Py_ssize_t n, ns, w, parts;
+                      slot_at *cand; int64_t *sorted; unsigned char *vec; Py_ssize_t *read; };
+
+static void disk_find_part(void *vc, Py_ssize_t p) {
+    const struct disk_find_ctx *c = vc;
+    const uint16_t *t = c->t;
+    const int64_t *id = c->id;
+    int64_t *os = c->os;
+    const float *tb = c->tb;
+    Py_ssize_t lo, hi, ns = c->ns, w = c->w, r = w - 2, read = 0, m = 0;
+    part_rows(c->n, c->parts, p, &lo, &hi);
+    slot_at *cand = c->cand + 2 * lo;  /* this part's candidates and the radix sort's buffer */
+    int64_t *sorted = c->sorted + lo;
+    /* homes first (into out_slot), so the tag reads can be prefetched a few IDs ahead */
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        uint64_t h = mix64((uint64_t)id[i]);
+        os[i] = (int64_t)(((h >> 32) * (uint64_t)ns) >> 32);
+    }
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        if (i + 16 < hi) __builtin_prefetch(t + os[i + 16]);
+        uint64_t h = mix64((uint64_t)id[i]);
+        int64_t at = os[i], hit = -1;
+        uint16_t want = (uint16_t)((h & 0xFFFF) % 65534 + 2);
+        for (int64_t step = 0; step < ns; step++) {
+            uint16_t v = t[at];
+            if (v == want) { hit = at; break; }
+            if (v == 0) break;
+            if (++at == ns) at = 0;
+        }
+        os[i] = -1;
+        if (hit >= 0) { cand[m].slot = hit; cand[m].i = i; m++; }
+    }
+    slot_at *by = sort_by_slot(cand, cand + (hi - lo), m, ns - 1);
+    for (Py_ssize_t q = 0; q < m; q++) sorted[q] = by[q].slot;
+    if (m > 0) advise_cold((uintptr_t)tb, (size_t)w * 4, sorted, m, c->vec + p * WN_WIN);
+    for (Py_ssize_t q = 0; q < m; q++) {
+        if (q + 8 < m) __builtin_prefetch(tb + by[q + 8].slot * w);
+        int64_t at = by[q].slot, i = by[q].i;
+        uint64_t h = mix64((uint64_t)id[i]);
+        uint16_t want = (uint16_t)((h & 0xFFFF) % 65534 + 2);
+        for (int64_t step = 0; step < ns; step++) {  /* at: a slot whose tag matches */
+            int64_t stored;
+            memcpy(&stored, tb + at * w, 8);
+            read++;
+            if (stored == id[i]) {
+                os[i] = at;
+                if (c->orw) memcpy(c->orw + i * r, tb + at * w + 2, (size_t)r * sizeof(float));
+                break;
+            }
+            int64_t nx = -1;  /* a tag collision: the next match after it, before an empty slot */
+            for (int64_t s2 = 0; s2 < ns; s2++) {
+                if (++at == ns) at = 0;
+                uint16_t v = t[at];
+                if (v == want) { nx = at; break; }
+                if (v == 0) break;
+            }
+            if (nx < 0) break;
+            at = nx;
+        }
+    }
+    c->read[p] = read;
+}
+
 static PyObject *disk_find(PyObject *self, PyObject *args) {
     Py_buffer tags, table, ids, oslot, orows;
-    Py_ssize_t w;
-    if (!PyArg_ParseTuple(args, "y*y*y*w*w*n", &tags, &table, &ids, &oslot, &orows, &w)) return NULL;
+    Py_ssize_t w, parts = 1;
+    if (!PyArg_ParseTuple(args, "y*y*y*w*w*n|n", &tags, &table, &ids, &oslot, &orows, &w, &parts)) return NULL;
     PyObject *res = NULL;
     slot_at *cand = NULL;
     int64_t *sorted = NULL;
     unsigned char *vec = NULL;
+    Py_ssize_t *read = NULL;
     Py_ssize_t n = ids.len / 8, ns = tags.len / 2, r = w - 2;
     if (w <= 2 || ns < 1 || table.len != ns * w * 4 || oslot.len != n * 8 || (orows.len != 0 && orows.len != n * r * 4)) {
         PyErr_SetString(PyExc_ValueError, "ember native disk_find: tags uint16[S], table float32 [S, W], ids/out_slot "
                                           "int64[n], out_rows float32 [n, W-2] or empty");
         goto done;
     }
+    parts = even_parts(parts, n);
     cand = malloc((size_t)(n ? n : 1) * 2 * sizeof(slot_at));  /* + the radix sort's buffer */
     sorted = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
-    vec = malloc(WN_WIN);
-    if (!cand || !sorted || !vec) { PyErr_NoMemory(); goto done; }
+    vec = malloc((size_t)WN_WIN * parts);
+    read = malloc(sizeof(Py_ssize_t) * parts);
+    if (!cand || !sorted || !vec || !read) { PyErr_NoMemory(); goto done; }
     {
-        const uint16_t *t = tags.buf;
-        const int64_t *id = ids.buf;
-        int64_t *os = oslot.buf;
-        const float *tb = table.buf;
-        float *orw = orows.len ? (float *)orows.buf : NULL;
-        Py_ssize_t read = 0;
+        struct disk_find_ctx c = {tags.buf, ids.buf, oslot.buf, table.buf, orows.len ? (float *)orows.buf : NULL, n, ns, w,
+                                  parts, cand, sorted, vec, read};
+        Py_ssize_t total = 0;
         Py_BEGIN_ALLOW_THREADS
-        Py_ssize_t m = 0;
-        /* homes first (into out_slot), so the tag reads can be prefetched a few IDs ahead */
-        for (Py_ssize_t i = 0; i < n; i++) {
-            uint64_t h = mix64((uint64_t)id[i]);
-            os[i] = (int64_t)(((h >> 32) * (uint64_t)ns) >> 32);
-        }
-        for (Py_ssize_t i = 0; i < n; i++) {
-            if (i + 16 < n) __builtin_prefetch(t + os[i + 16]);
-            uint64_t h = mix64((uint64_t)id[i]);
-            int64_t at = os[i], hit = -1;
-            uint16_t want = (uint16_t)((h & 0xFFFF) % 65534 + 2);
-            for (int64_t step = 0; step < ns; step++) {
-                uint16_t v = t[at];
-                if (v == want) { hit = at; break; }
-                if (v == 0) break;
-                if (++at == ns) at = 0;
-            }
-            os[i] = -1;
-            if (hit >= 0) { cand[m].slot = hit; cand[m].i = i; m++; }
-        }
-        slot_at *by = sort_by_slot(cand, cand + n, m, ns - 1);
-        for (Py_ssize_t q = 0; q < m; q++) sorted[q] = by[q].slot;
-        if (m > 0) advise_cold((uintptr_t)table.buf, (size_t)w * 4, sorted, m, vec);
-        for (Py_ssize_t q = 0; q < m; q++) {
-            if (q + 8 < m) __builtin_prefetch(tb + by[q + 8].slot * w);
-            int64_t at = by[q].slot, i = by[q].i;
-            uint64_t h = mix64((uint64_t)id[i]);
-            uint16_t want = (uint16_t)((h & 0xFFFF) % 65534 + 2);
-            for (int64_t step = 0; step < ns; step++) {  /* at: a slot whose tag matches */
-                int64_t stored;
-                memcpy(&stored, tb + at * w, 8);
-                read++;
-                if (stored == id[i]) {
-                    os[i] = at;
-                    if (orw) memcpy(orw + i * r, tb + at * w + 2, (size_t)r * sizeof(float));
-                    break;
-                }
-                int64_t nx = -1;  /* a tag collision: the next match after it, before an empty slot */
-                for (int64_t s2 = 0; s2 < ns; s2++) {
-                    if (++at == ns) at = 0;
-                    uint16_t v = t[at];
-                    if (v == want) { nx = at; break; }
-                    if (v == 0) break;
-                }
-                if (nx < 0) break;
-                at = nx;
-            }
-        }
+        run_parts(disk_find_part, &c, parts);
         Py_END_ALLOW_THREADS
-        res = PyLong_FromSsize_t(read);
+        for (Py_ssize_t p = 0; p < parts; p++) total += read[p];
+        res = PyLong_FromSsize_t(total);
     }
 done:
-    free(cand); free(sorted); free(vec);
+    free(cand); free(sorted); free(vec); free(read);
     PyBuffer_Release(&tags); PyBuffer_Release(&table); PyBuffer_Release(&ids); PyBuffer_Release(&oslot);
     PyBuffer_Release(&orows);
     return res;
 }
 
-/* disk_write(table float32[S*W], slots int64[k], ids int64[k], recs float32[k*(W-2)], W) -> None
+/* disk_write(table float32[S*W], slots int64[k], ids int64[k], recs float32[k*(W-2)], W, parts=1) -> None
  * The disk tier's write in one pass with the GIL released (ember.tiers.disk; the numpy
  * reference is _native._disk_write_py): slot slots[i] of the memory-mapped table gets
  * [ids[i] as two words | recs[i]], written in file order (slot, then i: a later duplicate slot
  * wins, as in numpy) after advising the pages not in memory (advise_cold: a store to a page
- * that is not in memory reads it first). */
+ * that is not in memory reads it first). parts: equal ranges of the rows run at once, each in
+ * its own file order (a duplicate slot in two parts: either may win; the tier's slots are
+ * unique). */
+struct disk_write_ctx { float *tb; const int64_t *sl, *id; const float *rc; Py_ssize_t k, s, w, parts; slot_at *order;
+                       int64_t *sorted; unsigned char *vec; };
+
+static void disk_write_part(void *vc, Py_ssize_t p) {
+    const struct disk_write_ctx *c = vc;
+    float *tb = c->tb;
+    Py_ssize_t lo, hi, w = c->w, r = w - 2;
+    part_rows(c->k, c->parts, p, &lo, &hi);
+    slot_at *order = c->order + 2 * lo;  /* this part's rows and the radix sort's buffer */
+    int64_t *sorted = c->sorted + lo;
+    Py_ssize_t k = hi - lo;
+    for (Py_ssize_t i = 0; i < k; i++) { order[i].slot = c->sl[lo + i]; order[i].i = lo + i; }
+    slot_at *by = sort_by_slot(order, order + k, k, c->s - 1);  /* stable: slot, then i */
+    for (Py_ssize_t q = 0; q < k; q++) sorted[q] = by[q].slot;
+    if (k > 0) advise_cold((uintptr_t)tb, (size_t)w * 4, sorted, k, c->vec + p * WN_WIN);
+    for (Py_ssize_t q = 0; q < k; q++) {
+        if (q + 8 < k) __builtin_prefetch(tb + by[q + 8].slot * w, 1);
+        float *dst = tb + by[q].slot * w;
+        memcpy(dst, c->id + by[q].i, 8);
+        memcpy(dst + 2, c->rc + by[q].i * r, (size_t)r * sizeof(float));
+    }
+}
+
 static PyObject *disk_write(PyObject *self, PyObject *args) {
     Py_buffer table, slots, ids, recs;
-    Py_ssize_t w;
-    if (!PyArg_ParseTuple(args, "w*y*y*y*n", &table, &slots, &ids, &recs, &w)) return NULL;
+    Py_ssize_t w, parts = 1;
+    if (!PyArg_ParseTuple(args, "w*y*y*y*n|n", &table, &slots, &ids, &recs, &w, &parts)) return NULL;
     PyObject *res = NULL;
     slot_at *order = NULL;
     int64_t *sorted = NULL;
@@ -2176,24 +2298,14 @@ static PyObject *disk_write(PyObject *self, PyObject *args) {
                 PyErr_SetString(PyExc_IndexError, "ember native disk_write: slot out of range");
                 goto done;
             }
+        parts = even_parts(parts, k);
         order = malloc((size_t)(k ? k : 1) * 2 * sizeof(slot_at));  /* + the radix sort's buffer */
         sorted = malloc((size_t)(k ? k : 1) * sizeof(int64_t));
-        vec = malloc(WN_WIN);
+        vec = malloc((size_t)WN_WIN * parts);
         if (!order || !sorted || !vec) { PyErr_NoMemory(); goto done; }
-        float *tb = table.buf;
-        const int64_t *id = ids.buf;
-        const float *rc = recs.buf;
+        struct disk_write_ctx c = {table.buf, sl, ids.buf, recs.buf, k, s, w, parts, order, sorted, vec};
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < k; i++) { order[i].slot = sl[i]; order[i].i = i; }
-        slot_at *by = sort_by_slot(order, order + k, k, s - 1);  /* stable: slot, then i */
-        for (Py_ssize_t q = 0; q < k; q++) sorted[q] = by[q].slot;
-        if (k > 0) advise_cold((uintptr_t)table.buf, (size_t)w * 4, sorted, k, vec);
-        for (Py_ssize_t q = 0; q < k; q++) {
-            if (q + 8 < k) __builtin_prefetch(tb + by[q + 8].slot * w, 1);
-            float *dst = tb + by[q].slot * w;
-            memcpy(dst, id + by[q].i, 8);
-            memcpy(dst + 2, rc + by[q].i * r, (size_t)r * sizeof(float));
-        }
+        run_parts(disk_write_part, &c, parts);
         Py_END_ALLOW_THREADS
         Py_INCREF(Py_None);
         res = Py_None;
@@ -2230,11 +2342,46 @@ static int check_validity(Py_buffer *valid, Py_ssize_t off, Py_ssize_t n, Py_buf
     return 1;
 }
 
+/* arrow_hash_strings(offsets, data, validity, off, n, width, salt, out int64[n], out_valid bool[n], parts=1)
+ * -> nulls: a string array's n values; parts: equal value ranges run at once (run_parts). */
+struct hash_str_ctx { const uint8_t *d, *vb; const void *offs; int64_t *h; uint8_t *ok; Py_ssize_t off, n, width, dlen, parts;
+                      uint64_t salt; int has_valid; Py_ssize_t *nulls, *bad; };
+
+static void hash_str_part(void *vc, Py_ssize_t p) {
+    const struct hash_str_ctx *c = vc;
+    const int32_t *o4 = c->offs;
+    const int64_t *o8 = c->offs;
+    Py_ssize_t lo, hi, nulls = 0, bad = -1;
+    part_rows(c->n, c->parts, p, &lo, &hi);
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        Py_ssize_t j = c->off + i;
+        int present = !c->has_valid || ((c->vb[j >> 3] >> (j & 7)) & 1);
+        int64_t a = c->width == 4 ? (int64_t)o4[j] : o8[j];
+        int64_t b = c->width == 4 ? (int64_t)o4[j + 1] : o8[j + 1];
+        if (!present) { b = a; nulls++; }
+        if (a < 0 || b < a || b > c->dlen) { bad = i; break; }
+        uint64_t len = (uint64_t)(b - a), z = mix64(c->salt ^ ((len + 1) * 0x9E3779B97F4A7C15ULL));
+        const uint8_t *q = c->d + a;
+        uint64_t k = 0;
+        for (; k + 8 <= len; k += 8) z = mix64(z ^ load_le64(q + k));
+        if (k < len) {
+            uint64_t w = 0;
+            for (uint64_t e = 0; k + e < len; e++) w |= (uint64_t)q[k + e] << (8 * e);
+            z = mix64(z ^ w);
+        }
+        c->h[i] = (int64_t)z;
+        c->ok[i] = (uint8_t)present;
+    }
+    c->nulls[p] = nulls;
+    c->bad[p] = bad;
+}
+
 static PyObject *arrow_hash_strings(PyObject *self, PyObject *args) {
     Py_buffer offs, data, valid, out, ok;
-    Py_ssize_t off, n, width;
+    Py_ssize_t off, n, width, parts = 1;
     unsigned long long salt;
-    if (!PyArg_ParseTuple(args, "y*y*y*nnnKw*w*", &offs, &data, &valid, &off, &n, &width, &salt, &out, &ok)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*y*y*nnnKw*w*|n", &offs, &data, &valid, &off, &n, &width, &salt, &out, &ok, &parts))
+        return NULL;
     PyObject *res = NULL;
     if (!check_validity(&valid, off, n, &out, &ok)) goto done;
     if ((width != 4 && width != 8) || offs.len < (off + n + 1) * width) {
@@ -2242,34 +2389,19 @@ static PyObject *arrow_hash_strings(PyObject *self, PyObject *args) {
         goto done;
     }
     {
-        const uint8_t *d = data.buf, *vb = valid.buf;
-        const int32_t *o4 = offs.buf;
-        const int64_t *o8 = offs.buf;
-        int64_t *h = out.buf;
-        uint8_t *okp = ok.buf;
-        Py_ssize_t nulls = 0, bad = -1, dlen = data.len;
-        int has_valid = valid.len != 0;
+        parts = even_parts(parts, n);
+        Py_ssize_t *acc = malloc(sizeof(Py_ssize_t) * 2 * parts), nulls = 0, bad = -1;  /* each part's nulls, first bad value */
+        if (!acc) { PyErr_NoMemory(); goto done; }
+        struct hash_str_ctx c = {data.buf, valid.buf, offs.buf, out.buf, ok.buf, off, n, width, data.len, parts, salt,
+                                 valid.len != 0, acc, acc + parts};
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            Py_ssize_t j = off + i;
-            int present = !has_valid || ((vb[j >> 3] >> (j & 7)) & 1);
-            int64_t a = width == 4 ? (int64_t)o4[j] : o8[j];
-            int64_t b = width == 4 ? (int64_t)o4[j + 1] : o8[j + 1];
-            if (!present) { b = a; nulls++; }
-            if (a < 0 || b < a || b > dlen) { bad = i; break; }
-            uint64_t len = (uint64_t)(b - a), z = mix64(salt ^ ((len + 1) * 0x9E3779B97F4A7C15ULL));
-            const uint8_t *p = d + a;
-            uint64_t k = 0;
-            for (; k + 8 <= len; k += 8) z = mix64(z ^ load_le64(p + k));
-            if (k < len) {
-                uint64_t w = 0;
-                for (uint64_t c = 0; k + c < len; c++) w |= (uint64_t)p[k + c] << (8 * c);
-                z = mix64(z ^ w);
-            }
-            h[i] = (int64_t)z;
-            okp[i] = (uint8_t)present;
-        }
+        run_parts(hash_str_part, &c, parts);
         Py_END_ALLOW_THREADS
+        for (Py_ssize_t p = 0; p < parts; p++) {
+            nulls += acc[p];
+            if (bad < 0) bad = acc[parts + p];
+        }
+        free(acc);
         if (bad >= 0) {
             PyErr_Format(PyExc_ValueError, "ember native arrow_hash_strings: offsets of value %zd out of the data's range", bad);
             goto done;
@@ -2281,12 +2413,43 @@ done:
     return res;
 }
 
+/* arrow_hash_ints(values, validity, off, n, width, signed, salt, out int64[n], out_valid bool[n], parts=1)
+ * -> nulls: an integer array's n values; parts: equal value ranges run at once (run_parts). */
+struct hash_int_ctx { const uint8_t *vb, *raw; int64_t *h; uint8_t *ok; Py_ssize_t off, n, width, parts; uint64_t salt;
+                      int has_valid, is_signed; Py_ssize_t *nulls; };
+
+static void hash_int_part(void *vc, Py_ssize_t p) {
+    const struct hash_int_ctx *c = vc;
+    const uint8_t *raw = c->raw;
+    Py_ssize_t lo, hi, nulls = 0;
+    part_rows(c->n, c->parts, p, &lo, &hi);
+    for (Py_ssize_t i = lo; i < hi; i++) {
+        Py_ssize_t j = c->off + i;
+        int present = !c->has_valid || ((c->vb[j >> 3] >> (j & 7)) & 1);
+        uint64_t v = 0;
+        if (present) {
+            switch (c->width) {
+            case 1: v = c->is_signed ? (uint64_t)(int64_t)((const int8_t *)raw)[j] : ((const uint8_t *)raw)[j]; break;
+            case 2: v = c->is_signed ? (uint64_t)(int64_t)((const int16_t *)raw)[j] : ((const uint16_t *)raw)[j]; break;
+            case 4: v = c->is_signed ? (uint64_t)(int64_t)((const int32_t *)raw)[j] : ((const uint32_t *)raw)[j]; break;
+            default: v = ((const uint64_t *)raw)[j]; break;
+            }
+        } else {
+            nulls++;
+        }
+        c->h[i] = (int64_t)mix64(v ^ c->salt);
+        c->ok[i] = (uint8_t)present;
+    }
+    c->nulls[p] = nulls;
+}
+
 static PyObject *arrow_hash_ints(PyObject *self, PyObject *args) {
     Py_buffer vals, valid, out, ok;
-    Py_ssize_t off, n, width;
+    Py_ssize_t off, n, width, parts = 1;
     int is_signed;
     unsigned long long salt;
-    if (!PyArg_ParseTuple(args, "y*y*nnnpKw*w*", &vals, &valid, &off, &n, &width, &is_signed, &salt, &out, &ok)) return NULL;
+    if (!PyArg_ParseTuple(args, "y*y*nnnpKw*w*|n", &vals, &valid, &off, &n, &width, &is_signed, &salt, &out, &ok, &parts))
+        return NULL;
     PyObject *res = NULL;
     if (!check_validity(&valid, off, n, &out, &ok)) goto done;
     if ((width != 1 && width != 2 && width != 4 && width != 8) || vals.len < (off + n) * width) {
@@ -2294,30 +2457,15 @@ static PyObject *arrow_hash_ints(PyObject *self, PyObject *args) {
         goto done;
     }
     {
-        const uint8_t *vb = valid.buf, *raw = vals.buf;
-        int64_t *h = out.buf;
-        uint8_t *okp = ok.buf;
-        Py_ssize_t nulls = 0;
-        int has_valid = valid.len != 0;
+        parts = even_parts(parts, n);
+        Py_ssize_t *acc = malloc(sizeof(Py_ssize_t) * parts), nulls = 0;  /* each part's nulls */
+        if (!acc) { PyErr_NoMemory(); goto done; }
+        struct hash_int_ctx c = {valid.buf, vals.buf, out.buf, ok.buf, off, n, width, parts, salt, valid.len != 0, is_signed, acc};
         Py_BEGIN_ALLOW_THREADS
-        for (Py_ssize_t i = 0; i < n; i++) {
-            Py_ssize_t j = off + i;
-            int present = !has_valid || ((vb[j >> 3] >> (j & 7)) & 1);
-            uint64_t v = 0;
-            if (present) {
-                switch (width) {
-                case 1: v = is_signed ? (uint64_t)(int64_t)((const int8_t *)raw)[j] : ((const uint8_t *)raw)[j]; break;
-                case 2: v = is_signed ? (uint64_t)(int64_t)((const int16_t *)raw)[j] : ((const uint16_t *)raw)[j]; break;
-                case 4: v = is_signed ? (uint64_t)(int64_t)((const int32_t *)raw)[j] : ((const uint32_t *)raw)[j]; break;
-                default: v = ((const uint64_t *)raw)[j]; break;
-                }
-            } else {
-                nulls++;
-            }
-            h[i] = (int64_t)mix64(v ^ salt);
-            okp[i] = (uint8_t)present;
-        }
+        run_parts(hash_int_part, &c, parts);
         Py_END_ALLOW_THREADS
+        for (Py_ssize_t p = 0; p < parts; p++) nulls += acc[p];
+        free(acc);
         res = PyLong_FromSsize_t(nulls);
     }
 done:
@@ -3466,9 +3614,9 @@ static PyMethodDef methods[] = {
     /* "name(arguments) -> result": ember/_ember_native.pyi and tests/native/test_stub.py rely on
      * these (names and count of arguments, "=" for optional ones, as PyArg_ParseTuple parses) */
     {"arrow_hash_strings", arrow_hash_strings, METH_VARARGS,
-     "arrow_hash_strings(offsets, data, validity, off, n, width, salt, out, out_valid) -> nulls"},
+     "arrow_hash_strings(offsets, data, validity, off, n, width, salt, out, out_valid, parts=1) -> nulls"},
     {"arrow_hash_ints", arrow_hash_ints, METH_VARARGS,
-     "arrow_hash_ints(values, validity, off, n, width, signed, salt, out, out_valid) -> nulls"},
+     "arrow_hash_ints(values, validity, off, n, width, signed, salt, out, out_valid, parts=1) -> nulls"},
     {"arrow_parse_ints", arrow_parse_ints, METH_VARARGS,
      "arrow_parse_ints(offsets, data, validity, off, n, width, out, state) -> bad or -1"},
     {"featurize_ids", featurize_ids, METH_VARARGS,
@@ -3485,26 +3633,26 @@ static PyMethodDef methods[] = {
     {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r, dim, parts=None) -> found"},
     {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, grads, next, clocks, used, free_at, seeds, steps, hyper, r, dim, parts=None) -> inserted"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim, parts=None) -> None"},
-    {"rowwise_adagrad", rowwise_adagrad, METH_VARARGS, "rowwise_adagrad(rows, state, grads, n, dim, rs, ss, gs, lr, eps) -> None"},
-    {"bf16_pack_sr", bf16_pack_sr, METH_VARARGS, "bf16_pack_sr(records, ids, seeds, steps, out, dim, width) -> None"},
+    {"rowwise_adagrad", rowwise_adagrad, METH_VARARGS, "rowwise_adagrad(rows, state, grads, n, dim, rs, ss, gs, lr, eps, parts=1) -> None"},
+    {"bf16_pack_sr", bf16_pack_sr, METH_VARARGS, "bf16_pack_sr(records, ids, seeds, steps, out, dim, width, parts=1) -> None"},
     {"willneed", willneed, METH_VARARGS, "willneed(table, slots, w) -> pages advised"},
     {"willneed_cold", willneed_cold, METH_VARARGS, "willneed_cold(table, slots, w) -> pages advised"},
-    {"disk_find", disk_find, METH_VARARGS, "disk_find(tags, table, ids, out_slot, out_rows, w) -> slots read"},
-    {"disk_write", disk_write, METH_VARARGS, "disk_write(table, slots, ids, recs, w) -> None"},
+    {"disk_find", disk_find, METH_VARARGS, "disk_find(tags, table, ids, out_slot, out_rows, w, parts=1) -> slots read"},
+    {"disk_write", disk_write, METH_VARARGS, "disk_write(table, slots, ids, recs, w, parts=1) -> None"},
     {"gather_rows", gather_rows, METH_VARARGS, "gather_rows(src, slots, out, w, r=w, parts=1) -> None"},
     {"scatter_rows", scatter_rows, METH_VARARGS, "scatter_rows(dst, slots, rows, w) -> None"},
     {"index_add_rows", index_add_rows, METH_VARARGS, "index_add_rows(out, index, src, dim, stride) -> None"},
     {"tag_find", tag_find, METH_VARARGS, "tag_find(tags, pos, tag, out) -> None"},
     {"tag_claim", tag_claim, METH_VARARGS, "tag_claim(tags, pos, tag, out) -> empty slots used"},
-    {"uniform01", uniform01, METH_VARARGS, "uniform01(ids, keys, dim, out, mul=1, add=0) -> None"},
-    {"normal01", normal01, METH_VARARGS, "normal01(ids, keys1, keys2, dim, out, std) -> None"},
+    {"uniform01", uniform01, METH_VARARGS, "uniform01(ids, keys, dim, out, mul=1, add=0, parts=1) -> None"},
+    {"normal01", normal01, METH_VARARGS, "normal01(ids, keys1, keys2, dim, out, std, parts=1) -> None"},
     {"fresh_uniform", fresh_uniform, METH_VARARGS,
      "fresh_uniform(ids, keys, at, out, width, dim, mul, add, fill, bf16, parts=1) -> None"},
     {"probe", probe, METH_VARARGS, "probe(keys, slots, ids, out_bucket, out_slot) -> found"},
     {"cms", cms, METH_VARARGS, "cms(table, ids, counts, seeds, width, out) -> None"},
     {"pair_find", pair_find, METH_VARARGS,
-     "pair_find(keys, slots, ids, salt, slot_id, count, last, held, clock, out) -> hits"},
-    {"gc_scores", gc_scores, METH_VARARGS, "gc_scores(last, count, live, held, lru, score, start, stop) -> (valid, lo, hi)"},
+     "pair_find(keys, slots, ids, salt, slot_id, count, last, held, clock, out, parts=1) -> hits"},
+    {"gc_scores", gc_scores, METH_VARARGS, "gc_scores(last, count, live, held, lru, score, start, stop, parts=1) -> (valid, lo, hi)"},
     {"gc_select", gc_select, METH_VARARGS, "gc_select(score, valid, lo, hi, out_slot, out_score) -> found"},
     {"gc_requeue", gc_requeue, METH_VARARGS, "gc_requeue(last, count, live, held, lru, q_slot, q_score) -> kept"},
     {"gc_reserve", gc_reserve, METH_VARARGS,

@@ -45,10 +45,10 @@ from ember import once
 
 
 __all__ = [
-    "CSV_CR", "CSV_HEX", "CSV_LONG_DIGITS", "CSV_NOT_ASCII", "CSV_PAREN", "CSV_QUOTE", "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "chunks", "csv_gather",
+    "CSV_CR", "CSV_HEX", "CSV_LONG_DIGITS", "CSV_NOT_ASCII", "CSV_PAREN", "CSV_QUOTE", "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "csv_gather",
     "csv_bytes", "csv_hazards", "csv_ints", "csv_split", "dense_finish", "dense_floats", "dense_prepare", "featurize_ids", "hash_utf8_buffers",
     "index_add_features", "index_add_rows", "is_available", "take_rows", "place", "probe", "probe_rows", "read_rows", "record_width", "rehash",
-    "bf16_pack_sr", "cms", "even_chunks", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "gc_scores", "gc_select", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_chunks", "run_each", "tag_claim", "tag_find", "uniform01", "normal01", "fresh_uniform", "unique_segments", "victim_keys",
+    "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "gc_scores", "gc_select", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_each", "tag_claim", "tag_find", "uniform01", "normal01", "fresh_uniform", "unique_segments", "victim_keys",
     "write_rows", "MIN_PART_ROWS", "native_parts", "part_bounds", "part_count",
 ]
 
@@ -90,27 +90,32 @@ def require() -> ModuleType:
 
 
 # ---- running a kernel on several threads ---------------------------------------------------
-# The kernels release the GIL, so independent parts of one call (tables, segments, row ranges)
-# run on as many threads as torch may use (torch.get_num_threads(): the user's CPU budget).
+# A kernel splits a large call itself: its wrapper passes the parts (``part_count``: a count of
+# equal row ranges; ``part_bounds``: bounds over whole tables, features or segments) and the core
+# runs them on OpenMP's threads, the same libgomp torch's operations use, woken in microseconds,
+# as many as torch may use (torch.get_num_threads(): the user's CPU budget). Two parts of 2-106 k
+# rows ran 1.4-1.65x faster than one on 2 cores, where a hand-off to a Python thread pool costs
+# ~50 us and its split lost below ~41 k rows (bench/bench_kernel_parts.py). The pool below runs
+# only ``run_each``'s tasks (calls of uneven cost, one per table).
 
-MIN_PARALLEL_ROWS = 16384  # below this a hand-off to another thread (~30-50 us) does not pay
-PROBE_PARALLEL_KEYS = 8192  # a probe waits on ~3 random reads per key: smaller shares pay
-SCAN_PARALLEL_SLOTS = 1 << 17  # a victim scan's share of slots per thread (~0.3 ms of streaming)
+MIN_PART_ROWS = 2048  # rows (or IDs) of one part: below this, another thread does not pay
 _pool: tuple[int, int, ThreadPoolExecutor] | None = None  # (pid, workers, pool)
 _POOL_PREFIX = "ember-kernel"  # the pool's thread names (``_on_pool``)
+_forked = False  # this process was forked: its parent's OpenMP threads do not exist here
 T = TypeVar("T")
 
 
-def chunks(weights: Sequence[int] | np.ndarray, cuts: Sequence[bool] | None = None, min_rows: int | None = None) -> list[tuple[int, int]]:
+def chunks(weights: Sequence[int] | np.ndarray, cuts: Sequence[bool] | None = None,
+           min_rows: int | None = None) -> list[tuple[int, int]]:
     """Split items ``0..len(weights)`` into contiguous [lo, hi) ranges of about equal total weight,
-    one per thread torch may use (one range when the total is below ``min_rows``, default
-    ``MIN_PARALLEL_ROWS``).
+    one per thread torch may use, each of at least ``min_rows`` (default ``MIN_PART_ROWS``; one
+    range when the total is below that).
 
     ``cuts[i]`` False forbids a range boundary before item i (items that must stay together).
     """
     w = np.asarray(weights, dtype=np.int64)
     n, total = w.size, int(w.sum())
-    least = MIN_PARALLEL_ROWS if min_rows is None else min_rows
+    least = MIN_PART_ROWS if min_rows is None else min_rows  # (read at call time: a test may switch it)
     k = min(torch.get_num_threads(), n, max(1, total // max(least, 1)))
     if k <= 1:
         return [(0, n)]
@@ -124,30 +129,6 @@ def chunks(weights: Sequence[int] | np.ndarray, cuts: Sequence[bool] | None = No
             bounds.append(i)
     bounds.append(n)
     return list(zip(bounds[:-1], bounds[1:]))
-
-
-def even_chunks(n: int, min_rows: int, weight: int = 1) -> list[tuple[int, int]]:
-    """Items ``0..n`` of equal ``weight`` in equal ranges of at least ``min_rows`` of weight,
-    one per thread torch may use (``chunks`` of uniform weights, computed without an array of
-    them: ~3 us against ~50-115 us for ``chunks(np.full(n, weight))`` of 13-41 k items)."""
-    k = max(1, min(torch.get_num_threads(), n, n * weight // max(min_rows, 1)))  # (n = 0: one empty range)
-    bounds = [n * j // k for j in range(k + 1)]
-    return list(zip(bounds[:-1], bounds[1:]))
-
-
-def row_chunks(n: int) -> list[tuple[int, int]]:
-    """Rows ``0..n`` of a row-by-row kernel in equal ranges, one per thread when there are at
-    least ``2 * MIN_PARALLEL_ROWS`` of them, else one range."""
-    return even_chunks(n, MIN_PARALLEL_ROWS) if n >= 2 * MIN_PARALLEL_ROWS else [(0, n)]
-
-
-# The row kernels of a training step (the dedupe, the rows' read and write, the pooling's gather
-# and backward, new rows) split a call themselves: the wrapper passes its parts and the core runs
-# them on OpenMP's threads, the same libgomp torch's operations use, woken in microseconds. Two
-# parts of 2-106 k rows ran 1.4-1.65x faster than one on 2 cores, where a hand-off to the pool
-# below costs ~50 us and its split lost below ~41 k rows (bench/bench_kernel_parts.py).
-MIN_PART_ROWS = 2048  # rows (or IDs) of one such part: below this, another thread does not pay
-_forked = False  # this process was forked: its parent's OpenMP threads do not exist here
 
 
 def _after_fork() -> None:
@@ -165,21 +146,21 @@ def native_parts() -> bool:
 
 
 def _one_part(n: int) -> bool:
-    """A call of ``n`` rows runs as one part: too small, on a pool thread or a task of
-    ``run_each`` (their threads are busy already), or the core cannot run parts (said once)."""
+    """A call of ``n`` rows runs as one part: too small for two parts, on a pool thread or a task
+    of ``run_each`` (their threads are busy already), or the core cannot run parts (said once)."""
     if _core is None or n < 2 * MIN_PART_ROWS or torch.get_num_threads() <= 1 or _on_pool():
         return True  # (no core: the numpy fallbacks run, each said once by ``_fallback_once``)
     if not native_parts():
         if once.first("native.parts"):
             why = ("this process was forked from one that had started them" if _forked
                    else "the native core was built without OpenMP (pip install -e . with a compiler that has it)")
-            logging.getLogger("ember").warning("ember's row kernels run on one thread: %s", why)
+            logging.getLogger("ember").warning("ember's kernels run on one thread: %s", why)
         return True
     return False
 
 
 def part_count(n: int) -> int:
-    """Parts a row kernel splits ``n`` rows into: one per thread torch may use, each at least
+    """Parts a kernel splits ``n`` rows into: one per thread torch may use, each at least
     ``MIN_PART_ROWS``; one when ``_one_part``."""
     return 1 if _one_part(n) else max(1, min(torch.get_num_threads(), n // MIN_PART_ROWS))
 
@@ -195,7 +176,7 @@ def part_bounds(weights: Sequence[int] | np.ndarray, cuts: Sequence[bool] | None
 
 
 def _kernel_pool() -> ThreadPoolExecutor:
-    """The pool of ``torch.get_num_threads() - 1`` threads the kernels' parts run on (one per
+    """The pool of ``torch.get_num_threads() - 1`` threads ``run_each``'s tasks run on (one per
     process: a forked child makes its own)."""
     global _pool
     workers = max(1, torch.get_num_threads() - 1)
@@ -208,21 +189,10 @@ _task = threading.local()  # .on: this thread runs a task of run_each
 
 
 def _on_pool() -> bool:
-    """Whether work started here runs in line: on one of the pool's threads (waiting on the pool
-    it could wait for itself), or inside a task of ``run_each`` (its tasks already keep the
-    threads busy; a part handed to the pool would queue behind them)."""
+    """Whether work started here runs in line: on one of the pool's threads, or inside a task of
+    ``run_each`` (its tasks already keep the threads busy: a kernel's parts there would
+    oversubscribe the cores, and a nested ``run_each`` would wait on the pool it runs on)."""
     return getattr(_task, "on", False) or threading.current_thread().name.startswith(_POOL_PREFIX)
-
-
-def run_chunks(fn: Callable[[int, int], T], parts: list[tuple[int, int]]) -> list[T]:
-    """``[fn(lo, hi) for lo, hi in parts]``, the first on this thread, the others on a pool (all
-    in line on a pool thread or in a task of ``run_each``)."""
-    if len(parts) == 1 or _on_pool():
-        return [fn(lo, hi) for lo, hi in parts]
-    pool = _kernel_pool()
-    futures = [pool.submit(fn, lo, hi) for lo, hi in parts[1:]]
-    first = fn(*parts[0])
-    return [first] + [f.result() for f in futures]
 
 
 def run_each(tasks: Sequence[Callable[[], T]]) -> list[T]:

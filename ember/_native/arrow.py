@@ -8,7 +8,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ember import _native
-from ember._native import row_chunks, run_chunks
 from ember.mix import mix64
 
 
@@ -99,10 +98,7 @@ def arrow_hash_strings(offsets: object, data: object, validity: object, off: int
     if core is None:
         return _arrow_hash_strings_py(offsets, data, validity, off, n, width, salt, out, out_valid)
 
-    def part(lo: int, hi: int) -> int:
-        return core.arrow_hash_strings(offsets, data, validity, off + lo, hi - lo, width, salt, out[lo:hi], out_valid[lo:hi])
-
-    return sum(run_chunks(part, row_chunks(n)))
+    return core.arrow_hash_strings(offsets, data, validity, off, n, width, salt, out, out_valid, _native.part_count(n))
 
 
 def _arrow_hash_strings_py(offsets: object, data: object, validity: object, off: int, n: int, width: int, salt: int,
@@ -137,10 +133,7 @@ def arrow_hash_ints(values: object, validity: object, off: int, n: int, width: i
     if core is None:
         return _arrow_hash_ints_py(values, validity, off, n, width, signed, salt, out, out_valid)
 
-    def part(lo: int, hi: int) -> int:
-        return core.arrow_hash_ints(values, validity, off + lo, hi - lo, width, signed, salt, out[lo:hi], out_valid[lo:hi])
-
-    return sum(run_chunks(part, row_chunks(n)))
+    return core.arrow_hash_ints(values, validity, off, n, width, signed, salt, out, out_valid, _native.part_count(n))
 
 
 def _arrow_hash_ints_py(values: object, validity: object, off: int, n: int, width: int, signed: bool, salt: int,

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 
 from ember import _native
-from ember._native import row_chunks, run_chunks
 from ember.mix import mix64
 
 
@@ -17,16 +16,8 @@ def bf16_pack_sr(records: np.ndarray, ids: np.ndarray, seeds: np.ndarray, steps:
     the noise of (``seeds[i]``, ``steps[i]``, ``ids[i]``, column) (int64 [N] each), two per word;
     the rest copied. One pass in the compiled core; bit-identical to the fallback here and to
     ``ember.embedding.codec``'s torch path (which runs on other devices)."""
-    if _native._core is not None:
-        core = _native._core
-
-        def part(lo: int, hi: int) -> None:  # rows lo..hi-1, on several threads when there are many
-            core.bf16_pack_sr(records[lo:hi], ids[lo:hi], seeds[lo:hi], steps[lo:hi], out[lo:hi], dim, records.shape[1])
-
-        if not records.shape[0] == out.shape[0] == seeds.size == steps.size == ids.size:  # the core names what is wrong
-            return core.bf16_pack_sr(records, ids, seeds, steps, out, dim, records.shape[1])
-        run_chunks(part, row_chunks(ids.size))
-        return None
+    if _native._core is not None:  # (row ranges on several threads when there are many)
+        return _native._core.bf16_pack_sr(records, ids, seeds, steps, out, dim, records.shape[1], _native.part_count(ids.size))
     return _bf16_pack_sr_py(records, ids, seeds, steps, dim, out)
 
 

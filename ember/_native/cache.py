@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ember import _native
-from ember._native import _fallback_once, even_chunks, run_chunks
+from ember._native import _fallback_once
 from ember._native.key_index import place, probe
 from ember.mix import mix64
 
@@ -60,14 +60,7 @@ def pair_find(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, salt: np.nda
         return _pair_find_py(keys, slots, ids, salt, slot_id, count, last, held, clock, out)
     empty64, empty32 = np.empty(0, np.int64), np.empty(0, np.int32)
     c, la, h = empty64 if count is None else count, empty64 if last is None else last, empty32 if held is None else held
-    n = ids.size
-    if not (salt.size == out.size == n) or n < 2 * _native.PROBE_PARALLEL_KEYS:  # (the core names what is wrong)
-        return core.pair_find(keys, slots, ids, salt, slot_id, c, la, h, int(clock), out)
-
-    def part(lo: int, hi: int) -> int:
-        return core.pair_find(keys, slots, ids[lo:hi], salt[lo:hi], slot_id, c, la, h, int(clock), out[lo:hi])
-
-    return sum(run_chunks(part, even_chunks(n, _native.PROBE_PARALLEL_KEYS)))
+    return core.pair_find(keys, slots, ids, salt, slot_id, c, la, h, int(clock), out, _native.part_count(ids.size))
 
 
 def _pair_find_py(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, salt: np.ndarray, slot_id: np.ndarray,
@@ -122,11 +115,8 @@ def gc_scan(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: np.ndar
     (fewer than k when fewer slots qualify). last/count/score int64 [m], live bool [m], held
     int32 [m]. The scores in slot ranges on several threads (``gc_scores``: a pass over every
     slot's arrays, waiting on memory), then one radix select (``gc_select``)."""
-    m = last.size
-    parts = even_chunks(m, _native.SCAN_PARALLEL_SLOTS) if _native._core is not None and score.size == m else [(0, m)]
-    ranges = run_chunks(lambda lo, hi: gc_scores(last, count, live, held, lru, score, lo, hi), parts)
-    valid = sum(r[0] for r in ranges)
-    return gc_select(score, valid, min(r[1] for r in ranges), max(r[2] for r in ranges), out_slot, out_score)
+    valid, lo, hi = gc_scores(last, count, live, held, lru, score, 0, last.size)
+    return gc_select(score, valid, lo, hi, out_slot, out_score)
 
 
 def _gc_scan_py(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: np.ndarray, lru: bool,
@@ -140,12 +130,14 @@ def gc_scores(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: np.nd
               score: np.ndarray, start: int, stop: int) -> tuple[int, int, int]:
     """The victim scan's first pass over slots ``start..stop-1``: their ``score`` (as ``gc_scan``).
     Returns (how many qualify, their lowest score, their highest score); lowest > highest when
-    none. In C; ``_gc_scores_py`` otherwise."""
+    none. In C, in slot ranges on several threads when there are many (``part_count``: a pass
+    over every slot's arrays, waiting on memory); ``_gc_scores_py`` otherwise."""
     core = _native._core
     if core is None:
         _fallback_once("gc_scan")
         return _gc_scores_py(last, count, live, held, lru, score, start, stop)
-    return core.gc_scores(last, count, live, held, bool(lru), score, int(start), int(stop))
+    return core.gc_scores(last, count, live, held, bool(lru), score, int(start), int(stop),
+                          _native.part_count(int(stop) - int(start)))
 
 
 def _gc_scores_py(last: np.ndarray, count: np.ndarray, live: np.ndarray, held: np.ndarray, lru: bool,

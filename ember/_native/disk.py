@@ -108,8 +108,10 @@ def disk_find(tags: np.ndarray, table: np.ndarray, ids: np.ndarray, out_slot: np
     probing, the stored ID checked against tag collisions); the found rows' records go to
     ``out_rows`` [n, W-2] when it is given (the others are left as they are). Returns the slots
     whose stored ID was read. The core does it in one pass with the GIL released, reading the
-    candidates in file order after advising their pages not in memory (``willneed_cold``);
-    the fallback in rounds of numpy ``tag_find`` + row gathers, logged once."""
+    candidates in file order after advising their pages not in memory (``willneed_cold``), in
+    ranges of the IDs on several threads when there are many (``part_count``: each range waits
+    on its own page faults); the fallback in rounds of numpy ``tag_find`` + row gathers, logged
+    once."""
     n = ids.size
     w = table.shape[1]
     if out_slot.shape != (n,) or out_slot.dtype != np.int64 or (out_rows is not None and out_rows.shape != (n, w - 2)):
@@ -118,7 +120,8 @@ def disk_find(tags: np.ndarray, table: np.ndarray, ids: np.ndarray, out_slot: np
             and tags.dtype == np.uint16 and tags.flags.c_contiguous and out_slot.flags.c_contiguous
             and (out_rows is None or (out_rows.dtype == np.float32 and out_rows.flags.c_contiguous))):
         rows = np.empty((0, w - 2), np.float32) if out_rows is None else out_rows
-        return _native._core.disk_find(tags, table, np.ascontiguousarray(ids, dtype=np.int64), out_slot, rows, w)
+        return _native._core.disk_find(tags, table, np.ascontiguousarray(ids, dtype=np.int64), out_slot, rows, w,
+                                       _native.part_count(n))
     _fallback_once("disk_find")
     return _disk_find_py(tags, table, ids, out_slot, out_rows)
 
@@ -160,16 +163,18 @@ def _disk_find_py(tags: np.ndarray, table: np.ndarray, ids: np.ndarray, out_slot
     return read
 
 
-def disk_write(table: np.ndarray, slots: np.ndarray, ids: np.ndarray, recs: np.ndarray) -> None:
+def disk_write(table: np.ndarray, slots: np.ndarray, ids: np.ndarray, recs: np.ndarray, unique: bool = False) -> None:
     """The disk tier's write: row ``slots[i]`` of the memory-mapped ``table`` (float32 [S, W])
     becomes ``[ids[i] as two words | recs[i]]`` (``recs`` float32 [k, W-2]), in file order after
     advising the pages not in memory (``willneed_cold``); a later duplicate slot wins. The core
-    does it in one pass with the GIL released; the fallback builds the rows in numpy and
-    scatters them (``scatter_rows``), logged once."""
+    does it in one pass with the GIL released, in ranges of the rows on several threads when
+    the slots are ``unique`` (no two ranges then write one slot) and many (``part_count``); the
+    fallback builds the rows in numpy and scatters them (``scatter_rows``), logged once."""
     if (_native._core is not None and table.dtype == np.float32 and table.ndim == 2 and table.flags.c_contiguous
             and recs.dtype == np.float32 and recs.flags.c_contiguous):
         return _native._core.disk_write(table, np.ascontiguousarray(slots, dtype=np.int64),
-                                np.ascontiguousarray(ids, dtype=np.int64), recs, table.shape[1])
+                                        np.ascontiguousarray(ids, dtype=np.int64), recs, table.shape[1],
+                                        _native.part_count(slots.size) if unique else 1)
     _fallback_once("disk_write")
     return _disk_write_py(table, slots, ids, recs)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 
 from ember import _native
-from ember._native import even_chunks, run_chunks
 from ember._native.arrow import _GOLDEN
 from ember._native.bf16 import _bf16_round_py, _bf16_widen_py
 from ember._native.rows import _rows_of
@@ -27,16 +26,10 @@ def uniform01(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul:
         return _uniform01_py(ids, keys, dim, out, mul, add)
     n = ids.size
     rows = _rows_of(out, n, dim, "out")
-    per_row = isinstance(mul, np.ndarray)
-    if per_row:
+    if isinstance(mul, np.ndarray):
         mul = np.ascontiguousarray(mul, dtype=np.float32)
         add = np.ascontiguousarray(add, dtype=np.float32)
-
-    def part(lo: int, hi: int) -> None:  # rows lo..hi-1
-        m, a = (mul[lo:hi], add[lo:hi]) if per_row else (mul, add)  # type: ignore[index]
-        core.uniform01(ids[lo:hi], keys if keys.size == 1 else keys[lo:hi], dim, rows[lo:hi], m, a)
-
-    run_chunks(part, even_chunks(n, 2 * _native.MIN_PARALLEL_ROWS, dim))
+    core.uniform01(ids, keys, dim, rows, mul, add, _native.part_count(n))
 
 
 def _uniform01_py(ids: np.ndarray, keys: np.ndarray, dim: int, out: np.ndarray, mul: float | np.ndarray = 1.0,
@@ -69,13 +62,7 @@ def normal01(ids: np.ndarray, keys1: np.ndarray, keys2: np.ndarray, dim: int, ou
         return _normal01_py(ids, keys1, keys2, dim, out, std)
     n = ids.size
     rows = _rows_of(out, n, dim, "out")
-    one = keys1.size == 1
-
-    def part(lo: int, hi: int) -> None:  # rows lo..hi-1
-        core.normal01(ids[lo:hi], keys1 if one else keys1[lo:hi], keys2 if one else keys2[lo:hi], dim, rows[lo:hi],
-                      float(std))
-
-    run_chunks(part, even_chunks(n, _native.MIN_PARALLEL_ROWS, 4 * dim))
+    core.normal01(ids, keys1, keys2, dim, rows, float(std), _native.part_count(n))
 
 
 def _normal01_py(ids: np.ndarray, keys1: np.ndarray, keys2: np.ndarray, dim: int, out: np.ndarray, std: float) -> None:

@@ -9,7 +9,6 @@ import numpy as np
 import torch
 
 from ember import _native
-from ember._native import even_chunks, run_chunks
 
 
 def _row_view(t: torch.Tensor) -> tuple[np.ndarray, int] | None:
@@ -73,17 +72,9 @@ def rowwise_adagrad_(rows: torch.Tensor, state: torch.Tensor, grads: torch.Tenso
         _rowwise_adagrad_py(rows, state, grads, lr, eps)
         return True
     (r, rs), (s, ss), (g, gs) = views  # type: ignore[misc]
-    d = rows.shape[1]
-    core = _native._core
-
-    def part(lo: int, hi: int) -> None:  # rows lo..hi-1
-        core.rowwise_adagrad(
-            r[lo * rs : (hi - 1) * rs + d], s[lo * ss : (hi - 1) * ss + 1], g[lo * gs : (hi - 1) * gs + d],
-            hi - lo, d, rs, ss, gs, lr, eps,
-        )
-
-    if rows.shape[0]:
-        run_chunks(part, even_chunks(rows.shape[0], _native.MIN_PARALLEL_ROWS))
+    n = rows.shape[0]
+    if n:  # (row ranges on several threads when there are many)
+        _native._core.rowwise_adagrad(r, s, g, n, rows.shape[1], rs, ss, gs, lr, eps, _native.part_count(n))
     return True
 
 

@@ -245,10 +245,7 @@ class DiskTier(TierCounters, Tier):
         if n == 0:
             slot_of[:] = -1
             return slot_of, rows
-        mm, tags = self._mm, self._tags
-        # IDs in ranges on the kernels' threads: each waits on its own page faults
-        read = sum(_native.run_chunks(lambda lo, hi: _native.disk_find(
-            tags, mm, ids[lo:hi], slot_of[lo:hi], None if rows is None else rows[lo:hi]), _native.row_chunks(n)))
+        read = _native.disk_find(self._tags, self._mm, ids, slot_of, rows)  # (ranges of the IDs on several threads)
         if want_rows:
             self.reads += read
         return slot_of, rows
@@ -333,11 +330,9 @@ class DiskTier(TierCounters, Tier):
 
     def _write(self, slots: np.ndarray, ids: np.ndarray, recs: np.ndarray) -> None:
         """Rows of unique ``ids`` (the Tier protocol's: so unique slots) into their slots, in ID
-        ranges on the kernels' threads (no two ranges write one slot)."""
+        ranges on several threads when there are many (no two ranges write one slot)."""
         assert self._mm is not None, "DiskTier is closed"
-        mm, recs = self._mm, np.ascontiguousarray(recs, dtype=np.float32)
-        _native.run_chunks(lambda lo, hi: _native.disk_write(mm, slots[lo:hi], ids[lo:hi], recs[lo:hi]),
-                           _native.row_chunks(slots.size))
+        _native.disk_write(self._mm, slots, ids, np.ascontiguousarray(recs, dtype=np.float32), unique=True)
         self.writes += slots.size
 
     def _insert_slots(self, ids: np.ndarray) -> np.ndarray:

@@ -169,8 +169,8 @@ def test_bf16_cpu_pack_equals_the_torch_path_bit_for_bit(dim, width, threads, mo
 
     if threads > 1:
         monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
-        monkeypatch.setattr(_native, "MIN_PARALLEL_ROWS", 1)
-        assert len(_native.row_chunks(3000)) == threads
+        monkeypatch.setattr(_native, "MIN_PART_ROWS", 1)
+        assert _native.part_count(3000) == (threads if _native.native_parts() else 1)
     from ember.embedding.codec import _bf16_bits
 
     n = 3000

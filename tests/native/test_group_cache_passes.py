@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from ember import _native
 from ember import once
@@ -31,9 +32,11 @@ def _slots(rng: np.random.Generator, m: int, spread: int) -> tuple[np.ndarray, .
 @pytest.mark.parametrize("lru", [False, True])
 @pytest.mark.parametrize("spread", [1, 3, 50, 1 << 40])
 @pytest.mark.parametrize("k", [0, 1, 7, 300, 5000, 20000])
-@pytest.mark.parametrize("share", [1 << 17, 1000])  # slots per thread of the scores pass: one range; several
+@pytest.mark.parametrize("share", [1 << 17, 1000])  # least slots of a part of the scores pass: one part; three
 def test_native_gc_scan_equals_the_numpy_one(lru, spread, k, share, monkeypatch):
-    monkeypatch.setattr(_native, "SCAN_PARALLEL_SLOTS", share)
+    monkeypatch.setattr(_native, "MIN_PART_ROWS", share)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    assert _native.part_count(10_000) == (1 if share > 5000 or not _native.native_parts() else 3)
     rng = np.random.default_rng(k + spread)
     m = 10_000
     last, count, live, held = _slots(rng, m, spread)

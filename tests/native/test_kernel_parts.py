@@ -134,6 +134,159 @@ def test_forked_state_is_said_once(monkeypatch, caplog):
     once.forget("native.parts")
     with caplog.at_level(logging.WARNING, logger="ember"):
         assert _native.part_count(10**6) == 1 and _native.part_bounds([10**5] * 4) is None
-    lines = [r.getMessage() for r in caplog.records if "row kernels run on one thread" in r.getMessage()]
+    lines = [r.getMessage() for r in caplog.records if "kernels run on one thread" in r.getMessage()]
     assert len(lines) == 1 and ("forked" in lines[0] or "without OpenMP" in lines[0])
     once.forget("native.parts")
+
+
+PARTS = (1, 2, 3, 7)  # one part, even and uneven splits, more parts than threads
+
+
+def _same(runs: list) -> None:
+    """Every run's outputs (tuples of arrays and numbers) equal the first's, bit for bit."""
+    for run in runs[1:]:
+        for a, b in zip(runs[0], run):
+            if isinstance(a, np.ndarray):
+                assert a.dtype == b.dtype and np.array_equal(a.view(np.uint8), b.view(np.uint8))
+            else:
+                assert a == b
+
+
+@native
+@pytest.mark.parametrize("n", [0, 5, 5000])
+def test_row_range_kernels_in_parts_equal_one_part_and_the_fallback(n):
+    """The kernels that split a call into equal row ranges (the optimizer, the initialisers, the
+    bf16 packing, Arrow hashing, the group cache's probe and victim scores, the disk tier's probe
+    and write) give the bits of one part for any part count, fewer rows than parts included,
+    and (where the fallback is exact) the fallback's."""
+    core, rng = _native._core, np.random.default_rng(n)
+    ids = rng.integers(-(2**62), 2**62, n)
+    keys = rng.integers(0, 2**63, n).astype(np.uint64)
+    base = rng.standard_normal((n, 9)).astype(np.float32)  # 8 weights and the accumulator
+    base[:, 8] = np.abs(base[:, 8])
+    grads = rng.standard_normal((n, 8)).astype(np.float32)
+    runs: dict[str, list] = {}
+    for parts in PARTS:
+        rec = base.copy()
+        flat = rec.reshape(-1)  # weights every 9 floats from 0, the accumulator from 8
+        core.rowwise_adagrad(flat, flat[8:], grads.reshape(-1), n, 8, 9, 9, 8, 0.05, 1e-8, parts)
+        runs.setdefault("adagrad", []).append((rec,))
+        out = np.empty((n, 5), np.float32)
+        core.uniform01(ids, keys, 5, out, np.full(n, 2.0, np.float32), np.full(n, -1.0, np.float32), parts)
+        runs.setdefault("uniform01", []).append((out,))
+        out = np.empty((n, 70), np.float32)  # > one block of the normal rows' scratch (64)
+        core.normal01(ids, keys, keys[::-1].copy(), 70, out, 0.3, parts)
+        runs.setdefault("normal01", []).append((out,))
+        src = np.random.default_rng(2).standard_normal((n, 7)).astype(np.float32)
+        out = np.empty((n, 5), np.float32)
+        seeds, steps = np.arange(n) // 1000, np.full(n, 9)
+        core.bf16_pack_sr(src, ids, seeds, steps, out, 4, 7, parts)
+        runs.setdefault("bf16_pack_sr", []).append((out,))
+    for name, run in runs.items():
+        _same(run)
+    ref = np.empty((n, 5), np.float32)
+    _native._uniform01_py(ids, keys, 5, ref, np.full(n, 2.0, np.float32), np.full(n, -1.0, np.float32))
+    _same([runs["uniform01"][0], (ref,)])
+    ref = np.empty((n, 70), np.float32)
+    _native._normal01_py(ids, keys, keys[::-1].copy(), 70, ref, 0.3)
+    _same([runs["normal01"][0], (ref,)])
+    src = np.random.default_rng(2).standard_normal((n, 7)).astype(np.float32)
+    ref = np.empty((n, 5), np.float32)
+    _native._bf16_pack_sr_py(src, ids, np.arange(n) // 1000, np.full(n, 9), 4, ref)
+    _same([runs["bf16_pack_sr"][0], (ref,)])
+
+
+@native
+@pytest.mark.parametrize("n", [0, 5, 5000])
+def test_arrow_hashing_in_parts_equals_one_part_and_the_fallback(n):
+    pa = pytest.importorskip("pyarrow")
+    rng = np.random.default_rng(n)
+    strings = pa.array([None if i % 7 == 3 else "v" * (i % 19) + str(i) for i in range(n + 3)]).slice(3)
+    ints = pa.array([None if i % 5 == 1 else int(v) for i, v in enumerate(rng.integers(-(2**40), 2**40, n + 2))],
+                    pa.int64()).slice(2)
+    got = []
+    for parts in (*PARTS, None):  # None: the fallback
+        h, ok = np.empty(n, np.int64), np.empty(n, bool)
+        h2, ok2 = np.empty(n, np.int64), np.empty(n, bool)
+        sb, ib = strings.buffers(), ints.buffers()
+        sargs = (sb[1], sb[2] or b"", sb[0] or b"", strings.offset, n, 4, 77)
+        iargs = (ib[1], ib[0] or b"", ints.offset, n, 8, True, 77)
+        if parts is None:
+            nulls = (_native._arrow_hash_strings_py(*sargs, h, ok), _native._arrow_hash_ints_py(*iargs, h2, ok2))
+        else:
+            nulls = (_native._core.arrow_hash_strings(*sargs, h, ok, parts), _native._core.arrow_hash_ints(*iargs, h2, ok2, parts))
+        got.append((h, ok, h2, ok2, *nulls))
+    _same(got)
+    assert n == 0 or got[0][4] > 0 and got[0][5] > 0  # nulls were counted
+
+
+@native
+def test_a_bad_offset_is_named_by_its_value_in_any_part():
+    """The first value whose offsets leave the data is the one named, whichever part finds it."""
+    offs = np.arange(0, 9001, dtype=np.int32)
+    offs[6001:] += 10**6  # value 6000 ends past the data
+    for parts in PARTS:
+        with pytest.raises(ValueError, match="offsets of value 6000 out"):
+            _native._core.arrow_hash_strings(offs, b"x" * 9000, b"", 0, 9000, 4, 1, np.empty(9000, np.int64),
+                                             np.empty(9000, bool), parts)
+
+
+@native
+def test_group_cache_probe_and_scores_in_parts_equal_one_part_and_the_fallback():
+    from ember.tiers.key_index import KeyIndex
+
+    rng = np.random.default_rng(3)
+    m = 6000
+    idx = KeyIndex(2 * m)
+    ids = rng.choice(10**9, m, replace=False).astype(np.int64)
+    slot_of = rng.permutation(m).astype(np.int64)
+    idx.insert(ids, slot_of.astype(np.int32))
+    slot_id = np.zeros(m, np.int64)
+    slot_id[slot_of] = ids
+    slot_id[slot_of[:50]] += 1  # another pair's: -2
+    query = np.concatenate([rng.permutation(ids)[:4000], rng.integers(2 * 10**9, 3 * 10**9, 900)])
+    salt = np.zeros(query.size, np.int64)
+    runs = []
+    for parts in (*PARTS, None):
+        count, last, held = np.zeros(m, np.int64), np.zeros(m, np.int64), np.zeros(m, np.int32)
+        out = np.full(query.size, -7, np.int64)
+        args = (idx.keys, idx.slots, query, salt, slot_id, count, last, held, 5, out)
+        hits = _native._pair_find_py(*args) if parts is None else _native._core.pair_find(*args, parts)
+        score = np.empty(m, np.int64)
+        sargs = (last, count, held == 0, np.zeros(m, np.int32), False, score, 100, m - 7)
+        scan = _native._gc_scores_py(*sargs) if parts is None else _native._core.gc_scores(*sargs, parts)
+        runs.append((hits, out, count, last, held, *scan, score[100 : m - 7]))
+    _same(runs)
+    assert runs[0][0] > 3000
+
+
+@native
+def test_disk_probe_and_write_in_parts_equal_one_part_and_the_fallback(tmp_path):
+    from ember.tiers.disk import DiskTier
+
+    g = torch.Generator().manual_seed(4)
+    d = DiskTier(tmp_path / "d", record_dim=6, rows=8000)
+    held = torch.randperm(1 << 20, generator=g)[:5000].to(torch.int64) * 7919
+    d.put(held, torch.randn(5000, 6, generator=g))
+    absent = torch.randperm(1 << 20, generator=g)[:1000] + (1 << 33)
+    query = torch.cat([held[torch.randperm(5000, generator=g)[:3000]], absent]).numpy()
+    table = np.asarray(d._mm)
+    runs = []
+    for parts in (*PARTS, None):
+        slot, rows = np.empty(query.size, np.int64), np.full((query.size, 6), -1.0, np.float32)
+        args = (d._tags, table, query, slot, rows)
+        read = _native._disk_find_py(*args) if parts is None else _native._core.disk_find(*args, 8, parts)
+        runs.append((read, slot, rows))
+    _same(runs)
+    assert (runs[0][1] >= 0).sum() == 3000
+    slots = np.random.default_rng(5).permutation(table.shape[0])[:4000]
+    recs = np.random.default_rng(6).standard_normal((4000, 6)).astype(np.float32)
+    files = []
+    for parts in (*PARTS, None):
+        t = table.copy()
+        if parts is None:
+            _native._disk_write_py(t, slots, query[:4000], recs)
+        else:
+            _native._core.disk_write(t, slots, query[:4000], recs, 8, parts)
+        files.append((t,))
+    _same(files)

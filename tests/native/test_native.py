@@ -425,20 +425,6 @@ def test_chunks_balance_weight_and_respect_cuts(monkeypatch):
     assert _native.chunks([5] * 6, min_rows=100) == [(0, 6)]  # too little work to hand off
     parts = _native.chunks([4] * 6, cuts=[True, False, False, True, False, False], min_rows=1)
     assert parts == [(0, 3), (3, 6)]  # items 0-2 and 3-5 must stay together
-    assert _native.run_chunks(lambda lo, hi: (lo, hi), parts) == parts
-
-
-@pytest.mark.parametrize("n,min_rows,weight", [(13_000, 32_768, 17), (41_000, 16_384, 1), (5, 1, 3), (0, 10, 4), (100, 10**6, 8)])
-def test_even_chunks_of_uniform_weight_split_as_chunks(n, min_rows, weight, monkeypatch):
-    """``even_chunks`` with a weight: as many ranges as ``chunks`` of that uniform weight, equal
-    to within one item, covering 0..n in order (what the kernels split by without an array)."""
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
-    got = _native.even_chunks(n, min_rows, weight)
-    want = _native.chunks(np.full(n, weight), min_rows=min_rows)
-    assert len(got) == len(want) and got[0][0] == 0 and got[-1][1] == n
-    assert all(a[1] == b[0] for a, b in zip(got, got[1:]))
-    sizes = [hi - lo for lo, hi in got]
-    assert max(sizes) - min(sizes) <= 1
 
 
 @native
@@ -453,8 +439,7 @@ def test_kernels_split_over_threads_equal_one_thread(monkeypatch):
     owner = [0, 0, 1, 2, 2]  # table of each feature: rows 10 * owner .. are that table's
     index = (torch.randint(0, 50, (5 * 300,), generator=g) % 10) + 10 * torch.tensor(owner).repeat_interleave(300)
     results = {}
-    for least in (1, 10**12):  # parts on a pool or OpenMP's threads / everything on this thread
-        monkeypatch.setattr(_native, "MIN_PARALLEL_ROWS", least)
+    for least in (1, 10**12):  # parts on OpenMP's threads / everything on this thread
         monkeypatch.setattr(_native, "MIN_PART_ROWS", least)
         uniq, inverse, counts = _native.unique_segments(ids, bounds)
         out = _native.index_add_features(torch.zeros(50, 4), index, [grad[:, f + 1] for f in range(5)], owner)
@@ -562,9 +547,9 @@ def test_csv_hazards_flags():
 
 
 def test_run_each_runs_every_task_once_in_order_and_nests_without_waiting_on_itself(monkeypatch):
-    """Tasks taken one at a time by this thread and the pool; results in the tasks' order; a task
-    that runs kernels in parts (``run_chunks``) on a pool thread runs them in line (it would wait
-    on the pool it occupies); the first error raises after every started task has finished."""
+    """Tasks taken one at a time by this thread and the pool; results in the tasks' order; inside
+    a task a kernel runs as one part and a nested ``run_each`` in line (it would wait on the pool
+    it occupies); the first error raises after every started task has finished."""
     import threading
     import time
 
@@ -576,8 +561,8 @@ def test_run_each_runs_every_task_once_in_order_and_nests_without_waiting_on_its
             me = threading.current_thread().name
             where.append(me)
             time.sleep(0.004 * (1 + k % 3))  # uneven costs
-            parts = _native.run_chunks(lambda lo, hi: (lo, hi, threading.current_thread().name), [(0, 1), (1, 2)])
-            return k, parts == [(0, 1, me), (1, 2, me)]  # in line, on the task's own thread
+            nested = _native.run_each([lambda: threading.current_thread().name] * 2)
+            return k, nested == [me, me] and _native.part_count(10**6) == 1  # in line, on the task's own thread
         return run
 
     got = _native.run_each([task(k) for k in range(12)])

@@ -40,7 +40,6 @@ def fallbacks(monkeypatch) -> Counter:
                     return _ref(*args, **kwargs)
                 monkeypatch.setattr(mod, name, counted)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    monkeypatch.setattr(_native, "MIN_PARALLEL_ROWS", 256)
     monkeypatch.setattr(_native, "MIN_PART_ROWS", 256)
     return calls
 

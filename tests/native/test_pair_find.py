@@ -54,13 +54,13 @@ def test_pair_find_split_over_threads_equals_one_call(monkeypatch):
     query = np.concatenate([rng.permutation(ids)[:3_000], rng.integers(2 * 10**9, 3 * 10**9, 1_000)])
     salt = np.zeros(query.size, np.int64)
     runs = []
-    for least in (10**9, 64):  # one call; ranges of >= 64 keys on every thread torch may use
-        monkeypatch.setattr(_native, "PROBE_PARALLEL_KEYS", least)
+    for least in (10**9, 64):  # one part; ranges of >= 64 keys on every thread torch may use
+        monkeypatch.setattr(_native, "MIN_PART_ROWS", least)
         count, last, held = np.zeros(m, np.int64), np.zeros(m, np.int64), np.zeros(m, np.int32)
         out = np.full(query.size, -7, np.int64)
         hits = _native.pair_find(idx.keys, idx.slots, query, salt, slot_id, count, last, held, 5, out)
         runs.append((hits, out, count, last, held))
-    assert len(_native.even_chunks(query.size, 64)) > 1 or _native.torch.get_num_threads() == 1
+    assert _native.part_count(query.size) > 1 or _native.torch.get_num_threads() == 1 or not _native.native_parts()
     (h1, o1, *s1), (h2, o2, *s2) = runs
     assert h1 == h2 == int((o1 >= 0).sum()) > 2_000
     assert np.array_equal(o1, o2) and (o1 >= -2).all()

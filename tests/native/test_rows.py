@@ -168,7 +168,6 @@ def test_read_rows_matches_its_fallback_on_tables_either_wrote(seed):
 @native
 def test_read_write_rows_split_over_threads_equal_one_thread(monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
-    monkeypatch.setattr(_native, "MIN_PARALLEL_ROWS", 1)
     monkeypatch.setattr(_native, "MIN_PART_ROWS", 1)  # the core's parts: runs of tiers on OpenMP's threads
     assert len(_native.chunks(np.diff(_group(4)["bounds"]))) == 3
     assert _native.part_bounds(np.diff(_group(4)["bounds"])).size == 4 or not _native.native_parts()
@@ -193,7 +192,6 @@ def test_bf16_rows_packed_on_write_and_widened_on_read_as_the_codec_does(dim, wi
     Compiled (split over three threads: each run of tiers its seeds and steps) and fallback
     alike, specials (NaN, infinities, subnormals) included."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
-    monkeypatch.setattr(_native, "MIN_PARALLEL_ROWS", 1)
     monkeypatch.setattr(_native, "MIN_PART_ROWS", 1)  # the core's parts: runs of tiers on OpenMP's threads
     words = (dim + 1) // 2 + width - dim
     g = _group(11, r=words)
@@ -241,7 +239,6 @@ def test_write_rows_with_adagrad_equals_the_optimizer_then_the_write(dim, width,
     segment followed by the plain write, compiled (split over three threads: each run of tiers
     its own lr) and fallback (the torch ops) alike; fp32 records and a bf16 table's (``dim``)."""
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
-    monkeypatch.setattr(_native, "MIN_PARALLEL_ROWS", 1)
     monkeypatch.setattr(_native, "MIN_PART_ROWS", 1)  # the core's parts: runs of tiers on OpenMP's threads
     words = width if dim == 0 else (dim + 1) // 2 + width - dim
     gdim = width - 1  # weights, then the accumulator

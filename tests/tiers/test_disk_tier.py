@@ -295,32 +295,34 @@ def test_a_group_of_mixed_tiers_reads_and_writes_side_by_side_as_on_one_thread(t
     assert any(name.startswith("ember-kernel") for name in on)  # two threads: the pool wrote some tables
 
 
+@pytest.mark.skipif(not _native.is_available(), reason="native core not built: the parts are the core's")
 def test_a_disk_tier_probes_and_writes_in_id_ranges_as_on_one_thread(tmp_path, monkeypatch):
-    """A batch's probe (``disk_find``) and write (``disk_write``) go in ID ranges on the kernels'
+    """A batch's probe (``disk_find``) and write (``disk_write``) go in ID ranges on OpenMP's
     threads: found masks, rows, the read and write counters and the file itself equal one
-    thread's (the ranges really split: the native calls are counted)."""
+    thread's (the ranges really split: the core's calls are asked for three parts)."""
     g = torch.Generator().manual_seed(11)
     pool = torch.randperm(1 << 20, generator=g)[:3000].to(torch.int64) * 7919
     steps = [(pool[torch.randperm(3000, generator=g)[:900]], torch.randn(900, 6, generator=g)) for _ in range(8)]
-    calls = {"disk_find": 0, "disk_write": 0}
-    for name in calls:
-        real = getattr(_native, name)
-        monkeypatch.setattr(_native, name, lambda *a, _n=name, _r=real: calls.__setitem__(_n, calls[_n] + 1) or _r(*a))
-    monkeypatch.setattr(_native, "MIN_PARALLEL_ROWS", 100)
-    tiers, seen = {}, {}
+    parts: dict[tuple[str, int], set[int]] = {}
+    threads = 1
+    for name in ("disk_find", "disk_write"):
+        real = getattr(_native._core, name)
+        monkeypatch.setattr(_native._core, name, lambda *a, _n=name, _r=real: parts.setdefault((_n, threads), set()).add(a[-1])
+                            or _r(*a))
+    monkeypatch.setattr(_native, "MIN_PART_ROWS", 100)
+    tiers = {}
     for threads in (1, 3):
         monkeypatch.setattr(torch, "get_num_threads", lambda t=threads: t)
         d, got = DiskTier(tmp_path / str(threads), record_dim=6, rows=1000), []
-        before = dict(calls)
         for ids, rows in steps:
             out = torch.zeros(ids.numel(), 6)
             found = d.get_into(ids, out)
             got.append((found, out))
             d.put(ids, out + rows)
-        seen[threads] = {k: calls[k] - before[k] for k in calls}
         tiers[threads] = (d, got)
     (one, a), (three, b) = tiers[1], tiers[3]
-    assert seen[3]["disk_find"] >= 3 * seen[1]["disk_find"] and seen[3]["disk_write"] >= 3 * seen[1]["disk_write"]
+    split = 3 if _native.native_parts() else 1
+    assert parts == {("disk_find", 1): {1}, ("disk_write", 1): {1}, ("disk_find", 3): {split}, ("disk_write", 3): {split}}
     for (fa, oa), (fb, ob) in zip(a, b):
         assert torch.equal(fa, fb) and torch.equal(oa, ob)
     assert (one.reads, one.writes, one.hits, len(one)) == (three.reads, three.writes, three.hits, len(three))
