@@ -2,14 +2,15 @@
 every kernel split before the twenty-seventh session), and the core's own parts on OpenMP's
 threads (``part_count``: every kernel since the twenty-eighth). The first kernel is
 ``gather_rows`` (the single-hot pooling's gather: random rows of a table of 17-float records,
-their 16 weights copied), at the sizes a step calls it with; then each kernel that moved from the
+their 16 weights copied), at the sizes a step calls it with, in one part, on the pool and on
+OpenMP's threads (``--threads`` parts each); then each kernel that moved from the
 pool to OpenMP in the twenty-eighth session, one part against its parts, at three sizes. Each
 variant alternates with the others call by call, medians over ``--calls``.
 
     python bench/bench_kernel_parts.py [--calls 300] [--threads 2]
 
 Last line: one JSON object; ``openmp_vs_one`` and ``pool_vs_one`` per call size (rows), the
-speed-up of two parts over one; ``handoff_us``: the pool's own cost of two empty parts;
+speed-up of ``--threads`` parts over one; ``handoff_us``: the pool's own cost of two empty parts;
 ``kernel_vs_one``: per moved kernel and size, the speed-up of its parts over one part.
 """
 
@@ -128,8 +129,8 @@ def main() -> None:
         out["us"][n] = us
         out["openmp_vs_one"][n] = us["one"] / us["openmp"]
         out["pool_vs_one"][n] = us["one"] / us["pool"]
-        print(f"{n:>8} rows: one part {us['one']:8.1f} us; two on the Python pool {us['pool']:8.1f} "
-              f"({out['pool_vs_one'][n]:.2f}x); two on OpenMP's threads {us['openmp']:8.1f} ({out['openmp_vs_one'][n]:.2f}x)")
+        print(f"{n:>8} rows: one part {us['one']:8.1f} us; {k} on the Python pool {us['pool']:8.1f} "
+              f"({out['pool_vs_one'][n]:.2f}x); {k} on OpenMP's threads {us['openmp']:8.1f} ({out['openmp_vs_one'][n]:.2f}x)")
     empty = []
     for _ in range(args.calls):
         s = time.perf_counter()

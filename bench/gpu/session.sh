@@ -15,6 +15,9 @@
 # COMPILE_ARGS="--trainer 30" adds the pipelined trainer under train.compile).
 # wide (not run unless named: profile_step at dim 128, batch 16,384: how much of the device-index step the rows' gathers
 # and scatters over PCIe take once rows are 8x wider; the case for hot rows in device memory under the device index).
+# cores (not run unless named, host CPU: bench_kernel_parts at the host's thread count, one part against its parts for
+# every kernel, and bench_own_work at 1 / 4 / all threads: does ember's own work per step shrink with cores since every
+# kernel splits on OpenMP's threads? its serial part is what more cores cannot shorten).
 # profile (not run unless named: bench/gpu/profile_step.py, storage.index: device's full step against a dense-only step, torch.profiler's top operations, and the trainer's stage busy fractions).
 set -u
 export PYTHONUNBUFFERED=1
@@ -77,6 +80,10 @@ for s in $STEPS; do
     wide) el "profile_step --dim 128 --batch 16384 (the rows' PCIe share at MLPerf's dim: is a device tier of hot rows worth it?)"
       timeout ${WIDE_S:-200} python3 bench/gpu/profile_step.py --dim 128 --batch 16384 --steps 15 --warmup 30 --profile 3 2>&1 \
         | tee "$OUT/wide.log" | tail -3 ;;
+    cores) el "bench_kernel_parts and bench_own_work (host CPU, $(nproc) threads)"
+      timeout ${CORES_S:-150} python3 bench/bench_kernel_parts.py --threads $(nproc) --calls 100 2>&1 | tee "$OUT/kernel_parts.log" | tail -12
+      timeout ${CORES_S:-150} python3 bench/bench_own_work.py --threads 1 4 $(nproc) --steps 30 --predict $(nproc) 2>&1 \
+        | tee "$OUT/own_work.log" | tail -6 ;;
     nccl) el torchrun nccl
       timeout 90 torchrun --standalone --nproc_per_node 1 -m ember train --config configs/demo.yaml --overwrite 2>&1 | tee "$OUT/nccl.log" | tail -12 ;;
   esac
