@@ -1,4 +1,4 @@
-"""How a kernel's call splits over threads: one part, two parts on a Python thread pool (how
+"""How a kernel's call splits over threads: one part, parts on a Python thread pool (how
 every kernel split before the twenty-seventh session), and the core's own parts on OpenMP's
 threads (``part_count``: every kernel since the twenty-eighth). The first kernel is
 ``gather_rows`` (the single-hot pooling's gather: random rows of a table of 17-float records,
