@@ -67,10 +67,11 @@ def repeated(names: Sequence[str], columns: Sequence[str]) -> tuple[str, list[in
 
 def is_damage(error: BaseException) -> bool:
     """Whether pyarrow's ``error`` says a file's bytes are bad (truncated, garbage, checksum
-    mismatch), as opposed to a file that is missing or not readable by this user."""
+    mismatch, a column name in the footer that is not UTF-8: pyarrow decodes it in Python), as
+    opposed to a file that is missing or not readable by this user."""
     if isinstance(error, (FileNotFoundError, PermissionError, IsADirectoryError)) or is_storage_error(error):
         return False
-    return isinstance(error, (pa.ArrowException, OSError))
+    return isinstance(error, (pa.ArrowException, OSError, UnicodeDecodeError))
 
 
 def damaged_file(file: str, where: str, error: BaseException) -> DataError:

@@ -46,7 +46,7 @@ from ember.config_base import ConfigModel
 from ember.errors import ConfigError, DataError
 
 __all__ = ["StorageOptions", "Entry", "is_remote", "split_uri", "walk", "stat", "open_stream", "open_file", "opened",
-           "file_size", "is_file", "footer_rows", "storage_error", "is_storage_error", "match_glob"]
+           "file_size", "is_file", "storage_error", "is_storage_error", "match_glob"]
 
 log = logging.getLogger("ember")
 
@@ -384,18 +384,6 @@ def opened(path: str, options: StorageOptions | None = None) -> ContextManager[A
     """What pyarrow's readers take for ``path``: a local path as it is (the reader opens and
     closes the file), or a URI opened for ranged reads (``open_file``), closed on leaving."""
     return open_file(path, options) if is_remote(path) else nullcontext(path)
-
-
-def footer_rows(path: str, format: str, options: StorageOptions | None = None) -> int:
-    """Rows of a Parquet or ORC file (local or a URI) from its footer alone."""
-    import pyarrow.orc as orc
-    import pyarrow.parquet as pq
-
-    def rows(source: Any) -> int:
-        return int(pq.read_metadata(source).num_rows if format == "parquet" else orc.ORCFile(source).nrows)
-
-    with opened(path, options) as source:
-        return rows(source)
 
 
 def open_stream(uri: str, options: StorageOptions | None = None) -> pa.NativeFile:

@@ -119,3 +119,23 @@ def test_fewer_rows_than_the_footer_lists_is_an_error_not_a_short_read(tmp_path,
     monkeypatch.setattr(orc.ORCFile, "read_stripe", lambda self, i, columns=None: _table(40).slice(0, 30))
     msg = _error(read_orc(str(tmp_path / "t.orc"), ["a"]))
     assert "t.orc" in msg and "its stripes hold 30 rows, the footer lists 40" in msg
+
+
+def test_a_column_name_that_is_not_utf8_names_the_file(tmp_path):
+    """A footer whose column name bytes are not UTF-8 (the fuzz study's damaged Parquet, seed 28
+    case 35): pyarrow raises UnicodeDecodeError while it builds the column paths, in the preflight's
+    header, the row count from the footers and the reader alike; each is the DataError of a damaged file."""
+    from ember.source.config import DataConfig
+    from ember.source.protocol import source_for
+    from ember.train.preflight import check_data
+
+    path = tmp_path / "names.parquet"
+    pq.write_table(pa.table({"y": [0, 1], "colé": [1, 2]}), path, store_schema=False)
+    body = path.read_bytes()
+    assert body.count("colé".encode()) == 2  # the schema and the column chunk's path
+    path.write_bytes(body.replace("colé".encode(), b"col\xc3\x28"))  # a lead byte, then no continuation
+    data = DataConfig.parse({"format": "parquet", "train": [str(path)], "shuffle_buffer": 0}, where="data")
+    for read in (lambda: check_data(data, ["y"], "train"), lambda: _read_all(read_parquet(str(path), ["y"])),
+                 lambda: source_for(data).count("train")):
+        with pytest.raises(DataError, match="names.parquet.*cannot be read, the file is truncated, damaged"):
+            read()
