@@ -155,10 +155,11 @@ def _same(runs: list) -> None:
 @native
 @pytest.mark.parametrize("n", [0, 5, 5000])
 def test_row_range_kernels_in_parts_equal_one_part_and_the_fallback(n):
-    """The kernels that split a call into equal row ranges (the optimizer, the initialisers, the
-    bf16 packing, Arrow hashing, the group cache's probe and victim scores, the disk tier's probe
-    and write) give the bits of one part for any part count, fewer rows than parts included,
-    and (where the fallback is exact) the fallback's."""
+    """The kernels that split a call into equal row ranges (here the optimizer, the initialisers
+    and the bf16 packing; Arrow hashing and the disk tier below; the group cache's probe and
+    victim scores in test_pair_find.py and test_group_cache_passes.py) give the bits of one part
+    for any part count, fewer rows than parts included, and (where the fallback is exact) the
+    fallback's."""
     core, rng = _native._core, np.random.default_rng(n)
     ids = rng.integers(-(2**62), 2**62, n)
     keys = rng.integers(0, 2**63, n).astype(np.uint64)
@@ -229,35 +230,6 @@ def test_a_bad_offset_is_named_by_its_value_in_any_part():
         with pytest.raises(ValueError, match="offsets of value 6000 out"):
             _native._core.arrow_hash_strings(offs, b"x" * 9000, b"", 0, 9000, 4, 1, np.empty(9000, np.int64),
                                              np.empty(9000, bool), parts)
-
-
-@native
-def test_group_cache_probe_and_scores_in_parts_equal_one_part_and_the_fallback():
-    from ember.tiers.key_index import KeyIndex
-
-    rng = np.random.default_rng(3)
-    m = 6000
-    idx = KeyIndex(2 * m)
-    ids = rng.choice(10**9, m, replace=False).astype(np.int64)
-    slot_of = rng.permutation(m).astype(np.int64)
-    idx.insert(ids, slot_of.astype(np.int32))
-    slot_id = np.zeros(m, np.int64)
-    slot_id[slot_of] = ids
-    slot_id[slot_of[:50]] += 1  # another pair's: -2
-    query = np.concatenate([rng.permutation(ids)[:4000], rng.integers(2 * 10**9, 3 * 10**9, 900)])
-    salt = np.zeros(query.size, np.int64)
-    runs = []
-    for parts in (*PARTS, None):
-        count, last, held = np.zeros(m, np.int64), np.zeros(m, np.int64), np.zeros(m, np.int32)
-        out = np.full(query.size, -7, np.int64)
-        args = (idx.keys, idx.slots, query, salt, slot_id, count, last, held, 5, out)
-        hits = _native._pair_find_py(*args) if parts is None else _native._core.pair_find(*args, parts)
-        score = np.empty(m, np.int64)
-        sargs = (last, count, held == 0, np.zeros(m, np.int32), False, score, 100, m - 7)
-        scan = _native._gc_scores_py(*sargs) if parts is None else _native._core.gc_scores(*sargs, parts)
-        runs.append((hits, out, count, last, held, *scan, score[100 : m - 7]))
-    _same(runs)
-    assert runs[0][0] > 3000
 
 
 @native
