@@ -72,6 +72,7 @@ class HotRows:
         self.counts = torch.zeros(records, dtype=torch.int32, device=self.device)  # reads since the last rebalances
         self._iota = torch.arange(capacity, dtype=torch.int32, device=self.device)
         self.reads = torch.zeros(2, dtype=torch.int64, device=self.device)  # training reads: (of hot rows, all), ever
+        self._reads_seen: tuple[int, int] | None = None  # ``reads`` downloaded since the last count
         self.fetches = 0  # training fetches since the last rebalance
         self.rebalances = 0
         mark_device(*self.tensors())
@@ -126,11 +127,16 @@ class HotRows:
         hot = self.slot.index_select(0, rows) >= 0
         real = rows != scratch if scratch is not None else torch.ones_like(hot)
         self.reads += torch.stack(((hot & real).sum(), real.sum()))
+        self._reads_seen = None
 
     def hit_reads(self) -> tuple[int, int]:
-        """(training reads of hot rows, all training reads) so far (waits for the device)."""
-        hits, reads = self.reads.tolist()
-        return hits, reads
+        """(training reads of hot rows, all training reads) so far: downloaded once after a count
+        (waits for the device), then as downloaded, so a log record's tables sharing these hot rows
+        wait once, not once each."""
+        if self._reads_seen is None:
+            hits, reads = self.reads.tolist()
+            self._reads_seen = (hits, reads)
+        return self._reads_seen
 
     def due(self) -> bool:
         """One more training fetch; whether the hot set is due to be chosen again before it: after

@@ -70,6 +70,19 @@ def test_the_hit_rate_counts_training_reads_of_hot_rows_and_not_the_padding():
     assert hot.hit_reads() == (2, 6)
 
 
+def test_the_hit_counts_are_downloaded_once_per_count(monkeypatch):
+    """A log record asks every table of a group for the hit rate of the hot rows they share: the
+    counters come from the device once after a training read, not once per table."""
+    hot = HotRows(2, 2, 10, "cpu")
+    hot.count(torch.tensor([3, 4]), 9)
+    downloads = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda t: downloads.append(t is hot.reads) or real(t))
+    assert [hot.hit_reads() for _ in range(26)] == [(0, 2)] * 26 and downloads == [True]
+    hot.count(torch.tensor([5]), 9)
+    assert hot.hit_reads() == (0, 3) and downloads == [True, True]
+
+
 def test_records_never_read_take_no_slot():
     host = torch.zeros(6, 2)
     hot = HotRows(4, 2, 6, "cpu")
