@@ -10,7 +10,8 @@ variant alternates with the others call by call, medians over ``--calls``.
     python bench/bench_kernel_parts.py [--calls 300] [--threads 2]
 
 Last line: one JSON object; ``openmp_vs_one`` and ``pool_vs_one`` per call size (rows), the
-speed-up of ``--threads`` parts over one; ``handoff_us``: the pool's own cost of two empty parts;
+speed-up of ``--threads`` parts over one; ``handoff_us``: the pool's own cost of ``--threads``
+empty parts;
 ``kernel_vs_one``: per moved kernel and size, the speed-up of its parts over one part.
 """
 
@@ -134,10 +135,10 @@ def main() -> None:
     empty = []
     for _ in range(args.calls):
         s = time.perf_counter()
-        run_pool(lambda lo, hi: None, 2)
+        run_pool(lambda lo, hi: None, k)
         empty.append(time.perf_counter() - s)
     out["handoff_us"] = statistics.median(empty) * 1e6
-    print(f"the pool's hand-off of two empty parts: {out['handoff_us']:.1f} us")
+    print(f"the pool's hand-off of {k} empty parts: {out['handoff_us']:.1f} us")
     out["kernel_vs_one"] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for n in MOVED_SIZES:

@@ -1099,10 +1099,11 @@ struct fresh_ctx {
     int bf16;
 };
 
-/* fresh_uniform's part p: rows n*p/parts .. n*(p+1)/parts-1 of ids / at (each its own row of out) */
+/* fresh_uniform's part p: its rows of ids / at (part_rows; each its own row of out) */
 static void fresh_part(void *vc, Py_ssize_t p) {
     const struct fresh_ctx *c = vc;
-    Py_ssize_t lo = c->n * p / c->parts, hi = c->n * (p + 1) / c->parts;
+    Py_ssize_t lo, hi;
+    part_rows(c->n, c->parts, p, &lo, &hi);
     fresh_rows(c->o, c->id + lo, c->ky + (c->nk == 1 ? 0 : lo), c->nk == 1 ? 1 : hi - lo, c->pos + lo, hi - lo, c->width,
                c->dim, c->rest, c->pm ? c->pm + lo : NULL, c->pa ? c->pa + lo : NULL, c->fm, c->fa, c->fl, c->bf16);
 }
@@ -1859,7 +1860,8 @@ static void gather_part(void *vc, Py_ssize_t p) {
     const struct gather_ctx *c = vc;
     const float *a = c->a;
     const int64_t *sl = c->sl;
-    Py_ssize_t lo = c->k * p / c->parts, hi = c->k * (p + 1) / c->parts, w = c->w, r = c->r;
+    Py_ssize_t lo, hi, w = c->w, r = c->r;
+    part_rows(c->k, c->parts, p, &lo, &hi);
     for (Py_ssize_t i = lo; i < hi; i++) {
         if (i + BLOCK < hi) {  /* the rows are random: overlap their reads (a row may span two lines) */
             __builtin_prefetch(a + sl[i + BLOCK] * r);
