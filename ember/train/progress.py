@@ -18,7 +18,7 @@ from ember.pipeline.loader import Loader, ReadCounter
 from ember.source.config import DataConfig
 from ember.source.protocol import source_for
 
-__all__ = ["Progress", "EpochRows", "epoch_rows", "estimate_rows", "planned_steps"]
+__all__ = ["Progress", "hit_rate", "EpochRows", "epoch_rows", "estimate_rows", "planned_steps"]
 
 
 class EpochRows:
@@ -64,6 +64,25 @@ def planned_steps(rows_per_epoch: int, batch_size: int, drop_last: bool, epochs:
     per_epoch = rows_per_epoch // batch_size if drop_last else math.ceil(rows_per_epoch / batch_size)
     total = per_epoch * epochs
     return total if max_steps is None else min(total, max_steps)
+
+
+def hit_rate(rec: dict[str, Any], tier: str) -> float | None:
+    """A tier's hit rate over every table of a log record: hits over requests summed (a busy
+    table weighs as much as its lookups; one the window never asked has no rate to average in),
+    None when no table asked ``tier`` anything.
+
+    Example:
+        >>> rec = {"a/tier.disk.hits": 3.0, "a/tier.disk.requests": 4.0, "b/tier.disk.hits": 0.0,
+        ...        "b/tier.disk.requests": 0.0, "b/tier.disk.hit_rate": float("nan")}
+        >>> hit_rate(rec, "disk"), hit_rate(rec, "host")
+        (0.75, None)
+    """
+    hits = requests = 0.0
+    for k, v in rec.items():
+        if k.endswith(f"tier.{tier}.requests") and v:
+            requests += v
+            hits += rec.get(k[: -len("requests")] + "hits", 0.0)
+    return hits / requests if requests else None
 
 
 class Progress:
@@ -123,10 +142,10 @@ class Progress:
             if busy:  # the busiest stage is the bottleneck
                 name = max(busy, key=busy.__getitem__)
                 post["busiest"] = f"{name} {busy[name]:.0%}"
-            for tier in ("device", "host", "disk"):  # mean hit rate over tiered tables
-                hits = [v for k, v in rec.items() if k.endswith(f"tier.{tier}.hit_rate")]
-                if hits:
-                    post[f"{tier}_hit"] = f"{sum(hits) / len(hits):.2f}"
+            for tier in ("device", "host", "disk"):
+                rate = hit_rate(rec, tier)
+                if rate is not None:
+                    post[f"{tier}_hit"] = f"{rate:.2f}"
             self.bar.set_postfix(post)
 
     def note(self, text: str) -> None:

@@ -15,7 +15,7 @@ import pytest
 from ember.config import from_dict
 from ember.pipeline.loader import make_batches
 from ember.train.loop import train
-from ember.train.progress import Progress, epoch_rows, estimate_rows, planned_steps
+from ember.train.progress import EpochRows, Progress, epoch_rows, estimate_rows, planned_steps
 
 SCHEMA = {"labels": ["label"], "dense": [{"name": "d1"}], "sparse": [{"name": "c1"}, {"name": "c2"}]}
 
@@ -146,3 +146,26 @@ def test_csv_run_ends_with_an_exact_total(tmp_path, capsys):
     train(_cfg(tmp_path, {"format": "csv", "train": str(path), "eval": str(path)}))
     lines = _bar_lines(capsys.readouterr().err)
     assert lines and "10/10" in lines[-1] and "~" not in lines[-1], lines
+
+
+def test_hit_rates_are_pooled_over_the_tables_that_were_asked():
+    """The bar's hit rate of a tier: hits over requests of every table together; a table the
+    window never asked (its rate NaN in the record) neither turns the figure into nan nor
+    weighs as much as a busy one; no figure when no table asked the tier."""
+    from ember.train.progress import hit_rate
+
+    nan = float("nan")
+    rec = {"loss": 0.5, "a/tier.disk.hit_rate": 0.0, "a/tier.disk.hits": 0.0, "a/tier.disk.requests": 57.0,
+           "b/tier.disk.hit_rate": nan, "b/tier.disk.hits": 0.0, "b/tier.disk.requests": 0.0,
+           "a/tier.host.hit_rate": 0.9, "a/tier.host.hits": 900.0, "a/tier.host.requests": 1000.0,
+           "b/tier.host.hit_rate": 0.5, "b/tier.host.hits": 5.0, "b/tier.host.requests": 10.0}
+    assert hit_rate(rec, "disk") == 0.0
+    assert hit_rate(rec, "host") == pytest.approx(905 / 1010)
+    assert hit_rate(rec, "device") is None
+    assert hit_rate({"b/tier.disk.hit_rate": nan, "b/tier.disk.hits": 0.0, "b/tier.disk.requests": 0.0}, "disk") is None
+    shown = Progress.__new__(Progress)
+    posted: dict = {}
+    shown.bar = type("Bar", (), {"set_postfix": lambda self, p: posted.update(p), "update": lambda self, n: None})()
+    shown.last, shown._loader, shown.rows = 0, None, EpochRows(rows=1000)
+    shown.update(10, {**rec, "samples_per_s": 100.0})
+    assert posted["disk_hit"] == "0.00" and posted["host_hit"] == "0.90" and "device_hit" not in posted
