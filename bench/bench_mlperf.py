@@ -6,9 +6,9 @@ interaction, top MLP 1024-1024-512-256-1; plain SGD on the embeddings and on the
 reference and Intel's submission; lr 0.05 here, since the labels are random). IDs follow Zipf(1.1)
 over each table's MLPerf size (the Criteo 1TB tables with the reference's 40 M cap), capped at
 ``--max-rows``; the hot ranks are scattered over the vocabulary. Batch 32,768, MLPerf's and Intel's:
-it fits a 24 GiB machine with the default cap (peak RSS 16-20 GB for all four variants over the
-default 14 steps: plain's 6.7 GB of fixed tables, the activations, and ~0.45 GB per step that ember's
-embedding path does not free, see bench/RESULTS.md 2026-11-26), so no smaller batch is needed.
+it fits a 24 GiB machine with the default cap (peak RSS 13.9 GB for ember and plain over the default
+14 steps, 2026-11-29: plain's 6.7 GB of fixed tables, ember's rows within ``--ram-gib``, the
+activations), so no smaller batch is needed.
 
 ember's tables are sized by a RAM budget (``--ram-gib``, for ember's rows): the smallest tables,
 whole, while they fit; every larger one gets a host cache (LFU, an equal share of the rest of the
@@ -38,12 +38,17 @@ Intel's MLPerf Training v0.7 result: 1 node, 4-socket Cooper Lake (Xeon Platinum
 112 cores), bf16 + IPEX, 68.97 ms per step at batch 32,768 = 475,000 samples/s, ~4,241 per core.
 ``per_core_vs_intel`` compares ember's bf16 figure with it (the issue's target: >= 2 on a CPU with
 AMX); on a CPU without native bf16 (neither AMX-BF16 nor AVX512-BF16) the bf16 figure is measured
-but marked as no target (``bf16_is_target``), since bf16 matmuls are emulated there.
+but marked as no target (``bf16_is_target``), since bf16 matmuls are emulated there; by default
+(``--bf16 auto``) the two bf16 variants run only where the CPU computes bf16 natively: emulated on
+an AVX2-only CPU a bf16 step took 178 s against ember's 8.6 s in fp32, so a default run there would
+take over an hour (``--bf16 always`` measures them anyway; their JSON figures are null when skipped).
 
     python bench/bench_mlperf.py [--batch 32768] [--steps 12] [--warmup 2] [--max-rows 2000000]
-                                 [--ram-gib 2] [--disk DIR] [--baseline fused|bags]
+                                 [--ram-gib 2] [--disk DIR] [--baseline fused|bags] [--bf16 auto|always|never]
 
-The default run takes about 7 minutes on 2 shared vCPUs (AMD EPYC; 415 s measured); the last line printed is one JSON
+The default run takes about 5 minutes on 2 shared vCPUs without native bf16 (AMD EPYC, AVX2 only:
+274 s measured, ember and plain in fp32; 415 s with the bf16 variants on an AMD box with AVX-512);
+the last line printed is one JSON
 object with the headline figures (samples_per_s_fp32, samples_per_s_bf16, per_core_fp32,
 per_core_bf16, per_core_vs_intel, ember_vs_plain, batch, physical_cores, machine, ...).
 """
@@ -289,11 +294,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--disk", default=None, help="disk tiers' directory (default: a temporary one, removed)")
     ap.add_argument("--baseline", choices=["fused", "bags"], default="fused", help="plain PyTorch variant")
     ap.add_argument("--no-plain-bf16", action="store_true", help="skip the plain-bf16 variant (shorter runs)")
+    ap.add_argument("--bf16", choices=["auto", "always", "never"], default="auto",
+                    help="the bf16 variants (ember-bf16, plain-bf16): auto runs them where the CPU computes bf16 "
+                         "natively (AMX-BF16 or AVX512-BF16), always also where bf16 matmuls are emulated (on an "
+                         "AVX2-only CPU ~20x slower than fp32: a default run would take over an hour)")
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
     vocab = [min(v, args.max_rows) for v in MLPERF_ROWS]
     topo = cpu_topology()
     native = cpu_bf16()
+    bf16 = args.bf16 == "always" or args.bf16 == "auto" and bool(native)
     disk = Path(tempfile.mkdtemp(prefix="ember-mlperf-", dir=args.disk))
     n = args.warmup + args.steps
     t0 = time.perf_counter()
@@ -304,15 +314,20 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"CPU: {topo['vcpus']} vCPUs, {topo['threads_per_core']} thread(s) per core -> {topo['physical_cores']} "
           f"physical core(s); native bf16: {', '.join(native) or 'none (bf16 figures are no target here)'}; "
           f"torch threads {torch.get_num_threads()}")
+    if not bf16:
+        print("bf16 variants skipped (--bf16 " + args.bf16 + ("" if args.bf16 == "never" else
+              ": bf16 matmuls would be emulated on this CPU; --bf16 always runs them anyway") + ")")
     ram = args.ram_gib * 2**30
     t0 = time.perf_counter()
-    variants: list[Any] = [Ember(vocab, ram, disk, bf16=False), Ember(vocab, ram, disk, bf16=True)]
+    variants: list[Any] = [Ember(vocab, ram, disk, bf16=False)] + ([Ember(vocab, ram, disk, bf16=True)] if bf16 else [])
     t1 = time.perf_counter()
-    variants.append(Plain(vocab, args.baseline, bf16=False))
-    if not args.no_plain_bf16:
-        variants.append(Plain(vocab, args.baseline, bf16=True, share=variants[2]))
+    plain = Plain(vocab, args.baseline, bf16=False)
+    variants.append(plain)
+    if bf16 and not args.no_plain_bf16:
+        variants.append(Plain(vocab, args.baseline, bf16=True, share=plain))
     print(f"built ember's tables (disk tiers reserved) in {t1 - t0:.0f}s, plain's in {time.perf_counter() - t1:.0f}s")
-    for v in variants[:2]:
+    embers = [v for v in variants if isinstance(v, Ember)]
+    for v in embers:
         tiered = [f"{n}({s['host_rows']:,} cached of {s['disk_rows']:,})" for n, s in zip(FEATURES, v.storage) if s]
         print(f"{v.name}: {len(tiered)} tables on host cache + disk: {', '.join(tiered) or 'none'}")
     print(f"setup {time.perf_counter() - t_start:.0f}s; running {n} steps x {len(variants)} variants")
@@ -334,8 +349,8 @@ def main(argv: Sequence[str] | None = None) -> None:
               + ", ".join(f"{v.name} {took[v.name] * 1e3:.0f} ms" for v in variants)
               + f"; {time.perf_counter() - t_start:.0f}s elapsed; RSS anon {mem.get('RssAnon', 0):.0f} MiB, "
               f"file {mem.get('RssFile', 0):.0f} MiB", flush=True)
-    ember32, ember16 = variants[0], variants[1]
-    for v in (ember32, ember16):
+    ember32, ember16 = embers[0], embers[1] if bf16 else None
+    for v in embers:
         for key in v.split:
             v.split[key] = v.split[key][args.warmup:]
     sps = {k: [args.batch / x for x in t] for k, t in times.items()}
@@ -350,17 +365,18 @@ def main(argv: Sequence[str] | None = None) -> None:
     print(f"\n{'variant':<12}{'samples/s median':>18}{'min':>10}{'max':>10}{'per core':>10}{'ms/step':>10}")
     for k, v in sps.items():
         print(f"{k:<12}{med[k]:>18.0f}{min(v):>10.0f}{max(v):>10.0f}{med[k] / cores:>10.0f}{args.batch / med[k] * 1e3:>10.0f}")
-    per_core = {"fp32": med["ember"] / cores, "bf16": med["ember-bf16"] / cores}
+    per_core = {"fp32": med["ember"] / cores, "bf16": med["ember-bf16"] / cores if bf16 else None}
     split = {k: statistics.median(v) * 1e3 for k, v in ember32.split.items()}
-    split16 = {k: statistics.median(v) * 1e3 for k, v in ember16.split.items()}
+    split16 = {k: statistics.median(v) * 1e3 for k, v in ember16.split.items()} if ember16 is not None else {}
     print(f"\npaired ratios (median over {args.steps} steps): ember / plain ({args.baseline}) {r_plain:.3f}x"
           + (f", ember-bf16 / plain-bf16 {r_plain16:.3f}x" if r_plain16 is not None else ""))
+    vs_intel = None if per_core["bf16"] is None else per_core["bf16"] / INTEL["per_core"]
     print(f"per core vs Intel MLPerf v0.7 ({INTEL['per_core']:.0f} samples/s/core, bf16): "
-          f"bf16 {per_core['bf16'] / INTEL['per_core']:.3f}x, fp32 {per_core['fp32'] / INTEL['per_core']:.3f}x"
+          + ("" if vs_intel is None else f"bf16 {vs_intel:.3f}x, ") + f"fp32 {per_core['fp32'] / INTEL['per_core']:.3f}x"
           + ("" if native else "  (no native bf16 on this CPU: not a target)"))
     print("ember time split (ms, median): fp32 " + ", ".join(f"{k} {v:.0f}" for k, v in split.items())
-          + "; bf16 " + ", ".join(f"{k} {v:.0f}" for k, v in split16.items()))
-    tiers = {v.name: v.tier_stats() for v in (ember32, ember16)}
+          + ("; bf16 " + ", ".join(f"{k} {v:.0f}" for k, v in split16.items()) if split16 else ""))
+    tiers = {v.name: v.tier_stats() for v in embers}
     print(f"ember tiers: {tiers}")
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     rss_end = rss_mib()
@@ -373,9 +389,9 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     print(json_line({
         "bench": "mlperf_dlrm", "batch": args.batch, "steps": args.steps, "warmup": args.warmup,
-        "samples_per_s_fp32": med["ember"], "samples_per_s_bf16": med["ember-bf16"],
+        "samples_per_s_fp32": med["ember"], "samples_per_s_bf16": med.get("ember-bf16"), "bf16": args.bf16,
         "per_core_fp32": per_core["fp32"], "per_core_bf16": per_core["bf16"],
-        "per_core_vs_intel": per_core["bf16"] / INTEL["per_core"],
+        "per_core_vs_intel": vs_intel,
         "per_core_vs_intel_fp32": per_core["fp32"] / INTEL["per_core"],
         "bf16_native": bool(native), "bf16_is_target": bool(native),
         "per_core_vs_intel_target": ">= 2 with bf16 on a CPU with AMX (issue 29)",
