@@ -24,6 +24,8 @@ within a batch (without one, the profile counts per batch, as the run does).
 
 from __future__ import annotations
 
+import dataclasses
+
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +70,7 @@ class TierUse:
     device_bytes: int = 0
     disk_bytes: int = 0
     over_cap: bool = False  # more rows than a capped host store (no disk tier) holds
+    known: bool = True  # False: the table's rows are unknown, only what its storage reserves whatever they are counts
 
 
 @dataclass
@@ -110,7 +113,9 @@ class CapacityPlan:
                      f"{'RAM':>11} {'GPU':>11} {'disk':>11}")
         order = {name: i for i, name in enumerate(self.tables)}
         for u in sorted(self.uses, key=lambda u: (u.rank, order.get(u.table.split('__')[0], 0), u.table)):
-            lines.append(f"  {u.rank:<5} {u.table:<24} {u.device_rows:>12,} {u.host_rows:>12,} {u.disk_rows:>12,} "
+            n = (f"{u.device_rows:>12,} {u.host_rows:>12,} {u.disk_rows:>12,}" if u.known
+                 else f"{'?':>12} {'?':>12} {'?':>12}")
+            lines.append(f"  {u.rank:<5} {u.table:<24} {n} "
                          f"{fmt_bytes(u.host_bytes):>11} {fmt_bytes(u.device_bytes):>11} {fmt_bytes(u.disk_bytes):>11}"
                          + ("  over its host_rows cap" if u.over_cap else ""))
         lines.append("a run needs, per rank (tables, tiers and min_count counters):")
@@ -254,22 +259,24 @@ def plan_capacity(cfg: RunConfig, world_size: int, profile: dict[str, Any] | Non
     checkpoint = dense_bytes
     for t in tables:
         e = estimates[t.name]
-        if e.rows is None:
-            continue
-        share = _rank_rows(sharding, t.name, e.rows)
+        # a table of unknown size still takes what its storage reserves whatever its rows (bounded
+        # caches, a disk file sized by disk_rows, its index) on every rank holding a share of it
+        share = _rank_rows(sharding, t.name, e.rows or 0)
         seen = _rank_rows(sharding, t.name, e.distinct) if e.distinct is not None else {}
         pairs = [t] if getattr(model, "reads_embeddings", True) else []  # lr: only its first-order tables fill
         if linear:  # the dim-1 first-order table beside it, placed alike, as many rows
             pairs.append(TableConfig(name=t.name + LINEAR_SUFFIX, dim=1, optimizer=t.optimizer, min_count=t.min_count,
                                      ttl_steps=t.ttl_steps))
         for table in pairs:
-            checkpoint += e.rows * (8 + 4 * table.stored_words)  # ID + packed record, as checkpoints store rows
+            checkpoint += (e.rows or 0) * (8 + 4 * table.stored_words)  # ID + packed record, as checkpoints store rows
             for rank, n in share.items():
-                uses.append(tier_use(table, rank, n, seen.get(rank)))
+                use = tier_use(table, rank, n, seen.get(rank))
+                uses.append(use if e.rows is not None else dataclasses.replace(use, known=False))
     notes = []
     unknown = [n for n, e in estimates.items() if e.rows is None]
     if unknown:
-        notes.append(f"tables of unknown size ({', '.join(unknown)}) count 0: give --profile or --rows N")
+        notes.append(f"tables of unknown size ({', '.join(unknown)}) count only what their storage reserves whatever "
+                     "their rows (a bounded cache, a disk file sized by disk_rows): give --profile or --rows N")
     if profile is not None and not profile["data"]["complete"]:
         notes.append(f"the profile read the first {profile['data']['rows_read']:,} rows only; the whole data holds "
                      "more IDs: profile more rows (or all) for the full-size plan")

@@ -235,3 +235,27 @@ def test_ttl_rows_against_a_trained_run(tmp_path):
     result = train(cfg)
     actual = {name: len(t) for name, t in result.parts.linear.tables.items()}
     assert 0 < actual["user__linear"] <= planned["user__linear"] and actual["item__linear"] == 30
+
+
+def test_tables_of_unknown_size_count_what_their_storage_reserves(tmp_path):
+    """Without a profile a file source's tables have unknown rows, yet every rank holding a share
+    of one reserves its disk file (sized by disk_rows) and its bounded cache whatever the rows:
+    the plan counts those bytes, marks the rows '?', and says so (it said disk 0 B)."""
+    csv = tmp_path / "t.csv"
+    csv.write_text("label,d1,C1,C2\n1,0.5,a,b\n")
+    storage = {"host_rows": 500, "disk_path": str(tmp_path / "disk"), "disk_rows": 1000}
+    cfg = from_dict({**BASE, "data": {"format": "csv", "train": str(csv), "batch_size": 10},
+                     "schema": {"labels": ["label"], "dense": [{"name": "d1"}], "sparse": [{"name": "C1"}, {"name": "C2"}]},
+                     "embedding": {"dim": 8, "storage": storage}})
+    plan = plan_capacity(cfg, 2)
+    assert all(plan.estimates[t].rows is None for t in ("C1", "C2"))
+    sp = plan_storage(cfg.table_configs()[0].storage, cfg.table_configs()[0].stored_words, "C1")
+    assert sp.disk_bytes > 0
+    for r, need in enumerate(plan.per_rank()):  # both tables row-wise over both ranks: a file each
+        assert need["disk"] == 2 * sp.disk_bytes and need["host"] >= 2 * sp.host_bytes, (r, need)
+    assert {(u.table, u.rank) for u in plan.uses} == {(t, r) for t in ("C1", "C2") for r in (0, 1)}
+    assert not any(u.known for u in plan.uses) and all(u.rows == 0 for u in plan.uses)
+    text = plan.describe()
+    assert "count only what their storage reserves" in text
+    row = next(line for line in text.splitlines() if line.split()[:2] == ["0", "C1"])
+    assert row.split()[2:5] == ["?", "?", "?"]
