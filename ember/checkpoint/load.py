@@ -109,13 +109,17 @@ def _check_files(ckpt: Path, files: list[tuple[str, str]]) -> str:
 Keep = Callable[[str, torch.Tensor], torch.Tensor]  # (table, ids) -> mask of the IDs to load
 
 
-def load_tables(ckpt: Path, collections: list[EmbeddingCollection], manifest: dict[str, Any], keep: Keep | None = None) -> None:
+def load_tables(ckpt: Path, collections: list[EmbeddingCollection], manifest: dict[str, Any], keep: Keep | None = None,
+                exact: bool = True) -> None:
     """Stream every table's rows from the checkpoint into the collections' tables (any tier
     layout). ``keep``: load only the IDs it marks (a rank of a distributed run: those it owns,
     whatever world size saved the checkpoint).
 
     Rows are converted to each table's dtype: a checkpoint of a wider dtype is rounded to nearest
     (fp32 -> bf16), a narrower one widens exactly (bf16 -> fp32); version 1 checkpoints are fp32.
+    ``exact`` False (a finetune, ``train.init_from``): a table whose sparse optimizer is of another
+    type than the checkpoint's takes the weights alone, its optimizer's state made fresh from
+    them as a new row's is (said once per table); its dim must still match.
     """
     meta = {t["name"]: t for t in manifest["tables"]}
     for ec in collections:
@@ -128,12 +132,19 @@ def load_tables(ckpt: Path, collections: list[EmbeddingCollection], manifest: di
                             "one whose model and schema make the same tables")
                 raise CheckpointError(f"checkpoint {ckpt} has no table '{name}'; it has {sorted(meta)}{hint}")
             m = meta[name]
-            if m["record_dim"] != table.config.record_dim:
+            opt, saved_opt = table.config.optimizer, m["optimizer"]["type"]
+            weights_only = not exact and m["dim"] == table.dim and saved_opt != opt.type
+            if m["record_dim"] != table.config.record_dim and not weights_only:
                 raise CheckpointError(
                     f"checkpoint {ckpt}: table '{name}' records are {m['record_dim']} floats wide "
-                    f"(dim {m['dim']}, optimizer {m['optimizer']['type']}), the config asks for "
-                    f"{table.config.record_dim}; keep dim and optimizer type when resuming"
-                )
+                    f"(dim {m['dim']}, optimizer {saved_opt}), the config asks for {table.config.record_dim} "
+                    f"(dim {table.dim}, optimizer {opt.type}); "
+                    + ("keep its dim (a finetune, train.init_from, may change the sparse optimizer)" if not exact
+                       else "keep dim and optimizer type when resuming (train.init_from finetunes from the weights "
+                       "with another sparse optimizer)"))
+            if weights_only:
+                log.info("train.init_from: table '%s' was trained with %s; its weights start this finetune, with %s's "
+                         "state fresh", name, saved_opt, opt.type)
             codec = RowCodec(m.get("dtype", "fp32"), m["dim"], m["record_dim"])  # how the file packs rows
             for stem, rows in table_parts(manifest, m):
                 # last-seen steps (TTL tables); older checkpoints lack them: rows count as seen now
@@ -142,7 +153,11 @@ def load_tables(ckpt: Path, collections: list[EmbeddingCollection], manifest: di
                     if keep is not None:
                         mask = keep(name, ids)
                         ids, rec, seen = ids[mask], rec[mask], None if seen is None else seen[mask]
-                    table.load(ids, codec.decode(rec), seen)
+                    records = codec.decode(rec)
+                    if weights_only:  # the new optimizer's state, made from the weights as a fresh row's
+                        w = records[:, : table.dim].contiguous()
+                        records = torch.cat([w, opt.init_state(w)], dim=1)
+                    table.load(ids, records, seen)
 
 
 def table_parts(manifest: dict[str, Any], meta: dict[str, Any]) -> list[tuple[str, int]]:

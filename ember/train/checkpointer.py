@@ -125,7 +125,7 @@ def restore(parts: Components, ckpt: Path, exact: bool, cfg: RunConfig | None = 
             ids = [i for i, _ in table.items()]
             if ids:
                 table.tier.remove(torch.cat(ids))
-    load_tables(ckpt, parts.collections(), manifest, owned)
+    load_tables(ckpt, parts.collections(), manifest, owned, exact)
     dense = load_dense(ckpt)
     with _fits(ckpt, manifest, cfg, "model"):
         parts.model.load_state_dict(dense["model"])

@@ -101,7 +101,10 @@ class TrainConfig(ConfigModel):
     resume: str | None = None
     """A run or checkpoint directory to continue exactly (model, optimizers, data position, RNG)."""
     init_from: str | None = None
-    """A run or checkpoint directory whose weights start a finetune (fresh data position)."""
+    """A run or checkpoint directory whose weights start a finetune (fresh data position, fresh
+    dense optimizer). A table keeps its checkpointed sparse optimizer state when its optimizer type
+    is the same, else it takes the weights alone and its new optimizer's state starts fresh (said
+    per table); a table's dim must match the checkpoint's."""
 
     @field_validator("run_name")
     @classmethod

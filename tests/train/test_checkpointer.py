@@ -116,3 +116,50 @@ def test_a_checkpoint_that_does_not_fit_names_the_differing_keys(tmp_path):
     wider = from_dict({**cfg.model_dump(mode="json", by_alias=True), "model": {"type": "dlrm", "bottom_mlp": [16, 4], "top_mlp": [8]}})
     with pytest.raises(CheckpointError, match=r"does not fit this config's model.*model\.bottom_mlp"):
         restore(build_components(wider), path, exact=False, cfg=wider)
+
+
+def _rows(parts) -> dict[str, dict[int, torch.Tensor]]:
+    """{table: {ID: fp32 record}} of every table."""
+    out = {}
+    for name, t in parts.embeddings.tables.items():
+        rows = {}
+        for ids, rec in t.items():
+            rows.update(zip(ids.tolist(), t.codec.decode(rec) if hasattr(t, "codec") else rec))
+        out[name] = rows
+    return out
+
+
+@pytest.mark.parametrize("new", [{"type": "sgd", "lr": 0.1}, {"type": "rowwise_adagrad", "lr": 0.05},
+                                 {"type": "adagrad", "lr": 0.05, "initial_accumulator_value": 0.1},
+                                 {"type": "ftrl", "alpha": 0.05}])
+def test_a_finetune_may_change_the_sparse_optimizer(tmp_path, new):
+    """train.init_from with another sparse optimizer type: every row's weights are the
+    checkpoint's, bit for bit, and its state is what the new optimizer gives a fresh row of
+    those weights (``init_state``); the finetune then trains. A resume, and a finetune that
+    changes a table's dim, are refused with the reason."""
+    cfg = _cfg(tmp_path)  # trained with adam (state 2 * dim + 1 floats a row)
+    parts, batches = _trained(cfg, 3)
+    path = Checkpointer(cfg, parts, tmp_path / "run").save(RunState(3, 0, 3))
+    saved = _rows(parts)
+    raw = cfg.model_dump(mode="json", by_alias=True)
+    other = from_dict({**raw, "embedding": {**raw["embedding"], "optimizer": new}})
+    fresh = build_components(other)
+    restore(fresh, path, exact=False, cfg=other)
+    loaded = _rows(fresh)
+    dim = cfg.embedding.dim
+    assert {n: set(r) for n, r in loaded.items()} == {n: set(r) for n, r in saved.items()}
+    for name, rows in loaded.items():
+        opt = fresh.embeddings.tables[name].config.optimizer
+        assert opt.type == new["type"]
+        for i, rec in rows.items():
+            w = saved[name][i][:dim]
+            assert torch.equal(rec[:dim], w), (name, i)
+            assert torch.equal(rec[dim:], opt.init_state(w.unsqueeze(0))[0]), (name, i)
+    fresh.train(True)
+    train_step(fresh, batches[3])  # the new optimizer's rule runs on the loaded rows
+    with pytest.raises(CheckpointError, match=r"keep dim and optimizer type when resuming"):
+        restore(build_components(other), path, exact=True, cfg=other)
+    wider = from_dict({**raw, "embedding": {**raw["embedding"], "dim": 8, "optimizer": new},
+                       "model": {"type": "dlrm", "bottom_mlp": [8, 8], "top_mlp": [8]}})
+    with pytest.raises(CheckpointError, match=r"keep its dim \(a finetune"):
+        restore(build_components(wider), path, exact=False, cfg=wider)
