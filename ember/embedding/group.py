@@ -786,14 +786,18 @@ class GroupLookup:
 
     def _fused_hyper(self, step: int | None) -> np.ndarray | None:
         """(lr, eps) per table [T, 2] when ``apply`` can run the optimizer inside the write, else
-        None (a rule other than row-wise Adagrad, a device cache or fp16 rows are said once)."""
+        None (a rule other than row-wise Adagrad, a device cache, fp16 rows, and a step in which a
+        table missed the loss or rows below min_count are held back are each said once)."""
         g, rec, grad = self.group, self.records, self.grad
-        if grad is None or rec is None or not all(self.reached) or self.filtered:
+        if grad is None or rec is None:
             return None
         why = ("the rows have a device cache" if g.cache is not None and self.ticket is not None
                else g.fused_why if g.fused_why is not None
                else f"the gradient is {grad.dtype} on {grad.device}" if not (
                    grad.dtype == torch.float32 and grad.device.type == "cpu")
+               else "a table's features did not reach the loss, so its rows are neither updated nor written"
+               if not all(self.reached)
+               else "rows below min_count are held back (stored nowhere) in such a step" if self.filtered
                else None)
         if why is not None:
             if once.first("group.fused_update", why):

@@ -401,3 +401,24 @@ def test_two_passes_are_said_once_with_the_reason(caplog):
             opt.step()
     lines = [r.getMessage() for r in caplog.records if "two passes" in r.getMessage()]
     assert len(lines) == 1 and "not row-wise Adagrad" in lines[0]
+
+
+@pytest.mark.parametrize("case", ["unreached", "min_count"])
+def test_the_one_pass_update_not_taken_for_a_step_is_said_with_the_reason(caplog, case):
+    """Row-wise Adagrad on host rows takes the one-pass update, except in a step where a table's
+    features did not reach the loss or rows below min_count are held back: those steps take the
+    two passes, said once with the reason (they were taken silently)."""
+    from ember import once
+
+    once.forget("group.fused_update")
+    kw = {"min_count": 2} if case == "min_count" else {}
+    with caplog.at_level(logging.INFO, logger="ember.embedding"):
+        ec = EmbeddingCollection(_tables(OPTIMIZERS[2], **kw), _features("sum"))
+        opt, proj = SparseOptimizer(ec), torch.linspace(-1, 1, D + 1)
+        use = {k for k, f in zip(KEYS, _features("sum")) if f.table_name != "t1"} if case == "unreached" else None
+        for sf in _batches(3):
+            _loss(ec(sf), proj, use).backward()
+            opt.step()
+    lines = [r.getMessage() for r in caplog.records if "two passes" in r.getMessage()]
+    why = "did not reach the loss" if case == "unreached" else "below min_count are held back"
+    assert len(lines) == 1 and why in lines[0], lines
