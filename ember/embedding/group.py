@@ -41,6 +41,7 @@ from ember.tiers.device_budget import download, mark_device, pinned, to_device, 
 from ember.tiers.device_counts import DeviceAdmission, DeviceCounts
 from ember.tiers.device import DeviceTier
 from ember.tiers.group_cache import CachePlan, CacheTicket, GroupCache, GroupCacheView, table_mix
+from ember.tiers.policy import IdCounter
 from ember.tiers.host import HostTier, SegmentIds
 from ember.tiers.mapped_rows import MappedRows, MappedTier
 from ember.tiers.segments import read_bf16_segments, read_segments, write_bf16_segments, write_segments
@@ -284,6 +285,7 @@ class GroupLookup:
         self.starts = self.table_ids.bounds
         self.records: Tensor | None = None  # fetch: [U, width] on the group's device
         self.filtered: dict[int, Tensor] = {}  # fetch: table -> rows below min_count (no row, no update)
+        self.admitted: dict[int, Tensor] = {}  # fetch: min_count table -> IDs admitted (its counter's only written IDs)
         self.on_device: Tensor | None = None  # to_device: the rows pool reads [U, dim], copied ahead
         self.reached = [False] * len(group.tables)  # backward: tables whose features reached the loss
         self.grad: Tensor | None = None  # backward: [U, dim], one summed gradient per unique ID
@@ -471,13 +473,46 @@ class GroupLookup:
         self.records = rec
 
     def _complete(self, rec: Tensor, found: Tensor) -> None:
-        """``min_count`` and TTL tables finish their rows; ``records`` is set."""
+        """``min_count`` and TTL tables finish their rows; ``records`` is set.
+
+        Host records of ``min_count`` tables without a TTL are completed together: each table's
+        absent IDs counted (``IdCounter``), the admitted ones' fresh rows made in one native pass
+        for every table (``_fresh_into``, the bits ``EmbeddingTable.new_records`` gives), the
+        rest zeroed; the IDs admitted are kept (``admitted``): the only ones of the table's
+        written IDs its counter still holds. Other tables: ``EmbeddingTable.complete``."""
         g = self.group
+        found_np = found.numpy()
+        admit: list[np.ndarray] = []
+        held: list[np.ndarray] = []
         for j in np.flatnonzero(g.special).tolist():
             a, b = int(self.starts[j]), int(self.starts[j + 1])
-            filt = g.tables[j].complete(self.ids[a:b], rec[a:b], found[a:b], self.train)
-            if filt is not None and bool(filt.any()):
-                self.filtered[j] = filt
+            t = g.tables[j]
+            if not (t.ttl is None and isinstance(t.admission, IdCounter) and rec.device.type == "cpu"):
+                filt = t.complete(self.ids[a:b], rec[a:b], found[a:b], self.train)
+                if filt is not None and bool(filt.any()):
+                    self.filtered[j] = filt
+                continue
+            miss = np.flatnonzero(~found_np[a:b])
+            self.admitted[j] = self.ids[:0]
+            if not miss.size:
+                continue
+            ids_np = self.ids.numpy()[a + miss]
+            ok = (t.admission.add(ids_np) if self.train else t.admission.get(ids_np)) >= t.min_count
+            if ok.any():
+                admit.append(a + miss[ok])
+                self.admitted[j] = torch.from_numpy(ids_np[ok])
+            if not ok.all():
+                below = miss[~ok]
+                filt_np = np.zeros(b - a, dtype=bool)
+                filt_np[below] = True
+                self.filtered[j] = torch.from_numpy(filt_np)
+                t.filtered_reads += int(below.size)
+                held.append(a + below)
+        if admit:
+            at = np.concatenate(admit)
+            self._fresh_into(rec, at, np.repeat(np.arange(len(g.tables)), self.sizes), at=at)
+        if held:  # below min_count: the shared all-zero row (no weights, no state)
+            rec.index_fill_(0, torch.from_numpy(np.concatenate(held)), 0.0)
         self.records = rec
 
     def to_device(self, device: torch.device) -> None:
@@ -914,7 +949,7 @@ class GroupLookup:
         table's bookkeeping (admission counts, TTL sweep)."""
         self.written = list(written)
         for j in self.updated:
-            self.group.tables[j].after_write(self.written[j])
+            self.group.tables[j].after_write(self.written[j], self.admitted.get(j))
 
 
 @dataclass

@@ -158,14 +158,16 @@ class EmbeddingTable:
             self.changes = ChangeLog()
         return self.changes
 
-    def after_write(self, ids: Tensor) -> None:
+    def after_write(self, ids: Tensor, admitted: Tensor | None = None) -> None:
         """Bookkeeping once the rows of ``ids`` were updated and stored: they now have rows
         (``min_count``), they changed (``changes``), and every ``ttl_steps`` steps the expired
-        rows are swept."""
+        rows are swept. ``admitted``: those of ``ids`` the counter still holds, when the fetch
+        knows them (the IDs it admitted: an ID with a row is never counted); None: all of them."""
         if self.changes is not None:
             self.changes.note(ids.numpy())
-        if isinstance(self.admission, IdCounter) and ids.numel():  # (device counts: cleared by the fetch that admitted)
-            self.admission.remove(ids.numpy())
+        gone = ids if admitted is None else admitted
+        if isinstance(self.admission, IdCounter) and gone.numel():  # (device counts: cleared by the fetch that admitted)
+            self.admission.remove(gone.numpy())
         if self.ttl is not None and self.step % self.ttl == 0:
             self.expire()
 
