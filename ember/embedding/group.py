@@ -789,7 +789,8 @@ class GroupLookup:
         is in). When every table reached the loss and filters no row, the rows live in host
         memory the C core writes, and every table's optimizer is row-wise Adagrad, the update
         runs inside the write: one pass over the batch's records instead of two
-        (``_native.write_rows``' ``adagrad``), bit for bit the two phases' result."""
+        (``_native.write_rows``' ``adagrad``), bit for bit the two phases' result. Rows below
+        ``min_count`` (fp32 rows): the others are gathered and written so (``_write_kept``)."""
         g, rec = self.group, self.records
         if self.grad is not None and rec is not None:
             self._grad_on_records()  # (a model on a GPU, rows on the host: moved as update moves it)
@@ -803,6 +804,17 @@ class GroupLookup:
         for t in g.tables:
             t.step += 1
         self.updated = list(range(len(g.tables)))
+        if self.filtered:
+            written = self._write_kept(grad, hyper)
+            if written is None:  # nothing written (a bounded tier without room): the two phases
+                for t in g.tables:
+                    t.step -= 1
+                self.updated = []
+                self.update(step)
+                self.write_back()
+                return
+            self._wrote(written)
+            return
         if not self._write_all((grad.numpy(), hyper)):
             for lo, hi in g.runs:  # nothing written (a bounded tier without room): the two phases
                 a, b = int(self.starts[lo]), int(self.starts[hi])
@@ -810,6 +822,27 @@ class GroupLookup:
             self.write_back()
             return
         self._wrote(self.table_ids)
+
+    def _write_kept(self, grad: Tensor, hyper: np.ndarray) -> list[Tensor] | None:
+        """``apply``'s one pass when rows below ``min_count`` are held back: the other rows, their
+        gradients, IDs and slots (as the fetch's probe left them: no second probe) gathered, then
+        updated and written in one native pass and copied back into ``records``; returns the
+        IDs written per table, or None when nothing was written (a bounded tier without room)."""
+        g, rec = self.group, self.records
+        assert rec is not None
+        keep = np.flatnonzero(_keep_mask(self))
+        bounds = np.searchsorted(keep, np.asarray(self.starts, dtype=np.int64))
+        slots: list[np.ndarray | None] = []  # (None: no memo left, e.g. a later fetch's inserts came between: probed)
+        for j, (t, i) in enumerate(zip(g.tiers, self.table_ids)):
+            known = t._memoized(i) if isinstance(t, HostTier) else None
+            slots.append(None if known is None else known[keep[bounds[j] : bounds[j + 1]] - int(self.starts[j])])
+        k = torch.from_numpy(keep)
+        rows, grads = rec.index_select(0, k), grad.index_select(0, k)
+        ids = SegmentIds.split(self.ids.index_select(0, k), np.diff(bounds).tolist())
+        if not HostTier.write_segments_native(g.tiers, ids, rows, None, (grads.numpy(), hyper), slots):
+            return None
+        rec.index_copy_(0, k, rows)  # (the records as the two phases leave them)
+        return list(ids)
 
     def _grad_on_records(self) -> Tensor:
         """``grad`` on the records' device: moved there once (counted in the tables' transfer bytes)."""
@@ -833,6 +866,7 @@ class GroupLookup:
                else "a table's features did not reach the loss, so its rows are neither updated nor written"
                if not all(self.reached)
                else "rows below min_count are held back (stored nowhere) in such a step" if self.filtered
+               and not g.codec.identity
                else None)
         if why is not None:
             if once.first("group.fused_update", why):
