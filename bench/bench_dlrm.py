@@ -142,7 +142,7 @@ class Ember:
     dense step, then the sparse optimizer's step (update + write back)."""
 
     def __init__(self, mixed_init: bool = False, disk: str | None = None, bf16: bool = False,
-                 bf16_dense: bool = False, name: str | None = None) -> None:
+                 bf16_dense: bool = False, name: str | None = None, min_count: int = 1) -> None:
         self.name = name or ("ember-mixed-init" if mixed_init else "ember-bf16" if bf16 else "ember")
         self.precision = "bf16" if bf16_dense else "fp32"  # the dense model's autocast (rows: dtype bf16 when ``bf16``)
         names = [f"C{i + 1}" for i in range(F)]
@@ -155,6 +155,8 @@ class Ember:
                 out["initializer"] = {"type": "uniform", "scale": (0.5, 1.0, 2.0)[i % 3] * D**-0.5}
             if bf16:  # rows stored in bf16, written back with stochastic rounding
                 out["dtype"] = "bf16"
+            if min_count > 1:  # IDs seen fewer times read a shared zero row (bench_own_work.py --min-count)
+                out["min_count"] = min_count
             if disk is not None:  # a host cache of vocab/16 rows per table in front of a disk tier
                 path = f"{disk}/{self.name}/{n}"
                 out["storage"] = {"host_rows": max(W.vocab[i] // 16, 1), "policy": "lfu", "admit_after": 2,
