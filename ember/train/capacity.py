@@ -24,10 +24,8 @@ within a batch (without one, the profile counts per batch, as the run does).
 
 from __future__ import annotations
 
-import dataclasses
-
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ember.config import RunConfig
@@ -271,7 +269,7 @@ def plan_capacity(cfg: RunConfig, world_size: int, profile: dict[str, Any] | Non
             checkpoint += (e.rows or 0) * (8 + 4 * table.stored_words)  # ID + packed record, as checkpoints store rows
             for rank, n in share.items():
                 use = tier_use(table, rank, n, seen.get(rank))
-                uses.append(use if e.rows is not None else dataclasses.replace(use, known=False))
+                uses.append(use if e.rows is not None else replace(use, known=False))
     notes = []
     unknown = [n for n, e in estimates.items() if e.rows is None]
     if unknown:
