@@ -118,10 +118,9 @@ class ShardedGroupLookup(GroupLookup):
         for j, table in enumerate(g.tables):
             a, b = int(self.starts[j]), int(self.starts[j + 1])
             dest[a:b] = self.shard.plan.owners(table.name, ids[a:b])
-        table_of = np.repeat(np.arange(t), self.sizes)
         order = np.argsort(dest, kind="stable")  # ids are table after table: now (owner, table)
         counts = np.zeros((n, t + 1), dtype=np.int64)
-        np.add.at(counts, (dest, table_of), 1)
+        np.add.at(counts, (dest, self.table_of), 1)
         # the last column, to every rank: the most IDs this rank sends any other, so that every
         # rank knows the exchange's peak (and cuts its large all-to-alls into the same pieces)
         sends = counts[:, :t].sum(1)

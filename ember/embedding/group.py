@@ -279,6 +279,7 @@ class GroupLookup:
         self.ids = torch.from_numpy(uniq)
         self.inverse = torch.from_numpy(inverse)
         self.sizes = [int(s) for s in sizes]
+        self.table_of = np.repeat(np.arange(len(group.tables), dtype=np.int64), self.sizes)  # of each unique ID
         # the unique IDs of each table, as tensors kept for the lookup's life: the tiers remember
         # the slots fetch probed for these very tensors, so write_back needs no second probe
         self.table_ids = SegmentIds.split(self.ids, self.sizes)
@@ -330,7 +331,7 @@ class GroupLookup:
         """The cache's host half: plan and staged rows (``_prepared``)."""
         g = self.group
         assert g.cache is not None
-        owner = np.repeat(np.arange(len(g.tables)), self.sizes)
+        owner = self.table_of
         bags, extra = self._uploads()
         plan = g.cache.fetch(self.ids.numpy(), self.sizes, self.train, extra)
         miss, found_np, staged = plan.miss, plan.found, plan.staged
@@ -347,7 +348,6 @@ class GroupLookup:
         and TTL tables complete their rows (writes ``records``, ``filtered``). Stores nothing.
         Through a device cache: ``prepare`` (unless done), then its device half."""
         g = self.group
-        owner = np.repeat(np.arange(len(g.tables)), self.sizes)
         if g.cache is not None:
             self._load_cached()
             return self
@@ -362,7 +362,7 @@ class GroupLookup:
             packed = torch.empty(self.ids.numel(), g.codec.words, device=g.device)
             found = read_segments(g.tiers, self.table_ids, packed)
             rec = g.codec.decode(packed)  # fp32 [U, width]; rows of absent IDs are overwritten below
-        found_np = found.numpy()
+        found_np, owner = found.numpy(), self.table_of
         miss = np.flatnonzero(~found_np & ~g.special[owner])
         if miss.size and rec.device.type == "cpu":
             self._fresh_into(rec, miss, owner, at=miss)
@@ -453,7 +453,7 @@ class GroupLookup:
         g, m = self.group, self.group.mapped
         assert m is not None
         mark_device(*g.device_tensors())  # (nothing unless a DeviceBudget is active)
-        owner = np.repeat(np.arange(len(g.tables), dtype=np.int64), self.sizes)
+        owner = self.table_of
         bags, extra = self._uploads()
         fetch = g.mapped_fetch
         assert fetch is not None
@@ -497,7 +497,7 @@ class GroupLookup:
             if not miss.size:
                 continue
             ids_np = self.ids.numpy()[a + miss]
-            ok = (t.admission.add(ids_np) if self.train else t.admission.get(ids_np)) >= t.min_count
+            ok = t.admit(ids_np, self.train)
             if ok.any():
                 admit.append(a + miss[ok])
                 self.admitted[j] = torch.from_numpy(ids_np[ok])
@@ -506,11 +506,10 @@ class GroupLookup:
                 filt_np = np.zeros(b - a, dtype=bool)
                 filt_np[below] = True
                 self.filtered[j] = torch.from_numpy(filt_np)
-                t.filtered_reads += int(below.size)
                 held.append(a + below)
         if admit:
             at = np.concatenate(admit)
-            self._fresh_into(rec, at, np.repeat(np.arange(len(g.tables)), self.sizes), at=at)
+            self._fresh_into(rec, at, self.table_of, at=at)
         if held:  # below min_count: the shared all-zero row (no weights, no state)
             rec.index_fill_(0, torch.from_numpy(np.concatenate(held)), 0.0)
         self.records = rec
@@ -806,40 +805,35 @@ class GroupLookup:
         self.updated = list(range(len(g.tables)))
         if self.filtered:
             written = self._write_kept(grad, hyper)
-            if written is None:  # nothing written (a bounded tier without room): the two phases
-                for t in g.tables:
-                    t.step -= 1
-                self.updated = []
-                self.update(step)
-                self.write_back()
-                return
-            self._wrote(written)
-            return
-        if not self._write_all((grad.numpy(), hyper)):
-            for lo, hi in g.runs:  # nothing written (a bounded tier without room): the two phases
-                a, b = int(self.starts[lo]), int(self.starts[hi])
-                _optimizer_step(g.tables[lo], rec[a:b], grad[a:b], step)
+        else:
+            written = list(self.table_ids) if self._write_all((grad.numpy(), hyper)) else None
+        if written is None:  # nothing written (a bounded tier without room): the two phases
+            for t in g.tables:
+                t.step -= 1
+            self.updated = []
+            self.update(step)
             self.write_back()
             return
-        self._wrote(self.table_ids)
+        self._wrote(written)
 
     def _write_kept(self, grad: Tensor, hyper: np.ndarray) -> list[Tensor] | None:
         """``apply``'s one pass when rows below ``min_count`` are held back: the other rows, their
-        gradients, IDs and slots (as the fetch's probe left them: no second probe) gathered, then
-        updated and written in one native pass and copied back into ``records``; returns the
+        gradients and IDs gathered (each tier told their slots as the fetch's probe left them,
+        ``HostTier.remember``: no second probe), then updated and written in one native pass and
+        copied back into ``records``; returns the
         IDs written per table, or None when nothing was written (a bounded tier without room)."""
         g, rec = self.group, self.records
         assert rec is not None
         keep = np.flatnonzero(_keep_mask(self))
         bounds = np.searchsorted(keep, np.asarray(self.starts, dtype=np.int64))
-        slots: list[np.ndarray | None] = []  # (None: no memo left, e.g. a later fetch's inserts came between: probed)
-        for j, (t, i) in enumerate(zip(g.tiers, self.table_ids)):
-            known = t._memoized(i) if isinstance(t, HostTier) else None
-            slots.append(None if known is None else known[keep[bounds[j] : bounds[j + 1]] - int(self.starts[j])])
         k = torch.from_numpy(keep)
         rows, grads = rec.index_select(0, k), grad.index_select(0, k)
         ids = SegmentIds.split(self.ids.index_select(0, k), np.diff(bounds).tolist())
-        if not HostTier.write_segments_native(g.tiers, ids, rows, None, (grads.numpy(), hyper), slots):
+        for j, (t, i, kept) in enumerate(zip(g.tiers, self.table_ids, ids)):
+            known = t._memoized(i) if isinstance(t, HostTier) else None
+            if known is not None:  # (none left, e.g. a later fetch's inserts came between: the write probes)
+                t.remember(kept, known[keep[bounds[j] : bounds[j + 1]] - int(self.starts[j])])
+        if not HostTier.write_segments_native(g.tiers, ids, rows, None, (grads.numpy(), hyper)):
             return None
         rec.index_copy_(0, k, rows)  # (the records as the two phases leave them)
         return list(ids)

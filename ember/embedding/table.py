@@ -130,21 +130,27 @@ class EmbeddingTable:
             if self.admission is None:
                 fresh = self.new_records(m_ids)
             else:
-                ids_np = m_ids.numpy()
-                counts = self.admission.add(ids_np) if train else self.admission.get(ids_np)
-                admitted = torch.from_numpy(counts >= self.min_count)
+                admitted = torch.from_numpy(self.admit(m_ids.numpy(), train))
                 fresh = torch.zeros(m_ids.numel(), self.config.record_dim)
                 if bool(admitted.any()):
                     fresh[admitted] = self.new_records(m_ids[admitted])
                 filtered = torch.zeros(ids.numel(), dtype=torch.bool)
                 filtered[missing[~admitted]] = True
-                self.filtered_reads += int((~admitted).sum())
             if records.device.type != "cpu":  # fresh rows are made on the host
                 self.count_transfer(miss.size)
             records.index_copy_(0, missing.to(records.device), self.stored(fresh).to(records.device))
         if self.ttl is not None and train:
             records[:, -1] = float(self.step)
         return filtered
+
+    def admit(self, ids: np.ndarray, train: bool) -> np.ndarray:
+        """``min_count``: which of ``ids`` (absent from the tiers) have been seen often enough for a
+        row, bool [N]; a training read counts this sighting first. The rest are counted in
+        ``filtered_reads`` (they read the shared all-zero row and take no update)."""
+        assert self.admission is not None
+        ok = (self.admission.add(ids) if train else self.admission.get(ids)) >= self.min_count
+        self.filtered_reads += int(ok.size - np.count_nonzero(ok))
+        return ok
 
     def count_transfer(self, rows: int, width: int | None = None) -> None:
         """Count ``rows`` of ``width`` 4-byte words (default: a stored, packed record) that crossed

@@ -204,22 +204,19 @@ class HostTier(TierCounters, Tier):
     @staticmethod
     def write_segments_native(tiers: Sequence["Tier"], ids: Sequence[Tensor], records: Tensor,
                               bf16: tuple[int, np.ndarray, np.ndarray] | None = None,
-                              adagrad: tuple[np.ndarray, np.ndarray] | None = None,
-                              known: Sequence[np.ndarray | None] | None = None) -> bool:
+                              adagrad: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
         """``write_native`` when the C core can write every segment in one pass (returns True):
         every tier a HostTier with a CPU float32 arena, ``records`` CPU float32 and contiguous,
         and a bounded tier's new IDs within its capacity (new IDs take freed slots first, as
         ``_allocate`` gives them); else nothing written, nothing updated (False: ``put`` runs in
-        numpy, and raises the capacity error). ``adagrad``: see ``write_native``. ``known``: each
-        segment's slots as the caller knows them exactly (-1: absent; None: unknown, probed), instead
-        of the tiers' memos."""
+        numpy, and raises the capacity error). ``adagrad``: see ``write_native``."""
         if not (HostTier.native_buffer(records) and HostTier.native_tiers(tiers)):
             return False
         if len(ids) != len(tiers):
             _check_rows(tiers, [i.numel() for i in ids], records, "records")  # names the mismatch
-        slots: list[np.ndarray | None] = list(known) if known is not None else []  # each tier's slots of its
-        for t, i in zip(tiers, ids if known is None else []):  # IDs: as its read left them (this lookup's
-            slots.append(t._memoized(i))  # type: ignore[union-attr]  # own IDs), else probed below
+        slots: list[np.ndarray | None] = []  # each tier's slots of its IDs: as its read left them (this
+        for t, i in zip(tiers, ids):        # lookup's own IDs), else probed below
+            slots.append(t._memoized(i))  # type: ignore[union-attr]
         need = [j for j, x in enumerate(slots) if x is None]
         if need:  # the other tiers' probes in one pass (the write needs them anyway)
             _, bounds, flat = _segments([ids[j] for j in need])
