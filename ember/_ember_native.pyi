@@ -72,6 +72,12 @@ def disk_write(table: np.ndarray, slots: np.ndarray, ids: np.ndarray, recs: np.n
 # found IDs' buckets marked deleted (a segment's IDs unique)
 def probe_rows(tables: list[tuple[np.ndarray, np.ndarray]], ids: np.ndarray, bounds: np.ndarray, out_slot: np.ndarray, remove: bool, /) -> int: ...
 
+# count_ids: exact counters, tables [(keys int64 [cap], counts int32 [cap])] * T (counts > 0 live,
+# 0 empty, -1 deleted), ids int64 [n] unique per segment, bounds int64 [T+1], adds int32 [n] or
+# empty (1 each); mode 0 get / 1 add / 2 remove; out int64 [n] the counts; stats int64 [T, 2]
+# (placed or removed, empty buckets used); returns the IDs placed or removed
+def count_ids(tables: list[tuple[np.ndarray, np.ndarray]], ids: np.ndarray, bounds: np.ndarray, adds: np.ndarray, out: np.ndarray, mode: int, stats: np.ndarray, parts: np.ndarray | None = None, /) -> int: ...
+
 # memory tiers of a table group: tables[j] = (keys, slots, arena float32 [rows, r], last int64,
 # count int32) for read_rows, + (slot_ids int64, held bool, free int32) for write_rows; ids int64 [n],
 # bounds int64 [T+1]; out / records float32 [n, r] (dim > 0: a bf16 table's fp32 records, [n, dim + r - (dim+1)//2],

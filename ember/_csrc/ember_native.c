@@ -1547,6 +1547,134 @@ done:
     return res;
 }
 
+/* count_ids(tables [(keys int64[cap], counts int32[cap])] * T, ids int64[n], bounds int64[T+1],
+ *           adds int32[n] or empty, out int64[n], mode, stats int64[2T], parts=None) -> IDs placed or removed
+ * Exact counters of IDs (ember.tiers.policy.IdCounter), several at once (a table group's
+ * min_count tables): counter j is an open-addressing table whose bucket b holds ID keys[b] seen
+ * counts[b] times (> 0); 0 marks an empty bucket, -1 a deleted one; an ID's home bucket is
+ * mix64(id) & (cap - 1), linear probing. Over counter j's segment of ids (unique within it):
+ *   mode 0 (get): out = the ID's count, 0 when absent;
+ *   mode 1 (add): adds[i] (> 0; 1 each when adds is empty) added to the ID's count (saturating at
+ *     2^31 - 1), an absent ID
+ *     first placed in the first free (deleted or empty) bucket from its home: one probe for
+ *     both; out = the new count; stats[2j] = IDs placed, stats[2j+1] = empty buckets they took;
+ *   mode 2 (remove): the ID's bucket marked deleted; out = the count it had (0 when absent);
+ *     stats[2j] = IDs removed.
+ * The caller keeps every counter's load below 1 for the adds (IdCounter.reserve): a full table
+ * raises RuntimeError. parts: counter bounds of parts run at once (the counters are apart). */
+struct count_ctx {
+    Py_buffer *tb;
+    const int64_t *id, *bd, *pb;
+    const int32_t *add;
+    int64_t *out, *stats;
+    int mode;
+    int *full;
+};
+
+static void count_part(void *vc, Py_ssize_t p) {
+    const struct count_ctx *c = vc;
+    for (int64_t j = c->pb[p]; j < c->pb[p + 1]; j++) {
+        int64_t *k = c->tb[2 * j].buf;
+        int32_t *cn = c->tb[2 * j + 1].buf;
+        uint64_t mask = (uint64_t)(c->tb[2 * j].len / 8) - 1;
+        int64_t placed = 0, used = 0;
+        for (int64_t i0 = c->bd[j]; i0 < c->bd[j + 1]; i0 += BLOCK) {  /* prefetch a block's homes, then probe */
+            int64_t i1 = i0 + BLOCK < c->bd[j + 1] ? i0 + BLOCK : c->bd[j + 1];
+            uint64_t hb[BLOCK];
+            for (int64_t i = i0; i < i1; i++) {
+                hb[i - i0] = mix64((uint64_t)c->id[i]) & mask;
+                __builtin_prefetch(k + hb[i - i0]);
+                __builtin_prefetch(cn + hb[i - i0], 1);
+            }
+            for (int64_t i = i0; i < i1; i++) {
+                int64_t x = c->id[i];
+                uint64_t h = hb[i - i0], free_at = mask + 1, step = 0;
+                int found = 0;
+                for (; step <= mask; step++, h = (h + 1) & mask) {
+                    int32_t v = cn[h];
+                    if (v == 0) break;
+                    if (v > 0 && k[h] == x) { found = 1; break; }
+                    if (v < 0 && free_at > mask) free_at = h;
+                }
+                if (c->mode == 0) {
+                    c->out[i] = found ? cn[h] : 0;
+                } else if (c->mode == 2) {
+                    c->out[i] = found ? cn[h] : 0;
+                    if (found) { cn[h] = -1; placed++; }
+                } else {
+                    if (!found) {
+                        if (free_at > mask) {
+                            if (step > mask) { *c->full = 1; return; }  /* no free bucket: the caller's load check failed */
+                            free_at = h;
+                            used++;
+                        }
+                        h = free_at;
+                        k[h] = x;
+                        cn[h] = 0;
+                        placed++;
+                    }
+                    int64_t sum = (int64_t)cn[h] + (c->add ? c->add[i] : 1);
+                    cn[h] = sum > INT32_MAX ? INT32_MAX : (int32_t)sum;  /* (saturates) */
+                    c->out[i] = cn[h];
+                }
+            }
+        }
+        c->stats[2 * j] = placed;
+        c->stats[2 * j + 1] = used;
+    }
+}
+
+static PyObject *count_ids(PyObject *self, PyObject *args) {
+    PyObject *tables;
+    Py_buffer ids, bounds, adds, out, stats, parts = {0};
+    int mode;
+    if (!PyArg_ParseTuple(args, "Oy*y*y*w*iw*|z*", &tables, &ids, &bounds, &adds, &out, &mode, &stats, &parts)) return NULL;
+    PyObject *res = NULL;
+    Py_buffer *tb = NULL;
+    Py_ssize_t n = ids.len / 8, t = PySequence_Size(tables);
+    static const int writable[2] = {1, 1};
+    if (t < 0) goto done;
+    if (check_segments(&bounds, t, n) < 0 || out.len != n * 8 || stats.len != 2 * t * 8 || (adds.len && adds.len != n * 4)
+        || mode < 0 || mode > 2) {
+        PyErr_SetString(PyExc_ValueError, "ember native count_ids: bounds [T+1] over ids, adds int32 [n] or empty, out [n], "
+                                          "stats [2T], mode 0, 1 or 2");
+        goto done;
+    }
+    if (!(tb = acquire_tables(tables, t, 2, writable))) goto done;
+    for (Py_ssize_t j = 0; j < t; j++) {
+        Py_ssize_t cap = tb[2 * j].len / 8;
+        if (cap <= 0 || (cap & (cap - 1)) != 0 || tb[2 * j + 1].len != cap * 4) {
+            PyErr_SetString(PyExc_ValueError, "ember native count_ids: keys/counts must be int64/int32 arrays of one power-of-two length");
+            goto done;
+        }
+    }
+    {
+        Py_ssize_t k;
+        int64_t one[2];
+        const int64_t *pb = part_bounds(&parts, t, one, &k, "count_ids");
+        if (!pb) goto done;
+        int full = 0;
+        struct count_ctx c = {tb, ids.buf, bounds.buf, pb, adds.len ? adds.buf : NULL, out.buf, stats.buf, mode, &full};
+        Py_BEGIN_ALLOW_THREADS
+        run_parts(count_part, &c, k);
+        Py_END_ALLOW_THREADS
+        if (full) {
+            PyErr_SetString(PyExc_RuntimeError, "ember native count_ids: a counter is full (reserve room first)");
+            goto done;
+        }
+        int64_t total = 0;
+        const int64_t *st = stats.buf;
+        for (Py_ssize_t j = 0; j < t; j++) total += st[2 * j];
+        res = PyLong_FromLongLong(total);
+    }
+done:
+    if (tb) release_tables(tb, t * 2);
+    PyBuffer_Release(&ids); PyBuffer_Release(&bounds); PyBuffer_Release(&adds);
+    PyBuffer_Release(&out); PyBuffer_Release(&stats);
+    if (parts.obj) PyBuffer_Release(&parts);
+    return res;
+}
+
 /* read_rows(tables [(keys, slots, arena, last, count)] * T, ids int64[n], bounds int64[T+1],
  *           out float32[n*W], out_slot int64[n], clocks int64[T], out_hits int64[T], R, dim) -> found
  * A memory tier's read, for every tier j over its segment of ids: probe each ID, copy its record
@@ -3632,6 +3760,7 @@ static PyMethodDef methods[] = {
     {"csv_gather", csv_gather, METH_VARARGS, "csv_gather(data, starts, offsets, n, outs) -> None"},
     {"csv_ints", csv_ints, METH_VARARGS, "csv_ints(data, starts, offsets, n, out, valid, nulls) -> None"},
     {"probe_rows", probe_rows, METH_VARARGS, "probe_rows(tables, ids, bounds, out_slot, remove) -> found"},
+    {"count_ids", count_ids, METH_VARARGS, "count_ids(tables, ids, bounds, adds, out, mode, stats, parts=None) -> placed or removed"},
     {"read_rows", read_rows, METH_VARARGS, "read_rows(tables, ids, bounds, out, out_slot, clocks, out_hits, r, dim, parts=None) -> found"},
     {"write_rows", write_rows, METH_VARARGS, "write_rows(tables, ids, bounds, slot, records, grads, next, clocks, used, free_at, seeds, steps, hyper, r, dim, parts=None) -> inserted"},
     {"index_add_features", index_add_features, METH_VARARGS, "index_add_features(out, index, srcs, strides, b, dim, parts=None) -> None"},

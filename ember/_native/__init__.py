@@ -48,7 +48,7 @@ __all__ = [
     "CSV_CR", "CSV_HEX", "CSV_LONG_DIGITS", "CSV_NOT_ASCII", "CSV_PAREN", "CSV_QUOTE", "arrow_hash_ints", "arrow_hash_strings", "arrow_parse_ints", "csv_gather",
     "csv_bytes", "csv_hazards", "csv_ints", "csv_split", "dense_finish", "dense_floats", "dense_prepare", "featurize_ids", "hash_utf8_buffers",
     "index_add_features", "index_add_rows", "is_available", "take_rows", "place", "probe", "probe_rows", "read_rows", "record_width", "rehash",
-    "bf16_pack_sr", "cms", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "gc_scores", "gc_select", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_each", "tag_claim", "tag_find", "uniform01", "normal01", "fresh_uniform", "unique_segments", "victim_keys",
+    "bf16_pack_sr", "cms", "count_ids", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "gc_scores", "gc_select", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_each", "tag_claim", "tag_find", "uniform01", "normal01", "fresh_uniform", "unique_segments", "victim_keys",
     "write_rows", "MIN_PART_ROWS", "native_parts", "part_bounds", "part_count",
 ]
 
@@ -259,7 +259,7 @@ def _fallback_once(name: str) -> None:
 # Imported after the core and the thread helpers above, which they use (``_native._core`` and the
 # thresholds are read at call time, so a test may switch them).
 from ember._native.key_index import (  # noqa: E402
-    _place_py, _probe_py, _probe_rows_py, _rehash_py, place, probe, probe_rows, rehash,
+    _count_ids_py, _place_py, _probe_py, _probe_rows_py, _rehash_py, count_ids, place, probe, probe_rows, rehash,
 )
 from ember._native.bf16 import (  # noqa: E402
     _bf16_pack_sr_py, _bf16_round_py, _bf16_widen_py, bf16_pack_sr,

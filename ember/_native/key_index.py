@@ -50,34 +50,43 @@ def probe(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, out_bucket: np.n
 
 
 def _probe_py(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, out_bucket: np.ndarray, out_slot: np.ndarray) -> int:
-    """numpy ``probe``. Round one checks each ID's home bucket (most IDs end there); later rounds
-    check a window of ``_WINDOW`` consecutive buckets per ID, so linear probing's long tail costs
-    a few rounds instead of one round per bucket."""
+    """numpy ``probe`` (``_find_buckets`` over the slots' marks)."""
     mask = _check_table(keys, slots)
     ids = np.asarray(ids, dtype=np.int64)
     n = ids.size
     if out_bucket.size != n or out_slot.size != n:
         raise ValueError("ember native probe: output lengths do not match ids")
-    bucket = out_bucket  # filled in place
-    bucket[...] = -1
+    out_bucket[...] = _find_buckets(keys, slots, ids, mask, 0, _EMPTY)
+    found = out_bucket >= 0
+    out_slot[...] = -1
+    out_slot[found] = slots.take(out_bucket[found])
+    return int(np.count_nonzero(found))
+
+
+def _find_buckets(keys: np.ndarray, marks: np.ndarray, ids: np.ndarray, mask: int, live: int, empty: int) -> np.ndarray:
+    """The bucket of each ID (-1 when absent) in a linear-probing table whose ``marks`` say which
+    buckets hold a key (``>= live``) and which are empty (``== empty``; the rest are deleted).
+    Round one checks each ID's home bucket (most IDs end there); later rounds check a window of
+    ``_WINDOW`` consecutive buckets per ID, so linear probing's long tail costs a few rounds
+    instead of one round per bucket."""
+    bucket = np.full(ids.size, -1, dtype=np.int64)
     home = _home(ids, mask)
-    s = slots.take(home)
-    hit = (s >= 0) & (keys.take(home) == ids)
+    s = marks.take(home)
+    hit = (s >= live) & (keys.take(home) == ids)
     bucket[hit] = home[hit]
-    active = np.flatnonzero(~hit & (s != _EMPTY))
+    active = np.flatnonzero(~hit & (s != empty))
     pos = home.take(active) + 1
-    while active.size:
+    for _ in range(0, mask, _WINDOW):  # (a full table has no empty bucket: every bucket once)
+        if not active.size:
+            break
         win = (pos[:, None] + _STEPS) & mask  # [A, W]
-        s = slots.take(win)
-        hit = (s >= 0) & (keys.take(win) == ids.take(active)[:, None])
-        stopped, is_hit, at = _first_stop(hit | (s == _EMPTY), hit, win)
+        s = marks.take(win)
+        hit = (s >= live) & (keys.take(win) == ids.take(active)[:, None])
+        stopped, is_hit, at = _first_stop(hit | (s == empty), hit, win)
         bucket[active[is_hit]] = at[is_hit]
         active = active[~stopped]
         pos = (pos[~stopped] + _WINDOW) & mask
-    found = bucket >= 0
-    out_slot[...] = -1
-    out_slot[found] = slots.take(bucket[found])
-    return int(np.count_nonzero(found))
+    return bucket
 
 
 def probe_rows(tables: Sequence[tuple[np.ndarray, np.ndarray]], ids: np.ndarray, bounds: np.ndarray,
@@ -106,6 +115,82 @@ def _probe_rows_py(tables: Sequence[tuple[np.ndarray, np.ndarray]], ids: np.ndar
         if remove:
             slots[bucket[bucket >= 0]] = _DELETED
     return found
+
+COUNT_MODES = {"get": 0, "add": 1, "remove": 2}
+_COUNT_MAX = np.iinfo(np.int32).max
+
+
+def count_ids(tables: Sequence[tuple[np.ndarray, np.ndarray]], ids: np.ndarray, bounds: np.ndarray, mode: str,
+              adds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Exact counters of IDs (``ember.tiers.policy.IdCounter``), several in one pass (a table
+    group's ``min_count`` tables). Counter j is ``(keys int64 [cap], counts int32 [cap])``, cap a
+    power of two: bucket b holds ID ``keys[b]`` seen ``counts[b]`` times (> 0); 0 marks an empty
+    bucket, -1 a deleted one; an ID's home is ``mix64(id) & (cap - 1)``, linear probing. Over
+    counter j's segment ``ids[bounds[j]:bounds[j+1]]`` (unique within it), by ``mode``:
+
+    - ``"get"``: each ID's count (0 when absent);
+    - ``"add"``: ``adds[i]`` (> 0; 1 each when None) added to each ID's count (saturating at
+      2^31 - 1), an absent ID placed in the first free (deleted or empty) bucket from its home
+      (one probe for both); the new counts. The caller keeps each counter's load below 1;
+    - ``"remove"``: each ID's bucket marked deleted; the counts they had (0 when absent).
+
+    Returns ``(out int64 [n], stats int64 [T, 2])``: per counter the IDs placed (add) or removed
+    (remove), and the empty buckets the placed IDs took. Runs whole counters on several threads
+    when the call is large enough. Where an add places an ID may differ between the compiled
+    loop and the fallback (as ``place``), never what a count reads."""
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    bounds = np.ascontiguousarray(bounds, dtype=np.int64)
+    if mode not in COUNT_MODES:
+        raise ValueError(f"count_ids: mode must be one of {sorted(COUNT_MODES)}, got {mode!r}")
+    if adds is None:
+        adds = np.empty(0, dtype=np.int32)
+    else:
+        adds = np.ascontiguousarray(adds, dtype=np.int32)
+        if adds.size != ids.size or (adds.size and int(adds.min()) <= 0):
+            raise ValueError(f"count_ids: adds must be {ids.size} counts above 0")
+    out = np.empty(ids.size, dtype=np.int64)
+    stats = np.zeros((len(tables), 2), dtype=np.int64)
+    if _native._core is not None:
+        _native._core.count_ids(tables, ids, bounds, adds, out, COUNT_MODES[mode], stats,
+                                _native.part_bounds(np.diff(bounds)))
+    else:
+        _count_ids_py(tables, ids, bounds, mode, adds, out, stats)
+    return out, stats
+
+
+def _count_ids_py(tables: Sequence[tuple[np.ndarray, np.ndarray]], ids: np.ndarray, bounds: np.ndarray, mode: str,
+                  adds: np.ndarray, out: np.ndarray, stats: np.ndarray) -> None:
+    b = bounds
+    if b.size != len(tables) + 1 or b[0] != 0 or b[-1] != ids.size or (np.diff(b) < 0).any():
+        raise ValueError("ember native count_ids: bounds [T+1] over ids")
+    for j, (keys, counts) in enumerate(tables):
+        mask = _check_table(keys, counts)
+        seg = ids[b[j] : b[j + 1]]
+        bucket = _find_buckets(keys, counts, seg, mask, 1, 0)
+        found = bucket >= 0
+        if mode != "add":
+            out[b[j] : b[j + 1]] = np.where(found, counts.take(np.maximum(bucket, 0)), 0)
+            if mode == "remove":
+                counts[bucket[found]] = -1
+                stats[j, 0] = int(np.count_nonzero(found))
+            continue
+        add = adds[b[j] : b[j + 1]] if adds.size else np.ones(seg.size, dtype=np.int32)
+        new = np.flatnonzero(~found)
+        if new.size:
+            def claim(buckets: np.ndarray, winners: np.ndarray) -> None:
+                stats[j, 1] += int(np.count_nonzero(counts[buckets] == 0))
+                keys[buckets] = seg[new[winners]]
+                counts[buckets] = add[new[winners]]  # (> 0: taken before the next round looks)
+                bucket[new[winners]] = buckets
+
+            _claim_rounds(_home(seg[new], mask), mask + 1, lambda win: counts[win] <= 0, claim,
+                          "count_ids: a counter is full (reserve room first)")
+            stats[j, 0] = new.size
+        old = np.flatnonzero(found)
+        at = bucket[old]
+        counts[at] = np.minimum(counts[at].astype(np.int64) + add[old], _COUNT_MAX)
+        out[b[j] : b[j + 1]] = counts.take(bucket)
+
 
 def place(keys: np.ndarray, slots: np.ndarray, ids: np.ndarray, new_slots: np.ndarray) -> int:
     """Insert ``ids[i] -> new_slots[i]`` (int64 [n] absent, unique IDs; int32 [n]) into the table,

@@ -475,15 +475,14 @@ class GroupLookup:
     def _complete(self, rec: Tensor, found: Tensor) -> None:
         """``min_count`` and TTL tables finish their rows; ``records`` is set.
 
-        Host records of ``min_count`` tables without a TTL are completed together: each table's
-        absent IDs counted (``IdCounter``), the admitted ones' fresh rows made in one native pass
+        Host records of ``min_count`` tables without a TTL are completed together: their absent
+        IDs counted in one pass over the tables' counters (``IdCounter.count``), the admitted ones' fresh rows made in one native pass
         for every table (``_fresh_into``, the bits ``EmbeddingTable.new_records`` gives), the
         rest zeroed; the IDs admitted are kept (``admitted``): the only ones of the table's
         written IDs its counter still holds. Other tables: ``EmbeddingTable.complete``."""
         g = self.group
         found_np = found.numpy()
-        admit: list[np.ndarray] = []
-        held: list[np.ndarray] = []
+        counted: list[tuple[int, int, np.ndarray]] = []  # (table, first row, absent rows) counted together
         for j in np.flatnonzero(g.special).tolist():
             a, b = int(self.starts[j]), int(self.starts[j + 1])
             t = g.tables[j]
@@ -492,18 +491,28 @@ class GroupLookup:
                 if filt is not None and bool(filt.any()):
                     self.filtered[j] = filt
                 continue
-            miss = np.flatnonzero(~found_np[a:b])
             self.admitted[j] = self.ids[:0]
-            if not miss.size:
-                continue
-            ids_np = self.ids.numpy()[a + miss]
-            ok = t.admit(ids_np, self.train)
+            miss = np.flatnonzero(~found_np[a:b])
+            if miss.size:
+                counted.append((j, a, miss))
+        if not counted:
+            self.records = rec
+            return
+        ids_np = self.ids.numpy()
+        rows = np.concatenate([a + miss for _, a, miss in counted])
+        bounds = np.cumsum([0] + [miss.size for _, _, miss in counted])
+        counts = IdCounter.count([g.tables[j].admission for j, _, _ in counted], ids_np[rows], bounds,
+                                 "add" if self.train else "get")
+        admit: list[np.ndarray] = []
+        held: list[np.ndarray] = []
+        for (j, a, miss), lo, hi in zip(counted, bounds[:-1].tolist(), bounds[1:].tolist()):
+            ok = g.tables[j].admitted_by(counts[lo:hi])
             if ok.any():
-                admit.append(a + miss[ok])
-                self.admitted[j] = torch.from_numpy(ids_np[ok])
+                admit.append(rows[lo:hi][ok])
+                self.admitted[j] = torch.from_numpy(ids_np[admit[-1]])
             if not ok.all():
                 below = miss[~ok]
-                filt_np = np.zeros(b - a, dtype=bool)
+                filt_np = np.zeros(int(self.starts[j + 1]) - a, dtype=bool)
                 filt_np[below] = True
                 self.filtered[j] = torch.from_numpy(filt_np)
                 held.append(a + below)
@@ -974,10 +983,18 @@ class GroupLookup:
 
     def _wrote(self, written: Sequence[Tensor]) -> None:
         """Note the IDs each table stored (``written``, for later refreshes) and run each updated
-        table's bookkeeping (admission counts, TTL sweep)."""
+        table's bookkeeping (admission counts, TTL sweep). The IDs admitted by the fetch leave
+        their tables' counters in one pass (``IdCounter.count``)."""
         self.written = list(written)
+        tables = self.group.tables
+        left = {j: self.admitted[j] for j in self.updated
+                if j in self.admitted and isinstance(tables[j].admission, IdCounter) and self.admitted[j].numel()}
+        if left:
+            gone = [a.numpy() for a in left.values()]
+            IdCounter.count([tables[j].admission for j in left], np.concatenate(gone),
+                            np.cumsum([0] + [a.size for a in gone]), "remove")
         for j in self.updated:
-            self.group.tables[j].after_write(self.written[j], self.admitted.get(j))
+            tables[j].after_write(self.written[j], self.ids[:0] if j in left else self.admitted.get(j))
 
 
 @dataclass

@@ -148,7 +148,13 @@ class EmbeddingTable:
         row, bool [N]; a training read counts this sighting first. The rest are counted in
         ``filtered_reads`` (they read the shared all-zero row and take no update)."""
         assert self.admission is not None
-        ok = (self.admission.add(ids) if train else self.admission.get(ids)) >= self.min_count
+        return self.admitted_by(self.admission.add(ids) if train else self.admission.get(ids))
+
+    def admitted_by(self, counts: np.ndarray) -> np.ndarray:
+        """``admit``'s decision on the sightings of absent IDs (counted by the caller: a group
+        counts its tables' in one pass): at least ``min_count`` gets a row, the rest are
+        ``filtered_reads``."""
+        ok = counts >= self.min_count
         self.filtered_reads += int(ok.size - np.count_nonzero(ok))
         return ok
 

@@ -23,6 +23,12 @@ _DELETED = -2
 _MAX_LOAD = 0.75
 
 
+def _index_capacity(n: int) -> int:
+    """Buckets of a new table for ``n`` IDs: the smallest power of two (at least 16) that holds
+    them within the load limit."""
+    return 1 << max(4, int(np.ceil(np.log2(max(n, 16) / _MAX_LOAD))))
+
+
 class KeyIndex:
     """Maps int64 IDs to int32 slots with no collisions and no pre-sized vocabulary.
 
@@ -37,8 +43,7 @@ class KeyIndex:
     """
 
     def __init__(self, capacity: int = 1024) -> None:
-        cap = 1 << max(4, int(np.ceil(np.log2(max(capacity, 16) / _MAX_LOAD))))
-        self._alloc(cap)
+        self._alloc(_index_capacity(capacity))
         self._size = 0
 
     def _alloc(self, cap: int) -> None:

@@ -8,12 +8,12 @@ aged by halving (TinyLFU) so yesterday's hot IDs do not stay hot forever.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, Sequence
 
 import numpy as np
 
 from ember import _native
-from ember.tiers.key_index import KeyIndex
+from ember.tiers.key_index import _MAX_LOAD, _index_capacity
 
 __all__ = ["Policy", "CountMinSketch", "IdCounter", "smallest", "victim_order", "victim_score"]
 
@@ -103,9 +103,11 @@ class CountMinSketch:
 
 
 class IdCounter:
-    """Exact per-ID counts (for ``min_count`` admission): a KeyIndex into a growable count array.
+    """Exact per-ID counts (for ``min_count`` admission): an open-addressing table of IDs and
+    their counts (``ember._native.count_ids``: one probe counts an ID, placing it when new).
 
-    Costs 16-32 B of index + 4 B per counted ID; IDs leave it once they are admitted.
+    Costs 16-32 B per counted ID (12 B a bucket at a load of 3/8 to 3/4; up to 48 B just after
+    a rehash that cleared removed IDs); IDs leave it once they are admitted. ``count`` serves several counters in one pass (a table group's).
 
     Example:
         >>> c = IdCounter()
@@ -115,51 +117,68 @@ class IdCounter:
         [0, 1]
     """
 
-    def __init__(self) -> None:
-        self._index = KeyIndex(1024)
-        self._counts = np.zeros(1024, dtype=np.int32)
-        self._next = 0
-        self._free = np.empty(0, dtype=np.int32)
+    def __init__(self, capacity: int = 1024) -> None:
+        self._alloc(_index_capacity(capacity))
+        self._size = 0
+
+    def _alloc(self, cap: int) -> None:
+        self._keys = np.zeros(cap, dtype=np.int64)
+        self._counts = np.zeros(cap, dtype=np.int32)  # > 0 counted, 0 empty, -1 deleted
+        self._used = 0  # counted + deleted buckets
 
     def __len__(self) -> int:
-        return len(self._index)
+        return self._size
 
     @property
     def nbytes(self) -> int:
-        return self._index.nbytes + self._counts.nbytes
+        return self._keys.nbytes + self._counts.nbytes
+
+    @staticmethod
+    def count(counters: Sequence["IdCounter"], ids: np.ndarray, bounds: np.ndarray, mode: str,
+              adds: np.ndarray | None = None) -> np.ndarray:
+        """``mode`` ("get", "add" or "remove", as ``ember._native.count_ids``) over several
+        counters in one pass: counter j takes ``ids[bounds[j]:bounds[j+1]]`` (unique within it);
+        returns each ID's count (after an add, before a remove), int64 [N]."""
+        if mode == "add":
+            for j, c in enumerate(counters):
+                c._reserve(int(bounds[j + 1] - bounds[j]))
+        out, stats = _native.count_ids([(c._keys, c._counts) for c in counters], ids, bounds, mode, adds)
+        for c, (n, used) in zip(counters, stats.tolist()):
+            c._size += -n if mode == "remove" else n
+            c._used += used
+        return out
 
     def get(self, ids: np.ndarray) -> np.ndarray:
         """Count of each ID (0 if never counted), int64 [N]."""
-        s = self._index.lookup(ids)
-        return np.where(s >= 0, self._counts.take(np.maximum(s, 0)), 0).astype(np.int64)
+        return self.count([self], ids, np.array([0, len(ids)]), "get")
 
     def add(self, ids: np.ndarray, counts: np.ndarray | int = 1) -> np.ndarray:
-        """Add ``counts`` to each of the unique ``ids``; returns their new counts."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-        s = self._index.lookup(ids)
-        new = s < 0
-        if new.any():
-            n = int(new.sum())
-            reuse = min(n, self._free.size)
-            slots = np.concatenate([self._free[:reuse], np.arange(self._next, self._next + n - reuse, dtype=np.int32)])
-            self._free = self._free[reuse:]
-            self._next += n - reuse
-            if self._next > self._counts.size:
-                grow = max(self._next, 2 * self._counts.size)
-                self._counts = np.concatenate([self._counts, np.zeros(grow - self._counts.size, np.int32)])
-            self._counts[slots] = 0
-            self._index.insert(ids[new], slots)
-            s = s.copy()
-            s[new] = slots
-        self._counts[s] += np.asarray(counts, dtype=np.int32)
-        return self._counts.take(s).astype(np.int64)
+        """Add ``counts`` (> 0) to each of the unique ``ids``; returns their new counts."""
+        adds = None if np.isscalar(counts) and counts == 1 else np.broadcast_to(np.asarray(counts, dtype=np.int32), len(ids))
+        return self.count([self], ids, np.array([0, len(ids)]), "add", adds)
 
     def remove(self, ids: np.ndarray) -> None:
-        s = self._index.remove(np.ascontiguousarray(ids, dtype=np.int64))
-        self._free = np.concatenate([self._free, s[s >= 0]])
+        self.count([self], ids, np.array([0, len(ids)]), "remove")
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """All (ids, counts), sorted by ID (for checkpoints)."""
-        ids, slots = self._index.items()
+        live = np.flatnonzero(self._counts > 0)
+        ids = self._keys.take(live)
         order = np.argsort(ids, kind="stable")
-        return ids[order], self._counts.take(slots[order]).astype(np.int64)
+        return ids[order], self._counts.take(live[order]).astype(np.int64)
+
+    def _reserve(self, n: int) -> None:
+        """Room for ``n`` more IDs within the load limit: the counted IDs moved to a new table,
+        twice as large as needed for them (as large, when deleted buckets filled this one and
+        the IDs fill at most half of it: a quarter of it is left to fill before the next)."""
+        cap, need = self._keys.size, self._size + n
+        if self._used + n <= _MAX_LOAD * cap:
+            return
+        while need > _MAX_LOAD * cap or (cap == self._keys.size and 2 * need > cap):
+            cap *= 2
+        live = np.flatnonzero(self._counts > 0)
+        ids, counts = self._keys.take(live), self._counts.take(live)
+        self._alloc(cap)
+        self._size = 0
+        if ids.size:
+            self.count([self], ids, np.array([0, ids.size]), "add", counts)

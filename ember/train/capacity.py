@@ -12,7 +12,7 @@ tables on the ranks with these rows; each rank's share of a table fills its tier
 (device cache, then host, then disk: each ID lives in exactly one tier), and the bytes are the
 storage plan's (``ember.tiers.storage.plan_storage``, at the table's packed record width) for
 the tiers as budgeted, a growing host store or a disk file grown to the rows it holds. A
-``min_count`` table also counts the IDs still below it (``IdCounter``: at most 36 B each).
+``min_count`` table also counts the IDs still below it (``IdCounter``: at most 48 B each).
 Checkpoints: every row (ID + record) plus the dense model and its two Adam moments, times the
 checkpoints kept.
 
@@ -37,9 +37,9 @@ from ember.tiers.storage import memory_row_bytes, plan_storage
 
 __all__ = ["TableEstimate", "TierUse", "CapacityPlan", "estimate_rows", "plan_capacity", "COUNTER_BYTES_PER_ID"]
 
-COUNTER_BYTES_PER_ID = 36
-"""Most host bytes per ID counted toward ``min_count`` (``ember.tiers.policy.IdCounter``: 16-32 B
-of index + 4 B of count)."""
+COUNTER_BYTES_PER_ID = 48
+"""Most host bytes per ID counted toward ``min_count`` (``ember.tiers.policy.IdCounter``: a 12 B
+bucket at a load of 3/8 to 3/4, as low as 1/4 just after a rehash that cleared removed IDs)."""
 
 
 @dataclass(frozen=True)
