@@ -27,6 +27,7 @@
 
 #define EMPTY (-1)
 #define DELETED (-2)
+#define SKIP_ROW (-2) /* write_rows: a row left out */
 #define BLOCK 32 /* IDs whose random reads are prefetched together */
 #define SR_COLS 16 /* bf16_pack_sr: columns per block (a multiple of 4) */
 #define GRAD_AHEAD 16 /* index_add_features: gradient rows prefetched this many rows ahead */
@@ -1815,12 +1816,13 @@ static Py_ssize_t write_tier(int64_t i0, int64_t i1, const int64_t *id, int64_t 
             if (slot[ahead] >= 0) {
                 __builtin_prefetch(a + slot[ahead] * r, 1);
                 __builtin_prefetch(a + slot[ahead] * r + r - 1, 1);
-            } else {
+            } else if (slot[ahead] == -1) {
                 uint64_t ha = mix64((uint64_t)id[ahead]) & mask;
                 __builtin_prefetch(s + ha, 1);
                 __builtin_prefetch(k + ha, 1);
             }
         }
+        if (slot[i] == SKIP_ROW) continue;
         if (slot[i] < 0) {
             int64_t x = id[i], v = *fat < nfree ? (int64_t)fr[(*fat)++] : (*nxt)++;
             Py_ssize_t took = 0;
@@ -1845,7 +1847,8 @@ static Py_ssize_t write_tier(int64_t i0, int64_t i1, const int64_t *id, int64_t 
  *            next int64[T], clocks int64[T], used int64[T], free_at int64[T], seeds int64[T],
  *            steps int64[T], hyper float64[T*2], R, dim) -> inserted
  * A memory tier's put for every tier j over its segment: rows with slot[i] >= 0 are
- * overwritten; rows with slot[i] < 0 (absent, unique IDs) get the slot free[free_at[j]++]
+ * overwritten; rows with slot[i] == SKIP_ROW (-2) are left out (neither updated nor written: rows
+ * held back by min_count); rows with slot[i] == -1 (absent, unique IDs) get the slot free[free_at[j]++]
  * while tier j's free list (int32, slots of removed rows) lasts, then next[j]++ (written back
  * to slot[i]), an index bucket (linear probing, as place), slot_ids = ID, held = 1,
  * last = clocks[j], count = 1; then arena[slot[i]] = records[i]. used[j] = empty buckets
@@ -1924,11 +1927,11 @@ static PyObject *write_rows(PyObject *self, PyObject *args) {
             const int32_t *fr = b[7].buf;
             if (check_table(&b[0], &b[1], &mask) < 0) goto done;
             for (int64_t i = bd[j]; i < bd[j + 1]; i++) {
-                if (sv[i] >= rows) {
+                if (sv[i] >= rows || sv[i] < SKIP_ROW) {
                     PyErr_SetString(PyExc_IndexError, "ember native write_rows: a slot lies outside the arena");
                     goto done;
                 }
-                fresh += sv[i] < 0;
+                fresh += sv[i] == -1;
             }
             if (fat[j] < 0 || fat[j] > nfree) {
                 PyErr_Format(PyExc_ValueError, "ember native write_rows: tier %zd's free_at lies outside its free list", j);

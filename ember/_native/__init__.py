@@ -49,7 +49,7 @@ __all__ = [
     "csv_bytes", "csv_hazards", "csv_ints", "csv_split", "dense_finish", "dense_floats", "dense_prepare", "featurize_ids", "hash_utf8_buffers",
     "index_add_features", "index_add_rows", "is_available", "take_rows", "place", "probe", "probe_rows", "read_rows", "record_width", "rehash",
     "bf16_pack_sr", "cms", "count_ids", "gather_rows", "gc_insert", "gc_release", "gc_requeue", "gc_reserve", "gc_scan", "gc_scores", "gc_select", "pair_find", "scatter_rows", "willneed", "willneed_cold", "disk_find", "disk_write", "require", "rowwise_adagrad_", "run_each", "tag_claim", "tag_find", "uniform01", "normal01", "fresh_uniform", "unique_segments", "victim_keys",
-    "write_rows", "MIN_PART_ROWS", "native_parts", "part_bounds", "part_count",
+    "write_rows", "MIN_PART_ROWS", "SKIP_ROW", "native_parts", "part_bounds", "part_count",
 ]
 
 # EMBER_NATIVE=0 when ember is imported: the extension is never imported (any other value, or
@@ -270,7 +270,7 @@ from ember._native.disk import (  # noqa: E402
     tag_find, willneed, willneed_cold,
 )
 from ember._native.rows import (  # noqa: E402
-    _read_rows_py, _write_rows_py, read_rows, record_width, write_rows,
+    SKIP_ROW, _read_rows_py, _write_rows_py, read_rows, record_width, write_rows,
 )
 from ember._native.dedupe import (  # noqa: E402
     _unique_segments_py, unique_segments,

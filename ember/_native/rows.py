@@ -13,6 +13,9 @@ from ember._native.bf16 import _bf16_pack_sr_py, _bf16_widen_py
 from ember._native.key_index import _check_table, _place_py, _probe_py
 from ember._native.sparse import _rowwise_adagrad_py
 
+SKIP_ROW = -2
+"""``write_rows``' slot of a row left out (neither updated nor written)."""
+
 
 # ``tables`` lists one tuple of numpy arrays per tier, its rows of ``ids`` are
 # ``ids[bounds[j]:bounds[j+1]]``. read_rows: (keys, slots, arena, last, count); write_rows:
@@ -134,12 +137,14 @@ def write_rows(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bounds
                adagrad: tuple[np.ndarray, np.ndarray] | None = None) -> int:
     """A memory tier's put for every tier j over its segment of ``ids`` (int64 [n]; ``bounds``
     int64 [T+1] from 0 to n): rows with ``slot[i] >= 0`` (int64 [n]) are overwritten; rows with
-    ``slot[i] < 0`` (absent, unique IDs) get the slot ``free[free_at[j]]`` (then ``free_at[j]
+    ``slot[i] == -1`` (absent, unique IDs) get the slot ``free[free_at[j]]`` (then ``free_at[j]
     += 1``) while tier j's free list lasts (int32: slots of removed rows, taken from its front as
     ``HostTier._allocate`` takes them), then ``next[j]`` (then ``next[j] += 1``; written back to
     ``slot[i]``), an index bucket (``place``), ``slot_ids = ID``, ``held = 1``,
     ``last = clocks[j]``, ``count = 1``; then ``arena[slot[i]] = records[i]`` (float32 [n, r]).
     ``used[j]`` (int64 [T]) = empty index buckets consumed; returns the rows inserted in all.
+    Rows with ``slot[i] == SKIP_ROW`` (-2) are left out: neither updated nor written (rows held
+    back by ``min_count``, written around rather than gathered out).
     ``tables[j] = (keys, slots, arena, last, count, slot_ids, held, free)``.
 
     The caller reserved room (``next[j]`` + new rows beyond the free list <= arena rows, index
@@ -184,6 +189,19 @@ def _write_rows_py(tables: Sequence[tuple[np.ndarray, ...]], ids: np.ndarray, bo
         raise ValueError("ember native write_rows: bounds [T+1] over ids, slot [n], records [n, W], "
                          "next/clocks/used/free_at [T], seeds/steps [T] when dim > 0, 0 <= (dim+1)/2 <= R") from None
     _check_adagrad(adagrad, n, t, recs.shape[1])
+    if n and int(slot.min()) < SKIP_ROW:
+        raise IndexError("ember native write_rows: a slot lies outside the arena")
+    if (slot == SKIP_ROW).any():  # the other rows alone, written back into records (updated in place)
+        kept = np.flatnonzero(slot != SKIP_ROW)
+        kb = np.searchsorted(kept, bounds)
+        sub = np.ascontiguousarray(recs[kept])
+        sub_slot = slot[kept]
+        sub_ada = None if adagrad is None else (np.ascontiguousarray(adagrad[0][kept]), adagrad[1])
+        inserted = _write_rows_py(tables, ids[kept], kb, sub_slot, sub, next, clocks, used, free_at, r, dim, seeds,
+                                  steps, sub_ada)
+        recs[kept] = sub
+        slot[kept] = sub_slot
+        return inserted
     if adagrad is not None:  # the optimizer as ``rowwise_adagrad_`` runs it without the core, then the write
         grads, gdim = torch.from_numpy(adagrad[0]), adagrad[0].shape[1]
         for j in range(t):

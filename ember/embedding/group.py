@@ -798,7 +798,7 @@ class GroupLookup:
         memory the C core writes, and every table's optimizer is row-wise Adagrad, the update
         runs inside the write: one pass over the batch's records instead of two
         (``_native.write_rows``' ``adagrad``), bit for bit the two phases' result. Rows below
-        ``min_count`` (fp32 rows): the others are gathered and written so (``_write_kept``)."""
+        ``min_count`` (fp32 rows) are left out of that pass (``_write_all``'s ``skip``)."""
         g, rec = self.group, self.records
         if self.grad is not None and rec is not None:
             self._grad_on_records()  # (a model on a GPU, rows on the host: moved as update moves it)
@@ -812,40 +812,20 @@ class GroupLookup:
         for t in g.tables:
             t.step += 1
         self.updated = list(range(len(g.tables)))
-        if self.filtered:
-            written = self._write_kept(grad, hyper)
-        else:
-            written = list(self.table_ids) if self._write_all((grad.numpy(), hyper)) else None
-        if written is None:  # nothing written (a bounded tier without room): the two phases
-            for t in g.tables:
+        keep = _keep_mask(self) if self.filtered else None
+        if not self._write_all((grad.numpy(), hyper), None if keep is None else ~keep):
+            for t in g.tables:  # nothing written (a bounded tier without room): the two phases
                 t.step -= 1
             self.updated = []
             self.update(step)
             self.write_back()
             return
-        self._wrote(written)
+        self._wrote(self.table_ids if keep is None else self._kept(keep))
 
-    def _write_kept(self, grad: Tensor, hyper: np.ndarray) -> list[Tensor] | None:
-        """``apply``'s one pass when rows below ``min_count`` are held back: the other rows, their
-        gradients and IDs gathered (each tier told their slots as the fetch's probe left them,
-        ``HostTier.remember``: no second probe), then updated and written in one native pass and
-        copied back into ``records``; returns the
-        IDs written per table, or None when nothing was written (a bounded tier without room)."""
-        g, rec = self.group, self.records
-        assert rec is not None
-        keep = np.flatnonzero(_keep_mask(self))
-        bounds = np.searchsorted(keep, np.asarray(self.starts, dtype=np.int64))
-        k = torch.from_numpy(keep)
-        rows, grads = rec.index_select(0, k), grad.index_select(0, k)
-        ids = SegmentIds.split(self.ids.index_select(0, k), np.diff(bounds).tolist())
-        for j, (t, i, kept) in enumerate(zip(g.tiers, self.table_ids, ids)):
-            known = t._memoized(i) if isinstance(t, HostTier) else None
-            if known is not None:  # (none left, e.g. a later fetch's inserts came between: the write probes)
-                t.remember(kept, known[keep[bounds[j] : bounds[j + 1]] - int(self.starts[j])])
-        if not HostTier.write_segments_native(g.tiers, ids, rows, None, (grads.numpy(), hyper)):
-            return None
-        rec.index_copy_(0, k, rows)  # (the records as the two phases leave them)
-        return list(ids)
+    def _kept(self, keep: np.ndarray) -> list[Tensor]:
+        """Each table's IDs whose rows ``keep`` (bool [U]) marks: the IDs a write stored."""
+        at = np.concatenate([[0], np.cumsum(keep)])[np.asarray(self.starts)]  # kept rows before each table's
+        return SegmentIds.split(torch.from_numpy(self.ids.numpy()[keep]), np.diff(at).tolist())
 
     def _grad_on_records(self) -> Tensor:
         """``grad`` on the records' device: moved there once (counted in the tables' transfer bytes)."""
@@ -913,8 +893,7 @@ class GroupLookup:
         keep = _keep_mask(self)
         g.cache.write_back(self.ticket, self.ids.numpy(), self.sizes, rec, keep)
         self.ticket = None
-        self._wrote([i[torch.from_numpy(keep[a:b])] if not keep[a:b].all() else i
-                     for i, a, b in zip(self.table_ids, self.starts[:-1], self.starts[1:])])
+        self._wrote(self._kept(keep))
 
     def write_back(self) -> None:
         """Store the updated tables' rows in their tiers (rows below ``min_count`` get none),
@@ -959,16 +938,17 @@ class GroupLookup:
                 write_segments(tiers, parts, torch.cat(rows) if len(rows) > 1 else rows[0])
         self._wrote(written)
 
-    def _write_all(self, adagrad: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
-        """Every table's rows of ``records`` into its tiers (all updated, none filtered). A bf16
-        group's rows are packed as they are written (the bits encode gives), else encoded, then
-        written. ``adagrad`` (``apply``): the row-wise Adagrad step inside the write, only in one
-        native pass: False, nothing written, where the C core cannot write it."""
+    def _write_all(self, adagrad: tuple[np.ndarray, np.ndarray] | None = None, skip: np.ndarray | None = None) -> bool:
+        """Every table's rows of ``records`` into its tiers (all updated). A bf16 group's rows
+        are packed as they are written (the bits encode gives), else encoded, then written.
+        ``adagrad`` (``apply``): the row-wise Adagrad step inside the write, only in one native
+        pass: False, nothing written, where the C core cannot write it. ``skip`` (bool [U], fp32
+        rows with ``adagrad``): rows below ``min_count``, left out of that pass."""
         g, rec, ids = self.group, self.records, self.table_ids
-        assert rec is not None
+        assert rec is not None and (skip is None or (g.codec.identity and adagrad is not None))
         if g.codec.identity:
             if adagrad is not None:
-                return HostTier.write_segments_native(g.tiers, ids, rec, None, adagrad)
+                return HostTier.write_segments_native(g.tiers, ids, rec, None, adagrad, skip)
             write_segments(g.tiers, ids, rec)
             return True
         steps = np.array([t.step for t in g.tables], dtype=np.int64)

@@ -204,12 +204,13 @@ class HostTier(TierCounters, Tier):
     @staticmethod
     def write_segments_native(tiers: Sequence["Tier"], ids: Sequence[Tensor], records: Tensor,
                               bf16: tuple[int, np.ndarray, np.ndarray] | None = None,
-                              adagrad: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
+                              adagrad: tuple[np.ndarray, np.ndarray] | None = None,
+                              skip: np.ndarray | None = None) -> bool:
         """``write_native`` when the C core can write every segment in one pass (returns True):
         every tier a HostTier with a CPU float32 arena, ``records`` CPU float32 and contiguous,
         and a bounded tier's new IDs within its capacity (new IDs take freed slots first, as
         ``_allocate`` gives them); else nothing written, nothing updated (False: ``put`` runs in
-        numpy, and raises the capacity error). ``adagrad``: see ``write_native``."""
+        numpy, and raises the capacity error). ``adagrad``, ``skip``: see ``write_native``."""
         if not (HostTier.native_buffer(records) and HostTier.native_tiers(tiers)):
             return False
         if len(ids) != len(tiers):
@@ -225,12 +226,15 @@ class HostTier(TierCounters, Tier):
                                probed, False)
             for j, x in zip(need, np.split(probed, bounds[1:-1])):
                 slots[j] = x
+        at = 0
         for t, x in zip(tiers, slots):  # new IDs beyond a bounded tier's room: put raises its error
+            n, at = x.size, at + x.size  # type: ignore[union-attr]
             if t.capacity is not None:
-                m = int(np.count_nonzero(x < 0))  # type: ignore[operator]
+                new = x < 0 if skip is None else (x < 0) & ~skip[at - n : at]  # type: ignore[operator]
+                m = int(np.count_nonzero(new))
                 if m and len(t) + m > t.capacity:
                     return False
-        HostTier.write_native(tiers, ids, records, slots, bf16, adagrad)  # type: ignore[arg-type]
+        HostTier.write_native(tiers, ids, records, slots, bf16, adagrad, skip)  # type: ignore[arg-type]
         return True
 
     @staticmethod
@@ -260,7 +264,7 @@ class HostTier(TierCounters, Tier):
     @staticmethod
     def write_native(tiers: Sequence["HostTier"], ids: Sequence[Tensor], records: Tensor,
                      slots: Sequence[np.ndarray] | None = None, bf16: tuple[int, np.ndarray, np.ndarray] | None = None,
-                     adagrad: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+                     adagrad: tuple[np.ndarray, np.ndarray] | None = None, skip: np.ndarray | None = None) -> None:
         """One native pass over several tiers: inserts the new IDs (index, slot, policy metadata)
         and writes every record of ``records`` [N, R] (segments back to back). The C core must be
         able to write every segment (``write_segments_native`` decides); ``slots``: each
@@ -270,13 +274,17 @@ class HostTier(TierCounters, Tier):
         the bits ``RowCodec.encode`` gives them.
         ``adagrad`` = (grads float32 [N, dim], hyper float64 [T, 2]: tier j's lr and eps): each
         record is first updated in place by row-wise Adagrad (``_native.write_rows``), the
-        sparse optimizer's step in the same pass."""
+        sparse optimizer's step in the same pass.
+        ``skip`` (bool [N]): rows left out, neither updated nor written, their IDs still absent
+        (rows held back by ``min_count``: written around rather than gathered out)."""
         sizes, bounds, flat = _segments(ids)
         dim, seeds, steps = bf16 if bf16 is not None else (0, None, None)
         _check_rows(tiers, sizes, records, "records", dim)
         per_tier = [t.slots_of(i).numpy() for t, i in zip(tiers, ids)] if slots is None else slots
         slot = np.concatenate(per_tier).astype(np.int64) if per_tier else np.empty(0, np.int64)  # a copy: memos stay
-        absent = np.concatenate([[0], np.cumsum(slot < 0)])
+        if skip is not None:
+            slot[skip] = _native.SKIP_ROW
+        absent = np.concatenate([[0], np.cumsum(slot == -1)])
         fresh = (absent[bounds[1:]] - absent[bounds[:-1]]).tolist()  # new IDs per tier
         for t, m in zip(tiers, fresh):
             if m:
@@ -290,6 +298,8 @@ class HostTier(TierCounters, Tier):
                            used, free_at, tiers[0].record_dim if tiers else records.shape[1], dim,
                            None if seeds is None else np.ascontiguousarray(seeds, dtype=np.int64),
                            None if steps is None else np.ascontiguousarray(steps, dtype=np.int64), adagrad=adagrad)
+        if skip is not None:
+            slot[skip] = -1  # (absent still, as the tiers' memos say below)
         for j, (t, m) in enumerate(zip(tiers, fresh)):
             if m:
                 t._free = t._free[int(free_at[j]) :]

@@ -272,6 +272,51 @@ def test_write_rows_with_adagrad_equals_the_optimizer_then_the_write(dim, width,
             np.testing.assert_array_equal(ta[2].view(np.uint32), tb[2].view(np.uint32))
 
 
+@pytest.mark.parametrize("adagrad", [False, True])
+def test_write_rows_leaves_out_skipped_rows_as_a_write_of_the_others(adagrad, monkeypatch):
+    """Rows whose slot is ``SKIP_ROW`` (rows held back by ``min_count``) are neither updated nor
+    written: tables, records and slots equal a write of the other rows gathered out, compiled
+    (in parts) and fallback alike; a skipped new ID stays absent."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    monkeypatch.setattr(_native, "MIN_PART_ROWS", 1)
+    g = _group(21)
+    rng = np.random.default_rng(8)
+    n, t = g["ids"].size, len(g["tables"])
+    skip = rng.random(n) < 0.3
+    assert (skip & (g["slot"] < 0)).any() and (skip & (g["slot"] >= 0)).any()
+    keep = np.flatnonzero(~skip)
+    grads = rng.standard_normal((n, R - 1)).astype(np.float32)
+    hyper = np.stack([rng.uniform(0.01, 0.5, t), np.full(t, 1e-8)], axis=1)
+    records = g["records"].copy()
+    records[:, R - 1] = rng.random(n).astype(np.float32)
+    for write in _kernels("write_rows"):
+        skipped, gathered = _copy(g["tables"]), _copy(g["tables"])
+        rec_s, rec_g = records.copy(), np.ascontiguousarray(records[keep])
+        slot_s, slot_g = g["slot"].copy(), g["slot"][keep].copy()
+        slot_s[skip] = _native.SKIP_ROW
+        kb = np.searchsorted(keep, g["bounds"]).astype(np.int64)
+        state_s = [g["next"].copy(), g["clocks"], np.zeros(t, np.int64), np.zeros(t, np.int64)]
+        state_g = [g["next"].copy(), g["clocks"], np.zeros(t, np.int64), np.zeros(t, np.int64)]
+        ada_s = (grads, hyper) if adagrad else None
+        ada_g = (np.ascontiguousarray(grads[keep]), hyper) if adagrad else None
+        got = write(skipped, g["ids"], g["bounds"], slot_s, rec_s, *state_s, R, adagrad=ada_s)
+        want = write(gathered, g["ids"][keep], kb, slot_g, rec_g, *state_g, R, adagrad=ada_g)
+        assert got == want > 0
+        np.testing.assert_array_equal(rec_s[keep].view(np.uint32), rec_g.view(np.uint32))
+        np.testing.assert_array_equal(rec_s[skip].view(np.uint32), records[skip].view(np.uint32))  # untouched
+        np.testing.assert_array_equal(slot_s[keep], slot_g)
+        assert (slot_s[skip] == _native.SKIP_ROW).all()
+        for a, b in zip(state_s, state_g):
+            np.testing.assert_array_equal(a, b)
+        for j, (ta, tb) in enumerate(zip(skipped, gathered)):
+            _same_index(ta, tb)
+            for x, y in zip(ta[2:], tb[2:]):
+                np.testing.assert_array_equal(x, y)
+            lo, hi = g["bounds"][j], g["bounds"][j + 1]
+            new_skipped = g["ids"][lo:hi][skip[lo:hi] & (g["slot"][lo:hi] < 0)]
+            assert (_lookup(ta[0], ta[1], new_skipped) == -1).all()
+
+
 def test_write_rows_refuses_bad_adagrad_arguments():
     g = _group(2)
     t = len(g["tables"])
