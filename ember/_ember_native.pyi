@@ -82,7 +82,8 @@ def count_ids(tables: list[tuple[np.ndarray, np.ndarray]], ids: np.ndarray, boun
 # count int32) for read_rows, + (slot_ids int64, held bool, free int32) for write_rows; ids int64 [n],
 # bounds int64 [T+1]; out / records float32 [n, r] (dim > 0: a bf16 table's fp32 records, [n, dim + r - (dim+1)//2],
 # widened from / packed into its words); out_slot / slot int64 [n]; per tier int64 [T];
-# read_rows returns IDs found, write_rows rows inserted
+# read_rows returns IDs found, write_rows rows inserted; write_rows' slot -1: absent (inserted),
+# -2 (SKIP_ROW): the row left out (neither updated nor written)
 def read_rows(
     tables: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]],
     ids: np.ndarray,
