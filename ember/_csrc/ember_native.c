@@ -1555,13 +1555,13 @@ done:
  * counts[b] times (> 0); 0 marks an empty bucket, -1 a deleted one; an ID's home bucket is
  * mix64(id) & (cap - 1), linear probing. Over counter j's segment of ids (unique within it):
  *   mode 0 (get): out = the ID's count, 0 when absent;
- *   mode 1 (add): adds[i] (> 0; 1 each when adds is empty) added to the ID's count (saturating at
- *     2^31 - 1), an absent ID
- *     first placed in the first free (deleted or empty) bucket from its home: one probe for
- *     both; out = the new count; stats[2j] = IDs placed, stats[2j+1] = empty buckets they took;
+ *   mode 1 (add): adds[i] (> 0; 1 each when adds is empty) added to the ID's count (saturating
+ *     at 2^31 - 1), an absent ID first placed in the first free (deleted or empty) bucket from
+ *     its home: one probe for both; out = the new count; stats[2j] = IDs placed, stats[2j+1] =
+ *     empty buckets they took;
  *   mode 2 (remove): the ID's bucket marked deleted; out = the count it had (0 when absent);
  *     stats[2j] = IDs removed.
- * The caller keeps every counter's load below 1 for the adds (IdCounter.reserve): a full table
+ * The caller keeps every counter's load below 1 for the adds (IdCounter._reserve): a full table
  * raises RuntimeError. parts: counter bounds of parts run at once (the counters are apart). */
 struct count_ctx {
     Py_buffer *tb;
@@ -1642,12 +1642,9 @@ static PyObject *count_ids(PyObject *self, PyObject *args) {
         goto done;
     }
     if (!(tb = acquire_tables(tables, t, 2, writable))) goto done;
-    for (Py_ssize_t j = 0; j < t; j++) {
-        Py_ssize_t cap = tb[2 * j].len / 8;
-        if (cap <= 0 || (cap & (cap - 1)) != 0 || tb[2 * j + 1].len != cap * 4) {
-            PyErr_SetString(PyExc_ValueError, "ember native count_ids: keys/counts must be int64/int32 arrays of one power-of-two length");
-            goto done;
-        }
+    for (Py_ssize_t j = 0; j < t; j++) {  /* (a counter's counts are laid out as an index's slots) */
+        uint64_t mask;
+        if (check_table(&tb[2 * j], &tb[2 * j + 1], &mask) < 0) goto done;
     }
     {
         Py_ssize_t k;
