@@ -107,7 +107,8 @@ class IdCounter:
     their counts (``ember._native.count_ids``: one probe counts an ID, placing it when new).
 
     Costs 16-32 B per counted ID (12 B a bucket at a load of 3/8 to 3/4; up to 48 B just after
-    a rehash that cleared removed IDs); IDs leave it once they are admitted. ``count`` serves several counters in one pass (a table group's).
+    a rehash that cleared removed IDs); IDs leave it once they are admitted. ``count`` serves
+    several counters in one pass (a table group's).
 
     Example:
         >>> c = IdCounter()
@@ -168,9 +169,10 @@ class IdCounter:
         return ids[order], self._counts.take(live[order]).astype(np.int64)
 
     def _reserve(self, n: int) -> None:
-        """Room for ``n`` more IDs within the load limit: the counted IDs moved to a new table,
-        twice as large as needed for them (as large, when deleted buckets filled this one and
-        the IDs fill at most half of it: a quarter of it is left to fill before the next)."""
+        """Room for ``n`` more IDs within the load limit: when counted and deleted buckets would
+        pass it, the counted IDs move to a new table, doubled from this one's size until they
+        fit within the limit; one of the same size only when they fill at most half of it (at
+        least a quarter is left to fill before the next move)."""
         cap, need = self._keys.size, self._size + n
         if self._used + n <= _MAX_LOAD * cap:
             return
