@@ -475,53 +475,56 @@ class GroupLookup:
     def _complete(self, rec: Tensor, found: Tensor) -> None:
         """``min_count`` and TTL tables finish their rows; ``records`` is set.
 
-        Host records of ``min_count`` tables without a TTL are completed together: their absent
-        IDs counted in one pass over the tables' counters (``IdCounter.count``), the admitted ones' fresh rows made in one native pass
-        for every table (``_fresh_into``, the bits ``EmbeddingTable.new_records`` gives), the
-        rest zeroed; the IDs admitted are kept (``admitted``): the only ones of the table's
-        written IDs its counter still holds. Other tables: ``EmbeddingTable.complete``."""
+        Host records of ``min_count`` tables without a TTL are completed together
+        (``_admit_absent``): their absent IDs counted in one pass over the tables' counters, the
+        admitted ones' fresh rows made in one native pass for every table (``_fresh_into``, the
+        bits ``EmbeddingTable.new_records`` gives), the rest zeroed; the IDs admitted are kept
+        (``admitted``): the only ones of the table's written IDs its counter still holds. Other
+        tables: ``EmbeddingTable.complete``."""
         g = self.group
-        found_np = found.numpy()
-        counted: list[tuple[int, int, np.ndarray]] = []  # (table, first row, absent rows) counted together
+        batched: list[int] = []
         for j in np.flatnonzero(g.special).tolist():
-            a, b = int(self.starts[j]), int(self.starts[j + 1])
             t = g.tables[j]
-            if not (t.ttl is None and isinstance(t.admission, IdCounter) and rec.device.type == "cpu"):
-                filt = t.complete(self.ids[a:b], rec[a:b], found[a:b], self.train)
-                if filt is not None and bool(filt.any()):
-                    self.filtered[j] = filt
+            if t.ttl is None and isinstance(t.admission, IdCounter) and rec.device.type == "cpu":
+                batched.append(j)
                 continue
-            self.admitted[j] = self.ids[:0]
-            miss = np.flatnonzero(~found_np[a:b])
-            if miss.size:
-                counted.append((j, a, miss))
-        if not counted:
-            self.records = rec
-            return
-        ids_np = self.ids.numpy()
-        rows = np.concatenate([a + miss for _, a, miss in counted])
-        bounds = np.cumsum([0] + [miss.size for _, _, miss in counted])
-        counts = IdCounter.count([g.tables[j].admission for j, _, _ in counted], ids_np[rows], bounds,
-                                 "add" if self.train else "get")
-        admit: list[np.ndarray] = []
-        held: list[np.ndarray] = []
-        for (j, a, miss), lo, hi in zip(counted, bounds[:-1].tolist(), bounds[1:].tolist()):
-            ok = g.tables[j].admitted_by(counts[lo:hi])
-            if ok.any():
-                admit.append(rows[lo:hi][ok])
-                self.admitted[j] = torch.from_numpy(ids_np[admit[-1]])
-            if not ok.all():
-                below = miss[~ok]
-                filt_np = np.zeros(int(self.starts[j + 1]) - a, dtype=bool)
-                filt_np[below] = True
-                self.filtered[j] = torch.from_numpy(filt_np)
-                held.append(a + below)
-        if admit:
-            at = np.concatenate(admit)
-            self._fresh_into(rec, at, self.table_of, at=at)
-        if held:  # below min_count: the shared all-zero row (no weights, no state)
-            rec.index_fill_(0, torch.from_numpy(np.concatenate(held)), 0.0)
+            a, b = int(self.starts[j]), int(self.starts[j + 1])
+            filt = t.complete(self.ids[a:b], rec[a:b], found[a:b], self.train)
+            if filt is not None and bool(filt.any()):
+                self.filtered[j] = filt
+        if batched:
+            self._admit_absent(rec, found.numpy(), batched)
         self.records = rec
+
+    def _admit_absent(self, rec: Tensor, found: np.ndarray, js: list[int]) -> None:
+        """``_complete`` for tables ``js`` (host records, ``min_count``, no TTL), all at once: the
+        absent IDs counted in one pass over their counters, each table's decision
+        (``EmbeddingTable.admitted_by``), the admitted rows made fresh in one native pass, the
+        rest zeroed; ``admitted`` and ``filtered`` noted per table."""
+        g, tab = self.group, self.table_of
+        take = np.zeros(len(g.tables), dtype=bool)
+        take[js] = True
+        rows = np.flatnonzero(~found & take[tab])  # the tables' absent rows, table by table
+        per = np.bincount(tab[rows], minlength=len(g.tables))[js]
+        bounds = np.concatenate([[0], np.cumsum(per)])
+        ids_np = self.ids.numpy()
+        counts = IdCounter.count([g.tables[j].admission for j in js], ids_np[rows], bounds,
+                                 "add" if self.train else "get")
+        ok = np.concatenate([g.tables[j].admitted_by(counts[lo:hi])
+                             for j, lo, hi in zip(js, bounds[:-1].tolist(), bounds[1:].tolist())])
+        at, held = rows[ok], rows[~ok]
+        before = np.concatenate([[0], np.cumsum(ok)])  # admitted rows before each row
+        for j, a in zip(js, np.split(ids_np[at], before[bounds[1:-1]])):
+            self.admitted[j] = torch.from_numpy(a)
+        if at.size:
+            self._fresh_into(rec, at, tab, at=at)
+        if held.size:  # below min_count: the shared all-zero row (no weights, no state)
+            rec.index_fill_(0, torch.from_numpy(held), 0.0)
+            filt = np.zeros(rec.shape[0], dtype=bool)
+            filt[held] = True
+            for j in np.unique(tab[held]).tolist():
+                a, b = int(self.starts[j]), int(self.starts[j + 1])
+                self.filtered[j] = torch.from_numpy(filt[a:b])
 
     def to_device(self, device: torch.device) -> None:
         """Between fetch and pool (optional): copy the rows pool reads [U, dim] to ``device``
