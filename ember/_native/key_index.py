@@ -27,6 +27,13 @@ def _check_table(keys: np.ndarray, slots: np.ndarray) -> int:
     return cap - 1
 
 
+def _check_segments(t: int, ids: np.ndarray, bounds: np.ndarray, what: str = "bounds") -> None:
+    """``bounds`` cut ``ids`` into ``t`` segments (int64 [t+1], rising from 0 to len(ids)); else
+    ValueError(``what``)."""
+    if bounds.size != t + 1 or bounds[0] != 0 or bounds[t] != ids.size or bool((np.diff(bounds) < 0).any()):
+        raise ValueError(what)
+
+
 def _home(ids: np.ndarray, mask: int) -> np.ndarray:
     return (mix64(np.asarray(ids, dtype=np.int64).view(np.uint64)) & np.uint64(mask)).astype(np.int64)
 
@@ -103,9 +110,10 @@ def probe_rows(tables: Sequence[tuple[np.ndarray, np.ndarray]], ids: np.ndarray,
 def _probe_rows_py(tables: Sequence[tuple[np.ndarray, np.ndarray]], ids: np.ndarray, bounds: np.ndarray,
                    out_slot: np.ndarray, remove: bool = False) -> int:
     b = np.asarray(bounds, dtype=np.int64)
-    n = ids.size
-    if b.size != len(tables) + 1 or b[0] != 0 or b[-1] != n or (np.diff(b) < 0).any() or out_slot.size != n:
-        raise ValueError("ember native probe_rows: bounds [T+1] over ids, out_slot [n]")
+    what = "ember native probe_rows: bounds [T+1] over ids, out_slot [n]"
+    _check_segments(len(tables), ids, b, what)
+    if out_slot.size != ids.size:
+        raise ValueError(what)
     found = 0
     for j, (keys, slots) in enumerate(tables):
         seg = ids[b[j] : b[j + 1]]
@@ -161,8 +169,7 @@ def count_ids(tables: Sequence[tuple[np.ndarray, np.ndarray]], ids: np.ndarray, 
 def _count_ids_py(tables: Sequence[tuple[np.ndarray, np.ndarray]], ids: np.ndarray, bounds: np.ndarray, mode: str,
                   adds: np.ndarray, out: np.ndarray, stats: np.ndarray) -> None:
     b = bounds
-    if b.size != len(tables) + 1 or b[0] != 0 or b[-1] != ids.size or (np.diff(b) < 0).any():
-        raise ValueError("ember native count_ids: bounds [T+1] over ids")
+    _check_segments(len(tables), ids, b, "ember native count_ids: bounds [T+1] over ids")
     for j, (keys, counts) in enumerate(tables):
         mask = _check_table(keys, counts)
         seg = ids[b[j] : b[j + 1]]

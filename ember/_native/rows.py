@@ -10,7 +10,7 @@ import torch
 
 from ember import _native
 from ember._native.bf16 import _bf16_pack_sr_py, _bf16_widen_py
-from ember._native.key_index import _check_table, _place_py, _probe_py
+from ember._native.key_index import _check_segments, _check_table, _place_py, _probe_py
 from ember._native.sparse import _rowwise_adagrad_py
 
 SKIP_ROW = -2
@@ -36,11 +36,6 @@ def record_width(r: int, dim: int) -> int:
     if dim < 0 or (dim + 1) // 2 > r:
         raise ValueError(f"ember native: dim must be in [0, {2 * r}] for records of {r} words, got {dim}")
     return r if dim == 0 else dim + r - (dim + 1) // 2
-
-def _check_segments(t: int, ids: np.ndarray, bounds: np.ndarray) -> None:
-    if bounds.size != t + 1 or bounds[0] != 0 or bounds[t] != ids.size or bool((np.diff(bounds) < 0).any()):
-        raise ValueError("bounds")
-
 
 def _rows_of(buf: np.ndarray, n: int, r: int, what: str) -> np.ndarray:
     """``buf`` (C-contiguous, n * r floats) as a [n, r] view; a copy would lose the writes."""

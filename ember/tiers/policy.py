@@ -163,10 +163,14 @@ class IdCounter:
 
     def items(self) -> tuple[np.ndarray, np.ndarray]:
         """All (ids, counts), sorted by ID (for checkpoints)."""
-        live = np.flatnonzero(self._counts > 0)
-        ids = self._keys.take(live)
+        ids, counts = self._live()
         order = np.argsort(ids, kind="stable")
-        return ids[order], self._counts.take(live[order]).astype(np.int64)
+        return ids[order], counts[order].astype(np.int64)
+
+    def _live(self) -> tuple[np.ndarray, np.ndarray]:
+        """The counted IDs and their counts (int32), in bucket order."""
+        live = np.flatnonzero(self._counts > 0)
+        return self._keys.take(live), self._counts.take(live)
 
     def _reserve(self, n: int) -> None:
         """Room for ``n`` more IDs within the load limit: when counted and deleted buckets would
@@ -178,8 +182,7 @@ class IdCounter:
             return
         while need > _MAX_LOAD * cap or (cap == self._keys.size and 2 * need > cap):
             cap *= 2
-        live = np.flatnonzero(self._counts > 0)
-        ids, counts = self._keys.take(live), self._counts.take(live)
+        ids, counts = self._live()
         self._alloc(cap)
         self._size = 0
         if ids.size:
