@@ -5,8 +5,8 @@ new path. An existing path is refused unless the user passes ``--overwrite``, an
 is replaced only when ember recognises it as its own earlier output of the same kind: a run by
 a run, an export by an export, predictions by predictions, generated data by generated data.
 A run directory is never replaced by an export, and a folder or file ember did not write is
-never replaced at all, nor an output directory into which the user put files of their own
-(``check_own``: they would be deleted with it). An output may not lie inside (or contain) what the command reads.
+never replaced at all, nor an output directory into which the user put files of their own, at
+any depth (``check_own``: they would be deleted with it). An output may not lie inside (or contain) what the command reads.
 
 How an output is recognised (``output_kind``):
 
@@ -229,29 +229,82 @@ def check_own(d: Path, kind: Kind, where: str) -> None:
                           "--overwrite would delete them with it: move them out of it, or choose another path")
 
 
-# the top-level entries of each output directory ember writes (an export's: its manifest's files)
-_OWN = {"run": {MARKER, "config.yaml", "checkpoints", "metrics.jsonl", "metrics.png", "tensorboard", "exports",
-                "summary.json"}}
+# what ember writes at the top of a run directory: files, and folders whose entries ``_foreign_run`` checks
+_RUN_FILES = {MARKER, "config.yaml", "metrics.jsonl", "metrics.png", "summary.json"}
 _TEMP = re.compile(r"\..+\.tmp(-\d+|\.\w+)")  # an atomic write's temporary, left by a crash (ember.fileio)
+_STEP = re.compile(r"step-\d{8}")  # a checkpoint (ember.checkpoint.save)
+_CKPT_LEFTOVER = re.compile(r"\.(tmp|old)-step-\d{8}-\d+")  # a crashed save's directory (ember.checkpoint.save)
+_EVENTS = re.compile(r"events\.out\.tfevents\..+")  # TensorBoard's event files (train.tensorboard)
 
 
 def _foreign_entries(d: Path, kind: Kind) -> list[str]:
-    """The entries of output directory ``d`` (of ``kind``) that ember did not write there, sorted
-    (a directory with a trailing /): what replacing ``d`` must not delete. An entry that is itself
-    an ember output (``train --export`` into its run directory) is ember's."""
-    own = set(_OWN.get(kind, ()))
-    if kind == "export":
-        try:
-            files = json.loads((d / "manifest.json").read_text()).get("files", {})
-            own |= {MARKER, "manifest.json"} | {str(f).split("/")[0] for f in files}
-        except (OSError, ValueError, AttributeError):
-            own |= {MARKER, "manifest.json"}
-    out = []
-    for e in d.iterdir():
-        if e.name in own or _TEMP.fullmatch(e.name) or (e.is_dir() and output_kind(e) is not None):
-            continue
-        out.append(e.name + ("/" if e.is_dir() and not e.is_symlink() else ""))
+    """The entries of output directory ``d`` (of ``kind``), at any depth, that ember did not write
+    there, as paths relative to ``d``, sorted (a directory with a trailing /: it holds nothing of
+    ember's): what replacing ``d`` must not delete. A symbolic link is never ember's (it may
+    point at anything). What ember wrote is what the layout names: an export's and a
+    checkpoint's manifest list their files; a run holds its own files, checkpoints, event files
+    and exports; an ember output inside a run (``train --export`` into its run directory) is
+    checked as its own kind."""
+    out: list[str] = []
+    (_foreign_run if kind == "run" else _foreign_listed)(d, "", out)
     return sorted(out)
+
+
+def _entry(e: Path, prefix: str) -> str:
+    return f"{prefix}{e.name}" + ("/" if e.is_dir() and not e.is_symlink() else "")
+
+
+def _foreign_listed(d: Path, prefix: str, out: list[str]) -> None:
+    """An export's or a checkpoint's directory: its manifest, marker and the files the manifest
+    lists (and a crashed write's temporaries) are ember's, everything else is not."""
+    try:
+        listed = json.loads((d / "manifest.json").read_text()).get("files", {})
+        own = {MARKER, "manifest.json"} | {str(f) for f in listed}
+    except (OSError, ValueError, AttributeError):
+        own = {MARKER, "manifest.json"}
+    folders = {"tables"} | {"/".join(parts[:i]) for parts in (f.split("/") for f in own) for i in range(1, len(parts))}
+
+    def walk(at: Path, rel: str) -> None:
+        for e in sorted(at.iterdir()):
+            name = f"{rel}{e.name}"
+            if e.is_symlink() or not (name in own or name in folders or _TEMP.fullmatch(e.name)):
+                out.append(_entry(e, prefix + rel))
+            elif e.is_dir() and name in folders:
+                walk(e, name + "/")
+    walk(d, "")
+
+
+def _foreign_run(d: Path, prefix: str, out: list[str]) -> None:
+    """A run directory: its files, ``checkpoints/`` (checkpoints, ``LATEST``, a crashed save's
+    leftovers), ``tensorboard/`` (event files), ``exports/`` (the exports it wrote; an export
+    series' temporaries), and ember outputs put into it (``train --export``)."""
+    for e in sorted(d.iterdir()):
+        rel = f"{prefix}{e.name}/"
+        if e.is_symlink():
+            out.append(_entry(e, prefix))
+        elif e.is_file() and (e.name in _RUN_FILES or _TEMP.fullmatch(e.name)):
+            continue
+        elif e.is_dir() and e.name == "checkpoints":
+            for c in sorted(e.iterdir()):
+                if c.is_symlink() or not (c.name == "LATEST" and c.is_file() or _TEMP.fullmatch(c.name)
+                                          or c.is_dir() and (_STEP.fullmatch(c.name) or _CKPT_LEFTOVER.fullmatch(c.name))):
+                    out.append(_entry(c, rel))
+                elif _STEP.fullmatch(c.name) and (c / "manifest.json").is_file():  # (one without: half removed by a prune)
+                    _foreign_listed(c, f"{rel}{c.name}/", out)
+        elif e.is_dir() and e.name == "tensorboard":
+            out.extend(_entry(c, rel) for c in sorted(e.iterdir()) if c.is_symlink() or not (c.is_file() and _EVENTS.fullmatch(c.name)))
+        elif e.is_dir() and e.name == "exports":
+            for c in sorted(e.iterdir()):
+                if c.is_symlink() or not (c.name.startswith(".") or c.is_dir() and output_kind(c) == "export"):
+                    out.append(_entry(c, rel))
+                elif not c.name.startswith("."):  # (dot names: an export series' temporaries, ember.checkpoint.delta)
+                    _foreign_listed(c, f"{rel}{c.name}/", out)
+        elif e.is_dir() and output_kind(e) == "export":
+            _foreign_listed(e, rel, out)
+        elif e.is_dir() and output_kind(e) == "run":
+            _foreign_run(e, rel, out)
+        elif not (e.is_dir() and output_kind(e) is not None):  # (another ember output, e.g. a profile, replaced whole)
+            out.append(_entry(e, prefix))
 
 
 def check_apart(path: str | os.PathLike, source: str | os.PathLike, flag: str, inside_ok: bool = False) -> None:

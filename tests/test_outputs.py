@@ -153,6 +153,56 @@ def test_overwrite_never_deletes_files_a_user_put_into_an_export_or_a_run(run, e
     assert main(["train", "--config", cfg, "train.max_steps=2", "--overwrite"]) == 0
 
 
+def test_overwrite_finds_a_users_files_at_any_depth(run, export, tmp_path, capsys):
+    """Files, folders and links a user put below the top of a run or an export (a checkpoint's
+    folder, checkpoints/, tensorboard/, exports/, an export's tables/) are named and kept; what
+    ember wrote there (every manifest's files, LATEST, a crashed save's leftovers, an export
+    series) is replaced."""
+    from ember.outputs import _foreign_entries
+
+    out = tmp_path / "e"
+    shutil.copytree(export, out)
+    (out / "tables" / "README.txt").write_text("mine")
+    (out / "tables" / "mine").mkdir()
+    (out / "link").symlink_to(tmp_path)
+    assert _foreign_entries(out, "export") == ["link", "tables/README.txt", "tables/mine/"]
+    before = _tree(out)
+    assert main(["export", "--checkpoint", str(run[0]), "--out", str(out), "--overwrite"]) == 2
+    assert "also files ember did not write (link, tables/README.txt, tables/mine/)" in capsys.readouterr().err
+    assert _tree(out) == before and (out / "link").is_symlink()
+    cfg = _config(tmp_path, "deep")
+    series = ["export.every_steps=1", "export.full_every=1", "train.max_steps=3"]
+    assert main(["train", "--config", cfg, *series]) == 0
+    run = tmp_path / "deep"
+    assert _foreign_entries(run, "run") == []
+    ckpt = sorted((run / "checkpoints").glob("step-*"))[-1]
+    shutil.copytree(export, run / "export")  # train --export into its run: ember's
+    (run / "checkpoints" / ".tmp-step-00000009-123").mkdir()  # a crashed save's leftovers: ember's
+    (run / "exports" / ".000009-full.tmp-123").mkdir()
+    assert _foreign_entries(run, "run") == []
+    (ckpt / "notes.txt").write_text("mine")
+    (ckpt / "tables" / "extra.bin").write_bytes(b"x")
+    (run / "checkpoints" / "notes").mkdir()
+    (run / "checkpoints" / "notes" / "todo.txt").write_text("mine")
+    (run / "checkpoints" / "alias").symlink_to(ckpt)
+    (run / "exports" / "README.md").write_text("mine")
+    (sorted((run / "exports").glob("0*"))[0] / "notes.txt").write_text("mine")
+    (run / "export" / "tables" / "notes.txt").write_text("mine")
+    found = _foreign_entries(run, "run")
+    first = sorted((run / "exports").glob("0*"))[0].name
+    assert found == sorted(["checkpoints/alias", "checkpoints/notes/", f"checkpoints/{ckpt.name}/notes.txt",
+                            f"checkpoints/{ckpt.name}/tables/extra.bin", "export/tables/notes.txt", "exports/README.md",
+                            f"exports/{first}/notes.txt"]), found
+    before = _tree(run)
+    assert main(["train", "--config", cfg, *series, "--overwrite"]) == 2
+    assert "also files ember did not write (checkpoints/alias, checkpoints/notes/" in capsys.readouterr().err
+    assert _tree(run) == before
+    for f in found:
+        target = run / f.rstrip("/")
+        shutil.rmtree(target) if target.is_dir() and not target.is_symlink() else target.unlink()
+    assert main(["train", "--config", cfg, *series, "--overwrite"]) == 0
+
+
 def test_train_exports_into_its_own_run_but_never_over_it(tmp_path, capsys):
     args = ["train", "--config", _config(tmp_path, "demo"), f"train.out_dir={tmp_path / 'runs'}", "train.max_steps=2",
             "--export"]
