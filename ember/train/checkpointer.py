@@ -119,6 +119,8 @@ def restore(parts: Components, ckpt: Path, exact: bool, cfg: RunConfig | None = 
     A state that does not fit (another model shape or dense optimizer) raises CheckpointError
     naming the keys of ``cfg`` that differ from the checkpoint's run."""
     manifest = manifest if manifest is not None else verify_checkpoint(ckpt, parts.dist)
+    if cfg is not None:
+        check_input_order(ckpt, manifest, cfg)
     owned = parts.owned()
     for ec in parts.collections():  # rows created after the checkpoint are gone
         for table in ec.tables.values():
@@ -137,6 +139,27 @@ def restore(parts: Components, ckpt: Path, exact: bool, cfg: RunConfig | None = 
             parts.scaler.load_state_dict(dense["loss_scaler"])
         restore_rng(dense["rng"])
     return Restored(manifest, dense, RunState.from_dict(manifest))
+
+
+# the schema's lists whose order is the model's input layout (what the weights were trained on)
+_ORDERED = (("sparse", "the sparse features"), ("dense", "the dense features"), ("labels", "the labels"),
+            ("teacher", "the teacher columns"))
+
+
+def check_input_order(ckpt: Path, manifest: dict[str, Any], cfg: RunConfig) -> None:
+    """CheckpointError when this config lists the checkpoint's features (or labels) in another
+    order: the model takes its inputs by position, so its weights would meet swapped inputs
+    and score silently wrong (same shapes: nothing else notices). A list whose names differ is
+    another model (a shape check, or a table without rows, says so), not a reorder."""
+    saved = (manifest.get("config") or {}).get("schema") or {}
+    mine = cfg.schema.model_dump(mode="json")
+    for key, what in _ORDERED:
+        names = [[e["name"] if isinstance(e, dict) else e for e in s.get(key) or []] for s in (saved, mine)]
+        if names[0] != names[1] and sorted(names[0]) == sorted(names[1]):
+            raise CheckpointError(
+                f"checkpoint {ckpt} was trained with {what} in the order {names[0]}, but schema.{key} lists them as "
+                f"{names[1]}: the model takes its inputs by position, so its weights would meet swapped inputs; list "
+                f"schema.{key} in the checkpoint's order")
 
 
 @contextmanager

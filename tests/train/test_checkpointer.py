@@ -118,6 +118,22 @@ def test_a_checkpoint_that_does_not_fit_names_the_differing_keys(tmp_path):
         restore(build_components(wider), path, exact=False, cfg=wider)
 
 
+def test_a_config_listing_the_checkpoints_inputs_in_another_order_is_refused(tmp_path):
+    """Same shapes, inputs swapped: the weights would meet the wrong features and score silently
+    wrong (eval, export, resume and init_from all restore through here)."""
+    cfg = _cfg(tmp_path)
+    parts, _ = _trained(cfg, 1)
+    path = Checkpointer(cfg, parts, tmp_path / "run").save(RunState(1, 0, 1))
+    raw = cfg.model_dump(mode="json", by_alias=True)
+    sparse, dense = raw["schema"]["sparse"], raw["schema"]["dense"]
+    for key, swapped in (("sparse", [sparse[1], sparse[0], *sparse[2:]]), ("dense", [dense[1], dense[0], *dense[2:]])):
+        other = from_dict({**raw, "schema": {**raw["schema"], key: swapped}})
+        first, second = swapped[0]["name"], swapped[1]["name"]
+        with pytest.raises(CheckpointError, match=rf"in the order \['{second}', '{first}'.*schema\.{key} lists them as \['{first}', '{second}'"):
+            restore(build_components(other), path, exact=False, cfg=other)
+    restore(build_components(cfg), path, exact=False, cfg=cfg)  # the checkpoint's own order loads
+
+
 def _rows(parts) -> dict[str, dict[int, torch.Tensor]]:
     """{table: {ID: fp32 record}} of every table."""
     out = {}
