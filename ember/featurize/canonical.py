@@ -55,7 +55,7 @@ import pyarrow.compute as pc
 from ember.errors import DataError
 from ember.featurize.schema import Schema
 from ember.featurize.transforms import parse_ints
-from ember.portable.values import canonical_value  # the one definition: the portable runtime scores with it too
+from ember.portable.values import canonical_value, shown  # the one definition: the portable runtime scores with it too
 
 __all__ = ["BadValue", "canonical_value", "canonical_array", "canonicalize", "column_roles", "training_types",
            "hashed_id_types", "type_in", "COLUMN_TYPES"]
@@ -288,7 +288,7 @@ def canonicalize(data: pa.RecordBatch | Sequence[Mapping[str, Any]], schema: Sch
         if first is not None and skip is None:
             i, c, reason = first
             value = data.column(c)[i].as_py()
-            raise BadValue(f"{where} row {first_row + i}, column '{c}': {reason} (got {value!r}); fix the file, or "
+            raise BadValue(f"{where} row {first_row + i}, column '{c}': {reason} (got {shown(value)}); fix the file, or "
                            "set data.on_bad_rows=skip to count and skip such rows", first_row + i, c, reason)
         for c in passthrough:
             if c not in out:
@@ -302,11 +302,11 @@ def canonicalize(data: pa.RecordBatch | Sequence[Mapping[str, Any]], schema: Sch
         for k in row:
             if k not in known_set:
                 reason = f"unknown column; {_did_you_mean(str(k), known)}the export reads {known}"
-                raise BadValue(f"rows[{i}], column '{k}': {reason}", i, str(k), reason)
+                raise BadValue(f"rows[{i}], column {shown(k)}: {reason}", i, str(k), reason)
         for c in cols:
             try:
                 values[c].append(canonical_value(row.get(c), types.get(c, "unknown"), missing.get(c, ()),
                                                  separator.get(c)))
             except ValueError as e:
-                raise BadValue(f"rows[{i}], column '{c}': {e} (got {row.get(c)!r})", i, c, str(e)) from None
+                raise BadValue(f"rows[{i}], column '{c}': {e} (got {shown(row.get(c))})", i, c, str(e)) from None
     return pa.record_batch({c: _to_arrow(v, types.get(c, "unknown")) for c, v in values.items()})

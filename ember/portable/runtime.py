@@ -41,7 +41,7 @@ import numpy as np
 
 from ember.portable.hashing import hash_ints, hash_strings
 from ember.portable.tables import Table, pool
-from ember.portable.values import BadInput, canonical_value, listed_ints, parse_float, parse_int
+from ember.portable.values import BadInput, canonical_value, listed_ints, parse_float, parse_int, shown
 
 __all__ = ["PortableModel", "BadInput"]
 
@@ -214,13 +214,13 @@ class PortableModel:
         for i, row in enumerate(rows):
             for k in row:
                 if k not in known_set:
-                    raise BadInput(f"rows[{i}], column '{k}': unknown column; the export reads {known}")
+                    raise BadInput(f"rows[{i}], column {shown(k)}: unknown column; the export reads {known}")
             for c in self.columns:
                 v = row.get(c)
                 try:
                     out[c].append(canonical_value(v, self.types.get(c, "unknown"), missing.get(c, ()), seps.get(c)))
                 except ValueError as e:
-                    raise BadInput(f"rows[{i}], column '{c}': {e} (got {v!r})") from None
+                    raise BadInput(f"rows[{i}], column '{c}': {e} (got {shown(v)})") from None
         return out
 
     def _csv_layout(self, path: Path, delimiter: str | None) -> tuple[str, bool | str, list[str] | None]:
@@ -294,7 +294,7 @@ class PortableModel:
                         try:
                             done[v] = canonical_value(v, type_, missing.get(c, ()), seps.get(c))
                         except ValueError as e:
-                            raise BadInput(f"{path} line {line + k}, column '{c}': {e} (got {v!r})") from None
+                            raise BadInput(f"{path} line {line + k}, column '{c}': {e} (got {shown(v)})") from None
                     values[k] = done[v]
             out[c] = values
         return out
@@ -348,7 +348,7 @@ class PortableModel:
             if isinstance(e, bool):
                 e = int(e)
             elif not isinstance(e, int):
-                raise ValueError(f"{e!r} cannot be hashed to an ID (strings and integers can)")
+                raise ValueError(f"{shown(e)} cannot be hashed to an ID (strings and integers can)")
             elif e in f.missing_ints:
                 return -1
             return 2 * ints.setdefault(e, len(ints)) + 1
@@ -357,7 +357,7 @@ class PortableModel:
         try:
             p = parse_int(e)
         except ValueError:
-            raise ValueError(f"not an integer ID (got {e!r})") from None
+            raise ValueError(f"not an integer ID (got {shown(e)})") from None
         return -1 if p is None else 2 * ints.setdefault(p, len(ints)) + 1
 
     def _bags(self, f: _Feature, cols: Mapping[str, list[Any]], n: int, place: Any
@@ -385,7 +385,7 @@ class PortableModel:
                     try:
                         p = parse_float(w)
                     except ValueError:
-                        raise BadInput(f"{place(i)}, column '{f.weight_column}': weight is not a number (got {w!r})") from None
+                        raise BadInput(f"{place(i)}, column '{f.weight_column}': weight is not a number (got {shown(w)})") from None
                     ws.append(1.0 if p is None else p)  # a missing weight counts as 1
             for k, e in enumerate(elems):
                 if e is None:

@@ -24,7 +24,7 @@ import math
 import re
 from typing import Any, Sequence
 
-__all__ = ["canonical_value", "parse_float", "parse_int", "listed_ints", "BadInput"]
+__all__ = ["canonical_value", "parse_float", "parse_int", "listed_ints", "BadInput", "shown"]
 
 _EXACT = 2**53  # floats are exact integers up to here
 _INT_TEXT = re.compile(r"[-+]?[0-9]+")
@@ -36,6 +36,39 @@ _INTEGER = re.compile(r"^-?\d{1,19}$", re.ASCII)
 class BadInput(ValueError):
     """A value the export cannot score: names the row (0-based index in the request, or the
     file's 1-based line), the column and the reason."""
+
+
+def shown(v: Any, limit: int = 80) -> str:
+    """``repr(v)`` for an error message, cut to about ``limit`` characters: a request may send a
+    megabyte of text, or an integer of thousands of digits (whose repr Python refuses).
+
+    Example:
+        >>> shown("ab"), shown(10**5000), shown("x" * 200, 10)
+        ("'ab'", 'an integer of 5001 digits', "'xxxxxxx...")
+    """
+    try:
+        r = repr(v)
+    except ValueError:  # (more digits than sys.get_int_max_str_digits)
+        return f"an integer of {_digits(v)} digits"
+    return r if len(r) <= limit else r[: limit - 2] + "..."
+
+
+def _digits(v: int) -> int:
+    """The decimal digits of ``abs(v)``, without converting it to text."""
+    n, d = abs(v), int(abs(v).bit_length() * 0.30102999566398120)
+    return d + 1 if n >= 10**d else max(d, 1)
+
+
+def _text(v: str) -> str:
+    """``v``, when it is Unicode text (what a file can hold): JSON's "\\ud800" escape gives a lone
+    surrogate, which is not; ValueError then."""
+    if not v.isascii():
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("text holding a lone UTF-16 surrogate (e.g. from a \\ud800 escape), which is not "
+                             "Unicode text") from None
+    return v
 
 
 def _kind(v: Any) -> str:
@@ -60,7 +93,7 @@ def canonical_value(v: Any, type: str, missing: Sequence[str] = (), separator: s
             "unknown": "a value"}[type]
     if isinstance(v, bool) != (type == "bool") or isinstance(v, (list, tuple, dict)) or not isinstance(v, (bool, int, float, str)):
         raise ValueError(f"{_kind(v)} where {what} belongs")
-    if isinstance(v, str) and v in missing:
+    if isinstance(v, str) and _text(v) in missing:
         return None
     if type == "bool" or type == "unknown":
         return v if type == "bool" else str(v)
@@ -71,15 +104,21 @@ def canonical_value(v: Any, type: str, missing: Sequence[str] = (), separator: s
         if not s:
             return None
         if type == "int" and _INT_TEXT.fullmatch(s):
+            if len(s.lstrip("+-")) > 20:  # (int() refuses thousands of digits with Python's own advice)
+                raise ValueError(f"{shown(v)} is outside the int64 range of integer IDs")
             v = int(s)
         elif _NUMBER_TEXT.fullmatch(s):
             v = float(s)
         else:
-            raise ValueError(f"{v!r} is not {what}")
+            raise ValueError(f"{shown(v)} is not {what}")
     if type == "float":
-        if math.isinf(v):
-            raise ValueError(f"{v!r} is not a finite number")
-        return float(v)
+        try:
+            x = float(v)
+        except OverflowError:  # an integer past the float range
+            raise ValueError(f"{shown(v)} is beyond the range of a float") from None
+        if math.isinf(x):
+            raise ValueError(f"{shown(v)} is not a finite number")
+        return x
     if isinstance(v, float):
         if math.isnan(v):
             return None
@@ -90,13 +129,16 @@ def canonical_value(v: Any, type: str, missing: Sequence[str] = (), separator: s
                              "integer or a string")
         v = int(v)
     if not -(2**63) <= v < 2**63:
-        raise ValueError(f"{v} is outside the int64 range of integer IDs")
+        raise ValueError(f"{shown(v)} is outside the int64 range of integer IDs")
     return v
 
 
 def _decimal(v: int | float) -> str:
     if isinstance(v, int):
-        return str(v)
+        try:
+            return str(v)
+        except ValueError:  # (more digits than Python turns into text: no file could hold it either)
+            raise ValueError(f"{shown(v)} is too long to be a string ID") from None
     if not math.isfinite(v):
         raise ValueError(f"{v!r} is not a finite number, and cannot be a string ID")
     return str(int(v)) if v == int(v) and abs(v) <= _EXACT else repr(v)
@@ -112,16 +154,19 @@ def parse_float(v: Any) -> float | None:
         if not s:
             return None
         if not _NUMBER.match(s):
-            raise ValueError(f"{v!r} is not a number")
+            raise ValueError(f"{shown(v)} is not a number")
         x = float(s)
     elif isinstance(v, (bool, int, float)):
-        x = float(v)
+        try:
+            x = float(v)
+        except OverflowError:  # an integer past the float range
+            raise ValueError(f"{shown(v)} is beyond the range of a float") from None
     else:
         raise ValueError(f"{_kind(v)} where a number belongs")
     if math.isnan(x):
         return None
     if math.isinf(x):
-        raise ValueError(f"{v!r} is not a finite number")
+        raise ValueError(f"{shown(v)} is not a finite number")
     return x
 
 
@@ -140,7 +185,7 @@ def parse_int(v: Any) -> int | None:
     if not s:
         return None
     if not _INTEGER.match(s) or not -(2**63) <= int(s) < 2**63:
-        raise ValueError(f"{v!r} is not an integer ID")
+        raise ValueError(f"{shown(v)} is not an integer ID")
     return int(s)
 
 

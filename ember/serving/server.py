@@ -85,7 +85,7 @@ def make_app(source: ModelSource, max_body_bytes: int = 1 << 20) -> Any:
     """The FastAPI application serving ``source``."""
     try:
         from fastapi import FastAPI, Request
-        from fastapi.responses import JSONResponse
+        from fastapi.responses import Response
         from starlette.concurrency import run_in_threadpool
     except ImportError as e:  # pragma: no cover - depends on the environment
         raise ConfigError("ember serve needs FastAPI and uvicorn: pip install 'ember[serve]'") from e
@@ -93,7 +93,9 @@ def make_app(source: ModelSource, max_body_bytes: int = 1 << 20) -> Any:
     app = FastAPI(title="ember scoring server")
 
     def error(status: int, message: str, **where: Any) -> Any:
-        return JSONResponse({"error": message, **where}, status_code=status)
+        # ASCII JSON: a message quotes the request's text, which may not be encodable as UTF-8 (a
+        # lone surrogate from a "\\ud800" escape): escaped, it is answered instead of a 500
+        return Response(json.dumps({"error": message, **where}), status_code=status, media_type="application/json")
 
     @app.get("/health")
     def health() -> dict[str, Any]:
@@ -115,6 +117,9 @@ def make_app(source: ModelSource, max_body_bytes: int = 1 << 20) -> Any:
             payload = json.loads(body)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return error(400, f"the body is not JSON: {e}")
+        except ValueError:  # (Python reads integers of at most sys.get_int_max_str_digits() digits)
+            return error(400, "the body holds a number of thousands of digits, which no column can hold; send "
+                              "IDs of at most 19 digits (or as strings), numbers within the float range")
         except RecursionError:  # (Python's parser recurses per nesting level)
             return error(400, "the body is JSON nested too deeply to read; send "
                               '{"rows": [{"column": value, ...}, ...]} with plain values')

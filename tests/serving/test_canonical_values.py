@@ -208,6 +208,10 @@ GOOD = {"C1": 4, "C2": "7", "I1": 2.5}
     ("C2", False, "a boolean"),
     ("I1", {"a": 1}, "an object where a number belongs"),
     ("I1", "seven", "'seven' is not a number"),
+    # what JSON holds and no file can: a lone surrogate, a number past the float range, thousands of digits
+    ("C2", "\ud800", "lone UTF-16 surrogate"),
+    ("I1", 10**400, "beyond the range of a float"),
+    ("C1", "1" + "0" * 5000, "outside the int64 range"),
 ])
 def test_a_value_that_cannot_be_brought_to_its_type_is_a_422_naming_row_and_column(trained, column, value, says):
     status, out = _post(trained, [GOOD, {**GOOD, column: value}])

@@ -100,7 +100,15 @@ def test_scores_equal_the_offline_predictor_and_a_new_export_is_swapped_in(serve
     (b'{"rows": ' + b'[' * 5000 + b']' * 5000 + b'}', 400, "nested too deeply"),
     (b'{"rows": [{"C1": ' + b'[' * 5000 + b']' * 5000 + b'}]}', 400, "nested too deeply"),
     (b'{"rows": [], "rowz": 1}', 400, "unknown key(s) ['rowz']"),
-], ids=["not-json", "no-rows", "rows-not-objects", "bad-value", "too-large", "deep", "deep-value", "unknown-key"])
+    # values Python's JSON reads but no file holds: a lone surrogate, a number past a float, an
+    # integer of more digits than Python turns into text
+    (b'{"rows": [{"C1": "\\ud800"}]}', 422, "lone UTF-16 surrogate"),
+    (b'{"rows": [{"\\ud800": 1}]}', 422, "unknown column"),
+    (b'{"rows": [{"I1": 1' + b'0' * 400 + b'}]}', 422, "beyond the range of a float"),
+    (b'{"rows": [{"C1": 1' + b'0' * 5000 + b'}]}', 400, "thousands of digits"),
+    (b'{"rows": [{"C1": "1' + b'0' * 5000 + b'"}]}', 422, "C1"),
+], ids=["not-json", "no-rows", "rows-not-objects", "bad-value", "too-large", "deep", "deep-value", "unknown-key",
+        "surrogate", "surrogate-key", "float-overflow", "digits", "digit-text"])
 def test_bad_requests_get_a_4xx_with_a_message_and_the_server_goes_on(served, body, status, says):
     got, out = _post(served["url"], body)
     assert got == status and says in out["error"]
