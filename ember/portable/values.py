@@ -5,12 +5,14 @@ serves ember's own server and ``ember predict`` with) and the number / integer s
 parses Arrow arrays; tested equal).
 
 A value sent at scoring time is first brought to its column's type in training (the export's
-``input_types``): ``"int"`` (4, 4.0, "4", " 4.0 " are the ID 4), ``"string"`` (a number becomes
+``input_types``): ``"int"`` (4, 4.0, "4", " 4 " are the ID 4; text is read as training reads a
+file's text, decimal digits: "4.0", "+4", "1e3" and "NaN" are no integer IDs there, so not
+here either), ``"string"`` (a number becomes
 the text a CSV file holds for it: 4 and 4.0 are "4", 4.5 is "4.5"), ``"bool"``, ``"float"``,
 ``"list<...>"`` or ``"unknown"`` (text). None is a missing value.
 
 Example:
-    >>> [canonical_value(v, "int") for v in (4, 4.0, "4", " 4.0 ", None)]
+    >>> [canonical_value(v, "int") for v in (4, 4.0, "4", " 4 ", None)]
     [4, 4, 4, 4, None]
     >>> [canonical_value(v, "string") for v in (4, 4.0, "4.0", 4.5)]
     ['4', '4', '4.0', '4.5']
@@ -27,7 +29,6 @@ from typing import Any, Sequence
 __all__ = ["canonical_value", "parse_float", "parse_int", "listed_ints", "BadInput", "shown"]
 
 _EXACT = 2**53  # floats are exact integers up to here
-_INT_TEXT = re.compile(r"[-+]?[0-9]+")
 _NUMBER_TEXT = re.compile(r"^[-+]?((\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|(?i:nan|inf|infinity))$", re.ASCII)
 _NUMBER = _NUMBER_TEXT  # the featurizer's number syntax (Arrow's regex: ASCII digits)
 _INTEGER = re.compile(r"^-?\d{1,19}$", re.ASCII)
@@ -99,15 +100,13 @@ def canonical_value(v: Any, type: str, missing: Sequence[str] = (), separator: s
         return v if type == "bool" else str(v)
     if type == "string":
         return v if isinstance(v, str) else _decimal(v)
+    if isinstance(v, str) and type == "int":  # text: as a file's text is read in training (parse_int)
+        return parse_int(v)
     if isinstance(v, str):
         s = v.strip()
         if not s:
             return None
-        if type == "int" and _INT_TEXT.fullmatch(s):
-            if len(s.lstrip("+-")) > 20:  # (int() refuses thousands of digits with Python's own advice)
-                raise ValueError(f"{shown(v)} is outside the int64 range of integer IDs")
-            v = int(s)
-        elif _NUMBER_TEXT.fullmatch(s):
+        if _NUMBER_TEXT.fullmatch(s):
             v = float(s)
         else:
             raise ValueError(f"{shown(v)} is not {what}")

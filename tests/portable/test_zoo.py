@@ -77,7 +77,7 @@ def test_bad_rows_are_refused_as_the_predictor_refuses_them(work):
                        ([{"I1": float("inf")}], "column 'I1'"), ([{"uid": 4.5}], "column 'uid'"),
                        ([{"tags": "a|b", "tag_w": 1.0}], "weights do not match"), ([{"C1": ["a"]}], "column 'C1'"),
                        ([{"C1": "\ud800"}], "lone UTF-16 surrogate"), ([{"\ud800": 1}], "unknown column"),
-                       ([{"I1": 10**400}], "beyond the range of a float"), ([{"uid": "1" + "0" * 5000}], "int64 range")]:
+                       ([{"I1": 10**400}], "beyond the range of a float"), ([{"uid": "1" + "0" * 5000}], "column 'uid'")]:
         with pytest.raises(DataError):
             predictor.predict_records(rows)
         with pytest.raises(BadInput, match=says):

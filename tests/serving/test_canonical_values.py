@@ -18,6 +18,7 @@ import pyarrow.csv as pacsv
 import pyarrow.orc as orc
 import pyarrow.parquet as pq
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -29,7 +30,6 @@ from ember.errors import DataError  # noqa: E402
 from ember.featurize.canonical import canonical_array, canonical_value, canonicalize  # noqa: E402
 from ember.serving import Predictor  # noqa: E402
 from ember.serving.server import ModelSource, make_app  # noqa: E402
-from ember.testing.server import LocalServer  # noqa: E402
 from ember.testing.server import LocalServer  # noqa: E402
 
 VOCAB = 30  # IDs 0..VOCAB-1 are trained; the property draws a few beyond (unseen IDs)
@@ -118,7 +118,7 @@ def test_the_export_records_each_input_column_type_as_training_read_it(trained):
 # --- the property: one row, every way in, one score -------------------------------------------------
 
 _ID = st.integers(0, VOCAB + 5)
-_C1 = st.one_of(st.none(), _ID, _ID.map(float), _ID.map(str), _ID.map(lambda k: f" {k}.0 "))  # integer IDs
+_C1 = st.one_of(st.none(), _ID, _ID.map(float), _ID.map(str), _ID.map(lambda k: f" {k} "))  # integer IDs
 _C2 = st.one_of(st.none(), _ID, _ID.map(float), _ID.map(str))  # text IDs: a number is its CSV text
 _I1 = st.one_of(st.none(), st.integers(0, 1000), st.floats(0, 1e4, allow_nan=False).map(lambda x: round(x, 3)),
                 st.floats(0, 1e4).map(lambda x: repr(round(x, 3))))
@@ -177,7 +177,7 @@ def test_a_row_scores_the_same_from_json_csv_parquet_orc_and_eval(trained, tmp_p
 
 
 def test_four_and_four_point_oh_are_one_id_and_a_seen_id_differs_from_an_unseen_one(trained):
-    scores = [_post(trained, [{"C1": v, "C2": "3", "I1": 1}])[1]["scores"][0][0] for v in (4, 4.0, "4", "4.0", 77)]
+    scores = [_post(trained, [{"C1": v, "C2": "3", "I1": 1}])[1]["scores"][0][0] for v in (4, 4.0, "4", " 4 ", 77)]
     assert scores[0] == scores[1] == scores[2] == scores[3] != scores[4]
     text = [_post(trained, [{"C1": 4, "C2": v, "I1": 1}])[1]["scores"][0][0] for v in (3, 3.0, "3", "3.0")]
     assert text[0] == text[1] == text[2] != text[3]  # "3.0" is another text ID than "3", as in a CSV file
@@ -211,7 +211,7 @@ GOOD = {"C1": 4, "C2": "7", "I1": 2.5}
     # what JSON holds and no file can: a lone surrogate, a number past the float range, thousands of digits
     ("C2", "\ud800", "lone UTF-16 surrogate"),
     ("I1", 10**400, "beyond the range of a float"),
-    ("C1", "1" + "0" * 5000, "outside the int64 range"),
+    ("C1", "1" + "0" * 5000, "is not an integer ID"),
 ])
 def test_a_value_that_cannot_be_brought_to_its_type_is_a_422_naming_row_and_column(trained, column, value, says):
     status, out = _post(trained, [GOOD, {**GOOD, column: value}])
@@ -261,6 +261,29 @@ def test_ember_predict_exits_2_naming_file_row_and_column(trained, tmp_path, cap
                  "data.on_bad_rows=skip"]) == 0
     assert np.loadtxt(out, delimiter=",", skiprows=1, ndmin=2).shape == (2, 1)
     assert "C1: not a value of its training type (int) x1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["4.0", "+4", "1e3", "NaN"])
+def test_text_an_integer_id_column_refuses_in_training_is_refused_by_predict_and_the_server(tmp_path, capsys, text):
+    """A CSV-trained ``hash_ids: false`` column: eval reads its text with the featurizer's integer
+    syntax, so predict and the server do too (they scored "4.0" as 4 and "NaN" as missing)."""
+    rows = "".join(f"{i % 2},{i},{i % 7}\n" for i in range(64))
+    (tmp_path / "train.csv").write_text("y,I1,C1\n" + rows)
+    (tmp_path / "bad.csv").write_text(f"y,I1,C1\n1,1,5\n0,2,{text}\n")
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "data": {"format": "csv", "train": str(tmp_path / "train.csv"), "eval": str(tmp_path / "train.csv"), "batch_size": 32},
+        "schema": {"labels": ["y"], "dense": [{"name": "I1"}], "sparse": [{"name": "C1", "hash_ids": False}]},
+        "embedding": {"dim": 4}, "model": {"type": "dlrm", "bottom_mlp": [4], "top_mlp": [4]},
+        "train": {"out_dir": str(tmp_path), "run_name": "run", "progress": False, "threads": 1, "max_steps": 2}}))
+    assert main(["train", "--config", str(cfg), "--export", str(tmp_path / "export")]) == 0
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(tmp_path / "run"), f"data.eval={tmp_path / 'bad.csv'}"]) == 2
+    assert "row 3, column 'C1'" in capsys.readouterr().err
+    assert main(["predict", "--export", str(tmp_path / "export"), "--input", str(tmp_path / "bad.csv")]) == 2
+    assert "row 3, column 'C1'" in capsys.readouterr().err
+    with pytest.raises(DataError, match=r"rows\[0\], column 'C1'"):
+        Predictor.load(tmp_path / "export").predict_records([{"I1": 2, "C1": text}])
 
 
 def test_an_export_without_the_type_record_infers_it_and_says_so_once(trained, tmp_path, caplog):
