@@ -43,6 +43,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import tempfile
 from pathlib import Path
 from typing import Literal, Sequence
 
@@ -50,7 +51,7 @@ from ember.errors import ConfigError, WriteError
 from ember.fileio import write_bytes_atomic
 
 __all__ = ["Kind", "MARKER", "mark", "output_kind", "manifest_kind", "claim_output", "check_apart", "check_own",
-           "output_format", "OUTPUT_KEY"]
+           "check_writable", "output_format", "OUTPUT_KEY"]
 
 Kind = Literal["run", "export", "predictions", "generate", "towers", "profile"]
 MARKER = ".ember-output.json"
@@ -195,6 +196,7 @@ def claim_output(path: str | os.PathLike, kind: Kind, flag: str, overwrite: bool
     if not base.is_dir():
         raise ConfigError(f"{flag} {p}: {base} is a file, not a folder, so nothing can be written under it; "
                           "choose another path")
+    check_writable(base, f"{flag} {p}", "choose a path in a folder you can write to")
     if not (p.exists() or p.is_symlink()) or _empty_dir(p):
         return False
     found = output_kind(p)
@@ -216,6 +218,19 @@ def claim_output(path: str | os.PathLike, kind: Kind, flag: str, overwrite: bool
     if kind == "export" and p.is_dir():  # replaced whole (a profile replaces its own files in place)
         check_own(p, kind, f"{flag} {p}")
     return True
+
+
+def check_writable(folder: Path, what: str, fix: str) -> None:
+    """ConfigError (naming ``what`` and the ``fix``) when no file can be created in the existing
+    ``folder``: read-only, no permission, a kernel's virtual file system. Tried with a file of
+    its own (made and removed at once), as permission bits cannot say it (root may write where
+    the file system refuses), so a command fails before its work, not after it."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".ember-write-check-", dir=folder)
+    except OSError as e:
+        raise ConfigError(f"{what} cannot be written: {folder} takes no new files ({e.strerror or e}); {fix}") from None
+    os.close(fd)
+    os.unlink(probe)
 
 
 def check_own(d: Path, kind: Kind, where: str) -> None:

@@ -203,6 +203,20 @@ def test_overwrite_finds_a_users_files_at_any_depth(run, export, tmp_path, capsy
     assert main(["train", "--config", cfg, *series, "--overwrite"]) == 0
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc, a folder that takes no new files even for root")
+def test_an_output_folder_that_takes_no_files_is_refused_before_the_work(run, export, tmp_path, capsys):
+    """Read-only, no permission, a kernel's file system: every command says so, exit 2, before
+    it trains, exports or generates (an OSError after the work, exit 1, before)."""
+    for args in (["generate", "--out", "/proc/g.csv", "--rows", "10"],
+                 ["export", "--checkpoint", str(run[0]), "--out", "/proc/ember-export"],
+                 ["towers", "--checkpoint", str(run[0]), "--towers", "2", "--out", "/proc/t.yaml"],
+                 ["predict", "--export", str(export), "--input", str(run[1]), "--output", "/proc/p.csv"],
+                 ["train", "--config", _config(tmp_path, "ro"), "train.out_dir=/proc"]):
+        assert main(args) == 2, args
+        err = capsys.readouterr().err
+        assert "cannot be written: /proc takes no new files" in err, (args, err)
+
+
 def test_train_exports_into_its_own_run_but_never_over_it(tmp_path, capsys):
     args = ["train", "--config", _config(tmp_path, "demo"), f"train.out_dir={tmp_path / 'runs'}", "train.max_steps=2",
             "--export"]

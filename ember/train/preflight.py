@@ -22,7 +22,6 @@ Example:
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -30,7 +29,7 @@ from typing import Literal
 from ember.config import RunConfig
 from ember.errors import CapacityError, ConfigError, DataError, MissingColumnsError
 from ember.fileio import fmt_bytes, free_bytes, nearest_existing
-from ember.outputs import check_own, output_kind
+from ember.outputs import check_own, check_writable, output_kind
 from ember.pipeline.loader import missing_keys_error
 from ember.source.config import DataConfig
 from ember.source.file_source import names
@@ -77,9 +76,10 @@ def check_run(cfg: RunConfig, run_dir: Path, overwrite: bool = True, splits: tup
         require_tensorboard()
     EarlyStopping.from_run(cfg)  # its config errors (a metric naming no task, no eval data) before anything is built
     base = nearest_existing(run_dir)
-    if not base.is_dir() or not os.access(base, os.W_OK | os.X_OK):
-        raise ConfigError(f"output directory {run_dir} cannot be written ({base} is not a writable directory); "
+    if not base.is_dir():
+        raise ConfigError(f"output directory {run_dir} cannot be written ({base} is not a directory); "
                           "set train.out_dir to a writable directory")
+    check_writable(base, f"output directory {run_dir}", "set train.out_dir to a writable directory")
 
 
 def check_run_dir(run_dir: Path, overwrite: bool) -> None:
