@@ -34,13 +34,14 @@ def _config(args: argparse.Namespace):
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ember.outputs import check_apart, claim_output
+    from ember.outputs import check_apart, check_in_run, claim_output
     from ember.train.loop import run_directory, train
 
     cfg = _config(args)
     if args.export:  # checked now, not after hours of training; inside the run is fine (runs/x/export)
         for used in [run_directory(cfg), *(p for p in (cfg.train.resume, cfg.train.init_from) if p is not None)]:
             check_apart(args.export, used, "--export", inside_ok=True)
+        check_in_run(args.export, run_directory(cfg), "--export")
         claim_output(args.export, "export", "--export", args.overwrite)
     result = train(cfg, overwrite=args.overwrite)
     if result.parts is not None and not result.parts.lead:

@@ -51,7 +51,7 @@ from ember.errors import ConfigError, WriteError
 from ember.fileio import write_bytes_atomic
 
 __all__ = ["Kind", "MARKER", "mark", "output_kind", "manifest_kind", "claim_output", "check_apart", "check_own",
-           "check_writable", "output_format", "OUTPUT_KEY"]
+           "check_writable", "check_in_run", "output_format", "OUTPUT_KEY"]
 
 Kind = Literal["run", "export", "predictions", "generate", "towers", "profile"]
 MARKER = ".ember-output.json"
@@ -320,6 +320,22 @@ def _foreign_run(d: Path, prefix: str, out: list[str]) -> None:
             _foreign_run(e, rel, out)
         elif not (e.is_dir() and output_kind(e) is not None):  # (another ember output, e.g. a profile, replaced whole)
             out.append(_entry(e, prefix))
+
+
+def check_in_run(path: str | os.PathLike, run_dir: str | os.PathLike, flag: str) -> None:
+    """ConfigError when the output ``path``, inside ``run_dir``, is where the run writes its own
+    files (``checkpoints/``, ``tensorboard/``, its files, an export series' numbered names): it
+    would collide with them once the run has written them (``train --export runs/x/export`` is
+    fine)."""
+    out, run = Path(path).resolve(), Path(run_dir).resolve()
+    if not out.is_relative_to(run) or out == run:
+        return
+    parts = out.relative_to(run).parts
+    if parts[0] in ("checkpoints", "tensorboard") or (len(parts) == 1 and parts[0] in _RUN_FILES) \
+            or (parts[0] == "exports" and len(parts) > 1 and re.fullmatch(r"\d{6}-(full|delta)", parts[1])):
+        where = "/".join(parts[:2] if parts[0] == "exports" else parts[:1])
+        raise ConfigError(f"{flag} {path} lies where the run writes its own {where}; choose another path (e.g. "
+                          f"{Path(run_dir) / 'export'})")
 
 
 def check_apart(path: str | os.PathLike, source: str | os.PathLike, flag: str, inside_ok: bool = False) -> None:

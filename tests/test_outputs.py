@@ -224,6 +224,9 @@ def test_train_exports_into_its_own_run_but_never_over_it(tmp_path, capsys):
     assert "contains" in capsys.readouterr().err and not (tmp_path / "runs").exists()
     assert main([*args, str(tmp_path / "runs" / "demo")]) == 2
     assert not (tmp_path / "runs").exists()
+    for inside in ("checkpoints/step-00000002", "tensorboard/e", "summary.json", "exports/000001-full"):
+        assert main([*args, str(tmp_path / "runs" / "demo" / inside)]) == 2  # where the run writes: before training
+        assert "lies where the run writes its own" in capsys.readouterr().err and not (tmp_path / "runs").exists()
     export = tmp_path / "runs" / "demo" / "export"  # the README's layout
     assert main([*args, str(export)]) == 0
     assert output_kind(export) == "export" and output_kind(tmp_path / "runs" / "demo") == "run"
