@@ -359,3 +359,22 @@ def test_an_export_given_to_resume_or_finetune_from_is_named(trained, tmp_path, 
     for key in ("train.resume", "train.init_from"):
         err = _error(capsys, ["train", "--config", str(_config(tmp_path)), f"{key}={trained['export']}"])
         assert f"{key} {trained['export']} is an export (written by ember export or train --export), not a checkpoint" in err
+
+
+def test_a_resume_past_the_end_of_shorter_data_says_where_it_resumed(tmp_path, capsys):
+    """The checkpoint stopped at batch 6 of 8; the data given on resume holds 2 batches: the run
+    trains nothing, and the error says why (it blamed the files for holding no rows)."""
+    rows = "".join(f"{i % 2},{i},c{i % 5}\n" for i in range(64))
+    (tmp_path / "long.csv").write_text("y,x,c\n" + rows)
+    (tmp_path / "short.csv").write_text("y,x,c\n" + rows[: rows.index("\n", 0) + 1] * 16)
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "data": {"format": "csv", "train": str(tmp_path / "long.csv"), "batch_size": 8},
+        "schema": {"labels": ["y"], "dense": [{"name": "x"}], "sparse": [{"name": "c"}]},
+        "embedding": {"dim": 4}, "model": {"type": "dlrm", "bottom_mlp": [4], "top_mlp": [4]},
+        "train": {"out_dir": str(tmp_path), "run_name": "r", "progress": False, "threads": 1, "max_steps": 6}}))
+    assert main(["train", "--config", str(cfg)]) == 0
+    capsys.readouterr()
+    err = _error(capsys, ["train", "--config", str(cfg), f"train.resume={tmp_path / 'r'}", "train.max_steps=100",
+                          f"data.train={tmp_path / 'short.csv'}"])
+    assert "the run resumed at batch 6 of epoch 0" in err and "data.train gave no batch past it" in err

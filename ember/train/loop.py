@@ -173,7 +173,7 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
     parts, checkpointer, reporter, evaluator = r.parts, r.checkpointer, r.reporter, r.evaluator
     task_w = torch.tensor(t.task_weights, device=parts.device) if t.task_weights else None
     done = t.max_steps is not None and state.step >= t.max_steps  # e.g. resumed at the end already
-    first_step, finished_already = state.step, done
+    first_step, finished_already, resumed_at = state.step, done, (state.epoch, state.batch)
     first_epoch = state.epoch  # the run's first pass over the data (bad rows are counted in it)
     engine_threads, why = engine_on_threads(pipe, parts.device.type == "cuda", k, dist is not None)
     if parts.lead and pipe.enabled:
@@ -232,7 +232,8 @@ def _train(cfg: RunConfig, run_dir: Path, dist: DistributedRun | None = None,
                     done = state.epoch < t.epochs and evaluator.stops(state.step)  # the next epoch would start at its batch 0
     reporter.progress.close()
     if state.step == first_step and not finished_already and not (t.mode == "online" and t.resume):
-        raise no_steps_error(cfg.data)  # e.g. header-only files (a resumed online run may find no new rows: it ends as it was)
+        raise no_steps_error(cfg.data, resumed_at if t.resume else None)  # e.g. header-only files (a resumed online run
+        # may find no new rows: it ends as it was)
     return _finish(r, state, first_step, bad_rows, shards_files(cfg, dist))
 
 

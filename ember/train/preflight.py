@@ -160,8 +160,16 @@ def check_data(data: DataConfig, columns: list[str], split: Split) -> list[str]:
     return [u.name for u in source_for(data).check(split, columns)]
 
 
-def no_steps_error(data: DataConfig) -> DataError:
-    """The error for a run that trained no step: which data gave no batch, and what to check."""
+def no_steps_error(data: DataConfig, resumed_at: tuple[int, int] | None = None) -> DataError:
+    """The error for a run that trained no step: which data gave no batch, and what to check.
+    ``resumed_at``: (epoch, batch) a resumed run started from, when the data ended before it."""
+    if resumed_at is not None and resumed_at[1] > 0:
+        epoch, batch = resumed_at
+        return DataError(f"training ran 0 steps: the run resumed at batch {batch} of epoch {epoch} (where its checkpoint "
+                         f"stopped), and data.train gave no batch past it: the data holds fewer batches than the run "
+                         f"read before (data.train or data.batch_size changed since?); resume with the data it was "
+                         f"trained on, raise train.epochs to go on with the next epoch, or start a new run from the "
+                         f"checkpoint's weights with train.init_from")
     if data.watch is not None:
         return DataError(f"training ran 0 steps: no rows arrived in data.train ({', '.join(data.paths('train'))}) "
                          f"within data.watch.idle_timeout_s ({data.watch.idle_timeout_s} s); check that files of "
