@@ -81,6 +81,19 @@ class ModelSource(PolledSource):
         return True
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object giving one key twice (JSON parsers keep the last: a row would silently lose a value)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``' objects, refusing a key given twice."""
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        seen: set[str] = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))  # type: ignore[func-returns-value]
+    return d
+
+
 def make_app(source: ModelSource, max_body_bytes: int = 1 << 20) -> Any:
     """The FastAPI application serving ``source``."""
     try:
@@ -114,7 +127,9 @@ def make_app(source: ModelSource, max_body_bytes: int = 1 << 20) -> Any:
             if len(body) > max_body_bytes:
                 return error(413, f"request body is over the limit of {max_body_bytes} bytes")
         try:
-            payload = json.loads(body)
+            payload = json.loads(body, object_pairs_hook=_unique_keys)
+        except _DuplicateKey as e:
+            return error(400, f"an object in the body gives the key {e.args[0]!r} twice; give each column once")
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             return error(400, f"the body is not JSON: {e}")
         except ValueError:  # (Python reads integers of at most sys.get_int_max_str_digits() digits)

@@ -325,6 +325,9 @@ def _start(cfg: RunConfig, parts: Components, dist: DistributedRun | None, run_d
     state = RunState(data=start_data(cfg, dist))
     if t.resume or t.init_from:
         ckpt = resolve_checkpoint(t.resume or t.init_from)  # type: ignore[arg-type]
+        if t.resume and t.init_from:  # (a finetune resumed: init_from only started it)
+            log.info("train.resume %s: the run continues from its checkpoint; train.init_from (%s) only started it and "
+                     "is not read again", t.resume, t.init_from)
         restored = restore(parts, ckpt, exact=bool(t.resume), cfg=cfg)
         if t.resume:
             world = 1 if dist is None else dist.world_size

@@ -107,8 +107,9 @@ def test_scores_equal_the_offline_predictor_and_a_new_export_is_swapped_in(serve
     (b'{"rows": [{"I1": 1' + b'0' * 400 + b'}]}', 422, "beyond the range of a float"),
     (b'{"rows": [{"C1": 1' + b'0' * 5000 + b'}]}', 400, "thousands of digits"),
     (b'{"rows": [{"C1": "1' + b'0' * 5000 + b'"}]}', 422, "C1"),
+    (b'{"rows": [{"I1": 1, "I1": 2}]}', 400, "gives the key 'I1' twice"),
 ], ids=["not-json", "no-rows", "rows-not-objects", "bad-value", "too-large", "deep", "deep-value", "unknown-key",
-        "surrogate", "surrogate-key", "float-overflow", "digits", "digit-text"])
+        "surrogate", "surrogate-key", "float-overflow", "digits", "digit-text", "duplicate-key"])
 def test_bad_requests_get_a_4xx_with_a_message_and_the_server_goes_on(served, body, status, says):
     got, out = _post(served["url"], body)
     assert got == status and says in out["error"]
