@@ -37,9 +37,11 @@ def resolve_checkpoint(path: str | Path) -> Path:
             return cand
         latest = cand / "LATEST"
         if latest.exists():
-            target = cand / latest.read_text().strip()
-            if (target / "manifest.json").exists():
+            name = latest.read_text(errors="replace").strip()
+            target = cand / name
+            if name and (target / "manifest.json").exists():
                 return target
+            named = f"names {name}, which is missing or incomplete" if name else "is empty"
             # killed between moving a same-step checkpoint aside and renaming its replacement in:
             # fall back to the newest complete checkpoint, or to the one moved aside (when it was
             # the only one, it lies under .old-step-*)
@@ -47,10 +49,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
             aside = sorted(p for p in cand.glob(".old-step-*") if (p / "manifest.json").exists())
             if done or aside:
                 chosen = (done or aside)[-1]
-                log.warning("%s names %s, which is missing or incomplete (a save interrupted?); using %s, the newest "
-                            "complete checkpoint", latest, target.name, chosen)
+                log.warning("%s %s (a save interrupted?); using %s, the newest complete checkpoint", latest, named, chosen)
                 return chosen
-            raise CheckpointError(f"{latest} names {target.name}, which is incomplete, and no complete checkpoint exists")
+            raise CheckpointError(f"{latest} {named}, and no complete checkpoint exists")
     raise CheckpointError(f"no checkpoint at {p}: expected a manifest.json or a LATEST file (a run directory works too)")
 
 
