@@ -804,7 +804,12 @@ def run() -> None:
     status (``ember.process_exit``: no interpreter teardown for native threads to abort in)."""
     from ember.process_exit import end_process
 
-    end_process(main())
+    try:
+        code = main()
+    except KeyboardInterrupt:  # Ctrl-C in the first moments (loading, parsing), before main's own handling
+        print("ember: interrupted", file=sys.stderr)
+        code = 130
+    end_process(code)
 
 
 if __name__ == "__main__":
