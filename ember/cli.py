@@ -416,7 +416,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from ember.errors import ConfigError, WriteError
     from ember.fileio import atomic_file
-    from ember.outputs import claim_output, output_format
+    from ember.outputs import claim_output, mark_file, output_format
     from ember.pipeline.loader import write_synthetic
     from ember.source.config import SyntheticOptions
 
@@ -440,6 +440,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(args.out, WriteError) as tmp:  # an --overwrite that fails keeps the old file
         write_synthetic(str(tmp), fmt, args.rows, opts, split=args.split, compression=compression)  # type: ignore[arg-type]
+    if fmt != "parquet":  # (a Parquet file holds its own mark)
+        mark_file(args.out, "generate")
     print(f"wrote {args.rows} rows to {[args.out]}")
     return 0
 

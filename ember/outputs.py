@@ -17,9 +17,10 @@ How an output is recognised (``output_kind``):
   probabilities, or kept input columns then ``p_<task>`` columns over lines ending in as many
   probabilities (``predict --keep``); Parquet with the ``ember.output: predictions`` schema
   metadata ember writes;
-- generated data: CSV/TSV whose header is the generator's layout (``label, I1.., C1..``: real
-  Criteo files have no header line); Parquet with ``ember.output: generate`` metadata. ORC files
-  carry no metadata ember can set, so a generated ORC file is not recognised (remove it yourself);
+- generated data: Parquet with ``ember.output: generate`` metadata; CSV, TSV and ORC files by
+  the hidden ``.NAME.ember-output.json`` ember writes beside them (``mark_file``: the file's size
+  and the digest of its start, so a file changed since is no longer ember's; a header alone
+  would claim a user's Criteo file with a header line);
 - a data profile: a directory with the marker, ``kind: profile`` (``ember profile --out``);
 - a towers snippet: a YAML file holding exactly the ``model: {type: dmt, towers: ...}`` lines
   ``ember towers`` writes (a config the user edited is no longer replaced).
@@ -50,7 +51,7 @@ from typing import Literal, Sequence
 from ember.errors import ConfigError, WriteError
 from ember.fileio import write_bytes_atomic
 
-__all__ = ["Kind", "MARKER", "mark", "output_kind", "manifest_kind", "claim_output", "check_apart", "check_own",
+__all__ = ["Kind", "MARKER", "mark", "mark_file", "sidecar", "output_kind", "manifest_kind", "claim_output", "check_apart", "check_own",
            "check_writable", "check_in_run", "output_format", "OUTPUT_KEY"]
 
 Kind = Literal["run", "export", "predictions", "generate", "towers", "profile"]
@@ -69,6 +70,40 @@ _TEXT = ("csv", "tsv")
 def mark(directory: str | os.PathLike, kind: Kind) -> None:
     """Record in ``directory`` that ember wrote it, as an output of ``kind``."""
     write_bytes_atomic(Path(directory) / MARKER, json.dumps({"kind": kind}).encode(), WriteError)
+
+
+def sidecar(path: str | os.PathLike) -> Path:
+    """Where ember records that it wrote the file ``path``: a hidden file beside it."""
+    p = Path(path)
+    return p.with_name(f".{p.name}{MARKER}")
+
+
+def _fingerprint(path: Path) -> dict[str, object]:
+    """A file's size and the digest of its first 64 KiB: changed, it is no longer what ember wrote."""
+    import hashlib
+
+    with open(path, "rb") as fh:
+        head = fh.read(1 << 16)
+    return {"bytes": path.stat().st_size, "head_sha256": hashlib.sha256(head).hexdigest()}
+
+
+def mark_file(path: str | os.PathLike, kind: Kind) -> None:
+    """Record beside the file ``path`` that ember wrote it as an output of ``kind`` (generated
+    CSV / TSV / ORC data, which cannot carry a mark inside: a header alone would claim a user's
+    Criteo file with a header line)."""
+    p = Path(path)
+    write_bytes_atomic(sidecar(p), json.dumps({"kind": kind, **_fingerprint(p)}).encode(), WriteError)
+
+
+def _marked_kind(f: Path) -> Kind | None:
+    """The kind the sidecar of file ``f`` records, when it still describes ``f``."""
+    try:
+        mark = json.loads(sidecar(f).read_text())
+        if mark.get("kind") in _DESCRIBED and {k: mark.get(k) for k in ("bytes", "head_sha256")} == _fingerprint(f):
+            return mark["kind"]  # type: ignore[no-any-return]
+    except (OSError, ValueError, AttributeError):
+        pass
+    return None
 
 
 def output_kind(path: str | os.PathLike) -> Kind | None:
@@ -112,6 +147,9 @@ def _dir_kind(d: Path) -> Kind | None:
 
 
 def _file_kind(f: Path) -> Kind | None:
+    marked = _marked_kind(f)
+    if marked is not None:
+        return marked
     if f.suffix.lower() in (".yaml", ".yml"):
         try:
             return "towers" if f.stat().st_size < 1 << 20 and _TOWERS.fullmatch(f.read_text()) else None
@@ -144,8 +182,6 @@ def _file_kind(f: Path) -> Kind | None:
         return "predictions"
     if _kept_predictions(head.decode("utf-8", "replace"), sep):
         return "predictions"
-    if re.fullmatch(r"label(,I\d+)*(,C\d+)*", ",".join(names)):
-        return "generate"
     return None
 
 

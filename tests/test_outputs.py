@@ -217,6 +217,25 @@ def test_an_output_folder_that_takes_no_files_is_refused_before_the_work(run, ex
         assert "cannot be written: /proc takes no new files" in err, (args, err)
 
 
+def test_generated_text_data_is_recognised_by_its_mark_not_its_header(tmp_path, capsys):
+    """A Criteo-shaped CSV of the user's own (the generator's header over real rows) is never
+    replaced; generated CSV/ORC data is, until it changes."""
+    opts = ["--rows", "20", "--options", json.dumps(SMALL)]
+    mine = tmp_path / "criteo.csv"
+    mine.write_text("label,I1,I2,C1,C2,C3,C4\n1,5,5,abc,abc,abc,abc\n")
+    assert main(["generate", "--out", str(mine), *opts, "--overwrite"]) == 2
+    assert "is a file ember did not write" in capsys.readouterr().err and "abc" in mine.read_text()
+    for name in ("g.csv", "g.tsv.gz", "g.orc"):
+        out = tmp_path / name
+        assert main(["generate", "--out", str(out), *opts]) == 0
+        assert output_kind(out) == "generate"
+        assert main(["generate", "--out", str(out), *opts, "--seed", "3", "--overwrite"]) == 0
+    with open(tmp_path / "g.csv", "a") as fh:
+        fh.write("1,2,3,a,b,c,d\n")  # changed since: the user's now
+    assert output_kind(tmp_path / "g.csv") is None
+    assert main(["generate", "--out", str(tmp_path / "g.csv"), *opts, "--overwrite"]) == 2
+
+
 def test_train_exports_into_its_own_run_but_never_over_it(tmp_path, capsys):
     args = ["train", "--config", _config(tmp_path, "demo"), f"train.out_dir={tmp_path / 'runs'}", "train.max_steps=2",
             "--export"]
