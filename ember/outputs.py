@@ -286,6 +286,7 @@ _TEMP = re.compile(r"\..+\.tmp(-\d+|\.\w+)")  # an atomic write's temporary, lef
 _STEP = re.compile(r"step-\d{8}")  # a checkpoint (ember.checkpoint.save)
 _CKPT_LEFTOVER = re.compile(r"\.(tmp|old)-step-\d{8}-\d+")  # a crashed save's directory (ember.checkpoint.save)
 _EVENTS = re.compile(r"events\.out\.tfevents\..+")  # TensorBoard's event files (train.tensorboard)
+_RANKS = re.compile(r"\.ranks-see-[0-9a-f]{32}")  # a distributed run's shared-folder check (ember.train.distributed)
 
 
 def _foreign_entries(d: Path, kind: Kind) -> list[str]:
@@ -326,18 +327,18 @@ def _foreign_listed(d: Path, prefix: str, out: list[str]) -> None:
 
 
 def _foreign_run(d: Path, prefix: str, out: list[str]) -> None:
-    """A run directory: its files, ``checkpoints/`` (checkpoints, ``LATEST``, a crashed save's
-    leftovers), ``tensorboard/`` (event files), ``exports/`` (the exports it wrote; an export
+    """A run directory: its files, ``checkpoints/`` (checkpoints, ``LATEST``, ``BEST``, a crashed
+    save's leftovers), ``tensorboard/`` (event files), ``exports/`` (the exports it wrote; an export
     series' temporaries), and ember outputs put into it (``train --export``)."""
     for e in sorted(d.iterdir()):
         rel = f"{prefix}{e.name}/"
         if e.is_symlink():
             out.append(_entry(e, prefix))
-        elif e.is_file() and (e.name in _RUN_FILES or _TEMP.fullmatch(e.name)):
+        elif e.is_file() and (e.name in _RUN_FILES or _TEMP.fullmatch(e.name) or _RANKS.fullmatch(e.name)):
             continue
         elif e.is_dir() and e.name == "checkpoints":
             for c in sorted(e.iterdir()):
-                if c.is_symlink() or not (c.name == "LATEST" and c.is_file() or _TEMP.fullmatch(c.name)
+                if c.is_symlink() or not (c.name in ("LATEST", "BEST") and c.is_file() or _TEMP.fullmatch(c.name)
                                           or c.is_dir() and (_STEP.fullmatch(c.name) or _CKPT_LEFTOVER.fullmatch(c.name))):
                     out.append(_entry(c, rel))
                 elif _STEP.fullmatch(c.name) and (c / "manifest.json").is_file():  # (one without: half removed by a prune)

@@ -158,6 +158,7 @@ def test_overwrite_finds_a_users_files_at_any_depth(run, export, tmp_path, capsy
     folder, checkpoints/, tensorboard/, exports/, an export's tables/) are named and kept; what
     ember wrote there (every manifest's files, LATEST, a crashed save's leftovers, an export
     series) is replaced."""
+    from ember.checkpoint.save import mark_best
     from ember.outputs import _foreign_entries
 
     out = tmp_path / "e"
@@ -179,6 +180,8 @@ def test_overwrite_finds_a_users_files_at_any_depth(run, export, tmp_path, capsy
     shutil.copytree(export, run / "export")  # train --export into its run: ember's
     (run / "checkpoints" / ".tmp-step-00000009-123").mkdir()  # a crashed save's leftovers: ember's
     (run / "exports" / ".000009-full.tmp-123").mkdir()
+    mark_best(ckpt)  # early stopping's best checkpoint, named in checkpoints/BEST
+    (run / f".ranks-see-{'0' * 32}").write_bytes(b"")  # a distributed start's check, left by a crash
     assert _foreign_entries(run, "run") == []
     (ckpt / "notes.txt").write_text("mine")
     (ckpt / "tables" / "extra.bin").write_bytes(b"x")
