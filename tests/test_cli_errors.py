@@ -375,6 +375,8 @@ def test_a_resume_past_the_end_of_shorter_data_says_where_it_resumed(tmp_path, c
         "train": {"out_dir": str(tmp_path), "run_name": "r", "progress": False, "threads": 1, "max_steps": 6}}))
     assert main(["train", "--config", str(cfg)]) == 0
     capsys.readouterr()
-    err = _error(capsys, ["train", "--config", str(cfg), f"train.resume={tmp_path / 'r'}", "train.max_steps=100",
-                          f"data.train={tmp_path / 'short.csv'}"])
+    assert main(["train", "--config", str(cfg), f"train.resume={tmp_path / 'r'}", "train.max_steps=100",
+                 f"data.train={tmp_path / 'short.csv'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"data.train is {tmp_path / 'short.csv'}, the run read {tmp_path / 'long.csv'} before" in err  # said first
     assert "the run resumed at batch 6 of epoch 0" in err and "data.train gave no batch past it" in err
