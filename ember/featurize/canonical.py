@@ -11,9 +11,10 @@ CSV, Parquet or ORC.
 Column types:
 
 - ``"int"``: integer IDs (a Parquet / ORC integer column; any ``hash_ids: false`` column), hashed
-  as int64. ``4``, ``4.0``, ``"4"`` and ``" 4.0 "`` are all the ID 4. A non-integral number
-  (``4.5``), a float beyond 2**53 (no longer exactly one integer: send such IDs as integers or
-  strings), an integer outside int64 or a non-numeric string is an error.
+  as int64. ``4``, ``4.0``, ``"4"`` and ``" 4 "`` are all the ID 4; text is read as training reads
+  a file's text (decimal digits: ``"4.0"``, ``"+4"``, ``"NaN"`` are errors there and here). A
+  non-integral number (``4.5``), a float beyond 2**53 (no longer exactly one integer: send such
+  IDs as integers or strings) or an integer outside int64 is an error.
 - ``"string"``: text IDs (every CSV column; a Parquet / ORC string column), hashed as UTF-8. A
   string is the ID as it is (``"4.0"`` and ``"4"`` differ, as they do in a CSV file). A number
   becomes the text a CSV file holds for it: an integer (or an integral float up to 2**53) its
@@ -33,7 +34,7 @@ lists in ``missing_values`` is missing too. A boolean, list or object where a sc
 and a JSON key the schema does not read (did-you-mean), are errors (:class:`BadValue`).
 
 Example:
-    >>> [canonical_value(v, "int") for v in (4, 4.0, "4", " 4.0 ", None)]
+    >>> [canonical_value(v, "int") for v in (4, 4.0, "4", " 4 ", None)]
     [4, 4, 4, 4, None]
     >>> [canonical_value(v, "string") for v in (4, 4.0, "4.0", 4.5)]
     ['4', '4', '4.0', '4.5']
