@@ -62,7 +62,7 @@ class Evaluator:
         ``restore_best``) make the parts and the returned metrics the best eval's."""
         records = self.history.records
         last = records[-1] if records else {}
-        if not self.metrics or last.get("kind") != "eval" or "window_rows" in last:
+        if not self.metrics or last.get("kind") != "eval" or last.get("step") != step or "window_rows" in last:
             self.evaluate(step)
         metrics = self.metrics
         if self.early is not None:
