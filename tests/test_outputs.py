@@ -239,6 +239,29 @@ def test_generated_text_data_is_recognised_by_its_mark_not_its_header(tmp_path, 
     assert main(["generate", "--out", str(tmp_path / "g.csv"), *opts, "--overwrite"]) == 2
 
 
+def test_a_resume_never_continues_into_another_run_without_overwrite(tmp_path, capsys):
+    """train.resume=runs/a with train.run_name=b: b holds another run, which it overwrote (its
+    LATEST went back, its metrics mixed); now refused, replaced only with --overwrite; a new
+    name continues a's run in a new directory; a itself is never touched."""
+    cfg = _config(tmp_path, "a")
+    assert main(["train", "--config", cfg, "train.max_steps=2"]) == 0
+    assert main(["train", "--config", cfg, "train.run_name=b", "train.max_steps=4"]) == 0
+    a, b = _tree(tmp_path / "a"), _tree(tmp_path / "b")
+    capsys.readouterr()
+    resume = ["train", "--config", cfg, f"train.resume={tmp_path / 'a'}", "train.max_steps=3"]
+    assert main([*resume, "train.run_name=b"]) == 2
+    assert "would continue in run directory" in capsys.readouterr().err
+    assert _tree(tmp_path / "b") == b and _tree(tmp_path / "a") == a
+    assert main([*resume, "train.run_name=c"]) == 0  # a new directory: a's run continued there
+    assert json.loads((tmp_path / "c" / "summary.json").read_text())["step"] == 3
+    assert main([*resume, "train.run_name=b", "--overwrite"]) == 0
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["step"] == 3
+    assert sorted(p.name for p in (tmp_path / "b" / "checkpoints").glob("step-*")) == ["step-00000003"]
+    assert _tree(tmp_path / "a") == a
+    assert main([*resume, "train.max_steps=9"]) == 0  # in its own directory, as ever (to the epoch's end, step 4)
+    assert json.loads((tmp_path / "a" / "summary.json").read_text())["step"] == 4
+
+
 def test_train_exports_into_its_own_run_but_never_over_it(tmp_path, capsys):
     args = ["train", "--config", _config(tmp_path, "demo"), f"train.out_dir={tmp_path / 'runs'}", "train.max_steps=2",
             "--export"]

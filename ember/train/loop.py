@@ -46,7 +46,7 @@ from ember.train.evaluator import Evaluator
 from ember.train.history import History
 from ember.train.metrics import json_safe
 from ember.source.protocol import one_source_per_config
-from ember.train.preflight import check_disk, check_run, holds_run, no_steps_error
+from ember.train.preflight import check_disk, check_run, holds_run, no_steps_error, resumes_in
 from ember.train.shards import ahead_of
 from ember.train.progress import EpochRows, Progress
 from ember.train.reporter import Reporter, expire_tables
@@ -160,7 +160,7 @@ def _run(cfg: RunConfig, overwrite: bool, batches: Sequence[Batch] | None) -> Ru
 def _clear_run(cfg: RunConfig, run_dir: Path, overwrite: bool, batches: Sequence[Batch] | None) -> bool:
     """Check the run directory, remove an earlier run it holds; whether the run starts fresh."""
     check_run(cfg, run_dir, overwrite, ("train", "eval") if batches is None else ("eval",))
-    if cfg.train.resume is None and holds_run(run_dir):
+    if holds_run(run_dir) and not resumes_in(cfg, run_dir):  # (checked: an earlier run --overwrite replaces)
         shutil.rmtree(run_dir)
     return not run_dir.exists()
 

@@ -40,7 +40,8 @@ from ember.train.builder import Components
 from ember.train.early_stop import EarlyStopping
 from ember.train.tensorboard import require_tensorboard
 
-__all__ = ["check_run", "check_run_dir", "check_resume", "check_disk", "check_data", "no_steps_error", "holds_run"]
+__all__ = ["check_run", "check_run_dir", "check_resume", "check_disk", "check_data", "no_steps_error", "holds_run",
+           "resumes_in"]
 
 log = logging.getLogger("ember")
 Split = Literal["train", "eval"]
@@ -66,6 +67,13 @@ def check_run(cfg: RunConfig, run_dir: Path, overwrite: bool = True, splits: tup
             raise missing_keys_error(MissingColumnsError("", missing, names), missing, _EVAL_KEYS)
     check_resume(cfg)
     if cfg.train.resume is None:
+        check_run_dir(run_dir, overwrite)
+    elif not resumes_in(cfg, run_dir) and holds_run(run_dir):  # the continuation would go into another run
+        if not overwrite:
+            raise ConfigError(
+                f"train.resume {cfg.train.resume} would continue in run directory {run_dir} (train.out_dir / "
+                f"train.run_name), which holds another run; set train.run_name to the resumed run's name to continue "
+                f"it there, or a new name to continue it in a new directory, or pass --overwrite to replace {run_dir}")
         check_run_dir(run_dir, overwrite)
     init = cfg.train.init_from
     if init is not None and holds_run(run_dir) and cfg.train.resume is None and \
@@ -148,6 +156,11 @@ def _checkpoint_manifest(key: str, given: str) -> dict:
                           "it holds no optimizer state or data position; give a training run directory or one of its "
                           "checkpoints (<run>/checkpoints/step-N)")
     return read_manifest(ckpt)
+
+
+def resumes_in(cfg: RunConfig, run_dir: Path) -> bool:
+    """Whether ``train.resume`` names a checkpoint of ``run_dir`` (the run continues where it was)."""
+    return cfg.train.resume is not None and Path(cfg.train.resume).resolve().is_relative_to(run_dir.resolve())
 
 
 def holds_run(run_dir: Path) -> bool:
