@@ -48,6 +48,9 @@ class HostTier(TierCounters, Tier):
 
     name = "host"
 
+    table: str | None = None
+    """The table whose rows the tier holds, named in its errors (``build_tier`` sets it)."""
+
     def __init__(
         self,
         record_dim: int,
@@ -429,8 +432,9 @@ class HostTier(TierCounters, Tier):
     # ---- internals --------------------------------------------------------------------------
     def _allocate(self, n: int) -> np.ndarray:
         if self.capacity is not None and len(self) + n > self.capacity:
+            of = "" if self.table is None else f" of table '{self.table}'"
             raise CapacityError(
-                f"{type(self).__name__}: {len(self) + n} rows would exceed its capacity of "
+                f"{type(self).__name__}{of}: {len(self) + n} rows would exceed its capacity of "
                 f"{self.capacity}; raise storage.{self.name}_rows (or _bytes) or add a disk tier behind it"
             )
         reuse = min(n, self._free.size)

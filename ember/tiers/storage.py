@@ -388,10 +388,17 @@ def build_tier(storage: StorageConfig, record_dim: int, name: str = "table") -> 
             Path(storage.disk_path) / name, record_dim, rows=storage.disk_rows, max_load=storage.disk_max_load
         )
         if host_rows is not None:
-            last = CachedTier(HostTier(record_dim, capacity=host_rows, policy=storage.policy), last, storage.admit_after)
+            last = CachedTier(_named(HostTier(record_dim, capacity=host_rows, policy=storage.policy), name), last,
+                              storage.admit_after)
     else:
-        last = HostTier(record_dim, capacity=host_rows, policy=storage.policy)
+        last = _named(HostTier(record_dim, capacity=host_rows, policy=storage.policy), name)
     if dev_rows is not None:
-        dev = DeviceTier(record_dim, capacity=dev_rows, policy=storage.policy, device=_device(storage))
+        dev = _named(DeviceTier(record_dim, capacity=dev_rows, policy=storage.policy, device=_device(storage)), name)
         last = CachedTier(dev, last, storage.admit_after)
     return last
+
+
+def _named(tier: HostTier, table: str) -> HostTier:
+    """``tier``, naming ``table`` in its errors."""
+    tier.table = table
+    return tier

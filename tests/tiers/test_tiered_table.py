@@ -153,6 +153,9 @@ def test_capacity_errors_up_front(tmp_path):
     assert not (tmp_path / "big").exists()  # nothing was allocated
     with pytest.raises(CapacityError, match="host memory"):
         EmbeddingTable(TableConfig(name="big", dim=16, storage={"host_bytes": "100TiB"}))
+    full = EmbeddingTable(TableConfig(name="clicks", dim=4, storage={"host_rows": 8}))  # no disk tier behind it
+    with pytest.raises(CapacityError, match="HostTier of table 'clicks': 12 rows would exceed its capacity of 8"):
+        apply(lookup(full, torch.arange(12)), torch.zeros(12, 4))  # (several tables may share one storage section)
     plan = EmbeddingTable(TableConfig(name="t", dim=16, storage=_tiny_tiers(tmp_path))).storage_plan()
     text = plan.describe()
     assert "device" in text and "disk" in text and plan.disk_bytes > 0
