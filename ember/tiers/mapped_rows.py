@@ -35,7 +35,7 @@ from ember.tiers.device_budget import mark_device
 from ember.tiers.device_index import DeviceIndex
 from ember.tiers.hot_rows import HotRows
 from ember.tiers.mapped import device_view
-from ember.tiers.storage import _mem_available
+from ember.tiers.storage import mem_available
 
 __all__ = ["MappedRows", "MappedTier"]
 
@@ -124,7 +124,7 @@ class MappedRows:
             return
         rows = max(2 * self.capacity, need)
         size = rows * self.record_dim * 4
-        free = _mem_available()
+        free = mem_available()
         if free is not None and size > free:
             raise CapacityError(
                 f"storage.index: device: the table group's rows need {fmt_bytes(size)} of host memory to grow to "

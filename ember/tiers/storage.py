@@ -233,7 +233,7 @@ class StoragePlan:
     def check(self) -> None:
         """Raise CapacityError (naming every budget that does not fit) before anything is allocated."""
         problems = []
-        avail = _mem_available()
+        avail = mem_available()
         if avail is not None and self.host_bytes > avail:
             problems.append(
                 f"its tiers need {_fmt(self.host_bytes)} of host memory but only {_fmt(avail)} is "
@@ -282,7 +282,8 @@ def _sketch_bytes(cache_rows: int) -> int:
     return 4 * 2 * (1 << max(4, math.ceil(math.log2(max(8 * cache_rows, 16)))))
 
 
-def _mem_available() -> int | None:
+def mem_available() -> int | None:
+    """This machine's available memory in bytes (``MemAvailable``), or None where unknown."""
     try:
         with open("/proc/meminfo") as f:
             for line in f:

@@ -33,7 +33,7 @@ from ember.distributed.sharding import ShardingPlan
 from ember.embedding.config import TableConfig
 from ember.errors import ConfigError
 from ember.fileio import fmt_bytes
-from ember.tiers.storage import memory_row_bytes, plan_storage
+from ember.tiers.storage import mem_available, memory_row_bytes, plan_storage
 
 __all__ = ["TableEstimate", "TierUse", "CapacityPlan", "estimate_rows", "plan_capacity", "COUNTER_BYTES_PER_ID"]
 
@@ -117,9 +117,12 @@ class CapacityPlan:
                          f"{fmt_bytes(u.host_bytes):>11} {fmt_bytes(u.device_bytes):>11} {fmt_bytes(u.disk_bytes):>11}"
                          + ("  over its host_rows cap" if u.over_cap else ""))
         lines.append("a run needs, per rank (tables, tiers and min_count counters):")
+        avail = mem_available()
         for r, need in enumerate(self.per_rank()):
             lines.append(f"  rank {r}: RAM {fmt_bytes(need['host'])}, GPU {fmt_bytes(need['device'])}, "
-                         f"disk {fmt_bytes(need['disk'])} (tier files)")
+                         f"disk {fmt_bytes(need['disk'])} (tier files)"
+                         + (f"  more RAM than this machine has available ({fmt_bytes(avail)}): ember train refuses "
+                            "it here" if avail is not None and need["host"] > avail else ""))
         lines.append(f"  checkpoints: {fmt_bytes(self.checkpoint_bytes)} each, up to "
                      f"{fmt_bytes(self.checkpoint_bytes * self.checkpoints_kept)} at train.out_dir "
                      f"({self.checkpoints_kept} at once: checkpoint.keep + 1 being written)")

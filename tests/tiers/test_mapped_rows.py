@@ -134,11 +134,11 @@ def test_a_growth_past_the_free_memory_is_a_capacity_error(monkeypatch):
     from ember.errors import CapacityError
 
     m = MappedRows(R, CPU, capacity=8)
-    monkeypatch.setattr(mr, "_mem_available", lambda: 100)  # 100 bytes free
+    monkeypatch.setattr(mr, "mem_available", lambda: 100)  # 100 bytes free
     keys, tags, _, _ = next(_steps(7, 1, n=40))
     with pytest.raises(CapacityError, match="host memory to grow.*storage.index: auto picks.*set storage.index: host.*add a disk tier"):
         m.lookup(keys, tags)
-    monkeypatch.setattr(mr, "_mem_available", lambda: None)  # unknown: grows
+    monkeypatch.setattr(mr, "mem_available", lambda: None)  # unknown: grows
     m.lookup(keys, tags)
     assert m.capacity >= keys.numel()
 

@@ -92,6 +92,19 @@ def test_bytes_per_tier_and_rank_follow_the_storage_plan():
         grown.tables["C1"].storage.model_copy(update={"disk_rows": 2240}), words, "C1").disk_bytes
 
 
+def test_the_plan_says_when_a_rank_needs_more_ram_than_this_machine_has(monkeypatch):
+    """A plan may be for other machines, so it is not refused; but a budget ember train would
+    refuse here is said beside the rank's line."""
+    import ember.train.capacity as capacity
+
+    plan = plan_capacity(_cfg(embedding__storage={"host_rows": 500}), 2, _profile())
+    monkeypatch.setattr(capacity, "mem_available", lambda: 10**12)
+    assert "more RAM than this machine has" not in plan.describe()
+    monkeypatch.setattr(capacity, "mem_available", lambda: 1000)
+    text = plan.describe()
+    assert "rank 0: RAM" in text and "more RAM than this machine has available (1000 B): ember train refuses it here" in text
+
+
 def test_unbounded_host_grows_with_rows_and_min_count_counts_the_rest():
     cfg = _cfg(embedding__min_count=2)
     plan = plan_capacity(cfg, 1, _profile())
