@@ -115,7 +115,8 @@ class SparseFeature(FeatureConfig):
       is what an empty CSV field reads as: "not given" often predicts clicks, so it gets its
       own ID unless listed. With ``hash_ids: false`` an empty or blank field is no ID (it is
       not an integer), and integer entries (``"-1"``) match integer columns too.
-    - ``weight_column``: per-value weights, same shape (same separator or list lengths).
+    - ``weight_column``: per-value weights, same shape (same separator or list lengths); a null
+      weight (a list's None) counts as 1.
     - ``salt``: hash salt, defaults to the feature name, so equal values in two features get
       different IDs unless both features set the same salt.
     - ``hash_ids``: ``False`` takes integer values as IDs unchanged (the column already holds
@@ -132,7 +133,7 @@ class SparseFeature(FeatureConfig):
     """Multi-hot values joined in one string column (`"a|b|c"`; empty tokens are no value); list columns
     (Parquet, ORC) are multi-hot without it."""
     weight_column: str | None = None
-    """Column of per-value weights, the same shape as the values."""
+    """Column of per-value weights, the same shape as the values; a null weight counts as 1."""
     salt: str | None = None
     """Hash salt; unset: `name`, so equal values in two features get different IDs unless both set the same salt."""
     hash_ids: bool = True
