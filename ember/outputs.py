@@ -52,7 +52,7 @@ from ember.errors import ConfigError, WriteError
 from ember.fileio import write_bytes_atomic
 
 __all__ = ["Kind", "MARKER", "mark", "mark_file", "sidecar", "output_kind", "manifest_kind", "claim_output", "check_apart", "check_own",
-           "check_writable", "check_in_run", "output_format", "OUTPUT_KEY"]
+           "check_writable", "check_in_run", "output_format", "OUTPUT_KEY", "SERIES_NAME"]
 
 Kind = Literal["run", "export", "predictions", "generate", "towers", "profile"]
 MARKER = ".ember-output.json"
@@ -283,8 +283,10 @@ def check_own(d: Path, kind: Kind, where: str) -> None:
 # what ember writes at the top of a run directory: files, and folders whose entries ``_foreign_run`` checks
 _RUN_FILES = {MARKER, "config.yaml", "metrics.jsonl", "metrics.png", "summary.json"}
 _TEMP = re.compile(r"\..+\.tmp(-\d+|\.\w+)")  # an atomic write's temporary, left by a crash (ember.fileio)
-_STEP = re.compile(r"step-\d{8}")  # a checkpoint (ember.checkpoint.save)
-_CKPT_LEFTOVER = re.compile(r"\.(tmp|old)-step-\d{8}-\d+")  # a crashed save's directory (ember.checkpoint.save)
+_STEP = re.compile(r"step-\d{8,}")  # a checkpoint (ember.checkpoint.save: step-{step:08d})
+_CKPT_LEFTOVER = re.compile(r"\.(tmp|old)-step-\d{8,}-\d+")  # a crashed save's directory (ember.checkpoint.save)
+SERIES_NAME = re.compile(r"^(\d{6,})-(full|delta)$")
+"""An export series' numbered name under a run's ``exports/`` (``ember.checkpoint.delta``)."""
 _EVENTS = re.compile(r"events\.out\.tfevents\..+")  # TensorBoard's event files (train.tensorboard)
 _RANKS = re.compile(r"\.ranks-see-[0-9a-f]{32}")  # a distributed run's shared-folder check (ember.train.distributed)
 
@@ -351,12 +353,14 @@ def _foreign_run(d: Path, prefix: str, out: list[str]) -> None:
                     out.append(_entry(c, rel))
                 elif not c.name.startswith("."):  # (dot names: an export series' temporaries, ember.checkpoint.delta)
                     _foreign_listed(c, f"{rel}{c.name}/", out)
-        elif e.is_dir() and output_kind(e) == "export":
-            _foreign_listed(e, rel, out)
-        elif e.is_dir() and output_kind(e) == "run":
-            _foreign_run(e, rel, out)
-        elif not (e.is_dir() and output_kind(e) is not None):  # (another ember output, e.g. a profile, replaced whole)
-            out.append(_entry(e, prefix))
+        else:
+            kind = output_kind(e) if e.is_dir() else None
+            if kind == "export":
+                _foreign_listed(e, rel, out)
+            elif kind == "run":
+                _foreign_run(e, rel, out)
+            elif kind is None:  # (another ember output, e.g. a profile, is replaced whole)
+                out.append(_entry(e, prefix))
 
 
 def check_in_run(path: str | os.PathLike, run_dir: str | os.PathLike, flag: str) -> None:
@@ -369,7 +373,7 @@ def check_in_run(path: str | os.PathLike, run_dir: str | os.PathLike, flag: str)
         return
     parts = out.relative_to(run).parts
     if parts[0] in ("checkpoints", "tensorboard") or (len(parts) == 1 and parts[0] in _RUN_FILES) \
-            or (parts[0] == "exports" and len(parts) > 1 and re.fullmatch(r"\d{6}-(full|delta)", parts[1])):
+            or (parts[0] == "exports" and len(parts) > 1 and SERIES_NAME.match(parts[1])):
         where = "/".join(parts[:2] if parts[0] == "exports" else parts[:1])
         raise ConfigError(f"{flag} {path} lies where the run writes its own {where}; choose another path (e.g. "
                           f"{Path(run_dir) / 'export'})")

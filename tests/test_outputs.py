@@ -180,6 +180,7 @@ def test_overwrite_finds_a_users_files_at_any_depth(run, export, tmp_path, capsy
     shutil.copytree(export, run / "export")  # train --export into its run: ember's
     (run / "checkpoints" / ".tmp-step-00000009-123").mkdir()  # a crashed save's leftovers: ember's
     (run / "exports" / ".000009-full.tmp-123").mkdir()
+    shutil.copytree(ckpt, run / "checkpoints" / "step-100000000")  # past 10^8 steps: nine digits
     mark_best(ckpt)  # early stopping's best checkpoint, named in checkpoints/BEST
     (run / f".ranks-see-{'0' * 32}").write_bytes(b"")  # a distributed start's check, left by a crash
     assert _foreign_entries(run, "run") == []
@@ -269,7 +270,8 @@ def test_train_exports_into_its_own_run_but_never_over_it(tmp_path, capsys):
     assert "contains" in capsys.readouterr().err and not (tmp_path / "runs").exists()
     assert main([*args, str(tmp_path / "runs" / "demo")]) == 2
     assert not (tmp_path / "runs").exists()
-    for inside in ("checkpoints/step-00000002", "tensorboard/e", "summary.json", "exports/000001-full"):
+    for inside in ("checkpoints/step-00000002", "tensorboard/e", "summary.json", "exports/000001-full",
+                   "exports/1000000-delta"):
         assert main([*args, str(tmp_path / "runs" / "demo" / inside)]) == 2  # where the run writes: before training
         assert "lies where the run writes its own" in capsys.readouterr().err and not (tmp_path / "runs").exists()
     export = tmp_path / "runs" / "demo" / "export"  # the README's layout

@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -56,11 +55,11 @@ from ember.checkpoint.export import EXPORT_VERSION, RUN_CONFIG_KEYS, encode_weig
 from ember.checkpoint.atomic import HashingWriter
 from ember.errors import CheckpointError
 from ember.fileio import atomic_dir, fsync_dir
+from ember.outputs import SERIES_NAME
 
 __all__ = ["DeltaExporter", "SeriesEntry", "series_entries", "prune_series", "run_exporter", "CHUNK_ROWS"]
 
 CHUNK_ROWS = 1 << 18  # rows read and written at a time by a delta export (bounded memory)
-_NAME = re.compile(r"^(\d{6,})-(full|delta)$")
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,7 @@ def series_entries(root: str | Path) -> list[SeriesEntry]:
     except FileNotFoundError:
         return []
     for name in names:
-        m = _NAME.match(name)
+        m = SERIES_NAME.match(name)
         if m and os.path.exists(os.path.join(root, name, "manifest.json")):
             out.append(SeriesEntry(int(m.group(1)), m.group(2), Path(root) / name))
     return sorted(out, key=lambda e: e.number)

@@ -72,6 +72,14 @@ def _text(v: str) -> str:
     return v
 
 
+def _as_float(v: int | float) -> float:
+    """``float(v)``; ValueError for an integer past the float range (Python's OverflowError)."""
+    try:
+        return float(v)
+    except OverflowError:
+        raise ValueError(f"{shown(v)} is beyond the range of a float") from None
+
+
 def _kind(v: Any) -> str:
     return "a boolean" if isinstance(v, bool) or type(v).__name__ == "bool_" else "a list" if isinstance(v, (list, tuple)) \
         else "an object" if isinstance(v, dict) else type(v).__name__
@@ -111,10 +119,7 @@ def canonical_value(v: Any, type: str, missing: Sequence[str] = (), separator: s
         else:
             raise ValueError(f"{shown(v)} is not {what}")
     if type == "float":
-        try:
-            x = float(v)
-        except OverflowError:  # an integer past the float range
-            raise ValueError(f"{shown(v)} is beyond the range of a float") from None
+        x = _as_float(v)
         if math.isinf(x):
             raise ValueError(f"{shown(v)} is not a finite number")
         return x
@@ -156,10 +161,7 @@ def parse_float(v: Any) -> float | None:
             raise ValueError(f"{shown(v)} is not a number")
         x = float(s)
     elif isinstance(v, (bool, int, float)):
-        try:
-            x = float(v)
-        except OverflowError:  # an integer past the float range
-            raise ValueError(f"{shown(v)} is beyond the range of a float") from None
+        x = _as_float(v)
     else:
         raise ValueError(f"{_kind(v)} where a number belongs")
     if math.isnan(x):

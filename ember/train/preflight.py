@@ -123,11 +123,11 @@ def check_resume(cfg: RunConfig) -> None:
         return
     manifest = _checkpoint_manifest("train.resume", t.resume)
     step, epoch = int(manifest["step"]), int(manifest["position"]["epoch"])
-    trained_on = (manifest.get("config") or {}).get("data", {}).get("train")
-    if trained_on is not None and trained_on != cfg.data.model_dump(mode="json").get("train"):
+    trained_on, now = (manifest.get("config") or {}).get("data", {}).get("train"), cfg.data.model_dump(mode="json").get("train")
+    if trained_on is not None and trained_on != now:
         log.warning("train.resume %s: data.train is %s, the run read %s before; it resumes at the checkpoint's place "
-                    "(batch %s of epoch %d) in the data given now", t.resume, cfg.data.model_dump(mode="json").get("train"),
-                    trained_on, manifest["position"].get("batch", "?"), epoch)
+                    "(batch %s of epoch %d) in the data given now", t.resume, now, trained_on,
+                    manifest["position"].get("batch", "?"), epoch)
     was = (manifest.get("config") or {}).get("data", {}).get("batch_size")
     if "batch" in manifest["position"] and was is not None and was != cfg.data.batch_size:
         raise ConfigError(f"train.resume {t.resume}: its data position counts batches of {was} rows (batch "
